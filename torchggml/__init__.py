@@ -1,0 +1,76 @@
+"""torchggml: ggml's backend system on PyTorch.
+
+    import torchggml as ggml
+
+C names are mirrored by deleting `ggml_` (ggml_mul_mat -> ggml.mul_mat); see DESIGN.md.
+"""
+from .types import (Type, TypeTraits, type_traits, type_name, type_size, blck_size, row_size,
+                    is_quantized, type_to_dtype, dtype_to_type)
+from .enums import Op, UnaryOp, GluOp, SortOrder, TensorFlag, Status, RopeType, Prec
+from .tensor import (Tensor, nelements, nrows, nbytes, element_size, n_dims, is_contiguous,
+                     is_contiguous_rows, is_transposed, is_permuted, is_empty, is_scalar, is_vector,
+                     is_matrix, are_same_shape, are_same_stride, are_same_layout, can_repeat,
+                     set_name, get_name, format_name, set_input, set_output, set_param, set_loss,
+                     get_op_params_i32, get_op_params_f32, set_op_params_i32, set_op_params_f32,
+                     get_unary_op, get_glu_op)
+from .context import (Context, init, free, get_no_alloc, set_no_alloc, get_first_tensor,
+                      get_next_tensor, get_tensor, used_mem, new_tensor, new_tensor_1d,
+                      new_tensor_2d, new_tensor_3d, new_tensor_4d, new_i32, new_f32, dup_tensor,
+                      view_tensor)
+from .graph import (CGraph, new_graph, new_graph_custom, graph_size, graph_n_nodes, graph_node,
+                    graph_nodes, graph_add_node, build_forward_expand, build_forward_select,
+                    graph_view, graph_cpy, graph_dup, graph_clear, graph_get_tensor)
+from .ops import *  # noqa: F401,F403
+from .interop import to_torch, from_torch
+from .backend.buffer import (BufferType, Buffer, BufferUsage, backend_buft_name,
+                             backend_buft_alloc_buffer, backend_buft_get_alignment,
+                             backend_buft_get_max_size, backend_buft_get_alloc_size,
+                             backend_buft_is_host, backend_buft_get_device, backend_buffer_name,
+                             backend_buffer_free, backend_buffer_get_base, backend_buffer_get_size,
+                             backend_buffer_init_tensor, backend_buffer_get_alignment,
+                             backend_buffer_get_max_size, backend_buffer_get_alloc_size,
+                             backend_buffer_clear, backend_buffer_is_host, backend_buffer_set_usage,
+                             backend_buffer_get_usage, backend_buffer_get_type, backend_buffer_reset)
+from .backend.tensor_io import (backend_tensor_set, backend_tensor_get, backend_tensor_memset,
+                                backend_tensor_copy)
+from .backend.backend import (Backend, backend_guid, backend_name, backend_free,
+                              backend_get_default_buffer_type, backend_alloc_buffer,
+                              backend_get_alignment, backend_get_max_size, backend_get_device,
+                              backend_tensor_set_async, backend_tensor_get_async,
+                              backend_tensor_copy_async, backend_synchronize,
+                              backend_graph_plan_create, backend_graph_plan_free,
+                              backend_graph_plan_update, backend_graph_plan_compute,
+                              backend_graph_compute, backend_graph_compute_async,
+                              backend_supports_op, backend_supports_buft, backend_offload_op)
+from .backend.device import DeviceType, DeviceCaps, DeviceProps, Device, Reg, Event
+from .alloc import (backend_tensor_alloc, backend_view_init, backend_alloc_ctx_tensors,
+                    backend_alloc_ctx_tensors_from_buft)
+
+
+def backend_cpu_init():
+    """A new CPU backend."""
+    from .torch_backend.cpu import cpu_device
+    return cpu_device().init_backend()
+
+
+def backend_cpu_buffer_type():
+    from .torch_backend.cpu import cpu_buffer_type
+    return cpu_buffer_type()
+
+
+def backend_cpu_buffer_from_ptr(data, size: int | None = None):
+    """A CPU buffer over existing host memory (numpy array, mmap, CPU tensor, bytes-like), no copy."""
+    from .torch_backend.cpu import cpu_device
+    return cpu_device().buffer_from_host_ptr(data, size, size)
+
+
+def backend_cpu_set_n_threads(backend, n_threads: int) -> None:
+    backend.set_n_threads(n_threads)
+
+
+def backend_is_cpu(backend) -> bool:
+    from .torch_backend.cpu import CPUBackend
+    return isinstance(backend, CPUBackend)
+
+
+__version__ = "0.1.0"

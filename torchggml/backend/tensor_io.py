@@ -1,0 +1,104 @@
+"""Moving data in and out of tensors: backend_tensor_set/get/memset/copy (synchronous)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..tensor import Tensor, nbytes, are_same_layout
+
+
+def as_byte_tensor(data) -> torch.Tensor:
+    """Any torch tensor, numpy array or bytes-like object as a flat uint8 torch tensor (no copy
+    where possible)."""
+    if isinstance(data, torch.Tensor):
+        return data.contiguous().reshape(-1).view(torch.uint8)
+    if isinstance(data, np.ndarray):
+        arr = np.ascontiguousarray(data)
+        if not arr.flags.writeable:
+            arr = arr.copy()
+        return torch.from_numpy(arr.reshape(-1).view(np.uint8))
+    try:
+        mv = memoryview(data)
+    except TypeError:
+        raise TypeError(f"tensor data must be a torch.Tensor, a numpy array or bytes-like, not {type(data).__name__}") from None
+    arr = np.frombuffer(mv, dtype=np.uint8)
+    return torch.from_numpy(arr.copy() if not arr.flags.writeable else arr)
+
+
+def _check_range(t: Tensor, offset: int, size: int, what: str) -> None:
+    if t.buffer is None or t.data is None:
+        raise RuntimeError(f"{what}: {t.describe()} is not allocated")
+    if offset < 0 or size < 0 or offset + size > nbytes(t):
+        raise IndexError(f"{what}: {size} bytes at offset {offset} are past the end of {t.describe()}, "
+                         f"which has {nbytes(t)} bytes")
+
+
+def backend_tensor_set(t: Tensor, data, offset: int = 0, size: int | None = None) -> None:
+    """Write bytes of `data` into the tensor's memory at byte `offset` (all of data by default)."""
+    src = as_byte_tensor(data)
+    if size is None:
+        size = src.numel()
+    if size > src.numel():
+        raise ValueError(f"backend_tensor_set: size {size} exceeds the {src.numel()} bytes of data for {t.describe()}")
+    _check_range(t, offset, size, "backend_tensor_set")
+    if size:
+        t.buffer.set_tensor(t, src, offset, size)
+
+
+def backend_tensor_get(t: Tensor, data=None, offset: int = 0, size: int | None = None):
+    """Read the tensor's bytes into `data`, or return a new CPU torch tensor: shape reversed(ne)
+    with the type's dtype (uint8 blocks for block types) when reading the whole tensor, flat
+    uint8 bytes for a partial read."""
+    whole = offset == 0 and size is None
+    if size is None:
+        size = nbytes(t) - offset
+    _check_range(t, offset, size, "backend_tensor_get")
+    if data is None:
+        if whole:
+            from ..torch_backend.views import tensor_view
+            from .. import tensor as _t
+            view = tensor_view(t)
+            out = torch.empty(view.shape, dtype=view.dtype)
+            out.copy_(view)
+            return out.reshape(view.shape[4 - _t.n_dims(t):]) if _t.n_dims(t) < 4 else out
+        out = torch.empty(size, dtype=torch.uint8)
+        t.buffer.get_tensor(t, out, offset, size)
+        return out
+    if isinstance(data, torch.Tensor):
+        if not data.is_contiguous():
+            raise ValueError("backend_tensor_get: the destination tensor must be contiguous")
+        dst = data.view(-1).view(torch.uint8) if data.numel() else data.view(torch.uint8)
+    elif isinstance(data, np.ndarray):
+        if not (data.flags.c_contiguous and data.flags.writeable):
+            raise ValueError("backend_tensor_get: the destination array must be C-contiguous and writable")
+        dst = torch.from_numpy(data.reshape(-1).view(np.uint8))
+    else:
+        dst = torch.from_numpy(np.frombuffer(memoryview(data), dtype=np.uint8))
+    if dst.numel() < size:
+        raise ValueError(f"backend_tensor_get: destination has {dst.numel()} bytes, {size} needed for {t.describe()}")
+    t.buffer.get_tensor(t, dst, offset, size)
+    return data
+
+
+def backend_tensor_memset(t: Tensor, value: int, offset: int = 0, size: int | None = None) -> None:
+    if size is None:
+        size = nbytes(t) - offset
+    _check_range(t, offset, size, "backend_tensor_memset")
+    if size:
+        t.buffer.memset_tensor(t, value, offset, size)
+
+
+def backend_tensor_copy(src: Tensor, dst: Tensor) -> None:
+    """Copy src's bytes into dst (same layout), device to device where the buffers allow."""
+    if not are_same_layout(src, dst):
+        raise ValueError(f"backend_tensor_copy: layouts differ: {src.describe()} -> {dst.describe()}")
+    if src is dst:
+        return
+    _check_range(src, 0, nbytes(src), "backend_tensor_copy")
+    _check_range(dst, 0, nbytes(dst), "backend_tensor_copy")
+    if dst.buffer.cpy_tensor(src, dst) or src.buffer.cpy_tensor(src, dst):
+        return
+    # fall back through host memory
+    tmp = torch.empty(nbytes(src), dtype=torch.uint8)
+    src.buffer.get_tensor(src, tmp, 0, nbytes(src))
+    dst.buffer.set_tensor(dst, tmp, 0, nbytes(src))

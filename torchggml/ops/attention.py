@@ -1,0 +1,84 @@
+"""Attention pieces: soft_max_ext (mask, scale, ALiBi, sinks) and flash_attn_ext."""
+from __future__ import annotations
+
+from ..enums import Op, Prec
+from ..tensor import Tensor, is_contiguous, set_op_params_i32
+from ..types import Type
+from ._common import new_op, same_as, require
+
+
+def _check_mask(op: str, a: Tensor, mask: Tensor | None, rows: int, batch2: int, batch3: int) -> None:
+    if mask is None:
+        return
+    require(mask.type in (Type.F16, Type.F32), op, "mask must be F16 or F32", mask)
+    require(is_contiguous(mask), op, "mask must be contiguous", mask)
+    require(mask.ne[1] >= rows, op, "mask has fewer rows than the queries", a, mask)
+    require(batch2 % mask.ne[2] == 0 and batch3 % mask.ne[3] == 0, op,
+            "mask dims 2 and 3 must broadcast", a, mask)
+
+
+def soft_max(ctx, a: Tensor) -> Tensor:
+    return soft_max_ext(ctx, a, None, 1.0, 0.0)
+
+
+def soft_max_inplace(ctx, a: Tensor) -> Tensor:
+    return same_as(ctx, Op.SOFT_MAX, a, [a, None], [1.0, 0.0], inplace=True)
+
+
+def soft_max_ext(ctx, a: Tensor, mask: Tensor | None, scale: float, max_bias: float) -> Tensor:
+    """softmax(a * scale + slope * mask) over rows; slope is ALiBi's per head (dim 2) when
+    max_bias > 0, else 1. mask [a.ne0, >= a.ne1, broadcast over dims 2 and 3]."""
+    require(is_contiguous(a), "soft_max_ext", "a must be contiguous", a)
+    if mask is not None:
+        require(mask.ne[0] == a.ne[0], "soft_max_ext", "mask.ne[0] != a.ne[0]", a, mask)
+    _check_mask("soft_max_ext", a, mask, a.ne[1], a.ne[2], a.ne[3])
+    require(max_bias == 0.0 or mask is not None, "soft_max_ext", "ALiBi (max_bias > 0) needs a mask", a)
+    return same_as(ctx, Op.SOFT_MAX, a, [a, mask], [float(scale), float(max_bias)])
+
+
+def soft_max_add_sinks(a: Tensor, sinks: Tensor | None) -> None:
+    """Attention sinks: one extra logit per head (dim 2) in the softmax denominator."""
+    if sinks is None:
+        a.src[2] = None
+        return
+    require(a.op == Op.SOFT_MAX, "soft_max_add_sinks", "a must be a soft_max node", a)
+    require(sinks.type == Type.F32 and sinks.ne[0] == a.ne[2], "soft_max_add_sinks",
+            "sinks must be F32 [a.ne[2]]", a, sinks)
+    a.src[2] = sinks
+
+
+def flash_attn_ext(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float,
+                   max_bias: float = 0.0, logit_softcap: float = 0.0) -> Tensor:
+    """softmax(q k^T * scale (+ softcap) + mask) v, per head, KV heads shared by q.ne2/k.ne2 heads.
+    q [D, n_q, n_head, ne3], k [D, n_kv, n_head_kv, ne3], v [Dv, n_kv, n_head_kv, ne3]
+    -> F32 [Dv, n_head, n_q, ne3] (heads before tokens, ready to reshape to [Dv*n_head, n_q])."""
+    require(q.ne[0] == k.ne[0], "flash_attn_ext", "q and k head sizes differ", q, k)
+    require(k.ne[1] == v.ne[1], "flash_attn_ext", "k and v lengths differ", k, v)
+    require(q.ne[2] % k.ne[2] == 0 and k.ne[2] == v.ne[2], "flash_attn_ext",
+            "q heads must be a multiple of the KV heads", q, k, v)
+    require(q.ne[3] % k.ne[3] == 0, "flash_attn_ext", "q.ne[3] must be a multiple of k.ne[3]", q, k)
+    if mask is not None:
+        require(mask.ne[0] == k.ne[1], "flash_attn_ext", "mask.ne[0] must equal the KV length", mask, k)
+    _check_mask("flash_attn_ext", q, mask, q.ne[1], q.ne[2], q.ne[3])
+    require(max_bias == 0.0 or mask is not None, "flash_attn_ext", "ALiBi (max_bias > 0) needs a mask", q)
+    ne = [v.ne[0], q.ne[2], q.ne[1], q.ne[3]]
+    return new_op(ctx, Op.FLASH_ATTN_EXT, Type.F32, ne, [q, k, v, mask],
+                  [float(scale), float(max_bias), float(logit_softcap), int(Prec.DEFAULT)])
+
+
+def flash_attn_ext_set_prec(a: Tensor, prec: Prec) -> None:
+    set_op_params_i32(a, 3, int(Prec(prec)))
+
+
+def flash_attn_ext_get_prec(a: Tensor) -> Prec:
+    return Prec(a.op_params[3])
+
+
+def flash_attn_ext_add_sinks(a: Tensor, sinks: Tensor | None) -> None:
+    if sinks is None:
+        a.src[4] = None
+        return
+    require(a.op == Op.FLASH_ATTN_EXT, "flash_attn_ext_add_sinks", "a must be a flash_attn_ext node", a)
+    require(sinks.type == Type.F32 and sinks.ne[0] == a.ne[1], "flash_attn_ext_add_sinks",
+            "sinks must be F32 [n_head]", a, sinks)
+    a.src[4] = sinks

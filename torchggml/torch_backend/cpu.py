@@ -1,0 +1,141 @@
+"""The CPU device: host storages, synchronous compute with the reference kernel table."""
+from __future__ import annotations
+
+import functools
+import os
+import platform
+
+import torch
+
+from ..backend.backend import Backend
+from ..backend.device import Device, DeviceCaps, DeviceType, Reg
+from ..enums import Status
+from .buffer import TorchBufferType, buffer_from_torch
+from .kernels import CPU_KERNELS, compiled_nodes, run_calls
+
+
+def _cpu_description() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "CPU"
+
+
+def host_memory() -> tuple[int, int]:
+    """(free, total) bytes of host memory as the OS reports them."""
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+        return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
+    except (ValueError, OSError, AttributeError):
+        return 0, 0
+
+
+class CPUPlan:
+    """A graph pre-compiled into bound kernel calls: compute does no per-op lookup."""
+
+    def __init__(self, graph, calls):
+        self.graph = graph
+        self.calls = calls
+
+
+class CPUBackend(Backend):
+    def __init__(self, device: "CPUDevice"):
+        super().__init__(device, "CPU")
+        self.n_threads = torch.get_num_threads()
+        self.abort_callback = None
+
+    def set_n_threads(self, n_threads: int) -> None:
+        self.n_threads = int(n_threads)
+        torch.set_num_threads(self.n_threads)
+
+    def set_abort_callback(self, callback) -> None:
+        self.abort_callback = callback
+
+    def graph_plan_create(self, graph):
+        return CPUPlan(graph, compiled_nodes(graph.nodes, CPU_KERNELS, self.name))
+
+    def graph_plan_update(self, plan, graph):
+        plan.graph = graph
+        plan.calls = compiled_nodes(graph.nodes, CPU_KERNELS, self.name)
+
+    def graph_plan_compute(self, plan) -> Status:
+        return self._run(plan.calls)
+
+    def graph_compute(self, graph) -> Status:
+        return self._run(compiled_nodes(graph.nodes, CPU_KERNELS, self.name))
+
+    def _run(self, calls) -> Status:
+        if self.abort_callback is None:
+            run_calls(calls)
+            return Status.SUCCESS
+        for fn, node in calls:
+            if self.abort_callback():
+                return Status.ABORTED
+            fn(node)
+        return Status.SUCCESS
+
+
+class CPUDevice(Device):
+    def __init__(self, reg=None):
+        super().__init__("CPU", _cpu_description(), DeviceType.CPU, reg)
+        self.buffer_type = TorchBufferType("CPU", self, "cpu", host=True)
+
+    def get_memory(self):
+        return host_memory()
+
+    def get_caps(self) -> DeviceCaps:
+        return DeviceCaps(async_=False, host_buffer=False, buffer_from_host_ptr=True, events=False)
+
+    def init_backend(self, params=None) -> CPUBackend:
+        return CPUBackend(self)
+
+    def get_buffer_type(self):
+        return self.buffer_type
+
+    def buffer_from_host_ptr(self, data, size=None, max_tensor_size=None):
+        return buffer_from_torch(self.buffer_type, data)
+
+    def supports_op(self, op) -> bool:
+        return CPU_KERNELS.supports(op)
+
+    def supports_buft(self, buft) -> bool:
+        return buft.is_host()
+
+
+class CPUReg(Reg):
+    def __init__(self):
+        super().__init__("CPU")
+        self.devices = [CPUDevice(self)]
+
+    def get_devices(self):
+        return self.devices
+
+    # proc addresses (get_proc_address looks these up by name)
+    def proc_set_n_threads(self, backend, n_threads):
+        backend.set_n_threads(n_threads)
+
+    def proc_set_abort_callback(self, backend, callback):
+        backend.set_abort_callback(callback)
+
+    def proc_dev_get_extra_bufts(self, device):
+        return []
+
+    def proc_get_features(self):
+        return {"TORCH": torch.__version__, "THREADS": str(torch.get_num_threads())}
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_reg() -> CPUReg:
+    return CPUReg()
+
+
+def cpu_device() -> CPUDevice:
+    return cpu_reg().devices[0]
+
+
+def cpu_buffer_type() -> TorchBufferType:
+    return cpu_device().buffer_type
