@@ -1,0 +1,220 @@
+"""test-backend-ops for torchggml: a table of op cases, each run on a backend and compared.
+
+A case builds one op from inputs in a no_alloc context. `run_case` allocates it on a backend,
+fills the inputs with seeded random values in [-1, 1] (or the case's own init), computes, and
+returns the inputs (as stored, i.e. after rounding to their type) and the output. Tests compare
+the CPU output with the case's float64 reference; `torchggml test-ops` compares another device
+with the CPU. Case families register themselves in CASES (see ops_cases/).
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .types import Type, type_traits
+
+# upstream's default normalized-MSE thresholds
+NMSE_DEFAULT = 1e-7
+NMSE_MUL_MAT = 5e-4
+NMSE_SOFT_MAX = 1e-6
+
+
+@dataclass
+class OpCase:
+    """One op test. `build(ctx)` returns (output, inputs): input tensors are the roots it created
+    (views inside build are fine). `reference(*values)` gets the inputs' values as float64 torch
+    tensors in torch order (4-D [ne3, ne2, ne1, ne0]; block types dequantized; integer types as
+    int64) and returns the expected output, broadcastable to the output's 4-D shape.
+    `init` maps an input's index to a function (tensor, generator) -> torch values for it.
+    max_nmse 0 means the output must be exact."""
+    op: str
+    desc: str
+    build: Callable
+    reference: Callable | None
+    max_nmse: float = NMSE_DEFAULT
+    init: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"{self.op}({self.desc})"
+
+
+CASES: list[OpCase] = []
+
+
+def case(op: str, desc: str, build, reference, max_nmse: float = NMSE_DEFAULT, init=None) -> OpCase:
+    c = OpCase(op, desc, build, reference, max_nmse, init or {})
+    CASES.append(c)
+    return c
+
+
+def all_cases() -> list[OpCase]:
+    from . import ops_cases  # noqa: F401  (fills CASES)
+    return CASES
+
+
+# ---------------------------------------------------------------- running
+
+def seed_of(name: str) -> int:
+    return zlib.crc32(name.encode())
+
+
+def random_values(t, gen: torch.Generator) -> torch.Tensor:
+    """Uniform [-1, 1] floats for t's logical shape (what a float or block input is filled from)."""
+    shape = tuple(reversed(t.ne))
+    return torch.rand(shape, generator=gen, dtype=torch.float32) * 2 - 1
+
+
+def fill_input(t, values: torch.Tensor) -> None:
+    """Store float/int values into t (converting to its type; quantizing block types)."""
+    from .backend.tensor_io import backend_tensor_set
+    tr = type_traits(t.type)
+    if tr.is_quantized:
+        from .quants import quantize
+        data = quantize(t.type, values.float().reshape(-1, t.ne[0]))
+    else:
+        data = values.to(tr.dtype).contiguous()
+    backend_tensor_set(t, data)
+
+
+def read_values(t) -> torch.Tensor:
+    """t's stored values as float64 (int64 for integer types), 4-D torch order, on the CPU."""
+    from .backend.tensor_io import backend_tensor_get
+    tr = type_traits(t.type)
+    raw = backend_tensor_get(t).reshape(t.ne[3], t.ne[2], t.ne[1], -1)
+    if tr.is_quantized:
+        from .quants import dequantize
+        return dequantize(t.type, raw).double()
+    if t.type in (Type.I8, Type.I16, Type.I32, Type.I64):
+        return raw.long()
+    return raw.double()
+
+
+def run_case(c: OpCase, backend) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Build, allocate, fill, compute on `backend`; return (input values, output values)."""
+    from .context import init, free
+    from .graph import new_graph_custom, build_forward_expand
+    from .tensor import set_output, set_input
+    from .alloc import backend_alloc_ctx_tensors
+    from .backend.backend import backend_graph_compute
+    from .backend.buffer import backend_buffer_free
+
+    ctx = init(no_alloc=True)
+    try:
+        out, inputs = c.build(ctx)
+        for t in inputs:
+            set_input(t)
+        set_output(out)
+        graph = new_graph_custom(ctx, 4096)
+        build_forward_expand(graph, out)
+        buffer = backend_alloc_ctx_tensors(ctx, backend)
+        try:
+            gen = torch.Generator().manual_seed(seed_of(c.name))
+            for i, t in enumerate(inputs):
+                make = c.init.get(i)
+                fill_input(t, make(t, gen) if make else random_values(t, gen))
+            backend_graph_compute(backend, graph)
+            return [read_values(t) for t in inputs], read_values(out)
+        finally:
+            backend_buffer_free(buffer)
+    finally:
+        free(ctx)
+
+
+def nmse(result: torch.Tensor, expected: torch.Tensor) -> float:
+    """sum((result - expected)^2) / sum(expected^2), as test-backend-ops computes it."""
+    result = result.double()
+    expected = expected.double().expand_as(result)
+    den = (expected * expected).sum().item()
+    num = ((result - expected) ** 2).sum().item()
+    if den == 0:
+        return 0.0 if num == 0 else float("inf")
+    return num / den
+
+
+def compare(c: OpCase, result: torch.Tensor, expected: torch.Tensor) -> tuple[bool, float]:
+    """(ok, error): exact equality for max_nmse == 0, else normalized MSE within the threshold.
+    NaN/inf positions must agree."""
+    expected = expected.to(result.dtype if result.dtype == torch.int64 else torch.float64).expand_as(result)
+    if c.max_nmse == 0:
+        ok = torch.equal(result.to(expected.dtype), expected) or (
+            result.is_floating_point() and torch.allclose(result.double(), expected.double(), rtol=0, atol=0, equal_nan=True))
+        return ok, 0.0 if ok else float("inf")
+    r, e = result.double(), expected.double()
+    finite = torch.isfinite(e)
+    if not torch.equal(finite, torch.isfinite(r)) or not torch.equal(r[~finite].nan_to_num(), e[~finite].nan_to_num()):
+        return False, float("inf")
+    err = nmse(r[finite], e[finite])
+    return err <= c.max_nmse, err
+
+
+def check_case_against_reference(c: OpCase, backend) -> tuple[bool, float]:
+    inputs, out = run_case(c, backend)
+    expected = c.reference(*inputs)
+    return compare(c, out, expected)
+
+
+# ---------------------------------------------------------------- the test-ops command
+
+def main_test_ops(args) -> int:
+    """`torchggml test-ops [-b DEVICE] [-o OP] [--mode test|perf|support]`."""
+    import time
+    from .backend import registry
+    from .backend.backend import backend_supports_op
+
+    cases = [c for c in all_cases() if not args.op or c.op.lower() == args.op.lower()]
+    cpu = registry.backend_init_by_name("CPU")
+    devices = [args.backend] if args.backend else [registry.backend_dev_name(registry.backend_dev_get(i))
+                                                   for i in range(registry.backend_dev_count())]
+    n_fail = 0
+    for dev_name in devices:
+        backend = registry.backend_init_by_name(dev_name)
+        n_ok = n_skip = n_bad = 0
+        print(f"Testing {dev_name} ({args.mode}), {len(cases)} cases")
+        for c in cases:
+            supported = _supported(c, backend)
+            if args.mode == "support":
+                print(f"  {c.name}: {'yes' if supported else 'no'}")
+                continue
+            if not supported:
+                n_skip += 1
+                print(f"  {c.name}: not supported [{dev_name}]")
+                continue
+            if args.mode == "perf":
+                t0 = time.perf_counter()
+                n = 0
+                while time.perf_counter() - t0 < 0.2 or n < 3:
+                    run_case(c, backend)
+                    n += 1
+                print(f"  {c.name}: {(time.perf_counter() - t0) / n * 1e6:10.1f} us/run (incl. setup)")
+                continue
+            _, ours = run_case(c, backend)
+            if dev_name.upper() == "CPU" and c.reference is not None:
+                inputs, _ = run_case(c, backend)
+                ok, err = compare(c, ours, c.reference(*inputs))
+            else:
+                _, ref = run_case(c, cpu)
+                ok, err = compare(c, ours, ref)
+            n_ok += ok
+            n_bad += not ok
+            print(f"  {c.name}: {'OK' if ok else 'FAIL'} (nmse {err:.3g}, max {c.max_nmse:g})")
+        if args.mode == "test":
+            print(f"  {dev_name}: {n_ok}/{n_ok + n_bad} passed, {n_skip} not supported")
+        n_fail += n_bad
+    return 1 if n_fail else 0
+
+
+def _supported(c: OpCase, backend) -> bool:
+    from .context import init, free
+    from .graph import new_graph_custom, build_forward_expand
+    ctx = init(no_alloc=True)
+    try:
+        out, _ = c.build(ctx)
+        graph = new_graph_custom(ctx, 4096)
+        build_forward_expand(graph, out)
+        return all(backend.supports_op(n) for n in graph.nodes)
+    finally:
+        free(ctx)
