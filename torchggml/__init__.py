@@ -74,3 +74,14 @@ def backend_is_cpu(backend) -> bool:
 
 
 __version__ = "0.1.0"
+from .backend.sched import (Sched, backend_sched_new, backend_sched_free, backend_sched_reserve,
+                            backend_sched_reserve_size, backend_sched_get_n_backends,
+                            backend_sched_get_backend, backend_sched_get_n_splits,
+                            backend_sched_get_n_copies, backend_sched_get_buffer_type,
+                            backend_sched_get_buffer_size, backend_sched_set_tensor_backend,
+                            backend_sched_get_tensor_backend, backend_sched_split_graph,
+                            backend_sched_alloc_graph, backend_sched_graph_compute,
+                            backend_sched_graph_compute_async, backend_sched_synchronize,
+                            backend_sched_reset, backend_sched_set_eval_callback)
+from .backend.sched_dot import backend_sched_graph_dump_dot
+from . import quants  # noqa: E402  (ggml.quants.quantize / dequantize)
