@@ -1,0 +1,347 @@
+"""torchggml.tokenizer against llama.cpp's tokenizer test vectors (golden/vocab).
+
+Each ``ggml-vocab-NAME.gguf`` comes with ``.inp`` (strings separated by lines
+``__ggml_vocab_test__``) and ``.out`` (llama.cpp's ids, ``tokenize(text,
+add_special=false)``, one line per string). They are read exactly as llama.cpp's
+tests/test-tokenizer-0.cpp reads them.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import gguf
+import pytest
+
+from torchggml.tokenizer import (PRE_TOKENIZERS, TokenAttr, Tokenizer, TokenizerError,
+                                 read_gguf_metadata)
+
+REPO = Path(__file__).resolve().parents[1]
+GOLDEN = Path(os.environ.get("TORCHGGML_GOLDEN", REPO / ".." / "shared" / "golden"))
+VOCAB_DIR = GOLDEN / "vocab"
+MODELS_DIR = GOLDEN / "models"
+ABSENT = pytest.mark.skip(reason="golden data absent")
+
+TEST_SEPARATOR = "\n__ggml_vocab_test__\n"
+
+
+def split_inputs(raw: str) -> list[str]:
+    """test-tokenizer-0.cpp's read_tests: cut at every separator; text after the last
+    separator is a test only when non-empty."""
+    tests, pos = [], 0
+    while pos < len(raw):
+        nxt = raw.find(TEST_SEPARATOR, pos)
+        if nxt < 0:
+            tests.append(raw[pos:])
+            break
+        tests.append(raw[pos:nxt])
+        pos = nxt + len(TEST_SEPARATOR)
+    return tests
+
+
+def read_cases(vocab_path: Path) -> list[tuple[str, list[int]]]:
+    raw = Path(f"{vocab_path}.inp").read_bytes().decode("utf-8")  # bytes: no newline translation
+    inputs = split_inputs(raw)
+    lines = Path(f"{vocab_path}.out").read_bytes().decode("utf-8").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # std::getline yields no line after the final newline
+    assert len(lines) == len(inputs), f"{vocab_path.name}: {len(inputs)} inputs, {len(lines)} outputs"
+    return [(text, [int(tok) for tok in line.split()]) for text, line in zip(inputs, lines)]
+
+
+def vocab_paths() -> list[Path]:
+    return sorted(VOCAB_DIR.glob("ggml-vocab-*.gguf")) if VOCAB_DIR.is_dir() else []
+
+
+def golden_cases():
+    """(vocab file, index, text, ids) for every golden string; one skipped case when
+    the golden directory is missing."""
+    if not VOCAB_DIR.is_dir():
+        return [pytest.param(None, 0, "", [], marks=ABSENT, id="golden-absent")]
+    return [pytest.param(path, i, text, ids, id=f"{path.stem.removeprefix('ggml-vocab-')}-{i}")
+            for path in vocab_paths() for i, (text, ids) in enumerate(read_cases(path))]
+
+
+def vocab_case(name: str, *values):
+    """A parametrize case on golden vocab NAME: (path, *values)."""
+    path = VOCAB_DIR / f"ggml-vocab-{name}.gguf"
+    return pytest.param(path, *values, id=name, marks=() if path.is_file() else ABSENT)
+
+
+@pytest.fixture(scope="module")
+def load():
+    """Tokenizers built once per vocab file for the whole module."""
+    cache: dict[Path, Tokenizer] = {}
+
+    def get(path: Path) -> Tokenizer:
+        if path not in cache:
+            cache[path] = Tokenizer.from_gguf(path)
+        return cache[path]
+    return get
+
+
+# --- the golden vectors -----------------------------------------------------------------
+
+@pytest.mark.parametrize("path, index, text, expected", golden_cases())
+def test_tokenize_matches_llama_cpp(load, path, index, text, expected):
+    assert load(path).tokenize(text, add_special=False) == expected
+
+
+# llama.cpp's detokenize removes these spaces for vocabularies with clean_spaces
+# (GPT-2 style), so upstream does not round-trip such strings either
+CLEANED_BY_LLAMA_CPP = re.compile(r" [?!.,]| ' | '(?:s|m|re|ve)")
+
+
+@pytest.mark.parametrize("path, index, text, expected", golden_cases())
+def test_pieces_round_trip(load, path, index, text, expected):
+    tok = load(path)
+    ids = tok.tokenize(text, add_special=False)
+    joined = b"".join(tok.token_to_piece_bytes(i) for i in ids).decode("utf-8")
+    prefix = " " if tok.add_space_prefix and text else ""  # SentencePiece's added space
+    assert joined == prefix + text
+    if not (tok.clean_spaces and CLEANED_BY_LLAMA_CPP.search(text)):
+        assert tok.detokenize(ids) == text
+
+
+@pytest.mark.parametrize("path, index, text, expected", golden_cases())
+def test_decode_stream_yields_whole_characters(load, path, index, text, expected):
+    tok = load(path)
+    chunks = list(tok.decode_stream(expected))
+    prefix = " " if tok.add_space_prefix and text else ""
+    assert "".join(chunks) == prefix + text
+    assert all(chunk and "\ufffd" not in chunk for chunk in chunks)
+
+
+# --- behaviour around the merges: BOS/EOS, special tokens, clean-up ---------------------
+
+@pytest.mark.parametrize("path, add_bos", [
+    vocab_case("llama-spm", True),    # tokenizer.ggml.add_bos_token = true
+    vocab_case("llama-bpe", True),    # llama3 pre-tokenizer: BOS by default
+    vocab_case("qwen2", False),
+    vocab_case("gpt-2", False),
+])
+def test_bos_eos_from_metadata(load, path, add_bos):
+    tok, metadata = load(path), read_gguf_metadata(path)
+    assert tok.bos_id == metadata["tokenizer.ggml.bos_token_id"]
+    assert tok.eos_id == metadata["tokenizer.ggml.eos_token_id"]
+    assert tok.n_vocab == len(metadata["tokenizer.ggml.tokens"])
+    assert tok.add_bos is add_bos and tok.add_eos is False
+    plain = tok.tokenize("Hello world", add_special=False)
+    assert tok.tokenize("Hello world") == ([tok.bos_id] if add_bos else []) + plain
+    assert tok.tokenize("", add_special=True) == ([tok.bos_id] if add_bos else [])
+    assert tok.is_eog(tok.eos_id) and not tok.is_eog(plain[0])
+
+
+@pytest.mark.parametrize("path, eot_text", [
+    vocab_case("llama-bpe", "<|eot_id|>"),
+    vocab_case("qwen2", "<|im_end|>"),
+    vocab_case("gpt-2", "<|endoftext|>"),
+])
+def test_end_of_turn_detected_by_text(load, path, eot_text):
+    tok = load(path)
+    assert tok.eot_id == tok.text_to_token(eot_text)
+    assert tok.is_eog(tok.eot_id)
+    assert tok.token_attr(tok.eot_id) & TokenAttr.CONTROL
+
+
+@pytest.mark.parametrize("path, special, detokenized, without_special", [
+    vocab_case("qwen2", "<|im_start|>", "hi<|im_start|>user", "hiuser"),
+    vocab_case("llama-bpe", "<|start_header_id|>", "hi<|start_header_id|>user", "hiuser"),
+    vocab_case("gpt-2", "<|endoftext|>", "hi<|endoftext|>user", "hiuser"),
+    # SentencePiece puts its space before every text fragment, also after a special token
+    vocab_case("llama-spm", "</s>", "hi</s> user", "hi user"),
+])
+def test_control_tokens_only_with_parse_special(load, path, special, detokenized, without_special):
+    tok = load(path)
+    special_id = tok.text_to_token(special)
+    assert tok.token_attr(special_id) & TokenAttr.CONTROL
+    text = f"hi{special}user"
+    parsed = tok.tokenize(text, add_special=False, parse_special=True)
+    # each side of the special token is tokenized on its own
+    assert parsed == (tok.tokenize("hi", add_special=False) + [special_id]
+                      + tok.tokenize("user", add_special=False))
+    assert special_id not in tok.tokenize(text, add_special=False, parse_special=False)
+    assert tok.detokenize(parsed) == detokenized
+    assert tok.detokenize(parsed, skip_special=True) == without_special
+
+
+@pytest.mark.parametrize("path", [vocab_case("qwen2")])
+def test_user_defined_tokens_always_matched(load, path):
+    tok = load(path)
+    pad_id = tok.text_to_token("[PAD151650]")
+    assert tok.token_attr(pad_id) == TokenAttr.USER_DEFINED
+    expected = tok.tokenize("a", add_special=False) + [pad_id] + tok.tokenize("b", add_special=False)
+    for parse_special in (False, True):
+        assert tok.tokenize("a[PAD151650]b", add_special=False, parse_special=parse_special) == expected
+    assert tok.detokenize(expected, skip_special=True) == "a[PAD151650]b"
+
+
+@pytest.mark.parametrize("path, text, detokenized", [
+    # llama.cpp's three clean-up passes: " ?!.," / " ' " / " 's 'm 're 've" (not 't 'd 'll)
+    vocab_case("gpt-2", "Hello , world ! How 's it ?", "Hello, world! How's it?"),
+    vocab_case("gpt-2", "a ' b", "a'b"),
+    vocab_case("gpt-2", "we 're I 'm you 've", "we're I'm you've"),
+    vocab_case("gpt-2", "don 't I 'd we 'll", "don 't I 'd we 'll"),
+    vocab_case("llama-bpe", "Hi . Bye ,", "Hi. Bye,"),
+    vocab_case("qwen2", "Hello , world ?", "Hello , world ?"),   # qwen2 keeps spaces
+])
+def test_detokenize_cleans_spaces_like_llama_cpp(load, path, text, detokenized):
+    tok = load(path)
+    assert tok.detokenize(tok.tokenize(text, add_special=False)) == detokenized
+
+
+@pytest.mark.parametrize("path", [vocab_case("llama-spm")])
+def test_detokenize_leading_space_and_bos(load, path):
+    tok = load(path)
+    ids = tok.tokenize("Hello", add_special=True)
+    assert ids[0] == tok.bos_id
+    assert tok.detokenize(ids[1:]) == "Hello"                 # the added space is removed
+    assert tok.detokenize(ids) == "<s> Hello"                 # BOS rendered, space kept
+    assert tok.detokenize(ids, skip_special=True) == " Hello"  # as llama_detokenize(remove_special)
+
+
+@pytest.mark.parametrize("path, text", [
+    vocab_case("llama-spm", "🦙 Ä"),   # byte-fallback tokens <0xF0> <0x9F> ...
+    vocab_case("gpt-2", "🦙 Ä"),       # byte-level tokens holding parts of characters
+])
+def test_stream_decoder_holds_partial_characters(load, path, text):
+    tok = load(path)
+    ids = tok.tokenize(text, add_special=False)
+    decoder = tok.stream_decoder()
+    pushed = [decoder.push(i) for i in ids]
+    assert "".join(pushed) + decoder.flush() == (" " if tok.add_space_prefix else "") + text
+    assert "" in pushed  # a token ending inside a character yields nothing yet
+    # alone, such a piece is not valid UTF-8; a stream cut after it flushes one U+FFFD
+    first_partial = next(i for i in ids if "\ufffd" in tok.token_to_piece(i))
+    cut = tok.stream_decoder()
+    assert cut.push(first_partial) == ""
+    assert cut.flush() == "\ufffd"
+
+
+# --- reading metadata ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", [vocab_case("llama-spm"), vocab_case("gpt-2")])
+def test_metadata_reader_matches_gguf_package(load, path):
+    reader = gguf.GGUFReader(path)
+    ours = read_gguf_metadata(path)
+    assert set(ours) == {name for name in reader.fields if not name.startswith("GGUF.")}
+    for name, field in reader.fields.items():
+        if name.startswith("tokenizer.ggml."):
+            theirs = field.contents()
+            mine = list(ours[name]) if isinstance(theirs, list) else ours[name]
+            assert mine == theirs, name
+    from_reader = Tokenizer.from_gguf(reader)
+    sample = "Hello, y'all! 🦙 3333 нещо"
+    assert from_reader.tokenize(sample) == load(path).tokenize(sample)
+
+
+def test_model_files_without_tokenizer():
+    paths = sorted(MODELS_DIR.glob("*.gguf")) if MODELS_DIR.is_dir() else []
+    if not paths:
+        pytest.skip("golden data absent")
+    tok = Tokenizer.from_gguf(paths[0])
+    metadata = read_gguf_metadata(paths[0])
+    arch = metadata["general.architecture"]
+    assert tok.model == "none" and tok.n_vocab == metadata[f"{arch}.vocab_size"]
+    assert tok.bos_id is None and not tok.is_eog(0)
+    with pytest.raises(TokenizerError, match="no tokenizer"):
+        tok.tokenize("hello")
+    with pytest.raises(TokenizerError, match="no tokenizer"):
+        tok.detokenize([1, 2])
+
+
+# --- small vocabularies from plain metadata dicts -----------------------------------------
+
+def spm_metadata(**extra):
+    pieces = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    normal = {"\u2581": -1.0, "a": -2.0, "b": -3.0, "\u2581a": -4.0, "ab": -5.0, "\u2581ab": -6.0}
+    types = [2, 3, 3] + [6] * 256 + [1] * len(normal)
+    return {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": pieces + list(normal),
+            "tokenizer.ggml.scores": [0.0] * 259 + list(normal.values()),
+            "tokenizer.ggml.token_type": types, **extra}
+
+
+def test_spm_from_metadata_dict():
+    tok = Tokenizer.from_metadata(spm_metadata())
+    ids = {text: tok.text_to_token(text) for text in ("\u2581ab", "\u2581a", "\u2581", "<0xC3>", "<0xA9>")}
+    # "▁a" (-4) merges before "ab" (-5); "▁a"+"b" makes "▁ab"; "é" falls back to bytes
+    assert tok.tokenize("ab", add_special=False) == [ids["\u2581ab"]]
+    assert tok.tokenize("ab é", add_special=False) == [ids["\u2581ab"], ids["\u2581"],
+                                                       ids["<0xC3>"], ids["<0xA9>"]]
+    assert tok.tokenize("ab") == [1, ids["\u2581ab"]]
+    assert tok.detokenize(tok.tokenize("ab é", add_special=False)) == "ab é"
+    no_prefix = Tokenizer.from_metadata(spm_metadata(**{"tokenizer.ggml.add_space_prefix": False,
+                                                        "tokenizer.ggml.add_bos_token": False}))
+    assert no_prefix.tokenize("ab") == [no_prefix.text_to_token("ab")]
+    assert no_prefix.tokenize(" a") == [ids["\u2581a"]]
+
+
+def test_none_from_metadata_dict():
+    tok = Tokenizer.from_metadata({"tokenizer.ggml.model": "none", "general.architecture": "llama",
+                                   "llama.vocab_size": 512})
+    assert tok.n_vocab == 512 and tok.eog_ids == frozenset()
+    with pytest.raises(TokenizerError, match="tokenizer.ggml.model = 'none'"):
+        tok.tokenize("x")
+
+
+@pytest.mark.parametrize("metadata, error, match", [
+    ({}, TokenizerError, "tokenizer.ggml.model"),
+    ({"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": ["a"]}, TokenizerError, "'bert'"),
+    ({"tokenizer.ggml.model": "llama"}, TokenizerError, "tokenizer.ggml.tokens"),
+    ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b", "ab"],
+      "tokenizer.ggml.pre": "no-such-pre"}, TokenizerError, "no-such-pre"),
+    ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b"]},
+     TokenizerError, "tokenizer.ggml.merges"),
+    ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b"],
+      "tokenizer.ggml.merges": ["a b"]}, TokenizerError, "not a token"),
+    ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "a"],
+      "tokenizer.ggml.merges": []}, TokenizerError, "duplicate token"),
+    ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b"], "tokenizer.ggml.merges": [],
+      "tokenizer.ggml.token_type": [1]}, TokenizerError, "token_type"),
+    ({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a"]},
+     TokenizerError, "add_bos_token is true, but there is no BOS"),
+    ("tokenizer.ggml.model", TypeError, "mapping"),
+])
+def test_bad_metadata_raises(metadata, error, match):
+    with pytest.raises(error, match=match):
+        Tokenizer.from_metadata(metadata)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda tok: tok.tokenize(b"bytes"), TypeError, "str"),
+    (lambda tok: tok.detokenize([tok.n_vocab]), TokenizerError, "outside the vocabulary"),
+    (lambda tok: tok.token_to_piece(-1), TokenizerError, "outside the vocabulary"),
+    (lambda tok: tok.token_to_piece(1.0), TypeError, "int"),
+    (lambda tok: Tokenizer.from_gguf(123), TypeError, "path or a gguf.GGUFReader"),
+])
+def test_bad_calls_raise(call, error, match):
+    tok = Tokenizer.from_metadata(spm_metadata())
+    with pytest.raises(error, match=match):
+        call(tok)
+
+
+def test_not_a_gguf_file(tmp_path):
+    path = tmp_path / "x.gguf"
+    path.write_bytes(b"NOPE" + bytes(20))
+    with pytest.raises(TokenizerError, match="not a GGUF file"):
+        Tokenizer.from_gguf(path)
+
+
+@pytest.mark.parametrize("pre, text, pieces", [
+    # what each llama.cpp regex list cuts: matches and the text between them are pieces
+    ("gpt-2", "Hello world's 123  x", ["Hello", " world", "'s", " 123", " ", " x"]),
+    ("llama-bpe", "Hello 12345 I'M\n\n", ["Hello", " ", "123", "45", " I", "'M", "\n\n"]),
+    ("qwen2", "Hello 12345", ["Hello", " ", "1", "2", "3", "4", "5"]),
+    ("default", "a+b=1234!", ["a", "+", "b", "=", "123", "4", "!"]),
+    ("starcoder", "x 123", ["x", " ", "1", "2", "3"]),
+    ("falcon", "a+b=1234!", ["a", "+", "b", "=", "123", "4", "!"]),
+])
+def test_pre_tokenizer_splits(pre, text, pieces):
+    assert PRE_TOKENIZERS[pre].split(text) == pieces
+
+
+@pytest.mark.parametrize("pre", sorted(PRE_TOKENIZERS))
+def test_pre_tokenizer_keeps_every_character(pre):
+    text = "Hi, y'all!  \t\r\n 1234 нещо 我想 🦙.cpp $x+=~1 ' s"
+    assert "".join(PRE_TOKENIZERS[pre].split(text)) == text
