@@ -19,18 +19,26 @@ def split_bytes(blocks: torch.Tensor, *sizes: int) -> list[torch.Tensor]:
     return fields
 
 
+def view_bytes_as(field: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """uint8 [..., k] -> dtype [..., k / itemsize], reinterpreting the bytes.
+
+    A fresh contiguous copy, so the view's alignment never depends on where the field sat.
+    """
+    return field.clone(memory_format=torch.contiguous_format).view(dtype)
+
+
 def as_f16(field: torch.Tensor) -> torch.Tensor:
     """Little-endian fp16 values in `field` -> float32 [n, k/2] (exact conversion)."""
-    return field.contiguous().view(torch.float16).float()
+    return view_bytes_as(field, torch.float16).float()
 
 
 def as_f32(field: torch.Tensor) -> torch.Tensor:
-    return field.contiguous().view(torch.float32)
+    return view_bytes_as(field, torch.float32)
 
 
 def as_i16(field: torch.Tensor) -> torch.Tensor:
     """Little-endian int16 values -> int32."""
-    return field.contiguous().view(torch.int16).int()
+    return view_bytes_as(field, torch.int16).int()
 
 
 def as_u16(field: torch.Tensor) -> torch.Tensor:
@@ -40,7 +48,7 @@ def as_u16(field: torch.Tensor) -> torch.Tensor:
 
 def as_u32(field: torch.Tensor) -> torch.Tensor:
     """Little-endian uint32 values -> int64."""
-    return field.contiguous().view(torch.int32).long() & 0xFFFFFFFF
+    return view_bytes_as(field, torch.int32).long() & 0xFFFFFFFF
 
 
 def unpack(values: torch.Tensor, shifts, mask: int) -> torch.Tensor:

@@ -154,7 +154,7 @@ def quantize_iq4_nl(x):
     sumqx = (w * q * x).sum(dim=-1, keepdim=True)
     sumq2 = (w * q * q).sum(dim=-1, keepdim=True)
     d = torch.where(live & (sumq2 > 0), sumqx / sumq2, 0.0)
-    index = torch.where(live, index, 8)  # dead blocks: the index zero maps to (value 1)
+    index = torch.where(live, index, 8)  # dead blocks: index 8 (value 1), where 0.0 maps
     return torch.cat([f16_bytes(d), pack_nibbles(index)], dim=-1)
 
 

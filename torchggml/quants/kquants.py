@@ -1,7 +1,8 @@
 """The 256-value "K" super-block formats: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K.
 
 Dequantization follows gguf.quants' float32 evaluation order exactly: the sub-block scale
-is formed first (d * scale), then applied to the quant (and the min subtracted).
+is formed first (d * scale), then applied to the quant (and the min subtracted). Products
+commute bit for bit, so the quants are scaled in place (`q.mul_(dl)`) to save a pass.
 """
 from __future__ import annotations
 
@@ -36,8 +37,7 @@ def dequantize_q2_k(blocks):
     n = blocks.shape[0]
     dl = (as_f16(d) * (scales & 0xF).float()).reshape(n, 16, 1)
     ml = (as_f16(dmin) * (scales >> 4).float()).reshape(n, 16, 1)
-    q = _two_bit_planes(qs, 16).float()
-    return (dl * q - ml).reshape(n, 256)
+    return _two_bit_planes(qs, 16).float().mul_(dl).sub_(ml).reshape(n, 256)
 
 
 def _q3_k_scales(scales: torch.Tensor) -> torch.Tensor:
@@ -56,7 +56,7 @@ def dequantize_q3_k(blocks):
     low = _two_bit_planes(qs, 16)
     high_clear = _bit_planes(hmask, 16) ^ 1  # the value is offset by -4 when the bit is 0
     q = low.to(torch.int8) - (high_clear << 2).to(torch.int8)
-    return (dl * q.float()).reshape(n, 256)
+    return q.float().mul_(dl).reshape(n, 256)
 
 
 def k_scale_min(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,32 +81,31 @@ def _scaled_with_min(d, dmin, scales):
 def dequantize_q4_k(blocks):
     d, dmin, scales, qs = split_bytes(blocks, 2, 2, 12)
     dl, ml = _scaled_with_min(d, dmin, scales)
-    q = _nibble_runs(qs, 8).float()
-    return (dl * q - ml).reshape(blocks.shape[0], 256)
+    return _nibble_runs(qs, 8).float().mul_(dl).sub_(ml).reshape(blocks.shape[0], 256)
 
 
 def dequantize_q5_k(blocks):
     d, dmin, scales, qh, qs = split_bytes(blocks, 2, 2, 12, 32)
     dl, ml = _scaled_with_min(d, dmin, scales)
     q = _nibble_runs(qs, 8) | (_bit_planes(qh, 8) << 4)
-    return (dl * q.float() - ml).reshape(blocks.shape[0], 256)
+    return q.float().mul_(dl).sub_(ml).reshape(blocks.shape[0], 256)
 
 
 def dequantize_q6_k(blocks):
     ql, qh, scales, d = split_bytes(blocks, 128, 64, 16)
     n = blocks.shape[0]
-    dl = (as_f16(d) * scales.contiguous().view(torch.int8).float()).reshape(n, 16, 1)
+    dl = (as_f16(d) * scales.view(torch.int8).float()).reshape(n, 16, 1)
     # per 128 values: 64 bytes of low nibbles (low, then high) and 32 bytes of 2-bit highs
     low = unpack(ql.reshape(n, 2, 64), (0, 4), 0xF).reshape(n, 8, 32)
     high = unpack(qh.reshape(n, 2, 32), (0, 2, 4, 6), 3).reshape(n, 8, 32)
-    q = ((low | (high << 4)).float() - 32).reshape(n, 16, 16)
-    return (dl * q).reshape(n, 256)
+    q = ((low | (high << 4)).to(torch.int8) - 32).float().reshape(n, 16, 16)
+    return q.mul_(dl).reshape(n, 256)
 
 
 def dequantize_q8_k(blocks):
     # float32 d, int8 qs[256], int16 bsums[16] (sums of 16 values, used only by dot products)
     d, qs, _bsums = split_bytes(blocks, 4, 256)
-    return as_f32(d) * qs.contiguous().view(torch.int8).float()
+    return qs.view(torch.int8).float().mul_(as_f32(d))
 
 
 def _nearest_int(x: torch.Tensor) -> torch.Tensor:

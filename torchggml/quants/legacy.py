@@ -1,7 +1,8 @@
 """The 32-value block formats: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1.
 
 Each function maps blocks [n, type_size] uint8 <-> values [n, 32] float32, evaluating in
-the same float32 order as gguf.quants (so results are bit for bit the same).
+the same float32 order as gguf.quants (so results are bit for bit the same; products are
+commutative, so `q.mul_(d)` in place equals gguf's `d * q`).
 """
 from __future__ import annotations
 
@@ -24,35 +25,35 @@ def _fifth_bits(qh: torch.Tensor) -> torch.Tensor:
 
 def dequantize_q4_0(blocks):
     d, qs = split_bytes(blocks, 2)
-    return as_f16(d) * (_nibbles(qs).float() - 8)
+    return (_nibbles(qs).to(torch.int8) - 8).float().mul_(as_f16(d))
 
 
 def dequantize_q4_1(blocks):
     d, m, qs = split_bytes(blocks, 2, 2)
-    return as_f16(d) * _nibbles(qs).float() + as_f16(m)
+    return _nibbles(qs).float().mul_(as_f16(d)).add_(as_f16(m))
 
 
 def dequantize_q5_0(blocks):
     d, qh, qs = split_bytes(blocks, 2, 4)
     q = _nibbles(qs) | (_fifth_bits(qh) << 4)
-    return as_f16(d) * (q.float() - 16)
+    return (q.to(torch.int8) - 16).float().mul_(as_f16(d))
 
 
 def dequantize_q5_1(blocks):
     d, m, qh, qs = split_bytes(blocks, 2, 2, 4)
     q = _nibbles(qs) | (_fifth_bits(qh) << 4)
-    return as_f16(d) * q.float() + as_f16(m)
+    return q.float().mul_(as_f16(d)).add_(as_f16(m))
 
 
 def dequantize_q8_0(blocks):
     d, qs = split_bytes(blocks, 2)
-    return qs.contiguous().view(torch.int8).float() * as_f16(d)
+    return qs.view(torch.int8).float().mul_(as_f16(d))
 
 
 def dequantize_q8_1(blocks):
     # d, s (= d * sum(qs), used only by dot products), qs
     d, _s, qs = split_bytes(blocks, 2, 2)
-    return qs.contiguous().view(torch.int8).float() * as_f16(d)
+    return qs.view(torch.int8).float().mul_(as_f16(d))
 
 
 def _truncate(x: torch.Tensor, top: int) -> torch.Tensor:
