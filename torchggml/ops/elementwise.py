@@ -2,9 +2,31 @@
 from __future__ import annotations
 
 from ..enums import Op, UnaryOp, GluOp
-from ..tensor import Tensor, can_repeat, are_same_shape, is_contiguous_rows
-from ..types import Type
+from math import exp as _exp, log1p as _log1p
+
+from ..tensor import (Tensor, can_repeat, can_repeat_rows, are_same_shape, is_contiguous_rows,
+                      set_op_params_f32)
+from ..types import Type, type_traits, is_quantized
 from ._common import new_op, same_as, require
+
+
+def _is_padded_1d(t: Tensor) -> bool:
+    """Elements contiguous, dims 2 and 3 packed after (possibly strided) rows (ggml_is_padded_1d)."""
+    return (t.nb[0] == type_traits(t.type).type_size and t.nb[2] == t.nb[1] * t.ne[1]
+            and t.nb[3] == t.nb[2] * t.ne[2])
+
+
+def _is_contiguous_1(t: Tensor) -> bool:
+    """Rows contiguous and dims 2, 3 packed; dim 1 may be strided (ggml_is_contiguous_1)."""
+    tr = type_traits(t.type)
+    if t.ne[0] != tr.blck_size and t.nb[0] != tr.type_size:
+        return False
+    next_nb = t.ne[1] * t.nb[1]
+    for i in (2, 3):
+        if t.ne[i] != 1 and t.nb[i] != next_nb:
+            return False
+        next_nb *= t.ne[i]
+    return True
 
 
 # ---------------------------------------------------------------- binary (b broadcast to a)
@@ -47,15 +69,26 @@ def div_inplace(ctx, a, b):
 
 
 def add_cast(ctx, a, b, type):
-    """a + b stored as `type`."""
-    require(can_repeat(b, a), "add_cast", "b must broadcast to a", a, b)
+    """a + b stored as `type` (b broadcast over rows of equal length)."""
+    require(can_repeat_rows(b, a), "add_cast", "b must broadcast to a with the same ne[0]", a, b)
+    require(is_quantized(a.type) or a.type in (Type.F16, Type.BF16), "add_cast",
+            "a must be F16, BF16 or a block type", a)
     return new_op(ctx, Op.ADD, type, a.ne, [a, b])
+
+
+def _add1(ctx, a, b, inplace):
+    require(b.ne == [1, 1, 1, 1], "add1", "b must be a scalar", a, b)
+    require(_is_padded_1d(a), "add1", "a must have contiguous elements and packed dims 2, 3", a)
+    return same_as(ctx, Op.ADD1, a, [a, b], inplace=inplace)
 
 
 def add1(ctx, a, b):
     """a + the scalar b."""
-    require(b.ne == [1, 1, 1, 1], "add1", "b must be a scalar", a, b)
-    return same_as(ctx, Op.ADD1, a, [a, b])
+    return _add1(ctx, a, b, False)
+
+
+def add1_inplace(ctx, a, b):
+    return _add1(ctx, a, b, True)
 
 
 def add_id(ctx, a: Tensor, b: Tensor, ids: Tensor) -> Tensor:
@@ -68,17 +101,26 @@ def add_id(ctx, a: Tensor, b: Tensor, ids: Tensor) -> Tensor:
 
 # ---------------------------------------------------------------- scale, clamp, math
 
+def _scale(ctx, a, s: float, b: float, inplace: bool):
+    require(_is_padded_1d(a), "scale", "a must have contiguous elements and packed dims 2, 3", a)
+    return same_as(ctx, Op.SCALE, a, [a], [float(s), float(b)], inplace=inplace)
+
+
 def scale(ctx, a, s: float):
-    return same_as(ctx, Op.SCALE, a, [a], [float(s), 0.0])
+    return _scale(ctx, a, s, 0.0, False)
 
 
 def scale_inplace(ctx, a, s: float):
-    return same_as(ctx, Op.SCALE, a, [a], [float(s), 0.0], inplace=True)
+    return _scale(ctx, a, s, 0.0, True)
 
 
 def scale_bias(ctx, a, s: float, b: float):
     """a * s + b."""
-    return same_as(ctx, Op.SCALE, a, [a], [float(s), float(b)])
+    return _scale(ctx, a, s, b, False)
+
+
+def scale_bias_inplace(ctx, a, s: float, b: float):
+    return _scale(ctx, a, s, b, True)
 
 
 def clamp(ctx, a, min: float, max: float):
@@ -110,13 +152,18 @@ def leaky_relu(ctx, a, negative_slope: float, inplace: bool = False):
 
 # ---------------------------------------------------------------- unary
 
+def _unary_impl(ctx, a: Tensor, op: UnaryOp, inplace: bool) -> Tensor:
+    op = UnaryOp(op)
+    require(is_contiguous_rows(a), f"unary({op.name.lower()})", "rows must be contiguous", a)
+    return same_as(ctx, Op.UNARY, a, [a], [int(op)], inplace=inplace)
+
+
 def unary(ctx, a: Tensor, op: UnaryOp) -> Tensor:
-    require(is_contiguous_rows(a), "unary", "rows must be contiguous", a)
-    return same_as(ctx, Op.UNARY, a, [a], [int(UnaryOp(op))])
+    return _unary_impl(ctx, a, op, False)
 
 
 def unary_inplace(ctx, a: Tensor, op: UnaryOp) -> Tensor:
-    return same_as(ctx, Op.UNARY, a, [a], [int(UnaryOp(op))], inplace=True)
+    return _unary_impl(ctx, a, op, True)
 
 
 def _unary(op: UnaryOp):
@@ -150,20 +197,42 @@ round, round_inplace = _unary(UnaryOp.ROUND)
 trunc, trunc_inplace = _unary(UnaryOp.TRUNC)
 
 
+def _softplus(x: float) -> float:
+    return x if x > 20.0 else _log1p(_exp(x))
+
+
+def xielu(ctx, a: Tensor, alpha_n: float, alpha_p: float, beta: float, eps: float) -> Tensor:
+    """xIELU: x > 0: alpha_p' x^2 + beta x; else (expm1(min(x, eps)) - x) alpha_n' + beta x,
+    with alpha_p' = softplus(alpha_p) and alpha_n' = beta + softplus(alpha_n) stored in op params 1..4."""
+    t = unary(ctx, a, UnaryOp.XIELU)
+    for i, v in enumerate((beta + _softplus(alpha_n), _softplus(alpha_p), beta, eps), start=1):
+        set_op_params_f32(t, i, v)
+    return t
+
+
 # ---------------------------------------------------------------- GLU: fused (one tensor, halves) and split
 
+def _glu_impl(ctx, a: Tensor, b: Tensor | None, op: GluOp, swapped: bool) -> Tensor:
+    op = GluOp(op)
+    name = f"glu({op.name.lower()})"
+    require(_is_contiguous_1(a), name, "a needs contiguous rows and packed dims 2, 3", a)
+    if b is not None:
+        require(_is_contiguous_1(b), name, "b needs contiguous rows and packed dims 2, 3", b)
+        require(are_same_shape(a, b), name, "a and b must have the same shape", a, b)
+        require(a.type == b.type, name, "a and b must have the same type", a, b)
+    ne = list(a.ne) if b is not None else [a.ne[0] // 2, a.ne[1], a.ne[2], a.ne[3]]
+    return new_op(ctx, Op.GLU, a.type, ne, [a, b], [int(op), int(bool(swapped))])
+
+
 def glu(ctx, a: Tensor, op: GluOp, swapped: bool = False) -> Tensor:
-    """Fused GLU: a's rows hold [x | gate] halves (swapped: [gate | x]); result ne0 = a.ne0 / 2."""
-    require(a.ne[0] % 2 == 0, "glu", "a.ne[0] must be even for a fused GLU", a)
-    ne = [a.ne[0] // 2, a.ne[1], a.ne[2], a.ne[3]]
-    return new_op(ctx, Op.GLU, a.type, ne, [a], [int(GluOp(op)), int(swapped)])
+    """Fused GLU: each row of a holds [x | gate] halves of a.ne0 // 2 (swapped: [gate | x]);
+    result act(x) * gate with ne0 = a.ne0 // 2."""
+    return _glu_impl(ctx, a, None, op, swapped)
 
 
 def glu_split(ctx, a: Tensor, b: Tensor, op: GluOp) -> Tensor:
     """Split GLU: act(a) * b (a is the activated half, b the gate)."""
-    require(are_same_shape(a, b), "glu_split", "a and b must have the same shape", a, b)
-    require(a.type == b.type, "glu_split", "a and b must have the same type", a, b)
-    return new_op(ctx, Op.GLU, a.type, a.ne, [a, b], [int(GluOp(op)), 0])
+    return _glu_impl(ctx, a, b, op, False)
 
 
 def _glu(op: GluOp):
@@ -183,11 +252,10 @@ geglu_erf, geglu_erf_swapped, geglu_erf_split = _glu(GluOp.GEGLU_ERF)
 geglu_quick, geglu_quick_swapped, geglu_quick_split = _glu(GluOp.GEGLU_QUICK)
 
 
-def swiglu_oai(ctx, a: Tensor, b: Tensor, alpha: float, limit: float) -> Tensor:
+def swiglu_oai(ctx, a: Tensor, b: Tensor | None, alpha: float, limit: float) -> Tensor:
     """gpt-oss's clamped SwiGLU: x = min(a, limit); g = clamp(b, -limit, limit);
-    out = x * sigmoid(alpha * x) * (g + 1)."""
-    t = glu_split(ctx, a, b, GluOp.SWIGLU_OAI)
-    from ..tensor import set_op_params_f32
+    out = x * sigmoid(alpha * x) * (g + 1). With b None, a's rows hold [x | g] halves."""
+    t = _glu_impl(ctx, a, b, GluOp.SWIGLU_OAI, False)
     set_op_params_f32(t, 2, alpha)
     set_op_params_f32(t, 3, limit)
     return t

@@ -39,6 +39,15 @@ def argsort(ctx, a: Tensor, order: SortOrder = SortOrder.ASC) -> Tensor:
 
 
 def top_k(ctx, a: Tensor, k: int) -> Tensor:
-    """Per-row indices of the k largest values, I32 [k, a.ne1, a.ne2, a.ne3], largest first."""
+    """Per-row indices of the k largest values, I32 [k, a.ne1, a.ne2, a.ne3]. ggml does not
+    promise an order; torchggml's CPU kernel writes them largest first. k is the result's ne0."""
     require(0 < k <= a.ne[0], "top_k", f"k={k} must be in 1..a.ne[0]", a)
-    return new_op(ctx, Op.TOP_K, Type.I32, [k, a.ne[1], a.ne[2], a.ne[3]], [a], [int(k)])
+    return new_op(ctx, Op.TOP_K, Type.I32, [k, a.ne[1], a.ne[2], a.ne[3]], [a])
+
+
+def argsort_top_k(ctx, a: Tensor, k: int) -> Tensor:
+    """The first k columns of a descending argsort (a view of an ARGSORT node)."""
+    require(0 < k <= a.ne[0], "argsort_top_k", f"k={k} must be in 1..a.ne[0]", a)
+    from .views import view_4d
+    t = argsort(ctx, a, SortOrder.DESC)
+    return view_4d(ctx, t, k, t.ne[1], t.ne[2], t.ne[3], t.nb[1], t.nb[2], t.nb[3], 0)

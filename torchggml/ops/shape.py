@@ -1,8 +1,12 @@
-"""Shape-building ops: repeat, concat, pad, arange, diag_mask_inf."""
+"""Shape-building ops: repeat, concat, pad (zero or circular), arange, diag_mask_inf and diag_mask_zero."""
 from __future__ import annotations
 
+from math import ceil as _ceil
+
+import numpy as _np
+
 from ..enums import Op
-from ..tensor import Tensor, can_repeat
+from ..tensor import Tensor, can_repeat, is_empty
 from ..types import Type
 from ._common import new_op, same_as, require
 
@@ -15,7 +19,8 @@ def repeat(ctx, a: Tensor, b: Tensor) -> Tensor:
 
 def repeat_4d(ctx, a: Tensor, ne0, ne1, ne2, ne3) -> Tensor:
     ne = [ne0, ne1, ne2, ne3]
-    require(all(ne[i] % a.ne[i] == 0 for i in range(4)), "repeat_4d", f"ne={ne} not multiples of a.ne", a)
+    require(is_empty(a) or all(ne[i] % a.ne[i] == 0 for i in range(4)), "repeat_4d",
+            f"ne={ne} not multiples of a.ne", a)
     return new_op(ctx, Op.REPEAT, a.type, ne, [a])
 
 
@@ -30,13 +35,21 @@ def concat(ctx, a: Tensor, b: Tensor, dim: int) -> Tensor:
     return new_op(ctx, Op.CONCAT, a.type, ne, [a, b], [int(dim)])
 
 
+def _pad(ctx, a: Tensor, pads, circular: bool) -> Tensor:
+    pads = [int(p) for p in pads]
+    require(all(p >= 0 for p in pads), "pad", f"padding {pads} must be non-negative", a)
+    ne = [a.ne[i] + pads[2 * i] + pads[2 * i + 1] for i in range(4)]
+    return new_op(ctx, Op.PAD, a.type, ne, [a], pads + [int(circular)])
+
+
 def pad_ext(ctx, a: Tensor, lp0, rp0, lp1, rp1, lp2, rp2, lp3, rp3) -> Tensor:
-    """Zero padding on both sides of every dim."""
-    lp = [lp0, lp1, lp2, lp3]
-    rp = [rp0, rp1, rp2, rp3]
-    require(all(p >= 0 for p in lp + rp), "pad", "padding must be non-negative", a)
-    ne = [a.ne[i] + lp[i] + rp[i] for i in range(4)]
-    return new_op(ctx, Op.PAD, a.type, ne, [a], [lp0, rp0, lp1, rp1, lp2, rp2, lp3, rp3])
+    """Zero padding on both sides of every dim; op params [lp0, rp0, ..., lp3, rp3, circular=0]."""
+    return _pad(ctx, a, [lp0, rp0, lp1, rp1, lp2, rp2, lp3, rp3], False)
+
+
+def pad_ext_circular(ctx, a: Tensor, lp0, rp0, lp1, rp1, lp2, rp2, lp3, rp3) -> Tensor:
+    """Padding that wraps around every dim (a torus), as pad_ext otherwise."""
+    return _pad(ctx, a, [lp0, rp0, lp1, rp1, lp2, rp2, lp3, rp3], True)
 
 
 def pad(ctx, a: Tensor, p0: int, p1: int, p2: int = 0, p3: int = 0) -> Tensor:
@@ -44,11 +57,17 @@ def pad(ctx, a: Tensor, p0: int, p1: int, p2: int = 0, p3: int = 0) -> Tensor:
     return pad_ext(ctx, a, 0, p0, 0, p1, 0, p2, 0, p3)
 
 
+def pad_circular(ctx, a: Tensor, p0: int, p1: int, p2: int = 0, p3: int = 0) -> Tensor:
+    return pad_ext_circular(ctx, a, 0, p0, 0, p1, 0, p2, 0, p3)
+
+
 def arange(ctx, start: float, stop: float, step: float) -> Tensor:
-    import math
-    require(stop > start and step > 0, "arange", f"need stop > start and step > 0 (got {start}, {stop}, {step})")
-    n = math.ceil((stop - start) / step)
-    return new_op(ctx, Op.ARANGE, Type.F32, [n], [], [float(start), float(stop), float(step)])
+    """F32 [ceil((stop - start) / step)] values start + step * i, computed in float32 as ggml does."""
+    start32, stop32, step32 = (_np.float32(v) for v in (start, stop, step))
+    require(stop32 > start32 and step32 > 0, "arange",
+            f"need stop > start and step > 0 (got {start}, {stop}, {step})")
+    n = _ceil((stop32 - start32) / step32)
+    return new_op(ctx, Op.ARANGE, Type.F32, [n], [], [float(start32), float(stop32), float(step32)])
 
 
 def diag_mask_inf(ctx, a: Tensor, n_past: int) -> Tensor:
@@ -61,4 +80,9 @@ def diag_mask_inf_inplace(ctx, a: Tensor, n_past: int) -> Tensor:
 
 
 def diag_mask_zero(ctx, a: Tensor, n_past: int) -> Tensor:
+    """0 above the diagonal shifted by n_past (as diag_mask_inf)."""
     return same_as(ctx, Op.DIAG_MASK_ZERO, a, [a], [int(n_past)])
+
+
+def diag_mask_zero_inplace(ctx, a: Tensor, n_past: int) -> Tensor:
+    return same_as(ctx, Op.DIAG_MASK_ZERO, a, [a], [int(n_past)], inplace=True)

@@ -55,8 +55,14 @@ def _view_impl(ctx, a: Tensor, ne, nb_rest, offset: int) -> Tensor:
     for i in range(len(nb_rest) + 1, MAX_DIMS):
         nb[i] = nb[i - 1] * ne[i - 1]
     t = _view(ctx, a, Op.VIEW, ne, nb, offset, "view")
-    set_op_params(t, [offset])
+    set_op_params(t, _size_t_words(offset))
     return t
+
+
+def _size_t_words(value: int) -> list[int]:
+    """A size_t op param as ggml stores it: two little-endian int32 words."""
+    lo, hi = value & 0xFFFFFFFF, value >> 32
+    return [lo - (1 << 32) if lo >= 1 << 31 else lo, hi]
 
 
 def view_1d(ctx, a, ne0, offset=0):
@@ -147,3 +153,7 @@ def cast(ctx, a: Tensor, type) -> Tensor:
 
 def dup(ctx, a: Tensor) -> Tensor:
     return new_op(ctx, Op.DUP, a.type, a.ne, [a])
+
+
+def dup_inplace(ctx, a: Tensor) -> Tensor:
+    return new_op(ctx, Op.DUP, a.type, a.ne, [a], like=a, inplace=True)

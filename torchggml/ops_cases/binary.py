@@ -1,56 +1,199 @@
-"""Cases: ADD, SUB, MUL, DIV with broadcast and non-contiguous sources; MUL_MAT core shapes."""
+"""Cases: ADD, SUB, MUL, DIV (every broadcast, F32/F16/BF16, mixed types, non-contiguous a and b,
+in-place), ADD on a block-type a, ADD1, ADD_ID.
+
+Also the helpers the other case modules share: value generators for `init`, the torch-order
+equivalents of ggml's permute, and rounding a float64 reference to the output's type.
+"""
 from __future__ import annotations
 
 import torch
 
 import torchggml as ggml
-from ..testing import case, NMSE_MUL_MAT
+from ..testing import case
 
 T = ggml.Type
+FLOAT_TYPES = (T.F32, T.F16, T.BF16)
+
+
+# ---------------------------------------------------------------- shared helpers
+
+def torch_shape(t) -> tuple:
+    return tuple(reversed(t.ne))
+
+
+def uniform(lo: float, hi: float):
+    """An `init` entry: uniform values in [lo, hi)."""
+    def make(t, gen):
+        return torch.rand(torch_shape(t), generator=gen, dtype=torch.float64) * (hi - lo) + lo
+    return make
+
+
+def randint(lo: int, hi: int):
+    """An `init` entry: integers in [lo, hi)."""
+    def make(t, gen):
+        return torch.randint(lo, hi, torch_shape(t), generator=gen)
+    return make
+
+
+def distinct(t, gen):
+    """An `init` entry: a random permutation of distinct values in [-1, 1) per tensor (no ties)."""
+    n = t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]
+    values = (torch.randperm(n, generator=gen).double() / n) * 2 - 1
+    return values.reshape(torch_shape(t))
+
+
+def rounded(type, x: torch.Tensor) -> torch.Tensor:
+    """A float64 reference rounded to an F16/BF16 output's precision. ggml computes in float32
+    and rounds once on store; comparing against the rounded exact value keeps thresholds tight
+    (only values on a rounding boundary can differ, by one unit in the last place)."""
+    if type in (T.F16, T.BF16):
+        return x.to(ggml.type_to_dtype(type)).double()
+    return x
+
+
+def ggml_permute(x: torch.Tensor, axes) -> torch.Tensor:
+    """torch-order values of ggml.permute(a, *axes): ggml dim i goes to dim axes[i]; torch dim
+    3 - i is ggml dim i."""
+    order = [0] * 4
+    for i, ax in enumerate(axes):
+        order[3 - ax] = 3 - i
+    return x.permute(order)
 
 
 def tile(b, like):
     return b.repeat(*[s // bs for s, bs in zip(like.shape, b.shape)])
 
 
-_REF = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div}
+# ---------------------------------------------------------------- ADD, SUB, MUL, DIV
 
-for name, ref in _REF.items():
-    for type in (T.F32, T.F16):
-        for ne_a, ne_b in [([32, 4, 3, 2], [32, 4, 3, 2]), ([32, 4, 3, 2], [32, 1, 1, 1]),
-                           ([32, 4, 3, 2], [16, 2, 3, 1]), ([33, 5, 1, 1], [1, 5, 1, 1])]:
-            def build(ctx, name=name, type=type, ne_a=ne_a, ne_b=ne_b):
+_REF = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div}
+_POSITIVE_B = {1: uniform(0.5, 1.5)}  # divisors away from zero
+
+# b broadcast to a by tiling: same shape, every dim alone at 1, all at 1, and true tiling
+_BROADCASTS = [
+    ([32, 4, 3, 2], [32, 4, 3, 2]),
+    ([32, 4, 3, 2], [1, 4, 3, 2]),
+    ([32, 4, 3, 2], [32, 1, 3, 2]),
+    ([32, 4, 3, 2], [32, 4, 1, 2]),
+    ([32, 4, 3, 2], [32, 4, 3, 1]),
+    ([32, 4, 3, 2], [1, 1, 1, 1]),
+    ([32, 4, 3, 2], [16, 2, 3, 1]),
+    ([33, 5, 1, 1], [1, 5, 1, 1]),
+]
+
+
+def _binary_cases(name, ref):
+    init = _POSITIVE_B if name == "div" else None
+    fn = getattr(ggml, name)
+    for type in FLOAT_TYPES:
+        for ne_a, ne_b in _BROADCASTS:
+            def build(ctx, type=type, ne_a=ne_a, ne_b=ne_b):
                 a = ggml.new_tensor(ctx, type, ne_a)
                 b = ggml.new_tensor(ctx, type, ne_b)
-                return getattr(ggml, name)(ctx, a, b), [a, b]
-            init = {1: (lambda t, g: torch.rand(tuple(reversed(t.ne)), generator=g) + 0.5)} if name == "div" else None
+                return fn(ctx, a, b), [a, b]
             case(name, f"type={type.name},ne_a={ne_a},ne_b={ne_b}", build,
-                 lambda a, b, ref=ref: ref(a, tile(b, a)), init=init,
-                 max_nmse=1e-7 if type == T.F32 else 1e-6)
+                 lambda a, b, type=type: rounded(type, ref(a, tile(b, a))), init=init)
 
-    def build_permuted(ctx, name=name):
+    # mixed types as ggml's CPU backend takes them: F16/BF16 a with an F32 b
+    for type in (T.F16, T.BF16):
+        def build_mixed(ctx, type=type):
+            a = ggml.new_tensor_3d(ctx, type, 16, 5, 3)
+            b = ggml.new_tensor_3d(ctx, T.F32, 16, 5, 1)
+            return fn(ctx, a, b), [a, b]
+        case(name, f"type_a={type.name},type_b=F32", build_mixed,
+             lambda a, b, type=type: rounded(type, ref(a, tile(b, a))), init=init)
+
+    def build_b_transposed(ctx):
         a = ggml.new_tensor_3d(ctx, T.F32, 8, 6, 4)
         b = ggml.new_tensor_3d(ctx, T.F32, 6, 8, 4)
-        return getattr(ggml, name)(ctx, a, ggml.transpose(ctx, b)), [a, b]
-    case(name, "non-contiguous b", build_permuted, lambda a, b, ref=ref: ref(a, b.transpose(-1, -2)),
-         init={1: (lambda t, g: torch.rand(tuple(reversed(t.ne)), generator=g) + 0.5)} if name == "div" else None)
+        return fn(ctx, a, ggml.transpose(ctx, b)), [a, b]
+    case(name, "non-contiguous b", build_b_transposed,
+         lambda a, b: ref(a, b.transpose(-1, -2)), init=init)
+
+    def build_a_permuted(ctx):
+        a = ggml.new_tensor_4d(ctx, T.F32, 4, 3, 8, 2)
+        b = ggml.new_tensor_4d(ctx, T.F32, 3, 1, 4, 2)
+        return fn(ctx, ggml.permute(ctx, a, 2, 0, 1, 3), b), [a, b]
+    case(name, "non-contiguous a, broadcast b", build_a_permuted,
+         lambda a, b: ref(ggml_permute(a, (2, 0, 1, 3)), tile(b, ggml_permute(a, (2, 0, 1, 3)))),
+         init=init)
+
+    def build_inplace(ctx):
+        a = ggml.new_tensor_3d(ctx, T.F32, 16, 5, 3)
+        b = ggml.new_tensor_3d(ctx, T.F32, 16, 1, 3)
+        # an in-place op overwrites its first source: give it a copy so the input stays readable
+        return getattr(ggml, name + "_inplace")(ctx, ggml.dup(ctx, a), b), [a, b]
+    case(name, "inplace", build_inplace, lambda a, b: ref(a, tile(b, a)), init=init)
 
 
-def _mul_mat_ref(a, b):
-    r2, r3 = b.shape[1] // a.shape[1], b.shape[0] // a.shape[0]
-    a = a.repeat_interleave(r2, dim=1).repeat_interleave(r3, dim=0)
-    return b @ a.transpose(-1, -2)
+for _name, _ref in _REF.items():
+    _binary_cases(_name, _ref)
 
 
-for type_a in (T.F32, T.F16, T.BF16, T.Q4_0, T.Q8_0):
-    for type_b in (T.F32, T.F16):
-        for m, n, k, bs in [(16, 1, 64, [1, 1]), (7, 9, 96, [1, 1]), (8, 5, 64, [3, 2]), (4, 3, 32, [2, 1])]:
-            for r in ([1, 1], [2, 1], [1, 2]):
-                if r != [1, 1] and bs == [1, 1]:
-                    continue
-                def build(ctx, type_a=type_a, type_b=type_b, m=m, n=n, k=k, bs=bs, r=r):
-                    a = ggml.new_tensor_4d(ctx, type_a, k, m, bs[0], bs[1])
-                    b = ggml.new_tensor_4d(ctx, type_b, k, n, bs[0] * r[0], bs[1] * r[1])
-                    return ggml.mul_mat(ctx, a, b), [a, b]
-                case("mul_mat", f"type_a={type_a.name},type_b={type_b.name},m={m},n={n},k={k},bs={bs},nr={r}",
-                     build, _mul_mat_ref, max_nmse=NMSE_MUL_MAT)
+def _quantized_add_cases():
+    from .copy import quantized_roundtrip
+    for qtype in (T.Q8_0, T.Q4_0):
+        def build_to_f32(ctx, qtype=qtype):
+            a = ggml.new_tensor_2d(ctx, qtype, 64, 3)
+            b = ggml.new_tensor_2d(ctx, T.F32, 64, 3)
+            return ggml.add_cast(ctx, a, b, T.F32), [a, b]
+        case("add", f"type_a={qtype.name},type_b=F32,out=F32", build_to_f32, torch.add)
+
+        def build_requantized(ctx, qtype=qtype):
+            a = ggml.new_tensor_2d(ctx, qtype, 64, 3)
+            b = ggml.new_tensor_2d(ctx, T.F32, 64, 1)
+            return ggml.add(ctx, a, b), [a, b]
+        # ggml adds into dequantized rows and quantizes the sums again: the bytes must match gguf's
+        case("add", f"type_a={qtype.name},type_b=F32,out={qtype.name}", build_requantized,
+             lambda a, b, qtype=qtype: quantized_roundtrip(qtype, a + b), max_nmse=0)
+
+
+_quantized_add_cases()
+
+
+# ---------------------------------------------------------------- ADD1, ADD_ID
+
+for _type in (T.F32, T.F16, T.BF16):
+    def _build_add1(ctx, type=_type):
+        a = ggml.new_tensor_3d(ctx, type, 16, 5, 3)
+        b = ggml.new_tensor_1d(ctx, type, 1)
+        return ggml.add1(ctx, a, b), [a, b]
+    case("add1", f"type={_type.name}", _build_add1, lambda a, b, type=_type: rounded(type, a + b))
+
+
+def _build_add1_inplace(ctx):
+    a = ggml.new_tensor_2d(ctx, T.F32, 10, 4)
+    b = ggml.new_tensor_1d(ctx, T.F32, 1)
+    return ggml.add1_inplace(ctx, ggml.dup(ctx, a), b), [a, b]
+
+
+case("add1", "inplace", _build_add1_inplace, lambda a, b: a + b)
+
+
+def _add_id_ref(a, b, ids):
+    """a[:, i1, i2] + b[:, ids[i1, i2]] in torch order: b's rows gathered by the ids."""
+    return a + b[0, 0][ids[0, 0]]
+
+
+for _ne0, _n_used, _n_tokens, _n_expert in [(16, 2, 5, 4), (32, 4, 3, 8), (7, 1, 6, 3)]:
+    def _build_add_id(ctx, ne0=_ne0, n_used=_n_used, n_tokens=_n_tokens, n_expert=_n_expert):
+        a = ggml.new_tensor_3d(ctx, T.F32, ne0, n_used, n_tokens)
+        b = ggml.new_tensor_2d(ctx, T.F32, ne0, n_expert)
+        ids = ggml.new_tensor_2d(ctx, T.I32, n_used, n_tokens)
+        return ggml.add_id(ctx, a, b, ids), [a, b, ids]
+    case("add_id", f"ne0={_ne0},n_used={_n_used},n_tokens={_n_tokens},n_expert={_n_expert}",
+         _build_add_id, _add_id_ref, init={2: randint(0, _n_expert)})
+
+
+def _build_add_id_strided(ctx):
+    # a's rows strided (a view of every other row of a bigger tensor), as mul_mat_id outputs are
+    big = ggml.new_tensor_3d(ctx, T.F32, 16, 6, 4)
+    a = ggml.view_3d(ctx, big, 16, 3, 4, big.nb[1] * 2, big.nb[2], 0)
+    b = ggml.new_tensor_2d(ctx, T.F32, 16, 5)
+    ids = ggml.new_tensor_2d(ctx, T.I32, 3, 4)
+    return ggml.add_id(ctx, a, b, ids), [big, b, ids]
+
+
+case("add_id", "strided rows of a", _build_add_id_strided,
+     lambda big, b, ids: _add_id_ref(big[:, :, ::2, :], b, ids), init={2: randint(0, 5)})
+

@@ -1,0 +1,88 @@
+"""UNARY: every ggml_unary_op, computed in float32 as ggml's CPU backend does (F32/F16/BF16)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ...enums import Op, UnaryOp
+from ...tensor import get_op_params_f32, get_unary_op
+from . import CPU_KERNELS
+from .common import as_float, write, all_float
+
+GELU_COEF_A = 0.044715
+GELU_QUICK_COEF = 1.702
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+SQRT_2_INV = 1.0 / math.sqrt(2.0)
+
+
+def gelu(x: torch.Tensor) -> torch.Tensor:
+    """ggml's GELU: the tanh approximation."""
+    return 0.5 * x * (1.0 + torch.tanh(SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)))
+
+
+def gelu_erf(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * x * (1.0 + torch.erf(x * SQRT_2_INV))
+
+
+def gelu_quick(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(GELU_QUICK_COEF * x)
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.silu(x)
+
+
+def relu(x: torch.Tensor) -> torch.Tensor:
+    return torch.relu(x)
+
+
+def round_half_away(x: torch.Tensor) -> torch.Tensor:
+    """C's roundf: halves round away from zero (torch.round rounds them to even)."""
+    t = torch.trunc(x)
+    return t + torch.where((x - t).abs() >= 0.5, torch.sign(x), torch.zeros_like(x))
+
+
+def _hardsigmoid(x):
+    return ((x + 3.0) / 6.0).clamp(0.0, 1.0)
+
+
+def _xielu(x, node):
+    alpha_n, alpha_p, beta, eps = (get_op_params_f32(node, i) for i in range(1, 5))
+    positive = alpha_p * x * x + beta * x
+    negative = (torch.expm1(torch.clamp(x, max=eps)) - x) * alpha_n + beta * x
+    return torch.where(x > 0, positive, negative)
+
+
+# each: (x float32, node) -> values
+_UNARY = {
+    UnaryOp.ABS: lambda x, n: x.abs(),
+    UnaryOp.SGN: lambda x, n: torch.sign(x),
+    UnaryOp.NEG: lambda x, n: -x,
+    UnaryOp.STEP: lambda x, n: (x > 0).to(x.dtype),
+    UnaryOp.TANH: lambda x, n: torch.tanh(x),
+    UnaryOp.ELU: lambda x, n: torch.where(x > 0, x, torch.expm1(x)),
+    UnaryOp.RELU: lambda x, n: relu(x),
+    UnaryOp.SIGMOID: lambda x, n: torch.sigmoid(x),
+    UnaryOp.GELU: lambda x, n: gelu(x),
+    UnaryOp.GELU_QUICK: lambda x, n: gelu_quick(x),
+    UnaryOp.SILU: lambda x, n: silu(x),
+    UnaryOp.HARDSWISH: lambda x, n: x * _hardsigmoid(x),
+    UnaryOp.HARDSIGMOID: lambda x, n: _hardsigmoid(x),
+    UnaryOp.EXP: lambda x, n: torch.exp(x),
+    UnaryOp.GELU_ERF: lambda x, n: gelu_erf(x),
+    UnaryOp.XIELU: _xielu,
+    UnaryOp.FLOOR: lambda x, n: torch.floor(x),
+    UnaryOp.CEIL: lambda x, n: torch.ceil(x),
+    UnaryOp.ROUND: lambda x, n: round_half_away(x),
+    UnaryOp.TRUNC: lambda x, n: torch.trunc(x),
+}
+
+
+def _supports_unary(node) -> bool:
+    return all_float(node, 1) and node.op_params[0] in _UNARY
+
+
+@CPU_KERNELS.register(Op.UNARY, supports=_supports_unary)
+def unary(node):
+    write(node, _UNARY[get_unary_op(node)](as_float(node.src[0]), node))
