@@ -8,7 +8,8 @@ from .types import (Type, TypeTraits, type_traits, type_name, type_size, blck_si
                     is_quantized, type_to_dtype, dtype_to_type)
 from .enums import Op, UnaryOp, GluOp, SortOrder, TensorFlag, Status, RopeType, Prec
 from .tensor import (Tensor, nelements, nrows, nbytes, element_size, n_dims, is_contiguous,
-                     is_contiguous_rows, is_transposed, is_permuted, is_empty, is_scalar, is_vector,
+                     is_contiguous_rows, is_contiguous_n, is_contiguous_1, is_contiguous_2,
+                     is_padded_1d, is_transposed, is_permuted, is_empty, is_scalar, is_vector,
                      is_matrix, are_same_shape, are_same_stride, are_same_layout, can_repeat,
                      set_name, get_name, format_name, set_input, set_output, set_param, set_loss,
                      get_op_params_i32, get_op_params_f32, set_op_params_i32, set_op_params_f32,
@@ -85,3 +86,25 @@ from .backend.sched import (Sched, backend_sched_new, backend_sched_free, backen
                             backend_sched_reset, backend_sched_set_eval_callback)
 from .backend.sched_dot import backend_sched_graph_dump_dot
 from . import quants  # noqa: E402  (ggml.quants.quantize / dequantize)
+from .backend.device import (backend_dev_name, backend_dev_description, backend_dev_memory,  # noqa: E402
+                             backend_dev_type, backend_dev_get_props, backend_dev_backend_reg,
+                             backend_dev_init, backend_dev_buffer_type, backend_dev_host_buffer_type,
+                             backend_dev_buffer_from_host_ptr, backend_dev_supports_op,
+                             backend_dev_supports_buft, backend_dev_offload_op, backend_reg_name,
+                             backend_reg_dev_count, backend_reg_dev_get, backend_reg_get_proc_address)
+from .backend.registry import (backend_register, backend_device_register, backend_reg_count,  # noqa: E402
+                               backend_reg_get, backend_reg_by_name, backend_dev_count,
+                               backend_dev_get, backend_dev_by_name, backend_dev_by_type,
+                               backend_dev_for_torch_device, backend_init_by_name,
+                               backend_init_by_type, backend_init_best, backend_load,
+                               backend_unload, backend_load_all, backend_load_all_from_path)
+from .backend.event import (backend_event_new, backend_event_free, backend_event_record,  # noqa: E402
+                            backend_event_synchronize, backend_event_wait)
+from .backend.utils import (GraphCopy, backend_graph_copy, backend_graph_copy_free,  # noqa: E402
+                            backend_compare_graph_backend)
+from .backend.multi_buffer import (MultiBuffer, backend_multi_buffer_alloc_buffer,  # noqa: E402
+                                   backend_buffer_is_multi_buffer, backend_multi_buffer_set_usage)
+from .torch_backend.kernels import UnsupportedOpError  # noqa: E402
+from .torch_backend.stream import StreamError  # noqa: E402
+from .torch_backend.views import UnallocatedTensorError  # noqa: E402
+from .torch_backend.kernels import UnsupportedOpError  # noqa: E402

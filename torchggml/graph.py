@@ -103,6 +103,8 @@ def _visit(graph: CGraph, root: Tensor, compute: bool) -> None:
         else:
             if len(graph.nodes) >= graph.size:
                 raise RuntimeError(f"graph is full ({graph.size} nodes): create it with new_graph_custom(size=...)")
+            if not t.name:
+                format_name(t, "node_%d", len(graph.nodes))
             if compute:
                 t.flags |= TensorFlag.COMPUTE
             graph.nodes.append(t)

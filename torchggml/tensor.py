@@ -131,8 +131,48 @@ def contiguous_strides(type: Type, ne) -> list[int]:
     return nb
 
 
+def is_contiguous_n(t: Tensor, n: int) -> bool:
+    """Elements contiguous except that dims 1..n may be strided; dims of size 1 are ignored
+    (ggml_is_contiguous_n)."""
+    tr = type_traits(t.type)
+    ne, nb = t.ne, t.nb
+    next_nb = tr.type_size
+    if ne[0] != tr.blck_size and nb[0] != next_nb:
+        return False
+    next_nb *= ne[0] // tr.blck_size
+    for i in range(1, MAX_DIMS):
+        if ne[i] != 1:
+            if i > n:
+                if nb[i] != next_nb:
+                    return False
+                next_nb *= ne[i]
+            else:
+                next_nb = ne[i] * nb[i]  # this dim may be strided; the next follows it
+    return True
+
+
 def is_contiguous(t: Tensor) -> bool:
-    return t.nb == contiguous_strides(t.type, t.ne)
+    return is_contiguous_n(t, 0)
+
+
+def is_contiguous_0(t: Tensor) -> bool:
+    return is_contiguous_n(t, 0)
+
+
+def is_contiguous_1(t: Tensor) -> bool:
+    """Rows contiguous, dims 2 and 3 packed; dim 1 may be strided."""
+    return is_contiguous_n(t, 1)
+
+
+def is_contiguous_2(t: Tensor) -> bool:
+    """Rows contiguous, dim 3 packed; dims 1 and 2 may be strided."""
+    return is_contiguous_n(t, 2)
+
+
+def is_padded_1d(t: Tensor) -> bool:
+    """Elements contiguous, dims 2 and 3 packed after (possibly strided) rows (ggml_is_padded_1d)."""
+    return (t.nb[0] == type_traits(t.type).type_size and t.nb[2] == t.nb[1] * t.ne[1]
+            and t.nb[3] == t.nb[2] * t.ne[2])
 
 
 def is_contiguous_rows(t: Tensor) -> bool:

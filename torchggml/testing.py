@@ -69,10 +69,13 @@ def random_values(t, gen: torch.Generator) -> torch.Tensor:
 
 
 def fill_input(t, values: torch.Tensor) -> None:
-    """Store float/int values into t (converting to its type; quantizing block types)."""
+    """Store float/int values into t (converting to its type; quantizing block types). For block
+    types, uint8 values are taken as ready-made blocks (for types quantize does not produce)."""
     from .backend.tensor_io import backend_tensor_set
     tr = type_traits(t.type)
-    if tr.is_quantized:
+    if tr.is_quantized and values.dtype == torch.uint8:
+        data = values.contiguous()
+    elif tr.is_quantized:
         from .quants import quantize
         data = quantize(t.type, values.float().reshape(-1, t.ne[0]))
     else:
@@ -116,8 +119,10 @@ def run_case(c: OpCase, backend) -> tuple[list[torch.Tensor], torch.Tensor]:
             for i, t in enumerate(inputs):
                 make = c.init.get(i)
                 fill_input(t, make(t, gen) if make else random_values(t, gen))
+            # read the inputs before computing: in-place ops (set_rows, cpy) overwrite them
+            values = [read_values(t) for t in inputs]
             backend_graph_compute(backend, graph)
-            return [read_values(t) for t in inputs], read_values(out)
+            return values, read_values(out)
         finally:
             backend_buffer_free(buffer)
     finally:

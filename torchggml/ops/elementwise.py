@@ -5,28 +5,11 @@ from ..enums import Op, UnaryOp, GluOp
 from math import exp as _exp, log1p as _log1p
 
 from ..tensor import (Tensor, can_repeat, can_repeat_rows, are_same_shape, is_contiguous_rows,
-                      set_op_params_f32)
+                      set_op_params_f32, is_padded_1d, is_contiguous_1)
 from ..types import Type, type_traits, is_quantized
 from ._common import new_op, same_as, require
 
 
-def _is_padded_1d(t: Tensor) -> bool:
-    """Elements contiguous, dims 2 and 3 packed after (possibly strided) rows (ggml_is_padded_1d)."""
-    return (t.nb[0] == type_traits(t.type).type_size and t.nb[2] == t.nb[1] * t.ne[1]
-            and t.nb[3] == t.nb[2] * t.ne[2])
-
-
-def _is_contiguous_1(t: Tensor) -> bool:
-    """Rows contiguous and dims 2, 3 packed; dim 1 may be strided (ggml_is_contiguous_1)."""
-    tr = type_traits(t.type)
-    if t.ne[0] != tr.blck_size and t.nb[0] != tr.type_size:
-        return False
-    next_nb = t.ne[1] * t.nb[1]
-    for i in (2, 3):
-        if t.ne[i] != 1 and t.nb[i] != next_nb:
-            return False
-        next_nb *= t.ne[i]
-    return True
 
 
 # ---------------------------------------------------------------- binary (b broadcast to a)
@@ -78,7 +61,7 @@ def add_cast(ctx, a, b, type):
 
 def _add1(ctx, a, b, inplace):
     require(b.ne == [1, 1, 1, 1], "add1", "b must be a scalar", a, b)
-    require(_is_padded_1d(a), "add1", "a must have contiguous elements and packed dims 2, 3", a)
+    require(is_padded_1d(a), "add1", "a must have contiguous elements and packed dims 2, 3", a)
     return same_as(ctx, Op.ADD1, a, [a, b], inplace=inplace)
 
 
@@ -102,7 +85,7 @@ def add_id(ctx, a: Tensor, b: Tensor, ids: Tensor) -> Tensor:
 # ---------------------------------------------------------------- scale, clamp, math
 
 def _scale(ctx, a, s: float, b: float, inplace: bool):
-    require(_is_padded_1d(a), "scale", "a must have contiguous elements and packed dims 2, 3", a)
+    require(is_padded_1d(a), "scale", "a must have contiguous elements and packed dims 2, 3", a)
     return same_as(ctx, Op.SCALE, a, [a], [float(s), float(b)], inplace=inplace)
 
 
@@ -215,9 +198,9 @@ def xielu(ctx, a: Tensor, alpha_n: float, alpha_p: float, beta: float, eps: floa
 def _glu_impl(ctx, a: Tensor, b: Tensor | None, op: GluOp, swapped: bool) -> Tensor:
     op = GluOp(op)
     name = f"glu({op.name.lower()})"
-    require(_is_contiguous_1(a), name, "a needs contiguous rows and packed dims 2, 3", a)
+    require(is_contiguous_1(a), name, "a needs contiguous rows and packed dims 2, 3", a)
     if b is not None:
-        require(_is_contiguous_1(b), name, "b needs contiguous rows and packed dims 2, 3", b)
+        require(is_contiguous_1(b), name, "b needs contiguous rows and packed dims 2, 3", b)
         require(are_same_shape(a, b), name, "a and b must have the same shape", a, b)
         require(a.type == b.type, name, "a and b must have the same type", a, b)
     ne = list(a.ne) if b is not None else [a.ne[0] // 2, a.ne[1], a.ne[2], a.ne[3]]
