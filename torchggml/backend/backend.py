@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import uuid
-
-import torch
 from abc import ABC, abstractmethod
 
 from ..enums import Status
@@ -128,25 +126,35 @@ def _check_backend_owns(backend: Backend, t, what: str) -> None:
 
 
 def backend_tensor_set_async(backend: Backend, t, data, offset: int = 0, size: int | None = None) -> None:
+    """Queue a write of `data`'s bytes into the tensor, ordered on the backend's stream.
+
+    Upstream's contract: `data` must not be modified until backend_synchronize (the backend
+    keeps it alive until the copy has run). Backends without async copies write at once."""
     from .tensor_io import as_byte_tensor, backend_tensor_set, _check_range
     _check_backend_owns(backend, t, "backend_tensor_set_async")
     src = as_byte_tensor(data)
     size = src.numel() if size is None else size
+    if size > src.numel():
+        raise ValueError(f"backend_tensor_set_async: size {size} exceeds the {src.numel()} bytes of data for {t.describe()}")
     _check_range(t, offset, size, "backend_tensor_set_async")
-    if backend.set_tensor_async(t, src, offset, size) is NotImplemented:
+    if size and backend.set_tensor_async(t, src, offset, size) is NotImplemented:
         backend_tensor_set(t, src, offset, size)
 
 
 def backend_tensor_get_async(backend: Backend, t, data, offset: int = 0, size: int | None = None) -> None:
-    """Queue a read of the tensor into `data` (a torch tensor or writable array); valid after
+    """Queue a read of the tensor into `data` (a contiguous torch tensor, a writable numpy array
+    or bytes-like object), ordered on the backend's stream: `data` holds the result only after
     backend_synchronize."""
-    from .tensor_io import backend_tensor_get, as_byte_tensor, _check_range
+    from .tensor_io import backend_tensor_get, as_writable_byte_tensor, _check_range
     from ..tensor import nbytes
     _check_backend_owns(backend, t, "backend_tensor_get_async")
     size = nbytes(t) - offset if size is None else size
     _check_range(t, offset, size, "backend_tensor_get_async")
-    if not isinstance(data, torch.Tensor) or backend.get_tensor_async(t, as_byte_tensor(data), offset, size) is NotImplemented:
-        backend_tensor_get(t, data, offset, size)
+    dst = as_writable_byte_tensor(data, "backend_tensor_get_async")
+    if dst.numel() < size:
+        raise ValueError(f"backend_tensor_get_async: destination has {dst.numel()} bytes, {size} needed for {t.describe()}")
+    if size and backend.get_tensor_async(t, dst, offset, size) is NotImplemented:
+        backend_tensor_get(t, dst, offset, size)
 
 
 def backend_tensor_copy_async(backend_src: Backend, backend_dst: Backend, src, dst) -> None:

@@ -25,6 +25,27 @@ def as_byte_tensor(data) -> torch.Tensor:
     return torch.from_numpy(arr.copy() if not arr.flags.writeable else arr)
 
 
+def as_writable_byte_tensor(data, what: str) -> torch.Tensor:
+    """A destination (torch tensor, numpy array, writable bytes-like) as a flat uint8 torch
+    tensor sharing its memory, so that writes land in `data`."""
+    if isinstance(data, torch.Tensor):
+        if not data.is_contiguous():
+            raise ValueError(f"{what}: the destination tensor must be contiguous")
+        return data.view(-1).view(torch.uint8) if data.numel() else data.view(torch.uint8)
+    if isinstance(data, np.ndarray):
+        if not (data.flags.c_contiguous and data.flags.writeable):
+            raise ValueError(f"{what}: the destination array must be C-contiguous and writable")
+        return torch.from_numpy(data.reshape(-1).view(np.uint8))
+    try:
+        mv = memoryview(data)
+    except TypeError:
+        raise TypeError(f"{what}: the destination must be a torch.Tensor, a numpy array or a writable "
+                        f"bytes-like object, not {type(data).__name__}") from None
+    if mv.readonly:
+        raise ValueError(f"{what}: the destination {type(data).__name__} is read-only")
+    return torch.from_numpy(np.frombuffer(mv, dtype=np.uint8))
+
+
 def _check_range(t: Tensor, offset: int, size: int, what: str) -> None:
     if t.buffer is None or t.data is None:
         raise RuntimeError(f"{what}: {t.describe()} is not allocated")
@@ -64,16 +85,7 @@ def backend_tensor_get(t: Tensor, data=None, offset: int = 0, size: int | None =
         out = torch.empty(size, dtype=torch.uint8)
         t.buffer.get_tensor(t, out, offset, size)
         return out
-    if isinstance(data, torch.Tensor):
-        if not data.is_contiguous():
-            raise ValueError("backend_tensor_get: the destination tensor must be contiguous")
-        dst = data.view(-1).view(torch.uint8) if data.numel() else data.view(torch.uint8)
-    elif isinstance(data, np.ndarray):
-        if not (data.flags.c_contiguous and data.flags.writeable):
-            raise ValueError("backend_tensor_get: the destination array must be C-contiguous and writable")
-        dst = torch.from_numpy(data.reshape(-1).view(np.uint8))
-    else:
-        dst = torch.from_numpy(np.frombuffer(memoryview(data), dtype=np.uint8))
+    dst = as_writable_byte_tensor(data, "backend_tensor_get")
     if dst.numel() < size:
         raise ValueError(f"backend_tensor_get: destination has {dst.numel()} bytes, {size} needed for {t.describe()}")
     t.buffer.get_tensor(t, dst, offset, size)

@@ -11,7 +11,8 @@ from ..backend.backend import Backend
 from ..backend.device import Device, DeviceCaps, DeviceType, Reg
 from ..enums import Status
 from .buffer import TorchBufferType, buffer_from_torch
-from .kernels import CPU_KERNELS, compiled_nodes, run_calls
+from .kernels import CPU_KERNELS, run_calls
+from .plan import CompiledPlan, compile_graph
 
 
 def _cpu_description() -> str:
@@ -34,12 +35,7 @@ def host_memory() -> tuple[int, int]:
         return 0, 0
 
 
-class CPUPlan:
-    """A graph pre-compiled into bound kernel calls: compute does no per-op lookup."""
-
-    def __init__(self, graph, calls):
-        self.graph = graph
-        self.calls = calls
+CPUPlan = CompiledPlan  # a graph pre-compiled into bound kernel calls
 
 
 class CPUBackend(Backend):
@@ -56,17 +52,21 @@ class CPUBackend(Backend):
         self.abort_callback = callback
 
     def graph_plan_create(self, graph):
-        return CPUPlan(graph, compiled_nodes(graph.nodes, CPU_KERNELS, self.name))
+        return CompiledPlan(graph, compile_graph(graph, CPU_KERNELS, self))
 
     def graph_plan_update(self, plan, graph):
         plan.graph = graph
-        plan.calls = compiled_nodes(graph.nodes, CPU_KERNELS, self.name)
+        plan.calls = compile_graph(graph, CPU_KERNELS, self)
 
     def graph_plan_compute(self, plan) -> Status:
         return self._run(plan.calls)
 
     def graph_compute(self, graph) -> Status:
-        return self._run(compiled_nodes(graph.nodes, CPU_KERNELS, self.name))
+        return self._run(compile_graph(graph, CPU_KERNELS, self))
+
+    def event_wait(self, event) -> None:
+        # the CPU computes on the calling thread: waiting for an event means the host waits
+        event.device.event_synchronize(event)
 
     def _run(self, calls) -> Status:
         if self.abort_callback is None:

@@ -1,0 +1,85 @@
+"""The `torchggml` command.
+
+    torchggml devices                       regs and devices: type, memory, capabilities
+    torchggml test-ops [-b DEV] [-o OP] [--mode test|perf|support]
+                                            test-backend-ops for this project (torchggml.testing)
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.0f}"
+
+
+def _caps(caps) -> str:
+    flags = [("async", caps.async_), ("host_buffer", caps.host_buffer),
+             ("from_host_ptr", caps.buffer_from_host_ptr), ("events", caps.events)]
+    return ",".join(name for name, on in flags if on) or "-"
+
+
+def device_rows() -> list[tuple[str, ...]]:
+    """One row per device: reg, name, type, free MiB, total MiB, caps, description."""
+    import torchggml as ggml
+    rows = []
+    for r in range(ggml.backend_reg_count()):
+        reg = ggml.backend_reg_get(r)
+        for d in range(ggml.backend_reg_dev_count(reg)):
+            props = ggml.backend_dev_get_props(ggml.backend_reg_dev_get(reg, d))
+            rows.append((ggml.backend_reg_name(reg), props.name, props.type.name, _mib(props.memory_free),
+                         _mib(props.memory_total), _caps(props.caps), props.description))
+    return rows
+
+
+def format_table(header, rows) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(header), line("-" * w for w in widths), *map(line, rows)])
+
+
+def cmd_devices(args) -> int:
+    import torchggml as ggml
+    if args.load_all:
+        ggml.backend_load_all()
+    header = ("reg", "device", "type", "free MiB", "total MiB", "caps", "description")
+    rows = device_rows()
+    print(format_table(header, rows))
+    print(f"\n{ggml.backend_reg_count()} regs, {len(rows)} devices")
+    return 0
+
+
+def cmd_test_ops(args) -> int:
+    from torchggml.testing import main_test_ops  # the op-case table is large: import on demand
+    return main_test_ops(args) or 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="torchggml", description="ggml's backend system on PyTorch")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("devices", help="list regs and devices with type, memory and capabilities")
+    p.add_argument("--load-all", action="store_true",
+                   help="first load plugins (entry points and TORCHGGML_BACKEND_PATH)")
+    p.set_defaults(func=cmd_devices)
+
+    p = sub.add_parser("test-ops", help="run the op cases on devices against the CPU reference")
+    p.add_argument("-b", "--backend", metavar="DEVICE", help="only this device (e.g. SIM0, CUDA0)")
+    p.add_argument("-o", "--op", metavar="OP", help="only this op (e.g. MUL_MAT)")
+    p.add_argument("--mode", choices=("test", "perf", "support"), default="test",
+                   help="test: compare with the CPU; perf: time per run; support: what each device supports")
+    p.set_defaults(func=cmd_test_ops)
+
+    from .models.cli_commands import add_subcommands as add_model_subcommands  # run, eval, info
+    add_model_subcommands(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

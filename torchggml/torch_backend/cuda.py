@@ -1,0 +1,178 @@
+"""CUDA devices: one per torch cuda device, its memory as torch storages, a torch.cuda.Stream
+per backend, torch.cuda.Event events, CUDA-graph plans, a pinned host buffer type.
+
+Imports without CUDA (the policy functions are tested on any machine); the reg has no devices
+there.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from ..backend.device import Device, DeviceCaps, DeviceType, Event, Reg
+from ..enums import Op, Status
+from ..tensor import nrows
+from .buffer import TorchBuffer, TorchBufferType, buffer_from_torch
+from .kernels.gpu import GPU_KERNELS
+from .plan import CudaGraphPlan, compile_graph
+from .stream import CudaStream, StreamBackend
+
+# upstream CUDA: ops with a batch of at least this many rows are worth moving weights for;
+# GGML_OP_OFFLOAD_MIN_BATCH's counterpart is TORCHGGML_OP_OFFLOAD_MIN_BATCH
+OFFLOAD_MIN_BATCH = int(os.environ.get("TORCHGGML_OP_OFFLOAD_MIN_BATCH", "32"))
+
+
+def op_batch_size(op) -> int:
+    """The batch an op processes, as upstream CUDA measures it for offloading."""
+    if op.op == Op.GET_ROWS:
+        return 0  # gathering rows of host weights is never worth a weight upload
+    if op.op == Op.MUL_MAT:
+        return op.ne[1]
+    if op.op in (Op.MUL_MAT_ID, Op.ROPE, Op.ROPE_BACK):
+        return op.ne[2]
+    return nrows(op)
+
+
+def gpu_offload_op(op, min_batch: int | None = None) -> bool:
+    """Upstream CUDA's offload_op: run an op whose weights sit in host memory on the GPU when
+    its batch is large enough to amortise copying the weights over."""
+    return op_batch_size(op) >= (OFFLOAD_MIN_BATCH if min_batch is None else min_batch)
+
+
+class CudaBuffer(TorchBuffer):
+    def free(self) -> None:
+        # like cudaFree, wait for queued work: the caching allocator would otherwise hand this
+        # memory to a new allocation while a backend stream still uses it
+        if self.storage is not None:
+            torch.cuda.synchronize(self.storage.device)
+        super().free()
+
+
+class CudaBufferType(TorchBufferType):
+    def __init__(self, device: "CudaDevice"):
+        super().__init__(device.name, device, f"cuda:{device.index}", host=False, alignment=128)
+
+    def get_max_size(self) -> int:
+        return torch.cuda.get_device_properties(self.torch_device).total_memory
+
+    def alloc_buffer(self, size: int) -> CudaBuffer:
+        size = int(size)
+        if size < 0:
+            raise ValueError(f"{self.name}: negative buffer size {size}")
+        try:
+            storage = torch.UntypedStorage(max(size, 1), device=self.torch_device)
+        except (RuntimeError, torch.OutOfMemoryError) as e:
+            raise MemoryError(f"{self.name}: failed to allocate {size} bytes ({size / 2**20:.1f} MiB): {e}") from None
+        return CudaBuffer(self, storage, size)
+
+
+class CudaHostBufferType(TorchBufferType):
+    """Pinned host memory: CPU code reads it, and copies to/from the GPU are truly asynchronous."""
+
+    def __init__(self, device: "CudaDevice"):
+        super().__init__("CUDA_Host", device, "cpu", host=True, pinned=True, alignment=32)
+
+    def alloc_buffer(self, size: int) -> TorchBuffer:
+        size = int(size)
+        if size < 0:
+            raise ValueError(f"{self.name}: negative buffer size {size}")
+        try:
+            data = torch.empty(max(size, 1), dtype=torch.uint8, pin_memory=True)
+        except RuntimeError as e:
+            raise MemoryError(f"{self.name}: failed to allocate {size} bytes of pinned memory: {e}") from None
+        return TorchBuffer(self, data.untyped_storage(), size)
+
+
+class CudaBackend(StreamBackend):
+    def __init__(self, device: "CudaDevice"):
+        super().__init__(device, CudaStream(device.name, device.index), GPU_KERNELS)
+
+    def free(self) -> None:
+        self.stream.synchronize()
+
+    def graph_plan_create(self, graph) -> CudaGraphPlan:
+        return CudaGraphPlan(graph, compile_graph(graph, self.kernels, self), self.stream.stream, self.name)
+
+    def graph_plan_update(self, plan, graph):
+        plan.reset(graph, compile_graph(graph, self.kernels, self))
+
+    def graph_plan_compute(self, plan) -> Status:
+        plan.compute()
+        return Status.SUCCESS
+
+
+def _pci_bus_id(props) -> str | None:
+    bus = getattr(props, "pci_bus_id", None)
+    if bus is None:
+        return None
+    return f"{getattr(props, 'pci_domain_id', 0):04x}:{bus:02x}:{getattr(props, 'pci_device_id', 0):02x}.0"
+
+
+class CudaDevice(Device):
+    def __init__(self, index: int, reg=None):
+        super().__init__(f"CUDA{index}", torch.cuda.get_device_name(index), DeviceType.GPU, reg)
+        self.index = index
+        self.torch_device = torch.device("cuda", index)
+        self.buffer_type = CudaBufferType(self)
+        self.host_buffer_type = CudaHostBufferType(self)
+        # host memory wrapped without copying (buffer_from_host_ptr): CPU code computes on it
+        self.host_ptr_buffer_type = TorchBufferType(f"{self.name}_HostPtr", self, "cpu", host=True)
+
+    def get_memory(self):
+        return torch.cuda.mem_get_info(self.index)
+
+    def get_device_id(self):
+        return _pci_bus_id(torch.cuda.get_device_properties(self.index))
+
+    def get_caps(self) -> DeviceCaps:
+        return DeviceCaps(async_=True, host_buffer=True, buffer_from_host_ptr=True, events=True)
+
+    def init_backend(self, params=None) -> CudaBackend:
+        return CudaBackend(self)
+
+    def get_buffer_type(self):
+        return self.buffer_type
+
+    def get_host_buffer_type(self):
+        return self.host_buffer_type
+
+    def buffer_from_host_ptr(self, data, size=None, max_tensor_size=None):
+        return buffer_from_torch(self.host_ptr_buffer_type, data)
+
+    def supports_op(self, op) -> bool:
+        return GPU_KERNELS.supports(op)
+
+    def supports_buft(self, buft) -> bool:
+        return buft is self.buffer_type
+
+    def offload_op(self, op) -> bool:
+        return gpu_offload_op(op)
+
+    def event_new(self) -> Event:
+        return Event(self, torch.cuda.Event())
+
+    def event_synchronize(self, event) -> None:
+        event.handle.synchronize()
+
+
+class CudaReg(Reg):
+    def __init__(self):
+        super().__init__("CUDA")
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        self.devices = [CudaDevice(i, self) for i in range(n)]
+
+    def get_devices(self):
+        return self.devices
+
+    def proc_get_features(self):
+        return {"TORCH": torch.__version__, "CUDA": str(torch.version.cuda), "DEVICES": str(len(self.devices))}
+
+    def proc_dev_get_extra_bufts(self, device):
+        return []
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_reg() -> CudaReg:
+    return CudaReg()

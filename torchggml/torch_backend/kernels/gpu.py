@@ -1,0 +1,159 @@
+"""The GPU op table (CUDA and SIM devices): the CPU table's torch kernels, with Triton kernels
+for quantized weights where the `triton_kernels` package handles the case.
+
+GPU_KERNELS falls through to CPU_KERNELS at lookup time (a ChainMap, not a copy), so a kernel
+registered on the CPU table later is a GPU kernel too; entries registered here override it.
+
+The Triton entries decide per call: a quantized src0 of a type `triton_kernels.supports`,
+memory Triton can run on (CUDA, or CPU under TRITON_INTERPRET=1), and the shapes the wrapper
+takes; anything else runs the CPU table's torch kernel. `triton_kernels` is imported on first
+use; a missing or broken package leaves the torch kernels in place.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from collections import ChainMap
+
+import torch
+
+from ...enums import Op
+from ...types import type_traits
+from . import CPU_KERNELS, KernelTable, UnsupportedOpError
+from .common import view, write, is_float
+
+GPU_KERNELS = KernelTable("GPU")
+GPU_KERNELS.entries = ChainMap({}, CPU_KERNELS.entries)
+
+
+@functools.lru_cache(maxsize=None)
+def triton_kernels_module():
+    """The triton_kernels package, or None when it cannot be imported (with a warning)."""
+    try:
+        import triton_kernels
+    except Exception as e:  # noqa: BLE001 - any failure means "use the torch kernels"
+        warnings.warn(f"triton_kernels unavailable, GPU ops use the torch kernels: {type(e).__name__}: {e}",
+                      RuntimeWarning, stacklevel=2)
+        return None
+    return triton_kernels
+
+
+def triton_runs_on(device: torch.device) -> bool:
+    """Triton kernels run on CUDA memory, and on CPU memory only in the interpreter."""
+    if device.type == "cuda":
+        return True
+    if device.type != "cpu" or os.environ.get("TRITON_INTERPRET") != "1":
+        return False
+    tk = triton_kernels_module()
+    interpreting = getattr(getattr(tk, "_common", None), "interpreting", None)
+    try:
+        return bool(interpreting and interpreting())
+    except RuntimeError:  # triton was imported before TRITON_INTERPRET was set
+        return False
+
+
+def _triton_fn(name: str):
+    tk = triton_kernels_module()
+    return getattr(tk, name, None) if tk is not None else None
+
+
+def _triton_type_ok(t) -> bool:
+    """A block type the Triton kernels decode (checked cheaply first: most ops are float)."""
+    if not type_traits(t.type).is_quantized:
+        return False
+    tk = triton_kernels_module()
+    return tk is not None and bool(tk.supports(t.type))
+
+
+def _cpu_entry(op: Op):
+    return CPU_KERNELS.entries.get(op)
+
+
+def _cpu_supports(op: Op, node) -> bool:
+    entry = _cpu_entry(op)
+    return entry is not None and bool(entry[1](node))
+
+
+def _run_cpu(op: Op, node, why: str) -> None:
+    entry = _cpu_entry(op)
+    if entry is None or not entry[1](node):
+        raise UnsupportedOpError(f"op {op.name} on {node.describe()}: {why}, and the torch kernel "
+                                 f"does not support these types")
+    entry[0](node)
+
+
+def _on_triton_memory(node) -> bool:
+    return triton_runs_on(view(node).device)
+
+
+# ---------------------------------------------------------------- MUL_MAT
+
+def _triton_mul_mat_shape_ok(node) -> bool:
+    a, b = node.src[0], node.src[1]
+    return (a.ne[2] == 1 and a.ne[3] == 1 and is_float(b) and _triton_type_ok(a)
+            and _triton_fn("mul_mat") is not None)
+
+
+def _mul_mat_supports(node) -> bool:
+    return _cpu_supports(Op.MUL_MAT, node) or _triton_mul_mat_shape_ok(node)
+
+
+@GPU_KERNELS.register(Op.MUL_MAT, supports=_mul_mat_supports)
+def mul_mat(node):
+    if not (_triton_mul_mat_shape_ok(node) and _on_triton_memory(node)):
+        return _run_cpu(Op.MUL_MAT, node, "Triton cannot run it here")
+    a, b = node.src[0], node.src[1]
+    blocks = view(a)[0, 0]                      # uint8 [N, row_bytes]
+    x = view(b).reshape(-1, b.ne[0])            # [b3*b2*M, K]
+    out = view(node)                            # F32 [b3, b2, M, N]
+    if out.is_contiguous():
+        _triton_fn("mul_mat")(a.type, blocks, x, out=out.view(-1, a.ne[1]))
+    else:
+        out.copy_(_triton_fn("mul_mat")(a.type, blocks, x).view(out.shape))
+
+
+# ---------------------------------------------------------------- GET_ROWS
+
+def _triton_get_rows_shape_ok(node) -> bool:
+    a, ids = node.src[0], node.src[1]
+    return (a.ne[2] == 1 and a.ne[3] == 1 and ids.ne[1] == 1 and ids.ne[2] == 1 and ids.ne[3] == 1
+            and is_float(node) and _triton_type_ok(a) and _triton_fn("get_rows") is not None)
+
+
+def _get_rows_supports(node) -> bool:
+    return _cpu_supports(Op.GET_ROWS, node) or _triton_get_rows_shape_ok(node)
+
+
+@GPU_KERNELS.register(Op.GET_ROWS, supports=_get_rows_supports)
+def get_rows(node):
+    if not (_triton_get_rows_shape_ok(node) and _on_triton_memory(node)):
+        return _run_cpu(Op.GET_ROWS, node, "Triton cannot run it here")
+    a, ids = node.src[0], node.src[1]
+    out = view(node)
+    # the bounds check syncs the device, which a CUDA graph capture forbids
+    capturing = out.is_cuda and torch.cuda.is_current_stream_capturing()
+    rows = _triton_fn("get_rows")(a.type, view(a)[0, 0], view(ids).reshape(-1), dtype=out.dtype,
+                                  check_bounds=not capturing)
+    out.copy_(rows.view(out.shape))
+
+
+# ---------------------------------------------------------------- MUL_MAT_ID
+
+def _triton_mul_mat_id_shape_ok(node) -> bool:
+    a, b = node.src[0], node.src[1]
+    return is_float(b) and _triton_type_ok(a) and _triton_fn("mul_mat_id") is not None
+
+
+def _mul_mat_id_supports(node) -> bool:
+    return _cpu_supports(Op.MUL_MAT_ID, node) or _triton_mul_mat_id_shape_ok(node)
+
+
+@GPU_KERNELS.register(Op.MUL_MAT_ID, supports=_mul_mat_id_supports)
+def mul_mat_id(node):
+    if not (_triton_mul_mat_id_shape_ok(node) and _on_triton_memory(node)):
+        return _run_cpu(Op.MUL_MAT_ID, node, "Triton cannot run it here")
+    a, b, ids = node.src[0], node.src[1], node.src[2]
+    # ggml [K, N, n_expert] x [K, n_used|1, n_tokens] by ids [n_used, n_tokens] -> [N, n_used, n_tokens]
+    result = _triton_fn("mul_mat_id")(a.type, view(a)[0], view(b)[0], view(ids)[0, 0])
+    write(node, result.unsqueeze(0))

@@ -1,0 +1,122 @@
+"""Graph plans: a graph pre-compiled into bound kernel calls (every device), and on CUDA the
+same calls captured into a CUDA graph and replayed.
+
+A compiled plan removes the per-op table lookup and checks from compute; a CUDA-graph plan
+also removes the per-op Python dispatch and kernel launches: one replay runs the whole graph.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from .kernels import compiled_nodes
+
+
+def _memory_buffer(t):
+    return t.buffer if t.buffer is not None or t.view_src is None else t.view_src.buffer
+
+
+def check_graph_buffers(calls, backend) -> None:
+    """Every node and source of the compiled calls lives in memory `backend` can use: a clear
+    ValueError (naming tensor, buffer and device) instead of computing on foreign memory."""
+    device = backend.get_device()
+    usable = set()
+    for _, node in calls:
+        for t in (node, *node.src):
+            if t is None:
+                continue
+            buf = _memory_buffer(t)
+            if buf is None:
+                raise ValueError(f"{backend.name}: {t.describe()} has no memory: allocate the graph first")
+            buft = buf.buft
+            if id(buft) in usable:
+                continue
+            if not device.supports_buft(buft):
+                owner = buft.get_device()
+                raise ValueError(f"{backend.name}: {t.describe()} lives in buffer {buf.name} of device "
+                                 f"{owner.name if owner is not None else '?'}, which backend {backend.name} "
+                                 f"cannot use (copy it first, or use the scheduler)")
+            usable.add(id(buft))
+
+
+def compile_graph(graph, kernels, backend) -> list:
+    """The graph as bound kernel calls for `backend`: UnsupportedOpError for an op or types the
+    table lacks, ValueError for a tensor in memory the backend cannot use."""
+    calls = compiled_nodes(graph.nodes, kernels, backend.name)
+    check_graph_buffers(calls, backend)
+    return calls
+
+
+def run_calls_named(calls, device_name: str) -> None:
+    """Run compiled calls; a failure names the device, the op and the node."""
+    node = None
+    try:
+        for fn, node in calls:
+            fn(node)
+    except Exception as e:
+        where = f"op {node.op.name} on {node.describe()}" if node is not None else "graph"
+        raise RuntimeError(f"{device_name}: {where} failed: {type(e).__name__}: {e}") from e
+
+
+class CompiledPlan:
+    """A graph as a list of (kernel, node) calls, looked up and checked once."""
+
+    def __init__(self, graph, calls):
+        self.graph = graph
+        self.calls = calls
+
+    def __repr__(self):
+        return f"<{type(self).__name__} {len(self.calls)} calls>"
+
+
+class CudaGraphPlan(CompiledPlan):
+    """Compiled calls captured into a torch.cuda.CUDAGraph.
+
+    The first compute runs the calls eagerly: kernels initialise lazily (cuBLAS handles, Triton
+    compilation and autotuning), which cannot happen inside a capture. The second compute
+    captures the calls and replays them; later computes only replay. Buffers are static
+    storages, so a replay reads and writes exactly the addresses the graph was planned for.
+    A graph whose kernels cannot be captured (one syncs the host, e.g. with .item()) keeps
+    running eagerly; `capture_error` says why.
+    """
+
+    WARMUP_RUNS = 1
+
+    def __init__(self, graph, calls, stream: torch.cuda.Stream, device_name: str):
+        super().__init__(graph, calls)
+        self.stream = stream
+        self.device_name = device_name
+        self.cuda_graph = None
+        self.capture_error: str | None = None
+        self.runs = 0
+
+    def reset(self, graph, calls) -> None:
+        self.graph, self.calls = graph, calls
+        self.cuda_graph, self.capture_error, self.runs = None, None, 0
+
+    def compute(self) -> None:
+        """Queue one execution of the graph on the plan's stream."""
+        with torch.cuda.stream(self.stream):
+            if self.cuda_graph is None and (self.runs < self.WARMUP_RUNS or self.capture_error):
+                run_calls_named(self.calls, self.device_name)
+            else:
+                if self.cuda_graph is None:
+                    self._capture()
+                if self.cuda_graph is not None:
+                    self.cuda_graph.replay()
+                else:
+                    run_calls_named(self.calls, self.device_name)
+        self.runs += 1
+
+    def _capture(self) -> None:
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, stream=self.stream):
+                run_calls_named(self.calls, self.device_name)
+        except Exception as e:  # a kernel that cannot be captured: stay eager
+            self.capture_error = f"{type(e).__name__}: {e}"
+            warnings.warn(f"{self.device_name}: CUDA graph capture failed, the plan runs eagerly: "
+                          f"{self.capture_error}", RuntimeWarning, stacklevel=3)
+            return
+        self.cuda_graph = graph

@@ -1,0 +1,188 @@
+"""A simulated accelerator for machines without a GPU (`TORCHGGML_SIM_DEVICES=N`: SIM0..).
+
+It behaves as a discrete GPU so that every multi-device path runs in CI:
+- type GPU; its buffers are CPU storages that report is_host() False, so generic code treats
+  them as device memory (the CPU backend refuses them, copies go through buffer calls);
+- capacity-limited memory (`TORCHGGML_SIM_MEMORY` bytes per device, K/M/G suffixes allowed;
+  default: the host's total memory), so running out of it is a MemoryError;
+- each backend's stream is a worker thread: tensor_set/get/copy_async and graph_compute queue
+  work and return at once; synchronize waits and re-raises the first failure with its op;
+- events are real (worker-stream marks); the op table is the GPU one (Triton kernels where
+  they run: under TRITON_INTERPRET=1).
+
+Async contract (upstream's): data passed to tensor_set_async must not be modified until the
+backend is synchronized (the backend keeps it alive); data read by tensor_get_async is valid
+only after synchronize. Tensor addresses of a queued graph are read when the worker runs it:
+do not move a queued graph's tensors to other addresses before synchronizing.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import weakref
+
+import torch
+
+from ..backend.device import Device, DeviceCaps, DeviceType, Event, Reg
+from .buffer import TorchBuffer, TorchBufferType
+from .cpu import host_memory
+from .cuda import gpu_offload_op
+from .kernels.gpu import GPU_KERNELS
+from .stream import StreamBackend, ThreadEvent, WorkerStream
+
+SIM_DEVICES_ENV = "TORCHGGML_SIM_DEVICES"
+SIM_MEMORY_ENV = "TORCHGGML_SIM_MEMORY"
+
+_SUFFIXES = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def sim_device_count() -> int:
+    """N from TORCHGGML_SIM_DEVICES (0 when unset or empty)."""
+    value = os.environ.get(SIM_DEVICES_ENV, "").strip()
+    if not value:
+        return 0
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ValueError(f"{SIM_DEVICES_ENV}={value!r}: expected a number of devices (0 or more)")
+    return n
+
+
+def sim_memory_capacity() -> int:
+    """Bytes per SIM device from TORCHGGML_SIM_MEMORY (e.g. 1073741824, 512M, 2G)."""
+    value = os.environ.get(SIM_MEMORY_ENV, "").strip().upper().removesuffix("B")
+    if not value:
+        return host_memory()[1] or 2**34
+    scale = _SUFFIXES.get(value[-1], 1)
+    try:
+        size = int(float(value[:-1] if scale > 1 else value) * scale)
+    except ValueError:
+        size = -1
+    if size <= 0:
+        raise ValueError(f"{SIM_MEMORY_ENV}={os.environ[SIM_MEMORY_ENV]!r}: expected a positive size such as 512M or 2G")
+    return size
+
+
+class SimBuffer(TorchBuffer):
+    def __init__(self, buft: "SimBufferType", storage, size: int):
+        super().__init__(buft, storage, size)
+        self._release = weakref.finalize(self, buft.release, size)
+
+    def free(self) -> None:
+        super().free()
+        self._release()
+
+
+class SimBufferType(TorchBufferType):
+    """SIM device memory: non-host CPU storages within the device's capacity."""
+
+    def __init__(self, device: "SimDevice", capacity: int):
+        super().__init__(device.name, device, "cpu", host=False, alignment=128)
+        self.capacity = capacity
+        self.allocated = 0
+        self._lock = threading.Lock()
+
+    def get_max_size(self) -> int:
+        return self.capacity
+
+    def alloc_buffer(self, size: int) -> SimBuffer:
+        size = int(size)
+        if size < 0:
+            raise ValueError(f"{self.name}: negative buffer size {size}")
+        with self._lock:
+            if self.allocated + size > self.capacity:
+                raise MemoryError(f"{self.name}: out of device memory: {size} bytes requested, "
+                                  f"{self.capacity - self.allocated} of {self.capacity} free")
+            self.allocated += size
+        try:
+            # over-allocate so that the base can be aligned as the planners expect (torch's CPU
+            # allocator aligns to 64 bytes, a GPU's alignment is 128)
+            storage = torch.UntypedStorage(size + self.alignment)
+        except RuntimeError as e:
+            self.release(size)
+            raise MemoryError(f"{self.name}: failed to allocate {size} bytes: {e}") from None
+        buffer = SimBuffer(self, storage, size)
+        buffer.base = -(-storage.data_ptr() // self.alignment) * self.alignment
+        return buffer
+
+    def release(self, size: int) -> None:
+        with self._lock:
+            self.allocated -= size
+
+
+class SimBackend(StreamBackend):
+    def __init__(self, device: "SimDevice"):
+        super().__init__(device, WorkerStream(device.name), GPU_KERNELS)
+
+
+class SimDevice(Device):
+    def __init__(self, index: int, capacity: int, reg=None):
+        super().__init__(f"SIM{index}", f"simulated GPU {index} (CPU memory, worker-thread stream)",
+                         DeviceType.GPU, reg)
+        self.index = index
+        self.buffer_type = SimBufferType(self, capacity)
+        # host memory that CPU code can read, as a GPU's pinned host buffer type
+        self.host_buffer_type = TorchBufferType(f"{self.name}_Host", self, "cpu", host=True)
+
+    def get_memory(self):
+        # simulated figures: the capacity and what this device's buffers take of it
+        buft = self.buffer_type
+        return buft.capacity - buft.allocated, buft.capacity
+
+    def get_caps(self) -> DeviceCaps:
+        return DeviceCaps(async_=True, host_buffer=True, buffer_from_host_ptr=False, events=True)
+
+    def init_backend(self, params=None) -> SimBackend:
+        return SimBackend(self)
+
+    def get_buffer_type(self):
+        return self.buffer_type
+
+    def get_host_buffer_type(self):
+        return self.host_buffer_type
+
+    def supports_op(self, op) -> bool:
+        return GPU_KERNELS.supports(op)
+
+    def supports_buft(self, buft) -> bool:
+        return buft is self.buffer_type
+
+    def offload_op(self, op) -> bool:
+        return gpu_offload_op(op)
+
+    def event_new(self) -> Event:
+        return Event(self, ThreadEvent())
+
+    def event_synchronize(self, event) -> None:
+        event.handle.synchronize()
+
+
+class SimReg(Reg):
+    def __init__(self, n_devices: int, capacity: int):
+        super().__init__("SIM")
+        self.devices = [SimDevice(i, capacity, self) for i in range(n_devices)]
+
+    def get_devices(self):
+        return self.devices
+
+    def proc_get_features(self):
+        return {"SIM_DEVICES": str(len(self.devices)),
+                "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "0")}
+
+    def proc_dev_get_extra_bufts(self, device):
+        return []
+
+
+@functools.lru_cache(maxsize=None)
+def _sim_reg(n_devices: int, capacity: int) -> SimReg:
+    return SimReg(n_devices, capacity)
+
+
+def sim_reg() -> SimReg | None:
+    """The SIM reg for the current environment (the same object while the settings stay the
+    same), or None when TORCHGGML_SIM_DEVICES is unset or 0."""
+    n = sim_device_count()
+    return _sim_reg(n, sim_memory_capacity()) if n else None

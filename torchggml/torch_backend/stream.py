@@ -1,0 +1,296 @@
+"""Streams and events: the ordered work queues behind every asynchronous backend.
+
+A `Stream` runs submitted work in submission order. Two kinds share one backend class:
+- `WorkerStream`: a Python thread draining a queue of closures (the SIM device). Work really
+  runs later, on another thread; errors are kept and raised at the next `synchronize`.
+- `CudaStream`: a `torch.cuda.Stream`. Submitting runs the closure now on the host with the
+  stream current, so its kernels are queued on the GPU (errors surface immediately or at
+  synchronize, as CUDA reports them).
+
+Events follow CUDA's rules: `record` marks the work submitted so far; a later `wait` (on any
+stream) or `synchronize` waits for that mark; waiting on a never-recorded event does nothing.
+
+`StreamBackend` implements ggml's asynchronous backend entries once for every stream kind:
+tensor_set/get/copy_async, graph_compute (compiled calls submitted to the stream), plans and
+events.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import weakref
+from abc import ABC, abstractmethod
+from typing import Callable
+
+import torch
+
+from ..backend.backend import Backend
+from ..backend.device import Event
+from ..enums import Status
+from .buffer import TorchBuffer
+from .plan import CompiledPlan, compile_graph, run_calls_named
+from .views import tensor_bytes
+
+
+class StreamError(RuntimeError):
+    """Work submitted to a stream failed; raised by the next synchronize."""
+
+
+class Stream(ABC):
+    """An ordered queue of work on one device."""
+
+    name: str
+
+    @abstractmethod
+    def submit(self, fn: Callable[[], None], what: str) -> None:
+        """Run `fn` after everything submitted before; `what` names it in error messages."""
+
+    @abstractmethod
+    def synchronize(self) -> None:
+        """Block until all submitted work is done; raise StreamError if any of it failed."""
+
+    @abstractmethod
+    def new_event(self):
+        """A new event handle for this kind of stream (has .synchronize() and .query())."""
+
+    @abstractmethod
+    def record(self, handle) -> None:
+        """Mark the work submitted so far on `handle`."""
+
+    @abstractmethod
+    def wait(self, handle) -> None:
+        """Make work submitted after this call wait for `handle`'s latest record."""
+
+    def close(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------- worker-thread streams
+
+class ThreadEvent:
+    """An event of worker streams. `flag` is the threading.Event of the latest record: a wait
+    captures the flag current when it is issued, exactly as cudaStreamWaitEvent does."""
+
+    __slots__ = ("flag",)
+
+    def __init__(self):
+        self.flag: threading.Event | None = None
+
+    def synchronize(self) -> None:
+        flag = self.flag
+        if flag is not None:
+            flag.wait()
+
+    def query(self) -> bool:
+        flag = self.flag
+        return flag is None or flag.is_set()
+
+
+_STOP = object()
+
+
+class _WorkerState:
+    __slots__ = ("error",)
+
+    def __init__(self):
+        self.error: tuple[str, BaseException] | None = None
+
+
+def _drain(work: queue.SimpleQueue, state: _WorkerState) -> None:
+    """The worker thread's loop. After a failure, ordinary work is skipped until synchronize
+    reports it; event marks (`always`) still run so that other streams never deadlock."""
+    while True:
+        item = work.get()
+        if item is _STOP:
+            return
+        fn, what, always = item
+        if state.error is not None and not always:
+            continue
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - reported at synchronize
+            if state.error is None:
+                state.error = (what, e)
+
+
+class WorkerStream(Stream):
+    """A stream whose work runs on its own Python thread, in submission order."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
+        self._state = _WorkerState()
+        self._closed = False
+        # the thread references only the queue and the state, so an unused stream is collected
+        self._thread = threading.Thread(target=_drain, args=(self._work, self._state),
+                                        name=f"torchggml-{name}", daemon=True)
+        self._thread.start()
+        self._finalizer = weakref.finalize(self, self._work.put, _STOP)
+
+    def __repr__(self):
+        return f"<WorkerStream {self.name}>"
+
+    def submit(self, fn: Callable[[], None], what: str, always: bool = False) -> None:
+        if self._closed:
+            raise RuntimeError(f"{self.name}: the backend was freed; no more work can be submitted")
+        self._work.put((fn, what, always))
+
+    def synchronize(self) -> None:
+        if threading.current_thread() is self._thread:
+            raise RuntimeError(f"{self.name}: synchronize called from the stream's own worker thread")
+        done = threading.Event()
+        self.submit(done.set, "synchronize", always=True)
+        done.wait()
+        self._raise_pending()
+
+    def _raise_pending(self) -> None:
+        error, self._state.error = self._state.error, None
+        if error is not None:
+            what, exc = error
+            raise StreamError(f"{self.name}: {what} failed: {type(exc).__name__}: {exc}") from exc
+
+    def new_event(self) -> ThreadEvent:
+        return ThreadEvent()
+
+    def record(self, handle) -> None:
+        if not isinstance(handle, ThreadEvent):
+            raise TypeError(f"{self.name}: cannot record a {type(handle).__name__} on a worker stream")
+        flag = threading.Event()
+        handle.flag = flag
+        self.submit(flag.set, "event record", always=True)
+
+    def wait(self, handle) -> None:
+        if isinstance(handle, ThreadEvent):
+            flag = handle.flag
+            if flag is not None and not flag.is_set():
+                self.submit(flag.wait, "event wait", always=True)
+        else:  # another stream kind's event: the worker blocks on it
+            self.submit(handle.synchronize, "event wait", always=True)
+
+    def close(self) -> None:
+        """Finish the queued work, then stop the thread (pending errors are dropped)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._finalizer()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+
+# ---------------------------------------------------------------- CUDA streams
+
+class CudaStream(Stream):
+    """A torch.cuda.Stream of one device. Work is launched from the host immediately."""
+
+    def __init__(self, name: str, device_index: int):
+        self.name = name
+        self.device = torch.device("cuda", device_index)
+        self.stream = torch.cuda.Stream(device=self.device)
+
+    def __repr__(self):
+        return f"<CudaStream {self.name}>"
+
+    def submit(self, fn: Callable[[], None], what: str, always: bool = False) -> None:
+        with torch.cuda.stream(self.stream):
+            fn()
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def new_event(self):
+        return torch.cuda.Event()
+
+    def record(self, handle) -> None:
+        handle.record(self.stream)
+
+    def wait(self, handle) -> None:
+        if isinstance(handle, torch.cuda.Event):
+            self.stream.wait_event(handle)
+        else:  # a foreign event (e.g. a worker stream's): the host waits
+            handle.synchronize()
+
+
+# ---------------------------------------------------------------- the backend
+
+class StreamBackend(Backend):
+    """A backend whose work is ordered on one Stream (SIM, CUDA, MPS)."""
+
+    def __init__(self, device, stream: Stream, kernels, name: str | None = None):
+        super().__init__(device, name)
+        self.stream = stream
+        self.kernels = kernels
+        self._copy_event = None
+
+    def free(self) -> None:
+        self.stream.close()
+
+    def owns(self, t) -> bool:
+        """The tensor's memory is a torch storage of this backend's device."""
+        buf = t.buffer
+        return isinstance(buf, TorchBuffer) and buf.buft.get_device() is self.device
+
+    # --- async data movement. Source and destination memory is resolved now (as the C API
+    # takes pointers now); the copy runs when the stream gets to it.
+    def set_tensor_async(self, tensor, data: torch.Tensor, offset: int, size: int):
+        dst = tensor_bytes(tensor, offset, size)
+        src = data[:size]  # kept alive by the closure until the copy has run
+        self.stream.submit(lambda: dst.copy_(src, non_blocking=True),
+                           f"tensor_set_async into {tensor.describe()}")
+        return None
+
+    def get_tensor_async(self, tensor, out: torch.Tensor, offset: int, size: int):
+        src = tensor_bytes(tensor, offset, size)
+        dst = out[:size]
+        self.stream.submit(lambda: dst.copy_(src, non_blocking=True),
+                           f"tensor_get_async from {tensor.describe()}")
+        return None
+
+    def cpy_tensor_async(self, backend_src: Backend, src, dst) -> bool:
+        """Copy on backend_src's stream after its queued work; this stream waits for the copy
+        (upstream CUDA's rule). False when the tensors are not both stream-device memory."""
+        if not (isinstance(backend_src, StreamBackend) and type(backend_src.stream) is type(self.stream)
+                and backend_src.owns(src) and self.owns(dst)):
+            return False
+        s, d = tensor_bytes(src), tensor_bytes(dst)
+        backend_src.stream.submit(lambda: d.copy_(s, non_blocking=True),
+                                  f"tensor_copy_async {src.describe()} -> {dst.describe()}")
+        if backend_src is not self:
+            if backend_src._copy_event is None:
+                backend_src._copy_event = backend_src.stream.new_event()
+            backend_src.stream.record(backend_src._copy_event)
+            self.stream.wait(backend_src._copy_event)
+        return True
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    # --- compute: the graph is compiled (and checked) on the caller's thread, then submitted
+    def graph_compute(self, graph) -> Status:
+        self._submit_calls(compile_graph(graph, self.kernels, self))
+        return Status.SUCCESS
+
+    def _submit_calls(self, calls) -> None:
+        if calls:
+            name = self.name
+            self.stream.submit(lambda: run_calls_named(calls, name), "graph_compute")
+
+    def graph_plan_create(self, graph):
+        return CompiledPlan(graph, compile_graph(graph, self.kernels, self))
+
+    def graph_plan_update(self, plan, graph):
+        plan.graph = graph
+        plan.calls = compile_graph(graph, self.kernels, self)
+
+    def graph_plan_compute(self, plan) -> Status:
+        self._submit_calls(plan.calls)
+        return Status.SUCCESS
+
+    # --- events
+    def event_record(self, event: Event):
+        if event.device is not self.device:
+            raise ValueError(f"event_record: the event belongs to device {event.device.name}, "
+                             f"not to backend {self.name}'s device {self.device.name}")
+        self.stream.record(event.handle)
+
+    def event_wait(self, event: Event):
+        self.stream.wait(event.handle)
