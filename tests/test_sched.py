@@ -236,9 +236,9 @@ def random_graph(rng: random.Random, weights_by_backend, n_tokens):
     ggml.set_name(x, "x")
     ggml.set_input(x)
     live = [x]
-    for i in range(rng.randint(3, 12)):
+    for i in range(rng.randint(6, 14)):
         a = rng.choice(live)
-        kind = rng.choice(["mm", "mm", "add", "mul", "silu", "scale", "norm"])
+        kind = rng.choice(["mm", "mm", "mm", "add", "mul", "silu", "scale", "norm"])
         if kind == "mm":
             ws = rng.choice(weights_by_backend)
             h = ggml.mul_mat(ctx, rng.choice(ws), a)
@@ -271,6 +271,7 @@ def test_stress_random_graphs_match_single_device(backends, parallel):
     ref_sched = ggml.backend_sched_new([cpu])
     rng = random.Random(1234 + parallel)
     pending = []
+    n_multi_split = n_copied = 0
     for it in range(150):
         n_tokens = rng.choice([1, 3, 8])
         # same graph twice: once across the devices (async, back to back), once on the CPU only
@@ -282,6 +283,8 @@ def test_stress_random_graphs_match_single_device(backends, parallel):
         assert ggml.backend_sched_alloc_graph(sched, graph)
         ggml.backend_tensor_set(x, xv)
         assert ggml.backend_sched_graph_compute_async(sched, graph) == ggml.Status.SUCCESS
+        n_multi_split += ggml.backend_sched_get_n_splits(sched) > 1
+        n_copied += sum(1 for s in sched.splits for t in s.inputs if not t.flags & ggml.TensorFlag.INPUT)
         host = torch.empty(tuple(reversed(out.ne))[-2:])
         ggml.backend_tensor_get_async(sched.get_tensor_backend(out), out, host)
         expected = run_sched(ref_sched, ref_graph, ref_x, ref_out, xv)
@@ -293,3 +296,5 @@ def test_stress_random_graphs_match_single_device(backends, parallel):
                 torch.testing.assert_close(host, expected.reshape(host.shape), rtol=1e-5, atol=1e-5)
             pending = []
         ggml.backend_sched_reset(sched)
+    # the graphs really crossed devices: many multi-split graphs and device-to-device copies
+    assert n_multi_split >= 50 and n_copied >= 50, (n_multi_split, n_copied)
