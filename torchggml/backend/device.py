@@ -19,6 +19,7 @@ class DeviceCaps:
     host_buffer: bool = False
     buffer_from_host_ptr: bool = False
     events: bool = False
+    mmap_support: bool = False  # buffers can be views of a memory-mapped file (zero-copy GGUF loading)
 
 
 @dataclass

@@ -88,7 +88,8 @@ class CPUDevice(Device):
         return host_memory()
 
     def get_caps(self) -> DeviceCaps:
-        return DeviceCaps(async_=False, host_buffer=False, buffer_from_host_ptr=True, events=False)
+        return DeviceCaps(async_=False, host_buffer=False, buffer_from_host_ptr=True, events=False,
+                          mmap_support=True)
 
     def init_backend(self, params=None) -> CPUBackend:
         return CPUBackend(self)
