@@ -298,3 +298,34 @@ def test_stress_random_graphs_match_single_device(backends, parallel):
         ggml.backend_sched_reset(sched)
     # the graphs really crossed devices: many multi-split graphs and device-to-device copies
     assert n_multi_split >= 50 and n_copied >= 50, (n_multi_split, n_copied)
+
+
+def test_dump_dot_colours_backends_and_boxes_splits(backends, tmp_path):
+    sim0, _, cpu = backends
+    _, _, ws = make_weights(sim0, [(16, 16), (16, 16)])
+    sched = ggml.backend_sched_new([sim0, cpu])
+    _, graph, x, out = mlp_graph(ws)
+    ggml.backend_sched_set_tensor_backend(sched, ggml.graph_node(graph, -1), cpu)
+    assert ggml.backend_sched_alloc_graph(sched, graph)
+    path = ggml.backend_sched_graph_dump_dot(sched, graph, tmp_path / "sched.dot")
+    text = path.read_text()
+    assert text.startswith("digraph")
+    assert text.count("subgraph cluster_") == ggml.backend_sched_get_n_splits(sched) == 2
+    assert 'label="split 0: SIM0 (1 inputs)"' in text and "split 1: CPU" in text
+    assert "SIM0#x#0" in text  # the copied input, drawn dashed
+    assert "style=dashed" in text
+
+
+def test_sched_debug_prints_the_assignment_table(backends, monkeypatch, capsys):
+    sim0, _, cpu = backends
+    monkeypatch.setenv("TORCHGGML_SCHED_DEBUG", "2")
+    _, _, ws = make_weights(sim0, [(16, 16)])
+    sched = ggml.backend_sched_new([sim0, cpu])
+    _, graph, x, out = mlp_graph(ws)
+    assert ggml.backend_sched_alloc_graph(sched, graph)
+    err = capsys.readouterr().err
+    assert "## SPLIT #0: SIM0 # 1 inputs: [x (" in err
+    import re
+    assert re.search(r"node #  0 \( +MUL_MAT\): +mm0 .*\[ SIM0 +1\.wgt0\]", err)
+    assert re.search(r"SIM0#x#0 \( +0K\) \[ SIM0 +4\.cpy\]", err)  # mm0 reads the copy of x
+    assert re.search(r"UNARY.*\[ SIM0 +2\.sup\]", err)  # spread by the expansion sweeps
