@@ -6,6 +6,8 @@ from ..tensor import Tensor, is_transposed, set_op_params_i32
 from ..types import Type
 from ._common import new_op, require
 
+__all__ = ["mul_mat", "mul_mat_set_prec", "mul_mat_id", "out_prod"]
+
 
 def mul_mat(ctx, a: Tensor, b: Tensor) -> Tensor:
     """a [K, N, ne2, ne3] x b [K, M, ne2*r2, ne3*r3] -> F32 [N, M, b.ne2, b.ne3]: each row of the
@@ -19,6 +21,8 @@ def mul_mat(ctx, a: Tensor, b: Tensor) -> Tensor:
 
 
 def mul_mat_set_prec(a: Tensor, prec: Prec) -> None:
+    """Ask for F32 accumulation on backends that would otherwise use less (a is the mul_mat node)."""
+    require(a.op == Op.MUL_MAT, "mul_mat_set_prec", "a must be a mul_mat node", a)
     set_op_params_i32(a, 0, int(Prec(prec)))
 
 
@@ -37,7 +41,9 @@ def mul_mat_id(ctx, as_: Tensor, b: Tensor, ids: Tensor) -> Tensor:
 
 
 def out_prod(ctx, a: Tensor, b: Tensor) -> Tensor:
-    """a [M, K] (x) b [N, K] -> F32 [M, N]: sum over k of a[:, k] outer b[:, k]."""
+    """a [M, K] (x) b [N, K] -> F32 [M, N, b.ne2, b.ne3]: sum over k of a[:, k] outer b[:, k];
+    a is broadcast over dims 2 and 3 by repeat-interleave, as in mul_mat."""
     require(a.ne[1] == b.ne[1], "out_prod", "a.ne[1] != b.ne[1]", a, b)
+    require(not is_transposed(a), "out_prod", "a must not be transposed", a)
     require(b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0, "out_prod", "broadcast mismatch", a, b)
     return new_op(ctx, Op.OUT_PROD, Type.F32, [a.ne[0], b.ne[0], b.ne[2], b.ne[3]], [a, b])
