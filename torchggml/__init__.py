@@ -45,7 +45,10 @@ from .backend.backend import (Backend, backend_guid, backend_name, backend_free,
                               backend_supports_op, backend_supports_buft, backend_offload_op)
 from .backend.device import DeviceType, DeviceCaps, DeviceProps, Device, Reg, Event
 from .alloc import (backend_tensor_alloc, backend_view_init, backend_alloc_ctx_tensors,
-                    backend_alloc_ctx_tensors_from_buft)
+                    backend_alloc_ctx_tensors_from_buft, backend_alloc_ctx_tensors_from_buft_size,
+                    Tallocr, tallocr_new, tallocr_alloc, Gallocr, gallocr_new, gallocr_new_n,
+                    gallocr_free, gallocr_reserve, gallocr_reserve_n, gallocr_reserve_n_size,
+                    gallocr_alloc_graph, gallocr_get_buffer_size, op_can_inplace)
 
 
 def backend_cpu_init():
