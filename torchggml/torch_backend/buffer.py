@@ -30,15 +30,19 @@ class TorchBufferType(BufferType):
         size = int(size)
         if size < 0:
             raise ValueError(f"{self.name}: negative buffer size {size}")
+        # torch aligns storages to 64 bytes; larger alignments get slack to move the base up
+        slack = self.alignment if self.alignment > 64 else 0
         try:
             # zero-size buffers still get a real (1-byte) storage so that base is a valid address
-            storage = torch.UntypedStorage(max(size, 1), device=self.torch_device)
+            storage = torch.UntypedStorage(max(size, 1) + slack, device=self.torch_device)
             if self.pinned:
                 storage = storage.pin_memory()
         except (RuntimeError, torch.OutOfMemoryError) as e:
             raise MemoryError(f"{self.name}: failed to allocate a buffer of {size} bytes "
                               f"({size / 2**20:.1f} MiB) on {self.torch_device}: {e}") from None
-        return TorchBuffer(self, storage, size)
+        buffer = TorchBuffer(self, storage, size)
+        buffer.base = -(-buffer.base // self.alignment) * self.alignment
+        return buffer
 
 
 class TorchBuffer(Buffer):
