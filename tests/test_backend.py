@@ -651,3 +651,14 @@ def test_cuda_host_buffers():
     arr = np.arange(16, dtype=np.float32)
     mapped = ggml.backend_dev_buffer_from_host_ptr(dev, arr)
     assert ggml.backend_buffer_get_base(mapped) == arr.ctypes.data and ggml.backend_buffer_is_host(mapped)
+
+
+@pytest.mark.parametrize("alignment", [32, 64, 128, 256, 4096])
+@pytest.mark.parametrize("size", [0, 1, 1000])
+def test_buffer_base_honours_the_buffer_type_alignment(alignment, size):
+    from torchggml.torch_backend.buffer import TorchBufferType
+    buft = TorchBufferType("ALIGNED", None, "cpu", host=True, alignment=alignment)
+    buf = buft.alloc_buffer(size)
+    assert buf.get_base() % alignment == 0
+    assert buf.get_base() + size <= buf.storage.data_ptr() + buf.storage.nbytes()
+    ggml.backend_buffer_clear(buf, 7)  # the whole range is writable
