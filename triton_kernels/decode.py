@@ -4,12 +4,13 @@ Every decoder has the same contract, so the dequantize, get_rows, matvec and GEM
 them (through `dequant_block`):
 
     blk: uint8 pointers to block starts, shape [R, B, 1] (R rows x B blocks of the same rows)
-    j:   int32 positions inside the block, shape [1, 1, E] (usually tl.arange(0, QK))
-    ->   float32 values, shape [R, B, E], in ggml's element order
+    j0:  first value to decode inside each block (a multiple of E)
+    E:   number of values per block (constexpr, a power of two dividing the block size)
+    ->   float32 values j0 .. j0+E-1 of every block, shape [R, B, E], in ggml's element order
 
-Per-block scalars (d, dmin, ...) are loaded on the [R, B, 1] shape and broadcast, so they cost one
-load per block; the quant bits are gathered per element (neighbouring elements read the same
-bytes, which the hardware coalesces). The arithmetic follows gguf's quants.py step by step
+Work is done on the smallest shape it depends on: per-block scalars (d, dmin) on [R, B, 1, 1],
+the K-quants' sub-block scales on [R, B, E/SUB, 1] (SUB = 16 or 32 values), and only the quant
+bits per value, on [R, B, E/SUB, SUB]. The arithmetic follows gguf's quants.py step by step
 (same products in the same order), so float32 results are bit-exact with it. Block layouts are
 those of ggml-common.h; offsets below are in bytes from the block start.
 """
@@ -128,18 +129,40 @@ def _scale_min_k4(blk, s, SC: tl.constexpr):
     return scale.to(tl.float32), minimum.to(tl.float32)
 
 
-# ---------------------------------------------------------------------------------------------
-# plain types: one "block" is one value
+@triton.jit
+def _values(j0, E: tl.constexpr):
+    """Positions j0 .. j0+E-1 as a [1, 1, E] tensor (decoders without sub-block scales)."""
+    return (j0 + tl.arange(0, E))[None, None, :]
+
 
 @triton.jit
-def _dq_f16(blk, j):
-    bits = tl.load(blk.to(tl.pointer_type(tl.uint16)) + j)
+def _sub_blocks(blk, j0, E: tl.constexpr, SUB: tl.constexpr):
+    """4-D views for decoders with per-SUB-values scales: blk as [R, B, 1, 1], the sub-block
+    indices as [1, 1, E/SUB, 1] and the positions as [1, 1, E/SUB, SUB]."""
+    tl.static_assert(E % SUB == 0, "a decode step must cover whole sub-blocks")
+    s = (j0 // SUB + tl.arange(0, E // SUB))[None, None, :, None]
+    j = s * SUB + tl.arange(0, SUB)[None, None, None, :]
+    return tl.expand_dims(blk, 3), s, j
+
+
+@triton.jit
+def _merge_sub_blocks(w):
+    """[R, B, E/SUB, SUB] -> [R, B, E] (order kept)."""
+    return tl.reshape(w, (w.shape[0], w.shape[1], w.shape[2] * w.shape[3]))
+
+
+# ---------------------------------------------------------------------------------------------
+# plain types: one "block" is one value (E == 1)
+
+@triton.jit
+def _dq_f16(blk, j0, E: tl.constexpr):
+    bits = tl.load(blk.to(tl.pointer_type(tl.uint16)) + _values(j0, E))
     return bits.to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit
-def _dq_bf16(blk, j):
-    bits = tl.load(blk.to(tl.pointer_type(tl.uint16)) + j).to(tl.int32)
+def _dq_bf16(blk, j0, E: tl.constexpr):
+    bits = tl.load(blk.to(tl.pointer_type(tl.uint16)) + _values(j0, E)).to(tl.int32)
     return (bits << 16).to(tl.float32, bitcast=True)
 
 
@@ -147,114 +170,121 @@ def _dq_bf16(blk, j):
 # 32-value blocks
 
 @triton.jit
-def _dq_q4_0(blk, j):  # d:f16 @0, qs[16] @2
-    q = _nibble32(blk, j, 2) - 8
+def _dq_q4_0(blk, j0, E: tl.constexpr):  # d:f16 @0, qs[16] @2
+    q = _nibble32(blk, _values(j0, E), 2) - 8
     return _f16(blk) * q.to(tl.float32)
 
 
 @triton.jit
-def _dq_q4_1(blk, j):  # d:f16 @0, m:f16 @2, qs[16] @4
-    q = _nibble32(blk, j, 4)
+def _dq_q4_1(blk, j0, E: tl.constexpr):  # d:f16 @0, m:f16 @2, qs[16] @4
+    q = _nibble32(blk, _values(j0, E), 4)
     return _f16(blk) * q.to(tl.float32) + _f16(blk + 2)
 
 
 @triton.jit
-def _dq_q5_0(blk, j):  # d:f16 @0, qh:u32 @2 (bit j = 5th bit of value j), qs[16] @6
+def _dq_q5_0(blk, j0, E: tl.constexpr):  # d:f16 @0, qh:u32 @2 (bit j = 5th bit of value j), qs[16] @6
+    j = _values(j0, E)
     high = (_u8(blk + 2 + j // 8) >> (j % 8)) & 1
     q = (_nibble32(blk, j, 6) | (high << 4)) - 16
     return _f16(blk) * q.to(tl.float32)
 
 
 @triton.jit
-def _dq_q5_1(blk, j):  # d:f16 @0, m:f16 @2, qh:u32 @4, qs[16] @8
+def _dq_q5_1(blk, j0, E: tl.constexpr):  # d:f16 @0, m:f16 @2, qh:u32 @4, qs[16] @8
+    j = _values(j0, E)
     high = (_u8(blk + 4 + j // 8) >> (j % 8)) & 1
     q = _nibble32(blk, j, 8) | (high << 4)
     return _f16(blk) * q.to(tl.float32) + _f16(blk + 2)
 
 
 @triton.jit
-def _dq_q8_0(blk, j):  # d:f16 @0, qs:i8[32] @2
-    q = _i8(_u8(blk + 2 + j))
+def _dq_q8_0(blk, j0, E: tl.constexpr):  # d:f16 @0, qs:i8[32] @2
+    q = _i8(_u8(blk + 2 + _values(j0, E)))
     return q.to(tl.float32) * _f16(blk)
 
 
 @triton.jit
-def _dq_iq4_nl(blk, j):  # d:f16 @0, qs[16] @2 indexing the non-linear table
-    return _f16(blk) * _lut16(_nibble32(blk, j, 2), IQ4_LO, IQ4_HI)
+def _dq_iq4_nl(blk, j0, E: tl.constexpr):  # d:f16 @0, qs[16] @2 indexing the non-linear table
+    return _f16(blk) * _lut16(_nibble32(blk, _values(j0, E), 2), IQ4_LO, IQ4_HI)
 
 
 @triton.jit
-def _dq_mxfp4(blk, j):  # e:e8m0 @0, qs[16] @1 indexing e2m1 values
+def _dq_mxfp4(blk, j0, E: tl.constexpr):  # e:e8m0 @0, qs[16] @1 indexing e2m1 values
     e = _u8(blk)
     # half of 2^(e-127), as ggml_e8m0_to_fp32_half: subnormal for e < 2
     bits = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23)
     d = bits.to(tl.float32, bitcast=True)
-    return d * _lut16(_nibble32(blk, j, 1), MXFP4_LO, MXFP4_HI)
+    return d * _lut16(_nibble32(blk, _values(j0, E), 1), MXFP4_LO, MXFP4_HI)
 
 
 # ---------------------------------------------------------------------------------------------
 # 256-value super-blocks (K-quants, IQ4_XS, ternary)
 
 @triton.jit
-def _dq_q2_k(blk, j):  # scales[16] @0 (lo nibble scale, hi nibble min), qs[64] @16, d @80, dmin @82
-    sc = _u8(blk + j // 16)
+def _dq_q2_k(blk, j0, E: tl.constexpr):
+    # scales[16] @0 (per 16 values: low nibble scale, high nibble min), qs[64] @16, d @80, dmin @82
+    blk, s, j = _sub_blocks(blk, j0, E, 16)
+    sc = _u8(blk + s)
     dl = _f16(blk + 80) * (sc & 0xF).to(tl.float32)
     ml = _f16(blk + 82) * (sc >> 4).to(tl.float32)
-    return dl * _crumb(blk, j, 16).to(tl.float32) - ml
+    return _merge_sub_blocks(dl * _crumb(blk, j, 16).to(tl.float32) - ml)
 
 
 @triton.jit
-def _dq_q3_k(blk, j):  # hmask[32] @0, qs[64] @32, scales[12] @96 (16 x 6 bits), d @108
-    i = j // 16
-    low = (_u8(blk + 96 + i % 8) >> ((i // 8) * 4)) & 0xF
-    high = (_u8(blk + 104 + i % 4) >> ((i // 4) * 2)) & 3
+def _dq_q3_k(blk, j0, E: tl.constexpr):  # hmask[32] @0, qs[64] @32, scales[12] @96 (16 x 6 bits), d @108
+    blk, s, j = _sub_blocks(blk, j0, E, 16)
+    low = (_u8(blk + 96 + s % 8) >> ((s // 8) * 4)) & 0xF
+    high = (_u8(blk + 104 + s % 4) >> ((s // 4) * 2)) & 3
     dl = _f16(blk + 108) * ((low | (high << 4)) - 32).to(tl.float32)
     # the 3rd bit, when clear, subtracts 4
     q = _crumb(blk, j, 32) - ((1 - _bit256(blk, j, 0)) << 2)
-    return dl * q.to(tl.float32)
+    return _merge_sub_blocks(dl * q.to(tl.float32))
 
 
 @triton.jit
-def _dq_q4_k(blk, j):  # d @0, dmin @2, scales[12] @4, qs[128] @16
-    scale, minimum = _scale_min_k4(blk, j // 32, 4)
+def _dq_q4_k(blk, j0, E: tl.constexpr):  # d @0, dmin @2, scales[12] @4, qs[128] @16
+    blk, s, j = _sub_blocks(blk, j0, E, 32)
+    scale, minimum = _scale_min_k4(blk, s, 4)
     d = _f16(blk) * scale
     dm = _f16(blk + 2) * minimum
-    return d * _nibble256(blk, j, 16).to(tl.float32) - dm
+    return _merge_sub_blocks(d * _nibble256(blk, j, 16).to(tl.float32) - dm)
 
 
 @triton.jit
-def _dq_q5_k(blk, j):  # d @0, dmin @2, scales[12] @4, qh[32] @16, qs[128] @48
-    scale, minimum = _scale_min_k4(blk, j // 32, 4)
+def _dq_q5_k(blk, j0, E: tl.constexpr):  # d @0, dmin @2, scales[12] @4, qh[32] @16, qs[128] @48
+    blk, s, j = _sub_blocks(blk, j0, E, 32)
+    scale, minimum = _scale_min_k4(blk, s, 4)
     d = _f16(blk) * scale
     dm = _f16(blk + 2) * minimum
     q = _nibble256(blk, j, 48) | (_bit256(blk, j, 16) << 4)
-    return d * q.to(tl.float32) - dm
+    return _merge_sub_blocks(d * q.to(tl.float32) - dm)
 
 
 @triton.jit
-def _dq_q6_k(blk, j):  # ql[128] @0, qh[64] @128, scales:i8[16] @192, d @208
+def _dq_q6_k(blk, j0, E: tl.constexpr):  # ql[128] @0, qh[64] @128, scales:i8[16] @192, d @208
+    blk, s, j = _sub_blocks(blk, j0, E, 16)
     low = (_u8(blk + (j // 128) * 64 + (j % 64)) >> (((j // 64) % 2) * 4)) & 0xF
-    high = _crumb(blk, j, 128)
-    q = (low | (high << 4)) - 32
-    d = _f16(blk + 208) * _i8(_u8(blk + 192 + j // 16)).to(tl.float32)
-    return d * q.to(tl.float32)
+    q = (low | (_crumb(blk, j, 128) << 4)) - 32
+    d = _f16(blk + 208) * _i8(_u8(blk + 192 + s)).to(tl.float32)
+    return _merge_sub_blocks(d * q.to(tl.float32))
 
 
 @triton.jit
-def _dq_iq4_xs(blk, j):  # d @0, scales_h:u16 @2, scales_l[4] @4, qs[128] @8
-    s = j // 32
-    high = (((_u8(blk + 2) | (_u8(blk + 3) << 8))) >> (2 * s)) & 3
+def _dq_iq4_xs(blk, j0, E: tl.constexpr):  # d @0, scales_h:u16 @2, scales_l[4] @4, qs[128] @8
+    blk, s, j = _sub_blocks(blk, j0, E, 32)
+    high = ((_u8(blk + 2) | (_u8(blk + 3) << 8)) >> (2 * s)) & 3
     low = (_u8(blk + 4 + s // 2) >> ((s % 2) * 4)) & 0xF
     dl = _f16(blk) * ((low | (high << 4)) - 32).to(tl.float32)
     idx = (_u8(blk + 8 + s * 16 + (j % 16)) >> (((j // 16) % 2) * 4)) & 0xF
-    return dl * _lut16(idx, IQ4_LO, IQ4_HI)
+    return _merge_sub_blocks(dl * _lut16(idx, IQ4_LO, IQ4_HI))
 
 
 @triton.jit
-def _dq_tq1_0(blk, j):  # qs[48] @0 (5 base-3 digits a byte), qh[4] @48 (4 digits), d @52
+def _dq_tq1_0(blk, j0, E: tl.constexpr):  # qs[48] @0 (5 base-3 digits a byte), qh[4] @48 (4 digits), d @52
     # values 0-159: digit j//32 of byte j%32; 160-239: digit (j-160)//16 of byte 32+(j-160)%16;
     # 240-255: digit (j-240)//4 of byte 48+(j-240)%4. A digit is read by multiplying the byte by
     # 3^digit (mod 256) and taking the top of byte*3.
+    j = _values(j0, E)
     j1 = tl.maximum(j - 160, 0)
     j2 = tl.maximum(j - 240, 0)
     offset = tl.where(j < 160, j % 32, tl.where(j < 240, 32 + j1 % 16, 48 + j2 % 4))
@@ -265,51 +295,52 @@ def _dq_tq1_0(blk, j):  # qs[48] @0 (5 base-3 digits a byte), qh[4] @48 (4 digit
 
 
 @triton.jit
-def _dq_tq2_0(blk, j):  # qs[64] @0 (2 bits a value), d @64
-    q = _crumb(blk, j, 0) - 1
+def _dq_tq2_0(blk, j0, E: tl.constexpr):  # qs[64] @0 (2 bits a value), d @64
+    q = _crumb(blk, _values(j0, E), 0) - 1
     return _f16(blk + 64) * q.to(tl.float32)
 
 
 # ---------------------------------------------------------------------------------------------
 
 @triton.jit
-def dequant_block(blk, j, QTYPE: tl.constexpr):
-    """Decode values j of the blocks at `blk` for ggml type QTYPE (see the module docstring)."""
+def dequant_block(blk, j0, QTYPE: tl.constexpr, E: tl.constexpr):
+    """Decode values j0 .. j0+E-1 of the blocks at `blk` for ggml type QTYPE (see the module
+    docstring)."""
     if QTYPE == Q4_0:
-        w = _dq_q4_0(blk, j)
+        w = _dq_q4_0(blk, j0, E)
     elif QTYPE == Q4_1:
-        w = _dq_q4_1(blk, j)
+        w = _dq_q4_1(blk, j0, E)
     elif QTYPE == Q5_0:
-        w = _dq_q5_0(blk, j)
+        w = _dq_q5_0(blk, j0, E)
     elif QTYPE == Q5_1:
-        w = _dq_q5_1(blk, j)
+        w = _dq_q5_1(blk, j0, E)
     elif QTYPE == Q8_0:
-        w = _dq_q8_0(blk, j)
+        w = _dq_q8_0(blk, j0, E)
     elif QTYPE == Q2_K:
-        w = _dq_q2_k(blk, j)
+        w = _dq_q2_k(blk, j0, E)
     elif QTYPE == Q3_K:
-        w = _dq_q3_k(blk, j)
+        w = _dq_q3_k(blk, j0, E)
     elif QTYPE == Q4_K:
-        w = _dq_q4_k(blk, j)
+        w = _dq_q4_k(blk, j0, E)
     elif QTYPE == Q5_K:
-        w = _dq_q5_k(blk, j)
+        w = _dq_q5_k(blk, j0, E)
     elif QTYPE == Q6_K:
-        w = _dq_q6_k(blk, j)
+        w = _dq_q6_k(blk, j0, E)
     elif QTYPE == IQ4_NL:
-        w = _dq_iq4_nl(blk, j)
+        w = _dq_iq4_nl(blk, j0, E)
     elif QTYPE == IQ4_XS:
-        w = _dq_iq4_xs(blk, j)
+        w = _dq_iq4_xs(blk, j0, E)
     elif QTYPE == MXFP4:
-        w = _dq_mxfp4(blk, j)
+        w = _dq_mxfp4(blk, j0, E)
     elif QTYPE == TQ1_0:
-        w = _dq_tq1_0(blk, j)
+        w = _dq_tq1_0(blk, j0, E)
     elif QTYPE == TQ2_0:
-        w = _dq_tq2_0(blk, j)
+        w = _dq_tq2_0(blk, j0, E)
     elif QTYPE == F16:
-        w = _dq_f16(blk, j)
+        w = _dq_f16(blk, j0, E)
     else:
         tl.static_assert(QTYPE == BF16, "triton_kernels: no decoder for this ggml type")
-        w = _dq_bf16(blk, j)
+        w = _dq_bf16(blk, j0, E)
     return w
 
 
@@ -325,7 +356,6 @@ def load_weight_tile(base, row_offs, k0, b_end, QTYPE: tl.constexpr, QK: tl.cons
     b = tl.minimum(b, b_end - 1)
     # one scalar pointer plus 32-bit offsets: half the registers of a 64-bit pointer per value
     blk = base + (row_offs[:, None, None] + (b * TS)[None, :, None])
-    j = (k0 % QK) + tl.arange(0, E)
-    w = dequant_block(blk, j[None, None, :], QTYPE)
+    w = dequant_block(blk, k0 % QK, QTYPE, E)
     w = tl.where(in_range[None, :, None], w, 0.0)
     return tl.reshape(w, (row_offs.shape[0], NB * E))

@@ -53,9 +53,9 @@ def _dequantize_rows_kernel(src, ids, out, n_rows, n_blocks, stride_src, stride_
     block_ok = b < n_blocks
     b = tl.minimum(b, n_blocks - 1)
     blk = (src + src_row * stride_src)[:, None, None] + (b * TS)[None, :, None]
-    j = tl.arange(0, QK)[None, None, :]
-    w = dequant_block(blk, j, QTYPE)
-    dst = out + r.to(tl.int64)[:, None, None] * stride_out + (b * QK)[None, :, None] + j
+    w = dequant_block(blk, 0, QTYPE, QK)
+    dst = out + r.to(tl.int64)[:, None, None] * stride_out + (b * QK)[None, :, None] \
+        + tl.arange(0, QK)[None, None, :]
     mask = row_ok[:, None, None] & block_ok[None, :, None]
     if out.dtype.element_ty == tl.bfloat16:
         w = _round_to_bf16(w)

@@ -3,8 +3,8 @@
 Two kernel families, both decoding the weights inside their K loop (no dequantized copy):
 - matvec (M <= 16, token generation): each program owns BLOCK_N weight rows and all M rows of x,
   so every weight byte is read once; an optional split-K spreads a short N over the whole GPU
-  (partial sums go to a workspace, summed after). M == 1 reduces with fp32 FMAs; 2..16 pads M
-  to 16 and uses tl.dot.
+  (partial sums go to a workspace, summed after). M == 1 accumulates fp32 FMAs per lane and
+  reduces once at the end; 2..16 pads M to 16 and uses tl.dot.
 - gemm (larger M, prompt processing): output tiles BLOCK_M x BLOCK_N with grouped ordering for
   L2 reuse; each K step decodes a [BLOCK_N, BLOCK_K] weight tile to fp16/bf16 and feeds tl.dot.
 """
@@ -98,8 +98,8 @@ def _matvec_kernel(w_ptr, x_ptr, out_ptr, M, N, K, values_per_split, n_splits,
     k_end = tl.minimum(k_begin + values_per_split, K)
     m = tl.arange(0, BLOCK_M)
     kk = tl.arange(0, BLOCK_K)
-    if BLOCK_M == 1:
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if BLOCK_M == 1:  # per-lane partial sums; one reduction after the loop
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_begin, k_end, BLOCK_K):
@@ -108,14 +108,14 @@ def _matvec_kernel(w_ptr, x_ptr, out_ptr, M, N, K, values_per_split, n_splits,
         k_ok = k < k_end
         if BLOCK_M == 1:
             x = tl.load(x_ptr + k * stride_xk, mask=k_ok, other=0.0).to(tl.float32)
-            acc += tl.sum(w * x[None, :], axis=1)
+            acc += w * x[None, :]
         else:
             x = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :] * stride_xk,
                         mask=(m < M)[:, None] & k_ok[None, :], other=0.0)
             acc = tl.dot(_dot_operand(x, DOT), tl.trans(_dot_operand(w, DOT)), acc)
     out = out_ptr + pid_s * stride_os
     if BLOCK_M == 1:
-        tl.store(out + n * stride_on, acc, mask=n < N)
+        tl.store(out + n * stride_on, tl.sum(acc, axis=1), mask=n < N)
     else:
         tl.store(out + m[:, None] * stride_om + n[None, :] * stride_on, acc,
                  mask=(m < M)[:, None] & (n < N)[None, :])
