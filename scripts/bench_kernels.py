@@ -115,7 +115,8 @@ def bench_case(tk, timer, qtype, n, k, m, w, bf16_weight, baselines, torch_dequa
     x = torch.rand(m, k, device="cuda") * 2 - 1
     x_bf16 = x.to(torch.bfloat16)
     out = torch.empty(m, n, device="cuda")
-    row = {"type": qtype.name, "N": n, "K": k, "M": m}
+    row = {"type": qtype.name, "N": n, "K": k, "M": m,
+           "kernel": "matvec" if m <= tk.matmul.MATVEC_MAX_M else "gemm"}
     row["ours_s"] = t = timer(lambda: tk.mul_mat(qtype, w, x, out))
     moved = w.numel() + x.numel() * x.element_size() + out.numel() * 4
     row["GB/s"] = moved / t / 1e9
@@ -138,7 +139,7 @@ def add_ratios(row: dict, copy_bw: float) -> dict:
     return row
 
 
-COLUMNS = [("type", "{}"), ("N", "{}"), ("K", "{}"), ("M", "{}"), ("ours_s", "{:.1e}"),
+COLUMNS = [("type", "{}"), ("N", "{}"), ("K", "{}"), ("M", "{}"), ("kernel", "{}"), ("ours_s", "{:.1e}"),
            ("GB/s", "{:.0f}"), ("bw_frac", "{:.2f}"), ("TFLOP/s", "{:.2f}"), ("flops_frac", "{:.2f}"),
            ("vs_dq_mm", "{:.2f}x"), ("vs_torch", "{:.2f}x")]
 

@@ -5,7 +5,8 @@ them (through `dequant_block`):
 
     blk: uint8 pointers to block starts, shape [R, B, 1] (R rows x B blocks of the same rows)
     j0:  first value to decode inside each block (a multiple of E)
-    E:   number of values per block (constexpr, a power of two dividing the block size)
+    E:   number of values per block (constexpr, a power of two dividing the block size; the
+         whole block for 32-value types)
     ->   float32 values j0 .. j0+E-1 of every block, shape [R, B, E], in ggml's element order
 
 Work is done on the smallest shape it depends on: per-block scalars (d, dmin) on [R, B, 1, 1],
@@ -91,10 +92,14 @@ def _lut16(idx, LO: tl.constexpr, HI: tl.constexpr):
 
 
 @triton.jit
-def _nibble32(blk, j, QS: tl.constexpr):
-    """4-bit code of element j (0..31) when 16 bytes at offset QS hold the low half of the block
-    in their low nibbles and the high half in their high nibbles (Q4_0, Q4_1, Q5_x, IQ4_NL, MXFP4)."""
-    return (_u8(blk + QS + (j % 16)) >> ((j // 16) * 4)) & 0xF
+def _nibbles32(blk, E: tl.constexpr, QS: tl.constexpr):
+    """4-bit codes of a whole 32-value block whose 16 bytes at QS hold values 0-15 in their low
+    nibbles and 16-31 in their high nibbles (Q4_0, Q4_1, Q5_x, IQ4_NL, MXFP4): each byte is
+    loaded once and split, [R, B, 16] bytes -> [R, B, 32] codes."""
+    tl.static_assert(E == 32, "32-value blocks are decoded whole")
+    byte = _u8(blk + QS + tl.arange(0, 16)[None, None, :])
+    q = tl.permute(tl.join(byte & 0xF, byte >> 4), (0, 1, 3, 2))  # [R, B, 2 halves, 16]
+    return tl.reshape(q, (q.shape[0], q.shape[1], 32))
 
 
 @triton.jit
@@ -171,13 +176,13 @@ def _dq_bf16(blk, j0, E: tl.constexpr):
 
 @triton.jit
 def _dq_q4_0(blk, j0, E: tl.constexpr):  # d:f16 @0, qs[16] @2
-    q = _nibble32(blk, _values(j0, E), 2) - 8
+    q = _nibbles32(blk, E, 2) - 8
     return _f16(blk) * q.to(tl.float32)
 
 
 @triton.jit
 def _dq_q4_1(blk, j0, E: tl.constexpr):  # d:f16 @0, m:f16 @2, qs[16] @4
-    q = _nibble32(blk, _values(j0, E), 4)
+    q = _nibbles32(blk, E, 4)
     return _f16(blk) * q.to(tl.float32) + _f16(blk + 2)
 
 
@@ -185,7 +190,7 @@ def _dq_q4_1(blk, j0, E: tl.constexpr):  # d:f16 @0, m:f16 @2, qs[16] @4
 def _dq_q5_0(blk, j0, E: tl.constexpr):  # d:f16 @0, qh:u32 @2 (bit j = 5th bit of value j), qs[16] @6
     j = _values(j0, E)
     high = (_u8(blk + 2 + j // 8) >> (j % 8)) & 1
-    q = (_nibble32(blk, j, 6) | (high << 4)) - 16
+    q = (_nibbles32(blk, E, 6) | (high << 4)) - 16
     return _f16(blk) * q.to(tl.float32)
 
 
@@ -193,7 +198,7 @@ def _dq_q5_0(blk, j0, E: tl.constexpr):  # d:f16 @0, qh:u32 @2 (bit j = 5th bit 
 def _dq_q5_1(blk, j0, E: tl.constexpr):  # d:f16 @0, m:f16 @2, qh:u32 @4, qs[16] @8
     j = _values(j0, E)
     high = (_u8(blk + 4 + j // 8) >> (j % 8)) & 1
-    q = _nibble32(blk, j, 8) | (high << 4)
+    q = _nibbles32(blk, E, 8) | (high << 4)
     return _f16(blk) * q.to(tl.float32) + _f16(blk + 2)
 
 
@@ -205,7 +210,7 @@ def _dq_q8_0(blk, j0, E: tl.constexpr):  # d:f16 @0, qs:i8[32] @2
 
 @triton.jit
 def _dq_iq4_nl(blk, j0, E: tl.constexpr):  # d:f16 @0, qs[16] @2 indexing the non-linear table
-    return _f16(blk) * _lut16(_nibble32(blk, _values(j0, E), 2), IQ4_LO, IQ4_HI)
+    return _f16(blk) * _lut16(_nibbles32(blk, E, 2), IQ4_LO, IQ4_HI)
 
 
 @triton.jit
@@ -214,7 +219,7 @@ def _dq_mxfp4(blk, j0, E: tl.constexpr):  # e:e8m0 @0, qs[16] @1 indexing e2m1 v
     # half of 2^(e-127), as ggml_e8m0_to_fp32_half: subnormal for e < 2
     bits = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23)
     d = bits.to(tl.float32, bitcast=True)
-    return d * _lut16(_nibble32(blk, _values(j0, E), 1), MXFP4_LO, MXFP4_HI)
+    return d * _lut16(_nibbles32(blk, E, 1), MXFP4_LO, MXFP4_HI)
 
 
 # ---------------------------------------------------------------------------------------------
