@@ -662,3 +662,26 @@ def test_buffer_base_honours_the_buffer_type_alignment(alignment, size):
     assert buf.get_base() % alignment == 0
     assert buf.get_base() + size <= buf.storage.data_ptr() + buf.storage.nbytes()
     ggml.backend_buffer_clear(buf, 7)  # the whole range is writable
+
+
+@pytest.mark.parametrize("ne_b", [[8, 4, 1, 1], [8, 1, 1, 1], [4, 2, 1, 1]])  # same, unit broadcast, tiled
+def test_plan_with_bound_kernels_reads_current_inputs(ne_b):
+    """Compiled plans bind views, never values: new input data shows in the next compute."""
+    ctx = ggml.init(no_alloc=True)
+    a = ggml.new_tensor_2d(ctx, ggml.Type.F32, 8, 4)
+    b = ggml.new_tensor(ctx, ggml.Type.F32, ne_b)
+    out = ggml.mul(ctx, ggml.add(ctx, a, b), b)
+    graph = ggml.new_graph(ctx)
+    ggml.build_forward_expand(graph, out)
+    backend = ggml.backend_cpu_init()
+    ggml.backend_alloc_ctx_tensors(ctx, backend)
+    plan = ggml.backend_graph_plan_create(backend, graph)
+    for step in range(3):
+        va = torch.rand(4, 8)
+        vb = torch.rand(*reversed(ne_b[:2]))
+        ggml.backend_tensor_set(a, va)
+        ggml.backend_tensor_set(b, vb)
+        ggml.backend_graph_plan_compute(backend, plan)
+        tb = vb.repeat(4 // vb.shape[0], 8 // vb.shape[1])
+        torch.testing.assert_close(ggml.backend_tensor_get(out), (va + tb) * tb)
+    ggml.backend_graph_plan_free(backend, plan)

@@ -9,6 +9,7 @@ from .tensor import Tensor, format_name
 DEFAULT_GRAPH_SIZE = 2048
 
 _uids = itertools.count(1)
+_COMPUTE = int(TensorFlag.COMPUTE)
 
 
 class CGraph:
@@ -106,7 +107,7 @@ def _visit(graph: CGraph, root: Tensor, compute: bool) -> None:
             if not t.name:
                 format_name(t, "node_%d", len(graph.nodes))
             if compute:
-                t.flags |= TensorFlag.COMPUTE
+                t.flags |= _COMPUTE
             graph.nodes.append(t)
 
 

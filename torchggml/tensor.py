@@ -29,7 +29,7 @@ class Tensor:
         self.src: list[Tensor | None] = [None] * MAX_SRC
         self.view_src = view_src
         self.view_offs = view_offs
-        self.flags = TensorFlag(0)
+        self.flags = 0  # TensorFlag bits, kept a plain int: enum arithmetic is slow on hot paths
         self.name = ""
         self.buffer = None
         self.data: int | None = None
@@ -253,21 +253,21 @@ def format_name(t: Tensor, fmt: str, *args) -> Tensor:
 
 
 def set_input(t: Tensor) -> None:
-    t.flags |= TensorFlag.INPUT
+    t.flags |= int(TensorFlag.INPUT)
 
 
 def set_output(t: Tensor) -> None:
     """Mark the tensor and its view sources as outputs: the allocator never frees them."""
     while t is not None:
-        t.flags |= TensorFlag.OUTPUT
+        t.flags |= int(TensorFlag.OUTPUT)
         t = t.view_src
 
 
 def set_param(t: Tensor) -> None:
     if t.op != Op.NONE:
         raise ValueError(f"set_param: {t.describe()} is not a leaf")
-    t.flags |= TensorFlag.PARAM
+    t.flags |= int(TensorFlag.PARAM)
 
 
 def set_loss(t: Tensor) -> None:
-    t.flags |= TensorFlag.LOSS
+    t.flags |= int(TensorFlag.LOSS)

@@ -2,7 +2,10 @@
 
 A kernel is `fn(node) -> None`: it reads its sources' torch views and writes the node's view.
 Every entry also has a `supports(node) -> bool` predicate over types and shapes, so that
-`supports_op` answers truthfully. CPU_KERNELS is the reference table; GPU_KERNELS starts as a
+`supports_op` answers truthfully. A kernel may also have a `bind(node)` attribute (see
+`binds`): called once when a graph is compiled, it returns a call with the views and the torch
+function already chosen (or None to use the generic kernel), so compute does no per-node work
+beyond the torch op itself. CPU_KERNELS is the reference table; GPU_KERNELS starts as a
 copy and overrides entries with Triton kernels (see gpu.py).
 """
 from __future__ import annotations
@@ -11,6 +14,9 @@ from typing import Callable
 
 from ...enums import Op, TensorFlag, VIEW_OPS
 from ...tensor import Tensor, is_empty
+
+
+_COMPUTE = int(TensorFlag.COMPUTE)
 
 
 class UnsupportedOpError(NotImplementedError):
@@ -49,13 +55,26 @@ class KernelTable:
         return entry[0]
 
 
+def binds(binder: Callable[[Tensor], Callable | None]):
+    """Attach a binder to a kernel: binder(node) returns fn(node) over views taken now, or None.
+    The views are of the node's current memory: a compiled graph is valid until its tensors
+    move (as upstream's graph plans, which must be updated after reallocation)."""
+    def deco(fn):
+        fn.bind = binder
+        return fn
+    return deco
+
+
 def compiled_nodes(nodes, table: KernelTable, device_name: str) -> list[tuple[Callable, Tensor]]:
     """The graph as a list of bound kernel calls: view ops and non-COMPUTE nodes dropped."""
     calls = []
     for node in nodes:
-        if node.op in VIEW_OPS or not (node.flags & TensorFlag.COMPUTE) or is_empty(node):
+        if node.op in VIEW_OPS or not (node.flags & _COMPUTE) or is_empty(node):
             continue
-        calls.append((table.kernel(node, device_name), node))
+        fn = table.kernel(node, device_name)
+        binder = getattr(fn, "bind", None)
+        bound = binder(node) if binder is not None else None
+        calls.append((bound or fn, node))
     return calls
 
 

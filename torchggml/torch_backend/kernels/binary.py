@@ -5,7 +5,7 @@ import torch
 
 from ...enums import Op
 from ...types import Type, is_quantized
-from . import CPU_KERNELS
+from . import CPU_KERNELS, binds
 from .common import view, as_float, write, all_float, is_float
 from .copy import can_quantize_into
 
@@ -30,7 +30,22 @@ def _supports_binary(node) -> bool:
     return all_float(node, 2)
 
 
+def _bind_binary(node):
+    """Same float type everywhere and b broadcast without copies: one torch op into the node.
+    (torch computes f16/bf16 element-wise ops in f32 and rounds once, as ggml does.)"""
+    a, b = node.src[0], node.src[1]
+    if not (a.type == b.type == node.type and is_float(node)):
+        return None
+    va, vb, dst = view(a), view(b), view(node)
+    if any(n != nb and nb != 1 for n, nb in zip(va.shape, vb.shape)):
+        return None  # tiling needs a copy of b, which must be taken at compute time
+    vb = vb.expand(va.shape)
+    fn = _FNS[node.op]
+    return lambda _node: fn(va, vb, out=dst)
+
+
 @CPU_KERNELS.register(Op.ADD, Op.SUB, Op.MUL, Op.DIV, supports=_supports_binary)
+@binds(_bind_binary)
 def binary(node):
     va = as_float(node.src[0])
     vb = tile(as_float(node.src[1]), va.shape)

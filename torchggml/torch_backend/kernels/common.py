@@ -4,10 +4,10 @@ from __future__ import annotations
 import torch
 
 from ...tensor import Tensor
-from ...types import type_traits
+from ...types import Type, type_traits
 from ..views import tensor_view
 
-FLOAT_TYPES = frozenset({"f32", "f16", "bf16"})
+FLOAT_TYPES = frozenset({Type.F32, Type.F16, Type.BF16})
 
 
 def view(t: Tensor) -> torch.Tensor:
@@ -37,7 +37,7 @@ def write(node: Tensor, value: torch.Tensor) -> None:
 
 
 def is_float(t: Tensor | None) -> bool:
-    return t is not None and type_traits(t.type).name in FLOAT_TYPES
+    return t is not None and t.type in FLOAT_TYPES
 
 
 def all_float(node: Tensor, n_src: int) -> bool:
