@@ -8,7 +8,7 @@ import torch
 
 import torchggml as ggml
 from torchggml import cli
-from torchggml.torch_backend.cuda import gpu_offload_op, op_batch_size
+from torchggml.torch_backend.device import gpu_offload_op, op_batch_size
 
 T = ggml.Type
 PLUGINS = Path(__file__).parent / "plugins"

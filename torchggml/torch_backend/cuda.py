@@ -7,39 +7,16 @@ there.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
-from ..backend.device import Device, DeviceCaps, DeviceType, Event, Reg
-from ..enums import Op, Status
-from ..tensor import nrows
+from ..backend.device import DeviceCaps, DeviceType, Reg
+from ..enums import Status
 from .buffer import TorchBuffer, TorchBufferType, buffer_from_torch
+from .device import AcceleratorDevice
 from .kernels.gpu import GPU_KERNELS
 from .plan import CudaGraphPlan, compile_graph
 from .stream import CudaStream, StreamBackend
-
-# upstream CUDA: ops with a batch of at least this many rows are worth moving weights for;
-# GGML_OP_OFFLOAD_MIN_BATCH's counterpart is TORCHGGML_OP_OFFLOAD_MIN_BATCH
-OFFLOAD_MIN_BATCH = int(os.environ.get("TORCHGGML_OP_OFFLOAD_MIN_BATCH", "32"))
-
-
-def op_batch_size(op) -> int:
-    """The batch an op processes, as upstream CUDA measures it for offloading."""
-    if op.op == Op.GET_ROWS:
-        return 0  # gathering rows of host weights is never worth a weight upload
-    if op.op == Op.MUL_MAT:
-        return op.ne[1]
-    if op.op in (Op.MUL_MAT_ID, Op.ROPE, Op.ROPE_BACK):
-        return op.ne[2]
-    return nrows(op)
-
-
-def gpu_offload_op(op, min_batch: int | None = None) -> bool:
-    """Upstream CUDA's offload_op: run an op whose weights sit in host memory on the GPU when
-    its batch is large enough to amortise copying the weights over."""
-    return op_batch_size(op) >= (OFFLOAD_MIN_BATCH if min_batch is None else min_batch)
-
 
 class CudaBuffer(TorchBuffer):
     def free(self) -> None:
@@ -110,7 +87,9 @@ def _pci_bus_id(props) -> str | None:
     return f"{getattr(props, 'pci_domain_id', 0):04x}:{bus:02x}:{getattr(props, 'pci_device_id', 0):02x}.0"
 
 
-class CudaDevice(Device):
+class CudaDevice(AcceleratorDevice):
+    backend_class = CudaBackend
+
     def __init__(self, index: int, reg=None):
         super().__init__(f"CUDA{index}", torch.cuda.get_device_name(index), DeviceType.GPU, reg)
         self.index = index
@@ -129,32 +108,11 @@ class CudaDevice(Device):
     def get_caps(self) -> DeviceCaps:
         return DeviceCaps(async_=True, host_buffer=True, buffer_from_host_ptr=True, events=True)
 
-    def init_backend(self, params=None) -> CudaBackend:
-        return CudaBackend(self)
-
-    def get_buffer_type(self):
-        return self.buffer_type
-
-    def get_host_buffer_type(self):
-        return self.host_buffer_type
-
     def buffer_from_host_ptr(self, data, size=None, max_tensor_size=None):
         return buffer_from_torch(self.host_ptr_buffer_type, data)
 
-    def supports_op(self, op) -> bool:
-        return GPU_KERNELS.supports(op)
-
-    def supports_buft(self, buft) -> bool:
-        return buft is self.buffer_type
-
-    def offload_op(self, op) -> bool:
-        return gpu_offload_op(op)
-
-    def event_new(self) -> Event:
-        return Event(self, torch.cuda.Event())
-
-    def event_synchronize(self, event) -> None:
-        event.handle.synchronize()
+    def new_event_handle(self):
+        return torch.cuda.Event()
 
 
 class CudaReg(Reg):

@@ -7,10 +7,10 @@ import functools
 
 import torch
 
-from ..backend.device import Device, DeviceCaps, DeviceType, Event, Reg
+from ..backend.device import DeviceCaps, DeviceType, Reg
 from .buffer import TorchBufferType
 from .cpu import host_memory
-from .cuda import gpu_offload_op
+from .device import AcceleratorDevice
 from .kernels.gpu import GPU_KERNELS
 from .stream import Stream, StreamBackend
 
@@ -49,7 +49,9 @@ class MPSBackend(StreamBackend):
         super().__init__(device, MPSStream(device.name), GPU_KERNELS)
 
 
-class MPSDevice(Device):
+class MPSDevice(AcceleratorDevice):
+    backend_class = MPSBackend
+
     def __init__(self, reg=None):
         super().__init__("MPS", "Apple GPU (Metal Performance Shaders)", DeviceType.IGPU, reg)
         self.buffer_type = TorchBufferType("MPS", self, "mps", host=False, alignment=32)
@@ -62,26 +64,8 @@ class MPSDevice(Device):
     def get_caps(self) -> DeviceCaps:
         return DeviceCaps(async_=True, host_buffer=False, buffer_from_host_ptr=False, events=True)
 
-    def init_backend(self, params=None) -> MPSBackend:
-        return MPSBackend(self)
-
-    def get_buffer_type(self):
-        return self.buffer_type
-
-    def supports_op(self, op) -> bool:
-        return GPU_KERNELS.supports(op)
-
-    def supports_buft(self, buft) -> bool:
-        return buft is self.buffer_type
-
-    def offload_op(self, op) -> bool:
-        return gpu_offload_op(op)
-
-    def event_new(self) -> Event:
-        return Event(self, torch.mps.event.Event())
-
-    def event_synchronize(self, event) -> None:
-        event.handle.synchronize()
+    def new_event_handle(self):
+        return torch.mps.event.Event()
 
 
 class MPSReg(Reg):

@@ -24,10 +24,10 @@ import weakref
 
 import torch
 
-from ..backend.device import Device, DeviceCaps, DeviceType, Event, Reg
+from ..backend.device import DeviceCaps, DeviceType, Reg
 from .buffer import TorchBuffer, TorchBufferType
 from .cpu import host_memory
-from .cuda import gpu_offload_op
+from .device import AcceleratorDevice
 from .kernels.gpu import GPU_KERNELS
 from .stream import StreamBackend, ThreadEvent, WorkerStream
 
@@ -118,7 +118,9 @@ class SimBackend(StreamBackend):
         super().__init__(device, WorkerStream(device.name), GPU_KERNELS)
 
 
-class SimDevice(Device):
+class SimDevice(AcceleratorDevice):
+    backend_class = SimBackend
+
     def __init__(self, index: int, capacity: int, reg=None):
         super().__init__(f"SIM{index}", f"simulated GPU {index} (CPU memory, worker-thread stream)",
                          DeviceType.GPU, reg)
@@ -135,29 +137,8 @@ class SimDevice(Device):
     def get_caps(self) -> DeviceCaps:
         return DeviceCaps(async_=True, host_buffer=True, buffer_from_host_ptr=False, events=True)
 
-    def init_backend(self, params=None) -> SimBackend:
-        return SimBackend(self)
-
-    def get_buffer_type(self):
-        return self.buffer_type
-
-    def get_host_buffer_type(self):
-        return self.host_buffer_type
-
-    def supports_op(self, op) -> bool:
-        return GPU_KERNELS.supports(op)
-
-    def supports_buft(self, buft) -> bool:
-        return buft is self.buffer_type
-
-    def offload_op(self, op) -> bool:
-        return gpu_offload_op(op)
-
-    def event_new(self) -> Event:
-        return Event(self, ThreadEvent())
-
-    def event_synchronize(self, event) -> None:
-        event.handle.synchronize()
+    def new_event_handle(self):
+        return ThreadEvent()
 
 
 class SimReg(Reg):
