@@ -1,0 +1,181 @@
+#!/usr/bin/env python
+"""Prompt processing (pp) and generation (tg) speed of torchggml, side by side with llama.cpp.
+
+    python scripts/bench_model.py [MODEL.gguf ...] [-p 128] [-n 32] [-t THREADS] [--device CPU]
+
+With no MODEL it generates (once, in the cache directory) two ~113M-parameter llama models with
+the demo generator -- dim 768, 12 layers, FFN 3072, F16 and Q4_0 weights -- and benchmarks both.
+
+llama.cpp runs through llama-cpp-python when it is installed (`pip install llama-cpp-python`,
+which builds llama.cpp from source; for CUDA: CMAKE_ARGS="-DGGML_CUDA=on" pip install
+llama-cpp-python). Same file, same machine, same thread count. Tests never need it.
+
+pp: tokens/s of one call that evaluates P prompt tokens (one micro-batch) from an empty cache.
+tg: tokens/s of N single-token calls after one warm-up token, as llama-bench's tg.
+--profile prints where torchggml spends its time during generation (cProfile, top functions).
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+
+def bench_models() -> list[str]:
+    from torchggml.models.demo import BENCH_CONFIG, generated_model
+    paths = []
+    for wtype in ("F16", "Q4_0"):
+        print(f"preparing the {wtype} benchmark model (written once, then cached)...", file=sys.stderr)
+        paths.append(generated_model(BENCH_CONFIG, wtype))
+    return paths
+
+
+def prompt_tokens(n_vocab: int, n: int) -> list[int]:
+    gen = torch.Generator().manual_seed(0)
+    return torch.randint(0, n_vocab, (n,), generator=gen).tolist()
+
+
+def timed(fn, reps: int) -> list[float]:
+    fn()  # warm-up (graph build, allocation, first-touch of the weights)
+    out = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+# ---------------------------------------------------------------- torchggml
+
+def bench_torchggml(path, args) -> dict:
+    from torchggml.models import load_model
+    devices = args.device.split(",") if args.device else None
+    model = load_model(path, devices=devices, n_gpu_layers=args.n_gpu_layers, n_ctx=args.n_prompt + args.n_gen + 8,
+                       n_batch=args.n_prompt, flash_attn=args.flash_attn, n_threads=args.threads)
+    tokens = prompt_tokens(model.n_vocab, args.n_prompt)
+
+    def pp():
+        model.reset()
+        model.eval(tokens)
+
+    def tg():
+        model.reset()
+        model.eval(tokens[:1])
+        start = time.perf_counter()
+        for t in tokens[1: args.n_gen + 1] if args.n_gen < len(tokens) else [tokens[0]] * args.n_gen:
+            model.eval([t])
+        return time.perf_counter() - start
+
+    pp_times = timed(pp, args.reps)
+    tg()  # warm-up
+    tg_times = [tg() for _ in range(args.reps)]
+    result = {"pp": args.n_prompt / statistics.median(pp_times), "tg": args.n_gen / statistics.median(tg_times),
+              "desc": model.describe(), "params": sum(t.n_elements for t in model.file.tensors.values())}
+    if args.profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        tg()
+        prof.disable()
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(args.profile)
+        result["profile"] = s.getvalue()
+    model.close()
+    return result
+
+
+# ---------------------------------------------------------------- llama.cpp
+
+def llama_cpp_available() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def bench_llama_cpp(path, args, n_vocab: int) -> dict:
+    from llama_cpp import Llama
+    n_gpu = -1 if args.device and not args.device.upper().startswith("CPU") else (args.n_gpu_layers or 0)
+    threads = args.threads or torch.get_num_threads()
+    llm = Llama(model_path=str(path), n_ctx=args.n_prompt + args.n_gen + 8, n_batch=args.n_prompt,
+                n_ubatch=args.n_prompt, n_threads=threads, n_threads_batch=threads, n_gpu_layers=n_gpu,
+                flash_attn=args.flash_attn, verbose=False)
+    tokens = prompt_tokens(n_vocab, args.n_prompt)
+
+    def pp():
+        llm.reset()
+        llm.eval(tokens)
+
+    def tg():
+        llm.reset()
+        llm.eval(tokens[:1])
+        start = time.perf_counter()
+        for i in range(args.n_gen):
+            llm.eval([tokens[1 + i % (len(tokens) - 1)] if len(tokens) > 1 else tokens[0]])
+        return time.perf_counter() - start
+
+    pp_times = timed(pp, args.reps)
+    tg()
+    tg_times = [tg() for _ in range(args.reps)]
+    return {"pp": args.n_prompt / statistics.median(pp_times), "tg": args.n_gen / statistics.median(tg_times)}
+
+
+# ---------------------------------------------------------------- main
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("models", nargs="*", help="GGUF files (default: generated ~100M F16 and Q4_0 models)")
+    p.add_argument("-p", "--n-prompt", type=int, default=128, help="prompt tokens for pp (default 128)")
+    p.add_argument("-n", "--n-gen", type=int, default=32, help="generated tokens for tg (default 32)")
+    p.add_argument("-r", "--reps", type=int, default=3, help="repetitions (the median is reported)")
+    p.add_argument("-t", "--threads", type=int, default=None, help="threads for both (default: torch's)")
+    p.add_argument("-d", "--device", default=None, help="torchggml device(s), e.g. CPU or CUDA0 (default: CPU)")
+    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=None)
+    p.add_argument("-fa", "--flash-attn", action="store_true")
+    p.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even when installed")
+    p.add_argument("--profile", type=int, default=0, metavar="K",
+                   help="print torchggml's top K functions by own time during generation")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    models = args.models or bench_models()
+    with_llama = not args.no_llama_cpp and llama_cpp_available()
+    if not with_llama and not args.no_llama_cpp:
+        print("llama-cpp-python is not installed: torchggml only (pip install llama-cpp-python)", file=sys.stderr)
+    print(f"threads: {args.threads or torch.get_num_threads()}, pp{args.n_prompt}, tg{args.n_gen}, "
+          f"median of {args.reps}\n")
+    header = f"{'model':44s} {'params':>8s} {'test':>6s} {'torchggml t/s':>14s}" + \
+             (f" {'llama.cpp t/s':>14s} {'ratio':>6s}" if with_llama else "")
+    print(header)
+    print("-" * len(header))
+    for path in models:
+        ours = bench_torchggml(path, args)
+        ref = bench_llama_cpp(path, args, _n_vocab(path)) if with_llama else None
+        for test in ("pp", "tg"):
+            n = args.n_prompt if test == "pp" else args.n_gen
+            line = f"{os.path.basename(path)[:44]:44s} {ours['params'] / 1e6:7.1f}M {test}{n:<4d} {ours[test]:14.2f}"
+            if ref:
+                line += f" {ref[test]:14.2f} {ours[test] / ref[test]:6.3f}"
+            print(line, flush=True)
+        print(f"  {ours['desc']}")
+        if args.profile:
+            print(ours["profile"])
+    return 0
+
+
+def _n_vocab(path) -> int:
+    from torchggml.gguf import open_gguf
+    return open_gguf(path).tensor_info("token_embd.weight").ne[1]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""GGUF loading: metadata, the tensor table, zero-copy CPU weights, uploads to other devices, and
+clear errors for truncated, corrupt and unsupported files (damaged copies of a golden file)."""
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import torchggml as ggml
+from torchggml.backend.buffer import BufferUsage
+from torchggml.gguf import GGUFError, load_weights, open_gguf
+from torchggml.torch_backend.cpu import cpu_buffer_type
+
+GOLDEN = Path(os.environ.get("TORCHGGML_GOLDEN", Path(__file__).resolve().parents[2] / "shared" / "golden"))
+pytestmark = pytest.mark.skipif(not (GOLDEN / "manifest.json").exists(), reason=f"golden data not found at {GOLDEN}")
+
+F32_MODEL = GOLDEN / "models" / "llama-F32.gguf"
+MIXED_MODEL = GOLDEN / "models" / "llama-Q4_K_M.gguf"  # q4_K, q6_K and f32 tensors
+
+
+def _reader(path):
+    import gguf
+    return gguf.GGUFReader(path)
+
+
+# ---------------------------------------------------------------- reading
+
+@pytest.mark.parametrize("path", [F32_MODEL, MIXED_MODEL], ids=lambda p: p.name)
+def test_tensor_table_matches_the_gguf_reader(path):
+    f = open_gguf(path)
+    ref = _reader(path)
+    assert f.arch == "llama"
+    assert f.get("llama.block_count") == 2
+    assert f.arch_get("attention.head_count_kv") == 4
+    assert f.get("llama.attention.layer_norm_rms_epsilon") == pytest.approx(1e-5)
+    assert list(f.tensors) == [t.name for t in ref.tensors]
+    for t in ref.tensors:
+        info = f.tensors[t.name]
+        assert info.type == ggml.Type(int(t.tensor_type))
+        assert list(info.ne) == [int(n) for n in t.shape]
+        assert info.nbytes == t.n_bytes
+        assert f.data_offset + info.offset == t.data_offset
+
+
+def test_missing_key_and_default():
+    f = open_gguf(F32_MODEL)
+    assert f.get("no.such.key", 7) == 7
+    with pytest.raises(GGUFError, match=r"llama-F32\.gguf.*'no\.such\.key' is missing"):
+        f.get("no.such.key")
+
+
+def test_cpu_weights_are_zero_copy_views_of_the_mapping():
+    f = open_gguf(MIXED_MODEL)
+    w = load_weights(f, lambda name: cpu_buffer_type())
+    region = f.data_region()
+    start = region.ctypes.data
+    ref = {t.name: t for t in _reader(MIXED_MODEL).tensors}
+    assert len(w.buffers) == 1 and w.buffers[0].usage == BufferUsage.WEIGHTS
+    for name, t in w.tensors.items():
+        info = f.tensors[name]
+        assert t.type == info.type and t.ne[:len(info.ne)] == list(info.ne)
+        assert t.data == start + info.offset  # an address inside the file mapping: no copy
+        raw = ggml.to_torch(t, raw=ggml.is_quantized(t.type))
+        assert raw.data_ptr() == start + info.offset
+        assert np.array_equal(raw.numpy().reshape(-1).view(np.uint8), ref[name].data.reshape(-1).view(np.uint8))
+
+
+def _sim_device():
+    try:
+        from torchggml.models.model import find_device
+        return find_device("SIM0")
+    except ValueError:
+        return None
+
+
+def test_weights_for_another_device_are_uploaded():
+    dev = _sim_device()
+    if dev is None:
+        pytest.skip("SIM device not available")
+    f = open_gguf(MIXED_MODEL)
+    on_sim = {"output.weight", "blk.1.ffn_down.weight", "blk.0.attn_norm.weight"}
+    w = load_weights(f, lambda n: dev.get_buffer_type() if n in on_sim else cpu_buffer_type(), progress=False)
+    assert len(w.buffers) == 2 and all(b.usage == BufferUsage.WEIGHTS for b in w.buffers)
+    for name in on_sim:
+        t = w[name]
+        assert t.buffer.buft is dev.get_buffer_type()
+        got = ggml.backend_tensor_get(t).numpy().reshape(-1).view(np.uint8)
+        assert np.array_equal(got, f.tensor_data(name))
+
+
+# ---------------------------------------------------------------- damaged files
+
+def _type_field_offset(data: bytes, name: bytes) -> int:
+    """Byte offset of the type id in a tensor's info entry (after its name and dims)."""
+    i = data.index(name) + len(name)
+    n_dims = struct.unpack_from("<I", data, i)[0]
+    return i + 4 + 8 * n_dims
+
+
+def _patched(fmt: str, where: str, value):
+    def damage(data: bytes) -> bytes:
+        b = bytearray(data)
+        offset = _type_field_offset(data, b"token_embd.weight") + (4 if where == "offset" else 0)
+        struct.pack_into(fmt, b, offset, value)
+        return bytes(b)
+    return damage
+
+
+DAMAGE = [
+    # (id, how the copy is damaged, the error must match)
+    ("truncated-data", lambda d: d[: len(d) // 2],
+     r"tensor 'blk\.0\.ffn_down\.weight' .* needs bytes \[\d+, \d+\) but the file has \d+ bytes: the file is truncated"),
+    ("truncated-last-byte", lambda d: d[:-1], r"tensor 'output\.weight' .*truncated"),
+    ("truncated-header", lambda d: d[:600], r"header .* cannot be read from this 600-byte file: it is truncated or corrupt"),
+    ("truncated-magic", lambda d: d[:3], r"not a GGUF file"),
+    ("bad-magic", lambda d: b"GGML" + d[4:], r"not a GGUF file \(starts with b'GGML'"),
+    ("unknown-type-id", _patched("<I", "type", 99), r"tensor 'token_embd\.weight' has unknown or unsupported ggml type id 99"),
+    ("removed-type-id", _patched("<I", "type", 31), r"tensor 'token_embd\.weight' has unknown or unsupported ggml type id 31"),
+    ("offset-past-end", _patched("<Q", "offset", 1 << 40), r"tensor 'token_embd\.weight' .* needs bytes .* truncated or corrupt"),
+    ("misaligned-offset", _patched("<Q", "offset", 7), r"tensor 'token_embd\.weight': data offset 7 is not aligned"),
+]
+
+
+@pytest.mark.parametrize("damage,pattern", [d[1:] for d in DAMAGE], ids=[d[0] for d in DAMAGE])
+def test_damaged_file_fails_with_a_clear_error(tmp_path, damage, pattern):
+    path = tmp_path / "damaged.gguf"
+    path.write_bytes(damage(F32_MODEL.read_bytes()))
+    with pytest.raises(GGUFError, match=pattern) as err:
+        open_gguf(path)
+    assert str(path) in str(err.value)  # the message names the file
+
+
+def test_load_model_reports_a_truncated_file(tmp_path):
+    path = tmp_path / "short.gguf"
+    path.write_bytes(F32_MODEL.read_bytes()[:-1000])
+    with pytest.raises(GGUFError, match=r"short\.gguf: tensor 'output\.weight'"):
+        ggml_load(path)
+
+
+def test_missing_file():
+    with pytest.raises(FileNotFoundError, match="no-such.gguf"):
+        open_gguf("/nonexistent/no-such.gguf")
+
+
+def ggml_load(path):
+    from torchggml.models import load_model
+    return load_model(path)

@@ -1,0 +1,307 @@
+"""Models end to end against llama.cpp: every golden model's logits, evaluated in one batch and as
+a prompt followed by single-token steps, on the CPU and on a simulated accelerator; flash
+attention, quantized KV caches, micro-batches, mixed placements through the scheduler; the
+Python API (eval/reset/generate, vocab_only), the built-in demo model and the CLI commands."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from torchggml.models import load_model, plan_placement, sample_token
+from torchggml.models.model import find_device
+
+GOLDEN = Path(os.environ.get("TORCHGGML_GOLDEN", Path(__file__).resolve().parents[2] / "shared" / "golden"))
+HAVE_GOLDEN = (GOLDEN / "manifest.json").exists()
+needs_golden = pytest.mark.skipif(not HAVE_GOLDEN, reason=f"golden data not found at {GOLDEN}")
+MANIFEST = json.loads((GOLDEN / "manifest.json").read_text()) if HAVE_GOLDEN else []
+
+# the thresholds of issue 6 (llama.cpp keeps its KV cache in F16 and quantizes activations)
+MAX_ERR_FLOAT, MAX_ERR_QUANT, MIN_ARGMAX = 2e-3, 4e-2, 0.9
+# Quantized models on the SIM device run the Triton kernels in the interpreter: 20-40 s per
+# eval. They run when TORCHGGML_SLOW_TESTS=1; the float models always run there.
+SLOW = os.environ.get("TORCHGGML_SLOW_TESTS") == "1"
+
+
+def sim_available() -> bool:
+    try:
+        find_device("SIM0")
+        return True
+    except ValueError:
+        return False
+
+
+def rel_err(ours: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.linalg.norm(ours - ref) / np.linalg.norm(ref))
+
+
+def argmax_agreement(ours: np.ndarray, ref: np.ndarray) -> float:
+    return float((ours.argmax(1) == ref.argmax(1)).mean())
+
+
+def check_logits(ours: torch.Tensor, entry: dict, max_err: float | None = None, min_argmax: float = MIN_ARGMAX):
+    ref = np.load(GOLDEN / entry["logits"])
+    assert ours.dtype == torch.float32 and tuple(ours.shape) == ref.shape
+    quantized = entry["weights"] not in ("F32", "F16")
+    max_err = max_err if max_err is not None else (MAX_ERR_QUANT if quantized else MAX_ERR_FLOAT)
+    err, agree = rel_err(ours.numpy(), ref), argmax_agreement(ours.numpy(), ref)
+    assert err <= max_err and agree >= min_argmax, \
+        f"{entry['model']}: relative L2 error {err:.2e} (max {max_err:.0e}), argmax agreement {agree:.2f}"
+
+
+def eval_steps(model, tokens, n_prompt: int = 8) -> torch.Tensor:
+    """A prompt in one call, then one token per call (decode steps against the KV cache)."""
+    model.reset()
+    rows = [model.eval(tokens[:n_prompt])] + [model.eval([t]) for t in tokens[n_prompt:]]
+    assert model.n_past == len(tokens)
+    return torch.cat(rows)
+
+
+_models: dict = {}
+
+
+def golden_model(entry, device="CPU", **kw):
+    """Loaded models, shared between the tests of this module (loading is the slow part)."""
+    key = (entry["model"], device, tuple(sorted(kw.items())))
+    if key not in _models:
+        _models[key] = load_model(GOLDEN / entry["model"], devices=[device], progress=False, **kw)
+    model = _models[key]
+    model.reset()
+    return model
+
+
+def golden_cases():
+    cases = []
+    for entry in MANIFEST:
+        quantized = entry["weights"] not in ("F32", "F16")
+        for device in ("CPU", "SIM0"):
+            marks = []
+            if device == "SIM0" and quantized and not SLOW:
+                marks = [pytest.mark.skip(reason="quantized on SIM runs Triton in the interpreter "
+                                                 "(slow); set TORCHGGML_SLOW_TESTS=1")]
+            cases.append(pytest.param(entry, device, id=f"{Path(entry['model']).stem}-{device}", marks=marks))
+    return cases
+
+
+# ---------------------------------------------------------------- llama.cpp's logits
+
+@needs_golden
+@pytest.mark.parametrize("entry,device", golden_cases())
+def test_golden_logits(entry, device):
+    if device != "CPU" and not sim_available():
+        pytest.skip("SIM device not available")
+    assert entry["chunks"] == [len(entry["tokens"])]  # the references were made in one batch
+    model = golden_model(entry, device)
+    check_logits(model.eval(entry["tokens"]), entry)  # one batch
+    check_logits(eval_steps(model, entry["tokens"]), entry)  # prompt, then decode steps
+
+
+def entry_named(name: str) -> dict:
+    return next(e for e in MANIFEST if Path(e["model"]).stem == name)
+
+
+# (model, load_model options, max error (None: the model's default), min argmax agreement)
+VARIANTS = [
+    ("llama-F32", dict(flash_attn=True), None, MIN_ARGMAX),
+    ("qwen2-F32", dict(flash_attn=True), None, MIN_ARGMAX),
+    ("qwen3-F16-tied", dict(flash_attn=True), None, MIN_ARGMAX),
+    ("llama-Q4_0", dict(flash_attn=True), None, MIN_ARGMAX),
+    ("llama-F32", dict(n_batch=5), None, MIN_ARGMAX),  # 16 tokens in micro-batches 5, 5, 5, 1
+    ("llama-F32", dict(kv_type="f32"), None, MIN_ARGMAX),
+    ("llama-F32", dict(flash_attn=True, kv_type="q8_0"), MAX_ERR_QUANT, MIN_ARGMAX),
+    # a 4-bit K/V cache on random-weight activations: measured 7e-2 and 0.88
+    ("llama-F32", dict(flash_attn=True, kv_type="q4_0"), 1.5e-1, 0.75),
+    ("qwen3-F16-tied", dict(flash_attn=True, kv_type="q8_0"), MAX_ERR_QUANT, MIN_ARGMAX),
+]
+
+
+@needs_golden
+@pytest.mark.parametrize("name,options,max_err,min_argmax", VARIANTS,
+                         ids=[f"{v[0]}-{'-'.join(f'{k}={x}' for k, x in v[1].items())}" for v in VARIANTS])
+def test_golden_logits_variants(name, options, max_err, min_argmax):
+    entry = entry_named(name)
+    model = golden_model(entry, **options)
+    check_logits(model.eval(entry["tokens"]), entry, max_err, min_argmax)
+    check_logits(eval_steps(model, entry["tokens"]), entry, max_err, min_argmax)
+
+
+# mixed placements run through the scheduler (several devices in one graph)
+PLACEMENTS = [
+    ("llama-F32", dict(n_gpu_layers=1)),                             # CPU layer 0, SIM layer 1
+    ("qwen3-F16-tied", dict(n_gpu_layers=99, flash_attn=True)),     # input on the CPU, the rest on SIMs
+    ("qwen2-F32", dict(devices=["SIM0", "SIM1"], tensor_split=[1, 1])),
+    ("llama-F16", dict(devices=["SIM0", "CPU"])),
+]
+
+
+@needs_golden
+@pytest.mark.parametrize("name,options", PLACEMENTS, ids=[f"{p[0]}-{i}" for i, p in enumerate(PLACEMENTS)])
+def test_golden_logits_mixed_placement(name, options):
+    if not sim_available():
+        pytest.skip("SIM device not available")
+    entry = entry_named(name)
+    model = load_model(GOLDEN / entry["model"], progress=False, **options)
+    assert not model.placement.single and model.sched is not None
+    check_logits(model.eval(entry["tokens"]), entry)
+    check_logits(eval_steps(model, entry["tokens"]), entry)
+    model.close()
+
+
+# ---------------------------------------------------------------- placement rules
+
+def test_placement_rules():
+    cpu = find_device("CPU")
+    p = plan_placement(4)
+    assert p.single and p.devices == [cpu] and p.layers == [cpu] * 4
+    if not sim_available():
+        pytest.skip("SIM device not available")
+    s0, s1 = find_device("SIM0"), find_device("SIM1")
+    p = plan_placement(4, devices=["SIM0"])
+    assert (p.input, p.layers, p.output) == (s0, [s0] * 4, s0)
+    p = plan_placement(4, devices=["SIM0", "SIM1"], tensor_split=[3, 1])
+    assert (p.input, p.layers, p.output) == (s0, [s0, s0, s0, s1], s1) and p.devices == [s0, s1]
+    p = plan_placement(4, devices=["SIM0"], n_gpu_layers=2)
+    assert (p.input, p.layers, p.output) == (cpu, [cpu, cpu, s0, s0], cpu) and p.devices == [s0, cpu]
+    p = plan_placement(4, devices=["SIM0"], n_gpu_layers=5)
+    assert p.output is s0
+    p = plan_placement(4, devices=["SIM0", "SIM1"], n_gpu_layers=99)
+    assert p.layers == [s0, s0, s1, s1] and p.input is cpu and p.output is s1
+    with pytest.raises(ValueError, match="unknown device 'NOPE0'"):
+        plan_placement(4, devices=["NOPE0"])
+    with pytest.raises(ValueError, match="tensor_split"):
+        plan_placement(4, devices=["SIM0", "SIM1"], tensor_split=[1])
+
+
+# ---------------------------------------------------------------- the Python API
+
+@needs_golden
+def test_eval_appends_to_the_cache_and_checks_its_input():
+    entry = entry_named("llama-F32")
+    model = golden_model(entry, n_ctx=20)
+    assert model.n_ctx == 20 and model.n_past == 0
+    assert model.eval([]).shape == (0, model.n_vocab)
+    first = model.eval(entry["tokens"][:10])
+    assert model.n_past == 10
+    with pytest.raises(ValueError, match=r"KV cache is full: 10 tokens cached \+ 11 new > n_ctx=20"):
+        model.eval(entry["tokens"][:11])
+    with pytest.raises(ValueError, match=r"token id 512 is outside the vocabulary \[0, 512\)"):
+        model.eval([1, 512])
+    assert model.n_past == 10  # a rejected call leaves the cache alone
+    model.reset()
+    assert torch.equal(model.eval(torch.tensor(entry["tokens"][:10])), first)
+
+
+@needs_golden
+def test_quantized_kv_cache_needs_flash_attention():
+    with pytest.raises(ValueError, match="kv_type 'q8_0' needs flash_attn=True"):
+        load_model(GOLDEN / "models" / "llama-F32.gguf", kv_type="q8_0")
+    with pytest.raises(ValueError, match="kv_type 'q3_k' is not supported"):
+        load_model(GOLDEN / "models" / "llama-F32.gguf", kv_type="q3_k")
+
+
+@needs_golden
+def test_vocab_only():
+    path = GOLDEN / "vocab" / "ggml-vocab-llama-spm.gguf"
+    model = load_model(path, vocab_only=True)
+    ids = model.tokenize("Hello world")
+    assert ids[0] == model.tokenizer.bos_id and model.detokenize(ids[1:]) == "Hello world"
+    with pytest.raises(RuntimeError, match="vocab_only=True"):
+        model.eval(ids)
+
+
+@pytest.fixture(scope="module")
+def demo_path(tmp_path_factory):
+    from torchggml.models.demo import demo_model_path
+    return demo_model_path(str(tmp_path_factory.mktemp("demo")))
+
+
+@pytest.fixture(scope="module")
+def demo(demo_path):
+    return load_model(demo_path)
+
+
+def test_demo_vocabulary_round_trips(demo):
+    text = "Once upon a time, 3 tokens came quickly: \"ok\" (yes) — ünïcode!"
+    ids = demo.tokenize(text, add_special=False)
+    assert len(ids) < len(text.encode())  # the trained merges do something
+    assert demo.detokenize(ids) == text
+    assert demo.tokenize(text)[0] == demo.tokenizer.bos_id
+
+
+def test_generate_is_seeded_and_greedy_matches_eval(demo):
+    a = "".join(demo.generate("Once upon a time", max_tokens=8, seed=5))
+    b = "".join(demo.generate("Once upon a time", max_tokens=8, seed=5))
+    assert a == b and demo.timings.gen_tokens == 8 and demo.timings.prompt_tokens > 0
+    greedy = "".join(demo.generate("Once upon a time", max_tokens=6, temperature=0))
+    demo.reset()
+    ids = demo.tokenize("Once upon a time")
+    logits = demo.eval(ids)[-1]
+    out = []
+    for _ in range(6):
+        out.append(int(logits.argmax()))
+        logits = demo.eval(out[-1:])[0]
+    assert greedy == b"".join(demo.tokenizer.token_to_piece_bytes(i) for i in out).decode("utf-8", "replace")
+
+
+@pytest.mark.parametrize("top_k,top_p", [(1, 1.0), (0, 1e-6), (3, 1.0), (0, 0.5)])
+def test_sampling_stays_within_top_k_and_top_p(top_k, top_p):
+    logits = torch.tensor([0.0, 3.0, 1.0, 2.5, -1.0, 2.0])
+    order = torch.argsort(logits, descending=True).tolist()
+    probs = torch.softmax(logits, 0)[order]
+    n_top_p = int((torch.cumsum(probs, 0) - probs < top_p).sum())
+    allowed = set(order[: min(top_k or len(order), n_top_p)])
+    gen = torch.Generator().manual_seed(0)
+    seen = {sample_token(logits, 1.0, top_k, top_p, gen) for _ in range(200)}
+    assert seen <= allowed and (len(allowed) == 1 or len(seen) > 1)
+    assert sample_token(logits, 0.0) == 1  # temperature 0: greedy
+
+
+def test_demo_architectures(tmp_path):
+    """The demo writer's qwen2 (biases) and qwen3 (q/k norms, tied output) files load and run."""
+    from dataclasses import replace
+    from torchggml.models.demo import DEMO_CONFIG, write_model
+    for arch, tied in (("qwen2", False), ("qwen3", True)):
+        cfg = replace(DEMO_CONFIG, arch=arch, n_layer=1, tied_output=tied)
+        model = load_model(write_model(tmp_path / f"{arch}.gguf", cfg, "F16"))
+        assert model.hp.arch == arch and (model.w.output is model.w.tok_embd) == tied
+        logits = model.eval(model.tokenize("hello"))
+        assert torch.isfinite(logits).all()
+
+
+# ---------------------------------------------------------------- the CLI commands
+
+def run_cli(*argv):
+    from torchggml.models.cli_commands import main
+    return main([str(a) for a in argv])
+
+
+def test_cli_run_with_the_demo_model(demo_path, capsys, monkeypatch):
+    monkeypatch.setenv("TORCHGGML_CACHE", str(Path(demo_path).parent))
+    assert run_cli("run", "-p", "Once upon", "-n", "4", "-s", "1") == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("Once upon") and "built-in demo model" in err
+    assert "prompt:" in err and "generation: 4 tokens" in err and "tokens/s" in err
+
+
+@needs_golden
+def test_cli_eval_writes_the_logits(tmp_path, capsys):
+    entry = entry_named("llama-F32")
+    out = tmp_path / "logits.npy"
+    tokens = ",".join(str(t) for t in entry["tokens"])
+    assert run_cli("eval", GOLDEN / entry["model"], "--tokens", tokens, "--chunks", "10,1,1", "--out", out) == 0
+    logits = np.load(out)
+    ref = np.load(GOLDEN / entry["logits"])
+    assert logits.shape == ref.shape and rel_err(logits, ref) <= MAX_ERR_FLOAT
+    assert "16 tokens in 4 calls" in capsys.readouterr().err
+
+
+@needs_golden
+def test_cli_info(capsys):
+    assert run_cli("info", GOLDEN / "models" / "llama-Q4_K_M.gguf") == 0
+    out = capsys.readouterr().out
+    assert "general.architecture = 'llama'" in out and "llama.block_count = 2" in out
+    assert "blk.1.ffn_down.weight" in out and "q6_K" in out and "bits per weight" in out
