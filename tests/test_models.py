@@ -305,3 +305,18 @@ def test_cli_info(capsys):
     out = capsys.readouterr().out
     assert "general.architecture = 'llama'" in out and "llama.block_count = 2" in out
     assert "blk.1.ffn_down.weight" in out and "q6_K" in out and "bits per weight" in out
+
+
+def test_demo_model_matches_llama_cpp(demo_path):
+    """When llama-cpp-python is installed: the demo file's tokens and logits agree with llama.cpp."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional)")
+    text = "Once upon a time there was a small program that wanted to run"
+    llm = llama_cpp.Llama(model_path=str(demo_path), n_ctx=64, n_batch=64, n_threads=2, logits_all=True,
+                          verbose=False)
+    ids = llm.tokenize(text.encode(), add_bos=True)
+    llm.eval(ids)
+    ref = np.array(llm.scores[: len(ids)])
+    model = load_model(demo_path, n_ctx=64)
+    assert model.tokenize(text) == ids
+    ours = model.eval(ids).numpy()
+    assert rel_err(ours, ref) <= MAX_ERR_FLOAT and argmax_agreement(ours, ref) >= MIN_ARGMAX

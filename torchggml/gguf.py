@@ -58,7 +58,7 @@ def _import_gguf():
     return gguf
 
 
-def _checked_reader_class():
+def _checked_reader_class(path: str):
     """GGUFReader, with the tensor table checked before the reader builds its arrays, so a bad
     entry is reported by tensor name instead of as a numpy reshape error."""
     gguf = _import_gguf()
@@ -72,8 +72,7 @@ def _checked_reader_class():
                 _, name_data, _, dims, raw_type, offs = f.parts
                 name = bytes(name_data).decode("utf-8", errors="replace")
                 infos.append((name, [int(d) for d in dims], int(raw_type[0]), int(offs[0])))
-            self.checked_infos = _check_tensor_table(self._path, infos, start_offs,
-                                                     len(self.data), self.alignment)
+            self.checked_infos = _check_tensor_table(path, infos, start_offs, len(self.data), self.alignment)
             return super()._build_tensors(start_offs, fields)
 
     return CheckedReader
@@ -123,8 +122,7 @@ class GGUFFile:
         if not os.path.isfile(self.path):
             raise FileNotFoundError(f"GGUF file not found: {self.path}")
         _check_magic(self.path)
-        reader_cls = _checked_reader_class()
-        reader_cls._path = self.path
+        reader_cls = _checked_reader_class(self.path)
         try:
             # "c": copy-on-write mapping, writable for torch, never written back to the file
             self.reader = reader_cls(self.path, "c")

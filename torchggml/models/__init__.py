@@ -22,7 +22,7 @@ def load_model(path, devices=None, n_gpu_layers: int | None = None, n_ctx: int |
         every accelerator.
     n_gpu_layers: llama.cpp's offload count: the last n layers go to the accelerators, the
         rest stays on the CPU (the output head moves too when n > n_layer).
-    n_ctx: KV cache size in tokens (default: the model's training context).
+    n_ctx: KV cache size in tokens (default: the model's training context, at most 4096).
     n_batch: micro-batch size for prompt processing.
     flash_attn: attention through flash_attn_ext instead of mul_mat + soft_max + mul_mat.
     kv_type: "f16" (default), "f32", "bf16", "q8_0" or "q4_0" (quantized caches need flash_attn).

@@ -50,7 +50,7 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-ts", "--tensor-split", type=_float_list, metavar="A,B,...",
                    help="share of the layers for each device, e.g. 3,1")
     p.add_argument("-c", "--ctx-size", type=int, default=None, metavar="N",
-                   help="KV cache size in tokens (default: the model's context length)")
+                   help="KV cache size in tokens (default: the model's context length, at most 4096)")
     p.add_argument("-b", "--batch-size", type=int, default=512, metavar="N", help="prompt micro-batch size")
     p.add_argument("-fa", "--flash-attn", action="store_true", help="use flash_attn_ext for attention")
     p.add_argument("-ctk", "--cache-type", default="f16", metavar="TYPE",

@@ -22,6 +22,7 @@ import torch
 from ..backend.backend import (backend_graph_compute, backend_graph_plan_create, backend_graph_plan_free,
                                backend_graph_plan_compute, backend_free, backend_synchronize)
 from ..backend.device import Device, DeviceType
+from ..backend.backend import backend_tensor_set_async
 from ..backend.tensor_io import backend_tensor_set, backend_tensor_get
 from ..context import Context
 from ..gguf import GGUFFile, load_weights
@@ -29,6 +30,9 @@ from .kv_cache import KVCache, kv_type_from_name
 from .llama import HParams, LlamaWeights, LlamaGraph, build_graph, graph_size, tensor_layer
 
 log = logging.getLogger(__name__)
+
+# the default KV cache size caps the model's training context (which can be 128k tokens)
+DEFAULT_MAX_CTX = 4096
 
 
 # ---------------------------------------------------------------- devices and placement
@@ -297,7 +301,9 @@ class Model:
         """Run `tokens` (after the cached ones) and return their logits, float32 [len(tokens), n_vocab].
         The prompt is processed in micro-batches of n_batch tokens."""
         self._require_weights("eval")
-        ids = torch.as_tensor(list(tokens) if not isinstance(tokens, torch.Tensor) else tokens, dtype=torch.int64).reshape(-1)
+        if not isinstance(tokens, torch.Tensor):
+            tokens = list(tokens)
+        ids = torch.as_tensor(tokens, dtype=torch.int64).reshape(-1)
         if ids.numel() == 0:
             return torch.empty(0, self.n_vocab)
         bad = (ids < 0) | (ids >= self.n_vocab)
@@ -315,10 +321,13 @@ class Model:
         n_kv = self.kv.n_kv_for(n_tokens)
         g = self._graph_for(n_tokens, n_kv)
         pos = torch.arange(n_past, n_past + n_tokens)
-        backend_tensor_set(g.tokens, ids.to(torch.int32))
-        backend_tensor_set(g.positions, pos.to(torch.int32))
-        backend_tensor_set(g.kv_idx, pos)
-        backend_tensor_set(g.mask, causal_mask(n_past, n_tokens, n_kv))
+        inputs = ((g.tokens, ids.to(torch.int32)), (g.positions, pos.to(torch.int32)), (g.kv_idx, pos),
+                  (g.mask, causal_mask(n_past, n_tokens, n_kv)))
+        for tensor, value in inputs:
+            if self.sched is not None:
+                backend_tensor_set(tensor, value)  # the scheduler keeps inputs in CPU memory
+            else:
+                backend_tensor_set_async(self.backend, tensor, value)  # ordered on the backend's stream
         if self.sched is not None:
             from ..backend.sched import backend_sched_graph_compute
             status = backend_sched_graph_compute(self.sched, g.graph)
@@ -424,7 +433,7 @@ def load(path, devices=None, n_gpu_layers: int | None = None, n_ctx: int | None 
     if vocab_only:
         return Model(file, tokenizer)
     hp = HParams.from_gguf(file)
-    n_ctx = hp.n_ctx_train if not n_ctx else int(n_ctx)
+    n_ctx = min(hp.n_ctx_train, DEFAULT_MAX_CTX) if not n_ctx else int(n_ctx)
     if n_ctx <= 0 or n_batch <= 0:
         raise ValueError(f"n_ctx ({n_ctx}) and n_batch ({n_batch}) must be positive")
     placement = plan_placement(hp.n_layer, devices, n_gpu_layers, tensor_split)
