@@ -111,3 +111,4 @@ from .torch_backend.kernels import UnsupportedOpError  # noqa: E402
 from .torch_backend.stream import StreamError  # noqa: E402
 from .torch_backend.views import UnallocatedTensorError  # noqa: E402
 from .torch_backend.kernels import UnsupportedOpError  # noqa: E402
+from .models import load_model, Model  # noqa: E402
