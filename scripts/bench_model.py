@@ -13,15 +13,18 @@ llama-cpp-python). Same file, same machine, same thread count. Tests never need 
 pp: tokens/s of one call that evaluates P prompt tokens (one micro-batch) from an empty cache.
 tg: tokens/s of N single-token calls after one warm-up token, as llama-bench's tg.
 --profile prints where torchggml spends its time during generation (cProfile, top functions).
+Each engine runs in its own process (llama.cpp's spinning OpenMP threads would slow torch down).
 """
 from __future__ import annotations
 
 import argparse
 import cProfile
 import io
+import json
 import os
 import pstats
 import statistics
+import subprocess
 import sys
 import time
 
@@ -131,6 +134,22 @@ def bench_llama_cpp(path, args, n_vocab: int) -> dict:
 
 # ---------------------------------------------------------------- main
 
+def run_engine(engine: str, path: str, args) -> dict:
+    """One engine on one model in a fresh process: llama.cpp's OpenMP threads keep spinning after
+    each call and would steal the cores from torch if both ran in one process."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--engine", engine, path,
+           "-p", str(args.n_prompt), "-n", str(args.n_gen), "-r", str(args.reps), "--profile", str(args.profile)]
+    for flag, value in (("-t", args.threads), ("-d", args.device), ("-ngl", args.n_gpu_layers)):
+        if value is not None:
+            cmd += [flag, str(value)]
+    if args.flash_attn:
+        cmd.append("-fa")
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"{engine} on {path} failed (exit code {out.returncode})")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("models", nargs="*", help="GGUF files (default: generated ~100M F16 and Q4_0 models)")
@@ -144,22 +163,28 @@ def main(argv=None) -> int:
     p.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even when installed")
     p.add_argument("--profile", type=int, default=0, metavar="K",
                    help="print torchggml's top K functions by own time during generation")
+    p.add_argument("--engine", choices=("torchggml", "llama.cpp"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.engine:  # a child process: one engine, one model, JSON on the last line
+        path = args.models[0]
+        result = bench_torchggml(path, args) if args.engine == "torchggml" else bench_llama_cpp(path, args, _n_vocab(path))
+        print(json.dumps(result))
+        return 0
     models = args.models or bench_models()
     with_llama = not args.no_llama_cpp and llama_cpp_available()
     if not with_llama and not args.no_llama_cpp:
         print("llama-cpp-python is not installed: torchggml only (pip install llama-cpp-python)", file=sys.stderr)
     print(f"threads: {args.threads or torch.get_num_threads()}, pp{args.n_prompt}, tg{args.n_gen}, "
-          f"median of {args.reps}\n")
+          f"median of {args.reps}, each engine in its own process\n")
     header = f"{'model':44s} {'params':>8s} {'test':>6s} {'torchggml t/s':>14s}" + \
              (f" {'llama.cpp t/s':>14s} {'ratio':>6s}" if with_llama else "")
     print(header)
     print("-" * len(header))
     for path in models:
-        ours = bench_torchggml(path, args)
-        ref = bench_llama_cpp(path, args, _n_vocab(path)) if with_llama else None
+        ours = run_engine("torchggml", path, args)
+        ref = run_engine("llama.cpp", path, args) if with_llama else None
         for test in ("pp", "tg"):
             n = args.n_prompt if test == "pp" else args.n_gen
             line = f"{os.path.basename(path)[:44]:44s} {ours['params'] / 1e6:7.1f}M {test}{n:<4d} {ours[test]:14.2f}"

@@ -307,15 +307,30 @@ def test_cli_info(capsys):
     assert "blk.1.ffn_down.weight" in out and "q6_K" in out and "bits per weight" in out
 
 
-def test_demo_model_matches_llama_cpp(demo_path):
-    """When llama-cpp-python is installed: the demo file's tokens and logits agree with llama.cpp."""
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional)")
+LLAMA_CPP_LOGITS = """
+import sys, numpy as np, llama_cpp
+path, text, out = sys.argv[1:]
+llm = llama_cpp.Llama(model_path=path, n_ctx=64, n_batch=64, n_threads=2, logits_all=True, verbose=False)
+ids = llm.tokenize(text.encode(), add_bos=True)
+llm.eval(ids)
+np.save(out, np.array(llm.scores[: len(ids)]))
+print(",".join(map(str, ids)))
+"""
+
+
+def test_demo_model_matches_llama_cpp(demo_path, tmp_path):
+    """When llama-cpp-python is installed: the demo file's tokens and logits agree with llama.cpp
+    (run in a child process: llama.cpp's OpenMP threads would slow torch down in this one)."""
+    import importlib.util
+    import subprocess
+    import sys
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python is not installed (optional)")
     text = "Once upon a time there was a small program that wanted to run"
-    llm = llama_cpp.Llama(model_path=str(demo_path), n_ctx=64, n_batch=64, n_threads=2, logits_all=True,
-                          verbose=False)
-    ids = llm.tokenize(text.encode(), add_bos=True)
-    llm.eval(ids)
-    ref = np.array(llm.scores[: len(ids)])
+    out = subprocess.run([sys.executable, "-c", LLAMA_CPP_LOGITS, str(demo_path), text, str(tmp_path / "ref.npy")],
+                         stdout=subprocess.PIPE, text=True, check=True).stdout
+    ids = [int(i) for i in out.strip().splitlines()[-1].split(",")]
+    ref = np.load(tmp_path / "ref.npy")
     model = load_model(demo_path, n_ctx=64)
     assert model.tokenize(text) == ids
     ours = model.eval(ids).numpy()
