@@ -53,6 +53,7 @@ class ModelConfig:
 
 DEMO_CONFIG = ModelConfig()
 DEMO_SEED = 1234
+GENERATOR_VERSION = 2  # part of the cached files' names: bump when the generated weights change
 
 
 # ---------------------------------------------------------------- vocabulary
@@ -88,8 +89,22 @@ def train_vocab(n_vocab: int, corpus: str = CORPUS) -> Vocab:
 
 # ---------------------------------------------------------------- weights and file
 
-def random_weights(cfg: ModelConfig, n_vocab: int, seed: int) -> dict[str, np.ndarray]:
-    """Seeded random weights (numpy, torch order) with scales that keep activations O(1)."""
+def output_row_scales(vocab: Vocab) -> np.ndarray:
+    """Scales for the output head's rows, so that random weights still favour whole words: merged
+    tokens x3 (their logits spread wider and win the softmax), printable ASCII bytes x1, control
+    bytes, lone UTF-8 bytes and special tokens x0."""
+    def scale(text: str, type: int) -> float:
+        if type != 1:
+            return 0.0
+        if len(text) > 1:
+            return 3.0
+        return 1.0 if text == "\u0120" or 0x21 <= ord(text) <= 0x7E else 0.0
+    return np.array([scale(t, ty) for t, ty in zip(vocab.tokens, vocab.types)], dtype=np.float32)
+
+
+def random_weights(cfg: ModelConfig, n_vocab: int, seed: int, output_scales: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Seeded random weights (numpy, torch order) with scales that keep activations O(1);
+    `output_scales` scales the rows of an untied output head."""
     gen = torch.Generator().manual_seed(seed)
     head_dim = cfg.n_embd // cfg.n_head
     kv_dim = head_dim * cfg.n_head_kv
@@ -121,6 +136,8 @@ def random_weights(cfg: ModelConfig, n_vocab: int, seed: int) -> dict[str, np.nd
     w["output_norm.weight"] = norm(cfg.n_embd)
     if not cfg.tied_output:
         w["output.weight"] = mat(n_vocab, cfg.n_embd)
+        if output_scales is not None:
+            w["output.weight"] *= output_scales[:, None]
     return {k: v.astype(np.float32) for k, v in w.items()}
 
 
@@ -157,7 +174,7 @@ def write_model(path, cfg: ModelConfig = DEMO_CONFIG, weight_type: str = "F32", 
     w.add_bos_token_id(vocab.bos_id)
     w.add_eos_token_id(vocab.eos_id)
     w.add_add_bos_token(True)
-    for name, data in random_weights(cfg, n_vocab, seed).items():
+    for name, data in random_weights(cfg, n_vocab, seed, output_row_scales(vocab)).items():
         if data.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32:
             w.add_tensor(name, data)
         elif qtype == gguf.GGMLQuantizationType.F16:
@@ -186,7 +203,7 @@ def cache_dir() -> str:
 def generated_model(cfg: ModelConfig = DEMO_CONFIG, weight_type: str = "F32", seed: int = DEMO_SEED,
                     directory: str | None = None) -> str:
     """The path of a generated model, written on first use (named by a hash of its recipe)."""
-    recipe = json.dumps([asdict(cfg), weight_type.upper(), seed, CORPUS], sort_keys=True)
+    recipe = json.dumps([GENERATOR_VERSION, asdict(cfg), weight_type.upper(), seed, CORPUS], sort_keys=True)
     digest = hashlib.sha256(recipe.encode()).hexdigest()[:12]
     name = f"{cfg.arch}-{cfg.n_embd}x{cfg.n_layer}-{weight_type.upper()}-{digest}.gguf"
     path = os.path.join(directory or cache_dir(), name)
