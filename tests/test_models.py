@@ -272,6 +272,25 @@ def test_demo_architectures(tmp_path):
         assert torch.isfinite(logits).all()
 
 
+def test_rope_scaling_and_frequency_factors(tmp_path):
+    """rope_freqs.weight divides each pair's frequency: all 2s equal linear scaling by 2, which
+    differs from no scaling; all 1s change nothing."""
+    from dataclasses import replace
+    from torchggml.models.demo import DEMO_CONFIG, write_model
+    cfg = replace(DEMO_CONFIG, n_layer=1)
+    half = cfg.n_embd // cfg.n_head // 2
+    files = {"plain": {}, "linear2": dict(rope_scaling_factor=2.0),
+             "freqs2": dict(rope_freqs=np.full(half, 2.0)), "freqs1": dict(rope_freqs=np.ones(half))}
+    ids = list(range(3, 40))
+    logits = {}
+    for name, extra in files.items():
+        model = load_model(write_model(tmp_path / f"{name}.gguf", cfg, "F32", **extra))
+        logits[name] = model.eval(ids).numpy()
+    assert rel_err(logits["freqs1"], logits["plain"]) < 1e-6
+    assert rel_err(logits["freqs2"], logits["linear2"]) < 1e-5
+    assert rel_err(logits["linear2"], logits["plain"]) > 1e-3
+
+
 # ---------------------------------------------------------------- the CLI commands
 
 def run_cli(*argv):

@@ -141,10 +141,12 @@ def random_weights(cfg: ModelConfig, n_vocab: int, seed: int, output_scales: np.
     return {k: v.astype(np.float32) for k, v in w.items()}
 
 
-def write_model(path, cfg: ModelConfig = DEMO_CONFIG, weight_type: str = "F32", seed: int = DEMO_SEED) -> str:
+def write_model(path, cfg: ModelConfig = DEMO_CONFIG, weight_type: str = "F32", seed: int = DEMO_SEED,
+                rope_scaling_factor: float | None = None, rope_freqs: np.ndarray | None = None) -> str:
     """Write a llama/qwen2/qwen3 GGUF with random weights and the trained vocabulary. 2-D weights
     are stored as `weight_type` (F32, F16 or any type gguf.quants can quantize, e.g. Q4_0, Q8_0);
-    norms and biases stay F32."""
+    norms and biases stay F32. Optionally linear rope scaling (metadata) or per-pair rope
+    frequency divisors (a rope_freqs.weight tensor, as Llama 3.1 files have)."""
     import gguf
     qtype = gguf.GGMLQuantizationType[weight_type.upper()]
     vocab = train_vocab(cfg.n_vocab)
@@ -174,6 +176,11 @@ def write_model(path, cfg: ModelConfig = DEMO_CONFIG, weight_type: str = "F32", 
     w.add_bos_token_id(vocab.bos_id)
     w.add_eos_token_id(vocab.eos_id)
     w.add_add_bos_token(True)
+    if rope_scaling_factor is not None:
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rope_scaling_factor)
+    if rope_freqs is not None:
+        w.add_tensor("rope_freqs.weight", np.asarray(rope_freqs, dtype=np.float32))
     for name, data in random_weights(cfg, n_vocab, seed, output_row_scales(vocab)).items():
         if data.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32:
             w.add_tensor(name, data)

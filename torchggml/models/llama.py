@@ -139,6 +139,7 @@ class LlamaWeights:
     output_norm: Tensor
     output: Tensor  # token_embd when the file ties them
     layers: list[LayerWeights] = field(default_factory=list)
+    rope_freqs: Tensor | None = None  # per-pair frequency divisors (Llama 3.1's long-context rope)
 
     @classmethod
     def from_tensors(cls, hp: HParams, tensors: dict, path: str = "model") -> "LlamaWeights":
@@ -157,7 +158,8 @@ class LlamaWeights:
         tok_embd = get("token_embd.weight", [e, hp.n_vocab])
         output = get("output.weight", [e, hp.n_vocab], required=False)
         w = cls(tok_embd=tok_embd, output_norm=get("output_norm.weight", [e]),
-                output=tok_embd if output is None else output)
+                output=tok_embd if output is None else output,
+                rope_freqs=get("rope_freqs.weight", [hp.n_rot // 2], required=False))
         for il in range(hp.n_layer):
             def g(name, ne, required=True):
                 return get(f"blk.{il}.{name}", ne, required)
@@ -225,7 +227,7 @@ def build_graph(ctx, hp: HParams, w: LlamaWeights, kv: KVCache, n_tokens: int, n
         return y if bias is None else ops.add(ctx, y, bias)
 
     def rope(x):
-        return ops.rope_ext(ctx, x, positions, None, hp.n_rot, hp.rope_type, hp.n_ctx_train,
+        return ops.rope_ext(ctx, x, positions, w.rope_freqs, hp.n_rot, hp.rope_type, hp.n_ctx_train,
                             hp.rope_freq_base, hp.rope_freq_scale, 0.0, 1.0, 32.0, 1.0)
 
     def attention(il, q, k, v):
