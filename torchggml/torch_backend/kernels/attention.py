@@ -6,15 +6,16 @@ sinks add one logit per head to the softmax denominator only.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
 from ...enums import Op
 from ...tensor import get_op_params_f32
-from . import CPU_KERNELS
-from .common import as_float, write, all_float, is_float
-from .matmul import is_readable
+from . import CPU_KERNELS, binds
+from .common import view, all_float, is_float
+from .matmul import is_readable, float_reader
 from .norm import wide_float
 
 # flash attention builds the scores of this many (query, key) pairs at a time, at most
@@ -34,37 +35,52 @@ def alibi_slopes(n_head: int, max_bias: float, device) -> torch.Tensor:
     return slopes.float()
 
 
-def tile_to(x: torch.Tensor, shape0: int, shape1: int) -> torch.Tensor:
-    """Broadcast x's dims 0 and 1 to (shape0, shape1) by tiling (index % size), as ggml's mask
-    broadcast does; size-1 dims expand without copying."""
-    reps = [shape0 // x.shape[0] if x.shape[0] > 1 else 1, shape1 // x.shape[1] if x.shape[1] > 1 else 1]
-    if reps != [1, 1]:
-        x = x.repeat(reps[0], reps[1], 1, 1)
-    return x
+def _tile_reps(x: torch.Tensor, shape0: int, shape1: int) -> tuple[int, int] | None:
+    """How often x's dims 0 and 1 repeat to reach (shape0, shape1) when ggml's mask broadcast
+    tiles them (index % size); None when size-1 dims broadcast without copying."""
+    reps = (shape0 // x.shape[0] if x.shape[0] > 1 else 1, shape1 // x.shape[1] if x.shape[1] > 1 else 1)
+    return None if reps == (1, 1) else reps
 
 
-def mask_bias(mask, rows: int, ne3: int, n_head: int, max_bias: float) -> torch.Tensor:
-    """slope[h] * mask for rows [0, rows), broadcastable to [ne3, n_head, rows, n_cols]."""
-    m = tile_to(as_float(mask)[:, :, :rows], ne3, n_head)
-    if max_bias > 0.0:
-        m = m * alibi_slopes(n_head, max_bias, m.device).view(1, n_head, 1, 1)
-    return m
+def _mask_bias(vm, reps, slopes) -> torch.Tensor:
+    """slope[h] * mask (float32) from the mask's current values, tiled by reps when needed."""
+    m = vm.float()
+    if reps is not None:
+        m = m.repeat(*reps, 1, 1)
+    return m if slopes is None else m * slopes
 
 
-def softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
-    """Softmax over the last dim of [ne3, n_head, rows, cols]; sinks [n_head] add exp(sink) to
-    the denominator. A row with no finite score and no sink gives zeros (as ggml's S == 0)."""
+def bind_mask_bias(mask, rows: int, ne3: int, n_head: int, max_bias: float):
+    """fn() -> slope[h] * mask for rows [0, rows), float32, broadcastable to [ne3, n_head, rows,
+    n_cols]. The mask's view and the ALiBi slopes (op params only) are taken now; the mask's
+    values are read, and tiled, at each call."""
+    vm = view(mask)[:, :, :rows]
+    slopes = alibi_slopes(n_head, max_bias, vm.device).view(1, n_head, 1, 1) if max_bias > 0.0 else None
+    return functools.partial(_mask_bias, vm, _tile_reps(vm, ne3, n_head), slopes)
+
+
+def softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor | None, out: torch.Tensor | None = None):
+    """Softmax over the last dim of [ne3, n_head, rows, cols] (into `out` when given, which may
+    be F16/BF16: rounded once); sinks [n_head] add exp(sink) to the denominator. A row with no
+    finite score and no sink gives zeros (as ggml's S == 0). `scores` must be a temporary: it is
+    overwritten."""
     peak = scores.amax(-1, keepdim=True)
     if sinks is not None:
         sinks = sinks.view(1, -1, 1, 1)
         peak = torch.maximum(peak, sinks)
-    peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
-    e = torch.exp(scores - peak)
+    peak = peak.nan_to_num_(0.0, 0.0, 0.0)  # no finite peak: subtract 0
+    e = scores.sub_(peak).exp_()
     total = e.sum(-1, keepdim=True, dtype=wide_float(e.device))
     if sinks is not None:
         total = total + torch.exp(sinks - peak)
-    total = torch.where(total == 0, torch.ones_like(total), total)
-    return e * (1.0 / total).float()
+    total.masked_fill_(total == 0, 1.0)
+    inv = total.reciprocal_().float()
+    return e.mul_(inv) if out is None else torch.mul(e, inv, out=out)
+
+
+def _sinks_view(sinks) -> torch.Tensor | None:
+    """The sinks' values [n_head] as a view (F32, one row)."""
+    return view(sinks)[0, 0, 0] if sinks is not None else None
 
 
 # ---------------------------------------------------------------- SOFT_MAX
@@ -75,14 +91,24 @@ def _supports_soft_max(node) -> bool:
             and (sinks is None or sinks.type.name == "F32"))
 
 
-@CPU_KERNELS.register(Op.SOFT_MAX, supports=_supports_soft_max)
-def soft_max(node):
+def _soft_max_into(va, scale: float, bias, sinks, dst, _node) -> None:
+    x = va.float() * scale  # [ne3, ne2, ne1, ne0], a temporary
+    if bias is not None:
+        x.add_(bias())
+    softmax_with_sinks(x, sinks, out=dst)
+
+
+def _bind_soft_max(node):
     a, mask, sinks = node.src[0], node.src[1], node.src[2]
     scale, max_bias = get_op_params_f32(node, 0), get_op_params_f32(node, 1)
-    x = as_float(a) * scale  # [ne3, ne2, ne1, ne0]
-    if mask is not None:
-        x = x + mask_bias(mask, a.ne[1], a.ne[3], a.ne[2], max_bias)
-    write(node, softmax_with_sinks(x, as_float(sinks).reshape(-1) if sinks is not None else None))
+    bias = bind_mask_bias(mask, a.ne[1], a.ne[3], a.ne[2], max_bias) if mask is not None else None
+    return functools.partial(_soft_max_into, view(a), scale, bias, _sinks_view(sinks), view(node))
+
+
+@CPU_KERNELS.register(Op.SOFT_MAX, supports=_supports_soft_max)
+@binds(_bind_soft_max)
+def soft_max(node):
+    _bind_soft_max(node)(node)
 
 
 # ---------------------------------------------------------------- FLASH_ATTN_EXT
@@ -112,19 +138,31 @@ def _attend(q, k, v, bias, sinks, scale: float, softcap: float) -> torch.Tensor:
     return out.view(ne3, n_head, n_q, dv)
 
 
-@CPU_KERNELS.register(Op.FLASH_ATTN_EXT, supports=_supports_flash_attn)
-def flash_attn_ext(node):
+def _flash_attn_into(vq, vk, vv, k_float, v_float, bias, sinks, scale: float, softcap: float, chunks,
+                     _node) -> None:
+    fq, fk, fv = vq.float(), k_float(vk), v_float(vv)
+    b = bias() if bias is not None else None
+    for rows, dst in chunks:
+        dst.copy_(_attend(fq[:, :, rows], fk, fv, b[:, :, rows] if b is not None else None, sinks, scale, softcap))
+
+
+def _bind_flash_attn_ext(node):
+    """Views, the K/V conversion, the mask's broadcast and the query chunks are chosen now; q,
+    K, V, mask and sinks are read at each call. Each chunk's result goes straight into the
+    node (heads before tokens)."""
     q, k, v, mask, sinks = node.src[:5]
     scale, max_bias, softcap = (get_op_params_f32(node, i) for i in range(3))
-    vq, vk, vv = as_float(q), as_float(k), as_float(v)
-    ne3, n_head, n_q = vq.shape[0], vq.shape[1], vq.shape[2]
-    bias = mask_bias(mask, n_q, ne3, n_head, max_bias) if mask is not None else None
-    vs = as_float(sinks).reshape(-1) if sinks is not None else None
+    ne3, n_head, n_q = q.ne[3], q.ne[2], q.ne[1]
+    bias = bind_mask_bias(mask, n_q, ne3, n_head, max_bias) if mask is not None else None
     # queries in chunks, so the score matrix stays bounded for long prompts
     step = max(1, SCORE_CHUNK // max(1, ne3 * n_head * k.ne[1]))
-    out = torch.empty(ne3, n_head, n_q, v.ne[0], dtype=torch.float32, device=vq.device)
-    for i0 in range(0, n_q, step):
-        rows = slice(i0, i0 + step)
-        out[:, :, rows] = _attend(vq[:, :, rows], vk, vv, bias[:, :, rows] if bias is not None else None,
-                                  vs, scale, softcap)
-    write(node, out.permute(0, 2, 1, 3))  # result [Dv, n_head, n_q, ne3]: heads before tokens
+    out = view(node).permute(0, 2, 1, 3)  # [ne3, n_head, n_q, Dv]
+    chunks = tuple((slice(i0, i0 + step), out[:, :, i0:i0 + step]) for i0 in range(0, n_q, step))
+    return functools.partial(_flash_attn_into, view(q), view(k), view(v), float_reader(k), float_reader(v), bias,
+                             _sinks_view(sinks), scale, softcap, chunks)
+
+
+@CPU_KERNELS.register(Op.FLASH_ATTN_EXT, supports=_supports_flash_attn)
+@binds(_bind_flash_attn_ext)
+def flash_attn_ext(node):
+    _bind_flash_attn_ext(node)(node)

@@ -1,12 +1,14 @@
 """GLU: act(x) * gate, fused (one tensor's row halves, optionally swapped) or split (two tensors)."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ...enums import Op, GluOp
 from ...tensor import get_op_params_f32, get_glu_op
-from . import CPU_KERNELS
-from .common import as_float, write, all_float
+from . import CPU_KERNELS, binds
+from .common import view, all_float
 from .unary import gelu, gelu_erf, gelu_quick, silu, relu
 
 
@@ -18,23 +20,19 @@ def _swiglu_oai(x, g, node):
     return x * torch.sigmoid(alpha * x) * (g + 1.0)
 
 
-# each: (x, gate, node) -> values
-_GLU = {
-    GluOp.REGLU: lambda x, g, n: relu(x) * g,
-    GluOp.GEGLU: lambda x, g, n: gelu(x) * g,
-    GluOp.SWIGLU: lambda x, g, n: silu(x) * g,
-    GluOp.SWIGLU_OAI: _swiglu_oai,
-    GluOp.GEGLU_ERF: lambda x, g, n: gelu_erf(x) * g,
-    GluOp.GEGLU_QUICK: lambda x, g, n: gelu_quick(x) * g,
+# the activation of x for each GLU op but SWIGLU_OAI (which also clamps the gate)
+_ACTIVATION = {
+    GluOp.REGLU: relu, GluOp.GEGLU: gelu, GluOp.SWIGLU: silu,
+    GluOp.GEGLU_ERF: gelu_erf, GluOp.GEGLU_QUICK: gelu_quick,
 }
 
 
-def _halves(node):
-    """(x, gate) from the sources: split tensors, or the two halves of each row of src0."""
+def _halves(node) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views (x, gate) of the sources: split tensors, or the two halves of each row of src0."""
     a, b = node.src[0], node.src[1]
-    va = as_float(a)
+    va = view(a)
     if b is not None:
-        return va, as_float(b)
+        return va, view(b)
     n = node.ne[0]  # a.ne0 // 2; an odd last column is unused, as in ggml
     first, second = va[..., :n], va[..., n:2 * n]
     return (second, first) if node.op_params[1] else (first, second)
@@ -42,10 +40,29 @@ def _halves(node):
 
 def _supports_glu(node) -> bool:
     n_src = 2 if node.src[1] is not None else 1
-    return all_float(node, n_src) and node.op_params[0] in _GLU
+    op = node.op_params[0]
+    return all_float(node, n_src) and (op in _ACTIVATION or op == GluOp.SWIGLU_OAI)
+
+
+def _glu_into(act, vx, vg, dst, _node) -> None:
+    """act(x) * gate in float32, multiplied straight into the node (rounded once for F16/BF16,
+    as write() does)."""
+    torch.mul(act(vx.float()), vg.float(), out=dst)
+
+
+def _swiglu_oai_into(vx, vg, dst, node) -> None:
+    dst.copy_(_swiglu_oai(vx.float(), vg.float(), node))
+
+
+def _bind_glu(node):
+    vx, vg = _halves(node)
+    op = get_glu_op(node)
+    if op == GluOp.SWIGLU_OAI:
+        return functools.partial(_swiglu_oai_into, vx, vg, view(node))
+    return functools.partial(_glu_into, _ACTIVATION[op], vx, vg, view(node))
 
 
 @CPU_KERNELS.register(Op.GLU, supports=_supports_glu)
+@binds(_bind_glu)
 def glu(node):
-    x, g = _halves(node)
-    write(node, _GLU[get_glu_op(node)](x, g, node))
+    _bind_glu(node)(node)

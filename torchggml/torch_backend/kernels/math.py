@@ -2,12 +2,14 @@
 Computed in float32 from F32/F16/BF16 sources, as ggml's CPU backend does."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ...enums import Op
 from ...tensor import get_op_params_f32
-from . import CPU_KERNELS
-from .common import as_float, write, all_float
+from . import CPU_KERNELS, binds
+from .common import view, as_float, write, all_float
 
 _MATH = {
     Op.SQR: lambda x: x * x,
@@ -27,12 +29,26 @@ def math_op(node):
     write(node, _MATH[node.op](as_float(node.src[0])))
 
 
+def _scale_into(vx, dst, s: float, b: float, _node) -> None:
+    """x * s + b: the product straight into the node (rounded once for F16/BF16, as write() does),
+    through a float32 temporary when b must be added before rounding."""
+    if b == 0.0:
+        torch.mul(vx.float(), s, out=dst)
+    elif dst.dtype == torch.float32:
+        torch.mul(vx.float(), s, out=dst).add_(b)
+    else:
+        dst.copy_(vx.float() * s + b)
+
+
+def _bind_scale(node):
+    return functools.partial(_scale_into, view(node.src[0]), view(node), get_op_params_f32(node, 0),
+                             get_op_params_f32(node, 1))
+
+
 @CPU_KERNELS.register(Op.SCALE, supports=_float_op)
+@binds(_bind_scale)
 def scale(node):
-    """x * s + b."""
-    s, b = get_op_params_f32(node, 0), get_op_params_f32(node, 1)
-    x = as_float(node.src[0]) * s
-    write(node, x + b if b != 0.0 else x)
+    _bind_scale(node)(node)
 
 
 @CPU_KERNELS.register(Op.CLAMP, supports=_float_op)

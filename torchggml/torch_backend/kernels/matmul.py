@@ -4,6 +4,7 @@ F32/F16/BF16), MUL_MAT_ID (mixture of experts) and OUT_PROD.
 Products run in float32 on dequantized weights. Broadcasting a over b's dims 2 and 3 never
 copies a: b's matrices are regrouped by the a matrix they share, so each a matrix meets all its
 b rows in one product. Large converted weights are dequantized in row chunks to bound memory.
+MUL_MAT binds its views and the conversion once; weights are read (converted) at every call.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 from ...enums import Op
 from ...types import type_traits
-from . import CPU_KERNELS
+from . import CPU_KERNELS, binds
 from .common import view, as_float, write, is_float
 
 # weights that need converting (block types, F16, BF16) are converted this many values at a time
@@ -31,12 +32,19 @@ def is_readable(t) -> bool:
     return t is not None and t.type in _readable_types()
 
 
-def rows_as_float(t, raw: torch.Tensor) -> torch.Tensor:
-    """A slice of t's torch view (uint8 blocks for block types) as float32 values."""
+def float_reader(t):
+    """fn(a slice of t's torch view) -> float32 values: a dequantize for block types, a cast
+    otherwise. Chosen once per tensor; the values are read at each call."""
     if type_traits(t.type).is_quantized:
         from ...quants import dequantize
-        return dequantize(t.type, raw)
-    return raw.float()
+        block_type = t.type
+        return lambda raw: dequantize(block_type, raw)
+    return torch.Tensor.float
+
+
+def rows_as_float(t, raw: torch.Tensor) -> torch.Tensor:
+    """A slice of t's torch view (uint8 blocks for block types) as float32 values."""
+    return float_reader(t)(raw)
 
 
 # ---------------------------------------------------------------- MUL_MAT
@@ -45,37 +53,85 @@ def _supports_mul_mat(node) -> bool:
     return is_readable(node.src[0]) and is_float(node.src[1]) and node.type.name == "F32"
 
 
-def _weight_product(a, rows: torch.Tensor, out: torch.Tensor) -> None:
-    """out [R, N] = rows [R, K] @ a^T for a 2-D weight a (N rows of K), converted chunk by
-    chunk when big."""
+def _times_weight_t(weight_t, rows, out) -> None:
+    torch.matmul(rows, weight_t, out=out)
+
+
+def _times_converted(raw, to_float, rows, out) -> None:
+    torch.matmul(rows, to_float(raw).T, out=out)
+
+
+def _times_chunks(chunks, to_float, rows, out) -> None:
+    for cols, part in chunks:
+        out[:, cols] = rows @ to_float(part).T
+
+
+def _bind_weight_product(a):
+    """fn(rows [R, K], out [R, N]): out = rows @ a^T for a 2-D weight a (N rows of K). An F32
+    weight is used in place; others are converted at each call, chunk by chunk when big."""
     n, k = a.ne[1], a.ne[0]
     raw = view(a)[0, 0]
-    if a.type.name == "F32" or n * k <= CHUNK_VALUES:
-        torch.matmul(rows, rows_as_float(a, raw).T, out=out)
-        return
+    if a.type.name == "F32":
+        return functools.partial(_times_weight_t, raw.T)
+    if n * k <= CHUNK_VALUES:
+        return functools.partial(_times_converted, raw, float_reader(a))
     step = max(1, CHUNK_VALUES // k)
-    for n0 in range(0, n, step):
-        out[:, n0:n0 + step] = rows @ rows_as_float(a, raw[n0:n0 + step]).T
+    chunks = tuple((slice(n0, n0 + step), raw[n0:n0 + step]) for n0 in range(0, n, step))
+    return functools.partial(_times_chunks, chunks, float_reader(a))
 
 
-@CPU_KERNELS.register(Op.MUL_MAT, supports=_supports_mul_mat)
-def mul_mat(node):
+def _reshaped(v, shape, regroup) -> torch.Tensor:
+    rows = v.reshape(shape)
+    return (rows if regroup is None else regroup(rows)).float()
+
+
+def _bind_reshaped(v: torch.Tensor, shape, regroup=None):
+    """fn() -> float32 values of v (its view reshaped to `shape`, then `regroup`ed). A contiguous
+    v without a regroup is viewed now; anything else is reshaped at each call (a view when the
+    strides allow, else a copy: never a copy taken now)."""
+    if v.is_contiguous() and regroup is None:
+        return v.view(shape).float
+    return functools.partial(_reshaped, v, shape, regroup)
+
+
+def _weight_times_rows(product, rows, out, _node) -> None:
+    product(rows(), out)
+
+
+def _batched_product(va, to_float, rows, out, _node) -> None:
+    torch.matmul(rows(), to_float(va).transpose(-1, -2), out=out)
+
+
+def _regrouped_product(va, to_float, rows, out, _node) -> None:
+    """[a3, a2, r3, r2*m, n] products -> out [a3, r3, a2, r2*m, n] = [b3, b2, m, n]."""
+    a3, r3, a2, r2m, n = out.shape
+    product = torch.matmul(rows(), to_float(va).transpose(-1, -2))
+    out.copy_(product.view(a3, a2, r3, r2m, n).transpose(1, 2))
+
+
+def _bind_mul_mat(node):
+    """b matrix (i2, i3) uses a matrix (i2 // r2, i3 // r3): b's rows are grouped by their a
+    matrix, so each a matrix meets all its rows in one product and a is never repeated."""
     a, b = node.src[0], node.src[1]
     k, n, a2, a3 = a.ne
     m, b2, b3 = b.ne[1], b.ne[2], b.ne[3]
     r2, r3 = b2 // a2, b3 // a3
-    # b matrix (i2, i3) uses a matrix (i2 // r2, i3 // r3): group b's rows by their a matrix
-    rows = as_float(b).reshape(a3, r3, a2, r2 * m, k).transpose(1, 2).reshape(a3, a2, r3 * r2 * m, k)
-    dst = view(node).view(a3, r3, a2, r2 * m, n)  # a new node: always contiguous
-    # with r3 == 1 the grouped order is the node's order: write straight into it
-    grouped = dst.view(a3, a2, r2 * m, n) if r3 == 1 else torch.empty(
-        a3, a2, r3 * r2 * m, n, dtype=torch.float32, device=rows.device)
-    if a2 == 1 and a3 == 1:
-        _weight_product(a, rows[0, 0], grouped.view(-1, n))
-    else:
-        torch.matmul(rows, as_float(a).transpose(-1, -2), out=grouped)
-    if r3 > 1:  # [a3, a2, r3, r2*m, n] -> [a3, r3, a2, r2*m, n] = [b3, b2, m, n]
-        dst.copy_(grouped.view(a3, a2, r3, r2 * m, n).transpose(1, 2))
+    vb, dst = view(b), view(node)  # the node is new: always contiguous
+    if a2 == 1 and a3 == 1:  # one weight matrix meets every row of b, in the node's order
+        return functools.partial(_weight_times_rows, _bind_weight_product(a), _bind_reshaped(vb, (-1, k)),
+                                 dst.view(-1, n))
+    if r3 == 1 or a2 == 1:  # the grouped order is b's order: regrouping is a reshape
+        return functools.partial(_batched_product, view(a), float_reader(a), _bind_reshaped(vb, (a3, a2, -1, k)),
+                                 dst.view(a3, a2, -1, n))
+    # [b3, b2, m, k] -> [a3, r3, a2, r2*m, k] -> [a3, a2, r3 * r2*m, k]
+    rows = _bind_reshaped(vb, (a3, r3, a2, r2 * m, k), lambda v: v.transpose(1, 2).reshape(a3, a2, -1, k))
+    return functools.partial(_regrouped_product, view(a), float_reader(a), rows, dst.view(a3, r3, a2, r2 * m, n))
+
+
+@CPU_KERNELS.register(Op.MUL_MAT, supports=_supports_mul_mat)
+@binds(_bind_mul_mat)
+def mul_mat(node):
+    _bind_mul_mat(node)(node)
 
 
 # ---------------------------------------------------------------- MUL_MAT_ID

@@ -4,12 +4,14 @@ Element-wise work runs in float32, as ggml's CPU backend does; the row sums accu
 float64 where ggml accumulates in ggml_float (double)."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ...enums import Op
 from ...tensor import get_op_params_f32, get_op_params_i32
-from . import CPU_KERNELS
-from .common import as_float, write, all_float
+from . import CPU_KERNELS, binds
+from .common import view, as_float, write, all_float
 
 
 def wide_float(device: torch.device) -> torch.dtype:
@@ -26,20 +28,30 @@ def _row_mean(x: torch.Tensor) -> torch.Tensor:
     return (x.sum(-1, keepdim=True, dtype=wide_float(x.device)) / x.shape[-1]).float()
 
 
-@CPU_KERNELS.register(Op.NORM, supports=_float_rows)
-def norm(node):
-    x = as_float(node.src[0])
-    eps = get_op_params_f32(node, 0)
+def _norm_into(vx, dst, eps: float, _node) -> None:
+    """(x - mean) / sqrt(var + eps) per row, into dst (rounded once for F16/BF16, as write())."""
+    x = vx.float()
     centered = x - _row_mean(x)
     variance = _row_mean(centered * centered)
-    write(node, centered * (1.0 / torch.sqrt(variance + eps)))
+    torch.mul(centered, variance.add_(eps).sqrt_().reciprocal_(), out=dst)
 
 
-@CPU_KERNELS.register(Op.RMS_NORM, supports=_float_rows)
-def rms_norm(node):
-    x = as_float(node.src[0])
-    eps = get_op_params_f32(node, 0)
-    write(node, x * (1.0 / torch.sqrt(_row_mean(x * x) + eps)))
+def _rms_norm_into(vx, dst, eps: float, _node) -> None:
+    """x / sqrt(mean(x^2) + eps) per row (f32 products, row sums in f64, then f32 as ggml)."""
+    x = vx.float()
+    torch.mul(x, _row_mean(x * x).add_(eps).sqrt_().reciprocal_(), out=dst)
+
+
+def _bind_row_norm(node):
+    """The norm's views and eps, bound now; the values are read at each call."""
+    into = _norm_into if node.op == Op.NORM else _rms_norm_into
+    return functools.partial(into, view(node.src[0]), view(node), get_op_params_f32(node, 0))
+
+
+@CPU_KERNELS.register(Op.NORM, Op.RMS_NORM, supports=_float_rows)
+@binds(_bind_row_norm)
+def row_norm(node):
+    _bind_row_norm(node)(node)
 
 
 @CPU_KERNELS.register(Op.L2_NORM, supports=_float_rows)

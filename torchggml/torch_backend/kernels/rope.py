@@ -3,20 +3,22 @@ factors, YaRN, rotation offset.
 
 The angle of rotary pair i for a token at position p is ggml's rope_yarn of
 theta_extrap = p * base^(-2i/n_dims) / freq_factor[i]; the angles are computed in float64 (ggml
-iterates theta *= theta_scale in float32) and the rotation in float32.
+iterates theta *= theta_scale in float32) and the rotation in float32. The per-pair constants
+(base powers, YaRN ramp) come from the op params and are made once; positions are read at
+every call.
 """
 from __future__ import annotations
 
 import functools
 import math
+import struct
 
 import torch
 
 from ...enums import Op, RopeType
 from ...ops.rope import ROPE_TYPE_IMROPE, rope_yarn_corr_dims
-from ...tensor import get_op_params_f32
-from . import CPU_KERNELS
-from .common import view, as_float, write, is_float
+from . import CPU_KERNELS, binds
+from .common import view, is_float
 from .norm import wide_float
 
 MODES = frozenset({RopeType.NORMAL, RopeType.NEOX, RopeType.MROPE, RopeType.VISION, ROPE_TYPE_IMROPE})
@@ -25,11 +27,11 @@ MODES = frozenset({RopeType.NORMAL, RopeType.NEOX, RopeType.MROPE, RopeType.VISI
 class RopeParams:
     """ggml's rope op params: n_dims, mode, n_ctx_orig, YaRN floats, M-RoPE sections, offset."""
 
-    def __init__(self, node):
-        p = node.op_params
+    def __init__(self, raw: bytes):
+        p = struct.unpack_from("=16i", raw)
         self.n_dims, self.mode, self.n_ctx_orig = p[1], p[2], p[4]
         (self.freq_base, self.freq_scale, self.ext_factor, self.attn_factor,
-         self.beta_fast, self.beta_slow) = (get_op_params_f32(node, i) for i in range(5, 11))
+         self.beta_fast, self.beta_slow) = struct.unpack_from("=6f", raw, 5 * 4)  # the bits of p[5:11]
         self.sections = tuple(p[11:15])
         self.n_offs = p[15]
 
@@ -43,11 +45,21 @@ class RopeParams:
         return self.n_dims if self.mode == RopeType.VISION else self.n_dims // 2
 
 
+@functools.lru_cache(maxsize=256)
+def _params_of(raw: bytes) -> RopeParams:
+    return RopeParams(raw)
+
+
+def rope_params(node) -> RopeParams:
+    """The node's parsed op params (parsed once per distinct set: compiles look them up often)."""
+    return _params_of(node.op_params.tobytes())
+
+
 def _supports_rope(node) -> bool:
     a, pos, factors = node.src[0], node.src[1], node.src[2]
     if not (is_float(a) and node.type == a.type and pos is not None and pos.type.name == "I32"):
         return False
-    p = RopeParams(node)
+    p = rope_params(node)
     if p.mode not in MODES or p.n_dims % 2 or p.n_offs % 2 or p.n_offs < 0:
         return False
     if p.mode == RopeType.VISION:
@@ -99,48 +111,106 @@ def multi_axes_on(n_pairs: int, sections: tuple, mode: int, device: torch.device
     return torch.tensor(axes, device=device), torch.tensor(powers, dtype=wide_float(device), device=device)
 
 
-def rope_angles(p: RopeParams, positions: torch.Tensor, n_tokens: int,
-                factors: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cos, sin) [n_tokens, n_pairs] float32, attn_factor (and YaRN's mscale) included."""
-    device = positions.device
+@functools.lru_cache(maxsize=256)
+def _angle_constants(n_pairs: int, n_dims: int, mode: int, sections: tuple, freq_base: float, freq_scale: float,
+                     ext_factor: float, n_ctx_orig: int, beta_fast: float, beta_slow: float, device: torch.device):
+    """What the angles take from the op params alone, made once per parameter set and device (no
+    host copies while a CUDA graph captures): (axes or None, inv_freq [n_pairs], YaRN's
+    (1 - mix, mix) or None, the magnitude factor of YaRN or 1)."""
     wide = wide_float(device)
-    pairs = torch.arange(p.n_pairs, dtype=wide, device=device)
-    positions = positions.reshape(-1).to(wide)
-    if p.multi:
-        axes, power = multi_axes_on(p.n_pairs, p.sections, p.mode, device)
-        pos = positions.view(4, n_tokens)[axes].T  # [n_tokens, n_pairs]
-    else:
-        pos = positions[:n_tokens, None]
-        power = pairs
-    theta_extrap = pos * float(p.freq_base) ** (-2.0 * power / p.n_dims)
+    pairs = torch.arange(n_pairs, dtype=wide, device=device)
+    axes, power = None, pairs
+    if mode & RopeType.MROPE:
+        axes, power = multi_axes_on(n_pairs, sections, mode, device)
+    inv_freq = float(freq_base) ** (-2.0 * power / n_dims)
+    if ext_factor == 0.0:
+        return axes, inv_freq, None, 1.0
+    low, high = rope_yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
+    ramp = 1.0 - torch.clamp((pairs - low) / max(0.001, high - low), 0.0, 1.0)
+    mix = ramp * ext_factor
+    return axes, inv_freq, (1.0 - mix, mix), 1.0 + 0.1 * math.log(1.0 / freq_scale)
+
+
+def _angles(positions, n_tokens: int, axes, inv_freq, factors, freq_scale: float, yarn, mscale: float):
+    """(cos, sin) [1, n_tokens, 1, n_pairs] float32 from the positions' current values: the angle
+    of pair i at position pos is freq_scale * pos * base^(-2i/n_dims) / factor[i] (YaRN mixes in
+    the unscaled angle); mscale is attn_factor (times YaRN's magnitude factor)."""
+    wide = inv_freq.dtype
+    pos = positions.to(wide)
+    if axes is not None:
+        pos = pos.view(4, n_tokens)[axes].T[None, :, None]  # [1, n_tokens, 1, n_pairs]
+    theta_extrap = pos * inv_freq
     if factors is not None:
-        theta_extrap = theta_extrap / factors.reshape(-1)[:p.n_pairs].to(wide)
-    theta = p.freq_scale * theta_extrap
-    mscale = p.attn_factor
-    if p.ext_factor != 0.0:
-        low, high = rope_yarn_corr_dims(p.n_dims, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow)
-        ramp = 1.0 - torch.clamp((pairs - low) / max(0.001, high - low), 0.0, 1.0)
-        mix = ramp * p.ext_factor
-        theta = theta * (1.0 - mix) + theta_extrap * mix
-        mscale *= 1.0 + 0.1 * math.log(1.0 / p.freq_scale)
-    return (torch.cos(theta) * mscale).float(), (torch.sin(theta) * mscale).float()
+        theta_extrap = theta_extrap / factors.to(wide)
+    theta = theta_extrap if freq_scale == 1.0 else freq_scale * theta_extrap
+    if yarn is not None:
+        theta = theta * yarn[0] + theta_extrap * yarn[1]
+    cos, sin = torch.cos(theta), torch.sin(theta)
+    if mscale != 1.0:  # (x * 1.0 == x exactly)
+        cos, sin = cos.mul_(mscale), sin.mul_(mscale)
+    return cos.float(), sin.float()
+
+
+def _bind_angles(p: RopeParams, positions: torch.Tensor, n_tokens: int, factors: torch.Tensor | None):
+    """fn() -> _angles of the views of the positions [n_tokens or 4*n_tokens] and frequency
+    factors (their values are read at each call) and the op params' constants."""
+    axes, inv_freq, yarn, yarn_mscale = _angle_constants(
+        p.n_pairs, p.n_dims, p.mode, p.sections, p.freq_base, p.freq_scale, p.ext_factor, p.n_ctx_orig,
+        p.beta_fast, p.beta_slow, positions.device)
+    if axes is None:
+        positions = positions[:n_tokens].view(1, n_tokens, 1, 1)
+    factors = factors[:p.n_pairs] if factors is not None else None
+    return functools.partial(_angles, positions, n_tokens, axes, inv_freq, factors, p.freq_scale, yarn,
+                             p.attn_factor * yarn_mscale)
+
+
+def _rotated_span(p: RopeParams, ne0: int) -> tuple[int, int]:
+    """(first column, number of columns) that rotate: n_dims after the offset, or whole rows
+    for VISION."""
+    return (0, ne0) if p.mode == RopeType.VISION else (p.n_offs, p.n_dims)
+
+
+def _pair_halves(x: torch.Tensor, start: int, width: int, interleaved: bool):
+    """Views of the two members of each rotary pair in columns [start, start + width) of x:
+    (2i, 2i+1) for NORMAL, (i, i + width/2) otherwise."""
+    if interleaved:
+        return x[..., start:start + width:2], x[..., start + 1:start + width:2]
+    half = width // 2
+    return x[..., start:start + half], x[..., start + half:start + width]
+
+
+def _bind_rope(node):
+    """Views of x, the node, positions and factors, and the constant angle factors are taken
+    now; the positions' values are read at each call. x is read before the node is written, so
+    the node may share x's memory (in-place)."""
+    a, positions, factors = node.src[0], node.src[1], node.src[2]
+    p, n_tokens = rope_params(node), a.ne[2]
+    angles = _bind_angles(p, view(positions)[0, 0, 0], n_tokens,
+                          view(factors)[0, 0, 0] if factors is not None else None)
+    vx, dst = view(a), view(node)  # [ne3, n_tokens, n_head, ne0]
+    start, width = _rotated_span(p, a.ne[0])
+    interleaved = p.mode == RopeType.NORMAL
+    (x0, x1), (d0, d1) = _pair_halves(vx, start, width, interleaved), _pair_halves(dst, start, width, interleaved)
+    unrotated = ()  # columns outside the rotation are copied, unless the node is x's memory
+    if not (dst.data_ptr() == vx.data_ptr() and dst.stride() == vx.stride()):
+        if start > 0:
+            unrotated += ((dst[..., :start], vx[..., :start]),)
+        if start + width < a.ne[0]:
+            unrotated += ((dst[..., start + width:], vx[..., start + width:]),)
+    return functools.partial(_rotate, angles, x0, x1, d0, d1, unrotated)
+
+
+def _rotate(angles, x0, x1, d0, d1, unrotated, _node) -> None:
+    cos, sin = angles()
+    f0, f1 = x0.float(), x1.float()
+    a0, b1, a1, b0 = f0 * cos, f1 * sin, f0 * sin, f1 * cos  # every read of x before a write
+    torch.sub(a0, b1, out=d0)  # x0 cos - x1 sin
+    torch.add(a1, b0, out=d1)  # x0 sin + x1 cos
+    for d, x in unrotated:
+        d.copy_(x)
 
 
 @CPU_KERNELS.register(Op.ROPE, supports=_supports_rope)
+@binds(_bind_rope)
 def rope(node):
-    a, positions, factors = node.src[0], node.src[1], node.src[2]
-    p = RopeParams(node)
-    x = as_float(a)  # [ne3, n_tokens, n_head, ne0]
-    n_tokens = a.ne[2]
-    cos, sin = rope_angles(p, view(positions), n_tokens, as_float(factors) if factors is not None else None)
-    cos, sin = cos.view(1, n_tokens, 1, -1), sin.view(1, n_tokens, 1, -1)
-    start, width = (0, a.ne[0]) if p.mode == RopeType.VISION else (p.n_offs, p.n_dims)
-    part = x[..., start:start + width]
-    if p.mode == RopeType.NORMAL:  # pairs (2i, 2i+1)
-        x0, x1 = part[..., 0::2], part[..., 1::2]
-    else:  # pairs (i, i + width/2)
-        x0, x1 = part[..., :width // 2], part[..., width // 2:]
-    y0 = x0 * cos - x1 * sin
-    y1 = x0 * sin + x1 * cos
-    rotated = torch.stack((y0, y1), -1).flatten(-2) if p.mode == RopeType.NORMAL else torch.cat((y0, y1), -1)
-    write(node, torch.cat((x[..., :start], rotated, x[..., start + width:]), -1))
+    _bind_rope(node)(node)

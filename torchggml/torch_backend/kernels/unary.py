@@ -1,14 +1,15 @@
 """UNARY: every ggml_unary_op, computed in float32 as ggml's CPU backend does (F32/F16/BF16)."""
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
 from ...enums import Op, UnaryOp
 from ...tensor import get_op_params_f32, get_unary_op
-from . import CPU_KERNELS
-from .common import as_float, write, all_float
+from . import CPU_KERNELS, binds
+from .common import view, all_float
 
 GELU_COEF_A = 0.044715
 GELU_QUICK_COEF = 1.702
@@ -79,10 +80,38 @@ _UNARY = {
 }
 
 
+# unary ops whose torch out= form is exactly the table's function: F32 -> F32 in one call
+_UNARY_OUT = {
+    UnaryOp.ABS: torch.abs, UnaryOp.SGN: torch.sign, UnaryOp.NEG: torch.neg, UnaryOp.TANH: torch.tanh,
+    UnaryOp.SIGMOID: torch.sigmoid, UnaryOp.EXP: torch.exp, UnaryOp.FLOOR: torch.floor,
+    UnaryOp.CEIL: torch.ceil, UnaryOp.TRUNC: torch.trunc,
+}
+
+
 def _supports_unary(node) -> bool:
     return all_float(node, 1) and node.op_params[0] in _UNARY
 
 
+def _unary_out(fn, vx, dst, _node) -> None:
+    fn(vx, out=dst)
+
+
+def _unary_into(fn, vx, dst, node) -> None:
+    dst.copy_(fn(vx.float(), node))
+
+
+def _bind_unary(node):
+    op = get_unary_op(node)
+    vx, dst = view(node.src[0]), view(node)
+    direct = _UNARY_OUT.get(op)
+    # contiguous only: torch's vectorized and strided loops may round tanh, exp... differently
+    contiguous = vx.is_contiguous() and dst.is_contiguous()
+    if direct is not None and vx.dtype == dst.dtype == torch.float32 and contiguous:
+        return functools.partial(_unary_out, direct, vx, dst)
+    return functools.partial(_unary_into, _UNARY[op], vx, dst)
+
+
 @CPU_KERNELS.register(Op.UNARY, supports=_supports_unary)
+@binds(_bind_unary)
 def unary(node):
-    write(node, _UNARY[get_unary_op(node)](as_float(node.src[0]), node))
+    _bind_unary(node)(node)
