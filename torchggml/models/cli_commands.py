@@ -56,6 +56,8 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-ctk", "--cache-type", default="f16", metavar="TYPE",
                    help="KV cache type: f16 (default), f32, bf16, q8_0, q4_0 (quantized needs -fa)")
     p.add_argument("-t", "--threads", type=int, default=None, metavar="N", help="CPU threads")
+    p.add_argument("--no-repack", dest="repack", action="store_false",
+                   help="keep CPU weights in ggml's layout (no CPU_REPACK int4 GEMM buffers)")
 
 
 def _load(args, path: str):
@@ -63,7 +65,8 @@ def _load(args, path: str):
     devices = args.device.split(",") if args.device else None
     return load_model(path, devices=devices, n_gpu_layers=args.n_gpu_layers, n_ctx=args.ctx_size,
                       n_batch=args.batch_size, flash_attn=args.flash_attn, kv_type=args.cache_type,
-                      tensor_split=args.tensor_split, n_threads=args.threads)
+                      tensor_split=args.tensor_split, n_threads=args.threads,
+                      repack=getattr(args, "repack", True))
 
 
 # ---------------------------------------------------------------- run

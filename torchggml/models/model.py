@@ -413,6 +413,23 @@ class Model:
         self._graph = None
 
 
+# weights read only as MUL_MAT's src0 (token_embd is also read by GET_ROWS, norms by MUL)
+MATMUL_WEIGHTS = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
+                  "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+
+
+def is_matmul_weight(name: str) -> bool:
+    return name == "output.weight" or (tensor_layer(name) is not None and name.endswith(MATMUL_WEIGHTS))
+
+
+def extra_buffer_types(device: Device) -> list:
+    """The device's extra buffer types that take weights in their own layout (ggml's
+    ggml_backend_dev_get_extra_bufts, e.g. the CPU's CPU_REPACK), as llama.cpp uses them."""
+    reg = getattr(device, "reg", None)
+    get = reg.get_proc_address("ggml_backend_dev_get_extra_bufts") if reg is not None else None
+    return [b for b in (get(device) if get is not None else []) if hasattr(b, "supports_weight")]
+
+
 def causal_mask(n_past: int, n_tokens: int, n_kv: int) -> torch.Tensor:
     """F16 [n_tokens, n_kv] (ggml ne [n_kv, n_tokens]): token i (position n_past + i) sees cells
     0..n_past + i."""
@@ -424,7 +441,7 @@ def causal_mask(n_past: int, n_tokens: int, n_kv: int) -> torch.Tensor:
 def load(path, devices=None, n_gpu_layers: int | None = None, n_ctx: int | None = None, n_batch: int = 512,
          flash_attn: bool = False, kv_type="f16", vocab_only: bool = False,
          tensor_split: Sequence[float] | None = None, n_threads: int | None = None,
-         progress: bool = True) -> Model:
+         progress: bool = True, repack: bool = True) -> Model:
     """See torchggml.load_model."""
     from ..gguf import open_gguf
     from ..tokenizer import Tokenizer
@@ -438,15 +455,24 @@ def load(path, devices=None, n_gpu_layers: int | None = None, n_ctx: int | None 
         raise ValueError(f"n_ctx ({n_ctx}) and n_batch ({n_batch}) must be positive")
     placement = plan_placement(hp.n_layer, devices, n_gpu_layers, tensor_split)
 
-    def buft_of(name: str):
+    def device_of(name: str) -> Device:
         il = tensor_layer(name)
         if il is not None:
             if il >= hp.n_layer:
                 raise ValueError(f"{path}: tensor {name!r} belongs to layer {il}, but the model has {hp.n_layer}")
-            return placement.layers[il].get_buffer_type()
+            return placement.layers[il]
         if name.startswith("output"):
-            return placement.output.get_buffer_type()
-        return placement.input.get_buffer_type()
+            return placement.output
+        return placement.input
+
+    def buft_of(name: str):
+        device = device_of(name)
+        if repack and is_matmul_weight(name):
+            info = file.tensor_info(name)
+            for extra in extra_buffer_types(device):
+                if extra.supports_weight(info.type, info.ne):
+                    return extra
+        return device.get_buffer_type()
 
     weights = load_weights(file, buft_of, progress=progress)
     return Model(file, tokenizer, hp, weights, placement, n_ctx, int(n_batch), bool(flash_attn), kv_type, n_threads)

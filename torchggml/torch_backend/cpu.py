@@ -13,6 +13,7 @@ from ..enums import Status
 from .buffer import TorchBufferType, buffer_from_torch
 from .kernels import CPU_KERNELS, run_calls
 from .plan import CompiledPlan, compile_graph
+from .repack import check_repacked_reads, reads_repacked_only_as_weight, repack_buffer_type
 
 
 def _cpu_description() -> str:
@@ -51,18 +52,23 @@ class CPUBackend(Backend):
     def set_abort_callback(self, callback) -> None:
         self.abort_callback = callback
 
+    def _compile(self, graph):
+        calls = compile_graph(graph, CPU_KERNELS, self)
+        check_repacked_reads(calls, self.name)  # no kernel may read repacked bytes as ggml blocks
+        return calls
+
     def graph_plan_create(self, graph):
-        return CompiledPlan(graph, compile_graph(graph, CPU_KERNELS, self))
+        return CompiledPlan(graph, self._compile(graph))
 
     def graph_plan_update(self, plan, graph):
         plan.graph = graph
-        plan.calls = compile_graph(graph, CPU_KERNELS, self)
+        plan.calls = self._compile(graph)
 
     def graph_plan_compute(self, plan) -> Status:
         return self._run(plan.calls)
 
     def graph_compute(self, graph) -> Status:
-        return self._run(compile_graph(graph, CPU_KERNELS, self))
+        return self._run(self._compile(graph))
 
     def event_wait(self, event) -> None:
         # the CPU computes on the calling thread: waiting for an event means the host waits
@@ -101,10 +107,11 @@ class CPUDevice(Device):
         return buffer_from_torch(self.buffer_type, data)
 
     def supports_op(self, op) -> bool:
-        return CPU_KERNELS.supports(op)
+        # a repacked weight (CPU_REPACK buffer) is readable only as a MUL_MAT's src0
+        return CPU_KERNELS.supports(op) and reads_repacked_only_as_weight(op)
 
     def supports_buft(self, buft) -> bool:
-        return buft.is_host()
+        return buft.is_host() or buft is repack_buffer_type()
 
 
 class CPUReg(Reg):
@@ -123,7 +130,7 @@ class CPUReg(Reg):
         backend.set_abort_callback(callback)
 
     def proc_dev_get_extra_bufts(self, device):
-        return []
+        return [repack_buffer_type()]
 
     def proc_get_features(self):
         return {"TORCH": torch.__version__, "THREADS": str(torch.get_num_threads())}

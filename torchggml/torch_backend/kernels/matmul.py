@@ -10,6 +10,7 @@ the error against llama.cpp from 4.9e-4 to 6.7e-4 (the bound is 2e-3). Broadcast
 copies a: b's matrices are regrouped by the a matrix they share, so each a matrix meets all its
 b rows in one product. Large converted weights are dequantized in row chunks to bound memory.
 MUL_MAT binds its views and the conversion once; weights are read (converted) at every call.
+Weights in a CPU_REPACK buffer (torch_backend/repack.py) multiply through torch's int4 GEMM.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from ...enums import Op
 from ...types import type_traits
 from . import CPU_KERNELS, binds
 from .common import view, as_float, write, is_float
+from ..repack import bind_repacked_product, is_repacked
 
 # weights that need converting (block types, F16, BF16) are converted this many values at a time
 CHUNK_VALUES = 1 << 22
@@ -79,6 +81,8 @@ def _bind_weight_product(a):
     """fn(rows [R, K], out [R, N]): out = rows @ a^T for a 2-D weight a (N rows of K). An F32
     weight is used in place; others are converted at each call, chunk by chunk when big."""
     n, k = a.ne[1], a.ne[0]
+    if is_repacked(a):  # stored in torch's int4 GEMM layout by a CPU_REPACK buffer
+        return bind_repacked_product(a)
     raw = view(a)[0, 0]
     if a.type.name == "F32":
         return functools.partial(_times_weight_t, raw.T)
