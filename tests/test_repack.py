@@ -112,6 +112,17 @@ def test_partial_writes_and_reads_raise():
         ggml.backend_tensor_get(a, np.empty(ggml.nbytes(a), np.uint8))
     with pytest.raises(RepackedTensorError, match="not as ggml blocks"):
         ggml.backend_tensor_get(a, offset=18, size=18)
+    # whole-tensor reads and zero-copy views never expose the packed bytes as ggml blocks
+    with pytest.raises(TypeError, match="blk.0.attn_q.weight.*repacked layout"):
+        ggml.backend_tensor_get(a)
+    with pytest.raises(TypeError, match="repacked layout"):
+        ggml.to_torch(a, raw=True)
+    # nor does a copy into ordinary memory
+    ctx = ggml.init(no_alloc=True)
+    dst = ggml.dup_tensor(ctx, a)
+    ggml.backend_alloc_ctx_tensors_from_buft(ctx, ggml.backend_cpu_buffer_type())
+    with pytest.raises(RepackedTensorError):
+        ggml.backend_tensor_copy(a, dst)
 
 
 def test_unsupported_tensor_cannot_be_repacked():

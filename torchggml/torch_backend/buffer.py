@@ -46,7 +46,11 @@ class TorchBufferType(BufferType):
 
 
 class TorchBuffer(Buffer):
-    """A buffer over a torch storage. `owner` keeps foreign memory (numpy arrays, mmaps) alive."""
+    """A buffer over a torch storage. `owner` keeps foreign memory (numpy arrays, mmaps) alive.
+    `ggml_layout` is False for buffers whose bytes are not ggml's tensor layout (repacked
+    weights): such tensors are never viewed or copied as ggml data."""
+
+    ggml_layout = True
 
     def __init__(self, buft: BufferType, storage: torch.UntypedStorage, size: int, owner=None):
         super().__init__(buft, size, storage.data_ptr())
@@ -72,7 +76,7 @@ class TorchBuffer(Buffer):
 
     def cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
         # any two torch storages copy directly (device to device without a host round trip)
-        if not isinstance(src.buffer, TorchBuffer):
+        if not isinstance(src.buffer, TorchBuffer) or not (src.buffer.ggml_layout and self.ggml_layout):
             return False
         tensor_bytes(dst).copy_(tensor_bytes(src))
         return True

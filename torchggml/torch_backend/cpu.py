@@ -53,9 +53,8 @@ class CPUBackend(Backend):
         self.abort_callback = callback
 
     def _compile(self, graph):
-        calls = compile_graph(graph, CPU_KERNELS, self)
-        check_repacked_reads(calls, self.name)  # no kernel may read repacked bytes as ggml blocks
-        return calls
+        check_repacked_reads(graph.nodes, self.name)  # no kernel may read repacked bytes as ggml blocks
+        return compile_graph(graph, CPU_KERNELS, self)
 
     def graph_plan_create(self, graph):
         return CompiledPlan(graph, self._compile(graph))

@@ -164,6 +164,8 @@ class RepackBufferType(TorchBufferType):
 class RepackBuffer(TorchBuffer):
     """A CPU storage whose weights are repacked as they are written (whole tensors only)."""
 
+    ggml_layout = False
+
     def set_tensor(self, tensor: Tensor, data: torch.Tensor, offset: int, size: int) -> None:
         if not repack_supports(tensor):
             raise ValueError(f"{self.name}: cannot repack {tensor.describe()}: only contiguous 2-D "
@@ -223,11 +225,13 @@ def reads_repacked_only_as_weight(node: Tensor) -> bool:
     return True
 
 
-def check_repacked_reads(calls, device_name: str) -> None:
-    """Raise for a compiled node that would read a repacked tensor as ggml data."""
+def check_repacked_reads(nodes, device_name: str) -> None:
+    """Raise for a node that would read a repacked tensor as ggml data (checked before kernels
+    bind their views)."""
+    from ..enums import VIEW_OPS
     from .kernels import UnsupportedOpError
-    for _, node in calls:
-        if not reads_repacked_only_as_weight(node):
+    for node in nodes:
+        if node.op not in VIEW_OPS and not reads_repacked_only_as_weight(node):
             srcs = ", ".join(s.describe() for s in node.src if is_repacked(s))
             raise UnsupportedOpError(f"op {node.op.name} on {device_name} cannot read repacked weights "
                                      f"({srcs}) for {node.describe()}: only MUL_MAT with the weight as "

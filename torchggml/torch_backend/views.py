@@ -35,6 +35,9 @@ def tensor_view(t: Tensor) -> torch.Tensor:
 
 
 def _build_view(t: Tensor, buffer) -> torch.Tensor:
+    if not getattr(buffer, "ggml_layout", True):
+        raise TypeError(f"{t.describe()} is stored in buffer {buffer.name!r} in a repacked layout, "
+                        f"not ggml's: only the ops its buffer type supports can read it")
     storage = buffer.storage
     offset = t.data - buffer.base
     tr = type_traits(t.type)
