@@ -9,6 +9,7 @@ with the CPU. Case families register themselves in CASES (see ops_cases/).
 from __future__ import annotations
 
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -96,16 +97,18 @@ def read_values(t) -> torch.Tensor:
     return raw.double()
 
 
-def run_case(c: OpCase, backend) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Build, allocate, fill, compute on `backend`; return (input values, output values)."""
+@contextmanager
+def prepared_case(c: OpCase, backend):
+    """The case built, allocated on `backend` and filled with its seeded inputs: yields
+    (graph, inputs, output); memory is freed on exit."""
     from .context import init, free
     from .graph import new_graph_custom, build_forward_expand
     from .tensor import set_output, set_input
     from .alloc import backend_alloc_ctx_tensors
-    from .backend.backend import backend_graph_compute
     from .backend.buffer import backend_buffer_free
 
     ctx = init(no_alloc=True)
+    buffer = None
     try:
         out, inputs = c.build(ctx)
         for t in inputs:
@@ -114,19 +117,63 @@ def run_case(c: OpCase, backend) -> tuple[list[torch.Tensor], torch.Tensor]:
         graph = new_graph_custom(ctx, 4096)
         build_forward_expand(graph, out)
         buffer = backend_alloc_ctx_tensors(ctx, backend)
-        try:
-            gen = torch.Generator().manual_seed(seed_of(c.name))
-            for i, t in enumerate(inputs):
-                make = c.init.get(i)
-                fill_input(t, make(t, gen) if make else random_values(t, gen))
-            # read the inputs before computing: in-place ops (set_rows, cpy) overwrite them
-            values = [read_values(t) for t in inputs]
-            backend_graph_compute(backend, graph)
-            return values, read_values(out)
-        finally:
-            backend_buffer_free(buffer)
+        gen = torch.Generator().manual_seed(seed_of(c.name))
+        for i, t in enumerate(inputs):
+            make = c.init.get(i)
+            fill_input(t, make(t, gen) if make else random_values(t, gen))
+        yield graph, inputs, out
     finally:
+        if buffer is not None:
+            backend_buffer_free(buffer)
         free(ctx)
+
+
+def run_case(c: OpCase, backend) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Build, allocate, fill, compute on `backend`; return (input values, output values)."""
+    from .backend.backend import backend_graph_compute
+    with prepared_case(c, backend) as (graph, inputs, out):
+        # read the inputs before computing: in-place ops (set_rows, cpy) overwrite them
+        values = [read_values(t) for t in inputs]
+        backend_graph_compute(backend, graph)
+        return values, read_values(out)
+
+
+def case_work(graph) -> tuple[int, int]:
+    """(bytes moved, flops) of one compute, as test-backend-ops counts them: every node's
+    sources and output once; 2*M*N*K for products (attention: both products)."""
+    from .enums import Op
+    from .tensor import nbytes, nelements
+    moved = flops = 0
+    for node in graph.nodes:
+        moved += nbytes(node) + sum(nbytes(s) for s in node.src if s is not None)
+        if node.op in (Op.MUL_MAT, Op.MUL_MAT_ID, Op.OUT_PROD):
+            flops += 2 * nelements(node) * node.src[0].ne[0]
+        elif node.op == Op.FLASH_ATTN_EXT:
+            q, k, v = node.src[0], node.src[1], node.src[2]
+            flops += 2 * q.ne[1] * q.ne[2] * q.ne[3] * k.ne[1] * (q.ne[0] + v.ne[0])
+    return moved, flops
+
+
+def time_case(c: OpCase, backend, min_seconds: float = 0.2, min_runs: int = 3) -> tuple[float, int, int]:
+    """(seconds per compute, bytes moved, flops): the graph is planned once and computed
+    repeatedly (backend_graph_plan_compute), timing only the computes."""
+    import time
+    from .backend.backend import (backend_graph_plan_create, backend_graph_plan_compute,
+                                  backend_graph_plan_free, backend_synchronize)
+    with prepared_case(c, backend) as (graph, inputs, out):
+        plan = backend_graph_plan_create(backend, graph)
+        try:
+            backend_graph_plan_compute(backend, plan)  # warm-up (lazy init, compilation)
+            backend_synchronize(backend)
+            runs, t0 = 0, time.perf_counter()
+            while runs < min_runs or time.perf_counter() - t0 < min_seconds:
+                backend_graph_plan_compute(backend, plan)
+                runs += 1
+            backend_synchronize(backend)
+            elapsed = (time.perf_counter() - t0) / runs
+        finally:
+            backend_graph_plan_free(backend, plan)
+        return (elapsed, *case_work(graph))
 
 
 def nmse(result: torch.Tensor, expected: torch.Tensor) -> float:
@@ -166,9 +213,7 @@ def check_case_against_reference(c: OpCase, backend) -> tuple[bool, float]:
 
 def main_test_ops(args) -> int:
     """`torchggml test-ops [-b DEVICE] [-o OP] [--mode test|perf|support]`."""
-    import time
     from .backend import registry
-    from .backend.backend import backend_supports_op
 
     cases = [c for c in all_cases() if not args.op or c.op.lower() == args.op.lower()]
     cpu = registry.backend_init_by_name("CPU")
@@ -189,12 +234,9 @@ def main_test_ops(args) -> int:
                 print(f"  {c.name}: not supported [{dev_name}]")
                 continue
             if args.mode == "perf":
-                t0 = time.perf_counter()
-                n = 0
-                while time.perf_counter() - t0 < 0.2 or n < 3:
-                    run_case(c, backend)
-                    n += 1
-                print(f"  {c.name}: {(time.perf_counter() - t0) / n * 1e6:10.1f} us/run (incl. setup)")
+                seconds, moved, flops = time_case(c, backend)
+                rate = f"{flops / seconds / 1e9:9.2f} GFLOP/s" if flops else f"{moved / seconds / 1e9:9.2f} GB/s"
+                print(f"  {c.name}: {seconds * 1e6:10.1f} us/run {rate}")
                 continue
             _, ours = run_case(c, backend)
             if dev_name.upper() == "CPU" and c.reference is not None:
