@@ -20,7 +20,7 @@ import torch
 
 from ...enums import Op
 from ...types import type_traits
-from . import CPU_KERNELS, KernelTable, UnsupportedOpError
+from . import CPU_KERNELS, KernelTable, UnsupportedOpError, binds
 from .common import view, write, is_float
 
 GPU_KERNELS = KernelTable("GPU")
@@ -87,6 +87,14 @@ def _on_triton_memory(node) -> bool:
     return triton_runs_on(view(node).device)
 
 
+def _bind_cpu(op: Op, node):
+    """The CPU table's bound call for a node Triton does not take, or None (generic path)."""
+    if not _cpu_supports(op, node):
+        return None
+    binder = getattr(_cpu_entry(op)[0], "bind", None)
+    return binder(node) if binder is not None else None
+
+
 # ---------------------------------------------------------------- MUL_MAT
 
 def _triton_mul_mat_shape_ok(node) -> bool:
@@ -99,18 +107,30 @@ def _mul_mat_supports(node) -> bool:
     return _cpu_supports(Op.MUL_MAT, node) or _triton_mul_mat_shape_ok(node)
 
 
-@GPU_KERNELS.register(Op.MUL_MAT, supports=_mul_mat_supports)
-def mul_mat(node):
-    if not (_triton_mul_mat_shape_ok(node) and _on_triton_memory(node)):
-        return _run_cpu(Op.MUL_MAT, node, "Triton cannot run it here")
-    a, b = node.src[0], node.src[1]
-    blocks = view(a)[0, 0]                      # uint8 [N, row_bytes]
-    x = view(b).reshape(-1, b.ne[0])            # [b3*b2*M, K]
-    out = view(node)                            # F32 [b3, b2, M, N]
+def _triton_mul_mat(fn, qtype, blocks, vb, out, _node) -> None:
+    x = vb.reshape(-1, vb.shape[-1])            # [b3*b2*M, K], reshaped (maybe copied) per call
     if out.is_contiguous():
-        _triton_fn("mul_mat")(a.type, blocks, x, out=out.view(-1, a.ne[1]))
+        fn(qtype, blocks, x, out=out.view(-1, blocks.shape[0]))
     else:
-        out.copy_(_triton_fn("mul_mat")(a.type, blocks, x).view(out.shape))
+        out.copy_(fn(qtype, blocks, x).view(out.shape))
+
+
+def _bind_mul_mat(node):
+    """Triton or torch is chosen once per compiled node; views are bound, never values."""
+    if not (_triton_mul_mat_shape_ok(node) and _on_triton_memory(node)):
+        return _bind_cpu(Op.MUL_MAT, node)
+    a, b = node.src[0], node.src[1]
+    # blocks uint8 [N, row_bytes], b F32/F16 [b3, b2, M, K], out F32 [b3, b2, M, N]
+    return functools.partial(_triton_mul_mat, _triton_fn("mul_mat"), a.type, view(a)[0, 0], view(b), view(node))
+
+
+@GPU_KERNELS.register(Op.MUL_MAT, supports=_mul_mat_supports)
+@binds(_bind_mul_mat)
+def mul_mat(node):
+    call = _bind_mul_mat(node)
+    if call is None:
+        return _run_cpu(Op.MUL_MAT, node, "Triton cannot run it here")
+    call(node)
 
 
 # ---------------------------------------------------------------- GET_ROWS
@@ -125,17 +145,27 @@ def _get_rows_supports(node) -> bool:
     return _cpu_supports(Op.GET_ROWS, node) or _triton_get_rows_shape_ok(node)
 
 
-@GPU_KERNELS.register(Op.GET_ROWS, supports=_get_rows_supports)
-def get_rows(node):
-    if not (_triton_get_rows_shape_ok(node) and _on_triton_memory(node)):
-        return _run_cpu(Op.GET_ROWS, node, "Triton cannot run it here")
-    a, ids = node.src[0], node.src[1]
-    out = view(node)
+def _triton_get_rows(fn, qtype, blocks, vids, out, _node) -> None:
     # the bounds check syncs the device, which a CUDA graph capture forbids
     capturing = out.is_cuda and torch.cuda.is_current_stream_capturing()
-    rows = _triton_fn("get_rows")(a.type, view(a)[0, 0], view(ids).reshape(-1), dtype=out.dtype,
-                                  check_bounds=not capturing)
+    rows = fn(qtype, blocks, vids.reshape(-1), dtype=out.dtype, check_bounds=not capturing)
     out.copy_(rows.view(out.shape))
+
+
+def _bind_get_rows(node):
+    if not (_triton_get_rows_shape_ok(node) and _on_triton_memory(node)):
+        return _bind_cpu(Op.GET_ROWS, node)
+    a, ids = node.src[0], node.src[1]
+    return functools.partial(_triton_get_rows, _triton_fn("get_rows"), a.type, view(a)[0, 0], view(ids), view(node))
+
+
+@GPU_KERNELS.register(Op.GET_ROWS, supports=_get_rows_supports)
+@binds(_bind_get_rows)
+def get_rows(node):
+    call = _bind_get_rows(node)
+    if call is None:
+        return _run_cpu(Op.GET_ROWS, node, "Triton cannot run it here")
+    call(node)
 
 
 # ---------------------------------------------------------------- MUL_MAT_ID
