@@ -19,7 +19,7 @@ from typing import Iterable, Iterator, Sequence
 
 import torch
 
-from ..backend.backend import (backend_graph_compute, backend_graph_plan_create, backend_graph_plan_free,
+from ..backend.backend import (backend_graph_plan_create, backend_graph_plan_free,
                                backend_graph_plan_compute, backend_free, backend_synchronize)
 from ..backend.device import Device, DeviceType
 from ..backend.backend import backend_tensor_set_async

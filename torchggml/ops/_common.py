@@ -1,7 +1,7 @@
 """Shared pieces of the graph builders: creating op nodes and checking arguments."""
 from __future__ import annotations
 
-from ..context import new_tensor_impl, view_tensor, dup_tensor
+from ..context import new_tensor_impl, view_tensor
 from ..enums import Op
 from ..tensor import Tensor, set_op_params, format_name
 

@@ -6,7 +6,7 @@ from math import exp as _exp, log1p as _log1p
 
 from ..tensor import (Tensor, can_repeat, can_repeat_rows, are_same_shape, is_contiguous_rows,
                       set_op_params_f32, is_padded_1d, is_contiguous_1)
-from ..types import Type, type_traits, is_quantized
+from ..types import Type, is_quantized
 from ._common import new_op, same_as, require
 
 

@@ -5,7 +5,7 @@ import torch
 
 from ..backend.buffer import Buffer, BufferType
 from ..enums import Status
-from ..tensor import Tensor, nbytes
+from ..tensor import Tensor
 from .views import byte_view, tensor_bytes
 
 

@@ -36,7 +36,6 @@ def host_memory() -> tuple[int, int]:
         return 0, 0
 
 
-CPUPlan = CompiledPlan  # a graph pre-compiled into bound kernel calls
 
 
 class CPUBackend(Backend):
