@@ -87,6 +87,20 @@ def _on_triton_memory(node) -> bool:
     return triton_runs_on(view(node).device)
 
 
+def _register_bound(op: Op, supports, bind):
+    """The GPU kernel for op: `bind(node)`'s call (Triton, or the CPU table's bound call), else
+    the CPU table's generic kernel."""
+    @GPU_KERNELS.register(op, supports=supports)
+    @binds(bind)
+    def kernel(node):
+        call = bind(node)
+        if call is None:
+            return _run_cpu(op, node, "Triton cannot run it here")
+        call(node)
+    kernel.__name__ = op.name.lower()
+    return kernel
+
+
 def _bind_cpu(op: Op, node):
     """The CPU table's bound call for a node Triton does not take, or None (generic path)."""
     if not _cpu_supports(op, node):
@@ -124,13 +138,7 @@ def _bind_mul_mat(node):
     return functools.partial(_triton_mul_mat, _triton_fn("mul_mat"), a.type, view(a)[0, 0], view(b), view(node))
 
 
-@GPU_KERNELS.register(Op.MUL_MAT, supports=_mul_mat_supports)
-@binds(_bind_mul_mat)
-def mul_mat(node):
-    call = _bind_mul_mat(node)
-    if call is None:
-        return _run_cpu(Op.MUL_MAT, node, "Triton cannot run it here")
-    call(node)
+mul_mat = _register_bound(Op.MUL_MAT, _mul_mat_supports, _bind_mul_mat)
 
 
 # ---------------------------------------------------------------- GET_ROWS
@@ -159,13 +167,7 @@ def _bind_get_rows(node):
     return functools.partial(_triton_get_rows, _triton_fn("get_rows"), a.type, view(a)[0, 0], view(ids), view(node))
 
 
-@GPU_KERNELS.register(Op.GET_ROWS, supports=_get_rows_supports)
-@binds(_bind_get_rows)
-def get_rows(node):
-    call = _bind_get_rows(node)
-    if call is None:
-        return _run_cpu(Op.GET_ROWS, node, "Triton cannot run it here")
-    call(node)
+get_rows = _register_bound(Op.GET_ROWS, _get_rows_supports, _bind_get_rows)
 
 
 # ---------------------------------------------------------------- MUL_MAT_ID
