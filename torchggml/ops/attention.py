@@ -50,16 +50,20 @@ def soft_max_ext_inplace(ctx, a: Tensor, mask: Tensor | None, scale: float, max_
     return _soft_max(ctx, a, mask, scale, max_bias, True)
 
 
-def soft_max_add_sinks(a: Tensor, sinks: Tensor | None) -> None:
-    """Attention sinks: one extra logit per head (dim 2) in the softmax denominator."""
+def _add_sinks(fn: str, a: Tensor, op: Op, slot: int, n_head: int, sinks: Tensor | None) -> None:
+    """Attention sinks: one extra logit per head in the softmax denominator, as src[slot]."""
     if sinks is None:
-        a.src[2] = None
+        a.src[slot] = None
         return
-    require(a.op == Op.SOFT_MAX, "soft_max_add_sinks", "a must be a soft_max node", a)
-    require(a.src[2] is None, "soft_max_add_sinks", "the node already has sinks", a)
-    require(sinks.type == Type.F32 and sinks.ne[0] == a.ne[2], "soft_max_add_sinks",
-            "sinks must be F32 [a.ne[2]]", a, sinks)
-    a.src[2] = sinks
+    require(a.op == op, fn, f"a must be a {op.name.lower()} node", a)
+    require(a.src[slot] is None, fn, "the node already has sinks", a)
+    require(sinks.type == Type.F32 and sinks.ne[0] == n_head, fn, f"sinks must be F32 [{n_head}] (one per head)", a, sinks)
+    a.src[slot] = sinks
+
+
+def soft_max_add_sinks(a: Tensor, sinks: Tensor | None) -> None:
+    """Sinks for a soft_max node: one per head (a's dim 2)."""
+    _add_sinks("soft_max_add_sinks", a, Op.SOFT_MAX, 2, a.ne[2], sinks)
 
 
 def flash_attn_ext(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float,
@@ -96,11 +100,5 @@ def flash_attn_ext_get_prec(a: Tensor) -> Prec:
 
 
 def flash_attn_ext_add_sinks(a: Tensor, sinks: Tensor | None) -> None:
-    if sinks is None:
-        a.src[4] = None
-        return
-    require(a.op == Op.FLASH_ATTN_EXT, "flash_attn_ext_add_sinks", "a must be a flash_attn_ext node", a)
-    require(a.src[4] is None, "flash_attn_ext_add_sinks", "the node already has sinks", a)
-    require(sinks.type == Type.F32 and sinks.ne[0] == a.ne[1], "flash_attn_ext_add_sinks",
-            "sinks must be F32 [n_head]", a, sinks)
-    a.src[4] = sinks
+    """Sinks for a flash_attn_ext node: one per head (the result's dim 1)."""
+    _add_sinks("flash_attn_ext_add_sinks", a, Op.FLASH_ATTN_EXT, 4, a.ne[1], sinks)
