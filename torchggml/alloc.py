@@ -15,7 +15,7 @@ import sys
 from typing import NamedTuple
 
 from .enums import Op, Status, TensorFlag
-from .tensor import Tensor
+from .tensor import Tensor, round_up
 
 log = logging.getLogger("torchggml.alloc")
 
@@ -33,10 +33,6 @@ _INPLACE_OPS = frozenset(Op[name] for name in _INPLACE_OP_NAMES if name in Op.__
 def op_can_inplace(op: Op) -> bool:
     """Whether gallocr may give a node of `op` the memory of one of its sources."""
     return op in _INPLACE_OPS
-
-
-def _pad(size: int, alignment: int) -> int:
-    return -(-size // alignment) * alignment
 
 
 def _aligned_offset(base: int, offset: int, alignment: int) -> int:
@@ -105,7 +101,7 @@ def tallocr_new(buffer) -> Tallocr:
 def tallocr_alloc(talloc: Tallocr, tensor: Tensor) -> Status:
     """Place `tensor` at the next aligned address; MemoryError when the buffer is full."""
     buffer = talloc.buffer
-    size = _pad(buffer.buft.get_alloc_size(tensor), talloc.alignment)
+    size = round_up(buffer.buft.get_alloc_size(tensor), talloc.alignment)
     if talloc.offset + size > buffer.size:
         raise MemoryError(
             f"tallocr_alloc: not enough space in buffer {buffer.name} ({buffer.size} bytes) for "
@@ -183,7 +179,7 @@ class _DynAlloc:
         return best_chunk, best_block
 
     def alloc(self, size: int, tensor: Tensor) -> tuple[int, int]:
-        size = _pad(size, self.alignment)
+        size = round_up(size, self.alignment)
         c, i = self._best_fit(size)
         if i < 0:
             c, i = self._best_tail(size)
@@ -203,7 +199,7 @@ class _DynAlloc:
 
     def free(self, addr: tuple[int, int], size: int) -> None:
         """Return bytes to the free list, merging with the neighbouring blocks."""
-        size = _pad(size, self.alignment)
+        size = round_up(size, self.alignment)
         c, offset = addr
         blocks = self.chunks[c].blocks
         for i, block in enumerate(blocks):
@@ -369,8 +365,8 @@ class _Planner:
     def free_extra_space(self, hn: _HashNode, p_hn: _HashNode) -> None:
         """A node smaller than the parent it reuses gives back the parent's tail."""
         dyn = self.galloc.allocs[p_hn.buffer_id]
-        parent_size = _pad(p_hn.size, dyn.alignment)
-        node_size = _pad(hn.size, dyn.alignment)
+        parent_size = round_up(p_hn.size, dyn.alignment)
+        node_size = round_up(hn.size, dyn.alignment)
         if parent_size > node_size:
             chunk, offset = p_hn.addr
             dyn.free((chunk, offset + node_size), parent_size - node_size)
@@ -645,7 +641,7 @@ def _ctx_tensors_to_place(ctx) -> list[Tensor]:
 def backend_alloc_ctx_tensors_from_buft_size(ctx, buft) -> int:
     """Bytes backend_alloc_ctx_tensors_from_buft would allocate for ctx's unallocated tensors."""
     alignment = buft.get_alignment()
-    return sum(_pad(buft.get_alloc_size(t), alignment) for t in _ctx_tensors_to_place(ctx))
+    return sum(round_up(buft.get_alloc_size(t), alignment) for t in _ctx_tensors_to_place(ctx))
 
 
 def backend_alloc_ctx_tensors_from_buft(ctx, buft):

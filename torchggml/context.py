@@ -1,7 +1,7 @@
 """Context: owns tensor metadata (ggml_init). With no_alloc=False it also owns a CPU memory pool."""
 from __future__ import annotations
 
-from .tensor import Tensor, MAX_DIMS, contiguous_strides, nbytes, set_name
+from .tensor import Tensor, MAX_DIMS, contiguous_strides, nbytes, round_up, set_name
 from .types import Type, as_type
 
 TENSOR_ALIGNMENT = 32  # ggml's GGML_MEM_ALIGN for context memory
@@ -31,7 +31,7 @@ class Context:
             # host memory as ggml's malloc'd context memory: one CPU buffer for the context
             from .torch_backend.cpu import cpu_buffer_type
             self._pool = cpu_buffer_type().alloc_buffer(max(self.mem_size, 1))
-        offs = -(-self._pool_used // TENSOR_ALIGNMENT) * TENSOR_ALIGNMENT
+        offs = round_up(self._pool_used, TENSOR_ALIGNMENT)
         if offs + size > self.mem_size:
             raise MemoryError(
                 f"context memory exhausted: {t.describe()} needs {size} bytes at offset {offs}, "

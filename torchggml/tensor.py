@@ -89,6 +89,11 @@ def get_glu_op(t: Tensor) -> GluOp:
 
 # ---------------------------------------------------------------- sizes and layout
 
+def round_up(x: int, multiple: int) -> int:
+    """x rounded up to a multiple (ggml's GGML_PAD)."""
+    return -(-x // multiple) * multiple
+
+
 def nelements(t: Tensor) -> int:
     ne = t.ne
     return ne[0] * ne[1] * ne[2] * ne[3]

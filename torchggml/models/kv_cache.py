@@ -11,7 +11,7 @@ from ..alloc import backend_alloc_ctx_tensors_from_buft
 from ..backend.buffer import backend_buffer_clear
 from ..context import Context, new_tensor_2d
 from ..ops import set_rows, view_3d, reshape_2d
-from ..tensor import Tensor, set_name
+from ..tensor import Tensor, round_up, set_name
 from ..types import Type, as_type, row_size, blck_size
 
 KV_TYPES = {"f32": Type.F32, "f16": Type.F16, "bf16": Type.BF16, "q8_0": Type.Q8_0, "q4_0": Type.Q4_0}
@@ -75,7 +75,7 @@ class KVCache:
         if need > self.n_ctx:
             raise ValueError(f"the KV cache is full: {self.n_past} tokens cached + {n_tokens} new > "
                              f"n_ctx={self.n_ctx} (call reset() or load the model with a larger n_ctx)")
-        return min(self.n_ctx, -(-need // KV_PAD) * KV_PAD)
+        return min(self.n_ctx, round_up(need, KV_PAD))
 
     def store(self, ctx, il: int, k_cur: Tensor, v_cur: Tensor, kv_idx: Tensor, n_kv: int):
         """Write this batch's K and V rows into cells kv_idx and return views of the first n_kv

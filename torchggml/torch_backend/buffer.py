@@ -5,7 +5,7 @@ import torch
 
 from ..backend.buffer import Buffer, BufferType
 from ..enums import Status
-from ..tensor import Tensor
+from ..tensor import Tensor, round_up
 from .views import byte_view, tensor_bytes
 
 
@@ -27,21 +27,23 @@ class TorchBufferType(BufferType):
         return self.host
 
     def alloc_buffer(self, size: int) -> "TorchBuffer":
+        """A `buffer_class` over a new storage, its base aligned to the buffer type's alignment."""
         size = int(size)
         if size < 0:
             raise ValueError(f"{self.name}: negative buffer size {size}")
-        # torch aligns storages to 64 bytes; larger alignments get slack to move the base up
-        slack = self.alignment if self.alignment > 64 else 0
+        # torch aligns storages to 64 bytes; larger alignments get slack to move the base up.
+        # Zero-size buffers still get a real (1-byte) storage so that base is a valid address.
+        n = max(size, 1) + (self.alignment if self.alignment > 64 else 0)
         try:
-            # zero-size buffers still get a real (1-byte) storage so that base is a valid address
-            storage = torch.UntypedStorage(max(size, 1) + slack, device=self.torch_device)
             if self.pinned:
-                storage = storage.pin_memory()
+                storage = torch.empty(n, dtype=torch.uint8, pin_memory=True).untyped_storage()
+            else:
+                storage = torch.UntypedStorage(n, device=self.torch_device)
         except (RuntimeError, torch.OutOfMemoryError) as e:
             raise MemoryError(f"{self.name}: failed to allocate a buffer of {size} bytes "
                               f"({size / 2**20:.1f} MiB) on {self.torch_device}: {e}") from None
-        buffer = TorchBuffer(self, storage, size)
-        buffer.base = -(-buffer.base // self.alignment) * self.alignment
+        buffer = self.buffer_class(self, storage, size)
+        buffer.base = round_up(buffer.base, self.alignment)
         return buffer
 
 
@@ -101,3 +103,6 @@ def buffer_from_torch(buft: BufferType, data, owner=None) -> TorchBuffer:
                       owner if owner is not None else data)
     buf.base = data.data_ptr()  # the buffer covers [data, data + size), maybe inside a larger storage
     return buf
+
+
+TorchBufferType.buffer_class = TorchBuffer  # subclasses name their own buffer class

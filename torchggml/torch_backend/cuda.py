@@ -34,15 +34,7 @@ class CudaBufferType(TorchBufferType):
     def get_max_size(self) -> int:
         return torch.cuda.get_device_properties(self.torch_device).total_memory
 
-    def alloc_buffer(self, size: int) -> CudaBuffer:
-        size = int(size)
-        if size < 0:
-            raise ValueError(f"{self.name}: negative buffer size {size}")
-        try:
-            storage = torch.UntypedStorage(max(size, 1), device=self.torch_device)
-        except (RuntimeError, torch.OutOfMemoryError) as e:
-            raise MemoryError(f"{self.name}: failed to allocate {size} bytes ({size / 2**20:.1f} MiB): {e}") from None
-        return CudaBuffer(self, storage, size)
+    buffer_class = CudaBuffer
 
 
 class CudaHostBufferType(TorchBufferType):
@@ -50,16 +42,6 @@ class CudaHostBufferType(TorchBufferType):
 
     def __init__(self, device: "CudaDevice"):
         super().__init__("CUDA_Host", device, "cpu", host=True, pinned=True, alignment=32)
-
-    def alloc_buffer(self, size: int) -> TorchBuffer:
-        size = int(size)
-        if size < 0:
-            raise ValueError(f"{self.name}: negative buffer size {size}")
-        try:
-            data = torch.empty(max(size, 1), dtype=torch.uint8, pin_memory=True)
-        except RuntimeError as e:
-            raise MemoryError(f"{self.name}: failed to allocate {size} bytes of pinned memory: {e}") from None
-        return TorchBuffer(self, data.untyped_storage(), size)
 
 
 class CudaBackend(StreamBackend):

@@ -27,7 +27,7 @@ import torch
 from ..enums import Op, VIEW_OPS
 from ..quants._fields import as_f16, split_bytes, unpack
 from ..quants.kquants import k_scale_min
-from ..tensor import Tensor, nbytes
+from ..tensor import Tensor, nbytes, round_up
 from ..types import Type, type_traits
 from .buffer import TorchBuffer, TorchBufferType
 from .views import byte_view
@@ -45,10 +45,6 @@ class RepackedTensorError(RuntimeError):
     """A repacked tensor was read or written as if it held ggml blocks."""
 
 
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
-
-
 def repack_supports_shape(qtype, ne) -> bool:
     """A weight of this type and shape can be repacked: Q4_0/Q4_1/Q4_K, 2-D."""
     ne = list(ne) + [1] * (4 - len(ne))
@@ -64,8 +60,8 @@ def repack_supports(t: Tensor) -> bool:
 
 def _layout(t: Tensor) -> tuple[int, int, int, int]:
     """(padded rows N16, K, byte offset of the scales, total bytes) of t's packed form."""
-    k, n16 = t.ne[0], _round_up(t.ne[1], ROW_MULTIPLE)
-    scales_at = _round_up(n16 * k // 2, SCALES_ALIGN)
+    k, n16 = t.ne[0], round_up(t.ne[1], ROW_MULTIPLE)
+    scales_at = round_up(n16 * k // 2, SCALES_ALIGN)
     return n16, k, scales_at, scales_at + (k // GROUP) * n16 * 2 * 2
 
 
@@ -154,11 +150,6 @@ class RepackBufferType(TorchBufferType):
         """Whether a weight of this type and shape (used as a MUL_MAT weight) can live here."""
         return repack_supports_shape(qtype, ne)
 
-    def alloc_buffer(self, size: int) -> "RepackBuffer":
-        plain = super().alloc_buffer(size)
-        buffer = RepackBuffer(self, plain.storage, plain.size)
-        buffer.base = plain.base
-        return buffer
 
 
 class RepackBuffer(TorchBuffer):
@@ -249,3 +240,6 @@ def bind_repacked_product(a: Tensor):
     """fn(rows [R, K] float, out [R, N] f32): out = rows @ a^T through torch's int4 GEMM."""
     nibbles, scales = repacked_views(a)
     return functools.partial(_times_packed, nibbles, scales, a.ne[1])
+
+
+RepackBufferType.buffer_class = RepackBuffer

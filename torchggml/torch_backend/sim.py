@@ -22,7 +22,6 @@ import os
 import threading
 import weakref
 
-import torch
 
 from ..backend.device import DeviceCaps, DeviceType, Reg
 from .buffer import TorchBuffer, TorchBufferType
@@ -88,25 +87,21 @@ class SimBufferType(TorchBufferType):
     def get_max_size(self) -> int:
         return self.capacity
 
+    buffer_class = SimBuffer
+
     def alloc_buffer(self, size: int) -> SimBuffer:
+        """A buffer within the device's simulated capacity (the SimBuffer gives it back when freed)."""
         size = int(size)
-        if size < 0:
-            raise ValueError(f"{self.name}: negative buffer size {size}")
         with self._lock:
-            if self.allocated + size > self.capacity:
+            if self.allocated + max(size, 0) > self.capacity:
                 raise MemoryError(f"{self.name}: out of device memory: {size} bytes requested, "
                                   f"{self.capacity - self.allocated} of {self.capacity} free")
-            self.allocated += size
+            self.allocated += max(size, 0)
         try:
-            # over-allocate so that the base can be aligned as the planners expect (torch's CPU
-            # allocator aligns to 64 bytes, a GPU's alignment is 128)
-            storage = torch.UntypedStorage(size + self.alignment)
-        except RuntimeError as e:
-            self.release(size)
-            raise MemoryError(f"{self.name}: failed to allocate {size} bytes: {e}") from None
-        buffer = SimBuffer(self, storage, size)
-        buffer.base = -(-storage.data_ptr() // self.alignment) * self.alignment
-        return buffer
+            return super().alloc_buffer(size)
+        except (MemoryError, ValueError):
+            self.release(max(size, 0))
+            raise
 
     def release(self, size: int) -> None:
         with self._lock:
