@@ -446,7 +446,7 @@ def load(path, devices=None, n_gpu_layers: int | None = None, n_ctx: int | None 
     from ..gguf import open_gguf
     from ..tokenizer import Tokenizer
     file = open_gguf(path)
-    tokenizer = Tokenizer.from_gguf(file.reader)
+    tokenizer = Tokenizer.from_gguf(file)
     if vocab_only:
         return Model(file, tokenizer)
     hp = HParams.from_gguf(file)
