@@ -244,18 +244,18 @@ def test_stream_decoder_holds_partial_characters(load, path, text):
 
 # --- reading metadata ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("path", [vocab_case("llama-spm"), vocab_case("gpt-2")])
-def test_metadata_matches_gguf_package(load, path):
+@pytest.mark.parametrize("name", ["bpe.gguf", "ugm.gguf", "spm-bpe.gguf"])
+def test_metadata_matches_gguf_package(name):
     """The tokenizer reads through torchggml.gguf, whose metadata equals the gguf package's."""
+    path = REPO / "tests" / "data" / "vocab" / "generated" / name
     reader = gguf.GGUFReader(path)
     ours = open_gguf(path)
-    assert set(ours.keys) == {name for name in reader.fields if not name.startswith("GGUF.")}
-    for name, field in reader.fields.items():
-        if name.startswith("tokenizer.ggml."):
-            assert ours.get(name) == field.contents(), name
-    from_file = Tokenizer.from_gguf(ours)
+    assert ours.keys == [name for name in reader.fields if not name.startswith("GGUF.")]
+    for key, field in reader.fields.items():
+        if not key.startswith("GGUF."):
+            assert ours.get(key) == pytest.approx(field.contents()), key
     sample = "Hello, y'all! 🦙 3333 нещо"
-    assert from_file.tokenize(sample) == load(path).tokenize(sample)
+    assert Tokenizer.from_gguf(ours).tokenize(sample) == Tokenizer.from_gguf(path).tokenize(sample)
 
 
 def test_model_files_without_tokenizer():
@@ -375,3 +375,35 @@ def test_pre_tokenizer_splits(pre, text, pieces):
 def test_pre_tokenizer_keeps_every_character(pre):
     text = "Hi, y'all!  \t\r\n 1234 нещо 我想 🦙.cpp $x+=~1 ' s"
     assert "".join(PRE_TOKENIZERS[pre].split(text)) == text
+
+
+# --- generated vectors: every pre-tokenizer, UGM and RWKV, ids computed by llama.cpp -------
+
+GENERATED = VOCAB_DATA / "generated"
+
+
+def generated_cases():
+    """(variant, base file, metadata replaced, texts, llama.cpp's ids) for the outputs of
+    scripts/make_vocab_vectors.py (one case per variant: all its strings at once)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("make_vocab_vectors", REPO / "scripts" / "make_vocab_vectors.py")
+    maker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(maker)
+    texts = (GENERATED / "inputs.txt").read_bytes().decode("utf-8").split(maker.SEPARATOR)  # keep \r
+    cases = []
+    for name, (base, replace) in maker.variants().items():
+        out = GENERATED / f"{name}.out"
+        if not out.is_file():  # llama.cpp refused the variant when the vectors were made
+            continue
+        expected = [[int(t) for t in line.split()] for line in out.read_text().split("\n")[:-1]]
+        assert len(expected) == len(texts), name
+        cases.append(pytest.param(base, replace, texts, expected, id=name))
+    return cases
+
+
+@pytest.mark.parametrize("base, replace, texts, expected", generated_cases())
+def test_generated_vectors_match_llama_cpp(base, replace, texts, expected):
+    tok = Tokenizer.from_metadata({**open_gguf(GENERATED / base).metadata, **replace})
+    got = [tok.tokenize(text, add_special=False) for text in texts]
+    wrong = [(text, ids, want) for text, ids, want in zip(texts, got, expected) if ids != want]
+    assert not wrong, f"{len(wrong)}/{len(texts)} strings differ, first: {wrong[0]!r}"

@@ -286,7 +286,7 @@ class Tokenizer:
             if given is not None and 0 <= given < self.n_vocab:
                 value = given
             setattr(self, f"{name}_id", value)
-        for flag, name in (("add_bos", "bos"), ("add_eos", "eos"), ("add_sep", "sep")):
+        for flag, name in (("add_bos", "bos"), ("add_eos", "eos")):
             if getattr(self, flag) and getattr(self, f"{name}_id") is None:
                 raise TokenizerError(f"{self.source}: tokenizer.ggml.{flag}_token is true, but there is "
                                      f"no {name.upper()} token")
@@ -362,7 +362,7 @@ class Tokenizer:
                 if merges is None:
                     raise TokenizerError(f"{self.source}: tokenizer.ggml.model {self.model!r} needs "
                                          "'tokenizer.ggml.merges'")
-                return BpeEncoder(self._ids, merges, self.pre)
+                return BpeEncoder(self._ids, merges, self.pre, drop_whitespace=self.model == "whitespace")
             if vt == "WPM":
                 unk = self._texts[self.unk_id] if self.unk_id is not None else None
                 return WpmEncoder(self._ids, unk, self.lowercase, self.strip_accents)

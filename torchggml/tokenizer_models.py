@@ -54,7 +54,7 @@ class BpeEncoder:
     pre-tokenizer's regexes, each piece byte-level encoded (GPT-2 alphabet) or, for
     SentencePiece-style BPE, kept as UTF-8 with <0xXX> fallback, then merged."""
 
-    def __init__(self, ids: dict, raw_merges, pre: PreTokenizer):
+    def __init__(self, ids: dict, raw_merges, pre: PreTokenizer, drop_whitespace: bool = False):
         from tokenizers import models, pre_tokenizers
         merges = []
         for line in raw_merges:
@@ -66,22 +66,28 @@ class BpeEncoder:
                 raise ValueError(f"merge {line!r} makes {left + right!r}, which is not a token")
             merges.append((left, right))
         self.pre, self.ids = pre, ids
+        self.drop_whitespace = drop_whitespace  # tokenizer.ggml.model "whitespace": words only
         bpe = models.BPE(vocab=ids, merges=merges, ignore_merges=pre.ignore_merges,
                          byte_fallback=not pre.byte_encode)
         byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
         self.hf = _hf(bpe, byte_level if pre.byte_encode else None)
 
     def encode(self, text: str) -> list[int]:
+        if self.drop_whitespace:
+            return [i for segment in text.split() for i in self._encode_segment(segment)]
+        return self._encode_segment(text)
+
+    def _encode_segment(self, text: str) -> list[int]:
         if self.pre.escape_whitespaces:
             text = text.replace(" ", SPACE_MARK)
         words = self.pre.split(text)
         if not words:
             return []
-        if not self.pre.byte_encode:  # runs of newlines that are tokens stay whole (gemma4)
-            return [i for word in words for i in self._encode_raw(word)]
+        if self.pre.whole_newlines:
+            return [i for word in words for i in self._encode_newlines_whole(word)]
         return self.hf.encode(words, is_pretokenized=True, add_special_tokens=False).ids
 
-    def _encode_raw(self, word: str) -> list[int]:
+    def _encode_newlines_whole(self, word: str) -> list[int]:
         if not word.strip("\n") and word in self.ids:
             return [self.ids[word]]
         return self.hf.encode([word], is_pretokenized=True, add_special_tokens=False).ids

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+import unicodedata
+
 import regex
 
 __all__ = ["PreTokenizer", "PRE_TOKENIZERS"]
@@ -75,11 +77,12 @@ def _split_kimi_k2(word: str) -> list[str]:
     return _regex_pieces(_KIMI_K2, word)
 
 
-def _regex_pieces(pattern: regex.Pattern, word: str) -> list[str]:
-    """Matches of `pattern` in `word` and the text between them, in order."""
+def _regex_pieces(pattern: regex.Pattern, word: str, view: str | None = None) -> list[str]:
+    """Matches of `pattern` in `view` (a same-length stand-in for `word`, default `word`)
+    and the text between them, as pieces of `word`, in order."""
     pieces, pos = [], 0
-    for m in pattern.finditer(word):
-        pieces += [word[pos:m.start()], m.group()]
+    for m in pattern.finditer(word if view is None else view):
+        pieces += [word[pos:m.start()], word[m.start():m.end()]]
         pos = m.end()
     pieces.append(word[pos:])
     return pieces
@@ -87,13 +90,71 @@ def _regex_pieces(pattern: regex.Pattern, word: str) -> list[str]:
 
 Split = Callable[[str], list]
 
+# llama.cpp runs most regexes with std::regex on a "collapsed" text: a code point above 127
+# becomes one byte naming its category (whitespace becomes \v), and \p{N} \p{L} \p{P} \p{M}
+# \p{S} become classes of that byte plus the ASCII members. Regexes without these
+# categories run on the code points, non-ASCII whitespace again as \v. Both are emulated
+# here, so the splits match llama.cpp's also where they differ from Unicode semantics
+# (e.g. \p{Lu} matches every letter and a-z there). The regexes that
+# llama.cpp splits with hand-written code run on the real code points.
+_CATEGORY_BYTES = {"N": "\\xd1", "L": "\\xd2", "P": "\\xd3", "M": "\\xd4", "S": "\\xd5"}
+_ASCII_MEMBERS = {"N": "0-9", "L": "A-Za-z", "P": r"!-#%-*,-/:-;?-@\[-\]_\{\}", "M": "",
+                  "S": r"\$\+<-\>\^`\|"}
+_CUSTOM_SPLITS = {GPT2, LLAMA3, QWEN35,
+                  r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+"}
+_CATEGORY_CLASS = regex.compile(r"\\p\{([NLPMS])[ultmo]?\}")  # \p{Lu} ... count as \p{L}
+
+
+def _collapsed_char(ch: str) -> str:
+    if ch < "\x80":
+        return ch
+    if ch.isspace():
+        return "\v"
+    cat = unicodedata.category(ch)[0]
+    return chr(0xD1 + "NLPMS".index(cat)) if cat in "NLPMS" else "\xd0"
+
+
+def _spaces_as_vt(ch: str) -> str:
+    return "\v" if ch > "\x7f" and ch.isspace() else ch
+
+
+def _collapse_regex(expr: str) -> str:
+    """llama.cpp's rewrite of a regex for the collapsed text."""
+    out, inside, i = [], False, 0
+    while i < len(expr):
+        c = expr[i]
+        m = _CATEGORY_CLASS.match(expr, i)
+        if m:
+            members = _CATEGORY_BYTES[m.group(1)] + _ASCII_MEMBERS[m.group(1)]
+            out.append(members if inside else f"[{members}]")
+            i = m.end()
+            continue
+        if c == "\\":
+            nxt = expr[i + 1]
+            out.append({"p": "p", "d": "[0-9]"}.get(nxt, expr[i:i + 2]))  # std::regex: \p is "p"
+            i += 2
+            continue
+        if c == "[":
+            inside = True
+        elif c == "]":
+            inside = False
+        out.append(c)
+        i += 1
+    return "".join(out)
+
 
 def _compile(expr: str) -> Split:
-    # std::regex's "$" is the end of the piece and its \d is ASCII
     if expr.endswith("$") and not expr.endswith(r"\$"):
-        expr = expr[:-1] + r"\Z"
-    pattern = regex.compile(expr.replace(r"\d", "[0-9]"))
-    return lambda word: _regex_pieces(pattern, word)
+        expr = expr[:-1] + r"\Z"  # std::regex's "$" is the end of the piece
+    if expr in _CUSTOM_SPLITS:
+        pattern = regex.compile(expr)
+        return lambda word: _regex_pieces(pattern, word)
+    if _CATEGORY_CLASS.search(expr):
+        pattern, view = regex.compile(_collapse_regex(expr)), _collapsed_char
+    else:
+        pattern, view = regex.compile(expr.replace(r"\d", "[0-9]")), _spaces_as_vt
+    return lambda word: _regex_pieces(pattern, word, "".join(map(view, word)))
 
 
 @dataclass(frozen=True)
@@ -109,6 +170,7 @@ class PreTokenizer:
     escape_whitespaces: bool = False  # spaces become "▁" before splitting (SentencePiece-style BPE)
     no_bos: bool = False           # llama.cpp drops the default BOS id (chatglm)
     add_sep: bool = False          # default of tokenizer.ggml.add_sep_token
+    whole_newlines: bool = False   # a run of newlines that is a token is taken whole (gemma4)
     _splits: tuple = field(default=(), compare=False, repr=False)
 
     def __post_init__(self):
@@ -166,7 +228,8 @@ _add("jina-v1-en jina-v2-code roberta-bpe", GPT2, add_sep=True)
 _add("trillion granite-docling", GPT2, **_KEEP)
 _add("starcoder refact codeshell exaone minerva-7b mellum2", *_STARCODER)
 _add("command-r smollm", *_STARCODER, **_KEEP)
-_add("gemma4 granite-embed-multi-311m", _LINES, byte_encode=False, escape_whitespaces=True)
+_add("gemma4 granite-embed-multi-311m", _LINES, byte_encode=False, escape_whitespaces=True,
+     whole_newlines=True)
 _add("sarvam-moe", _LINES, byte_encode=False, escape_whitespaces=True, **_KEEP)
 _add("whitespace", r"\S+", byte_encode=False)
 _add("qwen2 deepseek-r1-qwen kormo f2llmv2 hunyuan solar-open", QWEN2, **_KEEP)

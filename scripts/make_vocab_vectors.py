@@ -1,0 +1,240 @@
+"""Tokenizer test vectors for the vocabulary types and pre-tokenizers that llama.cpp's own
+test files do not cover, computed by llama.cpp itself (through llama-cpp-python).
+
+Three small vocabularies are trained with `tokenizers` on a multilingual corpus and written as
+vocabulary-only GGUF files in tests/data/vocab/generated (tens of KB, committed):
+
+- bpe.gguf:     byte-level BPE (GPT-2 alphabet), the base of every byte-level tokenizer.ggml.pre
+- spm-bpe.gguf: SentencePiece-style BPE ("▁" for spaces, <0xXX> byte tokens): gemma4, sarvam-moe
+- ugm.gguf:     Unigram pieces with scores (tokenizer.ggml.model "t5"); rwkv.gguf: the BPE
+                tokens as RWKV byte strings
+
+For every variant (a base file with tokenizer.ggml.pre or .model replaced) llama.cpp
+tokenizes inputs.txt (strings separated by __ggml_vocab_test__ lines, llama.cpp's own test
+strings plus a few) with add_special=false, parse_special=false, and the ids are written to
+tests/data/vocab/generated/VARIANT.out, one line per string. Variants llama.cpp refuses are
+listed in refused.txt.
+
+    python scripts/make_vocab_vectors.py      # needs llama-cpp-python
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+OUT = REPO / "tests" / "data" / "vocab" / "generated"
+SEPARATOR = "\n__ggml_vocab_test__\n"
+EXTRA_INPUTS = ["HelloWorld ÀbCdÉ camelCase XMLHttpRequest", "1234567 12345 123 1,234,567.89",
+                "don't I'M we'LL you're", "line1\n\n\nline2\r\n  indented\ttab", "<sentinel:12> IMGIMGABZ",
+                "Ünïcödé façade naïve", "中文字符和日本語のテキスト 한국어", "😀🦙 emoji", "  spaces   between  "]
+
+
+def inputs() -> list[str]:
+    raw = (REPO / "tests" / "data" / "vocab" / "ggml-vocab-gpt-2.gguf.inp").read_text(encoding="utf-8")
+    base = [t for t in raw.split(SEPARATOR) if t]
+    base[-1] = base[-1].removesuffix(SEPARATOR.rstrip("\n"))
+    return base + EXTRA_INPUTS
+
+
+def corpus() -> str:
+    from torchggml.models.demo import CORPUS
+    return "\n".join([CORPUS, *inputs()] * 3)
+
+
+def _writer(path: Path, model: str, pre: str | None):
+    import gguf
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, value in (("context_length", 512), ("embedding_length", 64), ("block_count", 1),
+                       ("feed_forward_length", 128), ("head_count", 1)):
+        getattr(w, f"add_{key}")(value)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_tokenizer_model(model)
+    if pre:
+        w.add_tokenizer_pre(pre)
+    return w
+
+
+def _finish(w) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def write_bpe(path: Path) -> None:
+    from torchggml.models.demo import train_vocab
+    v = train_vocab(3000, corpus())
+    w = _writer(path, "gpt2", "gpt-2")
+    w.add_token_list(v.tokens)
+    w.add_token_types(v.types)
+    w.add_token_merges(v.merges)
+    w.add_bos_token_id(v.bos_id)
+    w.add_eos_token_id(v.eos_id)
+    _finish(w)
+
+
+def write_spm_bpe(path: Path) -> None:
+    from tokenizers import Tokenizer, models, trainers
+    hf = Tokenizer(models.BPE(byte_fallback=True))
+    trainer = trainers.BpeTrainer(vocab_size=2000, special_tokens=["<pad>", "<eos>", "<bos>"],
+                                  show_progress=False)
+    lines = [line.replace(" ", "\u2581") for line in corpus().split("\n")]
+    hf.train_from_iterator(lines, trainer)
+    model = json.loads(hf.to_str())["model"]
+    tokens = [t for t, _ in sorted(model["vocab"].items(), key=lambda kv: kv[1])]
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    tokens = tokens[:3] + byte_tokens + [t for t in tokens[3:] if t not in byte_tokens] + ["\n", "\n\n"]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    w = _writer(path, "gpt2", "gemma4")
+    w.add_token_list(tokens)
+    w.add_token_types([3] * 3 + [6] * 256 + [1] * (len(tokens) - 259))
+    w.add_token_merges(merges)
+    w.add_bos_token_id(2)
+    w.add_eos_token_id(1)
+    _finish(w)
+
+
+def write_ugm(path: Path) -> None:
+    from tokenizers import Tokenizer, models, trainers
+    hf = Tokenizer(models.Unigram())
+    trainer = trainers.UnigramTrainer(vocab_size=1500, special_tokens=["<pad>", "</s>", "<unk>"],
+                                      unk_token="<unk>", show_progress=False)
+    hf.train_from_iterator(["\u2581" + line.replace(" ", "\u2581") for line in corpus().split("\n")], trainer)
+    pieces = json.loads(hf.to_str())["model"]["vocab"]
+    w = _writer(path, "t5", None)
+    w.add_token_list([p for p, _ in pieces])
+    w.add_token_scores([float(s) for _, s in pieces])
+    w.add_token_types([3, 3, 2] + [1] * (len(pieces) - 3))
+    w.add_add_space_prefix(True)
+    w.add_remove_extra_whitespaces(True)
+    _finish(w)
+
+
+def write_rwkv(path: Path, bpe: Path) -> None:
+    from torchggml.gguf import open_gguf
+    from torchggml.tokenizer import Tokenizer
+    tok = Tokenizer.from_gguf(bpe)
+    seen, tokens = set(), []
+    for raw in [bytes([b]) for b in range(256)] + [tok.token_to_piece_bytes(i) for i in range(tok.n_vocab)]:
+        if raw and raw not in seen:
+            seen.add(raw)
+            tokens.append("".join(chr(b) if 0x20 <= b < 0x7F and b != 0x5C else
+                                  "\\\\" if b == 0x5C else f"\\x{b:02x}" for b in raw))
+    w = _writer(path, "rwkv", None)
+    w.add_token_list(tokens)
+    w.add_token_types([1] * len(tokens))
+    _finish(w)
+    del open_gguf
+
+
+def variants() -> dict[str, tuple[str, dict]]:
+    """variant name -> (base file, metadata replaced)."""
+    from torchggml.tokenizer_pre import PRE_TOKENIZERS
+    out = {}
+    for name, pre in PRE_TOKENIZERS.items():
+        base = "bpe.gguf" if pre.byte_encode else "spm-bpe.gguf"
+        replace = {"tokenizer.ggml.pre": name}
+        if name == "whitespace":  # llama.cpp's whitespace pre-tokenizer goes with its own model
+            replace["tokenizer.ggml.model"] = "whitespace"
+        out[f"pre-{name}"] = (base, replace)
+    out["model-gemma4"] = ("spm-bpe.gguf", {"tokenizer.ggml.model": "gemma4"})
+    out["ugm"] = ("ugm.gguf", {})
+    out["rwkv"] = ("rwkv.gguf", {})
+    return out
+
+
+def write_variant(base: Path, replace: dict, path: Path) -> None:
+    """A copy of `base` with some metadata values replaced (strings only)."""
+    import gguf
+    from torchggml.gguf import open_gguf
+    src = open_gguf(base)
+    w = gguf.GGUFWriter(str(path), src.arch)
+    for key in src.keys:
+        if key in ("general.architecture", "GGUF.version"):
+            continue
+        value = replace.get(key, src.get(key))
+        if isinstance(value, str):
+            w.add_string(key, value)
+        elif isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        elif value and isinstance(value[0], str):
+            w.add_array(key, value)
+        elif key.endswith("scores"):
+            w.add_array(key, [float(x) for x in value])
+        else:
+            w.add_array(key, [int(x) for x in value])
+    for key, value in replace.items():
+        if key not in src.keys:
+            w.add_string(key, value)
+    _finish(w)
+
+
+_QUIET = []  # keeps the ctypes log callback alive
+
+
+def llama_cpp_tokenize(path: Path, texts: list[str]) -> list[list[int]] | None:
+    import llama_cpp
+    if not _QUIET:
+        _QUIET.append(llama_cpp.llama_log_callback(lambda *args: None))
+        llama_cpp.llama_log_set(_QUIET[0], ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    if not model:
+        return None
+    vocab = llama_cpp.llama_model_get_vocab(model)
+    out = []
+    for text in texts:
+        raw = text.encode("utf-8")
+        buf = (llama_cpp.llama_token * (4 * len(raw) + 16))()
+        n = llama_cpp.llama_tokenize(vocab, raw, len(raw), buf, len(buf), False, False)
+        out.append(list(buf[:n]))
+    llama_cpp.llama_model_free(model)
+    return out
+
+
+def _in_child(path: Path, texts: list[str]):
+    """llama_cpp_tokenize in a child process: llama.cpp aborts on some inputs."""
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+    try:
+        with ProcessPoolExecutor(1) as pool:
+            return pool.submit(llama_cpp_tokenize, path, texts).result()
+    except BrokenProcessPool:
+        return None
+
+
+def main() -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    write_bpe(OUT / "bpe.gguf")
+    write_spm_bpe(OUT / "spm-bpe.gguf")
+    write_ugm(OUT / "ugm.gguf")
+    write_rwkv(OUT / "rwkv.gguf", OUT / "bpe.gguf")
+    texts = inputs()
+    (OUT / "inputs.txt").write_bytes(SEPARATOR.join(texts).encode("utf-8"))
+    refused = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (base, replace) in variants().items():
+            path = Path(tmp) / f"{name}.gguf"
+            write_variant(OUT / base, replace, path)
+            ids = _in_child(path, texts)
+            if ids is None:
+                refused.append(name)
+                continue
+            (OUT / f"{name}.out").write_text("".join(" ".join(map(str, t)) + "\n" for t in ids))
+    (OUT / "refused.txt").write_text("".join(f"{n}\n" for n in refused))
+    print(f"{len(variants()) - len(refused)} variants written, refused by llama.cpp: {refused}")
+
+
+if __name__ == "__main__":
+    main()
