@@ -8,6 +8,9 @@ tests/test_tokenizer.py reads ($TORCHGGML_VOCAB_CACHE, default ~/.cache/torchggm
 
     python scripts/fetch_llama_vocab.py /path/to/llama.cpp[/.git] [--inputs]
 
+Run it with an older clone first and a newer one last: a vocabulary absent from the newer
+one (llama.cpp removed some) stays as the older one left it.
+
 For each NAME.gguf.inp in tests/data/vocab, the newest version of models/NAME.gguf present
 in the repository's history is used (vocabularies removed upstream are taken from before
 their removal). --inputs also refreshes tests/data/vocab/*.inp/.out with their newest versions.
@@ -30,10 +33,15 @@ def git(git_dir: Path, *args: str) -> bytes:
 
 
 def blob_of(git_dir: Path, path: str) -> tuple[str, str] | None:
-    """(commit, blob) of the newest version of `path` whose blob is present."""
-    commits = git(git_dir, "log", "--all", "--format=%H", "--diff-filter=AM", "--", path).decode().split()
+    """(commit, blob) of `path` at HEAD, else of its newest version in the history, whose
+    blob is present."""
+    commits = ["HEAD"] + git(git_dir, "log", "--all", "--format=%H", "--diff-filter=AM", "--", path).decode().split()
     for commit in commits:
-        blob = git(git_dir, "rev-parse", f"{commit}:{path}").decode().strip()
+        found = subprocess.run(["git", "--git-dir", str(git_dir), "rev-parse", "-q", "--verify", f"{commit}:{path}"],
+                               capture_output=True)
+        if found.returncode:
+            continue
+        blob = found.stdout.decode().strip()
         if subprocess.run(["git", "--git-dir", str(git_dir), "cat-file", "-e", blob]).returncode == 0:
             return commit, blob
     return None
