@@ -10,10 +10,12 @@ vocabulary-only GGUF files in tests/data/vocab/generated (tens of KB, committed)
                 tokens as RWKV byte strings
 
 For every variant (a base file with tokenizer.ggml.pre or .model replaced) llama.cpp
-tokenizes inputs.txt (strings separated by __ggml_vocab_test__ lines, llama.cpp's own test
-strings plus a few) with add_special=false, parse_special=false, and the ids are written to
-tests/data/vocab/generated/VARIANT.out, one line per string. Variants llama.cpp refuses are
-listed in refused.txt.
+tokenizes inputs.txt (strings separated by __ggml_vocab_test__ lines: llama.cpp's own test
+strings plus a few). For every string, one JSON line of VARIANT.jsonl holds the ids with
+add_special=false, parse_special=false (as in llama.cpp's .out files), the ids with
+add_special=true, parse_special=true, and llama_detokenize of the first ids
+(remove_special=false, unparse_special=true). variants.json names each variant's file
+(aliases with the same results share one); refused.txt lists variants llama.cpp refuses.
 
     python scripts/make_vocab_vectors.py      # needs llama-cpp-python
 """
@@ -31,7 +33,8 @@ OUT = REPO / "tests" / "data" / "vocab" / "generated"
 SEPARATOR = "\n__ggml_vocab_test__\n"
 EXTRA_INPUTS = ["HelloWorld ÀbCdÉ camelCase XMLHttpRequest", "1234567 12345 123 1,234,567.89",
                 "don't I'M we'LL you're", "line1\n\n\nline2\r\n  indented\ttab", "<sentinel:12> IMGIMGABZ",
-                "Ünïcödé façade naïve", "中文字符和日本語のテキスト 한국어", "😀🦙 emoji", "  spaces   between  "]
+                "Ünïcödé façade naïve", "中文字符和日本語のテキスト 한국어", "😀🦙 emoji", "  spaces   between  ",
+                "<s>Hi</s> <eos> <bos>x<pad> <unk> don 't , ok . it 's ? a ' b"]
 
 
 def inputs() -> list[str]:
@@ -193,12 +196,22 @@ def llama_cpp_tokenize(path: Path, texts: list[str]) -> list[list[int]] | None:
     if not model:
         return None
     vocab = llama_cpp.llama_model_get_vocab(model)
+
+    def tokenize(raw: bytes, special: bool) -> list[int]:
+        buf = (llama_cpp.llama_token * (4 * len(raw) + 16))()
+        n = llama_cpp.llama_tokenize(vocab, raw, len(raw), buf, len(buf), special, special)
+        return list(buf[:n])
+
+    def detokenize(ids: list[int]) -> str:
+        arr, buf = (llama_cpp.llama_token * len(ids))(*ids), ctypes.create_string_buffer(1 << 16)
+        n = llama_cpp.llama_detokenize(vocab, arr, len(ids), buf, len(buf), False, True)
+        return buf.raw[:n].decode("utf-8", errors="replace")
+
     out = []
     for text in texts:
-        raw = text.encode("utf-8")
-        buf = (llama_cpp.llama_token * (4 * len(raw) + 16))()
-        n = llama_cpp.llama_tokenize(vocab, raw, len(raw), buf, len(buf), False, False)
-        out.append(list(buf[:n]))
+        plain = tokenize(text.encode("utf-8"), False)
+        out.append({"ids": plain, "special_ids": tokenize(text.encode("utf-8"), True),
+                    "text": detokenize(plain)})
     llama_cpp.llama_model_free(model)
     return out
 
@@ -222,18 +235,23 @@ def main() -> None:
     write_rwkv(OUT / "rwkv.gguf", OUT / "bpe.gguf")
     texts = inputs()
     (OUT / "inputs.txt").write_bytes(SEPARATOR.join(texts).encode("utf-8"))
-    refused = []
+    refused, files, index = [], {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, (base, replace) in variants().items():
             path = Path(tmp) / f"{name}.gguf"
             write_variant(OUT / base, replace, path)
-            ids = _in_child(path, texts)
-            if ids is None:
+            cases = _in_child(path, texts)
+            if cases is None:
                 refused.append(name)
                 continue
-            (OUT / f"{name}.out").write_text("".join(" ".join(map(str, t)) + "\n" for t in ids))
+            text = "\n".join(json.dumps(c, ensure_ascii=False, separators=(",", ":")) for c in cases) + "\n"
+            if text not in files:  # aliases of one pre-tokenizer share their file
+                files[text] = f"{name}.jsonl"
+                (OUT / files[text]).write_text(text, encoding="utf-8")
+            index[name] = files[text]
+    (OUT / "variants.json").write_text(json.dumps(index, indent=1) + "\n")
     (OUT / "refused.txt").write_text("".join(f"{n}\n" for n in refused))
-    print(f"{len(variants()) - len(refused)} variants written, refused by llama.cpp: {refused}")
+    print(f"{len(index)} variants written ({len(files)} distinct), refused by llama.cpp: {refused}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ scripts/fetch_llama_vocab.py fills; a vocabulary whose .gguf is absent is skippe
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -383,27 +384,31 @@ GENERATED = VOCAB_DATA / "generated"
 
 
 def generated_cases():
-    """(variant, base file, metadata replaced, texts, llama.cpp's ids) for the outputs of
-    scripts/make_vocab_vectors.py (one case per variant: all its strings at once)."""
+    """(base file, metadata replaced, texts, llama.cpp's results) per variant of
+    scripts/make_vocab_vectors.py (all strings of a variant in one case)."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("make_vocab_vectors", REPO / "scripts" / "make_vocab_vectors.py")
     maker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(maker)
     texts = (GENERATED / "inputs.txt").read_bytes().decode("utf-8").split(maker.SEPARATOR)  # keep \r
+    index = json.loads((GENERATED / "variants.json").read_text())
     cases = []
     for name, (base, replace) in maker.variants().items():
-        out = GENERATED / f"{name}.out"
-        if not out.is_file():  # llama.cpp refused the variant when the vectors were made
+        if name not in index:  # llama.cpp refused the variant when the vectors were made
             continue
-        expected = [[int(t) for t in line.split()] for line in out.read_text().split("\n")[:-1]]
-        assert len(expected) == len(texts), name
-        cases.append(pytest.param(base, replace, texts, expected, id=name))
+        results = [json.loads(line) for line in (GENERATED / index[name]).read_text(encoding="utf-8").splitlines()]
+        assert len(results) == len(texts), name
+        cases.append(pytest.param(base, replace, texts, results, id=name))
     return cases
 
 
-@pytest.mark.parametrize("base, replace, texts, expected", generated_cases())
-def test_generated_vectors_match_llama_cpp(base, replace, texts, expected):
+@pytest.mark.parametrize("base, replace, texts, results", generated_cases())
+def test_generated_vectors_match_llama_cpp(base, replace, texts, results):
+    """Plain ids, ids with BOS/EOS and special tokens parsed, and the detokenized text."""
     tok = Tokenizer.from_metadata({**open_gguf(GENERATED / base).metadata, **replace})
-    got = [tok.tokenize(text, add_special=False) for text in texts]
-    wrong = [(text, ids, want) for text, ids, want in zip(texts, got, expected) if ids != want]
+    got = [{"ids": tok.tokenize(text, add_special=False),
+            "special_ids": tok.tokenize(text, add_special=True, parse_special=True)} for text in texts]
+    for g, want in zip(got, results):
+        g["text"] = tok.detokenize(want["ids"])
+    wrong = [(text, g, want) for text, g, want in zip(texts, got, results) if g != want]
     assert not wrong, f"{len(wrong)}/{len(texts)} strings differ, first: {wrong[0]!r}"

@@ -464,9 +464,9 @@ class Tokenizer:
         if attr & TokenAttr.NORMAL:
             if self.escape_whitespaces or self.vocab_type == "WPM":
                 return text.replace(SPACE_MARK, " ").encode()
-            # byte-level alphabet back to bytes; a character outside it stands for itself
-            return b"".join(bytes([_UNICODE_TO_BYTE[c]]) if c in _UNICODE_TO_BYTE else c.encode()
-                            for c in text)
+            # byte-level alphabet back to bytes; llama.cpp marks a character outside it
+            return b"".join(bytes([_UNICODE_TO_BYTE[c]]) if c in _UNICODE_TO_BYTE
+                            else f"[UNK_BYTE_0x{c.encode().hex()}{text}]".encode() for c in text)
         if attr & TokenAttr.BYTE:
             return bytes([int(text[3:5], 16)])  # "<0xAB>"
         return b""  # unused / undefined tokens render as nothing

@@ -129,12 +129,12 @@ class WpmEncoder:
                 words.append("".join(word))
                 word = []
                 continue
-            if ch in "\x00\ufffd" or unicodedata.category(ch) in ("Cc", "Cf"):
+            if ch in "\x00\ufffd" or unicodedata.category(ch).startswith("C"):
                 continue
             if self.strip_accents and unicodedata.category(ch) == "Mn":
                 continue
             if self.lowercase:
-                ch = ch.lower() if len(ch.lower()) == 1 else ch
+                ch = ch.lower()[0]  # the simple (one code point) lowercase mapping
             if _is_wpm_punctuation(ch) or _is_cjk(ch):
                 words += ["".join(word), ch]
                 word = []

@@ -257,4 +257,4 @@ _add("afmoe", _split_digit_groups, "[一-鿿㐀-䶿\uf900-\ufaff぀-ゟ゠-ヿ�
      **_KEEP)
 _add("laguna", _LINES, QWEN2, **_KEEP)
 _add("exaone-moe", _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}"
-     r"| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+", **_KEEP)
+     r"| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+")
