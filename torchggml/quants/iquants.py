@@ -147,7 +147,8 @@ def _iq4_scales(sub: torch.Tensor, ntry: int):
     """ggml's scale search of quantize_row_iq4_nl_impl (no importance weights: w = x*x) for
     blocks of 32 [m, 32]: d0 = max / -127 (or -max / -127 with ntry > 0) picks indices and a
     least-squares scale; then 1/d = (t - 127) / max for t in -ntry..ntry is tried, keeping the
-    scale of largest sum(w*q*x)^2 / sum(w*q*q). Returns (scale [m], first indices [m, 32])."""
+    scale of largest sum(w*q*x)^2 / sum(w*q*q). Returns (scale [m], the first indices
+    [m, 32], whether the block is below GROUP_MAX_EPS [m]: scale 0, indices left unset)."""
     values = table("iq4nl", sub.device)
     max_, amax = signed_amax(sub)
     d0 = div(-max_, -127.0) if ntry > 0 else div(max_, -127.0)
@@ -165,7 +166,8 @@ def _iq4_scales(sub: torch.Tensor, ntry: int):
         this_d = sumqx[:, c] / sumq2[:, c]
         d = torch.where(take, this_d, d)
         best = torch.where(take, this_d * sumqx[:, c], best)
-    return torch.where(amax < GROUP_MAX_EPS, 0.0, d), index[:, 0]
+    dead = amax < GROUP_MAX_EPS
+    return torch.where(dead, 0.0, d), index[:, 0], dead
 
 
 def quantize_iq4_nl(x):
@@ -173,8 +175,8 @@ def quantize_iq4_nl(x):
     first scale search only (ntry = -1), the indices it picked, d = that block's scale.
     Blocks below GROUP_MAX_EPS get d = 0 and index 8 (value 1, where 0 maps); C leaves them
     whatever indices its buffer held, which dequantize to 0 all the same."""
-    d, index = _iq4_scales(x, ntry=-1)
-    index = torch.where((d == 0).unsqueeze(-1), 8, index)
+    d, index, dead = _iq4_scales(x, ntry=-1)
+    index = torch.where(dead.unsqueeze(-1), 8, index)
     return torch.cat([f16_bytes(d.unsqueeze(-1)), pack_nibbles(index)], dim=-1)
 
 
@@ -184,7 +186,7 @@ def quantize_iq4_xs(x):
     rounded scale d * l."""
     n = x.shape[0]
     sub = x.reshape(n * 8, 32)
-    scales, _ = _iq4_scales(sub, ntry=7)
+    scales, _, _ = _iq4_scales(sub, ntry=7)
     scales = scales.view(n, 8)
     max_scale, _ = first_max(scales, scales.abs())
     d = div(-max_scale, 32).unsqueeze(-1)

@@ -173,12 +173,18 @@ def _pack_q3_k_scales(l: torch.Tensor) -> torch.Tensor:
     return torch.cat([low, high], dim=-1)
 
 
-def quantize_q3_k(x):
+def _symmetric_sub_blocks(x, search, nmax: int):
+    """Q3_K/Q6_K's first stage: sub-blocks of 16 [n*16, 16], their scales [n, 16] and quants
+    from `search`, and the super-block's scale of largest magnitude with that magnitude [n]."""
     n = x.shape[0]
     sub = x.reshape(n * 16, 16)
-    scales, L = make_q3_quants(sub, 4)
+    scales, L = search(sub, nmax)
     scales = scales.view(n, 16)
-    max_scale, _ = first_max(scales, scales.abs())
+    return (n, sub, scales, L, *first_max(scales, scales.abs()))
+
+
+def quantize_q3_k(x):
+    n, sub, scales, L, max_scale, _ = _symmetric_sub_blocks(x, make_q3_quants, 4)
     live = max_scale != 0  # C's `if (max_scale)`: NaN counts as set
     iscale = over(-32, max_scale)
     l = wrap_int8(nearest_int(iscale.unsqueeze(-1) * scales)).clamp_(-32, 31) + 32
@@ -227,11 +233,7 @@ def quantize_q5_k(x):
 
 
 def quantize_q6_k(x):
-    n = x.shape[0]
-    sub = x.reshape(n * 16, 16)
-    scales, L = make_qx_quants(sub, 32)
-    scales = scales.view(n, 16)
-    max_scale, max_abs = first_max(scales, scales.abs())
+    n, sub, scales, L, max_scale, max_abs = _symmetric_sub_blocks(x, make_qx_quants, 32)
     iscale = over(-128, max_scale).unsqueeze(-1)
     d = over(1, iscale)
     sc = wrap_int8(nearest_int(iscale * scales).clamp_(max=127))
