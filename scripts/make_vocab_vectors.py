@@ -8,6 +8,8 @@ vocabulary-only GGUF files in tests/data/vocab/generated (tens of KB, committed)
 - spm-bpe.gguf: SentencePiece-style BPE ("▁" for spaces, <0xXX> byte tokens): gemma4, sarvam-moe
 - ugm.gguf:     Unigram pieces with scores (tokenizer.ggml.model "t5"); rwkv.gguf: the BPE
                 tokens as RWKV byte strings
+- t5.gguf:      a SentencePiece Unigram model with its nmt_nfkc precompiled character map
+                (needs the sentencepiece package)
 
 For every variant (a base file with tokenizer.ggml.pre or .model replaced) llama.cpp
 tokenizes inputs.txt (strings separated by __ggml_vocab_test__ lines: llama.cpp's own test
@@ -118,6 +120,66 @@ def write_ugm(path: Path) -> None:
     _finish(w)
 
 
+def _protobuf_fields(data: bytes):
+    """(field number, value) pairs of one protobuf message: varints as int, 32-bit values as
+    bytes, length-delimited values as bytes (enough to read a SentencePiece model)."""
+    pos = 0
+
+    def varint() -> int:
+        nonlocal pos
+        shift = value = 0
+        while True:
+            b = data[pos]
+            pos += 1
+            value |= (b & 0x7F) << shift
+            shift += 7
+            if b < 0x80:
+                return value
+    while pos < len(data):
+        key = varint()
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            yield field, varint()
+        elif wire == 5:
+            yield field, data[pos:pos + 4]
+            pos += 4
+        elif wire == 1:
+            yield field, data[pos:pos + 8]
+            pos += 8
+        elif wire == 2:
+            n = varint()
+            yield field, data[pos:pos + n]
+            pos += n
+        else:
+            raise ValueError(f"protobuf wire type {wire}")
+
+
+def write_t5(path: Path) -> None:
+    import io
+    import struct
+    import sentencepiece
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(corpus().split("\n")), model_writer=model, vocab_size=350,
+        model_type="unigram", normalization_rule_name="nmt_nfkc", character_coverage=1.0,
+        minloglevel=2, pad_id=0, eos_id=1, unk_id=2, bos_id=-1, hard_vocab_limit=False)
+    pieces, charsmap = [], b""
+    for field, value in _protobuf_fields(model.getvalue()):
+        if field == 1:  # SentencePiece {1: piece, 2: score, 3: type}
+            piece = dict(_protobuf_fields(value))
+            pieces.append((piece[1].decode(), struct.unpack("<f", piece.get(2, bytes(4)))[0], piece.get(3, 1)))
+        elif field == 3:  # NormalizerSpec {2: precompiled_charsmap}
+            charsmap = dict(_protobuf_fields(value)).get(2, b"")
+    w = _writer(path, "t5", None)
+    w.add_token_list([p for p, _, _ in pieces])
+    w.add_token_scores([s for _, s, _ in pieces])
+    w.add_token_types([{1: 1, 2: 2, 3: 3, 4: 4, 5: 5, 6: 6}.get(t, 1) for _, _, t in pieces])
+    w.add_add_space_prefix(True)
+    w.add_remove_extra_whitespaces(True)
+    w.add_precompiled_charsmap(charsmap)
+    _finish(w)
+
+
 def write_rwkv(path: Path, bpe: Path) -> None:
     from torchggml.gguf import open_gguf
     from torchggml.tokenizer import Tokenizer
@@ -147,6 +209,7 @@ def variants() -> dict[str, tuple[str, dict]]:
         out[f"pre-{name}"] = (base, replace)
     out["model-gemma4"] = ("spm-bpe.gguf", {"tokenizer.ggml.model": "gemma4"})
     out["ugm"] = ("ugm.gguf", {})
+    out["ugm-t5-nfkc"] = ("t5.gguf", {})
     out["rwkv"] = ("rwkv.gguf", {})
     return out
 
@@ -173,6 +236,8 @@ def write_variant(base: Path, replace: dict, path: Path) -> None:
             w.add_array(key, value)
         elif key.endswith("scores"):
             w.add_array(key, [float(x) for x in value])
+        elif key.endswith("precompiled_charsmap"):
+            w.add_array(key, bytes(value))  # bytes: an array of UINT8
         else:
             w.add_array(key, [int(x) for x in value])
     for key, value in replace.items():
@@ -233,6 +298,7 @@ def main() -> None:
     write_spm_bpe(OUT / "spm-bpe.gguf")
     write_ugm(OUT / "ugm.gguf")
     write_rwkv(OUT / "rwkv.gguf", OUT / "bpe.gguf")
+    write_t5(OUT / "t5.gguf")
     texts = inputs()
     (OUT / "inputs.txt").write_bytes(SEPARATOR.join(texts).encode("utf-8"))
     refused, files, index = [], {}, {}
