@@ -181,7 +181,6 @@ def write_t5(path: Path) -> None:
 
 
 def write_rwkv(path: Path, bpe: Path) -> None:
-    from torchggml.gguf import open_gguf
     from torchggml.tokenizer import Tokenizer
     tok = Tokenizer.from_gguf(bpe)
     seen, tokens = set(), []
@@ -194,7 +193,6 @@ def write_rwkv(path: Path, bpe: Path) -> None:
     w.add_token_list(tokens)
     w.add_token_types([1] * len(tokens))
     _finish(w)
-    del open_gguf
 
 
 def variants() -> dict[str, tuple[str, dict]]:

@@ -369,8 +369,10 @@ class Tokenizer:
             if vt == "UGM":
                 charsmap = md.get("tokenizer.ggml.precompiled_charsmap")
                 charsmap = bytes(np.asarray(charsmap, dtype=np.uint8)) if charsmap is not None else b""
-                return UgmEncoder(self._texts, self._attrs, self._scores, self.unk_id, charsmap,
-                                  self.add_space_prefix, self.remove_extra_whitespaces)
+                has = lambda attr: (self._attrs & attr) != 0  # noqa: E731
+                return UgmEncoder(self._texts, self._scores, has(TokenAttr.NORMAL), has(TokenAttr.USER_DEFINED),
+                                  has(TokenAttr.NORMAL | TokenAttr.USER_DEFINED | TokenAttr.UNUSED),
+                                  self.unk_id, charsmap, self.add_space_prefix, self.remove_extra_whitespaces)
             return RwkvEncoder(self._texts, self.unk_id)
         except ValueError as e:
             if isinstance(e, TokenizerError):

@@ -158,21 +158,18 @@ class UgmEncoder:
 
     UNKNOWN_PENALTY = 10.0
 
-    def __init__(self, texts: Sequence[str], attrs: np.ndarray, scores: np.ndarray, unk_id,
-                 charsmap: bytes, add_space_prefix: bool, remove_extra_whitespaces: bool,
+    def __init__(self, texts: Sequence[str], scores: np.ndarray, normal: np.ndarray,
+                 user_defined: np.ndarray, matchable: np.ndarray, unk_id, charsmap: bytes,
+                 add_space_prefix: bool, remove_extra_whitespaces: bool,
                  escape_whitespaces: bool = True, treat_whitespace_as_suffix: bool = False):
-        from .tokenizer import TokenAttr
-        matchable = TokenAttr.NORMAL | TokenAttr.USER_DEFINED | TokenAttr.UNUSED
+        """`normal`, `user_defined`, `matchable` (normal, user-defined or unused): per-token
+        masks from the token attributes."""
         self.tokens = {}
-        self.user_defined = set()
-        for i, text in enumerate(texts):
-            if attrs[i] & matchable:
-                score = 0.0 if attrs[i] & TokenAttr.USER_DEFINED else float(scores[i])
-                self.tokens.setdefault(text, (i, score))
-            if attrs[i] & TokenAttr.USER_DEFINED:
-                self.user_defined.add(text)
-        normal = scores[(attrs & TokenAttr.NORMAL) != 0]
-        self.unknown_score = (float(normal.min()) if normal.size else 0.0) - self.UNKNOWN_PENALTY
+        for i in np.nonzero(matchable)[0].tolist():
+            self.tokens.setdefault(texts[i], (i, 0.0 if user_defined[i] else float(scores[i])))
+        self.user_defined = {texts[i] for i in np.nonzero(user_defined)[0].tolist()}
+        normal_scores = scores[normal]
+        self.unknown_score = (float(normal_scores.min()) if normal_scores.size else 0.0) - self.UNKNOWN_PENALTY
         self.max_len = max((len(t) for t in self.tokens), default=1)
         self.unk_id = unk_id
         self.charsmap = _CharsMap(charsmap) if charsmap else None
@@ -204,10 +201,10 @@ class UgmEncoder:
         return "".join(out)
 
     def _normalize_prefix(self, raw: bytes, pos: int) -> tuple[str, int]:
-        for text in self.user_defined:  # user-defined tokens are never normalized
-            enc = text.encode("utf-8")
-            if raw.startswith(enc, pos):
-                return text, len(enc)
+        matches = [t for t in self.user_defined if raw.startswith(t.encode("utf-8"), pos)]
+        if matches:  # the longest user-defined token is taken as is, never normalized
+            text = max(matches, key=lambda t: len(t.encode("utf-8")))
+            return text, len(text.encode("utf-8"))
         if self.charsmap is not None:
             hit = self.charsmap.longest_prefix(raw, pos)
             if hit is not None:
