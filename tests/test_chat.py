@@ -91,3 +91,22 @@ def test_unknown_pre_tokenizer_model_still_evaluates_ids(tmp_path):
     with pytest.raises(TokenizerError, match=r"odd\.gguf: tokenizer\.ggml\.pre 'no-such-pre' is not supported"):
         model.tokenize("hello")
     model.close()
+
+
+def test_chat_template_from_a_real_vocabulary():
+    """Qwen2's own template (in the golden vocabulary file): default system message, ChatML
+    turns; the special tokens of the rendered prompt become single tokens."""
+    import os
+    from pathlib import Path
+    from torchggml.models import load_model
+    golden = Path(os.environ.get("TORCHGGML_GOLDEN", Path(__file__).resolve().parents[2] / "shared" / "golden"))
+    path = golden / "vocab" / "ggml-vocab-qwen2.gguf"
+    if not path.is_file():
+        pytest.skip("golden data absent")
+    model = load_model(path, vocab_only=True)
+    prompt = model.chat_prompt(MESSAGES[:1])
+    assert prompt == ("<|im_start|>system\nYou are a helpful assistant<|im_end|>\n"
+                      "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    ids = model.tokenize(prompt, parse_special=True)
+    im_start = model.tokenizer.text_to_token("<|im_start|>")
+    assert ids.count(im_start) == 3 and model.detokenize(ids) == prompt
