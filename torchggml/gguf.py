@@ -15,6 +15,8 @@ key) and the problem.
 """
 from __future__ import annotations
 
+import math
+import mmap
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -23,16 +25,13 @@ import numpy as np
 
 from .backend.buffer import BufferType, Buffer, BufferUsage
 from .context import Context, new_tensor_impl
+from .gguf_header import GGUFError, Header, TensorEntry, check_hparam, scan_header
 from .tensor import Tensor, set_name
-from .types import Type, type_traits, type_name
+from .types import Type, type_traits
 
 __all__ = ["GGUFError", "TensorInfo", "GGUFFile", "open_gguf", "Weights", "load_weights"]
 
 _MISSING = object()
-
-
-class GGUFError(ValueError):
-    """A GGUF file that cannot be used: truncated, corrupt, unsupported, or missing a key."""
 
 
 @dataclass(frozen=True)
@@ -58,60 +57,43 @@ def _import_gguf():
     return gguf
 
 
-def _checked_reader_class(path: str):
-    """GGUFReader, with the tensor table checked before the reader builds its arrays, so a bad
-    entry is reported by tensor name instead of as a numpy reshape error."""
-    gguf = _import_gguf()
-
-    class CheckedReader(gguf.GGUFReader):
-        def _build_tensors(self, start_offs, fields):
-            infos = []
-            for f in fields:
-                if len(f.parts) != 6:  # unknown reader layout: let the reader do its own checks
-                    return super()._build_tensors(start_offs, fields)
-                _, name_data, _, dims, raw_type, offs = f.parts
-                name = bytes(name_data).decode("utf-8", errors="replace")
-                infos.append((name, [int(d) for d in dims], int(raw_type[0]), int(offs[0])))
-            self.checked_infos = _check_tensor_table(path, infos, start_offs, len(self.data), self.alignment)
-            return super()._build_tensors(start_offs, fields)
-
-    return CheckedReader
-
-
-def _check_tensor_table(path, infos, data_offset: int, file_size: int, alignment: int) -> list[TensorInfo]:
-    """TensorInfos for (name, dims, raw type id, relative offset) entries; GGUFError on the
-    first entry that is unsupported or does not fit in the file."""
-    out = []
-    for name, dims, raw_type, offset in infos:
-        where = f"{path}: tensor {name!r}"
+def _entry_nbytes(path: str):
+    """type_check for scan_header: a known type, ne[0] a multiple of the block size; the size."""
+    def check(entry: TensorEntry) -> int:
+        where = f"{path}: tensor {entry.name!r}"
         try:
-            type = Type(raw_type)
+            type = Type(entry.type_id)
         except ValueError:
-            raise GGUFError(f"{where} has unknown or unsupported ggml type id {raw_type}") from None
+            raise GGUFError(f"{where} has unknown or unsupported ggml type id {entry.type_id}") from None
         tr = type_traits(type)
-        if not 1 <= len(dims) <= 4 or any(d < 0 for d in dims):
-            raise GGUFError(f"{where} has invalid dimensions {dims}")
-        if dims[0] % tr.blck_size:
-            raise GGUFError(f"{where}: ne[0]={dims[0]} is not a multiple of {tr.name}'s block size "
+        if entry.ne[0] % tr.blck_size:
+            raise GGUFError(f"{where}: ne[0]={entry.ne[0]} is not a multiple of {tr.name}'s block size "
                             f"{tr.blck_size}")
-        if offset % alignment:
-            raise GGUFError(f"{where}: data offset {offset} is not aligned to {alignment} bytes "
-                            f"(the file is corrupt)")
-        nbytes = int(np.prod(dims)) // tr.blck_size * tr.type_size
-        start = data_offset + offset
-        if start + nbytes > file_size:
-            raise GGUFError(f"{where} ({type_name(type)}, ne={dims}) needs bytes [{start}, "
-                            f"{start + nbytes}) but the file has {file_size} bytes: the file is "
-                            f"truncated or corrupt")
-        out.append(TensorInfo(name, type, tuple(dims), offset, nbytes))
-    return out
+        return math.prod(entry.ne) // tr.blck_size * tr.type_size
+    return check
 
 
-def _check_magic(path: str) -> None:
+def _scan(path: str) -> Header:
+    """The checked header, read through a read-only mapping that is closed right after."""
     with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != b"GGUF":
-        raise GGUFError(f"{path}: not a GGUF file (starts with {magic!r}, expected b'GGUF')")
+        if os.fstat(f.fileno()).st_size < 4:
+            raise GGUFError(f"{path}: not a GGUF file (starts with {f.read(4)!r}, expected b'GGUF')")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            return scan_header(path, mm, _entry_nbytes(path))
+
+
+def _check_hparams(path: str, h: Header, n_tensors: int) -> None:
+    """Known hyper-parameters: type and range (see gguf_header.HPARAM_RULES); block_count can
+    not exceed the number of tensors (each layer has some)."""
+    arch = h.values.get("general.architecture")
+    prefix = f"{arch}." if isinstance(arch, str) else None
+    for key, type_name in h.value_types.items():
+        suffix = key[len(prefix):] if prefix and key.startswith(prefix) else None
+        check_hparam(path, key, suffix, h.values.get(key), type_name)
+    n_layer = h.values.get(f"{arch}.block_count")
+    if n_tensors and isinstance(n_layer, int) and n_layer > n_tensors:
+        raise GGUFError(f"{path}: metadata key '{arch}.block_count' = {n_layer} is more than the "
+                        f"{n_tensors} tensors in the file")
 
 
 class GGUFFile:
@@ -121,32 +103,28 @@ class GGUFFile:
         self.path = os.fspath(path)
         if not os.path.isfile(self.path):
             raise FileNotFoundError(f"GGUF file not found: {self.path}")
-        _check_magic(self.path)
-        reader_cls = _checked_reader_class(self.path)
+        # every count, length and data range is checked before the gguf reader trusts any of them
+        header = _scan(self.path)
+        _check_hparams(self.path, header, len(header.tensors))
         try:
             # "c": copy-on-write mapping, writable for torch, never written back to the file
-            self.reader = reader_cls(self.path, "c")
-        except GGUFError:
-            raise
-        except Exception as e:  # the reader reports header damage as numpy/struct errors
-            size = os.path.getsize(self.path)
-            raise GGUFError(f"{self.path}: the GGUF header (metadata and tensor table) cannot be read "
-                            f"from this {size}-byte file: it is truncated or corrupt "
+            self.reader = _import_gguf().GGUFReader(self.path, "c")
+        except Exception as e:  # the scan passed, so this is a format the reader rejects
+            raise GGUFError(f"{self.path}: the gguf reader cannot read this file "
                             f"({type(e).__name__}: {e})") from None
-        self.data_offset = int(self.reader.data_offset)
-        self.alignment = int(self.reader.alignment)
+        if int(self.reader.data_offset) != header.data_offset:
+            raise GGUFError(f"{self.path}: the gguf reader places the tensor data at byte "
+                            f"{self.reader.data_offset}, the header scan at {header.data_offset}")
+        self.data_offset = header.data_offset
+        self.alignment = header.alignment
         self.file_size = int(len(self.reader.data))
-        infos = getattr(self.reader, "checked_infos", None) or self._infos_from_reader()
-        self.tensors: dict[str, TensorInfo] = {t.name: t for t in infos}
+        checked = _entry_nbytes(self.path)
+        self.tensors: dict[str, TensorInfo] = {
+            e.name: TensorInfo(e.name, Type(e.type_id), e.ne, e.offset, checked(e)) for e in header.tensors}
         self._values: dict[str, Any] = {}
 
     def __repr__(self):
         return f"<GGUFFile {self.path} arch={self.arch!r} {len(self.tensors)} tensors>"
-
-    def _infos_from_reader(self) -> list[TensorInfo]:
-        infos = [(t.name, [int(d) for d in t.shape], int(t.tensor_type), t.data_offset - self.data_offset)
-                 for t in self.reader.tensors]
-        return _check_tensor_table(self.path, infos, self.data_offset, self.file_size, self.alignment)
 
     # ------------------------------------------------------------ metadata
 
@@ -208,8 +186,15 @@ class GGUFFile:
         return self.data_region()[info.offset: info.offset + info.nbytes]
 
     def close(self) -> None:
-        """Drop the mapping (tensors in zero-copy buffers keep their own reference alive)."""
-        self.reader = None
+        """Close the file's mapping (and with it the file descriptor). Numpy or torch views of
+        the mapping that are still alive keep it open; it closes when the last one goes."""
+        reader, self.reader = self.reader, None
+        mapping = getattr(getattr(reader, "data", None), "_mmap", None)
+        if mapping is not None:
+            try:
+                mapping.close()
+            except BufferError:  # views still exported: the mapping closes with the last one
+                pass
 
 
 def open_gguf(path: str | os.PathLike) -> GGUFFile:
