@@ -5,8 +5,9 @@ makes it build objects for minutes. This scan reads the header with plain struct
 checks every count and length against the bytes left in the file *before* using it, so a
 corrupt header costs at most one pass over the file's bytes. It then checks the tensor table:
 known types, 1-4 dimensions, block-size multiples, aligned offsets, data ranges inside the
-data region and not overlapping each other, and a data region that the table accounts for
-(no more than alignment padding after the last tensor).
+file and laid out one after the other in table order (as ggml's own reader requires, so no
+two overlap), and a data region that the table accounts for (no more than alignment padding
+after the last tensor).
 
 Every problem raises GGUFError naming the file and the key or tensor.
 """
@@ -212,16 +213,17 @@ def _alignment(path: str, h: Header) -> int:
 
 
 def _check_data_ranges(path: str, h: Header, file_size: int, type_check) -> None:
-    """Each tensor's bytes lie aligned inside the data region, no two overlap, and the region
-    ends within one alignment unit after the last tensor (a table with a missing or extra
-    entry, or a changed alignment, moves the region and fails here)."""
+    """As ggml's own reader requires: in table order, each tensor's data starts where the
+    previous one's (padded to the alignment) ends, and lies inside the file; the region ends
+    within one alignment unit after the last tensor. A changed type, shape or offset, a table
+    entry missing or added, or a changed alignment breaks one of these."""
     if not h.tensors:
         return
     region = file_size - h.data_offset
     if region < 0:
         raise GGUFError(f"{path}: the tensor data region starts at byte {h.data_offset}, past the end "
                         f"of the {file_size}-byte file: the file is truncated or corrupt")
-    ranges = []
+    expected = end = 0
     for t in h.tensors:
         where = f"{path}: tensor {t.name!r}"
         nbytes = type_check(t)
@@ -232,16 +234,14 @@ def _check_data_ranges(path: str, h: Header, file_size: int, type_check) -> None
         if start + nbytes > file_size:
             raise GGUFError(f"{where} (ne={list(t.ne)}) needs bytes [{start}, {start + nbytes}) but the "
                             f"file has {file_size} bytes: the file is truncated or corrupt")
-        ranges.append((t.offset, t.offset + nbytes, t.name))
-    ranges.sort()
-    for (a0, a1, a), (b0, b1, b) in zip(ranges, ranges[1:]):
-        if b0 < a1:
-            raise GGUFError(f"{path}: the data of tensors {a!r} [{a0}, {a1}) and {b!r} [{b0}, {b1}) "
-                            f"overlap (offsets relative to the data region): the file is corrupt")
-    tail = region - max(end for _, end, _ in ranges)
-    if tail >= h.alignment:
-        raise GGUFError(f"{path}: {tail} bytes after the last tensor's data are not described by the "
-                        f"tensor table (a missing entry or a wrong alignment?): the file is corrupt")
+        if t.offset != expected:
+            raise GGUFError(f"{where}: data offset {t.offset} is not where the previous tensor's data "
+                            f"ends ({expected}): tensors overlap or the table is corrupt")
+        end = t.offset + nbytes
+        expected = -(-end // h.alignment) * h.alignment
+    if region - end >= h.alignment:
+        raise GGUFError(f"{path}: {region - end} bytes after the last tensor's data are not described by "
+                        f"the tensor table (a missing entry or a wrong alignment?): the file is corrupt")
 
 
 # ---------------------------------------------------------------- hyper-parameters
