@@ -90,10 +90,23 @@ def _check_hparams(path: str, h: Header, n_tensors: int) -> None:
     for key, type_name in h.value_types.items():
         suffix = key[len(prefix):] if prefix and key.startswith(prefix) else None
         check_hparam(path, key, suffix, h.values.get(key), type_name)
-    n_layer = h.values.get(f"{arch}.block_count")
-    if n_tensors and isinstance(n_layer, int) and n_layer > n_tensors:
+    def scalar(suffix):
+        value = h.values.get(f"{arch}.{suffix}")
+        return value if isinstance(value, int) else None
+
+    n_layer = scalar("block_count")
+    if n_tensors and n_layer is not None and n_layer > n_tensors:
         raise GGUFError(f"{path}: metadata key '{arch}.block_count' = {n_layer} is more than the "
                         f"{n_tensors} tensors in the file")
+    n_head, n_head_kv, n_embd = scalar("attention.head_count"), scalar("attention.head_count_kv"), scalar("embedding_length")
+    if n_head and n_head_kv and n_head % n_head_kv:
+        raise GGUFError(f"{path}: metadata key '{arch}.attention.head_count_kv' = {n_head_kv} does not "
+                        f"divide '{arch}.attention.head_count' = {n_head}")
+    head_dim = scalar("attention.key_length") or (n_embd // n_head if n_embd and n_head else None)
+    n_rot = scalar("rope.dimension_count")
+    if n_rot is not None and head_dim and (n_rot % 2 or n_rot > head_dim):
+        raise GGUFError(f"{path}: metadata key '{arch}.rope.dimension_count' = {n_rot} must be even and at "
+                        f"most the head size {head_dim}")
 
 
 class GGUFFile:

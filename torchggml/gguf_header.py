@@ -53,7 +53,8 @@ class Header:
     value_types: dict[str, str] = field(default_factory=dict)  # key -> type name ("array[uint32]", ...)
     tensors: list[TensorEntry] = field(default_factory=list)
     alignment: int = 32
-    data_offset: int = 0
+    header_end: int = 0                                # where the tensor table ends
+    data_offset: int = 0                               # header_end rounded up to the alignment
 
 
 class _Cursor:
@@ -196,6 +197,7 @@ def scan_header(path: str, buf, type_check) -> Header:
         type_id = cur.unpack("I", f"{what} (type)")
         offset = cur.unpack("Q", f"{what} (data offset)")
         h.tensors.append(TensorEntry(name, ne, type_id, offset))
+    h.header_end = cur.pos
     h.data_offset = -(-cur.pos // h.alignment) * h.alignment
     _check_data_ranges(path, h, size, type_check)
     return h

@@ -218,11 +218,23 @@ class Sched:
             if not self.in_flight:
                 self._restore_sources()
 
+    def _planned_tensors(self, graph: CGraph) -> list[Tensor]:
+        """Tensors of `graph` that an earlier plan placed in this scheduler's compute buffers
+        (or in buffers since freed). They are planned again: the allocator takes any tensor
+        that has memory for pre-allocated, and would plan other tensors over their old places."""
+        own = {id(b) for vb in self.galloc.buffers if vb is not None for b in vb.chunks}
+        return [t for t in (*graph.nodes, *graph.leafs)
+                if t.buffer is not None and (id(t.buffer) in own or t.buffer.freed)]
+
     def _split(self, graph: CGraph) -> None:
         """split_graph, leaving the copies applied (the allocator plans with them)."""
         self._retire_rewrites()
-        if self.pending_restores and not {id(n) for n, *_ in self.pending_restores}.isdisjoint(map(id, graph.nodes)):
-            self.synchronize()  # this graph is still running with its copies: wait, then restore it
+        planned = self._planned_tensors(graph)
+        if self.in_flight and (planned or not {id(n) for n, *_ in self.pending_restores}.isdisjoint(
+                map(id, graph.nodes))):
+            self.synchronize()  # this graph may still be running: wait (restoring its sources)
+        for t in planned:  # plan them afresh, see _planned_tensors
+            t.data = t.buffer = None
         self.splits = []
         self.graph_inputs = []
         self.is_reset = False

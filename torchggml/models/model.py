@@ -7,7 +7,8 @@
 
 Threads: a Model may be shared between threads. eval, generate, reset and close are serialized
 by one lock per model, so calls from different threads run one after another (each result is
-what that call would give alone, with the cache as the previous call left it). A generate()
+what that call would give alone, with the cache as the previous call left it); hold
+`model.lock` to make a sequence of calls (reset, then eval) atomic. A generate()
 holds the lock from its first item until it is exhausted or closed: iterate it to the end (or
 close it) in the thread that started it.
 
@@ -226,7 +227,9 @@ class Model:
         self.vocab_only = hp is None
         self.timings = Timings()
         self.closed = False
-        self._lock = threading.RLock()  # serializes eval/generate/reset/close (see the module doc)
+        # serializes eval/generate/reset/close (see the module doc); hold it (`with model.lock:`)
+        # to make a sequence of calls, e.g. reset then eval, atomic
+        self.lock = threading.RLock()
         if self.vocab_only:
             return
         self.weights = weights
@@ -321,7 +324,7 @@ class Model:
 
     def reset(self) -> None:
         """Empty the KV cache (zeroing the cells used): the next eval starts at position 0."""
-        with self._lock:
+        with self.lock:
             self._require_weights("reset")
             self.kv.clear()
 
@@ -329,7 +332,7 @@ class Model:
         """Run `tokens` (after the cached ones) and return their logits, float32 [len(tokens), n_vocab].
         The prompt is processed in micro-batches of n_batch tokens. NonFiniteLogitsError when
         the logits are not all finite (the cache is then left as it was before this call)."""
-        with self._lock:
+        with self.lock:
             self._require_weights("eval")
             return self._eval(tokens)
 
@@ -397,7 +400,7 @@ class Model:
         The KV cache starts empty; generation stops at an end-of-generation token or a full
         cache. `self.timings` has the prompt and generation speeds afterwards. The model is
         held (other threads wait) from the first item until the generator ends or is closed."""
-        with self._lock:
+        with self.lock:
             self._require_weights("generate")
             yield from self._generate(prompt, max_tokens, temperature, top_k, top_p, seed)
 
@@ -444,7 +447,7 @@ class Model:
     def close(self) -> None:
         """Free the compute, KV and weight buffers and close the file; a later eval raises
         ModelClosedError. Closing twice is allowed."""
-        with self._lock:
+        with self.lock:
             if self.closed:
                 return
             self.closed = True
