@@ -152,6 +152,8 @@ def worker_main(mem_cap_mb: int) -> None:
     """Read mutant paths from stdin, answer one JSON line each."""
     import warnings
     warnings.simplefilter("ignore")
+    import torch
+    torch.set_num_threads(1)  # workers run side by side: more threads only oversubscribe the cores
     from torchggml.models import load_model
     from torchggml.models.model import NonFiniteLogitsError
     # warm up with a clean model so lazy initialisation is not counted against the cap

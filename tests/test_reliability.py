@@ -31,7 +31,7 @@ from torchggml.gguf_header import _Cursor, _read_value, scan_header
 from torchggml.models import load_model
 from torchggml.models.model import ModelClosedError, NonFiniteLogitsError
 
-from test_sched import _sim_available, make_weights, mlp_graph, random_graph, reference, run_sched
+from test_sched import _sim_available, make_weights, mlp_graph, random_graph_pair, reference, run_sched
 
 T = ggml.Type
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,10 +120,7 @@ def test_stress_same_graph_split_reset_reserved_and_recomputed(backends, paralle
     checked = multi_split = 0
     for _ in range(8):
         n_tokens = rng.choice([1, 3, 8])
-        state = rng.getstate()
-        _, graph, x, out = random_graph(rng, weights, n_tokens)
-        rng.setstate(state)
-        _, ref_graph, ref_x, ref_out = random_graph(rng, cpu_weights, n_tokens)
+        graph, x, out, ref_graph, ref_x, ref_out = random_graph_pair(rng, weights, cpu_weights, n_tokens)
         sources = [list(n.src) for n in graph.nodes]
         allocated = False
         for _ in range(10):

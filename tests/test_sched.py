@@ -265,6 +265,16 @@ def random_graph(rng: random.Random, weights_by_backend, n_tokens):
     return ctx, graph, x, out
 
 
+def random_graph_pair(rng: random.Random, weights, cpu_weights, n_tokens):
+    """The same random graph twice: over `weights` (several backends) and over `cpu_weights`
+    (the same values on the CPU): (graph, x, out, ref_graph, ref_x, ref_out)."""
+    state = rng.getstate()
+    _, graph, x, out = random_graph(rng, weights, n_tokens)
+    rng.setstate(state)
+    _, ref_graph, ref_x, ref_out = random_graph(rng, cpu_weights, n_tokens)
+    return graph, x, out, ref_graph, ref_x, ref_out
+
+
 @pytest.mark.parametrize("parallel", [False, True])
 def test_stress_random_graphs_match_single_device(backends, parallel):
     sim0, sim1, cpu = backends
@@ -278,10 +288,7 @@ def test_stress_random_graphs_match_single_device(backends, parallel):
     for it in range(150):
         n_tokens = rng.choice([1, 3, 8])
         # same graph twice: once across the devices (async, back to back), once on the CPU only
-        state = rng.getstate()
-        _, graph, x, out = random_graph(rng, weights, n_tokens)
-        rng.setstate(state)
-        _, ref_graph, ref_x, ref_out = random_graph(rng, cpu_weights, n_tokens)
+        graph, x, out, ref_graph, ref_x, ref_out = random_graph_pair(rng, weights, cpu_weights, n_tokens)
         xv = torch.rand(n_tokens, 16) * 2 - 1
         assert ggml.backend_sched_alloc_graph(sched, graph)
         ggml.backend_tensor_set(x, xv)
