@@ -47,6 +47,7 @@ GOLDEN_SOURCES = ("llama-Q4_0.gguf", "llama-Q4_K_M.gguf", "llama-F16.gguf", "qwe
 FAILURES = ("unclear-error", "crash", "hang", "over-memory", "nonfinite-table")
 OUTCOMES = ("ok", "clear-error", "nonfinite-data") + FAILURES
 TOKENS = (1, 5, 9, 200)
+STARTUP_TIMEOUT = 600  # seconds for a worker's imports and warm-up (a busy machine is slow)
 REPACK_EVERY = 8  # one mutant in 8 loads with repacked CPU weights (slower), the others without
 
 # ---------------------------------------------------------------- the sources and their fields
@@ -163,6 +164,8 @@ def worker_main(mem_cap_mb: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     out = sys.stdout
     sys.stdout = sys.stderr  # stray prints must not break the protocol
+    out.write(json.dumps({"ready": True}) + "\n")  # the time limit counts from here
+    out.flush()
     for line in sys.stdin:
         task = json.loads(line)
         path = task["path"]
@@ -184,7 +187,9 @@ def worker_main(mem_cap_mb: int) -> None:
 
 
 def _load_and_eval(load_model, path: str, repack: bool = True) -> str:
-    model = load_model(path, n_ctx=16, n_batch=16, progress=False, repack=repack)
+    # check_tensors: a table whose type was swapped for one of the same size decodes the bytes
+    # into NaN/inf scales; the check rejects it at load instead of at eval
+    model = load_model(path, n_ctx=16, n_batch=16, progress=False, repack=repack, check_tensors=True)
     try:
         ids = [t % model.n_vocab for t in TOKENS]
         model.eval(ids[:3])
@@ -207,6 +212,7 @@ class Worker:
         self.path = os.path.join(tmpdir, f"mutant-{index}.gguf")
         self.mem_cap_mb = mem_cap_mb
         self.proc = None
+        self.ready = False  # set by the worker's first line, after its imports and warm-up
         self.handled = 0
         self.task = None
         self.started = 0.0
@@ -218,7 +224,8 @@ class Worker:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      env=env)
         os.set_blocking(self.proc.stdout.fileno(), False)
-        self.handled, self.buffer = 0, b""
+        self.handled, self.buffer, self.ready = 0, b"", False
+        self.started = time.monotonic()
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -276,7 +283,7 @@ def run(n: int, seed: int = 0, workers: int = 2, timeout: float = 60.0, mem_cap_
                 sel.register(w.proc.stdout, selectors.EVENT_READ, w)
             while done < n:
                 for w in pool:
-                    if w.task is None and next_i < n:
+                    if w.ready and w.task is None and next_i < n:
                         if w.handled >= recycle:
                             restart(w)
                         src = sources[next_i % len(sources)]
@@ -293,19 +300,26 @@ def run(n: int, seed: int = 0, workers: int = 2, timeout: float = 60.0, mem_cap_
                     chunk = w.proc.stdout.read()
                     if chunk:
                         w.buffer += chunk
-                        while b"\n" in w.buffer and w.task is not None:
+                        while b"\n" in w.buffer:
                             line, w.buffer = w.buffer.split(b"\n", 1)
                             msg = json.loads(line)
-                            record(w, msg["outcome"], msg["detail"])
+                            if msg.get("ready"):
+                                w.ready = True
+                            elif w.task is not None:
+                                record(w, msg["outcome"], msg["detail"])
                     elif w.proc.poll() is not None:  # EOF: the worker died
                         if w.task is not None:
                             record(w, "crash", f"worker exit status {w.proc.returncode}")
+                        elif not w.ready:
+                            raise RuntimeError(f"a fuzz worker failed to start (exit status {w.proc.returncode})")
                         restart(w)
                 now = time.monotonic()
                 for w in pool:
                     if w.task is not None and now - w.started > timeout:
                         record(w, "hang", f"no answer in {timeout:.0f} s")
                         restart(w)
+                    elif not w.ready and now - w.started > STARTUP_TIMEOUT:
+                        raise RuntimeError(f"a fuzz worker did not start in {STARTUP_TIMEOUT} s")
         finally:  # never leave workers behind, also on an interrupt
             for w in pool:
                 w.stop()

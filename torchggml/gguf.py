@@ -239,6 +239,41 @@ class Weights:
         self.buffers.clear()
 
 
+# The float fields of each block type (ggml's block structs): (byte offset, f16 or f32). Every
+# other field is an integer, so a block decodes to finite values exactly when these are finite.
+_F16, _F32 = 2, 4
+_BLOCK_SCALES = {
+    Type.Q4_0: ((0, _F16),), Type.Q4_1: ((0, _F16), (2, _F16)), Type.Q5_0: ((0, _F16),),
+    Type.Q5_1: ((0, _F16), (2, _F16)), Type.Q8_0: ((0, _F16),), Type.Q8_1: ((0, _F16), (2, _F16)),
+    Type.Q2_K: ((80, _F16), (82, _F16)), Type.Q3_K: ((108, _F16),), Type.Q4_K: ((0, _F16), (2, _F16)),
+    Type.Q5_K: ((0, _F16), (2, _F16)), Type.Q6_K: ((208, _F16),), Type.Q8_K: ((0, _F32),),
+    Type.IQ2_XXS: ((0, _F16),), Type.IQ2_XS: ((0, _F16),), Type.IQ2_S: ((0, _F16),),
+    Type.IQ3_XXS: ((0, _F16),), Type.IQ3_S: ((0, _F16),), Type.IQ1_S: ((0, _F16),),
+    Type.IQ4_NL: ((0, _F16),), Type.IQ4_XS: ((0, _F16),), Type.TQ1_0: ((52, _F16),),
+    Type.TQ2_0: ((64, _F16),),
+}
+
+
+def check_tensor_values(file: GGUFFile, name: str) -> None:
+    """GGUFError naming the file and tensor when one of its values, or for block types one of
+    its blocks' float scales, is NaN or inf (what llama.cpp's --check-tensors checks)."""
+    import torch
+    info = file.tensor_info(name)
+    data = torch.from_numpy(np.ascontiguousarray(file.tensor_data(name)))
+    plain = {Type.F32: torch.float32, Type.F16: torch.float16, Type.BF16: torch.bfloat16}.get(info.type)
+    if plain is not None:
+        fields = [("value", data.view(plain))]
+    else:
+        blocks = data.view(-1, type_traits(info.type).type_size)
+        fields = [(f"block scale at byte {off}", blocks[:, off:off + size].contiguous().view(
+            torch.float16 if size == _F16 else torch.float32)) for off, size in _BLOCK_SCALES.get(info.type, ())]
+    for what, values in fields:
+        bad = ~torch.isfinite(values.reshape(-1))
+        if bool(bad.any()):
+            raise GGUFError(f"{file.path}: tensor {name!r} ({info.type.name}): {what} #{int(bad.nonzero()[0])} "
+                            f"is not finite (the file is corrupt, or its type is not what the table says)")
+
+
 def is_cpu_buft(buft: BufferType) -> bool:
     """Host memory of the CPU device: weights there can be views of the file's mapping."""
     from .backend.device import DeviceType
@@ -247,14 +282,17 @@ def is_cpu_buft(buft: BufferType) -> bool:
 
 
 def load_weights(file: GGUFFile, buft_of: Callable[[str], BufferType], names: Iterable[str] | None = None,
-                 progress: bool = True) -> Weights:
+                 progress: bool = True, check_values: bool = False) -> Weights:
     """Create a ggml tensor for each weight (all of the file's tensors, or `names`) in the
     buffer type `buft_of(name)` returns. CPU weights are views of the file's mapping; the
-    others are uploaded to one new buffer per buffer type."""
+    others are uploaded to one new buffer per buffer type. check_values: first check that
+    every value is finite (see check_tensor_values)."""
     names = list(file.tensors) if names is None else list(names)
     groups: dict[int, tuple[BufferType, list[str]]] = {}
     for name in names:
         file.tensor_info(name)  # clear error for a missing tensor
+        if check_values:
+            check_tensor_values(file, name)
         buft = buft_of(name)
         groups.setdefault(id(buft), (buft, []))[1].append(name)
     weights = Weights()

@@ -502,7 +502,7 @@ def causal_mask(n_past: int, n_tokens: int, n_kv: int) -> torch.Tensor:
 def load(path, devices=None, n_gpu_layers: int | None = None, n_ctx: int | None = None, n_batch: int = 512,
          flash_attn: bool = False, kv_type="f16", vocab_only: bool = False,
          tensor_split: Sequence[float] | None = None, n_threads: int | None = None,
-         progress: bool = True, repack: bool = True) -> Model:
+         progress: bool = True, repack: bool = True, check_tensors: bool = False) -> Model:
     """See torchggml.load_model."""
     from ..gguf import open_gguf
     from ..tokenizer import Tokenizer
@@ -539,5 +539,5 @@ def load(path, devices=None, n_gpu_layers: int | None = None, n_ctx: int | None 
                     return extra
         return device.get_buffer_type()
 
-    weights = load_weights(file, buft_of, progress=progress)
+    weights = load_weights(file, buft_of, progress=progress, check_values=check_tensors)
     return Model(file, tokenizer, hp, weights, placement, n_ctx, int(n_batch), bool(flash_attn), kv_type, n_threads)
