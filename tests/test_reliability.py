@@ -371,6 +371,41 @@ def test_a_consistent_alignment_loads_the_same_model(tmp_path, alignment):
         assert np.array_equal(f.tensor_data(name), ref.tensor_data(name))
 
 
+from torchggml.gguf import _BLOCK_SCALES, check_tensor_values  # noqa: E402
+
+
+@pytest.mark.parametrize("qtype,offset,size", [(t, off, size) for t, fields in _BLOCK_SCALES.items()
+                                               for off, size in fields], ids=lambda v: getattr(v, "name", str(v)))
+def test_block_scale_table_matches_the_reference_dequantize(qtype, offset, size):
+    """A NaN written at each listed scale field makes the reference dequantize non-finite; the
+    table is what check_tensors reads."""
+    from torchggml.quants import dequantize
+    from torchggml.types import type_traits
+    blocks = torch.zeros(4, type_traits(qtype).type_size, dtype=torch.uint8)
+    blocks[:, :] = 0x11  # finite scales, non-zero quants
+    for off, sz in _BLOCK_SCALES[qtype]:
+        blocks[:, off:off + sz] = torch.tensor([1.0], dtype=torch.float16 if sz == 2 else torch.float32).view(torch.uint8)
+    assert bool(torch.isfinite(dequantize(qtype, blocks)).all())
+    nan = torch.tensor([float("nan")], dtype=torch.float16 if size == 2 else torch.float32).view(torch.uint8)
+    blocks[2, offset:offset + size] = nan
+    assert not bool(torch.isfinite(dequantize(qtype, blocks)[2]).all())
+
+
+@needs_golden
+def test_check_tensors_rejects_a_type_swapped_for_one_of_the_same_size(tmp_path):
+    """Q4_K and Q4_0 blocks of 256 values are both 144 bytes: the layout stays valid, and only
+    the values can tell (the fuzzer found this one)."""
+    data = (GOLDEN / "models" / "llama-Q4_K_M.gguf").read_bytes()
+    path = tmp_path / "swapped.gguf"
+    path.write_bytes(_patched(data, _tensor_entry_end(data, "blk.1.attn_k.weight"), "<I", int(T.Q4_0)))
+    with pytest.raises(GGUFError, match=r"swapped\.gguf: tensor 'blk\.1\.attn_k\.weight' \(Q4_0\): block scale "
+                                        r"at byte 0 #\d+ is not finite"):
+        load_model(path, progress=False, check_tensors=True)
+    f = open_gguf(GOLDEN / "models" / "llama-Q4_K_M.gguf")
+    for name in f.tensors:  # a sound file passes
+        check_tensor_values(f, name)
+
+
 # ---------------------------------------------------------------- 4. hyper-parameters
 
 def _u32(v):
