@@ -255,7 +255,7 @@ HPARAM_RULES = {
     "context_length": ("int", 1, 2**31 - 1),
     "embedding_length": ("int", 1, 2**20),
     "block_count": ("int", 1, 2**16),
-    "feed_forward_length": ("int", 1, 2**24),
+    "feed_forward_length": ("int", 0, 2**24),  # 0 in some mixture-of-experts models
     "attention.head_count": ("int", 1, 2**16),
     "attention.head_count_kv": ("int", 1, 2**16),
     "attention.key_length": ("int", 1, 2**16),
@@ -269,7 +269,7 @@ HPARAM_RULES = {
     "rope.freq_base": ("float", 1e-6, 1e15),
     "rope.scaling.factor": ("float", 0.0, 1e6),
 }
-_PER_LAYER_MAY_BE_ZERO = {"feed_forward_length", "attention.head_count", "attention.head_count_kv"}
+_PER_LAYER_MAY_BE_ZERO = {"attention.head_count", "attention.head_count_kv"}
 # token ids: any integer that fits; the tokenizer drops ids outside the vocabulary
 _TOKEN_ID_SUFFIX = "_token_id"
 

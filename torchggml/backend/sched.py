@@ -5,8 +5,9 @@ ordered by events. Pass by pass as upstream ggml-backend.cpp does it (see DESIGN
 Unlike upstream, the caller's graph is only borrowed: a node whose source is copied to another
 backend reads the copy only while the scheduler plans or runs the graph (the rewritten sources
 are recorded and put back when it is done: after alloc/reserve, and after compute once the
-backends are synchronized). So the same graph can be reserved, allocated, reset and allocated
-again, or split by another scheduler, and still computes correctly."""
+backends are synchronized), and tensors an earlier plan placed in the scheduler's own buffers
+are planned afresh. So the same graph can be reserved, allocated, reset and allocated again,
+or split by another scheduler, and still computes correctly."""
 from __future__ import annotations
 
 import contextlib
