@@ -112,3 +112,5 @@ from .torch_backend.stream import StreamError  # noqa: E402
 from .torch_backend.views import UnallocatedTensorError  # noqa: E402
 from .torch_backend.kernels import UnsupportedOpError  # noqa: E402
 from .models import load_model, Model  # noqa: E402
+from .torch_integration import graph_function, GraphFunction  # noqa: E402
+from .profiler import PROFILE_ENV  # noqa: E402
