@@ -113,10 +113,15 @@ class GraphFunction:
         return (f"<ggml.GraphFunction {len(self.inputs)} inputs -> {len(self.outputs)} outputs on {where}, "
                 f"{len(self.params)} trainable>")
 
-    def __call__(self, *xs: torch.Tensor):
+    def __call__(self, *xs: torch.Tensor, params=None):
+        """Outputs for inputs `xs`. `params`: torch tensors to use for the trainable weights
+        (e.g. an nn.Module's Parameters over the same memory; default: parameters())."""
         if len(xs) != len(self.inputs):
             raise TypeError(f"graph_function: expected {len(self.inputs)} inputs, got {len(xs)}")
-        outs = torch.ops.torchggml.graph_call(self.id, [*xs, *self._param_views])
+        params = self._param_views if params is None else list(params)
+        if len(params) != len(self.params):
+            raise TypeError(f"graph_function: expected {len(self.params)} parameter tensors, got {len(params)}")
+        outs = torch.ops.torchggml.graph_call(self.id, [*xs, *params])
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     # --- the forward on the ggml backend
