@@ -13,7 +13,9 @@ PROFILE_ENV = "TORCHGGML_PROFILE"
 
 def profiling() -> bool:
     """Ranges are wanted: a torch profiler is active, or TORCHGGML_PROFILE=1."""
-    return torch.autograd._profiler_enabled() or os.environ.get(PROFILE_ENV, "") == "1"
+    # the C flag is per thread (and off with profile_all_threads); the Python one is global
+    return (torch.autograd._profiler_enabled() or torch.autograd.profiler._is_profiler_enabled
+            or os.environ.get(PROFILE_ENV, "") == "1")
 
 
 def split_range(backend_name: str, index: int):

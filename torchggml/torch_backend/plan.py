@@ -49,11 +49,13 @@ def compile_graph(graph, kernels, backend) -> list:
     return calls
 
 
-def run_calls_named(calls, device_name: str) -> None:
-    """Run compiled calls; a failure names the device, the op and the node."""
+def run_calls_named(calls, device_name: str, profiled: bool | None = None) -> None:
+    """Run compiled calls; a failure names the device, the op and the node. `profiled`: record a
+    profiler range per node (default: whether profiling is on in this thread; a worker stream
+    passes what its submitting thread saw, as torch reports the profiler per thread)."""
     node = None
     try:
-        if profiling():  # a range per node, named like the profiler module's
+        if profiling() if profiled is None else profiled:  # a range per node, named like the profiler module's
             for fn, node in calls:
                 with torch.profiler.record_function(node_range_name(node)):
                     fn(node)
