@@ -23,9 +23,10 @@ from ..tensor import Tensor, nelements
 from ..types import type_traits
 from .evaluate import GraphEvaluator
 
-# live GraphFunctions by id: the custom op takes the id (an int is a valid op argument and a
-# constant in traced graphs); entries go when their function is collected
-_FUNCTIONS: "weakref.WeakValueDictionary[int, GraphFunction]" = weakref.WeakValueDictionary()
+# live GraphFunctions by key: the custom op takes the key, a string (torch.compile keeps
+# strings constant, where it may turn an int that changes between calls into a symbol);
+# entries go when their function is collected
+_FUNCTIONS: "weakref.WeakValueDictionary[str, GraphFunction]" = weakref.WeakValueDictionary()
 _ids = itertools.count(1)
 
 
@@ -78,7 +79,7 @@ class GraphFunction:
         self.out_meta = [(_torch_shape(t), _dtype(t, "output"), to_torch(t).device) for t in self.outputs]
         self._param_views = [self._trainable_view(t) for t in self.params]
         self.evaluator = GraphEvaluator(graph, self.outputs)
-        self.id = next(_ids)
+        self.id = f"graph_function#{next(_ids)}"
         _FUNCTIONS[self.id] = self
 
     def _allocate(self) -> None:
@@ -121,8 +122,20 @@ class GraphFunction:
         params = self._param_views if params is None else list(params)
         if len(params) != len(self.params):
             raise TypeError(f"graph_function: expected {len(self.params)} parameter tensors, got {len(params)}")
-        outs = torch.ops.torchggml.graph_call(self.id, [*xs, *params])
+        args = [*xs, *params]
+        if self._eager_only(args):  # nothing to trace or differentiate: skip the op dispatcher
+            outs = self.run(args)
+        else:
+            outs = torch.ops.torchggml.graph_call(self.id, args)
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+    @staticmethod
+    def _eager_only(args) -> bool:
+        """Plain tensors, no gradient wanted, no compiler tracing: the custom op would only add
+        its dispatch cost (tens of µs) to calling run() directly."""
+        if torch.compiler.is_compiling() or any(type(a) is not torch.Tensor for a in args):
+            return False
+        return not (torch.is_grad_enabled() and any(a.requires_grad for a in args))
 
     # --- the forward on the ggml backend
     def run(self, xs) -> list[torch.Tensor]:
@@ -193,7 +206,7 @@ def graph_function(graph, inputs, outputs, backend_or_sched, params=None) -> Gra
     return GraphFunction(graph, inputs, outputs, backend_or_sched, params)
 
 
-def _lookup(fid: int) -> GraphFunction:
+def _lookup(fid: str) -> GraphFunction:
     fn = _FUNCTIONS.get(fid)
     if fn is None:
         raise RuntimeError(f"torchggml::graph_call: graph function {fid} was freed")
@@ -203,13 +216,13 @@ def _lookup(fid: int) -> GraphFunction:
 # ---------------------------------------------------------------- the custom op
 
 @torch.library.custom_op("torchggml::graph_call", mutates_args=())
-def graph_call(fid: int, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+def graph_call(fid: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Run graph function `fid` on its inputs followed by its trainable parameters."""
     return _lookup(fid).run(inputs)
 
 
 @graph_call.register_fake
-def _graph_call_fake(fid: int, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+def _graph_call_fake(fid: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     return [torch.empty(shape, dtype=dtype, device=device) for shape, dtype, device in _lookup(fid).out_meta]
 
 
