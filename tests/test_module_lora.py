@@ -21,6 +21,16 @@ from torchggml.models.module import QuantizedWeight
 TEXT = "Once upon a time there was a small program that wanted to run a language model"
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The demo model's products are tiny: one torch thread is fastest, and on a busy machine
+    two threads spinning in OpenMP barriers are ten times slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def demo_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("demo"))

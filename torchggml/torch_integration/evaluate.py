@@ -45,7 +45,9 @@ def _binary(fn):
 
 def _mul_mat(node, a, b):
     """a [a3, a2, n, k] x b [b3, b2, m, k] -> [b3, b2, m, n]; a repeat-interleaved over dims 2, 3."""
-    a = a.repeat_interleave(b.shape[1] // a.shape[1], dim=1).repeat_interleave(b.shape[0] // a.shape[0], dim=0)
+    for dim in (0, 1):
+        if b.shape[dim] != a.shape[dim]:
+            a = a.repeat_interleave(b.shape[dim] // a.shape[dim], dim=dim)
     return torch.matmul(b, a.transpose(-1, -2))
 
 
