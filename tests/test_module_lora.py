@@ -45,14 +45,14 @@ def fresh(path, **kw):
     return load_model(path, n_ctx=64, progress=False, **kw)
 
 
-@pytest.mark.parametrize("device", ["CPU", "SIM0"])
-def test_module_logits_equal_model_eval(demo_path, device):
+@pytest.mark.parametrize("devices", ["CPU", "SIM0", "SIM0,CPU"])
+def test_module_logits_equal_model_eval(demo_path, devices):
     from torchggml.models.model import find_device
     try:
-        find_device(device)
+        [find_device(d) for d in devices.split(",")]
     except ValueError:
-        pytest.skip(f"no {device} device")
-    model = fresh(demo_path, devices=[device])
+        pytest.skip(f"no {devices} devices")
+    model = fresh(demo_path, devices=devices.split(","))  # two devices: through the scheduler
     ids = model.tokenize(TEXT)
     expected = model.eval(ids)
     module = model.as_module()
@@ -92,6 +92,28 @@ def test_quantized_weights_dequantize_on_access(demo_dir):
     reference = torch.from_numpy(gguf.quants.dequantize(info.data, info.tensor_type).copy())
     assert torch.equal(p * 1.0, reference)           # any op reads dequantized values
     assert torch.equal(module.state_dict()["blk.1.ffn_up.weight"].dequantize(), reference)
+
+
+def test_lora_trains_beside_repacked_quantized_weights(demo_dir):
+    """Q4_0 projections on the CPU live in CPU_REPACK (torch's int4 layout): the forward uses
+    them as they are, the backward reads their values from the file through QuantizedWeight."""
+    path = generated_model(DEMO_CONFIG, "Q4_0", directory=demo_dir)
+    model = load_model(path, n_ctx=64, progress=False)
+    assert not getattr(model.weights.tensors["blk.0.attn_q.weight"].buffer, "ggml_layout", True)
+    model.add_lora(2, ["attn_q", "ffn_down"], seed=1)
+    module = model.as_module()
+    ids = model.tokenize(TEXT)
+    x, y = torch.tensor(ids[:-1]), torch.tensor(ids[1:])
+    opt = torch.optim.Adam([p for p in module.parameters() if p.requires_grad], lr=1e-2)
+    losses = []
+    for _ in range(4):
+        loss = torch.nn.functional.cross_entropy(module(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+    assert torch.allclose(module(x), model.eval(x.tolist()), atol=1e-4)
 
 
 def test_module_moves_between_devices(demo_path):

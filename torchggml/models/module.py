@@ -149,10 +149,17 @@ class GGMLModule(torch.nn.Module):
                 from .llama import graph_size
                 target = backend_sched_new(model.backends, None, graph_size(model.hp) * 2, False, True)
             params = model.lora.tensors() if model.lora is not None else []
-            fn = graph_function(g.graph, [g.tokens, g.positions, g.kv_idx, g.mask], [g.logits], target, params)
+            fn = graph_function(g.graph, [g.tokens, g.positions, g.kv_idx, g.mask], [g.logits], target, params,
+                                read_weight=self._read_weight)
             fn.ctx = ctx  # the graph's tensors live as long as the function
             self._functions[key] = fn
         return fn
+
+    def _read_weight(self, t) -> torch.Tensor:
+        """Float values of a weight the backward cannot read from memory (a repacked layout):
+        its QuantizedWeight, which reads the file's blocks."""
+        name = next(n for n, w in self.model.weights.tensors.items() if w is t)
+        return self.get_parameter(name).dequantize()
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [n_tokens, n_vocab] (float32) of `tokens` at `positions` (default 0..n-1); each

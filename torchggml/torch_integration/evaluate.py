@@ -196,10 +196,12 @@ class GraphEvaluator:
     Values are computed in `dtype` (float64 for gradcheck); in float32, F16/BF16 nodes are
     rounded to their type as ggml stores them (the gradient passes the rounding unchanged)."""
 
-    def __init__(self, graph, outputs):
+    def __init__(self, graph, outputs, read_weight=None):
         needed = _ancestors(outputs)
         self.nodes = [n for n in graph.nodes if id(n) in needed]
         self.outputs = list(outputs)
+        # fn(tensor) -> float values, for weights whose memory is not in ggml's layout (repacked)
+        self.read_weight = read_weight
 
     def __call__(self, given: dict, dtype=torch.float32, device=None) -> list[torch.Tensor]:
         self.dtype, self.device = dtype, device
@@ -232,7 +234,13 @@ class GraphEvaluator:
     def _constant(self, t: Tensor) -> torch.Tensor:
         from ..torch_backend.kernels.common import as_float
         from ..torch_backend.views import tensor_view
-        if type_traits(t.type).dtype is not None and not t.type.name.startswith("F") and t.type != Type.BF16:
+        buffer = t.buffer if t.view_src is None else t.view_src.buffer
+        if not getattr(buffer, "ggml_layout", True):
+            if self.read_weight is None:
+                raise ValueError(f"graph_function: {t.describe()} is stored in a repacked layout; pass "
+                                 f"read_weight to differentiate through it (or load with repack=False)")
+            v = self.read_weight(t).to(self.dtype).reshape(_shape(t))
+        elif type_traits(t.type).dtype is not None and not t.type.name.startswith("F") and t.type != Type.BF16:
             v = tensor_view(t).clone()  # integers (ids, positions) stay integers
         else:
             v = as_float(t, self.dtype)

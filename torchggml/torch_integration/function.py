@@ -53,7 +53,7 @@ def _cuda_stream(backend) -> torch.cuda.Stream | None:
 class GraphFunction:
     """See graph_function."""
 
-    def __init__(self, graph, inputs, outputs, backend_or_sched, params=None):
+    def __init__(self, graph, inputs, outputs, backend_or_sched, params=None, read_weight=None):
         from ..backend.sched import Sched
         self.graph = graph
         self.inputs = list(inputs)
@@ -78,7 +78,7 @@ class GraphFunction:
         self._allocate()
         self.out_meta = [(_torch_shape(t), _dtype(t, "output"), to_torch(t).device) for t in self.outputs]
         self._param_views = [self._trainable_view(t) for t in self.params]
-        self.evaluator = GraphEvaluator(graph, self.outputs)
+        self.evaluator = GraphEvaluator(graph, self.outputs, read_weight)
         self.id = f"graph_function#{next(_ids)}"
         _FUNCTIONS[self.id] = self
 
@@ -196,14 +196,16 @@ class GraphFunction:
             self.galloc = None
 
 
-def graph_function(graph, inputs, outputs, backend_or_sched, params=None) -> GraphFunction:
+def graph_function(graph, inputs, outputs, backend_or_sched, params=None, read_weight=None) -> GraphFunction:
     """A torch callable running `graph`: f(*tensors for inputs) -> tensor(s) for outputs.
 
     The graph is allocated (when its tensors have no memory yet) and compiled into a plan once;
     each call copies the inputs in, computes (CUDA-graph replay on CUDA) and returns copies of
     the outputs. `params`: weights that receive gradients (default: the graph's leafs flagged
-    with set_param); `f.parameters()` gives them as zero-copy torch views for an optimizer."""
-    return GraphFunction(graph, inputs, outputs, backend_or_sched, params)
+    with set_param); `f.parameters()` gives them as zero-copy torch views for an optimizer.
+    `read_weight(tensor) -> float values`: for the backward, the values of weights stored in a
+    layout other than ggml's (CPU_REPACK), which cannot be read from memory."""
+    return GraphFunction(graph, inputs, outputs, backend_or_sched, params, read_weight)
 
 
 def _lookup(fid: str) -> GraphFunction:
