@@ -21,7 +21,6 @@ import torch
 from ..interop import to_torch
 from ..types import type_traits
 from .kv_cache import KV_PAD
-from .model import causal_mask
 
 
 class QuantizedWeight(torch.Tensor):

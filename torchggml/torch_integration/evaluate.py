@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from ..enums import Op, GluOp, VIEW_OPS
-from ..tensor import Tensor, get_op_params_f32, get_op_params_i32, get_glu_op, get_unary_op, is_empty
+from ..enums import Op, GluOp, RopeType, VIEW_OPS
+from ..tensor import Tensor, get_op_params_f32, get_glu_op, get_unary_op, is_empty
 from ..types import Type, type_traits
 from ..torch_backend.kernels import UnsupportedOpError
 from ..torch_backend.kernels.attention import alibi_slopes, _tile_reps
@@ -102,7 +102,7 @@ def _rope(node, x, positions, factors=None):
     cos, sin = _angles(pos, n_tokens, axes, inv_freq, fac, p.freq_scale, yarn, p.attn_factor * yarn_mscale)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     start, width = _rotated_span(p, x.shape[-1])
-    interleaved = p.mode == 0
+    interleaved = p.mode == RopeType.NORMAL
     x0, x1 = _pair_halves(x, start, width, interleaved)
     r0, r1 = x0 * cos - x1 * sin, x0 * sin + x1 * cos
     rotated = torch.stack((r0, r1), -1).flatten(-2) if interleaved else torch.cat((r0, r1), -1)
@@ -240,8 +240,8 @@ class GraphEvaluator:
                 raise ValueError(f"graph_function: {t.describe()} is stored in a repacked layout; pass "
                                  f"read_weight to differentiate through it (or load with repack=False)")
             v = self.read_weight(t).to(self.dtype).reshape(_shape(t))
-        elif type_traits(t.type).dtype is not None and not t.type.name.startswith("F") and t.type != Type.BF16:
-            v = tensor_view(t).clone()  # integers (ids, positions) stay integers
+        elif _is_integer(t):
+            v = tensor_view(t).clone()  # ids, positions
         else:
             v = as_float(t, self.dtype)
         return v.to(self.device) if self.device is not None else v
@@ -292,6 +292,11 @@ class GraphEvaluator:
             shape, stride, offset = layout
             mem = self._root_memory(root)
             self.memory[id(root)] = mem.as_strided_scatter(v.to(mem.dtype), shape, stride, offset)
+
+
+def _is_integer(t: Tensor) -> bool:
+    dtype = type_traits(t.type).dtype
+    return dtype is not None and not dtype.is_floating_point
 
 
 def _contiguous(t: Tensor) -> bool:

@@ -201,7 +201,8 @@ def graph_function(graph, inputs, outputs, backend_or_sched, params=None, read_w
 
     The graph is allocated (when its tensors have no memory yet) and compiled into a plan once;
     each call copies the inputs in, computes (CUDA-graph replay on CUDA) and returns copies of
-    the outputs. `params`: weights that receive gradients (default: the graph's leafs flagged
+    the outputs. A scheduler is reset and allocates this graph (give each graph function its
+    own scheduler). `params`: weights that receive gradients (default: the graph's leafs flagged
     with set_param); `f.parameters()` gives them as zero-copy torch views for an optimizer.
     `read_weight(tensor) -> float values`: for the backward, the values of weights stored in a
     layout other than ggml's (CPU_REPACK), which cannot be read from memory."""
