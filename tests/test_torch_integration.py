@@ -225,6 +225,26 @@ def test_gradients_reach_trainable_weights_and_an_optimizer_updates_the_graph():
     assert torch.allclose(fn(xv), fn.reference(xv), atol=1e-6)
 
 
+def test_torch_compile_differentiates_through_graph_function():
+    ctx = ggml.init(no_alloc=True)
+    g, x, w, y = small_graph(ctx)
+    fn = ggml.graph_function(g, [x], [y], ggml.backend_cpu_init())
+    init_weights(fn)
+    weights = torch.arange(5.0)
+    xv = torch.rand(3, 8, requires_grad=True)
+    torch.compile(lambda a: (fn(a) * weights).sum(), fullgraph=True, backend="aot_eager")(xv).backward()
+    compiled_grads = [xv.grad.clone(), fn.parameters()[0].grad.clone()]
+    xv.grad, fn.parameters()[0].grad = None, None
+    (fn(xv) * weights).sum().backward()
+    assert torch.allclose(compiled_grads[0], xv.grad) and torch.allclose(compiled_grads[1], fn.parameters()[0].grad)
+
+
+def test_from_torch_warns_that_gradients_stop_there():
+    ctx = ggml.init(no_alloc=True)
+    with pytest.warns(UserWarning, match="graph_function"):
+        ggml.from_torch(ctx, torch.zeros(3, requires_grad=True))
+
+
 def test_an_op_without_a_torch_rule_is_named_in_the_backward():
     ctx = ggml.init(no_alloc=True)
     x = new_input(ctx, 6, 3)
