@@ -27,8 +27,8 @@ import torch
 from ..backend.backend import Backend
 from ..backend.device import Event
 from ..enums import Status
-from .buffer import TorchBuffer
 from ..profiler import profiling
+from .buffer import TorchBuffer
 from .plan import CompiledPlan, compile_graph, run_calls_named
 from .views import tensor_bytes
 

@@ -212,11 +212,14 @@ class GraphEvaluator:
                 raise ValueError(f"graph_function: {t.describe()} must be a contiguous tensor that is "
                                  f"not a view to be an input or a trainable parameter")
             self.values[id(t)] = value.reshape(_shape(t))
-        for node in self.nodes:
-            if node.op in VIEW_OPS or is_empty(node):
-                continue
-            self._compute(node)
-        return [self.value(t) for t in self.outputs]
+        try:
+            for node in self.nodes:
+                if node.op in VIEW_OPS or is_empty(node):
+                    continue
+                self._compute(node)
+            return [self.value(t) for t in self.outputs]
+        finally:  # autograd keeps what the backward needs; drop the rest now
+            self.values, self.memory = {}, {}
 
     def value(self, t: Tensor) -> torch.Tensor:
         if t.view_src is None and id(t) in self.memory:  # a root written through a view
