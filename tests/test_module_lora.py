@@ -197,6 +197,21 @@ np.save(out, np.array(llm.scores[: len(ids)]))
 """
 
 
+def test_the_module_keeps_a_few_graphs_and_backward_outlives_eviction(demo_path):
+    model = fresh(demo_path)
+    model.add_lora(2, ["ffn_up"])
+    module = model.as_module()
+    ids = torch.tensor(model.tokenize(TEXT))
+    outs = [module(ids[:n]) for n in range(2, 3 + module.MAX_GRAPHS)]  # one shape more than kept
+    assert len(module._functions) == module.MAX_GRAPHS
+    sum(o.sum() for o in outs).backward()  # the first graph's backward still runs
+    assert all(p.grad is not None for p in module.parameters() if p.requires_grad)
+    first = model.lora
+    model.set_lora(None)  # the module follows the model's adapters
+    assert module(ids[:3]).shape == (3, model.n_vocab) and not any(p.requires_grad for p in module.parameters())
+    assert first.pairs == {}  # set_lora freed the previous adapter
+
+
 def test_lora_arguments_and_files_are_checked(demo_path, tmp_path):
     model = fresh(demo_path)
     with pytest.raises(ValueError, match="target 'attn_norm' matches no weight"):

@@ -16,6 +16,8 @@
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
 
 from ..interop import to_torch
@@ -89,6 +91,8 @@ def _container(root: torch.nn.Module, parts: list[str]) -> torch.nn.Module:
 class GGMLModule(torch.nn.Module):
     """See the module docstring."""
 
+    MAX_GRAPHS = 4
+
     def __init__(self, model):
         super().__init__()
         model._require_weights("as_module")
@@ -96,8 +100,8 @@ class GGMLModule(torch.nn.Module):
 
     def _bind(self, model) -> None:
         self.model = model
-        self._functions: dict[tuple[int, int], object] = {}
-        self._lora_key = None
+        self._functions: OrderedDict[tuple[int, int], object] = OrderedDict()  # most recent last
+        self._lora = None
         self._lora_params = []
         self._modules.clear()
         self._parameters.clear()
@@ -114,10 +118,9 @@ class GGMLModule(torch.nn.Module):
     def _sync_lora(self) -> None:
         """Register the model's current adapters as trainable parameters under `lora.`."""
         lora = self.model.lora
-        key = id(lora) if lora is not None else None
-        if key == self._lora_key:
+        if lora is self._lora:
             return
-        self._lora_key = key
+        self._lora = lora
         self._functions.clear()
         self._modules.pop("lora", None)
         self._lora_params = []
@@ -133,9 +136,13 @@ class GGMLModule(torch.nn.Module):
     # ------------------------------------------------------------ forward
 
     def _function(self, n_tokens: int, n_kv: int):
+        """The graph function for this shape; the MAX_GRAPHS most recent shapes keep theirs (each
+        holds its own compute memory)."""
         key = (n_tokens, n_kv)
         fn = self._functions.get(key)
-        if fn is None:
+        if fn is not None:
+            self._functions.move_to_end(key)
+        else:
             from ..context import Context
             from ..torch_integration import graph_function
             model = self.model
@@ -152,6 +159,8 @@ class GGMLModule(torch.nn.Module):
                                 read_weight=self._read_weight)
             fn.ctx = ctx  # the graph's tensors live as long as the function
             self._functions[key] = fn
+            if len(self._functions) > self.MAX_GRAPHS:
+                self._functions.popitem(last=False)  # freed when no autograd graph needs it
         return fn
 
     def _read_weight(self, t) -> torch.Tensor:

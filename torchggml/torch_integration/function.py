@@ -231,14 +231,14 @@ def _graph_call_fake(fid: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]
 
 def _setup_context(ctx, inputs, output) -> None:
     fid, xs = inputs
-    ctx.fid = fid
+    ctx.function = _lookup(fid)  # alive until the backward ran, even if its owner drops it
     ctx.wants = [x.requires_grad and x.is_floating_point() for x in xs]
     ctx.save_for_backward(*xs)
 
 
 def _backward(ctx, grads):
     """Recompute the forward with torch functions and differentiate it (evaluate.py says why)."""
-    fn = _lookup(ctx.fid)
+    fn = ctx.function
     xs = ctx.saved_tensors
     with torch.enable_grad():
         leaves = [x.detach().requires_grad_(w) for x, w in zip(xs, ctx.wants)]
