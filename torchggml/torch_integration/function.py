@@ -30,6 +30,9 @@ _FUNCTIONS: "weakref.WeakValueDictionary[str, GraphFunction]" = weakref.WeakValu
 _ids = itertools.count(1)
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # not fake, functional or other traced tensors
+
+
 def _torch_shape(t: Tensor) -> tuple:
     """The shape to_torch gives t (trailing unit ggml dims dropped)."""
     from ..tensor import n_dims
@@ -133,7 +136,7 @@ class GraphFunction:
     def _eager_only(args) -> bool:
         """Plain tensors, no gradient wanted, no compiler tracing: the custom op would only add
         its dispatch cost (tens of µs) to calling run() directly."""
-        if torch.compiler.is_compiling() or any(type(a) is not torch.Tensor for a in args):
+        if torch.compiler.is_compiling() or any(type(a) not in _PLAIN for a in args):
             return False
         return not (torch.is_grad_enabled() and any(a.requires_grad for a in args))
 
