@@ -412,3 +412,22 @@ def test_a_stream_of_the_wrong_kind_is_refused():
         ggml.backend_sim_init(0, stream=object())
     with pytest.raises(ValueError, match="no SIM device 99"):
         ggml.backend_sim_init(99)
+
+
+def test_cuda_backends_take_the_callers_stream():
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device 0"):
+            ggml.backend_cuda_init(0, stream=None)
+        pytest.skip("no CUDA device: only the argument check ran")
+    stream = torch.cuda.current_stream()
+    backend = ggml.backend_cuda_init(0, stream=stream)
+    assert backend.stream.stream == stream
+    ctx = ggml.init(no_alloc=True)
+    g, x, w, y = small_graph(ctx)
+    fn = ggml.graph_function(g, [x], [y], backend)
+    init_weights(fn)
+    xv = torch.rand(3, 8, device="cuda")
+    outs = [fn(xv) for _ in range(3)]  # eager, capture, replay
+    expected = fn.reference(xv.cpu())
+    assert all(o.device.type == "cuda" and torch.allclose(o.cpu(), expected, atol=1e-5) for o in outs)
+    ggml.backend_synchronize(backend)
