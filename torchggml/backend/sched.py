@@ -17,6 +17,7 @@ import os
 from ..context import Context, new_tensor_impl, view_tensor
 from ..enums import Op, Status, TensorFlag, VIEW_OPS
 from ..graph import CGraph, graph_view, DEFAULT_GRAPH_SIZE
+from ..profiler import split_range
 from ..tensor import Tensor, format_name, set_input, set_output, nbytes
 from .buffer import BufferUsage
 from .device import DeviceType
@@ -541,7 +542,7 @@ class Sched:
         self._apply_copies()  # put back by synchronize (graph_compute does it)
         self.in_flight = True
         prev_id = -1
-        for split in self.splits:
+        for i_split, split in enumerate(self.splits):
             b_id = split.backend_id
             backend = self.backends[b_id]
             if not split.inputs and prev_id >= 0 and prev_id != b_id:
@@ -564,7 +565,8 @@ class Sched:
                         in_backend.synchronize()
                         self._wait_split_free(b_id, blocking=True)
                         backend_tensor_copy(inp, cpy)
-            status = self._run_split(split, backend)
+            with split_range(backend.name, i_split):
+                status = self._run_split(split, backend)
             if status != Status.SUCCESS:
                 return status
             ev = self.events[b_id][self.cur_copy]
