@@ -139,7 +139,9 @@ class MetaDevice(Device):
                     raise ValueError(f"meta: the view source {root.describe()} of {t.describe()} is not a meta tensor")
                 rs = rinfo.simples[k]
                 if rinfo.state.is_split:  # strides and offset re-expressed in the slice's layout
-                    nb = [_translate_or(x, root, rs, None if t.ne[d] > 1 else x) for d, x in enumerate(t.nb)]
+                    nb = list(t.nb)
+                    for d in range(4):
+                        nb[d] = _translate(t.nb[d], root, rs) if t.ne[d] > 1 else (nb[d - 1] * ne[d - 1] if d else nb[0])
                     offs = _translate(t.view_offs, root, rs)
                 else:
                     nb, offs = list(t.nb), t.view_offs
@@ -162,15 +164,6 @@ def _translate(x: int, root: Tensor, simple_root: Tensor) -> int:
     """A byte offset/stride of the root in the simple root's layout."""
     coords = decompose(x, root)
     return sum(c * nb for c, nb in zip(coords, simple_root.nb))
-
-
-def _translate_or(x, root, simple_root, default=None):
-    try:
-        return _translate(x, root, simple_root)
-    except ValueError:
-        if default is None:
-            raise
-        return default
 
 
 _meta_devices: dict = {}
@@ -230,34 +223,37 @@ class MetaBufferType(BufferType):
         return max(b.get_alloc_size(tensor) for b in self.simple_bufts)
 
     def alloc_ctx_tensors(self, ctx) -> "MetaBuffer | None":
-        """Allocate ctx's tensors with each simple device holding only its slices (weights)."""
-        roots = [t for t in ctx.tensors if t.view_src is None and t.data is None]
-        if not roots:
+        """Allocate ctx's tensors with each simple device holding only its slices (weights).
+        Tensors are taken in creation order, so a tensor's sources (views too) come first."""
+        todo = [t for t in ctx.tensors if t.data is None]
+        if not any(t.view_src is None for t in todo):
             return None
         dev = self.device
         align = self.get_alignment()
         meta_buf = MetaBuffer(self, [None] * len(self.simple_bufts), 0)
         offset = 0
-        for t in roots:
+        for t in todo:
+            if t.view_src is None:
+                t.buffer, t.data = meta_buf, meta_buf.base + offset
+                offset += round_up(max(nbytes(t), 1), align)
+            else:
+                t.buffer, t.data = t.view_src.buffer, t.view_src.data + t.view_offs
             state = dev.split_state(t)
-            t.buffer, t.data = meta_buf, meta_buf.base + offset
-            offset += round_up(max(nbytes(t), 1), align)
             t.extra = MetaTensor(state, dev.simple_tensors(t, state))
         meta_buf.size = offset
         for k, buft in enumerate(self.simple_bufts):
-            simples = [meta_info(t).simples[k] for t in roots]
+            simples = [meta_info(t).simples[k] for t in todo]
             a = buft.get_alignment()
-            sizes = [round_up(buft.get_alloc_size(s), a) for s in simples]
+            sizes = [round_up(buft.get_alloc_size(s), a) if s.view_src is None else 0 for s in simples]
             buf = meta_buf.simple_buffers[k] = buft.alloc_buffer(sum(sizes))
             addr = buf.get_base()
             for s, size in zip(simples, sizes):
-                s.buffer, s.data = buf, addr
-                buf.init_tensor(s)
-                addr += size
-        from ..alloc import backend_view_init
-        for t in ctx.tensors:
-            if t.view_src is not None and t.buffer is None:
-                backend_view_init(t)
+                if s.view_src is None:
+                    s.buffer, s.data = buf, addr
+                    addr += size
+                else:  # views were made before their roots had memory
+                    s.buffer, s.data = s.view_src.buffer, s.view_src.data + s.view_offs
+                s.buffer.init_tensor(s)
         return meta_buf
 
 
@@ -385,12 +381,9 @@ def gather(dev: MetaDevice, t: Tensor, out: torch.Tensor, offset: int, size: int
     `sync()` waits for queued reads before the pieces are put together."""
     info = meta_info(t)
     state = info.state
-    if state.axis == SplitAxis.MIRRORED:
+    if not state.is_split:  # a PARTIAL node is all-reduced by the compute that wrote it
         read(0, info.simples[0], out, offset, size)
         return
-    if state.axis == SplitAxis.PARTIAL:
-        raise ValueError(f"backend_tensor_get: {t.describe()} holds partial sums (PARTIAL); read it "
-                         f"after the graph has all-reduced it")
     a = int(state.axis)
     chunk = _chunk_size(t, a)
     _split_io_check(t, offset, size, chunk, "backend_tensor_get")
@@ -451,8 +444,15 @@ class MetaBackend(Backend):
             b.free()
 
     def synchronize(self) -> None:
+        """Wait for every simple backend, then raise the first failure (none is left pending)."""
+        error = None
         for b in self.backends:
-            b.synchronize()
+            try:
+                b.synchronize()
+            except Exception as e:  # noqa: BLE001 - re-raised below after the others are waited for
+                error = error or e
+        if error is not None:
+            raise error
 
     def set_tensor_async(self, t, data, offset: int, size: int):
         from .backend import backend_tensor_set_async

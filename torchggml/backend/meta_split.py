@@ -196,6 +196,8 @@ def _rope(t, S, n):
         _fail(t, S, "positions and frequency factors must be MIRRORED")
     if S[0].axis == SplitAxis.AXIS_0:
         _fail(t, S, "rotated pairs lie along ne[0], which is split")
+    if S[0].axis == SplitAxis.AXIS_2:
+        _fail(t, S, "positions are per ne[2] index, and they are MIRRORED")
     return S[0] if not S[0].is_split else _by_ratio(int(S[0].axis), t, t.src[0], S[0], n)
 
 
@@ -226,12 +228,41 @@ def _flash_attn_ext(t, S, n):
         return MIRRORED
     if not (q.axis == k.axis == v.axis == SplitAxis.AXIS_2):
         _fail(t, S, "q, k and v must be split by heads (axis 2)")
-    if t.src[3] is not None and S[3].axis != SplitAxis.MIRRORED:
-        _fail(t, S, "the mask must be MIRRORED")
+    if t.src[3] is not None and (S[3].axis != SplitAxis.MIRRORED or t.src[3].ne[2] > 1):
+        _fail(t, S, "the mask must be MIRRORED and shared by all heads")
+    _check_alibi(t, S, 1)
+    for j in range(n):
+        if q.device_ne(j, n) * t.src[1].ne[2] != k.device_ne(j, n) * t.src[0].ne[2] or not _same_split(k, v):
+            _fail(t, S, "each device must hold the query heads of its KV heads")
     if t.src[4] is not None and not _same_split(S[4], _by_ratio(0, t.src[4], t.src[0], q, n)):
         _fail(t, S, "the sinks must be split like the heads")
     out = _by_ratio(2, t.src[0], t.src[0], q, n)
     return MetaSplitState(SplitAxis.AXIS_1, out.ne)
+
+
+def _check_alibi(t, S, i_max_bias: int) -> None:
+    """ALiBi slopes depend on the global head index: heads cannot be split with max_bias."""
+    from ..tensor import get_op_params_f32
+    if get_op_params_f32(t, i_max_bias) != 0.0 and any(st is not None and st.is_split for st in S):
+        _fail(t, S, "ALiBi (max_bias) slopes depend on the global head index")
+
+
+def _soft_max(t, S, n):
+    """Rows of src0 with a broadcast mask (src1) and per-head sinks (src2)."""
+    st = S[0]
+    _check_alibi(t, S, 1)
+    if not st.is_split:
+        return _mirrored_only(t, S, n, "mask and sinks cannot be split when the scores are not")
+    if st.axis == SplitAxis.AXIS_0:
+        _fail(t, S, "the op works on whole rows, which are split")
+    mask, sinks = t.src[1], t.src[2]
+    if mask is not None and (S[1].axis != SplitAxis.MIRRORED or mask.ne[st.axis] > 1):
+        _fail(t, S, "the mask must be MIRRORED and broadcast along the split axis")
+    if sinks is not None:
+        want = MetaSplitState(SplitAxis.AXIS_0, st.ne) if st.axis == SplitAxis.AXIS_2 else MIRRORED
+        if not _same_split(S[2], want):
+            _fail(t, S, f"the sinks must be {want.describe()}")
+    return _by_ratio(int(st.axis), t, t.src[0], st, n)
 
 
 def _product(xs) -> int:
@@ -261,13 +292,13 @@ def _copy_logical(t, S, n):
 
 _ELEMENTWISE = (Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.SCALE, Op.UNARY, Op.SQR, Op.SQRT, Op.LOG,
                 Op.SIN, Op.COS, Op.CLAMP, Op.LEAKY_RELU, Op.ADD1)
-_PER_ROW = (Op.RMS_NORM, Op.NORM, Op.L2_NORM, Op.SOFT_MAX, Op.SUM_ROWS, Op.MEAN, Op.ARGMAX,
+_PER_ROW = (Op.RMS_NORM, Op.NORM, Op.L2_NORM, Op.SUM_ROWS, Op.MEAN, Op.ARGMAX,
             Op.ARGSORT)
 
 RULES = {op: _elementwise for op in _ELEMENTWISE}
 RULES.update({op: _per_row for op in _PER_ROW})
 RULES.update({
-    Op.MUL_MAT: _mul_mat, Op.ROPE: _rope, Op.GET_ROWS: _get_rows, Op.SET_ROWS: _set_rows,
+    Op.MUL_MAT: _mul_mat, Op.ROPE: _rope, Op.SOFT_MAX: _soft_max, Op.GET_ROWS: _get_rows, Op.SET_ROWS: _set_rows,
     Op.FLASH_ATTN_EXT: _flash_attn_ext, Op.CONT: _copy_logical, Op.CPY: _copy_logical,
     Op.DUP: _copy_logical,
     Op.GLU: lambda t, S, n: _elementwise(t, S, n, per_row=t.src[1] is None),
@@ -281,8 +312,8 @@ def derive_split_state(t: Tensor, src_states: list, n: int, root_state=None) -> 
     S = [st if s is not None else None for s, st in zip(t.src, src_states)]
     if t.view_src is not None:
         state = view_split(t, t.view_src, root_state, n)
-        if t.op in RULES and not is_view_op(t.op):
-            own = RULES[t.op](t, S, n)
+        if not is_view_op(t.op):  # in-place ops and SET_ROWS/CPY: their own rule must agree
+            own = RULES[t.op](t, S, n) if t.op in RULES else _mirrored_only(t, S, n)
             if not _same_split(own, state):
                 _fail(t, S, f"its result would be {own.describe()}, but it is a view of "
                             f"{t.view_src.describe()} split as {root_state.describe()}")
