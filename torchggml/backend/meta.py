@@ -225,7 +225,7 @@ class MetaBufferType(BufferType):
     def alloc_ctx_tensors(self, ctx) -> "MetaBuffer | None":
         """Allocate ctx's tensors with each simple device holding only its slices (weights).
         Tensors are taken in creation order, so a tensor's sources (views too) come first."""
-        todo = [t for t in ctx.tensors if t.data is None]
+        todo = _sources_first([t for t in ctx.tensors if t.data is None])
         if not any(t.view_src is None for t in todo):
             return None
         dev = self.device
@@ -255,6 +255,30 @@ class MetaBufferType(BufferType):
                     s.buffer, s.data = s.view_src.buffer, s.view_src.data + s.view_offs
                 s.buffer.init_tensor(s)
         return meta_buf
+
+
+def _sources_first(tensors: list) -> list:
+    """The tensors ordered so that sources and view sources come before their users (creation
+    order mostly is, but e.g. attention sinks are attached to a node after it was made)."""
+    pending = {id(t): t for t in tensors}
+    order = []
+
+    def visit(t):
+        stack = [(t, False)]
+        while stack:
+            x, done = stack.pop()
+            if done:
+                order.append(x)
+                continue
+            if pending.pop(id(x), None) is None:
+                continue
+            stack.append((x, True))
+            for s in (x.view_src, *x.src):
+                if s is not None and id(s) in pending:
+                    stack.append((s, False))
+    for t in tensors:
+        visit(t)
+    return order
 
 
 class MetaBuffer(Buffer):
