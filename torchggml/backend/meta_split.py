@@ -212,12 +212,13 @@ def _get_rows(t, S, n):
 
 
 def _set_rows(t, S, n):
-    if S[2].axis != SplitAxis.MIRRORED:
+    """src0: the new rows, src1: their indices, src2: the destination (t is a view of it)."""
+    if S[1].axis != SplitAxis.MIRRORED:
         _fail(t, S, "the row indices must be MIRRORED")
-    if S[0].axis == SplitAxis.MIRRORED and S[1].axis == SplitAxis.MIRRORED:
+    if S[0].axis == SplitAxis.MIRRORED and S[2].axis == SplitAxis.MIRRORED:
         return MIRRORED
-    if S[0].axis == SplitAxis.AXIS_0 and S[1].axis == SplitAxis.AXIS_0 and S[0].ne == S[1].ne:
-        return S[0]
+    if S[0].axis == SplitAxis.AXIS_0 and _same_split(S[0], S[2]):
+        return S[2]
     _fail(t, S, "destination and rows must both be MIRRORED or split alike along ne[0]")
 
 
