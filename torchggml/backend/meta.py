@@ -53,6 +53,16 @@ def meta_info(t: Tensor) -> MetaTensor | None:
     return t.extra if isinstance(t.extra, MetaTensor) else None
 
 
+def ensure_meta(t: Tensor) -> MetaTensor | None:
+    """t's meta info, made now for a view that got its address when it was created (a view of
+    an allocated tensor never passes through an allocator's init)."""
+    info = meta_info(t)
+    if info is None and isinstance(t.buffer, MetaBuffer):
+        t.buffer.init_tensor(t)
+        info = meta_info(t)
+    return info
+
+
 def synced(state: MetaSplitState) -> MetaSplitState:
     """How readers see a tensor: PARTIAL sums are all-reduced before anyone reads them."""
     return MIRRORED if state.axis == SplitAxis.PARTIAL else state
@@ -116,6 +126,9 @@ class MetaDevice(Device):
     # --- split states
     def split_state(self, t: Tensor) -> MetaSplitState:
         """The state of a tensor being placed in a meta buffer of this device."""
+        for s in (t.view_src, *t.src):
+            if s is not None and s is not t:
+                ensure_meta(s)
         if t.view_src is None and t.op == Op.NONE:
             fn = self.get_split_state_fn
             return resolve(fn(t) if fn is not None else None, t, self.n_slots)
@@ -495,7 +508,7 @@ class MetaBackend(Backend):
         """Node index ranges: a piece ends after every PARTIAL node."""
         ranges, start = [], 0
         for i, node in enumerate(graph.nodes):
-            info = meta_info(node)
+            info = ensure_meta(node)
             if info is None:
                 raise ValueError(f"{self.name}: {node.describe()} is not in a meta buffer of {self.device.name}")
             if info.state.axis == SplitAxis.PARTIAL:

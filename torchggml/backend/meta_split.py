@@ -357,14 +357,21 @@ def view_split(t: Tensor, root: Tensor, rs: MetaSplitState, n: int) -> MetaSplit
     lo, hi = root.nb[a], _root_extent(root, a)
     if decompose(t.view_offs, root)[a]:
         raise UnsupportedSplitError(f"{where}: the view starts inside the split axis")
-    dims = [d for d in range(MAX_DIMS) if t.ne[d] > 1 and lo <= t.nb[d] < hi]
+    # the view dimension that ends exactly where one period of the split axis ends carries the
+    # split (it may walk the axis in bigger steps, or merge it with the dimensions inside it)
+    dims = [d for d in range(MAX_DIMS) if t.ne[d] > 1 and t.nb[d] * t.ne[d] // _blck(t, d) == hi]
     if not dims:
-        raise UnsupportedSplitError(f"{where}: the view does not span the split axis")
+        raise UnsupportedSplitError(f"{where}: no view dimension spans the split axis")
     d = max(dims, key=lambda i: t.nb[i])
-    if t.nb[d] % lo:
-        raise UnsupportedSplitError(f"{where}: stride {t.nb[d]} is not whole elements of the split axis")
-    unit = t.nb[d] // lo * axis_granularity(root, a)  # root elements per index of view dim d
-    if t.ne[d] * unit != root.ne[a] or any(rs.device_ne(j, n) % unit for j in range(n)):
-        raise UnsupportedSplitError(f"{where}: view dimension {d} does not cover whole device shares "
-                                    f"of the split axis")
-    return MetaSplitState(SplitAxis(d), tuple(rs.device_ne(j, n) // unit for j in range(n)))
+    ne = []
+    for j in range(n):
+        share = rs.device_ne(j, n) * lo // axis_granularity(root, a)  # bytes of device j's share
+        if (share * _blck(t, d)) % t.nb[d]:
+            raise UnsupportedSplitError(f"{where}: device {j}'s share is not whole elements of view dimension {d}")
+        ne.append(share * _blck(t, d) // t.nb[d])
+    return MetaSplitState(SplitAxis(d), tuple(ne))
+
+
+def _blck(t: Tensor, d: int) -> int:
+    """Elements per stride step of dimension d (a block along ne[0] of block types)."""
+    return type_traits(t.type).blck_size if d == 0 else 1
