@@ -290,3 +290,37 @@ def test_golden_logits_on_meta_sim0_sim1(entry, flash_attn):
     finally:
         meta.close()
         single.close()
+
+
+# ---------------------------------------------------------------- the scheduler: Meta(SIM0,SIM1) + CPU
+
+def test_scheduler_runs_a_meta_backend_beside_the_cpu(sims):
+    names = {"w_col": ggml.MetaSplitState(S.AXIS_1), "w_row": ggml.MetaSplitState(S.AXIS_0)}
+    dev = ggml.backend_meta_device(sims[:2], lambda t: names.get(t.name))
+    meta, cpu = dev.init_backend(), ggml.backend_cpu_init()
+    wctx = ggml.init(no_alloc=True)
+    w1 = ggml.set_name(ggml.new_tensor_2d(wctx, ggml.Type.F32, 32, 48), "w_col")
+    w2 = ggml.set_name(ggml.new_tensor_2d(wctx, ggml.Type.F32, 48, 32), "w_row")
+    wbuf = ggml.backend_alloc_ctx_tensors_from_buft(wctx, dev.get_buffer_type())
+    ggml.backend_buffer_set_usage(wbuf, ggml.BufferUsage.WEIGHTS)
+    W1, W2, X = torch.randn(48, 32), torch.randn(32, 48), torch.randn(4, 32)
+    ggml.backend_tensor_set(w1, W1)
+    ggml.backend_tensor_set(w2, W2)
+    ctx = ggml.init(no_alloc=True)
+    x = ggml.new_tensor_2d(ctx, ggml.Type.F32, 32, 4)
+    ggml.set_input(x)
+    y = ggml.mul_mat(ctx, w2, ggml.relu(ctx, ggml.mul_mat(ctx, w1, x)))
+    out = ggml.sum_rows(ctx, ggml.sqr(ctx, y))  # after the meta part, on whichever backend takes it
+    ggml.set_output(out)
+    graph = ggml.new_graph(ctx)
+    ggml.build_forward_expand(graph, out)
+    sched = ggml.backend_sched_new([meta, cpu], None, 256, False, True)
+    assert ggml.backend_sched_alloc_graph(sched, graph)
+    assert ggml.backend_sched_get_tensor_backend(sched, graph.nodes[0]) is meta
+    ggml.backend_tensor_set(x, X)
+    ggml.backend_sched_graph_compute(sched, graph)
+    ref = ((torch.relu(X @ W1.T) @ W2.T) ** 2).sum(-1, keepdim=True)
+    assert torch.allclose(ggml.backend_tensor_get(out).reshape(ref.shape), ref, rtol=1e-4, atol=1e-3)
+    assert ggml.backend_sched_get_n_splits(sched) >= 1
+    ggml.backend_sched_free(sched)
+    meta.free()
