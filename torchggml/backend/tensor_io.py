@@ -93,7 +93,7 @@ def _get_whole(t: Tensor) -> torch.Tensor:
     from ..types import type_traits
     tr = type_traits(t.type)
     shape = (t.ne[3], t.ne[2], t.ne[1], t.ne[0] if tr.dtype is not None else t.ne[0] // tr.blck_size * tr.type_size)
-    if _t.is_contiguous(t):  # through the buffer: any buffer kind (a meta buffer has no one storage)
+    if getattr(t.buffer, "storage", None) is None:  # no single storage to view (a meta buffer)
         raw = torch.empty(nbytes(t), dtype=torch.uint8)
         t.buffer.get_tensor(t, raw, 0, nbytes(t))
         out = raw.view(tr.dtype if tr.dtype is not None else torch.uint8).reshape(shape)
