@@ -24,7 +24,6 @@ loads and computes only its own devices' slices.
 from __future__ import annotations
 
 import itertools
-import sys
 from array import array
 
 import torch
