@@ -5,6 +5,7 @@ import uuid
 from abc import ABC, abstractmethod
 
 from ..enums import Status
+from ..tensor import memory_buffer
 
 
 class Backend(ABC):
@@ -63,6 +64,16 @@ class Backend(ABC):
     def event_wait(self, event):
         return NotImplemented
 
+    def owns(self, t) -> bool:
+        """Whether this backend's stream may read and write t's memory: a buffer of its own
+        device (device or host memory) or of a buffer type its device supports. The one
+        ownership check (async data movement asks it)."""
+        buffer = memory_buffer(t)
+        if buffer is None:
+            return False
+        owner = buffer.buft.get_device()
+        return owner is None or owner is self.device or self.device.supports_buft(buffer.buft)
+
     # --- device delegation
     def get_device(self):
         return self.device
@@ -119,10 +130,9 @@ def backend_get_device(backend: Backend):
 def _check_backend_owns(backend: Backend, t, what: str) -> None:
     if t.buffer is None:
         raise RuntimeError(f"{what}: {t.describe()} is not allocated")
-    dev = t.buffer.buft.get_device()
-    if dev is not None and dev is not backend.device and not (t.buffer.buft.is_host() and backend.device.supports_buft(t.buffer.buft)):
-        raise ValueError(f"{what}: {t.describe()} lives in buffer {t.buffer.name} of device {dev.name}, "
-                         f"not usable by backend {backend.name}")
+    if not backend.owns(t):
+        raise ValueError(f"{what}: {t.describe()} lives in buffer {t.buffer.name} of device "
+                         f"{t.buffer.buft.get_device().name}, not usable by backend {backend.name}")
 
 
 def backend_tensor_set_async(backend: Backend, t, data, offset: int = 0, size: int | None = None) -> None:

@@ -9,7 +9,7 @@ import os
 from ..context import Context, new_tensor_impl, view_tensor
 from ..enums import Op, Status, TensorFlag, VIEW_OPS
 from ..graph import CGraph, graph_view, DEFAULT_GRAPH_SIZE
-from ..tensor import Tensor, format_name, set_input, set_output, nbytes
+from ..tensor import Tensor, format_name, memory_buffer, set_input, set_output, nbytes
 from .buffer import BufferUsage
 from .device import DeviceType
 
@@ -18,10 +18,6 @@ log = logging.getLogger("torchggml.sched")
 MAX_BACKENDS = 16
 MAX_SPLIT_INPUTS = 30
 MAX_COPIES = 4
-
-
-def _buffer_of(t: Tensor):
-    return t.view_src.buffer if t.view_src is not None else t.buffer
 
 
 class Split:
@@ -109,7 +105,7 @@ class Sched:
 
     def _backend_from_buffer(self, t: Tensor, op: Tensor) -> int:
         """Highest-priority backend that supports the tensor's buffer type and the op."""
-        buffer = _buffer_of(t)
+        buffer = memory_buffer(t)
         if buffer is None:
             return -1
         for i, b in enumerate(self.backends):
@@ -118,7 +114,7 @@ class Sched:
         return -1
 
     def _buffer_supported(self, t: Tensor, backend_id: int) -> bool:
-        buffer = _buffer_of(t)
+        buffer = memory_buffer(t)
         if buffer is not None:
             buft = buffer.buft
         else:
@@ -141,7 +137,7 @@ class Sched:
             if b != -1:
                 self.causes[t] = "1.vsrc"
                 return b
-        buffer = _buffer_of(t)
+        buffer = memory_buffer(t)
         if buffer is not None:
             raise RuntimeError(f"scheduler: pre-allocated {t.describe()} is in buffer {buffer.name}, "
                                f"and no backend that can use that buffer supports op {t.op.name}")

@@ -10,11 +10,8 @@ import warnings
 
 import torch
 
+from ..tensor import memory_buffer
 from .kernels import compiled_nodes
-
-
-def _memory_buffer(t):
-    return t.buffer if t.buffer is not None or t.view_src is None else t.view_src.buffer
 
 
 def check_graph_buffers(calls, backend) -> None:
@@ -26,7 +23,7 @@ def check_graph_buffers(calls, backend) -> None:
         for t in (node, *node.src):
             if t is None:
                 continue
-            buf = _memory_buffer(t)
+            buf = memory_buffer(t)
             if buf is None:
                 raise ValueError(f"{backend.name}: {t.describe()} has no memory: allocate the graph first")
             buft = buf.buft

@@ -27,7 +27,7 @@ import torch
 from ..enums import Op, VIEW_OPS
 from ..quants._fields import as_f16, split_bytes, unpack
 from ..quants.kquants import k_scale_min
-from ..tensor import Tensor, nbytes, round_up
+from ..tensor import Tensor, memory_buffer, nbytes, round_up
 from ..types import Type, type_traits
 from .buffer import TorchBuffer, TorchBufferType
 from .views import byte_view
@@ -69,15 +69,9 @@ def packed_nbytes(t: Tensor) -> int:
     return _layout(t)[3]
 
 
-def _memory_buffer(t: Tensor):
-    if t.buffer is not None:
-        return t.buffer
-    return t.view_src.buffer if t.view_src is not None else None
-
-
 def is_repacked(t: Tensor | None) -> bool:
     """t (or the tensor it views) lives in a repack buffer."""
-    return t is not None and isinstance(_memory_buffer(t), RepackBuffer)
+    return t is not None and isinstance(memory_buffer(t), RepackBuffer)
 
 
 def repacked_views(t: Tensor) -> tuple[torch.Tensor, torch.Tensor]:

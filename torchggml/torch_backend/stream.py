@@ -224,11 +224,6 @@ class StreamBackend(Backend):
     def free(self) -> None:
         self.stream.close()
 
-    def owns(self, t) -> bool:
-        """The tensor's memory is a torch storage of this backend's device."""
-        buf = t.buffer
-        return isinstance(buf, TorchBuffer) and buf.buft.get_device() is self.device
-
     # --- async data movement. Source and destination memory is resolved now (as the C API
     # takes pointers now); the copy runs when the stream gets to it.
     def set_tensor_async(self, tensor, data: torch.Tensor, offset: int, size: int):
@@ -249,6 +244,7 @@ class StreamBackend(Backend):
         """Copy on backend_src's stream after its queued work; this stream waits for the copy
         (upstream CUDA's rule). False when the tensors are not both stream-device memory."""
         if not (isinstance(backend_src, StreamBackend) and type(backend_src.stream) is type(self.stream)
+                and isinstance(src.buffer, TorchBuffer) and isinstance(dst.buffer, TorchBuffer)
                 and backend_src.owns(src) and self.owns(dst)):
             return False
         s, d = tensor_bytes(src), tensor_bytes(dst)

@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from ...types import Type
 from ...enums import Op
 from ...tensor import get_op_params_f32
 from . import CPU_KERNELS, binds
@@ -88,7 +89,7 @@ def _sinks_view(sinks) -> torch.Tensor | None:
 def _supports_soft_max(node) -> bool:
     mask, sinks = node.src[1], node.src[2]
     return (all_float(node, 1) and (mask is None or is_float(mask))
-            and (sinks is None or sinks.type.name == "F32"))
+            and (sinks is None or sinks.type == Type.F32))
 
 
 def _soft_max_into(va, scale: float, bias, sinks, dst, _node) -> None:
@@ -115,8 +116,8 @@ def soft_max(node):
 
 def _supports_flash_attn(node) -> bool:
     q, k, v, mask, sinks = node.src[:5]
-    return (is_float(q) and is_readable(k) and is_readable(v) and node.type.name == "F32"
-            and (mask is None or is_float(mask)) and (sinks is None or sinks.type.name == "F32"))
+    return (is_float(q) and is_readable(k) and is_readable(v) and node.type == Type.F32
+            and (mask is None or is_float(mask)) and (sinks is None or sinks.type == Type.F32))
 
 
 def _attend(q, k, v, bias, sinks, scale: float, softcap: float) -> torch.Tensor:

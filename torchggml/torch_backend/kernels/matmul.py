@@ -19,7 +19,7 @@ import functools
 import torch
 
 from ...enums import Op
-from ...types import type_traits
+from ...types import Type, type_traits
 from . import CPU_KERNELS, binds
 from .common import view, as_float, write, is_float
 from ..repack import bind_repacked_product, is_repacked
@@ -57,7 +57,7 @@ def rows_as_float(t, raw: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- MUL_MAT
 
 def _supports_mul_mat(node) -> bool:
-    return is_readable(node.src[0]) and is_float(node.src[1]) and node.type.name == "F32"
+    return is_readable(node.src[0]) and is_float(node.src[1]) and node.type == Type.F32
 
 
 def _times_weight_t(weight_t, rows, out) -> None:
@@ -84,9 +84,9 @@ def _bind_weight_product(a):
     if is_repacked(a):  # stored in torch's int4 GEMM layout by a CPU_REPACK buffer
         return bind_repacked_product(a)
     raw = view(a)[0, 0]
-    if a.type.name == "F32":
+    if a.type == Type.F32:
         return functools.partial(_times_weight_t, raw.T)
-    if a.type.name in ("F16", "BF16"):
+    if a.type in (Type.F16, Type.BF16):
         return functools.partial(_times_half, raw.T)
     if n * k <= CHUNK_VALUES:
         return functools.partial(_times_converted, raw, float_reader(a))
@@ -154,7 +154,7 @@ def mul_mat(node):
 def _supports_mul_mat_id(node) -> bool:
     ids = node.src[2]
     return (is_readable(node.src[0]) and is_float(node.src[1]) and ids is not None
-            and ids.type.name == "I32" and node.type.name == "F32")
+            and ids.type == Type.I32 and node.type == Type.F32)
 
 
 @CPU_KERNELS.register(Op.MUL_MAT_ID, supports=_supports_mul_mat_id)
@@ -187,7 +187,7 @@ def mul_mat_id(node):
 # ---------------------------------------------------------------- OUT_PROD
 
 def _supports_out_prod(node) -> bool:
-    return is_readable(node.src[0]) and is_float(node.src[1]) and node.type.name == "F32"
+    return is_readable(node.src[0]) and is_float(node.src[1]) and node.type == Type.F32
 
 
 @CPU_KERNELS.register(Op.OUT_PROD, supports=_supports_out_prod)

@@ -15,6 +15,7 @@ import struct
 
 import torch
 
+from ...types import Type
 from ...enums import Op, RopeType
 from ...ops.rope import ROPE_TYPE_IMROPE, rope_yarn_corr_dims
 from . import CPU_KERNELS, binds
@@ -57,7 +58,7 @@ def rope_params(node) -> RopeParams:
 
 def _supports_rope(node) -> bool:
     a, pos, factors = node.src[0], node.src[1], node.src[2]
-    if not (is_float(a) and node.type == a.type and pos is not None and pos.type.name == "I32"):
+    if not (is_float(a) and node.type == a.type and pos is not None and pos.type == Type.I32):
         return False
     p = rope_params(node)
     if p.mode not in MODES or p.n_dims % 2 or p.n_offs % 2 or p.n_offs < 0:
@@ -68,7 +69,7 @@ def _supports_rope(node) -> bool:
         ok_dims = p.n_offs + p.n_dims <= a.ne[0]
     if p.multi and not (any(s > 0 for s in p.sections[:3]) and sum(p.sections) <= a.ne[0]):
         return False
-    return ok_dims and (factors is None or (factors.type.name == "F32" and factors.ne[0] >= p.n_pairs))
+    return ok_dims and (factors is None or (factors.type == Type.F32 and factors.ne[0] >= p.n_pairs))
 
 
 @functools.lru_cache(maxsize=256)

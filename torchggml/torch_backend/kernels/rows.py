@@ -6,6 +6,7 @@ import functools
 
 import torch
 
+from ...types import Type
 from ...enums import Op
 from . import CPU_KERNELS, binds
 from .common import view
@@ -40,11 +41,11 @@ def _batch_index(ne3: int, ne2: int, device) -> tuple[torch.Tensor, torch.Tensor
 
 def _supports_get_rows(node) -> bool:
     a, ids = node.src[0], node.src[1]
-    if ids is None or ids.type.name != "I32":
+    if ids is None or ids.type != Type.I32:
         return False
-    if a.type.name == "I32":
-        return node.type.name == "I32"
-    return is_readable(a) and node.type.name == "F32"
+    if a.type == Type.I32:
+        return node.type == Type.I32
+    return is_readable(a) and node.type == Type.F32
 
 
 def _gather_rows(table, flat_ids, n_rows: int, ids, to_out, out, node) -> None:
@@ -89,8 +90,8 @@ def _writable_types() -> frozenset:
 
 def _supports_set_rows(node) -> bool:
     b, idx = node.src[0], node.src[1]
-    return (b is not None and b.type.name in ("F32", "F16") and idx is not None
-            and idx.type.name in ("I32", "I64") and node.type in _writable_types())
+    return (b is not None and b.type in (Type.F32, Type.F16) and idx is not None
+            and idx.type in (Type.I32, Type.I64) and node.type in _writable_types())
 
 
 def _cast_rows(dtype: torch.dtype, via_float: bool, rows: torch.Tensor) -> torch.Tensor:
@@ -105,7 +106,7 @@ def _quantize_rows(block_type, rows: torch.Tensor) -> torch.Tensor:
 def _row_writer(node, src: torch.dtype, dst: torch.dtype):
     """fn(rows of b) -> the rows in the destination's representation: cast to its float type
     (as through float32), or quantized into its block type."""
-    if node.type.name in ("F32", "F16", "BF16"):
+    if node.type in (Type.F32, Type.F16, Type.BF16):
         return functools.partial(_cast_rows, dst, needs_float_route(src, dst))
     return functools.partial(_quantize_rows, node.type)
 
