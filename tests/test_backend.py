@@ -12,7 +12,7 @@ import torch
 
 import torchggml as ggml
 from torchggml.quants import quantize
-from torchggml.torch_backend.kernels import CPU_KERNELS
+from torchggml.torch_backend.kernels import TORCH_KERNELS as CPU_KERNELS
 from torchggml.torch_backend.kernels.gpu import GPU_KERNELS
 
 T = ggml.Type
@@ -639,7 +639,7 @@ def test_cuda_graph_plan_replays_a_50_node_graph():
         for _ in range(25):
             ref = (ref + av) * 0.5
         torch.testing.assert_close(ggml.backend_tensor_get(h), ref)
-    assert plan.cuda_graph is not None and plan.capture_error is None
+    assert plan.device_graph is not None and plan.capture_error is None
     ggml.backend_graph_plan_free(backend, plan)
 
 

@@ -51,31 +51,8 @@ from .alloc import (backend_tensor_alloc, backend_view_init, backend_alloc_ctx_t
                     gallocr_alloc_graph, gallocr_get_buffer_size, op_can_inplace)
 
 
-def backend_cpu_init():
-    """A new CPU backend."""
-    from .torch_backend.cpu import cpu_device
-    return cpu_device().init_backend()
-
-
-def backend_cpu_buffer_type():
-    from .torch_backend.cpu import cpu_buffer_type
-    return cpu_buffer_type()
-
-
-def backend_cpu_buffer_from_ptr(data, size: int | None = None):
-    """A CPU buffer over existing host memory (numpy array, mmap, CPU tensor, bytes-like), no copy."""
-    from .torch_backend.cpu import cpu_device
-    return cpu_device().buffer_from_host_ptr(data, size, size)
-
-
-def backend_cpu_set_n_threads(backend, n_threads: int) -> None:
-    backend.set_n_threads(n_threads)
-
-
-def backend_is_cpu(backend) -> bool:
-    from .torch_backend.cpu import CPUBackend
-    return isinstance(backend, CPUBackend)
-
+from .torch_backend.cpu import (backend_cpu_init, backend_cpu_buffer_type, backend_cpu_buffer_from_ptr,
+                                backend_cpu_set_n_threads, backend_is_cpu)
 
 __version__ = "0.1.0"
 from .backend.sched import (Sched, backend_sched_new, backend_sched_free, backend_sched_reserve,

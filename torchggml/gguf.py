@@ -278,7 +278,7 @@ def _new_weight_tensor(ctx: Context, info: TensorInfo) -> Tensor:
 
 def _map_weights(file: GGUFFile, names: list[str], weights: Weights) -> None:
     """Zero copy: one CPU buffer over the file's data region, tensors at base + offset."""
-    from . import backend_cpu_buffer_from_ptr
+    from .torch_backend.cpu import backend_cpu_buffer_from_ptr
     from .alloc import backend_tensor_alloc
     region = file.data_region()
     if region.size == 0:

@@ -8,26 +8,10 @@ import numpy as np
 import torch
 
 import torchggml as ggml
-from ..testing import case
-from .binary import FLOAT_TYPES, T, ggml_permute, randint, rounded, uniform
+from .values import T, FLOAT_TYPES, uniform, randint, rounded, ggml_permute, quantized_roundtrip
+from .table import case
 
 QUANTIZE_TARGETS = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL)
-
-
-def quantized_roundtrip(qtype, x: torch.Tensor, ne0: int | None = None) -> torch.Tensor:
-    """x (float64, torch order) quantized to qtype in rows of ne0 values in element order and
-    dequantized again, by the gguf package (torchggml.quants for IQ4_NL, which gguf cannot
-    quantize). Values go through float32 first, as ggml's copy does."""
-    rows = x.reshape(-1, ne0 or x.shape[-1]).float()
-    if qtype == T.IQ4_NL:
-        from ..quants import dequantize, quantize
-        out = dequantize(qtype, quantize(qtype, rows))
-    else:
-        import gguf
-        gtype = gguf.GGMLQuantizationType(int(qtype))
-        out = torch.from_numpy(np.ascontiguousarray(
-            gguf.quants.dequantize(gguf.quants.quantize(rows.numpy(), gtype), gtype)))
-    return out.double().reshape(x.shape)
 
 
 def strided(x: torch.Tensor, ne, nb, offset: int, elsize: int) -> torch.Tensor:

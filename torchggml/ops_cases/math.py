@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 import torchggml as ggml
-from ..testing import case
-from .binary import FLOAT_TYPES, T, rounded, uniform
+from .values import T, FLOAT_TYPES, uniform, rounded
+from .table import case
 
 # op -> (float64 reference, input range)
 _MATH = {

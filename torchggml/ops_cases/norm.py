@@ -7,8 +7,8 @@ import math
 import torch
 
 import torchggml as ggml
-from ..testing import case
-from .binary import ggml_permute, rounded
+from .values import rounded, ggml_permute
+from .table import case
 
 T = ggml.Type
 

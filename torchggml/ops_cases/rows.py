@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 import torchggml as ggml
-from ..testing import case
-from .binary import ggml_permute, randint
+from .values import randint, ggml_permute
+from .table import case
 from .matmul import BLOCK_TYPES, inits_for
 
 T = ggml.Type

@@ -1,14 +1,13 @@
-"""Graph plans: a graph pre-compiled into bound kernel calls (every device), and on CUDA the
-same calls captured into a CUDA graph and replayed.
+"""Graph plans: a graph pre-compiled into bound kernel calls (every device), and on devices
+with the graph-capture capability (CUDA) the same calls captured into a device graph and
+replayed.
 
-A compiled plan removes the per-op table lookup and checks from compute; a CUDA-graph plan
+A compiled plan removes the per-op table lookup and checks from compute; a captured plan
 also removes the per-op Python dispatch and kernel launches: one replay runs the whole graph.
 """
 from __future__ import annotations
 
 import warnings
-
-import torch
 
 from ..tensor import memory_buffer
 from .kernels import compiled_nodes
@@ -66,9 +65,22 @@ class CompiledPlan:
     def __repr__(self):
         return f"<{type(self).__name__} {len(self.calls)} calls>"
 
+    def update(self, graph, calls) -> None:
+        self.graph, self.calls = graph, calls
 
-class CudaGraphPlan(CompiledPlan):
-    """Compiled calls captured into a torch.cuda.CUDAGraph.
+
+class GraphCapture:
+    """A device capability: record a stream's work once as a device graph and replay it
+    (CUDA graphs; any torch device type whose module offers graph capture). `new_graph()`
+    makes an empty graph, `capturing(graph, stream)` is the context that records into it."""
+
+    def __init__(self, new_graph, capturing):
+        self.new_graph = new_graph
+        self.capturing = capturing
+
+
+class CapturedPlan(CompiledPlan):
+    """Compiled calls captured into a device graph (a device's GraphCapture capability).
 
     The first compute runs the calls eagerly: kernels initialise lazily (cuBLAS handles, Triton
     compilation and autotuning), which cannot happen inside a capture. The second compute
@@ -80,40 +92,43 @@ class CudaGraphPlan(CompiledPlan):
 
     WARMUP_RUNS = 1
 
-    def __init__(self, graph, calls, stream: torch.cuda.Stream, device_name: str):
+    def __init__(self, graph, calls, stream, device_name: str, capture: GraphCapture):
         super().__init__(graph, calls)
-        self.stream = stream
+        self.stream = stream            # a TorchStream
         self.device_name = device_name
-        self.cuda_graph = None
+        self.capture = capture
+        self.device_graph = None
         self.capture_error: str | None = None
         self.runs = 0
 
-    def reset(self, graph, calls) -> None:
+    def update(self, graph, calls) -> None:
         self.graph, self.calls = graph, calls
-        self.cuda_graph, self.capture_error, self.runs = None, None, 0
+        self.device_graph, self.capture_error, self.runs = None, None, 0
 
     def compute(self) -> None:
         """Queue one execution of the graph on the plan's stream."""
-        with torch.cuda.stream(self.stream):
-            if self.cuda_graph is None and (self.runs < self.WARMUP_RUNS or self.capture_error):
-                run_calls_named(self.calls, self.device_name)
-            else:
-                if self.cuda_graph is None:
-                    self._capture()
-                if self.cuda_graph is not None:
-                    self.cuda_graph.replay()
-                else:
-                    run_calls_named(self.calls, self.device_name)
+        self.stream.submit(self._compute, "graph_plan_compute")
         self.runs += 1
 
+    def _compute(self) -> None:
+        if self.device_graph is None and (self.runs < self.WARMUP_RUNS or self.capture_error):
+            run_calls_named(self.calls, self.device_name)
+            return
+        if self.device_graph is None:
+            self._capture()
+        if self.device_graph is not None:
+            self.device_graph.replay()
+        else:
+            run_calls_named(self.calls, self.device_name)
+
     def _capture(self) -> None:
-        graph = torch.cuda.CUDAGraph()
+        graph = self.capture.new_graph()
         try:
-            with torch.cuda.graph(graph, stream=self.stream):
+            with self.capture.capturing(graph, self.stream.stream):
                 run_calls_named(self.calls, self.device_name)
         except Exception as e:  # a kernel that cannot be captured: stay eager
             self.capture_error = f"{type(e).__name__}: {e}"
-            warnings.warn(f"{self.device_name}: CUDA graph capture failed, the plan runs eagerly: "
-                          f"{self.capture_error}", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"{self.device_name}: device graph capture failed, the plan runs eagerly: "
+                          f"{self.capture_error}", RuntimeWarning, stacklevel=4)
             return
-        self.cuda_graph = graph
+        self.device_graph = graph

@@ -30,6 +30,7 @@ from ..quants.kquants import k_scale_min
 from ..tensor import Tensor, memory_buffer, nbytes, round_up
 from ..types import Type, type_traits
 from .buffer import TorchBuffer, TorchBufferType
+from .kernels.table import UnsupportedOpError
 from .views import byte_view
 
 GROUP = 32          # values per scale/zero group (torch's group_size)
@@ -186,12 +187,6 @@ class RepackBuffer(TorchBuffer):
         return False  # the generic path writes through set_tensor, which repacks
 
 
-@functools.lru_cache(maxsize=None)
-def repack_buffer_type() -> RepackBufferType:
-    from .cpu import cpu_device
-    return RepackBufferType(cpu_device())
-
-
 # ---------------------------------------------------------------- what may read repacked tensors
 
 def reads_repacked_only_as_weight(node: Tensor) -> bool:
@@ -213,8 +208,6 @@ def reads_repacked_only_as_weight(node: Tensor) -> bool:
 def check_repacked_reads(nodes, device_name: str) -> None:
     """Raise for a node that would read a repacked tensor as ggml data (checked before kernels
     bind their views)."""
-    from ..enums import VIEW_OPS
-    from .kernels import UnsupportedOpError
     for node in nodes:
         if node.op not in VIEW_OPS and not reads_repacked_only_as_weight(node):
             srcs = ", ".join(s.describe() for s in node.src if is_repacked(s))

@@ -22,13 +22,14 @@ import os
 import threading
 import weakref
 
+import torch
 
-from ..backend.device import DeviceCaps, DeviceType, Reg
 from .buffer import TorchBuffer, TorchBufferType
 from .cpu import host_memory
-from .device import AcceleratorDevice
-from .kernels.gpu import GPU_KERNELS
-from .stream import StreamBackend, ThreadEvent, WorkerStream
+from .device import AcceleratorDevice, AcceleratorReg
+from .stream import ThreadEvent, WorkerStream
+
+REG_ORDER = 90  # after real accelerators, before the CPU
 
 SIM_DEVICES_ENV = "TORCHGGML_SIM_DEVICES"
 SIM_MEMORY_ENV = "TORCHGGML_SIM_MEMORY"
@@ -108,48 +109,36 @@ class SimBufferType(TorchBufferType):
             self.allocated -= size
 
 
-class SimBackend(StreamBackend):
-    def __init__(self, device: "SimDevice"):
-        super().__init__(device, WorkerStream(device.name), GPU_KERNELS)
-
-
 class SimDevice(AcceleratorDevice):
-    backend_class = SimBackend
+    """A GPU whose memory is CPU storage and whose stream is a worker thread."""
 
     def __init__(self, index: int, capacity: int, reg=None):
-        super().__init__(f"SIM{index}", f"simulated GPU {index} (CPU memory, worker-thread stream)",
-                         DeviceType.GPU, reg)
-        self.index = index
+        self.torch_device = torch.device("cpu")  # where its (non-host) memory lives
+        super().__init__(index, reg, f"SIM{index}", f"simulated GPU {index} (CPU memory, worker-thread stream)")
         self.buffer_type = SimBufferType(self, capacity)
         # host memory that CPU code can read, as a GPU's pinned host buffer type
         self.host_buffer_type = TorchBufferType(f"{self.name}_Host", self, "cpu", host=True)
+
+    def new_stream(self, stream=None):
+        return WorkerStream(self.name)
+
+    def new_event_handle(self):
+        return ThreadEvent()
 
     def get_memory(self):
         # simulated figures: the capacity and what this device's buffers take of it
         buft = self.buffer_type
         return buft.capacity - buft.allocated, buft.capacity
 
-    def get_caps(self) -> DeviceCaps:
-        return DeviceCaps(async_=True, host_buffer=True, buffer_from_host_ptr=False, events=True)
 
-    def new_event_handle(self):
-        return ThreadEvent()
-
-
-class SimReg(Reg):
+class SimReg(AcceleratorReg):
     def __init__(self, n_devices: int, capacity: int):
         super().__init__("SIM")
         self.devices = [SimDevice(i, capacity, self) for i in range(n_devices)]
 
-    def get_devices(self):
-        return self.devices
-
     def proc_get_features(self):
         return {"SIM_DEVICES": str(len(self.devices)),
                 "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "0")}
-
-    def proc_dev_get_extra_bufts(self, device):
-        return []
 
 
 @functools.lru_cache(maxsize=None)
@@ -157,8 +146,9 @@ def _sim_reg(n_devices: int, capacity: int) -> SimReg:
     return SimReg(n_devices, capacity)
 
 
-def sim_reg() -> SimReg | None:
+def backend_reg() -> SimReg | None:
     """The SIM reg for the current environment (the same object while the settings stay the
     same), or None when TORCHGGML_SIM_DEVICES is unset or 0."""
     n = sim_device_count()
     return _sim_reg(n, sim_memory_capacity()) if n else None
+

@@ -3,9 +3,10 @@
 A `Stream` runs submitted work in submission order. Two kinds share one backend class:
 - `WorkerStream`: a Python thread draining a queue of closures (the SIM device). Work really
   runs later, on another thread; errors are kept and raised at the next `synchronize`.
-- `CudaStream`: a `torch.cuda.Stream`. Submitting runs the closure now on the host with the
-  stream current, so its kernels are queued on the GPU (errors surface immediately or at
-  synchronize, as CUDA reports them).
+- `TorchStream`: a torch stream of an accelerator (torch.Stream / torch.Event where the installed
+  torch has them, the device module's classes otherwise): every torch device type (CUDA, MPS,
+  XPU...) uses it. Submitting runs the closure now on the host with the stream current, so its
+  kernels are queued on the device.
 
 Events follow CUDA's rules: `record` marks the work submitted so far; a later `wait` (on any
 stream) or `synchronize` waits for that mark; waiting on a never-recorded event does nothing.
@@ -16,6 +17,7 @@ events.
 """
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import weakref
@@ -28,7 +30,7 @@ from ..backend.backend import Backend
 from ..backend.device import Event
 from ..enums import Status
 from .buffer import TorchBuffer
-from .plan import CompiledPlan, compile_graph, run_calls_named
+from .plan import CapturedPlan, CompiledPlan, compile_graph, run_calls_named
 from .views import tensor_bytes
 
 
@@ -48,10 +50,6 @@ class Stream(ABC):
     @abstractmethod
     def synchronize(self) -> None:
         """Block until all submitted work is done; raise StreamError if any of it failed."""
-
-    @abstractmethod
-    def new_event(self):
-        """A new event handle for this kind of stream (has .synchronize() and .query())."""
 
     @abstractmethod
     def record(self, handle) -> None:
@@ -149,9 +147,6 @@ class WorkerStream(Stream):
             what, exc = error
             raise StreamError(f"{self.name}: {what} failed: {type(exc).__name__}: {exc}") from exc
 
-    def new_event(self) -> ThreadEvent:
-        return ThreadEvent()
-
     def record(self, handle) -> None:
         if not isinstance(handle, ThreadEvent):
             raise TypeError(f"{self.name}: cannot record a {type(handle).__name__} on a worker stream")
@@ -177,43 +172,109 @@ class WorkerStream(Stream):
             self._thread.join()
 
 
-# ---------------------------------------------------------------- CUDA streams
+# ---------------------------------------------------------------- torch streams
 
-class CudaStream(Stream):
-    """A torch.cuda.Stream of one device. Work is launched from the host immediately."""
+def device_module(device: torch.device):
+    """torch.cuda, torch.mps, torch.xpu...: the module of a torch device type."""
+    return torch.get_device_module(device.type)
 
-    def __init__(self, name: str, device_index: int):
+
+def uses_generic_api(device: torch.device) -> bool:
+    """torch's generic torch.Stream / torch.Event serve `device`: the installed torch has
+    torch.accelerator and the device is its accelerator. Otherwise the device module's own
+    Stream / Event classes do (torch before 2.6, and device types such as cpu)."""
+    try:
+        current = torch.accelerator.current_accelerator()
+    except AttributeError:
+        return False
+    return current is not None and current.type == device.type
+
+
+def _new_torch_stream(device: torch.device):
+    """A new stream on `device`, else the device's current stream, else None (one implicit
+    queue: MPS on older torch)."""
+    mod = device_module(device)
+    if uses_generic_api(device):
+        makers = (lambda: torch.Stream(device=device), lambda: torch.accelerator.current_stream(device))
+    else:
+        makers = (lambda: mod.Stream(device=device), lambda: mod.Stream(), lambda: mod.current_stream(device))
+    for make in makers:
+        try:
+            return make()
+        except (AttributeError, RuntimeError, TypeError, ValueError):
+            continue
+    return None
+
+
+def new_torch_event(device: torch.device):
+    """An event handle for `device`, of the same family as its streams: .record(stream),
+    .wait(stream), .synchronize(), .query()."""
+    mod = device_module(device)
+    if uses_generic_api(device):
+        makers = (lambda: torch.Event(device=device),)
+    else:
+        makers = (lambda: mod.Event(), lambda: mod.event.Event())
+    for make in makers:
+        try:
+            return make()
+        except (AttributeError, RuntimeError, TypeError, ValueError):
+            continue
+    raise RuntimeError(f"torch has no events for device type {device.type!r}")
+
+
+class TorchStream(Stream):
+    """A torch stream of one accelerator (CUDA, MPS, XPU, ...), through torch's generic
+    torch.Stream / torch.Event where the installed torch has them. Submitting runs the
+    closure now on the host with the stream current, so its kernels queue on the device
+    (errors surface immediately or at synchronize, as the device reports them). `stream`
+    wraps an existing torch stream instead of creating one."""
+
+    def __init__(self, name: str, device: torch.device, stream=None):
         self.name = name
-        self.device = torch.device("cuda", device_index)
-        self.stream = torch.cuda.Stream(device=self.device)
+        self.device = torch.device(device)
+        self.stream = stream if stream is not None else _new_torch_stream(self.device)
 
     def __repr__(self):
-        return f"<CudaStream {self.name}>"
+        return f"<TorchStream {self.name}>"
+
+    def _current(self):
+        """A context manager making this stream current (a null context without one)."""
+        if self.stream is None:
+            return contextlib.nullcontext()
+        if hasattr(self.stream, "__enter__"):
+            return self.stream
+        return device_module(self.device).stream(self.stream)
 
     def submit(self, fn: Callable[[], None], what: str, always: bool = False) -> None:
-        with torch.cuda.stream(self.stream):
+        with self._current():
             fn()
 
     def synchronize(self) -> None:
-        self.stream.synchronize()
-
-    def new_event(self):
-        return torch.cuda.Event()
+        sync = getattr(self.stream, "synchronize", None)
+        if sync is not None:
+            sync()
+        else:  # no stream, or one that cannot wait by itself (torch.cpu's)
+            device_module(self.device).synchronize()
 
     def record(self, handle) -> None:
-        handle.record(self.stream)
+        handle.record() if self.stream is None else handle.record(self.stream)
 
     def wait(self, handle) -> None:
-        if isinstance(handle, torch.cuda.Event):
-            self.stream.wait_event(handle)
-        else:  # a foreign event (e.g. a worker stream's): the host waits
+        if isinstance(handle, ThreadEvent):  # a worker stream's event: the host waits
             handle.synchronize()
+        elif self.stream is None:
+            handle.wait()
+        else:
+            handle.wait(self.stream)
+
+    def close(self) -> None:
+        self.synchronize()
 
 
 # ---------------------------------------------------------------- the backend
 
 class StreamBackend(Backend):
-    """A backend whose work is ordered on one Stream (SIM, CUDA, MPS)."""
+    """A backend whose work is ordered on one Stream: every accelerator device's backend."""
 
     def __init__(self, device, stream: Stream, kernels, name: str | None = None):
         super().__init__(device, name)
@@ -252,7 +313,7 @@ class StreamBackend(Backend):
                                   f"tensor_copy_async {src.describe()} -> {dst.describe()}")
         if backend_src is not self:
             if backend_src._copy_event is None:
-                backend_src._copy_event = backend_src.stream.new_event()
+                backend_src._copy_event = backend_src.device.new_event_handle()
             backend_src.stream.record(backend_src._copy_event)
             self.stream.wait(backend_src._copy_event)
         return True
@@ -271,14 +332,21 @@ class StreamBackend(Backend):
             self.stream.submit(lambda: run_calls_named(calls, name), "graph_compute")
 
     def graph_plan_create(self, graph):
-        return CompiledPlan(graph, compile_graph(graph, self.kernels, self))
+        """Compiled calls; captured into a device graph where the device can capture."""
+        calls = compile_graph(graph, self.kernels, self)
+        capture = self.device.graph_capture
+        if capture is None:
+            return CompiledPlan(graph, calls)
+        return CapturedPlan(graph, calls, self.stream, self.name, capture)
 
     def graph_plan_update(self, plan, graph):
-        plan.graph = graph
-        plan.calls = compile_graph(graph, self.kernels, self)
+        plan.update(graph, compile_graph(graph, self.kernels, self))
 
     def graph_plan_compute(self, plan) -> Status:
-        self._submit_calls(plan.calls)
+        if isinstance(plan, CapturedPlan):
+            plan.compute()
+        else:
+            self._submit_calls(plan.calls)
         return Status.SUCCESS
 
     # --- events

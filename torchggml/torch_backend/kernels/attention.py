@@ -14,10 +14,12 @@ import torch
 from ...types import Type
 from ...enums import Op
 from ...tensor import get_op_params_f32
-from . import CPU_KERNELS, binds
+from .table import KernelTable, binds
 from .common import view, all_float, is_float
 from .matmul import is_readable, float_reader
 from .norm import wide_float
+
+KERNELS = KernelTable("attention")
 
 # flash attention builds the scores of this many (query, key) pairs at a time, at most
 SCORE_CHUNK = 1 << 24
@@ -106,7 +108,7 @@ def _bind_soft_max(node):
     return functools.partial(_soft_max_into, view(a), scale, bias, _sinks_view(sinks), view(node))
 
 
-@CPU_KERNELS.register(Op.SOFT_MAX, supports=_supports_soft_max)
+@KERNELS.register(Op.SOFT_MAX, supports=_supports_soft_max)
 @binds(_bind_soft_max)
 def soft_max(node):
     _bind_soft_max(node)(node)
@@ -163,7 +165,7 @@ def _bind_flash_attn_ext(node):
                              _sinks_view(sinks), scale, softcap, chunks)
 
 
-@CPU_KERNELS.register(Op.FLASH_ATTN_EXT, supports=_supports_flash_attn)
+@KERNELS.register(Op.FLASH_ATTN_EXT, supports=_supports_flash_attn)
 @binds(_bind_flash_attn_ext)
 def flash_attn_ext(node):
     _bind_flash_attn_ext(node)(node)

@@ -18,9 +18,11 @@ import torch
 from ...types import Type
 from ...enums import Op, RopeType
 from ...ops.rope import ROPE_TYPE_IMROPE, rope_yarn_corr_dims
-from . import CPU_KERNELS, binds
+from .table import KernelTable, binds
 from .common import view, is_float
 from .norm import wide_float
+
+KERNELS = KernelTable("rope")
 
 MODES = frozenset({RopeType.NORMAL, RopeType.NEOX, RopeType.MROPE, RopeType.VISION, ROPE_TYPE_IMROPE})
 
@@ -211,7 +213,7 @@ def _rotate(angles, x0, x1, d0, d1, unrotated, _node) -> None:
         d.copy_(x)
 
 
-@CPU_KERNELS.register(Op.ROPE, supports=_supports_rope)
+@KERNELS.register(Op.ROPE, supports=_supports_rope)
 @binds(_bind_rope)
 def rope(node):
     _bind_rope(node)(node)

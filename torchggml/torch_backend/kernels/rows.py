@@ -8,22 +8,19 @@ import torch
 
 from ...types import Type
 from ...enums import Op
-from . import CPU_KERNELS, binds
-from .common import view
+from .table import KernelTable, binds
+from .common import device_graph_capturing, view
 from .copy import needs_float_route
 from .matmul import is_readable, float_reader
 
-
-def capturing(t: torch.Tensor) -> bool:
-    """A CUDA graph is being captured on t's device: no host syncs allowed."""
-    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+KERNELS = KernelTable("rows")
 
 
 def _checked_indices(idx: torch.Tensor, n_rows: int, what, node) -> torch.Tensor:
     """idx as it is; an IndexError naming the op when an index is outside [0, n_rows) (torch
     indexing would wrap negative ones). The check syncs the device, so it is skipped while a
     CUDA graph captures."""
-    if idx.numel() and not capturing(idx):
+    if idx.numel() and not device_graph_capturing(idx):
         lo, hi = torch.aminmax(idx)
         if int(lo) < 0 or int(hi) >= n_rows:
             raise IndexError(f"{node.op.name}: row indices outside [0, {n_rows}) in {what.describe()} "
@@ -74,7 +71,7 @@ def _bind_get_rows(node):
     return functools.partial(_gather_batched_rows, va, view(ids)[0], batch, n_rows, ids, to_out, out)
 
 
-@CPU_KERNELS.register(Op.GET_ROWS, supports=_supports_get_rows)
+@KERNELS.register(Op.GET_ROWS, supports=_supports_get_rows)
 @binds(_bind_get_rows)
 def get_rows(node):
     _bind_get_rows(node)(node)
@@ -135,7 +132,7 @@ def _bind_set_rows(node):
                              None if reps == (1, 1, 1) else reps, n_rows, c, to_dst, vb)
 
 
-@CPU_KERNELS.register(Op.SET_ROWS, supports=_supports_set_rows)
+@KERNELS.register(Op.SET_ROWS, supports=_supports_set_rows)
 @binds(_bind_set_rows)
 def set_rows(node):
     _bind_set_rows(node)(node)
