@@ -11,13 +11,12 @@ import math
 
 import torch
 
-from ...types import Type
 from ...enums import Op
 from ...tensor import get_op_params_f32
+from ...types import Type, wide_float
 from .table import KernelTable, binds
 from .common import view, all_float, is_float
 from .matmul import is_readable, float_reader
-from .norm import wide_float
 
 KERNELS = KernelTable("attention")
 

@@ -10,15 +10,11 @@ import torch
 
 from ...enums import Op
 from ...tensor import get_op_params_f32, get_op_params_i32
+from ...types import wide_float
 from .table import KernelTable, binds
 from .common import view, as_float, write, all_float
 
 KERNELS = KernelTable("norm")
-
-
-def wide_float(device: torch.device) -> torch.dtype:
-    """The dtype for sums and angles: float64, except on devices without it (MPS)."""
-    return torch.float32 if device.type == "mps" else torch.float64
 
 
 def _float_rows(node) -> bool:

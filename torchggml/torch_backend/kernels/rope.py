@@ -15,12 +15,11 @@ import struct
 
 import torch
 
-from ...types import Type
 from ...enums import Op, RopeType
 from ...ops.rope import ROPE_TYPE_IMROPE, rope_yarn_corr_dims
+from ...types import Type, wide_float
 from .table import KernelTable, binds
 from .common import view, is_float
-from .norm import wide_float
 
 KERNELS = KernelTable("rope")
 

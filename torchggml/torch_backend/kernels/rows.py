@@ -6,8 +6,8 @@ import functools
 
 import torch
 
-from ...types import Type
 from ...enums import Op
+from ...types import Type
 from .table import KernelTable, binds
 from .common import device_graph_capturing, view
 from .copy import needs_float_route
