@@ -13,7 +13,7 @@ import torch
 import torchggml as ggml
 from torchggml import alloc as A  # the planner's internals (_DynAlloc)
 from torchggml.enums import Op
-from torchggml.torch_backend.buffer import TorchBufferType
+from torchggml.memory import TorchBufferType
 from torchggml.torch_backend.kernels import TORCH_KERNELS as CPU_KERNELS
 
 F32, F16 = ggml.Type.F32, ggml.Type.F16

@@ -9,7 +9,7 @@ import torch
 
 import torchggml as ggml
 from torchggml.enums import Op
-from torchggml.torch_backend.views import UnallocatedTensorError
+from torchggml.memory import UnallocatedTensorError
 
 T = ggml.Type
 F = ggml.TensorFlag

@@ -86,6 +86,6 @@ from .backend.multi_buffer import (MultiBuffer, backend_multi_buffer_alloc_buffe
                                    backend_buffer_is_multi_buffer, backend_multi_buffer_set_usage)
 from .torch_backend.kernels import UnsupportedOpError  # noqa: E402
 from .torch_backend.stream import StreamError  # noqa: E402
-from .torch_backend.views import UnallocatedTensorError  # noqa: E402
+from .memory import UnallocatedTensorError  # noqa: E402
 from .torch_backend.kernels import UnsupportedOpError  # noqa: E402
 from .models import load_model, Model  # noqa: E402

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from .backend.buffer import BufferType, Buffer, BufferUsage
+from .backend_impl import BufferType, Buffer, BufferUsage
 from .context import Context, new_tensor_impl
 from .tensor import Tensor, set_name
 from .types import Type, type_traits, type_name
@@ -243,7 +243,7 @@ class Weights:
 
 def is_cpu_buft(buft: BufferType) -> bool:
     """Host memory of the CPU device: weights there can be views of the file's mapping."""
-    from .backend.device import DeviceType
+    from .backend_impl import DeviceType
     dev = buft.get_device()
     return buft.is_host() and dev is not None and dev.get_type() == DeviceType.CPU
 

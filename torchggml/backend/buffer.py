@@ -1,112 +1,12 @@
-"""Buffer types and buffers (ggml_backend_buffer_type_i / ggml_backend_buffer_i).
-
-A subclass implements the abstract methods; every other method has ggml's documented default.
-The mirrored functions (backend_buft_*, backend_buffer_*) check arguments and call these.
-"""
+"""Buffer types and buffers: the mirrored functions (backend_buft_*, backend_buffer_*). They
+check arguments and call the interfaces of backend_impl.py (BufferType, Buffer)."""
 from __future__ import annotations
 
-import sys
-from abc import ABC, abstractmethod
-from enum import IntEnum
-
+from ..backend_impl import Buffer, BufferType, BufferUsage
 from ..enums import Status
-from ..tensor import Tensor, nbytes
+from ..tensor import Tensor
 
-
-class BufferUsage(IntEnum):
-    ANY = 0
-    WEIGHTS = 1
-    COMPUTE = 2
-
-
-class BufferType(ABC):
-    """ggml_backend_buffer_type: an allocator of buffers of one kind of memory on one device."""
-
-    def __init__(self, name: str, device=None):
-        self.name = name
-        self.device = device
-
-    def __repr__(self):
-        return f"<ggml.BufferType {self.name}>"
-
-    @abstractmethod
-    def alloc_buffer(self, size: int) -> "Buffer":
-        """Allocate a buffer of `size` bytes; raise MemoryError when the device is out of memory."""
-
-    def get_name(self) -> str:
-        return self.name
-
-    def get_alignment(self) -> int:
-        return 32
-
-    def get_max_size(self) -> int:
-        return sys.maxsize
-
-    def get_alloc_size(self, tensor: Tensor) -> int:
-        return nbytes(tensor)
-
-    def is_host(self) -> bool:
-        return False
-
-    def get_device(self):
-        return self.device
-
-
-class Buffer(ABC):
-    """ggml_backend_buffer: `size` bytes at address `base` in one kind of memory."""
-
-    def __init__(self, buft: BufferType, size: int, base: int):
-        self.buft = buft
-        self.size = int(size)
-        self.base = int(base)
-        self.usage = BufferUsage.ANY
-        self.freed = False
-
-    @property
-    def name(self) -> str:
-        return self.buft.name
-
-    def __repr__(self):
-        return f"<ggml.Buffer {self.name} {self.size} bytes usage={self.usage.name}>"
-
-    # --- required
-    @abstractmethod
-    def set_tensor(self, tensor: Tensor, data, offset: int, size: int) -> None:
-        """Write `size` bytes of `data` (a flat uint8 torch tensor) at tensor.data + offset."""
-
-    @abstractmethod
-    def get_tensor(self, tensor: Tensor, out, offset: int, size: int) -> None:
-        """Read `size` bytes at tensor.data + offset into `out` (a flat uint8 torch tensor)."""
-
-    @abstractmethod
-    def clear(self, value: int) -> None:
-        """Set every byte of the buffer to `value`."""
-
-    # --- optional, with ggml's defaults
-    def get_base(self) -> int:
-        return self.base
-
-    def free(self) -> None:
-        self.freed = True
-
-    def init_tensor(self, tensor: Tensor) -> Status:
-        return Status.SUCCESS
-
-    def memset_tensor(self, tensor: Tensor, value: int, offset: int, size: int) -> None:
-        raise NotImplementedError(f"buffer {self.name} cannot memset tensors")
-
-    def cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
-        """Copy src into dst (dst lives in this buffer) without a host round trip; False if unable."""
-        return False
-
-    def reset(self) -> None:
-        pass
-
-    def set_usage(self, usage: BufferUsage) -> None:
-        self.usage = BufferUsage(usage)
-
-    def is_multi_buffer(self) -> bool:
-        return False
+__all__ = ["Buffer", "BufferType", "BufferUsage"]  # the interfaces, with the functions below
 
 
 # ---------------------------------------------------------------- mirrored functions

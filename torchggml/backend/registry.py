@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from .device import Device, DeviceType, Reg
+from ..backend_impl import Device, DeviceType, Reg
 
 ENTRY_POINT_GROUP = "torchggml.backends"
 BACKEND_PATH_ENV = "TORCHGGML_BACKEND_PATH"

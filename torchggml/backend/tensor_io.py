@@ -76,7 +76,7 @@ def backend_tensor_get(t: Tensor, data=None, offset: int = 0, size: int | None =
     _check_range(t, offset, size, "backend_tensor_get")
     if data is None:
         if whole:
-            from ..torch_backend.views import tensor_view
+            from ..memory import tensor_view
             from .. import tensor as _t
             view = tensor_view(t)
             out = torch.empty(view.shape, dtype=view.dtype)
@@ -96,6 +96,8 @@ def backend_tensor_memset(t: Tensor, value: int, offset: int = 0, size: int | No
     if size is None:
         size = nbytes(t) - offset
     _check_range(t, offset, size, "backend_tensor_memset")
+    if t.buffer.memset_tensor is None:
+        raise NotImplementedError(f"backend_tensor_memset: buffer {t.buffer.name} cannot memset tensors ({t.describe()})")
     if size:
         t.buffer.memset_tensor(t, value, offset, size)
 

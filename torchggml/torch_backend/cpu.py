@@ -9,10 +9,9 @@ import platform
 
 import torch
 
-from ..backend.backend import Backend
-from ..backend.device import Device, DeviceCaps, DeviceType, Reg
+from ..backend_impl import Backend, Device, DeviceCaps, DeviceType, Reg
 from ..enums import Op, Status
-from .buffer import TorchBufferType, buffer_from_torch
+from ..memory import TorchBufferType, buffer_from_torch
 from .kernels import TORCH_KERNELS, KernelTable, binds, run_calls
 from .kernels.matmul import bind_mul_mat, bind_weight_product
 from .plan import CompiledPlan, compile_graph

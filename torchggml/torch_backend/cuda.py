@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from ..backend.device import DeviceCaps
-from .buffer import TorchBuffer, TorchBufferType, buffer_from_torch
+from ..backend_impl import DeviceCaps
+from ..memory import TorchBuffer, TorchBufferType, buffer_from_torch
 from .device import AcceleratorDevice, AcceleratorReg
 from .plan import GraphCapture
 

@@ -22,10 +22,10 @@ import os
 
 import torch
 
-from ..backend.device import Device, DeviceCaps, DeviceType, Event, Reg
+from ..backend_impl import Device, DeviceCaps, DeviceType, Event, Reg
 from ..enums import Op
+from ..memory import TorchBufferType
 from ..tensor import nrows
-from .buffer import TorchBufferType
 from .kernels.gpu import GPU_KERNELS
 from .stream import StreamBackend, TorchStream, device_module, new_torch_event
 

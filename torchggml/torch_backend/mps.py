@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..backend.device import DeviceType
+from ..backend_impl import DeviceType
 from .cpu import host_memory
 from .device import AcceleratorDevice, AcceleratorReg
 

@@ -27,11 +27,10 @@ import torch
 from ..enums import Op, VIEW_OPS
 from ..quants._fields import as_f16, split_bytes, unpack
 from ..quants.kquants import k_scale_min
+from ..memory import TorchBuffer, TorchBufferType, byte_view
 from ..tensor import Tensor, memory_buffer, nbytes, round_up
 from ..types import Type, type_traits
-from .buffer import TorchBuffer, TorchBufferType
 from .kernels.table import UnsupportedOpError
-from .views import byte_view
 
 GROUP = 32          # values per scale/zero group (torch's group_size)
 ROW_MULTIPLE = 16   # torch's CPU int4 packing takes rows 16 at a time

@@ -24,7 +24,7 @@ import weakref
 
 import torch
 
-from .buffer import TorchBuffer, TorchBufferType
+from ..memory import TorchBuffer, TorchBufferType
 from .cpu import host_memory
 from .device import AcceleratorDevice, AcceleratorReg
 from .stream import ThreadEvent, WorkerStream

@@ -26,12 +26,10 @@ from typing import Callable
 
 import torch
 
-from ..backend.backend import Backend
-from ..backend.device import Event
+from ..backend_impl import Backend, Event
 from ..enums import Status
-from .buffer import TorchBuffer
+from ..memory import TorchBuffer, tensor_bytes
 from .plan import CapturedPlan, CompiledPlan, compile_graph, run_calls_named
-from .views import tensor_bytes
 
 
 class StreamError(RuntimeError):

@@ -7,7 +7,7 @@ import torch
 
 from ...tensor import Tensor
 from ...types import Type, type_traits
-from ..views import tensor_view
+from ...memory import tensor_view
 
 FLOAT_TYPES = frozenset({Type.F32, Type.F16, Type.BF16})
 
