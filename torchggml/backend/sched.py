@@ -1,6 +1,6 @@
 """The scheduler (ggml_backend_sched): assigns graph nodes to backends, cuts the graph into
 splits, copies split inputs between backends, and runs the splits on the backends' streams,
-ordered by events. Pass by pass as upstream ggml-backend.cpp does it (see DESIGN.md)."""
+ordered by events. Pass by pass as upstream ggml-backend.cpp does it (see docs/architecture.md)."""
 from __future__ import annotations
 
 import logging
