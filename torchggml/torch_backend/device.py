@@ -89,8 +89,9 @@ class AcceleratorDevice(Device):
     def new_event_handle(self):
         return new_torch_event(self.torch_device)
 
-    def init_backend(self, params=None):
-        return self.backend_class(self, self.new_stream(), self.kernels)
+    def init_backend(self, params=None, stream=None):
+        """A new backend on its own stream, or on `stream` (an existing torch stream)."""
+        return self.backend_class(self, self.new_stream(stream), self.kernels)
 
     def event_new(self) -> Event:
         return Event(self, self.new_event_handle())
@@ -125,6 +126,24 @@ class AcceleratorDevice(Device):
         return gpu_offload_op(op)
 
 
+def torch_device_count(torch_type: str) -> int:
+    """How many devices of a torch device type this process has (0 where torch has none)."""
+    try:
+        module = torch.get_device_module(torch_type)
+    except (AttributeError, RuntimeError, ValueError):
+        return 0
+    # torch.mps before 2.5 has no is_available/device_count: torch.backends.mps says
+    is_available = getattr(module, "is_available", None) or \
+        getattr(getattr(torch.backends, torch_type, None), "is_available", None)
+    try:
+        if is_available is None or not is_available():
+            return 0
+        count = getattr(module, "device_count", None)
+        return int(count()) if count is not None else 1
+    except RuntimeError:
+        return 0
+
+
 class AcceleratorReg(Reg):
     """A reg of accelerator devices; `proc_*` methods are its proc addresses."""
 
@@ -136,11 +155,7 @@ class AcceleratorReg(Reg):
     def of_available(cls, name: str, device_class) -> "AcceleratorReg | None":
         """A reg with one device per torch device of `device_class.torch_type`, or None when
         torch has none (the device type is not built in or not present)."""
-        try:
-            mod = torch.get_device_module(device_class.torch_type)
-            count = mod.device_count() if mod.is_available() else 0
-        except (AttributeError, RuntimeError):
-            count = 0
+        count = torch_device_count(device_class.torch_type)
         if not count:
             return None
         reg = cls(name)

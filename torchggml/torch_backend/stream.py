@@ -255,10 +255,13 @@ class TorchStream(Stream):
             device_module(self.device).synchronize()
 
     def record(self, handle) -> None:
-        handle.record() if self.stream is None else handle.record(self.stream)
+        if self.stream is None:
+            handle.record()
+        else:
+            handle.record(self.stream)
 
     def wait(self, handle) -> None:
-        if isinstance(handle, ThreadEvent):  # a worker stream's event: the host waits
+        if isinstance(handle, ThreadEvent):  # another stream kind's event: the host waits
             handle.synchronize()
         elif self.stream is None:
             handle.wait()
