@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import torch
 
 from . import ops_cases
-from .ops_cases.table import NMSE_DEFAULT, NMSE_MUL_MAT, NMSE_SOFT_MAX, OpCase, case  # noqa: F401
+from .ops_cases.table import OpCase
 from .types import Type, type_traits
 
 def all_cases() -> list[OpCase]:

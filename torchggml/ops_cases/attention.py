@@ -9,7 +9,10 @@ import torch
 
 import torchggml as ggml
 from .values import uniform, ggml_permute
-from .table import case, NMSE_MUL_MAT, NMSE_SOFT_MAX
+from .table import CaseTable, NMSE_MUL_MAT, NMSE_SOFT_MAX
+
+CASES = CaseTable()
+case = CASES.case
 
 T = ggml.Type
 NMSE_ATTENTION = NMSE_MUL_MAT

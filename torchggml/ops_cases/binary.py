@@ -7,7 +7,10 @@ import torch
 
 import torchggml as ggml
 from .values import T, FLOAT_TYPES, uniform, randint, rounded, ggml_permute, tile, quantized_roundtrip
-from .table import case
+from .table import CaseTable
+
+CASES = CaseTable()
+case = CASES.case
 
 # ---------------------------------------------------------------- ADD, SUB, MUL, DIV
 

@@ -9,7 +9,10 @@ import torch
 
 import torchggml as ggml
 from .values import T, FLOAT_TYPES, uniform, randint, rounded, ggml_permute, quantized_roundtrip
-from .table import case
+from .table import CaseTable
+
+CASES = CaseTable()
+case = CASES.case
 
 QUANTIZE_TARGETS = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL)
 

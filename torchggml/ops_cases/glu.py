@@ -6,8 +6,11 @@ import torch
 
 import torchggml as ggml
 from .values import T, FLOAT_TYPES, uniform, rounded
-from .table import case
+from .table import CaseTable
 from .unary import REFERENCES
+
+CASES = CaseTable()
+case = CASES.case
 
 U = ggml.UnaryOp
 

@@ -6,7 +6,10 @@ import torch
 
 import torchggml as ggml
 from .values import T, FLOAT_TYPES, uniform, rounded
-from .table import case
+from .table import CaseTable
+
+CASES = CaseTable()
+case = CASES.case
 
 # op -> (float64 reference, input range)
 _MATH = {

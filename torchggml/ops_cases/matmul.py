@@ -10,8 +10,11 @@ import torch
 
 import torchggml as ggml
 from .values import randint, ggml_permute
-from .table import case, NMSE_MUL_MAT
+from .table import CaseTable, NMSE_MUL_MAT
 from ..types import type_traits
+
+CASES = CaseTable()
+case = CASES.case
 
 T = ggml.Type
 

@@ -8,7 +8,10 @@ import torch
 
 import torchggml as ggml
 from .values import rounded, ggml_permute
-from .table import case
+from .table import CaseTable
+
+CASES = CaseTable()
+case = CASES.case
 
 T = ggml.Type
 

@@ -6,7 +6,10 @@ import torch
 
 import torchggml as ggml
 from .values import T, FLOAT_TYPES, randint, distinct, rounded, ggml_permute
-from .table import case
+from .table import CaseTable
+
+CASES = CaseTable()
+case = CASES.case
 
 _SHAPE = [33, 5, 3, 2]
 

@@ -13,7 +13,10 @@ import torch
 
 import torchggml as ggml
 from .values import uniform, randint, rounded
-from .table import case
+from .table import CaseTable
+
+CASES = CaseTable()
+case = CASES.case
 
 T = ggml.Type
 R = ggml.RopeType

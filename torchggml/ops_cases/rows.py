@@ -11,8 +11,11 @@ import torch
 
 import torchggml as ggml
 from .values import randint, ggml_permute
-from .table import case
+from .table import CaseTable
 from .matmul import BLOCK_TYPES, inits_for
+
+CASES = CaseTable()
+case = CASES.case
 
 T = ggml.Type
 

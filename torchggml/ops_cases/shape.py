@@ -7,7 +7,10 @@ import torch
 
 import torchggml as ggml
 from .values import T, randint, ggml_permute
-from .table import case
+from .table import CaseTable
+
+CASES = CaseTable()
+case = CASES.case
 
 _INT_INIT = {0: randint(-100, 100), 1: randint(-100, 100)}
 

@@ -1,4 +1,4 @@
-"""The op case table: OpCase, `case()` to add one, and upstream's error thresholds."""
+"""The op case table: OpCase, a family's CaseTable (`case()` adds one), upstream's thresholds."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -30,10 +30,11 @@ class OpCase:
         return f"{self.op}({self.desc})"
 
 
-CASES: list[OpCase] = []
+class CaseTable(list):
+    """One family's cases, in the order `case` adds them."""
 
-
-def case(op: str, desc: str, build, reference, max_nmse: float = NMSE_DEFAULT, init=None) -> OpCase:
-    c = OpCase(op, desc, build, reference, max_nmse, init or {})
-    CASES.append(c)
-    return c
+    def case(self, op: str, desc: str, build, reference, max_nmse: float = NMSE_DEFAULT,
+             init=None) -> OpCase:
+        c = OpCase(op, desc, build, reference, max_nmse, init or {})
+        self.append(c)
+        return c

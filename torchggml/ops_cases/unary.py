@@ -9,7 +9,10 @@ import torch
 
 import torchggml as ggml
 from .values import T, FLOAT_TYPES, uniform, rounded, ggml_permute
-from .table import case
+from .table import CaseTable
+
+CASES = CaseTable()
+case = CASES.case
 
 U = ggml.UnaryOp
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
