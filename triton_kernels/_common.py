@@ -76,7 +76,12 @@ def compiled_device_type() -> str | None:
     or None where no driver is active (no GPU)."""
     try:
         from triton.runtime.driver import driver
-        return driver.active.get_active_torch_device().type
+        active = driver.active
+        if hasattr(active, "get_active_torch_device"):
+            return active.get_active_torch_device().type
+        # triton before 3.2: the target's backend; ROCm's torch calls its GPUs "cuda" too
+        backend = active.get_current_target().backend
+        return "cuda" if backend in ("cuda", "hip") else backend
     except Exception:  # noqa: BLE001 - no usable driver
         return None
 
