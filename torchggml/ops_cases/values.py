@@ -61,15 +61,17 @@ def tile(b, like):
 
 def quantized_roundtrip(qtype, x: torch.Tensor, ne0: int | None = None) -> torch.Tensor:
     """x (float64, torch order) quantized to qtype in rows of ne0 values in element order and
-    dequantized again, by the gguf package (torchggml.quants for IQ4_NL, which gguf cannot
-    quantize). Values go through float32 first, as ggml's copy does."""
+    dequantized again, by the gguf package; for the types gguf cannot quantize (IQ4_NL, the K
+    types, IQ4_XS) by torchggml.quants, which tests/test_quantize_ggml.py checks bit for bit
+    against llama.cpp's quantizers. Values go through float32 first, as ggml's copy does."""
+    import gguf
     rows = x.reshape(-1, ne0 or x.shape[-1]).float()
-    if qtype == T.IQ4_NL:
+    gtype = gguf.GGMLQuantizationType(int(qtype))
+    try:
+        blocks = gguf.quants.quantize(rows.numpy(), gtype)
+    except NotImplementedError:
         from ..quants import dequantize, quantize
         out = dequantize(qtype, quantize(qtype, rows))
     else:
-        import gguf
-        gtype = gguf.GGMLQuantizationType(int(qtype))
-        out = torch.from_numpy(np.ascontiguousarray(
-            gguf.quants.dequantize(gguf.quants.quantize(rows.numpy(), gtype), gtype)))
+        out = torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(blocks, gtype)))
     return out.double().reshape(x.shape)
