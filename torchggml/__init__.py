@@ -108,9 +108,11 @@ from .alloc import (backend_tensor_alloc, backend_view_init, backend_alloc_ctx_t
                     gallocr_free, gallocr_reserve, gallocr_reserve_n, gallocr_reserve_n_size,
                     gallocr_alloc_graph, gallocr_get_buffer_size, op_can_inplace)
 
-# ---------------------------------------------------------------- the CPU (ggml-cpu.h)
+# ---------------------------------------------------------------- the CPU (ggml-cpu.h) and other devices
 from .torch_backend.cpu import (backend_cpu_init, backend_cpu_buffer_type, backend_cpu_buffer_from_ptr,
                                 backend_cpu_set_n_threads, backend_is_cpu)
+from .torch_backend.cuda import backend_cuda_init
+from .torch_backend.sim import backend_sim_init
 
 # ---------------------------------------------------------------- errors
 from .memory import UnallocatedTensorError
@@ -120,6 +122,10 @@ from .torch_backend.stream import StreamError
 # ---------------------------------------------------------------- reference quantization, models
 from . import quants  # ggml.quants.quantize / dequantize
 from .models import load_model, Model
+
+# ---------------------------------------------------------------- PyTorch integration
+from .torch_integration import graph_function, GraphFunction
+from .profiler import PROFILE_ENV
 
 __version__ = "0.1.0"
 

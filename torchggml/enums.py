@@ -76,6 +76,10 @@ class Op(IntEnum):
     LEAKY_RELU = 71
     FLASH_ATTN_EXT = 74
     UNARY = 91
+    MAP_CUSTOM1 = 92
+    MAP_CUSTOM2 = 93
+    MAP_CUSTOM3 = 94
+    CUSTOM = 95
     GLU = 100
 
 

@@ -12,6 +12,7 @@ import torch
 from ..backend_impl import Backend, Device, DeviceCaps, DeviceType, Reg
 from ..enums import Op, Status
 from ..memory import TorchBufferType, buffer_from_torch
+from ..profiler import profiling, run_calls_profiled
 from .kernels import TORCH_KERNELS, KernelTable, binds, run_calls
 from .kernels.matmul import bind_mul_mat, bind_weight_product
 from .plan import CompiledPlan, compile_graph
@@ -97,7 +98,7 @@ class CPUBackend(Backend):
 
     def _run(self, calls) -> Status:
         if self.abort_callback is None:
-            run_calls(calls)
+            (run_calls_profiled if profiling() else run_calls)(calls)
             return Status.SUCCESS
         for fn, node in calls:
             if self.abort_callback():

@@ -79,3 +79,13 @@ def backend_reg() -> CudaReg | None:
     if not _REG:
         _REG.append(CudaReg.of_available("CUDA", CudaDevice))
     return _REG[0]
+
+
+def backend_cuda_init(device: int = 0, stream=None):
+    """A CUDA backend for device `device`; `stream` (e.g. torch.cuda.current_stream()) makes it
+    run on that stream, so ggml graphs and torch code on it interleave without synchronizing."""
+    reg = backend_reg()
+    devices = reg.get_devices() if reg is not None else []
+    if not 0 <= device < len(devices):
+        raise ValueError(f"backend_cuda_init: no CUDA device {device} ({len(devices)} available)")
+    return devices[device].init_backend(stream=stream)

@@ -90,8 +90,10 @@ class AcceleratorDevice(Device):
         return new_torch_event(self.torch_device)
 
     def init_backend(self, params=None, stream=None):
-        """A new backend on its own stream, or on `stream` (an existing torch stream)."""
-        return self.backend_class(self, self.new_stream(stream), self.kernels)
+        """A new backend on its own stream, or on `stream` (the device's kind: a torch stream of
+        the device, e.g. the caller's current one; a SIM backend's WorkerStream), which it then
+        shares: torch work and ggml graphs on it are ordered without synchronizing."""
+        return self.backend_class(self, self.new_stream(stream), self.kernels, owns_stream=stream is None)
 
     def event_new(self) -> Event:
         return Event(self, self.new_event_handle())

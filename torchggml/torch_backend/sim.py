@@ -120,7 +120,11 @@ class SimDevice(AcceleratorDevice):
         self.host_buffer_type = TorchBufferType(f"{self.name}_Host", self, "cpu", host=True)
 
     def new_stream(self, stream=None):
-        return WorkerStream(self.name)
+        if stream is None:
+            return WorkerStream(self.name)
+        if not isinstance(stream, WorkerStream):
+            raise ValueError(f"{self.name}: the stream must be a WorkerStream (a SIM device's stream), got {stream!r}")
+        return stream
 
     def new_event_handle(self):
         return ThreadEvent()
@@ -152,3 +156,13 @@ def backend_reg() -> SimReg | None:
     n = sim_device_count()
     return _sim_reg(n, sim_memory_capacity()) if n else None
 
+
+def backend_sim_init(device: int = 0, stream=None):
+    """A SIM backend (TORCHGGML_SIM_DEVICES) for device `device`; `stream`: a WorkerStream to
+    share (another SIM backend's `.stream`), the SIM counterpart of a caller's CUDA stream."""
+    reg = backend_reg()
+    devices = reg.get_devices() if reg is not None else []
+    if not 0 <= device < len(devices):
+        raise ValueError(f"backend_sim_init: no SIM device {device} ({len(devices)} available; "
+                         f"set TORCHGGML_SIM_DEVICES)")
+    return devices[device].init_backend(stream=stream)

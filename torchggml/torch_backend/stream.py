@@ -3,9 +3,9 @@
 A `Stream` runs submitted work in submission order. Two kinds share one backend class:
 - `WorkerStream`: a Python thread draining a queue of closures (the SIM device). Work really
   runs later, on another thread; errors are kept and raised at the next `synchronize`.
-- `TorchStream`: a torch stream of an accelerator (torch.Stream / torch.Event where the installed
-  torch has them, the device module's classes otherwise): every torch device type (CUDA, MPS,
-  XPU...) uses it. Submitting runs the closure now on the host with the stream current, so its
+- `TorchStream`: a torch stream of any torch device type (CUDA, MPS, XPU...): the device
+  module's Stream/Event (torch.cuda's, which are torch.Stream/torch.Event), or torch.Stream /
+  torch.Event through torch.accelerator where the module has none (see stream_family). Submitting runs the closure now on the host with the stream current, so its
   kernels are queued on the device.
 
 Events follow CUDA's rules: `record` marks the work submitted so far; a later `wait` (on any
@@ -29,6 +29,7 @@ import torch
 from ..backend_impl import Backend, Event
 from ..enums import Status
 from ..memory import TorchBuffer, tensor_bytes
+from ..profiler import profiling
 from .plan import CapturedPlan, CompiledPlan, compile_graph, run_calls_named
 
 
@@ -177,10 +178,9 @@ def device_module(device: torch.device):
     return torch.get_device_module(device.type)
 
 
-def uses_generic_api(device: torch.device) -> bool:
+def _uses_generic_api(device: torch.device) -> bool:
     """torch's generic torch.Stream / torch.Event serve `device`: the installed torch has
-    torch.accelerator and the device is its accelerator. Otherwise the device module's own
-    Stream / Event classes do (torch before 2.6, and device types such as cpu)."""
+    torch.accelerator (2.6+) and the device is its accelerator."""
     try:
         current = torch.accelerator.current_accelerator()
     except AttributeError:
@@ -188,48 +188,67 @@ def uses_generic_api(device: torch.device) -> bool:
     return current is not None and current.type == device.type
 
 
-def _new_torch_stream(device: torch.device):
-    """A new stream on `device`, else the device's current stream, else None (one implicit
-    queue: MPS on older torch)."""
+def stream_family(device: torch.device) -> str:
+    """Which classes a device's streams and events are, one family so that events record on
+    and streams wait for each other: "module" (the device module's Stream and Event:
+    torch.cuda's, torch.xpu's, torch.cpu's), "generic" (torch.Stream and torch.Event, for an
+    accelerator whose module has no Stream class), or "queue" (no stream object: one implicit
+    queue and the module's events, as MPS on older torch)."""
     mod = device_module(device)
-    if uses_generic_api(device):
-        makers = (lambda: torch.Stream(device=device), lambda: torch.accelerator.current_stream(device))
-    else:
-        makers = (lambda: mod.Stream(device=device), lambda: mod.Stream(), lambda: mod.current_stream(device))
-    for make in makers:
+    if hasattr(mod, "Stream") and hasattr(mod, "Event"):
+        return "module"
+    if _uses_generic_api(device):
+        return "generic"
+    return "queue"
+
+
+def _new_torch_stream(device: torch.device):
+    """A new stream on `device` of its family (None for "queue")."""
+    family = stream_family(device)
+    if family == "module":
+        mod = device_module(device)
         try:
-            return make()
-        except (AttributeError, RuntimeError, TypeError, ValueError):
-            continue
+            return mod.Stream(device=device)
+        except TypeError:  # torch.cpu.Stream takes no device
+            return mod.Stream()
+    if family == "generic":
+        return torch.Stream(device=device)
     return None
 
 
 def new_torch_event(device: torch.device):
-    """An event handle for `device`, of the same family as its streams: .record(stream),
-    .wait(stream), .synchronize(), .query()."""
+    """An event handle for `device`, of its stream family: .record(), .wait(), .synchronize()."""
+    family = stream_family(device)
     mod = device_module(device)
-    if uses_generic_api(device):
-        makers = (lambda: torch.Event(device=device),)
-    else:
-        makers = (lambda: mod.Event(), lambda: mod.event.Event())
-    for make in makers:
-        try:
-            return make()
-        except (AttributeError, RuntimeError, TypeError, ValueError):
-            continue
-    raise RuntimeError(f"torch has no events for device type {device.type!r}")
+    if family == "module":
+        return mod.Event()
+    if family == "generic":
+        return torch.Event(device=device)
+    event_class = getattr(getattr(mod, "event", None), "Event", None) or getattr(mod, "Event", None)
+    if event_class is None:
+        raise RuntimeError(f"torch has no events for device type {device.type!r}")
+    return event_class()
+
+
+def _stream_device(stream) -> torch.device | None:
+    device = getattr(stream, "device", None)
+    if device is None:
+        return None
+    device = torch.device(device)
+    return torch.device(device.type, device.index or 0)
 
 
 class TorchStream(Stream):
-    """A torch stream of one accelerator (CUDA, MPS, XPU, ...), through torch's generic
-    torch.Stream / torch.Event where the installed torch has them. Submitting runs the
-    closure now on the host with the stream current, so its kernels queue on the device
-    (errors surface immediately or at synchronize, as the device reports them). `stream`
-    wraps an existing torch stream instead of creating one."""
+    """A torch stream of one device (CUDA, MPS, XPU, ...), of the device's stream_family.
+    Submitting runs the closure now on the host with the stream current, so its kernels queue
+    on the device (errors surface immediately or at synchronize, as the device reports them).
+    `stream` wraps an existing torch stream (e.g. the caller's) instead of creating one."""
 
     def __init__(self, name: str, device: torch.device, stream=None):
         self.name = name
         self.device = torch.device(device)
+        if stream is not None and _stream_device(stream) not in (None, self.device):
+            raise ValueError(f"{name}: the stream must be a torch stream of {self.device}, got {stream!r}")
         self.stream = stream if stream is not None else _new_torch_stream(self.device)
 
     def __repr__(self):
@@ -248,11 +267,14 @@ class TorchStream(Stream):
             fn()
 
     def synchronize(self) -> None:
-        sync = getattr(self.stream, "synchronize", None)
-        if sync is not None:
-            sync()
-        else:  # no stream, or one that cannot wait by itself (torch.cpu's)
+        if self.stream is None:
             device_module(self.device).synchronize()
+            return
+        # an event marks the work queued so far: on a shared stream (the caller's), later work
+        # queued by other code is not waited for, and nothing device-wide happens
+        event = new_torch_event(self.device)
+        self.record(event)
+        event.synchronize()
 
     def record(self, handle) -> None:
         if self.stream is None:
@@ -277,14 +299,18 @@ class TorchStream(Stream):
 class StreamBackend(Backend):
     """A backend whose work is ordered on one Stream: every accelerator device's backend."""
 
-    def __init__(self, device, stream: Stream, kernels, name: str | None = None):
+    def __init__(self, device, stream: Stream, kernels, name: str | None = None, owns_stream: bool = True):
         super().__init__(device, name)
         self.stream = stream
         self.kernels = kernels
+        self.owns_stream = owns_stream
         self._copy_event = None
 
     def free(self) -> None:
-        self.stream.close()
+        if self.owns_stream:
+            self.stream.close()
+        else:  # a shared stream outlives this backend: only wait for what was queued
+            self.stream.synchronize()
 
     # --- async data movement. Source and destination memory is resolved now (as the C API
     # takes pointers now); the copy runs when the stream gets to it.
@@ -329,8 +355,8 @@ class StreamBackend(Backend):
 
     def _submit_calls(self, calls) -> None:
         if calls:
-            name = self.name
-            self.stream.submit(lambda: run_calls_named(calls, name), "graph_compute")
+            name, profiled = self.name, profiling()
+            self.stream.submit(lambda: run_calls_named(calls, name, profiled), "graph_compute")
 
     def graph_plan_create(self, graph):
         """Compiled calls; captured into a device graph where the device can capture."""
