@@ -62,6 +62,17 @@ class DeviceProps:
 
 # ---------------------------------------------------------------- buffer types and buffers
 
+class BufferFreedError(RuntimeError):
+    """A freed buffer, or a tensor in one, was used (set, get, memset, copy, compute)."""
+
+
+def check_not_freed(buffer: "Buffer", what: str, tensor: Tensor | None = None) -> None:
+    """BufferFreedError naming the operation, the tensor and the buffer when it was freed."""
+    if buffer.freed:
+        subject = f"{tensor.describe()} in buffer {buffer.name!r}" if tensor is not None else f"buffer {buffer.name!r}"
+        raise BufferFreedError(f"{what}: {subject} was used after the buffer was freed")
+
+
 class BufferType(ABC):
     """ggml_backend_buffer_type_i: an allocator of buffers of one kind of memory on one device."""
 
@@ -135,6 +146,8 @@ class Buffer(ABC):
         return self.base
 
     def free(self) -> None:
+        """Give the memory back. Any later set/get/memset/copy/compute of a tensor in this
+        buffer raises BufferFreedError; freeing twice is allowed."""
         self.freed = True
 
     def init_tensor(self, tensor: Tensor) -> Status:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .backend_impl import Buffer, BufferType
+from .backend_impl import Buffer, BufferType, check_not_freed
 from .enums import Status
 from .tensor import Tensor, nbytes, round_up
 from .types import type_traits
@@ -25,6 +25,7 @@ def _require_memory(t: Tensor):
         raise UnallocatedTensorError(
             f"{t.describe()} has no memory: allocate it first (gallocr_alloc_graph, "
             f"backend_alloc_ctx_tensors, a scheduler, or a context with no_alloc=False)")
+    check_not_freed(t.buffer, "tensor view", t)
     return t.buffer
 
 
@@ -35,7 +36,7 @@ def tensor_view(t: Tensor) -> torch.Tensor:
     The view is cached on the tensor and rebuilt when its address or buffer changes.
     """
     cache = t._view_cache
-    if cache is not None and cache[0] == t.data and cache[1] is t.buffer:
+    if cache is not None and cache[0] == t.data and cache[1] is t.buffer and not cache[1].freed:
         return cache[2]
     buffer = _require_memory(t)
     view = _build_view(t, buffer)
@@ -76,6 +77,7 @@ def _build_view(t: Tensor, buffer) -> torch.Tensor:
 
 def byte_view(buffer, offset: int, size: int) -> torch.Tensor:
     """A flat uint8 view of `size` bytes at `offset` inside the buffer."""
+    check_not_freed(buffer, "byte view")
     if offset < 0 or size < 0 or offset + size > buffer.size:
         raise IndexError(f"{size} bytes at offset {offset} are outside buffer {buffer.name!r} of size {buffer.size}")
     storage = buffer.storage
@@ -148,6 +150,9 @@ class TorchBuffer(Buffer):
         self.owner = owner
 
     def free(self) -> None:
+        """Drop the storage. Torch views taken before (to_torch, tensor views) keep their
+        memory alive and stay usable as plain torch tensors, but are no longer the buffer:
+        ggml access to its tensors raises BufferFreedError from now on."""
         super().free()
         self.storage = None
         self.owner = None

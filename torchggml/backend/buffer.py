@@ -2,11 +2,11 @@
 check arguments and call the interfaces of backend_impl.py (BufferType, Buffer)."""
 from __future__ import annotations
 
-from ..backend_impl import Buffer, BufferType, BufferUsage
+from ..backend_impl import Buffer, BufferFreedError, BufferType, BufferUsage, check_not_freed
 from ..enums import Status
 from ..tensor import Tensor
 
-__all__ = ["Buffer", "BufferType", "BufferUsage"]  # the interfaces, with the functions below
+__all__ = ["Buffer", "BufferType", "BufferUsage", "BufferFreedError", "check_not_freed"]  # with the functions below
 
 
 # ---------------------------------------------------------------- mirrored functions
@@ -76,6 +76,7 @@ def backend_buffer_get_alloc_size(buffer: Buffer, tensor: Tensor) -> int:
 
 
 def backend_buffer_clear(buffer: Buffer, value: int) -> None:
+    check_not_freed(buffer, "backend_buffer_clear")
     if buffer.size:
         buffer.clear(value)
 

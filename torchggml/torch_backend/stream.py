@@ -370,6 +370,7 @@ class StreamBackend(Backend):
         plan.update(graph, compile_graph(graph, self.kernels, self))
 
     def graph_plan_compute(self, plan) -> Status:
+        plan.check_alive(self.name)
         if isinstance(plan, CapturedPlan):
             plan.compute()
         else:
