@@ -97,6 +97,12 @@ from .backend.sched import (Sched, backend_sched_new, backend_sched_free, backen
                             backend_sched_reset, backend_sched_set_eval_callback)
 from .backend.sched_dot import backend_sched_graph_dump_dot
 
+# ---------------------------------------------------------------- the meta device (tensor parallel) and collectives
+from .backend.meta_split import SplitAxis, MetaSplitState, backend_meta_split_axis_name, UnsupportedSplitError
+from .backend.meta import (backend_meta_device, backend_dev_is_meta,
+                           get_split_state as backend_meta_get_split_state)
+from .backend.comm import comm_init, comm_allreduce_tensor, comm_free
+
 # ---------------------------------------------------------------- utils
 from .backend.utils import (GraphCopy, backend_graph_copy, backend_graph_copy_free,
                             backend_compare_graph_backend)

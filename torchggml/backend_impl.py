@@ -38,6 +38,7 @@ class DeviceType(IntEnum):
     GPU = 1
     IGPU = 2
     ACCEL = 3
+    META = 4
 
 
 @dataclass

@@ -6,7 +6,6 @@ from ..backend_impl import Device, DeviceCaps, DeviceProps, DeviceType, Event, R
 
 __all__ = ["Device", "DeviceCaps", "DeviceProps", "DeviceType", "Event", "Reg"]  # with the functions below
 
-
 # ---------------------------------------------------------------- mirrored functions (devices)
 
 def backend_dev_name(device: Device) -> str:
@@ -87,6 +86,16 @@ def backend_reg_dev_get(reg: Reg, index: int) -> Device:
     return devices[index]
 
 
+# the collectives every reg offers unless it has its own (NCCL...): the meta device all-reduces with them
+DEFAULT_PROCS = ("comm_init", "comm_allreduce_tensor", "comm_free")
+
+
 def backend_reg_get_proc_address(reg: Reg, name: str):
-    """The reg's extension function `name` (with or without the ggml_backend_ prefix), or None."""
-    return reg.get_proc_address(name)
+    """The reg's extension function `name` (with or without the ggml_backend_ prefix), or None;
+    the collectives (DEFAULT_PROCS) default to backend/comm.py's."""
+    fn = reg.get_proc_address(name)
+    short = name.removeprefix("ggml_backend_")
+    if fn is None and short in DEFAULT_PROCS:
+        from . import comm
+        fn = getattr(comm, short)
+    return fn

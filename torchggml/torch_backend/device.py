@@ -59,7 +59,8 @@ class AcceleratorDevice(Device):
     - `device_type`: DeviceType.GPU;
     - `kernels`: the op table, GPU_KERNELS (Triton where it runs, the torch reference else);
     - `alignment`: 128, the device buffer type's alignment;
-    - `graph_capture`: None, or a plan.GraphCapture: graph plans then capture and replay.
+    - `graph_capture`: None, or a plan.GraphCapture: graph plans then capture and replay;
+    - `compute_lock`: None, or a lock every graph of the device's backends runs under.
     Methods with defaults: `new_stream()` (a TorchStream), `new_event_handle()` (a torch event
     of the device), `get_memory()` (the device module's mem_get_info), `get_caps()`.
     """
@@ -69,6 +70,7 @@ class AcceleratorDevice(Device):
     kernels = GPU_KERNELS
     alignment = 128
     graph_capture = None
+    compute_lock = None
     backend_class = StreamBackend
 
     def __init__(self, index: int = 0, reg=None, name: str | None = None, description: str | None = None):

@@ -109,8 +109,14 @@ class SimBufferType(TorchBufferType):
             self.allocated -= size
 
 
+# Triton's interpreter is not thread-safe: SIM streams (one thread each) run graphs one at a time
+_INTERPRETER_LOCK = threading.Lock()
+
+
 class SimDevice(AcceleratorDevice):
     """A GPU whose memory is CPU storage and whose stream is a worker thread."""
+
+    compute_lock = _INTERPRETER_LOCK
 
     def __init__(self, index: int, capacity: int, reg=None):
         self.torch_device = torch.device("cpu")  # where its (non-host) memory lives

@@ -354,9 +354,17 @@ class StreamBackend(Backend):
         return Status.SUCCESS
 
     def _submit_calls(self, calls) -> None:
-        if calls:
-            name, profiled = self.name, profiling()
+        if not calls:
+            return
+        name, profiled = self.name, profiling()
+        lock = getattr(self.device, "compute_lock", None)
+        if lock is None:
             self.stream.submit(lambda: run_calls_named(calls, name, profiled), "graph_compute")
+        else:
+            def run():
+                with lock:
+                    run_calls_named(calls, name, profiled)
+            self.stream.submit(run, "graph_compute")
 
     def graph_plan_create(self, graph):
         """Compiled calls; captured into a device graph where the device can capture."""
