@@ -270,7 +270,7 @@ def test_demo_architectures(tmp_path):
     for arch, tied in (("qwen2", False), ("qwen3", True)):
         cfg = replace(DEMO_CONFIG, arch=arch, n_layer=1, tied_output=tied)
         model = load_model(write_model(tmp_path / f"{arch}.gguf", cfg, "F16"))
-        assert model.hp.arch == arch and (model.w.output is model.w.tok_embd) == tied
+        assert model.hp.arch == arch and (model.w.output is model.w.token_embd) == tied
         logits = model.eval(model.tokenize("hello"))
         assert torch.isfinite(logits).all()
 

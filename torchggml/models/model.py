@@ -5,9 +5,10 @@
     for text in model.generate("Once upon a time", max_tokens=32):
         print(text, end="")
 
-Placement: every layer (its weights and its KV cache) lives on one device. On one device the
-graph is planned by gallocr and run by that device's backend; across several devices the
-scheduler (backend_sched) splits it and copies activations between them.
+Placement: every layer (its weights and its KV cache) lives on one device. The scheduler
+(backend_sched) runs every graph, as llama.cpp does: on one device the graph is one split; across
+several devices it is cut where the device changes and activations are copied between them.
+The architecture (models/archs/) says which keys and tensors the file has and builds the graph.
 """
 from __future__ import annotations
 
@@ -19,15 +20,18 @@ from typing import Iterable, Iterator, Sequence
 
 import torch
 
-from ..backend.backend import (backend_graph_plan_create, backend_graph_plan_free,
-                               backend_graph_plan_compute, backend_free, backend_synchronize)
+from ..backend.backend import backend_free
 from ..backend.device import Device, DeviceType
-from ..backend.backend import backend_tensor_set_async
+from ..backend.sched import (backend_sched_new, backend_sched_reserve, backend_sched_reset, backend_sched_free,
+                             backend_sched_alloc_graph, backend_sched_graph_compute)
 from ..backend.tensor_io import backend_tensor_set, backend_tensor_get
 from ..context import Context
 from ..gguf import GGUFFile, load_weights
+from .archs import arch_for
+from .builder import Arch, GraphBuilder, ModelGraph, Weights, graph_size, is_matmul_weight, tensor_layer
+from .hparams import HParams, KeyReader, read_hparams
 from .kv_cache import KVCache, kv_type_from_name
-from .llama import HParams, LlamaWeights, LlamaGraph, build_graph, graph_size, tensor_layer
+from .params import ModelParams
 
 log = logging.getLogger(__name__)
 
@@ -194,85 +198,68 @@ class Timings:
 class Model:
     """A loaded model. Use torchggml.load_model to make one."""
 
-    def __init__(self, file: GGUFFile, tokenizer, hp: HParams | None = None, weights=None,
-                 placement: Placement | None = None, n_ctx: int = 0, n_batch: int = 512,
-                 flash_attn: bool = False, kv_type="f16", n_threads: int | None = None):
+    def __init__(self, file: GGUFFile, tokenizer, params: ModelParams, arch: Arch | None = None,
+                 hp: HParams | None = None, weights=None, placement: Placement | None = None):
         self.file = file
         self.path = file.path
         self.tokenizer = tokenizer
+        self.params = params
+        self.arch = arch
         self.hp = hp
         self.vocab_only = hp is None
         self.timings = Timings()
         if self.vocab_only:
             return
         self.weights = weights
-        self.w = LlamaWeights.from_tensors(hp, weights.tensors, file.path)
+        self.w = Weights(weights.tensors, file.path)
+        arch.load_weights(self.w, hp)
         self.placement = placement
-        self.n_ctx = n_ctx
-        self.n_batch = n_batch
-        self.flash_attn = flash_attn
-        self.kv_type = kv_type_from_name(kv_type)
-        if self.kv_type.name.startswith("Q") and not flash_attn:
-            raise ValueError(f"kv_type {kv_type!r} needs flash_attn=True: without flash attention the "
+        self.n_ctx = min(hp.n_ctx_train, DEFAULT_MAX_CTX) if not params.n_ctx else int(params.n_ctx)
+        self.n_batch = int(params.n_batch)
+        self.flash_attn = bool(params.flash_attn)
+        self.kv_type = kv_type_from_name(params.kv_type)
+        if self.kv_type.name.startswith("Q") and not self.flash_attn:
+            raise ValueError(f"kv_type {params.kv_type!r} needs flash_attn=True: without flash attention the "
                              f"V cache is read transposed, which a block-quantized cache cannot do")
-        self.kv = KVCache(hp.n_layer, n_ctx, hp.head_dim_k, hp.head_dim_v, hp.n_head_kv, self.kv_type,
+        self.kv = KVCache(hp.n_layer, self.n_ctx, hp.head_dim_k, hp.head_dim_v, hp.n_head_kv, self.kv_type,
                           [d.get_buffer_type() for d in placement.layers])
-        self._setup_compute(n_threads)
+        self._setup_compute(params.n_threads)
 
     # ------------------------------------------------------------ compute setup
 
     def _setup_compute(self, n_threads: int | None) -> None:
+        """One scheduler over the placement's devices and the CPU (always its last backend, where
+        the inputs live); a single device gives one split."""
         devices = self.placement.devices
-        if not self.placement.single and devices[-1].get_type() != DeviceType.CPU:
-            devices.append(cpu_device())  # the scheduler runs inputs on the CPU, its last backend
+        if devices[-1].get_type() != DeviceType.CPU:
+            devices.append(cpu_device())
         self.backends = [d.init_backend() for d in devices]
         if n_threads is not None:
             for b in self.backends:
                 if hasattr(b, "set_n_threads"):
                     b.set_n_threads(n_threads)
-        self._graph: LlamaGraph | None = None
+        self._graph: ModelGraph | None = None
         self._ctx: Context | None = None
-        self._plan = None
-        if self.placement.single:
-            from ..alloc import gallocr_new, gallocr_reserve
-            self.sched = None
-            self.backend = self.backends[0]
-            self.galloc = gallocr_new(self.backend.get_default_buffer_type())
-            reserve = gallocr_reserve
-        else:
-            from ..backend.sched import backend_sched_new, backend_sched_reserve
-            self.backend = None
-            self.galloc = None
-            self.sched = backend_sched_new(self.backends, None, graph_size(self.hp), False, True)
-            reserve = backend_sched_reserve
+        self.sched = backend_sched_new(self.backends, None, graph_size(self.hp), False, True)
         # plan the compute buffers for the largest micro-batch once, as llama.cpp does
         worst = self._build(min(self.n_batch, self.n_ctx), self.n_ctx)
-        if not reserve(self.galloc or self.sched, worst.graph):
+        if not backend_sched_reserve(self.sched, worst.graph):
             raise MemoryError(f"{self.path}: cannot allocate the compute buffers")
 
-    def _build(self, n_tokens: int, n_kv: int) -> LlamaGraph:
+    def _build(self, n_tokens: int, n_kv: int) -> ModelGraph:
         self._ctx = Context(no_alloc=True)
-        return build_graph(self._ctx, self.hp, self.w, self.kv, n_tokens, n_kv, self.flash_attn)
+        b = GraphBuilder(self._ctx, self.hp, self.kv, n_tokens, n_kv, self.flash_attn)
+        return b.finish(self.arch.build(b, self.w))
 
-    def _graph_for(self, n_tokens: int, n_kv: int) -> LlamaGraph:
+    def _graph_for(self, n_tokens: int, n_kv: int) -> ModelGraph:
         """The allocated graph for this shape. When the shape repeats (decode steps) the previous
         graph is reused as it is: its tensors keep their addresses, so only the inputs change."""
         g = self._graph
         if g is not None and g.n_tokens == n_tokens and g.n_kv == n_kv:
             return g
-        if self._plan is not None:
-            backend_graph_plan_free(self.backend, self._plan)
-            self._plan = None
         g = self._graph = self._build(n_tokens, n_kv)
-        if self.sched is not None:
-            from ..backend.sched import backend_sched_reset, backend_sched_alloc_graph
-            backend_sched_reset(self.sched)
-            ok = backend_sched_alloc_graph(self.sched, g.graph)
-        else:
-            from ..alloc import gallocr_alloc_graph
-            ok = gallocr_alloc_graph(self.galloc, g.graph)
-            self._plan = backend_graph_plan_create(self.backend, g.graph) if ok else None
-        if not ok:
+        backend_sched_reset(self.sched)
+        if not backend_sched_alloc_graph(self.sched, g.graph):
             self._graph = None
             raise MemoryError(f"{self.path}: cannot allocate the graph for {n_tokens} tokens")
         return g
@@ -321,19 +308,13 @@ class Model:
         n_kv = self.kv.n_kv_for(n_tokens)
         g = self._graph_for(n_tokens, n_kv)
         pos = torch.arange(n_past, n_past + n_tokens)
-        inputs = ((g.tokens, ids.to(torch.int32)), (g.positions, pos.to(torch.int32)), (g.kv_idx, pos),
-                  (g.mask, causal_mask(n_past, n_tokens, n_kv)))
-        for tensor, value in inputs:
-            if self.sched is not None:
-                backend_tensor_set(tensor, value)  # the scheduler keeps inputs in CPU memory
-            else:
-                backend_tensor_set_async(self.backend, tensor, value)  # ordered on the backend's stream
-        if self.sched is not None:
-            from ..backend.sched import backend_sched_graph_compute
-            status = backend_sched_graph_compute(self.sched, g.graph)
-        else:
-            status = backend_graph_plan_compute(self.backend, self._plan)
-            backend_synchronize(self.backend)  # accelerator backends compute asynchronously
+        # the scheduler keeps user inputs in CPU memory and copies them where they are read
+        backend_tensor_set(g.tokens, ids.to(torch.int32))
+        backend_tensor_set(g.positions, pos.to(torch.int32))
+        backend_tensor_set(g.kv_idx, pos)
+        for window, mask in g.masks.items():
+            backend_tensor_set(mask, kq_mask(n_past, n_tokens, n_kv, window))
+        status = backend_sched_graph_compute(self.sched, g.graph)
         if int(status) != 0:
             raise RuntimeError(f"{self.path}: graph compute failed with status {status!r}")
         self.kv.n_past += n_tokens
@@ -396,30 +377,13 @@ class Model:
         """Free the compute, KV and weight buffers."""
         if self.vocab_only:
             return
-        if self._plan is not None:
-            backend_graph_plan_free(self.backend, self._plan)
-            self._plan = None
-        if self.galloc is not None:
-            from ..alloc import gallocr_free
-            gallocr_free(self.galloc)
-        if self.sched is not None:
-            from ..backend.sched import backend_sched_free
-            backend_sched_free(self.sched)
+        backend_sched_free(self.sched)
         for b in self.kv.buffers:
             b.free()
         self.weights.free()
         for b in self.backends:
             backend_free(b)
         self._graph = None
-
-
-# weights read only as MUL_MAT's src0 (token_embd is also read by GET_ROWS, norms by MUL)
-MATMUL_WEIGHTS = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
-                  "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
-
-
-def is_matmul_weight(name: str) -> bool:
-    return name == "output.weight" or (tensor_layer(name) is not None and name.endswith(MATMUL_WEIGHTS))
 
 
 def extra_buffer_types(device: Device) -> list:
@@ -430,30 +394,31 @@ def extra_buffer_types(device: Device) -> list:
     return [b for b in (get(device) if get is not None else []) if hasattr(b, "supports_weight")]
 
 
-def causal_mask(n_past: int, n_tokens: int, n_kv: int) -> torch.Tensor:
+def kq_mask(n_past: int, n_tokens: int, n_kv: int, n_swa: int = 0) -> torch.Tensor:
     """F16 [n_tokens, n_kv] (ggml ne [n_kv, n_tokens]): token i (position n_past + i) sees cells
-    0..n_past + i."""
+    0..n_past + i; with a sliding window n_swa only the last n_swa of them (llama.cpp's standard
+    window: cell p0 is hidden from position p1 when p1 - p0 >= n_swa)."""
     cells = torch.arange(n_kv)[None, :]
     pos = torch.arange(n_past, n_past + n_tokens)[:, None]
-    return torch.where(cells <= pos, 0.0, -math.inf).to(torch.float16)
+    visible = cells <= pos
+    if n_swa:
+        visible &= pos - cells < n_swa
+    return torch.where(visible, 0.0, -math.inf).to(torch.float16)
 
 
-def load(path, devices=None, n_gpu_layers: int | None = None, n_ctx: int | None = None, n_batch: int = 512,
-         flash_attn: bool = False, kv_type="f16", vocab_only: bool = False,
-         tensor_split: Sequence[float] | None = None, n_threads: int | None = None,
-         progress: bool = True, repack: bool = True) -> Model:
+def load(path, params: ModelParams | None = None, **options) -> Model:
     """See torchggml.load_model."""
     from ..gguf import open_gguf
     from ..tokenizer import Tokenizer
+    params = (params or ModelParams()).with_options(**options)
     file = open_gguf(path)
     tokenizer = Tokenizer.from_gguf(file.reader)
-    if vocab_only:
-        return Model(file, tokenizer)
-    hp = HParams.from_gguf(file)
-    n_ctx = min(hp.n_ctx_train, DEFAULT_MAX_CTX) if not n_ctx else int(n_ctx)
-    if n_ctx <= 0 or n_batch <= 0:
-        raise ValueError(f"n_ctx ({n_ctx}) and n_batch ({n_batch}) must be positive")
-    placement = plan_placement(hp.n_layer, devices, n_gpu_layers, tensor_split)
+    if params.vocab_only:
+        return Model(file, tokenizer, params)
+    arch = arch_for(file.arch, file.path)
+    hp = read_hparams(file, arch.rope_type)
+    arch.read_hparams(hp, KeyReader(file))
+    placement = plan_placement(hp.n_layer, params.devices, params.n_gpu_layers, params.tensor_split)
 
     def device_of(name: str) -> Device:
         il = tensor_layer(name)
@@ -467,12 +432,12 @@ def load(path, devices=None, n_gpu_layers: int | None = None, n_ctx: int | None 
 
     def buft_of(name: str):
         device = device_of(name)
-        if repack and is_matmul_weight(name):
+        if params.repack and is_matmul_weight(name):
             info = file.tensor_info(name)
             for extra in extra_buffer_types(device):
                 if extra.supports_weight(info.type, info.ne):
                     return extra
         return device.get_buffer_type()
 
-    weights = load_weights(file, buft_of, progress=progress)
-    return Model(file, tokenizer, hp, weights, placement, n_ctx, int(n_batch), bool(flash_attn), kv_type, n_threads)
+    weights = load_weights(file, buft_of, progress=params.progress)
+    return Model(file, tokenizer, params, arch, hp, weights, placement)
