@@ -28,6 +28,9 @@ class Layer(dict):
     file does not have reads as None."""
     __getattr__ = dict.get
 
+    def __missing__(self, key):
+        return None
+
 
 class Weights:
     """The model's tensors by llama.cpp name, shape-checked: token_embd, output_norm, output

@@ -35,6 +35,7 @@ class HParams:
     yarn_attn_factor: float = 1.0
     yarn_beta_fast: float = 32.0
     yarn_beta_slow: float = 1.0
+    yarn_log_mul: float = 0.0
     # mixture of experts
     n_expert: int = 0
     n_expert_used: int = 0
@@ -97,8 +98,9 @@ class KeyReader:
         return self.f.arch_get(suffix, None)
 
 
-def read_hparams(f: GGUFFile, rope_type: int) -> HParams:
-    """The keys every architecture shares (llama_model::load_hparams), YaRN included."""
+def read_hparams(f: GGUFFile, arch) -> HParams:
+    """The keys every architecture shares (llama_model::load_hparams), then the architecture's
+    own (`arch.read_hparams`), then the rotary corrections derived from them (llama_context)."""
     keys = KeyReader(f)
     get = keys.get
     n_embd = int(get("embedding_length"))
@@ -114,24 +116,22 @@ def read_hparams(f: GGUFFile, rope_type: int) -> HParams:
         n_layer=n_layer, n_head=n_head, n_head_kv=int(get("attention.head_count_kv", n_head)),
         n_ff=int(get("feed_forward_length", 0)), head_dim_k=head_dim_k,
         head_dim_v=int(get("attention.value_length", n_embd // n_head)),
-        n_rot=int(get("rope.dimension_count", head_dim_k)), norm_eps=float(eps), rope_type=int(rope_type),
+        n_rot=int(get("rope.dimension_count", head_dim_k)), norm_eps=float(eps), rope_type=int(arch.rope_type),
         rope_freq_base=float(get("rope.freq_base", 10000.0)),
         n_expert=int(get("expert_count", 0)), n_expert_used=int(get("expert_used_count", 0)),
         n_ff_exp=int(get("expert_feed_forward_length", 0)),
         n_ff_shexp=int(get("expert_shared_feed_forward_length", 0)),
-        n_swa=int(get("attention.sliding_window", 0)),
-        attn_softcap=float(get("attn_logit_softcapping", 0.0)),
-        final_softcap=float(get("final_logit_softcapping", 0.0)),
     )
     if hp.n_expert and not 0 < hp.n_expert_used <= hp.n_expert:
         raise GGUFError(f"{f.path}: {f.arch}.expert_used_count {hp.n_expert_used} must be in 1..{hp.n_expert}")
     _read_rope_scaling(keys, hp)
+    arch.read_hparams(hp, keys)
+    _derive_yarn(hp)
     return hp
 
 
 def _read_rope_scaling(keys: KeyReader, hp: HParams) -> None:
-    """rope.scaling.*: the type, the factor (freq_scale = 1/factor) and, for YaRN, the
-    extrapolation mix and the attention factor exactly as llama_context derives them."""
+    """rope.scaling.*: the type and the factor (freq_scale = 1/factor)."""
     get = keys.get
     scaling = str(get("rope.scaling.type", "linear")).lower()
     if scaling not in ROPE_SCALINGS:
@@ -140,16 +140,32 @@ def _read_rope_scaling(keys: KeyReader, hp: HParams) -> None:
     hp.rope_scaling = scaling
     hp.rope_freq_scale = 1.0 if scaling == "none" or factor == 0.0 else 1.0 / factor
     hp.n_ctx_orig = int(get("rope.scaling.original_context_length", hp.n_ctx_train))
-    hp.yarn_attn_factor = 1.0
-    hp.yarn_ext_factor = 1.0 if scaling == "yarn" else 0.0
+    hp.yarn_attn_factor = float(get("rope.scaling.attn_factor", 1.0))  # multiplied into the derived one
+
+
+def _derive_yarn(hp: HParams) -> None:
+    """YaRN's extrapolation mix and attention factor, exactly as llama_context derives them."""
+    rope_attn_factor, hp.yarn_attn_factor = hp.yarn_attn_factor, 1.0
+    hp.yarn_ext_factor = 1.0 if hp.rope_scaling == "yarn" else 0.0
     if hp.yarn_ext_factor != 0.0:
         def mscale(scale: float, m: float) -> float:
             return 1.0 if scale <= 1.0 else 0.1 * m * math.log(scale) + 1.0
         scale = 1.0 / hp.rope_freq_scale
-        log_mul = float(get("rope.scaling.yarn_log_multiplier", 0.0))
+        log_mul = hp.yarn_log_mul
         hp.yarn_attn_factor = mscale(scale, 1.0) / mscale(scale, log_mul) if log_mul else mscale(scale, 1.0)
         # rope_ext multiplies by the same mscale again when ext_factor != 0: cancel it here
         hp.yarn_attn_factor /= 1.0 + 0.1 * math.log(scale)
-        hp.yarn_beta_fast = float(get("rope.scaling.yarn_beta_fast", 32.0))
-        hp.yarn_beta_slow = float(get("rope.scaling.yarn_beta_slow", 1.0))
-    hp.yarn_attn_factor *= float(get("rope.scaling.attn_factor", 1.0))
+    hp.yarn_attn_factor *= rope_attn_factor
+
+
+def read_swa_pattern(hp: HParams, keys: KeyReader, n_pattern: int) -> None:
+    """attention.sliding_window_pattern: a per-layer bool array, or the period (llama.cpp's
+    load_swa_pattern); `n_pattern` when the file has neither."""
+    value = keys.get_list("attention.sliding_window_pattern")
+    if isinstance(value, list):
+        if len(value) != hp.n_layer:
+            raise GGUFError(f"{keys.f.path}: {keys.arch}.attention.sliding_window_pattern has {len(value)} "
+                            f"entries for {hp.n_layer} layers")
+        hp.swa_layers = [bool(v) for v in value]
+    else:
+        hp.set_swa_pattern(int(value) if value is not None else n_pattern)

@@ -29,7 +29,7 @@ from ..context import Context
 from ..gguf import GGUFFile, load_weights
 from .archs import arch_for
 from .builder import Arch, GraphBuilder, ModelGraph, Weights, graph_size, is_matmul_weight, tensor_layer
-from .hparams import HParams, KeyReader, read_hparams
+from .hparams import HParams, read_hparams
 from .kv_cache import KVCache, kv_type_from_name
 from .params import ModelParams
 
@@ -416,8 +416,7 @@ def load(path, params: ModelParams | None = None, **options) -> Model:
     if params.vocab_only:
         return Model(file, tokenizer, params)
     arch = arch_for(file.arch, file.path)
-    hp = read_hparams(file, arch.rope_type)
-    arch.read_hparams(hp, KeyReader(file))
+    hp = read_hparams(file, arch)
     placement = plan_placement(hp.n_layer, params.devices, params.n_gpu_layers, params.tensor_split)
 
     def device_of(name: str) -> Device:

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 from ..builder import Arch
-from . import llama, qwen
+from . import gemma, llama, qwen
 
 ARCHS: dict[str, Arch] = {}
-for _module in (llama, qwen):
+for _module in (llama, qwen, gemma):
     for _arch in _module.ARCHS:
         for _name in _arch.names:
             ARCHS[_name] = _arch
