@@ -54,8 +54,8 @@ def main(argv=None) -> int:
                 manifest[key] = {"case": case.name, "arch": case.arch, "weights": wtype, "tokens": list(case.tokens),
                                  "sha256": file_sha256(model), "logits": out.name, "n_ctx": N_CTX,
                                  "llama_cpp_python": llama_cpp.__version__}
+                manifest_path.write_text(json.dumps(dict(sorted(manifest.items())), indent=1) + "\n")
                 print(f"{key}: {out.relative_to(ROOT)}", file=sys.stderr)
-    manifest_path.write_text(json.dumps(dict(sorted(manifest.items())), indent=1) + "\n")
     return 0
 
 

@@ -35,9 +35,9 @@ class TinyCase:
     n_expert: int = 0
     n_expert_used: int = 0
     metadata: tuple = ()          # extra (key suffix, value) pairs under "{arch}."
-    weight_types: tuple = ("F32", "F16", "Q8_0")
-    tokens: tuple = (1, 17, 200, 3, 77, 129, 45, 12, 0, 255, 64, 9)
-    n_prompt: int = 8             # decode-step tests: this many in one call, then one at a time
+    weight_types: tuple = ("F32", "Q8_0")
+    tokens: tuple = (1, 17, 200, 3, 77, 129, 45, 12, 0, 255, 64, 9, 128, 31, 250, 6, 99, 180, 2, 51)
+    n_prompt: int = 14            # decode-step tests: this many in one call, then one at a time
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
 
@@ -49,19 +49,19 @@ def _case(name, arch, features=(), **kw):
 # qk_norm, tied (no output.weight), post_norms, fused_qkv, fused_up (phi3's [gate | up]),
 # sinks, moe_biases, no_gate_exps, rope_factors (long/short), out_bias
 TINY_CASES = [
-    _case("llama-moe", "llama", ["moe"], n_expert=4, n_expert_used=2),
+    _case("llama-moe", "llama", ["moe"], n_expert=4, n_expert_used=2, weight_types=("F32", "F16", "Q8_0")),
     _case("llama-yarn", "llama", [], metadata=(("rope.scaling.type", "yarn"), ("rope.scaling.factor", 4.0),
                                               ("rope.scaling.original_context_length", 64))),
     _case("qwen2moe", "qwen2moe", ["moe", "shexp", "qkv_bias"], n_expert=4, n_expert_used=2,
           metadata=(("expert_feed_forward_length", 32), ("expert_shared_feed_forward_length", 96))),
     _case("qwen3moe", "qwen3moe", ["moe", "qk_norm"], n_expert=4, n_expert_used=2,
-          metadata=(("expert_feed_forward_length", 48),)),
+          metadata=(("expert_feed_forward_length", 64),)),
     _case("gemma", "gemma", ["tied"], head_dim=32),
     _case("gemma2", "gemma2", ["tied", "post_norms"], metadata=(
         ("attention.sliding_window", 4), ("attn_logit_softcapping", 5.0), ("final_logit_softcapping", 3.0))),
     _case("gemma3", "gemma3", ["qk_norm", "post_norms"], n_layer=6, metadata=(
         ("attention.sliding_window", 4), ("rope.freq_base", 1000000.0), ("rope.scaling.type", "linear"),
-        ("rope.scaling.factor", 2.0))),
+        ("rope.scaling.factor", 2.0)), weight_types=("F32", "F16", "Q8_0")),
 ]
 
 CASES_BY_NAME = {c.name: c for c in TINY_CASES}
