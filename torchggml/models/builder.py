@@ -129,13 +129,16 @@ def load_attention(L: LayerLoader, hp: HParams, qk_norm: bool = False) -> None:
     L.bias("attn_output", [hp.n_embd])
 
 
-def load_ffn(L: LayerLoader, hp: HParams, gated: bool = True, n_ff: int | None = None) -> None:
+def load_ffn(L: LayerLoader, hp: HParams, gated: bool = True, n_ff: int | None = None,
+             n_ff_up: int | None = None) -> None:
+    """ffn_norm, ffn_gate (absent when not gated), ffn_up (n_ff_up wide: 2 n_ff for phi3's fused
+    [gate | up]), ffn_down, optional biases."""
     ff = n_ff or hp.n_ff
     L.weight("ffn_norm", [hp.n_embd])
     L.weight("ffn_gate", [hp.n_embd, ff], required=gated)
-    L.weight("ffn_up", [hp.n_embd, ff])
+    L.weight("ffn_up", [hp.n_embd, n_ff_up or ff])
     L.weight("ffn_down", [ff, hp.n_embd])
-    for name, n in (("ffn_gate", ff), ("ffn_up", ff), ("ffn_down", hp.n_embd)):
+    for name, n in (("ffn_gate", ff), ("ffn_up", n_ff_up or ff), ("ffn_down", hp.n_embd)):
         L.bias(name, [n])
 
 

@@ -62,6 +62,8 @@ TINY_CASES = [
     _case("gemma3", "gemma3", ["qk_norm", "post_norms"], n_layer=6, metadata=(
         ("attention.sliding_window", 4), ("rope.freq_base", 1000000.0), ("rope.scaling.type", "linear"),
         ("rope.scaling.factor", 2.0)), weight_types=("F32", "F16", "Q8_0")),
+    _case("phi3", "phi3", ["fused_qkv", "fused_up", "rope_factors"], n_head_kv=4, metadata=(
+        ("rope.scaling.attn_factor", 1.19), ("rope.scaling.original_context_length", 32))),
 ]
 
 CASES_BY_NAME = {c.name: c for c in TINY_CASES}

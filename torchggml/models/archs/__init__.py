@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 from ..builder import Arch
-from . import gemma, llama, qwen
+from . import gemma, llama, phi3, qwen
 
 ARCHS: dict[str, Arch] = {}
-for _module in (llama, qwen, gemma):
+for _module in (llama, qwen, gemma, phi3):
     for _arch in _module.ARCHS:
         for _name in _arch.names:
             ARCHS[_name] = _arch
