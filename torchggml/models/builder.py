@@ -142,10 +142,12 @@ def load_ffn(L: LayerLoader, hp: HParams, gated: bool = True, n_ff: int | None =
         L.bias(name, [n])
 
 
-def load_moe(L: LayerLoader, hp: HParams, n_ff_exp: int | None = None, biases: bool = False) -> None:
-    """ffn_norm, the router ffn_gate_inp and the stacked experts ffn_{gate,up,down}_exps."""
+def load_moe(L: LayerLoader, hp: HParams, n_ff_exp: int | None = None, biases: bool = False,
+             norm: str = "ffn_norm") -> None:
+    """The FFN's input norm, the router ffn_gate_inp and the stacked experts
+    ffn_{gate,up,down}_exps (with their biases when asked)."""
     ff, e, n = n_ff_exp or hp.n_ff_exp or hp.n_ff, hp.n_embd, hp.n_expert
-    L.weight("ffn_norm", [e])
+    L.weight(norm, [e])
     L.weight("ffn_gate_inp", [e, n])
     L.weight("ffn_gate_exps", [e, ff, n])
     L.weight("ffn_up_exps", [e, ff, n])

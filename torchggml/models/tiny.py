@@ -47,7 +47,9 @@ def _case(name, arch, features=(), **kw):
 
 # features: moe (ffn_gate_inp + *_exps), shexp (shared expert with sigmoid gate), qkv_bias,
 # qk_norm, tied (no output.weight), post_norms, fused_qkv, fused_up (phi3's [gate | up]),
-# sinks, moe_biases, no_gate_exps, rope_factors (long/short), out_bias
+# sinks, moe_biases, rope_factors (long/short), out_bias, ffn_post_attn_norm (gpt-oss: no
+# ffn_norm, post_attention_norm feeds the FFN). Weight type MXFP4 applies to the experts only
+# (as in gpt-oss files); the other matrices stay F32.
 TINY_CASES = [
     _case("llama-moe", "llama", ["moe"], n_expert=4, n_expert_used=2, weight_types=("F32", "F16", "Q8_0")),
     _case("llama-yarn", "llama", [], metadata=(("rope.scaling.type", "yarn"), ("rope.scaling.factor", 4.0),
@@ -64,6 +66,11 @@ TINY_CASES = [
         ("rope.scaling.factor", 2.0)), weight_types=("F32", "F16", "Q8_0")),
     _case("phi3", "phi3", ["fused_qkv", "fused_up", "rope_factors"], n_head_kv=4, metadata=(
         ("rope.scaling.attn_factor", 1.19), ("rope.scaling.original_context_length", 32))),
+    _case("gpt-oss", "gpt-oss", ["moe", "moe_biases", "qkv_bias", "out_bias", "sinks", "ffn_post_attn_norm"],
+          n_expert=4, n_expert_used=2, weight_types=("F32", "MXFP4"), metadata=(
+              ("expert_feed_forward_length", 64), ("attention.sliding_window", 4),
+              ("rope.scaling.type", "yarn"), ("rope.scaling.factor", 4.0),
+              ("rope.scaling.original_context_length", 64))),
 ]
 
 CASES_BY_NAME = {c.name: c for c in TINY_CASES}
@@ -101,9 +108,10 @@ def _tensors(case: TinyCase, gen: torch.Generator) -> dict[str, np.ndarray]:
             w[p + "attn_output.bias"] = vec(e)
         if "sinks" in f:
             w[p + "attn_sinks.weight"] = vec(case.n_head, 0.0, 1.0)
-        if "post_norms" in f:
+        if "post_norms" in f or "ffn_post_attn_norm" in f:
             w[p + "post_attention_norm.weight"] = vec(e, 1.0)
-        w[p + "ffn_norm.weight"] = vec(e, 1.0)
+        if "ffn_post_attn_norm" not in f:
+            w[p + "ffn_norm.weight"] = vec(e, 1.0)
         if "moe" in f:
             n, ff = case.n_expert, int(meta.get("expert_feed_forward_length", case.n_ff))
             w[p + "ffn_gate_inp.weight"] = mat(n, e) * 4.0  # a router with clear preferences
@@ -173,7 +181,8 @@ def write_tiny_model(path, case: TinyCase | str, weight_type: str = "F32") -> st
         _add_key(w, f"{a}.{key}", value)
     w.add_tokenizer_model("none")
     for name, data in _tensors(case, gen).items():
-        if data.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32 or name.endswith(".bias"):
+        experts_only = qtype == gguf.GGMLQuantizationType.MXFP4 and data.ndim != 3
+        if data.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32 or name.endswith(".bias") or experts_only:
             w.add_tensor(name, data)
         elif qtype == gguf.GGMLQuantizationType.F16:
             w.add_tensor(name, data.astype(np.float16))
