@@ -11,8 +11,10 @@ import math
 import re
 from dataclasses import dataclass
 
+import torch
+
 from .. import ops
-from ..context import new_tensor_1d, new_tensor_2d
+from ..context import new_tensor_1d, new_tensor_2d, new_tensor_3d
 from ..gguf import GGUFError
 from ..graph import CGraph, new_graph_custom, build_forward_expand
 from ..tensor import Tensor, set_name, set_input, set_output
@@ -203,6 +205,7 @@ class ModelGraph:
     kv_idx: Tensor       # I64 [n_tokens]: the cache cell of each token
     masks: dict          # window (0: causal only) -> F16 [n_kv, n_tokens] mask input
     logits: Tensor       # F32 [n_vocab, n_tokens]
+    position_inputs: list  # (tensor, fn(positions) -> torch values): inputs that depend on positions
     n_tokens: int
     n_kv: int
 
@@ -224,6 +227,7 @@ class GraphBuilder:
         self.masks = {0: self._input(Type.F16, n_kv, n_tokens, name="inp_kq_mask")}
         if any(hp.is_swa(il) for il in range(hp.n_layer)):
             self.masks[hp.n_swa] = self._input(Type.F16, n_kv, n_tokens, name="inp_kq_mask_swa")
+        self.position_inputs: list = []
 
     def _input(self, type, *ne, name):
         t = (new_tensor_1d if len(ne) == 1 else new_tensor_2d)(self.ctx, type, *ne)
@@ -237,13 +241,23 @@ class GraphBuilder:
         graph = new_graph_custom(self.ctx, graph_size(self.hp))
         build_forward_expand(graph, logits)
         return ModelGraph(graph, self.tokens, self.positions, self.kv_idx, self.masks, logits,
-                          self.n_tokens, self.n_kv)
+                          self.position_inputs, self.n_tokens, self.n_kv)
 
     # ------------------------------------------------------------ small pieces
 
     def embed(self, tok_embd: Tensor, scale: float = 1.0) -> Tensor:
         x = ops.get_rows(self.ctx, tok_embd, self.tokens)                 # [n_embd, n_tokens]
         return x if scale == 1.0 else ops.scale(self.ctx, x, scale)
+
+    def attn_temperature(self, scale: float, floor: int) -> Tensor:
+        """Llama 4 / mistral3 query temperature per token, F32 [1, 1, n_tokens]:
+        1 + scale * log(floor(pos / floor) + 1)."""
+        t = new_tensor_3d(self.ctx, Type.F32, 1, 1, self.n_tokens)
+        set_name(t, "inp_attn_scale")
+        set_input(t)
+        self.position_inputs.append(
+            (t, lambda pos: 1.0 + scale * torch.log(torch.floor(pos.double() / floor) + 1.0).float()))
+        return t
 
     def norm(self, x: Tensor, weight: Tensor | None, bias: Tensor | None = None, rms: bool = True) -> Tensor:
         """RMS norm (or LayerNorm with rms=False) times the weight, plus the bias."""
@@ -324,12 +338,15 @@ class GraphBuilder:
         return self.linear(out, wo, wo_b)
 
     def self_attention(self, il: int, h: Tensor, layer: Layer, rope_factors: Tensor | None = None,
-                       q_scale: float | None = None, kq_scale: float | None = None) -> Tensor:
+                       q_scale: float | Tensor | None = None, kq_scale: float | None = None) -> Tensor:
         """The usual block: projections, q/k norms, rotary positions, attention, output projection.
-        q_scale multiplies Q after the rotation (gemma's query_pre_attn_scalar)."""
+        q_scale multiplies Q after the rotation: a number (gemma's query_pre_attn_scalar) or a
+        per-token tensor (attn_temperature)."""
         q, k, v = self.qkv(h, layer)
         q, k = self.rope(q, il, rope_factors), self.rope(k, il, rope_factors)
-        if q_scale is not None:
+        if isinstance(q_scale, Tensor):
+            q = ops.mul(self.ctx, q, q_scale)
+        elif q_scale is not None:
             q = ops.scale(self.ctx, q, q_scale)
         return self.attention(il, q, k, v, layer.attn_output, layer.attn_output_b, kq_scale, layer.attn_sinks)
 

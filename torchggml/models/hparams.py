@@ -48,6 +48,7 @@ class HParams:
     rope_freq_scale_swa: float = 1.0
     # attention scale (0: 1/sqrt(head_dim_k)) and tanh soft-capping (0: off)
     attention_scale: float = 0.0
+    attn_temp_scale: float = 0.0  # Llama 4 / mistral3 query temperature (0: off)
     attn_softcap: float = 0.0
     final_softcap: float = 0.0
 

@@ -314,6 +314,8 @@ class Model:
         backend_tensor_set(g.kv_idx, pos)
         for window, mask in g.masks.items():
             backend_tensor_set(mask, kq_mask(n_past, n_tokens, n_kv, window))
+        for tensor, values in g.position_inputs:
+            backend_tensor_set(tensor, values(pos))
         status = backend_sched_graph_compute(self.sched, g.graph)
         if int(status) != 0:
             raise RuntimeError(f"{self.path}: graph compute failed with status {status!r}")

@@ -71,6 +71,11 @@ TINY_CASES = [
               ("expert_feed_forward_length", 64), ("attention.sliding_window", 4),
               ("rope.scaling.type", "yarn"), ("rope.scaling.factor", 4.0),
               ("rope.scaling.original_context_length", 64))),
+    _case("mistral3", "mistral3", [], metadata=(
+        ("rope.freq_base", 1000000.0), ("rope.scaling.type", "yarn"), ("rope.scaling.factor", 8.0),
+        ("rope.scaling.original_context_length", 8), ("rope.scaling.yarn_beta_fast", 16.0),
+        ("rope.scaling.yarn_beta_slow", 2.0), ("rope.scaling.yarn_log_multiplier", 0.5),
+        ("attention.temperature_scale", 0.2))),
 ]
 
 CASES_BY_NAME = {c.name: c for c in TINY_CASES}
