@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .demo import write_tensors
+
 TINY_SEED = 20241123
 
 
@@ -185,18 +187,9 @@ def write_tiny_model(path, case: TinyCase | str, weight_type: str = "F32") -> st
     for key, value in keys.items():
         _add_key(w, f"{a}.{key}", value)
     w.add_tokenizer_model("none")
-    for name, data in _tensors(case, gen).items():
-        experts_only = qtype == gguf.GGMLQuantizationType.MXFP4 and data.ndim != 3
-        if data.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32 or name.endswith(".bias") or experts_only:
-            w.add_tensor(name, data)
-        elif qtype == gguf.GGMLQuantizationType.F16:
-            w.add_tensor(name, data.astype(np.float16))
-        else:
-            w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    mxfp4 = qtype == gguf.GGMLQuantizationType.MXFP4
+    write_tensors(w, _tensors(case, gen), qtype,
+                  keep_f32=lambda name, data: name.endswith(".bias") or (mxfp4 and data.ndim != 3))
     return path
 
 
