@@ -63,8 +63,8 @@ TINY_CASES = [
     _case("gemma", "gemma", ["tied"], head_dim=32),
     _case("gemma2", "gemma2", ["tied", "post_norms"], metadata=(
         ("attention.sliding_window", 4), ("attn_logit_softcapping", 5.0), ("final_logit_softcapping", 3.0))),
-    _case("gemma3", "gemma3", ["qk_norm", "post_norms"], n_layer=6, metadata=(
-        ("attention.sliding_window", 4), ("rope.freq_base", 1000000.0), ("rope.scaling.type", "linear"),
+    _case("gemma3", "gemma3", ["qk_norm", "post_norms"], n_layer=3, metadata=(
+        ("attention.sliding_window", 4), ("attention.sliding_window_pattern", (True, False, True)), ("rope.freq_base", 1000000.0), ("rope.scaling.type", "linear"),
         ("rope.scaling.factor", 2.0)), weight_types=("F32", "F16", "Q8_0")),
     _case("phi3", "phi3", ["fused_qkv", "fused_up", "rope_factors"], n_head_kv=4, metadata=(
         ("rope.scaling.attn_factor", 1.19), ("rope.scaling.original_context_length", 32))),
