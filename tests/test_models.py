@@ -357,3 +357,59 @@ def test_demo_model_matches_llama_cpp(demo_path, tmp_path):
     assert model.tokenize(text) == ids
     ours = model.eval(ids).numpy()
     assert rel_err(ours, ref) <= MAX_ERR_FLOAT and argmax_agreement(ours, ref) >= MIN_ARGMAX
+
+
+# ---------------------------------------------------------------- one execution path, options
+
+@needs_golden
+@pytest.mark.parametrize("device", ["CPU", "SIM0"])
+def test_one_device_is_one_split(device):
+    """Every model runs through the scheduler; on one device its graph is one split (inputs are
+    copied in from the CPU backend where the device is not the CPU)."""
+    if device != "CPU" and not sim_available():
+        pytest.skip("SIM device not available")
+    from torchggml.backend.sched import backend_sched_get_n_splits
+    entry = entry_named("llama-F32")
+    model = golden_model(entry, device)
+    model.eval(entry["tokens"][:4])
+    assert backend_sched_get_n_splits(model.sched) == 1
+
+
+def test_model_params_are_shared_and_checked():
+    from torchggml.models import ModelParams
+    from torchggml.models.cli_commands import model_params
+    import argparse
+    p = ModelParams().with_options(n_ctx=64, flash_attn=True)
+    assert (p.n_ctx, p.flash_attn, p.n_batch) == (64, True, 512)
+    with pytest.raises(TypeError, match="unknown model option.*n_ctxx"):
+        ModelParams().with_options(n_ctxx=64)
+    with pytest.raises(ValueError, match="n_batch"):
+        ModelParams(n_batch=0)
+    args = argparse.Namespace(device="SIM0,CPU", n_gpu_layers=None, tensor_split=[1.0, 2.0], ctx_size=128,
+                              batch_size=32, flash_attn=True, cache_type="q8_0", threads=2, repack=False)
+    assert model_params(args) == ModelParams(devices=["SIM0", "CPU"], tensor_split=[1.0, 2.0], n_ctx=128,
+                                             n_batch=32, flash_attn=True, kv_type="q8_0", n_threads=2, repack=False)
+
+
+@pytest.mark.parametrize("n_past,n_tokens,n_swa,visible_last_row", [
+    (0, 4, 0, [1, 1, 1, 1, 0, 0]),      # causal: the last token sees cells 0..3
+    (0, 4, 2, [0, 0, 1, 1, 0, 0]),      # window 2: only cells 2..3
+    (3, 2, 3, [0, 0, 1, 1, 1, 0]),      # position 4 sees cells 2..4
+    (5, 1, 8, [1, 1, 1, 1, 1, 1]),      # a window wider than the past sees everything
+])
+def test_kq_mask_sliding_window(n_past, n_tokens, n_swa, visible_last_row):
+    from torchggml.models.model import kq_mask
+    mask = kq_mask(n_past, n_tokens, 6, n_swa)
+    assert mask.shape == (n_tokens, 6) and mask.dtype == torch.float16
+    assert (mask[-1] == 0).int().tolist() == visible_last_row
+
+
+def test_unsupported_architecture_is_named(tmp_path):
+    import gguf
+    from torchggml.gguf import GGUFError
+    w = gguf.GGUFWriter(str(tmp_path / "x.gguf"), "rwkv9")
+    w.add_tokenizer_model("none")
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    with pytest.raises(GGUFError, match="architecture 'rwkv9' is not supported"):
+        load_model(tmp_path / "x.gguf")
