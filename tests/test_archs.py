@@ -5,6 +5,7 @@ and as a prompt followed by decode steps, with flash attention off and on."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -56,14 +57,12 @@ def check(ours: torch.Tensor, ref: np.ndarray, entry: dict, what: str) -> None:
         f"{what}: relative L2 error {err:.2e} (max {max_err:.0e}), argmax agreement {agree:.2f}"
 
 
-@pytest.mark.parametrize("flash_attn", [False, True], ids=["no-fa", "fa"])
-@pytest.mark.parametrize("key", sorted(MANIFEST))
-def test_arch_matches_llama_cpp(key, flash_attn, model_dir):
+def eval_and_check(key: str, model_dir: Path, **options) -> None:
+    """One batch, then (after reset) a prompt followed by single-token decode steps."""
     entry = MANIFEST[key]
     case = CASES_BY_NAME[entry["case"]]
     ref = np.load(DATA / entry["logits"])
-    model = load_model(tiny_model_path(key, entry, model_dir), n_ctx=entry["n_ctx"], flash_attn=flash_attn,
-                       progress=False)
+    model = load_model(tiny_model_path(key, entry, model_dir), n_ctx=entry["n_ctx"], progress=False, **options)
     assert model.hp.arch == entry["arch"]
     tokens = entry["tokens"]
     check(model.eval(tokens), ref, entry, f"{key} one batch")
@@ -71,3 +70,28 @@ def test_arch_matches_llama_cpp(key, flash_attn, model_dir):
     steps = [model.eval(tokens[:case.n_prompt])] + [model.eval([t]) for t in tokens[case.n_prompt:]]
     check(torch.cat(steps), ref, entry, f"{key} prompt + decode steps")
     model.close()
+
+
+@pytest.mark.parametrize("flash_attn", [False, True], ids=["no-fa", "fa"])
+@pytest.mark.parametrize("key", sorted(MANIFEST))
+def test_arch_matches_llama_cpp(key, flash_attn, model_dir):
+    eval_and_check(key, model_dir, flash_attn=flash_attn)
+
+
+# the accelerator path (the SIM device's kernel table) for the pieces the CPU tests do not reach:
+# experts through mul_mat_id, windows and soft-capping. Quantized experts run the Triton kernels in
+# the interpreter (tens of seconds): only with TORCHGGML_SLOW_TESTS=1, as in test_models.py.
+SLOW = os.environ.get("TORCHGGML_SLOW_TESTS") == "1"
+SIM_KEYS = ["llama-moe-F32", "gpt-oss-F32", "gemma2-F32",
+            *(pytest.param(k, marks=pytest.mark.skipif(not SLOW, reason="Triton interpreter: set TORCHGGML_SLOW_TESTS=1"))
+              for k in ("gpt-oss-MXFP4", "llama-moe-Q8_0"))]
+
+
+@pytest.mark.parametrize("key", SIM_KEYS)
+def test_arch_on_simulated_accelerator(key, model_dir):
+    from torchggml.models.model import find_device
+    try:
+        find_device("SIM0")
+    except ValueError:
+        pytest.skip("SIM device not available")
+    eval_and_check(key, model_dir, devices=["SIM0"], flash_attn=True)
