@@ -108,16 +108,19 @@ def load_output(w: Weights, hp: HParams, tied_required: bool = False) -> None:
     e = hp.n_embd
     w.add("token_embd", "token_embd.weight", [e, hp.n_vocab])
     w.add("output_norm", "output_norm.weight", [e])
+    w.add("output_norm_b", "output_norm.bias", [e], required=False)
     out = w.add("output", "output.weight", [e, hp.n_vocab], required=tied_required)
     if out is None:
         w.globals["output"] = w.token_embd
 
 
-def load_attention(L: LayerLoader, hp: HParams, qk_norm: bool = False) -> None:
-    """attn_norm; attn_q/k/v (or a fused attn_qkv) with optional biases; optional per-head q/k
-    norms; attn_output with an optional bias."""
+def load_attention(L: LayerLoader, hp: HParams, qk_norm: bool = False, qk_norm_per_head: bool = False) -> None:
+    """attn_norm (optional bias); attn_q/k/v (or a fused attn_qkv) with optional biases; q/k norms
+    shared by the heads ([head_dim], required when qk_norm) or one per head ([head_dim, n_head],
+    optional, with qk_norm_per_head); attn_output with an optional bias."""
     q, k, v = hp.head_dim_k * hp.n_head, hp.n_embd_k_gqa, hp.n_embd_v_gqa
     L.weight("attn_norm", [hp.n_embd])
+    L.bias("attn_norm", [hp.n_embd])
     if L.has("attn_qkv"):
         L.weight("attn_qkv", [hp.n_embd, q + k + v])
         L.bias("attn_qkv", [q + k + v])
@@ -125,18 +128,21 @@ def load_attention(L: LayerLoader, hp: HParams, qk_norm: bool = False) -> None:
         for name, n in (("attn_q", q), ("attn_k", k), ("attn_v", v)):
             L.weight(name, [hp.n_embd, n])
             L.bias(name, [n])
-    L.weight("attn_q_norm", [hp.head_dim_k], required=qk_norm)
-    L.weight("attn_k_norm", [hp.head_dim_k], required=qk_norm)
+    per_head = qk_norm_per_head
+    L.weight("attn_q_norm", [hp.head_dim_k] + [hp.n_head] * per_head, required=qk_norm)
+    L.weight("attn_k_norm", [hp.head_dim_k] + [hp.n_head_kv] * per_head, required=qk_norm)
     L.weight("attn_output", [hp.head_dim_v * hp.n_head, hp.n_embd])
     L.bias("attn_output", [hp.n_embd])
 
 
 def load_ffn(L: LayerLoader, hp: HParams, gated: bool = True, n_ff: int | None = None,
-             n_ff_up: int | None = None) -> None:
-    """ffn_norm, ffn_gate (absent when not gated), ffn_up (n_ff_up wide: 2 n_ff for phi3's fused
-    [gate | up]), ffn_down, optional biases."""
+             n_ff_up: int | None = None, norm: bool = True) -> None:
+    """ffn_norm (unless norm=False) with an optional bias, ffn_gate (absent when not gated),
+    ffn_up (n_ff_up wide: 2 n_ff for phi3's fused [gate | up]), ffn_down, optional biases."""
     ff = n_ff or hp.n_ff
-    L.weight("ffn_norm", [hp.n_embd])
+    if norm:
+        L.weight("ffn_norm", [hp.n_embd])
+        L.bias("ffn_norm", [hp.n_embd])
     L.weight("ffn_gate", [hp.n_embd, ff], required=gated)
     L.weight("ffn_up", [hp.n_embd, n_ff_up or ff])
     L.weight("ffn_down", [ff, hp.n_embd])
@@ -286,10 +292,10 @@ class GraphBuilder:
 
     # ------------------------------------------------------------ attention
 
-    def qkv(self, h: Tensor, layer: Layer) -> tuple[Tensor, Tensor, Tensor]:
+    def qkv(self, h: Tensor, layer: Layer, qk_rms: bool = True) -> tuple[Tensor, Tensor, Tensor]:
         """Q [head_dim, n_head, n_tokens], K and V [head_dim, n_head_kv, n_tokens]: separate
-        projections, or one fused attn_qkv product split by views; biases and per-head q/k
-        RMS norms when the layer has them."""
+        projections, or one fused attn_qkv product split by views; biases and q/k norms (RMS, or
+        LayerNorm with qk_rms=False) when the layer has them."""
         hp, ctx, n = self.hp, self.ctx, self.n_tokens
         dq, dk = hp.head_dim_k * hp.n_head, hp.n_embd_k_gqa
         if layer.attn_qkv is not None:
@@ -304,9 +310,9 @@ class GraphBuilder:
             k = ops.reshape_3d(ctx, self.linear(h, layer.attn_k, layer.attn_k_b), hp.head_dim_k, hp.n_head_kv, n)
             v = ops.reshape_3d(ctx, self.linear(h, layer.attn_v, layer.attn_v_b), hp.head_dim_v, hp.n_head_kv, n)
         if layer.attn_q_norm is not None:
-            q = self.norm(q, layer.attn_q_norm)
+            q = self.norm(q, layer.attn_q_norm, rms=qk_rms)
         if layer.attn_k_norm is not None:
-            k = self.norm(k, layer.attn_k_norm)
+            k = self.norm(k, layer.attn_k_norm, rms=qk_rms)
         return q, k, v
 
     def attention(self, il: int, q: Tensor, k: Tensor, v: Tensor, wo: Tensor, wo_b: Tensor | None = None,
@@ -418,6 +424,10 @@ class GraphBuilder:
 
     # ------------------------------------------------------------ output
 
-    def output(self, x: Tensor, w: Weights, softcap: float = 0.0) -> Tensor:
-        logits = self.linear(self.norm(x, w.output_norm), w.output)          # [n_vocab, n_tokens]
+    def output(self, x: Tensor, w: Weights, softcap: float = 0.0, rms: bool = True, scale: float = 1.0) -> Tensor:
+        """The output norm (RMS, or LayerNorm with its bias) and head; logits optionally scaled
+        (command-r) or soft-capped (gemma2)."""
+        logits = self.linear(self.norm(x, w.output_norm, w.output_norm_b, rms), w.output)  # [n_vocab, n_tokens]
+        if scale != 1.0:
+            logits = ops.scale(self.ctx, logits, scale)
         return self.softcap(logits, softcap) if softcap else logits

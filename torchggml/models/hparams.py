@@ -49,6 +49,7 @@ class HParams:
     # attention scale (0: 1/sqrt(head_dim_k)) and tanh soft-capping (0: off)
     attention_scale: float = 0.0
     attn_temp_scale: float = 0.0  # Llama 4 / mistral3 query temperature (0: off)
+    logit_scale: float = 1.0      # command-r's output scale
     attn_softcap: float = 0.0
     final_softcap: float = 0.0
 

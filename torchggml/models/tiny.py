@@ -50,8 +50,9 @@ def _case(name, arch, features=(), **kw):
 # features: moe (ffn_gate_inp + *_exps), shexp (shared expert with sigmoid gate), qkv_bias,
 # qk_norm, tied (no output.weight), post_norms, fused_qkv, fused_up (phi3's [gate | up]),
 # sinks, moe_biases, rope_factors (long/short), out_bias, ffn_post_attn_norm (gpt-oss: no
-# ffn_norm, post_attention_norm feeds the FFN). Weight type MXFP4 applies to the experts only
-# (as in gpt-oss files); the other matrices stay F32.
+# ffn_norm, post_attention_norm feeds the FFN), layernorm (LayerNorm eps key), norm_bias,
+# ungated and ffn_bias (starcoder2's FFN), parallel (command-r: no ffn_norm). Weight type MXFP4
+# applies to the experts only (as in gpt-oss files); the other matrices stay F32.
 TINY_CASES = [
     _case("llama-moe", "llama", ["moe"], n_expert=4, n_expert_used=2, weight_types=("F32", "F16", "Q8_0")),
     _case("llama-yarn", "llama", [], metadata=(("rope.scaling.type", "yarn"), ("rope.scaling.factor", 4.0),
@@ -78,6 +79,8 @@ TINY_CASES = [
         ("rope.scaling.original_context_length", 8), ("rope.scaling.yarn_beta_fast", 16.0),
         ("rope.scaling.yarn_beta_slow", 2.0), ("rope.scaling.yarn_log_multiplier", 0.5),
         ("attention.temperature_scale", 0.2))),
+    _case("starcoder2", "starcoder2", ["layernorm", "norm_bias", "qkv_bias", "out_bias", "ungated", "ffn_bias"]),
+    _case("command-r", "command-r", ["layernorm", "parallel", "tied"], metadata=(("logit_scale", 0.5),)),
 ]
 
 CASES_BY_NAME = {c.name: c for c in TINY_CASES}
@@ -100,6 +103,8 @@ def _tensors(case: TinyCase, gen: torch.Generator) -> dict[str, np.ndarray]:
     for il in range(case.n_layer):
         p = f"blk.{il}."
         w[p + "attn_norm.weight"] = vec(e, 1.0)
+        if "norm_bias" in f:
+            w[p + "attn_norm.bias"] = vec(e)
         if "fused_qkv" in f:
             w[p + "attn_qkv.weight"] = mat(q_dim + 2 * kv_dim, e)
         else:
@@ -117,8 +122,10 @@ def _tensors(case: TinyCase, gen: torch.Generator) -> dict[str, np.ndarray]:
             w[p + "attn_sinks.weight"] = vec(case.n_head, 0.0, 1.0)
         if "post_norms" in f or "ffn_post_attn_norm" in f:
             w[p + "post_attention_norm.weight"] = vec(e, 1.0)
-        if "ffn_post_attn_norm" not in f:
+        if "ffn_post_attn_norm" not in f and "parallel" not in f:
             w[p + "ffn_norm.weight"] = vec(e, 1.0)
+            if "norm_bias" in f:
+                w[p + "ffn_norm.bias"] = vec(e)
         if "moe" in f:
             n, ff = case.n_expert, int(meta.get("expert_feed_forward_length", case.n_ff))
             w[p + "ffn_gate_inp.weight"] = mat(n, e) * 4.0  # a router with clear preferences
@@ -139,15 +146,20 @@ def _tensors(case: TinyCase, gen: torch.Generator) -> dict[str, np.ndarray]:
             w[p + "ffn_up.weight"] = mat(2 * case.n_ff, e)
             w[p + "ffn_down.weight"] = mat(e, case.n_ff)
         else:
-            w[p + "ffn_gate.weight"] = mat(case.n_ff, e)
+            if "ungated" not in f:
+                w[p + "ffn_gate.weight"] = mat(case.n_ff, e)
             w[p + "ffn_up.weight"] = mat(case.n_ff, e)
             w[p + "ffn_down.weight"] = mat(e, case.n_ff)
+            if "ffn_bias" in f:
+                w[p + "ffn_up.bias"], w[p + "ffn_down.bias"] = vec(case.n_ff), vec(e)
         if "post_norms" in f:
             w[p + "post_ffw_norm.weight"] = vec(e, 1.0)
     if "rope_factors" in f:
         w["rope_factors_long.weight"] = 1.0 + torch.rand(hd // 2, generator=gen) * 3.0
         w["rope_factors_short.weight"] = 1.0 + torch.rand(hd // 2, generator=gen) * 0.5
     w["output_norm.weight"] = vec(e, 1.0)
+    if "norm_bias" in f:
+        w["output_norm.bias"] = vec(e)
     if "tied" not in f:
         w["output.weight"] = mat(v, e)
     return {k: t.float().numpy() for k, t in w.items()}
@@ -176,11 +188,12 @@ def write_tiny_model(path, case: TinyCase | str, weight_type: str = "F32") -> st
     path = os.fspath(path)
     a = case.arch
     w = gguf.GGUFWriter(path, a)
+    eps_key = "attention.layer_norm_epsilon" if "layernorm" in case.features else "attention.layer_norm_rms_epsilon"
     keys = {"context_length": case.n_ctx, "embedding_length": case.n_embd, "block_count": case.n_layer,
             "feed_forward_length": case.n_ff, "attention.head_count": case.n_head,
             "attention.head_count_kv": case.n_head_kv, "attention.key_length": case.head_dim,
             "attention.value_length": case.head_dim, "rope.dimension_count": case.head_dim,
-            "attention.layer_norm_rms_epsilon": 1e-5, "vocab_size": case.n_vocab}
+            eps_key: 1e-5, "vocab_size": case.n_vocab}
     if case.n_expert:
         keys.update({"expert_count": case.n_expert, "expert_used_count": case.n_expert_used})
     keys.update(dict(case.metadata))

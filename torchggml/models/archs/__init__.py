@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 from ..builder import Arch
-from . import gemma, gpt_oss, llama, mistral3, phi3, qwen
+from . import gemma, gpt_oss, llama, mistral3, parallel, phi3, qwen
 
 ARCHS: dict[str, Arch] = {}
-for _module in (llama, mistral3, qwen, gemma, phi3, gpt_oss):
+for _module in (llama, mistral3, qwen, gemma, phi3, gpt_oss, parallel):
     for _arch in _module.ARCHS:
         for _name in _arch.names:
             ARCHS[_name] = _arch
