@@ -391,17 +391,73 @@ def test_model_params_are_shared_and_checked():
                                              n_batch=32, flash_attn=True, kv_type="q8_0", n_threads=2, repack=False)
 
 
+def cpu_kv_cache(n_ctx: int):
+    from torchggml.models.kv_cache import KVCache
+    from torchggml.types import Type
+    return KVCache(1, n_ctx, 32, 32, 1, Type.F16, [find_device("CPU").get_buffer_type()])
+
+
 @pytest.mark.parametrize("n_past,n_tokens,n_swa,visible_last_row", [
     (0, 4, 0, [1, 1, 1, 1, 0, 0]),      # causal: the last token sees cells 0..3
     (0, 4, 2, [0, 0, 1, 1, 0, 0]),      # window 2: only cells 2..3
     (3, 2, 3, [0, 0, 1, 1, 1, 0]),      # position 4 sees cells 2..4
     (5, 1, 8, [1, 1, 1, 1, 1, 1]),      # a window wider than the past sees everything
 ])
-def test_kq_mask_sliding_window(n_past, n_tokens, n_swa, visible_last_row):
-    from torchggml.models.model import kq_mask
-    mask = kq_mask(n_past, n_tokens, 6, n_swa)
+def test_kv_mask_sliding_window(n_past, n_tokens, n_swa, visible_last_row):
+    kv = cpu_kv_cache(6)
+    if n_past:
+        kv.commit(kv.plan(torch.zeros(n_past, dtype=torch.int64)))
+    batch = kv.plan(torch.zeros(n_tokens, dtype=torch.int64))
+    mask = kv.mask(batch, n_swa)[:, :6]
     assert mask.shape == (n_tokens, 6) and mask.dtype == torch.float16
     assert (mask[-1] == 0).int().tolist() == visible_last_row
+
+
+def test_kv_cells_of_several_sequences():
+    """Cells are taken first-free in order; a token sees only its own sequence's cells; clearing
+    one sequence frees its cells for the next batch."""
+    kv = cpu_kv_cache(8)
+    b = kv.plan(torch.tensor([0, 0, 1, 1, 1]))
+    assert b.cells.tolist() == [0, 1, 2, 3, 4] and b.positions.tolist() == [0, 1, 0, 1, 2]
+    kv.commit(b)
+    kv.clear(0)
+    b = kv.plan(torch.tensor([1, 2]))
+    assert b.cells.tolist() == [0, 1] and b.positions.tolist() == [3, 0]
+    visible = (kv.mask(b)[:, :8] == 0).int().tolist()
+    assert visible == [[1, 0, 1, 1, 1, 0, 0, 0], [0, 1, 0, 0, 0, 0, 0, 0]]
+    with pytest.raises(ValueError, match=r"KV cache is full: 3 tokens cached \+ 6 new > n_ctx=8"):
+        kv.plan(torch.zeros(6, dtype=torch.int64))
+
+
+@needs_golden
+def test_eval_batch_equals_sequences_one_by_one():
+    """Three sequences of different lengths in one batch, then one more token each: every row
+    equals evaluating that sequence alone (and the first one matches llama.cpp)."""
+    entry = entry_named("llama-F32")
+    t = entry["tokens"]
+    model = golden_model(entry, n_batch=7)  # micro-batches cut across sequences
+    prompts, nexts = [t[:10], t[2:8], t[5:14]], [t[10], t[8], t[14]]
+    batch = model.eval_batch(prompts, seq_ids=[4, 0, 2])
+    steps = model.eval_batch([[x] for x in nexts], seq_ids=[4, 0, 2])
+    assert model.n_past == 10 + 6 + 9 + 3
+    model.reset(0)
+    assert model.n_past == 10 + 9 + 2
+    model.reset()
+    for prompt, nxt, rows, step in zip(prompts, nexts, batch, steps):
+        alone = model.eval(prompt + [nxt])
+        model.reset()
+        assert rel_err(torch.cat([rows, step]).numpy(), alone.numpy()) < 1e-4
+    ref = np.load(GOLDEN / entry["logits"])[:11]
+    assert rel_err(torch.cat([batch[0], steps[0]]).numpy(), ref) <= MAX_ERR_FLOAT
+    with pytest.raises(ValueError, match="distinct seq_ids"):
+        model.eval_batch([[1], [2]], seq_ids=[3, 3])
+
+
+def test_generate_batch_greedy_equals_generate(demo):
+    prompts = ["Once upon a time", "The scheduler cuts", "Numbers 0 1 2"]
+    batch = demo.generate_batch(prompts, max_tokens=5, temperature=0)
+    alone = ["".join(demo.generate(p, max_tokens=5, temperature=0)) for p in prompts]
+    assert batch == alone and len(set(batch)) > 1
 
 
 def test_unsupported_architecture_is_named(tmp_path):

@@ -272,54 +272,73 @@ class Model:
 
     @property
     def n_past(self) -> int:
-        """Tokens in the KV cache."""
+        """Tokens in the KV cache (of every sequence)."""
         return self.kv.n_past
 
     def _require_weights(self, what: str) -> None:
         if self.vocab_only:
             raise RuntimeError(f"{what}: {self.path} was loaded with vocab_only=True (no weights)")
 
-    def reset(self) -> None:
-        """Empty the KV cache: the next eval starts at position 0."""
+    def reset(self, seq_id: int | None = None) -> None:
+        """Empty the KV cache (or forget one sequence): the next eval of it starts at position 0."""
         self._require_weights("reset")
-        self.kv.clear()
+        self.kv.clear(seq_id)
 
-    def eval(self, tokens) -> torch.Tensor:
-        """Run `tokens` (after the cached ones) and return their logits, float32 [len(tokens), n_vocab].
-        The prompt is processed in micro-batches of n_batch tokens."""
-        self._require_weights("eval")
+    def _token_ids(self, tokens) -> torch.Tensor:
         if not isinstance(tokens, torch.Tensor):
             tokens = list(tokens)
         ids = torch.as_tensor(tokens, dtype=torch.int64).reshape(-1)
-        if ids.numel() == 0:
-            return torch.empty(0, self.n_vocab)
         bad = (ids < 0) | (ids >= self.n_vocab)
         if bool(bad.any()):
             raise ValueError(f"eval: token id {int(ids[bad][0])} is outside the vocabulary [0, {self.n_vocab})")
-        self.kv.n_kv_for(ids.numel())  # raises early when the cache cannot hold them all
+        return ids
+
+    def eval(self, tokens, seq_id: int = 0) -> torch.Tensor:
+        """Run `tokens` (after the cached ones of sequence seq_id) and return their logits, float32
+        [len(tokens), n_vocab]. The prompt is processed in micro-batches of n_batch tokens."""
+        self._require_weights("eval")
+        ids = self._token_ids(tokens)
+        return self._eval_tokens(ids, torch.full_like(ids, int(seq_id)))
+
+    def eval_batch(self, sequences, seq_ids: Sequence[int] | None = None) -> list[torch.Tensor]:
+        """Run several sequences at once, each after its own cached tokens (one KV cache holds
+        them all, as llama.cpp's unified cache does): sequences[i] continues sequence seq_ids[i]
+        (default i). Returns each one's logits, [len(sequences[i]), n_vocab]."""
+        self._require_weights("eval_batch")
+        seq_ids = list(range(len(sequences))) if seq_ids is None else [int(s) for s in seq_ids]
+        if len(seq_ids) != len(sequences) or len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(f"eval_batch: {len(sequences)} sequences need as many distinct seq_ids, got {seq_ids}")
+        ids = [self._token_ids(t) for t in sequences]
+        flat = torch.cat(ids) if ids else torch.empty(0, dtype=torch.int64)
+        seqs = torch.cat([torch.full_like(t, s) for t, s in zip(ids, seq_ids)]) if ids else flat
+        return list(self._eval_tokens(flat, seqs).split([t.numel() for t in ids]))
+
+    def _eval_tokens(self, ids: torch.Tensor, seq_ids: torch.Tensor) -> torch.Tensor:
+        if ids.numel() == 0:
+            return torch.empty(0, self.n_vocab)
+        self.kv.plan(seq_ids)  # raises early when the cache cannot hold them all
         out = torch.empty(ids.numel(), self.n_vocab)
         for start in range(0, ids.numel(), self.n_batch):
-            chunk = ids[start: start + self.n_batch]
-            out[start: start + chunk.numel()] = self._eval_ubatch(chunk)
+            end = start + self.n_batch
+            out[start: end] = self._eval_ubatch(ids[start: end], seq_ids[start: end])
         return out
 
-    def _eval_ubatch(self, ids: torch.Tensor) -> torch.Tensor:
-        n_tokens, n_past = ids.numel(), self.kv.n_past
-        n_kv = self.kv.n_kv_for(n_tokens)
-        g = self._graph_for(n_tokens, n_kv)
-        pos = torch.arange(n_past, n_past + n_tokens)
+    def _eval_ubatch(self, ids: torch.Tensor, seq_ids: torch.Tensor) -> torch.Tensor:
+        batch = self.kv.plan(seq_ids)
+        n_tokens = ids.numel()
+        g = self._graph_for(n_tokens, batch.n_kv)
         # the scheduler keeps user inputs in CPU memory and copies them where they are read
         backend_tensor_set(g.tokens, ids.to(torch.int32))
-        backend_tensor_set(g.positions, pos.to(torch.int32))
-        backend_tensor_set(g.kv_idx, pos)
+        backend_tensor_set(g.positions, batch.positions.to(torch.int32))
+        backend_tensor_set(g.kv_idx, batch.cells)
         for window, mask in g.masks.items():
-            backend_tensor_set(mask, kq_mask(n_past, n_tokens, n_kv, window))
+            backend_tensor_set(mask, self.kv.mask(batch, window))
         for tensor, values in g.position_inputs:
-            backend_tensor_set(tensor, values(pos))
+            backend_tensor_set(tensor, values(batch.positions))
         status = backend_sched_graph_compute(self.sched, g.graph)
         if int(status) != 0:
             raise RuntimeError(f"{self.path}: graph compute failed with status {status!r}")
-        self.kv.n_past += n_tokens
+        self.kv.commit(batch)
         return backend_tensor_get(g.logits).reshape(n_tokens, self.n_vocab)
 
     # ------------------------------------------------------------ text
@@ -364,6 +383,32 @@ class Model:
         if rest:
             yield rest
 
+    def generate_batch(self, prompts, max_tokens: int = 128, temperature: float = 0.8, top_k: int = 40,
+                       top_p: float = 0.95, seed: int | None = None) -> list[str]:
+        """The text of up to max_tokens sampled tokens after each prompt (texts, or lists of token
+        ids), generated together: the prompts in one batch, then one batch per step holding the
+        next token of every sequence still going (a sequence stops at an end-of-generation
+        token). The KV cache starts empty."""
+        self._require_weights("generate_batch")
+        ids = [self.tokenize(p) if isinstance(p, str) else [int(i) for i in p] for p in prompts]
+        if not ids or any(not p for p in ids):
+            raise ValueError("generate_batch: give at least one prompt, each with tokens")
+        gen = torch.Generator().manual_seed(seed if seed is not None else torch.seed() & 0xFFFFFFFF)
+        self.reset()
+        out: list[list[int]] = [[] for _ in ids]
+        live = list(range(len(ids)))
+        logits = [x[-1] for x in self.eval_batch(ids)]
+        for _ in range(max_tokens):
+            tokens = [sample_token(row, temperature, top_k, top_p, gen) for row in logits]
+            going = [(s, t) for s, t in zip(live, tokens) if not self.tokenizer.is_eog(t)]
+            for s, t in going:
+                out[s].append(t)
+            live = [s for s, _ in going]
+            if not live or self.n_past + len(live) > self.n_ctx:
+                break
+            logits = [x[0] for x in self.eval_batch([[out[s][-1]] for s in live], seq_ids=live)]
+        return [self.detokenize(o) for o in out]
+
     # ------------------------------------------------------------ misc
 
     def describe(self) -> str:
@@ -394,18 +439,6 @@ def extra_buffer_types(device: Device) -> list:
     reg = getattr(device, "reg", None)
     get = reg.get_proc_address("ggml_backend_dev_get_extra_bufts") if reg is not None else None
     return [b for b in (get(device) if get is not None else []) if hasattr(b, "supports_weight")]
-
-
-def kq_mask(n_past: int, n_tokens: int, n_kv: int, n_swa: int = 0) -> torch.Tensor:
-    """F16 [n_tokens, n_kv] (ggml ne [n_kv, n_tokens]): token i (position n_past + i) sees cells
-    0..n_past + i; with a sliding window n_swa only the last n_swa of them (llama.cpp's standard
-    window: cell p0 is hidden from position p1 when p1 - p0 >= n_swa)."""
-    cells = torch.arange(n_kv)[None, :]
-    pos = torch.arange(n_past, n_past + n_tokens)[:, None]
-    visible = cells <= pos
-    if n_swa:
-        visible &= pos - cells < n_swa
-    return torch.where(visible, 0.0, -math.inf).to(torch.float16)
 
 
 def load(path, params: ModelParams | None = None, **options) -> Model:
