@@ -415,8 +415,11 @@ class Model:
         if self.vocab_only:
             return f"{self.path}: vocabulary only ({self.tokenizer!r})"
         hp = self.hp
+        extras = "".join([f", {hp.n_expert} experts ({hp.n_expert_used} used)" if hp.n_expert else "",
+                          f", sliding window {hp.n_swa} on {sum(hp.swa_layers)} layers" if any(hp.swa_layers) else "",
+                          f", rope scaling {hp.rope_scaling}" if hp.rope_freq_scale != 1.0 or hp.yarn_ext_factor else ""])
         return (f"{self.path}: {hp.arch}, {hp.n_layer} layers, n_embd {hp.n_embd}, {hp.n_head} heads "
-                f"({hp.n_head_kv} KV), n_vocab {hp.n_vocab}; n_ctx {self.n_ctx}, n_batch {self.n_batch}, "
+                f"({hp.n_head_kv} KV), n_vocab {hp.n_vocab}{extras}; n_ctx {self.n_ctx}, n_batch {self.n_batch}, "
                 f"KV {self.kv_type.name}{', flash attention' if self.flash_attn else ''}; "
                 f"{self.placement.describe()}")
 
