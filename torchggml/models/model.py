@@ -27,6 +27,7 @@ from ..backend.sched import (backend_sched_new, backend_sched_reserve, backend_s
 from ..backend.tensor_io import backend_tensor_set, backend_tensor_get
 from ..context import Context
 from ..gguf import GGUFFile, load_weights
+from ..types import is_quantized
 from .archs import arch_for
 from .builder import Arch, GraphBuilder, ModelGraph, Weights, graph_size, is_matmul_weight, tensor_layer
 from .hparams import HParams, read_hparams
@@ -218,7 +219,7 @@ class Model:
         self.n_batch = int(params.n_batch)
         self.flash_attn = bool(params.flash_attn)
         self.kv_type = kv_type_from_name(params.kv_type)
-        if self.kv_type.name.startswith("Q") and not self.flash_attn:
+        if is_quantized(self.kv_type) and not self.flash_attn:
             raise ValueError(f"kv_type {params.kv_type!r} needs flash_attn=True: without flash attention the "
                              f"V cache is read transposed, which a block-quantized cache cannot do")
         self.kv = KVCache(hp.n_layer, self.n_ctx, hp.head_dim_k, hp.head_dim_v, hp.n_head_kv, self.kv_type,
