@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -40,7 +40,6 @@ class TinyCase:
     weight_types: tuple = ("F32", "Q8_0")
     tokens: tuple = (1, 17, 200, 3, 77, 129, 45, 12, 0, 255, 64, 9, 128, 31, 250, 6, 99, 180, 2, 51)
     n_prompt: int = 14            # decode-step tests: this many in one call, then one at a time
-    extra: dict = field(default_factory=dict, compare=False, hash=False)
 
 
 def _case(name, arch, features=(), **kw):
