@@ -472,3 +472,12 @@ def test_unsupported_architecture_is_named(tmp_path):
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     with pytest.raises(GGUFError, match="architecture 'rwkv9' is not supported"):
         load_model(tmp_path / "x.gguf")
+
+
+def test_unknown_rope_scaling_is_refused(tmp_path):
+    """YaRN and LongRoPE load (tests/test_archs.py); a scaling llama.cpp does not know is refused."""
+    from torchggml.gguf import GGUFError
+    from torchggml.models.tiny import TinyCase, write_tiny_model
+    case = TinyCase("llama-dynamic", "llama", metadata=(("rope.scaling.type", "dynamic"), ("rope.scaling.factor", 2.0)))
+    with pytest.raises(GGUFError, match="rope scaling 'dynamic' is not supported"):
+        load_model(write_tiny_model(tmp_path / "x.gguf", case))
