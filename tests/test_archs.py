@@ -72,10 +72,17 @@ def eval_and_check(key: str, model_dir: Path, **options) -> None:
     model.close()
 
 
+# CPU_REPACK rounds activations to bf16 before its int4 GEMM; in the MoE model those small
+# differences flip the router's top-2 choice for one token, whose logits then move by 28%
+# (measured: 6.2e-2 relative L2 over all tokens with repack, 1.5e-2 without).
+# The MoE graph is compared in ggml's Q4_0 layout; repacking is tested on dense models.
+OPTIONS = {"llama-moe-Q4_0": dict(repack=False)}
+
+
 @pytest.mark.parametrize("flash_attn", [False, True], ids=["no-fa", "fa"])
 @pytest.mark.parametrize("key", sorted(MANIFEST))
 def test_arch_matches_llama_cpp(key, flash_attn, model_dir):
-    eval_and_check(key, model_dir, flash_attn=flash_attn)
+    eval_and_check(key, model_dir, flash_attn=flash_attn, **OPTIONS.get(key, {}))
 
 
 # the accelerator path (the SIM device's kernel table) for the pieces the CPU tests do not reach:

@@ -53,7 +53,7 @@ def _case(name, arch, features=(), **kw):
 # ungated and ffn_bias (starcoder2's FFN), parallel (command-r: no ffn_norm). Weight type MXFP4
 # applies to the experts only (as in gpt-oss files); the other matrices stay F32.
 TINY_CASES = [
-    _case("llama-moe", "llama", ["moe"], n_expert=4, n_expert_used=2, weight_types=("F32", "F16", "Q8_0")),
+    _case("llama-moe", "llama", ["moe"], n_expert=4, n_expert_used=2, weight_types=("F32", "F16", "Q8_0", "Q4_0")),
     _case("llama-yarn", "llama", [], metadata=(("rope.scaling.type", "yarn"), ("rope.scaling.factor", 4.0),
                                               ("rope.scaling.original_context_length", 64))),
     _case("qwen2moe", "qwen2moe", ["moe", "shexp", "qkv_bias"], n_expert=4, n_expert_used=2,
@@ -65,7 +65,7 @@ TINY_CASES = [
         ("attention.sliding_window", 4), ("attn_logit_softcapping", 5.0), ("final_logit_softcapping", 3.0))),
     _case("gemma3", "gemma3", ["qk_norm", "post_norms"], n_layer=3, metadata=(
         ("attention.sliding_window", 4), ("attention.sliding_window_pattern", (True, False, True)), ("rope.freq_base", 1000000.0), ("rope.scaling.type", "linear"),
-        ("rope.scaling.factor", 2.0)), weight_types=("F32", "F16", "Q8_0")),
+        ("rope.scaling.factor", 2.0)), weight_types=("F32", "F16", "Q8_0", "Q4_0")),
     _case("phi3", "phi3", ["fused_qkv", "fused_up", "rope_factors"], n_head_kv=4, metadata=(
         ("rope.scaling.attn_factor", 1.19), ("rope.scaling.original_context_length", 32))),
     _case("gpt-oss", "gpt-oss", ["moe", "moe_biases", "qkv_bias", "out_bias", "sinks", "ffn_post_attn_norm"],
