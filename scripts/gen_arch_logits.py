@@ -33,6 +33,12 @@ np.save(out, np.array(llm.scores[: len(tokens)], dtype=np.float32))
 """ % N_CTX
 
 
+def format_manifest(manifest: dict) -> str:
+    """One line per model, sorted."""
+    rows = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(manifest.items())]
+    return "{\n" + ",\n".join(rows) + "\n}\n"
+
+
 def main(argv=None) -> int:
     from torchggml.models.tiny import TINY_CASES, file_sha256, write_tiny_model
     import llama_cpp
@@ -54,7 +60,7 @@ def main(argv=None) -> int:
                 manifest[key] = {"case": case.name, "arch": case.arch, "weights": wtype, "tokens": list(case.tokens),
                                  "sha256": file_sha256(model), "logits": out.name, "n_ctx": N_CTX,
                                  "llama_cpp_python": llama_cpp.__version__}
-                manifest_path.write_text(json.dumps(dict(sorted(manifest.items())), indent=1) + "\n")
+                manifest_path.write_text(format_manifest(manifest))
                 print(f"{key}: {out.relative_to(ROOT)}", file=sys.stderr)
     return 0
 
