@@ -90,6 +90,11 @@ def tensor_layer(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def is_output_tensor(name: str) -> bool:
+    """The output head's tensors (output.weight, output_norm.*), placed with the output."""
+    return name.startswith("output")
+
+
 # weights read only as MUL_MAT's src0 (token_embd is also read by GET_ROWS, norms by MUL, experts
 # by MUL_MAT_ID): the ones an extra buffer type (CPU_REPACK) may store in its own layout
 MATMUL_WEIGHTS = tuple(f"{n}.weight" for n in (

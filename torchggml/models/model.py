@@ -29,7 +29,8 @@ from ..context import Context
 from ..gguf import GGUFFile, load_weights
 from ..types import is_quantized
 from .archs import arch_for
-from .builder import Arch, GraphBuilder, ModelGraph, Weights, graph_size, is_matmul_weight, tensor_layer
+from .builder import (Arch, GraphBuilder, ModelGraph, Weights, graph_size, is_matmul_weight, is_output_tensor,
+                      tensor_layer)
 from .hparams import HParams, read_hparams
 from .kv_cache import KVCache, kv_type_from_name
 from .params import ModelParams
@@ -464,7 +465,7 @@ def load(path, params: ModelParams | None = None, **options) -> Model:
             if il >= hp.n_layer:
                 raise ValueError(f"{path}: tensor {name!r} belongs to layer {il}, but the model has {hp.n_layer}")
             return placement.layers[il]
-        if name.startswith("output"):
+        if is_output_tensor(name):
             return placement.output
         return placement.input
 
