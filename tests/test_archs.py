@@ -102,3 +102,16 @@ def test_arch_on_simulated_accelerator(key, model_dir):
     except ValueError:
         pytest.skip("SIM device not available")
     eval_and_check(key, model_dir, devices=["SIM0"], flash_attn=True)
+
+
+@pytest.mark.parametrize("key", ["gemma2-F32", "mistral3-F32", "gpt-oss-F32"])
+def test_module_forward_matches_eval(key, model_dir):
+    """Model.as_module() feeds every input the architecture's graph has (sliding-window masks,
+    the query temperature) and gives eval's logits."""
+    entry = MANIFEST[key]
+    model = load_model(tiny_model_path(key, entry, model_dir), n_ctx=entry["n_ctx"], progress=False)
+    tokens = torch.tensor(entry["tokens"])
+    with torch.no_grad():
+        ours = model.as_module()(tokens)
+    assert rel_err(ours.numpy(), model.eval(tokens).numpy()) < 1e-5
+    model.close()

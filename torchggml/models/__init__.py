@@ -6,11 +6,14 @@ from .archs import ARCHS
 from .builder import Arch, GraphBuilder, Weights
 from .hparams import HParams
 from .kv_cache import KVCache
+from .lora import LoraAdapter
 from .model import Model, Placement, Timings, plan_placement, sample_token, find_device
+from .module import GGMLModule, QuantizedWeight
 from .params import ModelParams
 
 __all__ = ["load_model", "Model", "ModelParams", "Placement", "Timings", "HParams", "Arch", "GraphBuilder",
-           "Weights", "KVCache", "ARCHS", "plan_placement", "sample_token", "find_device"]
+           "Weights", "KVCache", "ARCHS", "plan_placement", "sample_token", "find_device", "LoraAdapter",
+           "GGMLModule", "QuantizedWeight"]
 
 
 def load_model(path, params: ModelParams | None = None, **options) -> Model:

@@ -267,7 +267,7 @@ class GraphBuilder:
         set_name(t, "inp_attn_scale")
         set_input(t)
         self.position_inputs.append(
-            (t, lambda pos: 1.0 + scale * torch.log(torch.floor(pos.double() / floor) + 1.0).float()))
+            (t, lambda pos: (1.0 + scale * torch.log(torch.floor(pos.double() / floor) + 1.0)).float().reshape(-1, 1, 1)))
         return t
 
     def norm(self, x: Tensor, weight: Tensor | None, bias: Tensor | None = None, rms: bool = True) -> Tensor:

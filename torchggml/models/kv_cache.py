@@ -128,11 +128,7 @@ class KVCache:
         p0 with p - p0 < n_swa, llama.cpp's standard window), -inf elsewhere."""
         seq, pos = self.cell_seq[:batch.n_kv].clone(), self.cell_pos[:batch.n_kv].clone()
         seq[batch.cells], pos[batch.cells] = batch.seq_ids, batch.positions  # this batch's own cells
-        p = batch.positions[:, None]
-        visible = (seq[None, :] == batch.seq_ids[:, None]) & (pos[None, :] <= p)
-        if n_swa:
-            visible &= p - pos[None, :] < n_swa
-        return torch.where(visible, 0.0, -math.inf).to(torch.float16)
+        return attention_mask(batch.positions, pos, n_swa, seq[None, :] == batch.seq_ids[:, None])
 
     def store(self, ctx, il: int, k_cur: Tensor, v_cur: Tensor, kv_idx: Tensor, n_kv: int):
         """Write this batch's K and V rows into cells kv_idx and return views of the first n_kv
@@ -148,6 +144,20 @@ class KVCache:
     def _cells(self, ctx, cache: Tensor, head_dim: int, n_kv: int) -> Tensor:
         return view_3d(ctx, cache, head_dim, n_kv, self.n_head_kv,
                        cache.nb[1], row_size(self.type, head_dim), 0)
+
+
+def attention_mask(token_pos: torch.Tensor, cell_pos: torch.Tensor, n_swa: int = 0,
+                   same_seq: torch.Tensor | None = None) -> torch.Tensor:
+    """F16 [n_tokens, n_cells]: 0 where a token at token_pos[i] may attend to the cell holding
+    position cell_pos[j] (a position up to its own, of its own sequence when same_seq is given;
+    with a sliding window n_swa only p - p0 < n_swa), -inf elsewhere."""
+    p = token_pos[:, None]
+    visible = cell_pos[None, :] <= p
+    if same_seq is not None:
+        visible &= same_seq
+    if n_swa:
+        visible &= p - cell_pos[None, :] < n_swa
+    return torch.where(visible, 0.0, -math.inf).to(torch.float16)
 
 
 @dataclass
