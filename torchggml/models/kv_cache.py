@@ -17,6 +17,7 @@ import torch
 
 from ..alloc import backend_alloc_ctx_tensors_from_buft
 from ..backend.buffer import backend_buffer_clear
+from ..backend.tensor_io import backend_tensor_memset
 from ..context import Context, new_tensor_2d
 from ..ops import set_rows, view_3d, reshape_2d
 from ..tensor import Tensor, round_up, set_name
@@ -61,6 +62,7 @@ class KVCache:
         self.cell_seq = torch.full((n_ctx,), -1, dtype=torch.int64)  # -1: free
         self.cell_pos = torch.zeros(n_ctx, dtype=torch.int64)
         self.seq_next: dict[int, int] = {}  # the next position of each sequence
+        self.written = torch.zeros(n_ctx, dtype=torch.bool)  # cells written since they were last zeroed
         self.k: list[Tensor] = []
         self.v: list[Tensor] = []
         self.buffers = []
@@ -89,14 +91,39 @@ class KVCache:
         return self.seq_next.get(int(seq_id), 0)
 
     def clear(self, seq_id: int | None = None) -> None:
-        """Forget every cell, or the cells of one sequence (the memory is left as is: masked
-        cells are never read)."""
+        """Forget every cell, or the cells of one sequence, and zero them: masked cells are still
+        read (their softmax weight is 0, and 0 * NaN is NaN), so no old value may stay."""
         if seq_id is None:
+            self.zero_cells(torch.nonzero(self.written).flatten())
             self.cell_seq.fill_(-1)
             self.seq_next.clear()
         else:
-            self.cell_seq[self.cell_seq == int(seq_id)] = -1
+            cells = torch.nonzero(self.cell_seq == int(seq_id)).flatten()
+            self.zero_cells(cells)
+            self.cell_seq[cells] = -1
             self.seq_next.pop(int(seq_id), None)
+
+    def zero_cells(self, cells: torch.Tensor) -> None:
+        """Zero these cells of every layer's K and V (one memset per run of consecutive cells)."""
+        cells = torch.unique(cells)
+        if cells.numel() == 0:
+            return
+        breaks = torch.nonzero(cells[1:] != cells[:-1] + 1).flatten() + 1
+        for run in torch.tensor_split(cells, breaks):
+            start, end = int(run[0]), int(run[-1]) + 1
+            for t in (*self.k, *self.v):
+                backend_tensor_memset(t, 0, start * t.nb[1], (end - start) * t.nb[1])
+        self.written[cells] = False
+
+    def snapshot(self):
+        """The cells' state, for `restore` after a failed evaluation."""
+        return self.cell_seq.clone(), self.cell_pos.clone(), dict(self.seq_next)
+
+    def restore(self, snapshot) -> None:
+        """Back to `snapshot`, zeroing the cells written since (they may hold NaN)."""
+        seq, pos, seq_next = snapshot
+        self.zero_cells(torch.nonzero(self.written & (seq < 0)).flatten())
+        self.cell_seq, self.cell_pos, self.seq_next = seq, pos, seq_next
 
     def plan(self, seq_ids: torch.Tensor) -> "KVBatch":
         """Cells and positions for a batch of tokens (seq_ids[i]: token i's sequence, tokens of
@@ -116,8 +143,12 @@ class KVCache:
         n_kv = min(self.n_ctx, round_up(n_used, KV_PAD))
         return KVBatch(seq_ids.to(torch.int64), cells, positions, n_kv, next_pos)
 
+    def mark_written(self, batch: "KVBatch") -> None:
+        """The batch's cells are about to be written (so clear/restore will zero them)."""
+        self.written[batch.cells] = True
+
     def commit(self, batch: "KVBatch") -> None:
-        """Record the batch's tokens in their cells (after its graph ran)."""
+        """Record the batch's tokens in their cells (after its graph wrote them)."""
         self.cell_seq[batch.cells] = batch.seq_ids
         self.cell_pos[batch.cells] = batch.positions
         self.seq_next = batch.seq_next

@@ -5,6 +5,20 @@
     for text in model.generate("Once upon a time", max_tokens=32):
         print(text, end="")
 
+Threads: a Model may be shared between threads. eval, eval_batch, generate, reset and close are
+serialized by one lock per model, so calls from different threads run one after another (each
+result is what that call would give alone, with the cache as the previous call left it); hold
+`model.lock` to make a sequence of calls (reset, then eval) atomic. A generate() holds the lock
+from its first item until it is exhausted or closed: iterate it to the end (or close it) in the
+thread that started it.
+
+Non-finite logits: an eval whose logits contain NaN or inf raises NonFiniteLogitsError; the
+cache cells that call wrote are zeroed and the cache is left as it was, so later calls are not
+poisoned. reset() zeroes every cell written since the last reset.
+
+close() frees the compute, KV and weight buffers and closes the file's mapping; a later eval,
+generate or reset raises ModelClosedError.
+
 Placement: every layer (its weights and its KV cache) lives on one device. The scheduler
 (backend_sched) runs every graph, as llama.cpp does: on one device the graph is one split; across
 several devices it is cut where the device changes and activations are copied between them.
@@ -14,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
@@ -26,7 +41,7 @@ from ..backend.sched import (backend_sched_new, backend_sched_reserve, backend_s
                              backend_sched_alloc_graph, backend_sched_graph_compute)
 from ..backend.tensor_io import backend_tensor_set, backend_tensor_get
 from ..context import Context
-from ..gguf import GGUFFile, load_weights
+from ..gguf import GGUFError, GGUFFile, load_weights
 from ..types import is_quantized
 from .archs import arch_for
 from .builder import (Arch, GraphBuilder, ModelGraph, Weights, graph_size, is_matmul_weight, is_output_tensor,
@@ -181,6 +196,14 @@ def sample_token(logits: torch.Tensor, temperature: float = 0.8, top_k: int = 40
 
 # ---------------------------------------------------------------- the model
 
+class ModelClosedError(RuntimeError):
+    """The model was closed: its buffers are freed and it can no longer evaluate."""
+
+
+class NonFiniteLogitsError(FloatingPointError):
+    """An eval produced NaN or inf logits (its cache cells were zeroed, the cache restored)."""
+
+
 @dataclass
 class Timings:
     prompt_tokens: int = 0
@@ -210,6 +233,10 @@ class Model:
         self.hp = hp
         self.vocab_only = hp is None
         self.timings = Timings()
+        self.closed = False
+        # serializes eval/generate/reset/close (see the module doc); hold it (`with model.lock:`)
+        # to make a sequence of calls, e.g. reset then eval, atomic
+        self.lock = threading.RLock()
         if self.vocab_only:
             return
         self.weights = weights
@@ -311,16 +338,21 @@ class Model:
     @property
     def n_past(self) -> int:
         """Tokens in the KV cache (of every sequence)."""
+        self._require_weights("n_past")
         return self.kv.n_past
 
     def _require_weights(self, what: str) -> None:
+        if self.closed:
+            raise ModelClosedError(f"{what}: the model {self.path} was closed")
         if self.vocab_only:
             raise RuntimeError(f"{what}: {self.path} was loaded with vocab_only=True (no weights)")
 
     def reset(self, seq_id: int | None = None) -> None:
-        """Empty the KV cache (or forget one sequence): the next eval of it starts at position 0."""
-        self._require_weights("reset")
-        self.kv.clear(seq_id)
+        """Empty the KV cache (or forget one sequence), zeroing the cells: the next eval of it
+        starts at position 0."""
+        with self.lock:
+            self._require_weights("reset")
+            self.kv.clear(seq_id)
 
     def _token_ids(self, tokens) -> torch.Tensor:
         if not isinstance(tokens, torch.Tensor):
@@ -333,16 +365,23 @@ class Model:
 
     def eval(self, tokens, seq_id: int = 0) -> torch.Tensor:
         """Run `tokens` (after the cached ones of sequence seq_id) and return their logits, float32
-        [len(tokens), n_vocab]. The prompt is processed in micro-batches of n_batch tokens."""
-        self._require_weights("eval")
-        ids = self._token_ids(tokens)
-        return self._eval_tokens(ids, torch.full_like(ids, int(seq_id)))
+        [len(tokens), n_vocab]. The prompt is processed in micro-batches of n_batch tokens.
+        NonFiniteLogitsError when the logits are not all finite (the cache is then left as it
+        was before this call)."""
+        with self.lock:
+            self._require_weights("eval")
+            ids = self._token_ids(tokens)
+            return self._eval_tokens(ids, torch.full_like(ids, int(seq_id)))
 
     def eval_batch(self, sequences, seq_ids: Sequence[int] | None = None) -> list[torch.Tensor]:
         """Run several sequences at once, each after its own cached tokens (one KV cache holds
         them all, as llama.cpp's unified cache does): sequences[i] continues sequence seq_ids[i]
         (default i). Returns each one's logits, [len(sequences[i]), n_vocab]."""
-        self._require_weights("eval_batch")
+        with self.lock:
+            self._require_weights("eval_batch")
+            return self._eval_batch(sequences, seq_ids)
+
+    def _eval_batch(self, sequences, seq_ids) -> list[torch.Tensor]:
         seq_ids = list(range(len(sequences))) if seq_ids is None else [int(s) for s in seq_ids]
         if len(seq_ids) != len(sequences) or len(set(seq_ids)) != len(seq_ids):
             raise ValueError(f"eval_batch: {len(sequences)} sequences need as many distinct seq_ids, got {seq_ids}")
@@ -356,9 +395,20 @@ class Model:
             return torch.empty(0, self.n_vocab)
         self.kv.plan(seq_ids)  # raises early when the cache cannot hold them all
         out = torch.empty(ids.numel(), self.n_vocab)
+        before = self.kv.snapshot()
         for start in range(0, ids.numel(), self.n_batch):
             end = start + self.n_batch
-            out[start: end] = self._eval_ubatch(ids[start: end], seq_ids[start: end])
+            logits = out[start: end]
+            logits[:] = self._eval_ubatch(ids[start: end], seq_ids[start: end])
+            finite = torch.isfinite(logits).all(dim=1)
+            if not bool(finite.all()):
+                # the cells written may hold NaN: zero them so no later call can read them
+                self.kv.restore(before)
+                bad = int((~finite).nonzero()[0]) + start
+                n_past = self.kv.seq_len(int(seq_ids[bad])) + int((seq_ids[:bad] == seq_ids[bad]).sum())
+                raise NonFiniteLogitsError(f"{self.path}: eval produced non-finite logits (first at token "
+                                           f"{bad}, position {n_past}); the cache was restored to "
+                                           f"{self.kv.n_past} tokens")
         return out
 
     def _eval_ubatch(self, ids: torch.Tensor, seq_ids: torch.Tensor) -> torch.Tensor:
@@ -373,6 +423,7 @@ class Model:
             backend_tensor_set(mask, self.kv.mask(batch, window))
         for tensor, values in g.position_inputs:
             backend_tensor_set(tensor, values(batch.positions))
+        self.kv.mark_written(batch)
         status = backend_sched_graph_compute(self.sched, g.graph)
         if int(status) != 0:
             raise RuntimeError(f"{self.path}: graph compute failed with status {status!r}")
@@ -391,8 +442,13 @@ class Model:
                  top_p: float = 0.95, seed: int | None = None) -> Iterator[str]:
         """Stream the text of up to max_tokens sampled tokens after `prompt` (text, or token ids).
         The KV cache starts empty; generation stops at an end-of-generation token or a full
-        cache. `self.timings` has the prompt and generation speeds afterwards."""
-        self._require_weights("generate")
+        cache. `self.timings` has the prompt and generation speeds afterwards. The model is
+        held (other threads wait) from the first item until the generator ends or is closed."""
+        with self.lock:
+            self._require_weights("generate")
+            yield from self._generate(prompt, max_tokens, temperature, top_k, top_p, seed)
+
+    def _generate(self, prompt, max_tokens, temperature, top_k, top_p, seed) -> Iterator[str]:
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
         if not ids:
             raise ValueError("generate: the prompt has no tokens")
@@ -427,7 +483,11 @@ class Model:
         ids), generated together: the prompts in one batch, then one batch per step holding the
         next token of every sequence still going (a sequence stops at an end-of-generation
         token). The KV cache starts empty."""
-        self._require_weights("generate_batch")
+        with self.lock:
+            self._require_weights("generate_batch")
+            return self._generate_batch(prompts, max_tokens, temperature, top_k, top_p, seed)
+
+    def _generate_batch(self, prompts, max_tokens, temperature, top_k, top_p, seed) -> list[str]:
         ids = [self.tokenize(p) if isinstance(p, str) else [int(i) for i in p] for p in prompts]
         if not ids or any(not p for p in ids):
             raise ValueError("generate_batch: give at least one prompt, each with tokens")
@@ -462,9 +522,17 @@ class Model:
                 f"{self.placement.describe()}")
 
     def close(self) -> None:
-        """Free the compute, KV and weight buffers."""
-        if self.vocab_only:
-            return
+        """Free the compute, KV and weight buffers and close the file; a later eval raises
+        ModelClosedError. Closing twice is allowed."""
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            if not self.vocab_only:
+                self._free_compute()
+            self.file.close()
+
+    def _free_compute(self) -> None:
         backend_sched_free(self.sched)
         for b in self.kv.buffers:
             b.free()
@@ -473,7 +541,8 @@ class Model:
         self.weights.free()
         for b in self.backends:
             backend_free(b)
-        self._graph = None
+        # drop every tensor that views the freed memory, so the file's mapping can close
+        self._graph = self._ctx = self.w = self.weights = self.kv = self.sched = None
 
 
 def extra_buffer_types(device: Device) -> list:
@@ -487,10 +556,13 @@ def extra_buffer_types(device: Device) -> list:
 def load(path, params: ModelParams | None = None, **options) -> Model:
     """See torchggml.load_model."""
     from ..gguf import open_gguf
-    from ..tokenizer import Tokenizer
+    from ..tokenizer import Tokenizer, TokenizerError
     params = (params or ModelParams()).with_options(**options)
     file = open_gguf(path)
-    tokenizer = Tokenizer.from_gguf(file.reader)
+    try:
+        tokenizer = Tokenizer.from_gguf(file.reader)
+    except TokenizerError as e:
+        raise GGUFError(f"{file.path}: tokenizer: {e}") from None
     if params.vocab_only:
         return Model(file, tokenizer, params)
     arch = arch_for(file.arch, file.path)
@@ -516,5 +588,5 @@ def load(path, params: ModelParams | None = None, **options) -> Model:
                     return extra
         return device.get_buffer_type()
 
-    weights = load_weights(file, buft_of, progress=params.progress)
+    weights = load_weights(file, buft_of, progress=params.progress, check_values=params.check_tensors)
     return Model(file, tokenizer, params, arch, hp, weights, placement)

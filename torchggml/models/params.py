@@ -26,6 +26,8 @@ class ModelParams:
         buffer type CPU_REPACK (torch's int4 GEMM layout: a copy instead of a view of the
         file; activations are rounded to bf16 in those products). False keeps every CPU
         weight a view of the file.
+    check_tensors: check every weight's values (and quantized blocks' scales) for NaN/inf on
+        load, as llama.cpp's --check-tensors: GGUFError naming the tensor (reads all weights).
     """
     devices: object = None
     n_gpu_layers: int | None = None
@@ -38,6 +40,7 @@ class ModelParams:
     n_threads: int | None = None
     progress: bool = True
     repack: bool = True
+    check_tensors: bool = False
 
     def __post_init__(self):
         if self.n_ctx is not None and int(self.n_ctx) < 0:
