@@ -567,7 +567,13 @@ def load(path, params: ModelParams | None = None, **options) -> Model:
         return Model(file, tokenizer, params)
     arch = arch_for(file.arch, file.path)
     hp = read_hparams(file, arch)
-    placement = plan_placement(hp.n_layer, params.devices, params.n_gpu_layers, params.tensor_split)
+    devices = params.devices
+    if params.tensor_parallel is not None:
+        if devices is not None or params.n_gpu_layers is not None or params.tensor_split is not None:
+            raise ValueError("tensor_parallel replaces devices, n_gpu_layers and tensor_split: give only it")
+        from .tensor_parallel import tensor_parallel_device
+        devices = [tensor_parallel_device(file, hp, params.tensor_parallel, kv_type_from_name(params.kv_type))]
+    placement = plan_placement(hp.n_layer, devices, params.n_gpu_layers, params.tensor_split)
 
     def device_of(name: str) -> Device:
         il = tensor_layer(name)

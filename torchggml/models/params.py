@@ -26,6 +26,9 @@ class ModelParams:
         buffer type CPU_REPACK (torch's int4 GEMM layout: a copy instead of a view of the
         file; activations are rounded to bf16 in those products). False keeps every CPU
         weight a view of the file.
+    tensor_parallel: split every layer over several devices (a meta device): a list of device
+        names or Devices, or "dist" for one device per torch.distributed rank (torchrun; gloo on
+        CPU, NCCL on CUDA). Replaces devices/n_gpu_layers/tensor_split.
     check_tensors: check every weight's values (and quantized blocks' scales) for NaN/inf on
         load, as llama.cpp's --check-tensors: GGUFError naming the tensor (reads all weights).
     """
@@ -41,6 +44,7 @@ class ModelParams:
     progress: bool = True
     repack: bool = True
     check_tensors: bool = False
+    tensor_parallel: object = None
 
     def __post_init__(self):
         if self.n_ctx is not None and int(self.n_ctx) < 0:
