@@ -65,7 +65,7 @@ def make_cache(backend, n_layers, n_ctx, kv_dim):
 
 
 def build_step(model, cache_k, cache_v, args, flash: bool):
-    """The llama graph of torchggml/models/llama.py, for n_tokens tokens over n_kv cells."""
+    """The llama graph of torchggml/models/archs/llama.py, for n_tokens tokens over n_kv cells."""
     dim, n_head, n_head_kv, n_tokens, n_kv = args.dim, args.heads, args.kv_heads, args.tokens, args.n_kv
     hd = dim // n_head
     ctx = ggml.init(no_alloc=True)

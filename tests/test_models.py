@@ -273,7 +273,7 @@ def test_demo_architectures(tmp_path):
     for arch, tied in (("qwen2", False), ("qwen3", True)):
         cfg = replace(DEMO_CONFIG, arch=arch, n_layer=1, tied_output=tied)
         model = load_model(write_model(tmp_path / f"{arch}.gguf", cfg, "F16"))
-        assert model.hp.arch == arch and (model.w.output is model.w.tok_embd) == tied
+        assert model.hp.arch == arch and (model.w.output is model.w.token_embd) == tied
         logits = model.eval(model.tokenize("hello"))
         assert torch.isfinite(logits).all()
 
@@ -360,3 +360,124 @@ def test_demo_model_matches_llama_cpp(demo_path, tmp_path):
     assert model.tokenize(text) == ids
     ours = model.eval(ids).numpy()
     assert rel_err(ours, ref) <= MAX_ERR_FLOAT and argmax_agreement(ours, ref) >= MIN_ARGMAX
+
+
+# ---------------------------------------------------------------- one execution path, options
+
+@needs_golden
+@pytest.mark.parametrize("device", ["CPU", "SIM0"])
+def test_one_device_is_one_split(device):
+    """Every model runs through the scheduler; on one device its graph is one split (inputs are
+    copied in from the CPU backend where the device is not the CPU)."""
+    if device != "CPU" and not sim_available():
+        pytest.skip("SIM device not available")
+    from torchggml.backend.sched import backend_sched_get_n_splits
+    entry = entry_named("llama-F32")
+    model = golden_model(entry, device)
+    model.eval(entry["tokens"][:4])
+    assert backend_sched_get_n_splits(model.sched) == 1
+
+
+def test_model_params_are_shared_and_checked():
+    from torchggml.models import ModelParams
+    from torchggml.models.cli_commands import model_params
+    import argparse
+    p = ModelParams().with_options(n_ctx=64, flash_attn=True)
+    assert (p.n_ctx, p.flash_attn, p.n_batch) == (64, True, 512)
+    with pytest.raises(TypeError, match="unknown model option.*n_ctxx"):
+        ModelParams().with_options(n_ctxx=64)
+    with pytest.raises(ValueError, match="n_batch"):
+        ModelParams(n_batch=0)
+    args = argparse.Namespace(device="SIM0,CPU", n_gpu_layers=None, tensor_split=[1.0, 2.0], ctx_size=128,
+                              batch_size=32, flash_attn=True, cache_type="q8_0", threads=2, repack=False)
+    assert model_params(args) == ModelParams(devices=["SIM0", "CPU"], tensor_split=[1.0, 2.0], n_ctx=128,
+                                             n_batch=32, flash_attn=True, kv_type="q8_0", n_threads=2, repack=False)
+
+
+def cpu_kv_cache(n_ctx: int):
+    from torchggml.models.kv_cache import KVCache
+    from torchggml.types import Type
+    return KVCache(1, n_ctx, 32, 32, 1, Type.F16, [find_device("CPU").get_buffer_type()])
+
+
+@pytest.mark.parametrize("n_past,n_tokens,n_swa,visible_last_row", [
+    (0, 4, 0, [1, 1, 1, 1, 0, 0]),      # causal: the last token sees cells 0..3
+    (0, 4, 2, [0, 0, 1, 1, 0, 0]),      # window 2: only cells 2..3
+    (3, 2, 3, [0, 0, 1, 1, 1, 0]),      # position 4 sees cells 2..4
+    (5, 1, 8, [1, 1, 1, 1, 1, 1]),      # a window wider than the past sees everything
+])
+def test_kv_mask_sliding_window(n_past, n_tokens, n_swa, visible_last_row):
+    kv = cpu_kv_cache(6)
+    if n_past:
+        kv.commit(kv.plan(torch.zeros(n_past, dtype=torch.int64)))
+    batch = kv.plan(torch.zeros(n_tokens, dtype=torch.int64))
+    mask = kv.mask(batch, n_swa)[:, :6]
+    assert mask.shape == (n_tokens, 6) and mask.dtype == torch.float16
+    assert (mask[-1] == 0).int().tolist() == visible_last_row
+
+
+def test_kv_cells_of_several_sequences():
+    """Cells are taken first-free in order; a token sees only its own sequence's cells; clearing
+    one sequence frees its cells for the next batch."""
+    kv = cpu_kv_cache(8)
+    b = kv.plan(torch.tensor([0, 0, 1, 1, 1]))
+    assert b.cells.tolist() == [0, 1, 2, 3, 4] and b.positions.tolist() == [0, 1, 0, 1, 2]
+    kv.commit(b)
+    kv.clear(0)
+    b = kv.plan(torch.tensor([1, 2]))
+    assert b.cells.tolist() == [0, 1] and b.positions.tolist() == [3, 0]
+    visible = (kv.mask(b)[:, :8] == 0).int().tolist()
+    assert visible == [[1, 0, 1, 1, 1, 0, 0, 0], [0, 1, 0, 0, 0, 0, 0, 0]]
+    with pytest.raises(ValueError, match=r"KV cache is full: 3 tokens cached \+ 6 new > n_ctx=8"):
+        kv.plan(torch.zeros(6, dtype=torch.int64))
+
+
+@needs_golden
+def test_eval_batch_equals_sequences_one_by_one():
+    """Three sequences of different lengths in one batch, then one more token each: every row
+    equals evaluating that sequence alone (and the first one matches llama.cpp)."""
+    entry = entry_named("llama-F32")
+    t = entry["tokens"]
+    model = golden_model(entry, n_batch=7)  # micro-batches cut across sequences
+    prompts, nexts = [t[:10], t[2:8], t[5:14]], [t[10], t[8], t[14]]
+    batch = model.eval_batch(prompts, seq_ids=[4, 0, 2])
+    steps = model.eval_batch([[x] for x in nexts], seq_ids=[4, 0, 2])
+    assert model.n_past == 10 + 6 + 9 + 3
+    model.reset(0)
+    assert model.n_past == 10 + 9 + 2
+    model.reset()
+    for prompt, nxt, rows, step in zip(prompts, nexts, batch, steps):
+        alone = model.eval(prompt + [nxt])
+        model.reset()
+        assert rel_err(torch.cat([rows, step]).numpy(), alone.numpy()) < 1e-4
+    ref = np.load(GOLDEN / entry["logits"])[:11]
+    assert rel_err(torch.cat([batch[0], steps[0]]).numpy(), ref) <= MAX_ERR_FLOAT
+    with pytest.raises(ValueError, match="distinct seq_ids"):
+        model.eval_batch([[1], [2]], seq_ids=[3, 3])
+
+
+def test_generate_batch_greedy_equals_generate(demo):
+    prompts = ["Once upon a time", "The scheduler cuts", "Numbers 0 1 2"]
+    batch = demo.generate_batch(prompts, max_tokens=5, temperature=0)
+    alone = ["".join(demo.generate(p, max_tokens=5, temperature=0)) for p in prompts]
+    assert batch == alone and len(set(batch)) > 1
+
+
+def test_unsupported_architecture_is_named(tmp_path):
+    import gguf
+    from torchggml.gguf import GGUFError
+    w = gguf.GGUFWriter(str(tmp_path / "x.gguf"), "rwkv9")
+    w.add_tokenizer_model("none")
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    with pytest.raises(GGUFError, match="architecture 'rwkv9' is not supported"):
+        load_model(tmp_path / "x.gguf")
+
+
+def test_unknown_rope_scaling_is_refused(tmp_path):
+    """YaRN and LongRoPE load (tests/test_archs.py); a scaling llama.cpp does not know is refused."""
+    from torchggml.gguf import GGUFError
+    from torchggml.models.tiny import TinyCase, write_tiny_model
+    case = TinyCase("llama-dynamic", "llama", metadata=(("rope.scaling.type", "dynamic"), ("rope.scaling.factor", 2.0)))
+    with pytest.raises(GGUFError, match="rope scaling 'dynamic' is not supported"):
+        load_model(write_tiny_model(tmp_path / "x.gguf", case))

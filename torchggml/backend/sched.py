@@ -19,6 +19,7 @@ from ..enums import Op, Status, TensorFlag, VIEW_OPS
 from ..graph import CGraph, graph_view, DEFAULT_GRAPH_SIZE
 from ..profiler import split_range
 from ..tensor import Tensor, format_name, memory_buffer, set_input, set_output, nbytes
+from .backend import backend_graph_plan_create, backend_graph_plan_compute, backend_graph_plan_free
 from .buffer import BufferUsage
 from .device import DeviceType
 
@@ -32,7 +33,7 @@ MAX_COPIES = 4
 class Split:
     """A run of consecutive graph nodes on one backend, with the inputs copied to it."""
 
-    __slots__ = ("backend_id", "i_start", "i_end", "inputs", "graph", "inputs_capacity")
+    __slots__ = ("backend_id", "i_start", "i_end", "inputs", "graph", "inputs_capacity", "plan")
 
     def __init__(self, backend_id: int, i_start: int):
         self.backend_id = backend_id
@@ -41,6 +42,7 @@ class Split:
         self.inputs: list[Tensor] = []
         self.inputs_capacity = MAX_SPLIT_INPUTS
         self.graph: CGraph | None = None
+        self.plan = None  # the backend's graph plan, made on the first compute of this split
 
     def add_input(self, t: Tensor) -> None:
         if len(self.inputs) >= self.inputs_capacity:
@@ -182,6 +184,12 @@ class Sched:
 
     # ------------------------------------------------------------ the split algorithm
 
+    def _free_plans(self) -> None:
+        for split in self.splits:
+            if split.plan is not None:
+                backend_graph_plan_free(self.backends[split.backend_id], split.plan)
+                split.plan = None
+
     def split_graph(self, graph: CGraph) -> None:
         """Assign backends and cut `graph` into splits (the graph is left as the caller built it)."""
         self._split(graph)
@@ -226,6 +234,7 @@ class Sched:
 
     def _split(self, graph: CGraph) -> None:
         """split_graph, leaving the copies applied (the allocator plans with them)."""
+        self._free_plans()
         self._retire_rewrites()
         planned = self._planned_tensors(graph)
         if self.in_flight and (planned or not {id(n) for n, *_ in self.pending_restores}.isdisjoint(
@@ -573,7 +582,11 @@ class Sched:
 
     def _run_split(self, split: Split, backend) -> Status:
         if self.callback_eval is None:
-            return backend.graph_compute(split.graph)
+            # a split is computed again while its graph stays allocated (a model's decode steps):
+            # the backend's plan (compiled calls, a CUDA graph) is made once and replayed
+            if split.plan is None:
+                split.plan = backend_graph_plan_create(backend, split.graph)
+            return backend_graph_plan_compute(backend, split.plan)
         # run node ranges up to each node the callback wants to observe
         nodes = split.graph.nodes
         j0 = 0
@@ -638,6 +651,7 @@ def backend_sched_new(backends, bufts=None, graph_size: int = DEFAULT_GRAPH_SIZE
 def backend_sched_free(sched: Sched | None) -> None:
     if sched is not None:
         sched.synchronize()
+        sched._free_plans()
         from .event import backend_event_free
         for row in sched.events:
             for ev in row:

@@ -64,6 +64,16 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
                    help="keep CPU weights in ggml's layout (no CPU_REPACK int4 GEMM buffers)")
 
 
+def model_params(args) -> "ModelParams":
+    """The ModelParams the model options of `_add_model_options` give."""
+    from .params import ModelParams
+    return ModelParams(devices=args.device.split(",") if args.device else None, n_gpu_layers=args.n_gpu_layers,
+                       tensor_split=args.tensor_split, n_ctx=args.ctx_size, n_batch=args.batch_size,
+                       flash_attn=args.flash_attn, kv_type=args.cache_type, n_threads=args.threads,
+                       repack=getattr(args, "repack", True),
+                       tensor_parallel=getattr(args, "tensor_parallel", None))
+
+
 def _main_rank() -> bool:
     """False on the other ranks of a torch.distributed run (rank 0 prints and writes)."""
     import torch.distributed as dist
@@ -72,12 +82,7 @@ def _main_rank() -> bool:
 
 def _load(args, path: str):
     from . import load_model
-    devices = args.device.split(",") if args.device else None
-    return load_model(path, devices=devices, n_gpu_layers=args.n_gpu_layers, n_ctx=args.ctx_size,
-                      n_batch=args.batch_size, flash_attn=args.flash_attn, kv_type=args.cache_type,
-                      tensor_split=args.tensor_split, n_threads=args.threads,
-                      repack=getattr(args, "repack", True),
-                      tensor_parallel=getattr(args, "tensor_parallel", None))
+    return load_model(path, model_params(args))
 
 
 # ---------------------------------------------------------------- run

@@ -184,19 +184,26 @@ def write_model(path, cfg: ModelConfig = DEMO_CONFIG, weight_type: str = "F32", 
         w.add_rope_scaling_factor(rope_scaling_factor)
     if rope_freqs is not None:
         w.add_tensor("rope_freqs.weight", np.asarray(rope_freqs, dtype=np.float32))
-    for name, data in random_weights(cfg, n_vocab, seed, output_row_scales(vocab)).items():
-        if data.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32:
-            w.add_tensor(name, data)
-        elif qtype == gguf.GGMLQuantizationType.F16:
-            w.add_tensor(name, data.astype(np.float16))
-        else:
-            w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_tensors(w, random_weights(cfg, n_vocab, seed, output_row_scales(vocab)), qtype)
     os.replace(tmp, path)
     return path
+
+
+def write_tensors(writer, weights: dict[str, np.ndarray], qtype, keep_f32=lambda name, data: False) -> None:
+    """Add the tensors (matrices as qtype: F32, F16 or quantized by gguf.quants; vectors, and
+    those keep_f32 names, as F32) and write the file."""
+    import gguf
+    for name, data in weights.items():
+        if data.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32 or keep_f32(name, data):
+            writer.add_tensor(name, data)
+        elif qtype == gguf.GGMLQuantizationType.F16:
+            writer.add_tensor(name, data.astype(np.float16))
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
 
 
 def cache_dir() -> str:

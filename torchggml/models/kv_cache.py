@@ -1,11 +1,19 @@
 """The KV cache: per layer, K and V rows [n_embd_k_gqa, n_ctx] on the layer's device.
 
-Cells are used in order: the token at position p is stored in cell p, so a sequence of n
-tokens occupies cells [0, n). Graph builders write new rows with set_rows (converting F32 to
-the cache type: F16 by default, any of KV_TYPES when asked) and read the first n_kv cells back
-as [head_dim, n_kv, n_head_kv] views.
+One cache holds every sequence, as llama.cpp's unified cache does: each cell records the
+sequence and the position of the token stored there (-1: free). A batch takes the first free
+cells in order, so one sequence of n tokens occupies cells [0, n). A token attends to the cells
+of its own sequence at positions up to its own (within the sliding window where the layer has
+one): `mask` builds that from the cells. Graph builders write new rows with set_rows
+(converting F32 to the cache type: F16 by default, any of KV_TYPES when asked) and read the first
+n_kv cells back as [head_dim, n_kv, n_head_kv] views.
 """
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
 
 from ..alloc import backend_alloc_ctx_tensors_from_buft
 from ..backend.buffer import backend_buffer_clear
@@ -51,8 +59,10 @@ class KVCache:
         self.n_ctx = n_ctx
         self.type = kv_type
         self.head_dim_k, self.head_dim_v, self.n_head_kv = head_dim_k, head_dim_v, n_head_kv
-        self.n_past = 0  # cells in use
-        self.n_written = 0  # cells written since the last clear (the ones clear() zeroes)
+        self.cell_seq = torch.full((n_ctx,), -1, dtype=torch.int64)  # -1: free
+        self.cell_pos = torch.zeros(n_ctx, dtype=torch.int64)
+        self.seq_next: dict[int, int] = {}  # the next position of each sequence
+        self.written = torch.zeros(n_ctx, dtype=torch.bool)  # cells written since they were last zeroed
         self.k: list[Tensor] = []
         self.v: list[Tensor] = []
         self.buffers = []
@@ -71,25 +81,85 @@ class KVCache:
     def nbytes(self) -> int:
         return sum(b.size for b in self.buffers)
 
-    def clear(self) -> None:
-        """Forget every cell and zero the ones written since the last clear: masked cells are
-        still read (their softmax weight is 0, and 0 * NaN is NaN), so no old value may stay."""
-        self.zero_cells(0, self.n_written)
-        self.n_past = self.n_written = 0
+    @property
+    def n_past(self) -> int:
+        """Cells in use (tokens of every sequence)."""
+        return int((self.cell_seq >= 0).sum())
 
-    def zero_cells(self, start: int, end: int) -> None:
-        """Zero cells [start, end) of every layer's K and V."""
-        if end > start:
+    def seq_len(self, seq_id: int = 0) -> int:
+        """The next position of sequence seq_id (its tokens so far)."""
+        return self.seq_next.get(int(seq_id), 0)
+
+    def clear(self, seq_id: int | None = None) -> None:
+        """Forget every cell, or the cells of one sequence, and zero them: masked cells are still
+        read (their softmax weight is 0, and 0 * NaN is NaN), so no old value may stay."""
+        if seq_id is None:
+            self.zero_cells(torch.nonzero(self.written).flatten())
+            self.cell_seq.fill_(-1)
+            self.seq_next.clear()
+        else:
+            cells = torch.nonzero(self.cell_seq == int(seq_id)).flatten()
+            self.zero_cells(cells)
+            self.cell_seq[cells] = -1
+            self.seq_next.pop(int(seq_id), None)
+
+    def zero_cells(self, cells: torch.Tensor) -> None:
+        """Zero these cells of every layer's K and V (one memset per run of consecutive cells)."""
+        cells = torch.unique(cells)
+        if cells.numel() == 0:
+            return
+        breaks = torch.nonzero(cells[1:] != cells[:-1] + 1).flatten() + 1
+        for run in torch.tensor_split(cells, breaks):
+            start, end = int(run[0]), int(run[-1]) + 1
             for t in (*self.k, *self.v):
                 backend_tensor_memset(t, 0, start * t.nb[1], (end - start) * t.nb[1])
+        self.written[cells] = False
 
-    def n_kv_for(self, n_tokens: int) -> int:
-        """Cells a batch of n_tokens after n_past attends to, padded to KV_PAD (<= n_ctx)."""
-        need = self.n_past + n_tokens
-        if need > self.n_ctx:
+    def snapshot(self):
+        """The cells' state, for `restore` after a failed evaluation."""
+        return self.cell_seq.clone(), self.cell_pos.clone(), dict(self.seq_next)
+
+    def restore(self, snapshot) -> None:
+        """Back to `snapshot`, zeroing the cells written since (they may hold NaN)."""
+        seq, pos, seq_next = snapshot
+        self.zero_cells(torch.nonzero(self.written & (seq < 0)).flatten())
+        self.cell_seq, self.cell_pos, self.seq_next = seq, pos, seq_next
+
+    def plan(self, seq_ids: torch.Tensor) -> "KVBatch":
+        """Cells and positions for a batch of tokens (seq_ids[i]: token i's sequence, tokens of
+        a sequence in order), without changing the cache; ValueError when it is full."""
+        n_tokens = seq_ids.numel()
+        free = torch.nonzero(self.cell_seq < 0).flatten()
+        if free.numel() < n_tokens:
             raise ValueError(f"the KV cache is full: {self.n_past} tokens cached + {n_tokens} new > "
                              f"n_ctx={self.n_ctx} (call reset() or load the model with a larger n_ctx)")
-        return min(self.n_ctx, round_up(need, KV_PAD))
+        cells = free[:n_tokens]
+        positions = torch.empty(n_tokens, dtype=torch.int64)
+        next_pos = dict(self.seq_next)
+        for i, s in enumerate(seq_ids.tolist()):
+            positions[i] = next_pos.get(s, 0)
+            next_pos[s] = int(positions[i]) + 1
+        n_used = max(int(cells.max()) + 1, int(torch.nonzero(self.cell_seq >= 0).max()) + 1 if self.n_past else 0)
+        n_kv = min(self.n_ctx, round_up(n_used, KV_PAD))
+        return KVBatch(seq_ids.to(torch.int64), cells, positions, n_kv, next_pos)
+
+    def mark_written(self, batch: "KVBatch") -> None:
+        """The batch's cells are about to be written (so clear/restore will zero them)."""
+        self.written[batch.cells] = True
+
+    def commit(self, batch: "KVBatch") -> None:
+        """Record the batch's tokens in their cells (after its graph wrote them)."""
+        self.cell_seq[batch.cells] = batch.seq_ids
+        self.cell_pos[batch.cells] = batch.positions
+        self.seq_next = batch.seq_next
+
+    def mask(self, batch: "KVBatch", n_swa: int = 0) -> torch.Tensor:
+        """F16 [n_tokens, n_kv] (ggml ne [n_kv, n_tokens]): 0 where token i may attend to a cell
+        (its own sequence, a position up to its own; with a sliding window n_swa only positions
+        p0 with p - p0 < n_swa, llama.cpp's standard window), -inf elsewhere."""
+        seq, pos = self.cell_seq[:batch.n_kv].clone(), self.cell_pos[:batch.n_kv].clone()
+        seq[batch.cells], pos[batch.cells] = batch.seq_ids, batch.positions  # this batch's own cells
+        return attention_mask(batch.positions, pos, n_swa, seq[None, :] == batch.seq_ids[:, None])
 
     def store(self, ctx, il: int, k_cur: Tensor, v_cur: Tensor, kv_idx: Tensor, n_kv: int):
         """Write this batch's K and V rows into cells kv_idx and return views of the first n_kv
@@ -105,3 +175,28 @@ class KVCache:
     def _cells(self, ctx, cache: Tensor, head_dim: int, n_kv: int) -> Tensor:
         return view_3d(ctx, cache, head_dim, n_kv, self.n_head_kv,
                        cache.nb[1], row_size(self.type, head_dim), 0)
+
+
+def attention_mask(token_pos: torch.Tensor, cell_pos: torch.Tensor, n_swa: int = 0,
+                   same_seq: torch.Tensor | None = None) -> torch.Tensor:
+    """F16 [n_tokens, n_cells]: 0 where a token at token_pos[i] may attend to the cell holding
+    position cell_pos[j] (a position up to its own, of its own sequence when same_seq is given;
+    with a sliding window n_swa only p - p0 < n_swa), -inf elsewhere."""
+    p = token_pos[:, None]
+    visible = cell_pos[None, :] <= p
+    if same_seq is not None:
+        visible &= same_seq
+    if n_swa:
+        visible &= p - cell_pos[None, :] < n_swa
+    return torch.where(visible, 0.0, -math.inf).to(torch.float16)
+
+
+@dataclass
+class KVBatch:
+    """Where a batch's tokens go: their sequences, cells and positions, the cells the graph
+    attends to (n_kv, padded to KV_PAD) and each sequence's next position afterwards."""
+    seq_ids: torch.Tensor
+    cells: torch.Tensor
+    positions: torch.Tensor
+    n_kv: int
+    seq_next: dict

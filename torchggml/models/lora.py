@@ -84,7 +84,7 @@ class LoraAdapter:
                seed: int = 0) -> "LoraAdapter":
         """New adapters for `targets`: A uniform in +-1/sqrt(n_in), B zero (so the model's output
         is unchanged until B is trained); alpha defaults to rank (s = 1)."""
-        from .model import is_matmul_weight
+        from .builder import is_matmul_weight
         if int(rank) <= 0:
             raise ValueError(f"add_lora: rank must be positive, got {rank}")
         rank = int(rank)

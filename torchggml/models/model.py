@@ -5,23 +5,24 @@
     for text in model.generate("Once upon a time", max_tokens=32):
         print(text, end="")
 
-Threads: a Model may be shared between threads. eval, generate, reset and close are serialized
-by one lock per model, so calls from different threads run one after another (each result is
-what that call would give alone, with the cache as the previous call left it); hold
-`model.lock` to make a sequence of calls (reset, then eval) atomic. A generate()
-holds the lock from its first item until it is exhausted or closed: iterate it to the end (or
-close it) in the thread that started it.
+Threads: a Model may be shared between threads. eval, eval_batch, generate, reset and close are
+serialized by one lock per model, so calls from different threads run one after another (each
+result is what that call would give alone, with the cache as the previous call left it); hold
+`model.lock` to make a sequence of calls (reset, then eval) atomic. A generate() holds the lock
+from its first item until it is exhausted or closed: iterate it to the end (or close it) in the
+thread that started it.
 
 Non-finite logits: an eval whose logits contain NaN or inf raises NonFiniteLogitsError; the
-cache cells that batch wrote are zeroed and n_past is left where it was, so later calls are
-not poisoned. reset() zeroes every cell written since the last reset.
+cache cells that call wrote are zeroed and the cache is left as it was, so later calls are not
+poisoned. reset() zeroes every cell written since the last reset.
 
 close() frees the compute, KV and weight buffers and closes the file's mapping; a later eval,
 generate or reset raises ModelClosedError.
 
-Placement: every layer (its weights and its KV cache) lives on one device. On one device the
-graph is planned by gallocr and run by that device's backend; across several devices the
-scheduler (backend_sched) splits it and copies activations between them.
+Placement: every layer (its weights and its KV cache) lives on one device. The scheduler
+(backend_sched) runs every graph, as llama.cpp does: on one device the graph is one split; across
+several devices it is cut where the device changes and activations are copied between them.
+The architecture (models/archs/) says which keys and tensors the file has and builds the graph.
 """
 from __future__ import annotations
 
@@ -34,16 +35,20 @@ from typing import Iterable, Iterator, Sequence
 
 import torch
 
-from ..backend.backend import (backend_graph_plan_create, backend_graph_plan_free,
-                               backend_graph_plan_compute, backend_free, backend_synchronize)
+from ..backend.backend import backend_free
 from ..backend.device import Device, DeviceType
-from ..backend.backend import backend_tensor_set_async
+from ..backend.sched import (backend_sched_new, backend_sched_reserve, backend_sched_reset, backend_sched_free,
+                             backend_sched_alloc_graph, backend_sched_graph_compute)
 from ..backend.tensor_io import backend_tensor_set, backend_tensor_get
 from ..context import Context
 from ..gguf import GGUFFile, load_weights
 from ..types import is_quantized
+from .archs import arch_for
+from .builder import (Arch, GraphBuilder, ModelGraph, Weights, graph_size, is_matmul_weight, is_output_tensor,
+                      tensor_layer)
+from .hparams import HParams, read_hparams
 from .kv_cache import KVCache, kv_type_from_name
-from .llama import HParams, LlamaWeights, LlamaGraph, build_graph, graph_size, tensor_layer
+from .params import ModelParams
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +201,7 @@ class ModelClosedError(RuntimeError):
 
 
 class NonFiniteLogitsError(FloatingPointError):
-    """An eval produced NaN or inf logits (its cache cells were zeroed, n_past not advanced)."""
+    """An eval produced NaN or inf logits (its cache cells were zeroed, the cache restored)."""
 
 
 @dataclass
@@ -218,12 +223,13 @@ class Timings:
 class Model:
     """A loaded model. Use torchggml.load_model to make one."""
 
-    def __init__(self, file: GGUFFile, tokenizer, hp: HParams | None = None, weights=None,
-                 placement: Placement | None = None, n_ctx: int = 0, n_batch: int = 512,
-                 flash_attn: bool = False, kv_type="f16", n_threads: int | None = None):
+    def __init__(self, file: GGUFFile, tokenizer, params: ModelParams, arch: Arch | None = None,
+                 hp: HParams | None = None, weights=None, placement: Placement | None = None):
         self.file = file
         self.path = file.path
         self._tokenizer = tokenizer  # None: read from the file on first use
+        self.params = params
+        self.arch = arch
         self.hp = hp
         self.vocab_only = hp is None
         self.timings = Timings()
@@ -234,58 +240,50 @@ class Model:
         if self.vocab_only:
             return
         self.weights = weights
-        self.w = LlamaWeights.from_tensors(hp, weights.tensors, file.path)
+        self.w = Weights(weights.tensors, file.path)
+        arch.load_weights(self.w, hp)
         self.placement = placement
-        self.n_ctx = n_ctx
-        self.n_batch = n_batch
-        self.flash_attn = flash_attn
-        self.kv_type = kv_type_from_name(kv_type)
-        if is_quantized(self.kv_type) and not flash_attn:
-            raise ValueError(f"kv_type {kv_type!r} needs flash_attn=True: without flash attention the "
+        self.n_ctx = min(hp.n_ctx_train, DEFAULT_MAX_CTX) if not params.n_ctx else int(params.n_ctx)
+        self.n_batch = int(params.n_batch)
+        self.flash_attn = bool(params.flash_attn)
+        self.kv_type = kv_type_from_name(params.kv_type)
+        if is_quantized(self.kv_type) and not self.flash_attn:
+            raise ValueError(f"kv_type {params.kv_type!r} needs flash_attn=True: without flash attention the "
                              f"V cache is read transposed, which a block-quantized cache cannot do")
-        self.kv = KVCache(hp.n_layer, n_ctx, hp.head_dim_k, hp.head_dim_v, hp.n_head_kv, self.kv_type,
+        self.kv = KVCache(hp.n_layer, self.n_ctx, hp.head_dim_k, hp.head_dim_v, hp.n_head_kv, self.kv_type,
                           [d.get_buffer_type() for d in placement.layers])
         self.lora = None  # a LoraAdapter applied to every graph (add_lora / load_lora)
-        self._setup_compute(n_threads)
+        self._setup_compute(params.n_threads)
 
     # ------------------------------------------------------------ compute setup
 
     def _setup_compute(self, n_threads: int | None) -> None:
+        """One scheduler over the placement's devices and the CPU (always its last backend, where
+        the inputs live); a single device gives one split."""
         devices = self.placement.devices
-        if not self.placement.single and devices[-1].get_type() != DeviceType.CPU:
-            devices.append(cpu_device())  # the scheduler runs inputs on the CPU, its last backend
+        if devices[-1].get_type() != DeviceType.CPU:
+            devices.append(cpu_device())
         self.backends = [d.init_backend() for d in devices]
         if n_threads is not None:
             for b in self.backends:
                 if hasattr(b, "set_n_threads"):
                     b.set_n_threads(n_threads)
-        self._graph: LlamaGraph | None = None
+        self._graph: ModelGraph | None = None
         self._ctx: Context | None = None
-        self._plan = None
-        if self.placement.single:
-            from ..alloc import gallocr_new, gallocr_reserve
-            self.sched = None
-            self.backend = self.backends[0]
-            self.galloc = gallocr_new(self.backend.get_default_buffer_type())
-            reserve = gallocr_reserve
-        else:
-            from ..backend.sched import backend_sched_new, backend_sched_reserve
-            self.backend = None
-            self.galloc = None
-            self.sched = backend_sched_new(self.backends, None, graph_size(self.hp), False, True)
-            reserve = backend_sched_reserve
+        self.sched = backend_sched_new(self.backends, None, graph_size(self.hp), False, True)
         # plan the compute buffers for the largest micro-batch once, as llama.cpp does
         worst = self._build(min(self.n_batch, self.n_ctx), self.n_ctx)
-        if not reserve(self.galloc or self.sched, worst.graph):
+        if not backend_sched_reserve(self.sched, worst.graph):
             raise MemoryError(f"{self.path}: cannot allocate the compute buffers")
 
-    def _build(self, n_tokens: int, n_kv: int) -> LlamaGraph:
+    def _build(self, n_tokens: int, n_kv: int) -> ModelGraph:
         self._ctx = Context(no_alloc=True)
         return self.build_graph(self._ctx, n_tokens, n_kv)
 
-    def build_graph(self, ctx: Context, n_tokens: int, n_kv: int) -> LlamaGraph:
-        """The forward graph of n_tokens attending to n_kv cache cells, LoRA included."""
-        g = build_graph(ctx, self.hp, self.w, self.kv, n_tokens, n_kv, self.flash_attn)
+    def build_graph(self, ctx: Context, n_tokens: int, n_kv: int) -> ModelGraph:
+        """The architecture's forward graph of n_tokens attending to n_kv cache cells, LoRA included."""
+        b = GraphBuilder(ctx, self.hp, self.kv, n_tokens, n_kv, self.flash_attn)
+        g = b.finish(self.arch.build(b, self.w))
         if self.lora is not None:
             replaced = self.lora.apply(ctx, g.graph)
             g.logits = replaced.get(id(g.logits), g.logits)
@@ -318,25 +316,15 @@ class Model:
         self._graph = None  # the next eval builds (and allocates) a graph with the adapter
         return adapter
 
-    def _graph_for(self, n_tokens: int, n_kv: int) -> LlamaGraph:
+    def _graph_for(self, n_tokens: int, n_kv: int) -> ModelGraph:
         """The allocated graph for this shape. When the shape repeats (decode steps) the previous
         graph is reused as it is: its tensors keep their addresses, so only the inputs change."""
         g = self._graph
         if g is not None and g.n_tokens == n_tokens and g.n_kv == n_kv:
             return g
-        if self._plan is not None:
-            backend_graph_plan_free(self.backend, self._plan)
-            self._plan = None
         g = self._graph = self._build(n_tokens, n_kv)
-        if self.sched is not None:
-            from ..backend.sched import backend_sched_reset, backend_sched_alloc_graph
-            backend_sched_reset(self.sched)
-            ok = backend_sched_alloc_graph(self.sched, g.graph)
-        else:
-            from ..alloc import gallocr_alloc_graph
-            ok = gallocr_alloc_graph(self.galloc, g.graph)
-            self._plan = backend_graph_plan_create(self.backend, g.graph) if ok else None
-        if not ok:
+        backend_sched_reset(self.sched)
+        if not backend_sched_alloc_graph(self.sched, g.graph):
             self._graph = None
             raise MemoryError(f"{self.path}: cannot allocate the graph for {n_tokens} tokens")
         return g
@@ -349,7 +337,7 @@ class Model:
 
     @property
     def n_past(self) -> int:
-        """Tokens in the KV cache."""
+        """Tokens in the KV cache (of every sequence)."""
         self._require_weights("n_past")
         return self.kv.n_past
 
@@ -359,68 +347,87 @@ class Model:
         if self.vocab_only:
             raise RuntimeError(f"{what}: {self.path} was loaded with vocab_only=True (no weights)")
 
-    def reset(self) -> None:
-        """Empty the KV cache (zeroing the cells used): the next eval starts at position 0."""
+    def reset(self, seq_id: int | None = None) -> None:
+        """Empty the KV cache (or forget one sequence), zeroing the cells: the next eval of it
+        starts at position 0."""
         with self.lock:
             self._require_weights("reset")
-            self.kv.clear()
+            self.kv.clear(seq_id)
 
-    def eval(self, tokens) -> torch.Tensor:
-        """Run `tokens` (after the cached ones) and return their logits, float32 [len(tokens), n_vocab].
-        The prompt is processed in micro-batches of n_batch tokens. NonFiniteLogitsError when
-        the logits are not all finite (the cache is then left as it was before this call)."""
-        with self.lock:
-            self._require_weights("eval")
-            return self._eval(tokens)
-
-    def _eval(self, tokens) -> torch.Tensor:
+    def _token_ids(self, tokens) -> torch.Tensor:
         if not isinstance(tokens, torch.Tensor):
             tokens = list(tokens)
         ids = torch.as_tensor(tokens, dtype=torch.int64).reshape(-1)
-        if ids.numel() == 0:
-            return torch.empty(0, self.n_vocab)
         bad = (ids < 0) | (ids >= self.n_vocab)
         if bool(bad.any()):
             raise ValueError(f"eval: token id {int(ids[bad][0])} is outside the vocabulary [0, {self.n_vocab})")
-        self.kv.n_kv_for(ids.numel())  # raises early when the cache cannot hold them all
+        return ids
+
+    def eval(self, tokens, seq_id: int = 0) -> torch.Tensor:
+        """Run `tokens` (after the cached ones of sequence seq_id) and return their logits, float32
+        [len(tokens), n_vocab]. The prompt is processed in micro-batches of n_batch tokens.
+        NonFiniteLogitsError when the logits are not all finite (the cache is then left as it
+        was before this call)."""
+        with self.lock:
+            self._require_weights("eval")
+            ids = self._token_ids(tokens)
+            return self._eval_tokens(ids, torch.full_like(ids, int(seq_id)))
+
+    def eval_batch(self, sequences, seq_ids: Sequence[int] | None = None) -> list[torch.Tensor]:
+        """Run several sequences at once, each after its own cached tokens (one KV cache holds
+        them all, as llama.cpp's unified cache does): sequences[i] continues sequence seq_ids[i]
+        (default i). Returns each one's logits, [len(sequences[i]), n_vocab]."""
+        with self.lock:
+            self._require_weights("eval_batch")
+            return self._eval_batch(sequences, seq_ids)
+
+    def _eval_batch(self, sequences, seq_ids) -> list[torch.Tensor]:
+        seq_ids = list(range(len(sequences))) if seq_ids is None else [int(s) for s in seq_ids]
+        if len(seq_ids) != len(sequences) or len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(f"eval_batch: {len(sequences)} sequences need as many distinct seq_ids, got {seq_ids}")
+        ids = [self._token_ids(t) for t in sequences]
+        flat = torch.cat(ids) if ids else torch.empty(0, dtype=torch.int64)
+        seqs = torch.cat([torch.full_like(t, s) for t, s in zip(ids, seq_ids)]) if ids else flat
+        return list(self._eval_tokens(flat, seqs).split([t.numel() for t in ids]))
+
+    def _eval_tokens(self, ids: torch.Tensor, seq_ids: torch.Tensor) -> torch.Tensor:
+        if ids.numel() == 0:
+            return torch.empty(0, self.n_vocab)
+        self.kv.plan(seq_ids)  # raises early when the cache cannot hold them all
         out = torch.empty(ids.numel(), self.n_vocab)
-        n_past = self.kv.n_past
+        before = self.kv.snapshot()
         for start in range(0, ids.numel(), self.n_batch):
-            chunk = ids[start: start + self.n_batch]
-            logits = out[start: start + chunk.numel()]
-            logits[:] = self._eval_ubatch(chunk)
-            if not bool(torch.isfinite(logits).all()):
+            end = start + self.n_batch
+            logits = out[start: end]
+            logits[:] = self._eval_ubatch(ids[start: end], seq_ids[start: end])
+            finite = torch.isfinite(logits).all(dim=1)
+            if not bool(finite.all()):
                 # the cells written may hold NaN: zero them so no later call can read them
-                self.kv.zero_cells(n_past, self.kv.n_written)
-                self.kv.n_past = n_past
-                bad = int((~torch.isfinite(logits)).any(dim=1).nonzero()[0]) + start
+                self.kv.restore(before)
+                bad = int((~finite).nonzero()[0]) + start
+                n_past = self.kv.seq_len(int(seq_ids[bad])) + int((seq_ids[:bad] == seq_ids[bad]).sum())
                 raise NonFiniteLogitsError(f"{self.path}: eval produced non-finite logits (first at token "
-                                           f"{bad}, position {n_past + bad}); the cache was restored to "
-                                           f"{n_past} tokens")
+                                           f"{bad}, position {n_past}); the cache was restored to "
+                                           f"{self.kv.n_past} tokens")
         return out
 
-    def _eval_ubatch(self, ids: torch.Tensor) -> torch.Tensor:
-        n_tokens, n_past = ids.numel(), self.kv.n_past
-        n_kv = self.kv.n_kv_for(n_tokens)
-        g = self._graph_for(n_tokens, n_kv)
-        self.kv.n_written = max(self.kv.n_written, n_past + n_tokens)  # before compute writes them
-        pos = torch.arange(n_past, n_past + n_tokens)
-        inputs = ((g.tokens, ids.to(torch.int32)), (g.positions, pos.to(torch.int32)), (g.kv_idx, pos),
-                  (g.mask, causal_mask(n_past, n_tokens, n_kv)))
-        for tensor, value in inputs:
-            if self.sched is not None:
-                backend_tensor_set(tensor, value)  # the scheduler keeps inputs in CPU memory
-            else:
-                backend_tensor_set_async(self.backend, tensor, value)  # ordered on the backend's stream
-        if self.sched is not None:
-            from ..backend.sched import backend_sched_graph_compute
-            status = backend_sched_graph_compute(self.sched, g.graph)
-        else:
-            status = backend_graph_plan_compute(self.backend, self._plan)
-            backend_synchronize(self.backend)  # accelerator backends compute asynchronously
+    def _eval_ubatch(self, ids: torch.Tensor, seq_ids: torch.Tensor) -> torch.Tensor:
+        batch = self.kv.plan(seq_ids)
+        n_tokens = ids.numel()
+        g = self._graph_for(n_tokens, batch.n_kv)
+        # the scheduler keeps user inputs in CPU memory and copies them where they are read
+        backend_tensor_set(g.tokens, ids.to(torch.int32))
+        backend_tensor_set(g.positions, batch.positions.to(torch.int32))
+        backend_tensor_set(g.kv_idx, batch.cells)
+        for window, mask in g.masks.items():
+            backend_tensor_set(mask, self.kv.mask(batch, window))
+        for tensor, values in g.position_inputs:
+            backend_tensor_set(tensor, values(batch.positions))
+        self.kv.mark_written(batch)
+        status = backend_sched_graph_compute(self.sched, g.graph)
         if int(status) != 0:
             raise RuntimeError(f"{self.path}: graph compute failed with status {status!r}")
-        self.kv.n_past += n_tokens
+        self.kv.commit(batch)
         return backend_tensor_get(g.logits).reshape(n_tokens, self.n_vocab)
 
     # ------------------------------------------------------------ text
@@ -497,14 +504,47 @@ class Model:
         if rest:
             yield rest
 
+    def generate_batch(self, prompts, max_tokens: int = 128, temperature: float = 0.8, top_k: int = 40,
+                       top_p: float = 0.95, seed: int | None = None) -> list[str]:
+        """The text of up to max_tokens sampled tokens after each prompt (texts, or lists of token
+        ids), generated together: the prompts in one batch, then one batch per step holding the
+        next token of every sequence still going (a sequence stops at an end-of-generation
+        token). The KV cache starts empty."""
+        with self.lock:
+            self._require_weights("generate_batch")
+            return self._generate_batch(prompts, max_tokens, temperature, top_k, top_p, seed)
+
+    def _generate_batch(self, prompts, max_tokens, temperature, top_k, top_p, seed) -> list[str]:
+        ids = [self.tokenize(p) if isinstance(p, str) else [int(i) for i in p] for p in prompts]
+        if not ids or any(not p for p in ids):
+            raise ValueError("generate_batch: give at least one prompt, each with tokens")
+        gen = torch.Generator().manual_seed(seed if seed is not None else torch.seed() & 0xFFFFFFFF)
+        self.reset()
+        out: list[list[int]] = [[] for _ in ids]
+        live = list(range(len(ids)))
+        logits = [x[-1] for x in self.eval_batch(ids)]
+        for _ in range(max_tokens):
+            tokens = [sample_token(row, temperature, top_k, top_p, gen) for row in logits]
+            going = [(s, t) for s, t in zip(live, tokens) if not self.tokenizer.is_eog(t)]
+            for s, t in going:
+                out[s].append(t)
+            live = [s for s, _ in going]
+            if not live or self.n_past + len(live) > self.n_ctx:
+                break
+            logits = [x[0] for x in self.eval_batch([[out[s][-1]] for s in live], seq_ids=live)]
+        return [self.detokenize(o) for o in out]
+
     # ------------------------------------------------------------ misc
 
     def describe(self) -> str:
         if self.vocab_only:
             return f"{self.path}: vocabulary only ({self.tokenizer!r})"
         hp = self.hp
+        extras = "".join([f", {hp.n_expert} experts ({hp.n_expert_used} used)" if hp.n_expert else "",
+                          f", sliding window {hp.n_swa} on {sum(hp.swa_layers)} layers" if any(hp.swa_layers) else "",
+                          f", rope scaling {hp.rope_scaling}" if hp.rope_freq_scale != 1.0 or hp.yarn_ext_factor else ""])
         return (f"{self.path}: {hp.arch}, {hp.n_layer} layers, n_embd {hp.n_embd}, {hp.n_head} heads "
-                f"({hp.n_head_kv} KV), n_vocab {hp.n_vocab}; n_ctx {self.n_ctx}, n_batch {self.n_batch}, "
+                f"({hp.n_head_kv} KV), n_vocab {hp.n_vocab}{extras}; n_ctx {self.n_ctx}, n_batch {self.n_batch}, "
                 f"KV {self.kv_type.name}{', flash attention' if self.flash_attn else ''}; "
                 f"{self.placement.describe()}")
 
@@ -520,15 +560,7 @@ class Model:
             self.file.close()
 
     def _free_compute(self) -> None:
-        if self._plan is not None:
-            backend_graph_plan_free(self.backend, self._plan)
-            self._plan = None
-        if self.galloc is not None:
-            from ..alloc import gallocr_free
-            gallocr_free(self.galloc)
-        if self.sched is not None:
-            from ..backend.sched import backend_sched_free
-            backend_sched_free(self.sched)
+        backend_sched_free(self.sched)
         for b in self.kv.buffers:
             b.free()
         if self.lora is not None:
@@ -537,16 +569,7 @@ class Model:
         for b in self.backends:
             backend_free(b)
         # drop every tensor that views the freed memory, so the file's mapping can close
-        self._graph = self._ctx = self.w = self.weights = self.kv = self.sched = self.galloc = None
-
-
-# weights read only as MUL_MAT's src0 (token_embd is also read by GET_ROWS, norms by MUL)
-MATMUL_WEIGHTS = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
-                  "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
-
-
-def is_matmul_weight(name: str) -> bool:
-    return name == "output.weight" or (tensor_layer(name) is not None and name.endswith(MATMUL_WEIGHTS))
+        self._graph = self._ctx = self.w = self.weights = self.kv = self.sched = None
 
 
 def extra_buffer_types(device: Device) -> list:
@@ -557,34 +580,22 @@ def extra_buffer_types(device: Device) -> list:
     return [b for b in (get(device) if get is not None else []) if hasattr(b, "supports_weight")]
 
 
-def causal_mask(n_past: int, n_tokens: int, n_kv: int) -> torch.Tensor:
-    """F16 [n_tokens, n_kv] (ggml ne [n_kv, n_tokens]): token i (position n_past + i) sees cells
-    0..n_past + i."""
-    cells = torch.arange(n_kv)[None, :]
-    pos = torch.arange(n_past, n_past + n_tokens)[:, None]
-    return torch.where(cells <= pos, 0.0, -math.inf).to(torch.float16)
-
-
-def load(path, devices=None, n_gpu_layers: int | None = None, n_ctx: int | None = None, n_batch: int = 512,
-         flash_attn: bool = False, kv_type="f16", vocab_only: bool = False,
-         tensor_split: Sequence[float] | None = None, n_threads: int | None = None,
-         progress: bool = True, repack: bool = True, check_tensors: bool = False,
-         tensor_parallel=None) -> Model:
+def load(path, params: ModelParams | None = None, **options) -> Model:
     """See torchggml.load_model."""
     from ..gguf import open_gguf
+    params = (params or ModelParams()).with_options(**options)
     file = open_gguf(path)  # the tokenizer is built from it on first use
-    if vocab_only:
-        return Model(file, None)
-    hp = HParams.from_gguf(file)
-    n_ctx = min(hp.n_ctx_train, DEFAULT_MAX_CTX) if not n_ctx else int(n_ctx)
-    if n_ctx <= 0 or n_batch <= 0:
-        raise ValueError(f"n_ctx ({n_ctx}) and n_batch ({n_batch}) must be positive")
-    if tensor_parallel is not None:
-        if devices is not None or n_gpu_layers is not None or tensor_split is not None:
+    if params.vocab_only:
+        return Model(file, None, params)
+    arch = arch_for(file.arch, file.path)
+    hp = read_hparams(file, arch)
+    devices = params.devices
+    if params.tensor_parallel is not None:
+        if devices is not None or params.n_gpu_layers is not None or params.tensor_split is not None:
             raise ValueError("tensor_parallel replaces devices, n_gpu_layers and tensor_split: give only it")
         from .tensor_parallel import tensor_parallel_device
-        devices = [tensor_parallel_device(file, hp, tensor_parallel, kv_type_from_name(kv_type))]
-    placement = plan_placement(hp.n_layer, devices, n_gpu_layers, tensor_split)
+        devices = [tensor_parallel_device(file, hp, params.tensor_parallel, kv_type_from_name(params.kv_type))]
+    placement = plan_placement(hp.n_layer, devices, params.n_gpu_layers, params.tensor_split)
 
     def device_of(name: str) -> Device:
         il = tensor_layer(name)
@@ -592,18 +603,18 @@ def load(path, devices=None, n_gpu_layers: int | None = None, n_ctx: int | None 
             if il >= hp.n_layer:
                 raise ValueError(f"{path}: tensor {name!r} belongs to layer {il}, but the model has {hp.n_layer}")
             return placement.layers[il]
-        if name.startswith("output"):
+        if is_output_tensor(name):
             return placement.output
         return placement.input
 
     def buft_of(name: str):
         device = device_of(name)
-        if repack and is_matmul_weight(name):
+        if params.repack and is_matmul_weight(name):
             info = file.tensor_info(name)
             for extra in extra_buffer_types(device):
                 if extra.supports_weight(info.type, info.ne):
                     return extra
         return device.get_buffer_type()
 
-    weights = load_weights(file, buft_of, progress=progress, check_values=check_tensors)
-    return Model(file, None, hp, weights, placement, n_ctx, int(n_batch), bool(flash_attn), kv_type, n_threads)
+    weights = load_weights(file, buft_of, progress=params.progress, check_values=params.check_tensors)
+    return Model(file, None, params, arch, hp, weights, placement)

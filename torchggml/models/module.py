@@ -22,7 +22,7 @@ import torch
 
 from ..interop import to_torch
 from ..types import type_traits
-from .kv_cache import KV_PAD
+from .kv_cache import KV_PAD, attention_mask
 
 
 class QuantizedWeight(torch.Tensor):
@@ -145,19 +145,18 @@ class GGMLModule(torch.nn.Module):
         else:
             from ..context import Context
             from ..torch_integration import graph_function
+            from ..backend.sched import backend_sched_new
+            from .builder import graph_size
             model = self.model
             ctx = Context(no_alloc=True)
             g = model.build_graph(ctx, n_tokens, n_kv)
-            if model.sched is None:
-                target = model.backend
-            else:
-                from ..backend.sched import backend_sched_new
-                from .llama import graph_size
-                target = backend_sched_new(model.backends, None, graph_size(model.hp) * 2, False, True)
+            target = backend_sched_new(model.backends, None, graph_size(model.hp) * 2, False, True)
             params = model.lora.tensors() if model.lora is not None else []
-            fn = graph_function(g.graph, [g.tokens, g.positions, g.kv_idx, g.mask], [g.logits], target, params,
-                                read_weight=self._read_weight)
+            inputs = [g.tokens, g.positions, g.kv_idx, *g.masks.values(), *(t for t, _ in g.position_inputs)]
+            fn = graph_function(g.graph, inputs, [g.logits], target, params, read_weight=self._read_weight)
             fn.ctx = ctx  # the graph's tensors live as long as the function
+            fn.windows = list(g.masks)  # the masks' sliding windows (0: causal), in input order
+            fn.position_values = [values for _, values in g.position_inputs]
             self._functions[key] = fn
             if len(self._functions) > self.MAX_GRAPHS:
                 self._functions.popitem(last=False)  # freed when no autograd graph needs it
@@ -188,11 +187,12 @@ class GGMLModule(torch.nn.Module):
         if int(tokens.min()) < 0 or int(tokens.max()) >= model.n_vocab:
             raise ValueError(f"forward: token ids must lie in [0, {model.n_vocab})")
         n_kv = min(model.n_ctx, -(-top // KV_PAD) * KV_PAD)
-        cells = torch.arange(n_kv)[None, :]
-        mask = torch.where(cells <= positions.cpu()[:, None], 0.0, float("-inf")).to(torch.float16)
         fn = self._function(n, n_kv)
+        pos = positions.cpu()
+        masks = [attention_mask(pos, torch.arange(n_kv), window) for window in fn.windows]
+        extra = [values(pos) for values in fn.position_values]
         pos32 = positions.to(torch.int32)
-        logits = fn(tokens.to(torch.int32), pos32, positions.to(torch.int64), mask, params=self._lora_params)
+        logits = fn(tokens.to(torch.int32), pos32, positions.to(torch.int64), *masks, *extra, params=self._lora_params)
         return logits.reshape(n, model.n_vocab)
 
     # ------------------------------------------------------------ devices

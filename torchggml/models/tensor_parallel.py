@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from ..backend.meta_split import MetaSplitState, SplitAxis, split_evenly
 from ..types import blck_size
-from .llama import HParams, tensor_layer
+from .builder import tensor_layer
+from .hparams import HParams
 
 ATTN_COLS = ("attn_q.weight", "attn_k.weight", "attn_v.weight")
 ATTN_BIAS = ("attn_q.bias", "attn_k.bias", "attn_v.bias")

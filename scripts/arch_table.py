@@ -1,0 +1,55 @@
+"""The table of architectures x weight types against llama.cpp's logits (tests/data/archs): the
+relative L2 error and the argmax agreement of torchggml's logits, evaluated in one batch and as
+a prompt followed by decode steps, flash attention off and on.
+
+    python scripts/arch_table.py [--device CPU]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+DATA = ROOT / "tests" / "data" / "archs"
+
+
+def main(argv=None) -> int:
+    from torchggml.models import load_model
+    from torchggml.models.tiny import CASES_BY_NAME, file_sha256, write_tiny_model
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="CPU")
+    args = p.parse_args(argv)
+    manifest = json.loads((DATA / "manifest.json").read_text())
+    print(f"| architecture (case) | weights | FA | rel. L2 batch | rel. L2 steps | argmax batch | argmax steps |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    with tempfile.TemporaryDirectory() as tmp:
+        for key, e in manifest.items():
+            case = CASES_BY_NAME[e["case"]]
+            path = write_tiny_model(Path(tmp) / f"{key}.gguf", case, e["weights"])
+            if file_sha256(path) != e["sha256"]:
+                print(f"{key}: the regenerated file differs from the reference's", file=sys.stderr)
+                continue
+            ref = np.load(DATA / e["logits"])
+            for fa in (False, True):
+                model = load_model(path, devices=[args.device], n_ctx=e["n_ctx"], flash_attn=fa, progress=False)
+                batch = model.eval(e["tokens"]).numpy()
+                model.reset()
+                t = e["tokens"]
+                steps = torch.cat([model.eval(t[:case.n_prompt])] + [model.eval([x]) for x in t[case.n_prompt:]]).numpy()
+                model.close()
+                errs = [np.linalg.norm(o - ref) / np.linalg.norm(ref) for o in (batch, steps)]
+                agree = [(o.argmax(1) == ref.argmax(1)).mean() for o in (batch, steps)]
+                print(f"| {e['arch']} ({e['case']}) | {e['weights']} | {'on' if fa else 'off'} | {errs[0]:.1e} | "
+                      f"{errs[1]:.1e} | {agree[0]:.2f} | {agree[1]:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

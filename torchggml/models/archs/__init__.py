@@ -1,0 +1,18 @@
+"""The architectures, one file each; ARCHS maps a GGUF `general.architecture` to its Arch."""
+from __future__ import annotations
+
+from ..builder import Arch
+from . import gemma, gpt_oss, llama, mistral3, parallel, phi3, qwen
+
+ARCHS: dict[str, Arch] = {}
+for _module in (llama, mistral3, qwen, gemma, phi3, gpt_oss, parallel):
+    for _arch in _module.ARCHS:
+        for _name in _arch.names:
+            ARCHS[_name] = _arch
+
+
+def arch_for(name: str, path: str = "model") -> Arch:
+    from ...gguf import GGUFError
+    if name not in ARCHS:
+        raise GGUFError(f"{path}: architecture {name!r} is not supported (supported: {', '.join(sorted(ARCHS))})")
+    return ARCHS[name]

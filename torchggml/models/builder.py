@@ -1,0 +1,438 @@
+"""The shared pieces of every architecture's graph, written once: inputs, norms, projections,
+rotary embedding, attention over the KV cache (with sliding windows, soft-capping, sinks),
+gated feed-forward and mixture-of-experts feed-forward, the output head.
+
+An architecture (models/archs/*.py) is an `Arch` subclass: the keys it reads, the tensors it
+loads and a `build` method that strings these pieces together, as llama.cpp's src/models do.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import torch
+
+from .. import ops
+from ..context import new_tensor_1d, new_tensor_2d, new_tensor_3d
+from ..gguf import GGUFError
+from ..graph import CGraph, new_graph_custom, build_forward_expand
+from ..tensor import Tensor, set_name, set_input, set_output
+from ..types import Type
+from .hparams import HParams, KeyReader
+from .kv_cache import KVCache
+
+
+# ---------------------------------------------------------------- weights
+
+class Layer(dict):
+    """One layer's tensors by llama.cpp name ("attn_q", "attn_q_b" for the bias...); a tensor the
+    file does not have reads as None."""
+    __getattr__ = dict.get
+
+    def __missing__(self, key):
+        return None
+
+
+class Weights:
+    """The model's tensors by llama.cpp name, shape-checked: token_embd, output_norm, output
+    (token_embd when the file ties them), rope factors, and `layers`."""
+
+    def __init__(self, tensors: dict, path: str):
+        self.tensors, self.path = tensors, path
+        self.layers: list[Layer] = []
+        self.globals = Layer()
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self.__dict__["globals"].get(name)
+
+    def get(self, name: str, ne, required: bool = True) -> Tensor | None:
+        t = self.tensors.get(name)
+        if t is None:
+            if required:
+                raise GGUFError(f"{self.path}: tensor {name!r} is missing")
+            return None
+        if list(t.ne[:len(ne)]) != [int(n) for n in ne] or any(n != 1 for n in t.ne[len(ne):]):
+            raise GGUFError(f"{self.path}: tensor {name!r} has shape {t.ne[:len(ne)]}, expected {list(ne)}")
+        return t
+
+    def add(self, key: str, name: str, ne, required: bool = True, layer: Layer | None = None) -> Tensor | None:
+        t = self.get(name, ne, required)
+        (self.globals if layer is None else layer)[key] = t
+        return t
+
+
+class LayerLoader:
+    """Adds layer il's tensors: `L.weight("attn_q", ne)` reads blk.il.attn_q.weight into layer.attn_q,
+    `L.bias("attn_q", ne)` the optional blk.il.attn_q.bias into layer.attn_q_b."""
+
+    def __init__(self, w: Weights, il: int):
+        self.w, self.il, self.layer = w, il, Layer()
+
+    def weight(self, name: str, ne, required: bool = True):
+        return self.w.add(name, f"blk.{self.il}.{name}.weight", ne, required, self.layer)
+
+    def bias(self, name: str, ne, required: bool = False):
+        return self.w.add(name + "_b", f"blk.{self.il}.{name}.bias", ne, required, self.layer)
+
+    def has(self, name: str) -> bool:
+        return f"blk.{self.il}.{name}.weight" in self.w.tensors
+
+
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.")
+
+
+def tensor_layer(name: str) -> int | None:
+    """The layer a weight belongs to ("blk.3.attn_q.weight" -> 3), None for the others."""
+    m = _LAYER_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def is_output_tensor(name: str) -> bool:
+    """The output head's tensors (output.weight, output_norm.*), placed with the output."""
+    return name.startswith("output")
+
+
+# weights read only as MUL_MAT's src0 (token_embd is also read by GET_ROWS, norms by MUL, experts
+# by MUL_MAT_ID): the ones an extra buffer type (CPU_REPACK) may store in its own layout
+MATMUL_WEIGHTS = tuple(f"{n}.weight" for n in (
+    "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
+    "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"))
+
+
+def is_matmul_weight(name: str) -> bool:
+    return name == "output.weight" or (tensor_layer(name) is not None and name.endswith(MATMUL_WEIGHTS))
+
+
+# the tensor groups architectures share
+
+def load_output(w: Weights, hp: HParams, tied_required: bool = False) -> None:
+    """token_embd, output_norm, and output (token_embd when absent, as llama.cpp duplicates it)."""
+    e = hp.n_embd
+    w.add("token_embd", "token_embd.weight", [e, hp.n_vocab])
+    w.add("output_norm", "output_norm.weight", [e])
+    w.add("output_norm_b", "output_norm.bias", [e], required=False)
+    out = w.add("output", "output.weight", [e, hp.n_vocab], required=tied_required)
+    if out is None:
+        w.globals["output"] = w.token_embd
+
+
+def load_attention(L: LayerLoader, hp: HParams, qk_norm: bool = False, qk_norm_per_head: bool = False) -> None:
+    """attn_norm (optional bias); attn_q/k/v (or a fused attn_qkv) with optional biases; q/k norms
+    shared by the heads ([head_dim], required when qk_norm) or one per head ([head_dim, n_head],
+    optional, with qk_norm_per_head); attn_output with an optional bias."""
+    q, k, v = hp.head_dim_k * hp.n_head, hp.n_embd_k_gqa, hp.n_embd_v_gqa
+    L.weight("attn_norm", [hp.n_embd])
+    L.bias("attn_norm", [hp.n_embd])
+    if L.has("attn_qkv"):
+        L.weight("attn_qkv", [hp.n_embd, q + k + v])
+        L.bias("attn_qkv", [q + k + v])
+    else:
+        for name, n in (("attn_q", q), ("attn_k", k), ("attn_v", v)):
+            L.weight(name, [hp.n_embd, n])
+            L.bias(name, [n])
+    per_head = qk_norm_per_head
+    L.weight("attn_q_norm", [hp.head_dim_k] + [hp.n_head] * per_head, required=qk_norm)
+    L.weight("attn_k_norm", [hp.head_dim_k] + [hp.n_head_kv] * per_head, required=qk_norm)
+    L.weight("attn_output", [hp.head_dim_v * hp.n_head, hp.n_embd])
+    L.bias("attn_output", [hp.n_embd])
+
+
+def load_ffn(L: LayerLoader, hp: HParams, gated: bool = True, n_ff: int | None = None,
+             n_ff_up: int | None = None, norm: bool = True) -> None:
+    """ffn_norm (unless norm=False) with an optional bias, ffn_gate (absent when not gated),
+    ffn_up (n_ff_up wide: 2 n_ff for phi3's fused [gate | up]), ffn_down, optional biases."""
+    ff = n_ff or hp.n_ff
+    if norm:
+        L.weight("ffn_norm", [hp.n_embd])
+        L.bias("ffn_norm", [hp.n_embd])
+    L.weight("ffn_gate", [hp.n_embd, ff], required=gated)
+    L.weight("ffn_up", [hp.n_embd, n_ff_up or ff])
+    L.weight("ffn_down", [ff, hp.n_embd])
+    for name, n in (("ffn_gate", ff), ("ffn_up", n_ff_up or ff), ("ffn_down", hp.n_embd)):
+        L.bias(name, [n])
+
+
+def load_moe(L: LayerLoader, hp: HParams, n_ff_exp: int | None = None, biases: bool = False,
+             norm: str = "ffn_norm") -> None:
+    """The FFN's input norm, the router ffn_gate_inp and the stacked experts
+    ffn_{gate,up,down}_exps (with their biases when asked)."""
+    ff, e, n = n_ff_exp or hp.n_ff_exp or hp.n_ff, hp.n_embd, hp.n_expert
+    L.weight(norm, [e])
+    L.weight("ffn_gate_inp", [e, n])
+    L.weight("ffn_gate_exps", [e, ff, n])
+    L.weight("ffn_up_exps", [e, ff, n])
+    L.weight("ffn_down_exps", [ff, e, n])
+    if biases:
+        for name, m in (("ffn_gate_inp", n), ("ffn_gate_exps", ff), ("ffn_up_exps", ff), ("ffn_down_exps", e)):
+            L.bias(name, [m, n] if name.endswith("exps") else [m], required=True)
+
+
+def load_shared_expert(L: LayerLoader, hp: HParams, n_ff: int, gate_inp: bool = True) -> None:
+    e = hp.n_embd
+    L.weight("ffn_gate_shexp", [e, n_ff])
+    L.weight("ffn_up_shexp", [e, n_ff])
+    L.weight("ffn_down_shexp", [n_ff, e])
+    if gate_inp:
+        L.weight("ffn_gate_inp_shexp", [e])
+
+
+# ---------------------------------------------------------------- architectures
+
+class Arch:
+    """An architecture: the GGUF `general.architecture` names it serves, its rotary type, the keys
+    and tensors it reads, and its graph."""
+    names: tuple[str, ...] = ()
+    rope_type: int = 0
+
+    def read_hparams(self, hp: HParams, keys: KeyReader) -> None:
+        """Architecture-specific keys and defaults (sliding-window pattern, scales...)."""
+
+    def load_layer(self, L: LayerLoader, hp: HParams) -> None:
+        raise NotImplementedError
+
+    def load_weights(self, w: Weights, hp: HParams) -> None:
+        load_output(w, hp)
+        w.add("rope_freqs", "rope_freqs.weight", [hp.n_rot // 2], required=False)
+        for il in range(hp.n_layer):
+            L = LayerLoader(w, il)
+            self.load_layer(L, hp)
+            w.layers.append(L.layer)
+
+    def build(self, b: "GraphBuilder", w: Weights) -> Tensor:
+        """The logits [n_vocab, n_tokens] of the micro-batch."""
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------- the graph
+
+@dataclass
+class ModelGraph:
+    graph: CGraph
+    tokens: Tensor       # I32 [n_tokens]
+    positions: Tensor    # I32 [n_tokens]
+    kv_idx: Tensor       # I64 [n_tokens]: the cache cell of each token
+    masks: dict          # window (0: causal only) -> F16 [n_kv, n_tokens] mask input
+    logits: Tensor       # F32 [n_vocab, n_tokens]
+    position_inputs: list  # (tensor, fn(positions) -> torch values): inputs that depend on positions
+    n_tokens: int
+    n_kv: int
+
+
+def graph_size(hp: HParams) -> int:
+    per_layer = 64 + (4 * hp.n_expert_used + 32 if hp.n_expert else 0)
+    return max(1024, per_layer * hp.n_layer + 256)
+
+
+class GraphBuilder:
+    """Builds one micro-batch's graph: n_tokens new tokens attending to the first n_kv cache cells."""
+
+    def __init__(self, ctx, hp: HParams, kv: KVCache, n_tokens: int, n_kv: int, flash_attn: bool = False):
+        self.ctx, self.hp, self.kv = ctx, hp, kv
+        self.n_tokens, self.n_kv, self.flash_attn = n_tokens, n_kv, flash_attn
+        self.tokens = self._input(Type.I32, n_tokens, name="inp_tokens")
+        self.positions = self._input(Type.I32, n_tokens, name="inp_pos")
+        self.kv_idx = self._input(Type.I64, n_tokens, name="inp_kv_idx")
+        self.masks = {0: self._input(Type.F16, n_kv, n_tokens, name="inp_kq_mask")}
+        if any(hp.is_swa(il) for il in range(hp.n_layer)):
+            self.masks[hp.n_swa] = self._input(Type.F16, n_kv, n_tokens, name="inp_kq_mask_swa")
+        self.position_inputs: list = []
+
+    def _input(self, type, *ne, name):
+        t = (new_tensor_1d if len(ne) == 1 else new_tensor_2d)(self.ctx, type, *ne)
+        set_name(t, name)
+        set_input(t)
+        return t
+
+    def finish(self, logits: Tensor) -> ModelGraph:
+        set_name(logits, "result_output")
+        set_output(logits)
+        graph = new_graph_custom(self.ctx, graph_size(self.hp))
+        build_forward_expand(graph, logits)
+        return ModelGraph(graph, self.tokens, self.positions, self.kv_idx, self.masks, logits,
+                          self.position_inputs, self.n_tokens, self.n_kv)
+
+    # ------------------------------------------------------------ small pieces
+
+    def embed(self, tok_embd: Tensor, scale: float = 1.0) -> Tensor:
+        x = ops.get_rows(self.ctx, tok_embd, self.tokens)                 # [n_embd, n_tokens]
+        return x if scale == 1.0 else ops.scale(self.ctx, x, scale)
+
+    def attn_temperature(self, scale: float, floor: int) -> Tensor:
+        """Llama 4 / mistral3 query temperature per token, F32 [1, 1, n_tokens]:
+        1 + scale * log(floor(pos / floor) + 1)."""
+        t = new_tensor_3d(self.ctx, Type.F32, 1, 1, self.n_tokens)
+        set_name(t, "inp_attn_scale")
+        set_input(t)
+        self.position_inputs.append(
+            (t, lambda pos: (1.0 + scale * torch.log(torch.floor(pos.double() / floor) + 1.0)).float().reshape(-1, 1, 1)))
+        return t
+
+    def norm(self, x: Tensor, weight: Tensor | None, bias: Tensor | None = None, rms: bool = True) -> Tensor:
+        """RMS norm (or LayerNorm with rms=False) times the weight, plus the bias."""
+        x = (ops.rms_norm if rms else ops.norm)(self.ctx, x, self.hp.norm_eps)
+        if weight is not None:
+            x = ops.mul(self.ctx, x, weight)
+        return x if bias is None else ops.add(self.ctx, x, bias)
+
+    def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+        y = ops.mul_mat(self.ctx, weight, x)
+        return y if bias is None else ops.add(self.ctx, y, bias)
+
+    def add(self, a: Tensor, b: Tensor) -> Tensor:
+        return ops.add(self.ctx, a, b)
+
+    def softcap(self, x: Tensor, cap: float) -> Tensor:
+        """cap * tanh(x / cap)."""
+        x = ops.tanh(self.ctx, ops.scale(self.ctx, x, 1.0 / cap))
+        return ops.scale(self.ctx, x, cap)
+
+    def rope(self, x: Tensor, il: int, factors: Tensor | None = None) -> Tensor:
+        hp = self.hp
+        base, scale = hp.rope_base_scale(il)
+        return ops.rope_ext(self.ctx, x, self.positions, factors, hp.n_rot, hp.rope_type, hp.n_ctx_orig or hp.n_ctx_train,
+                            base, scale, hp.yarn_ext_factor, hp.yarn_attn_factor, hp.yarn_beta_fast, hp.yarn_beta_slow)
+
+    # ------------------------------------------------------------ attention
+
+    def qkv(self, h: Tensor, layer: Layer, qk_rms: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+        """Q [head_dim, n_head, n_tokens], K and V [head_dim, n_head_kv, n_tokens]: separate
+        projections, or one fused attn_qkv product split by views; biases and q/k norms (RMS, or
+        LayerNorm with qk_rms=False) when the layer has them."""
+        hp, ctx, n = self.hp, self.ctx, self.n_tokens
+        dq, dk = hp.head_dim_k * hp.n_head, hp.n_embd_k_gqa
+        if layer.attn_qkv is not None:
+            qkv = self.linear(h, layer.attn_qkv, layer.attn_qkv_b)         # [dq + dk + dv, n_tokens]
+            es = qkv.nb[0]
+            q = ops.view_3d(ctx, qkv, hp.head_dim_k, hp.n_head, n, hp.head_dim_k * es, qkv.nb[1], 0)
+            k = ops.view_3d(ctx, qkv, hp.head_dim_k, hp.n_head_kv, n, hp.head_dim_k * es, qkv.nb[1], dq * es)
+            v = ops.view_3d(ctx, qkv, hp.head_dim_v, hp.n_head_kv, n, hp.head_dim_v * es, qkv.nb[1], (dq + dk) * es)
+            v = ops.cont(ctx, v)  # the cache writes whole rows
+        else:
+            q = ops.reshape_3d(ctx, self.linear(h, layer.attn_q, layer.attn_q_b), hp.head_dim_k, hp.n_head, n)
+            k = ops.reshape_3d(ctx, self.linear(h, layer.attn_k, layer.attn_k_b), hp.head_dim_k, hp.n_head_kv, n)
+            v = ops.reshape_3d(ctx, self.linear(h, layer.attn_v, layer.attn_v_b), hp.head_dim_v, hp.n_head_kv, n)
+        if layer.attn_q_norm is not None:
+            q = self.norm(q, layer.attn_q_norm, rms=qk_rms)
+        if layer.attn_k_norm is not None:
+            k = self.norm(k, layer.attn_k_norm, rms=qk_rms)
+        return q, k, v
+
+    def attention(self, il: int, q: Tensor, k: Tensor, v: Tensor, wo: Tensor, wo_b: Tensor | None = None,
+                  kq_scale: float | None = None, sinks: Tensor | None = None) -> Tensor:
+        """Store K and V in layer il's cache, attend over the first n_kv cells (the layer's sliding
+        window mask when it has one; soft-capped scores when hp.attn_softcap; per-head sink
+        logits), and project with wo: [n_embd, n_tokens]."""
+        hp, ctx, n = self.hp, self.ctx, self.n_tokens
+        scale = hp.kq_scale if kq_scale is None else kq_scale
+        mask = self.masks[hp.n_swa if hp.is_swa(il) else 0]
+        k_cells, v_cells = self.kv.store(ctx, il, k, v, self.kv_idx, self.n_kv)  # [head_dim, n_kv, n_head_kv]
+        q = ops.permute(ctx, q, 0, 2, 1, 3)                                     # [head_dim, n_tokens, n_head]
+        if self.flash_attn:
+            out = ops.flash_attn_ext(ctx, q, k_cells, v_cells, mask, scale, 0.0, hp.attn_softcap)
+            if sinks is not None:
+                ops.flash_attn_ext_add_sinks(out, sinks)
+            out = ops.reshape_2d(ctx, out, hp.head_dim_v * hp.n_head, n)         # out: [hd, n_head, n_tokens]
+        else:
+            kq = ops.mul_mat(ctx, k_cells, q)                                   # [n_kv, n_tokens, n_head]
+            if hp.attn_softcap:
+                kq = self.softcap(kq, hp.attn_softcap)
+            kq = ops.soft_max_ext(ctx, kq, mask, scale, 0.0)
+            if sinks is not None:
+                ops.soft_max_add_sinks(kq, sinks)
+            v_t = ops.cont(ctx, ops.permute(ctx, v_cells, 1, 0, 2, 3))           # [n_kv, head_dim, n_head_kv]
+            out = ops.mul_mat(ctx, v_t, kq)                                     # [head_dim, n_tokens, n_head]
+            out = ops.permute(ctx, out, 0, 2, 1, 3)
+            out = ops.cont_2d(ctx, out, hp.head_dim_v * hp.n_head, n)
+        return self.linear(out, wo, wo_b)
+
+    def self_attention(self, il: int, h: Tensor, layer: Layer, rope_factors: Tensor | None = None,
+                       q_scale: float | Tensor | None = None, kq_scale: float | None = None) -> Tensor:
+        """The usual block: projections, q/k norms, rotary positions, attention, output projection.
+        q_scale multiplies Q after the rotation: a number (gemma's query_pre_attn_scalar) or a
+        per-token tensor (attn_temperature)."""
+        q, k, v = self.qkv(h, layer)
+        q, k = self.rope(q, il, rope_factors), self.rope(k, il, rope_factors)
+        if isinstance(q_scale, Tensor):
+            q = ops.mul(self.ctx, q, q_scale)
+        elif q_scale is not None:
+            q = ops.scale(self.ctx, q, q_scale)
+        return self.attention(il, q, k, v, layer.attn_output, layer.attn_output_b, kq_scale, layer.attn_sinks)
+
+    # ------------------------------------------------------------ feed-forward
+
+    def activate(self, gate: Tensor | None, up: Tensor, act: str) -> Tensor:
+        """act(gate) * up (act(up) without a gate): silu, gelu, or gpt-oss's clamped swiglu_oai."""
+        ctx = self.ctx
+        if act == "swiglu_oai":
+            return ops.swiglu_oai(ctx, gate, up, 1.702, 7.0)
+        if gate is None:
+            return {"silu": ops.silu, "gelu": ops.gelu}[act](ctx, up)
+        return {"silu": ops.swiglu_split, "gelu": ops.geglu_split}[act](ctx, gate, up)
+
+    def ffn(self, x: Tensor, layer: Layer, act: str = "silu", suffix: str = "") -> Tensor:
+        """down(act(gate(x)) * up(x)); suffix "_shexp" for a shared expert's tensors. A layer with
+        ffn_up of twice the width and no ffn_gate holds [gate | up] fused (phi3): split by views."""
+        up_w, gate_w, down_w = layer["ffn_up" + suffix], layer["ffn_gate" + suffix], layer["ffn_down" + suffix]
+        up = self.linear(x, up_w, layer["ffn_up" + suffix + "_b"])
+        gate = None if gate_w is None else self.linear(x, gate_w, layer["ffn_gate" + suffix + "_b"])
+        if gate is None and up_w.ne[1] == 2 * down_w.ne[0]:
+            ctx, n_ff = self.ctx, down_w.ne[0]
+            gate = ops.view_2d(ctx, up, n_ff, up.ne[1], up.nb[1], 0)
+            up = ops.view_2d(ctx, up, n_ff, up.ne[1], up.nb[1], n_ff * up.nb[0])
+        return self.linear(self.activate(gate, up, act), down_w, layer["ffn_down" + suffix + "_b"])
+
+    def moe(self, x: Tensor, layer: Layer, act: str = "silu", norm_weights: bool = True,
+            gating: str = "softmax") -> Tensor:
+        """Mixture of experts: the router's top n_expert_used experts per token run through
+        mul_mat_id, weighted by the router's probabilities (softmax over all experts, renormalised
+        over the chosen ones when norm_weights; gating "softmax_weight": softmax over the chosen
+        logits only, as gpt-oss does) and summed."""
+        hp, ctx, n = self.hp, self.ctx, self.n_tokens
+        n_exp, n_used = hp.n_expert, hp.n_expert_used
+        logits = self.linear(x, layer.ffn_gate_inp, layer.ffn_gate_inp_b)    # [n_expert, n_tokens]
+        probs = ops.soft_max(ctx, logits) if gating == "softmax" else logits
+        selected = ops.argsort_top_k(ctx, probs, n_used)                      # I32 [n_used, n_tokens]
+        weights = ops.get_rows(ctx, ops.reshape_3d(ctx, probs, 1, n_exp, n), selected)  # [1, n_used, n_tokens]
+        if gating == "softmax_weight":
+            weights = ops.reshape_3d(ctx, ops.soft_max(ctx, ops.reshape_2d(ctx, weights, n_used, n)), 1, n_used, n)
+        if norm_weights:
+            w2 = ops.reshape_2d(ctx, weights, n_used, n)
+            total = ops.clamp(ctx, ops.sum_rows(ctx, w2), 6.103515625e-5, math.inf)
+            weights = ops.reshape_3d(ctx, ops.div(ctx, w2, total), 1, n_used, n)
+        xe = ops.reshape_3d(ctx, x, hp.n_embd, 1, n)
+
+        def experts(name, inp):
+            y = ops.mul_mat_id(ctx, layer[name], inp, selected)               # [rows, n_used, n_tokens]
+            bias = layer[name + "_b"]
+            return y if bias is None else ops.add_id(ctx, y, bias, selected)
+
+        up = experts("ffn_up_exps", xe)
+        gate = experts("ffn_gate_exps", xe) if layer.ffn_gate_exps is not None else None
+        out = experts("ffn_down_exps", self.activate(gate, up, act))         # [n_embd, n_used, n_tokens]
+        out = ops.mul(ctx, out, weights)
+        total = None
+        for i in range(n_used):  # sum over the chosen experts: views of each slot, added
+            part = ops.view_2d(ctx, out, hp.n_embd, n, out.nb[2], i * out.nb[1])
+            total = part if total is None else ops.add(ctx, total, part)
+        return total if n_used > 1 else ops.cont(ctx, total)
+
+    def shared_expert(self, x: Tensor, layer: Layer, act: str = "silu") -> Tensor:
+        """qwen2moe's shared expert: an FFN scaled by sigmoid(ffn_gate_inp_shexp . x) per token."""
+        out = self.ffn(x, layer, act, suffix="_shexp")
+        if layer.ffn_gate_inp_shexp is None:
+            return out
+        gate = ops.sigmoid(self.ctx, ops.mul_mat(self.ctx, layer.ffn_gate_inp_shexp, x))  # [1, n_tokens]
+        return ops.mul(self.ctx, out, gate)
+
+    # ------------------------------------------------------------ output
+
+    def output(self, x: Tensor, w: Weights, softcap: float = 0.0, rms: bool = True, scale: float = 1.0) -> Tensor:
+        """The output norm (RMS, or LayerNorm with its bias) and head; logits optionally scaled
+        (command-r) or soft-capped (gemma2)."""
+        logits = self.linear(self.norm(x, w.output_norm, w.output_norm_b, rms), w.output)  # [n_vocab, n_tokens]
+        if scale != 1.0:
+            logits = ops.scale(self.ctx, logits, scale)
+        return self.softcap(logits, softcap) if softcap else logits

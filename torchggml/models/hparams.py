@@ -1,0 +1,173 @@
+"""Hyper-parameters of a GGUF model, read as llama.cpp reads them (llama-model.cpp's common
+keys; an architecture file adds its own through `Arch.read_hparams`)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..gguf import GGUFFile, GGUFError
+
+# rope.scaling.type values llama.cpp knows
+ROPE_SCALINGS = ("none", "linear", "yarn", "longrope")
+
+
+@dataclass
+class HParams:
+    arch: str
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int
+    head_dim_k: int
+    head_dim_v: int
+    n_rot: int
+    norm_eps: float
+    rope_type: int = 0
+    # rotary embedding: base, scaling (linear, YaRN, LongRoPE) and the YaRN corrections
+    rope_freq_base: float = 10000.0
+    rope_freq_scale: float = 1.0
+    rope_scaling: str = "none"
+    n_ctx_orig: int = 0
+    yarn_ext_factor: float = 0.0
+    yarn_attn_factor: float = 1.0
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    yarn_log_mul: float = 0.0
+    # mixture of experts
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    n_ff_shexp: int = 0
+    # sliding-window attention: the window and which layers use it (with their own rope base)
+    n_swa: int = 0
+    swa_layers: list[bool] = field(default_factory=list)
+    rope_freq_base_swa: float = 10000.0
+    rope_freq_scale_swa: float = 1.0
+    # attention scale (0: 1/sqrt(head_dim_k)) and tanh soft-capping (0: off)
+    attention_scale: float = 0.0
+    attn_temp_scale: float = 0.0  # Llama 4 / mistral3 query temperature (0: off)
+    logit_scale: float = 1.0      # command-r's output scale
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
+
+    @property
+    def n_embd_k_gqa(self) -> int:
+        return self.head_dim_k * self.n_head_kv
+
+    @property
+    def n_embd_v_gqa(self) -> int:
+        return self.head_dim_v * self.n_head_kv
+
+    @property
+    def kq_scale(self) -> float:
+        return self.attention_scale or 1.0 / math.sqrt(self.head_dim_k)
+
+    def is_swa(self, il: int) -> bool:
+        return bool(self.swa_layers) and self.swa_layers[il]
+
+    def set_swa_pattern(self, n_pattern: int) -> None:
+        """llama.cpp's pattern: of every n_pattern layers the last one is dense, the rest slide
+        (n_pattern 0 or 1: every layer slides only when 0)."""
+        self.swa_layers = [n_pattern == 0 or il % n_pattern < n_pattern - 1 for il in range(self.n_layer)]
+
+    def rope_base_scale(self, il: int) -> tuple[float, float]:
+        if self.is_swa(il):
+            return self.rope_freq_base_swa, self.rope_freq_scale_swa
+        return self.rope_freq_base, self.rope_freq_scale
+
+
+class KeyReader:
+    """`{arch}.suffix` keys of one file; a per-layer array must be uniform unless asked for."""
+
+    def __init__(self, f: GGUFFile):
+        self.f, self.arch = f, f.arch
+
+    def has(self, suffix: str) -> bool:
+        return self.f.arch_get(suffix, None) is not None
+
+    def get(self, suffix: str, default=...):
+        value = self.f.arch_get(suffix) if default is ... else self.f.arch_get(suffix, default)
+        if isinstance(value, list):
+            if not value or any(v != value[0] for v in value):
+                raise GGUFError(f"{self.f.path}: {self.arch}.{suffix} varies per layer ({value}); not supported")
+            value = value[0]
+        return value
+
+    def get_list(self, suffix: str):
+        return self.f.arch_get(suffix, None)
+
+
+def read_hparams(f: GGUFFile, arch) -> HParams:
+    """The keys every architecture shares (llama_model::load_hparams), then the architecture's
+    own (`arch.read_hparams`), then the rotary corrections derived from them (llama_context)."""
+    keys = KeyReader(f)
+    get = keys.get
+    n_embd = int(get("embedding_length"))
+    n_head = int(get("attention.head_count"))
+    head_dim_k = int(get("attention.key_length", n_embd // n_head))
+    embd = f.tensor_info("token_embd.weight")
+    n_layer = int(get("block_count"))
+    eps = get("attention.layer_norm_rms_epsilon", None)
+    if eps is None:
+        eps = get("attention.layer_norm_epsilon")
+    hp = HParams(
+        arch=f.arch, n_vocab=int(embd.ne[1]), n_ctx_train=int(get("context_length")), n_embd=n_embd,
+        n_layer=n_layer, n_head=n_head, n_head_kv=int(get("attention.head_count_kv", n_head)),
+        n_ff=int(get("feed_forward_length", 0)), head_dim_k=head_dim_k,
+        head_dim_v=int(get("attention.value_length", n_embd // n_head)),
+        n_rot=int(get("rope.dimension_count", head_dim_k)), norm_eps=float(eps), rope_type=int(arch.rope_type),
+        rope_freq_base=float(get("rope.freq_base", 10000.0)),
+        n_expert=int(get("expert_count", 0)), n_expert_used=int(get("expert_used_count", 0)),
+        n_ff_exp=int(get("expert_feed_forward_length", 0)),
+        n_ff_shexp=int(get("expert_shared_feed_forward_length", 0)),
+    )
+    if hp.n_expert and not 0 < hp.n_expert_used <= hp.n_expert:
+        raise GGUFError(f"{f.path}: {f.arch}.expert_used_count {hp.n_expert_used} must be in 1..{hp.n_expert}")
+    _read_rope_scaling(keys, hp)
+    arch.read_hparams(hp, keys)
+    _derive_yarn(hp)
+    return hp
+
+
+def _read_rope_scaling(keys: KeyReader, hp: HParams) -> None:
+    """rope.scaling.*: the type and the factor (freq_scale = 1/factor)."""
+    get = keys.get
+    scaling = str(get("rope.scaling.type", "linear")).lower()
+    if scaling not in ROPE_SCALINGS:
+        raise GGUFError(f"{keys.f.path}: rope scaling {scaling!r} is not supported ({', '.join(ROPE_SCALINGS)})")
+    factor = float(get("rope.scaling.factor", 0.0) or get("rope.scale_linear", 0.0) or 0.0)
+    hp.rope_scaling = scaling
+    hp.rope_freq_scale = 1.0 if scaling == "none" or factor == 0.0 else 1.0 / factor
+    hp.n_ctx_orig = int(get("rope.scaling.original_context_length", hp.n_ctx_train))
+    hp.yarn_attn_factor = float(get("rope.scaling.attn_factor", 1.0))  # multiplied into the derived one
+
+
+def _derive_yarn(hp: HParams) -> None:
+    """YaRN's extrapolation mix and attention factor, exactly as llama_context derives them."""
+    rope_attn_factor, hp.yarn_attn_factor = hp.yarn_attn_factor, 1.0
+    hp.yarn_ext_factor = 1.0 if hp.rope_scaling == "yarn" else 0.0
+    if hp.yarn_ext_factor != 0.0:
+        def mscale(scale: float, m: float) -> float:
+            return 1.0 if scale <= 1.0 else 0.1 * m * math.log(scale) + 1.0
+        scale = 1.0 / hp.rope_freq_scale
+        log_mul = hp.yarn_log_mul
+        hp.yarn_attn_factor = mscale(scale, 1.0) / mscale(scale, log_mul) if log_mul else mscale(scale, 1.0)
+        # rope_ext multiplies by the same mscale again when ext_factor != 0: cancel it here
+        hp.yarn_attn_factor /= 1.0 + 0.1 * math.log(scale)
+    hp.yarn_attn_factor *= rope_attn_factor
+
+
+def read_swa_pattern(hp: HParams, keys: KeyReader, n_pattern: int) -> None:
+    """attention.sliding_window_pattern: a per-layer bool array, or the period (llama.cpp's
+    load_swa_pattern); `n_pattern` when the file has neither."""
+    value = keys.get_list("attention.sliding_window_pattern")
+    if isinstance(value, list):
+        if len(value) != hp.n_layer:
+            raise GGUFError(f"{keys.f.path}: {keys.arch}.attention.sliding_window_pattern has {len(value)} "
+                            f"entries for {hp.n_layer} layers")
+        hp.swa_layers = [bool(v) for v in value]
+    else:
+        hp.set_swa_pattern(int(value) if value is not None else n_pattern)

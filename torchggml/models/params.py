@@ -1,0 +1,64 @@
+"""ModelParams: how to load and run a model, shared by load_model, Model and the CLI."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Sequence
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    """devices: device names or Devices ("CPU", "CUDA0", "SIM0"...); the layers are split over
+        them (in proportion to tensor_split when given). None: the CPU, or with n_gpu_layers
+        every accelerator.
+    n_gpu_layers: llama.cpp's offload count: the last n layers go to the accelerators, the
+        rest stays on the CPU (the output head moves too when n > n_layer).
+    tensor_split: share of the layers for each device.
+    n_ctx: KV cache size in tokens (0/None: the model's training context, at most 4096).
+    n_batch: micro-batch size for prompt processing.
+    flash_attn: attention through flash_attn_ext instead of mul_mat + soft_max + mul_mat.
+    kv_type: "f16" (default), "f32", "bf16", or a block type of models.kv_cache.KV_TYPES: "q8_0",
+        "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"; "q2_k".."q6_k", "iq4_xs" where the head size is
+        a multiple of 256 (quantized caches need flash_attn).
+    vocab_only: load only the tokenizer (works with vocabulary-only GGUF files).
+    n_threads: CPU threads for the CPU backend.
+    progress: show a progress bar while uploading weights to accelerators.
+    repack: CPU weights of types Q4_0/Q4_1/Q4_K read only by MUL_MAT go to the CPU's extra
+        buffer type CPU_REPACK (torch's int4 GEMM layout: a copy instead of a view of the
+        file; activations are rounded to bf16 in those products). False keeps every CPU
+        weight a view of the file.
+    tensor_parallel: split every layer over several devices (a meta device): a list of device
+        names or Devices, or "dist" for one device per torch.distributed rank (torchrun; gloo on
+        CPU, NCCL on CUDA). Replaces devices/n_gpu_layers/tensor_split.
+    check_tensors: check every weight's values (and quantized blocks' scales) for NaN/inf on
+        load, as llama.cpp's --check-tensors: GGUFError naming the tensor (reads all weights).
+    """
+    devices: object = None
+    n_gpu_layers: int | None = None
+    tensor_split: Sequence[float] | None = None
+    n_ctx: int | None = None
+    n_batch: int = 512
+    flash_attn: bool = False
+    kv_type: object = "f16"
+    vocab_only: bool = False
+    n_threads: int | None = None
+    progress: bool = True
+    repack: bool = True
+    check_tensors: bool = False
+    tensor_parallel: object = None
+
+    def __post_init__(self):
+        if self.n_ctx is not None and int(self.n_ctx) < 0:
+            raise ValueError(f"ModelParams: n_ctx ({self.n_ctx}) must not be negative")
+        if int(self.n_batch) <= 0:
+            raise ValueError(f"ModelParams: n_batch ({self.n_batch}) must be positive")
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    def with_options(self, **options) -> "ModelParams":
+        """A copy with some fields changed; an unknown name is a TypeError that lists the known ones."""
+        unknown = sorted(set(options) - set(self.names()))
+        if unknown:
+            raise TypeError(f"unknown model option(s) {', '.join(unknown)} (known: {', '.join(self.names())})")
+        return replace(self, **options)

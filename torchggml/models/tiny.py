@@ -1,0 +1,210 @@
+"""Tiny models of every architecture with seeded random weights, for the golden tests.
+
+Each case (TINY_CASES) is a few-layer model of one architecture (dim 64, vocab 256, no
+tokenizer: token ids only) exercising that architecture's features: experts, shared experts,
+sliding windows, soft-capping, post-norms, fused projections, rope scaling. `write_tiny_model`
+writes it deterministically (same bytes for the same case, weight type and torch version), so a
+test can regenerate the file llama.cpp's reference logits came from and check its hash.
+scripts/gen_arch_logits.py writes the reference logits; tests/test_archs.py compares.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .demo import write_tensors
+
+TINY_SEED = 20241123
+
+
+@dataclass(frozen=True)
+class TinyCase:
+    name: str                     # case id, e.g. "llama-moe"
+    arch: str                     # general.architecture
+    features: frozenset = frozenset()
+    n_layer: int = 2
+    n_embd: int = 64
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 16
+    n_ff: int = 128
+    n_vocab: int = 256
+    n_ctx: int = 256
+    n_expert: int = 0
+    n_expert_used: int = 0
+    metadata: tuple = ()          # extra (key suffix, value) pairs under "{arch}."
+    weight_types: tuple = ("F32", "Q8_0")
+    tokens: tuple = (1, 17, 200, 3, 77, 129, 45, 12, 0, 255, 64, 9, 128, 31, 250, 6, 99, 180, 2, 51)
+    n_prompt: int = 14            # decode-step tests: this many in one call, then one at a time
+
+
+def _case(name, arch, features=(), **kw):
+    return TinyCase(name, arch, frozenset(features), **kw)
+
+
+# features: moe (ffn_gate_inp + *_exps), shexp (shared expert with sigmoid gate), qkv_bias,
+# qk_norm, tied (no output.weight), post_norms, fused_qkv, fused_up (phi3's [gate | up]),
+# sinks, moe_biases, rope_factors (long/short), out_bias, ffn_post_attn_norm (gpt-oss: no
+# ffn_norm, post_attention_norm feeds the FFN), layernorm (LayerNorm eps key), norm_bias,
+# ungated and ffn_bias (starcoder2's FFN), parallel (command-r: no ffn_norm). Weight type MXFP4
+# applies to the experts only (as in gpt-oss files); the other matrices stay F32.
+TINY_CASES = [
+    _case("llama-moe", "llama", ["moe"], n_expert=4, n_expert_used=2, weight_types=("F32", "F16", "Q8_0", "Q4_0")),
+    _case("llama-yarn", "llama", [], metadata=(("rope.scaling.type", "yarn"), ("rope.scaling.factor", 4.0),
+                                              ("rope.scaling.original_context_length", 64))),
+    _case("qwen2moe", "qwen2moe", ["moe", "shexp", "qkv_bias"], n_expert=4, n_expert_used=2,
+          metadata=(("expert_feed_forward_length", 32), ("expert_shared_feed_forward_length", 96))),
+    _case("qwen3moe", "qwen3moe", ["moe", "qk_norm"], n_expert=4, n_expert_used=2,
+          metadata=(("expert_feed_forward_length", 64),)),
+    _case("gemma", "gemma", ["tied"], head_dim=32),
+    _case("gemma2", "gemma2", ["tied", "post_norms"], metadata=(
+        ("attention.sliding_window", 4), ("attn_logit_softcapping", 5.0), ("final_logit_softcapping", 3.0))),
+    _case("gemma3", "gemma3", ["qk_norm", "post_norms"], n_layer=3, metadata=(
+        ("attention.sliding_window", 4), ("attention.sliding_window_pattern", (True, False, True)), ("rope.freq_base", 1000000.0), ("rope.scaling.type", "linear"),
+        ("rope.scaling.factor", 2.0)), weight_types=("F32", "F16", "Q8_0", "Q4_0")),
+    _case("phi3", "phi3", ["fused_qkv", "fused_up", "rope_factors"], n_head_kv=4, metadata=(
+        ("rope.scaling.attn_factor", 1.19), ("rope.scaling.original_context_length", 32))),
+    _case("gpt-oss", "gpt-oss", ["moe", "moe_biases", "qkv_bias", "out_bias", "sinks", "ffn_post_attn_norm"],
+          n_expert=4, n_expert_used=2, weight_types=("F32", "MXFP4"), metadata=(
+              ("expert_feed_forward_length", 64), ("attention.sliding_window", 4),
+              ("rope.scaling.type", "yarn"), ("rope.scaling.factor", 4.0),
+              ("rope.scaling.original_context_length", 64))),
+    _case("mistral3", "mistral3", [], metadata=(
+        ("rope.freq_base", 1000000.0), ("rope.scaling.type", "yarn"), ("rope.scaling.factor", 8.0),
+        ("rope.scaling.original_context_length", 8), ("rope.scaling.yarn_beta_fast", 16.0),
+        ("rope.scaling.yarn_beta_slow", 2.0), ("rope.scaling.yarn_log_multiplier", 0.5),
+        ("attention.temperature_scale", 0.2))),
+    _case("starcoder2", "starcoder2", ["layernorm", "norm_bias", "qkv_bias", "out_bias", "ungated", "ffn_bias"]),
+    _case("command-r", "command-r", ["layernorm", "parallel", "tied"], metadata=(("logit_scale", 0.5),)),
+]
+
+CASES_BY_NAME = {c.name: c for c in TINY_CASES}
+
+
+def _tensors(case: TinyCase, gen: torch.Generator) -> dict[str, np.ndarray]:
+    """Weights (numpy, torch order) with scales that keep activations O(1)."""
+    f = case.features
+    e, hd, v = case.n_embd, case.head_dim, case.n_vocab
+    q_dim, kv_dim = hd * case.n_head, hd * case.n_head_kv
+    meta = dict(case.metadata)
+
+    def mat(*shape):  # rows x cols (ggml ne reversed), leading dims for experts
+        return torch.randn(*shape, generator=gen) / shape[-1] ** 0.5
+
+    def vec(n, mean=0.0, std=0.1):
+        return mean + std * torch.randn(n, generator=gen)
+
+    w = {"token_embd.weight": torch.randn(v, e, generator=gen)}
+    for il in range(case.n_layer):
+        p = f"blk.{il}."
+        w[p + "attn_norm.weight"] = vec(e, 1.0)
+        if "norm_bias" in f:
+            w[p + "attn_norm.bias"] = vec(e)
+        if "fused_qkv" in f:
+            w[p + "attn_qkv.weight"] = mat(q_dim + 2 * kv_dim, e)
+        else:
+            w[p + "attn_q.weight"] = mat(q_dim, e)
+            w[p + "attn_k.weight"] = mat(kv_dim, e)
+            w[p + "attn_v.weight"] = mat(kv_dim, e)
+        if "qkv_bias" in f:
+            w[p + "attn_q.bias"], w[p + "attn_k.bias"], w[p + "attn_v.bias"] = vec(q_dim), vec(kv_dim), vec(kv_dim)
+        if "qk_norm" in f:
+            w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = vec(hd, 1.0), vec(hd, 1.0)
+        w[p + "attn_output.weight"] = mat(e, q_dim)
+        if "out_bias" in f:
+            w[p + "attn_output.bias"] = vec(e)
+        if "sinks" in f:
+            w[p + "attn_sinks.weight"] = vec(case.n_head, 0.0, 1.0)
+        if "post_norms" in f or "ffn_post_attn_norm" in f:
+            w[p + "post_attention_norm.weight"] = vec(e, 1.0)
+        if "ffn_post_attn_norm" not in f and "parallel" not in f:
+            w[p + "ffn_norm.weight"] = vec(e, 1.0)
+            if "norm_bias" in f:
+                w[p + "ffn_norm.bias"] = vec(e)
+        if "moe" in f:
+            n, ff = case.n_expert, int(meta.get("expert_feed_forward_length", case.n_ff))
+            w[p + "ffn_gate_inp.weight"] = mat(n, e) * 4.0  # a router with clear preferences
+            w[p + "ffn_gate_exps.weight"] = mat(n, ff, e)
+            w[p + "ffn_up_exps.weight"] = mat(n, ff, e)
+            w[p + "ffn_down_exps.weight"] = mat(n, e, ff)
+            if "moe_biases" in f:
+                w[p + "ffn_gate_inp.bias"] = vec(n)
+                w[p + "ffn_gate_exps.bias"], w[p + "ffn_up_exps.bias"] = vec(n * ff).reshape(n, ff), vec(n * ff).reshape(n, ff)
+                w[p + "ffn_down_exps.bias"] = vec(n * e).reshape(n, e)
+            if "shexp" in f:
+                sh = int(meta.get("expert_shared_feed_forward_length", case.n_ff))
+                w[p + "ffn_gate_inp_shexp.weight"] = vec(e, 0.0, 0.5)
+                w[p + "ffn_gate_shexp.weight"] = mat(sh, e)
+                w[p + "ffn_up_shexp.weight"] = mat(sh, e)
+                w[p + "ffn_down_shexp.weight"] = mat(e, sh)
+        elif "fused_up" in f:
+            w[p + "ffn_up.weight"] = mat(2 * case.n_ff, e)
+            w[p + "ffn_down.weight"] = mat(e, case.n_ff)
+        else:
+            if "ungated" not in f:
+                w[p + "ffn_gate.weight"] = mat(case.n_ff, e)
+            w[p + "ffn_up.weight"] = mat(case.n_ff, e)
+            w[p + "ffn_down.weight"] = mat(e, case.n_ff)
+            if "ffn_bias" in f:
+                w[p + "ffn_up.bias"], w[p + "ffn_down.bias"] = vec(case.n_ff), vec(e)
+        if "post_norms" in f:
+            w[p + "post_ffw_norm.weight"] = vec(e, 1.0)
+    if "rope_factors" in f:
+        w["rope_factors_long.weight"] = 1.0 + torch.rand(hd // 2, generator=gen) * 3.0
+        w["rope_factors_short.weight"] = 1.0 + torch.rand(hd // 2, generator=gen) * 0.5
+    w["output_norm.weight"] = vec(e, 1.0)
+    if "norm_bias" in f:
+        w["output_norm.bias"] = vec(e)
+    if "tied" not in f:
+        w["output.weight"] = mat(v, e)
+    return {k: t.float().numpy() for k, t in w.items()}
+
+
+def _add_key(writer, key: str, value) -> None:
+    if isinstance(value, bool):
+        writer.add_bool(key, value)
+    elif isinstance(value, int):
+        writer.add_uint32(key, value)
+    elif isinstance(value, float):
+        writer.add_float32(key, value)
+    elif isinstance(value, str):
+        writer.add_string(key, value)
+    else:
+        writer.add_array(key, list(value))
+
+
+def write_tiny_model(path, case: TinyCase | str, weight_type: str = "F32") -> str:
+    """Write `case` with 2-D and 3-D weights stored as weight_type (F32, F16, or a type
+    gguf.quants can quantize); norms, biases, sinks and rope factors stay F32."""
+    import gguf
+    case = CASES_BY_NAME[case] if isinstance(case, str) else case
+    qtype = gguf.GGMLQuantizationType[weight_type.upper()]
+    gen = torch.Generator().manual_seed(TINY_SEED + sum(map(ord, case.name)))
+    path = os.fspath(path)
+    a = case.arch
+    w = gguf.GGUFWriter(path, a)
+    eps_key = "attention.layer_norm_epsilon" if "layernorm" in case.features else "attention.layer_norm_rms_epsilon"
+    keys = {"context_length": case.n_ctx, "embedding_length": case.n_embd, "block_count": case.n_layer,
+            "feed_forward_length": case.n_ff, "attention.head_count": case.n_head,
+            "attention.head_count_kv": case.n_head_kv, "attention.key_length": case.head_dim,
+            "attention.value_length": case.head_dim, "rope.dimension_count": case.head_dim,
+            eps_key: 1e-5, "vocab_size": case.n_vocab}
+    if case.n_expert:
+        keys.update({"expert_count": case.n_expert, "expert_used_count": case.n_expert_used})
+    keys.update(dict(case.metadata))
+    for key, value in keys.items():
+        _add_key(w, f"{a}.{key}", value)
+    w.add_tokenizer_model("none")
+    mxfp4 = qtype == gguf.GGMLQuantizationType.MXFP4
+    write_tensors(w, _tensors(case, gen), qtype,
+                  keep_f32=lambda name, data: name.endswith(".bias") or (mxfp4 and data.ndim != 3))
+    return path
+
+
+def file_sha256(path) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
