@@ -13,7 +13,9 @@ from ..enums import Status
 from .buffer import TorchBufferType, buffer_from_torch
 from .kernels import CPU_KERNELS, run_calls
 from .plan import CompiledPlan, compile_graph
-from .repack import check_repacked_reads, reads_repacked_only_as_weight, repack_buffer_type
+from .cpu_quant.features import cpu_features, cpu_path, fastest_gemm_dtype
+from .cpu_quant.kernels import numba_available, set_numba_threads
+from .repack import RepackBufferType, check_repacked_reads, reads_repacked_only_as_weight, repack_buffer_type
 
 
 def _cpu_description() -> str:
@@ -47,6 +49,8 @@ class CPUBackend(Backend):
     def set_n_threads(self, n_threads: int) -> None:
         self.n_threads = int(n_threads)
         torch.set_num_threads(self.n_threads)
+        if numba_available():
+            set_numba_threads(self.n_threads)
 
     def set_abort_callback(self, callback) -> None:
         self.abort_callback = callback
@@ -109,7 +113,7 @@ class CPUDevice(Device):
         return CPU_KERNELS.supports(op) and reads_repacked_only_as_weight(op)
 
     def supports_buft(self, buft) -> bool:
-        return buft.is_host() or buft is repack_buffer_type()
+        return buft.is_host() or isinstance(buft, RepackBufferType)
 
 
 class CPUReg(Reg):
@@ -128,10 +132,12 @@ class CPUReg(Reg):
         backend.set_abort_callback(callback)
 
     def proc_dev_get_extra_bufts(self, device):
-        return [repack_buffer_type()]
+        buft = repack_buffer_type()  # per TORCHGGML_CPU_PATH: none for "dequant"
+        return [buft] if buft is not None else []
 
     def proc_get_features(self):
-        return {"TORCH": torch.__version__, "THREADS": str(torch.get_num_threads())}
+        return {**cpu_features(), "CPU_PATH": cpu_path(), "GEMM": str(fastest_gemm_dtype()).split(".")[-1],
+                "TORCH": torch.__version__, "THREADS": str(torch.get_num_threads())}
 
 
 @functools.lru_cache(maxsize=None)

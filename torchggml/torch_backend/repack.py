@@ -150,6 +150,15 @@ class RepackBufferType(TorchBufferType):
         """Whether a weight of this type and shape (used as a MUL_MAT weight) can live here."""
         return repack_supports_shape(qtype, ne)
 
+    def supports_tensor(self, t: Tensor) -> bool:
+        """Whether this tensor (its type, shape, strides) is stored repacked here."""
+        return repack_supports(t)
+
+    def bind_product(self, t: Tensor):
+        """fn(rows [R, K] float, out [R, N] f32): out = rows @ t^T for a tensor stored here."""
+        nibbles, scales = repacked_views(t)
+        return functools.partial(_times_packed, nibbles, scales, t.ne[1])
+
 
 
 class RepackBuffer(TorchBuffer):
@@ -192,10 +201,20 @@ class RepackBuffer(TorchBuffer):
         return False  # the generic path writes through set_tensor, which repacks
 
 
+def repack_buffer_type(path: str | None = None) -> RepackBufferType | None:
+    """The CPU's repack buffer type for a product path (default: cpu_quant.cpu_path()):
+    (q, scale, bias) for `fused`, torch's int4 layout for `int4`, none for `dequant`."""
+    from .cpu_quant.features import cpu_path
+    return _repack_buffer_type(path or cpu_path())
+
+
 @functools.lru_cache(maxsize=None)
-def repack_buffer_type() -> RepackBufferType:
+def _repack_buffer_type(path: str) -> RepackBufferType | None:
     from .cpu import cpu_device
-    return RepackBufferType(cpu_device())
+    if path == "fused":
+        from .cpu_quant.layout import FusedBufferType
+        return FusedBufferType(cpu_device())
+    return RepackBufferType(cpu_device()) if path == "int4" else None
 
 
 # ---------------------------------------------------------------- what may read repacked tensors
@@ -210,7 +229,8 @@ def reads_repacked_only_as_weight(node: Tensor) -> bool:
         if not is_repacked(src):
             continue
         b = node.src[1]
-        if not (node.op == Op.MUL_MAT and i == 0 and src.view_src is None and repack_supports(src)
+        if not (node.op == Op.MUL_MAT and i == 0 and src.view_src is None
+                and _memory_buffer(src).buft.supports_tensor(src)
                 and b is not None and b.type in (Type.F32, Type.F16, Type.BF16)):
             return False
     return True
@@ -237,9 +257,8 @@ def _times_packed(nibbles, scales, n, rows, out) -> None:
 
 
 def bind_repacked_product(a: Tensor):
-    """fn(rows [R, K] float, out [R, N] f32): out = rows @ a^T through torch's int4 GEMM."""
-    nibbles, scales = repacked_views(a)
-    return functools.partial(_times_packed, nibbles, scales, a.ne[1])
+    """fn(rows [R, K] float, out [R, N] f32): out = rows @ a^T in a's repack buffer's layout."""
+    return a.buffer.buft.bind_product(a)
 
 
 RepackBufferType.buffer_class = RepackBuffer
