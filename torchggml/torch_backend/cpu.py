@@ -48,9 +48,9 @@ class CPUBackend(Backend):
 
     def set_n_threads(self, n_threads: int) -> None:
         self.n_threads = int(n_threads)
-        torch.set_num_threads(self.n_threads)
-        if numba_available():
+        if numba_available():  # first: numba's OpenMP layer resets the shared OpenMP count
             set_numba_threads(self.n_threads)
+        torch.set_num_threads(self.n_threads)
 
     def set_abort_callback(self, callback) -> None:
         self.abort_callback = callback
