@@ -2,13 +2,16 @@
 
 At a repacked tensor's address (N rows of K values, G values per group):
 
-    q      int8 [N, K]
+    q      int8 [N, K]        (4-bit types: uint8 [N, K/2], see below)
     scale  f32  [N, K/G]      (64-byte aligned after q)
-    bias   f32  [N, K/G]      (only for types with an offset: Q4_1, Q5_1, Q2_K, Q4_K, Q5_K)
+    bias   f32  [N, K/G]      (only for types with an offset: Q4_1, Q5_1, Q2_K, Q4_K, Q5_K, and
+                               the 4-bit types)
 
 Every block type llama.cpp's CPU backend multiplies is written so at load (decompose.py), which
-costs 8 bits a weight (plus 1-2 for the scales) instead of 4.5-8.5: the price of loops LLVM
-vectorizes. Products: M < FUSED_MAX_ROWS rows of activations run the fused matvec; larger
+costs 8 bits a weight (plus 1-2 for the scales) instead of 5.5-8.5: the price of loops LLVM
+vectorizes. The 4-bit types Q4_0, Q4_1 and Q4_K keep 4 bits: u = q - offset in [0, 15], two to
+a byte (byte i of a 32-value group holds values i and i + 16), with the offset folded into the
+bias (bias + offset*scale; exact in float32). Products: M < FUSED_MAX_ROWS rows of activations run the fused matvec; larger
 micro-batches dequantize the weight once per call into the fastest GEMM dtype and use torch's
 GEMM (the dequantize is ~1% of a 128-row product).
 """
@@ -20,6 +23,7 @@ import threading
 import torch
 
 from ...tensor import Tensor, nbytes, round_up
+from ...types import Type
 from ..repack import RepackBuffer, RepackBufferType, RepackedTensorError
 from ..views import byte_view
 from .decompose import DECOMPOSE, HAS_BIAS, decompose, group_size
@@ -32,6 +36,14 @@ FUSED_MAX_ROWS = 4
 CONVERT_ROWS_VALUES = 1 << 22  # rows are decomposed this many values at a time at load
 
 
+# 4-bit types stored two values to a byte, and the offset that makes their q unsigned
+NIBBLE_OFFSET = {Type.Q4_0: -8, Type.Q4_1: 0, Type.Q4_K: 0}
+
+
+def _has_bias(qtype) -> bool:
+    return qtype in HAS_BIAS or qtype in NIBBLE_OFFSET
+
+
 def supports_shape(qtype, ne) -> bool:
     ne = list(ne) + [1] * (4 - len(ne))
     return qtype in DECOMPOSE and ne[2] == 1 and ne[3] == 1 and ne[0] % group_size(qtype) == 0
@@ -41,20 +53,21 @@ def _layout(t: Tensor) -> tuple[int, int, int, int, int]:
     """(N, K, G, scale offset, bias offset or total bytes when no bias, total bytes)."""
     k, n = t.ne[0], t.ne[1]
     g = group_size(t.type)
-    scale_at = round_up(n * k, ALIGN)
+    scale_at = round_up(n * k // (2 if t.type in NIBBLE_OFFSET else 1), ALIGN)
     groups_bytes = n * (k // g) * 4
     bias_at = round_up(scale_at + groups_bytes, ALIGN)
-    total = bias_at + (groups_bytes if t.type in HAS_BIAS else 0)
+    total = bias_at + (groups_bytes if _has_bias(t.type) else 0)
     return n, k, g, scale_at, bias_at, total
 
 
 def packed_views(t: Tensor):
-    """(q int8 [N, K], scale f32 [N, K/G], bias f32 [N, K/G] or None) at t's address."""
+    """(q int8 [N, K] or nibbles uint8 [N, K/2], scale f32 [N, K/G], bias f32 [N, K/G] or None)
+    at t's address."""
     n, k, g, scale_at, bias_at, total = _layout(t)
     raw = byte_view(t.buffer, t.data - t.buffer.base, total)
-    q = raw[:n * k].view(torch.int8).view(n, k)
+    q = raw[:n * k // 2].view(n, k // 2) if t.type in NIBBLE_OFFSET else raw[:n * k].view(torch.int8).view(n, k)
     scale = raw[scale_at:scale_at + n * (k // g) * 4].view(torch.float32).view(n, k // g)
-    bias = raw[bias_at:total].view(torch.float32).view(n, k // g) if t.type in HAS_BIAS else None
+    bias = raw[bias_at:total].view(torch.float32).view(n, k // g) if _has_bias(t.type) else None
     return q, scale, bias
 
 
@@ -93,10 +106,20 @@ class FusedBuffer(RepackBuffer):
         step = max(1, CONVERT_ROWS_VALUES // k)
         for r0 in range(0, n, step):  # chunks of rows bound the temporaries
             pq, ps, pb = decompose(tensor.type, blocks[r0:r0 + step], k)
+            if tensor.type in NIBBLE_OFFSET:
+                pq, pb = _as_nibbles(pq, ps, pb, NIBBLE_OFFSET[tensor.type])
             q[r0:r0 + step].copy_(pq)
             scale[r0:r0 + step].copy_(ps)
             if bias is not None:
                 bias[r0:r0 + step].copy_(pb)
+
+
+def _as_nibbles(q, scale, bias, offset: int):
+    """q [rows, K] in [offset, offset + 15] -> (uint8 [rows, K/2], bias + offset*scale)."""
+    u = (q.to(torch.int16) - offset).to(torch.uint8).view(q.shape[0], -1, 2, 16)
+    packed = (u[:, :, 0] | (u[:, :, 1] << 4)).reshape(q.shape[0], -1)
+    folded = offset * scale
+    return packed, folded if bias is None else bias + folded
 
 
 FusedBufferType.buffer_class = FusedBuffer
@@ -106,7 +129,8 @@ class _Packed:
     """A repacked weight's arrays as numpy (what numba takes), bound once."""
 
     def __init__(self, qtype, q, scale, bias):
-        self.n, self.k = q.shape
+        self.nibbles = qtype in NIBBLE_OFFSET
+        self.n, self.k = q.shape[0], q.shape[1] * (2 if self.nibbles else 1)
         self.g = group_size(qtype)
         self.q, self.scale = q.numpy(), scale.numpy()
         self.has_bias = bias is not None
@@ -127,7 +151,10 @@ def _scratch_f32(n_values: int) -> torch.Tensor:
 def dequantized(p: _Packed) -> torch.Tensor:
     """The weight as float32 [N, K], in the per-thread scratch buffer."""
     w = _scratch_f32(p.n * p.k).view(p.n, p.k)
-    numba_kernels()[1](p.q, p.scale, p.bias, p.has_bias, w.numpy())
+    if p.nibbles:
+        numba_kernels()[3](p.q, p.scale, p.bias, w.numpy())
+    else:
+        numba_kernels()[1](p.q, p.scale, p.bias, p.has_bias, w.numpy())
     return w
 
 
@@ -144,6 +171,9 @@ def _product(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
     x = rows.float().contiguous()
     xsum = x.view(m, -1, p.g).sum(-1) if p.has_bias else x  # unread without a bias
     target = out if out.is_contiguous() else torch.empty(out.shape, dtype=torch.float32)
-    numba_kernels()[0](p.q, p.scale, p.bias, p.has_bias, x.numpy(), xsum.numpy(), target.numpy())
+    if p.nibbles:
+        numba_kernels()[2](p.q, p.scale, p.bias, x.numpy(), xsum.numpy(), target.numpy())
+    else:
+        numba_kernels()[0](p.q, p.scale, p.bias, p.has_bias, x.numpy(), xsum.numpy(), target.numpy())
     if target is not out:
         out.copy_(target)
