@@ -111,3 +111,12 @@ def test_golden_models_on_each_path(entry, path, monkeypatch):
     check_logits(model.eval(entry["tokens"]), entry)
     check_logits(eval_steps(model, entry["tokens"]), entry)
     model.close()
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_devices_command_names_features_and_path(path, monkeypatch, capsys):
+    from torchggml import cli
+    monkeypatch.setenv("TORCHGGML_CPU_PATH", path)
+    assert cli.main(["devices"]) == 0
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("CPU features:"))
+    assert f"CPU_PATH = {path}" in line and f"CPU_CAPABILITY = {cpu_features()['CPU_CAPABILITY']}" in line
