@@ -22,35 +22,120 @@ from __future__ import annotations
 import functools
 
 
+def _vector_dot_intrinsics():
+    """numba intrinsics that emit one LLVM vector expression for an int8 dot product, which
+    LLVM lowers to the CPU's integer multiply-add (vpmovsxbw + vpmaddwd on AVX2/AVX-512, sdot
+    on ARM): numba's own integer arithmetic widens to int64 and stays scalar.
+
+        dot_i8(w, wo, x, xo, n)   sum_{i<n} w[wo+i] * x[xo+i], w and x int8, n 16 or 32
+        dot_u4(w, wo, x, xo)      sum_{i<16} (w[wo+i] & 15) * x[xo+i] + (w[wo+i] >> 4) * x[xo+16+i]
+    """
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    def load(context, builder, arr_type, arr, offset, n):
+        data = context.make_array(arr_type)(context, builder, arr).data
+        ptr = builder.bitcast(builder.gep(data, [offset]), ir.VectorType(ir.IntType(8), n).as_pointer())
+        return builder.load(ptr, align=1)
+
+    def reduce_add(builder, v, n):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(32), [v.type]),
+                                            f"llvm.vector.reduce.add.v{n}i32")
+        return builder.call(fn, [v])
+
+    def make_dot_i8(n):
+        @intrinsic
+        def dot_i8(typingctx, w, wo, x, xo):
+            def codegen(context, builder, sig, args):
+                wv = load(context, builder, sig.args[0], args[0], args[1], n)
+                xv = load(context, builder, sig.args[2], args[2], args[3], n)
+                wide = ir.VectorType(ir.IntType(32), n)
+                return reduce_add(builder, builder.mul(builder.sext(wv, wide), builder.sext(xv, wide)), n)
+            return types.int32(w, wo, x, xo), codegen
+        return dot_i8
+
+    @intrinsic
+    def dot_u4(typingctx, w, wo, x, xo):
+        def codegen(context, builder, sig, args):
+            wv = load(context, builder, sig.args[0], args[0], args[1], 16)
+            lo_x = load(context, builder, sig.args[2], args[2], args[3], 16)
+            hi_x = load(context, builder, sig.args[2], args[2], builder.add(args[3], ir.Constant(args[3].type, 16)), 16)
+            wide = ir.VectorType(ir.IntType(32), 16)
+            v16 = ir.VectorType(ir.IntType(8), 16)
+            lo = builder.and_(wv, ir.Constant(v16, [15] * 16))
+            hi = builder.lshr(wv, ir.Constant(v16, [4] * 16))
+            total = builder.add(builder.mul(builder.zext(lo, wide), builder.sext(lo_x, wide)),
+                                builder.mul(builder.zext(hi, wide), builder.sext(hi_x, wide)))
+            return reduce_add(builder, total, 16)
+        return types.int32(w, wo, x, xo), codegen
+
+    return make_dot_i8(16), make_dot_i8(32), dot_u4
+
+
 @functools.lru_cache(maxsize=None)
 def numba_kernels():
-    """(matvec, dequantize_rows, matvec_nibbles, dequantize_nibbles), compiled on first use
-    (numba caches them on disk)."""
+    """(matvec, dequantize_rows, matvec_nibbles, dequantize_nibbles, quantize_rows), compiled on
+    first use (numba caches them on disk)."""
     import numpy as np
     from numba import njit, prange, uint64
 
+    dot16, dot32, dot_u4 = _vector_dot_intrinsics()
+
+    @njit(fastmath=True, cache=True, nogil=True)
+    def quantize_rows(x, g, xq, xd, xsum):
+        """x f32 [M, K] -> int8 [M, K] and scales [M, K/g] per group of g (ggml's Q8_0 rounding:
+        d = max|x| / 127, q = round(x / d)), and the groups' float sums."""
+        m_rows, k = x.shape
+        for m in range(m_rows):
+            for j in range(k // g):
+                amax = np.float32(0)
+                total = np.float32(0)
+                for i in range(j * g, j * g + g):
+                    amax = max(amax, abs(x[m, i]))
+                    total += x[m, i]
+                d = amax / np.float32(127)
+                inv = np.float32(1) / d if d > 0 else np.float32(0)
+                for i in range(j * g, j * g + g):
+                    xq[m, i] = np.int8(np.round(x[m, i] * inv))
+                xd[m, j] = d
+                xsum[m, j] = total
+
     @njit(fastmath=True, parallel=True, cache=True, nogil=True)
-    def matvec(q, scale, bias, has_bias, x, xsum, out):
+    def matvec(q, scale, bias, has_bias, xq, xd, xsum, out):
         n_rows, k = q.shape
         n_groups = scale.shape[1]
         g = k // n_groups
-        m_rows = x.shape[0]
+        m_rows = xq.shape[0]
         for n in prange(n_rows):
-            lanes = np.empty(g, np.float32)
             w = q[n]
             for m in range(m_rows):
-                a = x[m]
-                lanes[:] = 0
-                offset = np.float32(0)
+                a = xq[m]
+                acc = np.float32(0)
                 for j in range(n_groups):
-                    d = scale[n, j]
+                    dot = dot32(w, j * 32, a, j * 32) if g == 32 else dot16(w, j * 16, a, j * 16)
+                    acc += scale[n, j] * xd[m, j] * np.float32(dot)
                     if has_bias:
-                        offset += bias[n, j] * xsum[m, j]
-                    base = uint64(j * g)
-                    for i in range(g):
-                        at = base + uint64(i)
-                        lanes[i] += d * (np.float32(w[at]) * a[at])
-                out[m, n] = lanes.sum() + offset
+                        acc += bias[n, j] * xsum[m, j]
+                out[m, n] = acc
+
+    @njit(fastmath=True, parallel=True, cache=True, nogil=True)
+    def matvec_nibbles(packed, scale, bias, xq, xd, xsum, out):
+        """As matvec for 4-bit weights: packed uint8 [N, K/2], each group of 32 values in 16
+        bytes (byte i: value i in the low nibble, value i + 16 in the high one), W = u*scale + bias."""
+        n_rows = packed.shape[0]
+        n_groups = scale.shape[1]
+        m_rows = xq.shape[0]
+        for n in prange(n_rows):
+            w = packed[n]
+            for m in range(m_rows):
+                a = xq[m]
+                acc = np.float32(0)
+                for j in range(n_groups):
+                    dot = dot_u4(w, j * 16, a, j * 32)
+                    acc += scale[n, j] * xd[m, j] * np.float32(dot) + bias[n, j] * xsum[m, j]
+                out[m, n] = acc
 
     @njit(fastmath=True, parallel=True, cache=True, nogil=True)
     def dequantize_rows(q, scale, bias, has_bias, out):
@@ -69,29 +154,6 @@ def numba_kernels():
                     o[at] = np.float32(w[at]) * d + b
 
     @njit(fastmath=True, parallel=True, cache=True, nogil=True)
-    def matvec_nibbles(packed, scale, bias, x, xsum, out):
-        """As matvec for 4-bit weights: packed uint8 [N, K/2], each group of 32 values in 16
-        bytes (byte i: value i in the low nibble, value i + 16 in the high one), W = u*scale + bias."""
-        n_rows = packed.shape[0]
-        n_groups = scale.shape[1]
-        m_rows = x.shape[0]
-        for n in prange(n_rows):
-            lanes = np.empty(32, np.float32)
-            w = packed[n]
-            for m in range(m_rows):
-                a = x[m]
-                lanes[:] = 0
-                offset = np.float32(0)
-                for j in range(n_groups):
-                    d = scale[n, j]
-                    offset += bias[n, j] * xsum[m, j]
-                    for i in range(16):
-                        b = np.int32(w[uint64(j * 16 + i)])
-                        lanes[i] += d * (np.float32(b & 15) * a[uint64(j * 32 + i)])
-                        lanes[i + 16] += d * (np.float32(b >> 4) * a[uint64(j * 32 + 16 + i)])
-                out[m, n] = lanes.sum() + offset
-
-    @njit(fastmath=True, parallel=True, cache=True, nogil=True)
     def dequantize_nibbles(packed, scale, bias, out):
         n_rows = packed.shape[0]
         n_groups = scale.shape[1]
@@ -106,7 +168,7 @@ def numba_kernels():
                     o[uint64(j * 32 + i)] = np.float32(b & 15) * d + b0
                     o[uint64(j * 32 + 16 + i)] = np.float32(b >> 4) * d + b0
 
-    return matvec, dequantize_rows, matvec_nibbles, dequantize_nibbles
+    return matvec, dequantize_rows, matvec_nibbles, dequantize_nibbles, quantize_rows
 
 
 def numba_available() -> bool:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import threading
 
+import numpy as np
 import torch
 
 from ...tensor import Tensor, nbytes, round_up
@@ -168,12 +169,17 @@ def _product(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
         else:
             out.copy_(torch.mm(rows.to(dtype), w.to(dtype).T))
         return
-    x = rows.float().contiguous()
-    xsum = x.view(m, -1, p.g).sum(-1) if p.has_bias else x  # unread without a bias
+    matvec, _, matvec_nibbles, _, quantize_rows = numba_kernels()
+    x = rows.float().contiguous().numpy()
+    # activations rounded to int8 per group, as ggml's vec_dot_type (Q8_0) does
+    xq = np.empty(x.shape, np.int8)
+    xd = np.empty((m, p.k // p.g), np.float32)
+    xsum = np.empty_like(xd)
+    quantize_rows(x, p.g, xq, xd, xsum)
     target = out if out.is_contiguous() else torch.empty(out.shape, dtype=torch.float32)
     if p.nibbles:
-        numba_kernels()[2](p.q, p.scale, p.bias, x.numpy(), xsum.numpy(), target.numpy())
+        matvec_nibbles(p.q, p.scale, p.bias, xq, xd, xsum, target.numpy())
     else:
-        numba_kernels()[0](p.q, p.scale, p.bias, p.has_bias, x.numpy(), xsum.numpy(), target.numpy())
+        matvec(p.q, p.scale, p.bias, p.has_bias, xq, xd, xsum, target.numpy())
     if target is not out:
         out.copy_(target)
