@@ -196,6 +196,11 @@ def bench_llama_cpp(path, args, n_vocab: int) -> dict:
 
 # ---------------------------------------------------------------- main
 
+# both engines run with OpenMP workers that sleep between parallel regions, torchggml's default
+# (see torchggml/__init__.py): spinning workers make both 10-50x slower on a shared machine
+ENGINE_ENV = {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+
+
 def run_engine(engine: str, path: str, args) -> dict:
     """One engine on one model in a fresh process: llama.cpp's OpenMP threads keep spinning after
     each call and would steal the cores from torch if both ran in one process."""
@@ -206,7 +211,7 @@ def run_engine(engine: str, path: str, args) -> dict:
             cmd += [flag, str(value)]
     if args.flash_attn:
         cmd.append("-fa")
-    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, **ENGINE_ENV})
     if out.returncode != 0:
         raise RuntimeError(f"{engine} on {path} failed (exit code {out.returncode})")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -239,7 +244,7 @@ def main(argv=None) -> int:
     with_llama = not args.no_llama_cpp and llama_cpp_available()
     if not with_llama and not args.no_llama_cpp:
         print("llama-cpp-python is not installed: torchggml only (pip install llama-cpp-python)", file=sys.stderr)
-    print(cpu_header())
+    print(cpu_header() + f"; OMP_WAIT_POLICY={ENGINE_ENV['OMP_WAIT_POLICY']} for both engines")
     print(f"threads: {args.threads or torch.get_num_threads()}, pp{args.n_prompt}, tg{args.n_gen}, "
           f"median of {args.reps}, each engine in its own process\n")
     header = f"{'model':44s} {'params':>8s} {'test':>6s} {'torchggml t/s':>14s}" + \
