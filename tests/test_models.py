@@ -118,6 +118,7 @@ VARIANTS = [
     ("llama-F32", dict(flash_attn=True, kv_type="q8_0"), MAX_ERR_QUANT, MIN_ARGMAX),
     # a 4-bit K/V cache on random-weight activations: measured 7e-2 and 0.88
     ("llama-F32", dict(flash_attn=True, kv_type="q4_0"), 1.5e-1, 0.75),
+    ("llama-F32", dict(flash_attn=True, kv_type="iq4_nl"), 1.5e-1, 0.75),
     ("qwen3-F16-tied", dict(flash_attn=True, kv_type="q8_0"), MAX_ERR_QUANT, MIN_ARGMAX),
 ]
 
@@ -202,8 +203,10 @@ def test_eval_appends_to_the_cache_and_checks_its_input():
 def test_quantized_kv_cache_needs_flash_attention():
     with pytest.raises(ValueError, match="kv_type 'q8_0' needs flash_attn=True"):
         load_model(GOLDEN / "models" / "llama-F32.gguf", kv_type="q8_0")
-    with pytest.raises(ValueError, match="kv_type 'q3_k' is not supported"):
-        load_model(GOLDEN / "models" / "llama-F32.gguf", kv_type="q3_k")
+    with pytest.raises(ValueError, match="kv_type 'iq2_xxs' is not supported"):
+        load_model(GOLDEN / "models" / "llama-F32.gguf", kv_type="iq2_xxs")
+    with pytest.raises(ValueError, match="head size 32 is not a multiple of Q4_K's block size 256"):
+        load_model(GOLDEN / "models" / "llama-F32.gguf", kv_type="q4_k", flash_attn=True)
 
 
 @needs_golden

@@ -25,7 +25,9 @@ def load_model(path, devices=None, n_gpu_layers: int | None = None, n_ctx: int |
     n_ctx: KV cache size in tokens (default: the model's training context, at most 4096).
     n_batch: micro-batch size for prompt processing.
     flash_attn: attention through flash_attn_ext instead of mul_mat + soft_max + mul_mat.
-    kv_type: "f16" (default), "f32", "bf16", "q8_0" or "q4_0" (quantized caches need flash_attn).
+    kv_type: "f16" (default), "f32", "bf16", or a block type of models.kv_cache.KV_TYPES: "q8_0",
+        "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"; "q2_k".."q6_k", "iq4_xs" where the head size is
+        a multiple of 256 (quantized caches need flash_attn).
     vocab_only: load only the tokenizer (works with vocabulary-only GGUF files).
     n_threads: CPU threads for the CPU backend.
     progress: show a progress bar while uploading weights to accelerators.

@@ -54,7 +54,8 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-b", "--batch-size", type=int, default=512, metavar="N", help="prompt micro-batch size")
     p.add_argument("-fa", "--flash-attn", action="store_true", help="use flash_attn_ext for attention")
     p.add_argument("-ctk", "--cache-type", default="f16", metavar="TYPE",
-                   help="KV cache type: f16 (default), f32, bf16, q8_0, q4_0 (quantized needs -fa)")
+                   help="KV cache type: f16 (default), f32, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl; "
+                        "q2_k..q6_k, iq4_xs for head sizes that are multiples of 256 (quantized needs -fa)")
     p.add_argument("-t", "--threads", type=int, default=None, metavar="N", help="CPU threads")
     p.add_argument("--no-repack", dest="repack", action="store_false",
                    help="keep CPU weights in ggml's layout (no CPU_REPACK int4 GEMM buffers)")

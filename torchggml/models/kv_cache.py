@@ -2,7 +2,7 @@
 
 Cells are used in order: the token at position p is stored in cell p, so a sequence of n
 tokens occupies cells [0, n). Graph builders write new rows with set_rows (converting F32 to
-the cache type: F16 by default, Q8_0 or Q4_0 when asked) and read the first n_kv cells back
+the cache type: F16 by default, any of KV_TYPES when asked) and read the first n_kv cells back
 as [head_dim, n_kv, n_head_kv] views.
 """
 from __future__ import annotations
@@ -14,7 +14,11 @@ from ..ops import set_rows, view_3d, reshape_2d
 from ..tensor import Tensor, round_up, set_name
 from ..types import Type, as_type, row_size, blck_size
 
-KV_TYPES = {"f32": Type.F32, "f16": Type.F16, "bf16": Type.BF16, "q8_0": Type.Q8_0, "q4_0": Type.Q4_0}
+# llama.cpp's cache types (-ctk/-ctv), plus the K types and IQ4_XS, whose 256-value blocks
+# need a head size that is a multiple of 256
+KV_TYPES = {t.name.lower(): t for t in (
+    Type.F32, Type.F16, Type.BF16, Type.Q8_0, Type.Q4_0, Type.Q4_1, Type.IQ4_NL, Type.Q5_0, Type.Q5_1,
+    Type.Q2_K, Type.Q3_K, Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.IQ4_XS)}
 
 # the number of cells a graph attends to is padded to this, so decode steps reuse one graph
 KV_PAD = 256

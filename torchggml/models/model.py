@@ -26,6 +26,7 @@ from ..backend.backend import backend_tensor_set_async
 from ..backend.tensor_io import backend_tensor_set, backend_tensor_get
 from ..context import Context
 from ..gguf import GGUFFile, load_weights
+from ..types import is_quantized
 from .kv_cache import KVCache, kv_type_from_name
 from .llama import HParams, LlamaWeights, LlamaGraph, build_graph, graph_size, tensor_layer
 
@@ -212,7 +213,7 @@ class Model:
         self.n_batch = n_batch
         self.flash_attn = flash_attn
         self.kv_type = kv_type_from_name(kv_type)
-        if self.kv_type.name.startswith("Q") and not flash_attn:
+        if is_quantized(self.kv_type) and not flash_attn:
             raise ValueError(f"kv_type {kv_type!r} needs flash_attn=True: without flash attention the "
                              f"V cache is read transposed, which a block-quantized cache cannot do")
         self.kv = KVCache(hp.n_layer, n_ctx, hp.head_dim_k, hp.head_dim_v, hp.n_head_kv, self.kv_type,

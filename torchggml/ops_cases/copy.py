@@ -1,6 +1,7 @@
 """Cases: CPY, DUP, CONT between F32/F16/BF16, F32 <-> I32, into block types (quantized per
-destination row, checked against gguf), out of block types, block type to itself; and every
-view (view_1d..4d, permute, transpose, reshape) made concrete through CONT. All exact.
+destination row, checked against gguf where it quantizes the type), out of block types, block
+type to itself; and every view (view_1d..4d, permute, transpose, reshape) made concrete
+through CONT. All exact.
 """
 from __future__ import annotations
 
@@ -11,22 +12,25 @@ import torchggml as ggml
 from ..testing import case
 from .binary import FLOAT_TYPES, T, ggml_permute, randint, rounded, uniform
 
-QUANTIZE_TARGETS = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL)
+QUANTIZE_TARGETS = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL,
+                    T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS)
 
 
 def quantized_roundtrip(qtype, x: torch.Tensor, ne0: int | None = None) -> torch.Tensor:
     """x (float64, torch order) quantized to qtype in rows of ne0 values in element order and
-    dequantized again, by the gguf package (torchggml.quants for IQ4_NL, which gguf cannot
-    quantize). Values go through float32 first, as ggml's copy does."""
+    dequantized again, by the gguf package; for the types gguf cannot quantize (IQ4_NL, the K
+    types, IQ4_XS) by torchggml.quants, which tests/test_quantize_ggml.py checks bit for bit
+    against llama.cpp's quantizers. Values go through float32 first, as ggml's copy does."""
+    import gguf
     rows = x.reshape(-1, ne0 or x.shape[-1]).float()
-    if qtype == T.IQ4_NL:
+    gtype = gguf.GGMLQuantizationType(int(qtype))
+    try:
+        blocks = gguf.quants.quantize(rows.numpy(), gtype)
+    except NotImplementedError:
         from ..quants import dequantize, quantize
         out = dequantize(qtype, quantize(qtype, rows))
     else:
-        import gguf
-        gtype = gguf.GGMLQuantizationType(int(qtype))
-        out = torch.from_numpy(np.ascontiguousarray(
-            gguf.quants.dequantize(gguf.quants.quantize(rows.numpy(), gtype), gtype)))
+        out = torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(blocks, gtype)))
     return out.double().reshape(x.shape)
 
 
@@ -83,40 +87,43 @@ case("cpy", "I32->F32,transposed source", _build_i32_to_f32, lambda a: a.transpo
 # ---------------------------------------------------------------- into block types
 
 for _q in QUANTIZE_TARGETS:
-    def _build_quantize(ctx, q=_q):
-        a = ggml.new_tensor_3d(ctx, T.F32, 64, 3, 2)
-        return ggml.cpy(ctx, a, ggml.new_tensor_3d(ctx, q, 64, 3, 2)), [a]
+    _row = max(64, ggml.blck_size(_q))   # whole blocks per row
+    _half = max(32, ggml.blck_size(_q))
+
+    def _build_quantize(ctx, q=_q, row=_row):
+        a = ggml.new_tensor_3d(ctx, T.F32, row, 3, 2)
+        return ggml.cpy(ctx, a, ggml.new_tensor_3d(ctx, q, row, 3, 2)), [a]
     case("cpy", f"F32->{_q.name}", _build_quantize, lambda a, q=_q: quantized_roundtrip(q, a), max_nmse=0)
 
-    def _build_quantize_f16(ctx, q=_q):
-        a = ggml.new_tensor_2d(ctx, T.F16, 32, 4)
-        return ggml.cpy(ctx, a, ggml.new_tensor_2d(ctx, q, 32, 4)), [a]
+    def _build_quantize_f16(ctx, q=_q, row=_half):
+        a = ggml.new_tensor_2d(ctx, T.F16, row, 4)
+        return ggml.cpy(ctx, a, ggml.new_tensor_2d(ctx, q, row, 4)), [a]
     case("cpy", f"F16->{_q.name}", _build_quantize_f16, lambda a, q=_q: quantized_roundtrip(q, a), max_nmse=0)
 
-    def _build_quantize_transposed(ctx, q=_q):
-        a = ggml.new_tensor_2d(ctx, T.F32, 5, 64)
-        return ggml.cpy(ctx, ggml.transpose(ctx, a), ggml.new_tensor_2d(ctx, q, 64, 5)), [a]
+    def _build_quantize_transposed(ctx, q=_q, row=_row):
+        a = ggml.new_tensor_2d(ctx, T.F32, 5, row)
+        return ggml.cpy(ctx, ggml.transpose(ctx, a), ggml.new_tensor_2d(ctx, q, row, 5)), [a]
     case("cpy", f"F32->{_q.name},transposed source", _build_quantize_transposed,
          lambda a, q=_q: quantized_roundtrip(q, a.transpose(-1, -2)), max_nmse=0)
 
-    def _build_quantize_reshaped(ctx, q=_q):
+    def _build_quantize_reshaped(ctx, q=_q, row=_row):
         # same element count, other shape: rows of the destination are quantized in element order
-        a = ggml.new_tensor_3d(ctx, T.F32, 16, 6, 2)
-        return ggml.cpy(ctx, a, ggml.new_tensor_2d(ctx, q, 64, 3)), [a]
+        a = ggml.new_tensor_3d(ctx, T.F32, row // 4, 6, 2)
+        return ggml.cpy(ctx, a, ggml.new_tensor_2d(ctx, q, row, 3)), [a]
     case("cpy", f"F32->{_q.name},reshaped destination", _build_quantize_reshaped,
-         lambda a, q=_q: quantized_roundtrip(q, a, 64).reshape(1, 1, 3, 64), max_nmse=0)
+         lambda a, q=_q, row=_row: quantized_roundtrip(q, a, row).reshape(1, 1, 3, row), max_nmse=0)
 
 
-def _build_quantize_into_view(ctx):
-    # rows 2..4 of a Q8_0 cache, as a KV-cache update writes them
-    cache = ggml.new_tensor_2d(ctx, T.Q8_0, 64, 8)
-    rows = ggml.view_2d(ctx, cache, 64, 3, cache.nb[1], 2 * cache.nb[1])
-    a = ggml.new_tensor_2d(ctx, T.F32, 64, 3)
-    return ggml.cpy(ctx, a, rows), [a]
-
-
-case("cpy", "F32->Q8_0,into a view of rows", _build_quantize_into_view,
-     lambda a: quantized_roundtrip(T.Q8_0, a), max_nmse=0)
+for _q in (T.Q8_0, T.Q4_K):
+    def _build_quantize_into_view(ctx, q=_q):
+        # rows 2..4 of a quantized cache, as a KV-cache update writes them
+        row = max(64, ggml.blck_size(q))
+        cache = ggml.new_tensor_2d(ctx, q, row, 8)
+        rows = ggml.view_2d(ctx, cache, row, 3, cache.nb[1], 2 * cache.nb[1])
+        a = ggml.new_tensor_2d(ctx, T.F32, row, 3)
+        return ggml.cpy(ctx, a, rows), [a]
+    case("cpy", f"F32->{_q.name},into a view of rows", _build_quantize_into_view,
+         lambda a, q=_q: quantized_roundtrip(q, a), max_nmse=0)
 
 
 # ---------------------------------------------------------------- out of and between block types

@@ -2,16 +2,16 @@
 SET_ROWS (F32/F16 rows into float and quantized destinations at I64/I32 indices, indices
 tiled over dims 2 and 3, a KV-cache view as destination).
 
-Quantized SET_ROWS references quantize with the gguf package (IQ4_NL, which gguf cannot
-quantize, with torchggml's quants)."""
+Quantized SET_ROWS references quantize with the gguf package (the types gguf cannot quantize
+with torchggml's quants: copy.quantized_roundtrip)."""
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 import torchggml as ggml
 from ..testing import case
 from .binary import ggml_permute, randint
+from .copy import quantized_roundtrip
 from .matmul import BLOCK_TYPES, inits_for
 
 T = ggml.Type
@@ -71,13 +71,7 @@ def _store(type, rows: torch.Tensor) -> torch.Tensor:
         return rows.float().double()
     if type in (T.F16, T.BF16):
         return rows.to(ggml.type_to_dtype(type)).double()
-    if type == T.IQ4_NL:  # gguf has no IQ4_NL quantizer
-        from ..quants import quantize, dequantize
-        return dequantize(type, quantize(type, rows.float())).double()
-    import gguf
-    qtype = gguf.GGMLQuantizationType[type.name]
-    blocks = gguf.quants.quantize(rows.float().numpy().astype(np.float32), qtype)
-    return torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(blocks, qtype))).double().view(rows.shape)
+    return quantized_roundtrip(type, rows)
 
 
 def set_rows_ref(type):
@@ -114,8 +108,9 @@ def _set_rows_case(type, ne0, n_rows, n, batch=(1, 1), idx_batch=None, idx_type=
          max_nmse=0.0 if type in (T.F32, T.F16, T.BF16) else 1e-7, init={2: distinct_rows(n_rows)})
 
 
-for _type in (T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.MXFP4):
-    _ne0 = 64
+for _type in (T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.MXFP4,
+              T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS):
+    _ne0 = max(64, ggml.blck_size(_type))
     _set_rows_case(_type, _ne0, 10, 4)
     _set_rows_case(_type, _ne0, 8, 3, (3, 2), idx_type=T.I32)
     _set_rows_case(_type, _ne0, 8, 3, (3, 2), idx_batch=(1, 1))  # one index list for every batch

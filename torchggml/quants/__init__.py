@@ -3,10 +3,12 @@
     dequantize(qtype, blocks)  uint8 [..., row_bytes]  -> float32 [..., n_values]
     quantize(qtype, x)         float  [..., n_values]  -> uint8 [..., row_bytes]
 
-Both run on the input's device. Results equal the gguf package's `gguf.quants` (itself the
-numpy mirror of ggml's C reference) bit for bit wherever gguf implements the type; the rest
-(Q8_1 and Q8_K both ways, IQ4_NL's quantize) follow ggml's C reference. This is the CPU path of
-torchggml and the oracle the Triton kernels are tested against.
+Both run on the input's device. dequantize equals the gguf package's `gguf.quants` bit for
+bit (Q8_1 and Q8_K, which gguf lacks, follow ggml's block definitions). quantize equals
+llama.cpp's quantize_row_*_ref bit for bit for every type it accepts, and so gguf's
+quantizers where gguf has one; the searching quantizers (K types, IQ4) keep C's float32
+evaluation order for that (_c_order). This is the CPU path of torchggml and the oracle the
+Triton kernels are tested against.
 """
 from __future__ import annotations
 

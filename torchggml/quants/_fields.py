@@ -91,20 +91,20 @@ def round_half_away(x: torch.Tensor) -> torch.Tensor:
 
 def pack_bits(bits: torch.Tensor) -> torch.Tensor:
     """0/1 values [n, 8k] -> uint8 [n, k], element j in bit j % 8 of byte j // 8."""
-    bits = bits.reshape(bits.shape[0], -1, 8).to(torch.uint8)
-    packed = bits[..., 0]
-    for j in range(1, 8):
-        packed = packed | (bits[..., j] << j)
-    return packed
+    return pack_runs(bits.reshape(bits.shape[0], -1, 8, 1), 1)
+
+
+def pack_runs(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """Small values [n, groups, runs, width] -> uint8 [n, groups * width]: run r of each group
+    goes to bits r*bits .. r*bits + bits-1 of the group's `width` bytes (unpack's inverse)."""
+    q = q.to(torch.uint8)
+    packed = q[:, :, 0]
+    for r in range(1, q.shape[2]):
+        packed = packed | (q[:, :, r] << (r * bits))
+    return packed.reshape(q.shape[0], -1)
 
 
 def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
     """4-bit values [n, 32k] -> uint8 [n, 16k]: in each group of 32, element j in the low
     nibble and element j + 16 in the high nibble of byte j (ggml's qs layout)."""
-    q = q.reshape(q.shape[0], -1, 2, 16).to(torch.uint8)
-    return (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(q.shape[0], -1)
-
-
-def signed_absmax(x: torch.Tensor) -> torch.Tensor:
-    """The value of largest magnitude in each row, sign kept (the first one on ties)."""
-    return x.gather(-1, x.abs().argmax(dim=-1, keepdim=True))
+    return pack_runs(q.reshape(q.shape[0], -1, 2, 16), 4)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 
 from ..types import Type
-from ._fields import (as_f16, as_u16, as_u32, div, f16_bytes, pack_nibbles, signed_absmax,
-                      split_bytes, unpack)
+from ._c_order import first_max, nearest_int, ordered_sum, over, signed_amax
+from ._fields import as_f16, as_u16, as_u32, div, f16_bytes, pack_nibbles, pack_runs, split_bytes, unpack
+from ._scale_search import GROUP_MAX_EPS
 from .tables import table
 
 
@@ -142,20 +143,61 @@ def _nearest_iq4nl_index(x: torch.Tensor) -> torch.Tensor:
     return torch.where(pick_lower, upper - 1, upper)
 
 
+def _iq4_scales(sub: torch.Tensor, ntry: int):
+    """ggml's scale search of quantize_row_iq4_nl_impl (no importance weights: w = x*x) for
+    blocks of 32 [m, 32]: d0 = max / -127 (or -max / -127 with ntry > 0) picks indices and a
+    least-squares scale; then 1/d = (t - 127) / max for t in -ntry..ntry is tried, keeping the
+    scale of largest sum(w*q*x)^2 / sum(w*q*q). Returns (scale [m], the first indices
+    [m, 32], whether the block is below GROUP_MAX_EPS [m]: scale 0, indices left unset)."""
+    values = table("iq4nl", sub.device)
+    max_, amax = signed_amax(sub)
+    d0 = div(-max_, -127.0) if ntry > 0 else div(max_, -127.0)
+    tries = torch.tensor([t - 127 for t in range(-ntry, ntry + 1)], dtype=torch.float32,
+                         device=sub.device)
+    inverse = torch.cat([over(1, d0).unsqueeze(-1), tries / max_.unsqueeze(-1)], dim=-1)
+    index = _nearest_iq4nl_index(inverse.unsqueeze(-1) * sub.unsqueeze(1))   # [m, C, 32]
+    q = values[index]
+    wq = (sub * sub).unsqueeze(1) * q
+    sumqx, sumq2 = ordered_sum(torch.stack([wq * sub.unsqueeze(1), wq * q]))
+    d = torch.where(sumq2[:, 0] > 0, sumqx[:, 0] / sumq2[:, 0], 0.0)
+    best = d * sumqx[:, 0]
+    for c in range(1, inverse.shape[1]):
+        take = (sumq2[:, c] > 0) & (sumqx[:, c] * sumqx[:, c] > best * sumq2[:, c])
+        this_d = sumqx[:, c] / sumq2[:, c]
+        d = torch.where(take, this_d, d)
+        best = torch.where(take, this_d * sumqx[:, c], best)
+    dead = amax < GROUP_MAX_EPS
+    return torch.where(dead, 0.0, d), index[:, 0], dead
+
+
 def quantize_iq4_nl(x):
-    """ggml's quantize_row_iq4_nl_ref (no importance weights, no scale search):
-    d0 = max/-127 picks the indices, then d = sum(w*q*x)/sum(w*q*q) with w = x*x."""
-    signed_max = signed_absmax(x)
-    live = signed_max.abs() >= 1e-15  # ggml's GROUP_MAX_EPS: smaller blocks are all zero
-    d0 = div(signed_max, -127.0)
-    index = _nearest_iq4nl_index(x * torch.where(live, torch.reciprocal(d0), 0.0))
-    q = table("iq4nl", x.device)[index]
-    w = x * x
-    sumqx = (w * q * x).sum(dim=-1, keepdim=True)
-    sumq2 = (w * q * q).sum(dim=-1, keepdim=True)
-    d = torch.where(live & (sumq2 > 0), sumqx / sumq2, 0.0)
-    index = torch.where(live, index, 8)  # dead blocks: index 8 (value 1), where 0.0 maps
-    return torch.cat([f16_bytes(d), pack_nibbles(index)], dim=-1)
+    """ggml's quantize_row_iq4_nl_ref (what ggml's CPU backend uses to write IQ4_NL): the
+    first scale search only (ntry = -1), the indices it picked, d = that block's scale.
+    Blocks below GROUP_MAX_EPS get d = 0 and index 8 (value 1, where 0 maps); C leaves them
+    whatever indices its buffer held, which dequantize to 0 all the same."""
+    d, index, dead = _iq4_scales(x, ntry=-1)
+    index = torch.where(dead.unsqueeze(-1), 8, index)
+    return torch.cat([f16_bytes(d.unsqueeze(-1)), pack_nibbles(index)], dim=-1)
+
+
+def quantize_iq4_xs(x):
+    """ggml's quantize_row_iq4_xs_ref: a full scale search (ntry = 7) per block of 32, the 8
+    scales quantized to 6 bits against d = -max/32, then every block re-indexed against its
+    rounded scale d * l."""
+    n = x.shape[0]
+    sub = x.reshape(n * 8, 32)
+    scales, _, _ = _iq4_scales(sub, ntry=7)
+    scales = scales.view(n, 8)
+    max_scale, _ = first_max(scales, scales.abs())
+    d = div(-max_scale, 32).unsqueeze(-1)
+    inverse = torch.where(d != 0, over(1, d), 0.0)
+    l = nearest_int(inverse * scales).clamp_(-32, 31)
+    dl = (d * l.float()).view(-1, 1)
+    index = _nearest_iq4nl_index(torch.where(dl != 0, over(1, dl), 0.0) * sub).view(n, 256)
+    l = l + 32
+    scales_h = pack_runs((l >> 4).view(n, 2, 4, 1), 2)
+    scales_l = pack_runs((l & 0xF).view(n, 4, 2, 1), 4)
+    return torch.cat([f16_bytes(d), scales_h, scales_l, pack_nibbles(index)], dim=-1)
 
 
 DEQUANTIZE = {
@@ -172,4 +214,5 @@ DEQUANTIZE = {
 
 QUANTIZE = {
     Type.IQ4_NL: quantize_iq4_nl,
+    Type.IQ4_XS: quantize_iq4_xs,
 }

@@ -9,8 +9,9 @@ from __future__ import annotations
 import torch
 
 from ..types import Type
+from ._c_order import first_min_max, signed_amax
 from ._fields import (as_f16, div, f16_bytes, inverse_or_zero, pack_bits, pack_nibbles,
-                      round_half_away, signed_absmax, split_bytes, unpack)
+                      round_half_away, split_bytes, unpack)
 
 
 def _nibbles(qs: torch.Tensor) -> torch.Tensor:
@@ -61,27 +62,33 @@ def _truncate(x: torch.Tensor, top: int) -> torch.Tensor:
     return torch.trunc(x).to(torch.uint8).clamp_(max=top)
 
 
+def _signed_max(x: torch.Tensor) -> torch.Tensor:
+    """The value of largest magnitude per block [n, 1], as C scans for it (0.0 for a block of
+    zeros, -0.0 included, where gguf's argmax would return the -0.0)."""
+    return signed_amax(x)[0].unsqueeze(-1)
+
+
 def quantize_q4_0(x):
-    d = div(signed_absmax(x), -8)
+    d = div(_signed_max(x), -8)
     q = _truncate(x * inverse_or_zero(d) + 8.5, 15)
     return torch.cat([f16_bytes(d), pack_nibbles(q)], dim=-1)
 
 
 def quantize_q4_1(x):
-    lo, hi = x.amin(dim=-1, keepdim=True), x.amax(dim=-1, keepdim=True)
+    lo, hi = first_min_max(x)
     d = div(hi - lo, 15)
     q = _truncate((x - lo) * inverse_or_zero(d) + 0.5, 15)
     return torch.cat([f16_bytes(d), f16_bytes(lo), pack_nibbles(q)], dim=-1)
 
 
 def quantize_q5_0(x):
-    d = div(signed_absmax(x), -16)
+    d = div(_signed_max(x), -16)
     q = _truncate(x * inverse_or_zero(d) + 16.5, 31)
     return torch.cat([f16_bytes(d), pack_bits(q >> 4), pack_nibbles(q & 0xF)], dim=-1)
 
 
 def quantize_q5_1(x):
-    lo, hi = x.amin(dim=-1, keepdim=True), x.amax(dim=-1, keepdim=True)
+    lo, hi = first_min_max(x)
     d = div(hi - lo, 31)
     q = _truncate((x - lo) * inverse_or_zero(d) + 0.5, 31)
     return torch.cat([f16_bytes(d), f16_bytes(lo), pack_bits(q >> 4), pack_nibbles(q & 0xF)], dim=-1)
