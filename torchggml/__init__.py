@@ -122,3 +122,27 @@ from .torch_backend.stream import StreamError  # noqa: E402
 from .torch_backend.views import UnallocatedTensorError  # noqa: E402
 from .torch_backend.kernels import UnsupportedOpError  # noqa: E402
 from .models import load_model, Model  # noqa: E402
+from .torch_integration import graph_function, GraphFunction  # noqa: E402
+from .profiler import PROFILE_ENV  # noqa: E402
+
+
+def backend_cuda_init(device: int = 0, stream=None):
+    """A CUDA backend for device `device`; `stream` (e.g. torch.cuda.current_stream()) makes it
+    run on that stream, so ggml graphs and torch code on it interleave without synchronizing."""
+    from .torch_backend.cuda import cuda_reg
+    devices = cuda_reg().get_devices()
+    if not 0 <= device < len(devices):
+        raise ValueError(f"backend_cuda_init: no CUDA device {device} ({len(devices)} available)")
+    return devices[device].init_backend(stream=stream)
+
+
+def backend_sim_init(device: int = 0, stream=None):
+    """A SIM backend (TORCHGGML_SIM_DEVICES) for device `device`; `stream`: a WorkerStream to
+    share (another SIM backend's `.stream`), the SIM counterpart of a caller's CUDA stream."""
+    from .torch_backend.sim import sim_reg
+    reg = sim_reg()
+    devices = reg.get_devices() if reg is not None else []
+    if not 0 <= device < len(devices):
+        raise ValueError(f"backend_sim_init: no SIM device {device} ({len(devices)} available; "
+                         f"set TORCHGGML_SIM_DEVICES)")
+    return devices[device].init_backend(stream=stream)

@@ -68,6 +68,10 @@ class Op(IntEnum):
     LEAKY_RELU = auto()
     FLASH_ATTN_EXT = auto()
     UNARY = auto()
+    MAP_CUSTOM1 = auto()
+    MAP_CUSTOM2 = auto()
+    MAP_CUSTOM3 = auto()
+    CUSTOM = auto()
     GLU = auto()
 
 

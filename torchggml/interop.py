@@ -1,6 +1,8 @@
 """Zero-copy torch interop: to_torch (a view of a tensor's memory) and from_torch."""
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .tensor import Tensor, n_dims, set_name
@@ -26,6 +28,10 @@ def from_torch(ctx, x: torch.Tensor, name: str | None = None) -> Tensor:
     from .torch_backend.buffer import buffer_from_torch
     if x.dim() > 4:
         raise ValueError(f"from_torch: ggml tensors have at most 4 dims, got shape {tuple(x.shape)}")
+    if x.requires_grad:
+        warnings.warn("from_torch: the ggml tensor shares the memory of a tensor that requires grad, but "
+                      "gradients do not flow through it; use ggml.graph_function for a differentiable graph",
+                      UserWarning, stacklevel=2)
     type = dtype_to_type(x.dtype)
     es = x.element_size()
     ne = list(reversed(x.shape)) or [1]

@@ -9,6 +9,7 @@ import os
 from ..context import Context, new_tensor_impl, view_tensor
 from ..enums import Op, Status, TensorFlag, VIEW_OPS
 from ..graph import CGraph, graph_view, DEFAULT_GRAPH_SIZE
+from ..profiler import split_range
 from ..tensor import Tensor, format_name, set_input, set_output, nbytes
 from .buffer import BufferUsage
 from .device import DeviceType
@@ -459,7 +460,7 @@ class Sched:
         from .event import backend_event_record, backend_event_synchronize
         from .tensor_io import backend_tensor_copy
         prev_id = -1
-        for split in self.splits:
+        for i_split, split in enumerate(self.splits):
             b_id = split.backend_id
             backend = self.backends[b_id]
             if not split.inputs and prev_id >= 0 and prev_id != b_id:
@@ -482,7 +483,8 @@ class Sched:
                         in_backend.synchronize()
                         self._wait_split_free(b_id, blocking=True)
                         backend_tensor_copy(inp, cpy)
-            status = self._run_split(split, backend)
+            with split_range(backend.name, i_split):
+                status = self._run_split(split, backend)
             if status != Status.SUCCESS:
                 return status
             ev = self.events[b_id][self.cur_copy]

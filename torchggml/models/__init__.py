@@ -6,9 +6,12 @@ from typing import Sequence
 from .llama import ARCHS, HParams, LlamaWeights, build_graph
 from .kv_cache import KVCache
 from .model import Model, Placement, Timings, plan_placement, sample_token, find_device
+from .lora import LoraAdapter
+from .module import GGMLModule, QuantizedWeight
 
 __all__ = ["load_model", "Model", "Placement", "Timings", "HParams", "LlamaWeights", "KVCache",
-           "ARCHS", "build_graph", "plan_placement", "sample_token", "find_device"]
+           "ARCHS", "build_graph", "plan_placement", "sample_token", "find_device", "LoraAdapter",
+           "GGMLModule", "QuantizedWeight"]
 
 
 def load_model(path, devices=None, n_gpu_layers: int | None = None, n_ctx: int | None = None,

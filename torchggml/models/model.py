@@ -218,6 +218,7 @@ class Model:
                              f"V cache is read transposed, which a block-quantized cache cannot do")
         self.kv = KVCache(hp.n_layer, n_ctx, hp.head_dim_k, hp.head_dim_v, hp.n_head_kv, self.kv_type,
                           [d.get_buffer_type() for d in placement.layers])
+        self.lora = None  # a LoraAdapter applied to every graph (add_lora / load_lora)
         self._setup_compute(n_threads)
 
     # ------------------------------------------------------------ compute setup
@@ -253,7 +254,42 @@ class Model:
 
     def _build(self, n_tokens: int, n_kv: int) -> LlamaGraph:
         self._ctx = Context(no_alloc=True)
-        return build_graph(self._ctx, self.hp, self.w, self.kv, n_tokens, n_kv, self.flash_attn)
+        return self.build_graph(self._ctx, n_tokens, n_kv)
+
+    def build_graph(self, ctx: Context, n_tokens: int, n_kv: int) -> LlamaGraph:
+        """The forward graph of n_tokens attending to n_kv cache cells, LoRA included."""
+        g = build_graph(ctx, self.hp, self.w, self.kv, n_tokens, n_kv, self.flash_attn)
+        if self.lora is not None:
+            replaced = self.lora.apply(ctx, g.graph)
+            g.logits = replaced.get(id(g.logits), g.logits)
+        return g
+
+    # ------------------------------------------------------------ PyTorch integration
+
+    def as_module(self):
+        """This model as a torch.nn.Module (see torchggml/models/module.py)."""
+        from .module import GGMLModule
+        return GGMLModule(self)
+
+    def add_lora(self, rank: int, targets=None, alpha: float | None = None, seed: int = 0):
+        """Add trainable LoRA adapters (see torchggml/models/lora.py) and return them."""
+        from .lora import LoraAdapter, DEFAULT_TARGETS
+        self._require_weights("add_lora")
+        return self.set_lora(LoraAdapter.create(self, rank, targets or DEFAULT_TARGETS, alpha, seed))
+
+    def load_lora(self, path, scale: float = 1.0):
+        """Apply a GGUF LoRA adapter file (llama.cpp's format) and return it."""
+        from .lora import LoraAdapter
+        self._require_weights("load_lora")
+        return self.set_lora(LoraAdapter.load(self, path, scale))
+
+    def set_lora(self, adapter):
+        """Use `adapter` (or None) in every graph from now on; the previous one is freed."""
+        if self.lora is not None and self.lora is not adapter:
+            self.lora.free()
+        self.lora = adapter
+        self._graph = None  # the next eval builds (and allocates) a graph with the adapter
+        return adapter
 
     def _graph_for(self, n_tokens: int, n_kv: int) -> LlamaGraph:
         """The allocated graph for this shape. When the shape repeats (decode steps) the previous
@@ -408,6 +444,8 @@ class Model:
             backend_sched_free(self.sched)
         for b in self.kv.buffers:
             b.free()
+        if self.lora is not None:
+            self.lora.free()
         self.weights.free()
         for b in self.backends:
             backend_free(b)

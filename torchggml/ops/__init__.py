@@ -8,3 +8,4 @@ from .matmul import *  # noqa: F401,F403
 from .attention import *  # noqa: F401,F403
 from .rope import *  # noqa: F401,F403
 from .rows import *  # noqa: F401,F403
+from .custom import *  # noqa: F401,F403

@@ -10,6 +10,7 @@ import torch
 from ..backend.backend import Backend
 from ..backend.device import Device, DeviceCaps, DeviceType, Reg
 from ..enums import Status
+from ..profiler import profiling, run_calls_profiled
 from .buffer import TorchBufferType, buffer_from_torch
 from .kernels import CPU_KERNELS, run_calls
 from .plan import CompiledPlan, compile_graph
@@ -78,7 +79,7 @@ class CPUBackend(Backend):
 
     def _run(self, calls) -> Status:
         if self.abort_callback is None:
-            run_calls(calls)
+            (run_calls_profiled if profiling() else run_calls)(calls)
             return Status.SUCCESS
         for fn, node in calls:
             if self.abort_callback():

@@ -45,8 +45,11 @@ class CudaHostBufferType(TorchBufferType):
 
 
 class CudaBackend(StreamBackend):
-    def __init__(self, device: "CudaDevice"):
-        super().__init__(device, CudaStream(device.name, device.index), GPU_KERNELS)
+    """A backend on its own torch.cuda.Stream, or on a given one (e.g. the caller's current
+    stream: then torch code and ggml graphs on it are ordered without any synchronization)."""
+
+    def __init__(self, device: "CudaDevice", stream: torch.cuda.Stream | None = None):
+        super().__init__(device, CudaStream(device.name, device.index, stream), GPU_KERNELS)
 
     def free(self) -> None:
         self.stream.synchronize()

@@ -43,8 +43,9 @@ class AcceleratorDevice(Device):
     def new_event_handle(self):
         raise NotImplementedError
 
-    def init_backend(self, params=None):
-        return self.backend_class(self)
+    def init_backend(self, params=None, stream=None):
+        """A new backend; `stream`: run it on that stream (the device's stream kind) instead of a new one."""
+        return self.backend_class(self) if stream is None else self.backend_class(self, stream)
 
     def get_buffer_type(self):
         return self.buffer_type

@@ -10,6 +10,7 @@ import warnings
 
 import torch
 
+from ..profiler import profiling, node_range_name
 from .kernels import compiled_nodes
 
 
@@ -48,12 +49,19 @@ def compile_graph(graph, kernels, backend) -> list:
     return calls
 
 
-def run_calls_named(calls, device_name: str) -> None:
-    """Run compiled calls; a failure names the device, the op and the node."""
+def run_calls_named(calls, device_name: str, profiled: bool | None = None) -> None:
+    """Run compiled calls; a failure names the device, the op and the node. `profiled`: record a
+    profiler range per node (default: whether profiling is on in this thread; a worker stream
+    passes what its submitting thread saw, as torch reports the profiler per thread)."""
     node = None
     try:
-        for fn, node in calls:
-            fn(node)
+        if profiling() if profiled is None else profiled:  # a range per node, named like the profiler module's
+            for fn, node in calls:
+                with torch.profiler.record_function(node_range_name(node)):
+                    fn(node)
+        else:
+            for fn, node in calls:
+                fn(node)
     except Exception as e:
         where = f"op {node.op.name} on {node.describe()}" if node is not None else "graph"
         raise RuntimeError(f"{device_name}: {where} failed: {type(e).__name__}: {e}") from e

@@ -109,8 +109,20 @@ class SimBufferType(TorchBufferType):
 
 
 class SimBackend(StreamBackend):
-    def __init__(self, device: "SimDevice"):
-        super().__init__(device, WorkerStream(device.name), GPU_KERNELS)
+    """A backend on its own worker stream, or on a given WorkerStream (shared with other SIM
+    backends of the device, as CUDA backends share a caller's stream)."""
+
+    def __init__(self, device: "SimDevice", stream: WorkerStream | None = None):
+        if stream is not None and not isinstance(stream, WorkerStream):
+            raise ValueError(f"{device.name}: the stream must be a WorkerStream (a SIM device's stream), got {stream!r}")
+        super().__init__(device, stream if stream is not None else WorkerStream(device.name), GPU_KERNELS)
+        self._owns_stream = stream is None
+
+    def free(self) -> None:
+        if self._owns_stream:
+            self.stream.close()
+        else:  # a shared stream outlives this backend: only wait for what was queued
+            self.stream.synchronize()
 
 
 class SimDevice(AcceleratorDevice):

@@ -27,6 +27,7 @@ import torch
 from ..backend.backend import Backend
 from ..backend.device import Event
 from ..enums import Status
+from ..profiler import profiling
 from .buffer import TorchBuffer
 from .plan import CompiledPlan, compile_graph, run_calls_named
 from .views import tensor_bytes
@@ -182,10 +183,12 @@ class WorkerStream(Stream):
 class CudaStream(Stream):
     """A torch.cuda.Stream of one device. Work is launched from the host immediately."""
 
-    def __init__(self, name: str, device_index: int):
+    def __init__(self, name: str, device_index: int, stream: torch.cuda.Stream | None = None):
         self.name = name
         self.device = torch.device("cuda", device_index)
-        self.stream = torch.cuda.Stream(device=self.device)
+        if stream is not None and (not isinstance(stream, torch.cuda.Stream) or stream.device != self.device):
+            raise ValueError(f"{name}: the stream must be a torch.cuda.Stream of {self.device}, got {stream!r}")
+        self.stream = stream if stream is not None else torch.cuda.Stream(device=self.device)
 
     def __repr__(self):
         return f"<CudaStream {self.name}>"
@@ -195,7 +198,11 @@ class CudaStream(Stream):
             fn()
 
     def synchronize(self) -> None:
-        self.stream.synchronize()
+        # an event marks the work queued so far: on a shared stream (the caller's), later work
+        # queued by other code is not waited for, and nothing device-wide happens
+        event = torch.cuda.Event()
+        event.record(self.stream)
+        event.synchronize()
 
     def new_event(self):
         return torch.cuda.Event()
@@ -271,8 +278,8 @@ class StreamBackend(Backend):
 
     def _submit_calls(self, calls) -> None:
         if calls:
-            name = self.name
-            self.stream.submit(lambda: run_calls_named(calls, name), "graph_compute")
+            name, profiled = self.name, profiling()
+            self.stream.submit(lambda: run_calls_named(calls, name, profiled), "graph_compute")
 
     def graph_plan_create(self, graph):
         return CompiledPlan(graph, compile_graph(graph, self.kernels, self))
