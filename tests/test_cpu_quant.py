@@ -121,3 +121,12 @@ def test_devices_command_names_features_and_path(path, monkeypatch, capsys):
     assert cli.main(["devices"]) == 0
     line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("CPU features:"))
     assert f"CPU_PATH = {path}" in line and f"CPU_CAPABILITY = {cpu_features()['CPU_CAPABILITY']}" in line
+
+
+def test_fused_buffer_takes_only_whole_weights():
+    a, *_rest, bufs = weight_graph(T.Q8_0, 8, 64, 1, repack_buffer_type("fused"))
+    blocks = random_blocks(T.Q8_0, 8, 64, seed=1)
+    with pytest.raises(ValueError, match="must be written whole"):
+        ggml.backend_tensor_set(a, blocks.reshape(-1)[:34].numpy(), offset=34)
+    with pytest.raises(TypeError, match="repacked layout"):
+        ggml.backend_tensor_get(a)

@@ -51,11 +51,16 @@ def repack_supports_shape(qtype, ne) -> bool:
     return qtype in REPACK_TYPES and ne[2] == 1 and ne[3] == 1 and ne[0] % GROUP == 0
 
 
-def repack_supports(t: Tensor) -> bool:
-    """t can live in a repack buffer: a supported type, 2-D, contiguous, not a view."""
+def is_whole_contiguous(t: Tensor) -> bool:
+    """t is not a view and its rows are contiguous ggml blocks (what a repack reads whole)."""
     tr = type_traits(t.type)
     contiguous = t.nb[0] == tr.type_size and t.nb[1] == t.ne[0] // tr.blck_size * tr.type_size
-    return t.view_src is None and contiguous and repack_supports_shape(t.type, t.ne)
+    return t.view_src is None and contiguous
+
+
+def repack_supports(t: Tensor) -> bool:
+    """t can live in a repack buffer: a supported type, 2-D, contiguous, not a view."""
+    return is_whole_contiguous(t) and repack_supports_shape(t.type, t.ne)
 
 
 def _layout(t: Tensor) -> tuple[int, int, int, int]:
@@ -166,14 +171,18 @@ class RepackBuffer(TorchBuffer):
 
     ggml_layout = False
 
-    def set_tensor(self, tensor: Tensor, data: torch.Tensor, offset: int, size: int) -> None:
-        if not repack_supports(tensor):
-            raise ValueError(f"{self.name}: cannot repack {tensor.describe()}: only contiguous 2-D "
-                             f"{'/'.join(sorted(t.name for t in REPACK_TYPES))} weights (K a multiple "
-                             f"of {GROUP}) can live in a repack buffer")
+    def check_whole_write(self, tensor: Tensor, offset: int, size: int, what: str) -> None:
+        """Raise unless this buffer's type repacks `tensor` and the write covers all of it."""
+        if not self.buft.supports_tensor(tensor):
+            raise ValueError(f"{self.name}: cannot repack {tensor.describe()}: only {what} can live "
+                             f"in this repack buffer")
         if offset != 0 or size != nbytes(tensor):
             raise ValueError(f"{self.name}: {tensor.describe()} must be written whole (offset 0, "
                              f"{nbytes(tensor)} bytes), got {size} bytes at offset {offset}")
+
+    def set_tensor(self, tensor: Tensor, data: torch.Tensor, offset: int, size: int) -> None:
+        self.check_whole_write(tensor, offset, size, f"contiguous 2-D {'/'.join(sorted(t.name for t in REPACK_TYPES))} "
+                                                     f"weights (K a multiple of {GROUP})")
         nibbles, groups = repacked_views(tensor)
         n, k = tensor.ne[1], tensor.ne[0]
         row_bytes = nbytes(tensor) // n

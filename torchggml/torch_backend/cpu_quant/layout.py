@@ -25,7 +25,7 @@ import torch
 
 from ...tensor import Tensor, nbytes, round_up
 from ...types import Type
-from ..repack import RepackBuffer, RepackBufferType, RepackedTensorError
+from ..repack import RepackBuffer, RepackBufferType, is_whole_contiguous
 from ..views import byte_view
 from .decompose import DECOMPOSE, HAS_BIAS, decompose, group_size
 from .features import fastest_gemm_dtype
@@ -51,7 +51,7 @@ def supports_shape(qtype, ne) -> bool:
 
 
 def _layout(t: Tensor) -> tuple[int, int, int, int, int]:
-    """(N, K, G, scale offset, bias offset or total bytes when no bias, total bytes)."""
+    """(N, K, G, scale offset, bias offset, total bytes)."""
     k, n = t.ne[0], t.ne[1]
     g = group_size(t.type)
     scale_at = round_up(n * k // (2 if t.type in NIBBLE_OFFSET else 1), ALIGN)
@@ -82,10 +82,7 @@ class FusedBufferType(RepackBufferType):
         return supports_shape(qtype, ne)
 
     def supports_tensor(self, t: Tensor) -> bool:
-        from ...types import type_traits
-        tr = type_traits(t.type)
-        contiguous = t.nb[0] == tr.type_size and t.nb[1] == t.ne[0] // tr.blck_size * tr.type_size
-        return t.view_src is None and contiguous and supports_shape(t.type, t.ne)
+        return is_whole_contiguous(t) and supports_shape(t.type, t.ne)
 
     def bind_product(self, t: Tensor):
         """fn(rows [R, K] float, out [R, N] f32): out = rows @ t^T."""
@@ -95,12 +92,8 @@ class FusedBufferType(RepackBufferType):
 
 class FusedBuffer(RepackBuffer):
     def set_tensor(self, tensor: Tensor, data: torch.Tensor, offset: int, size: int) -> None:
-        if not self.buft.supports_tensor(tensor):
-            raise ValueError(f"{self.name}: cannot repack {tensor.describe()}: only contiguous 2-D "
-                             f"weights of types {', '.join(sorted(t.name for t in DECOMPOSE))} can")
-        if offset != 0 or size != nbytes(tensor):
-            raise ValueError(f"{self.name}: {tensor.describe()} must be written whole (offset 0, "
-                             f"{nbytes(tensor)} bytes), got {size} bytes at offset {offset}")
+        self.check_whole_write(tensor, offset, size, f"contiguous 2-D weights of types "
+                                                     f"{', '.join(sorted(t.name for t in DECOMPOSE))}")
         q, scale, bias = packed_views(tensor)
         n, k = tensor.ne[1], tensor.ne[0]
         blocks = data[:size].reshape(n, -1).cpu()
