@@ -115,7 +115,7 @@ DAMAGE = [
     ("truncated-data", lambda d: d[: len(d) // 2],
      r"tensor 'blk\.0\.ffn_down\.weight' .* needs bytes \[\d+, \d+\) but the file has \d+ bytes: the file is truncated"),
     ("truncated-last-byte", lambda d: d[:-1], r"tensor 'output\.weight' .*truncated"),
-    ("truncated-header", lambda d: d[:600], r"header .* cannot be read from this 600-byte file: it is truncated or corrupt"),
+    ("truncated-header", lambda d: d[:600], r"at byte \d+ of 600; the file is truncated or corrupt"),
     ("truncated-magic", lambda d: d[:3], r"not a GGUF file"),
     ("bad-magic", lambda d: b"GGML" + d[4:], r"not a GGUF file \(starts with b'GGML'"),
     ("unknown-type-id", _patched("<I", "type", 99), r"tensor 'token_embd\.weight' has unknown or unsupported ggml type id 99"),

@@ -100,7 +100,9 @@ def test_weights_on_sim_input_on_cpu_splits_and_copy_names(backends):
     split = sched.splits[0]
     assert split.backend_id == 0 and split.inputs == [x]
     mm0 = ggml.graph_get_tensor(graph, "mm0")
-    assert mm0.src[1].name == "SIM0#x#0"
+    assert mm0.src[1] is x  # the caller's graph keeps its own sources
+    with sched.copies_applied():  # the split reads the copy
+        assert mm0.src[1].name == "SIM0#x#0"
     torch.testing.assert_close(got, reference(ws, xv))
 
 
@@ -170,7 +172,8 @@ def test_parallel_gives_four_copies_and_rotates(backends):
         assert ggml.backend_sched_alloc_graph(sched, graph)
         seen.append(sched.cur_copy)
         mm1 = ggml.graph_get_tensor(graph, "mm1")
-        assert mm1.src[1].name.startswith("SIM1#") and mm1.src[1].name.endswith(f"#{sched.cur_copy}")
+        with sched.copies_applied():
+            assert mm1.src[1].name.startswith("SIM1#") and mm1.src[1].name.endswith(f"#{sched.cur_copy}")
         ggml.backend_tensor_set(x, xv)
         assert ggml.backend_sched_graph_compute_async(sched, graph) == ggml.Status.SUCCESS
         ggml.backend_sched_synchronize(sched)  # read back needs the result
@@ -262,6 +265,16 @@ def random_graph(rng: random.Random, weights_by_backend, n_tokens):
     return ctx, graph, x, out
 
 
+def random_graph_pair(rng: random.Random, weights, cpu_weights, n_tokens):
+    """The same random graph twice: over `weights` (several backends) and over `cpu_weights`
+    (the same values on the CPU): (graph, x, out, ref_graph, ref_x, ref_out)."""
+    state = rng.getstate()
+    _, graph, x, out = random_graph(rng, weights, n_tokens)
+    rng.setstate(state)
+    _, ref_graph, ref_x, ref_out = random_graph(rng, cpu_weights, n_tokens)
+    return graph, x, out, ref_graph, ref_x, ref_out
+
+
 @pytest.mark.parametrize("parallel", [False, True])
 def test_stress_random_graphs_match_single_device(backends, parallel):
     sim0, sim1, cpu = backends
@@ -275,10 +288,7 @@ def test_stress_random_graphs_match_single_device(backends, parallel):
     for it in range(150):
         n_tokens = rng.choice([1, 3, 8])
         # same graph twice: once across the devices (async, back to back), once on the CPU only
-        state = rng.getstate()
-        _, graph, x, out = random_graph(rng, weights, n_tokens)
-        rng.setstate(state)
-        _, ref_graph, ref_x, ref_out = random_graph(rng, cpu_weights, n_tokens)
+        graph, x, out, ref_graph, ref_x, ref_out = random_graph_pair(rng, weights, cpu_weights, n_tokens)
         xv = torch.rand(n_tokens, 16) * 2 - 1
         assert ggml.backend_sched_alloc_graph(sched, graph)
         ggml.backend_tensor_set(x, xv)

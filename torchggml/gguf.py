@@ -15,6 +15,8 @@ key) and the problem.
 """
 from __future__ import annotations
 
+import math
+import mmap
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -23,16 +25,13 @@ import numpy as np
 
 from .backend.buffer import BufferType, Buffer, BufferUsage
 from .context import Context, new_tensor_impl
+from .gguf_header import GGUFError, Header, TensorEntry, check_hparam, scan_header
 from .tensor import Tensor, set_name
-from .types import Type, type_traits, type_name
+from .types import Type, type_traits
 
 __all__ = ["GGUFError", "TensorInfo", "GGUFFile", "open_gguf", "Weights", "load_weights"]
 
 _MISSING = object()
-
-
-class GGUFError(ValueError):
-    """A GGUF file that cannot be used: truncated, corrupt, unsupported, or missing a key."""
 
 
 @dataclass(frozen=True)
@@ -58,60 +57,56 @@ def _import_gguf():
     return gguf
 
 
-def _checked_reader_class(path: str):
-    """GGUFReader, with the tensor table checked before the reader builds its arrays, so a bad
-    entry is reported by tensor name instead of as a numpy reshape error."""
-    gguf = _import_gguf()
-
-    class CheckedReader(gguf.GGUFReader):
-        def _build_tensors(self, start_offs, fields):
-            infos = []
-            for f in fields:
-                if len(f.parts) != 6:  # unknown reader layout: let the reader do its own checks
-                    return super()._build_tensors(start_offs, fields)
-                _, name_data, _, dims, raw_type, offs = f.parts
-                name = bytes(name_data).decode("utf-8", errors="replace")
-                infos.append((name, [int(d) for d in dims], int(raw_type[0]), int(offs[0])))
-            self.checked_infos = _check_tensor_table(path, infos, start_offs, len(self.data), self.alignment)
-            return super()._build_tensors(start_offs, fields)
-
-    return CheckedReader
-
-
-def _check_tensor_table(path, infos, data_offset: int, file_size: int, alignment: int) -> list[TensorInfo]:
-    """TensorInfos for (name, dims, raw type id, relative offset) entries; GGUFError on the
-    first entry that is unsupported or does not fit in the file."""
-    out = []
-    for name, dims, raw_type, offset in infos:
-        where = f"{path}: tensor {name!r}"
+def _entry_nbytes(path: str):
+    """type_check for scan_header: a known type, ne[0] a multiple of the block size; the size."""
+    def check(entry: TensorEntry) -> int:
+        where = f"{path}: tensor {entry.name!r}"
         try:
-            type = Type(raw_type)
+            type = Type(entry.type_id)
         except ValueError:
-            raise GGUFError(f"{where} has unknown or unsupported ggml type id {raw_type}") from None
+            raise GGUFError(f"{where} has unknown or unsupported ggml type id {entry.type_id}") from None
         tr = type_traits(type)
-        if not 1 <= len(dims) <= 4 or any(d < 0 for d in dims):
-            raise GGUFError(f"{where} has invalid dimensions {dims}")
-        if dims[0] % tr.blck_size:
-            raise GGUFError(f"{where}: ne[0]={dims[0]} is not a multiple of {tr.name}'s block size "
+        if entry.ne[0] % tr.blck_size:
+            raise GGUFError(f"{where}: ne[0]={entry.ne[0]} is not a multiple of {tr.name}'s block size "
                             f"{tr.blck_size}")
-        if offset % alignment:
-            raise GGUFError(f"{where}: data offset {offset} is not aligned to {alignment} bytes "
-                            f"(the file is corrupt)")
-        nbytes = int(np.prod(dims)) // tr.blck_size * tr.type_size
-        start = data_offset + offset
-        if start + nbytes > file_size:
-            raise GGUFError(f"{where} ({type_name(type)}, ne={dims}) needs bytes [{start}, "
-                            f"{start + nbytes}) but the file has {file_size} bytes: the file is "
-                            f"truncated or corrupt")
-        out.append(TensorInfo(name, type, tuple(dims), offset, nbytes))
-    return out
+        return math.prod(entry.ne) // tr.blck_size * tr.type_size
+    return check
 
 
-def _check_magic(path: str) -> None:
+def _scan(path: str) -> Header:
+    """The checked header, read through a read-only mapping that is closed right after."""
     with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != b"GGUF":
-        raise GGUFError(f"{path}: not a GGUF file (starts with {magic!r}, expected b'GGUF')")
+        if os.fstat(f.fileno()).st_size < 4:
+            raise GGUFError(f"{path}: not a GGUF file (starts with {f.read(4)!r}, expected b'GGUF')")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            return scan_header(path, mm, _entry_nbytes(path))
+
+
+def _check_hparams(path: str, h: Header, n_tensors: int) -> None:
+    """Known hyper-parameters: type and range (see gguf_header.HPARAM_RULES); block_count can
+    not exceed the number of tensors (each layer has some)."""
+    arch = h.values.get("general.architecture")
+    prefix = f"{arch}." if isinstance(arch, str) else None
+    for key, type_name in h.value_types.items():
+        suffix = key[len(prefix):] if prefix and key.startswith(prefix) else None
+        check_hparam(path, key, suffix, h.values.get(key), type_name)
+    def scalar(suffix):
+        value = h.values.get(f"{arch}.{suffix}")
+        return value if isinstance(value, int) else None
+
+    n_layer = scalar("block_count")
+    if n_tensors and n_layer is not None and n_layer > n_tensors:
+        raise GGUFError(f"{path}: metadata key '{arch}.block_count' = {n_layer} is more than the "
+                        f"{n_tensors} tensors in the file")
+    n_head, n_head_kv, n_embd = scalar("attention.head_count"), scalar("attention.head_count_kv"), scalar("embedding_length")
+    if n_head and n_head_kv and n_head % n_head_kv:
+        raise GGUFError(f"{path}: metadata key '{arch}.attention.head_count_kv' = {n_head_kv} does not "
+                        f"divide '{arch}.attention.head_count' = {n_head}")
+    head_dim = scalar("attention.key_length") or (n_embd // n_head if n_embd and n_head else None)
+    n_rot = scalar("rope.dimension_count")
+    if n_rot is not None and head_dim and (n_rot % 2 or n_rot > head_dim):
+        raise GGUFError(f"{path}: metadata key '{arch}.rope.dimension_count' = {n_rot} must be even and at "
+                        f"most the head size {head_dim}")
 
 
 class GGUFFile:
@@ -121,32 +116,28 @@ class GGUFFile:
         self.path = os.fspath(path)
         if not os.path.isfile(self.path):
             raise FileNotFoundError(f"GGUF file not found: {self.path}")
-        _check_magic(self.path)
-        reader_cls = _checked_reader_class(self.path)
+        # every count, length and data range is checked before the gguf reader trusts any of them
+        header = _scan(self.path)
+        _check_hparams(self.path, header, len(header.tensors))
         try:
             # "c": copy-on-write mapping, writable for torch, never written back to the file
-            self.reader = reader_cls(self.path, "c")
-        except GGUFError:
-            raise
-        except Exception as e:  # the reader reports header damage as numpy/struct errors
-            size = os.path.getsize(self.path)
-            raise GGUFError(f"{self.path}: the GGUF header (metadata and tensor table) cannot be read "
-                            f"from this {size}-byte file: it is truncated or corrupt "
+            self.reader = _import_gguf().GGUFReader(self.path, "c")
+        except Exception as e:  # the scan passed, so this is a format the reader rejects
+            raise GGUFError(f"{self.path}: the gguf reader cannot read this file "
                             f"({type(e).__name__}: {e})") from None
-        self.data_offset = int(self.reader.data_offset)
-        self.alignment = int(self.reader.alignment)
+        if int(self.reader.data_offset) != header.data_offset:
+            raise GGUFError(f"{self.path}: the gguf reader places the tensor data at byte "
+                            f"{self.reader.data_offset}, the header scan at {header.data_offset}")
+        self.data_offset = header.data_offset
+        self.alignment = header.alignment
         self.file_size = int(len(self.reader.data))
-        infos = getattr(self.reader, "checked_infos", None) or self._infos_from_reader()
-        self.tensors: dict[str, TensorInfo] = {t.name: t for t in infos}
+        checked = _entry_nbytes(self.path)
+        self.tensors: dict[str, TensorInfo] = {
+            e.name: TensorInfo(e.name, Type(e.type_id), e.ne, e.offset, checked(e)) for e in header.tensors}
         self._values: dict[str, Any] = {}
 
     def __repr__(self):
         return f"<GGUFFile {self.path} arch={self.arch!r} {len(self.tensors)} tensors>"
-
-    def _infos_from_reader(self) -> list[TensorInfo]:
-        infos = [(t.name, [int(d) for d in t.shape], int(t.tensor_type), t.data_offset - self.data_offset)
-                 for t in self.reader.tensors]
-        return _check_tensor_table(self.path, infos, self.data_offset, self.file_size, self.alignment)
 
     # ------------------------------------------------------------ metadata
 
@@ -208,8 +199,15 @@ class GGUFFile:
         return self.data_region()[info.offset: info.offset + info.nbytes]
 
     def close(self) -> None:
-        """Drop the mapping (tensors in zero-copy buffers keep their own reference alive)."""
-        self.reader = None
+        """Close the file's mapping (and with it the file descriptor). Numpy or torch views of
+        the mapping that are still alive keep it open; it closes when the last one goes."""
+        reader, self.reader = self.reader, None
+        mapping = getattr(getattr(reader, "data", None), "_mmap", None)
+        if mapping is not None:
+            try:
+                mapping.close()
+            except BufferError:  # views still exported: the mapping closes with the last one
+                pass
 
 
 def open_gguf(path: str | os.PathLike) -> GGUFFile:
@@ -241,6 +239,41 @@ class Weights:
         self.buffers.clear()
 
 
+# The float fields of each block type (ggml's block structs): (byte offset, f16 or f32). Every
+# other field is an integer, so a block decodes to finite values exactly when these are finite.
+_F16, _F32 = 2, 4
+_BLOCK_SCALES = {
+    Type.Q4_0: ((0, _F16),), Type.Q4_1: ((0, _F16), (2, _F16)), Type.Q5_0: ((0, _F16),),
+    Type.Q5_1: ((0, _F16), (2, _F16)), Type.Q8_0: ((0, _F16),), Type.Q8_1: ((0, _F16),),
+    Type.Q2_K: ((80, _F16), (82, _F16)), Type.Q3_K: ((108, _F16),), Type.Q4_K: ((0, _F16), (2, _F16)),
+    Type.Q5_K: ((0, _F16), (2, _F16)), Type.Q6_K: ((208, _F16),), Type.Q8_K: ((0, _F32),),
+    Type.IQ2_XXS: ((0, _F16),), Type.IQ2_XS: ((0, _F16),), Type.IQ2_S: ((0, _F16),),
+    Type.IQ3_XXS: ((0, _F16),), Type.IQ3_S: ((0, _F16),), Type.IQ1_S: ((0, _F16),),
+    Type.IQ4_NL: ((0, _F16),), Type.IQ4_XS: ((0, _F16),), Type.TQ1_0: ((52, _F16),),
+    Type.TQ2_0: ((64, _F16),),
+}
+
+
+def check_tensor_values(file: GGUFFile, name: str) -> None:
+    """GGUFError naming the file and tensor when one of its values, or for block types one of
+    its blocks' float scales, is NaN or inf (what llama.cpp's --check-tensors checks)."""
+    import torch
+    info = file.tensor_info(name)
+    data = torch.from_numpy(np.ascontiguousarray(file.tensor_data(name)))
+    plain = {Type.F32: torch.float32, Type.F16: torch.float16, Type.BF16: torch.bfloat16}.get(info.type)
+    if plain is not None:
+        fields = [("value", data.view(plain))]
+    else:
+        blocks = data.view(-1, type_traits(info.type).type_size)
+        fields = [(f"block scale at byte {off}", blocks[:, off:off + size].contiguous().view(
+            torch.float16 if size == _F16 else torch.float32)) for off, size in _BLOCK_SCALES.get(info.type, ())]
+    for what, values in fields:
+        bad = ~torch.isfinite(values.reshape(-1))
+        if bool(bad.any()):
+            raise GGUFError(f"{file.path}: tensor {name!r} ({info.type.name}): {what} #{int(bad.nonzero()[0])} "
+                            f"is not finite (the file is corrupt, or its type is not what the table says)")
+
+
 def is_cpu_buft(buft: BufferType) -> bool:
     """Host memory of the CPU device: weights there can be views of the file's mapping."""
     from .backend.device import DeviceType
@@ -249,14 +282,17 @@ def is_cpu_buft(buft: BufferType) -> bool:
 
 
 def load_weights(file: GGUFFile, buft_of: Callable[[str], BufferType], names: Iterable[str] | None = None,
-                 progress: bool = True) -> Weights:
+                 progress: bool = True, check_values: bool = False) -> Weights:
     """Create a ggml tensor for each weight (all of the file's tensors, or `names`) in the
     buffer type `buft_of(name)` returns. CPU weights are views of the file's mapping; the
-    others are uploaded to one new buffer per buffer type."""
+    others are uploaded to one new buffer per buffer type. check_values: first check that
+    every value is finite (see check_tensor_values)."""
     names = list(file.tensors) if names is None else list(names)
     groups: dict[int, tuple[BufferType, list[str]]] = {}
     for name in names:
         file.tensor_info(name)  # clear error for a missing tensor
+        if check_values:
+            check_tensor_values(file, name)
         buft = buft_of(name)
         groups.setdefault(id(buft), (buft, []))[1].append(name)
     weights = Weights()

@@ -13,6 +13,17 @@ from ..enums import Status
 from ..tensor import Tensor, nbytes
 
 
+class BufferFreedError(RuntimeError):
+    """A freed buffer, or a tensor in one, was used (set, get, memset, copy, compute)."""
+
+
+def check_not_freed(buffer: "Buffer", what: str, tensor: Tensor | None = None) -> None:
+    """BufferFreedError naming the operation, the tensor and the buffer when it was freed."""
+    if buffer.freed:
+        subject = f"{tensor.describe()} in buffer {buffer.name!r}" if tensor is not None else f"buffer {buffer.name!r}"
+        raise BufferFreedError(f"{what}: {subject} was used after the buffer was freed")
+
+
 class BufferUsage(IntEnum):
     ANY = 0
     WEIGHTS = 1
@@ -87,6 +98,8 @@ class Buffer(ABC):
         return self.base
 
     def free(self) -> None:
+        """Give the memory back. Any later set/get/memset/copy/compute of a tensor in this
+        buffer raises BufferFreedError; freeing twice is allowed."""
         self.freed = True
 
     def init_tensor(self, tensor: Tensor) -> Status:
@@ -176,6 +189,7 @@ def backend_buffer_get_alloc_size(buffer: Buffer, tensor: Tensor) -> int:
 
 
 def backend_buffer_clear(buffer: Buffer, value: int) -> None:
+    check_not_freed(buffer, "backend_buffer_clear")
     if buffer.size:
         buffer.clear(value)
 

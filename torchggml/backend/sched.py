@@ -1,8 +1,16 @@
 """The scheduler (ggml_backend_sched): assigns graph nodes to backends, cuts the graph into
 splits, copies split inputs between backends, and runs the splits on the backends' streams,
-ordered by events. Pass by pass as upstream ggml-backend.cpp does it (see DESIGN.md)."""
+ordered by events. Pass by pass as upstream ggml-backend.cpp does it (see DESIGN.md).
+
+Unlike upstream, the caller's graph is only borrowed: a node whose source is copied to another
+backend reads the copy only while the scheduler plans or runs the graph (the rewritten sources
+are recorded and put back when it is done: after alloc/reserve, and after compute once the
+backends are synchronized), and tensors an earlier plan placed in the scheduler's own buffers
+are planned afresh. So the same graph can be reserved, allocated, reset and allocated again,
+or split by another scheduler, and still computes correctly."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
@@ -85,6 +93,11 @@ class Sched:
         self.backend_ids: dict[Tensor, int] = {}
         self.copies: dict[Tensor, list[list[Tensor | None]]] = {}
         self.causes: dict[Tensor, str] = {}
+        # (node, src index, the caller's source, the copy the split reads): see the module doc
+        self.rewrites: list[tuple[Tensor, int, Tensor, Tensor]] = []
+        # queued work may still read the copies: restored at the next synchronize
+        self.in_flight = False
+        self.pending_restores: list[tuple[Tensor, int, Tensor, Tensor]] = []
         self.reset()
 
     # ------------------------------------------------------------ small helpers
@@ -174,6 +187,56 @@ class Sched:
     # ------------------------------------------------------------ the split algorithm
 
     def split_graph(self, graph: CGraph) -> None:
+        """Assign backends and cut `graph` into splits (the graph is left as the caller built it)."""
+        self._split(graph)
+        self._restore_sources()
+
+    def _apply_copies(self) -> None:
+        """Point the recorded nodes at their split-input copies (while planning or running)."""
+        for node, j, _, cpy in self.rewrites:
+            node.src[j] = cpy
+
+    def _restore_sources(self) -> None:
+        """Give the caller's graph its own sources back."""
+        for node, j, src, _ in self.rewrites:
+            node.src[j] = src
+
+    def _retire_rewrites(self) -> None:
+        """Forget the current graph's copies; while queued work may still read them, its
+        sources are put back at the next synchronize instead of now."""
+        if self.in_flight:
+            self.pending_restores += self.rewrites
+        else:
+            self._restore_sources()
+        self.rewrites = []
+
+    @contextlib.contextmanager
+    def copies_applied(self):
+        """The graph as the splits run it (sources replaced by their copies), e.g. to draw it."""
+        self._apply_copies()
+        try:
+            yield
+        finally:
+            if not self.in_flight:
+                self._restore_sources()
+
+    def _planned_tensors(self, graph: CGraph) -> list[Tensor]:
+        """Tensors of `graph` that an earlier plan placed in this scheduler's compute buffers
+        (or in buffers since freed). They are planned again: the allocator takes any tensor
+        that has memory for pre-allocated, and would plan other tensors over their old places."""
+        own = {id(b) for vb in self.galloc.buffers if vb is not None for b in vb.chunks}
+        return [t for t in (*graph.nodes, *graph.leafs)
+                if t.buffer is not None and (id(t.buffer) in own or t.buffer.freed)]
+
+    def _split(self, graph: CGraph) -> None:
+        """split_graph, leaving the copies applied (the allocator plans with them)."""
+        self._retire_rewrites()
+        planned = self._planned_tensors(graph)
+        if self.in_flight and (planned or not {id(n) for n, *_ in self.pending_restores}.isdisjoint(
+                map(id, graph.nodes))):
+            self.synchronize()  # this graph may still be running: wait (restoring its sources)
+        for t in planned:  # plan them afresh, see _planned_tensors
+            t.data = t.buffer = None
         self.splits = []
         self.graph_inputs = []
         self.is_reset = False
@@ -300,8 +363,9 @@ class Sched:
                                 set_output(cpy)
                             self._set_copy(src, cur, c, cpy)
                         split.add_input(src)
-                    node.src[j] = self._copy(src, cur, self.cur_copy)
+                    self.rewrites.append((node, j, src, self._copy(src, cur, self.cur_copy)))
         split.i_end = len(nodes)
+        self._apply_copies()
 
     def _needs_new_split(self, node: Tensor, split: Split, cur: int) -> bool:
         for src in node.src:
@@ -390,9 +454,12 @@ class Sched:
     def reserve(self, measure_graph: CGraph) -> bool:
         from ..alloc import gallocr_reserve_n
         self.synchronize()
-        self.split_graph(measure_graph)
-        if not gallocr_reserve_n(self.galloc, self.graph, self.node_backend_ids, self.leaf_backend_ids):
-            return False
+        self._split(measure_graph)
+        try:
+            if not gallocr_reserve_n(self.galloc, self.graph, self.node_backend_ids, self.leaf_backend_ids):
+                return False
+        finally:
+            self._restore_sources()
         self.reset()
         return True
 
@@ -401,21 +468,29 @@ class Sched:
         from ..alloc import gallocr_reserve_n_size
         self.reset()
         self.synchronize()
-        self.split_graph(measure_graph)
-        return gallocr_reserve_n_size(self.galloc, self.graph, self.node_backend_ids, self.leaf_backend_ids)
+        self._split(measure_graph)
+        try:
+            return gallocr_reserve_n_size(self.galloc, self.graph, self.node_backend_ids, self.leaf_backend_ids)
+        finally:
+            self._restore_sources()
 
     def alloc_graph(self, graph: CGraph) -> bool:
         if self.is_alloc:
-            raise RuntimeError("backend_sched_alloc_graph: a graph is already allocated; call backend_sched_reset first")
+            raise RuntimeError("backend_sched_alloc_graph: a graph is already allocated: compute it, or call "
+                               "backend_sched_reset before allocating a graph (the same one included) again")
         self.cur_copy = self.next_copy
         self.next_copy = (self.next_copy + 1) % self.n_copies
-        self.split_graph(graph)
-        if not self._alloc_splits():
-            return False
+        self._split(graph)
+        try:
+            if not self._alloc_splits():
+                return False
+        finally:
+            self._restore_sources()
         self.is_alloc = True
         return True
 
     def reset(self) -> None:
+        self._retire_rewrites()
         if not self.is_reset:
             self.backend_ids = {}
             self.copies = {}
@@ -440,6 +515,11 @@ class Sched:
     def synchronize(self) -> None:
         for b in self.backends:
             b.synchronize()
+        self.in_flight = False
+        for node, j, src, _ in self.pending_restores:  # the work that read the copies is done
+            node.src[j] = src
+        self.pending_restores = []
+        self._restore_sources()
         if not self.is_alloc:
             # after a synchronization always start from copy 0, so repeated graphs stay identical
             self.next_copy = 0
@@ -459,6 +539,8 @@ class Sched:
     def _compute_splits(self) -> Status:
         from .event import backend_event_record, backend_event_synchronize
         from .tensor_io import backend_tensor_copy
+        self._apply_copies()  # put back by synchronize (graph_compute does it)
+        self.in_flight = True
         prev_id = -1
         for i_split, split in enumerate(self.splits):
             b_id = split.backend_id

@@ -29,32 +29,33 @@ def backend_sched_graph_dump_dot(sched, graph, path) -> Path:
     def nid(t: Tensor) -> str:
         return ids.setdefault(id(t), f"t{len(ids)}")
 
-    for k, split in enumerate(sched.splits):
-        b = split.backend_id
-        lines.append(f"  subgraph cluster_{k} {{")
-        lines.append(f'    label="split {k}: {sched.backends[b].name} ({len(split.inputs)} inputs)"; '
-                     f'style=rounded; color="{color[b]}"; penwidth=2;')
-        for node in graph.nodes[split.i_start:split.i_end]:
+    with sched.copies_applied():  # draw the copies the splits read
+        for k, split in enumerate(sched.splits):
+            b = split.backend_id
+            lines.append(f"  subgraph cluster_{k} {{")
+            lines.append(f'    label="split {k}: {sched.backends[b].name} ({len(split.inputs)} inputs)"; '
+                         f'style=rounded; color="{color[b]}"; penwidth=2;')
+            for node in graph.nodes[split.i_start:split.i_end]:
+                if node.op in VIEW_OPS:
+                    continue
+                nb = sched.backend_ids.get(node, b)
+                lines.append(f'    {nid(node)} [label="{_label(node)}", fillcolor="{color.get(nb, "#ffffff")}"];')
+            lines.append("  }")
+        for node in graph.nodes:
             if node.op in VIEW_OPS:
                 continue
-            nb = sched.backend_ids.get(node, b)
-            lines.append(f'    {nid(node)} [label="{_label(node)}", fillcolor="{color.get(nb, "#ffffff")}"];')
-        lines.append("  }")
-    for node in graph.nodes:
-        if node.op in VIEW_OPS:
-            continue
-        for src in node.src:
-            if src is None:
-                continue
-            while src.op in VIEW_OPS and src.src[0] is not None and src.view_src is not None:
-                src = src.src[0]
-            if id(src) not in ids:
-                b = sched.backend_ids.get(src, -1)
-                fill = color.get(b, "#ffffff")
-                shape = "ellipse" if "#" not in src.name else "note"
-                lines.append(f'  {nid(src)} [label="{_label(src, f" {nbytes(src)}B")}", shape={shape}, fillcolor="{fill}"];')
-            style = "dashed" if "#" in src.name else "solid"
-            lines.append(f"  {nid(src)} -> {nid(node)} [style={style}];")
+            for src in node.src:
+                if src is None:
+                    continue
+                while src.op in VIEW_OPS and src.src[0] is not None and src.view_src is not None:
+                    src = src.src[0]
+                if id(src) not in ids:
+                    b = sched.backend_ids.get(src, -1)
+                    fill = color.get(b, "#ffffff")
+                    shape = "ellipse" if "#" not in src.name else "note"
+                    lines.append(f'  {nid(src)} [label="{_label(src, f" {nbytes(src)}B")}", shape={shape}, fillcolor="{fill}"];')
+                style = "dashed" if "#" in src.name else "solid"
+                lines.append(f"  {nid(src)} -> {nid(node)} [style={style}];")
     lines.append("  legend [shape=plaintext, label=<<table border='0'>"
                  + "".join(f"<tr><td bgcolor='{color[i]}'>{b.name}</td></tr>" for i, b in enumerate(sched.backends))
                  + "</table>>];")

@@ -5,6 +5,7 @@ import numpy as np
 import torch
 
 from ..tensor import Tensor, nbytes, are_same_layout
+from .buffer import check_not_freed
 
 
 def as_byte_tensor(data) -> torch.Tensor:
@@ -49,6 +50,7 @@ def as_writable_byte_tensor(data, what: str) -> torch.Tensor:
 def _check_range(t: Tensor, offset: int, size: int, what: str) -> None:
     if t.buffer is None or t.data is None:
         raise RuntimeError(f"{what}: {t.describe()} is not allocated")
+    check_not_freed(t.buffer, what, t)
     if offset < 0 or size < 0 or offset + size > nbytes(t):
         raise IndexError(f"{what}: {size} bytes at offset {offset} are past the end of {t.describe()}, "
                          f"which has {nbytes(t)} bytes")

@@ -17,7 +17,7 @@ __all__ = ["load_model", "Model", "Placement", "Timings", "HParams", "LlamaWeigh
 def load_model(path, devices=None, n_gpu_layers: int | None = None, n_ctx: int | None = None,
                n_batch: int = 512, flash_attn: bool = False, kv_type="f16", vocab_only: bool = False,
                tensor_split: Sequence[float] | None = None, n_threads: int | None = None,
-               progress: bool = True, repack: bool = True) -> Model:
+               progress: bool = True, repack: bool = True, check_tensors: bool = False) -> Model:
     """Load a GGUF model (architectures: llama, mistral, qwen2, qwen3).
 
     devices: device names or Devices ("CPU", "CUDA0", "SIM0"...); the layers are split over
@@ -38,8 +38,10 @@ def load_model(path, devices=None, n_gpu_layers: int | None = None, n_ctx: int |
         projections, output.weight) go to the CPU's extra buffer type CPU_REPACK, which stores
         them in torch's int4 GEMM layout (a copy instead of a view of the file; activations
         are rounded to bf16 in those products). False keeps every CPU weight a view of the file.
+    check_tensors: check every weight's values (and quantized blocks' scales) for NaN/inf on
+        load, as llama.cpp's --check-tensors: GGUFError naming the tensor (reads all weights).
     """
     from .model import load
     return load(path, devices=devices, n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, n_batch=n_batch,
                 flash_attn=flash_attn, kv_type=kv_type, vocab_only=vocab_only, tensor_split=tensor_split,
-                n_threads=n_threads, progress=progress, repack=repack)
+                n_threads=n_threads, progress=progress, repack=repack, check_tensors=check_tensors)

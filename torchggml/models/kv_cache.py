@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..alloc import backend_alloc_ctx_tensors_from_buft
 from ..backend.buffer import backend_buffer_clear
+from ..backend.tensor_io import backend_tensor_memset
 from ..context import Context, new_tensor_2d
 from ..ops import set_rows, view_3d, reshape_2d
 from ..tensor import Tensor, round_up, set_name
@@ -51,6 +52,7 @@ class KVCache:
         self.type = kv_type
         self.head_dim_k, self.head_dim_v, self.n_head_kv = head_dim_k, head_dim_v, n_head_kv
         self.n_past = 0  # cells in use
+        self.n_written = 0  # cells written since the last clear (the ones clear() zeroes)
         self.k: list[Tensor] = []
         self.v: list[Tensor] = []
         self.buffers = []
@@ -70,8 +72,16 @@ class KVCache:
         return sum(b.size for b in self.buffers)
 
     def clear(self) -> None:
-        """Forget every cell (the memory is left as is: masked cells are never read)."""
-        self.n_past = 0
+        """Forget every cell and zero the ones written since the last clear: masked cells are
+        still read (their softmax weight is 0, and 0 * NaN is NaN), so no old value may stay."""
+        self.zero_cells(0, self.n_written)
+        self.n_past = self.n_written = 0
+
+    def zero_cells(self, start: int, end: int) -> None:
+        """Zero cells [start, end) of every layer's K and V."""
+        if end > start:
+            for t in (*self.k, *self.v):
+                backend_tensor_memset(t, 0, start * t.nb[1], (end - start) * t.nb[1])
 
     def n_kv_for(self, n_tokens: int) -> int:
         """Cells a batch of n_tokens after n_past attends to, padded to KV_PAD (<= n_ctx)."""

@@ -5,6 +5,20 @@
     for text in model.generate("Once upon a time", max_tokens=32):
         print(text, end="")
 
+Threads: a Model may be shared between threads. eval, generate, reset and close are serialized
+by one lock per model, so calls from different threads run one after another (each result is
+what that call would give alone, with the cache as the previous call left it); hold
+`model.lock` to make a sequence of calls (reset, then eval) atomic. A generate()
+holds the lock from its first item until it is exhausted or closed: iterate it to the end (or
+close it) in the thread that started it.
+
+Non-finite logits: an eval whose logits contain NaN or inf raises NonFiniteLogitsError; the
+cache cells that batch wrote are zeroed and n_past is left where it was, so later calls are
+not poisoned. reset() zeroes every cell written since the last reset.
+
+close() frees the compute, KV and weight buffers and closes the file's mapping; a later eval,
+generate or reset raises ModelClosedError.
+
 Placement: every layer (its weights and its KV cache) lives on one device. On one device the
 graph is planned by gallocr and run by that device's backend; across several devices the
 scheduler (backend_sched) splits it and copies activations between them.
@@ -13,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
@@ -25,7 +40,7 @@ from ..backend.device import Device, DeviceType
 from ..backend.backend import backend_tensor_set_async
 from ..backend.tensor_io import backend_tensor_set, backend_tensor_get
 from ..context import Context
-from ..gguf import GGUFFile, load_weights
+from ..gguf import GGUFError, GGUFFile, load_weights
 from ..types import is_quantized
 from .kv_cache import KVCache, kv_type_from_name
 from .llama import HParams, LlamaWeights, LlamaGraph, build_graph, graph_size, tensor_layer
@@ -176,6 +191,14 @@ def sample_token(logits: torch.Tensor, temperature: float = 0.8, top_k: int = 40
 
 # ---------------------------------------------------------------- the model
 
+class ModelClosedError(RuntimeError):
+    """The model was closed: its buffers are freed and it can no longer evaluate."""
+
+
+class NonFiniteLogitsError(FloatingPointError):
+    """An eval produced NaN or inf logits (its cache cells were zeroed, n_past not advanced)."""
+
+
 @dataclass
 class Timings:
     prompt_tokens: int = 0
@@ -204,6 +227,10 @@ class Model:
         self.hp = hp
         self.vocab_only = hp is None
         self.timings = Timings()
+        self.closed = False
+        # serializes eval/generate/reset/close (see the module doc); hold it (`with model.lock:`)
+        # to make a sequence of calls, e.g. reset then eval, atomic
+        self.lock = threading.RLock()
         if self.vocab_only:
             return
         self.weights = weights
@@ -323,21 +350,30 @@ class Model:
     @property
     def n_past(self) -> int:
         """Tokens in the KV cache."""
+        self._require_weights("n_past")
         return self.kv.n_past
 
     def _require_weights(self, what: str) -> None:
+        if self.closed:
+            raise ModelClosedError(f"{what}: the model {self.path} was closed")
         if self.vocab_only:
             raise RuntimeError(f"{what}: {self.path} was loaded with vocab_only=True (no weights)")
 
     def reset(self) -> None:
-        """Empty the KV cache: the next eval starts at position 0."""
-        self._require_weights("reset")
-        self.kv.clear()
+        """Empty the KV cache (zeroing the cells used): the next eval starts at position 0."""
+        with self.lock:
+            self._require_weights("reset")
+            self.kv.clear()
 
     def eval(self, tokens) -> torch.Tensor:
         """Run `tokens` (after the cached ones) and return their logits, float32 [len(tokens), n_vocab].
-        The prompt is processed in micro-batches of n_batch tokens."""
-        self._require_weights("eval")
+        The prompt is processed in micro-batches of n_batch tokens. NonFiniteLogitsError when
+        the logits are not all finite (the cache is then left as it was before this call)."""
+        with self.lock:
+            self._require_weights("eval")
+            return self._eval(tokens)
+
+    def _eval(self, tokens) -> torch.Tensor:
         if not isinstance(tokens, torch.Tensor):
             tokens = list(tokens)
         ids = torch.as_tensor(tokens, dtype=torch.int64).reshape(-1)
@@ -348,15 +384,26 @@ class Model:
             raise ValueError(f"eval: token id {int(ids[bad][0])} is outside the vocabulary [0, {self.n_vocab})")
         self.kv.n_kv_for(ids.numel())  # raises early when the cache cannot hold them all
         out = torch.empty(ids.numel(), self.n_vocab)
+        n_past = self.kv.n_past
         for start in range(0, ids.numel(), self.n_batch):
             chunk = ids[start: start + self.n_batch]
-            out[start: start + chunk.numel()] = self._eval_ubatch(chunk)
+            logits = out[start: start + chunk.numel()]
+            logits[:] = self._eval_ubatch(chunk)
+            if not bool(torch.isfinite(logits).all()):
+                # the cells written may hold NaN: zero them so no later call can read them
+                self.kv.zero_cells(n_past, self.kv.n_written)
+                self.kv.n_past = n_past
+                bad = int((~torch.isfinite(logits)).any(dim=1).nonzero()[0]) + start
+                raise NonFiniteLogitsError(f"{self.path}: eval produced non-finite logits (first at token "
+                                           f"{bad}, position {n_past + bad}); the cache was restored to "
+                                           f"{n_past} tokens")
         return out
 
     def _eval_ubatch(self, ids: torch.Tensor) -> torch.Tensor:
         n_tokens, n_past = ids.numel(), self.kv.n_past
         n_kv = self.kv.n_kv_for(n_tokens)
         g = self._graph_for(n_tokens, n_kv)
+        self.kv.n_written = max(self.kv.n_written, n_past + n_tokens)  # before compute writes them
         pos = torch.arange(n_past, n_past + n_tokens)
         inputs = ((g.tokens, ids.to(torch.int32)), (g.positions, pos.to(torch.int32)), (g.kv_idx, pos),
                   (g.mask, causal_mask(n_past, n_tokens, n_kv)))
@@ -388,8 +435,13 @@ class Model:
                  top_p: float = 0.95, seed: int | None = None) -> Iterator[str]:
         """Stream the text of up to max_tokens sampled tokens after `prompt` (text, or token ids).
         The KV cache starts empty; generation stops at an end-of-generation token or a full
-        cache. `self.timings` has the prompt and generation speeds afterwards."""
-        self._require_weights("generate")
+        cache. `self.timings` has the prompt and generation speeds afterwards. The model is
+        held (other threads wait) from the first item until the generator ends or is closed."""
+        with self.lock:
+            self._require_weights("generate")
+            yield from self._generate(prompt, max_tokens, temperature, top_k, top_p, seed)
+
+    def _generate(self, prompt, max_tokens, temperature, top_k, top_p, seed) -> Iterator[str]:
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
         if not ids:
             raise ValueError("generate: the prompt has no tokens")
@@ -430,9 +482,17 @@ class Model:
                 f"{self.placement.describe()}")
 
     def close(self) -> None:
-        """Free the compute, KV and weight buffers."""
-        if self.vocab_only:
-            return
+        """Free the compute, KV and weight buffers and close the file; a later eval raises
+        ModelClosedError. Closing twice is allowed."""
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            if not self.vocab_only:
+                self._free_compute()
+            self.file.close()
+
+    def _free_compute(self) -> None:
         if self._plan is not None:
             backend_graph_plan_free(self.backend, self._plan)
             self._plan = None
@@ -449,7 +509,8 @@ class Model:
         self.weights.free()
         for b in self.backends:
             backend_free(b)
-        self._graph = None
+        # drop every tensor that views the freed memory, so the file's mapping can close
+        self._graph = self._ctx = self.w = self.weights = self.kv = self.sched = self.galloc = None
 
 
 # weights read only as MUL_MAT's src0 (token_embd is also read by GET_ROWS, norms by MUL)
@@ -480,12 +541,16 @@ def causal_mask(n_past: int, n_tokens: int, n_kv: int) -> torch.Tensor:
 def load(path, devices=None, n_gpu_layers: int | None = None, n_ctx: int | None = None, n_batch: int = 512,
          flash_attn: bool = False, kv_type="f16", vocab_only: bool = False,
          tensor_split: Sequence[float] | None = None, n_threads: int | None = None,
-         progress: bool = True, repack: bool = True) -> Model:
+         progress: bool = True, repack: bool = True, check_tensors: bool = False) -> Model:
     """See torchggml.load_model."""
     from ..gguf import open_gguf
     from ..tokenizer import Tokenizer
+    from ..tokenizer import TokenizerError
     file = open_gguf(path)
-    tokenizer = Tokenizer.from_gguf(file.reader)
+    try:
+        tokenizer = Tokenizer.from_gguf(file.reader)
+    except TokenizerError as e:
+        raise GGUFError(f"{file.path}: tokenizer: {e}") from None
     if vocab_only:
         return Model(file, tokenizer)
     hp = HParams.from_gguf(file)
@@ -513,5 +578,5 @@ def load(path, devices=None, n_gpu_layers: int | None = None, n_ctx: int | None 
                     return extra
         return device.get_buffer_type()
 
-    weights = load_weights(file, buft_of, progress=progress)
+    weights = load_weights(file, buft_of, progress=progress, check_values=check_tensors)
     return Model(file, tokenizer, hp, weights, placement, n_ctx, int(n_batch), bool(flash_attn), kv_type, n_threads)

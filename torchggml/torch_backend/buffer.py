@@ -60,6 +60,9 @@ class TorchBuffer(Buffer):
         self.owner = owner
 
     def free(self) -> None:
+        """Drop the storage. Torch views taken before (to_torch, tensor views) keep their
+        memory alive and stay usable as plain torch tensors, but are no longer the buffer:
+        ggml access to its tensors raises BufferFreedError from now on."""
         super().free()
         self.storage = None
         self.owner = None

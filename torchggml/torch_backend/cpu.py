@@ -68,6 +68,7 @@ class CPUBackend(Backend):
         plan.calls = self._compile(graph)
 
     def graph_plan_compute(self, plan) -> Status:
+        plan.check_alive(self.name)
         return self._run(plan.calls)
 
     def graph_compute(self, graph) -> Status:

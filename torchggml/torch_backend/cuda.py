@@ -61,6 +61,7 @@ class CudaBackend(StreamBackend):
         plan.reset(graph, compile_graph(graph, self.kernels, self))
 
     def graph_plan_compute(self, plan) -> Status:
+        plan.check_alive(self.name)
         plan.compute()
         return Status.SUCCESS
 

@@ -10,6 +10,7 @@ import warnings
 
 import torch
 
+from ..backend.buffer import check_not_freed
 from ..profiler import profiling, node_range_name
 from .kernels import compiled_nodes
 
@@ -30,6 +31,7 @@ def check_graph_buffers(calls, backend) -> None:
             buf = _memory_buffer(t)
             if buf is None:
                 raise ValueError(f"{backend.name}: {t.describe()} has no memory: allocate the graph first")
+            check_not_freed(buf, f"{backend.name}: graph compute", t)
             buft = buf.buft
             if id(buft) in usable:
                 continue
@@ -73,6 +75,21 @@ class CompiledPlan:
     def __init__(self, graph, calls):
         self.graph = graph
         self.calls = calls
+        self._buffers = (None, [])  # (the calls they were collected for, distinct buffers)
+
+    def check_alive(self, backend_name: str) -> None:
+        """BufferFreedError when a buffer the plan reads or writes was freed since it was made
+        (kernels bound at plan time would otherwise run on memory their views keep alive)."""
+        if self._buffers[0] is not self.calls:
+            seen = {}
+            for _, node in self.calls:
+                for t in (node, *node.src):
+                    buf = None if t is None else _memory_buffer(t)
+                    if buf is not None:
+                        seen[id(buf)] = (buf, t)
+            self._buffers = (self.calls, list(seen.values()))
+        for buf, t in self._buffers[1]:
+            check_not_freed(buf, f"{backend_name}: graph plan compute", t)
 
     def __repr__(self):
         return f"<{type(self).__name__} {len(self.calls)} calls>"

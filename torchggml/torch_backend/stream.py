@@ -289,6 +289,7 @@ class StreamBackend(Backend):
         plan.calls = compile_graph(graph, self.kernels, self)
 
     def graph_plan_compute(self, plan) -> Status:
+        plan.check_alive(self.name)
         self._submit_calls(plan.calls)
         return Status.SUCCESS
 

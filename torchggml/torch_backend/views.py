@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ..backend.buffer import check_not_freed
 from ..tensor import Tensor, nbytes
 from ..types import type_traits
 
@@ -16,6 +17,7 @@ def _require_memory(t: Tensor):
         raise UnallocatedTensorError(
             f"{t.describe()} has no memory: allocate it first (gallocr_alloc_graph, "
             f"backend_alloc_ctx_tensors, a scheduler, or a context with no_alloc=False)")
+    check_not_freed(t.buffer, "tensor view", t)
     return t.buffer
 
 
@@ -26,7 +28,7 @@ def tensor_view(t: Tensor) -> torch.Tensor:
     The view is cached on the tensor and rebuilt when its address or buffer changes.
     """
     cache = t._view_cache
-    if cache is not None and cache[0] == t.data and cache[1] is t.buffer:
+    if cache is not None and cache[0] == t.data and cache[1] is t.buffer and not cache[1].freed:
         return cache[2]
     buffer = _require_memory(t)
     view = _build_view(t, buffer)
@@ -67,6 +69,7 @@ def _build_view(t: Tensor, buffer) -> torch.Tensor:
 
 def byte_view(buffer, offset: int, size: int) -> torch.Tensor:
     """A flat uint8 view of `size` bytes at `offset` inside the buffer."""
+    check_not_freed(buffer, "byte view")
     if offset < 0 or size < 0 or offset + size > buffer.size:
         raise IndexError(f"{size} bytes at offset {offset} are outside buffer {buffer.name!r} of size {buffer.size}")
     storage = buffer.storage
