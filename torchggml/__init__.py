@@ -121,6 +121,10 @@ from .torch_backend.kernels import UnsupportedOpError  # noqa: E402
 from .torch_backend.stream import StreamError  # noqa: E402
 from .torch_backend.views import UnallocatedTensorError  # noqa: E402
 from .torch_backend.kernels import UnsupportedOpError  # noqa: E402
+from .backend.meta_split import (SplitAxis, MetaSplitState, backend_meta_split_axis_name,  # noqa: E402
+                                 UnsupportedSplitError)
+from .backend.meta import backend_meta_device, backend_dev_is_meta, get_split_state as backend_meta_get_split_state  # noqa: E402
+from .backend.comm import comm_init, comm_allreduce_tensor, comm_free  # noqa: E402
 from .models import load_model, Model  # noqa: E402
 from .torch_integration import graph_function, GraphFunction  # noqa: E402
 from .profiler import PROFILE_ENV  # noqa: E402

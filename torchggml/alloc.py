@@ -646,7 +646,11 @@ def backend_alloc_ctx_tensors_from_buft_size(ctx, buft) -> int:
 
 def backend_alloc_ctx_tensors_from_buft(ctx, buft):
     """Allocate every unallocated tensor of ctx in one buffer of buft; views get their source's
-    address. Returns the buffer, or None when there was nothing to allocate."""
+    address. Returns the buffer, or None when there was nothing to allocate. A buffer type
+    that places tensors its own way (the meta device's: slices per device) does it itself."""
+    own_way = getattr(buft, "alloc_ctx_tensors", None)
+    if own_way is not None:
+        return own_way(ctx)
     size = backend_alloc_ctx_tensors_from_buft_size(ctx, buft)
     if size == 0:
         return None

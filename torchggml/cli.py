@@ -33,6 +33,22 @@ def device_rows() -> list[tuple[str, ...]]:
     return rows
 
 
+def meta_device_rows(specs) -> list[tuple[str, ...]]:
+    """Rows for meta devices: one per spec "DEV,DEV,..." (default: all accelerators when there
+    are two or more)."""
+    import torchggml as ggml
+    if not specs:
+        accel = [ggml.backend_dev_get(i) for i in range(ggml.backend_dev_count())]
+        accel = [d for d in accel if d.get_type() != ggml.DeviceType.CPU]
+        specs = [",".join(d.get_name() for d in accel)] if len(accel) >= 2 else []
+    rows = []
+    for spec in specs:
+        props = ggml.backend_dev_get_props(ggml.backend_meta_device([x for x in spec.split(",") if x]))
+        rows.append(("(meta)", props.name, props.type.name, _mib(props.memory_free),
+                     _mib(props.memory_total), _caps(props.caps), "tensor parallel over " + spec))
+    return rows
+
+
 def format_table(header, rows) -> str:
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
@@ -45,6 +61,7 @@ def cmd_devices(args) -> int:
         ggml.backend_load_all()
     header = ("reg", "device", "type", "free MiB", "total MiB", "caps", "description")
     rows = device_rows()
+    rows += meta_device_rows(args.meta)
     print(format_table(header, rows))
     print(f"\n{ggml.backend_reg_count()} regs, {len(rows)} devices")
     for reg, features in reg_features():
@@ -77,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("devices", help="list regs and devices with type, memory and capabilities")
     p.add_argument("--load-all", action="store_true",
                    help="first load plugins (entry points and TORCHGGML_BACKEND_PATH)")
+    p.add_argument("--meta", action="append", metavar="DEV,DEV,...",
+                   help="also show the meta device over these devices (tensor parallel); "
+                        "default: over all accelerators when there are two or more")
     p.set_defaults(func=cmd_devices)
 
     p = sub.add_parser("test-ops", help="run the op cases on devices against the CPU reference")

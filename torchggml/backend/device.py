@@ -11,6 +11,7 @@ class DeviceType(IntEnum):
     GPU = 1
     IGPU = 2
     ACCEL = 3
+    META = 4
 
 
 @dataclass
@@ -132,6 +133,19 @@ class Reg(ABC):
         """A named extension function, or None (ggml_backend_reg_get_proc_address)."""
         fn = getattr(self, "proc_" + name.removeprefix("ggml_backend_"), None)
         return fn
+
+    # collectives for the meta device's all-reduce; a reg with its own (NCCL, ...) overrides them
+    def proc_comm_init(self, backends, group=None):
+        from .comm import comm_init
+        return comm_init(backends, group)
+
+    def proc_comm_allreduce_tensor(self, comm, tensors) -> bool:
+        from .comm import comm_allreduce_tensor
+        return comm_allreduce_tensor(comm, tensors)
+
+    def proc_comm_free(self, comm) -> None:
+        from .comm import comm_free
+        comm_free(comm)
 
 
 # ---------------------------------------------------------------- mirrored functions (devices)

@@ -78,12 +78,7 @@ def backend_tensor_get(t: Tensor, data=None, offset: int = 0, size: int | None =
     _check_range(t, offset, size, "backend_tensor_get")
     if data is None:
         if whole:
-            from ..torch_backend.views import tensor_view
-            from .. import tensor as _t
-            view = tensor_view(t)
-            out = torch.empty(view.shape, dtype=view.dtype)
-            out.copy_(view)
-            return out.reshape(view.shape[4 - _t.n_dims(t):]) if _t.n_dims(t) < 4 else out
+            return _get_whole(t)
         out = torch.empty(size, dtype=torch.uint8)
         t.buffer.get_tensor(t, out, offset, size)
         return out
@@ -92,6 +87,24 @@ def backend_tensor_get(t: Tensor, data=None, offset: int = 0, size: int | None =
         raise ValueError(f"backend_tensor_get: destination has {dst.numel()} bytes, {size} needed for {t.describe()}")
     t.buffer.get_tensor(t, dst, offset, size)
     return data
+
+
+def _get_whole(t: Tensor) -> torch.Tensor:
+    """The whole tensor as a new CPU tensor, shape reversed(ne) (leading 1s dropped to n_dims)."""
+    from .. import tensor as _t
+    from ..types import type_traits
+    tr = type_traits(t.type)
+    shape = (t.ne[3], t.ne[2], t.ne[1], t.ne[0] if tr.dtype is not None else t.ne[0] // tr.blck_size * tr.type_size)
+    if getattr(t.buffer, "storage", None) is None:  # no single storage to view (a meta buffer)
+        raw = torch.empty(nbytes(t), dtype=torch.uint8)
+        t.buffer.get_tensor(t, raw, 0, nbytes(t))
+        out = raw.view(tr.dtype if tr.dtype is not None else torch.uint8).reshape(shape)
+    else:
+        from ..torch_backend.views import tensor_view
+        view = tensor_view(t)
+        out = torch.empty(view.shape, dtype=view.dtype)
+        out.copy_(view)
+    return out.reshape(shape[4 - _t.n_dims(t):]) if _t.n_dims(t) < 4 else out
 
 
 def backend_tensor_memset(t: Tensor, value: int, offset: int = 0, size: int | None = None) -> None:

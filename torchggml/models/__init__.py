@@ -17,7 +17,8 @@ __all__ = ["load_model", "Model", "Placement", "Timings", "HParams", "LlamaWeigh
 def load_model(path, devices=None, n_gpu_layers: int | None = None, n_ctx: int | None = None,
                n_batch: int = 512, flash_attn: bool = False, kv_type="f16", vocab_only: bool = False,
                tensor_split: Sequence[float] | None = None, n_threads: int | None = None,
-               progress: bool = True, repack: bool = True, check_tensors: bool = False) -> Model:
+               progress: bool = True, repack: bool = True, check_tensors: bool = False,
+               tensor_parallel=None) -> Model:
     """Load a GGUF model (architectures: llama, mistral, qwen2, qwen3).
 
     devices: device names or Devices ("CPU", "CUDA0", "SIM0"...); the layers are split over
@@ -40,8 +41,12 @@ def load_model(path, devices=None, n_gpu_layers: int | None = None, n_ctx: int |
         are rounded to bf16 in those products). False keeps every CPU weight a view of the file.
     check_tensors: check every weight's values (and quantized blocks' scales) for NaN/inf on
         load, as llama.cpp's --check-tensors: GGUFError naming the tensor (reads all weights).
+    tensor_parallel: split every layer over several devices (a meta device): a list of device
+        names or Devices, or "dist" for one device per torch.distributed rank (torchrun; gloo on
+        CPU, NCCL on CUDA). Replaces devices/n_gpu_layers/tensor_split.
     """
     from .model import load
     return load(path, devices=devices, n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, n_batch=n_batch,
                 flash_attn=flash_attn, kv_type=kv_type, vocab_only=vocab_only, tensor_split=tensor_split,
-                n_threads=n_threads, progress=progress, repack=repack, check_tensors=check_tensors)
+                n_threads=n_threads, progress=progress, repack=repack, check_tensors=check_tensors,
+                tensor_parallel=tensor_parallel)

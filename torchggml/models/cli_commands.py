@@ -57,8 +57,17 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
                    help="KV cache type: f16 (default), f32, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl; "
                         "q2_k..q6_k, iq4_xs for head sizes that are multiples of 256 (quantized needs -fa)")
     p.add_argument("-t", "--threads", type=int, default=None, metavar="N", help="CPU threads")
+    p.add_argument("-tp", "--tensor-parallel", metavar="DEV,DEV,...|dist",
+                   help="split every layer over these devices (a meta device), e.g. SIM0,SIM1; "
+                        "'dist': one device per torchrun rank (torch.distributed, gloo on CPU)")
     p.add_argument("--no-repack", dest="repack", action="store_false",
                    help="keep CPU weights in ggml's layout (no CPU_REPACK int4 GEMM buffers)")
+
+
+def _main_rank() -> bool:
+    """False on the other ranks of a torch.distributed run (rank 0 prints and writes)."""
+    import torch.distributed as dist
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
 def _load(args, path: str):
@@ -67,7 +76,8 @@ def _load(args, path: str):
     return load_model(path, devices=devices, n_gpu_layers=args.n_gpu_layers, n_ctx=args.ctx_size,
                       n_batch=args.batch_size, flash_attn=args.flash_attn, kv_type=args.cache_type,
                       tensor_split=args.tensor_split, n_threads=args.threads,
-                      repack=getattr(args, "repack", True))
+                      repack=getattr(args, "repack", True),
+                      tensor_parallel=getattr(args, "tensor_parallel", None))
 
 
 # ---------------------------------------------------------------- run
@@ -83,7 +93,8 @@ def cmd_run(args) -> int:
     model = _load(args, path)
     print(model.describe(), file=sys.stderr)
     ids = model.tokenize(args.prompt)
-    out = sys.stdout
+    import io
+    out = sys.stdout if _main_rank() else io.StringIO()  # the other ranks generate the same text
     out.write(args.prompt)
     out.flush()
     for text in model.generate(ids, max_tokens=args.n_predict, temperature=args.temp,
@@ -125,6 +136,9 @@ def cmd_eval(args) -> int:
         pos += n
     elapsed = time.perf_counter() - start
     logits = np.concatenate(parts)
+    if not _main_rank():  # every rank computed the same logits
+        model.close()
+        return 0
     if args.out:
         np.save(args.out, logits)
     print(f"{len(tokens)} tokens in {len(chunks)} calls ({elapsed:.3f} s): logits {list(logits.shape)}"

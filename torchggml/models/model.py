@@ -541,7 +541,8 @@ def causal_mask(n_past: int, n_tokens: int, n_kv: int) -> torch.Tensor:
 def load(path, devices=None, n_gpu_layers: int | None = None, n_ctx: int | None = None, n_batch: int = 512,
          flash_attn: bool = False, kv_type="f16", vocab_only: bool = False,
          tensor_split: Sequence[float] | None = None, n_threads: int | None = None,
-         progress: bool = True, repack: bool = True, check_tensors: bool = False) -> Model:
+         progress: bool = True, repack: bool = True, check_tensors: bool = False,
+         tensor_parallel=None) -> Model:
     """See torchggml.load_model."""
     from ..gguf import open_gguf
     from ..tokenizer import Tokenizer
@@ -557,6 +558,11 @@ def load(path, devices=None, n_gpu_layers: int | None = None, n_ctx: int | None 
     n_ctx = min(hp.n_ctx_train, DEFAULT_MAX_CTX) if not n_ctx else int(n_ctx)
     if n_ctx <= 0 or n_batch <= 0:
         raise ValueError(f"n_ctx ({n_ctx}) and n_batch ({n_batch}) must be positive")
+    if tensor_parallel is not None:
+        if devices is not None or n_gpu_layers is not None or tensor_split is not None:
+            raise ValueError("tensor_parallel replaces devices, n_gpu_layers and tensor_split: give only it")
+        from .tensor_parallel import tensor_parallel_device
+        devices = [tensor_parallel_device(file, hp, tensor_parallel, kv_type_from_name(kv_type))]
     placement = plan_placement(hp.n_layer, devices, n_gpu_layers, tensor_split)
 
     def device_of(name: str) -> Device:

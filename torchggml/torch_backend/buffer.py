@@ -81,7 +81,8 @@ class TorchBuffer(Buffer):
 
     def cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
         # any two torch storages copy directly (device to device without a host round trip)
-        if not isinstance(src.buffer, TorchBuffer) or not (src.buffer.ggml_layout and self.ggml_layout):
+        if not (isinstance(src.buffer, TorchBuffer) and isinstance(dst.buffer, TorchBuffer)) \
+                or not (src.buffer.ggml_layout and dst.buffer.ggml_layout):
             return False
         tensor_bytes(dst).copy_(tensor_bytes(src))
         return True

@@ -28,6 +28,7 @@ from .buffer import TorchBuffer, TorchBufferType
 from .cpu import host_memory
 from .device import AcceleratorDevice
 from .kernels.gpu import GPU_KERNELS
+from .plan import run_calls_named
 from .stream import StreamBackend, ThreadEvent, WorkerStream
 
 SIM_DEVICES_ENV = "TORCHGGML_SIM_DEVICES"
@@ -108,6 +109,10 @@ class SimBufferType(TorchBufferType):
             self.allocated -= size
 
 
+# Triton's interpreter is not thread-safe: SIM streams (one thread each) run graphs one at a time
+_INTERPRETER_LOCK = threading.Lock()
+
+
 class SimBackend(StreamBackend):
     """A backend on its own worker stream, or on a given WorkerStream (shared with other SIM
     backends of the device, as CUDA backends share a caller's stream)."""
@@ -123,6 +128,15 @@ class SimBackend(StreamBackend):
             self.stream.close()
         else:  # a shared stream outlives this backend: only wait for what was queued
             self.stream.synchronize()
+
+    def _submit_calls(self, calls) -> None:
+        if calls:
+            name = self.name
+
+            def run():
+                with _INTERPRETER_LOCK:
+                    run_calls_named(calls, name)
+            self.stream.submit(run, "graph_compute")
 
 
 class SimDevice(AcceleratorDevice):
