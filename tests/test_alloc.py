@@ -1,7 +1,7 @@
 """Memory planning: tallocr and gallocr (upstream ggml-alloc.c semantics).
 
-Planning tests need no kernels; the compute-equality tests use only ops that have CPU kernels
-(CPU_KERNELS.entries), so they grow as kernels are added.
+Planning tests need no kernels; the compute-equality tests use only ops that have reference
+kernels (TORCH_KERNELS.entries), so they grow as kernels are added.
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import torch
 import torchggml as ggml
 from torchggml import alloc as A  # the planner's internals (_DynAlloc)
 from torchggml.enums import Op
-from torchggml.torch_backend.buffer import TorchBufferType
-from torchggml.torch_backend.kernels import CPU_KERNELS
+from torchggml.memory import TorchBufferType
+from torchggml.torch_backend.kernels import TORCH_KERNELS
 
 F32, F16 = ggml.Type.F32, ggml.Type.F16
 NE = [8, 4]                      # the shape of every element-wise tensor below
@@ -481,7 +481,7 @@ def _compute(graph_builder, use_gallocr, input_seed):
     return [ggml.backend_tensor_get(t) for t in outputs]
 
 
-COMPUTE_OPS = [op for op in RANDOM_OPS if op[1] in CPU_KERNELS.entries]
+COMPUTE_OPS = [op for op in RANDOM_OPS if op[1] in TORCH_KERNELS.entries]
 
 
 @pytest.mark.parametrize("seed", range(8))

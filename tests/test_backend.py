@@ -12,7 +12,7 @@ import torch
 
 import torchggml as ggml
 from torchggml.quants import quantize
-from torchggml.torch_backend.kernels import CPU_KERNELS
+from torchggml.torch_backend.kernels import TORCH_KERNELS
 from torchggml.torch_backend.kernels.gpu import GPU_KERNELS
 
 T = ggml.Type
@@ -493,13 +493,13 @@ def test_compare_graph_backend_stops_when_the_callback_says_so(cpu, sim0):
     assert calls == [0]
 
 
-def test_gpu_table_falls_through_to_cpu_kernels_registered_later(monkeypatch):
+def test_gpu_table_falls_through_to_reference_kernels_added_later(monkeypatch):
     ctx = ggml.init(no_alloc=True)
     a = ggml.new_tensor_1d(ctx, T.F32, 4)
     node = ggml.add(ctx, a, a)
-    assert GPU_KERNELS.supports(node) == CPU_KERNELS.supports(node)
+    assert GPU_KERNELS.supports(node) == TORCH_KERNELS.supports(node)
     marker = (lambda n: None, lambda n: True)
-    monkeypatch.setitem(CPU_KERNELS.entries, ggml.Op.ARANGE, marker)
+    monkeypatch.setitem(TORCH_KERNELS.entries, ggml.Op.ARANGE, marker)
     assert GPU_KERNELS.entries[ggml.Op.ARANGE] is marker
 
 
@@ -639,7 +639,7 @@ def test_cuda_graph_plan_replays_a_50_node_graph():
         for _ in range(25):
             ref = (ref + av) * 0.5
         torch.testing.assert_close(ggml.backend_tensor_get(h), ref)
-    assert plan.cuda_graph is not None and plan.capture_error is None
+    assert plan.device_graph is not None and plan.capture_error is None
     ggml.backend_graph_plan_free(backend, plan)
 
 
@@ -656,7 +656,7 @@ def test_cuda_host_buffers():
 @pytest.mark.parametrize("alignment", [32, 64, 128, 256, 4096])
 @pytest.mark.parametrize("size", [0, 1, 1000])
 def test_buffer_base_honours_the_buffer_type_alignment(alignment, size):
-    from torchggml.torch_backend.buffer import TorchBufferType
+    from torchggml.memory import TorchBufferType
     buft = TorchBufferType("ALIGNED", None, "cpu", host=True, alignment=alignment)
     buf = buft.alloc_buffer(size)
     assert buf.get_base() % alignment == 0

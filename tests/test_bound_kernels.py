@@ -24,7 +24,8 @@ import torch
 import torchggml as ggml
 from torchggml.enums import Op
 from torchggml.testing import all_cases, fill_input, random_values
-from torchggml.torch_backend.kernels import CPU_KERNELS, attention as attention_kernels, matmul as matmul_kernels
+from torchggml.torch_backend.cpu import CPU_KERNELS
+from torchggml.torch_backend.kernels import attention as attention_kernels, matmul as matmul_kernels
 
 T = ggml.Type
 R = ggml.RopeType

@@ -9,7 +9,7 @@ import torch
 
 import torchggml as ggml
 from torchggml.enums import Op
-from torchggml.torch_backend.views import UnallocatedTensorError
+from torchggml.memory import UnallocatedTensorError
 
 T = ggml.Type
 F = ggml.TensorFlag
@@ -34,7 +34,7 @@ def cpu():
 # ---------------------------------------------------------------- types
 
 # gguf's table still lists Q8_1 with float32 d and s (4 + 4 + 32 bytes); ggml's block_q8_1 holds
-# two halves (2 + 2 + 32 = 36), which is what ggml and DESIGN.md use
+# two halves (2 + 2 + 32 = 36), which is what ggml uses
 _GGUF_STALE = {T.Q8_1: (32, 36)}
 
 
@@ -69,7 +69,7 @@ def test_block_types_have_no_dtype():
 
 
 def _nbytes_formula(t):
-    """DESIGN.md: ne0*nb0/block + sum((ne[i]-1)*nb[i], i>=1); block size 1: type_size + sum((ne[i]-1)*nb[i])."""
+    """ggml's nbytes: ne0*nb0/block + sum((ne[i]-1)*nb[i], i>=1); block size 1: type_size + sum((ne[i]-1)*nb[i])."""
     bs = ggml.blck_size(t.type)
     if bs == 1:
         return ggml.type_size(t.type) + sum((t.ne[i] - 1) * t.nb[i] for i in range(4))

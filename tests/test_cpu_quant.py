@@ -15,7 +15,7 @@ from torchggml.torch_backend.cpu import cpu_reg
 from torchggml.torch_backend.cpu_quant import layout
 from torchggml.torch_backend.cpu_quant.decompose import DECOMPOSE, decompose
 from torchggml.torch_backend.cpu_quant.features import PATHS, cpu_features, cpu_path
-from torchggml.torch_backend.repack import repack_buffer_type
+from torchggml.torch_backend.cpu import repack_buffer_type
 from torchggml.types import type_traits
 
 from test_models import GOLDEN, MANIFEST, check_logits, eval_steps, needs_golden

@@ -13,7 +13,8 @@ import torchggml as ggml
 from torchggml.quants import quantize
 from torchggml.torch_backend.cpu import cpu_device, cpu_reg
 from torchggml.torch_backend.kernels import UnsupportedOpError
-from torchggml.torch_backend.repack import (RepackBuffer, RepackedTensorError, repack_buffer_type,
+from torchggml.torch_backend.cpu import repack_buffer_type
+from torchggml.torch_backend.repack import (RepackBuffer, RepackedTensorError,
                                             repack_supports, repacked_views)
 
 from test_models import (GOLDEN, MANIFEST, check_logits, entry_named, eval_steps, needs_golden,

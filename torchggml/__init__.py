@@ -2,7 +2,9 @@
 
     import torchggml as ggml
 
-C names are mirrored by deleting `ggml_` (ggml_mul_mat -> ggml.mul_mat); see DESIGN.md.
+C names are mirrored by deleting `ggml_` (ggml_mul_mat -> ggml.mul_mat). The names below are
+grouped by object as ggml.h, ggml-alloc.h, ggml-backend.h and ggml-cpu.h group them;
+docs/architecture.md describes the layers behind them.
 """
 import os as _os
 import sys as _sys
@@ -14,9 +16,12 @@ import sys as _sys
 if "torch" not in _sys.modules:
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+# ---------------------------------------------------------------- types and enums (ggml.h)
 from .types import (Type, TypeTraits, type_traits, type_name, type_size, blck_size, row_size,
                     is_quantized, type_to_dtype, dtype_to_type)
 from .enums import Op, UnaryOp, GluOp, SortOrder, TensorFlag, Status, RopeType, Prec
+
+# ---------------------------------------------------------------- tensors
 from .tensor import (Tensor, nelements, nrows, nbytes, element_size, n_dims, is_contiguous,
                      is_contiguous_rows, is_contiguous_n, is_contiguous_1, is_contiguous_2,
                      is_padded_1d, is_transposed, is_permuted, is_empty, is_scalar, is_vector,
@@ -24,15 +29,26 @@ from .tensor import (Tensor, nelements, nrows, nbytes, element_size, n_dims, is_
                      set_name, get_name, format_name, set_input, set_output, set_param, set_loss,
                      get_op_params_i32, get_op_params_f32, set_op_params_i32, set_op_params_f32,
                      get_unary_op, get_glu_op)
+
+# ---------------------------------------------------------------- contexts
 from .context import (Context, init, free, get_no_alloc, set_no_alloc, get_first_tensor,
                       get_next_tensor, get_tensor, used_mem, new_tensor, new_tensor_1d,
                       new_tensor_2d, new_tensor_3d, new_tensor_4d, new_i32, new_f32, dup_tensor,
                       view_tensor)
+
+# ---------------------------------------------------------------- graphs
 from .graph import (CGraph, new_graph, new_graph_custom, graph_size, graph_n_nodes, graph_node,
                     graph_nodes, graph_add_node, build_forward_expand, build_forward_select,
                     graph_view, graph_cpy, graph_dup, graph_clear, graph_get_tensor)
-from .ops import *  # noqa: F401,F403
+
+# ---------------------------------------------------------------- graph-building ops
+from .ops import *  # noqa: F401,F403  (every op function; ops.__all__)
+from . import ops as _ops
+
+# ---------------------------------------------------------------- torch interop
 from .interop import to_torch, from_torch
+
+# ---------------------------------------------------------------- buffer types and buffers (ggml-backend.h)
 from .backend.buffer import (BufferType, Buffer, BufferUsage, backend_buft_name,
                              backend_buft_alloc_buffer, backend_buft_get_alignment,
                              backend_buft_get_max_size, backend_buft_get_alloc_size,
@@ -42,8 +58,12 @@ from .backend.buffer import (BufferType, Buffer, BufferUsage, backend_buft_name,
                              backend_buffer_get_max_size, backend_buffer_get_alloc_size,
                              backend_buffer_clear, backend_buffer_is_host, backend_buffer_set_usage,
                              backend_buffer_get_usage, backend_buffer_get_type, backend_buffer_reset)
+from .backend.multi_buffer import (MultiBuffer, backend_multi_buffer_alloc_buffer,
+                                   backend_buffer_is_multi_buffer, backend_multi_buffer_set_usage)
 from .backend.tensor_io import (backend_tensor_set, backend_tensor_get, backend_tensor_memset,
                                 backend_tensor_copy)
+
+# ---------------------------------------------------------------- backends
 from .backend.backend import (Backend, backend_guid, backend_name, backend_free,
                               backend_get_default_buffer_type, backend_alloc_buffer,
                               backend_get_alignment, backend_get_max_size, backend_get_device,
@@ -53,41 +73,29 @@ from .backend.backend import (Backend, backend_guid, backend_name, backend_free,
                               backend_graph_plan_update, backend_graph_plan_compute,
                               backend_graph_compute, backend_graph_compute_async,
                               backend_supports_op, backend_supports_buft, backend_offload_op)
+
+# ---------------------------------------------------------------- events
+from .backend.event import (backend_event_new, backend_event_free, backend_event_record,
+                            backend_event_synchronize, backend_event_wait)
+
+# ---------------------------------------------------------------- devices and regs
 from .backend.device import DeviceType, DeviceCaps, DeviceProps, Device, Reg, Event
-from .alloc import (backend_tensor_alloc, backend_view_init, backend_alloc_ctx_tensors,
-                    backend_alloc_ctx_tensors_from_buft, backend_alloc_ctx_tensors_from_buft_size,
-                    Tallocr, tallocr_new, tallocr_alloc, Gallocr, gallocr_new, gallocr_new_n,
-                    gallocr_free, gallocr_reserve, gallocr_reserve_n, gallocr_reserve_n_size,
-                    gallocr_alloc_graph, gallocr_get_buffer_size, op_can_inplace)
+from .backend.device import (backend_dev_name, backend_dev_description, backend_dev_memory,
+                             backend_dev_type, backend_dev_get_props, backend_dev_backend_reg,
+                             backend_dev_init, backend_dev_buffer_type, backend_dev_host_buffer_type,
+                             backend_dev_buffer_from_host_ptr, backend_dev_supports_op,
+                             backend_dev_supports_buft, backend_dev_offload_op, backend_reg_name,
+                             backend_reg_dev_count, backend_reg_dev_get, backend_reg_get_proc_address)
 
+# ---------------------------------------------------------------- the registry
+from .backend.registry import (backend_register, backend_device_register, backend_reg_count,
+                               backend_reg_get, backend_reg_by_name, backend_dev_count,
+                               backend_dev_get, backend_dev_by_name, backend_dev_by_type,
+                               backend_dev_for_torch_device, backend_init_by_name,
+                               backend_init_by_type, backend_init_best, backend_load,
+                               backend_unload, backend_load_all, backend_load_all_from_path)
 
-def backend_cpu_init():
-    """A new CPU backend."""
-    from .torch_backend.cpu import cpu_device
-    return cpu_device().init_backend()
-
-
-def backend_cpu_buffer_type():
-    from .torch_backend.cpu import cpu_buffer_type
-    return cpu_buffer_type()
-
-
-def backend_cpu_buffer_from_ptr(data, size: int | None = None):
-    """A CPU buffer over existing host memory (numpy array, mmap, CPU tensor, bytes-like), no copy."""
-    from .torch_backend.cpu import cpu_device
-    return cpu_device().buffer_from_host_ptr(data, size, size)
-
-
-def backend_cpu_set_n_threads(backend, n_threads: int) -> None:
-    backend.set_n_threads(n_threads)
-
-
-def backend_is_cpu(backend) -> bool:
-    from .torch_backend.cpu import CPUBackend
-    return isinstance(backend, CPUBackend)
-
-
-__version__ = "0.1.0"
+# ---------------------------------------------------------------- the scheduler
 from .backend.sched import (Sched, backend_sched_new, backend_sched_free, backend_sched_reserve,
                             backend_sched_reserve_size, backend_sched_get_n_backends,
                             backend_sched_get_backend, backend_sched_get_n_splits,
@@ -98,55 +106,44 @@ from .backend.sched import (Sched, backend_sched_new, backend_sched_free, backen
                             backend_sched_graph_compute_async, backend_sched_synchronize,
                             backend_sched_reset, backend_sched_set_eval_callback)
 from .backend.sched_dot import backend_sched_graph_dump_dot
-from . import quants  # noqa: E402  (ggml.quants.quantize / dequantize)
-from .backend.device import (backend_dev_name, backend_dev_description, backend_dev_memory,  # noqa: E402
-                             backend_dev_type, backend_dev_get_props, backend_dev_backend_reg,
-                             backend_dev_init, backend_dev_buffer_type, backend_dev_host_buffer_type,
-                             backend_dev_buffer_from_host_ptr, backend_dev_supports_op,
-                             backend_dev_supports_buft, backend_dev_offload_op, backend_reg_name,
-                             backend_reg_dev_count, backend_reg_dev_get, backend_reg_get_proc_address)
-from .backend.registry import (backend_register, backend_device_register, backend_reg_count,  # noqa: E402
-                               backend_reg_get, backend_reg_by_name, backend_dev_count,
-                               backend_dev_get, backend_dev_by_name, backend_dev_by_type,
-                               backend_dev_for_torch_device, backend_init_by_name,
-                               backend_init_by_type, backend_init_best, backend_load,
-                               backend_unload, backend_load_all, backend_load_all_from_path)
-from .backend.event import (backend_event_new, backend_event_free, backend_event_record,  # noqa: E402
-                            backend_event_synchronize, backend_event_wait)
-from .backend.utils import (GraphCopy, backend_graph_copy, backend_graph_copy_free,  # noqa: E402
+
+# ---------------------------------------------------------------- the meta device (tensor parallel) and collectives
+from .backend.meta_split import SplitAxis, MetaSplitState, backend_meta_split_axis_name, UnsupportedSplitError
+from .backend.meta import (backend_meta_device, backend_dev_is_meta,
+                           get_split_state as backend_meta_get_split_state)
+from .backend.comm import comm_init, comm_allreduce_tensor, comm_free
+
+# ---------------------------------------------------------------- utils
+from .backend.utils import (GraphCopy, backend_graph_copy, backend_graph_copy_free,
                             backend_compare_graph_backend)
-from .backend.multi_buffer import (MultiBuffer, backend_multi_buffer_alloc_buffer,  # noqa: E402
-                                   backend_buffer_is_multi_buffer, backend_multi_buffer_set_usage)
-from .torch_backend.kernels import UnsupportedOpError  # noqa: E402
-from .torch_backend.stream import StreamError  # noqa: E402
-from .torch_backend.views import UnallocatedTensorError  # noqa: E402
-from .torch_backend.kernels import UnsupportedOpError  # noqa: E402
-from .backend.meta_split import (SplitAxis, MetaSplitState, backend_meta_split_axis_name,  # noqa: E402
-                                 UnsupportedSplitError)
-from .backend.meta import backend_meta_device, backend_dev_is_meta, get_split_state as backend_meta_get_split_state  # noqa: E402
-from .backend.comm import comm_init, comm_allreduce_tensor, comm_free  # noqa: E402
-from .models import load_model, Model  # noqa: E402
-from .torch_integration import graph_function, GraphFunction  # noqa: E402
-from .profiler import PROFILE_ENV  # noqa: E402
 
+# ---------------------------------------------------------------- allocators (ggml-alloc.h)
+from .alloc import (backend_tensor_alloc, backend_view_init, backend_alloc_ctx_tensors,
+                    backend_alloc_ctx_tensors_from_buft, backend_alloc_ctx_tensors_from_buft_size,
+                    Tallocr, tallocr_new, tallocr_alloc, Gallocr, gallocr_new, gallocr_new_n,
+                    gallocr_free, gallocr_reserve, gallocr_reserve_n, gallocr_reserve_n_size,
+                    gallocr_alloc_graph, gallocr_get_buffer_size, op_can_inplace)
 
-def backend_cuda_init(device: int = 0, stream=None):
-    """A CUDA backend for device `device`; `stream` (e.g. torch.cuda.current_stream()) makes it
-    run on that stream, so ggml graphs and torch code on it interleave without synchronizing."""
-    from .torch_backend.cuda import cuda_reg
-    devices = cuda_reg().get_devices()
-    if not 0 <= device < len(devices):
-        raise ValueError(f"backend_cuda_init: no CUDA device {device} ({len(devices)} available)")
-    return devices[device].init_backend(stream=stream)
+# ---------------------------------------------------------------- the CPU (ggml-cpu.h) and other devices
+from .torch_backend.cpu import (backend_cpu_init, backend_cpu_buffer_type, backend_cpu_buffer_from_ptr,
+                                backend_cpu_set_n_threads, backend_is_cpu)
+from .torch_backend.cuda import backend_cuda_init
+from .torch_backend.sim import backend_sim_init
 
+# ---------------------------------------------------------------- errors
+from .memory import UnallocatedTensorError
+from .torch_backend.kernels import UnsupportedOpError
+from .torch_backend.stream import StreamError
 
-def backend_sim_init(device: int = 0, stream=None):
-    """A SIM backend (TORCHGGML_SIM_DEVICES) for device `device`; `stream`: a WorkerStream to
-    share (another SIM backend's `.stream`), the SIM counterpart of a caller's CUDA stream."""
-    from .torch_backend.sim import sim_reg
-    reg = sim_reg()
-    devices = reg.get_devices() if reg is not None else []
-    if not 0 <= device < len(devices):
-        raise ValueError(f"backend_sim_init: no SIM device {device} ({len(devices)} available; "
-                         f"set TORCHGGML_SIM_DEVICES)")
-    return devices[device].init_backend(stream=stream)
+# ---------------------------------------------------------------- reference quantization, models
+from . import quants  # ggml.quants.quantize / dequantize
+from .models import load_model, Model
+
+# ---------------------------------------------------------------- PyTorch integration
+from .torch_integration import graph_function, GraphFunction
+from .profiler import PROFILE_ENV
+
+__version__ = "0.1.0"
+
+__all__ = [name for name, value in globals().items()
+           if not name.startswith("_") and (not isinstance(value, type(_ops)) or name == "quants")]

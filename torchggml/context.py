@@ -1,10 +1,14 @@
 """Context: owns tensor metadata (ggml_init). With no_alloc=False it also owns a CPU memory pool."""
 from __future__ import annotations
 
+from .memory import TorchBufferType, tensor_view
 from .tensor import Tensor, MAX_DIMS, contiguous_strides, nbytes, round_up, set_name
 from .types import Type, as_type
 
 TENSOR_ALIGNMENT = 32  # ggml's GGML_MEM_ALIGN for context memory
+# the memory of contexts with no_alloc=False: host memory of no device, as ggml's malloc'd
+# context memory; the CPU computes on it (it supports every host buffer type)
+CONTEXT_MEMORY = TorchBufferType("CPU", None, "cpu", host=True)
 
 
 class Context:
@@ -28,9 +32,8 @@ class Context:
     def _alloc_data(self, t: Tensor) -> None:
         size = nbytes(t)
         if self._pool is None:
-            # host memory as ggml's malloc'd context memory: one CPU buffer for the context
-            from .torch_backend.cpu import cpu_buffer_type
-            self._pool = cpu_buffer_type().alloc_buffer(max(self.mem_size, 1))
+            # host memory as ggml's malloc'd context memory: one buffer for the context
+            self._pool = CONTEXT_MEMORY.alloc_buffer(max(self.mem_size, 1))
         offs = round_up(self._pool_used, TENSOR_ALIGNMENT)
         if offs + size > self.mem_size:
             raise MemoryError(
@@ -157,7 +160,6 @@ def new_f32(ctx, value: float) -> Tensor:
 def _set_host_value(t: Tensor, value) -> None:
     if t.data is None:
         raise ValueError("new_i32/new_f32 need a context with memory (no_alloc=False)")
-    from .torch_backend.views import tensor_view
     tensor_view(t).fill_(value)
 
 

@@ -1,110 +1,118 @@
-"""ggml's enums, named by their C suffix (GGML_OP_ADD -> Op.ADD)."""
-from enum import IntEnum, IntFlag, auto
+"""ggml's enums, named by their C suffix (GGML_OP_ADD -> Op.ADD).
+
+Op, UnaryOp, GluOp (and types.Type) carry upstream's ids, so graphs exchanged with C ggml by id
+(RPC, graph dumps) mean the same ops; torchggml defines a subset, so ids have gaps.
+tests/data/ggml_enums.json holds upstream's enums at this commit; a test checks them.
+"""
+from enum import IntEnum, IntFlag
+
+# ggml-org/ggml include/ggml.h at this commit is the source of the ids below
+GGML_COMMIT = "d99724f2b141fed9e1a9f402213506c081433465"
 
 
 class Op(IntEnum):
     NONE = 0
-    DUP = auto()
-    ADD = auto()
-    ADD_ID = auto()
-    ADD1 = auto()
-    ACC = auto()
-    SUB = auto()
-    MUL = auto()
-    DIV = auto()
-    SQR = auto()
-    SQRT = auto()
-    LOG = auto()
-    SIN = auto()
-    COS = auto()
-    SUM = auto()
-    SUM_ROWS = auto()
-    CUMSUM = auto()
-    MEAN = auto()
-    ARGMAX = auto()
-    COUNT_EQUAL = auto()
-    REPEAT = auto()
-    REPEAT_BACK = auto()
-    CONCAT = auto()
-    SILU_BACK = auto()
-    NORM = auto()
-    RMS_NORM = auto()
-    RMS_NORM_BACK = auto()
-    GROUP_NORM = auto()
-    L2_NORM = auto()
-    MUL_MAT = auto()
-    MUL_MAT_ID = auto()
-    OUT_PROD = auto()
-    SCALE = auto()
-    SET = auto()
-    CPY = auto()
-    CONT = auto()
-    RESHAPE = auto()
-    VIEW = auto()
-    PERMUTE = auto()
-    TRANSPOSE = auto()
-    GET_ROWS = auto()
-    GET_ROWS_BACK = auto()
-    SET_ROWS = auto()
-    DIAG = auto()
-    DIAG_MASK_INF = auto()
-    DIAG_MASK_ZERO = auto()
-    SOFT_MAX = auto()
-    SOFT_MAX_BACK = auto()
-    ROPE = auto()
-    ROPE_BACK = auto()
-    CLAMP = auto()
-    CONV_TRANSPOSE_1D = auto()
-    IM2COL = auto()
-    POOL_1D = auto()
-    POOL_2D = auto()
-    UPSCALE = auto()
-    PAD = auto()
-    ROLL = auto()
-    ARANGE = auto()
-    TIMESTEP_EMBEDDING = auto()
-    ARGSORT = auto()
-    TOP_K = auto()
-    LEAKY_RELU = auto()
-    FLASH_ATTN_EXT = auto()
-    UNARY = auto()
-    MAP_CUSTOM1 = auto()
-    MAP_CUSTOM2 = auto()
-    MAP_CUSTOM3 = auto()
-    CUSTOM = auto()
-    GLU = auto()
+    DUP = 1
+    ADD = 2
+    ADD_ID = 3
+    ADD1 = 4
+    ACC = 5
+    SUB = 6
+    MUL = 7
+    DIV = 8
+    SQR = 9
+    SQRT = 10
+    LOG = 11
+    SIN = 12
+    COS = 13
+    SUM = 14
+    SUM_ROWS = 15
+    CUMSUM = 16
+    MEAN = 17
+    ARGMAX = 18
+    COUNT_EQUAL = 19
+    REPEAT = 20
+    REPEAT_BACK = 21
+    CONCAT = 22
+    SILU_BACK = 23
+    NORM = 24
+    RMS_NORM = 25
+    RMS_NORM_BACK = 26
+    GROUP_NORM = 27
+    L2_NORM = 28
+    MUL_MAT = 29
+    MUL_MAT_ID = 30
+    OUT_PROD = 31
+    SCALE = 32
+    SET = 33
+    CPY = 34
+    CONT = 35
+    RESHAPE = 36
+    VIEW = 37
+    PERMUTE = 38
+    TRANSPOSE = 39
+    GET_ROWS = 40
+    GET_ROWS_BACK = 41
+    SET_ROWS = 42
+    DIAG = 43
+    DIAG_MASK_INF = 44
+    DIAG_MASK_ZERO = 45
+    SOFT_MAX = 46
+    SOFT_MAX_BACK = 47
+    ROPE = 48
+    ROPE_BACK = 49
+    CLAMP = 50
+    CONV_TRANSPOSE_1D = 51
+    IM2COL = 52
+    POOL_1D = 60
+    POOL_2D = 61
+    UPSCALE = 63
+    PAD = 64
+    ROLL = 66
+    ARANGE = 67
+    TIMESTEP_EMBEDDING = 68
+    ARGSORT = 69
+    TOP_K = 70
+    LEAKY_RELU = 71
+    FLASH_ATTN_EXT = 74
+    UNARY = 91
+    MAP_CUSTOM1 = 92
+    MAP_CUSTOM2 = 93
+    MAP_CUSTOM3 = 94
+    CUSTOM = 95
+    GLU = 100
 
 
 class UnaryOp(IntEnum):
     ABS = 0
-    SGN = auto()
-    NEG = auto()
-    STEP = auto()
-    TANH = auto()
-    ELU = auto()
-    RELU = auto()
-    SIGMOID = auto()
-    GELU = auto()
-    GELU_QUICK = auto()
-    SILU = auto()
-    HARDSWISH = auto()
-    HARDSIGMOID = auto()
-    EXP = auto()
-    GELU_ERF = auto()
-    XIELU = auto()
-    FLOOR = auto()
-    CEIL = auto()
-    ROUND = auto()
-    TRUNC = auto()
+    SGN = 1
+    NEG = 2
+    STEP = 3
+    TANH = 4
+    ELU = 5
+    RELU = 6
+    SIGMOID = 7
+    GELU = 8
+    GELU_QUICK = 9
+    SILU = 10
+    HARDSWISH = 11
+    HARDSIGMOID = 12
+    EXP = 13
+    GELU_ERF = 16
+    XIELU = 17
+    FLOOR = 18
+    CEIL = 19
+    ROUND = 20
+    TRUNC = 21
 
 
 class GluOp(IntEnum):
     REGLU = 0
-    GEGLU = auto()
-    SWIGLU = auto()
-    SWIGLU_OAI = auto()
-    GEGLU_ERF = auto()
-    GEGLU_QUICK = auto()
+    GEGLU = 1
+    SWIGLU = 2
+    SWIGLU_OAI = 3
+    GEGLU_ERF = 4
+    GEGLU_QUICK = 5
 
 
 class SortOrder(IntEnum):

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from .backend.buffer import BufferType, Buffer, BufferUsage
+from .backend_impl import BufferType, Buffer, BufferUsage
 from .context import Context, new_tensor_impl
 from .gguf_header import GGUFError, Header, TensorEntry, check_hparam, scan_header
 from .tensor import Tensor, set_name
@@ -276,7 +276,7 @@ def check_tensor_values(file: GGUFFile, name: str) -> None:
 
 def is_cpu_buft(buft: BufferType) -> bool:
     """Host memory of the CPU device: weights there can be views of the file's mapping."""
-    from .backend.device import DeviceType
+    from .backend_impl import DeviceType
     dev = buft.get_device()
     return buft.is_host() and dev is not None and dev.get_type() == DeviceType.CPU
 
@@ -314,7 +314,7 @@ def _new_weight_tensor(ctx: Context, info: TensorInfo) -> Tensor:
 
 def _map_weights(file: GGUFFile, names: list[str], weights: Weights) -> None:
     """Zero copy: one CPU buffer over the file's data region, tensors at base + offset."""
-    from . import backend_cpu_buffer_from_ptr
+    from .torch_backend.cpu import backend_cpu_buffer_from_ptr
     from .alloc import backend_tensor_alloc
     region = file.data_region()
     if region.size == 0:

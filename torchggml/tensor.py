@@ -89,6 +89,12 @@ def get_glu_op(t: Tensor) -> GluOp:
 
 # ---------------------------------------------------------------- sizes and layout
 
+def memory_buffer(t: Tensor):
+    """The buffer that holds the tensor's memory: its view_src's for a view (as upstream's
+    scheduler asks), else its own; None while unallocated."""
+    return t.view_src.buffer if t.view_src is not None else t.buffer
+
+
 def round_up(x: int, multiple: int) -> int:
     """x rounded up to a multiple (ggml's GGML_PAD)."""
     return -(-x // multiple) * multiple

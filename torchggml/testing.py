@@ -4,57 +4,22 @@ A case builds one op from inputs in a no_alloc context. `run_case` allocates it 
 fills the inputs with seeded random values in [-1, 1] (or the case's own init), computes, and
 returns the inputs (as stored, i.e. after rounding to their type) and the output. Tests compare
 the CPU output with the case's float64 reference; `torchggml test-ops` compares another device
-with the CPU. Case families register themselves in CASES (see ops_cases/).
+with the CPU. The cases are the table in ops_cases/.
 """
 from __future__ import annotations
 
 import zlib
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
+from . import ops_cases
+from .ops_cases.table import OpCase
 from .types import Type, type_traits
 
-# upstream's default normalized-MSE thresholds
-NMSE_DEFAULT = 1e-7
-NMSE_MUL_MAT = 5e-4
-NMSE_SOFT_MAX = 1e-6
-
-
-@dataclass
-class OpCase:
-    """One op test. `build(ctx)` returns (output, inputs): input tensors are the roots it created
-    (views inside build are fine). `reference(*values)` gets the inputs' values as float64 torch
-    tensors in torch order (4-D [ne3, ne2, ne1, ne0]; block types dequantized; integer types as
-    int64) and returns the expected output, broadcastable to the output's 4-D shape.
-    `init` maps an input's index to a function (tensor, generator) -> torch values for it.
-    max_nmse 0 means the output must be exact."""
-    op: str
-    desc: str
-    build: Callable
-    reference: Callable | None
-    max_nmse: float = NMSE_DEFAULT
-    init: dict = field(default_factory=dict)
-
-    @property
-    def name(self) -> str:
-        return f"{self.op}({self.desc})"
-
-
-CASES: list[OpCase] = []
-
-
-def case(op: str, desc: str, build, reference, max_nmse: float = NMSE_DEFAULT, init=None) -> OpCase:
-    c = OpCase(op, desc, build, reference, max_nmse, init or {})
-    CASES.append(c)
-    return c
-
-
 def all_cases() -> list[OpCase]:
-    from . import ops_cases  # noqa: F401  (fills CASES)
-    return CASES
+    """Every case of the op table (ops_cases/)."""
+    return ops_cases.all_cases()
 
 
 # ---------------------------------------------------------------- running

@@ -1,6 +1,7 @@
 """ggml's type table: ids, names, block sizes, type sizes and torch dtypes."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -150,3 +151,18 @@ def row_size(t, ne: int) -> int:
     if ne % tr.blck_size:
         raise ValueError(f"row of {ne} elements is not a multiple of {tr.name}'s block size {tr.blck_size}")
     return tr.type_size * ne // tr.blck_size
+
+
+@functools.lru_cache(maxsize=None)
+def _has_float64(device_type: str) -> bool:
+    try:
+        torch.zeros((), dtype=torch.float64, device=device_type)
+    except (RuntimeError, TypeError):
+        return False
+    return True
+
+
+def wide_float(device: torch.device) -> torch.dtype:
+    """The dtype for sums and angles on a torch device: float64 (ggml's ggml_float), or float32
+    on a device type without float64 (MPS); asked of torch once per device type."""
+    return torch.float64 if _has_float64(torch.device(device).type) else torch.float32

@@ -1,6 +1,7 @@
 """Argument checks shared by the kernel wrappers, and the table of types the kernels decode."""
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -69,20 +70,40 @@ def check_tensor(name: str, t, dtypes, ndim: int) -> torch.Tensor:
     return t
 
 
+@functools.lru_cache(maxsize=None)
+def compiled_device_type() -> str | None:
+    """The torch device type Triton's active driver compiles for ("cuda" for NVIDIA and AMD),
+    or None where no driver is active (no GPU)."""
+    try:
+        from triton.runtime.driver import driver
+        active = driver.active
+        if hasattr(active, "get_active_torch_device"):
+            return active.get_active_torch_device().type
+        # triton before 3.2: the target's backend; ROCm's torch calls its GPUs "cuda" too
+        backend = active.get_current_target().backend
+        return "cuda" if backend in ("cuda", "hip") else backend
+    except Exception:  # noqa: BLE001 - no usable driver
+        return None
+
+
+def runs_on(device: torch.device) -> bool:
+    """The kernels run on memory of the driver's device type, and on CPU memory in the
+    interpreter."""
+    return device.type == compiled_device_type() or (device.type == "cpu" and interpreting())
+
+
 def check_device(**tensors: torch.Tensor) -> torch.device:
-    """All tensors on one device: CUDA, or CPU when running under the interpreter."""
+    """All tensors on one device the kernels run on (see runs_on)."""
     devices = {t.device for t in tensors.values()}
     if len(devices) != 1:
         where = ", ".join(f"{n} on {t.device}" for n, t in tensors.items())
         raise ValueError(f"tensors must be on one device: {where}")
     device = devices.pop()
-    if device.type == "cuda":
-        return device
-    if device.type == "cpu" and interpreting():
+    if runs_on(device):
         return device
     names = ", ".join(tensors)
-    raise ValueError(f"{names} on {device}: triton_kernels needs CUDA tensors "
-                     "(CPU tensors only with TRITON_INTERPRET=1)")
+    raise ValueError(f"{names} on {device}: triton_kernels needs tensors on its GPU "
+                     f"({compiled_device_type() or 'none found'}; CPU tensors only with TRITON_INTERPRET=1)")
 
 
 def check_blocks(qtype: Type, blocks, ndim: int = 2) -> tuple[int, int]:

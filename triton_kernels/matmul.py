@@ -123,9 +123,10 @@ def _matvec_kernel(w_ptr, x_ptr, out_ptr, M, N, K, values_per_split, n_splits,
 
 def _pick_split_k(n_rows: int, n_blocks: int, device: torch.device) -> int:
     """Enough programs to fill the GPU (about 2 per SM) when N alone is too short."""
-    if device.type != "cuda":
+    properties = getattr(getattr(torch, device.type, None), "get_device_properties", None)
+    sms = getattr(properties(device), "multi_processor_count", 0) if properties else 0
+    if not sms:  # the interpreter, or a device that does not say
         return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
     tiles = c.cdiv(n_rows, 32)  # a typical BLOCK_N
     split = max(1, (2 * sms) // tiles)
     return min(split, max(1, n_blocks // 4), 32)  # keep a few blocks per split

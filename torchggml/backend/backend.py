@@ -1,83 +1,9 @@
-"""Backends (ggml_backend_i): a stream of work on one device. Optional entries default as in ggml."""
+"""Backends: the mirrored functions (backend_*). They check arguments, call the Backend
+interface of backend_impl.py and apply ggml's fallbacks where an optional member is None."""
 from __future__ import annotations
 
-import uuid
-from abc import ABC, abstractmethod
-
+from ..backend_impl import Backend
 from ..enums import Status
-
-
-class Backend(ABC):
-    """ggml_backend. Subclasses implement graph_compute; async entries are optional: returning
-    NotImplemented (the default) makes the mirrored functions fall back to synchronous calls."""
-
-    def __init__(self, device, name: str | None = None):
-        self.device = device
-        self.name = name or device.name
-        self.guid = uuid.uuid5(uuid.NAMESPACE_OID, f"torchggml.{type(self).__name__}").bytes
-
-    def __repr__(self):
-        return f"<ggml.Backend {self.name}>"
-
-    def get_name(self) -> str:
-        return self.name
-
-    def free(self) -> None:
-        pass
-
-    # --- async data movement; NotImplemented means "use the synchronous fallback"
-    def set_tensor_async(self, tensor, data, offset: int, size: int):
-        return NotImplemented
-
-    def get_tensor_async(self, tensor, out, offset: int, size: int):
-        return NotImplemented
-
-    def cpy_tensor_async(self, backend_src: "Backend", src, dst) -> bool:
-        """Copy src (on backend_src) into dst (on this backend) asynchronously; False if unable."""
-        return False
-
-    def synchronize(self) -> None:
-        pass
-
-    # --- graph plans; the default plan is the graph itself
-    def graph_plan_create(self, graph):
-        return NotImplemented
-
-    def graph_plan_free(self, plan) -> None:
-        pass
-
-    def graph_plan_update(self, plan, graph):
-        return NotImplemented
-
-    def graph_plan_compute(self, plan) -> Status:
-        return NotImplemented
-
-    @abstractmethod
-    def graph_compute(self, graph) -> Status:
-        """Run the graph (asynchronously where the backend can); return a Status."""
-
-    # --- events; NotImplemented where the backend has no events
-    def event_record(self, event):
-        return NotImplemented
-
-    def event_wait(self, event):
-        return NotImplemented
-
-    # --- device delegation
-    def get_device(self):
-        return self.device
-
-    def get_default_buffer_type(self):
-        return self.device.get_buffer_type()
-
-    def supports_op(self, op) -> bool:
-        return self.device.supports_op(op)
-
-    def supports_buft(self, buft) -> bool:
-        return self.device.supports_buft(buft)
-
-    def offload_op(self, op) -> bool:
-        return self.device.offload_op(op)
 
 
 # ---------------------------------------------------------------- mirrored functions
@@ -119,10 +45,9 @@ def backend_get_device(backend: Backend):
 def _check_backend_owns(backend: Backend, t, what: str) -> None:
     if t.buffer is None:
         raise RuntimeError(f"{what}: {t.describe()} is not allocated")
-    dev = t.buffer.buft.get_device()
-    if dev is not None and dev is not backend.device and not (t.buffer.buft.is_host() and backend.device.supports_buft(t.buffer.buft)):
-        raise ValueError(f"{what}: {t.describe()} lives in buffer {t.buffer.name} of device {dev.name}, "
-                         f"not usable by backend {backend.name}")
+    if not backend.owns(t):
+        raise ValueError(f"{what}: {t.describe()} lives in buffer {t.buffer.name} of device "
+                         f"{t.buffer.buft.get_device().name}, not usable by backend {backend.name}")
 
 
 def backend_tensor_set_async(backend: Backend, t, data, offset: int = 0, size: int | None = None) -> None:
@@ -137,8 +62,12 @@ def backend_tensor_set_async(backend: Backend, t, data, offset: int = 0, size: i
     if size > src.numel():
         raise ValueError(f"backend_tensor_set_async: size {size} exceeds the {src.numel()} bytes of data for {t.describe()}")
     _check_range(t, offset, size, "backend_tensor_set_async")
-    if size and backend.set_tensor_async(t, src, offset, size) is NotImplemented:
+    if not size:
+        return
+    if backend.set_tensor_async is None:
         backend_tensor_set(t, src, offset, size)
+    else:
+        backend.set_tensor_async(t, src, offset, size)
 
 
 def backend_tensor_get_async(backend: Backend, t, data, offset: int = 0, size: int | None = None) -> None:
@@ -153,8 +82,12 @@ def backend_tensor_get_async(backend: Backend, t, data, offset: int = 0, size: i
     dst = as_writable_byte_tensor(data, "backend_tensor_get_async")
     if dst.numel() < size:
         raise ValueError(f"backend_tensor_get_async: destination has {dst.numel()} bytes, {size} needed for {t.describe()}")
-    if size and backend.get_tensor_async(t, dst, offset, size) is NotImplemented:
+    if not size:
+        return
+    if backend.get_tensor_async is None:
         backend_tensor_get(t, dst, offset, size)
+    else:
+        backend.get_tensor_async(t, dst, offset, size)
 
 
 def backend_tensor_copy_async(backend_src: Backend, backend_dst: Backend, src, dst) -> None:
@@ -178,13 +111,16 @@ def backend_synchronize(backend: Backend) -> None:
 
 
 class _DefaultPlan:
+    """The plan of a backend without graph plans: the graph, computed by graph_compute."""
+
     def __init__(self, graph):
         self.graph = graph
 
 
 def backend_graph_plan_create(backend: Backend, graph):
-    plan = backend.graph_plan_create(graph)
-    return _DefaultPlan(graph) if plan is NotImplemented else plan
+    if backend.graph_plan_create is None:
+        return _DefaultPlan(graph)
+    return backend.graph_plan_create(graph)
 
 
 def backend_graph_plan_free(backend: Backend, plan) -> None:
@@ -193,8 +129,10 @@ def backend_graph_plan_free(backend: Backend, plan) -> None:
 
 
 def backend_graph_plan_update(backend: Backend, plan, graph) -> None:
-    if isinstance(plan, _DefaultPlan) or backend.graph_plan_update(plan, graph) is NotImplemented:
+    if isinstance(plan, _DefaultPlan) or backend.graph_plan_update is None:
         plan.graph = graph
+    else:
+        backend.graph_plan_update(plan, graph)
 
 
 def backend_graph_plan_compute(backend: Backend, plan) -> Status:

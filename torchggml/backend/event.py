@@ -2,12 +2,12 @@
 the host wait for. A device without events (CPU) gives None from backend_event_new."""
 from __future__ import annotations
 
-from .device import Event
+from ..backend_impl import Event
 
 
 def backend_event_new(device) -> Event | None:
     """A new event on the device, or None when the device has no events."""
-    if device is None:
+    if device is None or device.event_new is None:
         return None
     return device.event_new()
 
@@ -20,21 +20,25 @@ def backend_event_free(event: Event | None) -> None:
 def backend_event_record(event: Event, backend) -> None:
     """Mark the work queued on `backend` so far; the event must belong to the backend's device."""
     _require_event(event, "backend_event_record")
-    if backend.event_record(event) is NotImplemented:
+    if backend.event_record is None:
         raise NotImplementedError(f"backend_event_record: backend {backend.get_name()} has no events")
+    backend.event_record(event)
 
 
 def backend_event_synchronize(event: Event) -> None:
     """Block the host until the work marked by the event's latest record is done."""
     _require_event(event, "backend_event_synchronize")
+    if event.device.event_synchronize is None:
+        raise NotImplementedError(f"device {event.device.name} has no events")
     event.device.event_synchronize(event)
 
 
 def backend_event_wait(backend, event: Event) -> None:
     """Make work queued on `backend` after this call wait for the event (the host does not wait)."""
     _require_event(event, "backend_event_wait")
-    if backend.event_wait(event) is NotImplemented:
+    if backend.event_wait is None:
         raise NotImplementedError(f"backend_event_wait: backend {backend.get_name()} cannot wait for events")
+    backend.event_wait(event)
 
 
 def _require_event(event, what: str) -> None:

@@ -1,11 +1,13 @@
 """The backend registry (ggml-backend-reg): regs and their devices, enumeration by index, name
 and type, backend initialisation, and plugins loaded from Python modules.
 
-Built-in regs, in upstream's order (accelerators first, CPU last): CUDA (when
-torch.cuda.is_available()), MPS (when available), SIM (when TORCHGGML_SIM_DEVICES=N is set),
-CPU. Regs registered or loaded later follow. The SIM reg follows the environment: every
-registry call re-reads TORCHGGML_SIM_DEVICES, so setting it (e.g. in a test) takes effect
-without restarting the process.
+Built-in regs come from the device files of the torch_backend package: every module there
+with a `backend_reg()` function is one, found by scanning the package (as upstream's registry
+finds backend libraries in a directory), so a new device is a new file. backend_reg() returns
+the reg, or None when its devices are absent; the module's REG_ORDER (default 50) orders them:
+CUDA, MPS, ..., SIM, CPU last (upstream's order). Regs registered or loaded later follow.
+Every registry call asks the device files again (cheap: their regs are cached), so a reg that
+follows the environment (SIM: TORCHGGML_SIM_DEVICES) takes effect without restarting.
 
 A plugin is a Python module (a .py file or a dotted module name) with a `backend_reg()`
 function returning a `Reg`. `backend_load_all()` loads the `torchggml.backends` entry-point
@@ -19,6 +21,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
+import pkgutil
 import re
 import sys
 import threading
@@ -27,63 +30,56 @@ from pathlib import Path
 
 import torch
 
-from .device import Device, DeviceType, Reg
+from ..backend_impl import Device, DeviceType, Reg
 
 ENTRY_POINT_GROUP = "torchggml.backends"
 BACKEND_PATH_ENV = "TORCHGGML_BACKEND_PATH"
 
 
+DEVICE_PACKAGE = "torchggml.torch_backend"
+DEFAULT_REG_ORDER = 50
+
+
 class _Registry:
-    def __init__(self, regs):
-        self.regs: list[Reg] = list(regs)
+    def __init__(self):
+        self.device_files = _device_files()
+        self.builtin: list[Reg] = []               # the device files' regs now present
+        self.regs: list[Reg] = []
         self.extra_devices: list[Device] = []     # backend_device_register
         self.plugins: dict[str, Reg] = {}          # module name or entry point -> its reg
-        self.sim = None                            # the SIM reg now registered
-        self.unloaded_sim = None                   # a SIM reg the user unloaded stays out
+        self.unloaded: list[Reg] = []              # built-in regs the user unloaded stay out
 
 
 _lock = threading.RLock()
 _state: _Registry | None = None
 
 
-def _builtin_regs() -> list[Reg]:
-    from ..torch_backend.cpu import cpu_reg
-    regs = []
-    if torch.cuda.is_available():
-        from ..torch_backend.cuda import cuda_reg
-        regs.append(cuda_reg())
-    from ..torch_backend.mps import mps_available
-    if mps_available():
-        from ..torch_backend.mps import mps_reg
-        regs.append(mps_reg())
-    regs.append(cpu_reg())
-    return regs
+def _device_files() -> list:
+    """The device modules of the torch_backend package (those with backend_reg()), in REG_ORDER."""
+    package = importlib.import_module(DEVICE_PACKAGE)
+    modules = [importlib.import_module(f"{DEVICE_PACKAGE}.{m.name}")
+               for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_")]
+    files = [m for m in modules if callable(getattr(m, "backend_reg", None))]
+    return sorted(files, key=lambda m: getattr(m, "REG_ORDER", DEFAULT_REG_ORDER))
 
 
-def _sync_sim(state: _Registry) -> None:
-    """Register the SIM reg the environment asks for (before CPU), dropping a stale one."""
-    from ..torch_backend.sim import sim_reg
-    current = sim_reg()
-    if current is state.sim or (current is not None and current is state.unloaded_sim):
+def _sync_builtin(state: _Registry) -> None:
+    """The device files' regs in their order ahead of the others; a reg a device file no
+    longer gives (the environment changed) leaves, an unloaded one stays out."""
+    current = [reg for reg in (f.backend_reg() for f in state.device_files) if reg is not None]
+    if current == state.builtin:
         return
-    if state.sim in state.regs:
-        state.regs.remove(state.sim)
-    state.sim = current
-    if current is not None:
-        _insert_before_cpu(state, current)
-
-
-def _insert_before_cpu(state: _Registry, reg: Reg) -> None:
-    cpu = next((i for i, r in enumerate(state.regs) if r.get_name() == "CPU"), len(state.regs))
-    state.regs.insert(cpu, reg)
+    others = [r for r in state.regs if r not in state.builtin and r not in current]
+    state.builtin = current
+    state.regs = [r for r in current if r not in state.unloaded] + others
 
 
 def _registry() -> _Registry:
     global _state
     with _lock:
         if _state is None:
-            _state = _Registry(_builtin_regs())
-        _sync_sim(_state)
+            _state = _Registry()
+        _sync_builtin(_state)
         return _state
 
 
@@ -111,9 +107,10 @@ def backend_register(reg: Reg) -> None:
     with _lock:
         if reg in state.regs:
             return
-        if reg is state.unloaded_sim:  # the environment's SIM reg is back in its place
-            state.unloaded_sim, state.sim = None, reg
-            _insert_before_cpu(state, reg)
+        if reg in state.unloaded:  # a built-in reg is back in its place
+            state.unloaded.remove(reg)
+            state.regs = [r for r in state.builtin if r not in state.unloaded] + \
+                [r for r in state.regs if r not in state.builtin]
         else:
             state.regs.append(reg)
 
@@ -173,25 +170,28 @@ def backend_dev_by_type(type: DeviceType) -> Device | None:
 
 
 def backend_dev_for_torch_device(device) -> Device:
-    """The ggml device whose memory is `device`'s (cpu -> CPU, cuda:N -> CUDAN, mps -> MPS)."""
+    """The ggml device whose memory is `device`'s (cpu -> CPU, cuda:N -> CUDAN, mps -> MPS):
+    the last built-in device on that torch device (the CPU, past simulated devices on CPU
+    memory)."""
     device = torch.device(device)
-    if device.type == "cpu":
-        from ..torch_backend.cpu import cpu_device
-        return cpu_device()
-    if device.type == "cuda":
-        from ..torch_backend.cuda import cuda_reg
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        devices = cuda_reg().get_devices()
-        if index >= len(devices):
-            raise ValueError(f"no ggml device for {device}: {len(devices)} CUDA devices are available")
-        return devices[index]
-    if device.type == "mps":
-        from ..torch_backend.mps import mps_reg
-        devices = mps_reg().get_devices()
-        if not devices:
-            raise ValueError("no ggml device for mps: MPS is not available")
-        return devices[0]
-    raise ValueError(f"no ggml device for torch device {device} (supported: cpu, cuda, mps)")
+    index = device.index
+    if index is None and device.type != "cpu":
+        try:
+            index = torch.get_device_module(device.type).current_device()
+        except (AttributeError, RuntimeError):
+            index = 0
+    state = _registry()
+    found = None
+    for reg in state.builtin:
+        for d in reg.get_devices():
+            own = getattr(d, "torch_device", None)
+            if own is not None and own.type == device.type and (own.index or 0) == (index or 0):
+                found = d
+    if found is None:
+        kinds = sorted({d.torch_device.type for r in state.builtin for d in r.get_devices()
+                        if getattr(d, "torch_device", None) is not None})
+        raise ValueError(f"no ggml device for torch device {device} (devices here: {', '.join(kinds)})")
+    return found
 
 
 # ---------------------------------------------------------------- backends
@@ -289,8 +289,8 @@ def backend_unload(reg: Reg) -> None:
             raise ValueError(f"backend_unload: reg {getattr(reg, 'name', reg)!r} is not registered")
         state.regs.remove(reg)
         state.extra_devices = [d for d in state.extra_devices if d.reg is not reg]
-        if reg is state.sim:
-            state.sim, state.unloaded_sim = None, reg
+        if reg in state.builtin:
+            state.unloaded.append(reg)
         for key, loaded in list(state.plugins.items()):
             if loaded is reg:
                 del state.plugins[key]

@@ -1,6 +1,6 @@
 """The scheduler (ggml_backend_sched): assigns graph nodes to backends, cuts the graph into
 splits, copies split inputs between backends, and runs the splits on the backends' streams,
-ordered by events. Pass by pass as upstream ggml-backend.cpp does it (see DESIGN.md).
+ordered by events. Pass by pass as upstream ggml-backend.cpp does it (see docs/architecture.md).
 
 Unlike upstream, the caller's graph is only borrowed: a node whose source is copied to another
 backend reads the copy only while the scheduler plans or runs the graph (the rewritten sources
@@ -18,7 +18,7 @@ from ..context import Context, new_tensor_impl, view_tensor
 from ..enums import Op, Status, TensorFlag, VIEW_OPS
 from ..graph import CGraph, graph_view, DEFAULT_GRAPH_SIZE
 from ..profiler import split_range
-from ..tensor import Tensor, format_name, set_input, set_output, nbytes
+from ..tensor import Tensor, format_name, memory_buffer, set_input, set_output, nbytes
 from .buffer import BufferUsage
 from .device import DeviceType
 
@@ -27,10 +27,6 @@ log = logging.getLogger("torchggml.sched")
 MAX_BACKENDS = 16
 MAX_SPLIT_INPUTS = 30
 MAX_COPIES = 4
-
-
-def _buffer_of(t: Tensor):
-    return t.view_src.buffer if t.view_src is not None else t.buffer
 
 
 class Split:
@@ -123,7 +119,7 @@ class Sched:
 
     def _backend_from_buffer(self, t: Tensor, op: Tensor) -> int:
         """Highest-priority backend that supports the tensor's buffer type and the op."""
-        buffer = _buffer_of(t)
+        buffer = memory_buffer(t)
         if buffer is None:
             return -1
         for i, b in enumerate(self.backends):
@@ -132,7 +128,7 @@ class Sched:
         return -1
 
     def _buffer_supported(self, t: Tensor, backend_id: int) -> bool:
-        buffer = _buffer_of(t)
+        buffer = memory_buffer(t)
         if buffer is not None:
             buft = buffer.buft
         else:
@@ -155,7 +151,7 @@ class Sched:
             if b != -1:
                 self.causes[t] = "1.vsrc"
                 return b
-        buffer = _buffer_of(t)
+        buffer = memory_buffer(t)
         if buffer is not None:
             raise RuntimeError(f"scheduler: pre-allocated {t.describe()} is in buffer {buffer.name}, "
                                f"and no backend that can use that buffer supports op {t.op.name}")

@@ -100,7 +100,7 @@ def _get_whole(t: Tensor) -> torch.Tensor:
         t.buffer.get_tensor(t, raw, 0, nbytes(t))
         out = raw.view(tr.dtype if tr.dtype is not None else torch.uint8).reshape(shape)
     else:
-        from ..torch_backend.views import tensor_view
+        from ..memory import tensor_view
         view = tensor_view(t)
         out = torch.empty(view.shape, dtype=view.dtype)
         out.copy_(view)
@@ -111,6 +111,8 @@ def backend_tensor_memset(t: Tensor, value: int, offset: int = 0, size: int | No
     if size is None:
         size = nbytes(t) - offset
     _check_range(t, offset, size, "backend_tensor_memset")
+    if t.buffer.memset_tensor is None:
+        raise NotImplementedError(f"backend_tensor_memset: buffer {t.buffer.name} cannot memset tensors ({t.describe()})")
     if size:
         t.buffer.memset_tensor(t, value, offset, size)
 

@@ -242,3 +242,8 @@ def swiglu_oai(ctx, a: Tensor, b: Tensor | None, alpha: float, limit: float) -> 
     set_op_params_f32(t, 2, alpha)
     set_op_params_f32(t, 3, limit)
     return t
+
+
+# every public op function defined here (several come from factories, e.g. the unary family)
+__all__ = [name for name, fn in list(globals().items())
+           if not name.startswith("_") and callable(fn) and getattr(fn, "__module__", None) == __name__]

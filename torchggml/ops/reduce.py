@@ -51,3 +51,8 @@ def argsort_top_k(ctx, a: Tensor, k: int) -> Tensor:
     from .views import view_4d
     t = argsort(ctx, a, SortOrder.DESC)
     return view_4d(ctx, t, k, t.ne[1], t.ne[2], t.ne[3], t.nb[1], t.nb[2], t.nb[3], 0)
+
+
+# every public op function defined here (several come from factories, e.g. the unary family)
+__all__ = [name for name, fn in list(globals().items())
+           if not name.startswith("_") and callable(fn) and getattr(fn, "__module__", None) == __name__]

@@ -86,3 +86,8 @@ def diag_mask_zero(ctx, a: Tensor, n_past: int) -> Tensor:
 
 def diag_mask_zero_inplace(ctx, a: Tensor, n_past: int) -> Tensor:
     return same_as(ctx, Op.DIAG_MASK_ZERO, a, [a], [int(n_past)], inplace=True)
+
+
+# every public op function defined here (several come from factories, e.g. the unary family)
+__all__ = [name for name, fn in list(globals().items())
+           if not name.startswith("_") and callable(fn) and getattr(fn, "__module__", None) == __name__]

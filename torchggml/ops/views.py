@@ -157,3 +157,8 @@ def dup(ctx, a: Tensor) -> Tensor:
 
 def dup_inplace(ctx, a: Tensor) -> Tensor:
     return new_op(ctx, Op.DUP, a.type, a.ne, [a], like=a, inplace=True)
+
+
+# every public op function defined here (several come from factories, e.g. the unary family)
+__all__ = [name for name, fn in list(globals().items())
+           if not name.startswith("_") and callable(fn) and getattr(fn, "__module__", None) == __name__]

@@ -1,6 +1,15 @@
-"""The op case table, one module per op family; importing this package registers every case."""
-import importlib
-import pkgutil
+"""The op case table (test-backend-ops' cases), one module per op family.
 
-for _mod in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_mod.name}")
+table.py holds OpCase and CaseTable; values.py the helpers the families share. Each family
+module fills its own CASES; `all_cases()` lists every family's, in FAMILIES order."""
+from __future__ import annotations
+
+from . import attention, binary, copy, glu, math, matmul, norm, reduce, rope, rows, shape, unary
+from .table import OpCase
+
+FAMILIES = (attention, binary, copy, glu, math, matmul, norm, reduce, rope, rows, shape, unary)
+
+
+def all_cases() -> list[OpCase]:
+    """Every case of every family."""
+    return [c for family in FAMILIES for c in family.CASES]

@@ -8,8 +8,11 @@ import math
 import torch
 
 import torchggml as ggml
-from ..testing import case, NMSE_MUL_MAT, NMSE_SOFT_MAX
-from .binary import ggml_permute, uniform
+from .values import uniform, ggml_permute
+from .table import CaseTable, NMSE_MUL_MAT, NMSE_SOFT_MAX
+
+CASES = CaseTable()
+case = CASES.case
 
 T = ggml.Type
 NMSE_ATTENTION = NMSE_MUL_MAT

@@ -1,68 +1,16 @@
 """Cases: ADD, SUB, MUL, DIV (every broadcast, F32/F16/BF16, mixed types, non-contiguous a and b,
 in-place), ADD on a block-type a, ADD1, ADD_ID.
-
-Also the helpers the other case modules share: value generators for `init`, the torch-order
-equivalents of ggml's permute, and rounding a float64 reference to the output's type.
 """
 from __future__ import annotations
 
 import torch
 
 import torchggml as ggml
-from ..testing import case
+from .values import T, FLOAT_TYPES, uniform, randint, rounded, ggml_permute, tile, quantized_roundtrip
+from .table import CaseTable
 
-T = ggml.Type
-FLOAT_TYPES = (T.F32, T.F16, T.BF16)
-
-
-# ---------------------------------------------------------------- shared helpers
-
-def torch_shape(t) -> tuple:
-    return tuple(reversed(t.ne))
-
-
-def uniform(lo: float, hi: float):
-    """An `init` entry: uniform values in [lo, hi)."""
-    def make(t, gen):
-        return torch.rand(torch_shape(t), generator=gen, dtype=torch.float64) * (hi - lo) + lo
-    return make
-
-
-def randint(lo: int, hi: int):
-    """An `init` entry: integers in [lo, hi)."""
-    def make(t, gen):
-        return torch.randint(lo, hi, torch_shape(t), generator=gen)
-    return make
-
-
-def distinct(t, gen):
-    """An `init` entry: a random permutation of distinct values in [-1, 1) per tensor (no ties)."""
-    n = t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]
-    values = (torch.randperm(n, generator=gen).double() / n) * 2 - 1
-    return values.reshape(torch_shape(t))
-
-
-def rounded(type, x: torch.Tensor) -> torch.Tensor:
-    """A float64 reference rounded to an F16/BF16 output's precision. ggml computes in float32
-    and rounds once on store; comparing against the rounded exact value keeps thresholds tight
-    (only values on a rounding boundary can differ, by one unit in the last place)."""
-    if type in (T.F16, T.BF16):
-        return x.to(ggml.type_to_dtype(type)).double()
-    return x
-
-
-def ggml_permute(x: torch.Tensor, axes) -> torch.Tensor:
-    """torch-order values of ggml.permute(a, *axes): ggml dim i goes to dim axes[i]; torch dim
-    3 - i is ggml dim i."""
-    order = [0] * 4
-    for i, ax in enumerate(axes):
-        order[3 - ax] = 3 - i
-    return x.permute(order)
-
-
-def tile(b, like):
-    return b.repeat(*[s // bs for s, bs in zip(like.shape, b.shape)])
-
+CASES = CaseTable()
+case = CASES.case
 
 # ---------------------------------------------------------------- ADD, SUB, MUL, DIV
 
@@ -131,7 +79,6 @@ for _name, _ref in _REF.items():
 
 
 def _quantized_add_cases():
-    from .copy import quantized_roundtrip
     for qtype in (T.Q8_0, T.Q4_0):
         def build_to_f32(ctx, qtype=qtype):
             a = ggml.new_tensor_2d(ctx, qtype, 64, 3)

@@ -5,33 +5,17 @@ through CONT. All exact.
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 import torchggml as ggml
-from ..testing import case
-from .binary import FLOAT_TYPES, T, ggml_permute, randint, rounded, uniform
+from .values import T, FLOAT_TYPES, uniform, randint, rounded, ggml_permute, quantized_roundtrip
+from .table import CaseTable
+
+CASES = CaseTable()
+case = CASES.case
 
 QUANTIZE_TARGETS = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL,
                     T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS)
-
-
-def quantized_roundtrip(qtype, x: torch.Tensor, ne0: int | None = None) -> torch.Tensor:
-    """x (float64, torch order) quantized to qtype in rows of ne0 values in element order and
-    dequantized again, by the gguf package; for the types gguf cannot quantize (IQ4_NL, the K
-    types, IQ4_XS) by torchggml.quants, which tests/test_quantize_ggml.py checks bit for bit
-    against llama.cpp's quantizers. Values go through float32 first, as ggml's copy does."""
-    import gguf
-    rows = x.reshape(-1, ne0 or x.shape[-1]).float()
-    gtype = gguf.GGMLQuantizationType(int(qtype))
-    try:
-        blocks = gguf.quants.quantize(rows.numpy(), gtype)
-    except NotImplementedError:
-        from ..quants import dequantize, quantize
-        out = dequantize(qtype, quantize(qtype, rows))
-    else:
-        out = torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(blocks, gtype)))
-    return out.double().reshape(x.shape)
 
 
 def strided(x: torch.Tensor, ne, nb, offset: int, elsize: int) -> torch.Tensor:

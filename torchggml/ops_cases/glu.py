@@ -5,9 +5,12 @@ from __future__ import annotations
 import torch
 
 import torchggml as ggml
-from ..testing import case
-from .binary import FLOAT_TYPES, T, rounded, uniform
+from .values import T, FLOAT_TYPES, uniform, rounded
+from .table import CaseTable
 from .unary import REFERENCES
+
+CASES = CaseTable()
+case = CASES.case
 
 U = ggml.UnaryOp
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 import torch
 
 import torchggml as ggml
-from ..testing import case
-from .binary import FLOAT_TYPES, T, rounded, uniform
+from .values import T, FLOAT_TYPES, uniform, rounded
+from .table import CaseTable
+
+CASES = CaseTable()
+case = CASES.case
 
 # op -> (float64 reference, input range)
 _MATH = {

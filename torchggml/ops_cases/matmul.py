@@ -9,9 +9,12 @@ from __future__ import annotations
 import torch
 
 import torchggml as ggml
-from ..testing import case, NMSE_MUL_MAT
+from .values import randint, ggml_permute
+from .table import CaseTable, NMSE_MUL_MAT
 from ..types import type_traits
-from .binary import ggml_permute, randint
+
+CASES = CaseTable()
+case = CASES.case
 
 T = ggml.Type
 

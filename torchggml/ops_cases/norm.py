@@ -7,8 +7,11 @@ import math
 import torch
 
 import torchggml as ggml
-from ..testing import case
-from .binary import ggml_permute, rounded
+from .values import rounded, ggml_permute
+from .table import CaseTable
+
+CASES = CaseTable()
+case = CASES.case
 
 T = ggml.Type
 

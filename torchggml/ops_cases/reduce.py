@@ -5,8 +5,11 @@ from __future__ import annotations
 import torch
 
 import torchggml as ggml
-from ..testing import case
-from .binary import FLOAT_TYPES, T, distinct, ggml_permute, randint, rounded
+from .values import T, FLOAT_TYPES, randint, distinct, rounded, ggml_permute
+from .table import CaseTable
+
+CASES = CaseTable()
+case = CASES.case
 
 _SHAPE = [33, 5, 3, 2]
 

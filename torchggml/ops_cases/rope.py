@@ -12,8 +12,11 @@ import math
 import torch
 
 import torchggml as ggml
-from ..testing import case
-from .binary import randint, rounded, uniform
+from .values import uniform, randint, rounded
+from .table import CaseTable
+
+CASES = CaseTable()
+case = CASES.case
 
 T = ggml.Type
 R = ggml.RopeType

@@ -9,10 +9,12 @@ from __future__ import annotations
 import torch
 
 import torchggml as ggml
-from ..testing import case
-from .binary import ggml_permute, randint
-from .copy import quantized_roundtrip
+from .values import randint, ggml_permute, quantized_roundtrip
+from .table import CaseTable
 from .matmul import BLOCK_TYPES, inits_for
+
+CASES = CaseTable()
+case = CASES.case
 
 T = ggml.Type
 

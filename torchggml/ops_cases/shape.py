@@ -6,8 +6,11 @@ import numpy as np
 import torch
 
 import torchggml as ggml
-from ..testing import case
-from .binary import T, ggml_permute, randint
+from .values import T, randint, ggml_permute
+from .table import CaseTable
+
+CASES = CaseTable()
+case = CASES.case
 
 _INT_INIT = {0: randint(-100, 100), 1: randint(-100, 100)}
 

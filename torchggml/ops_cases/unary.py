@@ -8,8 +8,11 @@ import math
 import torch
 
 import torchggml as ggml
-from ..testing import case
-from .binary import FLOAT_TYPES, T, ggml_permute, rounded, uniform
+from .values import T, FLOAT_TYPES, uniform, rounded, ggml_permute
+from .table import CaseTable
+
+CASES = CaseTable()
+case = CASES.case
 
 U = ggml.UnaryOp
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)

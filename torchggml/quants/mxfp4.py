@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ..types import Type
+from ..types import Type, wide_float
 from ._fields import pack_nibbles, split_bytes, unpack
 from .tables import table
 
@@ -29,8 +29,8 @@ def _floor_log2(x: torch.Tensor) -> torch.Tensor:
     """floor(log2f(x)) as numpy (gguf) and C compute it, not the exact exponent: for values
     just below a power of two, log2 rounded to float32 is that power's integer exponent.
     float64 log2 rounded to float32 gives numpy's result for every positive float32
-    (checked exhaustively); MPS has no float64, so there float32 log2 has to do."""
-    if x.device.type == "mps":
+    (checked exhaustively); a device without float64 (MPS) has to do with float32 log2."""
+    if wide_float(x.device) is torch.float32:
         return torch.floor(torch.log2(x))
     return torch.floor(torch.log2(x.double()).float())
 

@@ -1,4 +1,6 @@
-"""The CPU device: host storages, synchronous compute with the reference kernel table."""
+"""The CPU device: host storages, synchronous compute with the CPU kernel table (the torch
+reference table, with weights in its CPU_REPACK buffers multiplied through torch's int4 GEMM),
+and the CPU functions of the C API (backend_cpu_init...)."""
 from __future__ import annotations
 
 import functools
@@ -7,16 +9,39 @@ import platform
 
 import torch
 
-from ..backend.backend import Backend
-from ..backend.device import Device, DeviceCaps, DeviceType, Reg
-from ..enums import Status
+from ..backend_impl import Backend, Device, DeviceCaps, DeviceType, Reg
+from ..enums import Op, Status
+from ..memory import TorchBufferType, buffer_from_torch
 from ..profiler import profiling, run_calls_profiled
-from .buffer import TorchBufferType, buffer_from_torch
-from .kernels import CPU_KERNELS, run_calls
+from .kernels import TORCH_KERNELS, KernelTable, binds, run_calls
+from .kernels.matmul import bind_mul_mat, bind_weight_product
 from .plan import CompiledPlan, compile_graph
 from .cpu_quant.features import cpu_features, cpu_path, fastest_gemm_dtype
 from .cpu_quant.kernels import numba_available, set_numba_threads
-from .repack import RepackBufferType, check_repacked_reads, reads_repacked_only_as_weight, repack_buffer_type
+from .cpu_quant.layout import FusedBufferType
+from .repack import (RepackBufferType, bind_repacked_product, check_repacked_reads, is_repacked,
+                     reads_repacked_only_as_weight)
+
+REG_ORDER = 100  # the CPU comes last, as upstream's registry and scheduler want it
+
+# ---------------------------------------------------------------- the CPU kernel table
+
+CPU_KERNELS = KernelTable("CPU", over=TORCH_KERNELS)
+
+
+def _cpu_weight_product(a):
+    """A repacked weight multiplies in its repack layout; others as the reference does."""
+    return bind_repacked_product(a) if is_repacked(a) else bind_weight_product(a)
+
+
+def _bind_cpu_mul_mat(node):
+    return bind_mul_mat(node, _cpu_weight_product)
+
+
+@CPU_KERNELS.register(Op.MUL_MAT, supports=TORCH_KERNELS.entries[Op.MUL_MAT][1])
+@binds(_bind_cpu_mul_mat)
+def mul_mat(node):
+    _bind_cpu_mul_mat(node)(node)
 
 
 def _cpu_description() -> str:
@@ -64,8 +89,7 @@ class CPUBackend(Backend):
         return CompiledPlan(graph, self._compile(graph))
 
     def graph_plan_update(self, plan, graph):
-        plan.graph = graph
-        plan.calls = self._compile(graph)
+        plan.update(graph, self._compile(graph))
 
     def graph_plan_compute(self, plan) -> Status:
         plan.check_alive(self.name)
@@ -90,9 +114,13 @@ class CPUBackend(Backend):
 
 
 class CPUDevice(Device):
+    torch_device = torch.device("cpu")
+
     def __init__(self, reg=None):
         super().__init__("CPU", _cpu_description(), DeviceType.CPU, reg)
         self.buffer_type = TorchBufferType("CPU", self, "cpu", host=True)
+        # one repack layout per product path (cpu_quant.features); "dequant" repacks nothing
+        self.repack_buffer_types = {"int4": RepackBufferType(self), "fused": FusedBufferType(self)}
 
     def get_memory(self):
         return host_memory()
@@ -134,7 +162,7 @@ class CPUReg(Reg):
         backend.set_abort_callback(callback)
 
     def proc_dev_get_extra_bufts(self, device):
-        buft = repack_buffer_type()  # per TORCHGGML_CPU_PATH: none for "dequant"
+        buft = device.repack_buffer_types.get(cpu_path())  # none for "dequant"
         return [buft] if buft is not None else []
 
     def proc_get_features(self):
@@ -147,9 +175,43 @@ def cpu_reg() -> CPUReg:
     return CPUReg()
 
 
+backend_reg = cpu_reg
+
+
 def cpu_device() -> CPUDevice:
     return cpu_reg().devices[0]
 
 
 def cpu_buffer_type() -> TorchBufferType:
     return cpu_device().buffer_type
+
+
+def repack_buffer_type(path: str | None = None):
+    """The CPU's CPU_REPACK buffer type (upstream's ggml_backend_cpu_repack_buffer_type) for a
+    product path (default: TORCHGGML_CPU_PATH or this CPU's default): (q, scale, bias) for
+    `fused`, torch's int4 layout for `int4`, None for `dequant`."""
+    return cpu_device().repack_buffer_types.get(path or cpu_path())
+
+
+# ---------------------------------------------------------------- the C API's CPU functions
+
+def backend_cpu_init() -> CPUBackend:
+    """A new CPU backend."""
+    return cpu_device().init_backend()
+
+
+def backend_cpu_buffer_type() -> TorchBufferType:
+    return cpu_buffer_type()
+
+
+def backend_cpu_buffer_from_ptr(data, size: int | None = None):
+    """A CPU buffer over existing host memory (numpy array, mmap, CPU tensor, bytes-like), no copy."""
+    return cpu_device().buffer_from_host_ptr(data, size, size)
+
+
+def backend_cpu_set_n_threads(backend, n_threads: int) -> None:
+    backend.set_n_threads(n_threads)
+
+
+def backend_is_cpu(backend) -> bool:
+    return isinstance(backend, CPUBackend)

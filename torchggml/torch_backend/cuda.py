@@ -1,22 +1,20 @@
-"""CUDA devices: one per torch cuda device, its memory as torch storages, a torch.cuda.Stream
-per backend, torch.cuda.Event events, CUDA-graph plans, a pinned host buffer type.
+"""CUDA devices: one per torch cuda device (NVIDIA, and AMD through ROCm's torch), with a
+pinned host buffer type, host memory wrapped without copying, and CUDA-graph capture.
 
-Imports without CUDA (the policy functions are tested on any machine); the reg has no devices
+Imports without CUDA (the policy functions are tested on any machine); backend_reg() is None
 there.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from ..backend.device import DeviceCaps, DeviceType, Reg
-from ..enums import Status
-from .buffer import TorchBuffer, TorchBufferType, buffer_from_torch
-from .device import AcceleratorDevice
-from .kernels.gpu import GPU_KERNELS
-from .plan import CudaGraphPlan, compile_graph
-from .stream import CudaStream, StreamBackend
+from ..backend_impl import DeviceCaps
+from ..memory import TorchBuffer, TorchBufferType, buffer_from_torch
+from .device import AcceleratorDevice, AcceleratorReg
+from .plan import GraphCapture
+
+REG_ORDER = 10  # the registry lists CUDA first
+
 
 class CudaBuffer(TorchBuffer):
     def free(self) -> None:
@@ -28,42 +26,10 @@ class CudaBuffer(TorchBuffer):
 
 
 class CudaBufferType(TorchBufferType):
-    def __init__(self, device: "CudaDevice"):
-        super().__init__(device.name, device, f"cuda:{device.index}", host=False, alignment=128)
+    buffer_class = CudaBuffer
 
     def get_max_size(self) -> int:
         return torch.cuda.get_device_properties(self.torch_device).total_memory
-
-    buffer_class = CudaBuffer
-
-
-class CudaHostBufferType(TorchBufferType):
-    """Pinned host memory: CPU code reads it, and copies to/from the GPU are truly asynchronous."""
-
-    def __init__(self, device: "CudaDevice"):
-        super().__init__("CUDA_Host", device, "cpu", host=True, pinned=True, alignment=32)
-
-
-class CudaBackend(StreamBackend):
-    """A backend on its own torch.cuda.Stream, or on a given one (e.g. the caller's current
-    stream: then torch code and ggml graphs on it are ordered without any synchronization)."""
-
-    def __init__(self, device: "CudaDevice", stream: torch.cuda.Stream | None = None):
-        super().__init__(device, CudaStream(device.name, device.index, stream), GPU_KERNELS)
-
-    def free(self) -> None:
-        self.stream.synchronize()
-
-    def graph_plan_create(self, graph) -> CudaGraphPlan:
-        return CudaGraphPlan(graph, compile_graph(graph, self.kernels, self), self.stream.stream, self.name)
-
-    def graph_plan_update(self, plan, graph):
-        plan.reset(graph, compile_graph(graph, self.kernels, self))
-
-    def graph_plan_compute(self, plan) -> Status:
-        plan.check_alive(self.name)
-        plan.compute()
-        return Status.SUCCESS
 
 
 def _pci_bus_id(props) -> str | None:
@@ -73,20 +39,22 @@ def _pci_bus_id(props) -> str | None:
     return f"{getattr(props, 'pci_domain_id', 0):04x}:{bus:02x}:{getattr(props, 'pci_device_id', 0):02x}.0"
 
 
+# CUDA graphs: graph plans capture their calls once and replay them
+CUDA_GRAPHS = GraphCapture(new_graph=lambda: torch.cuda.CUDAGraph(),
+                           capturing=lambda graph, stream: torch.cuda.graph(graph, stream=stream))
+
+
 class CudaDevice(AcceleratorDevice):
-    backend_class = CudaBackend
+    torch_type = "cuda"
+    graph_capture = CUDA_GRAPHS
 
     def __init__(self, index: int, reg=None):
-        super().__init__(f"CUDA{index}", torch.cuda.get_device_name(index), DeviceType.GPU, reg)
-        self.index = index
-        self.torch_device = torch.device("cuda", index)
-        self.buffer_type = CudaBufferType(self)
-        self.host_buffer_type = CudaHostBufferType(self)
+        super().__init__(index, reg, f"CUDA{index}", torch.cuda.get_device_name(index))
+        self.buffer_type = CudaBufferType(self.name, self, self.torch_device, host=False, alignment=128)
+        # pinned host memory: CPU code reads it, and copies to/from the GPU are truly asynchronous
+        self.host_buffer_type = TorchBufferType("CUDA_Host", self, "cpu", host=True, pinned=True, alignment=32)
         # host memory wrapped without copying (buffer_from_host_ptr): CPU code computes on it
         self.host_ptr_buffer_type = TorchBufferType(f"{self.name}_HostPtr", self, "cpu", host=True)
-
-    def get_memory(self):
-        return torch.cuda.mem_get_info(self.index)
 
     def get_device_id(self):
         return _pci_bus_id(torch.cuda.get_device_properties(self.index))
@@ -97,26 +65,27 @@ class CudaDevice(AcceleratorDevice):
     def buffer_from_host_ptr(self, data, size=None, max_tensor_size=None):
         return buffer_from_torch(self.host_ptr_buffer_type, data)
 
-    def new_event_handle(self):
-        return torch.cuda.Event()
 
-
-class CudaReg(Reg):
-    def __init__(self):
-        super().__init__("CUDA")
-        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        self.devices = [CudaDevice(i, self) for i in range(n)]
-
-    def get_devices(self):
-        return self.devices
-
+class CudaReg(AcceleratorReg):
     def proc_get_features(self):
         return {"TORCH": torch.__version__, "CUDA": str(torch.version.cuda), "DEVICES": str(len(self.devices))}
 
-    def proc_dev_get_extra_bufts(self, device):
-        return []
+
+_REG = []
 
 
-@functools.lru_cache(maxsize=None)
-def cuda_reg() -> CudaReg:
-    return CudaReg()
+def backend_reg() -> CudaReg | None:
+    """The CUDA reg (the same object every call), or None without CUDA devices."""
+    if not _REG:
+        _REG.append(CudaReg.of_available("CUDA", CudaDevice))
+    return _REG[0]
+
+
+def backend_cuda_init(device: int = 0, stream=None):
+    """A CUDA backend for device `device`; `stream` (e.g. torch.cuda.current_stream()) makes it
+    run on that stream, so ggml graphs and torch code on it interleave without synchronizing."""
+    reg = backend_reg()
+    devices = reg.get_devices() if reg is not None else []
+    if not 0 <= device < len(devices):
+        raise ValueError(f"backend_cuda_init: no CUDA device {device} ({len(devices)} available)")
+    return devices[device].init_backend(stream=stream)

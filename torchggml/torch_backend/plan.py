@@ -1,7 +1,8 @@
-"""Graph plans: a graph pre-compiled into bound kernel calls (every device), and on CUDA the
-same calls captured into a CUDA graph and replayed.
+"""Graph plans: a graph pre-compiled into bound kernel calls (every device), and on devices
+with the graph-capture capability (CUDA) the same calls captured into a device graph and
+replayed.
 
-A compiled plan removes the per-op table lookup and checks from compute; a CUDA-graph plan
+A compiled plan removes the per-op table lookup and checks from compute; a captured plan
 also removes the per-op Python dispatch and kernel launches: one replay runs the whole graph.
 """
 from __future__ import annotations
@@ -10,13 +11,10 @@ import warnings
 
 import torch
 
-from ..backend.buffer import check_not_freed
-from ..profiler import profiling, node_range_name
+from ..backend_impl import check_not_freed
+from ..profiler import node_range_name, profiling
+from ..tensor import memory_buffer
 from .kernels import compiled_nodes
-
-
-def _memory_buffer(t):
-    return t.buffer if t.buffer is not None or t.view_src is None else t.view_src.buffer
 
 
 def check_graph_buffers(calls, backend) -> None:
@@ -28,7 +26,7 @@ def check_graph_buffers(calls, backend) -> None:
         for t in (node, *node.src):
             if t is None:
                 continue
-            buf = _memory_buffer(t)
+            buf = memory_buffer(t)
             if buf is None:
                 raise ValueError(f"{backend.name}: {t.describe()} has no memory: allocate the graph first")
             check_not_freed(buf, f"{backend.name}: graph compute", t)
@@ -84,7 +82,7 @@ class CompiledPlan:
             seen = {}
             for _, node in self.calls:
                 for t in (node, *node.src):
-                    buf = None if t is None else _memory_buffer(t)
+                    buf = None if t is None else memory_buffer(t)
                     if buf is not None:
                         seen[id(buf)] = (buf, t)
             self._buffers = (self.calls, list(seen.values()))
@@ -94,9 +92,22 @@ class CompiledPlan:
     def __repr__(self):
         return f"<{type(self).__name__} {len(self.calls)} calls>"
 
+    def update(self, graph, calls) -> None:
+        self.graph, self.calls = graph, calls
 
-class CudaGraphPlan(CompiledPlan):
-    """Compiled calls captured into a torch.cuda.CUDAGraph.
+
+class GraphCapture:
+    """A device capability: record a stream's work once as a device graph and replay it
+    (CUDA graphs; any torch device type whose module offers graph capture). `new_graph()`
+    makes an empty graph, `capturing(graph, stream)` is the context that records into it."""
+
+    def __init__(self, new_graph, capturing):
+        self.new_graph = new_graph
+        self.capturing = capturing
+
+
+class CapturedPlan(CompiledPlan):
+    """Compiled calls captured into a device graph (a device's GraphCapture capability).
 
     The first compute runs the calls eagerly: kernels initialise lazily (cuBLAS handles, Triton
     compilation and autotuning), which cannot happen inside a capture. The second compute
@@ -108,40 +119,43 @@ class CudaGraphPlan(CompiledPlan):
 
     WARMUP_RUNS = 1
 
-    def __init__(self, graph, calls, stream: torch.cuda.Stream, device_name: str):
+    def __init__(self, graph, calls, stream, device_name: str, capture: GraphCapture):
         super().__init__(graph, calls)
-        self.stream = stream
+        self.stream = stream            # a TorchStream
         self.device_name = device_name
-        self.cuda_graph = None
+        self.capture = capture
+        self.device_graph = None
         self.capture_error: str | None = None
         self.runs = 0
 
-    def reset(self, graph, calls) -> None:
+    def update(self, graph, calls) -> None:
         self.graph, self.calls = graph, calls
-        self.cuda_graph, self.capture_error, self.runs = None, None, 0
+        self.device_graph, self.capture_error, self.runs = None, None, 0
 
     def compute(self) -> None:
         """Queue one execution of the graph on the plan's stream."""
-        with torch.cuda.stream(self.stream):
-            if self.cuda_graph is None and (self.runs < self.WARMUP_RUNS or self.capture_error):
-                run_calls_named(self.calls, self.device_name)
-            else:
-                if self.cuda_graph is None:
-                    self._capture()
-                if self.cuda_graph is not None:
-                    self.cuda_graph.replay()
-                else:
-                    run_calls_named(self.calls, self.device_name)
+        self.stream.submit(self._compute, "graph_plan_compute")
         self.runs += 1
 
+    def _compute(self) -> None:
+        if self.device_graph is None and (self.runs < self.WARMUP_RUNS or self.capture_error):
+            run_calls_named(self.calls, self.device_name)
+            return
+        if self.device_graph is None:
+            self._capture()
+        if self.device_graph is not None:
+            self.device_graph.replay()
+        else:
+            run_calls_named(self.calls, self.device_name)
+
     def _capture(self) -> None:
-        graph = torch.cuda.CUDAGraph()
+        graph = self.capture.new_graph()
         try:
-            with torch.cuda.graph(graph, stream=self.stream):
+            with self.capture.capturing(graph, self.stream.stream):
                 run_calls_named(self.calls, self.device_name)
         except Exception as e:  # a kernel that cannot be captured: stay eager
             self.capture_error = f"{type(e).__name__}: {e}"
-            warnings.warn(f"{self.device_name}: CUDA graph capture failed, the plan runs eagerly: "
-                          f"{self.capture_error}", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"{self.device_name}: device graph capture failed, the plan runs eagerly: "
+                          f"{self.capture_error}", RuntimeWarning, stacklevel=4)
             return
-        self.cuda_graph = graph
+        self.device_graph = graph

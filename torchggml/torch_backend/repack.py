@@ -27,10 +27,10 @@ import torch
 from ..enums import Op, VIEW_OPS
 from ..quants._fields import as_f16, split_bytes, unpack
 from ..quants.kquants import k_scale_min
-from ..tensor import Tensor, nbytes, round_up
+from ..memory import TorchBuffer, TorchBufferType, byte_view
+from ..tensor import Tensor, memory_buffer, nbytes, round_up
 from ..types import Type, type_traits
-from .buffer import TorchBuffer, TorchBufferType
-from .views import byte_view
+from .kernels.table import UnsupportedOpError
 
 GROUP = 32          # values per scale/zero group (torch's group_size)
 ROW_MULTIPLE = 16   # torch's CPU int4 packing takes rows 16 at a time
@@ -74,15 +74,9 @@ def packed_nbytes(t: Tensor) -> int:
     return _layout(t)[3]
 
 
-def _memory_buffer(t: Tensor):
-    if t.buffer is not None:
-        return t.buffer
-    return t.view_src.buffer if t.view_src is not None else None
-
-
 def is_repacked(t: Tensor | None) -> bool:
     """t (or the tensor it views) lives in a repack buffer."""
-    return t is not None and isinstance(_memory_buffer(t), RepackBuffer)
+    return t is not None and isinstance(memory_buffer(t), RepackBuffer)
 
 
 def repacked_views(t: Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -210,22 +204,6 @@ class RepackBuffer(TorchBuffer):
         return False  # the generic path writes through set_tensor, which repacks
 
 
-def repack_buffer_type(path: str | None = None) -> RepackBufferType | None:
-    """The CPU's repack buffer type for a product path (default: cpu_quant.cpu_path()):
-    (q, scale, bias) for `fused`, torch's int4 layout for `int4`, none for `dequant`."""
-    from .cpu_quant.features import cpu_path
-    return _repack_buffer_type(path or cpu_path())
-
-
-@functools.lru_cache(maxsize=None)
-def _repack_buffer_type(path: str) -> RepackBufferType | None:
-    from .cpu import cpu_device
-    if path == "fused":
-        from .cpu_quant.layout import FusedBufferType
-        return FusedBufferType(cpu_device())
-    return RepackBufferType(cpu_device()) if path == "int4" else None
-
-
 # ---------------------------------------------------------------- what may read repacked tensors
 
 def reads_repacked_only_as_weight(node: Tensor) -> bool:
@@ -239,7 +217,7 @@ def reads_repacked_only_as_weight(node: Tensor) -> bool:
             continue
         b = node.src[1]
         if not (node.op == Op.MUL_MAT and i == 0 and src.view_src is None
-                and _memory_buffer(src).buft.supports_tensor(src)
+                and memory_buffer(src).buft.supports_tensor(src)
                 and b is not None and b.type in (Type.F32, Type.F16, Type.BF16)):
             return False
     return True
@@ -248,8 +226,6 @@ def reads_repacked_only_as_weight(node: Tensor) -> bool:
 def check_repacked_reads(nodes, device_name: str) -> None:
     """Raise for a node that would read a repacked tensor as ggml data (checked before kernels
     bind their views)."""
-    from ..enums import VIEW_OPS
-    from .kernels import UnsupportedOpError
     for node in nodes:
         if node.op not in VIEW_OPS and not reads_repacked_only_as_weight(node):
             srcs = ", ".join(s.describe() for s in node.src if is_repacked(s))

@@ -22,14 +22,14 @@ import os
 import threading
 import weakref
 
+import torch
 
-from ..backend.device import DeviceCaps, DeviceType, Reg
-from .buffer import TorchBuffer, TorchBufferType
+from ..memory import TorchBuffer, TorchBufferType
 from .cpu import host_memory
-from .device import AcceleratorDevice
-from .kernels.gpu import GPU_KERNELS
-from .plan import run_calls_named
-from .stream import StreamBackend, ThreadEvent, WorkerStream
+from .device import AcceleratorDevice, AcceleratorReg
+from .stream import ThreadEvent, WorkerStream
+
+REG_ORDER = 90  # after real accelerators, before the CPU
 
 SIM_DEVICES_ENV = "TORCHGGML_SIM_DEVICES"
 SIM_MEMORY_ENV = "TORCHGGML_SIM_MEMORY"
@@ -113,69 +113,42 @@ class SimBufferType(TorchBufferType):
 _INTERPRETER_LOCK = threading.Lock()
 
 
-class SimBackend(StreamBackend):
-    """A backend on its own worker stream, or on a given WorkerStream (shared with other SIM
-    backends of the device, as CUDA backends share a caller's stream)."""
-
-    def __init__(self, device: "SimDevice", stream: WorkerStream | None = None):
-        if stream is not None and not isinstance(stream, WorkerStream):
-            raise ValueError(f"{device.name}: the stream must be a WorkerStream (a SIM device's stream), got {stream!r}")
-        super().__init__(device, stream if stream is not None else WorkerStream(device.name), GPU_KERNELS)
-        self._owns_stream = stream is None
-
-    def free(self) -> None:
-        if self._owns_stream:
-            self.stream.close()
-        else:  # a shared stream outlives this backend: only wait for what was queued
-            self.stream.synchronize()
-
-    def _submit_calls(self, calls) -> None:
-        if calls:
-            name = self.name
-
-            def run():
-                with _INTERPRETER_LOCK:
-                    run_calls_named(calls, name)
-            self.stream.submit(run, "graph_compute")
-
-
 class SimDevice(AcceleratorDevice):
-    backend_class = SimBackend
+    """A GPU whose memory is CPU storage and whose stream is a worker thread."""
+
+    compute_lock = _INTERPRETER_LOCK
 
     def __init__(self, index: int, capacity: int, reg=None):
-        super().__init__(f"SIM{index}", f"simulated GPU {index} (CPU memory, worker-thread stream)",
-                         DeviceType.GPU, reg)
-        self.index = index
+        self.torch_device = torch.device("cpu")  # where its (non-host) memory lives
+        super().__init__(index, reg, f"SIM{index}", f"simulated GPU {index} (CPU memory, worker-thread stream)")
         self.buffer_type = SimBufferType(self, capacity)
         # host memory that CPU code can read, as a GPU's pinned host buffer type
         self.host_buffer_type = TorchBufferType(f"{self.name}_Host", self, "cpu", host=True)
+
+    def new_stream(self, stream=None):
+        if stream is None:
+            return WorkerStream(self.name)
+        if not isinstance(stream, WorkerStream):
+            raise ValueError(f"{self.name}: the stream must be a WorkerStream (a SIM device's stream), got {stream!r}")
+        return stream
+
+    def new_event_handle(self):
+        return ThreadEvent()
 
     def get_memory(self):
         # simulated figures: the capacity and what this device's buffers take of it
         buft = self.buffer_type
         return buft.capacity - buft.allocated, buft.capacity
 
-    def get_caps(self) -> DeviceCaps:
-        return DeviceCaps(async_=True, host_buffer=True, buffer_from_host_ptr=False, events=True)
 
-    def new_event_handle(self):
-        return ThreadEvent()
-
-
-class SimReg(Reg):
+class SimReg(AcceleratorReg):
     def __init__(self, n_devices: int, capacity: int):
         super().__init__("SIM")
         self.devices = [SimDevice(i, capacity, self) for i in range(n_devices)]
 
-    def get_devices(self):
-        return self.devices
-
     def proc_get_features(self):
         return {"SIM_DEVICES": str(len(self.devices)),
                 "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "0")}
-
-    def proc_dev_get_extra_bufts(self, device):
-        return []
 
 
 @functools.lru_cache(maxsize=None)
@@ -183,8 +156,19 @@ def _sim_reg(n_devices: int, capacity: int) -> SimReg:
     return SimReg(n_devices, capacity)
 
 
-def sim_reg() -> SimReg | None:
+def backend_reg() -> SimReg | None:
     """The SIM reg for the current environment (the same object while the settings stay the
     same), or None when TORCHGGML_SIM_DEVICES is unset or 0."""
     n = sim_device_count()
     return _sim_reg(n, sim_memory_capacity()) if n else None
+
+
+def backend_sim_init(device: int = 0, stream=None):
+    """A SIM backend (TORCHGGML_SIM_DEVICES) for device `device`; `stream`: a WorkerStream to
+    share (another SIM backend's `.stream`), the SIM counterpart of a caller's CUDA stream."""
+    reg = backend_reg()
+    devices = reg.get_devices() if reg is not None else []
+    if not 0 <= device < len(devices):
+        raise ValueError(f"backend_sim_init: no SIM device {device} ({len(devices)} available; "
+                         f"set TORCHGGML_SIM_DEVICES)")
+    return devices[device].init_backend(stream=stream)

@@ -3,9 +3,10 @@
 A `Stream` runs submitted work in submission order. Two kinds share one backend class:
 - `WorkerStream`: a Python thread draining a queue of closures (the SIM device). Work really
   runs later, on another thread; errors are kept and raised at the next `synchronize`.
-- `CudaStream`: a `torch.cuda.Stream`. Submitting runs the closure now on the host with the
-  stream current, so its kernels are queued on the GPU (errors surface immediately or at
-  synchronize, as CUDA reports them).
+- `TorchStream`: a torch stream of any torch device type (CUDA, MPS, XPU...): the device
+  module's Stream/Event (torch.cuda's, which are torch.Stream/torch.Event), or torch.Stream /
+  torch.Event through torch.accelerator where the module has none (see stream_family). Submitting runs the closure now on the host with the stream current, so its
+  kernels are queued on the device.
 
 Events follow CUDA's rules: `record` marks the work submitted so far; a later `wait` (on any
 stream) or `synchronize` waits for that mark; waiting on a never-recorded event does nothing.
@@ -16,6 +17,7 @@ events.
 """
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import weakref
@@ -24,13 +26,11 @@ from typing import Callable
 
 import torch
 
-from ..backend.backend import Backend
-from ..backend.device import Event
+from ..backend_impl import Backend, Event
 from ..enums import Status
+from ..memory import TorchBuffer, tensor_bytes
 from ..profiler import profiling
-from .buffer import TorchBuffer
-from .plan import CompiledPlan, compile_graph, run_calls_named
-from .views import tensor_bytes
+from .plan import CapturedPlan, CompiledPlan, compile_graph, run_calls_named
 
 
 class StreamError(RuntimeError):
@@ -49,10 +49,6 @@ class Stream(ABC):
     @abstractmethod
     def synchronize(self) -> None:
         """Block until all submitted work is done; raise StreamError if any of it failed."""
-
-    @abstractmethod
-    def new_event(self):
-        """A new event handle for this kind of stream (has .synchronize() and .query())."""
 
     @abstractmethod
     def record(self, handle) -> None:
@@ -150,9 +146,6 @@ class WorkerStream(Stream):
             what, exc = error
             raise StreamError(f"{self.name}: {what} failed: {type(exc).__name__}: {exc}") from exc
 
-    def new_event(self) -> ThreadEvent:
-        return ThreadEvent()
-
     def record(self, handle) -> None:
         if not isinstance(handle, ThreadEvent):
             raise TypeError(f"{self.name}: cannot record a {type(handle).__name__} on a worker stream")
@@ -178,63 +171,146 @@ class WorkerStream(Stream):
             self._thread.join()
 
 
-# ---------------------------------------------------------------- CUDA streams
+# ---------------------------------------------------------------- torch streams
 
-class CudaStream(Stream):
-    """A torch.cuda.Stream of one device. Work is launched from the host immediately."""
+def device_module(device: torch.device):
+    """torch.cuda, torch.mps, torch.xpu...: the module of a torch device type."""
+    return torch.get_device_module(device.type)
 
-    def __init__(self, name: str, device_index: int, stream: torch.cuda.Stream | None = None):
+
+def _uses_generic_api(device: torch.device) -> bool:
+    """torch's generic torch.Stream / torch.Event serve `device`: the installed torch has
+    torch.accelerator (2.6+) and the device is its accelerator."""
+    try:
+        current = torch.accelerator.current_accelerator()
+    except AttributeError:
+        return False
+    return current is not None and current.type == device.type
+
+
+def stream_family(device: torch.device) -> str:
+    """Which classes a device's streams and events are, one family so that events record on
+    and streams wait for each other: "module" (the device module's Stream and Event:
+    torch.cuda's, torch.xpu's, torch.cpu's), "generic" (torch.Stream and torch.Event, for an
+    accelerator whose module has no Stream class), or "queue" (no stream object: one implicit
+    queue and the module's events, as MPS on older torch)."""
+    mod = device_module(device)
+    if hasattr(mod, "Stream") and hasattr(mod, "Event"):
+        return "module"
+    if _uses_generic_api(device):
+        return "generic"
+    return "queue"
+
+
+def _new_torch_stream(device: torch.device):
+    """A new stream on `device` of its family (None for "queue")."""
+    family = stream_family(device)
+    if family == "module":
+        mod = device_module(device)
+        try:
+            return mod.Stream(device=device)
+        except TypeError:  # torch.cpu.Stream takes no device
+            return mod.Stream()
+    if family == "generic":
+        return torch.Stream(device=device)
+    return None
+
+
+def new_torch_event(device: torch.device):
+    """An event handle for `device`, of its stream family: .record(), .wait(), .synchronize()."""
+    family = stream_family(device)
+    mod = device_module(device)
+    if family == "module":
+        return mod.Event()
+    if family == "generic":
+        return torch.Event(device=device)
+    event_class = getattr(getattr(mod, "event", None), "Event", None) or getattr(mod, "Event", None)
+    if event_class is None:
+        raise RuntimeError(f"torch has no events for device type {device.type!r}")
+    return event_class()
+
+
+def _stream_device(stream) -> torch.device | None:
+    device = getattr(stream, "device", None)
+    if device is None:
+        return None
+    device = torch.device(device)
+    return torch.device(device.type, device.index or 0)
+
+
+class TorchStream(Stream):
+    """A torch stream of one device (CUDA, MPS, XPU, ...), of the device's stream_family.
+    Submitting runs the closure now on the host with the stream current, so its kernels queue
+    on the device (errors surface immediately or at synchronize, as the device reports them).
+    `stream` wraps an existing torch stream (e.g. the caller's) instead of creating one."""
+
+    def __init__(self, name: str, device: torch.device, stream=None):
         self.name = name
-        self.device = torch.device("cuda", device_index)
-        if stream is not None and (not isinstance(stream, torch.cuda.Stream) or stream.device != self.device):
-            raise ValueError(f"{name}: the stream must be a torch.cuda.Stream of {self.device}, got {stream!r}")
-        self.stream = stream if stream is not None else torch.cuda.Stream(device=self.device)
+        self.device = torch.device(device)
+        if stream is not None and _stream_device(stream) not in (None, self.device):
+            raise ValueError(f"{name}: the stream must be a torch stream of {self.device}, got {stream!r}")
+        self.stream = stream if stream is not None else _new_torch_stream(self.device)
 
     def __repr__(self):
-        return f"<CudaStream {self.name}>"
+        return f"<TorchStream {self.name}>"
+
+    def _current(self):
+        """A context manager making this stream current (a null context without one)."""
+        if self.stream is None:
+            return contextlib.nullcontext()
+        if hasattr(self.stream, "__enter__"):
+            return self.stream
+        return device_module(self.device).stream(self.stream)
 
     def submit(self, fn: Callable[[], None], what: str, always: bool = False) -> None:
-        with torch.cuda.stream(self.stream):
+        with self._current():
             fn()
 
     def synchronize(self) -> None:
+        if self.stream is None:
+            device_module(self.device).synchronize()
+            return
         # an event marks the work queued so far: on a shared stream (the caller's), later work
         # queued by other code is not waited for, and nothing device-wide happens
-        event = torch.cuda.Event()
-        event.record(self.stream)
+        event = new_torch_event(self.device)
+        self.record(event)
         event.synchronize()
 
-    def new_event(self):
-        return torch.cuda.Event()
-
     def record(self, handle) -> None:
-        handle.record(self.stream)
+        if self.stream is None:
+            handle.record()
+        else:
+            handle.record(self.stream)
 
     def wait(self, handle) -> None:
-        if isinstance(handle, torch.cuda.Event):
-            self.stream.wait_event(handle)
-        else:  # a foreign event (e.g. a worker stream's): the host waits
+        if isinstance(handle, ThreadEvent):  # another stream kind's event: the host waits
             handle.synchronize()
+        elif self.stream is None:
+            handle.wait()
+        else:
+            handle.wait(self.stream)
+
+    def close(self) -> None:
+        self.synchronize()
 
 
 # ---------------------------------------------------------------- the backend
 
 class StreamBackend(Backend):
-    """A backend whose work is ordered on one Stream (SIM, CUDA, MPS)."""
+    """A backend whose work is ordered on one Stream: every accelerator device's backend."""
 
-    def __init__(self, device, stream: Stream, kernels, name: str | None = None):
+    def __init__(self, device, stream: Stream, kernels, name: str | None = None, owns_stream: bool = True):
         super().__init__(device, name)
         self.stream = stream
         self.kernels = kernels
+        self.owns_stream = owns_stream
         self._copy_event = None
 
     def free(self) -> None:
-        self.stream.close()
-
-    def owns(self, t) -> bool:
-        """The tensor's memory is a torch storage of this backend's device."""
-        buf = t.buffer
-        return isinstance(buf, TorchBuffer) and buf.buft.get_device() is self.device
+        if self.owns_stream:
+            self.stream.close()
+        else:  # a shared stream outlives this backend: only wait for what was queued
+            self.stream.synchronize()
 
     # --- async data movement. Source and destination memory is resolved now (as the C API
     # takes pointers now); the copy runs when the stream gets to it.
@@ -256,6 +332,7 @@ class StreamBackend(Backend):
         """Copy on backend_src's stream after its queued work; this stream waits for the copy
         (upstream CUDA's rule). False when the tensors are not both stream-device memory."""
         if not (isinstance(backend_src, StreamBackend) and type(backend_src.stream) is type(self.stream)
+                and isinstance(src.buffer, TorchBuffer) and isinstance(dst.buffer, TorchBuffer)
                 and backend_src.owns(src) and self.owns(dst)):
             return False
         s, d = tensor_bytes(src), tensor_bytes(dst)
@@ -263,7 +340,7 @@ class StreamBackend(Backend):
                                   f"tensor_copy_async {src.describe()} -> {dst.describe()}")
         if backend_src is not self:
             if backend_src._copy_event is None:
-                backend_src._copy_event = backend_src.stream.new_event()
+                backend_src._copy_event = backend_src.device.new_event_handle()
             backend_src.stream.record(backend_src._copy_event)
             self.stream.wait(backend_src._copy_event)
         return True
@@ -277,20 +354,35 @@ class StreamBackend(Backend):
         return Status.SUCCESS
 
     def _submit_calls(self, calls) -> None:
-        if calls:
-            name, profiled = self.name, profiling()
+        if not calls:
+            return
+        name, profiled = self.name, profiling()
+        lock = getattr(self.device, "compute_lock", None)
+        if lock is None:
             self.stream.submit(lambda: run_calls_named(calls, name, profiled), "graph_compute")
+        else:
+            def run():
+                with lock:
+                    run_calls_named(calls, name, profiled)
+            self.stream.submit(run, "graph_compute")
 
     def graph_plan_create(self, graph):
-        return CompiledPlan(graph, compile_graph(graph, self.kernels, self))
+        """Compiled calls; captured into a device graph where the device can capture."""
+        calls = compile_graph(graph, self.kernels, self)
+        capture = self.device.graph_capture
+        if capture is None:
+            return CompiledPlan(graph, calls)
+        return CapturedPlan(graph, calls, self.stream, self.name, capture)
 
     def graph_plan_update(self, plan, graph):
-        plan.graph = graph
-        plan.calls = compile_graph(graph, self.kernels, self)
+        plan.update(graph, compile_graph(graph, self.kernels, self))
 
     def graph_plan_compute(self, plan) -> Status:
         plan.check_alive(self.name)
-        self._submit_calls(plan.calls)
+        if isinstance(plan, CapturedPlan):
+            plan.compute()
+        else:
+            self._submit_calls(plan.calls)
         return Status.SUCCESS
 
     # --- events

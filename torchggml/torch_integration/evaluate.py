@@ -236,7 +236,7 @@ class GraphEvaluator:
 
     def _constant(self, t: Tensor) -> torch.Tensor:
         from ..torch_backend.kernels.common import as_float
-        from ..torch_backend.views import tensor_view
+        from ..memory import tensor_view
         buffer = t.buffer if t.view_src is None else t.view_src.buffer
         if not getattr(buffer, "ggml_layout", True):
             if self.read_weight is None:

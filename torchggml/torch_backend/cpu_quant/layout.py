@@ -26,7 +26,7 @@ import torch
 from ...tensor import Tensor, nbytes, round_up
 from ...types import Type
 from ..repack import RepackBuffer, RepackBufferType, is_whole_contiguous
-from ..views import byte_view
+from ...memory import byte_view
 from .decompose import DECOMPOSE, HAS_BIAS, decompose, group_size
 from .features import fastest_gemm_dtype
 from .kernels import numba_kernels

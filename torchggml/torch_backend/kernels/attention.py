@@ -13,10 +13,12 @@ import torch
 
 from ...enums import Op
 from ...tensor import get_op_params_f32
-from . import CPU_KERNELS, binds
+from ...types import Type, wide_float
+from .table import KernelTable, binds
 from .common import view, all_float, is_float
 from .matmul import is_readable, float_reader
-from .norm import wide_float
+
+KERNELS = KernelTable("attention")
 
 # flash attention builds the scores of this many (query, key) pairs at a time, at most
 SCORE_CHUNK = 1 << 24
@@ -88,7 +90,7 @@ def _sinks_view(sinks) -> torch.Tensor | None:
 def _supports_soft_max(node) -> bool:
     mask, sinks = node.src[1], node.src[2]
     return (all_float(node, 1) and (mask is None or is_float(mask))
-            and (sinks is None or sinks.type.name == "F32"))
+            and (sinks is None or sinks.type == Type.F32))
 
 
 def _soft_max_into(va, scale: float, bias, sinks, dst, _node) -> None:
@@ -105,7 +107,7 @@ def _bind_soft_max(node):
     return functools.partial(_soft_max_into, view(a), scale, bias, _sinks_view(sinks), view(node))
 
 
-@CPU_KERNELS.register(Op.SOFT_MAX, supports=_supports_soft_max)
+@KERNELS.register(Op.SOFT_MAX, supports=_supports_soft_max)
 @binds(_bind_soft_max)
 def soft_max(node):
     _bind_soft_max(node)(node)
@@ -115,8 +117,8 @@ def soft_max(node):
 
 def _supports_flash_attn(node) -> bool:
     q, k, v, mask, sinks = node.src[:5]
-    return (is_float(q) and is_readable(k) and is_readable(v) and node.type.name == "F32"
-            and (mask is None or is_float(mask)) and (sinks is None or sinks.type.name == "F32"))
+    return (is_float(q) and is_readable(k) and is_readable(v) and node.type == Type.F32
+            and (mask is None or is_float(mask)) and (sinks is None or sinks.type == Type.F32))
 
 
 def _attend(q, k, v, bias, sinks, scale: float, softcap: float) -> torch.Tensor:
@@ -162,7 +164,7 @@ def _bind_flash_attn_ext(node):
                              _sinks_view(sinks), scale, softcap, chunks)
 
 
-@CPU_KERNELS.register(Op.FLASH_ATTN_EXT, supports=_supports_flash_attn)
+@KERNELS.register(Op.FLASH_ATTN_EXT, supports=_supports_flash_attn)
 @binds(_bind_flash_attn_ext)
 def flash_attn_ext(node):
     _bind_flash_attn_ext(node)(node)

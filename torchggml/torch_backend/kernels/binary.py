@@ -5,9 +5,11 @@ import torch
 
 from ...enums import Op
 from ...types import Type, is_quantized
-from . import CPU_KERNELS, binds
+from .table import KernelTable, binds
 from .common import view, as_float, write, all_float, is_float
 from .copy import can_quantize_into
+
+KERNELS = KernelTable("binary")
 
 _FNS = {Op.ADD: torch.add, Op.SUB: torch.sub, Op.MUL: torch.mul, Op.DIV: torch.div}
 
@@ -44,7 +46,7 @@ def _bind_binary(node):
     return lambda _node: fn(va, vb, out=dst)
 
 
-@CPU_KERNELS.register(Op.ADD, Op.SUB, Op.MUL, Op.DIV, supports=_supports_binary)
+@KERNELS.register(Op.ADD, Op.SUB, Op.MUL, Op.DIV, supports=_supports_binary)
 @binds(_bind_binary)
 def binary(node):
     va = as_float(node.src[0])
@@ -52,7 +54,7 @@ def binary(node):
     write(node, _FNS[node.op](va, vb))
 
 
-@CPU_KERNELS.register(Op.ADD1, supports=lambda n: all_float(n, 2))
+@KERNELS.register(Op.ADD1, supports=lambda n: all_float(n, 2))
 def add1(node):
     write(node, as_float(node.src[0]) + as_float(node.src[1]).reshape(()))
 
@@ -61,7 +63,7 @@ def _supports_add_id(node) -> bool:
     return all_float(node, 2) and node.src[2].type == Type.I32
 
 
-@CPU_KERNELS.register(Op.ADD_ID, supports=_supports_add_id)
+@KERNELS.register(Op.ADD_ID, supports=_supports_add_id)
 def add_id(node):
     """dst[:, i1, i2] = a[:, i1, i2] + b[:, ids[i1, i2]] (b's first matrix holds one row per id)."""
     a, b, ids = node.src[0], node.src[1], node.src[2]

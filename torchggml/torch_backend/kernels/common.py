@@ -1,11 +1,13 @@
 """Helpers every kernel family uses: torch views of sources and writing results."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ...tensor import Tensor
 from ...types import Type, type_traits
-from ..views import tensor_view
+from ...memory import tensor_view
 
 FLOAT_TYPES = frozenset({Type.F32, Type.F16, Type.BF16})
 
@@ -34,6 +36,19 @@ def write(node: Tensor, value: torch.Tensor) -> None:
         dst.copy_(quantize(node.type, value))
     else:
         dst.copy_(value)
+
+
+@functools.lru_cache(maxsize=None)
+def _capture_query(device_type: str):
+    module = getattr(torch, device_type, None)
+    return getattr(module, "is_current_stream_capturing", None)
+
+
+def device_graph_capturing(t: torch.Tensor) -> bool:
+    """A device graph is being captured on t's device (its torch module says so): no host
+    syncs allowed."""
+    query = _capture_query(t.device.type)
+    return query is not None and bool(query())
 
 
 def is_float(t: Tensor | None) -> bool:

@@ -12,8 +12,10 @@ import torch
 
 from ...enums import Op
 from ...types import Type, is_quantized
-from . import CPU_KERNELS, binds
+from .table import KernelTable, binds
 from .common import view, as_float, write, is_float
+
+KERNELS = KernelTable("copy")
 
 
 @functools.cache
@@ -69,7 +71,7 @@ def _bind_copy(node):
     return functools.partial(_copy_into, vs, shape, needs_float_route(vs.dtype, dst.dtype), dst)
 
 
-@CPU_KERNELS.register(Op.CONT, Op.CPY, Op.DUP, supports=_supports_copy)
+@KERNELS.register(Op.CONT, Op.CPY, Op.DUP, supports=_supports_copy)
 @binds(_bind_copy)
 def copy_values(node):
     bound = _bind_copy(node)

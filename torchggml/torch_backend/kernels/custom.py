@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from ...enums import Op
 from ...ops.custom import run_custom
-from . import CPU_KERNELS
 from .common import view
+from .table import KernelTable
+
+KERNELS = KernelTable("custom")
 
 
-@CPU_KERNELS.register(Op.MAP_CUSTOM1, Op.MAP_CUSTOM2, Op.MAP_CUSTOM3, Op.CUSTOM)
+@KERNELS.register(Op.MAP_CUSTOM1, Op.MAP_CUSTOM2, Op.MAP_CUSTOM3, Op.CUSTOM)
 def custom(node):
     run_custom(node, view(node), [view(s) if s is not None else None for s in node.src])

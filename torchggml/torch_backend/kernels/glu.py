@@ -7,9 +7,11 @@ import torch
 
 from ...enums import Op, GluOp
 from ...tensor import get_op_params_f32, get_glu_op
-from . import CPU_KERNELS, binds
+from .table import KernelTable, binds
 from .common import view, all_float
 from .unary import gelu, gelu_erf, gelu_quick, silu, relu
+
+KERNELS = KernelTable("glu")
 
 
 def _swiglu_oai(x, g, node):
@@ -62,7 +64,7 @@ def _bind_glu(node):
     return functools.partial(_glu_into, _ACTIVATION[op], vx, vg, view(node))
 
 
-@CPU_KERNELS.register(Op.GLU, supports=_supports_glu)
+@KERNELS.register(Op.GLU, supports=_supports_glu)
 @binds(_bind_glu)
 def glu(node):
     _bind_glu(node)(node)

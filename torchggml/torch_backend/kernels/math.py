@@ -8,8 +8,10 @@ import torch
 
 from ...enums import Op
 from ...tensor import get_op_params_f32
-from . import CPU_KERNELS, binds
+from .table import KernelTable, binds
 from .common import view, as_float, write, all_float
+
+KERNELS = KernelTable("math")
 
 _MATH = {
     Op.SQR: lambda x: x * x,
@@ -24,7 +26,7 @@ def _float_op(node) -> bool:
     return all_float(node, 1)
 
 
-@CPU_KERNELS.register(*_MATH, supports=_float_op)
+@KERNELS.register(*_MATH, supports=_float_op)
 def math_op(node):
     write(node, _MATH[node.op](as_float(node.src[0])))
 
@@ -45,20 +47,20 @@ def _bind_scale(node):
                              get_op_params_f32(node, 1))
 
 
-@CPU_KERNELS.register(Op.SCALE, supports=_float_op)
+@KERNELS.register(Op.SCALE, supports=_float_op)
 @binds(_bind_scale)
 def scale(node):
     _bind_scale(node)(node)
 
 
-@CPU_KERNELS.register(Op.CLAMP, supports=_float_op)
+@KERNELS.register(Op.CLAMP, supports=_float_op)
 def clamp(node):
     """max(min(x, max), min), in ggml's order (min wins when min > max)."""
     lo, hi = get_op_params_f32(node, 0), get_op_params_f32(node, 1)
     write(node, as_float(node.src[0]).clamp(max=hi).clamp(min=lo))
 
 
-@CPU_KERNELS.register(Op.LEAKY_RELU, supports=_float_op)
+@KERNELS.register(Op.LEAKY_RELU, supports=_float_op)
 def leaky_relu(node):
     slope = get_op_params_f32(node, 0)
     x = as_float(node.src[0])

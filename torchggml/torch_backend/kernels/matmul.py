@@ -11,7 +11,8 @@ the error against llama.cpp from 4.9e-4 to 6.7e-4 (the bound is 2e-3). Broadcast
 copies a: b's matrices are regrouped by the a matrix they share, so each a matrix meets all its
 b rows in one product. Large converted weights are dequantized in row chunks to bound memory.
 MUL_MAT binds its views and the conversion once; weights are read (converted) at every call.
-Weights in a CPU_REPACK buffer (torch_backend/repack.py) multiply through torch's int4 GEMM.
+A device may bind its own product for 2-D weights (`bind_mul_mat(node, weight_product)`): the CPU
+multiplies weights in its repack buffers through torch's int4 GEMM that way (torch_backend/cpu.py).
 """
 from __future__ import annotations
 
@@ -20,10 +21,11 @@ import functools
 import torch
 
 from ...enums import Op
-from ...types import type_traits
-from . import CPU_KERNELS, binds
+from ...types import Type, type_traits
+from .table import KernelTable, binds
 from .common import view, as_float, write, is_float
-from ..repack import bind_repacked_product, is_repacked
+
+KERNELS = KernelTable("matmul")
 
 # weights that need converting (block types, F16, BF16) are converted this many values at a time
 CHUNK_VALUES = 1 << 22
@@ -63,7 +65,7 @@ def rows_as_float(t, raw: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- MUL_MAT
 
 def _supports_mul_mat(node) -> bool:
-    return is_readable(node.src[0]) and is_float(node.src[1]) and node.type.name == "F32"
+    return is_readable(node.src[0]) and is_float(node.src[1]) and node.type == Type.F32
 
 
 def _times_weight_t(weight_t, rows, out) -> None:
@@ -86,16 +88,14 @@ def _times_chunks(chunks, to_float, rows, out) -> None:
         out[:, cols] = rows @ to_float(part).T
 
 
-def _bind_weight_product(a):
+def bind_weight_product(a):
     """fn(rows [R, K], out [R, N]): out = rows @ a^T for a 2-D weight a (N rows of K). An F32
     weight is used in place; others are converted at each call, chunk by chunk when big."""
     n, k = a.ne[1], a.ne[0]
-    if is_repacked(a):  # stored in torch's int4 GEMM layout by a CPU_REPACK buffer
-        return bind_repacked_product(a)
     raw = view(a)[0, 0]
-    if a.type.name == "F32":
+    if a.type == Type.F32:
         return functools.partial(_times_weight_t, raw.T)
-    if a.type.name in ("F16", "BF16"):
+    if a.type in (Type.F16, Type.BF16):
         return functools.partial(_times_half, raw.T)
     if n * k <= CHUNK_VALUES:
         return functools.partial(_times_converted, raw, float_reader(a))
@@ -133,7 +133,7 @@ def _regrouped_product(va, to_float, rows, out, _node) -> None:
     out.copy_(product.view(a3, a2, r3, r2m, n).transpose(1, 2))
 
 
-def _bind_mul_mat(node):
+def bind_mul_mat(node, weight_product=bind_weight_product):
     """b matrix (i2, i3) uses a matrix (i2 // r2, i3 // r3): b's rows are grouped by their a
     matrix, so each a matrix meets all its rows in one product and a is never repeated."""
     a, b = node.src[0], node.src[1]
@@ -142,7 +142,7 @@ def _bind_mul_mat(node):
     r2, r3 = b2 // a2, b3 // a3
     vb, dst = view(b), view(node)  # the node is new: always contiguous
     if a2 == 1 and a3 == 1:  # one weight matrix meets every row of b, in the node's order
-        return functools.partial(_weight_times_rows, _bind_weight_product(a), _bind_reshaped(vb, (-1, k)),
+        return functools.partial(_weight_times_rows, weight_product(a), _bind_reshaped(vb, (-1, k)),
                                  dst.view(-1, n))
     if r3 == 1 or a2 == 1:  # the grouped order is b's order: regrouping is a reshape
         return functools.partial(_batched_product, view(a), float_reader(a), _bind_reshaped(vb, (a3, a2, -1, k)),
@@ -152,10 +152,10 @@ def _bind_mul_mat(node):
     return functools.partial(_regrouped_product, view(a), float_reader(a), rows, dst.view(a3, r3, a2, r2 * m, n))
 
 
-@CPU_KERNELS.register(Op.MUL_MAT, supports=_supports_mul_mat)
-@binds(_bind_mul_mat)
+@KERNELS.register(Op.MUL_MAT, supports=_supports_mul_mat)
+@binds(bind_mul_mat)
 def mul_mat(node):
-    _bind_mul_mat(node)(node)
+    bind_mul_mat(node)(node)
 
 
 # ---------------------------------------------------------------- MUL_MAT_ID
@@ -163,10 +163,10 @@ def mul_mat(node):
 def _supports_mul_mat_id(node) -> bool:
     ids = node.src[2]
     return (is_readable(node.src[0]) and is_float(node.src[1]) and ids is not None
-            and ids.type.name == "I32" and node.type.name == "F32")
+            and ids.type == Type.I32 and node.type == Type.F32)
 
 
-@CPU_KERNELS.register(Op.MUL_MAT_ID, supports=_supports_mul_mat_id)
+@KERNELS.register(Op.MUL_MAT_ID, supports=_supports_mul_mat_id)
 def mul_mat_id(node):
     """out[:, e, t] = experts[ids[e, t]] @ b[:, e % b.ne1, t], grouped by expert so that each
     used expert is dequantized once and meets all its rows in one product."""
@@ -196,10 +196,10 @@ def mul_mat_id(node):
 # ---------------------------------------------------------------- OUT_PROD
 
 def _supports_out_prod(node) -> bool:
-    return is_readable(node.src[0]) and is_float(node.src[1]) and node.type.name == "F32"
+    return is_readable(node.src[0]) and is_float(node.src[1]) and node.type == Type.F32
 
 
-@CPU_KERNELS.register(Op.OUT_PROD, supports=_supports_out_prod)
+@KERNELS.register(Op.OUT_PROD, supports=_supports_out_prod)
 def out_prod(node):
     """out[i3, i2] = b[i3, i2]^T @ a[i3 // r3, i2 // r2] (torch order: [.., K, M] and [.., K, N])."""
     a, b = node.src[0], node.src[1]

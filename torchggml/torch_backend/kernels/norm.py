@@ -10,13 +10,11 @@ import torch
 
 from ...enums import Op
 from ...tensor import get_op_params_f32, get_op_params_i32
-from . import CPU_KERNELS, binds
+from ...types import wide_float
+from .table import KernelTable, binds
 from .common import view, as_float, write, all_float
 
-
-def wide_float(device: torch.device) -> torch.dtype:
-    """The dtype for sums and angles: float64, except on devices without it (MPS)."""
-    return torch.float32 if device.type == "mps" else torch.float64
+KERNELS = KernelTable("norm")
 
 
 def _float_rows(node) -> bool:
@@ -48,13 +46,13 @@ def _bind_row_norm(node):
     return functools.partial(into, view(node.src[0]), view(node), get_op_params_f32(node, 0))
 
 
-@CPU_KERNELS.register(Op.NORM, Op.RMS_NORM, supports=_float_rows)
+@KERNELS.register(Op.NORM, Op.RMS_NORM, supports=_float_rows)
 @binds(_bind_row_norm)
 def row_norm(node):
     _bind_row_norm(node)(node)
 
 
-@CPU_KERNELS.register(Op.L2_NORM, supports=_float_rows)
+@KERNELS.register(Op.L2_NORM, supports=_float_rows)
 def l2_norm(node):
     x = as_float(node.src[0])
     eps = get_op_params_f32(node, 0)
@@ -62,7 +60,7 @@ def l2_norm(node):
     write(node, x * (1.0 / torch.clamp_min(length, eps)))
 
 
-@CPU_KERNELS.register(Op.GROUP_NORM, supports=_float_rows)
+@KERNELS.register(Op.GROUP_NORM, supports=_float_rows)
 def group_norm(node):
     """Channels (dim 2) form groups of ceil(ne2 / n_groups); the last group may be short."""
     x = as_float(node.src[0])  # [ne3, ne2, ne1, ne0]

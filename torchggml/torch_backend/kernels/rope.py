@@ -17,9 +17,11 @@ import torch
 
 from ...enums import Op, RopeType
 from ...ops.rope import ROPE_TYPE_IMROPE, rope_yarn_corr_dims
-from . import CPU_KERNELS, binds
+from ...types import Type, wide_float
+from .table import KernelTable, binds
 from .common import view, is_float
-from .norm import wide_float
+
+KERNELS = KernelTable("rope")
 
 MODES = frozenset({RopeType.NORMAL, RopeType.NEOX, RopeType.MROPE, RopeType.VISION, ROPE_TYPE_IMROPE})
 
@@ -57,7 +59,7 @@ def rope_params(node) -> RopeParams:
 
 def _supports_rope(node) -> bool:
     a, pos, factors = node.src[0], node.src[1], node.src[2]
-    if not (is_float(a) and node.type == a.type and pos is not None and pos.type.name == "I32"):
+    if not (is_float(a) and node.type == a.type and pos is not None and pos.type == Type.I32):
         return False
     p = rope_params(node)
     if p.mode not in MODES or p.n_dims % 2 or p.n_offs % 2 or p.n_offs < 0:
@@ -68,7 +70,7 @@ def _supports_rope(node) -> bool:
         ok_dims = p.n_offs + p.n_dims <= a.ne[0]
     if p.multi and not (any(s > 0 for s in p.sections[:3]) and sum(p.sections) <= a.ne[0]):
         return False
-    return ok_dims and (factors is None or (factors.type.name == "F32" and factors.ne[0] >= p.n_pairs))
+    return ok_dims and (factors is None or (factors.type == Type.F32 and factors.ne[0] >= p.n_pairs))
 
 
 @functools.lru_cache(maxsize=256)
@@ -210,7 +212,7 @@ def _rotate(angles, x0, x1, d0, d1, unrotated, _node) -> None:
         d.copy_(x)
 
 
-@CPU_KERNELS.register(Op.ROPE, supports=_supports_rope)
+@KERNELS.register(Op.ROPE, supports=_supports_rope)
 @binds(_bind_rope)
 def rope(node):
     _bind_rope(node)(node)

@@ -7,22 +7,20 @@ import functools
 import torch
 
 from ...enums import Op
-from . import CPU_KERNELS, binds
-from .common import view
+from ...types import Type
+from .table import KernelTable, binds
+from .common import device_graph_capturing, view
 from .copy import needs_float_route
 from .matmul import is_readable, float_reader
 
-
-def capturing(t: torch.Tensor) -> bool:
-    """A CUDA graph is being captured on t's device: no host syncs allowed."""
-    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+KERNELS = KernelTable("rows")
 
 
 def _checked_indices(idx: torch.Tensor, n_rows: int, what, node) -> torch.Tensor:
     """idx as it is; an IndexError naming the op when an index is outside [0, n_rows) (torch
     indexing would wrap negative ones). The check syncs the device, so it is skipped while a
     CUDA graph captures."""
-    if idx.numel() and not capturing(idx):
+    if idx.numel() and not device_graph_capturing(idx):
         lo, hi = torch.aminmax(idx)
         if int(lo) < 0 or int(hi) >= n_rows:
             raise IndexError(f"{node.op.name}: row indices outside [0, {n_rows}) in {what.describe()} "
@@ -40,11 +38,11 @@ def _batch_index(ne3: int, ne2: int, device) -> tuple[torch.Tensor, torch.Tensor
 
 def _supports_get_rows(node) -> bool:
     a, ids = node.src[0], node.src[1]
-    if ids is None or ids.type.name != "I32":
+    if ids is None or ids.type != Type.I32:
         return False
-    if a.type.name == "I32":
-        return node.type.name == "I32"
-    return is_readable(a) and node.type.name == "F32"
+    if a.type == Type.I32:
+        return node.type == Type.I32
+    return is_readable(a) and node.type == Type.F32
 
 
 def _gather_rows(table, flat_ids, n_rows: int, ids, to_out, out, node) -> None:
@@ -73,7 +71,7 @@ def _bind_get_rows(node):
     return functools.partial(_gather_batched_rows, va, view(ids)[0], batch, n_rows, ids, to_out, out)
 
 
-@CPU_KERNELS.register(Op.GET_ROWS, supports=_supports_get_rows)
+@KERNELS.register(Op.GET_ROWS, supports=_supports_get_rows)
 @binds(_bind_get_rows)
 def get_rows(node):
     _bind_get_rows(node)(node)
@@ -89,8 +87,8 @@ def _writable_types() -> frozenset:
 
 def _supports_set_rows(node) -> bool:
     b, idx = node.src[0], node.src[1]
-    return (b is not None and b.type.name in ("F32", "F16") and idx is not None
-            and idx.type.name in ("I32", "I64") and node.type in _writable_types())
+    return (b is not None and b.type in (Type.F32, Type.F16) and idx is not None
+            and idx.type in (Type.I32, Type.I64) and node.type in _writable_types())
 
 
 def _cast_rows(dtype: torch.dtype, via_float: bool, rows: torch.Tensor) -> torch.Tensor:
@@ -105,7 +103,7 @@ def _quantize_rows(block_type, rows: torch.Tensor) -> torch.Tensor:
 def _row_writer(node, src: torch.dtype, dst: torch.dtype):
     """fn(rows of b) -> the rows in the destination's representation: cast to its float type
     (as through float32), or quantized into its block type."""
-    if node.type.name in ("F32", "F16", "BF16"):
+    if node.type in (Type.F32, Type.F16, Type.BF16):
         return functools.partial(_cast_rows, dst, needs_float_route(src, dst))
     return functools.partial(_quantize_rows, node.type)
 
@@ -134,7 +132,7 @@ def _bind_set_rows(node):
                              None if reps == (1, 1, 1) else reps, n_rows, c, to_dst, vb)
 
 
-@CPU_KERNELS.register(Op.SET_ROWS, supports=_supports_set_rows)
+@KERNELS.register(Op.SET_ROWS, supports=_supports_set_rows)
 @binds(_bind_set_rows)
 def set_rows(node):
     _bind_set_rows(node)(node)

@@ -7,9 +7,11 @@ import torch
 from ...enums import Op
 from ...tensor import get_op_params_f32
 from ...types import Type, is_quantized
-from . import CPU_KERNELS
+from .table import KernelTable
 from .common import view, as_float, write, all_float
 from .binary import tile
+
+KERNELS = KernelTable("shape")
 
 
 def _plain_same_type(node) -> bool:
@@ -17,13 +19,13 @@ def _plain_same_type(node) -> bool:
     return not is_quantized(node.type) and all(s.type == node.type for s in srcs)
 
 
-@CPU_KERNELS.register(Op.REPEAT, supports=_plain_same_type)
+@KERNELS.register(Op.REPEAT, supports=_plain_same_type)
 def repeat(node):
     dst = view(node)
     dst.copy_(tile(view(node.src[0]), dst.shape))
 
 
-@CPU_KERNELS.register(Op.CONCAT, supports=_plain_same_type)
+@KERNELS.register(Op.CONCAT, supports=_plain_same_type)
 def concat(node):
     dim = 3 - node.op_params[0]  # ggml dim d is torch dim 3 - d
     view(node).copy_(torch.cat([view(node.src[0]), view(node.src[1])], dim=dim))
@@ -33,7 +35,7 @@ def _wrapped_index(n_out: int, left: int, n_in: int, device) -> torch.Tensor:
     return (torch.arange(n_out, device=device) - left) % n_in
 
 
-@CPU_KERNELS.register(Op.PAD, supports=_plain_same_type)
+@KERNELS.register(Op.PAD, supports=_plain_same_type)
 def pad(node):
     """Zeros around the source, or (circular) the source repeated around a torus."""
     pads = [node.op_params[i] for i in range(8)]  # lp0, rp0, lp1, rp1, ...
@@ -46,7 +48,7 @@ def pad(node):
     view(node).copy_(x)
 
 
-@CPU_KERNELS.register(Op.ARANGE, supports=lambda n: n.type == Type.F32)
+@KERNELS.register(Op.ARANGE, supports=lambda n: n.type == Type.F32)
 def arange(node):
     """start + step * i in float32."""
     start, step = get_op_params_f32(node, 0), get_op_params_f32(node, 2)
@@ -64,11 +66,11 @@ def _diag_mask(node, value: float):
     write(node, x.masked_fill(i0[None, :] > n_past + i1[:, None], value))
 
 
-@CPU_KERNELS.register(Op.DIAG_MASK_INF, supports=lambda n: all_float(n, 1))
+@KERNELS.register(Op.DIAG_MASK_INF, supports=lambda n: all_float(n, 1))
 def diag_mask_inf(node):
     _diag_mask(node, float("-inf"))
 
 
-@CPU_KERNELS.register(Op.DIAG_MASK_ZERO, supports=lambda n: all_float(n, 1))
+@KERNELS.register(Op.DIAG_MASK_ZERO, supports=lambda n: all_float(n, 1))
 def diag_mask_zero(node):
     _diag_mask(node, 0.0)

@@ -8,8 +8,10 @@ import torch
 
 from ...enums import Op, UnaryOp
 from ...tensor import get_op_params_f32, get_unary_op
-from . import CPU_KERNELS, binds
+from .table import KernelTable, binds
 from .common import view, all_float
+
+KERNELS = KernelTable("unary")
 
 GELU_COEF_A = 0.044715
 GELU_QUICK_COEF = 1.702
@@ -111,7 +113,7 @@ def _bind_unary(node):
     return functools.partial(_unary_into, _UNARY[op], vx, dst)
 
 
-@CPU_KERNELS.register(Op.UNARY, supports=_supports_unary)
+@KERNELS.register(Op.UNARY, supports=_supports_unary)
 @binds(_bind_unary)
 def unary(node):
     _bind_unary(node)(node)
