@@ -1,7 +1,9 @@
-"""GGUF files -> ggml tensors in weight buffers, through the `gguf` package's GGUFReader.
+"""GGUF files -> ggml tensors in weight buffers. The project's one GGUF reader (models,
+tokenizer, CLI): gguf_header scans and checks the header and decodes the metadata, the tensor
+data is memory-mapped.
 
     f = open_gguf("model.gguf")             # header, metadata and tensor table, checked
-    f.get("llama.block_count")              # metadata (decoded on first use)
+    f.get("llama.block_count")              # metadata
     w = load_weights(f, buft_of=lambda name: cpu_buffer_type())
 
 The reader memory-maps the file (copy-on-write, so the mapping is writable but the file is
@@ -47,14 +49,6 @@ class TensorInfo:
     @property
     def n_elements(self) -> int:
         return int(np.prod(self.ne))
-
-
-def _import_gguf():
-    try:
-        import gguf
-    except ImportError as e:  # pragma: no cover - gguf is a dependency
-        raise ImportError("reading GGUF files needs the `gguf` package: pip install gguf") from e
-    return gguf
 
 
 def _entry_nbytes(path: str):
@@ -116,25 +110,19 @@ class GGUFFile:
         self.path = os.fspath(path)
         if not os.path.isfile(self.path):
             raise FileNotFoundError(f"GGUF file not found: {self.path}")
-        # every count, length and data range is checked before the gguf reader trusts any of them
-        header = _scan(self.path)
+        header = _scan(self.path)  # every count, length and data range checked, metadata decoded
         _check_hparams(self.path, header, len(header.tensors))
-        try:
-            # "c": copy-on-write mapping, writable for torch, never written back to the file
-            self.reader = _import_gguf().GGUFReader(self.path, "c")
-        except Exception as e:  # the scan passed, so this is a format the reader rejects
-            raise GGUFError(f"{self.path}: the gguf reader cannot read this file "
-                            f"({type(e).__name__}: {e})") from None
-        if int(self.reader.data_offset) != header.data_offset:
-            raise GGUFError(f"{self.path}: the gguf reader places the tensor data at byte "
-                            f"{self.reader.data_offset}, the header scan at {header.data_offset}")
+        # "c": copy-on-write mapping, writable for torch, never written back to the file
+        self.data = np.memmap(self.path, dtype=np.uint8, mode="c")
         self.data_offset = header.data_offset
         self.alignment = header.alignment
-        self.file_size = int(len(self.reader.data))
+        self.file_size = int(len(self.data))
         checked = _entry_nbytes(self.path)
         self.tensors: dict[str, TensorInfo] = {
             e.name: TensorInfo(e.name, Type(e.type_id), e.ne, e.offset, checked(e)) for e in header.tensors}
-        self._values: dict[str, Any] = {}
+        #: every metadata value by key, in file order: str, int, float, bool, lists (of strings,
+        #: or of up to 65536 numbers) and numpy arrays (longer numeric arrays, e.g. token scores)
+        self.metadata: dict[str, Any] = {k: header.values.get(k) for k in header.value_types}
 
     def __repr__(self):
         return f"<GGUFFile {self.path} arch={self.arch!r} {len(self.tensors)} tensors>"
@@ -143,35 +131,23 @@ class GGUFFile:
 
     @property
     def keys(self) -> list[str]:
-        """Metadata keys, in file order (the reader's GGUF.* header pseudo-keys excluded)."""
-        return [k for k in self.reader.fields if not k.startswith("GGUF.")]
+        """Metadata keys, in file order."""
+        return list(self.metadata)
 
     def get(self, key: str, default=_MISSING):
         """The value of metadata `key` (str, int, float, bool or a list); `default` when it is
         absent, GGUFError naming the file and key when there is no default."""
-        if key in self._values:
-            return self._values[key]
-        f = self.reader.fields.get(key)
-        if f is None:
+        value = self.metadata.get(key, _MISSING)
+        if value is _MISSING:
             if default is _MISSING:
                 raise GGUFError(f"{self.path}: metadata key {key!r} is missing")
             return default
-        try:
-            value = f.contents()
-        except Exception as e:
-            raise GGUFError(f"{self.path}: metadata key {key!r} cannot be decoded: {e}") from None
-        if isinstance(value, np.generic):
-            value = value.item()
-        self._values[key] = value
-        return value
+        return value.tolist() if isinstance(value, np.ndarray) else value
 
     def array_length(self, key: str) -> int | None:
-        """The number of items of an array value without decoding it (None for scalars)."""
-        f = self.reader.fields.get(key)
-        gguf = _import_gguf()
-        if f is None or f.types[0] != gguf.GGUFValueType.ARRAY:
-            return None
-        return len(f.data)
+        """The number of items of an array value (None for scalars and absent keys)."""
+        value = self.metadata.get(key)
+        return len(value) if isinstance(value, (list, np.ndarray)) else None
 
     @property
     def arch(self) -> str:
@@ -191,7 +167,7 @@ class GGUFFile:
 
     def data_region(self) -> np.ndarray:
         """The tensor-data region of the mapping as flat uint8 (no copy)."""
-        return self.reader.data[self.data_offset:]
+        return self.data[self.data_offset:]
 
     def tensor_data(self, name: str) -> np.ndarray:
         """The raw bytes of one tensor (no copy)."""
@@ -201,8 +177,8 @@ class GGUFFile:
     def close(self) -> None:
         """Close the file's mapping (and with it the file descriptor). Numpy or torch views of
         the mapping that are still alive keep it open; it closes when the last one goes."""
-        reader, self.reader = self.reader, None
-        mapping = getattr(getattr(reader, "data", None), "_mmap", None)
+        data, self.data = self.data, None
+        mapping = getattr(data, "_mmap", None)
         if mapping is not None:
             try:
                 mapping.close()

@@ -17,6 +17,8 @@ import math
 import struct
 from dataclasses import dataclass, field
 
+import numpy as np
+
 __all__ = ["GGUFError", "Header", "TensorEntry", "scan_header", "check_hparam", "HPARAM_RULES"]
 
 
@@ -34,7 +36,7 @@ MAX_NAME = 64          # ggml's GGML_MAX_NAME: tensor names are shorter
 MAX_DIMS = 4
 MAX_NESTING = 4        # arrays of arrays of ...
 MAX_ALIGNMENT = 1 << 20
-_NUMERIC_KEEP = 1 << 16  # numeric arrays up to this many items are decoded (per-layer hyper-parameters)
+_NUMERIC_KEEP = 1 << 16  # numeric arrays up to this many items are lists (per-layer hyper-parameters)
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class TensorEntry:
 class Header:
     version: int
     byte_order: str                                   # "<" or ">"
-    values: dict[str, object] = field(default_factory=dict)   # scalars and small numeric arrays
+    values: dict[str, object] = field(default_factory=dict)   # every value except arrays of arrays
     value_types: dict[str, str] = field(default_factory=dict)  # key -> type name ("array[uint32]", ...)
     tensors: list[TensorEntry] = field(default_factory=list)
     alignment: int = 32
@@ -99,21 +101,22 @@ class _Cursor:
         self.pos += n
         return text
 
-    def skip_strings(self, n: int, what: str) -> None:
-        """Check n strings (lengths and UTF-8) without keeping them; the fast path of string()."""
-        buf, size, length = self.buf, self.size, struct.Struct(self.order + "Q")
+    def strings(self, n: int, what: str) -> list[str]:
+        """n strings, each checked (length, UTF-8); the fast path of string()."""
+        buf, size, length, out = self.buf, self.size, struct.Struct(self.order + "Q"), []
         for i in range(n):
             pos = self.pos
             if pos + 8 <= size:
                 end = pos + 8 + length.unpack_from(buf, pos)[0]
                 if end <= size:
                     try:
-                        bytes(buf[pos + 8: end]).decode("utf-8")
+                        out.append(str(buf[pos + 8: end], "utf-8"))
                         self.pos = end
                         continue
                     except UnicodeDecodeError:
                         pass
-            self.string(f"{what}[{i}]")  # fails with the message
+            out.append(self.string(f"{what}[{i}]"))  # fails with the message
+        return out
 
 
 def _min_size(type_id: int) -> int:
@@ -123,8 +126,9 @@ def _min_size(type_id: int) -> int:
 
 
 def _read_value(cur: _Cursor, type_id: int, what: str, depth: int = 0):
-    """(value or None, type name). Scalars and small numeric arrays are decoded; string arrays
-    and nested arrays are checked and skipped (the gguf reader decodes them later)."""
+    """(value or None, type name). Scalars, strings, arrays of strings (lists) and numeric
+    arrays (lists up to _NUMERIC_KEEP items, e.g. per-layer hyper-parameters; numpy arrays
+    beyond, e.g. token scores) are decoded; arrays of arrays are checked and skipped (None)."""
     if type_id in _FIXED:
         name, code = _FIXED[type_id]
         return cur.unpack(code, what), name
@@ -141,14 +145,15 @@ def _read_value(cur: _Cursor, type_id: int, what: str, depth: int = 0):
     if item_type in _FIXED:
         name, code = _FIXED[item_type]
         size = struct.calcsize(code) * n
-        value = None
         if n <= _NUMERIC_KEEP:
             value = list(struct.unpack_from(f"{cur.order}{n}{code}", cur.buf, cur.pos))
+        else:  # a copy in native byte order: the buffer may be a mapping closed after the scan
+            dtype = np.dtype(cur.order + code)
+            value = np.frombuffer(cur.buf, dtype=dtype, count=n, offset=cur.pos).astype(dtype.newbyteorder("="))
         cur.pos += size
         return value, f"array[{name}]"
     if item_type == _STRING:
-        cur.skip_strings(n, what)
-        return None, "array[string]"
+        return cur.strings(n, what), "array[string]"
     for i in range(n):  # each item is an array with its own item type and count
         _read_value(cur, _ARRAY, f"{what}[{i}]", depth + 1)
     return None, "array[array]"
@@ -286,7 +291,7 @@ def check_hparam(path: str, key: str, suffix: str | None, value, type_name: str)
         return
     kind, lo, hi = rule
     items = value if isinstance(value, list) else [value]
-    if type_name.startswith("array[") and value is None:
+    if type_name.startswith("array[") and (not isinstance(value, list) or type_name == "array[string]"):
         raise GGUFError(f"{path}: metadata key {key!r} must be a number or a short per-layer array, "
                         f"not {type_name}")
     if not items:

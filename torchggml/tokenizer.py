@@ -1,35 +1,36 @@
 """Tokenizer built from a GGUF file's ``tokenizer.ggml.*`` metadata.
 
 It reproduces llama.cpp's vocabulary code (``src/llama-vocab.cpp``): the same token
-ids for the same text, the same pieces and the same detokenized text. The merging itself
-runs in HuggingFace ``tokenizers``; this module only translates llama.cpp's rules into a
-``tokenizers`` pipeline and does the parts around it (special-token splitting, BOS/EOS,
-pieces, clean-up of spaces).
+ids for the same text, the same pieces and the same detokenized text. This module does the
+parts around the vocabulary model (special-token splitting, BOS/EOS/SEP, pieces, clean-up
+of spaces); ``tokenizer_models`` has the models and ``tokenizer_pre`` the BPE regex splits.
 
-Supported ``tokenizer.ggml.model`` values:
+Supported ``tokenizer.ggml.model`` values (llama_vocab_type):
 
-- ``"llama"``: SentencePiece-style BPE driven by token scores. llama.cpp merges the
-  adjacent pair whose concatenation is the highest-scoring token; we hand
-  ``tokenizers`` one merge per (left, right) split of every token, ranked by that token's
-  score, which makes its lowest-rank-first BPE the same algorithm. Spaces become "▁",
-  each text fragment gets a leading space, unknown characters fall back to ``<0xXX>``.
-- ``"gpt2"``: byte-level BPE with ranked merges, preceded by the regex splits that
-  llama.cpp defines for ``tokenizer.ggml.pre`` (``Split`` pre-tokenizers + ``ByteLevel``).
+- ``"llama"`` (SPM): SentencePiece-style BPE driven by token scores.
+- ``"gpt2"``, ``"gemma4"``, ``"whitespace"`` (BPE): ranked merges behind the regex splits
+  llama.cpp defines for ``tokenizer.ggml.pre`` (every name llama.cpp knows).
+- ``"bert"`` (WPM): WordPiece, ``"t5"`` (UGM): Unigram, ``"rwkv"``: greedy byte matching.
 - ``"none"`` / ``"no_vocab"``: a model without a tokenizer; only ``n_vocab`` is known and
   tokenizing raises.
+
+The model is built on first use: a vocabulary whose pre-tokenizer is unknown still loads
+(ids, pieces, end-of-generation tokens work) and says which pre-tokenizer and file when text
+has to be tokenized.
 """
 from __future__ import annotations
 
 import codecs
-import mmap
 import os
 import re
-import struct
-from dataclasses import dataclass
 from enum import IntEnum, IntFlag
 from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
+
+from .tokenizer_models import (SPACE_MARK, BpeEncoder, RwkvEncoder, SpmEncoder, UgmEncoder,
+                               WpmEncoder, unescape_rwkv)
+from .tokenizer_pre import PRE_TOKENIZERS, PreTokenizer
 
 __all__ = [
     "Tokenizer",
@@ -38,7 +39,7 @@ __all__ = [
     "TokenAttr",
     "StreamDecoder",
     "PRE_TOKENIZERS",
-    "read_gguf_metadata",
+    "VOCAB_TYPES",
 ]
 
 
@@ -66,6 +67,9 @@ class TokenAttr(IntFlag):
     CONTROL = 1 << 3
     USER_DEFINED = 1 << 4
     BYTE = 1 << 5
+    NORMALIZED = 1 << 6
+    LSTRIP = 1 << 7
+    RSTRIP = 1 << 8
 
 
 _ATTR_OF_TYPE = {
@@ -83,77 +87,6 @@ _SPECIAL_ATTRS = TokenAttr.CONTROL | TokenAttr.USER_DEFINED | TokenAttr.UNKNOWN
 # tokens that only parse_special=True matches and only special=True renders
 _HIDDEN_ATTRS = TokenAttr.CONTROL | TokenAttr.UNKNOWN
 
-_SPACE_MARK = "\u2581"  # "▁", SentencePiece's escaped space
-
-
-# ---------------------------------------------------------------------------------------
-# pre-tokenizers: llama.cpp's regex splits per tokenizer.ggml.pre (llm_tokenizer_bpe)
-# ---------------------------------------------------------------------------------------
-
-_GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_LLAMA3_REGEX = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-                 r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_REGEX = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-                r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-
-
-@dataclass(frozen=True)
-class PreTokenizer:
-    """One llama.cpp pre-tokenizer type: regexes applied one after the other (each
-    splits the pieces of the previous one, keeping matches and the text between them),
-    and the flags llama.cpp sets along with it."""
-    name: str
-    regexes: tuple[str, ...]
-    clean_spaces: bool = True      # detokenize removes " ?", " 's" ... (clean_up_tokenization_spaces)
-    ignore_merges: bool = False    # a pre-token that is a whole vocab token is taken as is
-    add_bos: bool = False          # default of tokenizer.ggml.add_bos_token
-
-    def hf_pre_tokenizers(self) -> list:
-        """The regexes as ``tokenizers`` Split pre-tokenizers (matches and the text
-        between them both become pieces, as in llama.cpp's unicode_regex_split)."""
-        from tokenizers import Regex, pre_tokenizers
-        return [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in self.regexes]
-
-    def split(self, text: str) -> list[str]:
-        """The pieces this pre-tokenizer cuts ``text`` into (before byte encoding)."""
-        from tokenizers import pre_tokenizers
-        pieces = pre_tokenizers.Sequence(self.hf_pre_tokenizers()).pre_tokenize_str(text)
-        return [piece for piece, _ in pieces]
-
-
-_PRE_TYPES = {
-    "default": PreTokenizer("default", (r"[\p{P}\$\+<=>\^~\|]+", _GPT2_REGEX, r"\p{N}+",
-                                        r"[0-9][0-9][0-9]")),
-    "llama3": PreTokenizer("llama3", (_LLAMA3_REGEX,), ignore_merges=True, add_bos=True),
-    "dbrx": PreTokenizer("dbrx", (_LLAMA3_REGEX,)),
-    "qwen2": PreTokenizer("qwen2", (_QWEN2_REGEX,), clean_spaces=False),
-    "stablelm2": PreTokenizer("stablelm2", (_QWEN2_REGEX,)),
-    "gpt2": PreTokenizer("gpt2", (_GPT2_REGEX,)),
-    "starcoder": PreTokenizer("starcoder", (r"\p{N}", _GPT2_REGEX)),
-    "starcoder-keep-spaces": PreTokenizer("starcoder-keep-spaces", (r"\p{N}", _GPT2_REGEX),
-                                          clean_spaces=False),
-    "falcon": PreTokenizer("falcon", (r"[\p{P}\$\+<=>\^~\|`]+", _GPT2_REGEX, r"[0-9][0-9][0-9]")),
-}
-
-#: tokenizer.ggml.pre -> PreTokenizer, as llama.cpp's llama_vocab::impl::load maps them
-PRE_TOKENIZERS: dict[str, PreTokenizer] = {
-    "default": _PRE_TYPES["default"],
-    **{name: _PRE_TYPES["llama3"] for name in ("llama3", "llama-v3", "llama-bpe", "falcon3",
-                                                "falcon-h1", "pixtral", "midm-2.0", "lfm2")},
-    "dbrx": _PRE_TYPES["dbrx"],
-    "smaug-bpe": _PRE_TYPES["dbrx"],
-    **{name: _PRE_TYPES["qwen2"] for name in ("qwen2", "deepseek-r1-qwen", "kormo")},
-    **{name: _PRE_TYPES["stablelm2"] for name in ("stablelm2", "megrez")},
-    **{name: _PRE_TYPES["gpt2"] for name in ("gpt-2", "phi-2", "jina-es", "jina-de", "gigachat",
-                                              "jina-v2-es", "jina-v2-de", "a.x-4.0", "mellum",
-                                              "modern-bert", "mpt", "olmo", "jais", "exaone4")},
-    **{name: _PRE_TYPES["starcoder"] for name in ("starcoder", "refact", "codeshell", "exaone",
-                                                   "minerva-7b")},
-    **{name: _PRE_TYPES["starcoder-keep-spaces"] for name in ("command-r", "smollm")},
-    "falcon": _PRE_TYPES["falcon"],
-}
 
 
 def _byte_to_unicode() -> dict[int, str]:
@@ -170,90 +103,16 @@ _BYTE_TO_UNICODE = _byte_to_unicode()
 _UNICODE_TO_BYTE = {c: b for b, c in _BYTE_TO_UNICODE.items()}
 
 
-# ---------------------------------------------------------------------------------------
-# metadata
-# ---------------------------------------------------------------------------------------
-
-_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?",
-                 10: "Q", 11: "q", 12: "d"}
-_GGUF_STRING, _GGUF_ARRAY = 8, 9
-
-
-class _GGUFCursor:
-    """Sequential reader over the key/value section of a GGUF file."""
-
-    def __init__(self, buf, offset: int, endian: str):
-        self.buf, self.pos, self.endian = buf, offset, endian
-
-    def scalar(self, code: str):
-        (value,) = struct.unpack_from(self.endian + code, self.buf, self.pos)
-        self.pos += struct.calcsize(code)
-        return value
-
-    def string(self) -> str:
-        n = self.scalar("Q")
-        raw = self.buf[self.pos:self.pos + n]
-        self.pos += n
-        return raw.decode("utf-8", errors="replace")
-
-    def value(self, vtype: int):
-        if vtype == _GGUF_STRING:
-            return self.string()
-        if vtype == _GGUF_ARRAY:
-            etype, count = self.scalar("I"), self.scalar("Q")
-            if etype == _GGUF_STRING:
-                return [self.string() for _ in range(count)]
-            if etype not in _GGUF_SCALARS:
-                raise TokenizerError(f"GGUF array of unsupported element type {etype}")
-            dtype = np.dtype(_GGUF_SCALARS[etype]).newbyteorder(self.endian)
-            arr = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos).copy()
-            self.pos += dtype.itemsize * count
-            return arr
-        if vtype not in _GGUF_SCALARS:
-            raise TokenizerError(f"GGUF value of unsupported type {vtype}")
-        return self.scalar(_GGUF_SCALARS[vtype])
-
-
-def read_gguf_metadata(path: str | os.PathLike) -> dict[str, Any]:
-    """All key/value pairs of a GGUF file (strings, numbers, lists of strings, numpy
-    arrays). A fast reader for the tokenizer: ``gguf.GGUFReader`` builds one numpy view
-    per string and needs seconds for a 150k-token vocabulary."""
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        if mm[:4] != b"GGUF":
-            raise TokenizerError(f"{os.fspath(path)!r} is not a GGUF file (magic {mm[:4]!r})")
-        (version,) = struct.unpack_from("<I", mm, 4)
-        endian = ">" if version & 0xFFFF == 0 else "<"  # a big-endian file reads as 0xVV000000
-        cur = _GGUFCursor(mm, 8, endian)
-        version = struct.unpack_from(endian + "I", mm, 4)[0]
-        if version < 2:
-            raise TokenizerError(f"{os.fspath(path)!r}: GGUF version {version} is not supported")
-        cur.scalar("Q")  # tensor count
-        n_kv = cur.scalar("Q")
-        metadata = {}
-        for _ in range(n_kv):
-            key = cur.string()
-            metadata[key] = cur.value(cur.scalar("I"))
-        return metadata
-
-
-def _reader_field_value(field) -> Any:
-    """The value of one ``gguf.GGUFReader`` field as a plain Python/numpy value."""
-    import gguf
-
-    vtype = field.types[0]
-    if vtype == gguf.GGUFValueType.ARRAY:
-        if field.types[-1] == gguf.GGUFValueType.STRING:
-            return [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
-        return np.array([field.parts[i][0] for i in field.data])
-    if vtype == gguf.GGUFValueType.STRING:
-        return bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace")
-    return field.parts[field.data[0]][0].item()
-
-
-def _metadata_from_reader(reader) -> dict[str, Any]:
-    wanted = ("tokenizer.", "general.architecture")
-    return {name: _reader_field_value(field) for name, field in reader.fields.items()
-            if name.startswith(wanted) or name.endswith(".vocab_size")}
+#: tokenizer.ggml.model -> llama_vocab_type
+VOCAB_TYPES = {"llama": "SPM", "gpt2": "BPE", "gemma4": "BPE", "whitespace": "BPE", "bert": "WPM",
+               "t5": "UGM", "rwkv": "RWKV", "none": "NONE", "no_vocab": "NONE"}
+# llama.cpp's default special ids per vocabulary type (bos, eos, unk, sep, pad, mask)
+_DEFAULT_IDS = {"SPM": dict(bos=1, eos=2, unk=0), "BPE": dict(bos=11, eos=11),
+                "WPM": dict(bos=101, unk=100, sep=102, pad=0, mask=103), "UGM": dict(eos=1, unk=2, pad=0),
+                "RWKV": {}}
+_ID_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "eot": "eot_token_id", "eom": "eom_token_id",
+            "unk": "unknown_token_id", "sep": "seperator_token_id", "pad": "padding_token_id",
+            "mask": "mask_token_id"}
 
 
 def _int_or_none(value) -> int | None:
@@ -275,6 +134,7 @@ _FIM_END_TOKENS = {  # metadata key -> texts
     "fim_rep_token_id": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
     "fim_sep_token_id": ("<|file_sep|>",),
 }
+_ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
 _EOG_TEXTS = frozenset({
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
     "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
@@ -287,73 +147,82 @@ class Tokenizer:
     """A llama.cpp-compatible tokenizer. Build it with :meth:`from_gguf` or
     :meth:`from_metadata`.
 
-    Attributes: ``model`` (tokenizer.ggml.model), ``pre`` (the PreTokenizer or None),
-    ``n_vocab``, ``bos_id``, ``eos_id``, ``eot_id``, ``eom_id``, ``unk_id``, ``pad_id``
-    (None where absent), ``add_bos``, ``add_eos``, ``add_space_prefix``,
-    ``clean_spaces`` (detokenize cleans " ," etc.), ``eog_ids``.
+    Attributes: ``model`` (tokenizer.ggml.model), ``vocab_type`` (SPM, BPE, WPM, UGM, RWKV or
+    NONE), ``pre`` (the PreTokenizer or None), ``n_vocab``, ``bos_id``, ``eos_id``, ``eot_id``,
+    ``eom_id``, ``unk_id``, ``sep_id``, ``pad_id``, ``mask_id`` (None where absent),
+    ``add_bos``, ``add_eos``, ``add_sep``, ``add_space_prefix``, ``clean_spaces`` (detokenize
+    cleans " ," etc.), ``eog_ids``, ``chat_template`` (tokenizer.chat_template or None).
     """
 
-    def __init__(self, metadata: Mapping[str, Any]):
+    def __init__(self, metadata: Mapping[str, Any], source: str = "metadata"):
+        self.source = source
         self.model = str(metadata.get("tokenizer.ggml.model", ""))
         if not self.model:
-            raise TokenizerError("metadata has no 'tokenizer.ggml.model'")
+            raise TokenizerError(f"{source}: metadata has no 'tokenizer.ggml.model'")
+        if self.model not in VOCAB_TYPES:
+            raise TokenizerError(f"{source}: tokenizer.ggml.model {self.model!r} is not supported "
+                                 f"(supported: {sorted(VOCAB_TYPES)})")
+        self.vocab_type = VOCAB_TYPES[self.model]
         self.pre: PreTokenizer | None = None
+        self.pre_name: str | None = None
         self.bos_id = self.eos_id = self.eot_id = self.eom_id = None
-        self.unk_id = self.pad_id = None
-        self.add_bos = self.add_eos = self.add_space_prefix = self.clean_spaces = False
+        self.unk_id = self.sep_id = self.pad_id = self.mask_id = None
+        self.add_bos = self.add_eos = self.add_sep = self.add_space_prefix = self.clean_spaces = False
+        self.escape_whitespaces = False
         self.eog_ids: frozenset[int] = frozenset()
-        self._hf = None
-        if self.model in ("none", "no_vocab"):
+        self.chat_template = metadata.get("tokenizer.chat_template")
+        self._metadata = metadata
+        self._encoder = None
+        self._unsupported: str | None = None
+        if self.vocab_type == "NONE":
             arch = metadata.get("general.architecture")
             self.n_vocab = int(metadata.get(f"{arch}.vocab_size", 0))
             self._texts: list[str] = []
             return
-        if self.model not in ("llama", "gpt2"):
-            raise TokenizerError(f"tokenizer.ggml.model {self.model!r} is not supported "
-                                 "(supported: 'llama', 'gpt2', 'none')")
         self._load_vocab(metadata)
         self._load_flags(metadata)
         self._load_special_ids(metadata)
         self._detect_end_of_generation(metadata)
-        self._hf = self._build_spm() if self.is_spm else self._build_bpe(metadata)
+        self._set_strip_attrs(metadata)
         self._pieces: list[bytes | None] = [None] * self.n_vocab
         self._special_order = self._special_tokens_longest_first()
 
     # -- construction --------------------------------------------------------------------
 
     @classmethod
-    def from_metadata(cls, metadata: Mapping[str, Any]) -> "Tokenizer":
+    def from_metadata(cls, metadata: Mapping[str, Any], source: str = "metadata") -> "Tokenizer":
         """From a dict of GGUF keys (``tokenizer.ggml.tokens``, ``.scores``,
         ``.token_type``, ``.merges``, ``.model``, ``.pre``, ``.bos_token_id`` ...)."""
         if not isinstance(metadata, Mapping):
             raise TypeError(f"metadata must be a mapping of GGUF keys, got {type(metadata).__name__}")
-        return cls(metadata)
+        return cls(metadata, source)
 
     @classmethod
-    def from_gguf(cls, path_or_reader) -> "Tokenizer":
-        """From a GGUF file path or an open ``gguf.GGUFReader``."""
-        if isinstance(path_or_reader, (str, os.PathLike)):
-            return cls(read_gguf_metadata(path_or_reader))
-        if hasattr(path_or_reader, "fields"):
-            return cls(_metadata_from_reader(path_or_reader))
-        raise TypeError("from_gguf takes a path or a gguf.GGUFReader, "
-                        f"got {type(path_or_reader).__name__}")
+    def from_gguf(cls, path_or_file) -> "Tokenizer":
+        """From a GGUF file path or a file opened with ``torchggml.gguf.open_gguf``."""
+        from .gguf import GGUFFile, open_gguf
+        if isinstance(path_or_file, (str, os.PathLike)):
+            path_or_file = open_gguf(path_or_file)
+        if not isinstance(path_or_file, GGUFFile):
+            raise TypeError("from_gguf takes a path or a GGUFFile (torchggml.gguf.open_gguf), "
+                            f"got {type(path_or_file).__name__}")
+        return cls(path_or_file.metadata, path_or_file.path)
 
     @property
     def is_spm(self) -> bool:
-        return self.model == "llama"
+        return self.vocab_type == "SPM"
 
     def _load_vocab(self, metadata: Mapping[str, Any]) -> None:
         tokens = metadata.get("tokenizer.ggml.tokens")
         if tokens is None or len(tokens) == 0:
-            raise TokenizerError("metadata has no 'tokenizer.ggml.tokens'")
+            raise TokenizerError(f"{self.source}: metadata has no 'tokenizer.ggml.tokens'")
         # llama.cpp renames empty tokens so that every text is a distinct key
         self._texts = [str(t) if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
         self.n_vocab = len(self._texts)
         self._ids: dict[str, int] = {}
         for i, text in enumerate(self._texts):
             if self._ids.setdefault(text, i) != i:
-                raise TokenizerError(f"duplicate token in vocabulary: {text!r} has ids "
+                raise TokenizerError(f"{self.source}: duplicate token in vocabulary: {text!r} has ids "
                                      f"{self._ids[text]} and {i}")
         self._scores = self._per_token_array(metadata, "tokenizer.ggml.scores", np.float32, 0.0)
         types = self._per_token_array(metadata, "tokenizer.ggml.token_type", np.int32,
@@ -369,31 +238,47 @@ class Tokenizer:
             return np.full(self.n_vocab, default, dtype=dtype)
         arr = np.asarray(values, dtype=dtype)
         if arr.ndim != 1 or arr.shape[0] < self.n_vocab:
-            raise TokenizerError(f"{key} has shape {arr.shape}, expected ({self.n_vocab},)")
+            raise TokenizerError(f"{self.source}: {key} has shape {arr.shape}, expected ({self.n_vocab},)")
         return arr[:self.n_vocab]
 
     def _load_flags(self, metadata: Mapping[str, Any]) -> None:
-        if self.is_spm:
-            self.add_space_prefix, self.add_bos = True, True
-            self.clean_spaces = False
-        else:
-            pre_name = str(metadata.get("tokenizer.ggml.pre") or "default")
-            if pre_name not in PRE_TOKENIZERS:
-                raise TokenizerError(f"tokenizer.ggml.pre {pre_name!r} is not supported "
-                                     f"(supported: {sorted(PRE_TOKENIZERS)})")
-            self.pre = PRE_TOKENIZERS[pre_name]
-            self.add_bos, self.clean_spaces = self.pre.add_bos, self.pre.clean_spaces
-        self.add_space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix",
-                                                  self.add_space_prefix))
+        """llama.cpp's defaults per vocabulary type and pre-tokenizer, then the metadata's."""
+        vt = self.vocab_type
+        if vt == "SPM":
+            self.add_space_prefix = self.add_bos = True
+        elif vt == "WPM":
+            self.add_bos = self.add_sep = self.clean_spaces = True
+        elif vt == "UGM":
+            self.add_eos = True
+        elif vt == "BPE":
+            name = "gemma4" if self.model == "gemma4" else str(metadata.get("tokenizer.ggml.pre") or "default")
+            self.pre_name = name
+            self.pre = PRE_TOKENIZERS.get(name)
+            if self.pre is None:  # the vocabulary still loads: ids, pieces and EOG work
+                self._unsupported = (f"{self.source}: tokenizer.ggml.pre {name!r} is not supported, so "
+                                     "text cannot be tokenized (token ids work; supported: "
+                                     f"{', '.join(sorted(PRE_TOKENIZERS))})")
+            else:
+                self.add_bos, self.clean_spaces = self.pre.add_bos, self.pre.clean_spaces
+                self.add_sep, self.escape_whitespaces = self.pre.add_sep, self.pre.escape_whitespaces
+        if vt in ("SPM", "UGM"):
+            self.escape_whitespaces = True
+        self.add_space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", self.add_space_prefix))
+        self.remove_extra_whitespaces = bool(metadata.get("tokenizer.ggml.remove_extra_whitespaces", False))
         self.add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", self.add_bos))
         self.add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token", self.add_eos))
+        self.add_sep = bool(metadata.get("tokenizer.ggml.add_sep_token", self.add_sep))
+        if self.pre is not None and self.pre.name in ("gemma4", "granite-embed-multi-311m"):
+            self.add_bos = True  # llama.cpp overrides add_bos for Gemma 4
+        self.lowercase = bool(metadata.get("tokenizer.ggml.normalizer.lowercase", True))
+        self.strip_accents = bool(metadata.get("tokenizer.ggml.normalizer.strip_accents", self.lowercase))
 
     def _load_special_ids(self, metadata: Mapping[str, Any]) -> None:
         # llama.cpp's defaults, dropped when outside the vocabulary, then the metadata's ids
-        defaults = {"bos": 1, "eos": 2, "unk": 0} if self.is_spm else {"bos": 11, "eos": 11}
-        keys = {"bos": "bos_token_id", "eos": "eos_token_id", "eot": "eot_token_id",
-                "eom": "eom_token_id", "unk": "unknown_token_id", "pad": "padding_token_id"}
-        for name, key in keys.items():
+        defaults = dict(_DEFAULT_IDS[self.vocab_type])
+        if self.pre is not None and self.pre.no_bos:
+            defaults.pop("bos", None)
+        for name, key in _ID_KEYS.items():
             value = defaults.get(name)
             if value is not None and value >= self.n_vocab:
                 value = None
@@ -401,10 +286,10 @@ class Tokenizer:
             if given is not None and 0 <= given < self.n_vocab:
                 value = given
             setattr(self, f"{name}_id", value)
-        if self.add_bos and self.bos_id is None:
-            raise TokenizerError("tokenizer.ggml.add_bos_token is true, but there is no BOS token")
-        if self.add_eos and self.eos_id is None:
-            raise TokenizerError("tokenizer.ggml.add_eos_token is true, but there is no EOS token")
+        for flag, name in (("add_bos", "bos"), ("add_eos", "eos")):
+            if getattr(self, flag) and getattr(self, f"{name}_id") is None:
+                raise TokenizerError(f"{self.source}: tokenizer.ggml.{flag}_token is true, but there is "
+                                     f"no {name.upper()} token")
 
     def _first_token(self, texts: Iterable[str]) -> int | None:
         return next((self._ids[t] for t in texts if t in self._ids), None)
@@ -412,7 +297,7 @@ class Tokenizer:
     def _detect_end_of_generation(self, metadata: Mapping[str, Any]) -> None:
         """EOT/EOM by their text when the metadata has none; EOG = EOS, EOT, EOM, the FIM
         pad/repo/sep tokens and every token whose text ends a turn. Tokens found by their
-        text become CONTROL tokens, as in llama.cpp."""
+        text become CONTROL tokens, as in llama.cpp (with its gpt-oss and gemma4 fixes)."""
         found = set()
         if self.eot_id is None:
             self.eot_id = self._first_token(_EOT_TEXTS)
@@ -429,50 +314,70 @@ class Tokenizer:
             eog.add(fim_id)
         for token_id in (found | eog) - {None}:
             self._attrs[token_id] |= TokenAttr.CONTROL
+        for text in _ALWAYS_RENDERED:  # gpt-oss's channel tokens
+            if text in self._ids:
+                self._attrs[self._ids[text]] = TokenAttr.USER_DEFINED
+        self._attrs[[i for i, t in enumerate(self._texts) if "unused" in t
+                     and self._attrs[i] & TokenAttr.CONTROL]] |= TokenAttr.UNUSED
         eog.update((self.eos_id, self.eot_id, self.eom_id))
-        self.eog_ids = frozenset(eog - {None})
+        eog.discard(None)
+        texts = {self._texts[i]: i for i in eog}
+        if "<|end|>" in texts and ({"<|return|>", "<|call|>"} <= texts.keys()
+                                   or {"<|calls|>", "<|flush|>"} <= texts.keys()):
+            eog.discard(texts["<|end|>"])  # o200k_harmony / solar-open: <|end|> does not end
+            self._attrs[texts["<|end|>"]] = TokenAttr.USER_DEFINED
+        if "<|tool_response>" in texts and "</s>" in texts:
+            eog.discard(texts["</s>"])  # gemma4
+            self._attrs[texts["</s>"]] = TokenAttr.NORMAL
+        self.eog_ids = frozenset(eog)
 
-    def _build_spm(self):
-        """SentencePiece BPE as a ``tokenizers`` BPE: one merge for every split of a token
-        into two tokens, ranked by the merged token's score (highest first). Ties (e.g.
-        the runs of "▁") go to the longer left part, which makes ``tokenizers`` grow the
-        leftmost run first, as llama.cpp's leftmost-first tie-break does."""
-        from tokenizers import Tokenizer as HFTokenizer, models
+    def _set_strip_attrs(self, metadata: Mapping[str, Any]) -> None:
+        """llama.cpp's per-model LSTRIP/RSTRIP: spaces next to these special tokens are
+        dropped when the token is matched in text."""
+        pre = str(metadata.get("tokenizer.ggml.pre") or "")
+        arch = str(metadata.get("general.architecture") or "")
+        name = str(metadata.get("general.name") or "").lower()
+        if any(k in pre for k in ("jina-v2-de", "jina-v2-es", "jina-v2-code")) or \
+                any(k in arch for k in ("nomic-bert-moe", "jina-bert-v3")):
+            if "<mask>" in self._ids:
+                self._attrs[self._ids["<mask>"]] |= TokenAttr.LSTRIP
+        elif "phi-3" in name or "phi3" in name:
+            special = self._attrs & _SPECIAL_ATTRS != 0
+            self._attrs[special] |= TokenAttr.RSTRIP
+            for text, on in (("</s>", True), ("<unk>", False), ("<s>", False), ("<|endoftext|>", False)):
+                if text in self._ids:
+                    i = self._ids[text]
+                    self._attrs[i] = self._attrs[i] | TokenAttr.RSTRIP if on else self._attrs[i] & ~TokenAttr.RSTRIP
+        elif "modern-bert" in name and "[MASK]" in self._ids:
+            self._attrs[self._ids["[MASK]"]] |= TokenAttr.LSTRIP
 
-        ranked = []
-        for target_id, text in enumerate(self._texts):
-            for cut in range(1, len(text)):
-                left, right = text[:cut], text[cut:]
-                if left in self._ids and right in self._ids:
-                    ranked.append((-float(self._scores[target_id]), -cut, target_id, left, right))
-        ranked.sort()
-        merges = [(left, right) for *_, left, right in ranked]
-        unk = self._texts[self.unk_id] if self.unk_id is not None else None
-        bpe = models.BPE(vocab=self._ids, merges=merges, unk_token=unk, byte_fallback=True,
-                         fuse_unk=False)
-        return HFTokenizer(bpe)
-
-    def _build_bpe(self, metadata: Mapping[str, Any]):
-        from tokenizers import Tokenizer as HFTokenizer, models, pre_tokenizers
-
-        raw_merges = metadata.get("tokenizer.ggml.merges")
-        if raw_merges is None:
-            raise TokenizerError("tokenizer.ggml.model 'gpt2' needs 'tokenizer.ggml.merges'")
-        merges = []
-        for line in raw_merges:
-            cut = line.find(" ", 1)  # the first space after the first character separates the pair
-            if cut < 0:
-                raise TokenizerError(f"tokenizer.ggml.merges entry {line!r} has no space")
-            left, right = line[:cut], line[cut + 1:]
-            if left + right not in self._ids:
-                raise TokenizerError(f"merge {line!r} makes {left + right!r}, which is not a token")
-            merges.append((left, right))
-        bpe = models.BPE(vocab=self._ids, merges=merges, ignore_merges=self.pre.ignore_merges)
-        hf = HFTokenizer(bpe)
-        hf.pre_tokenizer = pre_tokenizers.Sequence(
-            [*self.pre.hf_pre_tokenizers(),
-             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-        return hf
+    def _build_encoder(self):
+        """The vocabulary model, built on first use (seconds for large vocabularies)."""
+        md, vt = self._metadata, self.vocab_type
+        try:
+            if vt == "SPM":
+                return SpmEncoder(self._texts, self._ids, self._scores, self.unk_id)
+            if vt == "BPE":
+                merges = md.get("tokenizer.ggml.merges")
+                if merges is None:
+                    raise TokenizerError(f"{self.source}: tokenizer.ggml.model {self.model!r} needs "
+                                         "'tokenizer.ggml.merges'")
+                return BpeEncoder(self._ids, merges, self.pre, drop_whitespace=self.model == "whitespace")
+            if vt == "WPM":
+                unk = self._texts[self.unk_id] if self.unk_id is not None else None
+                return WpmEncoder(self._ids, unk, self.lowercase, self.strip_accents)
+            if vt == "UGM":
+                charsmap = md.get("tokenizer.ggml.precompiled_charsmap")
+                charsmap = bytes(np.asarray(charsmap, dtype=np.uint8)) if charsmap is not None else b""
+                has = lambda attr: (self._attrs & attr) != 0  # noqa: E731
+                return UgmEncoder(self._texts, self._scores, has(TokenAttr.NORMAL), has(TokenAttr.USER_DEFINED),
+                                  has(TokenAttr.NORMAL | TokenAttr.USER_DEFINED | TokenAttr.UNUSED),
+                                  self.unk_id, charsmap, self.add_space_prefix, self.remove_extra_whitespaces)
+            return RwkvEncoder(self._texts, self.unk_id)
+        except ValueError as e:
+            if isinstance(e, TokenizerError):
+                raise
+            raise TokenizerError(f"{self.source}: {e}") from None
 
     def _special_tokens_longest_first(self) -> list[int]:
         special = np.nonzero(self._attrs & _SPECIAL_ATTRS)[0].tolist()
@@ -481,8 +386,8 @@ class Tokenizer:
     # -- tokenize ------------------------------------------------------------------------
 
     def _require_vocab(self, what: str) -> None:
-        if self._hf is None:
-            raise TokenizerError(f"cannot {what}: this GGUF has no tokenizer "
+        if self.vocab_type == "NONE":
+            raise TokenizerError(f"cannot {what}: {self.source} has no tokenizer "
                                  f"(tokenizer.ggml.model = {self.model!r}); use token ids")
 
     def _split_special(self, text: str, parse_special: bool) -> list[str | int]:
@@ -491,20 +396,28 @@ class Tokenizer:
         are always matched, CONTROL/UNKNOWN ones only with parse_special."""
         fragments: list[str | int] = [text] if text else []
         for token_id in self._special_order:
-            if not parse_special and self._attrs[token_id] & _HIDDEN_ATTRS:
+            attr = self._attrs[token_id]
+            if not parse_special and attr & _HIDDEN_ATTRS:
                 continue
             token = self._texts[token_id]
             fragments = [piece for fragment in fragments
-                         for piece in _cut_at_token(fragment, token, token_id)]
+                         for piece in _cut_at_token(fragment, token, token_id, attr)]
         return fragments
 
+    @property
+    def encoder(self):
+        """The vocabulary model (SpmEncoder, BpeEncoder, ...), built on first use."""
+        self._require_vocab("tokenize")
+        if self._unsupported:
+            raise TokenizerError(self._unsupported)
+        if self._encoder is None:
+            self._encoder = self._build_encoder()
+        return self._encoder
+
     def _encode_text(self, text: str) -> list[int]:
-        if self.is_spm:
-            # every text fragment starts the text or follows a special token: both get the space
-            if self.add_space_prefix:
-                text = " " + text
-            text = text.replace(" ", _SPACE_MARK)
-        return self._hf.encode(text, add_special_tokens=False).ids
+        if self.is_spm and self.add_space_prefix:
+            text = " " + text  # every fragment starts the text or follows a special token
+        return self.encoder.encode(text)
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Token ids of ``text``, as llama.cpp's ``llama_tokenize``. ``add_special`` adds
@@ -514,14 +427,17 @@ class Tokenizer:
             raise TypeError(f"tokenize expects str, got {type(text).__name__}")
         self._require_vocab("tokenize")
         ids: list[int] = []
-        if add_special and self.add_bos:
+        wpm = self.vocab_type == "WPM"  # BERT: [CLS] text [SEP]
+        if add_special and (self.add_bos or wpm) and self.vocab_type != "RWKV":
             ids.append(self.bos_id)
         for fragment in self._split_special(text, parse_special):
             if isinstance(fragment, int):
                 ids.append(fragment)
             else:
                 ids.extend(self._encode_text(fragment))
-        if add_special and self.add_eos:
+        if add_special and wpm:
+            ids.append(self.sep_id)
+        elif add_special and self.add_eos and self.vocab_type != "RWKV":
             ids.append(self.eos_id)
         return ids
 
@@ -543,14 +459,16 @@ class Tokenizer:
 
     def _make_piece(self, token_id: int) -> bytes:
         text, attr = self._texts[token_id], self._attrs[token_id]
+        if self.vocab_type == "RWKV":
+            return unescape_rwkv(text)
         if attr & _SPECIAL_ATTRS:
             return text.encode()
         if attr & TokenAttr.NORMAL:
-            if self.is_spm:
-                return text.replace(_SPACE_MARK, " ").encode()
-            # byte-level alphabet back to bytes; a character outside it stands for itself
-            return b"".join(bytes([_UNICODE_TO_BYTE[c]]) if c in _UNICODE_TO_BYTE else c.encode()
-                            for c in text)
+            if self.escape_whitespaces or self.vocab_type == "WPM":
+                return text.replace(SPACE_MARK, " ").encode()
+            # byte-level alphabet back to bytes; llama.cpp marks a character outside it
+            return b"".join(bytes([_UNICODE_TO_BYTE[c]]) if c in _UNICODE_TO_BYTE
+                            else f"[UNK_BYTE_0x{c.encode().hex()}{text}]".encode() for c in text)
         if attr & TokenAttr.BYTE:
             return bytes([int(text[3:5], 16)])  # "<0xAB>"
         return b""  # unused / undefined tokens render as nothing
@@ -628,22 +546,31 @@ class Tokenizer:
         return token_id in self.eog_ids
 
     def __repr__(self) -> str:
-        pre = f", pre={self.pre.name!r}" if self.pre else ""
+        pre = f", pre={self.pre_name!r}" if self.pre_name else ""
         return f"Tokenizer(model={self.model!r}{pre}, n_vocab={self.n_vocab})"
 
 
-def _cut_at_token(fragment: str | int, token: str, token_id: int) -> list[str | int]:
+def _cut_at_token(fragment: str | int, token: str, token_id: int, attr: int = 0) -> list[str | int]:
     """A text fragment cut at every occurrence of ``token`` (left to right), the
-    occurrences replaced by ``token_id``; token ids pass through."""
+    occurrences replaced by ``token_id``; token ids pass through. LSTRIP/RSTRIP tokens
+    take the ASCII spaces before/after them along (llama.cpp's isspace)."""
     if isinstance(fragment, int) or token not in fragment:
         return [fragment]
+    parts = fragment.split(token)
+    if attr & TokenAttr.LSTRIP:
+        parts[:-1] = [p.rstrip(_ASCII_SPACE) for p in parts[:-1]]
+    if attr & TokenAttr.RSTRIP:
+        parts[1:] = [p.lstrip(_ASCII_SPACE) for p in parts[1:]]
     pieces: list[str | int] = []
-    for k, part in enumerate(fragment.split(token)):
+    for k, part in enumerate(parts):
         if k:
             pieces.append(token_id)
         if part:
             pieces.append(part)
     return pieces
+
+
+_ASCII_SPACE = " \t\n\v\f\r"
 
 
 class StreamDecoder:

@@ -1,6 +1,6 @@
 """The model subcommands of the `torchggml` command: run, eval, info.
 
-    torchggml run [MODEL] -p PROMPT -n N [--device DEV[,DEV...]] [--n-gpu-layers N]
+    torchggml run [MODEL] -p PROMPT -n N [--chat] [--device DEV[,DEV...]] [--n-gpu-layers N]
     torchggml eval MODEL --tokens 1,2,3 [--chunks 48,1,1] --out logits.npy
     torchggml info MODEL
 
@@ -92,13 +92,17 @@ def cmd_run(args) -> int:
               f"(random weights and a tiny vocabulary: the text is gibberish)", file=sys.stderr)
     model = _load(args, path)
     print(model.describe(), file=sys.stderr)
-    ids = model.tokenize(args.prompt)
     import io
+    sampling = dict(max_tokens=args.n_predict, temperature=args.temp, top_k=args.top_k,
+                    top_p=args.top_p, seed=args.seed)
     out = sys.stdout if _main_rank() else io.StringIO()  # the other ranks generate the same text
-    out.write(args.prompt)
-    out.flush()
-    for text in model.generate(ids, max_tokens=args.n_predict, temperature=args.temp,
-                               top_k=args.top_k, top_p=args.top_p, seed=args.seed):
+    if args.chat:  # the prompt is a user message, formatted by the model's chat template
+        stream = model.chat([{"role": "user", "content": args.prompt}], **sampling)
+    else:
+        stream = model.generate(model.tokenize(args.prompt), **sampling)
+        out.write(args.prompt)
+        out.flush()
+    for text in stream:
         out.write(text)
         out.flush()
     out.write("\n")
@@ -207,6 +211,8 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--top-k", type=int, default=40)
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("-s", "--seed", type=int, default=None)
+    p.add_argument("--chat", action="store_true",
+                   help="send the prompt as a user message through the model's chat template")
     _add_model_options(p)
     p.set_defaults(func=cmd_run)
 

@@ -142,7 +142,8 @@ def random_weights(cfg: ModelConfig, n_vocab: int, seed: int, output_scales: np.
 
 
 def write_model(path, cfg: ModelConfig = DEMO_CONFIG, weight_type: str = "F32", seed: int = DEMO_SEED,
-                rope_scaling_factor: float | None = None, rope_freqs: np.ndarray | None = None) -> str:
+                rope_scaling_factor: float | None = None, rope_freqs: np.ndarray | None = None,
+                chat_template: str | None = None, tokenizer_pre: str = "gpt-2") -> str:
     """Write a llama/qwen2/qwen3 GGUF with random weights and the trained vocabulary. 2-D weights
     are stored as `weight_type` (F32, F16 or any type gguf.quants can quantize, e.g. Q4_0, Q8_0);
     norms and biases stay F32. Optionally linear rope scaling (metadata) or per-pair rope
@@ -169,13 +170,15 @@ def write_model(path, cfg: ModelConfig = DEMO_CONFIG, weight_type: str = "F32", 
     w.add_rope_freq_base(cfg.rope_freq_base)
     w.add_vocab_size(n_vocab)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
+    w.add_tokenizer_pre(tokenizer_pre)
     w.add_token_list(vocab.tokens)
     w.add_token_types(vocab.types)
     w.add_token_merges(vocab.merges)
     w.add_bos_token_id(vocab.bos_id)
     w.add_eos_token_id(vocab.eos_id)
     w.add_add_bos_token(True)
+    if chat_template:
+        w.add_chat_template(chat_template)
     if rope_scaling_factor is not None:
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(rope_scaling_factor)

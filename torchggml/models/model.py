@@ -40,7 +40,7 @@ from ..backend.device import Device, DeviceType
 from ..backend.backend import backend_tensor_set_async
 from ..backend.tensor_io import backend_tensor_set, backend_tensor_get
 from ..context import Context
-from ..gguf import GGUFError, GGUFFile, load_weights
+from ..gguf import GGUFFile, load_weights
 from ..types import is_quantized
 from .kv_cache import KVCache, kv_type_from_name
 from .llama import HParams, LlamaWeights, LlamaGraph, build_graph, graph_size, tensor_layer
@@ -223,7 +223,7 @@ class Model:
                  flash_attn: bool = False, kv_type="f16", n_threads: int | None = None):
         self.file = file
         self.path = file.path
-        self.tokenizer = tokenizer
+        self._tokenizer = tokenizer  # None: read from the file on first use
         self.hp = hp
         self.vocab_only = hp is None
         self.timings = Timings()
@@ -425,8 +425,35 @@ class Model:
 
     # ------------------------------------------------------------ text
 
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        return self.tokenizer.tokenize(text, add_special)
+    @property
+    def tokenizer(self):
+        """The Tokenizer, built from the file's metadata on first use: a model whose
+        tokenizer cannot be used (e.g. an unknown pre-tokenizer) still evaluates token ids."""
+        if self._tokenizer is None:
+            from ..tokenizer import Tokenizer
+            self._tokenizer = Tokenizer.from_gguf(self.file)
+        return self._tokenizer
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self.tokenizer.tokenize(text, add_special, parse_special)
+
+    def chat_prompt(self, messages, add_generation_prompt: bool = True) -> str:
+        """The prompt text for `messages` ([{"role": "user", "content": ...}, ...]), rendered
+        with the model's tokenizer.chat_template in a Jinja2 sandbox (torchggml.chat)."""
+        from ..chat import render_chat
+        tok = self.tokenizer
+        text = lambda i: tok.token_text(i) if i is not None else ""
+        return render_chat(tok.chat_template, messages, add_generation_prompt=add_generation_prompt,
+                           bos_token=text(tok.bos_id), eos_token=text(tok.eos_id), source=self.path)
+
+    def chat(self, messages, **generate_args) -> Iterator[str]:
+        """Stream the assistant's reply to `messages` (see chat_prompt); `generate_args` as
+        for generate. Special tokens in the rendered prompt are parsed; BOS is added unless
+        the template wrote it."""
+        prompt = self.chat_prompt(messages)
+        tok = self.tokenizer
+        has_bos = tok.bos_id is not None and prompt.startswith(tok.token_text(tok.bos_id))
+        return self.generate(self.tokenize(prompt, add_special=not has_bos, parse_special=True), **generate_args)
 
     def detokenize(self, ids: Iterable[int]) -> str:
         return self.tokenizer.detokenize(list(ids))
@@ -545,15 +572,9 @@ def load(path, devices=None, n_gpu_layers: int | None = None, n_ctx: int | None 
          tensor_parallel=None) -> Model:
     """See torchggml.load_model."""
     from ..gguf import open_gguf
-    from ..tokenizer import Tokenizer
-    from ..tokenizer import TokenizerError
-    file = open_gguf(path)
-    try:
-        tokenizer = Tokenizer.from_gguf(file.reader)
-    except TokenizerError as e:
-        raise GGUFError(f"{file.path}: tokenizer: {e}") from None
+    file = open_gguf(path)  # the tokenizer is built from it on first use
     if vocab_only:
-        return Model(file, tokenizer)
+        return Model(file, None)
     hp = HParams.from_gguf(file)
     n_ctx = min(hp.n_ctx_train, DEFAULT_MAX_CTX) if not n_ctx else int(n_ctx)
     if n_ctx <= 0 or n_batch <= 0:
@@ -585,4 +606,4 @@ def load(path, devices=None, n_gpu_layers: int | None = None, n_ctx: int | None 
         return device.get_buffer_type()
 
     weights = load_weights(file, buft_of, progress=progress, check_values=check_tensors)
-    return Model(file, tokenizer, hp, weights, placement, n_ctx, int(n_batch), bool(flash_attn), kv_type, n_threads)
+    return Model(file, None, hp, weights, placement, n_ctx, int(n_batch), bool(flash_attn), kv_type, n_threads)
