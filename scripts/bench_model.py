@@ -3,8 +3,11 @@
 
     python scripts/bench_model.py [MODEL.gguf ...] [-p 128] [-n 32] [-t THREADS] [--device CPU]
 
-With no MODEL it generates (once, in the cache directory) two ~113M-parameter llama models with
-the demo generator -- dim 768, 12 layers, FFN 3072, F16 and Q4_0 weights -- and benchmarks both.
+With no MODEL it generates (once, in the cache directory) ~168M-parameter llama models with the
+demo generator -- dim 1024, 8 layers, FFN 2816, vocab 32000 (issue 9's shape) -- in F16, Q8_0 and
+Q4_0, and, through llama.cpp's quantizer (llama_cpp.llama_model_quantize) from the F16 file,
+Q4_K_M, Q6_K and Q5_K_M (skipped with a message without llama-cpp-python). --types picks some.
+The header names the CPU's features and torchggml's CPU product path (TORCHGGML_CPU_PATH).
 
 llama.cpp runs through llama-cpp-python when it is installed (`pip install llama-cpp-python`,
 which builds llama.cpp from source; for CUDA: CMAKE_ARGS="-DGGML_CUDA=on" pip install
@@ -33,13 +36,72 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
-def bench_models() -> list[str]:
-    from torchggml.models.demo import BENCH_CONFIG, generated_model
-    paths = []
-    for wtype in ("F16", "Q4_0"):
+GENERATED_TYPES = ("F16", "Q8_0", "Q4_0")       # written by the demo generator (gguf's quantizer)
+LLAMA_QUANTIZED_TYPES = ("Q4_K_M", "Q6_K", "Q5_K_M")  # written by llama.cpp's quantizer
+DEFAULT_TYPES = GENERATED_TYPES + LLAMA_QUANTIZED_TYPES
+
+
+def bench_config():
+    from dataclasses import replace
+    from torchggml.models.demo import DEMO_CONFIG
+    return replace(DEMO_CONFIG, n_embd=1024, n_layer=8, n_head=16, n_head_kv=16, n_ff=2816, n_vocab=32000,
+                   n_ctx=1024)
+
+
+def llama_quantized(src: str, ftype_name: str) -> str:
+    """src quantized by llama.cpp (cached beside it)."""
+    import ctypes
+    import llama_cpp
+    dst = src.replace("-F16-", f"-{ftype_name}-")
+    if not os.path.exists(dst):
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype_name}")
+        params.nthread = torch.get_num_threads()
+        if llama_cpp.llama_model_quantize(src.encode(), (dst + ".part").encode(), ctypes.byref(params)) != 0:
+            raise RuntimeError(f"llama.cpp could not quantize {src} to {ftype_name}")
+        os.replace(dst + ".part", dst)
+    return dst
+
+
+def _pad_vocab_to_target(demo) -> None:
+    """The demo corpus trains only ~700 tokens: pad the vocabulary with unused control tokens to
+    the config's n_vocab, so the embedding and output head have issue 9's size (32000 rows)."""
+    train = demo.train_vocab
+
+    def padded(n_vocab, *rest, **kw):
+        vocab = train(n_vocab, *rest, **kw)
+        extra = n_vocab - len(vocab.tokens)
+        vocab.tokens += [f"<unused{i}>" for i in range(extra)]
+        vocab.types += [3] * extra
+        return vocab
+    demo.train_vocab = padded
+
+
+def bench_models(types=DEFAULT_TYPES) -> list[str]:
+    from torchggml.models import demo
+    _pad_vocab_to_target(demo)
+    directory = os.path.join(demo.cache_dir(), "bench-padded-vocab")
+    os.makedirs(directory, exist_ok=True)
+    generated_model = lambda cfg, wtype: demo.generated_model(cfg, wtype, directory=directory)  # noqa: E731
+    cfg, paths = bench_config(), []
+    for wtype in types:
         print(f"preparing the {wtype} benchmark model (written once, then cached)...", file=sys.stderr)
-        paths.append(generated_model(BENCH_CONFIG, wtype))
+        if wtype in LLAMA_QUANTIZED_TYPES:
+            if not llama_cpp_available():
+                print(f"skipping {wtype}: llama.cpp's quantizer needs llama-cpp-python", file=sys.stderr)
+                continue
+            paths.append(llama_quantized(generated_model(cfg, "F16"), wtype))
+        else:
+            paths.append(generated_model(cfg, wtype))
     return paths
+
+
+def cpu_header() -> str:
+    from torchggml.torch_backend.cpu_quant.features import cpu_features, cpu_path, fastest_gemm_dtype
+    feats = cpu_features()
+    flags = " ".join(k for k, v in feats.items() if v == "1")
+    return (f"CPU: {feats['CPU_CAPABILITY']} ({flags}); torchggml CPU path: {cpu_path()}, "
+            f"prompt GEMM in {str(fastest_gemm_dtype()).split('.')[-1]}")
 
 
 def prompt_tokens(n_vocab: int, n: int) -> list[int]:
@@ -134,6 +196,11 @@ def bench_llama_cpp(path, args, n_vocab: int) -> dict:
 
 # ---------------------------------------------------------------- main
 
+# both engines run with OpenMP workers that sleep between parallel regions, torchggml's default
+# (see torchggml/__init__.py): spinning workers make both 10-50x slower on a shared machine
+ENGINE_ENV = {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+
+
 def run_engine(engine: str, path: str, args) -> dict:
     """One engine on one model in a fresh process: llama.cpp's OpenMP threads keep spinning after
     each call and would steal the cores from torch if both ran in one process."""
@@ -144,7 +211,7 @@ def run_engine(engine: str, path: str, args) -> dict:
             cmd += [flag, str(value)]
     if args.flash_attn:
         cmd.append("-fa")
-    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, **ENGINE_ENV})
     if out.returncode != 0:
         raise RuntimeError(f"{engine} on {path} failed (exit code {out.returncode})")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -152,7 +219,8 @@ def run_engine(engine: str, path: str, args) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("models", nargs="*", help="GGUF files (default: generated ~100M F16 and Q4_0 models)")
+    p.add_argument("models", nargs="*", help="GGUF files (default: generated ~168M models, see --types)")
+    p.add_argument("--types", default=",".join(DEFAULT_TYPES), help="generated models' weight types")
     p.add_argument("-p", "--n-prompt", type=int, default=128, help="prompt tokens for pp (default 128)")
     p.add_argument("-n", "--n-gen", type=int, default=32, help="generated tokens for tg (default 32)")
     p.add_argument("-r", "--reps", type=int, default=3, help="repetitions (the median is reported)")
@@ -172,10 +240,11 @@ def main(argv=None) -> int:
         result = bench_torchggml(path, args) if args.engine == "torchggml" else bench_llama_cpp(path, args, _n_vocab(path))
         print(json.dumps(result))
         return 0
-    models = args.models or bench_models()
+    models = args.models or bench_models(args.types.split(","))
     with_llama = not args.no_llama_cpp and llama_cpp_available()
     if not with_llama and not args.no_llama_cpp:
         print("llama-cpp-python is not installed: torchggml only (pip install llama-cpp-python)", file=sys.stderr)
+    print(cpu_header() + f"; OMP_WAIT_POLICY={ENGINE_ENV['OMP_WAIT_POLICY']} for both engines")
     print(f"threads: {args.threads or torch.get_num_threads()}, pp{args.n_prompt}, tg{args.n_gen}, "
           f"median of {args.reps}, each engine in its own process\n")
     header = f"{'model':44s} {'params':>8s} {'test':>6s} {'torchggml t/s':>14s}" + \

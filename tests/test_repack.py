@@ -72,7 +72,7 @@ MATMUL_CASES = [(qtype, n, k, m) for qtype in (T.Q4_0, T.Q4_1) for n, k in ((16,
                          ids=[f"{c[0].name}-n{c[1]}-k{c[2]}-m{c[3]}" for c in MATMUL_CASES])
 def test_repacked_mul_mat_matches_float64(qtype, n, k, m):
     blocks, w = quantized_weight(qtype, n, k, seed=n * k + m)
-    a, b, node, graph, _bufs = weight_graph(qtype, n, k, m, repack_buffer_type())
+    a, b, node, graph, _bufs = weight_graph(qtype, n, k, m, repack_buffer_type("int4"))
     assert isinstance(a.buffer, RepackBuffer) and repack_supports(a)
     ggml.backend_tensor_set(a, blocks)
     x = torch.rand(m, k, generator=torch.Generator().manual_seed(m)) * 2 - 1
@@ -92,7 +92,7 @@ def test_chunked_packing_equals_whole(monkeypatch):
     packed = []
     for chunk_values in (1 << 22, 64 * k):  # one chunk, then chunks of 64 rows
         monkeypatch.setattr(repack, "CONVERT_VALUES", chunk_values)
-        a, *_rest, bufs = weight_graph(T.Q4_0, n, k, 1, repack_buffer_type())
+        a, *_rest, bufs = weight_graph(T.Q4_0, n, k, 1, repack_buffer_type("int4"))
         ggml.backend_tensor_set(a, blocks)
         packed.append([v.clone() for v in repacked_views(a)])
     assert all(torch.equal(x, y) for x, y in zip(*packed))
@@ -102,7 +102,7 @@ def test_chunked_packing_equals_whole(monkeypatch):
 
 def test_partial_writes_and_reads_raise():
     blocks, _ = quantized_weight(T.Q4_0, 16, 64, seed=0)
-    a, *_rest, bufs = weight_graph(T.Q4_0, 16, 64, 1, repack_buffer_type())
+    a, *_rest, bufs = weight_graph(T.Q4_0, 16, 64, 1, repack_buffer_type("int4"))
     ggml.set_name(a, "blk.0.attn_q.weight")
     with pytest.raises(ValueError, match="blk.0.attn_q.weight.*written whole"):
         ggml.backend_tensor_set(a, blocks.reshape(-1)[:18], 0)
@@ -130,16 +130,16 @@ def test_unsupported_tensor_cannot_be_repacked():
     ctx = ggml.init(mem_size=1 << 20, no_alloc=True)
     w = ggml.new_tensor_2d(ctx, T.Q8_0, 64, 16)
     ggml.set_name(w, "q8_weight")
-    buf = ggml.backend_alloc_ctx_tensors_from_buft(ctx, repack_buffer_type())
+    buf = ggml.backend_alloc_ctx_tensors_from_buft(ctx, repack_buffer_type("int4"))
     with pytest.raises(ValueError, match="cannot repack.*q8_weight"):
         ggml.backend_tensor_set(w, np.zeros(ggml.nbytes(w), np.uint8))
     del buf
 
 
 def test_buffer_type_properties():
-    buft = repack_buffer_type()
+    buft = repack_buffer_type("int4")
     assert buft.get_name() == "CPU_REPACK" and not buft.is_host() and buft.get_device() is cpu_device()
-    assert cpu_reg().get_proc_address("ggml_backend_dev_get_extra_bufts")(cpu_device()) == [buft]
+    assert cpu_reg().get_proc_address("ggml_backend_dev_get_extra_bufts")(cpu_device()) == [repack_buffer_type()]
     assert cpu_device().supports_buft(buft)
     sims = [d for d in ggml.backend_reg_by_name("SIM").get_devices()] if sim_available() else []
     assert not any(d.supports_buft(buft) for d in sims)
@@ -150,12 +150,12 @@ def test_buffer_type_properties():
 
 def test_cpu_reads_repacked_tensors_only_as_mul_mat_weights():
     blocks, _ = quantized_weight(T.Q4_0, 16, 64, seed=0)
-    a, ids, node, graph, bufs = weight_graph(T.Q4_0, 16, 64, 2, repack_buffer_type(), op="get_rows")
+    a, ids, node, graph, bufs = weight_graph(T.Q4_0, 16, 64, 2, repack_buffer_type("int4"), op="get_rows")
     ggml.backend_tensor_set(a, blocks)
     assert not ggml.backend_dev_supports_op(cpu_device(), node)
     with pytest.raises(UnsupportedOpError, match="GET_ROWS.*repacked"):
         ggml.backend_graph_compute(ggml.backend_cpu_init(), graph)
-    _, _, mm, _, bufs2 = weight_graph(T.Q4_0, 16, 64, 2, repack_buffer_type())
+    _, _, mm, _, bufs2 = weight_graph(T.Q4_0, 16, 64, 2, repack_buffer_type("int4"))
     assert ggml.backend_dev_supports_op(cpu_device(), mm)
 
 
@@ -171,7 +171,8 @@ def load(entry, **options):
 @needs_golden
 @pytest.mark.parametrize("entry", REPACK_MODELS, ids=[e["model"] for e in REPACK_MODELS])
 @pytest.mark.parametrize("repack", [True, False])
-def test_golden_models_with_and_without_repack(entry, repack):
+def test_golden_models_with_and_without_repack(entry, repack, monkeypatch):
+    monkeypatch.setenv("TORCHGGML_CPU_PATH", "int4")  # this file tests torch's int4 layout
     model = load(entry, devices=["CPU"], repack=repack)
     placed = {name: t.buffer.name for name, t in model.weights.tensors.items()}
     repacked = {name for name, buft in placed.items() if buft == "CPU_REPACK"}
@@ -187,9 +188,11 @@ def test_golden_models_with_and_without_repack(entry, repack):
 
 
 @needs_golden
-def test_mixed_placement_with_repacked_cpu_layers():
+@pytest.mark.parametrize("path", ["int4", "fused"])
+def test_mixed_placement_with_repacked_cpu_layers(path, monkeypatch):
     """SIM0 runs the input layer's neighbour, the CPU its repacked layers: the scheduler keeps
     every read of a repacked weight on the CPU."""
+    monkeypatch.setenv("TORCHGGML_CPU_PATH", path)
     if not sim_available():
         pytest.skip("SIM device not available")
     entry = entry_named("llama-Q4_0")

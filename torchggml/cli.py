@@ -1,6 +1,6 @@
 """The `torchggml` command.
 
-    torchggml devices                       regs and devices: type, memory, capabilities
+    torchggml devices                       regs and devices: type, memory, capabilities, features
     torchggml test-ops [-b DEV] [-o OP] [--mode test|perf|support]
                                             test-backend-ops for this project (torchggml.testing)
 """
@@ -64,7 +64,22 @@ def cmd_devices(args) -> int:
     rows += meta_device_rows(args.meta)
     print(format_table(header, rows))
     print(f"\n{ggml.backend_reg_count()} regs, {len(rows)} devices")
+    for reg, features in reg_features():
+        print(f"{reg} features: {features}")
     return 0
+
+
+def reg_features() -> list[tuple[str, str]]:
+    """(reg name, "NAME = value, ...") for each reg with ggml_backend_get_features (the CPU's:
+    its CPU features and the quantized product path chosen for them)."""
+    import torchggml as ggml
+    out = []
+    for r in range(ggml.backend_reg_count()):
+        reg = ggml.backend_reg_get(r)
+        get = reg.get_proc_address("ggml_backend_get_features")
+        if get is not None:
+            out.append((ggml.backend_reg_name(reg), ", ".join(f"{k} = {v}" for k, v in get().items())))
+    return out
 
 
 def cmd_test_ops(args) -> int:

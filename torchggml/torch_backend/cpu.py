@@ -16,6 +16,9 @@ from ..profiler import profiling, run_calls_profiled
 from .kernels import TORCH_KERNELS, KernelTable, binds, run_calls
 from .kernels.matmul import bind_mul_mat, bind_weight_product
 from .plan import CompiledPlan, compile_graph
+from .cpu_quant.features import cpu_features, cpu_path, fastest_gemm_dtype
+from .cpu_quant.kernels import numba_available, set_numba_threads
+from .cpu_quant.layout import FusedBufferType
 from .repack import (RepackBufferType, bind_repacked_product, check_repacked_reads, is_repacked,
                      reads_repacked_only_as_weight)
 
@@ -27,7 +30,7 @@ CPU_KERNELS = KernelTable("CPU", over=TORCH_KERNELS)
 
 
 def _cpu_weight_product(a):
-    """A repacked weight multiplies through torch's int4 GEMM; others as the reference does."""
+    """A repacked weight multiplies in its repack layout; others as the reference does."""
     return bind_repacked_product(a) if is_repacked(a) else bind_weight_product(a)
 
 
@@ -71,6 +74,8 @@ class CPUBackend(Backend):
 
     def set_n_threads(self, n_threads: int) -> None:
         self.n_threads = int(n_threads)
+        if numba_available():  # first: numba's OpenMP layer resets the shared OpenMP count
+            set_numba_threads(self.n_threads)
         torch.set_num_threads(self.n_threads)
 
     def set_abort_callback(self, callback) -> None:
@@ -114,7 +119,8 @@ class CPUDevice(Device):
     def __init__(self, reg=None):
         super().__init__("CPU", _cpu_description(), DeviceType.CPU, reg)
         self.buffer_type = TorchBufferType("CPU", self, "cpu", host=True)
-        self.repack_buffer_type = RepackBufferType(self)
+        # one repack layout per product path (cpu_quant.features); "dequant" repacks nothing
+        self.repack_buffer_types = {"int4": RepackBufferType(self), "fused": FusedBufferType(self)}
 
     def get_memory(self):
         return host_memory()
@@ -137,7 +143,7 @@ class CPUDevice(Device):
         return CPU_KERNELS.supports(op) and reads_repacked_only_as_weight(op)
 
     def supports_buft(self, buft) -> bool:
-        return buft.is_host() or buft is self.repack_buffer_type
+        return buft.is_host() or isinstance(buft, RepackBufferType)
 
 
 class CPUReg(Reg):
@@ -156,10 +162,12 @@ class CPUReg(Reg):
         backend.set_abort_callback(callback)
 
     def proc_dev_get_extra_bufts(self, device):
-        return [device.repack_buffer_type]
+        buft = device.repack_buffer_types.get(cpu_path())  # none for "dequant"
+        return [buft] if buft is not None else []
 
     def proc_get_features(self):
-        return {"TORCH": torch.__version__, "THREADS": str(torch.get_num_threads())}
+        return {**cpu_features(), "CPU_PATH": cpu_path(), "GEMM": str(fastest_gemm_dtype()).split(".")[-1],
+                "TORCH": torch.__version__, "THREADS": str(torch.get_num_threads())}
 
 
 @functools.lru_cache(maxsize=None)
@@ -178,9 +186,11 @@ def cpu_buffer_type() -> TorchBufferType:
     return cpu_device().buffer_type
 
 
-def repack_buffer_type():
-    """The CPU's CPU_REPACK buffer type (upstream's ggml_backend_cpu_repack_buffer_type)."""
-    return cpu_device().repack_buffer_type
+def repack_buffer_type(path: str | None = None):
+    """The CPU's CPU_REPACK buffer type (upstream's ggml_backend_cpu_repack_buffer_type) for a
+    product path (default: TORCHGGML_CPU_PATH or this CPU's default): (q, scale, bias) for
+    `fused`, torch's int4 layout for `int4`, None for `dequant`."""
+    return cpu_device().repack_buffer_types.get(path or cpu_path())
 
 
 # ---------------------------------------------------------------- the C API's CPU functions

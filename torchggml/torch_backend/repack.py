@@ -51,11 +51,16 @@ def repack_supports_shape(qtype, ne) -> bool:
     return qtype in REPACK_TYPES and ne[2] == 1 and ne[3] == 1 and ne[0] % GROUP == 0
 
 
-def repack_supports(t: Tensor) -> bool:
-    """t can live in a repack buffer: a supported type, 2-D, contiguous, not a view."""
+def is_whole_contiguous(t: Tensor) -> bool:
+    """t is not a view and its rows are contiguous ggml blocks (what a repack reads whole)."""
     tr = type_traits(t.type)
     contiguous = t.nb[0] == tr.type_size and t.nb[1] == t.ne[0] // tr.blck_size * tr.type_size
-    return t.view_src is None and contiguous and repack_supports_shape(t.type, t.ne)
+    return t.view_src is None and contiguous
+
+
+def repack_supports(t: Tensor) -> bool:
+    """t can live in a repack buffer: a supported type, 2-D, contiguous, not a view."""
+    return is_whole_contiguous(t) and repack_supports_shape(t.type, t.ne)
 
 
 def _layout(t: Tensor) -> tuple[int, int, int, int]:
@@ -144,6 +149,15 @@ class RepackBufferType(TorchBufferType):
         """Whether a weight of this type and shape (used as a MUL_MAT weight) can live here."""
         return repack_supports_shape(qtype, ne)
 
+    def supports_tensor(self, t: Tensor) -> bool:
+        """Whether this tensor (its type, shape, strides) is stored repacked here."""
+        return repack_supports(t)
+
+    def bind_product(self, t: Tensor):
+        """fn(rows [R, K] float, out [R, N] f32): out = rows @ t^T for a tensor stored here."""
+        nibbles, scales = repacked_views(t)
+        return functools.partial(_times_packed, nibbles, scales, t.ne[1])
+
 
 
 class RepackBuffer(TorchBuffer):
@@ -151,14 +165,18 @@ class RepackBuffer(TorchBuffer):
 
     ggml_layout = False
 
-    def set_tensor(self, tensor: Tensor, data: torch.Tensor, offset: int, size: int) -> None:
-        if not repack_supports(tensor):
-            raise ValueError(f"{self.name}: cannot repack {tensor.describe()}: only contiguous 2-D "
-                             f"{'/'.join(sorted(t.name for t in REPACK_TYPES))} weights (K a multiple "
-                             f"of {GROUP}) can live in a repack buffer")
+    def check_whole_write(self, tensor: Tensor, offset: int, size: int, what: str) -> None:
+        """Raise unless this buffer's type repacks `tensor` and the write covers all of it."""
+        if not self.buft.supports_tensor(tensor):
+            raise ValueError(f"{self.name}: cannot repack {tensor.describe()}: only {what} can live "
+                             f"in this repack buffer")
         if offset != 0 or size != nbytes(tensor):
             raise ValueError(f"{self.name}: {tensor.describe()} must be written whole (offset 0, "
                              f"{nbytes(tensor)} bytes), got {size} bytes at offset {offset}")
+
+    def set_tensor(self, tensor: Tensor, data: torch.Tensor, offset: int, size: int) -> None:
+        self.check_whole_write(tensor, offset, size, f"contiguous 2-D {'/'.join(sorted(t.name for t in REPACK_TYPES))} "
+                                                     f"weights (K a multiple of {GROUP})")
         nibbles, groups = repacked_views(tensor)
         n, k = tensor.ne[1], tensor.ne[0]
         row_bytes = nbytes(tensor) // n
@@ -198,7 +216,8 @@ def reads_repacked_only_as_weight(node: Tensor) -> bool:
         if not is_repacked(src):
             continue
         b = node.src[1]
-        if not (node.op == Op.MUL_MAT and i == 0 and src.view_src is None and repack_supports(src)
+        if not (node.op == Op.MUL_MAT and i == 0 and src.view_src is None
+                and memory_buffer(src).buft.supports_tensor(src)
                 and b is not None and b.type in (Type.F32, Type.F16, Type.BF16)):
             return False
     return True
@@ -223,9 +242,8 @@ def _times_packed(nibbles, scales, n, rows, out) -> None:
 
 
 def bind_repacked_product(a: Tensor):
-    """fn(rows [R, K] float, out [R, N] f32): out = rows @ a^T through torch's int4 GEMM."""
-    nibbles, scales = repacked_views(a)
-    return functools.partial(_times_packed, nibbles, scales, a.ne[1])
+    """fn(rows [R, K] float, out [R, N] f32): out = rows @ a^T in a's repack buffer's layout."""
+    return a.buffer.buft.bind_product(a)
 
 
 RepackBufferType.buffer_class = RepackBuffer

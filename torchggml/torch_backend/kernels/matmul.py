@@ -4,7 +4,8 @@ F32/F16/BF16), MUL_MAT_ID (mixture of experts) and OUT_PROD.
 Products run in float32 on dequantized weights, except 2-D F16/BF16 weights: as in ggml's CPU
 backend (whose vec_dot_type for them is F16/BF16) the activations are rounded to the weight's
 type and the product runs in it, which is many times faster than converting the weights at
-every call (17x for a 4096x4096 F16 matvec on an AVX512-FP16 CPU). torch's half GEMM also rounds
+every call (17x for a 4096x4096 F16 matvec on an AVX512-FP16 CPU); F16 micro-batches of 16 rows
+and more convert the weight to float32 instead (faster where the CPU has no FP16 arithmetic). torch's half GEMM also rounds
 each result to the half type (ggml keeps float32 results): on the F16 golden models this moves
 the error against llama.cpp from 4.9e-4 to 6.7e-4 (the bound is 2e-3). Broadcasting a over b's dims 2 and 3 never
 copies a: b's matrices are regrouped by the a matrix they share, so each a matrix meets all its
@@ -28,6 +29,11 @@ KERNELS = KernelTable("matmul")
 
 # weights that need converting (block types, F16, BF16) are converted this many values at a time
 CHUNK_VALUES = 1 << 22
+# from this many rows on, F16 products convert the weight to f32: 128x1024x2816 takes 72 ms in
+# torch's half GEMM on AVX2 and 33 ms converting first (Zen 4: 50-85 ms vs 13-18 ms); below, the
+# half GEMV reads half the bytes. (bf16 would be faster on AVX512-BF16 but loses F16's precision:
+# 5.6e-3 relative error on the F16 golden model, bound 2e-3.)
+HALF_CONVERT_ROWS = 16
 
 
 @functools.lru_cache(maxsize=None)
@@ -71,6 +77,9 @@ def _times_converted(raw, to_float, rows, out) -> None:
 
 
 def _times_half(weight_t, rows, out) -> None:
+    if weight_t.dtype == torch.float16 and rows.shape[0] >= HALF_CONVERT_ROWS:
+        torch.matmul(rows.float(), weight_t.float(), out=out)  # a micro-batch: f32 GEMM
+        return
     out.copy_(torch.matmul(rows.to(weight_t.dtype), weight_t))
 
 

@@ -1,0 +1,100 @@
+#!/usr/bin/env python
+"""The CPU's quantized products per type (issue 9): GB/s of repacked weight bytes for one
+activation row (decode) and ms for a 128-row micro-batch (prompt), beside this machine's
+measured copy bandwidth, on the path TORCHGGML_CPU_PATH selects (default: fused).
+
+    python scripts/bench_cpu_quant.py [--n 2816] [--k 1024] [-t THREADS] [--types Q8_0,Q4_0,...]
+
+Each product runs through a ggml graph on the CPU backend (the kernel, its binding and one
+node's dispatch), best of several runs; copy bandwidth is a 256 MiB torch copy (read + write).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torchggml as ggml  # noqa: E402  (first: it sets OpenMP's wait policy before torch loads)
+import torch  # noqa: E402
+from torchggml.torch_backend.cpu_quant.features import cpu_features, cpu_path  # noqa: E402
+from torchggml.torch_backend.repack import repack_buffer_type  # noqa: E402
+
+T = ggml.Type
+DEFAULT_TYPES = "Q8_0,Q4_0,Q4_K,Q6_K,Q5_K,Q4_1,Q5_0,Q5_1,Q2_K,Q3_K,IQ4_NL,IQ4_XS,MXFP4"
+
+
+def best_of(fn, reps: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def copy_bandwidth() -> float:
+    src = torch.ones(1 << 28, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() / best_of(lambda: dst.copy_(src), 5) / 1e9
+
+
+def run_product(qtype, n: int, k: int, m: int, buft, backend, reps: int) -> tuple[float, int]:
+    """(seconds, weight bytes as stored) of one MUL_MAT node [m rows] x weight [n, k]."""
+    ctx_w = ggml.init(no_alloc=True)
+    a = ggml.new_tensor_2d(ctx_w, qtype, k, n)
+    ctx = ggml.init(no_alloc=True)
+    b = ggml.new_tensor_2d(ctx, T.F32, k, m)
+    node = ggml.mul_mat(ctx, a, b)
+    wbuf = ggml.backend_alloc_ctx_tensors_from_buft(ctx_w, buft or ggml.backend_cpu_buffer_type())
+    graph = ggml.new_graph(ctx)
+    ggml.build_forward_expand(graph, node)
+    cbuf = ggml.backend_alloc_ctx_tensors_from_buft(ctx, ggml.backend_cpu_buffer_type())
+    from torchggml.quants import quantize
+    try:
+        blocks = quantize(qtype, torch.randn(n, k) * 0.1)
+    except ValueError:  # types without a quantizer here: random bytes with sane scales
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from test_cpu_quant import random_blocks
+        blocks = random_blocks(qtype, n, k, seed=0)
+    ggml.backend_tensor_set(a, blocks.numpy())
+    ggml.backend_tensor_set(b, torch.randn(m, k))
+    plan = ggml.backend_graph_plan_create(backend, graph)
+    seconds = best_of(lambda: ggml.backend_graph_plan_compute(backend, plan), reps)
+    stored = wbuf.size
+    ggml.backend_graph_plan_free(backend, plan)
+    del cbuf
+    return seconds, stored
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, default=2816)
+    p.add_argument("--k", type=int, default=1024)
+    p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("-r", "--reps", type=int, default=10)
+    p.add_argument("--types", default=DEFAULT_TYPES)
+    args = p.parse_args(argv)
+    backend = ggml.backend_cpu_init()
+    ggml.backend_cpu_set_n_threads(backend, args.threads)
+    feats = " ".join(k for k, v in cpu_features().items() if v == "1")
+    path = cpu_path()
+    buft = repack_buffer_type()
+    print(f"CPU {cpu_features()['CPU_CAPABILITY']} ({feats}), path {path}, {args.threads} threads, "
+          f"weight {args.n}x{args.k}")
+    print(f"copy bandwidth: {copy_bandwidth():.1f} GB/s (read + write)")
+    print(f"{'type':8s} {'stored MB':>9s} {'M=1 us':>8s} {'M=1 GB/s':>9s} {'M=128 ms':>9s}")
+    for name in args.types.split(","):
+        qtype = T[name]
+        use = buft if buft is not None and buft.supports_weight(qtype, [args.k, args.n]) else None
+        t1, stored = run_product(qtype, args.n, args.k, 1, use, backend, args.reps)
+        t128, _ = run_product(qtype, args.n, args.k, 128, use, backend, max(3, args.reps // 3))
+        print(f"{name:8s} {stored / 1e6:9.2f} {t1 * 1e6:8.0f} {stored / t1 / 1e9:9.1f} {t128 * 1e3:9.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
