@@ -136,19 +136,9 @@ def _circles(graph) -> list[list[str]]:
     return circles
 
 
-# Circles known and being removed: the model layer (Model, GGMLModule, LoraAdapter import each
-# other inside functions) is restructured under issue 11's model items. This list only
-# shrinks: a new circle fails, and so does a listed one that is gone (delete it here).
-KNOWN_CIRCLES = [
-    ["torchggml.models", "torchggml.models.model", "torchggml.models.module"],  # lora left it (builder.is_matmul_weight)
-]
-
-
 def test_no_import_circles():
     _, graph = _import_graph()
-    circles = _circles(graph)
-    assert [c for c in circles if c not in KNOWN_CIRCLES] == [], "new import circles"
-    assert [c for c in KNOWN_CIRCLES if c not in circles] == [], "a known circle is gone: delete it from KNOWN_CIRCLES"
+    assert _circles(graph) == [], "import circles"
 
 
 def test_the_checks_see_a_circle_and_an_upward_import():

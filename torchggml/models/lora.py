@@ -30,6 +30,7 @@ from ..graph import build_forward_expand, graph_clear
 from ..interop import to_torch
 from ..tensor import Tensor, set_name, set_output
 from ..types import Type
+from .builder import is_matmul_weight
 
 # the projections of every layer (llama.cpp's LoRA targets; "output" adds the output head)
 DEFAULT_TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -84,7 +85,6 @@ class LoraAdapter:
                seed: int = 0) -> "LoraAdapter":
         """New adapters for `targets`: A uniform in +-1/sqrt(n_in), B zero (so the model's output
         is unchanged until B is trained); alpha defaults to rank (s = 1)."""
-        from .builder import is_matmul_weight
         if int(rank) <= 0:
             raise ValueError(f"add_lora: rank must be positive, got {rank}")
         rank = int(rank)
@@ -135,6 +135,18 @@ class LoraAdapter:
                 info = f.tensor_info(tname)
                 data = gguf.quants.dequantize(f.tensor_data(tname), gguf.GGMLQuantizationType(int(info.type)))
                 backend_tensor_set(t, torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32)))
+        return adapter
+
+    def copy_for(self, model) -> "LoraAdapter":
+        """The same adapters, values copied, on `model`'s weights (the same file loaded again,
+        e.g. on another device)."""
+        ranks = {n: b.ne[0] for n, (_, b) in self.pairs.items()}
+        adapter = LoraAdapter({n: model.weights.tensors[n] for n in self.pairs}, self.arch, self.alpha, self.scale)
+        adapter._allocate(ranks)
+        for (a, b), (a0, b0) in zip(adapter.pairs.values(), self.pairs.values()):
+            with torch.no_grad():
+                to_torch(a).copy_(to_torch(a0))
+                to_torch(b).copy_(to_torch(b0))
         return adapter
 
     # ------------------------------------------------------------ use

@@ -23,6 +23,9 @@ Placement: every layer (its weights and its KV cache) lives on one device. The s
 (backend_sched) runs every graph, as llama.cpp does: on one device the graph is one split; across
 several devices it is cut where the device changes and activations are copied between them.
 The architecture (models/archs/) says which keys and tensors the file has and builds the graph.
+
+Imports: this module composes lora.py (add_lora/load_lora) and module.py (as_module); they take
+the model as an argument and do not import this module back (no circle).
 """
 from __future__ import annotations
 
@@ -48,6 +51,8 @@ from .builder import (Arch, GraphBuilder, ModelGraph, Weights, graph_size, is_ma
                       tensor_layer)
 from .hparams import HParams, read_hparams
 from .kv_cache import KVCache, kv_type_from_name
+from .lora import DEFAULT_TARGETS, LoraAdapter
+from .module import GGMLModule
 from .params import ModelParams
 
 log = logging.getLogger(__name__)
@@ -291,20 +296,29 @@ class Model:
 
     # ------------------------------------------------------------ PyTorch integration
 
-    def as_module(self):
+    def as_module(self) -> GGMLModule:
         """This model as a torch.nn.Module (see torchggml/models/module.py)."""
-        from .module import GGMLModule
         return GGMLModule(self)
+
+    def reloaded_on(self, device) -> "Model":
+        """This model loaded again on `device` (a name or Device) with the same context, batch
+        and cache options, its LoRA adapter copied along; itself when it already lives there alone."""
+        device = find_device(device)
+        if self.placement.single and self.placement.devices[0] is device:
+            return self
+        new = load(self.path, devices=[device], n_ctx=self.n_ctx, n_batch=self.n_batch,
+                   flash_attn=self.flash_attn, kv_type=self.kv_type.name.lower(), progress=False)
+        if self.lora is not None:
+            new.set_lora(self.lora.copy_for(new))
+        return new
 
     def add_lora(self, rank: int, targets=None, alpha: float | None = None, seed: int = 0):
         """Add trainable LoRA adapters (see torchggml/models/lora.py) and return them."""
-        from .lora import LoraAdapter, DEFAULT_TARGETS
         self._require_weights("add_lora")
         return self.set_lora(LoraAdapter.create(self, rank, targets or DEFAULT_TARGETS, alpha, seed))
 
     def load_lora(self, path, scale: float = 1.0):
         """Apply a GGUF LoRA adapter file (llama.cpp's format) and return it."""
-        from .lora import LoraAdapter
         self._require_weights("load_lora")
         return self.set_lora(LoraAdapter.load(self, path, scale))
 

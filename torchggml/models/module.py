@@ -202,8 +202,7 @@ class GGMLModule(torch.nn.Module):
         from ..backend.device import Device
         target = args[0] if args else kwargs.get("device")
         if isinstance(target, (str, Device)) and not _is_torch_device_string(target):
-            from .model import find_device
-            device = find_device(target)
+            device = target  # a ggml device name or Device: the model resolves it
         else:
             device, dtype, *_ = torch._C._nn._parse_to(*args, **kwargs)
             if dtype is not None and dtype != torch.float32:
@@ -212,24 +211,9 @@ class GGMLModule(torch.nn.Module):
                 return self
             from ..backend.registry import backend_dev_for_torch_device
             device = backend_dev_for_torch_device(device)
-        model = self.model
-        if model.placement.single and model.placement.devices[0] is device:
-            return self
-        from . import load_model
-        new = load_model(model.path, devices=[device], n_ctx=model.n_ctx, n_batch=model.n_batch,
-                         flash_attn=model.flash_attn, kv_type=model.kv_type.name.lower(), progress=False)
-        if model.lora is not None:
-            from .lora import LoraAdapter
-            old = model.lora
-            ranks = {n: b.ne[0] for n, (_, b) in old.pairs.items()}
-            adapter = LoraAdapter({n: new.weights.tensors[n] for n in old.pairs}, old.arch, old.alpha, old.scale)
-            adapter._allocate(ranks)
-            for (a, b), (a0, b0) in zip(adapter.pairs.values(), old.pairs.values()):
-                with torch.no_grad():
-                    to_torch(a).copy_(to_torch(a0))
-                    to_torch(b).copy_(to_torch(b0))
-            new.set_lora(adapter)
-        self._bind(new)
+        new = self.model.reloaded_on(device)
+        if new is not self.model:
+            self._bind(new)
         return self
 
 
