@@ -1,15 +1,18 @@
 """MUL_MAT (every broadcast rule; src0 of any readable type, block types dequantized; src1
 F32/F16/BF16), MUL_MAT_ID (mixture of experts) and OUT_PROD.
 
-Products run in float32 on dequantized weights, except 2-D F16/BF16 weights: as in ggml's CPU
-backend (whose vec_dot_type for them is F16/BF16) the activations are rounded to the weight's
-type and the product runs in it, which is many times faster than converting the weights at
-every call (17x for a 4096x4096 F16 matvec on an AVX512-FP16 CPU); F16 micro-batches of 16 rows
-and more convert the weight to float32 instead (faster where the CPU has no FP16 arithmetic). torch's half GEMM also rounds
-each result to the half type (ggml keeps float32 results): on the F16 golden models this moves
-the error against llama.cpp from 4.9e-4 to 6.7e-4 (the bound is 2e-3). Broadcasting a over b's dims 2 and 3 never
-copies a: b's matrices are regrouped by the a matrix they share, so each a matrix meets all its
-b rows in one product. Large converted weights are dequantized in row chunks to bound memory.
+Products run in float32 on dequantized weights. 2-D F16/BF16 weights keep float32 results as
+in ggml (f32 accumulation and output), never a half-rounded product: where torch has a half GEMM
+with float32 output for the device (torch.mm's out_dtype: CUDA) the activations are rounded to
+the weight's type for it, as ggml's CUDA backend does; elsewhere the weight is converted to
+float32 at each call and the activations are not rounded. So a product split into partial sums
+(the meta device) matches one device to float32 summation order: on the F16 golden models
+Meta(SIM0,SIM1) vs SIM0 moves from 6.6e-4 (half results) to 1e-5 relative L2 (rounding the
+activations to F16 would leave 2.3e-4: summation-order differences flip their roundings). The
+CPU table chooses its own faster half GEMM (torch_backend/cpu.py).
+Broadcasting a over b's dims 2 and 3 never copies a: b's matrices are regrouped by the a matrix
+they share, so each a matrix meets all its b rows in one product. Large converted weights are
+dequantized in row chunks to bound memory.
 MUL_MAT binds its views and the conversion once; weights are read (converted) at every call.
 A device may bind its own product for 2-D weights (`bind_mul_mat(node, weight_product)`): the CPU
 multiplies weights in its repack buffers through torch's int4 GEMM that way (torch_backend/cpu.py).
@@ -29,13 +32,6 @@ KERNELS = KernelTable("matmul")
 
 # weights that need converting (block types, F16, BF16) are converted this many values at a time
 CHUNK_VALUES = 1 << 22
-# from this many rows on, F16 products convert the weight to f32: 128x1024x2816 takes 72 ms in
-# torch's half GEMM on AVX2 and 33 ms converting first (Zen 4: 50-85 ms vs 13-18 ms); below, the
-# half GEMV reads half the bytes. (bf16 would be faster on AVX512-BF16 but loses F16's precision:
-# 5.6e-3 relative error on the F16 golden model, bound 2e-3.)
-HALF_CONVERT_ROWS = 16
-
-
 @functools.lru_cache(maxsize=None)
 def _readable_types() -> frozenset:
     from ...quants import dequantize_types
@@ -76,11 +72,25 @@ def _times_converted(raw, to_float, rows, out) -> None:
     torch.matmul(rows, to_float(raw).T, out=out)
 
 
-def _times_half(weight_t, rows, out) -> None:
-    if weight_t.dtype == torch.float16 and rows.shape[0] >= HALF_CONVERT_ROWS:
-        torch.matmul(rows.float(), weight_t.float(), out=out)  # a micro-batch: f32 GEMM
-        return
-    out.copy_(torch.matmul(rows.to(weight_t.dtype), weight_t))
+@functools.lru_cache(maxsize=None)
+def _has_half_gemm_to_f32(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether torch.mm(half, half, out_dtype=float32, out=...) runs on this device type."""
+    try:
+        a = torch.zeros(1, 1, dtype=dtype, device=device_type)
+        torch.mm(a, a, out_dtype=torch.float32, out=torch.empty(1, 1, device=device_type))
+        return True
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+
+
+def _times_half_to_f32(weight_t, rows, out) -> None:
+    """ggml's F16/BF16 product: activations rounded to the weight's type, float32 results."""
+    torch.mm(rows.to(weight_t.dtype), weight_t, out_dtype=torch.float32, out=out)
+
+
+def _times_half_converted(weight_t, rows, out) -> None:
+    """Where torch has no half GEMM with float32 output: the weight in float32 (exact values)."""
+    torch.matmul(rows, weight_t.float(), out=out)
 
 
 def _times_chunks(chunks, to_float, rows, out) -> None:
@@ -90,13 +100,15 @@ def _times_chunks(chunks, to_float, rows, out) -> None:
 
 def bind_weight_product(a):
     """fn(rows [R, K], out [R, N]): out = rows @ a^T for a 2-D weight a (N rows of K). An F32
-    weight is used in place; others are converted at each call, chunk by chunk when big."""
+    weight is used in place; F16/BF16 ones by a half GEMM with float32 output where torch has one;
+    others are converted at each call, chunk by chunk when big."""
     n, k = a.ne[1], a.ne[0]
     raw = view(a)[0, 0]
     if a.type == Type.F32:
         return functools.partial(_times_weight_t, raw.T)
     if a.type in (Type.F16, Type.BF16):
-        return functools.partial(_times_half, raw.T)
+        half_gemm = _has_half_gemm_to_f32(raw.device.type, raw.dtype)
+        return functools.partial(_times_half_to_f32 if half_gemm else _times_half_converted, raw.T)
     if n * k <= CHUNK_VALUES:
         return functools.partial(_times_converted, raw, float_reader(a))
     step = max(1, CHUNK_VALUES // k)
