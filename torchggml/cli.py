@@ -113,7 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    finally:
+        from .models.tensor_parallel import end_dist_group
+        end_dist_group()
 
 
 if __name__ == "__main__":

@@ -109,6 +109,23 @@ def tensor_parallel_device(file, hp: HParams, devices, kv_type, group=None):
     return backend_meta_device(devs, split, group)
 
 
+_owned_group = False  # dist_devices initialised the process group (so end_dist_group ends it)
+
+
+def end_dist_group() -> None:
+    """Ends the process group dist_devices initialised, after every rank reached this point: a
+    rank that exits while gloo's threads still serve its peers aborts ("terminate called without
+    an active exception"). A group the caller initialised is left to the caller."""
+    global _owned_group
+    if not _owned_group:
+        return
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    _owned_group = False
+
+
 def dist_devices():
     """([this rank's device], the world group) under torchrun: the process group is initialised
     from the environment when needed (NCCL with CUDA, gloo otherwise); the device is
@@ -122,6 +139,8 @@ def dist_devices():
             raise RuntimeError("tensor_parallel='dist' needs torch.distributed: start the program with "
                                "torchrun (e.g. torchrun --nproc-per-node 2 -m torchggml eval ...)")
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        global _owned_group
+        _owned_group = True
     local = int(os.environ.get("LOCAL_RANK", 0))
     device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"
     return [backend_dev_for_torch_device(device)], dist.group.WORLD
