@@ -14,6 +14,7 @@ import torch
 
 from torchggml.models import load_model
 from torchggml.models.tiny import CASES_BY_NAME, file_sha256, write_tiny_model
+from torchggml.torch_backend.cpu_quant.features import cpu_path
 
 DATA = Path(__file__).resolve().parent / "data" / "archs"
 MANIFEST = json.loads((DATA / "manifest.json").read_text())
@@ -72,11 +73,12 @@ def eval_and_check(key: str, model_dir: Path, **options) -> None:
     model.close()
 
 
-# CPU_REPACK rounds activations to bf16 before its int4 GEMM; in the MoE model those small
-# differences flip the router's top-2 choice for one token, whose logits then move by 28%
-# (measured: 6.2e-2 relative L2 over all tokens with repack, 1.5e-2 without).
-# The MoE graph is compared in ggml's Q4_0 layout; repacking is tested on dense models.
-OPTIONS = {"llama-moe-Q4_0": dict(repack=False)}
+# The int4 CPU_REPACK path rounds activations to bf16 before its int4 GEMM; in the MoE model
+# those small differences flip the router's top-2 choice for one token, whose logits then move
+# by 28% (measured: 6.2e-2 relative L2 over all tokens with int4 repack, 1.5e-2 without): on that
+# path the MoE graph is compared in ggml's Q4_0 layout. The fused path (the default; experts
+# repacked too) rounds activations as ggml does and stays at 2.2e-2.
+OPTIONS = {"llama-moe-Q4_0": dict(repack=False)} if cpu_path() == "int4" else {}
 
 
 @pytest.mark.parametrize("flash_attn", [False, True], ids=["no-fa", "fa"])

@@ -1,17 +1,19 @@
 """The CPU's fused quantized products (torch_backend/cpu_quant): every block type decomposed
-exactly into (q, scale, bias); MUL_MAT with a weight in the fused repack buffer against a
-float64 product of the dequantized weight, per type and path (fused matvec for few rows,
-dequantize + GEMM in float32 or bf16 for micro-batches); path selection; golden models on
-every selectable path."""
+exactly into (q, scale, bias); MUL_MAT with a weight in the fused repack buffer, and MUL_MAT_ID
+with experts there, against a float64 product of gguf's dequantized weight, per type and path
+(fused matvec for few rows, dequantize + GEMM in float32 or bf16 for micro-batches); path
+selection; golden models on every selectable path."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
+from gguf import GGMLQuantizationType, quants as gguf_quants
+
 import torchggml as ggml
 from torchggml.quants import dequantize
-from torchggml.torch_backend.cpu import cpu_reg
+from torchggml.torch_backend.cpu import cpu_device, cpu_reg
 from torchggml.torch_backend.cpu_quant import layout
 from torchggml.torch_backend.cpu_quant.decompose import DECOMPOSE, decompose
 from torchggml.torch_backend.cpu_quant.features import PATHS, cpu_features, cpu_path
@@ -71,6 +73,90 @@ def test_fused_mul_mat_matches_float64(qtype, n, k, m, gemm, monkeypatch):
     # int8 activations (m < FUSED_MAX_ROWS) and bf16 GEMMs round like llama.cpp: its bound
     bound = 1e-9 if gemm == "f32" and m >= layout.FUSED_MAX_ROWS else 5e-4
     assert nmse(ours.numpy(), (x.double() @ w.T).numpy()) < bound
+
+
+# ---------------------------------------------------------------- MUL_MAT_ID with fused experts
+
+def _ids_table(name: str, n_tokens: int, n_used: int, n_expert: int) -> torch.Tensor:
+    """ids [n_tokens, n_used] (torch order) of a named pattern, so that each case takes a known path."""
+    t = torch.arange(n_tokens)[:, None]
+    s = torch.arange(n_used)[None, :]
+    if name == "spread":  # consecutive experts: with few tokens each expert gets < 4 rows
+        return (t * n_used + s) % n_expert
+    if name == "rotate":  # expert (t + s) % E: every expert used n_tokens * n_used / E times
+        return (t + s) % n_expert
+    if name == "skewed":  # experts 0, 1 for all tokens but the last (GEMM), 2, 3 for it (matvec)
+        return torch.where(t < n_tokens - 1, s, s + 2).expand(n_tokens, n_used)
+    if name == "repeated":  # one expert twice per token (ggml allows it)
+        return (t % n_expert).expand(n_tokens, n_used)
+    raise ValueError(name)
+
+
+# (n_expert, n_used, b.ne1, n_tokens, ids pattern, the paths it takes)
+ID_SHAPES = [
+    (8, 2, 1, 1, "spread", {"matvec"}),       # decode, one activation row broadcast to both slots
+    (8, 2, 2, 3, "spread", {"matvec"}),       # a few tokens, each slot its own row
+    (4, 2, 2, 12, "rotate", {"gemm"}),        # a prompt: every expert 6 rows
+    (4, 2, 1, 10, "rotate", {"gemm"}),        # a prompt, b broadcast over the slots
+    (6, 2, 2, 5, "skewed", {"gemm", "matvec"}),
+    (4, 3, 3, 2, "repeated", {"matvec"}),
+]
+ID_CASES = [(qtype, *shape) for qtype in TYPES for shape in ID_SHAPES]
+
+
+def expert_graph(qtype, n: int, k: int, n_expert: int, n_used: int, b_used: int, n_tokens: int):
+    """experts [k, n, n_expert] in the fused buffer, b [k, b_used, n_tokens], ids; the node."""
+    wctx = ggml.init(mem_size=1 << 20, no_alloc=True)
+    experts = ggml.new_tensor_3d(wctx, qtype, k, n, n_expert)
+    ctx = ggml.init(mem_size=1 << 20, no_alloc=True)
+    b = ggml.new_tensor_3d(ctx, T.F32, k, b_used, n_tokens)
+    ids = ggml.new_tensor_2d(ctx, T.I32, n_used, n_tokens)
+    node = ggml.mul_mat_id(ctx, experts, b, ids)
+    bufs = (ggml.backend_alloc_ctx_tensors_from_buft(wctx, repack_buffer_type("fused")),
+            ggml.backend_alloc_ctx_tensors_from_buft(ctx, ggml.backend_cpu_buffer_type()))
+    graph = ggml.new_graph(ctx)
+    ggml.build_forward_expand(graph, node)
+    return experts, b, ids, node, graph, bufs
+
+
+@pytest.mark.parametrize("qtype,n_expert,n_used,b_used,n_tokens,pattern,paths", ID_CASES,
+                         ids=[f"{c[0].name}-e{c[1]}u{c[2]}-b{c[3]}-t{c[4]}-{c[5]}" for c in ID_CASES])
+def test_fused_mul_mat_id_matches_float64(qtype, n_expert, n_used, b_used, n_tokens, pattern, paths, monkeypatch):
+    monkeypatch.setenv("TORCHGGML_CPU_GEMM", "f32")
+    taken = set()
+    for name in ("matvec", "gemm"):  # record which products run
+        fn = getattr(layout, f"_{name}")
+        monkeypatch.setattr(layout, f"_{name}", lambda *a, _fn=fn, _name=name: (taken.add(_name), _fn(*a))[1])
+    n, k = 24, 256
+    blocks = random_blocks(qtype, n * n_expert, k, seed=n_expert * n_tokens + int(qtype))
+    w = torch.from_numpy(gguf_quants.dequantize(blocks.numpy(), GGMLQuantizationType(int(qtype))))
+    w = w.double().reshape(n_expert, n, k)
+    experts, b, ids, node, graph, _bufs = expert_graph(qtype, n, k, n_expert, n_used, b_used, n_tokens)
+    assert isinstance(experts.buffer.buft, layout.FusedBufferType)
+    ggml.backend_tensor_set(experts, blocks.numpy())
+    x = torch.rand(n_tokens, b_used, k, generator=torch.Generator().manual_seed(n_tokens)) * 2 - 1
+    chosen = _ids_table(pattern, n_tokens, n_used, n_expert)
+    ggml.backend_tensor_set(b, x)
+    ggml.backend_tensor_set(ids, chosen.to(torch.int32))
+    assert ggml.backend_dev_supports_op(cpu_device(), node)
+    assert ggml.backend_graph_compute(ggml.backend_cpu_init(), graph) == ggml.Status.SUCCESS
+    ours = torch.as_tensor(ggml.backend_tensor_get(node)).reshape(n_tokens, n_used, n).double()
+    rows = x.double()[:, torch.arange(n_used) % b_used]                     # [n_tokens, n_used, k]
+    ref = torch.einsum("tunk,tuk->tun", w[chosen], rows)
+    assert taken == paths
+    bound = 1e-9 if paths == {"gemm"} else 5e-4  # int8 activations round like llama.cpp: its bound
+    assert nmse(ours.numpy(), ref.numpy()) < bound
+
+
+def test_fused_experts_only_as_mul_mat_id_weights():
+    """3-D experts in the fused buffer are read by MUL_MAT_ID; MUL_MAT would read them as blocks."""
+    experts, b, ids, node, graph, bufs = expert_graph(T.Q8_0, 8, 64, 4, 2, 2, 1)
+    ctx = ggml.init(mem_size=1 << 20, no_alloc=True)
+    rows = ggml.new_tensor_3d(ctx, T.F32, 64, 1, 4)
+    assert ggml.backend_dev_supports_op(cpu_device(), node)
+    assert not ggml.backend_dev_supports_op(cpu_device(), ggml.mul_mat(ctx, experts, rows))
+    assert not repack_buffer_type("int4").supports_weight(T.Q4_0, [64, 8, 4])  # its layout is 2-D only
+    assert repack_buffer_type("fused").supports_weight(T.Q4_0, [64, 8, 4])
 
 
 def test_path_override(monkeypatch):

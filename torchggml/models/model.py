@@ -586,6 +586,11 @@ class Model:
         self._graph = self._ctx = self.w = self.weights = self.kv = self.sched = None
 
 
+# experts, read only by MUL_MAT_ID: offered to extra buffer types too (llama.cpp asks them about
+# the op that reads each weight; the CPU's fused repack layout serves MUL_MAT_ID)
+EXPERT_WEIGHTS = tuple(f"ffn_{n}_exps.weight" for n in ("gate", "up", "down", "gate_up"))
+
+
 def extra_buffer_types(device: Device) -> list:
     """The device's extra buffer types that take weights in their own layout (ggml's
     ggml_backend_dev_get_extra_bufts, e.g. the CPU's CPU_REPACK), as llama.cpp uses them."""
@@ -623,7 +628,7 @@ def load(path, params: ModelParams | None = None, **options) -> Model:
 
     def buft_of(name: str):
         device = device_of(name)
-        if params.repack and is_matmul_weight(name):
+        if params.repack and (is_matmul_weight(name) or name.endswith(EXPERT_WEIGHTS)):
             info = file.tensor_info(name)
             for extra in extra_buffer_types(device):
                 if extra.supports_weight(info.type, info.ne):

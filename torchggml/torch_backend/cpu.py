@@ -16,7 +16,7 @@ from ..memory import TorchBufferType, buffer_from_torch
 from ..profiler import profiling, run_calls_profiled
 from .kernels import TORCH_KERNELS, KernelTable, binds, run_calls
 from .kernels.common import view
-from .kernels.matmul import bind_mul_mat, bind_weight_product
+from .kernels.matmul import bind_expert_product, bind_mul_mat, bind_mul_mat_id, bind_weight_product
 from .plan import CompiledPlan, compile_graph
 from .cpu_quant.features import cpu_features, cpu_path, fastest_gemm_dtype
 from .cpu_quant.kernels import numba_available, set_numba_threads
@@ -67,6 +67,19 @@ def _bind_cpu_mul_mat(node):
 @binds(_bind_cpu_mul_mat)
 def mul_mat(node):
     _bind_cpu_mul_mat(node)(node)
+
+
+def _bind_cpu_mul_mat_id(node):
+    """Experts in the fused repack layout multiply there (only the used experts are read)."""
+    experts = node.src[0]
+    return bind_mul_mat_id(node, experts.buffer.buft.bind_expert_product if is_repacked(experts)
+                           else bind_expert_product)
+
+
+@CPU_KERNELS.register(Op.MUL_MAT_ID, supports=TORCH_KERNELS.entries[Op.MUL_MAT_ID][1])
+@binds(_bind_cpu_mul_mat_id)
+def mul_mat_id(node):
+    _bind_cpu_mul_mat_id(node)(node)
 
 
 def _cpu_description() -> str:

@@ -16,7 +16,8 @@ the bf16 rounding of scales and zeros: Q4_0 scale d, zero 0; Q4_1 scale d, zero 
 
 The bytes are not ggml's layout: the buffer type is not host memory, only whole-tensor writes
 are accepted, reads raise, and the CPU device runs no op on a repacked tensor but a MUL_MAT
-that has it as its (2-D) weight (`reads_repacked_only_as_weight`).
+that has it as its (2-D) weight, or a MUL_MAT_ID that has it as its experts where the buffer
+type serves those (`RepackBufferType.reads_as_weight`, `reads_repacked_only_as_weight`).
 """
 from __future__ import annotations
 
@@ -153,11 +154,15 @@ class RepackBufferType(TorchBufferType):
         """Whether this tensor (its type, shape, strides) is stored repacked here."""
         return repack_supports(t)
 
+    def reads_as_weight(self, node: Tensor, t: Tensor) -> bool:
+        """Whether `node` may read t (stored here) as its src0: MUL_MAT of a 2-D weight (the
+        fused layout also serves MUL_MAT_ID's experts, through bind_expert_product)."""
+        return node.op == Op.MUL_MAT and t.ne[2] == 1 and t.ne[3] == 1
+
     def bind_product(self, t: Tensor):
         """fn(rows [R, K] float, out [R, N] f32): out = rows @ t^T for a tensor stored here."""
         nibbles, scales = repacked_views(t)
         return functools.partial(_times_packed, nibbles, scales, t.ne[1])
-
 
 
 class RepackBuffer(TorchBuffer):
@@ -207,17 +212,17 @@ class RepackBuffer(TorchBuffer):
 # ---------------------------------------------------------------- what may read repacked tensors
 
 def reads_repacked_only_as_weight(node: Tensor) -> bool:
-    """False when the node would read a repacked tensor as ggml data: the only reader allowed
-    is MUL_MAT with the repacked tensor itself (not a view) as its weight and float rows.
-    View ops read nothing."""
+    """False when the node would read a repacked tensor as ggml data: the only readers allowed
+    are MUL_MAT (and MUL_MAT_ID, where the buffer type serves it) with the repacked tensor itself
+    (not a view) as src0 and float rows. View ops read nothing."""
     if node.op in VIEW_OPS:
         return True
     for i, src in enumerate(node.src):
         if not is_repacked(src):
             continue
-        b = node.src[1]
-        if not (node.op == Op.MUL_MAT and i == 0 and src.view_src is None
-                and memory_buffer(src).buft.supports_tensor(src)
+        b, buft = node.src[1], memory_buffer(src).buft
+        if not (i == 0 and src.view_src is None and buft.reads_as_weight(node, src)
+                and buft.supports_tensor(src)
                 and b is not None and b.type in (Type.F32, Type.F16, Type.BF16)):
             return False
     return True
@@ -231,7 +236,7 @@ def check_repacked_reads(nodes, device_name: str) -> None:
             srcs = ", ".join(s.describe() for s in node.src if is_repacked(s))
             raise UnsupportedOpError(f"op {node.op.name} on {device_name} cannot read repacked weights "
                                      f"({srcs}) for {node.describe()}: only MUL_MAT with the weight as "
-                                     f"src0 can")
+                                     f"src0 can (and MUL_MAT_ID with experts in the fused layout)")
 
 
 # ---------------------------------------------------------------- MUL_MAT with a repacked weight

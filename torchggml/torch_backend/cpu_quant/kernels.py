@@ -8,11 +8,16 @@ activations are not quantized. The per-lane accumulator `lanes` keeps LLVM's vec
 lane loop instead of an unrolled horizontal sum per group. LLVM compiles for the host CPU's
 features (AVX2, AVX-512, NEON), which is what numba gives by default.
 
-    matvec(q, scale, bias, has_bias, x, xsum, out)   out[m, n] = sum_k W[n, k] x[m, k]
+    quantize_rows(x, g, xq, xd, xsum)       x f32 [M, K] -> int8 xq, group scales xd and sums xsum
+    matvec(q, scale, bias, has_bias, w_row0, xq, xd, xsum, x_row, out)
+        out[m, n] = sum_k W[w_row0[m] + n, k] * x[x_row[m], k]      (x as xq * xd per group)
     dequantize_rows(q, scale, bias, has_bias, out)   out[n, k] = W[n, k] (float32)
 
-q int8 [N, K], scale/bias f32 [N, K/G] (bias unused when has_bias is False), x f32 [M, K],
-xsum f32 [M, K/G] (the sums of x over each group, for the bias), out f32 [M, N] / [N, K].
+q int8 [rows, K], scale/bias f32 [rows, K/G] (bias unused when has_bias is False), xq int8
+[X, K], xd and xsum f32 [X, K/G] (xsum: the sums of x over each group, for the bias), out f32
+[M, N] / [rows, K]. w_row0 and x_row (int64 [M]) pick each output row's weight matrix (its first
+row in q: several experts' matrices stacked, MUL_MAT_ID) and activation row; MUL_MAT passes
+zeros and 0..M-1.
 The *_nibbles variants read 4-bit weights (Q4_0, Q4_1, Q4_K) two to a byte: the same speed in
 values/s as int8 on one core (~6 G/s) from half the bytes, which is what counts once several
 cores share the memory bus.
@@ -103,38 +108,38 @@ def numba_kernels():
                 xsum[m, j] = total
 
     @njit(fastmath=True, parallel=True, cache=True, nogil=True)
-    def matvec(q, scale, bias, has_bias, xq, xd, xsum, out):
-        n_rows, k = q.shape
+    def matvec(q, scale, bias, has_bias, w_row0, xq, xd, xsum, x_row, out):
+        n_rows = out.shape[1]
         n_groups = scale.shape[1]
-        g = k // n_groups
-        m_rows = xq.shape[0]
+        g = q.shape[1] // n_groups
         for n in prange(n_rows):
-            w = q[n]
-            for m in range(m_rows):
-                a = xq[m]
+            for m in range(out.shape[0]):
+                r = w_row0[m] + n
+                w = q[r]
+                a = xq[x_row[m]]
                 acc = np.float32(0)
                 for j in range(n_groups):
                     dot = dot32(w, j * 32, a, j * 32) if g == 32 else dot16(w, j * 16, a, j * 16)
-                    acc += scale[n, j] * xd[m, j] * np.float32(dot)
+                    acc += scale[r, j] * xd[x_row[m], j] * np.float32(dot)
                     if has_bias:
-                        acc += bias[n, j] * xsum[m, j]
+                        acc += bias[r, j] * xsum[x_row[m], j]
                 out[m, n] = acc
 
     @njit(fastmath=True, parallel=True, cache=True, nogil=True)
-    def matvec_nibbles(packed, scale, bias, xq, xd, xsum, out):
-        """As matvec for 4-bit weights: packed uint8 [N, K/2], each group of 32 values in 16
+    def matvec_nibbles(packed, scale, bias, w_row0, xq, xd, xsum, x_row, out):
+        """As matvec for 4-bit weights: packed uint8 [rows, K/2], each group of 32 values in 16
         bytes (byte i: value i in the low nibble, value i + 16 in the high one), W = u*scale + bias."""
-        n_rows = packed.shape[0]
+        n_rows = out.shape[1]
         n_groups = scale.shape[1]
-        m_rows = xq.shape[0]
         for n in prange(n_rows):
-            w = packed[n]
-            for m in range(m_rows):
-                a = xq[m]
+            for m in range(out.shape[0]):
+                r = w_row0[m] + n
+                w = packed[r]
+                a = xq[x_row[m]]
                 acc = np.float32(0)
                 for j in range(n_groups):
                     dot = dot_u4(w, j * 16, a, j * 32)
-                    acc += scale[n, j] * xd[m, j] * np.float32(dot) + bias[n, j] * xsum[m, j]
+                    acc += scale[r, j] * xd[x_row[m], j] * np.float32(dot) + bias[r, j] * xsum[x_row[m], j]
                 out[m, n] = acc
 
     @njit(fastmath=True, parallel=True, cache=True, nogil=True)

@@ -1,19 +1,25 @@
 """The fused path's repack buffer: weights stored as (q, scale, bias), multiplied by numba.
 
-At a repacked tensor's address (N rows of K values, G values per group):
+At a repacked tensor's address (E matrices of N rows of K values, G values per group; E = ne[2]
+is the number of experts of a MUL_MAT_ID weight, 1 for MUL_MAT's):
 
-    q      int8 [N, K]        (4-bit types: uint8 [N, K/2], see below)
-    scale  f32  [N, K/G]      (64-byte aligned after q)
-    bias   f32  [N, K/G]      (only for types with an offset: Q4_1, Q5_1, Q2_K, Q4_K, Q5_K, and
+    q      int8 [E*N, K]      (4-bit types: uint8 [E*N, K/2], see below)
+    scale  f32  [E*N, K/G]    (64-byte aligned after q)
+    bias   f32  [E*N, K/G]    (only for types with an offset: Q4_1, Q5_1, Q2_K, Q4_K, Q5_K, and
                                the 4-bit types)
+
+so expert e's (q, scale, bias) is the slab of rows e*N .. e*N + N-1 of each.
 
 Every block type llama.cpp's CPU backend multiplies is written so at load (decompose.py), which
 costs 8 bits a weight (plus 1-2 for the scales) instead of 5.5-8.5: the price of loops LLVM
 vectorizes. The 4-bit types Q4_0, Q4_1 and Q4_K keep 4 bits: u = q - offset in [0, 15], two to
 a byte (byte i of a 32-value group holds values i and i + 16), with the offset folded into the
-bias (bias + offset*scale; exact in float32). Products: M < FUSED_MAX_ROWS rows of activations run the fused matvec; larger
-micro-batches dequantize the weight once per call into the fastest GEMM dtype and use torch's
-GEMM (the dequantize is ~1% of a 128-row product).
+bias (bias + offset*scale; exact in float32). Products: M < FUSED_MAX_ROWS rows of activations
+run the fused matvec; larger micro-batches dequantize the weight once per call into the fastest
+GEMM dtype and use torch's GEMM (the dequantize is ~1% of a 128-row product). MUL_MAT_ID groups
+its (token, slot) pairs by expert and applies the same rule per expert: the experts with few rows
+share one matvec call over their slabs (activations quantized once), each expert with many
+rows is dequantized once for its GEMM; unused experts are not read.
 """
 from __future__ import annotations
 
@@ -24,12 +30,14 @@ import numpy as np
 import torch
 
 from ...tensor import Tensor, nbytes, round_up
+from ...enums import Op
 from ...types import Type
 from ..repack import RepackBuffer, RepackBufferType, is_whole_contiguous
 from ...memory import byte_view
 from .decompose import DECOMPOSE, HAS_BIAS, decompose, group_size
 from .features import fastest_gemm_dtype
 from .kernels import numba_kernels
+from ..kernels.matmul import experts_grouped
 
 ALIGN = 64
 # below this many activation rows the fused matvec wins; from it on dequantize + GEMM does
@@ -37,6 +45,12 @@ FUSED_MAX_ROWS = 4
 CONVERT_ROWS_VALUES = 1 << 22  # rows are decomposed this many values at a time at load
 
 
+# types whose activations ggml rounds to Q8_0/Q8_1 blocks, which store the scale in float16
+# (the K-quants and IQ4_XS use Q8_K: float32 scales). Rounding ours alike keeps MoE routers on
+# llama.cpp's choice: the llama-moe Q4_0 model's decode logits move 6.5e-2 from llama.cpp's
+# with float32 scales (one token's top-2 experts flip), 2.2e-2 with float16 ones.
+F16_ACTIVATION_SCALES = frozenset({Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.IQ4_NL,
+                                   Type.MXFP4})
 # 4-bit types stored two values to a byte, and the offset that makes their q unsigned
 NIBBLE_OFFSET = {Type.Q4_0: -8, Type.Q4_1: 0, Type.Q4_K: 0}
 
@@ -46,13 +60,14 @@ def _has_bias(qtype) -> bool:
 
 
 def supports_shape(qtype, ne) -> bool:
+    """A 2-D (MUL_MAT) or 3-D (MUL_MAT_ID experts) weight of a decomposed type."""
     ne = list(ne) + [1] * (4 - len(ne))
-    return qtype in DECOMPOSE and ne[2] == 1 and ne[3] == 1 and ne[0] % group_size(qtype) == 0
+    return qtype in DECOMPOSE and ne[3] == 1 and ne[0] % group_size(qtype) == 0
 
 
-def _layout(t: Tensor) -> tuple[int, int, int, int, int]:
-    """(N, K, G, scale offset, bias offset, total bytes)."""
-    k, n = t.ne[0], t.ne[1]
+def _layout(t: Tensor) -> tuple[int, int, int, int, int, int]:
+    """(rows E*N, K, G, scale offset, bias offset, total bytes)."""
+    k, n = t.ne[0], t.ne[1] * t.ne[2]
     g = group_size(t.type)
     scale_at = round_up(n * k // (2 if t.type in NIBBLE_OFFSET else 1), ALIGN)
     groups_bytes = n * (k // g) * 4
@@ -62,8 +77,8 @@ def _layout(t: Tensor) -> tuple[int, int, int, int, int]:
 
 
 def packed_views(t: Tensor):
-    """(q int8 [N, K] or nibbles uint8 [N, K/2], scale f32 [N, K/G], bias f32 [N, K/G] or None)
-    at t's address."""
+    """(q int8 [E*N, K] or nibbles uint8 [E*N, K/2], scale f32 [E*N, K/G], bias f32 [E*N, K/G] or
+    None) at t's address."""
     n, k, g, scale_at, bias_at, total = _layout(t)
     raw = byte_view(t.buffer, t.data - t.buffer.base, total)
     q = raw[:n * k // 2].view(n, k // 2) if t.type in NIBBLE_OFFSET else raw[:n * k].view(torch.int8).view(n, k)
@@ -84,18 +99,25 @@ class FusedBufferType(RepackBufferType):
     def supports_tensor(self, t: Tensor) -> bool:
         return is_whole_contiguous(t) and supports_shape(t.type, t.ne)
 
+    def reads_as_weight(self, node: Tensor, t: Tensor) -> bool:
+        """MUL_MAT of a 2-D weight, and MUL_MAT_ID of experts."""
+        return super().reads_as_weight(node, t) or node.op == Op.MUL_MAT_ID
+
     def bind_product(self, t: Tensor):
         """fn(rows [R, K] float, out [R, N] f32): out = rows @ t^T."""
-        q, scale, bias = packed_views(t)
-        return functools.partial(_product, _Packed(t.type, q, scale, bias))
+        return functools.partial(_product, _Packed.of(t))
+
+    def bind_expert_product(self, t: Tensor):
+        """fn(acts, pair_rows, pair_experts, out) for MUL_MAT_ID (kernels.matmul.bind_mul_mat_id)."""
+        return functools.partial(_expert_product, _Packed.of(t))
 
 
 class FusedBuffer(RepackBuffer):
     def set_tensor(self, tensor: Tensor, data: torch.Tensor, offset: int, size: int) -> None:
-        self.check_whole_write(tensor, offset, size, f"contiguous 2-D weights of types "
+        self.check_whole_write(tensor, offset, size, f"contiguous 2-D or 3-D weights of types "
                                                      f"{', '.join(sorted(t.name for t in DECOMPOSE))}")
         q, scale, bias = packed_views(tensor)
-        n, k = tensor.ne[1], tensor.ne[0]
+        n, k = q.shape[0], tensor.ne[0]
         blocks = data[:size].reshape(n, -1).cpu()
         step = max(1, CONVERT_ROWS_VALUES // k)
         for r0 in range(0, n, step):  # chunks of rows bound the temporaries
@@ -120,15 +142,27 @@ FusedBufferType.buffer_class = FusedBuffer
 
 
 class _Packed:
-    """A repacked weight's arrays as numpy (what numba takes), bound once."""
+    """A repacked weight's arrays as numpy (what numba takes), bound once; n rows per matrix."""
 
-    def __init__(self, qtype, q, scale, bias):
+    def __init__(self, qtype, q, scale, bias, n: int):
+        self.qtype, self.n = qtype, n
         self.nibbles = qtype in NIBBLE_OFFSET
-        self.n, self.k = q.shape[0], q.shape[1] * (2 if self.nibbles else 1)
+        self.k = q.shape[1] * (2 if self.nibbles else 1)
         self.g = group_size(qtype)
-        self.q, self.scale = q.numpy(), scale.numpy()
+        self.q, self.scale = q, scale
         self.has_bias = bias is not None
-        self.bias = bias.numpy() if bias is not None else self.scale  # unread without a bias
+        self.bias = bias if bias is not None else scale  # unread without a bias
+
+    @classmethod
+    def of(cls, t: Tensor) -> "_Packed":
+        q, scale, bias = (None if v is None else v.numpy() for v in packed_views(t))
+        return cls(t.type, q, scale, bias, t.ne[1])
+
+    def matrix(self, e: int) -> "_Packed":
+        """Expert e's slab (a view)."""
+        rows = slice(e * self.n, (e + 1) * self.n)
+        return _Packed(self.qtype, self.q[rows], self.scale[rows],
+                       self.bias[rows] if self.has_bias else None, self.n)
 
 
 _scratch = threading.local()
@@ -143,7 +177,7 @@ def _scratch_f32(n_values: int) -> torch.Tensor:
 
 
 def dequantized(p: _Packed) -> torch.Tensor:
-    """The weight as float32 [N, K], in the per-thread scratch buffer."""
+    """The (one-matrix) weight as float32 [N, K], in the per-thread scratch buffer."""
     w = _scratch_f32(p.n * p.k).view(p.n, p.k)
     if p.nibbles:
         numba_kernels()[3](p.q, p.scale, p.bias, w.numpy())
@@ -152,27 +186,66 @@ def dequantized(p: _Packed) -> torch.Tensor:
     return w
 
 
+def _gemm(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
+    """out = rows @ W^T, W dequantized once into the fastest GEMM dtype."""
+    dtype = fastest_gemm_dtype()
+    w = dequantized(p)
+    if dtype == torch.float32:
+        torch.mm(rows.float(), w.T, out=out)
+    else:
+        out.copy_(torch.mm(rows.to(dtype), w.to(dtype).T))
+
+
+def _matvec(p: _Packed, x: torch.Tensor, x_row: np.ndarray, w_row0: np.ndarray, out: torch.Tensor) -> None:
+    """out[i] = W[w_row0[i] : w_row0[i] + N] @ x[x_row[i]]: every x row quantized once to int8 per
+    group, as ggml's vec_dot_type (Q8_0) does, then the fused matvec."""
+    matvec, _, matvec_nibbles, _, quantize_rows = numba_kernels()
+    xf = x.float().contiguous().numpy()
+    xq = np.empty(xf.shape, np.int8)
+    xd = np.empty((xf.shape[0], p.k // p.g), np.float32)
+    xsum = np.empty_like(xd)
+    quantize_rows(xf, p.g, xq, xd, xsum)
+    if p.qtype in F16_ACTIVATION_SCALES:
+        xd[:] = xd.astype(np.float16)
+    target = out if out.is_contiguous() else torch.empty(out.shape, dtype=torch.float32)
+    if p.nibbles:
+        matvec_nibbles(p.q, p.scale, p.bias, w_row0, xq, xd, xsum, x_row, target.numpy())
+    else:
+        matvec(p.q, p.scale, p.bias, p.has_bias, w_row0, xq, xd, xsum, x_row, target.numpy())
+    if target is not out:
+        out.copy_(target)
+
+
+@functools.lru_cache(maxsize=FUSED_MAX_ROWS)
+def _plain_rows(m: int) -> tuple[np.ndarray, np.ndarray]:
+    """MUL_MAT's (x_row, w_row0): output row i reads activation row i and the one matrix."""
+    return np.arange(m, dtype=np.int64), np.zeros(m, dtype=np.int64)
+
+
 def _product(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
     m = rows.shape[0]
     if m >= FUSED_MAX_ROWS:
-        dtype = fastest_gemm_dtype()
-        w = dequantized(p)
-        if dtype == torch.float32:
-            torch.mm(rows.float(), w.T, out=out)
-        else:
-            out.copy_(torch.mm(rows.to(dtype), w.to(dtype).T))
-        return
-    matvec, _, matvec_nibbles, _, quantize_rows = numba_kernels()
-    x = rows.float().contiguous().numpy()
-    # activations rounded to int8 per group, as ggml's vec_dot_type (Q8_0) does
-    xq = np.empty(x.shape, np.int8)
-    xd = np.empty((m, p.k // p.g), np.float32)
-    xsum = np.empty_like(xd)
-    quantize_rows(x, p.g, xq, xd, xsum)
-    target = out if out.is_contiguous() else torch.empty(out.shape, dtype=torch.float32)
-    if p.nibbles:
-        matvec_nibbles(p.q, p.scale, p.bias, xq, xd, xsum, target.numpy())
+        _gemm(p, rows, out)
     else:
-        matvec(p.q, p.scale, p.bias, p.has_bias, xq, xd, xsum, target.numpy())
-    if target is not out:
-        out.copy_(target)
+        _matvec(p, rows, *_plain_rows(m), out)
+
+
+def _expert_product(p: _Packed, acts: torch.Tensor, pair_rows: torch.Tensor, pair_experts: torch.Tensor,
+                    out: torch.Tensor) -> None:
+    """out[i] = expert pair_experts[i] @ acts[pair_rows[i]] for every (token, slot) pair i, grouped
+    by expert: the experts with few rows in one matvec over their slabs, each other used expert
+    dequantized once for its GEMM."""
+    few = []
+    for expert, sel in experts_grouped(pair_experts):
+        if sel.numel() < FUSED_MAX_ROWS:
+            few.append(sel)
+        else:
+            part = torch.empty(sel.numel(), p.n, dtype=torch.float32)
+            _gemm(p.matrix(expert), acts[pair_rows[sel]], part)
+            out[sel] = part
+    if few:
+        sel = torch.cat(few)  # ordered by expert: an expert's rows are read while in cache
+        needed, x_row = torch.unique(pair_rows[sel], return_inverse=True)
+        part = torch.empty(sel.numel(), p.n, dtype=torch.float32)
+        _matvec(p, acts[needed], x_row.numpy(), (pair_experts[sel] * p.n).numpy(), part)
+        out[sel] = part

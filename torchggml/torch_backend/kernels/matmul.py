@@ -53,11 +53,6 @@ def float_reader(t):
     return torch.Tensor.float
 
 
-def rows_as_float(t, raw: torch.Tensor) -> torch.Tensor:
-    """A slice of t's torch view (uint8 blocks for block types) as float32 values."""
-    return float_reader(t)(raw)
-
-
 # ---------------------------------------------------------------- MUL_MAT
 
 def _supports_mul_mat(node) -> bool:
@@ -178,31 +173,49 @@ def _supports_mul_mat_id(node) -> bool:
             and ids.type == Type.I32 and node.type == Type.F32)
 
 
-@KERNELS.register(Op.MUL_MAT_ID, supports=_supports_mul_mat_id)
-def mul_mat_id(node):
-    """out[:, e, t] = experts[ids[e, t]] @ b[:, e % b.ne1, t], grouped by expert so that each
-    used expert is dequantized once and meets all its rows in one product."""
+def experts_grouped(pair_experts: torch.Tensor):
+    """(expert, indices of its pairs) for each used expert, in expert order."""
+    order = torch.argsort(pair_experts, stable=True)
+    used, counts = torch.unique_consecutive(pair_experts[order], return_counts=True)
+    return zip(used.tolist(), torch.split(order, counts.tolist()))
+
+
+def _dequantized_experts(raw, to_float, acts, pair_rows, pair_experts, out) -> None:
+    """Each used expert dequantized once, meeting all its rows in one product."""
+    for expert, sel in experts_grouped(pair_experts):
+        out[sel] = acts[pair_rows[sel]] @ to_float(raw[expert]).T
+
+
+def bind_expert_product(a):
+    """fn(acts [R, K], pair_rows [P], pair_experts [P], out [P, N]): out[i] = expert
+    pair_experts[i] of a (K x N x n_expert) @ acts[pair_rows[i]]."""
+    return functools.partial(_dequantized_experts, view(a)[0], float_reader(a))
+
+
+def _mul_mat_id(product, vb, vids, n_expert, pair_rows, dst, node) -> None:
+    pair_experts = vids.reshape(-1).long()  # [n_tokens * n_used], token-major
+    if pair_experts.numel() and (int(pair_experts.min()) < 0 or int(pair_experts.max()) >= n_expert):
+        raise IndexError(f"mul_mat_id: expert ids outside [0, {n_expert}) in {node.src[2].describe()} "
+                         f"for {node.describe()}")
+    product(vb(), pair_rows, pair_experts, dst)
+
+
+def bind_mul_mat_id(node, expert_product=bind_expert_product):
+    """out[:, e, t] = experts[ids[e, t]] @ b[:, e % b.ne1, t]: the (token t, slot e) pairs read
+    row t * b.ne1 + e % b.ne1 of b's rows; `expert_product` (a device may bind its own) runs them."""
     experts, b, ids = node.src[0], node.src[1], node.src[2]
     k, n, n_expert = experts.ne[0], experts.ne[1], experts.ne[2]
     n_used, n_tokens, b_used = ids.ne[0], ids.ne[1], b.ne[1]
-    chosen = view(ids)[0, 0].long().reshape(-1)  # [n_tokens * n_used], token-major
-    if chosen.numel() and (int(chosen.min()) < 0 or int(chosen.max()) >= n_expert):
-        raise IndexError(f"mul_mat_id: expert ids outside [0, {n_expert}) in {ids.describe()} "
-                         f"for {node.describe()}")
-    acts = as_float(b)[0]  # [n_tokens, b_used, k]
-    if b_used != n_used:
-        acts = acts[:, torch.arange(n_used, device=acts.device) % b_used]
-    acts = acts.reshape(-1, k)
-    order = torch.argsort(chosen, stable=True)
-    used, counts = torch.unique_consecutive(chosen[order], return_counts=True)
-    result = torch.empty(chosen.numel(), n, dtype=torch.float32, device=acts.device)
-    raw = view(experts)[0]  # [n_expert, n, row]
-    start = 0
-    for expert, count in zip(used.tolist(), counts.tolist()):
-        sel = order[start:start + count]
-        start += count
-        result[sel] = acts[sel] @ rows_as_float(experts, raw[expert]).T
-    write(node, result.view(1, n_tokens, n_used, n))
+    slots = torch.arange(n_used) % b_used
+    pair_rows = (torch.arange(n_tokens)[:, None] * b_used + slots).reshape(-1).to(view(b).device)
+    return functools.partial(_mul_mat_id, expert_product(experts), _bind_reshaped(view(b), (-1, k)), view(ids)[0, 0], n_expert,
+                             pair_rows, view(node).view(-1, n))
+
+
+@KERNELS.register(Op.MUL_MAT_ID, supports=_supports_mul_mat_id)
+@binds(bind_mul_mat_id)
+def mul_mat_id(node):
+    bind_mul_mat_id(node)(node)
 
 
 # ---------------------------------------------------------------- OUT_PROD
