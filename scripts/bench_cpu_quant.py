@@ -1,9 +1,13 @@
 #!/usr/bin/env python
 """The CPU's quantized products per type (issue 9): GB/s of repacked weight bytes for one
 activation row (decode) and ms for a 128-row micro-batch (prompt), beside this machine's
-measured copy bandwidth, on the path TORCHGGML_CPU_PATH selects (default: fused).
+measured copy bandwidth, on the path TORCHGGML_CPU_PATH selects (default: fused). Then
+MUL_MAT_ID (--experts experts of n x k, --used of them per token, 1 and 128 tokens): experts in
+the CPU_REPACK buffer of that path against the same experts as ggml blocks in CPU memory (each
+used expert dequantized at every call), medians of alternating runs, and their ratio.
 
     python scripts/bench_cpu_quant.py [--n 2816] [--k 1024] [-t THREADS] [--types Q8_0,Q4_0,...]
+                                      [--moe-types Q8_0,...] [--experts 8] [--used 2]
 
 Each product runs through a ggml graph on the CPU backend (the kernel, its binding and one
 node's dispatch), best of several runs; copy bandwidth is a 256 MiB torch copy (read + write).
@@ -11,6 +15,7 @@ node's dispatch), best of several runs; copy bandwidth is a 256 MiB torch copy (
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -20,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torchggml as ggml  # noqa: E402  (first: it sets OpenMP's wait policy before torch loads)
 import torch  # noqa: E402
 from torchggml.torch_backend.cpu_quant.features import cpu_features, cpu_path  # noqa: E402
-from torchggml.torch_backend.repack import repack_buffer_type  # noqa: E402
+from torchggml.torch_backend.cpu import repack_buffer_type  # noqa: E402
 
 T = ggml.Type
 DEFAULT_TYPES = "Q8_0,Q4_0,Q4_K,Q6_K,Q5_K,Q4_1,Q5_0,Q5_1,Q2_K,Q3_K,IQ4_NL,IQ4_XS,MXFP4"
@@ -42,32 +47,88 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() / best_of(lambda: dst.copy_(src), 5) / 1e9
 
 
-def run_product(qtype, n: int, k: int, m: int, buft, backend, reps: int) -> tuple[float, int]:
-    """(seconds, weight bytes as stored) of one MUL_MAT node [m rows] x weight [n, k]."""
-    ctx_w = ggml.init(no_alloc=True)
-    a = ggml.new_tensor_2d(ctx_w, qtype, k, n)
-    ctx = ggml.init(no_alloc=True)
-    b = ggml.new_tensor_2d(ctx, T.F32, k, m)
-    node = ggml.mul_mat(ctx, a, b)
-    wbuf = ggml.backend_alloc_ctx_tensors_from_buft(ctx_w, buft or ggml.backend_cpu_buffer_type())
-    graph = ggml.new_graph(ctx)
-    ggml.build_forward_expand(graph, node)
-    cbuf = ggml.backend_alloc_ctx_tensors_from_buft(ctx, ggml.backend_cpu_buffer_type())
+def weight_blocks(qtype, n: int, k: int) -> torch.Tensor:
     from torchggml.quants import quantize
     try:
-        blocks = quantize(qtype, torch.randn(n, k) * 0.1)
+        return quantize(qtype, torch.randn(n, k) * 0.1)
     except ValueError:  # types without a quantizer here: random bytes with sane scales
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
         from test_cpu_quant import random_blocks
-        blocks = random_blocks(qtype, n, k, seed=0)
-    ggml.backend_tensor_set(a, blocks.numpy())
-    ggml.backend_tensor_set(b, torch.randn(m, k))
-    plan = ggml.backend_graph_plan_create(backend, graph)
-    seconds = best_of(lambda: ggml.backend_graph_plan_compute(backend, plan), reps)
-    stored = wbuf.size
-    ggml.backend_graph_plan_free(backend, plan)
-    del cbuf
-    return seconds, stored
+        return random_blocks(qtype, n, k, seed=0)
+
+
+class Product:
+    """One MUL_MAT node [m rows] x weight [n, k] (experts > 0: MUL_MAT_ID of `experts` such
+    weights, `used` of them per token, m tokens) in a planned graph; the weight in buft."""
+
+    def __init__(self, qtype, n: int, k: int, m: int, buft, backend, experts: int = 0, used: int = 0):
+        ctx_w = ggml.init(no_alloc=True)
+        a = ggml.new_tensor_3d(ctx_w, qtype, k, n, max(1, experts))
+        ctx = ggml.init(no_alloc=True)
+        if experts:
+            b = ggml.new_tensor_3d(ctx, T.F32, k, 1, m)
+            ids = ggml.new_tensor_2d(ctx, T.I32, used, m)
+            node = ggml.mul_mat_id(ctx, a, b, ids)
+        else:
+            b = ggml.new_tensor_2d(ctx, T.F32, k, m)
+            node = ggml.mul_mat(ctx, a, b)
+        self.wbuf = ggml.backend_alloc_ctx_tensors_from_buft(ctx_w, buft or ggml.backend_cpu_buffer_type())
+        graph = ggml.new_graph(ctx)
+        ggml.build_forward_expand(graph, node)
+        self.cbuf = ggml.backend_alloc_ctx_tensors_from_buft(ctx, ggml.backend_cpu_buffer_type())
+        ggml.backend_tensor_set(a, weight_blocks(qtype, n * max(1, experts), k).numpy())
+        ggml.backend_tensor_set(b, torch.randn(m, k))
+        if experts:  # distinct random experts per token, the same in every run
+            chosen = torch.rand(m, experts, generator=torch.Generator().manual_seed(0)).argsort(-1)[:, :used]
+            ggml.backend_tensor_set(ids, chosen.to(torch.int32))
+        self.backend, self.ctxs = backend, (ctx_w, ctx)
+        self.plan = ggml.backend_graph_plan_create(backend, graph)
+
+    def __call__(self):
+        ggml.backend_graph_plan_compute(self.backend, self.plan)
+
+    def free(self) -> int:
+        """Free the plan; the weight's bytes as stored."""
+        ggml.backend_graph_plan_free(self.backend, self.plan)
+        return self.wbuf.size
+
+
+def run_product(qtype, n: int, k: int, m: int, buft, backend, reps: int) -> tuple[float, int]:
+    """(seconds, weight bytes as stored) of one MUL_MAT node [m rows] x weight [n, k]."""
+    product = Product(qtype, n, k, m, buft, backend)
+    seconds = best_of(product, reps)
+    return seconds, product.free()
+
+
+def medians_alternating(fns, reps: int) -> list[float]:
+    """Median seconds of each fn, run in turn rep after rep (a shared machine's noise hits all)."""
+    for fn in fns:
+        fn()
+    times = [[] for _ in fns]
+    for _ in range(reps):
+        for fn, ts in zip(fns, times):
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+    return [statistics.median(ts) for ts in times]
+
+
+def moe_table(args, buft, backend) -> None:
+    print(f"\nMUL_MAT_ID: {args.experts} experts of {args.n}x{args.k}, {args.used} used per token, "
+          f"medians of {args.reps} alternating runs; old = ggml blocks, used experts dequantized per call")
+    print(f"{'type':8s} {'tokens':>6s} {'path ms':>9s} {'old ms':>9s} {'old/path':>8s}")
+    for name in args.moe_types.split(","):
+        qtype = T[name]
+        if buft is None or not buft.supports_weight(qtype, [args.k, args.n, args.experts]):
+            print(f"{name:8s} not stored by the {cpu_path()} path's CPU_REPACK: skipped")
+            continue
+        for tokens in (1, 128):
+            pair = [Product(qtype, args.n, args.k, tokens, use, backend, args.experts, args.used)
+                    for use in (buft, None)]
+            fused, old = medians_alternating(pair, args.reps if tokens == 1 else max(3, args.reps // 2))
+            for product in pair:
+                product.free()
+            print(f"{name:8s} {tokens:6d} {fused * 1e3:9.2f} {old * 1e3:9.2f} {old / fused:7.1f}x", flush=True)
 
 
 def main(argv=None) -> int:
@@ -77,6 +138,9 @@ def main(argv=None) -> int:
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("-r", "--reps", type=int, default=10)
     p.add_argument("--types", default=DEFAULT_TYPES)
+    p.add_argument("--moe-types", default="Q8_0,Q4_0,Q4_K,Q6_K,MXFP4", help="MUL_MAT_ID types ('' for none)")
+    p.add_argument("--experts", type=int, default=8)
+    p.add_argument("--used", type=int, default=2)
     args = p.parse_args(argv)
     backend = ggml.backend_cpu_init()
     ggml.backend_cpu_set_n_threads(backend, args.threads)
@@ -87,12 +151,14 @@ def main(argv=None) -> int:
           f"weight {args.n}x{args.k}")
     print(f"copy bandwidth: {copy_bandwidth():.1f} GB/s (read + write)")
     print(f"{'type':8s} {'stored MB':>9s} {'M=1 us':>8s} {'M=1 GB/s':>9s} {'M=128 ms':>9s}")
-    for name in args.types.split(","):
+    for name in filter(None, args.types.split(",")):
         qtype = T[name]
         use = buft if buft is not None and buft.supports_weight(qtype, [args.k, args.n]) else None
         t1, stored = run_product(qtype, args.n, args.k, 1, use, backend, args.reps)
         t128, _ = run_product(qtype, args.n, args.k, 128, use, backend, max(3, args.reps // 3))
         print(f"{name:8s} {stored / 1e6:9.2f} {t1 * 1e6:8.0f} {stored / t1 / 1e9:9.1f} {t128 * 1e3:9.2f}", flush=True)
+    if args.moe_types:
+        moe_table(args, buft, backend)
     return 0
 
 

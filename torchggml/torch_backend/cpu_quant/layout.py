@@ -187,13 +187,9 @@ def dequantized(p: _Packed) -> torch.Tensor:
 
 
 def _gemm(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
-    """out = rows @ W^T, W dequantized once into the fastest GEMM dtype."""
-    dtype = fastest_gemm_dtype()
+    """out = rows @ W^T, rows and out in float32 or the GEMM dtype; W dequantized once into it."""
     w = dequantized(p)
-    if dtype == torch.float32:
-        torch.mm(rows.float(), w.T, out=out)
-    else:
-        out.copy_(torch.mm(rows.to(dtype), w.to(dtype).T))
+    torch.mm(rows, w.T if rows.dtype == torch.float32 else w.to(rows.dtype).T, out=out)
 
 
 def _matvec(p: _Packed, x: torch.Tensor, x_row: np.ndarray, w_row0: np.ndarray, out: torch.Tensor) -> None:
@@ -224,28 +220,36 @@ def _plain_rows(m: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _product(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
     m = rows.shape[0]
-    if m >= FUSED_MAX_ROWS:
-        _gemm(p, rows, out)
-    else:
+    if m < FUSED_MAX_ROWS:
         _matvec(p, rows, *_plain_rows(m), out)
+    elif fastest_gemm_dtype() == torch.float32:
+        _gemm(p, rows.float(), out)
+    else:
+        part = torch.empty(m, p.n, dtype=fastest_gemm_dtype())
+        _gemm(p, rows.to(part.dtype), part)
+        out.copy_(part)
 
 
 def _expert_product(p: _Packed, acts: torch.Tensor, pair_rows: torch.Tensor, pair_experts: torch.Tensor,
                     out: torch.Tensor) -> None:
     """out[i] = expert pair_experts[i] @ acts[pair_rows[i]] for every (token, slot) pair i, grouped
     by expert: the experts with few rows in one matvec over their slabs, each other used expert
-    dequantized once for its GEMM."""
-    few = []
-    for expert, sel in experts_grouped(pair_experts):
-        if sel.numel() < FUSED_MAX_ROWS:
-            few.append(sel)
-        else:
-            part = torch.empty(sel.numel(), p.n, dtype=torch.float32)
-            _gemm(p.matrix(expert), acts[pair_rows[sel]], part)
-            out[sel] = part
+    dequantized once for a GEMM of its rows (gathered and converted once for all)."""
+    groups = list(experts_grouped(pair_experts))
+    few = [sel for _, sel in groups if sel.numel() < FUSED_MAX_ROWS]
+    many = [(expert, sel) for expert, sel in groups if sel.numel() >= FUSED_MAX_ROWS]
     if few:
         sel = torch.cat(few)  # ordered by expert: an expert's rows are read while in cache
         needed, x_row = torch.unique(pair_rows[sel], return_inverse=True)
         part = torch.empty(sel.numel(), p.n, dtype=torch.float32)
         _matvec(p, acts[needed], x_row.numpy(), (pair_experts[sel] * p.n).numpy(), part)
         out[sel] = part
+    if many:
+        sel = torch.cat([s for _, s in many])
+        rows = acts[pair_rows[sel]].to(fastest_gemm_dtype())
+        part = torch.empty(sel.numel(), p.n, dtype=rows.dtype)
+        start = 0
+        for expert, s in many:
+            _gemm(p.matrix(expert), rows[start:start + s.numel()], part[start:start + s.numel()])
+            start += s.numel()
+        out[sel] = part.float()
