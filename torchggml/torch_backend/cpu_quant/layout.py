@@ -37,7 +37,6 @@ from ...memory import byte_view
 from .decompose import DECOMPOSE, HAS_BIAS, decompose, group_size
 from .features import fastest_gemm_dtype
 from .kernels import numba_kernels
-from ..kernels.matmul import experts_grouped
 
 ALIGN = 64
 # below this many activation rows the fused matvec wins; from it on dequantize + GEMM does
@@ -234,22 +233,27 @@ def _expert_product(p: _Packed, acts: torch.Tensor, pair_rows: torch.Tensor, pai
                     out: torch.Tensor) -> None:
     """out[i] = expert pair_experts[i] @ acts[pair_rows[i]] for every (token, slot) pair i, grouped
     by expert: the experts with few rows in one matvec over their slabs, each other used expert
-    dequantized once for a GEMM of its rows (gathered and converted once for all)."""
-    groups = list(experts_grouped(pair_experts))
-    few = [sel for _, sel in groups if sel.numel() < FUSED_MAX_ROWS]
-    many = [(expert, sel) for expert, sel in groups if sel.numel() >= FUSED_MAX_ROWS]
-    if few:
-        sel = torch.cat(few)  # ordered by expert: an expert's rows are read while in cache
-        needed, x_row = torch.unique(pair_rows[sel], return_inverse=True)
-        part = torch.empty(sel.numel(), p.n, dtype=torch.float32)
-        _matvec(p, acts[needed], x_row.numpy(), (pair_experts[sel] * p.n).numpy(), part)
-        out[sel] = part
-    if many:
-        sel = torch.cat([s for _, s in many])
-        rows = acts[pair_rows[sel]].to(fastest_gemm_dtype())
-        part = torch.empty(sel.numel(), p.n, dtype=rows.dtype)
-        start = 0
-        for expert, s in many:
-            _gemm(p.matrix(expert), rows[start:start + s.numel()], part[start:start + s.numel()])
-            start += s.numel()
-        out[sel] = part.float()
+    dequantized once for a GEMM of its rows (gathered and converted once for all). The index
+    arithmetic runs in numpy: a decode step's MUL_MAT_ID costs a few numpy calls, not tens of
+    torch ops."""
+    experts, rows = pair_experts.numpy(), pair_rows.numpy()
+    order = np.argsort(experts, kind="stable")
+    few = np.bincount(experts)[experts[order]] < FUSED_MAX_ROWS
+    if few.any():
+        sel = order[few]  # ordered by expert: an expert's rows are read while in cache
+        x, x_row = acts, rows[sel]
+        if acts.shape[0] > sel.size:  # a prompt's few-row experts: quantize only their rows
+            needed, x_row = np.unique(x_row, return_inverse=True)
+            x = acts[torch.from_numpy(needed)]
+        part = torch.empty(sel.size, p.n, dtype=torch.float32)
+        _matvec(p, x, x_row, experts[sel] * p.n, part)
+        out.numpy()[sel] = part.numpy()
+    if not few.all():
+        sel = order[~few]
+        chosen = experts[sel]
+        starts = np.flatnonzero(np.diff(chosen, prepend=-1)).tolist() + [sel.size]
+        x = acts[torch.from_numpy(rows[sel])].to(fastest_gemm_dtype())
+        part = torch.empty(sel.size, p.n, dtype=x.dtype)
+        for start, stop in zip(starts[:-1], starts[1:]):
+            _gemm(p.matrix(int(chosen[start])), x[start:stop], part[start:stop])
+        out[torch.from_numpy(sel)] = part.float()
