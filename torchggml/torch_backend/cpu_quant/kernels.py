@@ -1,12 +1,10 @@
 """Fused products over the (q, scale, bias) layout, compiled by numba for the host CPU.
 
-Why this loop shape (measured on an AVX-512 Zen 4, 2816x1024 Q8 weight, 1 thread): numba
-types int8*int8 products as int64, so an integer dot product stays scalar (~2 GB/s); products
-in float32 of the int8 weights and the float32 activations vectorize (vpmovsxbd, vcvtdq2ps,
-vfmadd: ~8-11 GB/s of weight bytes) and are exact (int8 weights, no activation rounding), so
-activations are not quantized. The per-lane accumulator `lanes` keeps LLVM's vectorizer on the
-lane loop instead of an unrolled horizontal sum per group. LLVM compiles for the host CPU's
-features (AVX2, AVX-512, NEON), which is what numba gives by default.
+Why this loop shape: numba types int8*int8 products as int64, so a plain integer dot product
+stays scalar (~2 GB/s on a Zen 4); the dot products are emitted as one LLVM vector expression
+each (`_vector_dot_intrinsics`), which LLVM lowers to the CPU's integer multiply-add, over
+activations quantized to int8 per group as ggml does. LLVM compiles for the host CPU's features
+(AVX2, AVX-512, NEON), which is what numba gives by default.
 
     quantize_rows(x, g, xq, xd, xsum)       x f32 [M, K] -> int8 xq, group scales xd and sums xsum
     matvec(q, scale, bias, has_bias, w_row0, xq, xd, xsum, x_row, out)
