@@ -112,6 +112,44 @@ def _row_dot_intrinsic():
     return row_dot
 
 
+def _row_output_helpers():
+    """(float_row, store_row) for kernels that write float32 or bfloat16 rows: float_row(out_row)
+    is where to compute the row in float32 (out_row itself, or a temporary when out is uint16
+    bfloat16 bits); store_row(row, out_row) rounds the temporary to bfloat16 (nearest even, as
+    torch's conversion) and stores it (nothing to do for float32). Dequantizing straight to
+    bf16 saves the float32 pass a prompt's GEMM would otherwise convert."""
+    import numpy as np
+    from numba import types
+    from numba.extending import overload, register_jitable
+
+    def float_row(out_row):
+        pass
+
+    def store_row(row, out_row):
+        pass
+
+    @overload(float_row, inline="always")
+    def _float_row(out_row):
+        if out_row.dtype == types.float32:
+            return lambda out_row: out_row
+        return lambda out_row: np.empty(out_row.shape[0], np.float32)
+
+    @register_jitable
+    def _round_bf16(row, out_row):
+        bits = row.view(np.uint32)
+        for i in range(out_row.shape[0]):
+            b = bits[i]
+            out_row[i] = np.uint16((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+
+    @overload(store_row, inline="always")
+    def _store_row(row, out_row):
+        if out_row.dtype == types.float32:
+            return lambda row, out_row: None
+        return _round_bf16
+
+    return float_row, store_row
+
+
 @functools.lru_cache(maxsize=None)
 def numba_kernels():
     """(matvec, dequantize_rows, matvec_nibbles, dequantize_nibbles, quantize_rows), compiled on
@@ -120,6 +158,7 @@ def numba_kernels():
     from numba import njit, prange, uint64
 
     row_dot = _row_dot_intrinsic()
+    _float_row, _store_row = _row_output_helpers()
 
     @njit(fastmath=True, cache=True, nogil=True, inline="always")
     def _bias_dot(bias, xsum):
@@ -172,12 +211,13 @@ def numba_kernels():
 
     @njit(fastmath=True, parallel=True, cache=True, nogil=True)
     def dequantize_rows(q, scale, bias, has_bias, out):
+        """out [N, K]: float32, or uint16 holding bfloat16 bits (rounded to nearest even)."""
         n_rows, k = q.shape
         n_groups = scale.shape[1]
         g = k // n_groups
         for n in prange(n_rows):
             w = q[n]
-            o = out[n]
+            o = _float_row(out[n])
             for j in range(n_groups):
                 d = scale[n, j]
                 b = bias[n, j] if has_bias else np.float32(0)
@@ -185,6 +225,7 @@ def numba_kernels():
                 for i in range(g):
                     at = base + uint64(i)
                     o[at] = np.float32(w[at]) * d + b
+            _store_row(o, out[n])
 
     @njit(fastmath=True, parallel=True, cache=True, nogil=True)
     def dequantize_nibbles(packed, scale, bias, out):
@@ -192,14 +233,16 @@ def numba_kernels():
         n_groups = scale.shape[1]
         for n in prange(n_rows):
             w = packed[n]
-            o = out[n]
+            o = _float_row(out[n])
             for j in range(n_groups):
                 d = scale[n, j]
                 b0 = bias[n, j]
+                src, dst = uint64(j * 16), uint64(j * 32)
+                for i in range(16):  # two contiguous passes: LLVM vectorizes each
+                    o[dst + uint64(i)] = np.float32(w[src + uint64(i)] & np.uint8(15)) * d + b0
                 for i in range(16):
-                    b = np.int32(w[uint64(j * 16 + i)])
-                    o[uint64(j * 32 + i)] = np.float32(b & 15) * d + b0
-                    o[uint64(j * 32 + 16 + i)] = np.float32(b >> 4) * d + b0
+                    o[dst + uint64(16 + i)] = np.float32(w[src + uint64(i)] >> np.uint8(4)) * d + b0
+            _store_row(o, out[n])
 
     return matvec, dequantize_rows, matvec_nibbles, dequantize_nibbles, quantize_rows
 
