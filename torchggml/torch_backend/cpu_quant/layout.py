@@ -166,29 +166,35 @@ class _Packed:
 
 _scratch = threading.local()
 
+# the GEMM dtypes a weight dequantizes into, and the numpy dtype the kernels write them as
+_KERNEL_DTYPES = {torch.float32: torch.float32, torch.bfloat16: torch.uint16}
 
-def _scratch_f32(n_values: int) -> torch.Tensor:
-    """A per-thread float32 buffer of at least n_values (the dequantized micro-batch weight)."""
-    buf = getattr(_scratch, "buf", None)
+
+def _scratch_buffer(n_values: int, dtype: torch.dtype) -> torch.Tensor:
+    """A per-thread buffer of at least n_values of dtype (the dequantized micro-batch weight)."""
+    bufs = getattr(_scratch, "bufs", None)
+    if bufs is None:
+        bufs = _scratch.bufs = {}
+    buf = bufs.get(dtype)
     if buf is None or buf.numel() < n_values:
-        buf = _scratch.buf = torch.empty(n_values, dtype=torch.float32)
+        buf = bufs[dtype] = torch.empty(n_values, dtype=dtype)
     return buf[:n_values]
 
 
-def dequantized(p: _Packed) -> torch.Tensor:
-    """The (one-matrix) weight as float32 [N, K], in the per-thread scratch buffer."""
-    w = _scratch_f32(p.n * p.k).view(p.n, p.k)
+def dequantized(p: _Packed, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The (one-matrix) weight as [N, K] of dtype (float32 or bfloat16, rounded to nearest
+    even), in a per-thread scratch buffer."""
+    w = _scratch_buffer(p.n * p.k, _KERNEL_DTYPES[dtype]).view(p.n, p.k)
     if p.nibbles:
         numba_kernels()[3](p.q, p.scale, p.bias, w.numpy())
     else:
         numba_kernels()[1](p.q, p.scale, p.bias, p.has_bias, w.numpy())
-    return w
+    return w.view(dtype)
 
 
 def _gemm(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
-    """out = rows @ W^T, rows and out in float32 or the GEMM dtype; W dequantized once into it."""
-    w = dequantized(p)
-    torch.mm(rows, w.T if rows.dtype == torch.float32 else w.to(rows.dtype).T, out=out)
+    """out = rows @ W^T, rows and out in float32 or bfloat16; W dequantized once into that dtype."""
+    torch.mm(rows, dequantized(p, rows.dtype).T, out=out)
 
 
 def _matvec(p: _Packed, x: torch.Tensor, x_row: np.ndarray, w_row0: np.ndarray, out: torch.Tensor) -> None:
