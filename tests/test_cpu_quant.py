@@ -20,7 +20,7 @@ from torchggml.torch_backend.cpu_quant.features import PATHS, cpu_features, cpu_
 from torchggml.torch_backend.cpu import repack_buffer_type
 from torchggml.types import type_traits
 
-from test_models import GOLDEN, MANIFEST, check_logits, eval_steps, needs_golden
+from test_models import GOLDEN, MANIFEST, check_logits, eval_steps, needs_golden, sim_available
 from test_repack import nmse, weight_graph
 
 T = ggml.Type
@@ -119,15 +119,16 @@ ID_CASES = [(qtype, *shape, "f32") for qtype in TYPES for shape in ID_SHAPES] + 
     (qtype, *ID_SHAPES[2], "bf16") for qtype in TYPES]  # the GEMMs in bf16 (AMX, AVX512-BF16)
 
 
-def expert_graph(qtype, n: int, k: int, n_expert: int, n_used: int, b_used: int, n_tokens: int):
-    """experts [k, n, n_expert] in the fused buffer, b [k, b_used, n_tokens], ids; the node."""
+def expert_graph(qtype, n: int, k: int, n_expert: int, n_used: int, b_used: int, n_tokens: int, path="fused"):
+    """experts [k, n, n_expert] in the path's repack buffer (CPU memory for "dequant"),
+    b [k, b_used, n_tokens], ids; the node."""
     wctx = ggml.init(mem_size=1 << 20, no_alloc=True)
     experts = ggml.new_tensor_3d(wctx, qtype, k, n, n_expert)
     ctx = ggml.init(mem_size=1 << 20, no_alloc=True)
     b = ggml.new_tensor_3d(ctx, T.F32, k, b_used, n_tokens)
     ids = ggml.new_tensor_2d(ctx, T.I32, n_used, n_tokens)
     node = ggml.mul_mat_id(ctx, experts, b, ids)
-    bufs = (ggml.backend_alloc_ctx_tensors_from_buft(wctx, repack_buffer_type("fused")),
+    bufs = (ggml.backend_alloc_ctx_tensors_from_buft(wctx, repack_buffer_type(path) or ggml.backend_cpu_buffer_type()),
             ggml.backend_alloc_ctx_tensors_from_buft(ctx, ggml.backend_cpu_buffer_type()))
     graph = ggml.new_graph(ctx)
     ggml.build_forward_expand(graph, node)
@@ -163,6 +164,34 @@ def test_fused_mul_mat_id_matches_float64(qtype, n_expert, n_used, b_used, n_tok
     # int8 activations and bf16 GEMMs round like llama.cpp: its bound
     bound = 1e-9 if paths == {"gemm"} and gemm == "f32" else 5e-4
     assert nmse(ours.numpy(), ref.numpy()) < bound
+
+
+@pytest.mark.parametrize("path", ["fused", "dequant"])
+@pytest.mark.parametrize("bad", [-1, 4])
+def test_mul_mat_id_rejects_expert_ids_out_of_range(path, bad):
+    experts, b, ids, node, graph, bufs = expert_graph(T.Q8_0, 8, 64, 4, 2, 2, 3, path)
+    ggml.backend_tensor_set(experts, random_blocks(T.Q8_0, 32, 64, seed=3).numpy())
+    ggml.backend_tensor_set(b, torch.zeros(3, 2, 64))
+    ggml.backend_tensor_set(ids, torch.tensor([[0, 1], [2, bad], [3, 0]], dtype=torch.int32))
+    with pytest.raises(IndexError, match=r"mul_mat_id: expert ids outside \[0, 4\)"):
+        ggml.backend_graph_compute(ggml.backend_cpu_init(), graph)
+
+
+@pytest.mark.skipif(not sim_available(), reason="SIM devices not available")
+def test_moe_model_split_over_sim_and_cpu_with_fused_experts(tmp_path, monkeypatch):
+    """The scheduler runs MUL_MAT_ID on the CPU for the layers whose experts are repacked there,
+    on the accelerator for the others, within llama.cpp's thresholds."""
+    from test_archs import DATA, MANIFEST as ARCHS, check, tiny_model_path
+    monkeypatch.setenv("TORCHGGML_CPU_PATH", "fused")
+    key = "llama-moe-Q8_0"
+    entry = ARCHS[key]
+    model = ggml.load_model(tiny_model_path(key, entry, tmp_path), n_ctx=entry["n_ctx"], progress=False,
+                            devices=["SIM0", "CPU"])
+    experts = {name: t.buffer.name for name, t in model.weights.tensors.items() if "_exps." in name}
+    assert set(experts.values()) == {"SIM0", "CPU_REPACK"}, experts
+    ref = np.load(DATA / entry["logits"])
+    check(model.eval(entry["tokens"]), ref, entry, f"{key} on SIM0 + CPU")
+    model.close()
 
 
 def test_fused_experts_only_as_mul_mat_id_weights():
