@@ -61,7 +61,7 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
                    help="split every layer over these devices (a meta device), e.g. SIM0,SIM1; "
                         "'dist': one device per torchrun rank (torch.distributed, gloo on CPU)")
     p.add_argument("--no-repack", dest="repack", action="store_false",
-                   help="keep CPU weights in ggml's layout (no CPU_REPACK int4 GEMM buffers)")
+                   help="keep CPU weights in ggml's layout (no CPU_REPACK buffers)")
 
 
 def model_params(args) -> "ModelParams":

@@ -22,10 +22,11 @@ class ModelParams:
     vocab_only: load only the tokenizer (works with vocabulary-only GGUF files).
     n_threads: CPU threads for the CPU backend.
     progress: show a progress bar while uploading weights to accelerators.
-    repack: CPU weights of types Q4_0/Q4_1/Q4_K read only by MUL_MAT go to the CPU's extra
-        buffer type CPU_REPACK (torch's int4 GEMM layout: a copy instead of a view of the
-        file; activations are rounded to bf16 in those products). False keeps every CPU
-        weight a view of the file.
+    repack: quantized CPU weights read only by MUL_MAT (and MoE experts, read by MUL_MAT_ID)
+        go to the CPU's extra buffer type CPU_REPACK when its layout takes them: a copy
+        instead of a view of the file, in the layout of the CPU product path
+        (TORCHGGML_CPU_PATH: every block type and the experts for `fused`, 2-D Q4_0/Q4_1/Q4_K
+        for `int4`). False keeps every CPU weight a view of the file.
     tensor_parallel: split every layer over several devices (a meta device): a list of device
         names or Devices, or "dist" for one device per torch.distributed rank (torchrun; gloo on
         CPU, NCCL on CUDA). Replaces devices/n_gpu_layers/tensor_split.
