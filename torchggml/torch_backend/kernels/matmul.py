@@ -208,8 +208,8 @@ def bind_mul_mat_id(node, expert_product=bind_expert_product):
     n_used, n_tokens, b_used = ids.ne[0], ids.ne[1], b.ne[1]
     slots = torch.arange(n_used) % b_used
     pair_rows = (torch.arange(n_tokens)[:, None] * b_used + slots).reshape(-1).to(view(b).device)
-    return functools.partial(_mul_mat_id, expert_product(experts), _bind_reshaped(view(b), (-1, k)), view(ids)[0, 0], n_expert,
-                             pair_rows, view(node).view(-1, n))
+    return functools.partial(_mul_mat_id, expert_product(experts), _bind_reshaped(view(b), (-1, k)),
+                             view(ids)[0, 0], n_expert, pair_rows, view(node).view(-1, n))
 
 
 @KERNELS.register(Op.MUL_MAT_ID, supports=_supports_mul_mat_id)
