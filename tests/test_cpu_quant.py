@@ -51,6 +51,20 @@ def test_decompose_is_dequantize(qtype):
     torch.testing.assert_close(w.view(n, k), dequantize(qtype, blocks), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("qtype", TYPES, ids=[t.name for t in TYPES])
+def test_dequantize_to_bf16_rounds_as_torch(qtype):
+    """The prompt path's bf16 weight (dequantized straight to bf16 by the kernels) is exactly
+    torch's round-to-nearest-even of the float32 dequantized weight."""
+    n, k = 5, 512
+    blocks = random_blocks(qtype, n, k, seed=7 * int(qtype))
+    a, _b, _node, _graph, _bufs = weight_graph(qtype, n, k, 4, repack_buffer_type("fused"))
+    ggml.backend_tensor_set(a, blocks.numpy())
+    packed = layout._Packed(qtype, *layout.packed_views(a))
+    f32 = layout.dequantized(packed, torch.float32).clone()
+    torch.testing.assert_close(f32, dequantize(qtype, blocks), rtol=0, atol=0)
+    assert torch.equal(layout.dequantized(packed, torch.bfloat16), f32.bfloat16())
+
+
 PRODUCT_CASES = [(qtype, n, k, m, gemm) for qtype in TYPES for n, k in ((7, 256), (33, 512))
                  for m, gemm in ((1, "f32"), (3, "f32"), (40, "f32"), (40, "bf16"))]
 
