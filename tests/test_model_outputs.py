@@ -93,7 +93,7 @@ _models: dict = {}
 
 
 def cached_model(path, **options):
-    key = (str(path), tuple(sorted(options.items())))
+    key = (str(path), repr(sorted(options.items())))
     if key not in _models:
         _models[key] = load_model(path, progress=False, **options)
     return _models[key]
@@ -225,3 +225,23 @@ def test_non_finite_last_logits_raise_and_leave_the_cache_as_it_was():
     finally:
         backend_tensor_set(norm, saved)
     assert torch.equal(model.eval(tokens[4:], logits="last"), want)
+
+
+# placements: an accelerator (the SIM device's kernel table), layers split over CPU and SIM0
+# through the scheduler (the output rows cross devices), tensor parallelism over a meta device
+PLACEMENTS = {"SIM0": dict(devices=["SIM0"]), "CPU+SIM0": dict(devices=["CPU", "SIM0"]),
+              "Meta(SIM0,SIM1)": dict(tensor_parallel=["SIM0", "SIM1"])}
+
+
+@needs_golden
+@pytest.mark.parametrize("n_batch", [512, 6])
+@pytest.mark.parametrize("placement", sorted(PLACEMENTS))
+def test_last_logits_on_other_placements(placement, n_batch):
+    from torchggml.models.model import find_device
+    try:
+        find_device("SIM1")
+    except ValueError:
+        pytest.skip("SIM devices not available")
+    entry = next(e for e in GOLDEN_MANIFEST if Path(e["model"]).stem == "llama-F32")
+    model = cached_model(GOLDEN / entry["model"], n_batch=n_batch, **PLACEMENTS[placement])
+    check_last_equals_all(model, entry["tokens"], len(entry["tokens"]) - DECODE_STEPS, "F32", placement)
