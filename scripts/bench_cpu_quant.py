@@ -26,6 +26,7 @@ import torchggml as ggml  # noqa: E402  (first: it sets OpenMP's wait policy bef
 import torch  # noqa: E402
 from torchggml.torch_backend.cpu_quant.features import cpu_features, cpu_path  # noqa: E402
 from torchggml.torch_backend.cpu import repack_buffer_type  # noqa: E402
+from bench_model import timed  # noqa: E402  (interleaved runs: a busy neighbour slows all alike)
 
 T = ggml.Type
 DEFAULT_TYPES = "Q8_0,Q4_0,Q4_K,Q6_K,Q5_K,Q4_1,Q5_0,Q5_1,Q2_K,Q3_K,IQ4_NL,IQ4_XS,MXFP4"
@@ -100,19 +101,6 @@ def run_product(qtype, n: int, k: int, m: int, buft, backend, reps: int) -> tupl
     return seconds, product.free()
 
 
-def medians_alternating(fns, reps: int) -> list[float]:
-    """Median seconds of each fn, run in turn rep after rep (a shared machine's noise hits all)."""
-    for fn in fns:
-        fn()
-    times = [[] for _ in fns]
-    for _ in range(reps):
-        for fn, ts in zip(fns, times):
-            t = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t)
-    return [statistics.median(ts) for ts in times]
-
-
 def moe_table(args, buft, backend) -> None:
     print(f"\nMUL_MAT_ID: {args.experts} experts of {args.n}x{args.k}, {args.used} used per token, "
           f"medians of {args.reps} alternating runs; old = ggml blocks, used experts dequantized per call")
@@ -125,7 +113,8 @@ def moe_table(args, buft, backend) -> None:
         for tokens in (1, 128):
             pair = [Product(qtype, args.n, args.k, tokens, use, backend, args.experts, args.used)
                     for use in (buft, None)]
-            fused, old = medians_alternating(pair, args.reps if tokens == 1 else max(3, args.reps // 2))
+            times = timed(args.reps if tokens == 1 else max(3, args.reps // 2), *pair)
+            fused, old = (statistics.median(t) for t in times)
             for product in pair:
                 product.free()
             print(f"{name:8s} {tokens:6d} {fused * 1e3:9.2f} {old * 1e3:9.2f} {old / fused:7.1f}x", flush=True)
