@@ -18,6 +18,7 @@ from .kernels import TORCH_KERNELS, KernelTable, binds, run_calls
 from .kernels.common import view
 from .kernels.matmul import bind_mul_mat, bind_weight_product
 from .plan import CompiledPlan, compile_graph
+from .cpu_ops import register_fast_kernels
 from .cpu_quant.features import cpu_features, cpu_path, fastest_gemm_dtype
 from .cpu_quant.kernels import numba_available, set_numba_threads
 from .cpu_quant.layout import FusedBufferType
@@ -29,6 +30,7 @@ REG_ORDER = 100  # the CPU comes last, as upstream's registry and scheduler want
 # ---------------------------------------------------------------- the CPU kernel table
 
 CPU_KERNELS = KernelTable("CPU", over=TORCH_KERNELS)
+register_fast_kernels(CPU_KERNELS)  # numba kernels for small nodes (cpu_ops.py)
 
 
 # from this many rows on, F16 products convert the weight to f32: 128x1024x2816 takes 72 ms in

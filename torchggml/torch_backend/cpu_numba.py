@@ -1,0 +1,212 @@
+"""numba kernels for the CPU device's small per-node work (decode steps): one compiled call per
+node instead of several torch dispatches (cpu_ops.py binds them).
+
+Every kernel takes 4-D numpy views [ne3, ne2, ne1, ne0] with any strides and does the same
+arithmetic as the torch kernels it stands in for (kernels/): float32 element-wise, float64 row
+sums where ggml sums in ggml_float, angles in float64. F16 values travel as uint16 bits and are
+converted by LLVM's half<->float instructions (vcvtph2ps/vcvtps2ph on x86's F16C, fcvt on ARM),
+so a float32 -> F16 store rounds to nearest even as torch's does. numba is not told fastmath:
+LLVM then neither reorders sums nor fuses multiplies and adds.
+
+    row_norm(x, out, eps, rms)                       NORM / RMS_NORM over ne0
+    soft_max(x, out, mask, slopes, sinks, scale, has_mask, has_sinks)
+    rope(x, out, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
+         interleaved, copy_rest)                     NORMAL / NEOX rotation
+    set_rows(rows, idx, dst) -> first bad index position or -1
+    copy(src, dst)                                   same shape, element by element, tiled
+    swiglu(x, gate, out)                             silu(x) * gate
+"""
+from __future__ import annotations
+
+import functools
+
+# copies walk the last two dims in tiles of this many rows x columns (transposes stay in cache)
+COPY_TILE = 32
+
+
+def _half_intrinsics():
+    """half_to_float(uint16) -> float32 and float_to_half(float32) -> uint16 as LLVM casts."""
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def half_to_float(typingctx, bits):
+        def codegen(context, builder, sig, args):
+            return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+        return types.float32(types.uint16), codegen
+
+    @intrinsic
+    def float_to_half(typingctx, value):
+        def codegen(context, builder, sig, args):
+            return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+        return types.uint16(types.float32), codegen
+
+    return half_to_float, float_to_half
+
+
+@functools.lru_cache(maxsize=None)
+def numba_ops():
+    """The kernels as a namespace, compiled per argument types on first use (cached on disk)."""
+    import math
+    from types import SimpleNamespace
+
+    import numpy as np
+    from numba import njit, types
+    from numba.extending import overload
+
+    half_to_float, float_to_half = _half_intrinsics()
+
+    def load(value):  # an element as float32
+        pass
+
+    @overload(load)
+    def _load(value):
+        if value == types.uint16:
+            return lambda value: half_to_float(value)
+        return lambda value: np.float32(value)
+
+    def store_as(value, like):  # a float32 value in the element type of the array `like`
+        pass
+
+    @overload(store_as)
+    def _store_as(value, like):
+        if like.dtype == types.uint16:
+            return lambda value, like: float_to_half(np.float32(value))
+        return lambda value, like: np.float32(value)
+
+    jit = njit(cache=True, nogil=True)
+
+    @jit
+    def row_norm(x, out, eps, rms):
+        n = x.shape[3]
+        for i3 in range(x.shape[0]):
+            for i2 in range(x.shape[1]):
+                for i1 in range(x.shape[2]):
+                    mean = np.float32(0.0)
+                    if not rms:
+                        total = 0.0
+                        for i0 in range(n):
+                            total += load(x[i3, i2, i1, i0])
+                        mean = np.float32(total / n)
+                    total = 0.0
+                    for i0 in range(n):
+                        v = load(x[i3, i2, i1, i0]) - mean
+                        total += v * v
+                    scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(total / n) + eps))
+                    for i0 in range(n):
+                        out[i3, i2, i1, i0] = store_as((load(x[i3, i2, i1, i0]) - mean) * scale, out)
+
+    @jit
+    def soft_max(x, out, mask, slopes, sinks, scale, has_mask, has_sinks):
+        n = x.shape[3]
+        row = np.empty(n, np.float32)
+        for i3 in range(x.shape[0]):
+            for i2 in range(x.shape[1]):
+                slope = slopes[i2]
+                sink = sinks[i2] if has_sinks else np.float32(-np.inf)
+                for i1 in range(x.shape[2]):
+                    peak = sink
+                    for i0 in range(n):
+                        v = load(x[i3, i2, i1, i0]) * scale
+                        if has_mask:
+                            v += slope * load(mask[i3 % mask.shape[0], i2 % mask.shape[1], i1, i0])
+                        row[i0] = v
+                        if not (v <= peak):  # v > peak, or NaN (which propagates, as amax)
+                            if not (peak != peak):
+                                peak = v
+                    if not math.isfinite(peak):
+                        peak = np.float32(0.0)
+                    total = 0.0
+                    for i0 in range(n):
+                        e = np.exp(row[i0] - peak)
+                        row[i0] = e
+                        total += e
+                    if has_sinks:
+                        total += np.exp(sink - peak)
+                    if total == 0.0:
+                        total = 1.0
+                    inv = np.float32(1.0 / total)
+                    for i0 in range(n):
+                        out[i3, i2, i1, i0] = store_as(row[i0] * inv, out)
+
+    @jit
+    def rope(x, out, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
+             interleaved, copy_rest):
+        n_pairs = width // 2
+        step, other = (2, 1) if interleaved else (1, n_pairs)
+        cos = np.empty(n_pairs, np.float32)
+        sin = np.empty(n_pairs, np.float32)
+        for i2 in range(x.shape[1]):  # tokens
+            p = np.float64(pos[i2])
+            for i in range(n_pairs):
+                theta_extrap = p * inv_freq[i]
+                if has_factors:
+                    theta_extrap = theta_extrap / np.float64(factors[i])
+                theta = theta_extrap if freq_scale == 1.0 else freq_scale * theta_extrap
+                if ramp.shape[0]:
+                    theta = theta * ramp[0, i] + theta_extrap * ramp[1, i]
+                c, s = math.cos(theta), math.sin(theta)
+                if mscale != 1.0:
+                    c, s = c * mscale, s * mscale
+                cos[i], sin[i] = np.float32(c), np.float32(s)
+            for i3 in range(x.shape[0]):
+                for i1 in range(x.shape[2]):  # heads
+                    for i in range(n_pairs):
+                        j0 = start + i * step
+                        j1 = j0 + other
+                        f0, f1 = load(x[i3, i2, i1, j0]), load(x[i3, i2, i1, j1])
+                        out[i3, i2, i1, j0] = store_as(f0 * cos[i] - f1 * sin[i], out)
+                        out[i3, i2, i1, j1] = store_as(f0 * sin[i] + f1 * cos[i], out)
+                    if copy_rest:
+                        for j in range(x.shape[3]):
+                            if j < start or j >= start + width:
+                                out[i3, i2, i1, j] = store_as(load(x[i3, i2, i1, j]), out)
+
+    @jit
+    def set_rows(rows, idx, dst):
+        n_rows = dst.shape[2]
+        for i3 in range(rows.shape[0]):
+            for i2 in range(rows.shape[1]):
+                for j in range(rows.shape[2]):
+                    r = idx[i3 % idx.shape[0], i2 % idx.shape[1], j]
+                    if r < 0 or r >= n_rows:
+                        return j
+                    for i0 in range(rows.shape[3]):
+                        dst[i3, i2, r, i0] = store_as(load(rows[i3, i2, j, i0]), dst)
+        return -1
+
+    @jit
+    def copy(src, dst):
+        t = COPY_TILE
+        for i3 in range(dst.shape[0]):
+            for i2 in range(dst.shape[1]):
+                for a1 in range(0, dst.shape[2], t):
+                    for a0 in range(0, dst.shape[3], t):
+                        for i1 in range(a1, min(a1 + t, dst.shape[2])):
+                            for i0 in range(a0, min(a0 + t, dst.shape[3])):
+                                dst[i3, i2, i1, i0] = store_as(load(src[i3, i2, i1, i0]), dst)
+
+    @jit
+    def copy_bits(src, dst):
+        t = COPY_TILE
+        for i3 in range(dst.shape[0]):
+            for i2 in range(dst.shape[1]):
+                for a1 in range(0, dst.shape[2], t):
+                    for a0 in range(0, dst.shape[3], t):
+                        for i1 in range(a1, min(a1 + t, dst.shape[2])):
+                            for i0 in range(a0, min(a0 + t, dst.shape[3])):
+                                dst[i3, i2, i1, i0] = src[i3, i2, i1, i0]
+
+    @jit
+    def swiglu(x, gate, out):
+        one = np.float32(1.0)
+        for i3 in range(out.shape[0]):
+            for i2 in range(out.shape[1]):
+                for i1 in range(out.shape[2]):
+                    for i0 in range(out.shape[3]):
+                        v = load(x[i3, i2, i1, i0])
+                        out[i3, i2, i1, i0] = store_as(v / (one + np.exp(-v)) * load(gate[i3, i2, i1, i0]), out)
+
+    return SimpleNamespace(row_norm=row_norm, soft_max=soft_max, rope=rope, set_rows=set_rows, copy=copy,
+                           copy_bits=copy_bits, swiglu=swiglu)
