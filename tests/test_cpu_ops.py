@@ -1,0 +1,134 @@
+"""The CPU device's fast kernels for small nodes (torch_backend/cpu_ops.py): which nodes they take,
+that they fall back to the torch kernels for the rest, their errors, and the coalesced views of
+copies. Their values are checked by test_ops.py's cases against float64 references; the cases
+below make sure those cases do run the fast kernels."""
+import pytest
+import torch
+
+import torchggml as ggml
+from torchggml.enums import Op
+from torchggml.testing import all_cases, prepared_case, check_case_against_reference
+from torchggml.torch_backend import cpu_ops
+from torchggml.torch_backend.cpu import CPU_KERNELS
+from torchggml.torch_backend.kernels import TORCH_KERNELS
+
+pytest.importorskip("numba")
+
+CASES = {c.name: c for c in all_cases()}
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return ggml.backend_cpu_init()
+
+
+def _op_node(case, graph):
+    return next(n for n in reversed(graph.nodes) if n.op.name == case.op.upper() or
+                (case.op in ("swiglu", "cpy", "cont", "dup") and n.op in (Op.GLU, Op.CPY, Op.CONT, Op.DUP)))
+
+
+# (case name, whether the fast kernel takes its node)
+TAKEN = [
+    ("rms_norm(decode,ne=[1024, 1, 1, 1])", True),
+    ("norm(decode,ne=[1024, 1, 1, 1])", True),
+    ("rms_norm(permuted (0,2,1,3))", True),
+    ("rms_norm(type=F16)", True),
+    ("rms_norm(decode,ne=[1024, 300, 1, 1])", False),  # past FAST_MAX_ELEMENTS: torch's kernel
+    ("l2_norm(ne=[64, 5, 4, 3],eps=1e-12)", None),       # no fast kernel for the op
+    ("soft_max(ne=[168, 1, 16, 1],mask=F16[168, 1, 1, 1],scale=0.125,max_bias=0.0,causal)", True),
+    ("soft_max(ne=[168, 1, 12, 1],mask=F32[168, 1, 1, 1],scale=0.125,max_bias=8.0,sinks)", True),
+    ("soft_max(ne=[16, 7, 4, 2],mask=F16[16, 7, 2, 1],scale=1.0,max_bias=0.0)", True),
+    ("soft_max(ne=[1024, 64, 8, 1],mask=F16[1024, 64, 1, 1],scale=0.125,max_bias=0.0,causal)", False),
+    ("rope(type=F32,ne=[64, 16, 1, 1],n_dims=64,mode=0,fs=1.0,ef=0.0,af=1.0,ff=False)", True),
+    ("rope(type=F16,ne=[128, 8, 1, 1],n_dims=64,mode=2,fs=1.0,ef=0.0,af=1.0,ff=False,n_offs=64)", True),
+    ("rope(type=F32,ne=[128, 3, 2, 1],n_dims=128,mode=8,fs=1.0,ef=0.0,af=1.0,ff=False,sections=[21, 21, 21, 0])",
+     False),  # M-RoPE: torch's kernel
+    ("set_rows(type=F16,ne0=1024,n_rows=168,n=1,batch=[1, 1],idx=I64[1, 1],b=F32)", True),
+    ("set_rows(type=Q8_0,ne0=64,n_rows=10,n=4,batch=[1, 1],idx=I64[1, 1],b=F32)", False),  # quantizes
+    ("cpy(V transposed,F16->F16,n_kv=40,heads=4)", True),
+    ("cpy(V transposed,F32->F16,n_kv=168,heads=16)", True),  # torch's copy over coalesced views
+    ("cpy(BF16->F32,permuted source)", False),
+    ("cpy(F32->F32)", False),  # contiguous: the generic memcpy
+    ("swiglu(split,decode ne0=2816)", True),
+    ("swiglu(fused,swapped)", True),
+    ("geglu(fused,type=F32)", False),
+]
+
+
+def _case(name):
+    assert name in CASES, f"no op case {name!r}"
+    return CASES[name]
+
+
+@pytest.mark.parametrize("name,taken", TAKEN, ids=[t[0] for t in TAKEN])
+def test_fast_kernel_takes_the_nodes_it_handles(name, taken, cpu):
+    case = _case(name)
+    with prepared_case(case, cpu) as (graph, _, out):
+        node = out if out.op != Op.NONE else _op_node(case, graph)
+        fast = cpu_ops.FAST_BINDS.get(node.op)
+        if taken is None:
+            assert fast is None
+        else:
+            assert (fast(node) is not None) == taken
+    ok, err = check_case_against_reference(case, cpu)
+    assert ok, f"{name}: nmse {err:.3g}"
+
+
+@pytest.mark.parametrize("op", sorted(cpu_ops.FAST_BINDS, key=lambda o: o.value), ids=lambda o: o.name)
+def test_fast_entries_keep_the_torch_kernels_supports(op):
+    assert CPU_KERNELS.entries[op][1] is TORCH_KERNELS.entries[op][1]
+
+
+@pytest.mark.parametrize("name", [t[0] for t in TAKEN if t[1]])
+def test_without_numba_the_torch_kernels_run(name, cpu, monkeypatch):
+    monkeypatch.setattr(cpu_ops, "numba_available", lambda: False)
+    case = _case(name)
+    with prepared_case(case, cpu) as (graph, _, out):
+        fast = cpu_ops.FAST_BINDS[out.op]
+        bound = fast(out)
+        # copies still coalesce their views (a torch copy); nothing else binds
+        assert bound is None or (out.op in (Op.CPY, Op.CONT, Op.DUP) and bound.func is cpu_ops._torch_copy)
+    ok, err = check_case_against_reference(case, cpu)
+    assert ok, f"{name}: nmse {err:.3g}"
+
+
+@pytest.mark.parametrize("bad", [-1, 168])
+def test_set_rows_index_outside_the_destination_is_an_index_error(bad, cpu):
+    ctx = ggml.init(no_alloc=True)
+    try:
+        cache = ggml.new_tensor_2d(ctx, ggml.Type.F16, 64, 168)
+        row = ggml.new_tensor_2d(ctx, ggml.Type.F32, 64, 1)
+        idx = ggml.new_tensor_1d(ctx, ggml.Type.I64, 1)
+        out = ggml.set_rows(ctx, cache, row, idx)
+        graph = ggml.new_graph(ctx)
+        ggml.build_forward_expand(graph, out)
+        buffer = ggml.backend_alloc_ctx_tensors(ctx, cpu)
+        assert cpu_ops.FAST_BINDS[Op.SET_ROWS](out) is not None
+        ggml.backend_tensor_set(idx, torch.tensor([bad], dtype=torch.int64))
+        ggml.backend_tensor_set(row, torch.zeros(1, 64))
+        with pytest.raises(IndexError, match=r"SET_ROWS: a row index outside \[0, 168\)"):
+            ggml.backend_graph_compute(cpu, graph)
+        ggml.backend_buffer_free(buffer)
+    finally:
+        ggml.free(ctx)
+
+
+# (shape, permutation of a contiguous source) -> the coalesced shape
+COALESCE = [
+    ((1, 168, 16, 64), (0, 2, 3, 1), (1024, 168)),  # the V cache's per-head transpose
+    ((2, 3, 4, 5), (0, 1, 2, 3), (120,)),           # contiguous: one run
+    ((2, 3, 4, 5), (1, 0, 2, 3), (3, 2, 20)),
+    ((1, 1, 1, 7), (0, 1, 2, 3), (7,)),
+    ((1, 1, 1, 1), (0, 1, 2, 3), (1,)),
+    ((4, 1, 6, 1), (2, 1, 0, 3), (6, 4)),
+]
+
+
+@pytest.mark.parametrize("shape,perm,merged", COALESCE)
+def test_coalesced_views_merge_dims_both_layouts_allow(shape, perm, merged):
+    src = torch.arange(torch.Size(shape).numel(), dtype=torch.float32).view(shape).permute(perm)
+    dst = torch.empty(src.shape)
+    vs, vd = cpu_ops.coalesced(src, dst)
+    assert tuple(vs.shape) == merged == tuple(vd.shape)
+    vd.copy_(vs)
+    assert torch.equal(dst, src)
