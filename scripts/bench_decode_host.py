@@ -9,8 +9,9 @@ thread's CPU time (time.thread_time), medians of n steps: on a shared machine th
 counts the time other processes hold the core (with -t 1 all the work runs on this thread;
 with more threads, products also run on others, which this clock does not see).
 
-Side by side in the same run, every node is also timed with the torch reference kernel its CPU
-table entry layers over (the CPU's fast kernels off, cpu_ops.py): "torch" columns. The decode
+Side by side in the same run, every node is also timed with the kernel its CPU table entry
+layers over (the CPU's fast kernels off, cpu_ops.py: the torch reference kernels, the CPU's own
+products): "torch kernels" columns. The decode
 step is timed both ways too, alternating the plan's calls between the two sets token by token.
 """
 from __future__ import annotations
@@ -28,20 +29,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from torchggml.models import load_model  # noqa: E402
 from torchggml.torch_backend.cpu import CPU_KERNELS, CPUBackend  # noqa: E402
-from torchggml.torch_backend.kernels import TORCH_KERNELS  # noqa: E402
 
 clock = time.thread_time
 
 
 def reference_call(fn, node):
-    """The node's call as the torch reference table binds it, where the CPU table has its own
-    fast kernel for the op (cpu_ops.py); else the CPU's call itself."""
-    cpu_fn = CPU_KERNELS.entries[node.op][0]
-    ref_fn = TORCH_KERNELS.entries[node.op][0]
-    if cpu_fn is ref_fn or node.op.name == "MUL_MAT":
+    """The node's call as the kernel the CPU's fast kernel for the op layers over binds it
+    (cpu_ops.py; the torch reference kernels, the CPU's own products); else the call itself."""
+    over = getattr(CPU_KERNELS.entries[node.op][0], "over", None)
+    if over is None:
         return fn
-    binder = getattr(ref_fn, "bind", None)
-    return (binder(node) if binder is not None else None) or ref_fn
+    binder = getattr(over, "bind", None)
+    return (binder(node) if binder is not None else None) or over
 
 
 def op_class(node) -> str:

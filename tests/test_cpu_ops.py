@@ -52,6 +52,14 @@ TAKEN = [
     ("swiglu(split,decode ne0=2816)", True),
     ("swiglu(fused,swapped)", True),
     ("geglu(fused,type=F32)", False),
+    ("mul_mat(KQ decode,n_kv=168,head_dim=64,heads=16/16)", True),
+    ("mul_mat(KQ decode,n_kv=37,head_dim=128,heads=8/2)", True),
+    ("mul_mat(type_a=F16,type_b=F32,m=128,n=1,k=37,bs=[2, 1],nr=[4, 1])", True),
+    ("mul_mat(type_a=F16,type_b=F32,m=32,n=2,k=40,bs=[2, 2],nr=[2, 3])", True),
+    ("mul_mat(KQ decode,n_kv=5,head_dim=32,heads=4/1)", False),  # one K matrix: the CPU's half GEMV
+    ("mul_mat(type_a=F16,type_b=F32,m=8,n=5,k=64,bs=[3, 2],nr=[1, 1])", False),  # 5 rows
+    ("mul_mat(type_a=Q8_0,type_b=F32,m=8,n=5,k=64,bs=[3, 2],nr=[1, 1])", False),
+    ("mul_mat(type_a=F16,type_b=F32,b=transposed view)", False),  # 2-D, and k strided in b
 ]
 
 

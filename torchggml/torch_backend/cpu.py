@@ -30,7 +30,6 @@ REG_ORDER = 100  # the CPU comes last, as upstream's registry and scheduler want
 # ---------------------------------------------------------------- the CPU kernel table
 
 CPU_KERNELS = KernelTable("CPU", over=TORCH_KERNELS)
-register_fast_kernels(CPU_KERNELS)  # numba kernels for small nodes (cpu_ops.py)
 
 
 # from this many rows on, F16 products convert the weight to f32: 128x1024x2816 takes 72 ms in
@@ -69,6 +68,9 @@ def _bind_cpu_mul_mat(node):
 @binds(_bind_cpu_mul_mat)
 def mul_mat(node):
     _bind_cpu_mul_mat(node)(node)
+
+
+register_fast_kernels(CPU_KERNELS)  # numba kernels for small nodes over the entries above (cpu_ops.py)
 
 
 def _cpu_description() -> str:

@@ -16,7 +16,7 @@ import torch
 from ..enums import Op, GluOp, RopeType
 from ..tensor import get_op_params_f32, get_glu_op, nelements
 from ..types import Type
-from .kernels import TORCH_KERNELS, KernelTable, binds
+from .kernels import KernelTable, binds
 from .kernels.attention import alibi_slopes
 from .kernels.common import view
 from .kernels.glu import _halves
@@ -184,17 +184,47 @@ def _bind_glu(node):
     return _call(_ops().swiglu, as_numpy(vx), as_numpy(vg), _float_view(node))
 
 
+# ---------------------------------------------------------------- MUL_MAT (attention's, F16)
+
+# products of F16 matrices (the KV cache) by at most this many rows of b each take the numba
+# kernel: decode's KQ and KQV, where torch converts all of K or V^T to float32 at each call
+HALF_PRODUCT_MAX_ROWS = 4
+
+
+def flat_span(t: torch.Tensor) -> np.ndarray:
+    """A 1-D numpy array over t's memory from its first element to its last (t's dims then index
+    it through their strides)."""
+    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return as_numpy(t.as_strided((span,), (1,)))
+
+
+def _bind_half_products(node):
+    """Batched F16 x F32 products with few rows (attention over an F16 KV cache at decode): in
+    float32 (b not rounded to F16, as the torch kernels), summed in vector lanes as ggml does."""
+    a, b = node.src[0], node.src[1]
+    if not (numba_available() and a.type == Type.F16 and b.type == Type.F32 and node.type == Type.F32
+            and a.ne[2] * a.ne[3] > 1 and b.ne[1] <= HALF_PRODUCT_MAX_ROWS):
+        return None
+    va, vb = view(a), view(b)
+    if va.stride(3) != 1 or vb.stride(3) != 1 or min(va.stride()) < 0 or min(vb.stride()) < 0:
+        return None
+    strides = (lambda v: np.array(v.stride()[:3], dtype=np.int64))
+    return _call(_ops().half_products, flat_span(va), strides(va), flat_span(vb), strides(vb), as_numpy(view(node)),
+                 a.ne[0], b.ne[2] // a.ne[2], b.ne[3] // a.ne[3])
+
+
 # ---------------------------------------------------------------- the entries
 
 FAST_BINDS = {
     Op.NORM: _bind_row_norm, Op.RMS_NORM: _bind_row_norm, Op.SOFT_MAX: _bind_soft_max, Op.ROPE: _bind_rope,
     Op.SET_ROWS: _bind_set_rows, Op.CONT: _bind_copy, Op.CPY: _bind_copy, Op.DUP: _bind_copy,
-    Op.GLU: _bind_glu,
+    Op.GLU: _bind_glu, Op.MUL_MAT: _bind_half_products,
 }
 
 
 def _layered(fast_bind, generic):
-    """A kernel whose bind tries the fast kernel first, then the generic kernel's own bind."""
+    """A kernel whose bind tries the fast kernel first, then the generic kernel's own bind
+    (`over`: the generic kernel)."""
     generic_bind = getattr(generic, "bind", None)
 
     def bind(node):
@@ -203,11 +233,13 @@ def _layered(fast_bind, generic):
     @binds(bind)
     def kernel(node):
         bind(node)(node)
+    kernel.over = generic
     return kernel
 
 
-def register_fast_kernels(table: KernelTable, over: KernelTable = TORCH_KERNELS) -> None:
-    """Layer the fast kernels over `over`'s entries in `table`, with `over`'s supports()."""
+def register_fast_kernels(table: KernelTable) -> None:
+    """Layer the fast kernels over the table's entries as they are now (its own or those of the
+    table it is over), keeping their supports()."""
     for op, fast_bind in FAST_BINDS.items():
-        generic, supports = over.entries[op]
+        generic, supports = table.entries[op]
         table.register(op, supports=supports)(_layered(fast_bind, generic))
