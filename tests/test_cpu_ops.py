@@ -52,6 +52,13 @@ TAKEN = [
     ("swiglu(split,decode ne0=2816)", True),
     ("swiglu(fused,swapped)", True),
     ("geglu(fused,type=F32)", False),
+    ("get_rows(type=Q4_K,ne0=256,n_rows=6,n=4,batch=[1, 1])", True),
+    ("get_rows(type=Q6_K,ne0=256,n_rows=6,n=4,batch=[1, 1])", True),
+    ("get_rows(type=Q4_0,ne0=256,n_rows=5,n=3,batch=[2, 2])", True),
+    ("get_rows(type=Q8_0,ne0=256,n_rows=5,n=3,batch=[2, 2])", True),
+    ("get_rows(type=Q4_K,ne0=256,n_rows=5,n=3,batch=[2, 2])", True),
+    ("get_rows(type=Q5_K,ne0=256,n_rows=6,n=4,batch=[1, 1])", False),  # the torch dequantizer
+    ("get_rows(type=F16,ne0=16,n_rows=10,n=5,batch=[1, 1])", False),
     ("mul_mat(KQ decode,n_kv=168,head_dim=64,heads=16/16)", True),
     ("mul_mat(KQ decode,n_kv=37,head_dim=128,heads=8/2)", True),
     ("mul_mat(type_a=F16,type_b=F32,m=128,n=1,k=37,bs=[2, 1],nr=[4, 1])", True),
@@ -100,25 +107,46 @@ def test_without_numba_the_torch_kernels_run(name, cpu, monkeypatch):
     assert ok, f"{name}: nmse {err:.3g}"
 
 
-@pytest.mark.parametrize("bad", [-1, 168])
-def test_set_rows_index_outside_the_destination_is_an_index_error(bad, cpu):
+def _computed_with_index(cpu, build, idx_tensor, bad):
+    """Build (ctx -> (out, idx input, other inputs)), allocate on the CPU, set the index to
+    `bad`, compute."""
     ctx = ggml.init(no_alloc=True)
+    buffer = None
     try:
-        cache = ggml.new_tensor_2d(ctx, ggml.Type.F16, 64, 168)
-        row = ggml.new_tensor_2d(ctx, ggml.Type.F32, 64, 1)
-        idx = ggml.new_tensor_1d(ctx, ggml.Type.I64, 1)
-        out = ggml.set_rows(ctx, cache, row, idx)
+        out, idx, others = build(ctx)
         graph = ggml.new_graph(ctx)
         ggml.build_forward_expand(graph, out)
         buffer = ggml.backend_alloc_ctx_tensors(ctx, cpu)
-        assert cpu_ops.FAST_BINDS[Op.SET_ROWS](out) is not None
-        ggml.backend_tensor_set(idx, torch.tensor([bad], dtype=torch.int64))
-        ggml.backend_tensor_set(row, torch.zeros(1, 64))
-        with pytest.raises(IndexError, match=r"SET_ROWS: a row index outside \[0, 168\)"):
-            ggml.backend_graph_compute(cpu, graph)
-        ggml.backend_buffer_free(buffer)
+        assert cpu_ops.FAST_BINDS[out.op](out) is not None
+        for t in others:
+            ggml.backend_tensor_set(t, torch.zeros(ggml.nbytes(t), dtype=torch.uint8))
+        ggml.backend_tensor_set(idx, torch.tensor([bad], dtype=idx_tensor))
+        ggml.backend_graph_compute(cpu, graph)
     finally:
+        if buffer is not None:
+            ggml.backend_buffer_free(buffer)
         ggml.free(ctx)
+
+
+@pytest.mark.parametrize("bad", [-1, 168])
+def test_set_rows_index_outside_the_destination_is_an_index_error(bad, cpu):
+    def build(ctx):
+        cache = ggml.new_tensor_2d(ctx, ggml.Type.F16, 64, 168)
+        row = ggml.new_tensor_2d(ctx, ggml.Type.F32, 64, 1)
+        idx = ggml.new_tensor_1d(ctx, ggml.Type.I64, 1)
+        return ggml.set_rows(ctx, cache, row, idx), idx, [cache, row]
+    with pytest.raises(IndexError, match=r"SET_ROWS: a row index outside \[0, 168\)"):
+        _computed_with_index(cpu, build, torch.int64, bad)
+
+
+@pytest.mark.parametrize("bad", [-1, 168])
+def test_get_rows_index_outside_the_table_is_an_index_error(bad, cpu):
+    def build(ctx):
+        table = ggml.new_tensor_2d(ctx, ggml.Type.Q4_K, 256, 168)
+        idx = ggml.new_tensor_1d(ctx, ggml.Type.I32, 1)
+        return ggml.get_rows(ctx, table, idx), idx, [table]
+    with pytest.raises(IndexError, match=r"GET_ROWS: a row index outside \[0, 168\)"):
+        _computed_with_index(cpu, build, torch.int32, bad)
 
 
 # (shape, permutation of a contiguous source) -> the coalesced shape

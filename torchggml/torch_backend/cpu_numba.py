@@ -15,6 +15,9 @@ LLVM then neither reorders sums nor fuses multiplies and adds.
     set_rows(rows, idx, dst) -> first bad index position or -1
     copy(src, dst)                                   same shape, element by element, tiled
     swiglu(x, gate, out)                             silu(x) * gate
+    get_block_rows(table, ids, out, kind) -> first bad index position or -1
+                                                     out[i3, i2, j] = dequantized table[i3, i2, ids[..]]
+                                                     for kind in BLOCK_KINDS (bit-exact as ggml/gguf)
     half_products(a, a_strides, b, b_strides, out, k, r2, r3)
                                                      out[i3, i2, m, n] = sum_k a[i3 / r3, i2 / r2, n, k]
                                                      * b[i3, i2, m, k], a F16, b F32 (flat, k contiguous)
@@ -22,6 +25,9 @@ LLVM then neither reorders sums nor fuses multiplies and adds.
 from __future__ import annotations
 
 import functools
+
+# the block types get_block_rows dequantizes, by kind number
+BLOCK_KINDS = ("Q4_0", "Q8_0", "Q4_K", "Q6_K")
 
 # copies walk the last two dims in tiles of this many rows x columns (transposes stay in cache)
 COPY_TILE = 32
@@ -230,5 +236,77 @@ def numba_ops():
                             total += half_to_float(row_a[i]) * row_b[i]
                         out[i3, i2, m, n] = total
 
-    return SimpleNamespace(row_norm=row_norm, half_products=half_products, soft_max=soft_max, rope=rope, set_rows=set_rows, copy=copy,
+    @jit
+    def half_at(raw, o):  # the F16 stored little-endian at byte o, as float32
+        return half_to_float(np.uint16(np.uint16(raw[o]) | (np.uint16(raw[o + 1]) << 8)))
+
+    @jit
+    def q4_0_row(raw, y):  # blocks of d f16 and 16 bytes of nibbles: d * (q - 8)
+        for b in range(y.shape[0] // 32):
+            o = b * 18
+            d = half_at(raw, o)
+            for j in range(16):
+                q = raw[o + 2 + j]
+                y[b * 32 + j] = d * np.float32(np.int32(q & 15) - 8)
+                y[b * 32 + 16 + j] = d * np.float32(np.int32(q >> 4) - 8)
+
+    @jit
+    def q8_0_row(raw, y):  # blocks of d f16 and 32 int8: d * q
+        for b in range(y.shape[0] // 32):
+            o = b * 34
+            d = half_at(raw, o)
+            for j in range(32):
+                y[b * 32 + j] = d * np.float32(np.int8(raw[o + 2 + j]))
+
+    @jit
+    def q4_k_row(raw, y):  # 8 sub-blocks of 32: (d * sc) * q - dmin * m, 6-bit sc and m packed in 12 bytes
+        for b in range(y.shape[0] // 256):
+            o = b * 144
+            d, dmin = half_at(raw, o), half_at(raw, o + 2)
+            s = o + 4
+            for sub in range(8):
+                if sub < 4:
+                    sc, m = raw[s + sub] & 63, raw[s + 4 + sub] & 63
+                else:
+                    sc = (raw[s + 4 + sub] & 15) | ((raw[s + sub - 4] >> 6) << 4)
+                    m = (raw[s + 4 + sub] >> 4) | ((raw[s + sub] >> 6) << 4)
+                d1, m1 = d * np.float32(sc), dmin * np.float32(m)
+                q0 = o + 16 + (sub // 2) * 32
+                shift = 4 * (sub % 2)
+                for j in range(32):
+                    y[b * 256 + sub * 32 + j] = d1 * np.float32((raw[q0 + j] >> shift) & 15) - m1
+
+    @jit
+    def q6_k_row(raw, y):  # 16 sub-blocks of 16: (d * scale) * (q - 32), q's low 4 and high 2 bits apart
+        for b in range(y.shape[0] // 256):
+            o = b * 210
+            d = half_at(raw, o + 208)
+            for i in range(256):
+                r, j = i // 32, i % 32
+                low = (raw[o + (r // 4) * 64 + (r % 2) * 32 + j] >> (4 * ((r // 2) % 2))) & 15
+                high = (raw[o + 128 + (r // 4) * 32 + j] >> (2 * (r % 4))) & 3
+                scale = np.float32(np.int8(raw[o + 192 + i // 16]))
+                y[b * 256 + i] = (d * scale) * np.float32(np.int32(low | (high << 4)) - 32)
+
+    @jit
+    def get_block_rows(table, ids, out, kind):
+        n_rows = table.shape[2]
+        for i3 in range(out.shape[0]):
+            for i2 in range(out.shape[1]):
+                for j in range(out.shape[2]):
+                    r = ids[i3, i2, j]
+                    if r < 0 or r >= n_rows:
+                        return j
+                    raw, y = table[i3, i2, r], out[i3, i2, j]
+                    if kind == 0:
+                        q4_0_row(raw, y)
+                    elif kind == 1:
+                        q8_0_row(raw, y)
+                    elif kind == 2:
+                        q4_k_row(raw, y)
+                    else:
+                        q6_k_row(raw, y)
+        return -1
+
+    return SimpleNamespace(row_norm=row_norm, half_products=half_products, get_block_rows=get_block_rows, soft_max=soft_max, rope=rope, set_rows=set_rows, copy=copy,
                            copy_bits=copy_bits, swiglu=swiglu)

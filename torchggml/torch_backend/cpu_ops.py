@@ -127,6 +127,27 @@ def _bind_set_rows(node):
     return functools.partial(_set_rows, _ops().set_rows, _float_view(b), view(idx)[0].numpy(), _float_view(node))
 
 
+# ---------------------------------------------------------------- GET_ROWS (block types)
+
+def _get_block_rows(kernel, table, ids, out, kind, node) -> None:
+    bad = kernel(table, ids, out, kind)
+    if bad >= 0:
+        raise IndexError(f"GET_ROWS: a row index outside [0, {node.src[0].ne[1]}) at position {bad} of "
+                         f"{node.src[1].describe()} for {node.describe()}")
+
+
+def _bind_get_block_rows(node):
+    """Rows of a table in a block type the numba kernel decodes (the token embeddings): only the
+    requested rows, in one call (the torch dequantizers take ~100-300 µs for one row)."""
+    from .cpu_numba import BLOCK_KINDS
+    a, ids = node.src[0], node.src[1]
+    if (not numba_available() or a.type.name not in BLOCK_KINDS or node.type != Type.F32
+            or nelements(node) > FAST_MAX_ELEMENTS):
+        return None
+    return functools.partial(_get_block_rows, _ops().get_block_rows, view(a).numpy(), view(ids)[0].numpy(),
+                             view(node).numpy(), BLOCK_KINDS.index(a.type.name))
+
+
 # ---------------------------------------------------------------- CONT, CPY, DUP
 
 def coalesced(*views: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -218,7 +239,7 @@ def _bind_half_products(node):
 FAST_BINDS = {
     Op.NORM: _bind_row_norm, Op.RMS_NORM: _bind_row_norm, Op.SOFT_MAX: _bind_soft_max, Op.ROPE: _bind_rope,
     Op.SET_ROWS: _bind_set_rows, Op.CONT: _bind_copy, Op.CPY: _bind_copy, Op.DUP: _bind_copy,
-    Op.GLU: _bind_glu, Op.MUL_MAT: _bind_half_products,
+    Op.GLU: _bind_glu, Op.MUL_MAT: _bind_half_products, Op.GET_ROWS: _bind_get_block_rows,
 }
 
 
