@@ -46,6 +46,7 @@ TAKEN = [
     ("set_rows(type=F16,ne0=1024,n_rows=168,n=1,batch=[1, 1],idx=I64[1, 1],b=F32)", True),
     ("set_rows(type=Q8_0,ne0=64,n_rows=10,n=4,batch=[1, 1],idx=I64[1, 1],b=F32)", False),  # quantizes
     ("cpy(V transposed,F16->F16,n_kv=40,heads=4)", True),
+    ("cpy(V transposed,F16->F16,n_kv=168,heads=16)", True),  # the numba transpose
     ("cpy(V transposed,F32->F16,n_kv=168,heads=16)", True),  # torch's copy over coalesced views
     ("cpy(BF16->F32,permuted source)", False),
     ("cpy(F32->F32)", False),  # contiguous: the generic memcpy

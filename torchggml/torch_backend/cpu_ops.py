@@ -174,6 +174,12 @@ def as_numpy_4d(t: torch.Tensor) -> np.ndarray:
     return as_numpy(t)[(None,) * (4 - t.dim())]
 
 
+def _is_transpose(src: torch.Tensor, dst: torch.Tensor) -> bool:
+    """2-D views, each with unit stride along its rows, src's along the other dim (dst = the
+    transpose of a row-major matrix)."""
+    return src.dim() == 2 and src.stride(0) == 1 and dst.stride(1) == 1
+
+
 def _torch_copy(src, dst, _node) -> None:
     dst.copy_(src)
 
@@ -187,10 +193,16 @@ def _bind_copy(node):
     if not (src.type in _NUMPY_VIEW and node.type in _NUMPY_VIEW):
         return None
     vs, dst = view(src), view(node)
+    if vs.shape != dst.shape and dst.is_contiguous():
+        dst = dst.view(vs.shape)  # cont_Nd: src's elements in order into a contiguous dst
     if vs.shape != dst.shape or vs.stride() == dst.stride():
         return None
     vs, dst = coalesced(vs, dst)
-    if nelements(node) > COPY_MAX_ELEMENTS or not numba_available():
+    if not numba_available():
+        return functools.partial(_torch_copy, vs, dst)
+    if src.type == node.type and _is_transpose(vs, dst):  # V^T: 8x8 blocks beat torch's copy
+        return _call(_ops().transpose, as_numpy(vs.T), as_numpy(dst))
+    if nelements(node) > COPY_MAX_ELEMENTS:
         return functools.partial(_torch_copy, vs, dst)
     ops = _ops()
     return _call(ops.copy_bits if src.type == node.type else ops.copy, as_numpy_4d(vs), as_numpy_4d(dst))
