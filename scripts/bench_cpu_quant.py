@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torchggml as ggml  # noqa: E402  (first: it sets OpenMP's wait policy before torch loads)
 import torch  # noqa: E402
 from torchggml.torch_backend.cpu_quant.features import cpu_features, cpu_path  # noqa: E402
-from torchggml.torch_backend.repack import repack_buffer_type  # noqa: E402
+from torchggml.torch_backend.cpu import repack_buffer_type  # noqa: E402
 
 T = ggml.Type
 DEFAULT_TYPES = "Q8_0,Q4_0,Q4_K,Q6_K,Q5_K,Q4_1,Q5_0,Q5_1,Q2_K,Q3_K,IQ4_NL,IQ4_XS,MXFP4"

@@ -196,9 +196,10 @@ def bench_llama_cpp(path, args, n_vocab: int) -> dict:
 
 # ---------------------------------------------------------------- main
 
-# both engines run with OpenMP workers that sleep between parallel regions, torchggml's default
-# (see torchggml/__init__.py): spinning workers make both 10-50x slower on a shared machine
-ENGINE_ENV = {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+# both engines run under the same OpenMP wait policy: the environment's (default: the runtime's
+# own, spinning a while before sleeping, what torch and llama.cpp users get). On a machine shared
+# with other busy processes, OMP_WAIT_POLICY=PASSIVE keeps spinning workers off the cores.
+OMP_POLICY = os.environ.get("OMP_WAIT_POLICY", "unset (OpenMP's default)")
 
 
 def run_engine(engine: str, path: str, args) -> dict:
@@ -211,7 +212,7 @@ def run_engine(engine: str, path: str, args) -> dict:
             cmd += [flag, str(value)]
     if args.flash_attn:
         cmd.append("-fa")
-    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, **ENGINE_ENV})
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"{engine} on {path} failed (exit code {out.returncode})")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -244,7 +245,7 @@ def main(argv=None) -> int:
     with_llama = not args.no_llama_cpp and llama_cpp_available()
     if not with_llama and not args.no_llama_cpp:
         print("llama-cpp-python is not installed: torchggml only (pip install llama-cpp-python)", file=sys.stderr)
-    print(cpu_header() + f"; OMP_WAIT_POLICY={ENGINE_ENV['OMP_WAIT_POLICY']} for both engines")
+    print(cpu_header() + f"; OMP_WAIT_POLICY {OMP_POLICY} for both engines")
     print(f"threads: {args.threads or torch.get_num_threads()}, pp{args.n_prompt}, tg{args.n_gen}, "
           f"median of {args.reps}, each engine in its own process\n")
     header = f"{'model':44s} {'params':>8s} {'test':>6s} {'torchggml t/s':>14s}" + \

@@ -51,6 +51,20 @@ def test_decompose_is_dequantize(qtype):
     torch.testing.assert_close(w.view(n, k), dequantize(qtype, blocks), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("qtype", TYPES, ids=[t.name for t in TYPES])
+def test_dequantize_to_bf16_rounds_as_torch(qtype):
+    """The prompt path's bf16 weight (dequantized straight to bf16 by the kernels) is exactly
+    torch's round-to-nearest-even of the float32 dequantized weight."""
+    n, k = 5, 512
+    blocks = random_blocks(qtype, n, k, seed=7 * int(qtype))
+    a, _b, _node, _graph, _bufs = weight_graph(qtype, n, k, 4, repack_buffer_type("fused"))
+    ggml.backend_tensor_set(a, blocks.numpy())
+    packed = layout._Packed(qtype, *layout.packed_views(a))
+    f32 = layout.dequantized(packed, torch.float32).clone()
+    torch.testing.assert_close(f32, dequantize(qtype, blocks), rtol=0, atol=0)
+    assert torch.equal(layout.dequantized(packed, torch.bfloat16), f32.bfloat16())
+
+
 PRODUCT_CASES = [(qtype, n, k, m, gemm) for qtype in TYPES for n, k in ((7, 256), (33, 512))
                  for m, gemm in ((1, "f32"), (3, "f32"), (40, "f32"), (40, "bf16"))]
 
@@ -130,3 +144,20 @@ def test_fused_buffer_takes_only_whole_weights():
         ggml.backend_tensor_set(a, blocks.reshape(-1)[:34].numpy(), offset=34)
     with pytest.raises(TypeError, match="repacked layout"):
         ggml.backend_tensor_get(a)
+
+
+# The kernels compile for the CPU they run on; these targets check the code they generate for an
+# AVX2-only CPU and for baseline x86-64 (SSE2), on any x86 machine (numba caches per target).
+@pytest.mark.skipif(not any(a in __import__("platform").machine().lower() for a in ("x86", "amd64")),
+                    reason="x86 code generation targets")
+@pytest.mark.parametrize("target", ["haswell", "x86-64"])
+def test_fused_kernels_on_other_x86_targets(target):
+    import subprocess
+    import sys
+    from pathlib import Path
+    env = {**__import__("os").environ, "NUMBA_CPU_NAME": target, "NUMBA_CPU_FEATURES": ""}
+    cases = "m1-f32 and (Q8_0-n33 or Q6_K-n33 or Q4_K-n33 or Q5_K-n33)"
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+                          "-k", f"test_fused_mul_mat_matches_float64 and {cases}"],
+                         env=env, cwd=Path(__file__).parent, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "4 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]

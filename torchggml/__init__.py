@@ -6,15 +6,11 @@ C names are mirrored by deleting `ggml_` (ggml_mul_mat -> ggml.mul_mat). The nam
 grouped by object as ggml.h, ggml-alloc.h, ggml-backend.h and ggml-cpu.h group them;
 docs/architecture.md describes the layers behind them.
 """
-import os as _os
-import sys as _sys
-
-# OpenMP workers that spin between parallel regions (libgomp's default) hold the cores while
-# Python dispatches the next node; on a busy machine that made decode 50x slower (a Q8_0
-# 168M-parameter model: 2 s a token spinning, 0.04 s passive; llama.cpp alike). OpenMP reads the
-# policy when torch loads it, so it can only be set here, before the first `import torch`.
-if "torch" not in _sys.modules:
-    _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# OpenMP's wait policy is left to the user (OMP_WAIT_POLICY, GOMP_SPINCOUNT), as torch and
+# llama.cpp leave it: the default (workers spin a while between parallel regions, then sleep)
+# is 1.5-2x faster for decode and prompts on a machine the model has to itself; on a machine
+# shared with other busy processes, OMP_WAIT_POLICY=PASSIVE avoids spinning workers holding
+# the cores (there decode ran up to 50x slower spinning). See the README's CPU section.
 
 # ---------------------------------------------------------------- types and enums (ggml.h)
 from .types import (Type, TypeTraits, type_traits, type_name, type_size, blck_size, row_size,

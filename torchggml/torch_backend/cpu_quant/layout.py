@@ -133,34 +133,41 @@ class _Packed:
 
 _scratch = threading.local()
 
+# the GEMM dtypes a weight dequantizes into, and the numpy dtype the kernels write them as
+_KERNEL_DTYPES = {torch.float32: torch.float32, torch.bfloat16: torch.uint16}
 
-def _scratch_f32(n_values: int) -> torch.Tensor:
-    """A per-thread float32 buffer of at least n_values (the dequantized micro-batch weight)."""
-    buf = getattr(_scratch, "buf", None)
+
+def _scratch_buffer(n_values: int, dtype: torch.dtype) -> torch.Tensor:
+    """A per-thread buffer of at least n_values of dtype (the dequantized micro-batch weight)."""
+    bufs = getattr(_scratch, "bufs", None)
+    if bufs is None:
+        bufs = _scratch.bufs = {}
+    buf = bufs.get(dtype)
     if buf is None or buf.numel() < n_values:
-        buf = _scratch.buf = torch.empty(n_values, dtype=torch.float32)
+        buf = bufs[dtype] = torch.empty(n_values, dtype=dtype)
     return buf[:n_values]
 
 
-def dequantized(p: _Packed) -> torch.Tensor:
-    """The weight as float32 [N, K], in the per-thread scratch buffer."""
-    w = _scratch_f32(p.n * p.k).view(p.n, p.k)
+def dequantized(p: _Packed, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The weight as [N, K] of dtype (float32 or bfloat16, rounded to nearest even), in a
+    per-thread scratch buffer."""
+    w = _scratch_buffer(p.n * p.k, _KERNEL_DTYPES[dtype]).view(p.n, p.k)
     if p.nibbles:
         numba_kernels()[3](p.q, p.scale, p.bias, w.numpy())
     else:
         numba_kernels()[1](p.q, p.scale, p.bias, p.has_bias, w.numpy())
-    return w
+    return w.view(dtype)
 
 
 def _product(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
     m = rows.shape[0]
     if m >= FUSED_MAX_ROWS:
         dtype = fastest_gemm_dtype()
-        w = dequantized(p)
+        w = dequantized(p, dtype)
         if dtype == torch.float32:
             torch.mm(rows.float(), w.T, out=out)
         else:
-            out.copy_(torch.mm(rows.to(dtype), w.to(dtype).T))
+            out.copy_(torch.mm(rows.to(dtype), w.T))
         return
     matvec, _, matvec_nibbles, _, quantize_rows = numba_kernels()
     x = rows.float().contiguous().numpy()
