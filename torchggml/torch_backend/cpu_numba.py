@@ -88,6 +88,15 @@ def numba_ops():
             return lambda value, like: float_to_half(np.float32(value))
         return lambda value, like: np.float32(value)
 
+    def moved(value, like):  # an element of another array in the element type of `like`
+        pass
+
+    @overload(moved)
+    def _moved(value, like):
+        if value == like.dtype:  # the same type: its bits, as a memcpy (NaN payloads too)
+            return lambda value, like: value
+        return lambda value, like: store_as(load(value), like)
+
     jit = njit(cache=True, nogil=True)
 
     @jit
@@ -198,18 +207,7 @@ def numba_ops():
                     for a0 in range(0, dst.shape[3], t):
                         for i1 in range(a1, min(a1 + t, dst.shape[2])):
                             for i0 in range(a0, min(a0 + t, dst.shape[3])):
-                                dst[i3, i2, i1, i0] = store_as(load(src[i3, i2, i1, i0]), dst)
-
-    @jit
-    def copy_bits(src, dst):
-        t = COPY_TILE
-        for i3 in range(dst.shape[0]):
-            for i2 in range(dst.shape[1]):
-                for a1 in range(0, dst.shape[2], t):
-                    for a0 in range(0, dst.shape[3], t):
-                        for i1 in range(a1, min(a1 + t, dst.shape[2])):
-                            for i0 in range(a0, min(a0 + t, dst.shape[3])):
-                                dst[i3, i2, i1, i0] = src[i3, i2, i1, i0]
+                                dst[i3, i2, i1, i0] = moved(src[i3, i2, i1, i0], dst)
 
     @jit
     def transpose(src, dst):
@@ -330,5 +328,5 @@ def numba_ops():
         return -1
 
     return SimpleNamespace(row_norm=row_norm, half_products=half_products, get_block_rows=get_block_rows, soft_max=soft_max, rope=rope, set_rows=set_rows, copy=copy,
-                           copy_bits=copy_bits, swiglu=swiglu,
+                           swiglu=swiglu,
                            transpose=transpose)

@@ -204,8 +204,7 @@ def _bind_copy(node):
         return _call(_ops().transpose, as_numpy(vs.T), as_numpy(dst))
     if nelements(node) > COPY_MAX_ELEMENTS:
         return functools.partial(_torch_copy, vs, dst)
-    ops = _ops()
-    return _call(ops.copy_bits if src.type == node.type else ops.copy, as_numpy_4d(vs), as_numpy_4d(dst))
+    return _call(_ops().copy, as_numpy_4d(vs), as_numpy_4d(dst))
 
 
 # ---------------------------------------------------------------- GLU
