@@ -169,3 +169,22 @@ def test_coalesced_views_merge_dims_both_layouts_allow(shape, perm, merged):
     assert tuple(vs.shape) == merged == tuple(vd.shape)
     vd.copy_(vs)
     assert torch.equal(dst, src)
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "norm"])
+def test_a_zero_row_with_zero_eps_gives_nan_as_ggml(op, cpu):
+    """1 / sqrt(0) is inf and 0 * inf NaN (IEEE division in the numba kernels, not an error)."""
+    ctx = ggml.init(no_alloc=True)
+    try:
+        a = ggml.new_tensor_2d(ctx, ggml.Type.F32, 64, 2)
+        out = getattr(ggml, op)(ctx, a, 0.0)
+        graph = ggml.new_graph(ctx)
+        ggml.build_forward_expand(graph, out)
+        buffer = ggml.backend_alloc_ctx_tensors(ctx, cpu)
+        assert cpu_ops.FAST_BINDS[out.op](out) is not None
+        ggml.backend_tensor_set(a, torch.zeros(2, 64))
+        ggml.backend_graph_compute(cpu, graph)
+        assert torch.isnan(ggml.backend_tensor_get(out).view(torch.float32)).all()
+        ggml.backend_buffer_free(buffer)
+    finally:
+        ggml.free(ctx)

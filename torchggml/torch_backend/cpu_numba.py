@@ -6,7 +6,8 @@ arithmetic as the torch kernels it stands in for (kernels/): float32 element-wis
 sums where ggml sums in ggml_float, angles in float64. F16 values travel as uint16 bits and are
 converted by LLVM's half<->float instructions (vcvtph2ps/vcvtps2ph on x86's F16C, fcvt on ARM),
 so a float32 -> F16 store rounds to nearest even as torch's does. numba is not told fastmath:
-LLVM then neither reorders sums nor fuses multiplies and adds.
+LLVM then neither reorders sums nor fuses multiplies and adds; its numpy error model keeps IEEE
+division (x / 0 is inf or NaN, as in ggml, not a ZeroDivisionError).
 
     row_norm(x, out, eps, rms)                       NORM / RMS_NORM over ne0
     soft_max(x, out, mask, slopes, sinks, scale, has_mask, has_sinks)
@@ -97,7 +98,7 @@ def numba_ops():
             return lambda value, like: value
         return lambda value, like: store_as(load(value), like)
 
-    jit = njit(cache=True, nogil=True)
+    jit = njit(cache=True, nogil=True, error_model="numpy")
 
     @jit
     def row_norm(x, out, eps, rms):
@@ -236,7 +237,7 @@ def numba_ops():
                         v = load(x[i3, i2, i1, i0])
                         out[i3, i2, i1, i0] = store_as(v / (one + np.exp(-v)) * load(gate[i3, i2, i1, i0]), out)
 
-    @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})  # a vectorized float32 sum, as ggml's
+    @njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})  # a vector sum, as ggml's
     def half_products(a, a_strides, b, b_strides, out, k, r2, r3):
         sa3, sa2, sa1 = a_strides[0], a_strides[1], a_strides[2]
         sb3, sb2, sb1 = b_strides[0], b_strides[1], b_strides[2]
