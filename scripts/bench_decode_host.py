@@ -84,6 +84,8 @@ def main(argv=None) -> int:
     p.add_argument("-n", type=int, default=64, help="decode steps measured (median)")
     p.add_argument("-t", "--threads", type=int, default=1)
     p.add_argument("--n-ctx", type=int, default=None, help="context size (default: the model loader's)")
+    p.add_argument("--tokens", type=int, default=1,
+                   help="tokens per step (default 1: decode; more: a prompt's micro-batch, from the start each step)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.model is None:
@@ -102,9 +104,17 @@ def main(argv=None) -> int:
         inside.append(clock() - t)
         return status
     backend.graph_plan_compute = timed_plan_compute
+    batch = list(range(5, 5 + args.tokens))
+
+    def step(first: int) -> None:
+        if args.tokens == 1:
+            model.eval([first])
+        else:  # a prompt's micro-batch at the same place each step: the graph (and plan) repeat
+            model.reset()
+            model.eval([(t + first) % 50 + 5 for t in batch])
     model.reset()
     model.eval([1, 2, 3, 4])
-    model.eval([5])
+    step(5)
     plan = plans[-1]
     calls = list(plan.calls)
     ref_calls = [(reference_call(fn, node), node) for fn, node in calls]
@@ -115,21 +125,24 @@ def main(argv=None) -> int:
         name = "cpu" if i % 2 == 0 else "torch"
         plan.calls = calls if name == "cpu" else ref_calls
         t = clock()
-        model.eval([5 + next(token) % 50])
+        step(5 + next(token) % 50)
         if i >= 2:
             steps[name][0].append(clock() - t)
             steps[name][1].append(inside[-1])
     plan.calls = calls
     n_nodes = len(calls)
-    print(f"{Path(args.model).name}: {n_nodes} nodes per decode token, threads {args.threads}, "
-          f"thread CPU time, medians of {args.n} tokens")
+    what = "decode token" if args.tokens == 1 else f"step of {args.tokens} tokens"
+    print(f"{Path(args.model).name}: {n_nodes} nodes per {what}, threads {args.threads}, "
+          f"thread CPU time, medians of {args.n} steps")
     print(f"{'':22s} {'CPU table':>12s} {'torch kernels':>14s}")
     (eval_c, plan_c), (eval_t, plan_t) = ([statistics.median(v) * 1e6 for v in steps[k]] for k in ("cpu", "torch"))
-    print(f"  {'eval([token])':20s} {eval_c:9.1f} us {eval_t:11.1f} us   per token")
-    print(f"  {'plan replay':20s} {plan_c:9.1f} us {plan_t:11.1f} us   per token")
+    print(f"  {'eval':20s} {eval_c:9.1f} us {eval_t:11.1f} us   per step")
+    print(f"  {'plan replay':20s} {plan_c:9.1f} us {plan_t:11.1f} us   per step")
     print(f"  {'per node':20s} {plan_c / n_nodes:9.1f} us {plan_t / n_nodes:11.1f} us")
     print(f"  {'outside the plan':20s} {eval_c - plan_c:9.1f} us {eval_t - plan_t:11.1f} us   "
           "(inputs, logits, eval bookkeeping)")
+    if args.tokens > 1:
+        print(f"  (with more than one token, eval also resets the cache: 'outside the plan' counts it)")
     print(f"  per op class (nodes timed one by one, both ways in turn):")
     table = per_class(calls, ref_calls, args.n)
     for k, (count, ours, theirs) in sorted(table.items(), key=lambda kv: -kv[1][2]):

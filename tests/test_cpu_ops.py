@@ -53,6 +53,11 @@ TAKEN = [
     ("swiglu(split,decode ne0=2816)", True),
     ("swiglu(fused,swapped)", True),
     ("geglu(fused,type=F32)", False),
+    ("add(type=F32,ne_a=[32, 4, 3, 2],ne_b=[16, 2, 3, 1])", True),  # b tiled
+    ("div(type=F16,ne_a=[33, 5, 1, 1],ne_b=[1, 5, 1, 1])", True),
+    ("mul(non-contiguous a, broadcast b)", True),
+    ("add(type=BF16,ne_a=[32, 4, 3, 2],ne_b=[32, 4, 3, 2])", False),
+    ("add(type_a=Q8_0,type_b=F32,out=Q8_0)", False),
     ("get_rows(type=Q4_K,ne0=256,n_rows=6,n=4,batch=[1, 1])", True),
     ("get_rows(type=Q6_K,ne0=256,n_rows=6,n=4,batch=[1, 1])", True),
     ("get_rows(type=Q4_0,ne0=256,n_rows=5,n=3,batch=[2, 2])", True),
@@ -188,3 +193,17 @@ def test_a_zero_row_with_zero_eps_gives_nan_as_ggml(op, cpu):
         ggml.backend_buffer_free(buffer)
     finally:
         ggml.free(ctx)
+
+
+def test_exp_f32_is_within_one_ulp_and_keeps_the_special_values():
+    import numpy as np
+    from torchggml.torch_backend.cpu_numba import numba_ops
+    exp = numba_ops().exp_f32
+    x = np.linspace(-87.0, 88.5, 301).astype(np.float32)
+    ours = np.array([exp(v) for v in x], dtype=np.float64)
+    ref = np.exp(x.astype(np.float64))
+    assert (np.abs(ours - ref) / np.spacing(ref.astype(np.float32)) <= 1.0).all()
+    specials = np.array([-np.inf, np.inf, np.nan, 0.0, 89.0, -104.5], dtype=np.float32)
+    got = [exp(v) for v in specials]
+    assert got[0] == 0.0 and got[1] == np.inf and np.isnan(got[2]) and got[3] == 1.0
+    assert got[4] == np.inf and got[5] == 0.0

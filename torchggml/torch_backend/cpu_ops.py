@@ -207,6 +207,19 @@ def _bind_copy(node):
     return _call(_ops().copy, as_numpy_4d(vs), as_numpy_4d(dst))
 
 
+# ---------------------------------------------------------------- ADD, SUB, MUL, DIV
+
+_BINARY_CODES = {Op.ADD: 0, Op.SUB: 1, Op.MUL: 2, Op.DIV: 3}
+
+
+def _bind_binary(node):
+    """F32/F16 element-wise a op b, b tiled over a, in float32 (rounded once into an F16 node)."""
+    a, b = node.src[0], node.src[1]
+    if not _takes(node, a, b):
+        return None
+    return _call(_ops().binary, _float_view(a), _float_view(b), _float_view(node), _BINARY_CODES[node.op])
+
+
 # ---------------------------------------------------------------- GLU
 
 def _bind_glu(node):
@@ -250,7 +263,8 @@ def _bind_half_products(node):
 FAST_BINDS = {
     Op.NORM: _bind_row_norm, Op.RMS_NORM: _bind_row_norm, Op.SOFT_MAX: _bind_soft_max, Op.ROPE: _bind_rope,
     Op.SET_ROWS: _bind_set_rows, Op.CONT: _bind_copy, Op.CPY: _bind_copy, Op.DUP: _bind_copy,
-    Op.GLU: _bind_glu, Op.MUL_MAT: _bind_half_products, Op.GET_ROWS: _bind_get_block_rows,
+    Op.GLU: _bind_glu, Op.ADD: _bind_binary, Op.SUB: _bind_binary, Op.MUL: _bind_binary, Op.DIV: _bind_binary,
+    Op.MUL_MAT: _bind_half_products, Op.GET_ROWS: _bind_get_block_rows,
 }
 
 
