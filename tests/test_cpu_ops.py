@@ -100,6 +100,16 @@ def test_fast_entries_keep_the_torch_kernels_supports(op):
     assert CPU_KERNELS.entries[op][1] is TORCH_KERNELS.entries[op][1]
 
 
+def test_the_environment_can_turn_the_fast_kernels_off(cpu, monkeypatch):
+    from torchggml.torch_backend.kernels import compiled_nodes
+    case = _case("rms_norm(decode,ne=[1024, 1, 1, 1])")
+    with prepared_case(case, cpu) as (graph, _, out):
+        (fast, _), = compiled_nodes(graph.nodes, CPU_KERNELS, "CPU")
+        monkeypatch.setenv("TORCHGGML_CPU_FAST_OPS", "0")
+        (generic, _), = compiled_nodes(graph.nodes, CPU_KERNELS, "CPU")
+        assert fast.__name__ == "bound" and generic.func.__name__ == "_rms_norm_into"
+
+
 @pytest.mark.parametrize("name", [t[0] for t in TAKEN if t[1]])
 def test_without_numba_the_torch_kernels_run(name, cpu, monkeypatch):
     monkeypatch.setattr(cpu_ops, "numba_available", lambda: False)

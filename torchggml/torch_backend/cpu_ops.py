@@ -2,13 +2,15 @@
 (cpu_numba.py) over numpy views of the node's memory bound when the plan is compiled, instead
 of several torch ops per node (each ~1-5 µs of dispatch, most of a decode node's time).
 
-Each entry layers over the torch kernel of its op with that kernel's own supports(): where the
-fast kernel does not take a node (its types, its mode, a size past FAST_MAX_ELEMENTS where
-torch's threaded kernels pay, no numba), the bind returns the torch kernel's bound call.
+Each entry layers over the kernel the CPU table had for its op (the torch kernel, the CPU's own
+MUL_MAT) with that kernel's own supports(): where the fast kernel does not take a node (its
+types, its mode, a size past FAST_MAX_ELEMENTS where torch's threaded kernels pay, no numba,
+TORCHGGML_CPU_FAST_OPS=0), the bind returns that kernel's bound call.
 """
 from __future__ import annotations
 
 import functools
+import os
 
 import numpy as np
 import torch
@@ -268,13 +270,20 @@ FAST_BINDS = {
 }
 
 
+def fast_ops_enabled() -> bool:
+    """TORCHGGML_CPU_FAST_OPS=0 turns the fast kernels off (for comparisons; read when a graph
+    is compiled)."""
+    return os.environ.get("TORCHGGML_CPU_FAST_OPS", "1") != "0"
+
+
 def _layered(fast_bind, generic):
     """A kernel whose bind tries the fast kernel first, then the generic kernel's own bind
     (`over`: the generic kernel)."""
     generic_bind = getattr(generic, "bind", None)
 
     def bind(node):
-        return fast_bind(node) or (generic_bind(node) if generic_bind is not None else None) or generic
+        fast = fast_bind(node) if fast_ops_enabled() else None
+        return fast or (generic_bind(node) if generic_bind is not None else None) or generic
 
     @binds(bind)
     def kernel(node):
