@@ -129,19 +129,20 @@ def numba_ops():
         for i3 in range(x.shape[0]):
             for i2 in range(x.shape[1]):
                 for i1 in range(x.shape[2]):
+                    xr, orow = x[i3, i2, i1], out[i3, i2, i1]
                     mean = np.float32(0.0)
                     if not rms:
                         total = 0.0
                         for i0 in range(n):
-                            total += load(x[i3, i2, i1, i0])
+                            total += load(xr[i0])
                         mean = np.float32(total / n)
                     total = 0.0
                     for i0 in range(n):
-                        v = load(x[i3, i2, i1, i0]) - mean
+                        v = load(xr[i0]) - mean
                         total += v * v
                     scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(total / n) + eps))
                     for i0 in range(n):
-                        out[i3, i2, i1, i0] = store_as((load(x[i3, i2, i1, i0]) - mean) * scale, out)
+                        orow[i0] = store_as((load(xr[i0]) - mean) * scale, out)
 
     @jit
     def soft_max(x, out, mask, slopes, sinks, scale, has_mask, has_sinks):
@@ -152,15 +153,21 @@ def numba_ops():
                 slope = slopes[i2]
                 sink = sinks[i2] if has_sinks else np.float32(-np.inf)
                 for i1 in range(x.shape[2]):
-                    peak = sink
+                    xr = x[i3, i2, i1]
+                    if has_mask:
+                        mr = mask[i3 % mask.shape[0], i2 % mask.shape[1], i1]
+                        for i0 in range(n):
+                            row[i0] = load(xr[i0]) * scale + slope * load(mr[i0])
+                    else:
+                        for i0 in range(n):
+                            row[i0] = load(xr[i0]) * scale
+                    peak, nan = sink, sink != sink  # the max, NaN if any value is (as amax)
                     for i0 in range(n):
-                        v = load(x[i3, i2, i1, i0]) * scale
-                        if has_mask:
-                            v += slope * load(mask[i3 % mask.shape[0], i2 % mask.shape[1], i1, i0])
-                        row[i0] = v
-                        if not (v <= peak):  # v > peak, or NaN (which propagates, as amax)
-                            if not (peak != peak):
-                                peak = v
+                        v = row[i0]
+                        nan |= v != v
+                        peak = v if v > peak else peak
+                    if nan:
+                        peak = np.float32(np.nan)
                     if not math.isfinite(peak):
                         peak = np.float32(0.0)
                     for i0 in range(n):  # vectorized; the float64 sum in order after it
@@ -173,8 +180,9 @@ def numba_ops():
                     if total == 0.0:
                         total = 1.0
                     inv = np.float32(1.0 / total)
+                    orow = out[i3, i2, i1]
                     for i0 in range(n):
-                        out[i3, i2, i1, i0] = store_as(row[i0] * inv, out)
+                        orow[i0] = store_as(row[i0] * inv, out)
 
     @jit
     def rope(x, out, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
