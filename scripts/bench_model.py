@@ -13,7 +13,12 @@ llama.cpp runs through llama-cpp-python when it is installed (`pip install llama
 which builds llama.cpp from source; for CUDA: CMAKE_ARGS="-DGGML_CUDA=on" pip install
 llama-cpp-python). Same file, same machine, same thread count. Tests never need it.
 
-pp: tokens/s of one call that evaluates P prompt tokens (one micro-batch) from an empty cache.
+pp: tokens/s of one call that evaluates P prompt tokens (one micro-batch) from an empty cache,
+with the logits of the last token only, as llama-bench's pp and llama-cpp-python's eval
+(logits_all=False) do: torchggml's model.eval(tokens, logits="last"), so neither engine runs the
+output head (a P x n_embd x n_vocab product) for the other tokens. --pp-all also measures
+eval(tokens, logits="all") (every token's logits), interleaved with the last-only runs in the same
+process, and prints the speed-up of last-only over it.
 tg: tokens/s of N single-token calls after one warm-up token, as llama-bench's tg.
 --profile prints where torchggml spends its time during generation (cProfile, top functions).
 Each engine runs in its own process (llama.cpp's spinning OpenMP threads would slow torch down).
@@ -109,13 +114,18 @@ def prompt_tokens(n_vocab: int, n: int) -> list[int]:
     return torch.randint(0, n_vocab, (n,), generator=gen).tolist()
 
 
-def timed(fn, reps: int) -> list[float]:
-    fn()  # warm-up (graph build, allocation, first-touch of the weights)
-    out = []
-    for _ in range(reps):
-        t = time.perf_counter()
+def timed(reps: int, *fns) -> list[list[float]]:
+    """Seconds of each call of each function, reps times, the functions interleaved (a busy
+    neighbour then slows them alike), after one warm-up call each (graph build, allocation,
+    first-touch of the weights)."""
+    for fn in fns:
         fn()
-        out.append(time.perf_counter() - t)
+    out = [[] for _ in fns]
+    for _ in range(reps):
+        for fn, times in zip(fns, out):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
     return out
 
 
@@ -128,9 +138,9 @@ def bench_torchggml(path, args) -> dict:
                        n_batch=args.n_prompt, flash_attn=args.flash_attn, n_threads=args.threads)
     tokens = prompt_tokens(model.n_vocab, args.n_prompt)
 
-    def pp():
+    def pp(logits="last"):
         model.reset()
-        model.eval(tokens)
+        model.eval(tokens, logits=logits)
 
     def tg():
         model.reset()
@@ -140,11 +150,13 @@ def bench_torchggml(path, args) -> dict:
             model.eval([t])
         return time.perf_counter() - start
 
-    pp_times = timed(pp, args.reps)
+    pp_times, *pp_all_times = timed(args.reps, pp, *([lambda: pp("all")] if args.pp_all else []))
     tg()  # warm-up
     tg_times = [tg() for _ in range(args.reps)]
     result = {"pp": args.n_prompt / statistics.median(pp_times), "tg": args.n_gen / statistics.median(tg_times),
               "desc": model.describe(), "params": sum(t.n_elements for t in model.file.tensors.values())}
+    if pp_all_times:
+        result["pp_all"] = args.n_prompt / statistics.median(pp_all_times[0])
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()
@@ -188,7 +200,7 @@ def bench_llama_cpp(path, args, n_vocab: int) -> dict:
             llm.eval([tokens[1 + i % (len(tokens) - 1)] if len(tokens) > 1 else tokens[0]])
         return time.perf_counter() - start
 
-    pp_times = timed(pp, args.reps)
+    (pp_times,) = timed(args.reps, pp)
     tg()
     tg_times = [tg() for _ in range(args.reps)]
     return {"pp": args.n_prompt / statistics.median(pp_times), "tg": args.n_gen / statistics.median(tg_times)}
@@ -212,6 +224,8 @@ def run_engine(engine: str, path: str, args) -> dict:
             cmd += [flag, str(value)]
     if args.flash_attn:
         cmd.append("-fa")
+    if args.pp_all:
+        cmd.append("--pp-all")
     out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"{engine} on {path} failed (exit code {out.returncode})")
@@ -230,6 +244,8 @@ def main(argv=None) -> int:
     p.add_argument("-ngl", "--n-gpu-layers", type=int, default=None)
     p.add_argument("-fa", "--flash-attn", action="store_true")
     p.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even when installed")
+    p.add_argument("--pp-all", action="store_true",
+                   help="also measure torchggml's pp with every token's logits (logits='all')")
     p.add_argument("--profile", type=int, default=0, metavar="K",
                    help="print torchggml's top K functions by own time during generation")
     p.add_argument("--engine", choices=("torchggml", "llama.cpp"), help=argparse.SUPPRESS)
@@ -261,6 +277,9 @@ def main(argv=None) -> int:
             if ref:
                 line += f" {ref[test]:14.2f} {ours[test] / ref[test]:6.3f}"
             print(line, flush=True)
+        if "pp_all" in ours:
+            print(f"  pp{args.n_prompt} with logits='all': {ours['pp_all']:.2f} t/s; logits='last' is "
+                  f"{ours['pp'] / ours['pp_all']:.3f}x that (interleaved in one process, medians of {args.reps})")
         print(f"  {ours['desc']}")
         if args.profile:
             print(ours["profile"])

@@ -1,6 +1,7 @@
 """The shared pieces of every architecture's graph, written once: inputs, norms, projections,
 rotary embedding, attention over the KV cache (with sliding windows, soft-capping, sinks),
-gated feed-forward and mixture-of-experts feed-forward, the output head.
+gated feed-forward and mixture-of-experts feed-forward, the output head, and the selection of the
+tokens whose logits are wanted (`GraphBuilder.output_rows`, llama.cpp's inp_out_ids).
 
 An architecture (models/archs/*.py) is an `Arch` subclass: the keys it reads, the tensors it
 loads and a `build` method that strings these pieces together, as llama.cpp's src/models do.
@@ -202,7 +203,8 @@ class Arch:
             w.layers.append(L.layer)
 
     def build(self, b: "GraphBuilder", w: Weights) -> Tensor:
-        """The logits [n_vocab, n_tokens] of the micro-batch."""
+        """The logits [n_vocab, n_outputs] of the micro-batch: in the last layer, right after
+        attention, `b.output_rows` keeps only the rows of the tokens whose logits are wanted."""
         raise NotImplementedError
 
 
@@ -215,10 +217,12 @@ class ModelGraph:
     positions: Tensor    # I32 [n_tokens]
     kv_idx: Tensor       # I64 [n_tokens]: the cache cell of each token
     masks: dict          # window (0: causal only) -> F16 [n_kv, n_tokens] mask input
-    logits: Tensor       # F32 [n_vocab, n_tokens]
+    logits: Tensor | None  # F32 [n_vocab, n_outputs]; None when n_outputs is 0
     position_inputs: list  # (tensor, fn(positions) -> torch values): inputs that depend on positions
     n_tokens: int
     n_kv: int
+    n_outputs: int
+    out_ids: Tensor | None  # I32 [n_outputs]: the tokens whose logits are computed (None: all of them)
 
 
 def graph_size(hp: HParams) -> int:
@@ -227,11 +231,24 @@ def graph_size(hp: HParams) -> int:
 
 
 class GraphBuilder:
-    """Builds one micro-batch's graph: n_tokens new tokens attending to the first n_kv cache cells."""
+    """Builds one micro-batch's graph: n_tokens new tokens attending to the first n_kv cache cells,
+    with logits for n_outputs of them (default: all).
 
-    def __init__(self, ctx, hp: HParams, kv: KVCache, n_tokens: int, n_kv: int, flash_attn: bool = False):
+    Outputs, as llama.cpp's inp_out_ids: with 0 < n_outputs < n_tokens the graph has an I32 input
+    `inp_out_ids` (which tokens, in order) and `output_rows` selects those rows with GET_ROWS in
+    the last layer after attention, so that layer's FFN, the output norm and the head run only for
+    them. With n_outputs == n_tokens there is no selection (llama.cpp keeps an identity GET_ROWS to
+    give pipeline parallelism one topology; our graphs are built per shape, so it would only copy).
+    With n_outputs == 0 (a micro-batch before the one holding the wanted token) the graph ends at
+    the KV cache writes: only the cache is needed from it."""
+
+    def __init__(self, ctx, hp: HParams, kv: KVCache, n_tokens: int, n_kv: int, flash_attn: bool = False,
+                 n_outputs: int | None = None):
+        n_outputs = n_tokens if n_outputs is None else int(n_outputs)
+        if not 0 <= n_outputs <= n_tokens:
+            raise ValueError(f"graph: n_outputs={n_outputs} must lie in [0, n_tokens={n_tokens}]")
         self.ctx, self.hp, self.kv = ctx, hp, kv
-        self.n_tokens, self.n_kv, self.flash_attn = n_tokens, n_kv, flash_attn
+        self.n_tokens, self.n_kv, self.flash_attn, self.n_outputs = n_tokens, n_kv, flash_attn, n_outputs
         self.tokens = self._input(Type.I32, n_tokens, name="inp_tokens")
         self.positions = self._input(Type.I32, n_tokens, name="inp_pos")
         self.kv_idx = self._input(Type.I64, n_tokens, name="inp_kv_idx")
@@ -239,6 +256,8 @@ class GraphBuilder:
         if any(hp.is_swa(il) for il in range(hp.n_layer)):
             self.masks[hp.n_swa] = self._input(Type.F16, n_kv, n_tokens, name="inp_kq_mask_swa")
         self.position_inputs: list = []
+        self.out_ids = self._input(Type.I32, n_outputs, name="inp_out_ids") if 0 < n_outputs < n_tokens else None
+        self.cache_views: list[Tensor] = []  # every layer's K/V views on its cache writes
 
     def _input(self, type, *ne, name):
         t = (new_tensor_1d if len(ne) == 1 else new_tensor_2d)(self.ctx, type, *ne)
@@ -247,12 +266,34 @@ class GraphBuilder:
         return t
 
     def finish(self, logits: Tensor) -> ModelGraph:
-        set_name(logits, "result_output")
-        set_output(logits)
         graph = new_graph_custom(self.ctx, graph_size(self.hp))
-        build_forward_expand(graph, logits)
-        return ModelGraph(graph, self.tokens, self.positions, self.kv_idx, self.masks, logits,
-                          self.position_inputs, self.n_tokens, self.n_kv)
+        if self.n_outputs == 0:
+            for view in self.cache_views:  # the writes, and what they depend on
+                build_forward_expand(graph, view)
+            logits = None
+        else:
+            set_name(logits, "result_output")
+            set_output(logits)
+            build_forward_expand(graph, logits)
+        # inputs only the omitted part reads (the last layer's own window mask) are not in the graph
+        masks = {w: m for w, m in self.masks.items() if id(m) in graph.visited}
+        position_inputs = [(t, fn) for t, fn in self.position_inputs if id(t) in graph.visited]
+        return ModelGraph(graph, self.tokens, self.positions, self.kv_idx, masks, logits,
+                          position_inputs, self.n_tokens, self.n_kv, self.n_outputs, self.out_ids)
+
+    def output_rows(self, il: int, *xs: Tensor) -> tuple[Tensor, ...]:
+        """In the last layer (il), after attention: the rows of `xs` ([n, n_tokens] each: the
+        attention output, the residual...) of the output tokens only, by GET_ROWS on inp_out_ids;
+        `xs` unchanged in the other layers or when every token is an output."""
+        if self.out_ids is None or il != self.hp.n_layer - 1:
+            return xs
+        return tuple(ops.get_rows(self.ctx, x, self.out_ids) for x in xs)
+
+    def add_attention(self, il: int, x: Tensor, attn: Tensor) -> Tensor:
+        """The residual after layer il's attention, x + attn; in the last layer of the output
+        tokens' rows only (output_rows)."""
+        attn, x = self.output_rows(il, attn, x)
+        return self.add(x, attn)
 
     # ------------------------------------------------------------ small pieces
 
@@ -329,6 +370,7 @@ class GraphBuilder:
         scale = hp.kq_scale if kq_scale is None else kq_scale
         mask = self.masks[hp.n_swa if hp.is_swa(il) else 0]
         k_cells, v_cells = self.kv.store(ctx, il, k, v, self.kv_idx, self.n_kv)  # [head_dim, n_kv, n_head_kv]
+        self.cache_views += [k_cells, v_cells]
         q = ops.permute(ctx, q, 0, 2, 1, 3)                                     # [head_dim, n_tokens, n_head]
         if self.flash_attn:
             out = ops.flash_attn_ext(ctx, q, k_cells, v_cells, mask, scale, 0.0, hp.attn_softcap)
@@ -389,8 +431,8 @@ class GraphBuilder:
         """Mixture of experts: the router's top n_expert_used experts per token run through
         mul_mat_id, weighted by the router's probabilities (softmax over all experts, renormalised
         over the chosen ones when norm_weights; gating "softmax_weight": softmax over the chosen
-        logits only, as gpt-oss does) and summed."""
-        hp, ctx, n = self.hp, self.ctx, self.n_tokens
+        logits only, as gpt-oss does) and summed. x: [n_embd, n] (n: the rows after output_rows)."""
+        hp, ctx, n = self.hp, self.ctx, x.ne[1]
         n_exp, n_used = hp.n_expert, hp.n_expert_used
         logits = self.linear(x, layer.ffn_gate_inp, layer.ffn_gate_inp_b)    # [n_expert, n_tokens]
         probs = ops.soft_max(ctx, logits) if gating == "softmax" else logits

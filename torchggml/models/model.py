@@ -2,6 +2,7 @@
 
     model = torchggml.load_model("model.gguf", devices=["CUDA0"])
     logits = model.eval(model.tokenize("Hello"))   # [n_tokens, n_vocab] float32, appends to the cache
+    last = model.eval(more_tokens, logits="last")  # [1, n_vocab]: only the last token's logits
     for text in model.generate("Once upon a time", max_tokens=32):
         print(text, end="")
 
@@ -12,9 +13,17 @@ result is what that call would give alone, with the cache as the previous call l
 from its first item until it is exhausted or closed: iterate it to the end (or close it) in the
 thread that started it.
 
-Non-finite logits: an eval whose logits contain NaN or inf raises NonFiniteLogitsError; the
-cache cells that call wrote are zeroed and the cache is left as it was, so later calls are not
-poisoned. reset() zeroes every cell written since the last reset.
+Outputs: eval(logits="last") computes only the last token's logits, as llama.cpp does for a
+batch whose logits flag is set on its last token only (llama-cpp-python's default,
+logits_all=False): the graph keeps that token's row after the last layer's attention, so the
+last layer's FFN, the output norm and the head run for one row instead of n (for a 32000-token
+vocabulary the head alone is a third of a 128-token prompt's time). Micro-batches before the one
+holding that token compute only the KV cache. generate() and chat() evaluate the prompt this way.
+
+Non-finite logits: an eval whose computed logits contain NaN or inf raises NonFiniteLogitsError;
+the cache cells that call wrote are zeroed and the cache is left as it was, so later calls are
+not poisoned. Only computed logits are checked (with logits="last", the last token's; a NaN in an
+earlier token reaches it through attention). reset() zeroes every cell written since the last reset.
 
 close() frees the compute, KV and weight buffers and closes the file's mapping; a later eval,
 generate or reset raises ModelClosedError.
@@ -59,6 +68,9 @@ log = logging.getLogger(__name__)
 
 # the default KV cache size caps the model's training context (which can be 128k tokens)
 DEFAULT_MAX_CTX = 4096
+
+# eval's `logits` choices: every token's, or only the last token's (of each sequence)
+LOGITS = ("all", "last")
 
 
 # ---------------------------------------------------------------- devices and placement
@@ -281,13 +293,14 @@ class Model:
         if not backend_sched_reserve(self.sched, worst.graph):
             raise MemoryError(f"{self.path}: cannot allocate the compute buffers")
 
-    def _build(self, n_tokens: int, n_kv: int) -> ModelGraph:
+    def _build(self, n_tokens: int, n_kv: int, n_outputs: int | None = None) -> ModelGraph:
         self._ctx = Context(no_alloc=True)
-        return self.build_graph(self._ctx, n_tokens, n_kv)
+        return self.build_graph(self._ctx, n_tokens, n_kv, n_outputs)
 
-    def build_graph(self, ctx: Context, n_tokens: int, n_kv: int) -> ModelGraph:
-        """The architecture's forward graph of n_tokens attending to n_kv cache cells, LoRA included."""
-        b = GraphBuilder(ctx, self.hp, self.kv, n_tokens, n_kv, self.flash_attn)
+    def build_graph(self, ctx: Context, n_tokens: int, n_kv: int, n_outputs: int | None = None) -> ModelGraph:
+        """The architecture's forward graph of n_tokens attending to n_kv cache cells, LoRA
+        included, with logits for n_outputs of the tokens (default all; see GraphBuilder)."""
+        b = GraphBuilder(ctx, self.hp, self.kv, n_tokens, n_kv, self.flash_attn, n_outputs)
         g = b.finish(self.arch.build(b, self.w))
         if self.lora is not None:
             replaced = self.lora.apply(ctx, g.graph)
@@ -330,13 +343,14 @@ class Model:
         self._graph = None  # the next eval builds (and allocates) a graph with the adapter
         return adapter
 
-    def _graph_for(self, n_tokens: int, n_kv: int) -> ModelGraph:
-        """The allocated graph for this shape. When the shape repeats (decode steps) the previous
-        graph is reused as it is: its tensors keep their addresses, so only the inputs change."""
+    def _graph_for(self, n_tokens: int, n_kv: int, n_outputs: int) -> ModelGraph:
+        """The allocated graph for this shape (n_tokens, n_kv, n_outputs). When the shape repeats
+        (decode steps) the previous graph is reused as it is: its tensors keep their addresses,
+        so only the inputs change."""
         g = self._graph
-        if g is not None and g.n_tokens == n_tokens and g.n_kv == n_kv:
+        if g is not None and (g.n_tokens, g.n_kv, g.n_outputs) == (n_tokens, n_kv, n_outputs):
             return g
-        g = self._graph = self._build(n_tokens, n_kv)
+        g = self._graph = self._build(n_tokens, n_kv, n_outputs)
         backend_sched_reset(self.sched)
         if not backend_sched_alloc_graph(self.sched, g.graph):
             self._graph = None
@@ -377,58 +391,87 @@ class Model:
             raise ValueError(f"eval: token id {int(ids[bad][0])} is outside the vocabulary [0, {self.n_vocab})")
         return ids
 
-    def eval(self, tokens, seq_id: int = 0) -> torch.Tensor:
-        """Run `tokens` (after the cached ones of sequence seq_id) and return their logits, float32
-        [len(tokens), n_vocab]. The prompt is processed in micro-batches of n_batch tokens.
-        NonFiniteLogitsError when the logits are not all finite (the cache is then left as it
-        was before this call)."""
+    def eval(self, tokens, seq_id: int = 0, logits: str = "all") -> torch.Tensor:
+        """Run `tokens` (after the cached ones of sequence seq_id) and return logits, float32:
+        logits="all" (default): every token's, [len(tokens), n_vocab] (scoring, perplexity);
+        logits="last": only the last token's, [1, n_vocab] (what generation needs: llama.cpp's
+        default batch, whose last token alone has its logits flag set). "last" skips the output
+        head, the output norm and the last layer's FFN for the other tokens; the KV cache ends
+        the same either way. A string rather than llama-cpp-python's bool `logits_all` so the call
+        says which logits it gets. The tokens are processed in micro-batches of n_batch tokens.
+        NonFiniteLogitsError when the computed logits are not all finite (the cache is then left
+        as it was before this call)."""
         with self.lock:
             self._require_weights("eval")
             ids = self._token_ids(tokens)
-            return self._eval_tokens(ids, torch.full_like(ids, int(seq_id)))
+            outputs = self._output_flags([ids.numel()], logits, "eval")
+            return self._eval_tokens(ids, torch.full_like(ids, int(seq_id)), outputs)
 
-    def eval_batch(self, sequences, seq_ids: Sequence[int] | None = None) -> list[torch.Tensor]:
+    def eval_batch(self, sequences, seq_ids: Sequence[int] | None = None, logits: str = "all") -> list[torch.Tensor]:
         """Run several sequences at once, each after its own cached tokens (one KV cache holds
         them all, as llama.cpp's unified cache does): sequences[i] continues sequence seq_ids[i]
-        (default i). Returns each one's logits, [len(sequences[i]), n_vocab]."""
+        (default i). Returns each one's logits: [len(sequences[i]), n_vocab] with logits="all",
+        its last token's [1, n_vocab] with logits="last" (see eval)."""
         with self.lock:
             self._require_weights("eval_batch")
-            return self._eval_batch(sequences, seq_ids)
+            return self._eval_batch(sequences, seq_ids, logits)
 
-    def _eval_batch(self, sequences, seq_ids) -> list[torch.Tensor]:
+    def _eval_batch(self, sequences, seq_ids, logits) -> list[torch.Tensor]:
         seq_ids = list(range(len(sequences))) if seq_ids is None else [int(s) for s in seq_ids]
         if len(seq_ids) != len(sequences) or len(set(seq_ids)) != len(seq_ids):
             raise ValueError(f"eval_batch: {len(sequences)} sequences need as many distinct seq_ids, got {seq_ids}")
         ids = [self._token_ids(t) for t in sequences]
+        outputs = self._output_flags([t.numel() for t in ids], logits, "eval_batch")
         flat = torch.cat(ids) if ids else torch.empty(0, dtype=torch.int64)
         seqs = torch.cat([torch.full_like(t, s) for t, s in zip(ids, seq_ids)]) if ids else flat
-        return list(self._eval_tokens(flat, seqs).split([t.numel() for t in ids]))
+        rows = [int(flags.sum()) for flags in outputs.split([t.numel() for t in ids])]
+        return list(self._eval_tokens(flat, seqs, outputs).split(rows))
 
-    def _eval_tokens(self, ids: torch.Tensor, seq_ids: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def _output_flags(lengths: list[int], logits: str, what: str) -> torch.Tensor:
+        """Bool per token of the concatenated sequences: is its logits row computed
+        (llama.cpp's batch.logits)? Every token for "all", each sequence's last for "last"."""
+        if logits not in LOGITS:
+            raise ValueError(f"{what}: logits={logits!r}; choose 'all' (every token's logits) or 'last' "
+                             f"(only the last token's)")
+        if logits == "all":
+            return torch.ones(sum(lengths), dtype=torch.bool)
+        flags = torch.zeros(sum(lengths), dtype=torch.bool)
+        ends = torch.tensor(lengths, dtype=torch.int64).cumsum(0) - 1
+        flags[ends[torch.tensor(lengths) > 0]] = True
+        return flags
+
+    def _eval_tokens(self, ids: torch.Tensor, seq_ids: torch.Tensor, outputs: torch.Tensor) -> torch.Tensor:
+        """The logits rows of the tokens flagged in `outputs`, in token order."""
         if ids.numel() == 0:
             return torch.empty(0, self.n_vocab)
         self.kv.plan(seq_ids)  # raises early when the cache cannot hold them all
-        out = torch.empty(ids.numel(), self.n_vocab)
+        out = torch.empty(int(outputs.sum()), self.n_vocab)
         before = self.kv.snapshot()
+        row = 0
         for start in range(0, ids.numel(), self.n_batch):
             end = start + self.n_batch
-            logits = out[start: end]
-            logits[:] = self._eval_ubatch(ids[start: end], seq_ids[start: end])
+            flags = outputs[start: end]
+            logits = out[row: row + int(flags.sum())]
+            self._eval_ubatch(ids[start: end], seq_ids[start: end], flags, logits)
+            row += logits.shape[0]
             finite = torch.isfinite(logits).all(dim=1)
             if not bool(finite.all()):
                 # the cells written may hold NaN: zero them so no later call can read them
                 self.kv.restore(before)
-                bad = int((~finite).nonzero()[0]) + start
+                bad = int(flags.nonzero()[int((~finite).nonzero()[0])]) + start
                 n_past = self.kv.seq_len(int(seq_ids[bad])) + int((seq_ids[:bad] == seq_ids[bad]).sum())
                 raise NonFiniteLogitsError(f"{self.path}: eval produced non-finite logits (first at token "
                                            f"{bad}, position {n_past}); the cache was restored to "
                                            f"{self.kv.n_past} tokens")
         return out
 
-    def _eval_ubatch(self, ids: torch.Tensor, seq_ids: torch.Tensor) -> torch.Tensor:
+    def _eval_ubatch(self, ids: torch.Tensor, seq_ids: torch.Tensor, outputs: torch.Tensor,
+                     logits: torch.Tensor) -> None:
+        """One micro-batch; the rows of the tokens flagged in `outputs` are written to `logits`."""
         batch = self.kv.plan(seq_ids)
-        n_tokens = ids.numel()
-        g = self._graph_for(n_tokens, batch.n_kv)
+        n_tokens, n_outputs = ids.numel(), logits.shape[0]
+        g = self._graph_for(n_tokens, batch.n_kv, n_outputs)
         # the scheduler keeps user inputs in CPU memory and copies them where they are read
         backend_tensor_set(g.tokens, ids.to(torch.int32))
         backend_tensor_set(g.positions, batch.positions.to(torch.int32))
@@ -437,12 +480,15 @@ class Model:
             backend_tensor_set(mask, self.kv.mask(batch, window))
         for tensor, values in g.position_inputs:
             backend_tensor_set(tensor, values(batch.positions))
+        if g.out_ids is not None:
+            backend_tensor_set(g.out_ids, outputs.nonzero().flatten().to(torch.int32))
         self.kv.mark_written(batch)
         status = backend_sched_graph_compute(self.sched, g.graph)
         if int(status) != 0:
             raise RuntimeError(f"{self.path}: graph compute failed with status {status!r}")
         self.kv.commit(batch)
-        return backend_tensor_get(g.logits).reshape(n_tokens, self.n_vocab)
+        if n_outputs:
+            logits[:] = backend_tensor_get(g.logits).reshape(n_outputs, self.n_vocab)
 
     # ------------------------------------------------------------ text
 
@@ -498,7 +544,7 @@ class Model:
         self.reset()
         self.timings = t = Timings()
         start = time.perf_counter()
-        logits = self.eval(ids)[-1]
+        logits = self.eval(ids, logits="last")[0]
         t.prompt_tokens, t.prompt_s = len(ids), time.perf_counter() - start
         start = time.perf_counter()
         for _ in range(max_tokens):
@@ -536,7 +582,7 @@ class Model:
         self.reset()
         out: list[list[int]] = [[] for _ in ids]
         live = list(range(len(ids)))
-        logits = [x[-1] for x in self.eval_batch(ids)]
+        logits = [x[0] for x in self.eval_batch(ids, logits="last")]
         for _ in range(max_tokens):
             tokens = [sample_token(row, temperature, top_k, top_p, gen) for row in logits]
             going = [(s, t) for s, t in zip(live, tokens) if not self.tokenizer.is_eog(t)]

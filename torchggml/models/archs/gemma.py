@@ -40,6 +40,7 @@ class Gemma(Arch):
         x = b.embed(w.token_embd, math.sqrt(hp.n_embd))
         for il, layer in enumerate(w.layers):
             h = b.self_attention(il, b.norm(x, layer.attn_norm), layer, q_scale=hp.kq_scale, kq_scale=1.0)
+            h, x = b.output_rows(il, h, x)
             x = b.add(x, b.norm(h, layer.post_attention_norm) if self.post_norms else h)
             h = b.ffn(b.norm(x, layer.ffn_norm), layer, act="gelu")
             x = b.add(x, b.norm(h, layer.post_ffw_norm) if self.post_norms else h)

@@ -30,7 +30,7 @@ class GptOss(Arch):
     def build(self, b, w):
         x = b.embed(w.token_embd)
         for il, layer in enumerate(w.layers):
-            x = b.add(x, b.self_attention(il, b.norm(x, layer.attn_norm), layer))
+            x = b.add_attention(il, x, b.self_attention(il, b.norm(x, layer.attn_norm), layer))
             h = b.norm(x, layer.post_attention_norm)
             x = b.add(x, b.moe(h, layer, act="swiglu_oai", norm_weights=False, gating="softmax_weight"))
         return b.output(x, w)

@@ -28,7 +28,8 @@ class Llama(Arch):
         q_temp = b.attn_temperature(hp.attn_temp_scale, hp.n_ctx_orig) if hp.attn_temp_scale else None
         x = b.embed(w.token_embd)
         for il, layer in enumerate(w.layers):
-            x = b.add(x, b.self_attention(il, b.norm(x, layer.attn_norm), layer, w.rope_freqs, q_scale=q_temp))
+            x = b.add_attention(il, x, b.self_attention(il, b.norm(x, layer.attn_norm), layer, w.rope_freqs,
+                                                        q_scale=q_temp))
             h = b.norm(x, layer.ffn_norm)
             x = b.add(x, b.moe(h, layer) if layer.ffn_gate_inp is not None else b.ffn(h, layer))
         return b.output(x, w)

@@ -24,7 +24,7 @@ class Starcoder2(Arch):
         x = b.embed(w.token_embd)
         for il, layer in enumerate(w.layers):
             h = b.norm(x, layer.attn_norm, layer.attn_norm_b, rms=False)
-            x = b.add(x, b.self_attention(il, h, layer))
+            x = b.add_attention(il, x, b.self_attention(il, h, layer))
             h = b.norm(x, layer.ffn_norm, layer.ffn_norm_b, rms=False)
             x = b.add(x, b.ffn(h, layer, act="gelu"))
         return b.output(x, w, rms=False)
@@ -52,6 +52,7 @@ class CommandR(Arch):
             q, k, v = b.qkv(h, layer, qk_rms=False)
             q, k = b.rope(q, il), b.rope(k, il)
             attn = b.attention(il, q, k, v, layer.attn_output, layer.attn_output_b)
+            attn, x, h = b.output_rows(il, attn, x, h)  # h (the norm) feeds the parallel FFN
             x = b.add(b.add(b.ffn(h, layer), x), attn)
         return b.output(x, w, rms=False, scale=b.hp.logit_scale)
 
