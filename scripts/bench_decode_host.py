@@ -52,29 +52,38 @@ def op_class(node) -> str:
     return node.op.name
 
 
-def per_class(calls, ref_calls, n: int):
-    """{class: (nodes, median µs per token of the CPU calls, same for the reference calls)},
-    the two timed node by node, alternately, in graph order."""
-    ours, theirs = defaultdict(list), defaultdict(list)
+def per_class(plan, calls, ref_calls, step, n: int):
+    """{class: (nodes, median µs per step of the CPU calls, same for the reference calls)}: n
+    steps (evals) in which every node runs both ways in turn, while the graph's inputs are
+    fresh (the allocator reuses their memory later in the graph)."""
     count = defaultdict(int)
     for _, node in calls:
         count[op_class(node)] += 1
-    for step in range(n):
+    ours, theirs = defaultdict(list), defaultdict(list)
+    for i in range(n):
         step_ours, step_theirs = defaultdict(float), defaultdict(float)
-        for (fn, node), (ref, _) in zip(calls, ref_calls):
+
+        def both(fn, ref, key, ours_first):
             # the first of the two calls meets a colder cache: each goes first every other step
-            first, second = (fn, ref) if step % 2 == 0 else (ref, fn)
-            t0 = clock()
-            first(node)
-            t1 = clock()
-            second(node)
-            t2 = clock()
-            a, b = (t1 - t0, t2 - t1) if step % 2 == 0 else (t2 - t1, t1 - t0)
-            step_ours[op_class(node)] += a
-            step_theirs[op_class(node)] += b
+            first, second = (fn, ref) if ours_first else (ref, fn)
+
+            def call(node):
+                t0 = clock()
+                first(node)
+                t1 = clock()
+                second(node)
+                t2 = clock()
+                a, b = (t1 - t0, t2 - t1) if ours_first else (t2 - t1, t1 - t0)
+                step_ours[key] += a
+                step_theirs[key] += b
+            return call
+        plan.calls = [(both(fn, ref, op_class(node), i % 2 == 0), node)
+                      for (fn, node), (ref, _) in zip(calls, ref_calls)]
+        step(5 + i % 50)
         for k in count:
             ours[k].append(step_ours[k])
             theirs[k].append(step_theirs[k])
+    plan.calls = calls
     return {k: (count[k], statistics.median(ours[k]) * 1e6, statistics.median(theirs[k]) * 1e6) for k in count}
 
 
@@ -144,7 +153,7 @@ def main(argv=None) -> int:
     if args.tokens > 1:
         print(f"  (with more than one token, eval also resets the cache: 'outside the plan' counts it)")
     print(f"  per op class (nodes timed one by one, both ways in turn):")
-    table = per_class(calls, ref_calls, args.n)
+    table = per_class(plan, calls, ref_calls, step, args.n)
     for k, (count, ours, theirs) in sorted(table.items(), key=lambda kv: -kv[1][2]):
         print(f"    {k:16s} {count:4d} nodes {ours / count:8.1f} us/node {theirs / count:9.1f} us/node")
     model.close()
