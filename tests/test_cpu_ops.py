@@ -217,3 +217,43 @@ def test_exp_f32_is_within_one_ulp_and_keeps_the_special_values():
     got = [exp(v) for v in specials]
     assert got[0] == 0.0 and got[1] == np.inf and np.isnan(got[2]) and got[3] == 1.0
     assert got[4] == np.inf and got[5] == 0.0
+
+
+def _outputs_both_ways(cpu, monkeypatch, build, values):
+    """The node computed by the fast kernel and by the kernel under it, from the same inputs."""
+    from torchggml.torch_backend.kernels import compiled_nodes
+    ctx = ggml.init(no_alloc=True)
+    buffer = None
+    try:
+        out, inputs = build(ctx)
+        graph = ggml.new_graph(ctx)
+        ggml.build_forward_expand(graph, out)
+        buffer = ggml.backend_alloc_ctx_tensors(ctx, cpu)
+        results = []
+        for enabled in ("1", "0"):
+            monkeypatch.setenv("TORCHGGML_CPU_FAST_OPS", enabled)
+            for t, v in zip(inputs, values):
+                ggml.backend_tensor_set(t, v)
+            for fn, node in compiled_nodes(graph.nodes, CPU_KERNELS, "CPU"):
+                fn(node)
+            results.append(ggml.backend_tensor_get(out).view(torch.float32).clone())
+        return results
+    finally:
+        if buffer is not None:
+            ggml.backend_buffer_free(buffer)
+        ggml.free(ctx)
+
+
+def test_soft_max_special_values_as_the_torch_kernel(cpu, monkeypatch):
+    """Rows with NaN, +inf, all -inf (masked) and ordinary values give what the torch kernel gives."""
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([[1.0, 2.0, nan, 0.5], [1.0, inf, 2.0, 0.0], [3.0, 1.0, -2.0, 0.25], [0.1, 0.2, 0.3, 0.4]])
+    mask = torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, -inf, 0.0], [-inf, -inf, -inf, -inf], [0.0, -inf, 0.0, 0.0]])
+
+    def build(ctx):
+        a = ggml.new_tensor_2d(ctx, ggml.Type.F32, 4, 4)
+        m = ggml.new_tensor_2d(ctx, ggml.Type.F32, 4, 4)
+        return ggml.soft_max_ext(ctx, a, m, 0.5, 0.0), [a, m]
+    fast, generic = _outputs_both_ways(cpu, monkeypatch, build, [x, mask])
+    assert torch.equal(torch.isnan(fast), torch.isnan(generic))
+    assert torch.allclose(fast.nan_to_num(7.0), generic.nan_to_num(7.0), rtol=1e-6, atol=0)
