@@ -56,6 +56,8 @@ TAKEN = [
     ("add(type=F32,ne_a=[32, 4, 3, 2],ne_b=[16, 2, 3, 1])", True),  # b tiled
     ("div(type=F16,ne_a=[33, 5, 1, 1],ne_b=[1, 5, 1, 1])", True),
     ("mul(non-contiguous a, broadcast b)", True),
+    ("mul(type=F32,ne_a=[1024, 1, 1, 1],ne_b=[1024, 1, 1, 1])", True),
+    ("mul(type=F32,ne_a=[1024, 16, 1, 1],ne_b=[1024, 1, 1, 1])", False),  # past BINARY_MAX_ELEMENTS
     ("add(type=BF16,ne_a=[32, 4, 3, 2],ne_b=[32, 4, 3, 2])", False),
     ("add(type_a=Q8_0,type_b=F32,out=Q8_0)", False),
     ("get_rows(type=Q4_K,ne0=256,n_rows=6,n=4,batch=[1, 1])", True),

@@ -259,24 +259,33 @@ def numba_ops():
                 dst[c, r] = src[r, c]
 
     @jit
+    def binary_row(x, y, out, op):  # one row, y as long as x (the loops vectorize on contiguous rows)
+        if op == 0:
+            for i in range(out.shape[0]):
+                out[i] = store_as(load(x[i]) + load(y[i]), out)
+        elif op == 1:
+            for i in range(out.shape[0]):
+                out[i] = store_as(load(x[i]) - load(y[i]), out)
+        elif op == 2:
+            for i in range(out.shape[0]):
+                out[i] = store_as(load(x[i]) * load(y[i]), out)
+        else:
+            for i in range(out.shape[0]):
+                out[i] = store_as(load(x[i]) / load(y[i]), out)
+
+    @jit
     def binary(a, b, out, op):
+        n, nb = out.shape[3], b.shape[3]
+        tiled = np.empty(n if nb != n else 0, b.dtype)  # b's row repeated to a's length
         for i3 in range(out.shape[0]):
-            j3 = i3 % b.shape[0]
             for i2 in range(out.shape[1]):
-                j2 = i2 % b.shape[1]
                 for i1 in range(out.shape[2]):
-                    j1 = i1 % b.shape[2]
-                    for i0 in range(out.shape[3]):
-                        x, y = load(a[i3, i2, i1, i0]), load(b[j3, j2, j1, i0 % b.shape[3]])
-                        if op == 0:
-                            v = x + y
-                        elif op == 1:
-                            v = x - y
-                        elif op == 2:
-                            v = x * y
-                        else:
-                            v = x / y
-                        out[i3, i2, i1, i0] = store_as(v, out)
+                    row_b = b[i3 % b.shape[0], i2 % b.shape[1], i1 % b.shape[2]]
+                    if nb != n:
+                        for i0 in range(n):
+                            tiled[i0] = row_b[i0 % nb]
+                        row_b = tiled
+                    binary_row(a[i3, i2, i1], row_b, out[i3, i2, i1], op)
 
     @jit
     def swiglu(x, gate, out):
