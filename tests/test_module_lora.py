@@ -132,7 +132,11 @@ def test_module_moves_between_devices(demo_path):
     on_cpu = module(ids)
     assert module.to("SIM0") is module
     assert module.model.placement.devices[0].get_name() == "SIM0"
-    assert torch.allclose(module(ids), on_cpu, atol=1e-4)
+    # the devices run different float32 kernels (the CPU's numba ones round sqrt correctly, as
+    # ggml's sqrtf; torch's SLEEF sqrt is within 0.5001 ulp), which this small model amplifies to
+    # ~3e-5 relative: compared as the golden tests compare devices, by relative L2 error
+    on_sim = module(ids)
+    assert ((on_sim - on_cpu).norm() / on_cpu.norm()).item() < 1e-4
     assert module.to("cpu") is module and torch.allclose(module(ids), on_cpu, atol=1e-4)
 
 

@@ -245,3 +245,10 @@ def _fa_v_view_of_k(ctx):
 
 case("flash_attn_ext", "v is a view of k", _fa_v_view_of_k,
      lambda q, k, mask: flash_attn_ref(q, k, k[..., :48], mask, None, 0.125), max_nmse=NMSE_ATTENTION)
+
+
+# decode shapes: one query row per head over a causal F16 mask (the CPU's numba kernel), ALiBi and
+# sinks on it, and a node past the kernel's size limit
+_soft_max_case([168, 1, 16, 1], [168, 1, 1, 1], T.F16, scale=0.125, mask_init=causal_mask(168))
+_soft_max_case([168, 1, 12, 1], [168, 1, 1, 1], T.F32, scale=0.125, max_bias=8.0, sinks=True)
+_soft_max_case([1024, 64, 8, 1], [1024, 64, 1, 1], T.F16, scale=0.125, mask_init=causal_mask(1024))

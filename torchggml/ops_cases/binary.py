@@ -27,6 +27,8 @@ _BROADCASTS = [
     ([32, 4, 3, 2], [1, 1, 1, 1]),
     ([32, 4, 3, 2], [16, 2, 3, 1]),
     ([33, 5, 1, 1], [1, 5, 1, 1]),
+    ([1024, 1, 1, 1], [1024, 1, 1, 1]),  # decode's residual add / norm weight (CPU: numba)
+    ([1024, 16, 1, 1], [1024, 1, 1, 1]),  # a micro-batch's rows (CPU: torch, past numba's limit)
 ]
 
 

@@ -200,3 +200,26 @@ _cont_nd_case("cont_2d of permuted", lambda ctx, p: ggml.cont_2d(ctx, p, 32, 18)
 _cont_nd_case("cont_3d of permuted", lambda ctx, p: ggml.cont_3d(ctx, p, 6, 8, 12), lambda v: v.reshape(1, 12, 8, 6))
 _cont_nd_case("cont_4d of permuted", lambda ctx, p: ggml.cont_4d(ctx, p, 4, 3, 6, 8), lambda v: v.reshape(8, 6, 3, 4))
 _cont_nd_case("dup of permuted", lambda ctx, p: ggml.dup(ctx, p), lambda v: v)
+
+
+# ---------------------------------------------------------------- attention's copies
+
+def _v_transposed_case(src_type, dst_type, n_kv, head_dim=64, n_head=4):
+    """cpy(permute(V cache)) as a llama graph makes V^T per head: [n_kv, head_dim * n_head]
+    rows -> [n_kv, head_dim, n_head] contiguous; big ones run torch's copy over the coalesced
+    2-D transpose, small ones the CPU's numba copy."""
+    def build(ctx):
+        v = ggml.new_tensor_2d(ctx, src_type, head_dim * n_head, n_kv)
+        heads = ggml.reshape_3d(ctx, v, head_dim, n_head, n_kv)
+        out = ggml.new_tensor_3d(ctx, dst_type, n_kv, head_dim, n_head)
+        return ggml.cpy(ctx, ggml.permute(ctx, heads, 1, 2, 0, 3), out), [v]
+
+    def ref(v):
+        return rounded(dst_type, v.reshape(n_kv, n_head, head_dim).permute(1, 2, 0).unsqueeze(0))
+    case("cpy", f"V transposed,{src_type.name}->{dst_type.name},n_kv={n_kv},heads={n_head}", build, ref,
+         max_nmse=0)
+
+
+for _src, _dst in [(T.F16, T.F16), (T.F32, T.F16), (T.F16, T.F32), (T.F32, T.F32)]:
+    _v_transposed_case(_src, _dst, 40)
+    _v_transposed_case(_src, _dst, 168, n_head=16)

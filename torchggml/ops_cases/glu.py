@@ -99,3 +99,13 @@ for _alpha, _limit in [(1.702, 7.0), (1.0, 2.5)]:
     case("swiglu_oai", f"fused,alpha={_alpha},limit={_limit}", _build_oai_fused,
          lambda a, ref=_ref: ref(a[..., :16], a[..., 16:]), init={0: uniform(-10, 10)})
 
+
+
+def _build_swiglu_decode(ctx):  # one token's FFN row (the CPU's numba kernel), wide inputs
+    a = ggml.new_tensor_1d(ctx, T.F32, 2816)
+    b = ggml.new_tensor_1d(ctx, T.F32, 2816)
+    return ggml.swiglu_split(ctx, a, b), [a, b]
+
+
+case("swiglu", "split,decode ne0=2816", _build_swiglu_decode, lambda a, b: ACTIVATIONS["swiglu"](a) * b,
+     init={0: uniform(-20, 20), 1: uniform(-2, 2)})

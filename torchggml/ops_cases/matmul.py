@@ -149,6 +149,28 @@ for _ta in (T.F32, T.F16, T.Q8_0):
 _row_view_case(T.F32, T.F16)
 
 
+# decode's attention over an F16 KV cache (the CPU's numba kernel): KQ reads K heads as views of
+# the cache's rows, q permuted, heads shared by groups of q heads (GQA); KQV multiplies V^T
+def _kq_decode_case(n_kv, head_dim, n_head, n_head_kv, n_ctx=200):
+    def build(ctx):
+        cache = ggml.new_tensor_2d(ctx, T.F16, head_dim * n_head_kv, n_ctx)
+        k = ggml.view_3d(ctx, cache, head_dim, n_kv, n_head_kv, cache.nb[1], head_dim * 2, 0)
+        q0 = ggml.new_tensor_3d(ctx, T.F32, head_dim, n_head, 1)
+        return ggml.mul_mat(ctx, k, ggml.permute(ctx, q0, 0, 2, 1, 3)), [cache, q0]
+
+    def ref(cache, q0):
+        k = cache[0, 0, :n_kv].reshape(n_kv, n_head_kv, head_dim).permute(1, 0, 2).unsqueeze(0)
+        return mul_mat_ref(k, ggml_permute(q0, (0, 2, 1, 3)))
+    case("mul_mat", f"KQ decode,n_kv={n_kv},head_dim={head_dim},heads={n_head}/{n_head_kv}", build, ref,
+         max_nmse=NMSE_MUL_MAT)
+
+
+for _n_kv, _hd, _h, _hkv in [(168, 64, 16, 16), (37, 128, 8, 2), (5, 32, 4, 1)]:
+    _kq_decode_case(_n_kv, _hd, _h, _hkv)
+    _mul_mat_case(T.F16, T.F32, _hd, 1, _n_kv, (_hkv, 1), (_h // _hkv, 1))  # KQV: V^T [n_kv, hd] per head
+_mul_mat_case(T.F16, T.F32, 32, 2, 40, (2, 2), (2, 3))  # two rows, broadcast over dims 2 and 3
+
+
 # ---------------------------------------------------------------- MUL_MAT_ID
 
 def mul_mat_id_ref(experts, b, ids):

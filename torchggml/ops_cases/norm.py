@@ -7,7 +7,7 @@ import math
 import torch
 
 import torchggml as ggml
-from .values import rounded, ggml_permute
+from .values import rounded, ggml_permute, uniform
 from .table import CaseTable
 
 CASES = CaseTable()
@@ -112,3 +112,14 @@ def _build_group_norm_permuted(ctx):
 
 case("group_norm", "permuted (0,2,1,3)", _build_group_norm_permuted,
      lambda x: group_norm_ref(ggml_permute(x, (0, 2, 1, 3)), 3, 1e-5))
+
+
+# decode shapes (one token's row: the CPU's numba kernels) and a node past their size limit
+for _name in ("norm", "rms_norm"):
+    _op, _, _ref = ROW_NORMS[_name]
+    for _ne in ([1024, 1, 1, 1], [1024, 300, 1, 1]):
+        def _build_decode(ctx, op=_op, ne=_ne):
+            a = ggml.new_tensor(ctx, T.F32, ne)
+            return op(ctx, a, 1e-5), [a]
+        case(_name, f"decode,ne={_ne}", _build_decode, lambda x, ref=_ref: ref(x, 1e-5),
+             init={0: uniform(-3, 3)})

@@ -180,3 +180,10 @@ _rope_case([128, 3, 2, 1], 24, IMROPE, sections=(8, 8, 8, 0), n_offs=32)
 _rope_case([80, 4, 2, 1], 40, R.VISION, sections=(20, 20, 0, 0))
 _rope_case([80, 4, 3, 1], 40, R.VISION, ff=True, sections=(10, 10, 0, 0), fs=1.4245, ef=0.7465, af=1.4245, view=1)
 _rope_case([64, 2, 3, 1], 32, R.VISION, sections=(8, 8, 8, 8))
+
+
+# decode shapes: one token, every head (the CPU's numba kernel), with YaRN and frequency factors
+_rope_case([64, 16, 1, 1], 64, R.NORMAL, n_ctx=4096)
+_rope_case([128, 8, 1, 1], 128, R.NEOX, ff=True, n_ctx_orig=4096, fs=0.25, ef=1.0, af=1.0, bf=32.0, bs=1.0,
+           n_ctx=16384)
+_rope_case([128, 8, 1, 1], 64, R.NEOX, type=T.F16, n_offs=64, n_ctx=4096)

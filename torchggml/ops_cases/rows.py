@@ -138,3 +138,8 @@ def _kv_cache_ref(cache, k_cur, cells):
 
 case("set_rows", "F16 cache layer view", _set_rows_kv_cache, _kv_cache_ref, max_nmse=0.0,
      init={2: distinct_rows(16)})
+
+
+# decode shapes: one row of K or V into a cache (the CPU's numba kernel)
+_set_rows_case(T.F16, 1024, 168, 1)
+_set_rows_case(T.F32, 1024, 168, 1, idx_type=T.I32)

@@ -18,6 +18,7 @@ from .kernels import TORCH_KERNELS, KernelTable, binds, run_calls
 from .kernels.common import view
 from .kernels.matmul import bind_expert_product, bind_mul_mat, bind_mul_mat_id, bind_weight_product
 from .plan import CompiledPlan, compile_graph
+from .cpu_ops import register_fast_kernels
 from .cpu_quant.features import cpu_features, cpu_path, fastest_gemm_dtype
 from .cpu_quant.kernels import numba_available, set_numba_threads
 from .cpu_quant.layout import FusedBufferType
@@ -80,6 +81,9 @@ def _bind_cpu_mul_mat_id(node):
 @binds(_bind_cpu_mul_mat_id)
 def mul_mat_id(node):
     _bind_cpu_mul_mat_id(node)(node)
+
+
+register_fast_kernels(CPU_KERNELS)  # numba kernels for small nodes over the entries above (cpu_ops.py)
 
 
 def _cpu_description() -> str:

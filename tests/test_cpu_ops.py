@@ -1,0 +1,261 @@
+"""The CPU device's fast kernels for small nodes (torch_backend/cpu_ops.py): which nodes they take,
+that they fall back to the torch kernels for the rest, their errors, and the coalesced views of
+copies. Their values are checked by test_ops.py's cases against float64 references; the cases
+below make sure those cases do run the fast kernels."""
+import pytest
+import torch
+
+import torchggml as ggml
+from torchggml.enums import Op
+from torchggml.testing import all_cases, prepared_case, check_case_against_reference
+from torchggml.torch_backend import cpu_ops
+from torchggml.torch_backend.cpu import CPU_KERNELS
+from torchggml.torch_backend.kernels import TORCH_KERNELS
+
+pytest.importorskip("numba")
+
+CASES = {c.name: c for c in all_cases()}
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return ggml.backend_cpu_init()
+
+
+def _op_node(case, graph):
+    return next(n for n in reversed(graph.nodes) if n.op.name == case.op.upper() or
+                (case.op in ("swiglu", "cpy", "cont", "dup") and n.op in (Op.GLU, Op.CPY, Op.CONT, Op.DUP)))
+
+
+# (case name, whether the fast kernel takes its node)
+TAKEN = [
+    ("rms_norm(decode,ne=[1024, 1, 1, 1])", True),
+    ("norm(decode,ne=[1024, 1, 1, 1])", True),
+    ("rms_norm(permuted (0,2,1,3))", True),
+    ("rms_norm(type=F16)", True),
+    ("rms_norm(decode,ne=[1024, 300, 1, 1])", False),  # past FAST_MAX_ELEMENTS: torch's kernel
+    ("l2_norm(ne=[64, 5, 4, 3],eps=1e-12)", None),       # no fast kernel for the op
+    ("soft_max(ne=[168, 1, 16, 1],mask=F16[168, 1, 1, 1],scale=0.125,max_bias=0.0,causal)", True),
+    ("soft_max(ne=[168, 1, 12, 1],mask=F32[168, 1, 1, 1],scale=0.125,max_bias=8.0,sinks)", True),
+    ("soft_max(ne=[16, 7, 4, 2],mask=F16[16, 7, 2, 1],scale=1.0,max_bias=0.0)", True),
+    ("soft_max(ne=[1024, 64, 8, 1],mask=F16[1024, 64, 1, 1],scale=0.125,max_bias=0.0,causal)", False),
+    ("rope(type=F32,ne=[64, 16, 1, 1],n_dims=64,mode=0,fs=1.0,ef=0.0,af=1.0,ff=False)", True),
+    ("rope(type=F16,ne=[128, 8, 1, 1],n_dims=64,mode=2,fs=1.0,ef=0.0,af=1.0,ff=False,n_offs=64)", True),
+    ("rope(type=F32,ne=[128, 3, 2, 1],n_dims=128,mode=8,fs=1.0,ef=0.0,af=1.0,ff=False,sections=[21, 21, 21, 0])",
+     False),  # M-RoPE: torch's kernel
+    ("set_rows(type=F16,ne0=1024,n_rows=168,n=1,batch=[1, 1],idx=I64[1, 1],b=F32)", True),
+    ("set_rows(type=Q8_0,ne0=64,n_rows=10,n=4,batch=[1, 1],idx=I64[1, 1],b=F32)", False),  # quantizes
+    ("cpy(V transposed,F16->F16,n_kv=40,heads=4)", True),
+    ("cpy(V transposed,F16->F16,n_kv=168,heads=16)", True),  # the numba transpose
+    ("cpy(V transposed,F32->F16,n_kv=168,heads=16)", True),  # torch's copy over coalesced views
+    ("cpy(BF16->F32,permuted source)", False),
+    ("cpy(F32->F32)", False),  # contiguous: the generic memcpy
+    ("swiglu(split,decode ne0=2816)", True),
+    ("swiglu(fused,swapped)", True),
+    ("geglu(fused,type=F32)", False),
+    ("add(type=F32,ne_a=[32, 4, 3, 2],ne_b=[16, 2, 3, 1])", True),  # b tiled
+    ("div(type=F16,ne_a=[33, 5, 1, 1],ne_b=[1, 5, 1, 1])", True),
+    ("mul(non-contiguous a, broadcast b)", True),
+    ("mul(type=F32,ne_a=[1024, 1, 1, 1],ne_b=[1024, 1, 1, 1])", True),
+    ("mul(type=F32,ne_a=[1024, 16, 1, 1],ne_b=[1024, 1, 1, 1])", False),  # past BINARY_MAX_ELEMENTS
+    ("add(type=BF16,ne_a=[32, 4, 3, 2],ne_b=[32, 4, 3, 2])", False),
+    ("add(type_a=Q8_0,type_b=F32,out=Q8_0)", False),
+    ("get_rows(type=Q4_K,ne0=256,n_rows=6,n=4,batch=[1, 1])", True),
+    ("get_rows(type=Q6_K,ne0=256,n_rows=6,n=4,batch=[1, 1])", True),
+    ("get_rows(type=Q4_0,ne0=256,n_rows=5,n=3,batch=[2, 2])", True),
+    ("get_rows(type=Q8_0,ne0=256,n_rows=5,n=3,batch=[2, 2])", True),
+    ("get_rows(type=Q4_K,ne0=256,n_rows=5,n=3,batch=[2, 2])", True),
+    ("get_rows(type=Q5_K,ne0=256,n_rows=6,n=4,batch=[1, 1])", False),  # the torch dequantizer
+    ("get_rows(type=F16,ne0=16,n_rows=10,n=5,batch=[1, 1])", False),
+    ("mul_mat(KQ decode,n_kv=168,head_dim=64,heads=16/16)", True),
+    ("mul_mat(KQ decode,n_kv=37,head_dim=128,heads=8/2)", True),
+    ("mul_mat(type_a=F16,type_b=F32,m=128,n=1,k=37,bs=[2, 1],nr=[4, 1])", True),
+    ("mul_mat(type_a=F16,type_b=F32,m=32,n=2,k=40,bs=[2, 2],nr=[2, 3])", True),
+    ("mul_mat(KQ decode,n_kv=5,head_dim=32,heads=4/1)", False),  # one K matrix: the CPU's half GEMV
+    ("mul_mat(type_a=F16,type_b=F32,m=8,n=5,k=64,bs=[3, 2],nr=[1, 1])", False),  # 5 rows
+    ("mul_mat(type_a=Q8_0,type_b=F32,m=8,n=5,k=64,bs=[3, 2],nr=[1, 1])", False),
+    ("mul_mat(type_a=F16,type_b=F32,b=transposed view)", False),  # 2-D, and k strided in b
+]
+
+
+def _case(name):
+    assert name in CASES, f"no op case {name!r}"
+    return CASES[name]
+
+
+@pytest.mark.parametrize("name,taken", TAKEN, ids=[t[0] for t in TAKEN])
+def test_fast_kernel_takes_the_nodes_it_handles(name, taken, cpu):
+    case = _case(name)
+    with prepared_case(case, cpu) as (graph, _, out):
+        node = out if out.op != Op.NONE else _op_node(case, graph)
+        fast = cpu_ops.FAST_BINDS.get(node.op)
+        if taken is None:
+            assert fast is None
+        else:
+            assert (fast(node) is not None) == taken
+    ok, err = check_case_against_reference(case, cpu)
+    assert ok, f"{name}: nmse {err:.3g}"
+
+
+@pytest.mark.parametrize("op", sorted(cpu_ops.FAST_BINDS, key=lambda o: o.value), ids=lambda o: o.name)
+def test_fast_entries_keep_the_torch_kernels_supports(op):
+    assert CPU_KERNELS.entries[op][1] is TORCH_KERNELS.entries[op][1]
+
+
+def test_the_environment_can_turn_the_fast_kernels_off(cpu, monkeypatch):
+    from torchggml.torch_backend.kernels import compiled_nodes
+    case = _case("rms_norm(decode,ne=[1024, 1, 1, 1])")
+    with prepared_case(case, cpu) as (graph, _, out):
+        (fast, _), = compiled_nodes(graph.nodes, CPU_KERNELS, "CPU")
+        monkeypatch.setenv("TORCHGGML_CPU_FAST_OPS", "0")
+        (generic, _), = compiled_nodes(graph.nodes, CPU_KERNELS, "CPU")
+        assert fast.__name__ == "bound" and generic.func.__name__ == "_rms_norm_into"
+
+
+@pytest.mark.parametrize("name", [t[0] for t in TAKEN if t[1]])
+def test_without_numba_the_torch_kernels_run(name, cpu, monkeypatch):
+    monkeypatch.setattr(cpu_ops, "numba_available", lambda: False)
+    case = _case(name)
+    with prepared_case(case, cpu) as (graph, _, out):
+        fast = cpu_ops.FAST_BINDS[out.op]
+        bound = fast(out)
+        # copies still coalesce their views (a torch copy); nothing else binds
+        assert bound is None or (out.op in (Op.CPY, Op.CONT, Op.DUP) and bound.func is cpu_ops._torch_copy)
+    ok, err = check_case_against_reference(case, cpu)
+    assert ok, f"{name}: nmse {err:.3g}"
+
+
+def _computed_with_index(cpu, build, idx_tensor, bad):
+    """Build (ctx -> (out, idx input, other inputs)), allocate on the CPU, set the index to
+    `bad`, compute."""
+    ctx = ggml.init(no_alloc=True)
+    buffer = None
+    try:
+        out, idx, others = build(ctx)
+        graph = ggml.new_graph(ctx)
+        ggml.build_forward_expand(graph, out)
+        buffer = ggml.backend_alloc_ctx_tensors(ctx, cpu)
+        assert cpu_ops.FAST_BINDS[out.op](out) is not None
+        for t in others:
+            ggml.backend_tensor_set(t, torch.zeros(ggml.nbytes(t), dtype=torch.uint8))
+        ggml.backend_tensor_set(idx, torch.tensor([bad], dtype=idx_tensor))
+        ggml.backend_graph_compute(cpu, graph)
+    finally:
+        if buffer is not None:
+            ggml.backend_buffer_free(buffer)
+        ggml.free(ctx)
+
+
+@pytest.mark.parametrize("bad", [-1, 168])
+def test_set_rows_index_outside_the_destination_is_an_index_error(bad, cpu):
+    def build(ctx):
+        cache = ggml.new_tensor_2d(ctx, ggml.Type.F16, 64, 168)
+        row = ggml.new_tensor_2d(ctx, ggml.Type.F32, 64, 1)
+        idx = ggml.new_tensor_1d(ctx, ggml.Type.I64, 1)
+        return ggml.set_rows(ctx, cache, row, idx), idx, [cache, row]
+    with pytest.raises(IndexError, match=r"SET_ROWS: a row index outside \[0, 168\)"):
+        _computed_with_index(cpu, build, torch.int64, bad)
+
+
+@pytest.mark.parametrize("bad", [-1, 168])
+def test_get_rows_index_outside_the_table_is_an_index_error(bad, cpu):
+    def build(ctx):
+        table = ggml.new_tensor_2d(ctx, ggml.Type.Q4_K, 256, 168)
+        idx = ggml.new_tensor_1d(ctx, ggml.Type.I32, 1)
+        return ggml.get_rows(ctx, table, idx), idx, [table]
+    with pytest.raises(IndexError, match=r"GET_ROWS: a row index outside \[0, 168\)"):
+        _computed_with_index(cpu, build, torch.int32, bad)
+
+
+# (shape, permutation of a contiguous source) -> the coalesced shape
+COALESCE = [
+    ((1, 168, 16, 64), (0, 2, 3, 1), (1024, 168)),  # the V cache's per-head transpose
+    ((2, 3, 4, 5), (0, 1, 2, 3), (120,)),           # contiguous: one run
+    ((2, 3, 4, 5), (1, 0, 2, 3), (3, 2, 20)),
+    ((1, 1, 1, 7), (0, 1, 2, 3), (7,)),
+    ((1, 1, 1, 1), (0, 1, 2, 3), (1,)),
+    ((4, 1, 6, 1), (2, 1, 0, 3), (6, 4)),
+]
+
+
+@pytest.mark.parametrize("shape,perm,merged", COALESCE)
+def test_coalesced_views_merge_dims_both_layouts_allow(shape, perm, merged):
+    src = torch.arange(torch.Size(shape).numel(), dtype=torch.float32).view(shape).permute(perm)
+    dst = torch.empty(src.shape)
+    vs, vd = cpu_ops.coalesced(src, dst)
+    assert tuple(vs.shape) == merged == tuple(vd.shape)
+    vd.copy_(vs)
+    assert torch.equal(dst, src)
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "norm"])
+def test_a_zero_row_with_zero_eps_gives_nan_as_ggml(op, cpu):
+    """1 / sqrt(0) is inf and 0 * inf NaN (IEEE division in the numba kernels, not an error)."""
+    ctx = ggml.init(no_alloc=True)
+    try:
+        a = ggml.new_tensor_2d(ctx, ggml.Type.F32, 64, 2)
+        out = getattr(ggml, op)(ctx, a, 0.0)
+        graph = ggml.new_graph(ctx)
+        ggml.build_forward_expand(graph, out)
+        buffer = ggml.backend_alloc_ctx_tensors(ctx, cpu)
+        assert cpu_ops.FAST_BINDS[out.op](out) is not None
+        ggml.backend_tensor_set(a, torch.zeros(2, 64))
+        ggml.backend_graph_compute(cpu, graph)
+        assert torch.isnan(ggml.backend_tensor_get(out).view(torch.float32)).all()
+        ggml.backend_buffer_free(buffer)
+    finally:
+        ggml.free(ctx)
+
+
+def test_exp_f32_is_within_one_ulp_and_keeps_the_special_values():
+    import numpy as np
+    from torchggml.torch_backend.cpu_numba import numba_ops
+    exp = numba_ops().exp_f32
+    x = np.linspace(-87.0, 88.5, 301).astype(np.float32)
+    ours = np.array([exp(v) for v in x], dtype=np.float64)
+    ref = np.exp(x.astype(np.float64))
+    assert (np.abs(ours - ref) / np.spacing(ref.astype(np.float32)) <= 1.0).all()
+    specials = np.array([-np.inf, np.inf, np.nan, 0.0, 89.0, -104.5], dtype=np.float32)
+    got = [exp(v) for v in specials]
+    assert got[0] == 0.0 and got[1] == np.inf and np.isnan(got[2]) and got[3] == 1.0
+    assert got[4] == np.inf and got[5] == 0.0
+
+
+def _outputs_both_ways(cpu, monkeypatch, build, values):
+    """The node computed by the fast kernel and by the kernel under it, from the same inputs."""
+    from torchggml.torch_backend.kernels import compiled_nodes
+    ctx = ggml.init(no_alloc=True)
+    buffer = None
+    try:
+        out, inputs = build(ctx)
+        graph = ggml.new_graph(ctx)
+        ggml.build_forward_expand(graph, out)
+        buffer = ggml.backend_alloc_ctx_tensors(ctx, cpu)
+        results = []
+        for enabled in ("1", "0"):
+            monkeypatch.setenv("TORCHGGML_CPU_FAST_OPS", enabled)
+            for t, v in zip(inputs, values):
+                ggml.backend_tensor_set(t, v)
+            for fn, node in compiled_nodes(graph.nodes, CPU_KERNELS, "CPU"):
+                fn(node)
+            results.append(ggml.backend_tensor_get(out).view(torch.float32).clone())
+        return results
+    finally:
+        if buffer is not None:
+            ggml.backend_buffer_free(buffer)
+        ggml.free(ctx)
+
+
+def test_soft_max_special_values_as_the_torch_kernel(cpu, monkeypatch):
+    """Rows with NaN, +inf, all -inf (masked) and ordinary values give what the torch kernel gives."""
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([[1.0, 2.0, nan, 0.5], [1.0, inf, 2.0, 0.0], [3.0, 1.0, -2.0, 0.25], [0.1, 0.2, 0.3, 0.4]])
+    mask = torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, -inf, 0.0], [-inf, -inf, -inf, -inf], [0.0, -inf, 0.0, 0.0]])
+
+    def build(ctx):
+        a = ggml.new_tensor_2d(ctx, ggml.Type.F32, 4, 4)
+        m = ggml.new_tensor_2d(ctx, ggml.Type.F32, 4, 4)
+        return ggml.soft_max_ext(ctx, a, m, 0.5, 0.0), [a, m]
+    fast, generic = _outputs_both_ways(cpu, monkeypatch, build, [x, mask])
+    assert torch.equal(torch.isnan(fast), torch.isnan(generic))
+    assert torch.allclose(fast.nan_to_num(7.0), generic.nan_to_num(7.0), rtol=1e-6, atol=0)
