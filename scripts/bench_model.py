@@ -239,6 +239,8 @@ def main(argv=None) -> int:
     p.add_argument("-p", "--n-prompt", type=int, default=128, help="prompt tokens for pp (default 128)")
     p.add_argument("-n", "--n-gen", type=int, default=32, help="generated tokens for tg (default 32)")
     p.add_argument("-r", "--reps", type=int, default=3, help="repetitions (the median is reported)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="alternate the two engines' processes this many times (medians over rounds)")
     p.add_argument("-t", "--threads", type=int, default=None, help="threads for both (default: torch's)")
     p.add_argument("-d", "--device", default=None, help="torchggml device(s), e.g. CPU or CUDA0 (default: CPU)")
     p.add_argument("-ngl", "--n-gpu-layers", type=int, default=None)
@@ -269,13 +271,21 @@ def main(argv=None) -> int:
     print(header)
     print("-" * len(header))
     for path in models:
-        ours = run_engine("torchggml", path, args)
-        ref = run_engine("llama.cpp", path, args) if with_llama else None
+        # the engines alternate, round after round: a machine whose speed drifts (shared hosts,
+        # clocks) moves both alike, and each figure is the median over the rounds
+        rounds = [(run_engine("torchggml", path, args), run_engine("llama.cpp", path, args) if with_llama else None)
+                  for _ in range(args.rounds)]
+        ours = rounds[0][0]
         for test in ("pp", "tg"):
             n = args.n_prompt if test == "pp" else args.n_gen
-            line = f"{os.path.basename(path)[:44]:44s} {ours['params'] / 1e6:7.1f}M {test}{n:<4d} {ours[test]:14.2f}"
-            if ref:
-                line += f" {ref[test]:14.2f} {ours[test] / ref[test]:6.3f}"
+            mine = statistics.median(r[0][test] for r in rounds)
+            line = f"{os.path.basename(path)[:44]:44s} {ours['params'] / 1e6:7.1f}M {test}{n:<4d} {mine:14.2f}"
+            if with_llama:
+                ref = statistics.median(r[1][test] for r in rounds)
+                ratios = sorted(r[0][test] / r[1][test] for r in rounds)
+                line += f" {ref:14.2f} {mine / ref:6.3f}"
+                if len(rounds) > 1:
+                    line += f"  (rounds {ratios[0]:.2f}-{ratios[-1]:.2f})"
             print(line, flush=True)
         if "pp_all" in ours:
             print(f"  pp{args.n_prompt} with logits='all': {ours['pp_all']:.2f} t/s; logits='last' is "
