@@ -264,6 +264,24 @@ def test_fused_buffer_takes_only_whole_weights():
         ggml.backend_tensor_get(a)
 
 
+def test_half_bits_to_float_exact_for_every_half():
+    """Float16 scales are read by half_bits_to_float (the CPU's conversion, or integer
+    arithmetic where it has none: the x86-64 target below): every one of the 65536 bit
+    patterns, infinities and NaN included, gives numpy's float32."""
+    from numba import njit
+    from torchggml.torch_backend.cpu_quant.kernels import _half_bits_intrinsic
+    half_to_f32 = _half_bits_intrinsic()
+
+    @njit
+    def convert(bits, out):
+        for i in range(bits.shape[0]):
+            out[i] = half_to_f32(bits[i])
+    bits = np.arange(-32768, 32768, dtype=np.int16)
+    out = np.empty(bits.shape, np.float32)
+    convert(bits, out)
+    assert np.array_equal(out, bits.view(np.float16).astype(np.float32), equal_nan=True)
+
+
 # The kernels compile for the CPU they run on; these targets check the code they generate for an
 # AVX2-only CPU and for baseline x86-64 (SSE2), on any x86 machine (numba caches per target).
 @pytest.mark.skipif(not any(a in __import__("platform").machine().lower() for a in ("x86", "amd64")),
@@ -274,8 +292,8 @@ def test_fused_kernels_on_other_x86_targets(target):
     import sys
     from pathlib import Path
     env = {**__import__("os").environ, "NUMBA_CPU_NAME": target, "NUMBA_CPU_FEATURES": ""}
-    cases = "m1-f32 and (Q8_0-n33 or Q6_K-n33 or Q4_K-n33 or Q5_K-n33)"
+    cases = "m1-f32 and (Q8_0-n33 or Q6_K-n33 or Q4_K-n33 or Q5_K-n33 or Q4_0-n33)"
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-                          "-k", f"test_fused_mul_mat_matches_float64 and {cases}"],
+                          "-k", f"(test_fused_mul_mat_matches_float64 and {cases}) or half_bits"],
                          env=env, cwd=Path(__file__).parent, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0 and "4 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+    assert out.returncode == 0 and "6 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]

@@ -40,15 +40,17 @@ TRANSPOSE_BLOCK = 8
 
 
 def _half_intrinsics():
-    """half_to_float(uint16) -> float32 and float_to_half(float32) -> uint16 as LLVM casts."""
+    """half_to_float(uint16) -> float32 and float_to_half(float32) -> uint16 as LLVM casts
+    (float_to_half only where the CPU converts halves: cpu_ops keeps F16 outputs off otherwise)."""
     from llvmlite import ir
+    from .cpu_quant.kernels import half_bits_to_float
     from numba import types
     from numba.extending import intrinsic
 
     @intrinsic
     def half_to_float(typingctx, bits):
         def codegen(context, builder, sig, args):
-            return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+            return half_bits_to_float(builder, args[0])
         return types.float32(types.uint16), codegen
 
     @intrinsic

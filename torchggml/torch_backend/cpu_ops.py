@@ -23,7 +23,7 @@ from .kernels.attention import alibi_slopes
 from .kernels.common import view
 from .kernels.glu import _halves
 from .kernels.rope import rope_params, _angle_constants, _rotated_span
-from .cpu_quant.kernels import numba_available
+from .cpu_quant.kernels import native_half, numba_available
 
 # nodes with more output values than this run the torch kernels (threaded, vectorized): the
 # numba kernels run on one thread and win where dispatch, not arithmetic, is the cost
@@ -33,8 +33,11 @@ FAST_MAX_ELEMENTS = 1 << 18
 # numba loop only beats where dispatch is the cost
 COPY_MAX_ELEMENTS = 1 << 14
 
-# element types the numba kernels read and write (F16 as its uint16 bits)
-_FAST_TYPES = frozenset({Type.F32, Type.F16})
+@functools.cache
+def _fast_types() -> frozenset:
+    """Element types the numba kernels read and write (F16 as its uint16 bits; F16 only where
+    the CPU converts halves in hardware, see cpu_quant.kernels.native_half)."""
+    return frozenset({Type.F32, Type.F16}) if native_half() else frozenset({Type.F32})
 
 
 def as_numpy(t: torch.Tensor) -> np.ndarray:
@@ -51,7 +54,7 @@ def _float_view(t) -> np.ndarray:
 def _takes(node, *tensors) -> bool:
     """numba is there, the node is small, and every tensor is F32 or F16."""
     return (nelements(node) <= FAST_MAX_ELEMENTS and numba_available()
-            and all(t is None or t.type in _FAST_TYPES for t in (node, *tensors)))
+            and all(t is None or t.type in _fast_types() for t in (node, *tensors)))
 
 
 @functools.cache
@@ -192,7 +195,7 @@ def _bind_copy(node):
     cache's 168x1024 F16: ~55 µs warm, torch's copy ~88), other small ones by numba's element
     loop, larger ones by torch's copy; contiguous ones stay the generic kernel's copy (a memcpy)."""
     src = node.src[0]
-    if not (src.type in _FAST_TYPES and node.type in _FAST_TYPES):
+    if not (src.type in _fast_types() and node.type in _fast_types()):
         return None
     vs, dst = view(src), view(node)
     if vs.shape != dst.shape and dst.is_contiguous():

@@ -37,9 +37,11 @@ def _row_dot_intrinsic():
 
         row_dot(w, x, scale, xd, kind) = sum_j scale[j] * xd[j] * sum_{i<G} W_j[i] * x[j*G + i]
 
-    w: the row's weights (int8 [K], or uint8 [K/2] nibbles), x int8 [K] activations, scale and
-    xd float32 [K/G]. kind (a compile-time literal): 32 or 16 for int8 groups of that size, 4 for
-    4-bit groups of 32 stored in 16 bytes (byte i: value i low nibble, value i + 16 high nibble).
+    w: the row's weights (int8 [K], or uint8 [K/2] nibbles), x int8 [K] activations, scale
+    float32 [K/G] or int16 holding float16 bits, xd float32 [K/G]. kind (a compile-time
+    literal): 32 or 16 for int8 groups of that size, 4 for 4-bit groups of 32 stored in 16 bytes
+    (byte i: value i low nibble, value i + 16 high nibble), -4 for the same nibbles minus 8
+    (Q4_0's signed values, as ggml's kernels subtract 8).
     """
     from llvmlite import ir
     from numba import types
@@ -69,16 +71,20 @@ def _row_dot_intrinsic():
 
     def group_products(builder, w, x, j, kind):
         """The group's products as <8 x i32> partial sums."""
-        if kind == 4:
+        if kind in (4, -4):
             wv = load_i8(builder, w, builder.mul(j, ir.Constant(j.type, 16)), 16)
             x0 = builder.mul(j, ir.Constant(j.type, 32))
             lo = builder.and_(wv, ir.Constant(vec(i8, 16), [15] * 16))
             hi = builder.lshr(wv, ir.Constant(vec(i8, 16), [4] * 16))
             wide = vec(i32, 16)
+            if kind == -4:  # signed: nibble - 8, in [-8, 7]
+                lo = builder.sext(builder.sub(lo, ir.Constant(vec(i8, 16), [8] * 16)), wide)
+                hi = builder.sext(builder.sub(hi, ir.Constant(vec(i8, 16), [8] * 16)), wide)
+            else:
+                lo, hi = builder.zext(lo, wide), builder.zext(hi, wide)
             xlo = load_i8(builder, x, x0, 16)
             xhi = load_i8(builder, x, builder.add(x0, ir.Constant(j.type, 16)), 16)
-            total = builder.add(builder.mul(builder.zext(lo, wide), builder.sext(xlo, wide)),
-                                builder.mul(builder.zext(hi, wide), builder.sext(xhi, wide)))
+            total = builder.add(builder.mul(lo, builder.sext(xlo, wide)), builder.mul(hi, builder.sext(xhi, wide)))
             return fold_to_8(builder, total, 16)
         at = builder.mul(j, ir.Constant(j.type, kind))
         wide = vec(i32, kind)
@@ -91,6 +97,7 @@ def _row_dot_intrinsic():
         if not isinstance(kind, types.IntegerLiteral):
             return None
         k = kind.literal_value
+        half_scales = scale.dtype == types.int16
 
         def codegen(context, builder, sig, args):
             wp = builder.bitcast(data_ptr(context, builder, sig.args[0], args[0]), i8.as_pointer())
@@ -103,7 +110,10 @@ def _row_dot_intrinsic():
             with cgutils.for_range(builder, n_groups) as loop:
                 j = loop.index
                 ints = group_products(builder, wp, xp, j, k)
-                s = builder.fmul(builder.load(builder.gep(sp, [j])), builder.load(builder.gep(dp, [j])))
+                scale_j = builder.load(builder.gep(sp, [j]))
+                if half_scales:  # float16 bits -> float
+                    scale_j = half_bits_to_float(builder, scale_j)
+                s = builder.fmul(scale_j, builder.load(builder.gep(dp, [j])))
                 s8 = builder.insert_element(ir.Constant(vec(f32, 8), ir.Undefined), s, ir.Constant(i32, 0))
                 s8 = builder.shuffle_vector(s8, s8, ir.Constant(vec(i32, 8), [0] * 8))
                 term = builder.fmul(builder.sitofp(ints, vec(f32, 8)), s8, flags=("fast",))
@@ -155,6 +165,63 @@ def _row_output_helpers():
 
 
 @functools.lru_cache(maxsize=None)
+def native_half() -> bool:
+    """Whether numba's target CPU converts float16 in hardware (F16C on x86, every AArch64):
+    without it LLVM's half casts become library calls numba's JIT cannot link (an abort)."""
+    import platform
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
+        return True
+    try:
+        from numba.core import config
+    except ImportError:
+        return False
+    if config.CPU_NAME:  # NUMBA_CPU_NAME: the features are NUMBA_CPU_FEATURES
+        return "+f16c" in (config.CPU_FEATURES or "")
+    from llvmlite import binding
+    return bool(binding.get_host_cpu_features().get("f16c", False))
+
+
+def half_bits_to_float(builder, bits):
+    """IR: an i16 holding float16 bits as float32. fpext where the CPU converts halves, else
+    integer arithmetic (exact for every value, infinities and NaN included)."""
+    from llvmlite import ir
+    i32, f32 = ir.IntType(32), ir.FloatType()
+    if native_half():
+        return builder.fpext(builder.bitcast(bits, ir.HalfType()), f32)
+    b = builder.zext(bits, i32)
+    sign = builder.shl(builder.and_(b, ir.Constant(i32, 0x8000)), ir.Constant(i32, 16))
+    magnitude = builder.and_(b, ir.Constant(i32, 0x7FFF))
+    # exponent and mantissa moved into float32's fields, rebiased by 2^112: exact for normal and
+    # subnormal halves (the product renormalizes them)
+    finite = builder.fmul(builder.bitcast(builder.shl(magnitude, ir.Constant(i32, 13)), f32),
+                          ir.Constant(f32, 2.0 ** 112))
+    special = builder.or_(ir.Constant(i32, 0x7F800000), builder.shl(builder.and_(magnitude, ir.Constant(i32, 0x3FF)),
+                                                                    ir.Constant(i32, 13)))
+    is_special = builder.icmp_unsigned(">=", magnitude, ir.Constant(i32, 0x7C00))
+    value = builder.select(is_special, special, builder.bitcast(finite, i32))
+    return builder.bitcast(builder.or_(value, sign), f32)
+
+
+def _half_bits_intrinsic():
+    """half_to_f32(v): an int16 holding float16 bits as float32 (half_bits_to_float), and
+    float32 passed through, for kernels whose scales are stored as float16."""
+    from numba import types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def half_to_f32(typingctx, v):
+        if v == types.float32:
+            return types.float32(v), lambda context, builder, sig, args: args[0]
+        if v not in (types.int16, types.uint16):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return half_bits_to_float(builder, args[0])
+        return types.float32(v), codegen
+    return half_to_f32
+
+
+@functools.lru_cache(maxsize=None)
 def numba_kernels():
     """(matvec, dequantize_rows, matvec_nibbles, dequantize_nibbles, quantize_rows), compiled on
     first use (numba caches them on disk)."""
@@ -163,6 +230,7 @@ def numba_kernels():
 
     row_dot = _row_dot_intrinsic()
     _float_row, _store_row = _row_output_helpers()
+    half_to_f32 = _half_bits_intrinsic()
 
     @njit(fastmath=True, cache=True, nogil=True, inline="always")
     def _bias_dot(bias, xsum):
@@ -206,13 +274,20 @@ def numba_kernels():
                 out[m, n] = acc
 
     @njit(fastmath=True, parallel=True, cache=True, nogil=True)
-    def matvec_nibbles(packed, scale, bias, w_row0, xq, xd, xsum, x_row, out):
+    def matvec_nibbles(packed, scale, bias, has_bias, signed, w_row0, xq, xd, xsum, x_row, out):
         """As matvec for 4-bit weights: packed uint8 [rows, K/2], each group of 32 values in 16
-        bytes (byte i: value i in the low nibble, value i + 16 in the high one), W = u*scale + bias."""
+        bytes (byte i: value i in the low nibble, value i + 16 in the high one), W = u*scale + bias,
+        or (u - 8)*scale when signed (Q4_0)."""
         for n in prange(out.shape[1]):
             for m in range(out.shape[0]):
                 r, x = w_row0[m] + n, x_row[m]
-                out[m, n] = row_dot(packed[r], xq[x], scale[r], xd[x], 4) + _bias_dot(bias[r], xsum[x])
+                if signed:
+                    acc = row_dot(packed[r], xq[x], scale[r], xd[x], -4)
+                else:
+                    acc = row_dot(packed[r], xq[x], scale[r], xd[x], 4)
+                if has_bias:
+                    acc += _bias_dot(bias[r], xsum[x])
+                out[m, n] = acc
 
     @njit(fastmath=True, parallel=True, cache=True, nogil=True)
     def dequantize_rows(q, scale, bias, has_bias, out):
@@ -224,7 +299,7 @@ def numba_kernels():
             w = q[n]
             o = _float_row(out[n])
             for j in range(n_groups):
-                d = scale[n, j]
+                d = half_to_f32(scale[n, j])
                 b = bias[n, j] if has_bias else np.float32(0)
                 base = uint64(j * g)
                 for i in range(g):
@@ -233,9 +308,10 @@ def numba_kernels():
             _store_row(o, out[n])
 
     @njit(fastmath=True, parallel=True, cache=True, nogil=True)
-    def dequantize_nibbles(packed, scale, bias, out):
+    def dequantize_nibbles(packed, scale, bias, has_bias, signed, out):
         n_rows = packed.shape[0]
         n_groups = scale.shape[1]
+        offset = np.float32(8) if signed else np.float32(0)
         for n in prange(n_rows):
             w = packed[n]
             o = _float_row(out[n])
@@ -247,10 +323,10 @@ def numba_kernels():
                     u[j * 32 + i] = w[j * 16 + i] & 15
                     u[j * 32 + 16 + i] = w[j * 16 + i] >> 4
             for j in range(n_groups):
-                d = scale[n, j]
-                b0 = bias[n, j]
+                d = half_to_f32(scale[n, j])
+                b0 = bias[n, j] if has_bias else np.float32(0)
                 for i in range(32):
-                    o[j * 32 + i] = np.float32(u[j * 32 + i]) * d + b0
+                    o[j * 32 + i] = (np.float32(u[j * 32 + i]) - offset) * d + b0
             _store_row(o, out[n])
 
     return matvec, dequantize_rows, matvec_nibbles, dequantize_nibbles, quantize_rows

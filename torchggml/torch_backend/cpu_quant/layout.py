@@ -4,17 +4,19 @@ At a repacked tensor's address (E matrices of N rows of K values, G values per g
 is the number of experts of a MUL_MAT_ID weight, 1 for MUL_MAT's):
 
     q      int8 [E*N, K]      (4-bit types: uint8 [E*N, K/2], see below)
-    scale  f32  [E*N, K/G]    (64-byte aligned after q)
-    bias   f32  [E*N, K/G]    (only for types with an offset: Q4_1, Q5_1, Q2_K, Q4_K, Q5_K, and
-                               the 4-bit types)
+    scale  f32  [E*N, K/G]    (64-byte aligned after q; float16 bits (int16) for the types
+                               whose block scale is one float16: Q4_0, Q5_0, Q8_0, IQ4_NL)
+    bias   f32  [E*N, K/G]    (only for types with an offset: Q4_1, Q5_1, Q2_K, Q4_K, Q5_K)
 
 so expert e's (q, scale, bias) is the slab of rows e*N .. e*N + N-1 of each.
 
 Every block type llama.cpp's CPU backend multiplies is written so at load (decompose.py), which
-costs 8 bits a weight (plus 1-2 for the scales) instead of 5.5-8.5: the price of loops LLVM
-vectorizes. The 4-bit types Q4_0, Q4_1 and Q4_K keep 4 bits: u = q - offset in [0, 15], two to
-a byte (byte i of a 32-value group holds values i and i + 16), with the offset folded into the
-bias (bias + offset*scale; exact in float32). Products: M < FUSED_MAX_ROWS rows of activations
+costs 8 bits a weight plus the scales instead of 5.5-8.5: the price of loops LLVM vectorizes.
+The 4-bit types Q4_0, Q4_1 and Q4_K keep 4 bits, two to a byte (byte i of a 32-value group holds
+values i and i + 16): Q4_0's q + 8, which the kernels take back as ggml's do, and Q4_1's and
+Q4_K's q in [0, 15]. Decode streams these bytes once a token, so they bound its speed: Q4_0
+4.5 bits a weight, Q8_0 8.5 (llama.cpp's sizes), Q4_K 6, Q6_K 10 (float32 scales per group).
+Products: M < FUSED_MAX_ROWS rows of activations
 run the fused matvec; larger micro-batches dequantize the weight once per call into the fastest
 GEMM dtype and use torch's GEMM (the dequantize is ~1% of a 128-row product). MUL_MAT_ID groups
 its (token, slot) pairs by expert and applies the same rule per expert: the experts with few rows
@@ -50,12 +52,20 @@ CONVERT_ROWS_VALUES = 1 << 22  # rows are decomposed this many values at a time 
 # with float32 scales (one token's top-2 experts flip), 2.2e-2 with float16 ones.
 F16_ACTIVATION_SCALES = frozenset({Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.IQ4_NL,
                                    Type.MXFP4})
-# 4-bit types stored two values to a byte, and the offset that makes their q unsigned
-NIBBLE_OFFSET = {Type.Q4_0: -8, Type.Q4_1: 0, Type.Q4_K: 0}
+# 4-bit types stored two values to a byte, and whether the kernels subtract 8 (Q4_0's signed
+# values, as ggml's kernels do) or add the bias (Q4_1, Q4_K: q is already in [0, 15])
+NIBBLE_SIGNED = {Type.Q4_0: True, Type.Q4_1: False, Type.Q4_K: False}
+# types whose group scale is one float16 of the block: stored as float16 (int16 bits), exact,
+# half the scale bytes (Q4_0: 4.5 bits a weight instead of 6 with float32 scale and bias)
+HALF_SCALES = frozenset({Type.Q4_0, Type.Q5_0, Type.Q8_0, Type.IQ4_NL})
 
 
 def _has_bias(qtype) -> bool:
-    return qtype in HAS_BIAS or qtype in NIBBLE_OFFSET
+    return qtype in HAS_BIAS
+
+
+def _scale_bytes(qtype) -> int:
+    return 2 if qtype in HALF_SCALES else 4
 
 
 def supports_shape(qtype, ne) -> bool:
@@ -68,20 +78,20 @@ def _layout(t: Tensor) -> tuple[int, int, int, int, int, int]:
     """(rows E*N, K, G, scale offset, bias offset, total bytes)."""
     k, n = t.ne[0], t.ne[1] * t.ne[2]
     g = group_size(t.type)
-    scale_at = round_up(n * k // (2 if t.type in NIBBLE_OFFSET else 1), ALIGN)
-    groups_bytes = n * (k // g) * 4
-    bias_at = round_up(scale_at + groups_bytes, ALIGN)
-    total = bias_at + (groups_bytes if _has_bias(t.type) else 0)
+    scale_at = round_up(n * k // (2 if t.type in NIBBLE_SIGNED else 1), ALIGN)
+    bias_at = round_up(scale_at + n * (k // g) * _scale_bytes(t.type), ALIGN)
+    total = bias_at + (n * (k // g) * 4 if _has_bias(t.type) else 0)
     return n, k, g, scale_at, bias_at, total
 
 
 def packed_views(t: Tensor):
-    """(q int8 [E*N, K] or nibbles uint8 [E*N, K/2], scale f32 [E*N, K/G], bias f32 [E*N, K/G] or
-    None) at t's address."""
+    """(q int8 [E*N, K] or nibbles uint8 [E*N, K/2], scale f32 [E*N, K/G] (int16 float16 bits for
+    HALF_SCALES types), bias f32 [E*N, K/G] or None) at t's address."""
     n, k, g, scale_at, bias_at, total = _layout(t)
     raw = byte_view(t.buffer, t.data - t.buffer.base, total)
-    q = raw[:n * k // 2].view(n, k // 2) if t.type in NIBBLE_OFFSET else raw[:n * k].view(torch.int8).view(n, k)
-    scale = raw[scale_at:scale_at + n * (k // g) * 4].view(torch.float32).view(n, k // g)
+    q = raw[:n * k // 2].view(n, k // 2) if t.type in NIBBLE_SIGNED else raw[:n * k].view(torch.int8).view(n, k)
+    scale_dtype = torch.int16 if t.type in HALF_SCALES else torch.float32
+    scale = raw[scale_at:scale_at + n * (k // g) * _scale_bytes(t.type)].view(scale_dtype).view(n, k // g)
     bias = raw[bias_at:total].view(torch.float32).view(n, k // g) if _has_bias(t.type) else None
     return q, scale, bias
 
@@ -121,23 +131,24 @@ class FusedBuffer(RepackBuffer):
         step = max(1, CONVERT_ROWS_VALUES // k)
         for r0 in range(0, n, step):  # chunks of rows bound the temporaries
             pq, ps, pb = decompose(tensor.type, blocks[r0:r0 + step], k)
-            if tensor.type in NIBBLE_OFFSET:
-                pq, pb = _as_nibbles(pq, ps, pb, NIBBLE_OFFSET[tensor.type])
+            if tensor.type in NIBBLE_SIGNED:
+                pq = _as_nibbles(pq, -8 if NIBBLE_SIGNED[tensor.type] else 0)
             q[r0:r0 + step].copy_(pq)
-            scale[r0:r0 + step].copy_(ps)
+            scale[r0:r0 + step].copy_(ps.half().view(torch.int16) if tensor.type in HALF_SCALES else ps)
             if bias is not None:
                 bias[r0:r0 + step].copy_(pb)
 
 
-def _as_nibbles(q, scale, bias, offset: int):
-    """q [rows, K] in [offset, offset + 15] -> (uint8 [rows, K/2], bias + offset*scale)."""
+def _as_nibbles(q, offset: int):
+    """q [rows, K] in [offset, offset + 15] -> uint8 [rows, K/2] of u = q - offset, two a byte."""
     u = (q.to(torch.int16) - offset).to(torch.uint8).view(q.shape[0], -1, 2, 16)
-    packed = (u[:, :, 0] | (u[:, :, 1] << 4)).reshape(q.shape[0], -1)
-    folded = offset * scale
-    return packed, folded if bias is None else bias + folded
+    return (u[:, :, 0] | (u[:, :, 1] << 4)).reshape(q.shape[0], -1)
 
 
 FusedBufferType.buffer_class = FusedBuffer
+
+
+_NO_BIAS = np.zeros((1, 1), np.float32)  # float32 keeps the kernels' arithmetic in float32
 
 
 class _Packed:
@@ -145,12 +156,13 @@ class _Packed:
 
     def __init__(self, qtype, q, scale, bias, n: int):
         self.qtype, self.n = qtype, n
-        self.nibbles = qtype in NIBBLE_OFFSET
+        self.nibbles = qtype in NIBBLE_SIGNED
+        self.signed = NIBBLE_SIGNED.get(qtype, False)
         self.k = q.shape[1] * (2 if self.nibbles else 1)
         self.g = group_size(qtype)
         self.q, self.scale = q, scale
         self.has_bias = bias is not None
-        self.bias = bias if bias is not None else scale  # unread without a bias
+        self.bias = bias if bias is not None else _NO_BIAS  # unread without a bias
 
     @classmethod
     def of(cls, t: Tensor) -> "_Packed":
@@ -186,7 +198,7 @@ def dequantized(p: _Packed, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     even), in a per-thread scratch buffer."""
     w = _scratch_buffer(p.n * p.k, _KERNEL_DTYPES[dtype]).view(p.n, p.k)
     if p.nibbles:
-        numba_kernels()[3](p.q, p.scale, p.bias, w.numpy())
+        numba_kernels()[3](p.q, p.scale, p.bias, p.has_bias, p.signed, w.numpy())
     else:
         numba_kernels()[1](p.q, p.scale, p.bias, p.has_bias, w.numpy())
     return w.view(dtype)
@@ -210,7 +222,7 @@ def _matvec(p: _Packed, x: torch.Tensor, x_row: np.ndarray, w_row0: np.ndarray, 
         xd[:] = xd.astype(np.float16)
     target = out if out.is_contiguous() else torch.empty(out.shape, dtype=torch.float32)
     if p.nibbles:
-        matvec_nibbles(p.q, p.scale, p.bias, w_row0, xq, xd, xsum, x_row, target.numpy())
+        matvec_nibbles(p.q, p.scale, p.bias, p.has_bias, p.signed, w_row0, xq, xd, xsum, x_row, target.numpy())
     else:
         matvec(p.q, p.scale, p.bias, p.has_bias, w_row0, xq, xd, xsum, x_row, target.numpy())
     if target is not out:
