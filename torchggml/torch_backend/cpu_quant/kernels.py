@@ -69,28 +69,59 @@ def _row_dot_intrinsic():
             v = builder.add(lo, hi)
         return v
 
+    def fold_adjacent_to_8(builder, v):
+        """<32 x i32> -> <8 x i32>, lane i the sum of lanes 4i..4i+3 (keeps 16-value groups apart)."""
+        n = 32
+        while n > 8:
+            n //= 2
+            even = builder.shuffle_vector(v, v, ir.Constant(vec(i32, n), list(range(0, 2 * n, 2))))
+            odd = builder.shuffle_vector(v, v, ir.Constant(vec(i32, n), list(range(1, 2 * n, 2))))
+            v = builder.add(even, odd)
+        return v
+
+    def group_scales(builder, sp, dp, j, half_scales):
+        """scale[j] * xd[j] as float."""
+        scale_j = builder.load(builder.gep(sp, [j]))
+        if half_scales:  # float16 bits -> float
+            scale_j = half_bits_to_float(builder, scale_j)
+        return builder.fmul(scale_j, builder.load(builder.gep(dp, [j])))
+
     def group_products(builder, w, x, j, kind):
-        """The group's products as <8 x i32> partial sums."""
+        """The group's products as <8 x i32> partial sums (kind 16: groups 2j and 2j + 1)."""
         if kind in (4, -4):
             wv = load_i8(builder, w, builder.mul(j, ir.Constant(j.type, 16)), 16)
             x0 = builder.mul(j, ir.Constant(j.type, 32))
             lo = builder.and_(wv, ir.Constant(vec(i8, 16), [15] * 16))
             hi = builder.lshr(wv, ir.Constant(vec(i8, 16), [4] * 16))
-            wide = vec(i32, 16)
+            xv = load_i8(builder, x, x0, 32)
+            u = builder.shuffle_vector(lo, hi, ir.Constant(vec(i32, 32), list(range(32))))  # the 32 values
+            fast = _byte_dot_8(builder, u, xv)
+            if fast is not None:
+                if kind == -4:  # sum (u - 8) x = sum u x - 8 sum x
+                    xsum = _byte_dot_8(builder, ir.Constant(vec(i8, 32), [1] * 32), xv)
+                    fast = builder.sub(fast, builder.shl(xsum, ir.Constant(vec(i32, 8), [3] * 8)))
+                return fast
+            wide = vec(i32, 32)
             if kind == -4:  # signed: nibble - 8, in [-8, 7]
-                lo = builder.sext(builder.sub(lo, ir.Constant(vec(i8, 16), [8] * 16)), wide)
-                hi = builder.sext(builder.sub(hi, ir.Constant(vec(i8, 16), [8] * 16)), wide)
+                uw = builder.sext(builder.sub(u, ir.Constant(vec(i8, 32), [8] * 32)), wide)
             else:
-                lo, hi = builder.zext(lo, wide), builder.zext(hi, wide)
-            xlo = load_i8(builder, x, x0, 16)
-            xhi = load_i8(builder, x, builder.add(x0, ir.Constant(j.type, 16)), 16)
-            total = builder.add(builder.mul(lo, builder.sext(xlo, wide)), builder.mul(hi, builder.sext(xhi, wide)))
-            return fold_to_8(builder, total, 16)
-        at = builder.mul(j, ir.Constant(j.type, kind))
-        wide = vec(i32, kind)
-        total = builder.mul(builder.sext(load_i8(builder, w, at, kind), wide),
-                            builder.sext(load_i8(builder, x, at, kind), wide))
-        return fold_to_8(builder, total, kind)
+                uw = builder.zext(u, wide)
+            return fold_to_8(builder, builder.mul(uw, builder.sext(xv, wide)), 32)
+        # int8 groups; kind 16 reads two groups (32 bytes) at once: lanes 0-3 the first, 4-7 the second
+        at = builder.mul(j, ir.Constant(j.type, 32))
+        wv, xv = load_i8(builder, w, at, 32), load_i8(builder, x, at, 32)
+        # |w| times x with w's sign (ggml's trick for signed bytes: the CPU's dot multiplies
+        # unsigned by signed bytes); |-128| = 128 reads as an unsigned byte
+        zeros = ir.Constant(vec(i8, 32), [0] * 32)
+        negative = builder.icmp_signed("<", wv, zeros)
+        magnitude = builder.select(negative, builder.neg(wv), wv)
+        signed_x = builder.select(negative, builder.neg(xv), builder.select(builder.icmp_signed("==", wv, zeros), zeros, xv))
+        fast = _byte_dot_8(builder, magnitude, signed_x)
+        if fast is not None:
+            return fast
+        wide = vec(i32, 32)
+        products = builder.mul(builder.sext(wv, wide), builder.sext(xv, wide))
+        return fold_to_8(builder, products, 32) if kind == 32 else fold_adjacent_to_8(builder, products)
 
     @intrinsic
     def row_dot(typingctx, w, x, scale, xd, kind):
@@ -107,15 +138,21 @@ def _row_dot_intrinsic():
             n_groups = context.make_array(sig.args[2])(context, builder, args[2]).shape
             n_groups = builder.extract_value(n_groups, 0)
             acc = cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8))
+            if k == 16:  # groups in pairs (K-quant rows hold an even number of 16-value groups)
+                n_groups = builder.lshr(n_groups, ir.Constant(n_groups.type, 1))
             with cgutils.for_range(builder, n_groups) as loop:
                 j = loop.index
                 ints = group_products(builder, wp, xp, j, k)
-                scale_j = builder.load(builder.gep(sp, [j]))
-                if half_scales:  # float16 bits -> float
-                    scale_j = half_bits_to_float(builder, scale_j)
-                s = builder.fmul(scale_j, builder.load(builder.gep(dp, [j])))
-                s8 = builder.insert_element(ir.Constant(vec(f32, 8), ir.Undefined), s, ir.Constant(i32, 0))
-                s8 = builder.shuffle_vector(s8, s8, ir.Constant(vec(i32, 8), [0] * 8))
+                undef8 = ir.Constant(vec(f32, 8), ir.Undefined)
+                if k == 16:  # [s(2j)] * 4 ++ [s(2j+1)] * 4
+                    j0 = builder.shl(j, ir.Constant(j.type, 1))
+                    s8 = builder.insert_element(undef8, group_scales(builder, sp, dp, j0, half_scales), ir.Constant(i32, 0))
+                    s8 = builder.insert_element(s8, group_scales(builder, sp, dp, builder.add(j0, ir.Constant(j.type, 1)),
+                                                                 half_scales), ir.Constant(i32, 1))
+                    s8 = builder.shuffle_vector(s8, s8, ir.Constant(vec(i32, 8), [0, 0, 0, 0, 1, 1, 1, 1]))
+                else:
+                    s8 = builder.insert_element(undef8, group_scales(builder, sp, dp, j, half_scales), ir.Constant(i32, 0))
+                    s8 = builder.shuffle_vector(s8, s8, ir.Constant(vec(i32, 8), [0] * 8))
                 term = builder.fmul(builder.sitofp(ints, vec(f32, 8)), s8, flags=("fast",))
                 builder.store(builder.fadd(builder.load(acc), term, flags=("fast",)), acc)
             fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32, vec(f32, 8)]),
@@ -165,20 +202,60 @@ def _row_output_helpers():
 
 
 @functools.lru_cache(maxsize=None)
+def target_features() -> frozenset:
+    """The x86 features numba compiles for (NUMBA_CPU_NAME/NUMBA_CPU_FEATURES when set, else the
+    host's), e.g. {"avx2", "avx512vnni", "f16c"}; empty elsewhere or without numba."""
+    import platform
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
+        return frozenset()
+    try:
+        from numba.core import config
+        from llvmlite import binding
+    except ImportError:
+        return frozenset()
+    if config.CPU_NAME:
+        return frozenset(f[1:] for f in (config.CPU_FEATURES or "").split(",") if f.startswith("+"))
+    return frozenset(k for k, v in binding.get_host_cpu_features().items() if v)
+
+
+@functools.lru_cache(maxsize=None)
 def native_half() -> bool:
     """Whether numba's target CPU converts float16 in hardware (F16C on x86, every AArch64):
     without it LLVM's half casts become library calls numba's JIT cannot link (an abort)."""
     import platform
     if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
         return True
-    try:
-        from numba.core import config
-    except ImportError:
-        return False
-    if config.CPU_NAME:  # NUMBA_CPU_NAME: the features are NUMBA_CPU_FEATURES
-        return "+f16c" in (config.CPU_FEATURES or "")
-    from llvmlite import binding
-    return bool(binding.get_host_cpu_features().get("f16c", False))
+    return "f16c" in target_features()
+
+
+def _byte_dot_8(builder, u, s):
+    """IR: <n x i8> u (unsigned, < 128 here) times <n x i8> s (signed), n 32 or 16, summed in
+    groups of 4 into <8 x i32> (n 16: the upper 4 lanes 0) by the CPU's byte dot instruction:
+    vpdpbusd (AVX512-VNNI with VL, AVX-VNNI), else vpmaddubsw + vpmaddwd (AVX2, as ggml's AVX2
+    kernels: no saturation for u < 128 and |s| <= 127); None where the target has neither (the
+    generic widening code then)."""
+    from llvmlite import ir
+    from numba.core import cgutils
+    feats = target_features()
+    n = u.type.count
+    i32, i16 = ir.IntType(32), ir.IntType(16)
+    lanes, vb, vw = ir.VectorType(i32, n // 4), ir.VectorType(ir.IntType(8), n), ir.VectorType(i16, n // 2)
+    module = builder.module
+    if ("avx512vnni" in feats and "avx512vl" in feats) or "avxvnni" in feats:
+        fn = cgutils.get_or_insert_function(module, ir.FunctionType(lanes, [lanes, lanes, lanes]),
+                                            f"llvm.x86.avx512.vpdpbusd.{n * 8}")
+        dot = builder.call(fn, [ir.Constant(lanes, [0] * (n // 4)), builder.bitcast(u, lanes), builder.bitcast(s, lanes)])
+    elif "avx2" in feats:
+        maddubs, maddwd = (("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd") if n == 32 else
+                           ("llvm.x86.ssse3.pmadd.ub.sw.128", "llvm.x86.sse2.pmadd.wd"))
+        pairs = builder.call(cgutils.get_or_insert_function(module, ir.FunctionType(vw, [vb, vb]), maddubs), [u, s])
+        dot = builder.call(cgutils.get_or_insert_function(module, ir.FunctionType(lanes, [vw, vw]), maddwd),
+                           [pairs, ir.Constant(vw, [1] * (n // 2))])
+    else:
+        return None
+    if n == 16:  # <4 x i32> -> <8 x i32>, zeros above
+        dot = builder.shuffle_vector(dot, ir.Constant(lanes, [0] * 4), ir.Constant(ir.VectorType(i32, 8), list(range(8))))
+    return dot
 
 
 def half_bits_to_float(builder, bits):
