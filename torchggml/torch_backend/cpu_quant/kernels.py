@@ -86,6 +86,31 @@ def _row_dot_intrinsic():
             scale_j = half_bits_to_float(builder, scale_j)
         return builder.fmul(scale_j, builder.load(builder.gep(dp, [j])))
 
+    def six_bit_products(builder, w, x, j):
+        """Two 16-value groups of 6-bit values u = q + 32 in 24 bytes (Q6_K): 16 bytes of low
+        nibbles (byte i: value i, value i + 16 in the high nibble), then 8 bytes of high bits
+        (byte b: values b, b + 8, b + 16, b + 24 in bits 0-1, 2-3, 4-5, 6-7)."""
+        base = builder.mul(j, ir.Constant(j.type, 24))
+        lo16 = load_i8(builder, w, base, 16)
+        hi8 = load_i8(builder, w, builder.add(base, ir.Constant(j.type, 16)), 8)
+        u = builder.shuffle_vector(builder.and_(lo16, ir.Constant(vec(i8, 16), [15] * 16)),
+                                   builder.lshr(lo16, ir.Constant(vec(i8, 16), [4] * 16)),
+                                   ir.Constant(vec(i32, 32), list(range(32))))
+        planes = [builder.and_(builder.lshr(hi8, ir.Constant(vec(i8, 8), [2 * p] * 8)), ir.Constant(vec(i8, 8), [3] * 8))
+                  for p in range(4)]
+        first = builder.shuffle_vector(planes[0], planes[1], ir.Constant(vec(i32, 16), list(range(16))))
+        second = builder.shuffle_vector(planes[2], planes[3], ir.Constant(vec(i32, 16), list(range(16))))
+        high = builder.shuffle_vector(first, second, ir.Constant(vec(i32, 32), list(range(32))))
+        u = builder.or_(u, builder.shl(high, ir.Constant(vec(i8, 32), [4] * 32)))  # in [0, 63]
+        xv = load_i8(builder, x, builder.mul(j, ir.Constant(j.type, 32)), 32)
+        fast = _byte_dot_8(builder, u, xv)
+        if fast is not None:  # sum (u - 32) x = sum u x - 32 sum x
+            xsum = _byte_dot_8(builder, ir.Constant(vec(i8, 32), [1] * 32), xv)
+            return builder.sub(fast, builder.shl(xsum, ir.Constant(vec(i32, 8), [5] * 8)))
+        wide = vec(i32, 32)
+        q = builder.sext(builder.sub(u, ir.Constant(vec(i8, 32), [32] * 32)), wide)
+        return fold_adjacent_to_8(builder, builder.mul(q, builder.sext(xv, wide)))
+
     def group_products(builder, w, x, j, kind):
         """The group's products as <8 x i32> partial sums (kind 16: groups 2j and 2j + 1)."""
         if kind in (4, -4):
@@ -107,6 +132,8 @@ def _row_dot_intrinsic():
             else:
                 uw = builder.zext(u, wide)
             return fold_to_8(builder, builder.mul(uw, builder.sext(xv, wide)), 32)
+        if kind == 6:
+            return six_bit_products(builder, w, x, j)
         # int8 groups; kind 16 reads two groups (32 bytes) at once: lanes 0-3 the first, 4-7 the second
         at = builder.mul(j, ir.Constant(j.type, 32))
         wv, xv = load_i8(builder, w, at, 32), load_i8(builder, x, at, 32)
@@ -138,13 +165,13 @@ def _row_dot_intrinsic():
             n_groups = context.make_array(sig.args[2])(context, builder, args[2]).shape
             n_groups = builder.extract_value(n_groups, 0)
             acc = cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8))
-            if k == 16:  # groups in pairs (K-quant rows hold an even number of 16-value groups)
+            if k in (16, 6):  # groups in pairs (K-quant rows hold an even number of 16-value groups)
                 n_groups = builder.lshr(n_groups, ir.Constant(n_groups.type, 1))
             with cgutils.for_range(builder, n_groups) as loop:
                 j = loop.index
                 ints = group_products(builder, wp, xp, j, k)
                 undef8 = ir.Constant(vec(f32, 8), ir.Undefined)
-                if k == 16:  # [s(2j)] * 4 ++ [s(2j+1)] * 4
+                if k in (16, 6):  # [s(2j)] * 4 ++ [s(2j+1)] * 4
                     j0 = builder.shl(j, ir.Constant(j.type, 1))
                     s8 = builder.insert_element(undef8, group_scales(builder, sp, dp, j0, half_scales), ir.Constant(i32, 0))
                     s8 = builder.insert_element(s8, group_scales(builder, sp, dp, builder.add(j0, ir.Constant(j.type, 1)),
@@ -300,7 +327,8 @@ def _half_bits_intrinsic():
 
 @functools.lru_cache(maxsize=None)
 def numba_kernels():
-    """(matvec, dequantize_rows, matvec_nibbles, dequantize_nibbles, quantize_rows), compiled on
+    """(matvec, dequantize_rows, matvec_nibbles, dequantize_nibbles, quantize_rows,
+    dequantize_six_bits), compiled on
     first use (numba caches them on disk)."""
     import numpy as np
     from numba import njit, prange, uint64
@@ -337,12 +365,16 @@ def numba_kernels():
                 xsum[m, j] = total
 
     @njit(fastmath=True, parallel=True, cache=True, nogil=True)
-    def matvec(q, scale, bias, has_bias, w_row0, xq, xd, xsum, x_row, out):
+    def matvec(q, scale, bias, has_bias, six_bits, w_row0, xq, xd, xsum, x_row, out):
+        """int8 weights [rows, K] in groups of 32 or 16, or (six_bits) Q6_K's 6-bit values packed
+        24 bytes to 32 values [rows, 3K/4] in groups of 16."""
         g = q.shape[1] // scale.shape[1]
         for n in prange(out.shape[1]):
             for m in range(out.shape[0]):
                 r, x = w_row0[m] + n, x_row[m]
-                if g == 32:
+                if six_bits:
+                    acc = row_dot(q[r], xq[x], scale[r], xd[x], 6)
+                elif g == 32:
                     acc = row_dot(q[r], xq[x], scale[r], xd[x], 32)
                 else:
                     acc = row_dot(q[r], xq[x], scale[r], xd[x], 16)
@@ -406,7 +438,23 @@ def numba_kernels():
                     o[j * 32 + i] = (np.float32(u[j * 32 + i]) - offset) * d + b0
             _store_row(o, out[n])
 
-    return matvec, dequantize_rows, matvec_nibbles, dequantize_nibbles, quantize_rows
+    @njit(fastmath=True, parallel=True, cache=True, nogil=True)
+    def dequantize_six_bits(packed, scale, out):
+        """Q6_K's 6-bit layout (see matvec) -> out, W = (u - 32) * scale per 16 values."""
+        for n in prange(packed.shape[0]):
+            w = packed[n]
+            o = _float_row(out[n])
+            for c in range(packed.shape[1] // 24):
+                base = c * 24
+                for v in range(32):  # int32 throughout: numba widens uint8 with int64 to float
+                    low = np.int32(w[base + (v & 15)])
+                    nibble = low & 15 if v < 16 else low >> 4
+                    high = (np.int32(w[base + 16 + (v & 7)]) >> np.int32(2 * (v >> 3))) & 3
+                    d = half_to_f32(scale[n, 2 * c + (v >> 4)])
+                    o[c * 32 + v] = (np.float32(nibble | (high << 4)) - np.float32(32)) * d
+            _store_row(o, out[n])
+
+    return matvec, dequantize_rows, matvec_nibbles, dequantize_nibbles, quantize_rows, dequantize_six_bits
 
 
 def numba_available() -> bool:

@@ -54,6 +54,8 @@ F16_ACTIVATION_SCALES = frozenset({Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, T
 # 4-bit types stored two values to a byte, and whether the kernels subtract 8 (Q4_0's signed
 # values, as ggml's kernels do) or add the bias (Q4_1, Q4_K: q is already in [0, 15])
 NIBBLE_SIGNED = {Type.Q4_0: True, Type.Q4_1: False, Type.Q4_K: False}
+# Q6_K's values (q + 32 in [0, 63]) in 6 bits: 24 bytes per 32 values (kernels.matvec)
+SIX_BIT = frozenset({Type.Q6_K})
 # types whose group scale is stored as its block's float16 (int16 bits; exact): Q4_0 at 4.5 bits
 # a weight as llama.cpp (5 with float32 scales). The int8-stored types keep float32 scales:
 # their matvec is bound by arithmetic, not bytes, and converting a half per group made the Q8_0
@@ -63,6 +65,10 @@ HALF_SCALES = frozenset({Type.Q4_0})
 
 def _has_bias(qtype) -> bool:
     return qtype in HAS_BIAS
+
+
+def _q_bytes(qtype, n_values: int) -> int:
+    return n_values // 2 if qtype in NIBBLE_SIGNED else n_values * 3 // 4 if qtype in SIX_BIT else n_values
 
 
 def _scale_bytes(qtype) -> int:
@@ -79,7 +85,7 @@ def _layout(t: Tensor) -> tuple[int, int, int, int, int, int]:
     """(rows E*N, K, G, scale offset, bias offset, total bytes)."""
     k, n = t.ne[0], t.ne[1] * t.ne[2]
     g = group_size(t.type)
-    scale_at = round_up(n * k // (2 if t.type in NIBBLE_SIGNED else 1), ALIGN)
+    scale_at = round_up(_q_bytes(t.type, n * k), ALIGN)
     bias_at = round_up(scale_at + n * (k // g) * _scale_bytes(t.type), ALIGN)
     total = bias_at + (n * (k // g) * 4 if _has_bias(t.type) else 0)
     return n, k, g, scale_at, bias_at, total
@@ -90,7 +96,9 @@ def packed_views(t: Tensor):
     HALF_SCALES types), bias f32 [E*N, K/G] or None) at t's address."""
     n, k, g, scale_at, bias_at, total = _layout(t)
     raw = byte_view(t.buffer, t.data - t.buffer.base, total)
-    q = raw[:n * k // 2].view(n, k // 2) if t.type in NIBBLE_SIGNED else raw[:n * k].view(torch.int8).view(n, k)
+    q = raw[:_q_bytes(t.type, n * k)].view(n, -1)
+    if not (t.type in NIBBLE_SIGNED or t.type in SIX_BIT):
+        q = q.view(torch.int8)
     scale_dtype = torch.int16 if t.type in HALF_SCALES else torch.float32
     scale = raw[scale_at:scale_at + n * (k // g) * _scale_bytes(t.type)].view(scale_dtype).view(n, k // g)
     bias = raw[bias_at:total].view(torch.float32).view(n, k // g) if _has_bias(t.type) else None
@@ -134,6 +142,8 @@ class FusedBuffer(RepackBuffer):
             pq, ps, pb = decompose(tensor.type, blocks[r0:r0 + step], k)
             if tensor.type in NIBBLE_SIGNED:
                 pq = _as_nibbles(pq, -8 if NIBBLE_SIGNED[tensor.type] else 0)
+            elif tensor.type in SIX_BIT:
+                pq = _as_six_bits(pq)
             q[r0:r0 + step].copy_(pq)
             scale[r0:r0 + step].copy_(ps.half().view(torch.int16) if tensor.type in HALF_SCALES else ps)
             if bias is not None:
@@ -144,6 +154,17 @@ def _as_nibbles(q, offset: int):
     """q [rows, K] in [offset, offset + 15] -> uint8 [rows, K/2] of u = q - offset, two a byte."""
     u = (q.to(torch.int16) - offset).to(torch.uint8).view(q.shape[0], -1, 2, 16)
     return (u[:, :, 0] | (u[:, :, 1] << 4)).reshape(q.shape[0], -1)
+
+
+def _as_six_bits(q):
+    """q [rows, K] in [-32, 31] -> uint8 [rows, 3K/4]: per 32 values u = q + 32, 16 bytes of low
+    nibbles (byte i: values i and i + 16) and 8 bytes of high bits (byte b: values b, b + 8,
+    b + 16, b + 24, two bits each)."""
+    u = (q.to(torch.int16) + 32).to(torch.uint8).view(q.shape[0], -1, 32)
+    low = (u[..., :16] & 15) | ((u[..., 16:] & 15) << 4)
+    high = (u >> 4).view(q.shape[0], -1, 4, 8)
+    high = high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6)
+    return torch.cat([low, high], dim=2).reshape(q.shape[0], -1)
 
 
 FusedBufferType.buffer_class = FusedBuffer
@@ -157,9 +178,9 @@ class _Packed:
 
     def __init__(self, qtype, q, scale, bias, n: int):
         self.qtype, self.n = qtype, n
-        self.nibbles = qtype in NIBBLE_SIGNED
+        self.nibbles, self.six_bits = qtype in NIBBLE_SIGNED, qtype in SIX_BIT
         self.signed = NIBBLE_SIGNED.get(qtype, False)
-        self.k = q.shape[1] * (2 if self.nibbles else 1)
+        self.k = q.shape[1] * 2 if self.nibbles else q.shape[1] * 4 // 3 if self.six_bits else q.shape[1]
         self.g = group_size(qtype)
         self.q, self.scale = q, scale
         self.has_bias = bias is not None
@@ -198,7 +219,9 @@ def dequantized(p: _Packed, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The (one-matrix) weight as [N, K] of dtype (float32 or bfloat16, rounded to nearest
     even), in a per-thread scratch buffer."""
     w = _scratch_buffer(p.n * p.k, _KERNEL_DTYPES[dtype]).view(p.n, p.k)
-    if p.nibbles:
+    if p.six_bits:
+        numba_kernels()[5](p.q, p.scale, w.numpy())
+    elif p.nibbles:
         numba_kernels()[3](p.q, p.scale, p.bias, p.has_bias, p.signed, w.numpy())
     else:
         numba_kernels()[1](p.q, p.scale, p.bias, p.has_bias, w.numpy())
@@ -213,7 +236,7 @@ def _gemm(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
 def _matvec(p: _Packed, x: torch.Tensor, x_row: np.ndarray, w_row0: np.ndarray, out: torch.Tensor) -> None:
     """out[i] = W[w_row0[i] : w_row0[i] + N] @ x[x_row[i]]: every x row quantized once to int8 per
     group, as ggml's vec_dot_type (Q8_0) does, then the fused matvec."""
-    matvec, _, matvec_nibbles, _, quantize_rows = numba_kernels()
+    matvec, _, matvec_nibbles, _, quantize_rows, _ = numba_kernels()
     xf = x.float().contiguous().numpy()
     xq = np.empty(xf.shape, np.int8)
     xd = np.empty((xf.shape[0], p.k // p.g), np.float32)
@@ -225,7 +248,7 @@ def _matvec(p: _Packed, x: torch.Tensor, x_row: np.ndarray, w_row0: np.ndarray, 
     if p.nibbles:
         matvec_nibbles(p.q, p.scale, p.bias, p.has_bias, p.signed, w_row0, xq, xd, xsum, x_row, target.numpy())
     else:
-        matvec(p.q, p.scale, p.bias, p.has_bias, w_row0, xq, xd, xsum, x_row, target.numpy())
+        matvec(p.q, p.scale, p.bias, p.has_bias, p.six_bits, w_row0, xq, xd, xsum, x_row, target.numpy())
     if target is not out:
         out.copy_(target)
 
