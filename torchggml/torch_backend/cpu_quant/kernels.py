@@ -1,25 +1,28 @@
 """Fused products over the (q, scale, bias) layout, compiled by numba for the host CPU.
 
-    matvec(q, scale, bias, has_bias, w_row0, xq, xd, xsum, x_row, out)
+numba_kernels() holds:
+    matvec(q, scale, bias, has_bias, kind, w_row0, xq, xd, xsum, x_row, out)
         out[m, n] = sum_k W[w_row0[m] + n, k] x[x_row[m], k]
-    matvec_nibbles(packed, scale, bias, w_row0, xq, xd, xsum, x_row, out)   the same, 4-bit weights
-    dequantize_rows(q, scale, bias, has_bias, out)        out[n, k] = W[n, k] (float32)
-    quantize_rows(x, g, xq, xd, xsum)                     activations to int8 per group of g
+    quantize_rows(x, g, xq, xd, xsum)                  activations to int8 per group of g
+    dequantize_rows / dequantize_nibbles / dequantize_six_bits(..., out)
+        out[n, k] = W[n, k], float32 or bfloat16 bits (the prompt path's GEMM weight)
 
-q int8 [rows, K] (or packed uint8 [rows, K/2], two 4-bit values a byte), scale/bias f32
-[rows, K/G] (bias unused when has_bias is False), xq int8 [X, K] and xd f32 [X, K/G] the
-activations rounded as ggml's Q8_0 vec_dot type rounds them, xsum f32 [X, K/G] their group sums
-(for the bias), out f32 [M, N]. w_row0 and x_row (int64 [M]) pick each output row's weight
-matrix (its first row in q, where MUL_MAT_ID's experts lie stacked) and activation row; MUL_MAT
-passes zeros and 0..M-1.
+q: int8 [rows, K], or packed uint8 (kind 4/-4: two 4-bit values a byte; kind 6: Q6_K's 6-bit
+values, 24 bytes per 32); scale f32 [rows, K/G] (or float16 bits as int16), bias f32 (unused
+when has_bias is False); xq int8 [X, K] and xd f32 [X, K/G] the activations rounded as ggml's
+Q8_0 vec_dot type rounds them, xsum f32 [X, K/G] their group sums (for the bias); out f32 [M, N].
+w_row0 and x_row (int64 [M]) pick each output row's weight matrix (its first row in q, where
+MUL_MAT_ID's experts lie stacked) and activation row; MUL_MAT passes zeros and 0..M-1.
 
 Why this shape: numba types int8*int8 products as int64, so an integer dot written as a numba
 loop stays scalar (~2 GB/s). The row's dot product is instead one LLVM vector loop emitted by an
-intrinsic (_row_dot_intrinsic) that keeps 8 float lanes across groups, as ggml's SIMD kernels
-do; LLVM compiles it for the host CPU's features (vpmaddwd/vpdpwssd on AVX2/AVX512-VNNI, NEON
-on ARM), which is what numba gives by default. Measured on an AVX-512 Zen 4 core (2816x1024,
-thread CPU time): int8 groups of 32 / 4-bit / int8 groups of 16 in 185 / 189 / 240 us against
-204 / 260 / 373 us with a horizontal sum per group.
+intrinsic (_row_dot_intrinsic) that keeps 8 float lanes across groups and multiplies bytes with
+the CPU's byte dot instruction, as ggml's SIMD kernels do: vpdpbusd on AVX512-VNNI/AVX-VNNI,
+vpmaddubsw + vpmaddwd on AVX2 (chosen from numba's target features), LLVM's own lowering of a
+widening multiply elsewhere (NEON sdot/smlal, SSE). One AVX-512 Zen 4 core, 2816x1024 matvec
+(thread CPU time): int8 groups of 32 / 4-bit / int8 groups of 16: 108 / 112 / 120 us, against
+204 / 260 / 373 us with a horizontal sum per group and 184 / 189 / 240 us with LLVM's widening
+multiply.
 """
 from __future__ import annotations
 
@@ -349,9 +352,11 @@ def _half_bits_intrinsic():
 
 @functools.lru_cache(maxsize=None)
 def numba_kernels():
-    """(matvec, dequantize_rows, matvec_nibbles, dequantize_nibbles, quantize_rows,
-    dequantize_six_bits), compiled on
+    """The kernels (matvec, quantize_rows, dequantize_rows, dequantize_nibbles,
+    dequantize_six_bits) as a namespace, compiled on
     first use (numba caches them on disk)."""
+    from types import SimpleNamespace
+
     import numpy as np
     from numba import njit, prange, uint64
 
@@ -387,35 +392,24 @@ def numba_kernels():
                 xsum[m, j] = total
 
     @njit(fastmath=True, parallel=True, cache=True, nogil=True)
-    def matvec(q, scale, bias, has_bias, six_bits, w_row0, xq, xd, xsum, x_row, out):
-        """int8 weights [rows, K] in groups of 32 or 16, or (six_bits) Q6_K's 6-bit values packed
-        24 bytes to 32 values [rows, 3K/4] in groups of 16."""
-        g = q.shape[1] // scale.shape[1]
+    def matvec(q, scale, bias, has_bias, kind, w_row0, xq, xd, xsum, x_row, out):
+        """out[i, n] = row w_row0[i] + n of W times activation row x_row[i]. kind: 32 or 16 for int8
+        weights [rows, K] in groups of that size, 4 for 4-bit ones packed [rows, K/2] (byte i of a
+        32-value group: value i low nibble, value i + 16 high), -4 for the same minus 8 (Q4_0), 6
+        for Q6_K's 6-bit values (24 bytes per 32, see six_bit_values); W = q*scale (+ bias)."""
         for n in prange(out.shape[1]):
             for m in range(out.shape[0]):
                 r, x = w_row0[m] + n, x_row[m]
-                if six_bits:
-                    acc = row_dot(q[r], xq[x], scale[r], xd[x], 6)
-                elif g == 32:
+                if kind == 32:  # row_dot's kind is a compile-time constant: one branch each
                     acc = row_dot(q[r], xq[x], scale[r], xd[x], 32)
-                else:
+                elif kind == 16:
                     acc = row_dot(q[r], xq[x], scale[r], xd[x], 16)
-                if has_bias:
-                    acc += _bias_dot(bias[r], xsum[x])
-                out[m, n] = acc
-
-    @njit(fastmath=True, parallel=True, cache=True, nogil=True)
-    def matvec_nibbles(packed, scale, bias, has_bias, signed, w_row0, xq, xd, xsum, x_row, out):
-        """As matvec for 4-bit weights: packed uint8 [rows, K/2], each group of 32 values in 16
-        bytes (byte i: value i in the low nibble, value i + 16 in the high one), W = u*scale + bias,
-        or (u - 8)*scale when signed (Q4_0)."""
-        for n in prange(out.shape[1]):
-            for m in range(out.shape[0]):
-                r, x = w_row0[m] + n, x_row[m]
-                if signed:
-                    acc = row_dot(packed[r], xq[x], scale[r], xd[x], -4)
+                elif kind == 6:
+                    acc = row_dot(q[r], xq[x], scale[r], xd[x], 6)
+                elif kind == 4:
+                    acc = row_dot(q[r], xq[x], scale[r], xd[x], 4)
                 else:
-                    acc = row_dot(packed[r], xq[x], scale[r], xd[x], 4)
+                    acc = row_dot(q[r], xq[x], scale[r], xd[x], -4)
                 if has_bias:
                     acc += _bias_dot(bias[r], xsum[x])
                 out[m, n] = acc
@@ -472,7 +466,8 @@ def numba_kernels():
             _scaled_bytes(u, np.float32(32), scale[n], scale[n], False, o)
             _store_row(o, out[n])
 
-    return matvec, dequantize_rows, matvec_nibbles, dequantize_nibbles, quantize_rows, dequantize_six_bits
+    return SimpleNamespace(matvec=matvec, quantize_rows=quantize_rows, dequantize_rows=dequantize_rows,
+                           dequantize_nibbles=dequantize_nibbles, dequantize_six_bits=dequantize_six_bits)
 
 
 def numba_available() -> bool:

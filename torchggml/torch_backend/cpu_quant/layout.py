@@ -182,6 +182,8 @@ class _Packed:
         self.signed = NIBBLE_SIGNED.get(qtype, False)
         self.k = q.shape[1] * 2 if self.nibbles else q.shape[1] * 4 // 3 if self.six_bits else q.shape[1]
         self.g = group_size(qtype)
+        # the matvec's kind (kernels.matvec)
+        self.kind = (-4 if self.signed else 4) if self.nibbles else 6 if self.six_bits else self.g
         self.q, self.scale = q, scale
         self.has_bias = bias is not None
         self.bias = bias if bias is not None else _NO_BIAS  # unread without a bias
@@ -219,12 +221,13 @@ def dequantized(p: _Packed, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The (one-matrix) weight as [N, K] of dtype (float32 or bfloat16, rounded to nearest
     even), in a per-thread scratch buffer."""
     w = _scratch_buffer(p.n * p.k, _KERNEL_DTYPES[dtype]).view(p.n, p.k)
+    kernels = numba_kernels()
     if p.six_bits:
-        numba_kernels()[5](p.q, p.scale, w.numpy())
+        kernels.dequantize_six_bits(p.q, p.scale, w.numpy())
     elif p.nibbles:
-        numba_kernels()[3](p.q, p.scale, p.bias, p.has_bias, p.signed, w.numpy())
+        kernels.dequantize_nibbles(p.q, p.scale, p.bias, p.has_bias, p.signed, w.numpy())
     else:
-        numba_kernels()[1](p.q, p.scale, p.bias, p.has_bias, w.numpy())
+        kernels.dequantize_rows(p.q, p.scale, p.bias, p.has_bias, w.numpy())
     return w.view(dtype)
 
 
@@ -236,19 +239,16 @@ def _gemm(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
 def _matvec(p: _Packed, x: torch.Tensor, x_row: np.ndarray, w_row0: np.ndarray, out: torch.Tensor) -> None:
     """out[i] = W[w_row0[i] : w_row0[i] + N] @ x[x_row[i]]: every x row quantized once to int8 per
     group, as ggml's vec_dot_type (Q8_0) does, then the fused matvec."""
-    matvec, _, matvec_nibbles, _, quantize_rows, _ = numba_kernels()
+    kernels = numba_kernels()
     xf = x.float().contiguous().numpy()
     xq = np.empty(xf.shape, np.int8)
     xd = np.empty((xf.shape[0], p.k // p.g), np.float32)
     xsum = np.empty_like(xd)
-    quantize_rows(xf, p.g, xq, xd, xsum)
+    kernels.quantize_rows(xf, p.g, xq, xd, xsum)
     if p.qtype in F16_ACTIVATION_SCALES:
         xd[:] = xd.astype(np.float16)
     target = out if out.is_contiguous() else torch.empty(out.shape, dtype=torch.float32)
-    if p.nibbles:
-        matvec_nibbles(p.q, p.scale, p.bias, p.has_bias, p.signed, w_row0, xq, xd, xsum, x_row, target.numpy())
-    else:
-        matvec(p.q, p.scale, p.bias, p.has_bias, p.six_bits, w_row0, xq, xd, xsum, x_row, target.numpy())
+    kernels.matvec(p.q, p.scale, p.bias, p.has_bias, p.kind, w_row0, xq, xd, xsum, x_row, target.numpy())
     if target is not out:
         out.copy_(target)
 
