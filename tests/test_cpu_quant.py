@@ -297,3 +297,31 @@ def test_fused_kernels_on_other_x86_targets(target):
                           "-k", f"(test_fused_mul_mat_matches_float64 and {cases}) or half_bits"],
                          env=env, cwd=Path(__file__).parent, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "6 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def test_kernels_load_from_numba_disk_cache_in_a_new_process():
+    """A second process loads the compiled kernels from numba's disk cache instead of compiling
+    them again (kernels defined in closures missed it in every process: ~10 s before a quantized
+    model's first prompt)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = (  # kernels that call other jitted code: the ones whose closures missed the cache
+        "import numpy as np, torch\n"
+        "from torchggml.torch_backend.cpu_quant.kernels import numba_kernels\n"
+        "from torchggml.torch_backend.cpu_numba import numba_ops\n"
+        "k, ops = numba_kernels(), numba_ops()\n"
+        "q = np.ones((4, 64), np.int8); s = np.ones((4, 2), np.float32); xq = np.ones((1, 64), np.int8)\n"
+        "xd = np.ones((1, 2), np.float32); rows = np.zeros(1, np.int64); out = np.empty((1, 4), np.float32)\n"
+        "k.matvec(q, s, s, False, 32, rows, xq, xd, xd, rows, out)\n"
+        "x = np.ones((1, 1, 1, 8), np.float32); ops.swiglu(x, x, x.copy())\n"
+        "print(sum(f.stats.cache_misses.get(s, 0) for f in (k.matvec, ops.swiglu) for s in f.signatures),\n"
+        "      sum(f.stats.cache_hits.get(s, 0) for f in (k.matvec, ops.swiglu) for s in f.signatures))\n")
+    run = lambda: subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,  # noqa: E731
+                                 cwd=Path(__file__).parents[1])
+    first = run()
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = run()
+    assert second.returncode == 0, second.stderr[-2000:]
+    misses, hits = map(int, second.stdout.split())
+    assert (misses, hits) == (0, 2), second.stdout

@@ -1,0 +1,122 @@
+"""The fused CPU products' numba kernels (see kernels.py for what each computes and why), at
+module level: numba's disk cache keys a function on its code and its closure, and a closure
+holding other jitted functions pickles differently in every process (a recompile, ~10 s for a
+quantized model's first prompt, at every start). Imported by kernels.numba_kernels() only, so
+numba loads when a fused product first runs."""
+import numpy as np
+from numba import njit, prange, uint64
+
+from .kernels import _half_bits_intrinsic, _row_dot_intrinsic, _row_output_helpers
+
+
+row_dot, unpack_nibbles, unpack_six = _row_dot_intrinsic()
+_float_row, _store_row = _row_output_helpers()
+half_to_f32 = _half_bits_intrinsic()
+
+
+@njit(fastmath=True, cache=True, nogil=True, inline="always")
+def _bias_dot(bias, xsum):
+    """sum_j bias[j] * xsum[j]: the groups' offsets times the activations' group sums."""
+    acc = np.float32(0)
+    for j in range(bias.shape[0]):
+        acc += bias[j] * xsum[j]
+    return acc
+
+
+@njit(fastmath=True, cache=True, nogil=True)
+def quantize_rows(x, g, xq, xd, xsum):
+    """x f32 [M, K] -> int8 [M, K] and scales [M, K/g] per group of g (ggml's Q8_0 rounding:
+    d = max|x| / 127, q = round(x / d)), and the groups' float sums."""
+    m_rows, k = x.shape
+    for m in range(m_rows):
+        for j in range(k // g):
+            amax = np.float32(0)
+            total = np.float32(0)
+            for i in range(j * g, j * g + g):
+                amax = max(amax, abs(x[m, i]))
+                total += x[m, i]
+            d = amax / np.float32(127)
+            inv = np.float32(1) / d if d > 0 else np.float32(0)
+            for i in range(j * g, j * g + g):
+                xq[m, i] = np.int8(np.round(x[m, i] * inv))
+            xd[m, j] = d
+            xsum[m, j] = total
+
+
+@njit(fastmath=True, parallel=True, cache=True, nogil=True)
+def matvec(q, scale, bias, has_bias, kind, w_row0, xq, xd, xsum, x_row, out):
+    """out[i, n] = row w_row0[i] + n of W times activation row x_row[i]. kind: 32 or 16 for int8
+    weights [rows, K] in groups of that size, 4 for 4-bit ones packed [rows, K/2] (byte i of a
+    32-value group: value i low nibble, value i + 16 high), -4 for the same minus 8 (Q4_0), 6
+    for Q6_K's 6-bit values (24 bytes per 32, see six_bit_values); W = q*scale (+ bias)."""
+    for n in prange(out.shape[1]):
+        for m in range(out.shape[0]):
+            r, x = w_row0[m] + n, x_row[m]
+            if kind == 32:  # row_dot's kind is a compile-time constant: one branch each
+                acc = row_dot(q[r], xq[x], scale[r], xd[x], 32)
+            elif kind == 16:
+                acc = row_dot(q[r], xq[x], scale[r], xd[x], 16)
+            elif kind == 6:
+                acc = row_dot(q[r], xq[x], scale[r], xd[x], 6)
+            elif kind == 4:
+                acc = row_dot(q[r], xq[x], scale[r], xd[x], 4)
+            else:
+                acc = row_dot(q[r], xq[x], scale[r], xd[x], -4)
+            if has_bias:
+                acc += _bias_dot(bias[r], xsum[x])
+            out[m, n] = acc
+
+
+@njit(fastmath=True, parallel=True, cache=True, nogil=True)
+def dequantize_rows(q, scale, bias, has_bias, out):
+    """out [N, K]: float32, or uint16 holding bfloat16 bits (rounded to nearest even)."""
+    n_rows, k = q.shape
+    n_groups = scale.shape[1]
+    g = k // n_groups
+    for n in prange(n_rows):
+        w = q[n]
+        o = _float_row(out[n])
+        for j in range(n_groups):
+            d = half_to_f32(scale[n, j])
+            b = bias[n, j] if has_bias else np.float32(0)
+            base = uint64(j * g)
+            for i in range(g):
+                at = base + uint64(i)
+                o[at] = np.float32(w[at]) * d + b
+        _store_row(o, out[n])
+
+# packed rows dequantize in two passes: the values to bytes by the IR unpackers (LLVM vector
+# code; numba loops over bytes stayed scalar: 2816x1024 Q6_K 4.2 ms -> 0.9), then to float
+@njit(fastmath=True, cache=True, nogil=True)
+def _scaled_bytes(u, offset, scale, bias, has_bias, o):
+    """o[i] = (u[i] - offset) * scale[group] + bias[group]."""
+    g = u.shape[0] // scale.shape[0]
+    for j in range(scale.shape[0]):
+        d = half_to_f32(scale[j])
+        b0 = bias[j] if has_bias else np.float32(0)
+        for i in range(g):
+            o[j * g + i] = (np.float32(u[j * g + i]) - offset) * d + b0
+
+
+@njit(fastmath=True, parallel=True, cache=True, nogil=True)
+def dequantize_nibbles(packed, scale, bias, has_bias, signed, out):
+    offset = np.float32(8) if signed else np.float32(0)
+    for n in prange(packed.shape[0]):
+        # the nibbles as bytes first, then one int -> float pass: 1.5x faster than
+        # converting each nibble where it is unpacked
+        u = np.empty(out.shape[1], np.uint8)
+        unpack_nibbles(packed[n], u)
+        o = _float_row(out[n])
+        _scaled_bytes(u, offset, scale[n], bias[n] if has_bias else bias[0], has_bias, o)
+        _store_row(o, out[n])
+
+
+@njit(fastmath=True, parallel=True, cache=True, nogil=True)
+def dequantize_six_bits(packed, scale, out):
+    """Q6_K's 6-bit layout (see matvec) -> out, W = (u - 32) * scale per 16 values."""
+    for n in prange(packed.shape[0]):
+        u = np.empty(out.shape[1], np.uint8)
+        unpack_six(packed[n], u)
+        o = _float_row(out[n])
+        _scaled_bytes(u, np.float32(32), scale[n], scale[n], False, o)
+        _store_row(o, out[n])
