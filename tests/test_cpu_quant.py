@@ -269,7 +269,7 @@ def test_half_bits_to_float_exact_for_every_half():
     arithmetic where it has none: the x86-64 target below): every one of the 65536 bit
     patterns, infinities and NaN included, gives numpy's float32."""
     from numba import njit
-    from torchggml.torch_backend.cpu_quant.kernels import _half_bits_intrinsic
+    from torchggml.torch_backend.cpu_quant.llvm_ir import _half_bits_intrinsic
     half_to_f32 = _half_bits_intrinsic()
 
     @njit

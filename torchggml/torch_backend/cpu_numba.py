@@ -32,35 +32,6 @@ import functools
 # the block types get_block_rows dequantizes, by kind number
 BLOCK_KINDS = ("Q4_0", "Q8_0", "Q4_K", "Q6_K")
 
-# copies walk the last two dims in tiles of this many rows x columns (transposes stay in cache)
-COPY_TILE = 32
-# transposes move blocks of this many rows and columns (measured on the V cache's 168x1024 F16:
-# 8x8 ~55 µs warm / ~100 µs cold, torch's copy ~88 / ~150 µs; 8x16 and 16x8 as slow as torch)
-TRANSPOSE_BLOCK = 8
-
-
-def _half_intrinsics():
-    """half_to_float(uint16) -> float32 and float_to_half(float32) -> uint16 as LLVM casts
-    (float_to_half only where the CPU converts halves: cpu_ops keeps F16 outputs off otherwise)."""
-    from llvmlite import ir
-    from .cpu_quant.kernels import half_bits_to_float
-    from numba import types
-    from numba.extending import intrinsic
-
-    @intrinsic
-    def half_to_float(typingctx, bits):
-        def codegen(context, builder, sig, args):
-            return half_bits_to_float(builder, args[0])
-        return types.float32(types.uint16), codegen
-
-    @intrinsic
-    def float_to_half(typingctx, value):
-        def codegen(context, builder, sig, args):
-            return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
-        return types.uint16(types.float32), codegen
-
-    return half_to_float, float_to_half
-
 
 @functools.lru_cache(maxsize=None)
 def numba_ops():

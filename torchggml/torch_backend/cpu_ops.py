@@ -23,7 +23,8 @@ from .kernels.attention import alibi_slopes
 from .kernels.common import view
 from .kernels.glu import _halves
 from .kernels.rope import rope_params, _angle_constants, _rotated_span
-from .cpu_quant.kernels import native_half, numba_available
+from .cpu_quant.kernels import numba_available
+from .cpu_quant.llvm_ir import native_half
 
 # nodes with more output values than this run the torch kernels (threaded, vectorized): the
 # numba kernels run on one thread and win where dispatch, not arithmetic, is the cost

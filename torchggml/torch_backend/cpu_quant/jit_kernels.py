@@ -6,7 +6,7 @@ numba loads when a fused product first runs."""
 import numpy as np
 from numba import njit, prange, uint64
 
-from .kernels import _half_bits_intrinsic, _row_dot_intrinsic, _row_output_helpers
+from .llvm_ir import _half_bits_intrinsic, _row_dot_intrinsic, _row_output_helpers
 
 
 row_dot, unpack_nibbles, unpack_six = _row_dot_intrinsic()
