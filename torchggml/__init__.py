@@ -126,6 +126,10 @@ from .torch_backend.cpu import (backend_cpu_init, backend_cpu_buffer_type, backe
 from .torch_backend.cuda import backend_cuda_init
 from .torch_backend.sim import backend_sim_init
 
+# ---------------------------------------------------------------- kernels from user code
+from .torch_backend.kernels.registered import (register_kernel, registered_kernels, load_kernel_files,
+                                               KernelRegistration)
+
 # ---------------------------------------------------------------- errors
 from .memory import UnallocatedTensorError
 from .torch_backend.kernels import UnsupportedOpError

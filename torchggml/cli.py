@@ -1,7 +1,7 @@
 """The `torchggml` command.
 
     torchggml devices                       regs and devices: type, memory, capabilities, features
-    torchggml test-ops [-b DEV] [-o OP] [--mode test|perf|support]
+    torchggml test-ops [-b DEV] [-o OP] [-m test|perf|support] [--kernels FILE.py] [--roofline FILE.png]
                                             test-backend-ops for this project (torchggml.testing)
 """
 from __future__ import annotations
@@ -84,7 +84,24 @@ def reg_features() -> list[tuple[str, str]]:
 
 def cmd_test_ops(args) -> int:
     from torchggml.testing import main_test_ops  # the op-case table is large: import on demand
+    from torchggml.torch_backend.kernels.registered import load_kernel_files
+    try:
+        load_kernel_files(args.kernels)
+    except (OSError, ValueError, RuntimeError) as e:
+        print(f"torchggml test-ops: error: {e}", file=sys.stderr)
+        return 2
     return main_test_ops(args) or 0
+
+
+def add_perf_options(p: argparse.ArgumentParser) -> None:
+    """test-ops options for kernel developers: registered kernels, timing, the roofline."""
+    from .models.cli_commands import add_kernels_option
+    add_kernels_option(p)
+    p.add_argument("--roofline", metavar="FILE.png",
+                   help="with -m perf: plot each timed case against the device's measured copy bandwidth "
+                        "and matmul peak (needs matplotlib: pip install torchggml[plot])")
+    p.add_argument("--min-seconds", type=float, default=0.2, metavar="S",
+                   help="with -m perf: time each case for at least S seconds (default 0.2)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,8 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("test-ops", help="run the op cases on devices against the CPU reference")
     p.add_argument("-b", "--backend", metavar="DEVICE", help="only this device (e.g. SIM0, CUDA0)")
     p.add_argument("-o", "--op", metavar="OP", help="only this op (e.g. MUL_MAT)")
-    p.add_argument("--mode", choices=("test", "perf", "support"), default="test",
+    p.add_argument("-m", "--mode", choices=("test", "perf", "support"), default="test",
                    help="test: compare with the CPU; perf: time per run; support: what each device supports")
+    add_perf_options(p)
     p.set_defaults(func=cmd_test_ops)
 
     from .models.cli_commands import add_subcommands as add_model_subcommands  # run, eval, info
