@@ -39,10 +39,10 @@ def _compile(job):
         return None, f"{spec.kernel} {spec.variant} {spec.config} sm_{arch}: {type(e).__name__}: {str(e)[:300]}"
 
 
-def run(types, archs, jobs: int = 1):
-    """(reports keyed by (spec, arch), compile errors)."""
+def run(types, archs, jobs: int = 1, kernels=None):
+    """(reports keyed by (spec, arch), compile errors); `kernels`: only these (names in aot.KERNELS)."""
     from triton_kernels import aot
-    work = [(spec, arch) for spec in aot.specs(types) for arch in archs]
+    work = [(spec, arch) for spec in aot.specs(types) for arch in archs if not kernels or spec.kernel in kernels]
     if jobs > 1:
         with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
             results = list(pool.map(_compile, work))
@@ -95,6 +95,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--types", default=DEFAULT_TYPES, help=f"comma-separated ggml types, or 'all' (default {DEFAULT_TYPES})")
     p.add_argument("--arch", default="80,90", help="compute capabilities (default 80,90)")
+    p.add_argument("--kernels", help="comma-separated kernel names (default: all of dequantize_rows, matvec, gemm, mul_mat_id)")
     p.add_argument("-j", "--jobs", type=int, default=1, help="compile in this many processes")
     p.add_argument("--markdown", action="store_true", help="markdown tables")
     p.add_argument("--summary-only", action="store_true", help="only the per-kernel maxima")
@@ -110,7 +111,7 @@ def main(argv=None) -> int:
     archs = [int(a) for a in args.arch.split(",")]
     types = parse_types(args.types)
     t0 = time.perf_counter()
-    reports, errors = run(types, archs, args.jobs)
+    reports, errors = run(types, archs, args.jobs, args.kernels.split(",") if args.kernels else None)
     if not args.summary_only:
         print(table(reports, archs, args.markdown))
     print()
