@@ -131,14 +131,18 @@ def time_case(c: OpCase, backend, min_seconds: float = 0.2, min_runs: int = 3) -
         try:
             backend_graph_plan_compute(backend, plan)  # warm-up (lazy init, compilation)
             backend_synchronize(backend)
+            # the number of runs from one synchronized run: an async backend would otherwise
+            # queue runs far faster than it computes them
+            t0 = time.perf_counter()
+            backend_graph_plan_compute(backend, plan)
+            backend_synchronize(backend)
+            once = max(time.perf_counter() - t0, 1e-6)
+            runs = max(min_runs, min(int(min_seconds / once), 100_000))
             timer = DeviceTimer.of(backend)
-            runs, t0 = 0, time.perf_counter()
             timer.start()
-            while runs < min_runs or time.perf_counter() - t0 < min_seconds:
+            for _ in range(runs):
                 backend_graph_plan_compute(backend, plan)
-                runs += 1
-            seconds = timer.stop(lambda: backend_synchronize(backend))
-            elapsed = seconds / runs
+            elapsed = timer.stop(lambda: backend_synchronize(backend)) / runs
         finally:
             backend_graph_plan_free(backend, plan)
         return (elapsed, *case_work(graph))
@@ -315,8 +319,8 @@ def registered_for_case(c: OpCase, backend) -> list[str]:
 
 
 def rates(seconds: float, moved: int, flops: int) -> str:
-    gflops = f"{flops / seconds / 1e9:9.2f} GFLOP/s" if flops else f"{'-':>9} GFLOP/s"
-    return f"{seconds * 1e6:10.1f} us/run {moved / seconds / 1e9:9.2f} GB/s {gflops}"
+    gflops = f"{flops / seconds / 1e9:9.3g} GFLOP/s" if flops else f"{'-':>9} GFLOP/s"
+    return f"{seconds * 1e6:10.1f} us/run {moved / seconds / 1e9:9.3g} GB/s {gflops}"
 
 
 def main_perf(args, cases, devices) -> int:
