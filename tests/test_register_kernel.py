@@ -245,3 +245,12 @@ def test_out_of_range_ids_fail_on_the_device_check(op, contains, n_valid):
         ggml.backend_tensor_set(ids, bad)
         with pytest.raises(ggml.StreamError, match=rf"op {op.upper()} .*must lie in \[0, {n_valid}\)"):
             ggml.backend_graph_compute(sim, graph)  # computes and synchronizes
+
+
+@pytest.mark.parametrize("command", [["eval", "{missing}", "--tokens", "1"], ["run", "{missing}", "-n", "1"]])
+def test_run_and_eval_load_kernel_files_first(tmp_path, command, capsys):
+    path = _kernel_file(tmp_path, RIGHT_ADD)
+    argv = [a.format(missing=tmp_path / "missing.gguf") for a in command] + ["--kernels", path]
+    assert cli_main(argv) == 1  # the model file is missing: a one-line error...
+    assert "missing.gguf" in capsys.readouterr().err
+    assert [r.name for r in ggml.registered_kernels("SIM")] == ["add_f32"]  # ...after the kernels loaded
