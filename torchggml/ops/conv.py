@@ -47,7 +47,9 @@ def im2col(ctx, a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: in
 
 def im2col_back(ctx, a: Tensor, b: Tensor, ne, s0: int, s1: int, p0: int, p1: int, d0: int, d1: int,
                 is_2D: bool) -> Tensor:
-    """The gradient of im2col's input (shape `ne`) from b, the gradient of its output; a is the kernel."""
+    """The gradient of im2col's input (shape `ne`). a is the gradient of im2col's output and b the
+    kernel: ggml.h's comments name them the other way round, but ggml's backward pass and its CPU
+    kernel use this order."""
     ne = [int(n) for n in ne]
     require(len(ne) == 4, "im2col_back", f"ne must have 4 dims (got {ne})", a, b)
     return new_op(ctx, Op.IM2COL_BACK, Type.F32, ne, [a, b], [s0, s1, p0, p1, d0, d1, int(bool(is_2D))])
