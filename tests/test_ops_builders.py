@@ -161,3 +161,24 @@ def test_bad_input_names_the_op_and_tensor(build, match):
     with pytest.raises(ValueError, match=match) as err:
         build(c, x)
     assert "tensor 'image" in str(err.value) or "tensor 'kernel'" in str(err.value)
+
+
+# ---------------------------------------------------------------- accelerators
+
+NEW_FAMILY_OPS = ["im2col", "conv_2d", "conv_2d_direct", "conv_transpose_2d", "col2im_1d", "pool_2d", "pool_2d_back",
+                  "upscale", "pad_reflect_1d", "roll", "timestep_embedding", "win_part", "add_rel_pos", "acc", "set",
+                  "cumsum", "tri", "fill", "lightning_indexer", "dsv4_hc_comb", "softplus"]
+
+
+def test_new_ops_run_on_an_accelerator_table():
+    """The accelerators' tables fall back to the torch kernels: a case of each new op on the
+    simulated accelerator (the GPU table, non-host buffers) matches its float64 reference."""
+    from torchggml.testing import all_cases, check_case_against_reference
+    sim = ggml.backend_init_by_name("SIM0")
+    try:
+        for op in NEW_FAMILY_OPS:
+            c = next(c for c in all_cases() if c.op == op)
+            ok, err = check_case_against_reference(c, sim)
+            assert ok, f"{c.name} on SIM0: normalized MSE {err:.3g}"
+    finally:
+        ggml.backend_free(sim)

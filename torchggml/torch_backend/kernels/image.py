@@ -46,11 +46,24 @@ def _pool_fill(op) -> float:
     return -FLT_MAX if op == OpPool.MAX else 0.0
 
 
+def _torch_pool_fits(ins, ks, ss, ps, outs) -> bool:
+    """torch's pooling computes the same windows: padding at most half the kernel and ggml's
+    output size equal to torch's floor((in + 2p - k) / s) + 1 (fractional ggml padding can
+    differ)."""
+    return all(p <= k // 2 and (n + 2 * p - k) // s + 1 == o for n, k, s, p, o in zip(ins, ks, ss, ps, outs))
+
+
 @KERNELS.register(Op.POOL_1D, supports=_float_src)
 def pool_1d(node):
     """Max, or the mean of the in-range taps (padding not counted)."""
     op, k, s, p = (node.op_params[i] for i in range(4))
     x = as_float(node.src[0])
+    if _torch_pool_fits([x.shape[-1]], [k], [s], [p], [node.ne[0]]):
+        rows = x.reshape(-1, 1, x.shape[-1])
+        y = (F.max_pool1d(rows, k, s, p).clamp_min_(-FLT_MAX) if op == OpPool.MAX
+             else F.avg_pool1d(rows, k, s, p, count_include_pad=False))
+        write(node, y.reshape(*x.shape[:-1], -1))
+        return
     win = _windows_1d(x, k, s, p, node.ne[0], _pool_fill(op))
     if op == OpPool.MAX:
         write(node, win.amax(-1).clamp_min(-FLT_MAX))
@@ -61,9 +74,16 @@ def pool_1d(node):
 
 @KERNELS.register(Op.POOL_2D, supports=_float_src)
 def pool_2d(node):
-    """Max, or the sum of the in-range taps / (k0*k1) (padding counted as zeros)."""
+    """Max, or the sum of the in-range taps / (k0*k1) (padding counted as zeros). torch's
+    pooling where it computes the same windows, else windows by unfold."""
     op, k0, k1, s0, s1, p0, p1 = (node.op_params[i] for i in range(7))
     x = as_float(node.src[0])
+    if _torch_pool_fits(x.shape[-2:], (k1, k0), (s1, s0), (p1, p0), (node.ne[1], node.ne[0])):
+        args = ((k1, k0), (s1, s0), (p1, p0))
+        y = (F.max_pool2d(x, *args).clamp_min_(-FLT_MAX) if op == OpPool.MAX
+             else F.avg_pool2d(x, *args, count_include_pad=True))
+        write(node, y)
+        return
     win = _windows_2d(x, k0, k1, s0, s1, p0, p1, node.ne[0], node.ne[1], _pool_fill(op))
     if op == OpPool.MAX:
         write(node, win.amax((-2, -1)).clamp_min(-FLT_MAX))
