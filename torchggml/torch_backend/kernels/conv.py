@@ -5,7 +5,6 @@ ggml's composite builders (conv_1d, conv_2d, ...) reach the CPU's matmul path th
 MUL_MAT; the direct ops use torch's convolution kernels (oneDNN on the CPU, cuDNN on CUDA)."""
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 
 from ...enums import Op
