@@ -211,7 +211,9 @@ def random_spec(rng):
     r = rng.randint
     kind = rng.choice(["im2col", "im2col_1d", "im2col_back", "im2col_3d", "pool_1d", "pool_2d", "pool_2d_back",
                        "interpolate", "conv_transpose_1d", "conv_transpose_2d_p0", "col2im_1d", "conv_2d",
-                       "conv_2d_direct", "conv_2d_dw_direct", "pad_reflect_1d", "roll", "win_part", "acc", "set"])
+                       "conv_2d_direct", "conv_2d_dw_direct", "pad_reflect_1d", "roll", "win_part", "win_unpart",
+                       "get_rel_pos", "add_rel_pos", "tri", "cumsum", "timestep_embedding", "dsv4_hc_comb",
+                       "lightning_indexer", "acc", "set"])
     geo = [r(1, 3), r(1, 3), r(0, 2), r(0, 2), r(1, 2), r(1, 2)]         # s0, s1, p0, p1, d0, d1
     kw, kh, ic = r(1, 4), r(1, 4), r(1, 3)
     if kind in ("im2col", "conv_2d"):
@@ -276,6 +278,31 @@ def random_spec(rng):
         return kind, [(T.F32, ne)], [(I, r(1 - n, n - 1)) for n in ne], 0
     if kind == "win_part":
         return kind, [(T.F32, [r(1, 4), r(1, 11), r(1, 11), 1])], [(I, r(1, 5))], 0
+    if kind == "win_unpart":
+        w, w0, h0 = r(1, 5), r(1, 11), r(1, 11)
+        return kind, [(T.F32, [ic, w, w, -(-w0 // w) * -(-h0 // w)])], [(I, w0), (I, h0), (I, w)], 0
+    if kind == "get_rel_pos":
+        size = r(1, 7)
+        return kind, [(T.F16, [r(1, 5), 2 * size - 1, 1, 1])], [(I, size), (I, size)], 0
+    if kind == "add_rel_pos":
+        w, h, n = r(1, 4), r(1, 4), r(1, 2)
+        return kind, [(T.F32, [w * w, w * h, n, 1]), (T.F32, [w, w, h, n]), (T.F32, [w, w, h, n])], [], 1e-12
+    if kind == "tri":
+        n = r(1, 8)
+        return kind, [(T.F32, [n, n, r(1, 3), 1])], [(I, r(0, 3))], 0
+    if kind == "cumsum":
+        return kind, [(T.F32, [r(1, 300), r(1, 3), 1, 1])], [], 1e-12
+    if kind == "timestep_embedding":
+        return kind, [(T.F32, [r(1, 6), 1, 1, 1])], [(I, r(1, 40)), (I, rng.choice([100, 10000]))], 1e-12
+    if kind == "dsv4_hc_comb":
+        return kind, [(T.F32, [24, r(1, 4), 1, 1]), (T.F32, [r(3, 4), 1, 1, 1]), (T.F32, [24, 1, 1, 1])], \
+            [(F, rng.choice([1e-6, 1e-3])), (ctypes.c_int32, r(1, 6))], 1e-10
+    if kind == "lightning_indexer":
+        streams = r(1, 3)
+        mask_streams = rng.choice([d for d in (1, 2, 3) if streams % d == 0])
+        d, heads, tokens, kv = r(1, 9), r(1, 4), r(1, 4), r(1, 7)
+        return kind, [(T.F32, [d, heads, tokens, streams]), (T.F32, [d, 1, kv, streams]),
+                      (T.F32, [heads, tokens, 1, streams]), (T.F16, [kv, tokens, 1, mask_streams])], [], 1e-10
     ne = [r(1, 6), r(1, 5), r(1, 4), r(1, 2)]                               # acc, set
     b_ne = [r(1, n) for n in ne]
     nb = [4 * ne[0], 4 * ne[0] * ne[1], 4 * ne[0] * ne[1] * ne[2]]
