@@ -67,7 +67,7 @@ def run_in_ggml(name, inputs, values, args, ne, type):
         tensors = []
         for (in_type, in_ne), value in zip(inputs, values):
             t = base.ggml_new_tensor(ctx, int(in_type), 4, (ctypes.c_int64 * 4)(*in_ne))
-            data = np.ascontiguousarray(value.numpy().astype(_numpy_dtype(in_type)))
+            data = value.to(ggml.type_to_dtype(in_type)).contiguous().view(torch.uint8).numpy()
             ctypes.memmove(base.ggml_get_data(t), data.ctypes.data, data.nbytes)
             tensors.append(t)
         fn = getattr(base, "ggml_" + name)
@@ -341,3 +341,14 @@ def test_random_spec_matches_upstream_ggml(seed):
     while not _accepted(spec):
         spec = random_spec(rng)
     test_op_matches_upstream_ggml(*spec)
+
+
+
+def test_get_rel_pos_copies_bf16_bits_as_ggml():
+    """ggml copies a BF16 source's 16-bit values into the F16 result unchanged."""
+    if libggml()[0] is None:
+        pytest.skip(libggml()[1])
+    values = (torch.randn(1, 1, 9, 4, generator=torch.Generator().manual_seed(1)) * 0.01).bfloat16().double()
+    ours, out = run_in_torchggml("get_rel_pos", [(T.BF16, [4, 9, 1, 1])], [values], [(I, 5), (I, 5)])
+    theirs = run_in_ggml("get_rel_pos", [(T.BF16, [4, 9, 1, 1])], [values], [(I, 5), (I, 5)], out.ne, out.type)
+    assert out.type == T.F16 and torch.equal(ours, theirs)
