@@ -242,7 +242,13 @@ def _prune_row_configs(configs, named_args, **kwargs):
     return _prune_configs(configs, named_args, BLOCK_M=1)  # no tl.dot: any BLOCK_N
 
 
-@triton.autotune(configs=_matvec_configs(), key=["N", "K", "QTYPE", "SORTED"],
+def _mul_mat_id_configs():
+    if c.BUILT_FOR_INTERPRETER:  # the interpreter's cost is per program: few, wide ones
+        return [triton.Config({"BLOCK_N": 64, "BLOCK_K": 128})]
+    return _matvec_configs()
+
+
+@triton.autotune(configs=_mul_mat_id_configs(), key=["N", "K", "QTYPE", "SORTED"],
                  prune_configs_by={"early_config_prune": _prune_row_configs})
 @triton.heuristics(STEP_HEURISTICS)
 @triton.jit
