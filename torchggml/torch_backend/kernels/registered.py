@@ -142,7 +142,7 @@ def registered_entry(node: Tensor, device_type: str | None) -> KernelRegistratio
     """The registration that computes `node` on a device of this type, or None."""
     if device_type is None or _suspended:
         return None
-    for reg in _by_device.get(device_type, ()):
+    for reg in tuple(_by_device.get(device_type, ())):  # a snapshot: another thread may register
         if reg.takes(node):
             return reg
     return None
