@@ -103,15 +103,24 @@ def _bind_torch(op: Op, node):
     return binder(node) if binder is not None else None
 
 
+def _register_triton(op: Op, triton_ok, bind_triton):
+    """The GPU entry for op: `bind_triton(node)`'s Triton call for the nodes `triton_ok` takes
+    whose memory Triton runs on, else the reference table's kernel."""
+    def supports(node) -> bool:
+        return _torch_supports(op, node) or triton_ok(node)
+
+    def bind(node):
+        if not (triton_ok(node) and _on_triton_memory(node)):
+            return _bind_torch(op, node)
+        return bind_triton(node)
+    return _register_bound(op, supports, bind)
+
+
 # ---------------------------------------------------------------- MUL_MAT
 
 def _triton_mul_mat_shape_ok(node) -> bool:
     a, b = node.src[0], node.src[1]
     return is_float(b) and _triton_type_ok(a) and _triton_fn("mul_mat") is not None
-
-
-def _mul_mat_supports(node) -> bool:
-    return _torch_supports(Op.MUL_MAT, node) or _triton_mul_mat_shape_ok(node)
 
 
 def _triton_mul_mat(fn, qtype, blocks, vb, out, _node) -> None:
@@ -129,16 +138,14 @@ def _triton_mul_mat(fn, qtype, blocks, vb, out, _node) -> None:
                 dst.copy_(fn(qtype, blocks[i3 // r3, j2], x).view(dst.shape))
 
 
-def _bind_mul_mat(node):
-    """Triton or torch is chosen once per compiled node; views are bound, never values."""
-    if not (_triton_mul_mat_shape_ok(node) and _on_triton_memory(node)):
-        return _bind_torch(Op.MUL_MAT, node)
+def _bind_triton_mul_mat(node):
+    """Views are bound once per compiled node, never values."""
     a, b = node.src[0], node.src[1]
     # blocks uint8 [a3, a2, N, row_bytes], b F32/F16 [b3, b2, M, K], out F32 [b3, b2, M, N]
     return functools.partial(_triton_mul_mat, _triton_fn("mul_mat"), a.type, view(a), view(b), view(node))
 
 
-mul_mat = _register_bound(Op.MUL_MAT, _mul_mat_supports, _bind_mul_mat)
+mul_mat = _register_triton(Op.MUL_MAT, _triton_mul_mat_shape_ok, _bind_triton_mul_mat)
 
 
 # ---------------------------------------------------------------- GET_ROWS
@@ -147,10 +154,6 @@ def _triton_get_rows_shape_ok(node) -> bool:
     a, ids = node.src[0], node.src[1]
     return (ids.ne[1] == a.ne[2] and ids.ne[2] == a.ne[3] and ids.ne[3] == 1
             and is_float(node) and _triton_type_ok(a) and _triton_fn("get_rows") is not None)
-
-
-def _get_rows_supports(node) -> bool:
-    return _torch_supports(Op.GET_ROWS, node) or _triton_get_rows_shape_ok(node)
 
 
 def _check_ids_on_device(node, ids) -> None:
@@ -168,15 +171,13 @@ def _triton_get_rows(fn, qtype, blocks, vids, out, node) -> None:
             out[i2, i1].copy_(rows)
 
 
-def _bind_get_rows(node):
-    if not (_triton_get_rows_shape_ok(node) and _on_triton_memory(node)):
-        return _bind_torch(Op.GET_ROWS, node)
+def _bind_triton_get_rows(node):
     a, ids = node.src[0], node.src[1]
     # blocks uint8 [a3, a2, n_rows, row_bytes], ids [1, a3, a2, n], out [a3, a2, n, ne0]
     return functools.partial(_triton_get_rows, _triton_fn("get_rows"), a.type, view(a), view(ids), view(node))
 
 
-get_rows = _register_bound(Op.GET_ROWS, _get_rows_supports, _bind_get_rows)
+get_rows = _register_triton(Op.GET_ROWS, _triton_get_rows_shape_ok, _bind_triton_get_rows)
 
 
 # ---------------------------------------------------------------- MUL_MAT_ID
@@ -186,22 +187,16 @@ def _triton_mul_mat_id_shape_ok(node) -> bool:
     return is_float(b) and _triton_type_ok(a) and _triton_fn("mul_mat_id") is not None
 
 
-def _mul_mat_id_supports(node) -> bool:
-    return _torch_supports(Op.MUL_MAT_ID, node) or _triton_mul_mat_id_shape_ok(node)
-
-
 def _triton_mul_mat_id(fn, qtype, blocks, x, ids, out, node) -> None:
     _check_ids_on_device(node, ids)
     fn(qtype, blocks, x, ids, out=out, check_bounds=False)
 
 
-def _bind_mul_mat_id(node):
-    if not (_triton_mul_mat_id_shape_ok(node) and _on_triton_memory(node)):
-        return _bind_torch(Op.MUL_MAT_ID, node)
+def _bind_triton_mul_mat_id(node):
     a, b, ids = node.src[0], node.src[1], node.src[2]
     # ggml [K, N, n_expert] x [K, n_used|1, n_tokens] by ids [n_used, n_tokens] -> [N, n_used, n_tokens]
     return functools.partial(_triton_mul_mat_id, _triton_fn("mul_mat_id"), a.type, view(a)[0], view(b)[0],
                              view(ids)[0, 0], view(node)[0])
 
 
-mul_mat_id = _register_bound(Op.MUL_MAT_ID, _mul_mat_id_supports, _bind_mul_mat_id)
+mul_mat_id = _register_triton(Op.MUL_MAT_ID, _triton_mul_mat_id_shape_ok, _bind_triton_mul_mat_id)
