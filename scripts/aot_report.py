@@ -39,10 +39,11 @@ def _compile(job):
         return None, f"{spec.kernel} {spec.variant} {spec.config} sm_{arch}: {type(e).__name__}: {str(e)[:300]}"
 
 
-def run(types, archs, jobs: int = 1, kernels=None):
+def run(types, archs, jobs: int = 1, kernels=None, x_dtypes=("fp32", "bf16")):
     """(reports keyed by (spec, arch), compile errors); `kernels`: only these (names in aot.KERNELS)."""
     from triton_kernels import aot
-    work = [(spec, arch) for spec in aot.specs(types) for arch in archs if not kernels or spec.kernel in kernels]
+    work = [(spec, arch) for spec in aot.specs(types, x_dtypes) for arch in archs
+            if not kernels or spec.kernel in kernels]
     if jobs > 1:
         with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
             results = list(pool.map(_compile, work))
@@ -96,6 +97,8 @@ def main(argv=None) -> int:
     p.add_argument("--types", default=DEFAULT_TYPES, help=f"comma-separated ggml types, or 'all' (default {DEFAULT_TYPES})")
     p.add_argument("--arch", default="80,90", help="compute capabilities (default 80,90)")
     p.add_argument("--kernels", help="comma-separated kernel names (default: all of dequantize_rows, matvec, gemm, mul_mat_id)")
+    p.add_argument("--x-dtypes", default="fp32,bf16",
+                   help="activation dtypes of the matmul variants: fp32 (fp16 tensor cores), bf16 (default both)")
     p.add_argument("-j", "--jobs", type=int, default=1, help="compile in this many processes")
     p.add_argument("--markdown", action="store_true", help="markdown tables")
     p.add_argument("--summary-only", action="store_true", help="only the per-kernel maxima")
@@ -111,7 +114,8 @@ def main(argv=None) -> int:
     archs = [int(a) for a in args.arch.split(",")]
     types = parse_types(args.types)
     t0 = time.perf_counter()
-    reports, errors = run(types, archs, args.jobs, args.kernels.split(",") if args.kernels else None)
+    reports, errors = run(types, archs, args.jobs, args.kernels.split(",") if args.kernels else None,
+                          tuple(args.x_dtypes.split(",")))
     if not args.summary_only:
         print(table(reports, archs, args.markdown))
     print()

@@ -122,7 +122,7 @@ def _pruned(kernel, configs, **named):
     return prune(configs, named) if prune else configs
 
 
-def specs(types=(Type.Q4_0,)) -> list[Spec]:
+def specs(types=(Type.Q4_0,), x_dtypes=("fp32", "bf16")) -> list[Spec]:
     """Every kernel x variant x autotune config the wrappers launch for these weight types
     (the x dtypes fp32 and bf16 select the fp16 and bf16 tensor-core paths)."""
     out = []
@@ -136,6 +136,8 @@ def specs(types=(Type.Q4_0,)) -> list[Spec]:
                 out.append(_spec("dequantize_rows", f"{qtype.name} {'get_rows' if has_ids else 'dequantize'}",
                                  ptrs, dict(base, HAS_IDS=has_ids), cfg))
         for x_dtype, dot in (("fp32", matmul.DOT_F16), ("bf16", matmul.DOT_BF16)):
+            if x_dtype not in x_dtypes:
+                continue
             ptrs = {"w_ptr": "u8", "x_ptr": x_dtype, "out_ptr": "fp32"}
             kern = KERNELS["matvec"]
             for block_m in (1, matmul.MATVEC_MAX_M):
