@@ -282,6 +282,8 @@ def judge_case(c: OpCase, backend, cpu) -> tuple[bool, float, str]:
 
 
 def failure_message(c: OpCase, err: float, result: torch.Tensor, expected: torch.Tensor) -> str:
+    """"CASE: FAIL (nmse E > threshold T, max abs error D at ggml index [i0, i1, i2, i3] (got
+    g, expected e))": what a kernel developer needs to find the wrong element."""
     diff = (result.double() - expected.double().expand_as(result)).abs()
     where = ""
     if diff.numel():
