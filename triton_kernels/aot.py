@@ -143,15 +143,15 @@ def specs(types=(Type.Q4_0,), x_dtypes=("fp32", "bf16")) -> list[Spec]:
             for block_m in (1, matmul.MATVEC_MAX_M):
                 if block_m == 1 and x_dtype != "fp32":
                     continue  # M == 1 converts x to fp32 first: one variant covers both
-                for cfg in _pruned(kern, _configs(kern), BLOCK_M=block_m):
+                for cfg in _pruned(kern, _configs(kern), BLOCK_M=block_m, QTYPE=int(qtype)):
                     out.append(_spec("matvec", f"{qtype.name} M={'1' if block_m == 1 else '2..16'} x={x_dtype}",
                                      ptrs, dict(base, DOT=dot, BLOCK_M=block_m), cfg))
             kern = KERNELS["gemm"]
-            for cfg in _pruned(kern, _configs(kern)):
+            for cfg in _pruned(kern, _configs(kern), QTYPE=int(qtype)):
                 out.append(_spec("gemm", f"{qtype.name} x={x_dtype}", ptrs, dict(base, DOT=dot), cfg))
         kern = KERNELS["mul_mat_id"]
         ptrs = {"w_ptr": "u8", "x_ptr": "fp32", "ids_ptr": "i32", "order_ptr": "i64", "out_ptr": "fp32"}
-        for cfg in _pruned(kern, _configs(kern)):
+        for cfg in _pruned(kern, _configs(kern), QTYPE=int(qtype)):
             out.append(_spec("mul_mat_id", f"{qtype.name}", ptrs, dict(base, SORTED=True), cfg))
     return out
 

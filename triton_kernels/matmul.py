@@ -23,6 +23,10 @@ from .dequant import check_ids
 MATVEC_MAX_M = 16
 MAX_TILE_VALUES = 64 * 128  # decoded weight values per program and K step; more spill (ptxas, sm_90)
 MAX_DOT_K = 256  # tl.dot steps over more K spill with M = 16 (ptxas, sm_80 and sm_90; scripts/aot_report.py)
+# decoders that need the most registers: their tiles stay smaller (scripts/aot_report.py found
+# 8-byte spills at 4096 decoded values per dot step and 8192 per matvec step)
+HEAVY_DECODERS = frozenset({int(Type.Q3_K), int(Type.Q5_K), int(Type.TQ1_0)})
+MAX_TILE_VALUES_HEAVY = 4096
 
 # tl.dot operand dtypes (a constexpr code: dtypes are not portable constexprs across versions)
 DOT_F16, DOT_BF16, DOT_F32 = 0, 1, 2
@@ -57,9 +61,11 @@ def _prune_configs(configs, named_args, **kwargs):
     BLOCK_N >= 16 (matvec with M > 1, gemm) and spills past MAX_DOT_K; a tile of more than
     MAX_TILE_VALUES decoded weights would spill."""
     uses_dot = kwargs.get("BLOCK_M", named_args.get("BLOCK_M", 16)) > 1
+    heavy = kwargs.get("QTYPE", named_args.get("QTYPE")) in HEAVY_DECODERS
+    max_tile = MAX_TILE_VALUES_HEAVY - (1 if uses_dot else 0) if heavy else MAX_TILE_VALUES
     kept = [cfg for cfg in configs
             if (not uses_dot or (cfg.kwargs["BLOCK_N"] >= 16 and cfg.kwargs["BLOCK_K"] <= MAX_DOT_K))
-            and cfg.kwargs["BLOCK_N"] * cfg.kwargs["BLOCK_K"] <= MAX_TILE_VALUES]
+            and cfg.kwargs["BLOCK_N"] * cfg.kwargs["BLOCK_K"] <= max_tile]
     return kept or [min(configs, key=lambda cfg: cfg.kwargs["BLOCK_N"] * cfg.kwargs["BLOCK_K"])]
 
 
@@ -239,7 +245,7 @@ def _gemm(qtype: Type, blocks, x, out, dot: int):
 # device, so nothing waits for the host (CUDA-graph capturable)
 
 def _prune_row_configs(configs, named_args, **kwargs):
-    return _prune_configs(configs, named_args, BLOCK_M=1)  # no tl.dot: any BLOCK_N
+    return _prune_configs(configs, named_args, **{**kwargs, "BLOCK_M": 1})  # no tl.dot: any BLOCK_N
 
 
 def _mul_mat_id_configs():
