@@ -12,7 +12,9 @@ from .attention import *  # noqa: F401,F403
 from .rope import *  # noqa: F401,F403
 from .rows import *  # noqa: F401,F403
 from .custom import *  # noqa: F401,F403
+from . import recurrent as _recurrent
+from .recurrent import *  # noqa: F401,F403
 
 __all__ = [name for family in (_views, _elementwise, _reduce, _shape, _norm, _matmul, _attention, _rope, _rows,
                                _custom)
-           for name in family.__all__]
+           for name in family.__all__] + _recurrent.__all__

@@ -8,6 +8,8 @@ from . import attention, binary, copy, glu, math, matmul, norm, reduce, rope, ro
 from .table import OpCase
 
 FAMILIES = (attention, binary, copy, glu, math, matmul, norm, reduce, rope, rows, shape, unary)
+from . import recurrent  # noqa: E402
+FAMILIES += (recurrent,)
 
 
 def all_cases() -> list[OpCase]:
