@@ -14,6 +14,7 @@ import torch
 
 from torchggml.models import load_model
 from torchggml.gguf_writer.tiny import CASES_BY_NAME, file_sha256, write_tiny_model
+from torchggml.gguf_writer.tiny_recurrent import RECURRENT_ARCHS
 from torchggml.torch_backend.cpu_quant.features import cpu_path
 
 DATA = Path(__file__).resolve().parent / "data" / "archs"
@@ -116,4 +117,27 @@ def test_module_forward_matches_eval(key, model_dir):
     with torch.no_grad():
         ours = model.as_module()(tokens)
     assert rel_err(ours.numpy(), model.eval(tokens).numpy()) < 1e-5
+    model.close()
+
+
+# recurrent and hybrid models: two sequences of different lengths in one eval_batch (micro-batches
+# of equal shares of each sequence, each continuing its own recurrent state), and the shorter one
+# extended by decode steps afterwards; each must give llama.cpp's single-sequence logits
+RECURRENT_KEYS = sorted(k for k, e in MANIFEST.items() if e["arch"] in RECURRENT_ARCHS)
+
+
+@pytest.mark.parametrize("key", RECURRENT_KEYS)
+def test_recurrent_two_sequences_in_one_batch(key, model_dir):
+    entry = MANIFEST[key]
+    ref = np.load(DATA / entry["logits"])
+    tokens, n = entry["tokens"], 9
+    model = load_model(tiny_model_path(key, entry, model_dir), n_ctx=entry["n_ctx"], progress=False, n_batch=8)
+    first, second = model.eval_batch([tokens, tokens[:n]], seq_ids=[3, 1])
+    check(first, ref, entry, f"{key} sequence 3 of 2 (micro-batches of 8)")
+    check(second, ref[:n], entry, f"{key} sequence 1 of 2")
+    rest = torch.cat([model.eval([t], seq_id=1) for t in tokens[n:n + 4]])
+    check(rest, ref[n:n + 4], entry, f"{key} sequence 1 continued by decode steps")
+    model.reset(3)  # the other sequence keeps its state
+    check(model.eval(tokens[n + 4:], seq_id=1), ref[n + 4:], entry, f"{key} sequence 1 after reset(3)")
+    check(model.eval(tokens[:n], seq_id=3), ref[:n], entry, f"{key} sequence 3 again from zero states")
     model.close()

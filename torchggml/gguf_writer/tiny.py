@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from .demo import write_tensors
+from . import tiny_recurrent
 
 TINY_SEED = 20241123
 
@@ -82,11 +83,20 @@ TINY_CASES = [
     _case("command-r", "command-r", ["layernorm", "parallel", "tied"], metadata=(("logit_scale", 0.5),)),
 ]
 
+# recurrent and hybrid architectures (their tensors: tiny_recurrent.py)
+_SSM = (("ssm.conv_kernel", 4), ("ssm.inner_size", 128), ("ssm.state_size", 16))
+TINY_CASES += [
+    _case("mamba", "mamba", n_head=0, n_head_kv=0, metadata=_SSM + (("ssm.time_step_rank", 4),)),
+    _case("mamba2", "mamba2", n_head=0, n_head_kv=0, metadata=_SSM + (("ssm.time_step_rank", 8), ("ssm.group_count", 2))),
+]
+
 CASES_BY_NAME = {c.name: c for c in TINY_CASES}
 
 
 def _tensors(case: TinyCase, gen: torch.Generator) -> dict[str, np.ndarray]:
     """Weights (numpy, torch order) with scales that keep activations O(1)."""
+    if case.arch in tiny_recurrent.RECURRENT_ARCHS:
+        return {k: t.float().numpy() for k, t in tiny_recurrent.recurrent_tensors(case, gen).items()}
     f = case.features
     e, hd, v = case.n_embd, case.head_dim, case.n_vocab
     q_dim, kv_dim = hd * case.n_head, hd * case.n_head_kv
@@ -200,8 +210,10 @@ def write_tiny_model(path, case: TinyCase | str, weight_type: str = "F32") -> st
         _add_key(w, f"{a}.{key}", value)
     w.add_tokenizer_model("none")
     mxfp4 = qtype == gguf.GGMLQuantizationType.MXFP4
+    recurrent = case.arch in tiny_recurrent.RECURRENT_ARCHS
     write_tensors(w, _tensors(case, gen), qtype,
-                  keep_f32=lambda name, data: name.endswith(".bias") or (mxfp4 and data.ndim != 3))
+                  keep_f32=lambda name, data: name.endswith(".bias") or (mxfp4 and data.ndim != 3)
+                  or (recurrent and tiny_recurrent.keep_f32(name, data)))
     return path
 
 

@@ -214,8 +214,8 @@ class Arch:
 class ModelGraph:
     graph: CGraph
     tokens: Tensor       # I32 [n_tokens]
-    positions: Tensor    # I32 [n_tokens]
-    kv_idx: Tensor       # I64 [n_tokens]: the cache cell of each token
+    positions: Tensor | None  # I32 [n_tokens] (None: the graph reads no positions)
+    kv_idx: Tensor | None     # I64 [n_tokens]: the cache cell of each token (None: no KV cache)
     masks: dict          # window (0: causal only) -> F16 [n_kv, n_tokens] mask input
     logits: Tensor | None  # F32 [n_vocab, n_outputs]; None when n_outputs is 0
     position_inputs: list  # (tensor, fn(positions) -> torch values): inputs that depend on positions
@@ -223,6 +223,8 @@ class ModelGraph:
     n_kv: int
     n_outputs: int
     out_ids: Tensor | None  # I32 [n_outputs]: the tokens whose logits are computed (None: all of them)
+    n_seqs: int = 1         # sequences of the micro-batch (recurrent layers group tokens by them)
+    s_ids: Tensor | None = None  # I32 [n_seqs]: the recurrent state slot of each sequence
 
 
 def graph_size(hp: HParams) -> int:
@@ -243,11 +245,18 @@ class GraphBuilder:
     the KV cache writes: only the cache is needed from it."""
 
     def __init__(self, ctx, hp: HParams, kv: KVCache, n_tokens: int, n_kv: int, flash_attn: bool = False,
-                 n_outputs: int | None = None):
+                 n_outputs: int | None = None, n_seqs: int = 1):
         n_outputs = n_tokens if n_outputs is None else int(n_outputs)
         if not 0 <= n_outputs <= n_tokens:
             raise ValueError(f"graph: n_outputs={n_outputs} must lie in [0, n_tokens={n_tokens}]")
+        if n_seqs < 1 or n_tokens % n_seqs:
+            raise ValueError(f"graph: n_tokens={n_tokens} must split evenly into n_seqs={n_seqs} sequences")
         self.ctx, self.hp, self.kv = ctx, hp, kv
+        # recurrent layers: the micro-batch as [n_seq_tokens, n_seqs], each sequence's state slot,
+        # and the state writes (set_rows into the memory), which no later node reads
+        self.n_seqs, self.n_seq_tokens = n_seqs, n_tokens // n_seqs
+        self.s_ids = self._input(Type.I32, n_seqs, name="inp_s_ids") if kv.recurrent is not None else None
+        self.state_writes: list[Tensor] = []
         self.n_tokens, self.n_kv, self.flash_attn, self.n_outputs = n_tokens, n_kv, flash_attn, n_outputs
         self.tokens = self._input(Type.I32, n_tokens, name="inp_tokens")
         self.positions = self._input(Type.I32, n_tokens, name="inp_pos")
@@ -267,6 +276,8 @@ class GraphBuilder:
 
     def finish(self, logits: Tensor) -> ModelGraph:
         graph = new_graph_custom(self.ctx, graph_size(self.hp))
+        for write in self.state_writes:
+            build_forward_expand(graph, write)
         if self.n_outputs == 0:
             for view in self.cache_views:  # the writes, and what they depend on
                 build_forward_expand(graph, view)
@@ -278,8 +289,10 @@ class GraphBuilder:
         # inputs only the omitted part reads (the last layer's own window mask) are not in the graph
         masks = {w: m for w, m in self.masks.items() if id(m) in graph.visited}
         position_inputs = [(t, fn) for t, fn in self.position_inputs if id(t) in graph.visited]
-        return ModelGraph(graph, self.tokens, self.positions, self.kv_idx, masks, logits,
-                          position_inputs, self.n_tokens, self.n_kv, self.n_outputs, self.out_ids)
+        used = lambda t: t if t is not None and id(t) in graph.visited else None  # noqa: E731
+        return ModelGraph(graph, self.tokens, used(self.positions), used(self.kv_idx), masks, logits,
+                          position_inputs, self.n_tokens, self.n_kv, self.n_outputs, self.out_ids,
+                          self.n_seqs, used(self.s_ids))
 
     def output_rows(self, il: int, *xs: Tensor) -> tuple[Tensor, ...]:
         """In the last layer (il), after attention: the rows of `xs` ([n, n_tokens] each: the

@@ -32,6 +32,8 @@ class ModelParams:
         CPU, NCCL on CUDA). Replaces devices/n_gpu_layers/tensor_split.
     check_tensors: check every weight's values (and quantized blocks' scales) for NaN/inf on
         load, as llama.cpp's --check-tensors: GGUFError naming the tensor (reads all weights).
+    n_seq_max: sequences the recurrent state of recurrent and hybrid models holds at once (one
+        state slot each, per recurrent layer).
     """
     devices: object = None
     n_gpu_layers: int | None = None
@@ -46,6 +48,7 @@ class ModelParams:
     repack: bool = True
     check_tensors: bool = False
     tensor_parallel: object = None
+    n_seq_max: int = 4
 
     def __post_init__(self):
         if self.n_ctx is not None and int(self.n_ctx) < 0:
