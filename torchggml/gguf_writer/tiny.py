@@ -88,6 +88,16 @@ _SSM = (("ssm.conv_kernel", 4), ("ssm.inner_size", 128), ("ssm.state_size", 16))
 TINY_CASES += [
     _case("mamba", "mamba", n_head=0, n_head_kv=0, metadata=_SSM + (("ssm.time_step_rank", 4),)),
     _case("mamba2", "mamba2", n_head=0, n_head_kv=0, metadata=_SSM + (("ssm.time_step_rank", 8), ("ssm.group_count", 2))),
+    _case("jamba", "jamba", [], n_layer=3, n_expert=4, n_expert_used=2, metadata=_SSM + (
+        ("ssm.time_step_rank", 8), ("attention.head_count_kv", (0, 2, 0)))),
+    _case("granitehybrid", "granitehybrid", ["moe", "shexp"], n_layer=3, n_expert=4, n_expert_used=2, metadata=_SSM + (
+        ("ssm.time_step_rank", 8), ("ssm.group_count", 2), ("attention.head_count_kv", (0, 2, 0)),
+        ("expert_shared_feed_forward_length", 64), ("embedding_scale", 2.0), ("residual_scale", 0.5),
+        ("logit_scale", 4.0), ("attention.scale", 0.2))),
+    _case("nemotron_h", "nemotron_h", n_layer=4, metadata=_SSM + (
+        ("ssm.time_step_rank", 8), ("ssm.group_count", 2), ("attention.head_count_kv", (0, 2, 0, 0)),
+        ("feed_forward_length", (0, 0, 128, 0)), ("attention.layer_norm_epsilon", 1e-5))),
+    _case("falcon-h1", "falcon-h1", metadata=_SSM + (("ssm.time_step_rank", 8), ("ssm.group_count", 1))),
 ]
 
 CASES_BY_NAME = {c.name: c for c in TINY_CASES}

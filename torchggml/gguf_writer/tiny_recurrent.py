@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-RECURRENT_ARCHS = ("mamba", "mamba2")
+RECURRENT_ARCHS = ("mamba", "mamba2", "jamba", "granitehybrid", "nemotron_h", "falcon-h1")
 
 # written as F32 whatever the weight type (the ops read them as F32; llama.cpp's quantizer keeps
 # them too): convolutions, decays, skip weights, norms
@@ -23,9 +23,29 @@ def keep_f32(name: str, data: np.ndarray) -> bool:
     return name.endswith(F32_SUFFIXES) or data.shape[-1] % 32 != 0
 
 
+def layer_kinds(case) -> list[str]:
+    """Per layer, what it holds as llama.cpp decides from the keys: "m" a Mamba mixer, "a"
+    attention, "f" only an FFN (nemotron_h), "ma" both mixers side by side (falcon-h1)."""
+    meta, n = dict(case.metadata), case.n_layer
+
+    def per(key, default):
+        value = meta.get(key, default)
+        return list(value) if isinstance(value, tuple) else [value] * n
+
+    kv, ff = per("attention.head_count_kv", case.n_head_kv), per("feed_forward_length", case.n_ff)
+    if case.arch in ("mamba", "mamba2"):
+        return ["m"] * n
+    if case.arch == "falcon-h1":
+        return ["ma"] * n
+    if case.arch == "nemotron_h":
+        return ["m" if kv[i] == 0 and ff[i] == 0 else "a" if ff[i] == 0 else "f" for i in range(n)]
+    return ["m" if kv[i] == 0 else "a" for i in range(n)]
+
+
 def recurrent_tensors(case, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    meta = dict(case.metadata)
-    e, v = case.n_embd, case.n_vocab
+    meta, f = dict(case.metadata), case.features
+    e, v, hd = case.n_embd, case.n_vocab, case.head_dim
+    mamba1 = case.arch in ("mamba", "jamba")
 
     def mat(*shape):
         return torch.randn(*shape, generator=gen) / shape[-1] ** 0.5
@@ -34,13 +54,41 @@ def recurrent_tensors(case, gen: torch.Generator) -> dict[str, torch.Tensor]:
         return mean + std * torch.randn(n, generator=gen)
 
     w = {"token_embd.weight": torch.randn(v, e, generator=gen)}
-    for il in range(case.n_layer):
+    for il, kind in enumerate(layer_kinds(case)):
         p = f"blk.{il}."
         w[p + "attn_norm.weight"] = vec(e, 1.0)
-        if case.arch == "mamba":
-            w.update(_mamba(p, meta, e, mat, vec, gen))
-        elif case.arch == "mamba2":
-            w.update(_mamba2(p, meta, e, mat, vec, gen))
+        if "a" in kind:
+            n_kv = max(meta.get("attention.head_count_kv", case.n_head_kv)) if isinstance(
+                meta.get("attention.head_count_kv"), tuple) else case.n_head_kv
+            w[p + "attn_q.weight"] = mat(hd * case.n_head, e)
+            w[p + "attn_k.weight"] = mat(hd * n_kv, e)
+            w[p + "attn_v.weight"] = mat(hd * n_kv, e)
+            w[p + "attn_output.weight"] = mat(e, hd * case.n_head)
+        if "m" in kind:
+            w.update((_mamba if mamba1 else _mamba2)(p, meta, e, mat, vec, gen))
+            if case.arch == "jamba":
+                dt_rank, d_state = meta["ssm.time_step_rank"], meta["ssm.state_size"]
+                w[p + "ssm_dt_norm.weight"] = vec(dt_rank, 1.0)
+                w[p + "ssm_b_norm.weight"], w[p + "ssm_c_norm.weight"] = vec(d_state, 1.0), vec(d_state, 1.0)
+        if case.arch == "nemotron_h":
+            if kind == "f":
+                n_ff = meta["feed_forward_length"][il]
+                w[p + "ffn_up.weight"], w[p + "ffn_down.weight"] = mat(n_ff, e), mat(e, n_ff)
+        elif case.arch not in ("mamba", "mamba2"):
+            w[p + ("ffn_norm" if case.arch == "falcon-h1" else "ffn_norm.weight")] = vec(e, 1.0)
+            if "moe" in f or ("moe_odd" in f and il % 2):
+                n, ff = case.n_expert, case.n_ff
+                w[p + "ffn_gate_inp.weight"] = mat(n, e) * 4.0
+                w[p + "ffn_gate_exps.weight"] = mat(n, ff, e)
+                w[p + "ffn_up_exps.weight"] = mat(n, ff, e)
+                w[p + "ffn_down_exps.weight"] = mat(n, e, ff)
+                if "shexp" in f:
+                    sh = meta["expert_shared_feed_forward_length"]
+                    w[p + "ffn_gate_shexp.weight"], w[p + "ffn_up_shexp.weight"] = mat(sh, e), mat(sh, e)
+                    w[p + "ffn_down_shexp.weight"] = mat(e, sh)
+            else:
+                w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"] = mat(case.n_ff, e), mat(case.n_ff, e)
+                w[p + "ffn_down.weight"] = mat(e, case.n_ff)
     w["output_norm.weight"] = vec(e, 1.0)
     w["output.weight"] = mat(v, e)
     return w

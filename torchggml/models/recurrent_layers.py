@@ -60,6 +60,43 @@ class RecurrentArch(Arch):
         return hp.ssm.d_state * hp.ssm.d_inner
 
 
+def per_layer(keys: KeyReader, suffix: str, n_layer: int, default: int) -> list[int]:
+    """A key that may be one value or one per layer, as a list per layer."""
+    value = keys.get_list(suffix)
+    if isinstance(value, list):
+        if len(value) != n_layer:
+            from ..gguf import GGUFError
+            raise GGUFError(f"{keys.f.path}: {keys.arch}.{suffix} has {len(value)} entries for {n_layer} layers")
+        return [int(v) for v in value]
+    return [int(default)] * n_layer
+
+
+class HybridArch(RecurrentArch):
+    """Attention layers beside Mamba layers: a layer is recurrent when its attention.head_count_kv
+    is 0 (llama.cpp's rule for jamba and granitehybrid); the KV cache holds the others."""
+    memory = "hybrid"
+    per_layer_keys = ("attention.head_count_kv", "feed_forward_length")
+    mamba2 = True
+
+    def read_hparams(self, hp, keys):
+        read_ssm(hp, keys, self.mamba2)
+        hp.layer_n_head_kv = per_layer(keys, "attention.head_count_kv", hp.n_layer, hp.n_head_kv)
+        hp.layer_n_ff = per_layer(keys, "feed_forward_length", hp.n_layer, hp.n_ff)
+
+    def is_recurrent(self, hp, il):
+        return hp.layer_n_head_kv[il] == 0
+
+    def has_attention(self, hp, il):
+        return hp.layer_n_head_kv[il] > 0
+
+
+def attention_no_rope(b: GraphBuilder, il: int, h: Tensor, layer) -> Tensor:
+    """Attention without rotary positions (jamba, nemotron_h), scaled by attention.scale or
+    1/sqrt(head_dim)."""
+    q, k, v = b.qkv(h, layer)
+    return b.attention(il, q, k, v, layer.attn_output, layer.attn_output_b)
+
+
 # ---------------------------------------------------------------- the state rows
 
 def read_states(b: GraphBuilder, states: Tensor) -> Tensor:
@@ -162,7 +199,7 @@ def load_mamba2(L: LayerLoader, hp: HParams, norm: bool = True) -> None:
     n_head = s.dt_rank
     L.weight("ssm_in", [e, s.d_inner + s.conv_channels + n_head])
     L.weight("ssm_conv1d", [s.d_conv, s.conv_channels])
-    L.bias("ssm_conv1d", [s.conv_channels], required=True)
+    L.bias("ssm_conv1d", [s.conv_channels])
     L.bias("ssm_dt", [n_head], required=True)
     _no_suffix(L, "ssm_a", [1, n_head])
     _no_suffix(L, "ssm_d", [1, n_head])
