@@ -98,6 +98,7 @@ TINY_CASES += [
         ("ssm.time_step_rank", 8), ("ssm.group_count", 2), ("attention.head_count_kv", (0, 2, 0, 0)),
         ("feed_forward_length", (0, 0, 128, 0)), ("attention.layer_norm_epsilon", 1e-5))),
     _case("falcon-h1", "falcon-h1", metadata=_SSM + (("ssm.time_step_rank", 8), ("ssm.group_count", 1))),
+    _case("lfm2", "lfm2", n_layer=3, metadata=(("shortconv.l_cache", 3), ("attention.head_count_kv", (0, 2, 0)))),
 ]
 
 CASES_BY_NAME = {c.name: c for c in TINY_CASES}

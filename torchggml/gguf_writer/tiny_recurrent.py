@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-RECURRENT_ARCHS = ("mamba", "mamba2", "jamba", "granitehybrid", "nemotron_h", "falcon-h1")
+RECURRENT_ARCHS = ("mamba", "mamba2", "jamba", "granitehybrid", "nemotron_h", "falcon-h1", "lfm2")
 
 # written as F32 whatever the weight type (the ops read them as F32; llama.cpp's quantizer keeps
 # them too): convolutions, decays, skip weights, norms
-F32_SUFFIXES = ("ssm_conv1d.weight", ".ssm_a", ".ssm_d", "norm.weight")
+F32_SUFFIXES = ("ssm_conv1d.weight", ".ssm_a", ".ssm_d", "norm.weight", "shortconv.conv.weight")
 
 
 def keep_f32(name: str, data: np.ndarray) -> bool:
@@ -64,7 +64,14 @@ def recurrent_tensors(case, gen: torch.Generator) -> dict[str, torch.Tensor]:
             w[p + "attn_k.weight"] = mat(hd * n_kv, e)
             w[p + "attn_v.weight"] = mat(hd * n_kv, e)
             w[p + "attn_output.weight"] = mat(e, hd * case.n_head)
-        if "m" in kind:
+        if "a" in kind and case.arch == "lfm2":
+            w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = vec(hd, 1.0), vec(hd, 1.0)
+        if "m" in kind and case.arch == "lfm2":
+            l_cache = meta["shortconv.l_cache"]
+            w[p + "shortconv.conv.weight"] = mat(e, l_cache)
+            w[p + "shortconv.in_proj.weight"] = mat(3 * e, e)
+            w[p + "shortconv.out_proj.weight"] = mat(e, e)
+        elif "m" in kind:
             w.update((_mamba if mamba1 else _mamba2)(p, meta, e, mat, vec, gen))
             if case.arch == "jamba":
                 dt_rank, d_state = meta["ssm.time_step_rank"], meta["ssm.state_size"]
@@ -89,7 +96,7 @@ def recurrent_tensors(case, gen: torch.Generator) -> dict[str, torch.Tensor]:
             else:
                 w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"] = mat(case.n_ff, e), mat(case.n_ff, e)
                 w[p + "ffn_down.weight"] = mat(e, case.n_ff)
-    w["output_norm.weight"] = vec(e, 1.0)
+    w["token_embd_norm.weight" if case.arch == "lfm2" else "output_norm.weight"] = vec(e, 1.0)
     w["output.weight"] = mat(v, e)
     return w
 

@@ -70,9 +70,10 @@ class RecurrentState:
         for il in self.layers:
             buft = bufts[il]
             _, ctx = ctxs.setdefault(id(buft), (buft, Context(no_alloc=True)))
-            if n_embd_r:
+            if n_embd_r:  # (a layer may keep only one of the two: LFM2's short convolution has no s)
                 self.r[il] = set_name(new_tensor_2d(ctx, Type.F32, n_embd_r, n_seq_max), f"cache_r_l{il}")
-            self.s[il] = set_name(new_tensor_2d(ctx, Type.F32, n_embd_s, n_seq_max), f"cache_s_l{il}")
+            if n_embd_s:
+                self.s[il] = set_name(new_tensor_2d(ctx, Type.F32, n_embd_s, n_seq_max), f"cache_s_l{il}")
         for buft, ctx in ctxs.values():
             buffer = backend_alloc_ctx_tensors_from_buft(ctx, buft)
             backend_buffer_clear(buffer, 0)
