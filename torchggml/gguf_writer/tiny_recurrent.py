@@ -11,16 +11,21 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-RECURRENT_ARCHS = ("mamba", "mamba2", "jamba", "granitehybrid", "nemotron_h", "falcon-h1", "lfm2")
+RECURRENT_ARCHS = ("mamba", "mamba2", "jamba", "granitehybrid", "nemotron_h", "falcon-h1", "lfm2", "rwkv6")
 
 # written as F32 whatever the weight type (the ops read them as F32; llama.cpp's quantizer keeps
 # them too): convolutions, decays, skip weights, norms
 F32_SUFFIXES = ("ssm_conv1d.weight", ".ssm_a", ".ssm_d", "norm.weight", "shortconv.conv.weight")
 
 
+# RWKV's lerps, bonus, decay and low-rank mixers
+F32_PARTS = ("lerp", "time_mix_first", "time_mix_decay", "time_mix_w", "time_mix_a", "time_mix_v0", "time_mix_v1",
+             "time_mix_v2", "time_mix_g", "time_mix_k_", "time_mix_r_k")
+
+
 def keep_f32(name: str, data: np.ndarray) -> bool:
     """Recurrent tensors that stay F32, and rows no 32-value block divides."""
-    return name.endswith(F32_SUFFIXES) or data.shape[-1] % 32 != 0
+    return name.endswith(F32_SUFFIXES) or any(p in name for p in F32_PARTS) or data.shape[-1] % 32 != 0
 
 
 def layer_kinds(case) -> list[str]:
@@ -54,6 +59,8 @@ def recurrent_tensors(case, gen: torch.Generator) -> dict[str, torch.Tensor]:
         return mean + std * torch.randn(n, generator=gen)
 
     w = {"token_embd.weight": torch.randn(v, e, generator=gen)}
+    if case.arch == "rwkv6":
+        return {**w, **_rwkv6(case, meta, mat, vec, gen)}
     for il, kind in enumerate(layer_kinds(case)):
         p = f"blk.{il}."
         w[p + "attn_norm.weight"] = vec(e, 1.0)
@@ -131,3 +138,34 @@ def _mamba2(p, meta, e, mat, vec, gen):
         p + "ssm_norm.weight": vec(d_inner, 1.0).reshape(n_group, d_inner // n_group),
         p + "ssm_out.weight": mat(e, d_inner),
     }
+
+
+def _rwkv6(case, meta, mat, vec, gen):
+    e, ff, S = case.n_embd, case.n_ff, meta["wkv.head_size"]
+    x_dim, d_dim = meta["time_mix_extra_dim"], meta["time_decay_extra_dim"]
+
+    def lerp(*shape):
+        return torch.rand(*shape, generator=gen)
+
+    w = {"token_embd_norm.weight": vec(e, 1.0), "token_embd_norm.bias": vec(e)}
+    for il in range(case.n_layer):
+        p = f"blk.{il}."
+        for name in ("attn_norm", "attn_norm_2", "time_mix_ln"):
+            w[p + name + ".weight"], w[p + name + ".bias"] = vec(e, 1.0), vec(e)
+        w[p + "time_mix_w1.weight"] = mat(5 * x_dim, e) * 0.5
+        w[p + "time_mix_w2.weight"] = mat(5, e, x_dim) * 0.5
+        w[p + "time_mix_lerp_x.weight"] = lerp(1, 1, e)
+        w[p + "time_mix_lerp_fused.weight"] = lerp(5, 1, 1, e)
+        w[p + "time_mix_first.weight"] = vec(e, 0.0, 0.5).reshape(e // S, S)
+        w[p + "time_mix_decay.weight"] = vec(e, -1.0, 0.5)
+        w[p + "time_mix_decay_w1.weight"] = mat(d_dim, e) * 0.5
+        w[p + "time_mix_decay_w2.weight"] = mat(e, d_dim) * 0.5
+        for name in ("key", "value", "receptance", "gate", "output"):
+            w[p + f"time_mix_{name}.weight"] = mat(e, e)
+        w[p + "channel_mix_lerp_k.weight"], w[p + "channel_mix_lerp_r.weight"] = lerp(1, 1, e), lerp(1, 1, e)
+        w[p + "channel_mix_key.weight"] = mat(ff, e)
+        w[p + "channel_mix_value.weight"] = mat(e, ff)
+        w[p + "channel_mix_receptance.weight"] = mat(e, e)
+    w["output_norm.weight"], w["output_norm.bias"] = vec(e, 1.0), vec(e)
+    w["output.weight"] = mat(case.n_vocab, e)
+    return w

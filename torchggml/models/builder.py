@@ -102,8 +102,10 @@ MATMUL_WEIGHTS = tuple(f"{n}.weight" for n in (
     "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
     "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"))
 # the recurrent layers' projections (recurrent_layers.py), read only by MUL_MAT too
-MATMUL_WEIGHTS += tuple(f"{n}.weight" for n in ("ssm_in", "ssm_x", "ssm_dt", "ssm_out", "shortconv.in_proj",
-                                                 "shortconv.out_proj"))
+MATMUL_WEIGHTS += tuple(f"{n}.weight" for n in (
+    "ssm_in", "ssm_x", "ssm_dt", "ssm_out", "shortconv.in_proj", "shortconv.out_proj", "time_mix_key", "time_mix_value",
+    "time_mix_receptance", "time_mix_gate", "time_mix_output", "channel_mix_key", "channel_mix_value",
+    "channel_mix_receptance"))
 
 
 def is_matmul_weight(name: str) -> bool:

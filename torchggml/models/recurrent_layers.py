@@ -125,6 +125,38 @@ def causal_conv(b: GraphBuilder, il: int, x: Tensor, weight: Tensor, bias: Tenso
     return out if bias is None else ops.add(ctx, out, bias)
 
 
+# ---------------------------------------------------------------- RWKV's token shift
+
+def token_shift_load(b: GraphBuilder, il: int, count: int) -> list[Tensor]:
+    """Layer il's r state as `count` rows [n_embd, 1, n_seqs]: the last normed input of each
+    mixer (time mix, channel mix) of the sequence's previous micro-batch."""
+    ctx, e = b.ctx, b.hp.n_embd
+    shift = ops.reshape_3d(ctx, read_states(b, b.kv.recurrent.r[il]), e, count, b.n_seqs)
+    return [ops.view_3d(ctx, shift, e, 1, b.n_seqs, shift.nb[1], shift.nb[2], i * e * shift.nb[0])
+            for i in range(count)]
+
+
+def previous_tokens(b: GraphBuilder, shift: Tensor, x: Tensor) -> Tensor:
+    """Each token's predecessor [n_embd, n_seq_tokens, n_seqs]: the stored row for the first."""
+    if b.n_seq_tokens == 1:
+        return shift
+    ctx = b.ctx
+    head = ops.view_3d(ctx, x, x.ne[0], b.n_seq_tokens - 1, b.n_seqs, x.nb[1], x.nb[2], 0)
+    return ops.concat(ctx, shift, head, 1)
+
+
+def last_token(b: GraphBuilder, x: Tensor) -> Tensor:
+    return ops.view_3d(b.ctx, x, x.ne[0], 1, b.n_seqs, x.nb[1], x.nb[2], (b.n_seq_tokens - 1) * x.nb[1])
+
+
+def token_shift_store(b: GraphBuilder, il: int, *xs: Tensor) -> None:
+    """Keep the last token of each of xs ([n_embd, n_seq_tokens, n_seqs]) as layer il's r state."""
+    rows = last_token(b, xs[0])
+    for x in xs[1:]:
+        rows = ops.concat(b.ctx, rows, last_token(b, x), 1)
+    write_states(b, b.kv.recurrent.r[il], rows)
+
+
 # ---------------------------------------------------------------- Mamba
 
 def load_mamba(L: LayerLoader, hp: HParams) -> None:
