@@ -139,7 +139,7 @@ def token_shift_load(b: GraphBuilder, il: int, count: int) -> list[Tensor]:
 def previous_tokens(b: GraphBuilder, shift: Tensor, x: Tensor) -> Tensor:
     """Each token's predecessor [n_embd, n_seq_tokens, n_seqs]: the stored row for the first."""
     if b.n_seq_tokens == 1:
-        return shift
+        return ops.cont(b.ctx, shift)  # (a view of the r rows, strided when n_seqs > 1)
     ctx = b.ctx
     head = ops.view_3d(ctx, x, x.ne[0], b.n_seq_tokens - 1, b.n_seqs, x.nb[1], x.nb[2], 0)
     return ops.concat(ctx, shift, head, 1)
