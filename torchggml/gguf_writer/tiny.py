@@ -102,6 +102,11 @@ TINY_CASES += [
     _case("rwkv6", "rwkv6", ["layernorm"], n_head=0, n_head_kv=0, metadata=(
         ("wkv.head_size", 16), ("time_mix_extra_dim", 32), ("time_decay_extra_dim", 32),
         ("rescale_every_n_layers", 2), ("token_shift_count", 2))),
+    # head size 64: ggml's vectorized WKV7 reads whole 64-value vectors (AVX512: 16 x 4) of every row, so
+    # llama.cpp is only right for head sizes that are multiples of that, as RWKV-7's 64
+    _case("rwkv7", "rwkv7", ["layernorm"], n_head=0, n_head_kv=0, n_embd=128, n_ff=256, metadata=(
+        ("wkv.head_size", 64), ("attention.decay_lora_rank", 32), ("attention.iclr_lora_rank", 32),
+        ("attention.value_residual_mix_lora_rank", 32), ("attention.gate_lora_rank", 32), ("token_shift_count", 2))),
 ]
 
 CASES_BY_NAME = {c.name: c for c in TINY_CASES}

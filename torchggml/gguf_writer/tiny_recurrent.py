@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-RECURRENT_ARCHS = ("mamba", "mamba2", "jamba", "granitehybrid", "nemotron_h", "falcon-h1", "lfm2", "rwkv6")
+RECURRENT_ARCHS = ("mamba", "mamba2", "jamba", "granitehybrid", "nemotron_h", "falcon-h1", "lfm2", "rwkv6", "rwkv7")
 
 # written as F32 whatever the weight type (the ops read them as F32; llama.cpp's quantizer keeps
 # them too): convolutions, decays, skip weights, norms
@@ -20,7 +20,7 @@ F32_SUFFIXES = ("ssm_conv1d.weight", ".ssm_a", ".ssm_d", "norm.weight", "shortco
 
 # RWKV's lerps, bonus, decay and low-rank mixers
 F32_PARTS = ("lerp", "time_mix_first", "time_mix_decay", "time_mix_w", "time_mix_a", "time_mix_v0", "time_mix_v1",
-             "time_mix_v2", "time_mix_g", "time_mix_k_", "time_mix_r_k")
+             "time_mix_v2", "time_mix_g1", "time_mix_g2", "time_mix_k_", "time_mix_r_k")
 
 
 def keep_f32(name: str, data: np.ndarray) -> bool:
@@ -59,8 +59,8 @@ def recurrent_tensors(case, gen: torch.Generator) -> dict[str, torch.Tensor]:
         return mean + std * torch.randn(n, generator=gen)
 
     w = {"token_embd.weight": torch.randn(v, e, generator=gen)}
-    if case.arch == "rwkv6":
-        return {**w, **_rwkv6(case, meta, mat, vec, gen)}
+    if case.arch in ("rwkv6", "rwkv7"):
+        return {**w, **(_rwkv6 if case.arch == "rwkv6" else _rwkv7)(case, meta, mat, vec, gen)}
     for il, kind in enumerate(layer_kinds(case)):
         p = f"blk.{il}."
         w[p + "attn_norm.weight"] = vec(e, 1.0)
@@ -166,6 +166,33 @@ def _rwkv6(case, meta, mat, vec, gen):
         w[p + "channel_mix_key.weight"] = mat(ff, e)
         w[p + "channel_mix_value.weight"] = mat(e, ff)
         w[p + "channel_mix_receptance.weight"] = mat(e, e)
+    w["output_norm.weight"], w["output_norm.bias"] = vec(e, 1.0), vec(e)
+    w["output.weight"] = mat(case.n_vocab, e)
+    return w
+
+
+def _rwkv7(case, meta, mat, vec, gen):
+    e, ff = case.n_embd, case.n_ff
+    ranks = {"w": meta["attention.decay_lora_rank"], "a": meta["attention.iclr_lora_rank"],
+             "g": meta["attention.gate_lora_rank"]}
+    w = {"token_embd_norm.weight": vec(e, 1.0), "token_embd_norm.bias": vec(e)}
+    for il in range(case.n_layer):
+        p = f"blk.{il}."
+        for name in ("attn_norm", "attn_norm_2", "time_mix_ln"):
+            w[p + name + ".weight"], w[p + name + ".bias"] = vec(e, 1.0), vec(e)
+        ranks["v"] = meta["attention.iclr_lora_rank"] if il == 0 else meta["attention.value_residual_mix_lora_rank"]
+        for x in "wav":
+            w[p + f"time_mix_{x}0.weight"] = vec(e, 0.0, 0.5)
+            w[p + f"time_mix_{x}1.weight"] = mat(ranks[x], e) * 0.5
+            w[p + f"time_mix_{x}2.weight"] = mat(e, ranks[x]) * 0.5
+        w[p + "time_mix_g1.weight"], w[p + "time_mix_g2.weight"] = mat(ranks["g"], e), mat(e, ranks["g"])
+        w[p + "time_mix_lerp_fused.weight"] = torch.rand(6, 1, 1, e, generator=gen)
+        w[p + "time_mix_k_k.weight"], w[p + "time_mix_k_a.weight"] = vec(e, 1.0, 0.2), vec(e, 1.0, 0.2)
+        w[p + "time_mix_r_k.weight"] = vec(e, 0.0, 0.5)
+        for name in ("key", "value", "receptance", "output"):
+            w[p + f"time_mix_{name}.weight"] = mat(e, e)
+        w[p + "channel_mix_lerp_k.weight"] = torch.rand(1, 1, e, generator=gen)
+        w[p + "channel_mix_key.weight"], w[p + "channel_mix_value.weight"] = mat(ff, e), mat(e, ff)
     w["output_norm.weight"], w["output_norm.bias"] = vec(e, 1.0), vec(e)
     w["output.weight"] = mat(case.n_vocab, e)
     return w

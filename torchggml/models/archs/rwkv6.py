@@ -66,7 +66,7 @@ class RWKV6(RecurrentArch):
         L.weight("channel_mix_key", [e, hp.n_ff])
         L.weight("channel_mix_value", [hp.n_ff, e])
 
-    def time_mix(self, b, il, x, x_prev, layer):
+    def time_mix(self, b, il, x, x_prev, layer, first: dict):
         ctx, hp, n = b.ctx, b.hp, b.n_tokens
         e, S = hp.n_embd, hp.head_size
         H = e // S
@@ -107,17 +107,18 @@ class RWKV6(RecurrentArch):
         ctx, hp = b.ctx, b.hp
         e, n = hp.n_embd, b.n_tokens
         x = b.norm(b.embed(w.token_embd), w.tok_norm, w.tok_norm_b, rms=False)
+        first = {}  # what the first layer's time mix leaves the others (RWKV-7's value)
         for il, layer in enumerate(w.layers):
             x = ops.reshape_3d(ctx, x, e, b.n_seq_tokens, b.n_seqs)
             att_shift, ffn_shift = token_shift_load(b, il, 2)
             att = b.norm(x, layer.attn_norm, layer.attn_norm_b, rms=False)
-            ffn_inp = ops.add(ctx, self.time_mix(b, il, att, previous_tokens(b, att_shift, att), layer), x)
+            ffn_inp = ops.add(ctx, self.time_mix(b, il, att, previous_tokens(b, att_shift, att), layer, first), x)
             ffn = b.norm(ffn_inp, layer.attn_norm_2, layer.attn_norm_2_b, rms=False)
             ffn_prev = previous_tokens(b, ffn_shift, ffn)
             token_shift_store(b, il, att, ffn)
             ffn_inp, ffn, ffn_prev = b.output_rows(il, *(ops.reshape_2d(ctx, t, e, n) for t in (ffn_inp, ffn, ffn_prev)))
             x = ops.add(ctx, self.channel_mix(b, ffn, ffn_prev, layer), ffn_inp)
-            if hp.rescale_every_n_layers and (il + 1) % hp.rescale_every_n_layers == 0:
+            if getattr(hp, "rescale_every_n_layers", 0) and (il + 1) % hp.rescale_every_n_layers == 0:
                 x = ops.scale(ctx, x, 0.5)
         return b.output(x, w, rms=False)
 
