@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-RECURRENT_ARCHS = ("mamba", "mamba2", "jamba", "granitehybrid", "nemotron_h", "falcon-h1", "lfm2", "rwkv6", "rwkv7")
+RECURRENT_ARCHS = ("mamba", "mamba2", "jamba", "granitehybrid", "nemotron_h", "falcon-h1", "lfm2", "rwkv6", "rwkv7",
+                   "qwen3next")
 
 # written as F32 whatever the weight type (the ops read them as F32; llama.cpp's quantizer keeps
 # them too): convolutions, decays, skip weights, norms
@@ -59,8 +60,8 @@ def recurrent_tensors(case, gen: torch.Generator) -> dict[str, torch.Tensor]:
         return mean + std * torch.randn(n, generator=gen)
 
     w = {"token_embd.weight": torch.randn(v, e, generator=gen)}
-    if case.arch in ("rwkv6", "rwkv7"):
-        return {**w, **(_rwkv6 if case.arch == "rwkv6" else _rwkv7)(case, meta, mat, vec, gen)}
+    if case.arch in ("rwkv6", "rwkv7", "qwen3next"):
+        return {**w, **{"rwkv6": _rwkv6, "rwkv7": _rwkv7, "qwen3next": _qwen3next}[case.arch](case, meta, mat, vec, gen)}
     for il, kind in enumerate(layer_kinds(case)):
         p = f"blk.{il}."
         w[p + "attn_norm.weight"] = vec(e, 1.0)
@@ -194,5 +195,40 @@ def _rwkv7(case, meta, mat, vec, gen):
         w[p + "channel_mix_lerp_k.weight"] = torch.rand(1, 1, e, generator=gen)
         w[p + "channel_mix_key.weight"], w[p + "channel_mix_value.weight"] = mat(ff, e), mat(e, ff)
     w["output_norm.weight"], w["output_norm.bias"] = vec(e, 1.0), vec(e)
+    w["output.weight"] = mat(case.n_vocab, e)
+    return w
+
+
+def _qwen3next(case, meta, mat, vec, gen):
+    e, hd, n_exp = case.n_embd, case.head_dim, case.n_expert
+    dk, hk, hv, d_conv = meta["ssm.state_size"], meta["ssm.group_count"], meta["ssm.time_step_rank"], meta["ssm.conv_kernel"]
+    value_dim = meta["ssm.inner_size"]
+    conv = 2 * dk * hk + value_dim
+    ff, sh = meta["expert_feed_forward_length"], meta["expert_shared_feed_forward_length"]
+    w = {}
+    for il in range(case.n_layer):
+        p = f"blk.{il}."
+        w[p + "attn_norm.weight"], w[p + "post_attention_norm.weight"] = vec(e, 1.0), vec(e, 1.0)
+        if (il + 1) % meta["full_attention_interval"]:
+            w[p + "attn_qkv.weight"] = mat(conv, e)
+            w[p + "attn_gate.weight"] = mat(value_dim, e)
+            w[p + "ssm_conv1d.weight"] = mat(conv, d_conv)
+            w[p + "ssm_dt.bias"] = vec(hv, 1.0, 0.5)
+            w[p + "ssm_a"] = -torch.exp(torch.rand(hv, generator=gen) * 2.0 - 1.0)
+            w[p + "ssm_ba.weight"] = mat(2 * hv, e)
+            w[p + "ssm_norm.weight"] = vec(dk, 1.0)
+            w[p + "ssm_out.weight"] = mat(e, value_dim)
+        else:
+            w[p + "attn_q.weight"] = mat(2 * hd * case.n_head, e)
+            w[p + "attn_k.weight"], w[p + "attn_v.weight"] = mat(hd * case.n_head_kv, e), mat(hd * case.n_head_kv, e)
+            w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = vec(hd, 1.0), vec(hd, 1.0)
+            w[p + "attn_output.weight"] = mat(e, hd * case.n_head)
+        w[p + "ffn_gate_inp.weight"] = mat(n_exp, e) * 4.0
+        w[p + "ffn_gate_exps.weight"], w[p + "ffn_up_exps.weight"] = mat(n_exp, ff, e), mat(n_exp, ff, e)
+        w[p + "ffn_down_exps.weight"] = mat(n_exp, e, ff)
+        w[p + "ffn_gate_inp_shexp.weight"] = vec(e, 0.0, 0.5)
+        w[p + "ffn_gate_shexp.weight"], w[p + "ffn_up_shexp.weight"] = mat(sh, e), mat(sh, e)
+        w[p + "ffn_down_shexp.weight"] = mat(e, sh)
+    w["output_norm.weight"] = vec(e, 1.0)
     w["output.weight"] = mat(case.n_vocab, e)
     return w

@@ -105,7 +105,7 @@ MATMUL_WEIGHTS = tuple(f"{n}.weight" for n in (
 MATMUL_WEIGHTS += tuple(f"{n}.weight" for n in (
     "ssm_in", "ssm_x", "ssm_dt", "ssm_out", "shortconv.in_proj", "shortconv.out_proj", "time_mix_key", "time_mix_value",
     "time_mix_receptance", "time_mix_gate", "time_mix_output", "channel_mix_key", "channel_mix_value",
-    "channel_mix_receptance"))
+    "channel_mix_receptance", "attn_gate", "ssm_ba"))
 
 
 def is_matmul_weight(name: str) -> bool:
@@ -379,11 +379,11 @@ class GraphBuilder:
             k = self.norm(k, layer.attn_k_norm, rms=qk_rms)
         return q, k, v
 
-    def attention(self, il: int, q: Tensor, k: Tensor, v: Tensor, wo: Tensor, wo_b: Tensor | None = None,
+    def attention(self, il: int, q: Tensor, k: Tensor, v: Tensor, wo: Tensor | None, wo_b: Tensor | None = None,
                   kq_scale: float | None = None, sinks: Tensor | None = None) -> Tensor:
         """Store K and V in layer il's cache, attend over the first n_kv cells (the layer's sliding
         window mask when it has one; soft-capped scores when hp.attn_softcap; per-head sink
-        logits), and project with wo: [n_embd, n_tokens]."""
+        logits), and project with wo: [n_embd, n_tokens] (wo None: the heads' outputs, unprojected)."""
         hp, ctx, n = self.hp, self.ctx, self.n_tokens
         scale = hp.kq_scale if kq_scale is None else kq_scale
         mask = self.masks[hp.n_swa if hp.is_swa(il) else 0]
@@ -406,7 +406,7 @@ class GraphBuilder:
             out = ops.mul_mat(ctx, v_t, kq)                                     # [head_dim, n_tokens, n_head]
             out = ops.permute(ctx, out, 0, 2, 1, 3)
             out = ops.cont_2d(ctx, out, hp.head_dim_v * hp.n_head, n)
-        return self.linear(out, wo, wo_b)
+        return out if wo is None else self.linear(out, wo, wo_b)
 
     def self_attention(self, il: int, h: Tensor, layer: Layer, rope_factors: Tensor | None = None,
                        q_scale: float | Tensor | None = None, kq_scale: float | None = None) -> Tensor:
