@@ -19,6 +19,7 @@ from .kernels.common import view
 from .kernels.matmul import bind_expert_product, bind_mul_mat, bind_mul_mat_id, bind_weight_product
 from .plan import CompiledPlan, compile_graph
 from .cpu_ops import register_fast_kernels
+from .cpu_recurrent import register_recurrent_kernels
 from .cpu_quant.features import cpu_features, cpu_path, fastest_gemm_dtype
 from .cpu_quant.kernels import numba_available, set_numba_threads
 from .cpu_quant.layout import FusedBufferType
@@ -84,6 +85,7 @@ def mul_mat_id(node):
 
 
 register_fast_kernels(CPU_KERNELS)  # numba kernels for small nodes over the entries above (cpu_ops.py)
+register_recurrent_kernels(CPU_KERNELS)  # numba scans of the recurrent ops (cpu_recurrent.py)
 
 
 def _cpu_description() -> str:
