@@ -5,10 +5,12 @@ module fills its own CASES; `all_cases()` lists every family's, in FAMILIES orde
 from __future__ import annotations
 
 from . import attention, binary, copy, glu, math, matmul, norm, reduce, rope, rows, shape, unary
+from . import conv, deepseek, image, regions
+from . import recurrent
 from .table import OpCase
 
 FAMILIES = (attention, binary, copy, glu, math, matmul, norm, reduce, rope, rows, shape, unary)
-from . import recurrent  # noqa: E402
+FAMILIES += (conv, deepseek, image, regions)
 FAMILIES += (recurrent,)
 
 
