@@ -42,14 +42,21 @@ def ssm_scan(s_all, x, dt, A, B, C, ids, y, slots):
                 slots[slot, j, h] = st
 
 
+@njit(cache=True)
+def _head_state(state, out_state, job, H):
+    """(sequence, head, its state) of a job: the head's new state starts as a copy of the old."""
+    j, h = job // H, job % H
+    st = out_state[j, h]
+    st[:, :] = state[j, h]
+    return j, h, st
+
+
 @njit(cache=True, parallel=True)
 def rwkv_wkv6(k, v, r, u, w, state, y, out_state):
     """k, v, r, w, y [ns, T, H, S]; u [H, S]; state, out_state [ns, H, S (keys), S (values)]."""
     ns, T, H, S = k.shape
     for job in prange(ns * H):
-        j, h = job // H, job % H
-        st = out_state[j, h]
-        st[:, :] = state[j, h]
+        j, h, st = _head_state(state, out_state, job, H)
         for t in range(T):
             for c in range(S):
                 y[j, t, h, c] = 0.0
@@ -66,9 +73,7 @@ def rwkv_wkv7(r, w, k, v, a, b, state, y, out_state):
     """r, w, k, v, a, b, y [ns, T, H, S]; state, out_state [ns, H, S (values), S (keys)]."""
     ns, T, H, S = k.shape
     for job in prange(ns * H):
-        j, h = job // H, job % H
-        st = out_state[j, h]
-        st[:, :] = state[j, h]
+        j, h, st = _head_state(state, out_state, job, H)
         for t in range(T):
             for i in range(S):
                 sa = np.float32(0.0)

@@ -46,25 +46,33 @@ class RWKV6(RecurrentArch):
             self.load_layer(L, hp)
             w.layers.append(L.layer)
 
-    def load_layer(self, L, hp):
-        e, x_dim, d_dim = hp.n_embd, hp.time_mix_extra_dim, hp.time_decay_extra_dim
+    @staticmethod
+    def load_shared(L, hp):
+        """What RWKV-6 and -7 layers both hold: the two LayerNorms, the time mix's group norm and
+        output, the channel mix's key lerp and its key / value projections."""
+        e = hp.n_embd
         for name in ("attn_norm", "attn_norm_2", "time_mix_ln"):
             L.weight(name, [e])
             L.bias(name, [e], required=True)
+        L.weight("time_mix_output", [e, e])
+        L.weight("channel_mix_lerp_k", [e, 1, 1])
+        L.weight("channel_mix_key", [e, hp.n_ff])
+        L.weight("channel_mix_value", [hp.n_ff, e])
+
+    def load_layer(self, L, hp):
+        e, x_dim, d_dim = hp.n_embd, hp.time_mix_extra_dim, hp.time_decay_extra_dim
+        self.load_shared(L, hp)
         L.weight("time_mix_w1", [e, x_dim * 5])
         L.weight("time_mix_w2", [x_dim, e, 5])
-        for name in ("time_mix_lerp_x", "channel_mix_lerp_k", "channel_mix_lerp_r"):
+        for name in ("time_mix_lerp_x", "channel_mix_lerp_r"):
             L.weight(name, [e, 1, 1])
         L.weight("time_mix_lerp_fused", [e, 1, 1, 5])
         L.weight("time_mix_first", [hp.head_size, e // hp.head_size])
         L.weight("time_mix_decay", [e])
         L.weight("time_mix_decay_w1", [e, d_dim])
         L.weight("time_mix_decay_w2", [d_dim, e])
-        for name in ("time_mix_key", "time_mix_value", "time_mix_receptance", "time_mix_gate", "time_mix_output",
-                     "channel_mix_receptance"):
+        for name in ("time_mix_key", "time_mix_value", "time_mix_receptance", "time_mix_gate", "channel_mix_receptance"):
             L.weight(name, [e, e])
-        L.weight("channel_mix_key", [e, hp.n_ff])
-        L.weight("channel_mix_value", [hp.n_ff, e])
 
     def time_mix(self, b, il, x, x_prev, layer, first: dict):
         ctx, hp, n = b.ctx, b.hp, b.n_tokens

@@ -25,9 +25,7 @@ class RWKV7(RWKV6):
 
     def load_layer(self, L, hp):
         e = hp.n_embd
-        for name in ("attn_norm", "attn_norm_2", "time_mix_ln"):
-            L.weight(name, [e])
-            L.bias(name, [e], required=True)
+        self.load_shared(L, hp)
         value_rank = hp.n_lora_iclr if L.il == 0 else hp.n_lora_value_res_mix
         for x, rank in (("w", hp.n_lora_decay), ("a", hp.n_lora_iclr), ("v", value_rank)):
             L.weight(f"time_mix_{x}0", [e])
@@ -38,11 +36,8 @@ class RWKV7(RWKV6):
         L.weight("time_mix_lerp_fused", [e, 1, 1, 6 if L.layer.time_mix_g1 is not None else 5])
         for name in ("time_mix_k_k", "time_mix_k_a", "time_mix_r_k"):
             L.weight(name, [e])
-        for name in ("time_mix_key", "time_mix_value", "time_mix_receptance", "time_mix_output"):
+        for name in ("time_mix_key", "time_mix_value", "time_mix_receptance"):
             L.weight(name, [e, e])
-        L.weight("channel_mix_lerp_k", [e, 1, 1])
-        L.weight("channel_mix_key", [e, hp.n_ff])
-        L.weight("channel_mix_value", [hp.n_ff, e])
 
     def time_mix(self, b, il, x, x_prev, layer, first: dict):
         ctx, hp, n = b.ctx, b.hp, b.n_tokens
