@@ -16,11 +16,6 @@ from ..builder import load_moe, load_shared_expert
 from ..recurrent_layers import HybridArch, causal_conv, read_ssm, read_states, write_states
 
 
-def softplus(ctx, x):
-    """log(1 + exp(x)), as ggml's softplus computes it (in float32) for x <= 20."""
-    return ops.log(ctx, ops.scale_bias(ctx, ops.exp(ctx, x), 1.0, 1.0))
-
-
 def l2_normed(ctx, x, eps: float):
     """llama.cpp's delta-net L2 norm: rms_norm(x, eps / n) / sqrt(n) = x / sqrt(sum(x^2) + eps)."""
     n = x.ne[0]
@@ -92,7 +87,7 @@ class Qwen3Next(HybridArch):
         alpha = ops.view_4d(ctx, ba, hv // hk, hk, nt, ns, ba.nb[1], ba.nb[2], ba.nb[3], hv // hk * ba.nb[0])
         beta = ops.reshape_4d(ctx, ops.sigmoid(ctx, ops.cont(ctx, beta)), 1, hv, nt, ns)
         alpha = ops.add(ctx, ops.cont_3d(ctx, alpha, hv, nt, ns), layer.ssm_dt_b)
-        decay = ops.reshape_4d(ctx, ops.mul(ctx, softplus(ctx, alpha), layer.ssm_a), 1, hv, nt, ns)
+        decay = ops.reshape_4d(ctx, ops.mul(ctx, ops.softplus(ctx, alpha), layer.ssm_a), 1, hv, nt, ns)
         conv = ops.silu(ctx, causal_conv(b, il, qkv, layer.ssm_conv1d, None))     # [conv_channels, nt, ns]
         row = conv.nb[1]
         q = ops.view_4d(ctx, conv, dk, hk, nt, ns, dk * 4, row, row * nt, 0)
