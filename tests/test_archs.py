@@ -92,7 +92,7 @@ def test_arch_matches_llama_cpp(key, flash_attn, model_dir):
 # experts through mul_mat_id, windows and soft-capping. Quantized experts run the Triton kernels in
 # the interpreter (tens of seconds): only with TORCHGGML_SLOW_TESTS=1, as in test_models.py.
 SLOW = os.environ.get("TORCHGGML_SLOW_TESTS") == "1"
-SIM_KEYS = ["llama-moe-F32", "gpt-oss-F32", "gemma2-F32",
+SIM_KEYS = ["llama-moe-F32", "gpt-oss-F32", "gemma2-F32", "granitehybrid-F32", "qwen3next-F32", "rwkv7-F32",
             *(pytest.param(k, marks=pytest.mark.skipif(not SLOW, reason="Triton interpreter: set TORCHGGML_SLOW_TESTS=1"))
               for k in ("gpt-oss-MXFP4", "llama-moe-Q8_0"))]
 

@@ -93,3 +93,28 @@ def test_too_many_sequences_is_a_clear_error(paths):
         model.eval_batch([[1], [2], [3]])
     assert model.n_past == 0  # nothing was evaluated
     model.close()
+
+
+def test_non_finite_logits_clear_the_sequences_the_call_wrote(paths):
+    """Recurrent states are overwritten in place, so a failed call cannot be undone: the sequences
+    it wrote are cleared (zero slots, position 0), the others keep their states."""
+    from torchggml import backend_tensor_get, backend_tensor_set
+    from torchggml.models.model import NonFiniteLogitsError
+    model = load_model(paths["granitehybrid"], progress=False, n_ctx=64)
+    model.eval(TOKENS[:4], seq_id=0)
+    model.eval(TOKENS[:5], seq_id=1)
+    kept = states(model, 1)
+    norm = model.w.layers[0].attn_norm
+    saved = backend_tensor_get(norm).clone()
+    backend_tensor_set(norm, torch.full_like(saved, float("nan")))
+    try:
+        with pytest.raises(NonFiniteLogitsError):
+            model.eval(TOKENS[4:8], seq_id=0)
+    finally:
+        backend_tensor_set(norm, saved)
+    assert model.kv.seq_len(0) == 0 and 0 not in model.kv.recurrent.slot_of
+    assert model.kv.seq_len(1) == 5 and torch.equal(states(model, 1), kept)
+    fresh = load_model(paths["granitehybrid"], progress=False, n_ctx=64)
+    torch.testing.assert_close(model.eval(TOKENS[:4], seq_id=0), fresh.eval(TOKENS[:4]))  # zeros again
+    model.close()
+    fresh.close()

@@ -89,6 +89,10 @@ class KVCache:
     # the memory kinds' common face (recurrent_state.py): this one is attention only
     recurrent = None
 
+    def tensors(self) -> list[Tensor]:
+        """The memory's tensors: every attention layer's K and V."""
+        return [t for t in (*self.k, *self.v) if t is not None]
+
     @property
     def attention(self) -> "KVCache":
         return self

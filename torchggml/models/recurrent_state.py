@@ -86,6 +86,10 @@ class RecurrentState:
     def recurrent(self) -> "RecurrentState":
         return self
 
+    def tensors(self) -> list[Tensor]:
+        """The memory's tensors: every recurrent layer's r and s."""
+        return [*self.r.values(), *self.s.values()]
+
     def nbytes(self) -> int:
         return sum(b.size for b in self.buffers)
 
@@ -226,6 +230,9 @@ class HybridMemory:
     @property
     def attention(self) -> KVCache:
         return self.kv
+
+    def tensors(self) -> list[Tensor]:
+        return self.kv.tensors() + self.rs.tensors()
 
     @property
     def recurrent(self) -> RecurrentState:
