@@ -36,8 +36,8 @@ The architecture (models/archs/) says which keys and tensors the file has and bu
 The models package answers one question per file: placement.py (which device holds what),
 sampling.py (the next token from logits), kv_cache.py and recurrent_state.py (the memory kinds:
 the architecture picks one), this file (Model: eval and generation), loading.py (a GGUF file to
-a Model). This module composes lora.py (add_lora/load_lora) and module.py (as_module); they take the model as an argument and do not
-import this module back (no circle).
+a Model). This module composes lora.py (add_lora/load_lora) and module.py (as_module); they take
+the model as an argument and do not import this module back (no circle).
 """
 from __future__ import annotations
 
