@@ -18,7 +18,8 @@ TOKENS = list(CASES_BY_NAME["mamba"].tokens)
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory):
     d = tmp_path_factory.mktemp("recurrent")
-    return {name: write_tiny_model(d / f"{name}.gguf", name) for name in ("mamba2", "rwkv6", "granitehybrid", "llama-moe")}
+    names = ("mamba2", "rwkv6", "granitehybrid", "llama-moe")
+    return {name: write_tiny_model(d / f"{name}.gguf", name) for name in names}
 
 
 def states(model, seq_id: int) -> torch.Tensor:

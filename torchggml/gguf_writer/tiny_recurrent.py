@@ -61,7 +61,8 @@ def recurrent_tensors(case, gen: torch.Generator) -> dict[str, torch.Tensor]:
 
     w = {"token_embd.weight": torch.randn(v, e, generator=gen)}
     if case.arch in ("rwkv6", "rwkv7", "qwen3next"):
-        return {**w, **{"rwkv6": _rwkv6, "rwkv7": _rwkv7, "qwen3next": _qwen3next}[case.arch](case, meta, mat, vec, gen)}
+        own = {"rwkv6": _rwkv6, "rwkv7": _rwkv7, "qwen3next": _qwen3next}[case.arch]
+        return {**w, **own(case, meta, mat, vec, gen)}
     for il, kind in enumerate(layer_kinds(case)):
         p = f"blk.{il}."
         w[p + "attn_norm.weight"] = vec(e, 1.0)
@@ -201,7 +202,8 @@ def _rwkv7(case, meta, mat, vec, gen):
 
 def _qwen3next(case, meta, mat, vec, gen):
     e, hd, n_exp = case.n_embd, case.head_dim, case.n_expert
-    dk, hk, hv, d_conv = meta["ssm.state_size"], meta["ssm.group_count"], meta["ssm.time_step_rank"], meta["ssm.conv_kernel"]
+    dk, hk, hv = meta["ssm.state_size"], meta["ssm.group_count"], meta["ssm.time_step_rank"]
+    d_conv = meta["ssm.conv_kernel"]
     value_dim = meta["ssm.inner_size"]
     conv = 2 * dk * hk + value_dim
     ff, sh = meta["expert_feed_forward_length"], meta["expert_shared_feed_forward_length"]

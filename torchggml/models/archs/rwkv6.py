@@ -71,7 +71,8 @@ class RWKV6(RecurrentArch):
         L.weight("time_mix_decay", [e])
         L.weight("time_mix_decay_w1", [e, d_dim])
         L.weight("time_mix_decay_w2", [d_dim, e])
-        for name in ("time_mix_key", "time_mix_value", "time_mix_receptance", "time_mix_gate", "channel_mix_receptance"):
+        for name in ("time_mix_key", "time_mix_value", "time_mix_receptance", "time_mix_gate",
+                     "channel_mix_receptance"):
             L.weight(name, [e, e])
 
     def time_mix(self, b, il, x, x_prev, layer, first: dict):
@@ -124,7 +125,8 @@ class RWKV6(RecurrentArch):
             ffn = b.norm(ffn_inp, layer.attn_norm_2, layer.attn_norm_2_b, rms=False)
             ffn_prev = previous_tokens(b, ffn_shift, ffn)
             token_shift_store(b, il, att, ffn)
-            ffn_inp, ffn, ffn_prev = b.output_rows(il, *(ops.reshape_2d(ctx, t, e, n) for t in (ffn_inp, ffn, ffn_prev)))
+            rows = (ops.reshape_2d(ctx, t, e, n) for t in (ffn_inp, ffn, ffn_prev))
+            ffn_inp, ffn, ffn_prev = b.output_rows(il, *rows)
             x = ops.add(ctx, self.channel_mix(b, ffn, ffn_prev, layer), ffn_inp)
             if getattr(hp, "rescale_every_n_layers", 0) and (il + 1) % hp.rescale_every_n_layers == 0:
                 x = ops.scale(ctx, x, 0.5)
