@@ -82,8 +82,13 @@ def eval_and_check(key: str, model_dir: Path, **options) -> None:
 OPTIONS = {"llama-moe-Q4_0": dict(repack=False)} if cpu_path() == "int4" else {}
 
 
-@pytest.mark.parametrize("flash_attn", [False, True], ids=["no-fa", "fa"])
-@pytest.mark.parametrize("key", sorted(MANIFEST))
+# attention-free architectures (mamba, rwkv) run the same graph either way: once is enough
+ATTENTION_FREE = {"mamba", "mamba2", "rwkv6", "rwkv7"}
+ARCH_RUNS = [pytest.param(key, fa, id=f"{key}-{'fa' if fa else 'no-fa'}") for key in sorted(MANIFEST)
+             for fa in (False, True) if not (fa and MANIFEST[key]["arch"] in ATTENTION_FREE)]
+
+
+@pytest.mark.parametrize("key, flash_attn", ARCH_RUNS)
 def test_arch_matches_llama_cpp(key, flash_attn, model_dir):
     eval_and_check(key, model_dir, flash_attn=flash_attn, **OPTIONS.get(key, {}))
 
