@@ -68,11 +68,15 @@ def test_sequences_keep_their_own_states(paths):
     model.close()
 
 
-def test_copy_continues_from_the_same_states(paths):
-    model = load_model(paths["rwkv6"], progress=False, n_ctx=64)
+@pytest.mark.parametrize("name", ["rwkv6", "granitehybrid", "llama-moe"])
+def test_copy_continues_from_the_same_states(paths, name):
+    """seq_cp: the recurrent states, and in a hybrid (or a transformer) the KV cells too."""
+    model = load_model(paths[name], progress=False, n_ctx=64)
     model.eval(TOKENS[:8], seq_id=0)
     model.kv.copy(0, 1)
-    torch.testing.assert_close(states(model, 1), states(model, 0))
+    if model.kv.recurrent is not None:
+        torch.testing.assert_close(states(model, 1), states(model, 0))
+    assert model.kv.seq_len(1) == model.kv.seq_len(0) == 8
     a, b = model.eval(TOKENS[8:10], seq_id=0), model.eval(TOKENS[8:10], seq_id=1)
     torch.testing.assert_close(a, b)
     model.close()

@@ -17,7 +17,7 @@ import torch
 
 from ..alloc import backend_alloc_ctx_tensors_from_buft
 from ..backend.buffer import backend_buffer_clear
-from ..backend.tensor_io import backend_tensor_memset, backend_tensor_set
+from ..backend.tensor_io import backend_tensor_get, backend_tensor_memset, backend_tensor_set
 from ..context import Context, new_tensor_2d
 from ..ops import set_rows, view_3d, reshape_2d
 from ..tensor import Tensor, round_up, set_name
@@ -130,6 +130,28 @@ class KVCache:
             self.zero_cells(cells)
             self.cell_seq[cells] = -1
             self.seq_next.pop(int(seq_id), None)
+
+    def copy(self, src: int, dst: int) -> None:
+        """Sequence dst continues from sequence src's cells (llama.cpp's seq_cp): dst's own cells
+        are cleared and src's K and V rows copied into free cells tagged dst, same positions."""
+        src, dst = int(src), int(dst)
+        self.clear(dst)
+        cells = torch.nonzero(self.cell_seq == src).flatten()
+        free = torch.nonzero(self.cell_seq < 0).flatten()
+        if free.numel() < cells.numel():
+            raise ValueError(f"the KV cache is full: copying sequence {src} needs {cells.numel()} free cells, "
+                             f"{free.numel()} are left")
+        targets = free[:cells.numel()]
+        for t in filter(None, (*self.k, *self.v)):
+            row = t.nb[1]
+            for a, b in zip(cells.tolist(), targets.tolist()):
+                data = torch.empty(row, dtype=torch.uint8)
+                backend_tensor_get(t, data, a * row, row)
+                backend_tensor_set(t, data, b * row, row)
+        self.cell_seq[targets], self.cell_pos[targets] = dst, self.cell_pos[cells]
+        self.written[targets] = True
+        if src in self.seq_next:
+            self.seq_next[dst] = self.seq_next[src]
 
     def zero_cells(self, cells: torch.Tensor) -> None:
         """Zero these cells of every layer's K and V (one memset per run of consecutive cells)."""

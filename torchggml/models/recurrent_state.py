@@ -252,6 +252,11 @@ class HybridMemory:
         self.kv.clear(seq_id)
         self.rs.clear(seq_id)
 
+    def copy(self, src: int, dst: int) -> None:
+        """Sequence dst continues from src: its KV cells and its recurrent states copied."""
+        self.kv.copy(src, dst)
+        self.rs.copy(src, dst)
+
     def snapshot(self):
         return self.kv.snapshot(), self.rs.snapshot()
 
