@@ -3,6 +3,10 @@
     torchggml devices                       regs and devices: type, memory, capabilities, features
     torchggml test-ops [-b DEV] [-o OP] [--mode test|perf|support]
                                             test-backend-ops for this project (torchggml.testing)
+    torchggml run / eval / info             models (torchggml/models/cli_commands.py)
+    torchggml serve                         the OpenAI-compatible server (torchggml/server/)
+    torchggml perplexity / bench / quantize the tools (torchggml/tools/)
+    torchggml --version
 """
 from __future__ import annotations
 
@@ -87,8 +91,20 @@ def cmd_test_ops(args) -> int:
     return main_test_ops(args) or 0
 
 
+def version_text() -> str:
+    """torchggml's version (the installed package's, else the source tree's), with torch's."""
+    from importlib import metadata
+    try:
+        version = metadata.version("torchggml")
+    except metadata.PackageNotFoundError:
+        version = "unknown (not installed)"
+    import torch
+    return f"torchggml {version} (torch {torch.__version__})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="torchggml", description="ggml's backend system on PyTorch")
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("devices", help="list regs and devices with type, memory and capabilities")
@@ -108,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .models.cli_commands import add_subcommands as add_model_subcommands  # run, eval, info
     add_model_subcommands(sub)
+    from .server.cli import add_subcommands as add_server_subcommands  # serve
+    add_server_subcommands(sub)
+    from .tools.cli import add_subcommands as add_tool_subcommands  # perplexity, bench, quantize
+    add_tool_subcommands(sub)
     return parser
 
 
