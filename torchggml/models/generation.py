@@ -11,7 +11,8 @@ one row of logits per step.
 finish_reason is OpenAI's: "stop" (an end-of-generation token, a stop string, or a grammar that
 is complete) or "length" (max_tokens, or the caller's `finish("length")` when the context is full).
 A constraint (a grammar, see torchggml.server.grammar) is any object with allowed() -> a bool
-mask [n_vocab] or None, accept(token) and is_complete().
+mask [n_vocab] or None, accept(token) and is_complete(). ignore_eos (llama.cpp's, for benchmarks)
+never samples an end-of-generation token.
 """
 from __future__ import annotations
 
@@ -24,12 +25,13 @@ from .sampling import Sampler, SamplingParams, StopStrings, TokenChoice
 
 class Generation:
     def __init__(self, tokenizer, prompt: Sequence[int], params: SamplingParams | None = None,
-                 max_tokens: int = 128, stop: Sequence[str] = (), constraint=None):
+                 max_tokens: int = 128, stop: Sequence[str] = (), constraint=None, ignore_eos: bool = False):
         self.tokenizer = tokenizer
         self.prompt = [int(t) for t in prompt]
         self.sampler = Sampler(params, history=self.prompt)
         self.max_tokens = int(max_tokens)
         self.constraint = constraint
+        self.ignore_eos = ignore_eos  # end-of-generation tokens are never sampled (llama.cpp's ignore_eos)
         self.decoder = tokenizer.stream_decoder()
         self.stops = StopStrings(stop)
         self.choices: list[TokenChoice] = []  # the generated tokens (end-of-generation excluded)
@@ -52,6 +54,9 @@ class Generation:
         if self.finish_reason is not None:
             raise RuntimeError(f"generation already finished ({self.finish_reason})")
         allowed = self.constraint.allowed() if self.constraint is not None else None
+        if self.ignore_eos and self.tokenizer.eog_ids:
+            allowed = torch.ones(logits.numel(), dtype=torch.bool) if allowed is None else allowed.clone()
+            allowed[list(self.tokenizer.eog_ids)] = False
         choice = self.sampler.sample(logits, allowed)
         if self.constraint is not None:
             self.constraint.accept(choice.token)

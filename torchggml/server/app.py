@@ -119,7 +119,7 @@ class ServerState:
                 limit = self.engine.slot_ctx - len(ids)
                 n = limit if max_tokens is None else min(max_tokens, limit)
                 constraint = Constraint(self.vocab, grammar) if grammar is not None else None
-                gen = Generation(self.model.tokenizer, ids, params, n, stops, constraint)
+                gen = Generation(self.model.tokenizer, ids, params, n, stops, constraint, req.ignore_eos)
                 jobs.append(Job(ids, emit, gen, index=p_index * req.n + k))
         return jobs
 

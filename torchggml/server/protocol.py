@@ -1,7 +1,7 @@
 """The OpenAI request bodies (pydantic, strict types: "5" is not a number) and OpenAI-style errors.
 
-Fields beyond OpenAI's are llama.cpp's: top_k, min_p, repeat_penalty, repeat_last_n, and `grammar`
-(GBNF or Lark) next to response_format. Unknown fields are ignored, as OpenAI's compatible servers
+Fields beyond OpenAI's are llama.cpp's: top_k, min_p, repeat_penalty, repeat_last_n, ignore_eos,
+and `grammar` (GBNF or Lark) next to response_format. Unknown fields are ignored, as OpenAI's compatible servers
 do; fields we know but do not implement are refused with 400 rather than silently ignored.
 """
 from __future__ import annotations
@@ -65,6 +65,7 @@ class Sampling(BaseModel):
     stop: StrictStr | list[StrictStr] | None = None
     response_format: ResponseFormat | None = None
     grammar: StrictStr | None = None
+    ignore_eos: StrictBool = False
     user: StrictStr | None = None
     # known, not implemented: refused (400) rather than ignored
     logit_bias: dict[str, Any] | None = None

@@ -191,7 +191,7 @@ def quantize_file(src: str, dst: str, ftype: str, log=None) -> list[tuple[str, T
         if new == old:
             data = np.asarray(t.data)
         else:
-            raw = torch.from_numpy(np.ascontiguousarray(t.data).view(np.uint8).reshape(-1, _row_bytes(old, ne[0])))
+            raw = torch.from_numpy(np.array(t.data, copy=True).view(np.uint8).reshape(-1, _row_bytes(old, ne[0])))
             values = dequantize(old, raw)
             data = quantize(new, values).numpy()
         rows = list(reversed(ne[1:]))
