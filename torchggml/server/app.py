@@ -172,6 +172,8 @@ class ServerState:
         metric("decode_steps_total", "counter", "batched evaluation steps", [({}, s.steps)])
         metric("batch_tokens_total", "counter", "tokens in all steps (batch size = this / steps)",
                [({}, s.batch_tokens)])
+        metric("mixed_steps_total", "counter", "steps with prompt chunks beside running decodes",
+               [({}, s.mixed_steps)])
         metric("sequences_finished_total", "counter", "sequences ended, by reason",
                [({"reason": r}, n) for r, n in sorted(s.sequences_finished.items())])
         metric("queue_waiting", "gauge", "requests' sequences waiting for a slot", [({}, e.n_waiting)])

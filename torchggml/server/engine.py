@@ -65,6 +65,7 @@ class Stats:
         self.generated_tokens = 0
         self.steps = 0
         self.batch_tokens = 0
+        self.mixed_steps = 0        # steps that held prompt chunks beside running decodes
         self.sequences_finished = collections.Counter()   # by finish reason / outcome
         self.recent = collections.deque(maxlen=256)       # (time, generated tokens) per step
 
@@ -176,6 +177,8 @@ class Engine:
         rows = self.model.eval_batch([tokens for _, tokens in batch], [j.seq_id for j, _ in batch], logits="last")
         self.stats.steps += 1
         self.stats.batch_tokens += sum(len(t) for _, t in batch)
+        n_decodes = sum(1 for j, _ in batch if not j.prefilling)
+        self.stats.mixed_steps += 0 < n_decodes < len(batch)
         generated = 0
         for (job, tokens), row in zip(batch, rows):
             if job.prefilling:
