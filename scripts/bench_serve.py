@@ -24,6 +24,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -44,11 +45,13 @@ def free_port() -> int:
 
 def start(cmd: list[str], port: int) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = tempfile.TemporaryFile(mode="w+")  # a pipe left unread would fill and block a chatty server
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
     deadline = time.time() + 300
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{' '.join(cmd)} exited: {proc.stderr.read()[-2000:]}")
+            log.seek(0)
+            raise RuntimeError(f"{' '.join(cmd)} exited: {log.read()[-2000:]}")
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2)
             return proc

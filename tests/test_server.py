@@ -242,6 +242,25 @@ def test_hang_up_mid_stream(server):
     assert r.choices[0].text
 
 
+def test_hang_up_while_waiting_for_a_whole_answer(server):
+    """A non-streaming client that closes its connection cancels its sequence too."""
+    key = 'torchggml_sequences_finished_total{reason="cancelled"}'
+    before = server.metrics().get(key, 0)
+    body = json.dumps({"prompt": PROMPTS[0], "max_tokens": 110, "min_p": 0.0}).encode()
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " + str(len(body)).encode()
+                     + b"\r\n\r\n" + body)
+        deadline = time.time() + 30
+        while server.metrics()["torchggml_sequences_active"] == 0:  # it is running
+            assert time.time() < deadline
+            time.sleep(0.05)
+    deadline = time.time() + 30
+    while server.metrics().get(key, 0) <= before:
+        assert time.time() < deadline, "the abandoned sequence was not cancelled"
+        time.sleep(0.2)
+
+
 LONG = "Once upon a time " * 200
 BAD = [  # (what, path, body, status, param)
     ("malformed JSON", "/v1/completions", '{"prompt": "x", ', 400, None),

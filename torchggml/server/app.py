@@ -244,6 +244,36 @@ async def parse_body(request: Request, cls):
         raise APIError(400, f"{param or 'body'}: {reasons}{got}", param) from None
 
 
+class AuthAndCount:
+    """Checks the API key (constant-time compare; /health is open) and counts responses by path
+    and status for /metrics."""
+
+    def __init__(self, app, state: ServerState, api_key: str | None):
+        self.app, self.state = app, state
+        self.expected = f"Bearer {api_key}".encode() if api_key is not None else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        if self.expected is not None and path != "/health":
+            given = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                self.state.requests[(path, 401)] += 1
+                error = APIError(401, "Invalid or missing API key (Authorization: Bearer KEY)", None, "invalid_api_key")
+                return await JSONResponse(error.body(), status_code=401)(scope, receive, send)
+        status = [500]
+
+        async def send_and_note(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            self.state.requests[(path, status[0])] += 1
+
+
 # ---------------------------------------------------------------- the app
 
 def create_app(state: ServerState, api_key: str | None = None):
@@ -253,19 +283,8 @@ def create_app(state: ServerState, api_key: str | None = None):
     def error_response(e: APIError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status)
 
-    @app.middleware("http")
-    async def auth_and_count(request: Request, call_next):
-        if api_key is not None and request.url.path != "/health":
-            given = request.headers.get("authorization", "")
-            expected = f"Bearer {api_key}"
-            if not hmac.compare_digest(given.encode(), expected.encode()):
-                response = error_response(APIError(401, "Invalid or missing API key (Authorization: Bearer KEY)",
-                                                   None, "invalid_api_key"))
-                state.requests[(request.url.path, 401)] += 1
-                return response
-        response = await call_next(request)
-        state.requests[(request.url.path, response.status_code)] += 1
-        return response
+    # a plain ASGI middleware: Starlette's BaseHTTPMiddleware would hide client disconnects
+    app.add_middleware(AuthAndCount, state=state, api_key=api_key)
 
     @app.exception_handler(APIError)
     async def on_api_error(request, e: APIError):
@@ -293,16 +312,20 @@ def create_app(state: ServerState, api_key: str | None = None):
         return {"object": "list", "data": [{"id": state.model_id, "object": "model", "created": state.created,
                                             "owned_by": "torchggml"}]}
 
-    async def next_event(queue: asyncio.Queue, request: Request | None, jobs: list[Job]):
-        """The next engine event; None when the client hung up (its jobs are cancelled)."""
+    async def next_event(queue: asyncio.Queue, request: Request, jobs: list[Job], checked: list[float]):
+        """The next engine event; None when the client hung up (its jobs are cancelled). The
+        connection is checked every DISCONNECT_POLL_S (checked[0]: the last time), events or not."""
         while True:
-            try:
-                return await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
-            except asyncio.TimeoutError:
-                if request is not None and await request.is_disconnected():
+            if time.monotonic() - checked[0] >= DISCONNECT_POLL_S:
+                checked[0] = time.monotonic()
+                if await request.is_disconnected():
                     for j in jobs:
                         j.cancel()
                     return None
+            try:
+                return await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                pass
 
     def start(jobs_for) -> tuple[asyncio.Queue, list[Job]]:
         loop = asyncio.get_running_loop()
@@ -322,9 +345,9 @@ def create_app(state: ServerState, api_key: str | None = None):
 
         if not stream:
             texts, picked, finishes = [""] * len(jobs), [[] for _ in jobs], [None] * len(jobs)
-            remaining = len(jobs)
+            remaining, checked = len(jobs), [time.monotonic()]
             while remaining:
-                event = await next_event(queue, request, jobs)
+                event = await next_event(queue, request, jobs, checked)
                 if event is None:
                     return None
                 kind, job, payload, new = event
@@ -451,8 +474,9 @@ def create_app(state: ServerState, api_key: str | None = None):
         inputs = [state.prompt_ids(p, "input") for p in req.inputs() or [[]]]
         queue, jobs = start(lambda emit: [Job(ids, emit, None, state.pooling, index=i) for i, ids in enumerate(inputs)])
         vectors: list = [None] * len(jobs)
+        checked = [time.monotonic()]
         for _ in jobs:
-            event = await next_event(queue, request, jobs)
+            event = await next_event(queue, request, jobs, checked)
             if event is None:
                 return None
             kind, job, payload, _ = event

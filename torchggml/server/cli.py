@@ -18,6 +18,9 @@ def cmd_serve(args) -> int:
     except ImportError:
         print("torchggml serve needs the server extra: pip install 'torchggml[server]'", file=sys.stderr)
         return 1
+    if args.tensor_parallel == "dist":
+        raise ValueError("serve: --tensor-parallel dist (one process per rank) is not supported; give the "
+                         "devices instead, e.g. -tp CUDA0,CUDA1")
     from ..models import load_model
     from .app import ServerState, create_app
     from .engine import Engine
