@@ -44,7 +44,7 @@ def test_prompts_join_beside_decodes_and_slots_are_reused(model):
     engine = Engine(model, parallel=2, max_queue=8)
     try:
         out = Collector(3)
-        short = _job(model, "Once", out, max_tokens=12)
+        short = _job(model, "Once", out, max_tokens=48)
         engine.submit([short])
         while short.gen.n_generated < 2:  # it is decoding ...
             threading.Event().wait(0.01)

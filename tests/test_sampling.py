@@ -102,3 +102,23 @@ def test_generate_penalties_change_the_text(demo):
     ids = [c.token for c in demo.generate_tokens(prompt, 16, params)]
     assert demo.detokenize(ids) == penalized
     assert len(set(ids)) == len(ids)  # every repetition made much less likely
+
+
+def test_embed_is_the_hidden_state_before_the_head(demo):
+    """Model.embed's per-token states times the output matrix are eval's logits; pooling as llama.cpp."""
+    from torchggml.interop import to_torch
+    ids = demo.tokenize("The scheduler cuts the graph")
+    demo.reset()
+    logits = demo.eval(ids)
+    demo.reset()
+    hidden = demo.embed(ids, pooling="none")
+    head = to_torch(demo.w.output).float()  # [n_vocab, n_embd]
+    assert torch.allclose(hidden @ head.T, logits, atol=1e-4, rtol=1e-4)
+    assert torch.allclose(demo.embed(ids), hidden.mean(0), atol=1e-6)  # the file has no pooling type: mean
+    assert torch.equal(demo.embed(ids, pooling="cls"), hidden[0]) and torch.equal(demo.embed(ids, pooling="last"), hidden[-1])
+    demo.eval(ids[:3], seq_id=0)
+    demo.embed(ids)  # another sequence: sequence 0 keeps its cells
+    assert demo.kv.seq_len(0) == 3 and demo.n_past == 3
+    demo.reset()
+    with pytest.raises(ValueError, match="pooling"):
+        demo.embed(ids, pooling="max")

@@ -142,7 +142,8 @@ class Engine:
     def _admit(self) -> None:
         while self.free_slots and self.waiting:
             job = self.waiting.popleft()
-            if job.cancelled:
+            if job.cancelled:  # its client left while it waited
+                self.stats.sequences_finished["cancelled"] += 1
                 continue
             job.seq_id = self.free_slots.pop(0)
             self.active.append(job)
@@ -189,7 +190,11 @@ class Engine:
             if job.cancelled:
                 self._release(job, "cancelled")
                 continue
-            generated += self._sample(job, row[0])
+            try:
+                generated += self._sample(job, row[0])
+            except Exception as e:  # this sequence's own failure (its grammar, its sampler): it alone ends
+                self._release(job, "error")
+                job.emit(("error", job, f"{type(e).__name__}: {e}", None))
         self.stats.generated_tokens += generated
         self.stats.recent.append((time.perf_counter(), generated))
 
