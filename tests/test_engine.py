@@ -77,3 +77,23 @@ def test_cancel_and_queue_bound(model):
         assert engine.stats.sequences_finished["cancelled"] == 1 and model.n_past == 0
     finally:
         engine.stop()
+
+
+def test_chat_prompt_uses_the_file_template_or_chatml(model, monkeypatch):
+    pytest.importorskip("fastapi", reason="the server extra is not installed")
+    from torchggml.server.app import ServerState
+    from torchggml.server.protocol import ChatRequest
+    engine = Engine(model, parallel=1)
+    try:
+        state = ServerState(model, engine, "demo")
+        req = ChatRequest.model_validate({"messages": [{"role": "user", "content": "Hi"}]})
+        tok = model.tokenizer
+        assert tok.chat_template is None  # the demo has none: llama.cpp's chatml
+        ids, stops = state.chat_prompt(req)
+        text = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        assert ids == model.tokenize(text, parse_special=True) and stops == ["<|im_end|>"]
+        monkeypatch.setattr(tok, "chat_template", "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{% endfor %}")
+        ids, stops = state.chat_prompt(req)
+        assert ids == model.tokenize("[user] Hi", parse_special=True) and stops == []
+    finally:
+        engine.stop()
