@@ -19,6 +19,7 @@ warns when bound to another address.
 from __future__ import annotations
 
 import ipaddress
+import re
 import logging
 import os
 import socket
@@ -69,7 +70,7 @@ class ServerStats:
     def count(self, kind: str, reason: str = "") -> None:
         setattr(self, kind, getattr(self, kind) + 1)
         if reason:
-            key = reason.split(":")[0][:60]
+            key = re.sub(r"'[^']*'|0x[0-9a-f]+|\d+", "#", reason)[:70]  # the kind, not the values
             self.reasons[key] = self.reasons.get(key, 0) + 1
 
 
