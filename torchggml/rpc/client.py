@@ -78,6 +78,11 @@ class Connection:
                 raise RPCServerGoneError(f"the RPC server at {self.endpoint} went away during {cmd.name}: "
                                          f"{e or type(e).__name__}") from None
 
+    def barrier(self) -> None:
+        """Wait until the server has done everything sent before: it answers in order, so one
+        small command with an answer (DEVICE_COUNT) is the barrier."""
+        self.call(Cmd.DEVICE_COUNT, response_size=4)
+
     def close(self) -> None:
         try:
             self.sock.close()
@@ -283,8 +288,11 @@ class RPCBackend(Backend):
     def get_tensor_async(self, tensor, out, offset, size):
         memory_buffer(tensor).get_tensor(tensor, out, offset, size)
 
-    # one in-order stream per server: a recorded event is passed once the commands before it
-    # are written, and anything that reads results waits for the server's answer
+    def synchronize(self) -> None:
+        self.conn.barrier()
+
+    # one in-order stream per server: work queued after event_wait already follows the recorded
+    # work on the same connection; event_synchronize is the barrier
     def event_record(self, event) -> None:
         pass
 
@@ -336,7 +344,7 @@ class RPCDevice(Device):
         return Event(self)
 
     def event_synchronize(self, event) -> None:
-        pass
+        connection(self.endpoint).barrier()
 
 
 class RPCReg(Reg):

@@ -66,6 +66,7 @@ class ServerStats:
     closed_violation: int = 0     # a malformed message, closed by the server with a reason
     closed_error: int = 0         # a command failed (a kernel raised...), closed with a reason
     reasons: dict = field(default_factory=dict)
+    commands: dict = field(default_factory=dict)  # command name -> how many were served
 
     def count(self, kind: str, reason: str = "") -> None:
         setattr(self, kind, getattr(self, kind) + 1)
@@ -142,6 +143,8 @@ class Session:
         return Cmd(cmd), size
 
     def _dispatch(self, cmd: Cmd, size: int) -> None:
+        commands = self.server.stats.commands
+        commands[cmd.name] = commands.get(cmd.name, 0) + 1
         handler = getattr(self, "cmd_" + cmd.name.lower())
         if cmd in (Cmd.SET_TENSOR, Cmd.GRAPH_COMPUTE):
             handler(size)  # variable sizes: the handler reads and checks its own payload
@@ -464,11 +467,11 @@ class RPCServer:
     def _cache_file(self, digest: int) -> Path:
         return self.cache_dir / f"{digest:016x}"
 
-    def cached(self, digest: int) -> bytes | None:
+    def cached(self, digest: int) -> bytearray | None:
         if self.cache_dir is None:
             return None
         path = self._cache_file(digest)
-        return path.read_bytes() if path.is_file() else None
+        return bytearray(path.read_bytes()) if path.is_file() else None
 
     def store(self, data) -> None:
         path = self._cache_file(P.fnv_hash(data))
