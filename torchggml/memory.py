@@ -166,6 +166,18 @@ class TorchBuffer(Buffer):
     def memset_tensor(self, tensor: Tensor, value: int, offset: int, size: int) -> None:
         tensor_bytes(tensor, offset, size).fill_(value)
 
+    def _rows(self, tensor: Tensor, offset: int, size: int, n_copies: int, stride: int) -> torch.Tensor:
+        """n_copies rows of `size` bytes, `stride` bytes apart, from tensor.data + offset."""
+        span = tensor_bytes(tensor, offset, (n_copies - 1) * stride + size)
+        return span.as_strided((n_copies, size), (stride, 1))
+
+    def set_tensor_2d(self, tensor, data, offset, size, n_copies, stride_tensor, stride_data) -> None:
+        rows = data.as_strided((n_copies, size), (stride_data, 1))
+        self._rows(tensor, offset, size, n_copies, stride_tensor).copy_(rows)  # one strided copy
+
+    def get_tensor_2d(self, tensor, out, offset, size, n_copies, stride_tensor, stride_data) -> None:
+        out.as_strided((n_copies, size), (stride_data, 1)).copy_(self._rows(tensor, offset, size, n_copies, stride_tensor))
+
     def clear(self, value: int) -> None:
         byte_view(self, 0, self.size).fill_(value)
 
