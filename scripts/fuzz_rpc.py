@@ -17,11 +17,14 @@ valid SET_TENSOR/GET_TENSOR/GRAPH_COMPUTE messages with random bit flips.
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -267,8 +270,9 @@ def main() -> None:
     if endpoint is None:
         port = _free_port()
         endpoint = f"127.0.0.1:{port}"
+        log = tempfile.TemporaryFile("w+")  # the server's log (a pipe nobody reads would block it)
         proc = subprocess.Popen([sys.executable, "-m", "torchggml", "rpc-server", "--port", str(port),
-                                 "--device", "CPU"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                 "--device", "CPU"], stdout=subprocess.DEVNULL, stderr=log,
                                 env=dict(os.environ))
         for _ in range(300):
             if alive(endpoint, 1.0):
@@ -276,7 +280,8 @@ def main() -> None:
             time.sleep(0.1)
         else:
             proc.kill()
-            sys.exit(f"the RPC server did not start: {proc.stderr.read().decode()[-2000:]}")
+            log.seek(0)
+            sys.exit(f"the RPC server did not start: {log.read()[-2000:]}")
     t0 = time.monotonic()
     try:
         tally = fuzz(endpoint, args.messages, args.seconds, args.seed, args.timeout,
@@ -287,6 +292,13 @@ def main() -> None:
             proc.wait(10)
     print(f"fuzzed {endpoint} for {time.monotonic() - t0:.1f} s (seed {args.seed})\n")
     print(tally.table())
+    if proc is not None:  # why the server closed connections, most frequent first
+        log.seek(0)
+        kinds = collections.Counter(re.sub(r"'[^']*'|0x[0-9a-f]+|\d+", "#", line.split(" closed: ", 1)[1]).strip()[:80]
+                                    for line in log if " closed: " in line)
+        print(f"\nthe server's reasons for closing ({sum(kinds.values())} connections), most frequent:")
+        for kind, n in kinds.most_common(12):
+            print(f"  {n:6d}  {kind}")
 
 
 def _free_port() -> int:
