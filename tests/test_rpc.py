@@ -21,7 +21,7 @@ import torch
 import torchggml as ggml
 from torchggml.rpc import (RPCServer, RPCServerGoneError, RPCError, backend_rpc_init, backend_rpc_add_server,
                            backend_is_rpc, backend_rpc_buffer_type, backend_rpc_get_device_memory,
-                           backend_rpc_reg, close_connection)
+                           backend_rpc_reg, close_connection, close_server)
 from torchggml.rpc import protocol as P
 from torchggml.rpc.client import connection
 from torchggml.rpc.protocol import Cmd
@@ -38,7 +38,7 @@ MAX_ERR_FLOAT, MAX_ERR_QUANT = 2e-3, 4e-2  # test_models.py's thresholds (llama.
 def server():
     srv = RPCServer("127.0.0.1:0", ["CPU"]).start()
     yield srv
-    close_connection(srv.endpoint)
+    close_server(srv.endpoint)
     srv.close()
 
 
@@ -148,6 +148,10 @@ def test_reg_devices_and_proc_addresses(server):
     ctx = ggml.init(no_alloc=True)
     x = ggml.new_tensor_1d(ctx, ggml.Type.F32, 8)
     assert dev.supports_op(ggml.add(ctx, x, x))
+    lacking = ggml.dup_tensor(ctx, x)
+    lacking.op, lacking.src[0] = ggml.Op.REPEAT_BACK, x
+    assert not ggml.backend_dev_supports_op(ggml.backend_dev_by_name("CPU"), lacking)
+    assert not dev.supports_op(lacking)
 
 
 def test_scheduler_splits_between_server_and_cpu(server):
@@ -201,6 +205,20 @@ def test_golden_model_on_server(server, name):
     assert (ours.argmax(1) == ref.argmax(1)).mean() >= 0.9
 
 
+@needs_golden
+def test_rpc_devices_count_as_accelerators_for_n_gpu_layers(server):
+    from torchggml.models import load_model
+    entry = MANIFEST["llama-F32.gguf"]
+    from torchggml.models.placement import gpu_devices
+    remote = backend_rpc_add_server(server.endpoint).get_devices()[0]
+    model = load_model(GOLDEN / entry["model"], rpc=[server.endpoint], devices=[remote], n_gpu_layers=1,
+                       progress=False)
+    assert model.placement.layers == [ggml.backend_dev_by_name("CPU"), remote]  # the last layer offloaded
+    assert gpu_devices()[0] is remote  # registered, and first among the accelerators (llama.cpp's order)
+    ref = np.load(GOLDEN / entry["logits"])
+    assert rel_err(model.eval(entry["tokens"]).numpy(), ref) <= MAX_ERR_FLOAT
+
+
 # ---------------------------------------------------------------- the weight cache
 
 def test_weight_cache_spares_the_second_upload(tmp_path):
@@ -226,6 +244,7 @@ def test_weight_cache_spares_the_second_upload(tmp_path):
         assert sent[0] > data.numel() * 4 and sent[1] < 4096
         assert srv.stats.commands["SET_TENSOR_HASH"] == 2 and srv.stats.commands["SET_TENSOR"] == 1
     finally:
+        close_server(srv.endpoint)
         srv.close()
 
 
@@ -330,7 +349,8 @@ def test_client_gets_a_named_error_when_the_server_goes_away():
         ggml.backend_tensor_get(t)
     close_connection(endpoint)
     with pytest.raises(RPCServerGoneError, match=f"cannot connect to the RPC server at {endpoint}"):
-        backend_rpc_init(endpoint, 0)
+        backend_rpc_init(endpoint, 0)  # its reg is remembered, its connection is not
+    close_server(endpoint)
 
 
 def test_version_mismatch_is_refused():
@@ -418,6 +438,6 @@ def test_model_split_over_two_server_processes_and_the_cpu():
         assert rel_err(ours, ref) <= MAX_ERR_FLOAT and rel_err(ours, local_logits) <= MAX_ERR_FLOAT
     finally:
         for proc, ep in procs:
-            close_connection(ep)
+            close_server(ep)
             proc.terminate()
             proc.wait(10)

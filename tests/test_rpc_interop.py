@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import torchggml as ggml
-from torchggml.rpc import RPCServer, backend_rpc_add_server, backend_rpc_init, close_connection
+from torchggml.rpc import RPCServer, backend_rpc_add_server, backend_rpc_init, close_server
 from torchggml.rpc.client import connection
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,7 +127,7 @@ def upstream_server():
             break
     time.sleep(0.3)
     yield endpoint
-    close_connection(endpoint)
+    close_server(endpoint)
     proc.kill()
     proc.wait(10)
 

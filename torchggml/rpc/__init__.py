@@ -4,10 +4,10 @@ from .protocol import (PROTO_MAJOR, PROTO_MINOR, PROTO_PATCH, DEFAULT_PORT, RPCE
                        RPCServerGoneError)
 from .client import (RPCBackend, RPCBuffer, RPCBufferType, RPCDevice, RPCReg, backend_rpc_init,
                      backend_is_rpc, backend_rpc_buffer_type, backend_rpc_get_device_memory,
-                     backend_rpc_reg, backend_rpc_add_server, close_connection)
+                     backend_rpc_reg, backend_rpc_add_server, close_connection, close_server)
 from .server import RPCServer, backend_rpc_start_server
 
 __all__ = ["PROTO_MAJOR", "PROTO_MINOR", "PROTO_PATCH", "DEFAULT_PORT", "RPCError", "RPCServerGoneError",
            "RPCBackend", "RPCBuffer", "RPCBufferType", "RPCDevice", "RPCReg", "backend_rpc_init",
            "backend_is_rpc", "backend_rpc_buffer_type", "backend_rpc_get_device_memory", "backend_rpc_reg",
-           "backend_rpc_add_server", "close_connection", "RPCServer", "backend_rpc_start_server"]
+           "backend_rpc_add_server", "close_connection", "close_server", "RPCServer", "backend_rpc_start_server"]

@@ -397,6 +397,21 @@ def backend_rpc_add_server(endpoint: str) -> RPCReg | None:
         return reg
 
 
+def close_server(endpoint: str) -> None:
+    """Forget a server: its reg leaves the registry (when registered) and the RPC0.. devices it
+    gave stop being found, and its connection closes (the server frees that connection's
+    buffers). Not in ggml-rpc.h: for a server that went away, or tests that start many."""
+    from ..backend.registry import backend_unload
+    with _regs_lock:
+        reg = _server_regs.pop(endpoint, None)
+    if reg is not None:
+        try:
+            backend_unload(reg)
+        except ValueError:
+            pass  # never registered
+    close_connection(endpoint)
+
+
 def _device(endpoint: str, device: int) -> RPCDevice:
     reg = backend_rpc_add_server(endpoint)
     if reg is None or not 0 <= device < len(reg.devices):

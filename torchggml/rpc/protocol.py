@@ -152,6 +152,18 @@ def recv_exact(sock: socket.socket, size: int, into: memoryview | None = None) -
     return buf
 
 
+def recv_growing(sock: socket.socket, size: int, chunk: int = 16 << 20) -> memoryview:
+    """Exactly `size` bytes, the buffer growing as they arrive: a peer announcing a large
+    message costs memory only for what it really sends."""
+    buf = bytearray()
+    while len(buf) < size:
+        n = min(chunk, size - len(buf))
+        start = len(buf)
+        buf.extend(bytes(n))
+        recv_exact(sock, n, memoryview(buf)[start:])
+    return memoryview(buf)
+
+
 def _send(sock: socket.socket, header: bytes, parts) -> None:
     """header then the parts; small messages go out in one write (one TCP segment)."""
     if sum(memoryview(p).nbytes for p in parts) <= 4096:

@@ -43,7 +43,7 @@ from .protocol import Cmd, WireTensor
 
 log = logging.getLogger("torchggml.rpc")
 
-MAX_GRAPH_NODES = 1 << 20      # a graph message naming more nodes is refused
+MAX_GRAPH_NODES = 1 << 18      # a graph message naming more nodes is refused (llama.cpp's graphs: < 2^16)
 EXPOSED_WARNING = ("the RPC server is bound to {host}, not a loopback address: ggml's RPC has no "
                    "authentication, anyone who can reach {host}:{port} can read and write its memory. "
                    "Never expose it to an open network.")
@@ -332,7 +332,7 @@ class Session:
         _require(size >= P.GRAPH_HEAD.size + 4, "GRAPH_COMPUTE of %d bytes is too short", size)
         _require(size <= P.graph_message_size(MAX_GRAPH_NODES, 4 * MAX_GRAPH_NODES),
                  "GRAPH_COMPUTE of %d bytes is larger than any graph this server takes", size)
-        payload = P.recv_exact(self.sock, size)
+        payload = P.recv_growing(self.sock, size)
         device, n_nodes = P.GRAPH_HEAD.unpack_from(payload)
         self.device_index(device)
         _require(n_nodes <= MAX_GRAPH_NODES, "graph of %d nodes (at most %d)", n_nodes, MAX_GRAPH_NODES)
