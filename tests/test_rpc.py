@@ -306,6 +306,13 @@ MALFORMED = {
     "graph tensor count lies": (lambda h, b: _frame(Cmd.GRAPH_COMPUTE, P.GRAPH_HEAD.pack(0, 1) + P.U64.pack(1) + P.U32.pack(5) + _t(h, b)), "need"),
     "graph node not sent": (lambda h, b: _frame(Cmd.GRAPH_COMPUTE, P.GRAPH_HEAD.pack(0, 1) + P.U64.pack(9) + P.U32.pack(1) + _t(h, b)), "is not among the graph's tensors"),
     "graph source not sent": (lambda h, b: _frame(Cmd.GRAPH_COMPUTE, P.GRAPH_HEAD.pack(0, 1) + P.U64.pack(1) + P.U32.pack(1) + _t(h, b, op=2, src=(5, 6))), "is not in the graph"),
+    "node shape disagrees with its sources": (lambda h, b: _frame(Cmd.GRAPH_COMPUTE, P.GRAPH_HEAD.pack(0, 1) + P.U64.pack(2) + P.U32.pack(2)
+                                                  + _t(h, b) + _t(h, b + 64, ne=(8, 1, 1, 1), op=2, src=(1, 1), tid=2)),
+                                              "is not source 0's [16, 1, 1, 1]"),
+    "mul_mat of mismatched rows": (lambda h, b: _frame(Cmd.GRAPH_COMPUTE, P.GRAPH_HEAD.pack(0, 1) + P.U64.pack(3) + P.U32.pack(3)
+                                                      + _t(h, b) + _t(h, b + 64, ne=(8, 2, 1, 1), tid=2)
+                                                      + _t(h, b + 128, ne=(16, 2, 1, 1), op=29, src=(1, 2), tid=3)),
+                                   "cannot be multiplied"),
     "recompute before compute": (lambda h, b: _frame(Cmd.GRAPH_RECOMPUTE, P.U32.pack(0)), "without a stored graph"),
     "truncated message": (lambda h, b: _frame(Cmd.GET_TENSOR, _t(h, b) + P.TENSOR_RANGE.pack(0, 4))[:100],
                           "truncated message"),

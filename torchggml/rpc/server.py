@@ -10,7 +10,8 @@ data and GRAPH_COMPUTE's tensor list must add up exactly), device indices, tenso
 ids must exist, buffer handles must belong to the session, every tensor's bytes
 [data, data + nbytes) must lie in its buffer, offsets and sizes of reads and writes in the
 tensor and the buffer, graph node and source ids must name tensors of the message, and every
-node must have memory and an op its device supports. A violation closes that connection with
+node must have memory, an op its device supports and, for the ops whose kernels index their
+sources by shape, the shape ggml's rules give it (shapes.py). A violation closes that connection with
 a logged reason ("torchggml.rpc" logger); the server keeps serving the others.
 
 ggml's RPC has no authentication: the server binds to 127.0.0.1 unless told otherwise and
@@ -40,6 +41,7 @@ from ..tensor import Tensor, nbytes, are_same_layout, MAX_SRC
 from ..types import Type, type_traits
 from . import protocol as P
 from .protocol import Cmd, WireTensor
+from .shapes import check_node
 
 log = logging.getLogger("torchggml.rpc")
 
@@ -376,6 +378,8 @@ class Session:
             node = by_id.get(nid)
             _require(node is not None, "graph node id %#x is not among the graph's tensors", nid)
             _require(node.buffer is not None, "graph node '%s' (%s) has no memory", node.name, node.op.name)
+            bad_shape = check_node(node)
+            _require(bad_shape is None, "graph node '%s' (%s): %s", node.name, node.op.name, bad_shape)
             _require(backend.supports_op(node), "op %s of node '%s' is not supported by device %s",
                      node.op.name, node.name, backend.get_device().name)
             graph.nodes.append(node)
