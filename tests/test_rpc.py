@@ -103,6 +103,30 @@ def test_graph_on_server_equals_local(server, name):
     assert ours.dtype == local.dtype and torch.equal(ours, local)  # the same CPU kernels on both sides
 
 
+def test_server_of_a_simulated_accelerator():
+    """Any torchggml device can be served: here SIM0 (its buffers are not host memory)."""
+    if ggml.backend_dev_by_name("SIM0") is None:
+        pytest.skip("no SIM devices (TORCHGGML_SIM_DEVICES)")
+    srv = RPCServer("127.0.0.1:0", ["SIM0"]).start()
+    try:
+        for name in ("mul_mat", "rms_norm_mul_soft_max"):
+            ours = _compute(backend_rpc_init(srv.endpoint, 0), GRAPHS[name], seed=2)
+            local = _compute(ggml.backend_dev_init(ggml.backend_dev_by_name("SIM0")), GRAPHS[name], seed=2)
+            assert torch.equal(ours, local)
+    finally:
+        close_server(srv.endpoint)
+        srv.close()
+
+
+def test_cli_lists_a_servers_devices(server, capsys):
+    from torchggml.cli import main
+    assert main(["devices", "--rpc", server.endpoint]) == 0
+    out = capsys.readouterr().out
+    assert f"RPC[{server.endpoint}]" in out and server.endpoint in out
+    assert main(["devices", "--rpc", "127.0.0.1:1"]) == 1
+    assert "cannot connect to the RPC server at 127.0.0.1:1" in capsys.readouterr().err
+
+
 def test_graph_recompute_and_buffer_commands(server):
     be = backend_rpc_init(server.endpoint, 0)
     ctx = ggml.init(no_alloc=True)

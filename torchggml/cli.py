@@ -61,6 +61,13 @@ def cmd_devices(args) -> int:
     import torchggml as ggml
     if args.load_all:
         ggml.backend_load_all()
+    for endpoint in (args.rpc or "").split(","):
+        if endpoint:
+            try:
+                ggml.backend_register(ggml.backend_rpc_add_server(endpoint))
+            except (ConnectionError, ValueError) as e:
+                print(f"torchggml devices: error: {e}", file=sys.stderr)
+                return 1
     header = ("reg", "device", "type", "free MiB", "total MiB", "caps", "description")
     rows = device_rows()
     rows += meta_device_rows(args.meta)
@@ -120,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--meta", action="append", metavar="DEV,DEV,...",
                    help="also show the meta device over these devices (tensor parallel); "
                         "default: over all accelerators when there are two or more")
+    p.add_argument("--rpc", metavar="HOST:PORT[,HOST:PORT...]", help="also list these RPC servers' devices")
     p.set_defaults(func=cmd_devices)
 
     p = sub.add_parser("test-ops", help="run the op cases on devices against the CPU reference")
