@@ -28,55 +28,39 @@ def _check_2d(t: Tensor, data, size: int, n_copies: int, stride_tensor: int, str
         _check_range(t, offset, (n_copies - 1) * stride_tensor + size, what)
 
 
-def _rows_1d(copy, t, data, offset, size, n_copies, stride_tensor, stride_data) -> None:
-    for i in range(n_copies):
-        copy(t, data[i * stride_data:i * stride_data + size], offset + i * stride_tensor, size)
+def _copy_2d(what: str, t: Tensor, data, offset, size, n_copies, stride_tensor, stride_data, member, row) -> None:
+    """Check the region once, then the 2-D member for several rows, else `row` per row."""
+    _check_2d(t, data, size, n_copies, stride_tensor, stride_data, offset, what)
+    if n_copies <= 1 or member is None:
+        for i in range(n_copies):
+            row(t, data[i * stride_data:i * stride_data + size], offset + i * stride_tensor, size)
+    elif size:
+        member(t, data, offset, size, n_copies, stride_tensor, stride_data)
 
 
 def backend_tensor_set_2d(t: Tensor, data, offset: int, size: int, n_copies: int, stride_tensor: int,
                           stride_data: int) -> None:
-    src = as_byte_tensor(data)
-    _check_2d(t, src, size, n_copies, stride_tensor, stride_data, offset, "backend_tensor_set_2d")
-    buf = memory_buffer(t)
-    if n_copies <= 1 or buf.set_tensor_2d is None:
-        _rows_1d(backend_tensor_set, t, src, offset, size, n_copies,
-                 stride_tensor, stride_data)
-    elif size:
-        buf.set_tensor_2d(t, src, offset, size, n_copies, stride_tensor, stride_data)
+    _copy_2d("backend_tensor_set_2d", t, as_byte_tensor(data), offset, size, n_copies, stride_tensor, stride_data,
+             getattr(memory_buffer(t), "set_tensor_2d", None), backend_tensor_set)
 
 
 def backend_tensor_get_2d(t: Tensor, data, offset: int, size: int, n_copies: int, stride_tensor: int,
                           stride_data: int):
-    dst = as_writable_byte_tensor(data, "backend_tensor_get_2d")
-    _check_2d(t, dst, size, n_copies, stride_tensor, stride_data, offset, "backend_tensor_get_2d")
-    buf = memory_buffer(t)
-    if n_copies <= 1 or buf.get_tensor_2d is None:
-        _rows_1d(backend_tensor_get, t, dst, offset, size, n_copies,
-                 stride_tensor, stride_data)
-    elif size:
-        buf.get_tensor_2d(t, dst, offset, size, n_copies, stride_tensor, stride_data)
+    _copy_2d("backend_tensor_get_2d", t, as_writable_byte_tensor(data, "backend_tensor_get_2d"), offset, size,
+             n_copies, stride_tensor, stride_data, getattr(memory_buffer(t), "get_tensor_2d", None), backend_tensor_get)
     return data
 
 
 def backend_tensor_set_2d_async(backend, t: Tensor, data, offset: int, size: int, n_copies: int,
                                 stride_tensor: int, stride_data: int) -> None:
     from .backend import backend_tensor_set_async
-    src = as_byte_tensor(data)
-    _check_2d(t, src, size, n_copies, stride_tensor, stride_data, offset, "backend_tensor_set_2d_async")
-    if n_copies <= 1 or backend.set_tensor_2d_async is None:
-        _rows_1d(partial(backend_tensor_set_async, backend), t, src, offset, size,
-                 n_copies, stride_tensor, stride_data)
-    elif size:
-        backend.set_tensor_2d_async(t, src, offset, size, n_copies, stride_tensor, stride_data)
+    _copy_2d("backend_tensor_set_2d_async", t, as_byte_tensor(data), offset, size, n_copies, stride_tensor,
+             stride_data, backend.set_tensor_2d_async, partial(backend_tensor_set_async, backend))
 
 
 def backend_tensor_get_2d_async(backend, t: Tensor, data, offset: int, size: int, n_copies: int,
                                 stride_tensor: int, stride_data: int) -> None:
     from .backend import backend_tensor_get_async
-    dst = as_writable_byte_tensor(data, "backend_tensor_get_2d_async")
-    _check_2d(t, dst, size, n_copies, stride_tensor, stride_data, offset, "backend_tensor_get_2d_async")
-    if n_copies <= 1 or backend.get_tensor_2d_async is None:
-        _rows_1d(partial(backend_tensor_get_async, backend), t, dst, offset, size,
-                 n_copies, stride_tensor, stride_data)
-    elif size:
-        backend.get_tensor_2d_async(t, dst, offset, size, n_copies, stride_tensor, stride_data)
+    _copy_2d("backend_tensor_get_2d_async", t, as_writable_byte_tensor(data, "backend_tensor_get_2d_async"), offset,
+             size, n_copies, stride_tensor, stride_data, backend.get_tensor_2d_async,
+             partial(backend_tensor_get_async, backend))
