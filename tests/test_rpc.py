@@ -368,6 +368,28 @@ def test_malformed_message_closes_only_that_connection(server, case, caplog):
     _raw(server.endpoint).close()
 
 
+def test_connections_beyond_the_limit_are_refused(caplog):
+    srv = RPCServer("127.0.0.1:0", ["CPU"], max_connections=2).start()
+    try:
+        held = [_raw(srv.endpoint), _raw(srv.endpoint)]
+        with caplog.at_level(logging.WARNING, logger="torchggml.rpc"):
+            extra = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+            try:
+                assert extra.recv(1) == b""
+            except ConnectionResetError:
+                pass
+        assert any("2 connections already" in r.getMessage() for r in caplog.records)
+        held[0].close()
+        for _ in range(100):  # its session ends, and a new client is served again
+            if len(srv.sessions) < 2:
+                break
+            threading.Event().wait(0.05)
+        _raw(srv.endpoint).close()
+        held[1].close()
+    finally:
+        srv.close()
+
+
 def test_client_gets_a_named_error_when_the_server_goes_away():
     srv = RPCServer("127.0.0.1:0", ["CPU"]).start()
     endpoint = srv.endpoint

@@ -428,7 +428,7 @@ class RPCServer:
     thread, serve_forever() in this one."""
 
     def __init__(self, endpoint: str = f"127.0.0.1:{P.DEFAULT_PORT}", devices=None, cache_dir=None,
-                 n_threads: int | None = None):
+                 n_threads: int | None = None, max_connections: int = 64):
         from ..backend.device import backend_dev_init, backend_dev_backend_reg
         host, port = P.parse_endpoint(endpoint, listening=True)
         self.devices = _devices(devices)
@@ -442,6 +442,7 @@ class RPCServer:
         self.cache_dir = Path(cache_dir) if cache_dir else None
         if self.cache_dir is not None:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
+        self.max_connections = max_connections  # more at once are refused (each is a thread)
         self.lock = threading.RLock()
         self.stats = ServerStats()
         self.sessions: set[Session] = set()
@@ -485,9 +486,7 @@ class RPCServer:
         log.info("RPC cache: saved %d bytes to %s", len(data), path)
 
     # ---- serving
-    def _serve_one(self, sock: socket.socket, peer: str) -> None:
-        session = Session(self, sock, peer)
-        self.sessions.add(session)
+    def _serve_one(self, session: Session) -> None:
         try:
             session.serve()
         finally:
@@ -504,8 +503,15 @@ class RPCServer:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             peer = f"{addr[0]}:{addr[1]}"
             self.stats.count("connections")
+            if len(self.sessions) >= self.max_connections:
+                self.stats.count("closed_violation", "too many connections")
+                log.warning("RPC connection from %s refused: %d connections already", peer, len(self.sessions))
+                sock.close()
+                continue
             log.info("RPC connection from %s", peer)
-            threading.Thread(target=self._serve_one, args=(sock, peer), daemon=True,
+            session = Session(self, sock, peer)
+            self.sessions.add(session)
+            threading.Thread(target=self._serve_one, args=(session,), daemon=True,
                              name=f"rpc-session-{peer}").start()
 
     def start(self) -> "RPCServer":
