@@ -16,10 +16,11 @@ docs/architecture.md describes the layers behind them.
 from .types import (Type, TypeTraits, type_traits, type_name, type_size, blck_size, row_size,
                     is_quantized, type_to_dtype, dtype_to_type)
 from .enums import Op, UnaryOp, GluOp, SortOrder, TensorFlag, Status, RopeType, Prec
+from .enums import OpPool, ScaleMode, ScaleFlag, TriType
 
 # ---------------------------------------------------------------- tensors
 from .tensor import (Tensor, nelements, nrows, nbytes, element_size, n_dims, is_contiguous,
-                     is_contiguous_rows, is_contiguous_n, is_contiguous_1, is_contiguous_2,
+                     is_contiguous_rows, is_contiguous_n, is_contiguous_1, is_contiguous_2, is_contiguous_channels,
                      is_padded_1d, is_transposed, is_permuted, is_empty, is_scalar, is_vector,
                      is_matrix, are_same_shape, are_same_stride, are_same_layout, can_repeat,
                      set_name, get_name, format_name, set_input, set_output, set_param, set_loss,
