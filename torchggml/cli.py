@@ -103,7 +103,7 @@ def cmd_rpc_server(args) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     devices = [d for spec in args.device or () for d in spec.split(",") if d] or None
     try:
-        server = RPCServer(f"{args.host}:{args.port}", devices, args.cache, args.threads)
+        server = RPCServer(f"{args.host}:{args.port}", devices, args.cache, args.threads, args.max_connections)
     except (ValueError, OSError) as e:
         print(f"torchggml rpc-server: error: {e}", file=sys.stderr)
         return 1
@@ -146,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="devices to serve, e.g. CPU, CUDA0, SIM0 (default: the first GPU, else the CPU)")
     p.add_argument("-c", "--cache", metavar="DIR", help="keep weights in DIR so that clients need not resend them")
     p.add_argument("-t", "--threads", type=int, help="CPU threads of the served backends")
+    p.add_argument("--max-connections", type=int, default=64, help="clients served at once (default 64)")
     p.add_argument("-v", "--verbose", action="store_true", help="log connections and commands' failures")
     p.set_defaults(func=cmd_rpc_server)
 
