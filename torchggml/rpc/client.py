@@ -23,7 +23,7 @@ import torch
 from ..backend_impl import (Backend, Buffer, BufferType, BufferUsage, Device, DeviceCaps, DeviceType,
                             Event, Reg)
 from ..enums import Status
-from ..tensor import Tensor, MAX_SRC, memory_buffer, nbytes
+from ..tensor import Tensor, memory_buffer, nbytes
 from ..types import is_quantized
 from . import protocol as P
 from .protocol import Cmd, RPCError, RPCServerGoneError

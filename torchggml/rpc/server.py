@@ -31,7 +31,6 @@ from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ..backend_impl import Buffer
