@@ -216,3 +216,21 @@ def test_llama_cpp_computes_on_our_server(tmp_path, name):
     assert rel_err(logits["remote"], logits["local"]) <= (MAX_ERR_QUANT if quant else MAX_ERR_FLOAT)
     assert (logits["remote"].argmax(1) == logits["local"].argmax(1)).mean() >= 0.9
     assert srv.stats.closed_violation == 0 and srv.stats.closed_error == 0
+
+
+def test_model_split_over_upstreams_server_ours_and_the_cpu(upstream_server):
+    """Layer 0 on upstream's RPC server, layer 1 on a torchggml one, the head local: the
+    scheduler moves the activations between two implementations of the protocol."""
+    from torchggml.models import load_model
+    entry = MANIFEST["llama-F16.gguf"]
+    ours = RPCServer("127.0.0.1:0", ["CPU"]).start()
+    try:
+        model = load_model(GOLDEN / entry["model"], rpc=[upstream_server, ours.endpoint], tensor_split=[1, 1, 0],
+                           progress=False)
+        assert [d.get_description() for d in model.placement.layers] == [upstream_server, ours.endpoint]
+        logits = model.eval(entry["tokens"]).numpy()
+        assert ours.stats.commands.get("GRAPH_COMPUTE", 0) >= 1
+    finally:
+        close_server(ours.endpoint)
+        ours.close()
+    assert rel_err(logits, np.load(GOLDEN / entry["logits"])) <= MAX_ERR_FLOAT
