@@ -22,7 +22,7 @@ import torch
 
 from ..backend_impl import (Backend, Buffer, BufferType, BufferUsage, Device, DeviceCaps, DeviceType,
                             Event, Reg)
-from ..enums import Status
+from ..enums import Op, Status
 from ..tensor import Tensor, memory_buffer, nbytes
 from ..types import is_quantized
 from . import protocol as P
@@ -30,6 +30,9 @@ from .protocol import Cmd, RPCError, RPCServerGoneError
 
 RPC_GUID = bytes([0x99, 0x68, 0x5b, 0x6c, 0xd2, 0x83, 0x3d, 0x24, 0x25, 0x36, 0x72, 0xe1, 0x5b, 0x0e, 0x14, 0x03])
 _U32_MAX = 2**32 - 1
+# upstream's ggml_op_alloc_size_may_expand: outputs a backend may allocate larger than nbytes
+ALLOC_SIZE_MAY_EXPAND = frozenset(getattr(Op, n) for n in ("FLASH_ATTN_EXT", "MUL_MAT", "MUL_MAT_ID", "CUMSUM",
+                                                           "ARGSORT", "TOP_K") if hasattr(Op, n))
 
 
 class Connection:
@@ -187,8 +190,10 @@ class RPCBufferType(BufferType):
         return RPCBuffer(self, conn, handle, remote_size, base)
 
     def get_alloc_size(self, tensor: Tensor) -> int:
-        # the server pads some quantized rows (CUDA pads to 512 elements): ask for those only
-        if not (is_quantized(tensor.type) and tensor.ne[0] % 512 and tensor.view_src is None):
+        # ask the server only where its device may want more than nbytes: quantized rows it
+        # pads (CUDA pads to 512 elements), and ops that keep scratch data beside their output
+        padded = is_quantized(tensor.type) and tensor.ne[0] % 512 and tensor.view_src is None
+        if not (padded or tensor.op in ALLOC_SIZE_MAY_EXPAND):
             return nbytes(tensor)
         key = (int(tensor.type), int(tensor.op), bytes(tensor.op_params), tuple(tensor.ne), tuple(tensor.nb))
         if key not in self._alloc_sizes:
