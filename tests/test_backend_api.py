@@ -25,6 +25,12 @@ def test_every_ggml_backend_h_function_is_mirrored():
     assert missing == [], f"{115 - len(missing)}/115: missing {missing}"
 
 
+def test_every_ggml_rpc_h_function_is_mirrored():
+    names = ["backend_rpc_init", "backend_is_rpc", "backend_rpc_buffer_type", "backend_rpc_get_device_memory",
+             "backend_rpc_start_server", "backend_rpc_reg", "backend_rpc_add_server"]
+    assert all(callable(getattr(ggml, n, None)) for n in names)
+
+
 @pytest.fixture
 def sims(monkeypatch):
     monkeypatch.setenv("TORCHGGML_SIM_DEVICES", "2")
