@@ -22,7 +22,7 @@ def _user_errors(fn):
         from ..tokenizer import TokenizerError
         try:
             return fn(args)
-        except (GGUFError, TokenizerError, FileNotFoundError, ValueError, MemoryError) as e:
+        except (GGUFError, TokenizerError, FileNotFoundError, ValueError, MemoryError, ConnectionError) as e:
             print(f"torchggml {args.command}: error: {e}", file=sys.stderr)
             return 1
     return run
@@ -60,6 +60,9 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-tp", "--tensor-parallel", metavar="DEV,DEV,...|dist",
                    help="split every layer over these devices (a meta device), e.g. SIM0,SIM1; "
                         "'dist': one device per torchrun rank (torch.distributed, gloo on CPU)")
+    p.add_argument("--rpc", metavar="HOST:PORT[,HOST:PORT...]",
+                   help="add the devices of ggml RPC servers (torchggml rpc-server, llama.cpp's rpc-server); "
+                        "without -d/-ngl the layers are split over them and the local CPU")
     p.add_argument("--no-repack", dest="repack", action="store_false",
                    help="keep CPU weights in ggml's layout (no CPU_REPACK buffers)")
 
@@ -71,7 +74,8 @@ def model_params(args) -> "ModelParams":
                        tensor_split=args.tensor_split, n_ctx=args.ctx_size, n_batch=args.batch_size,
                        flash_attn=args.flash_attn, kv_type=args.cache_type, n_threads=args.threads,
                        repack=getattr(args, "repack", True),
-                       tensor_parallel=getattr(args, "tensor_parallel", None))
+                       tensor_parallel=getattr(args, "tensor_parallel", None),
+                       rpc=args.rpc.split(",") if getattr(args, "rpc", None) else None)
 
 
 def _main_rank() -> bool:
