@@ -333,6 +333,8 @@ def test_queue_full_is_503(server1):
         c.completions.create(model=server1.model_id, prompt=PROMPTS[1], max_tokens=2)
     assert e.value.status_code == 503 and e.value.body["code"] == "server_busy"
     running.close()
+    with pytest.raises(openai.BadRequestError):  # more sequences than it can ever hold: 400, not 503
+        c.completions.create(model=server1.model_id, prompt=PROMPTS[1], max_tokens=2, n=2)
 
 
 def test_metrics(server):

@@ -124,6 +124,10 @@ class ServerState:
         return jobs
 
     def submit(self, jobs: list[Job]) -> None:
+        room = self.engine.parallel + self.engine.max_queue
+        if len(jobs) > room:  # could never be accepted: not a matter of retrying later
+            raise APIError(400, f"the request needs {len(jobs)} sequences (prompts x n); this server runs "
+                                f"{self.engine.parallel} and queues {self.engine.max_queue}", "n")
         try:
             self.engine.submit(jobs)
         except QueueFull as e:
