@@ -102,7 +102,7 @@ def bench_models(types=DEFAULT_TYPES) -> list[str]:
 
 
 def cpu_header() -> str:
-    from torchggml.torch_backend.cpu_quant.features import cpu_features, cpu_path, fastest_gemm_dtype
+    from torchggml.torch_backend.cpu.features import cpu_features, cpu_path, fastest_gemm_dtype
     feats = cpu_features()
     flags = " ".join(k for k, v in feats.items() if v == "1")
     return (f"CPU: {feats['CPU_CAPABILITY']} ({flags}); torchggml CPU path: {cpu_path()}, "

@@ -1,4 +1,4 @@
-"""The CPU's fused quantized products (torch_backend/cpu_quant): every block type decomposed
+"""The CPU's fused quantized products (torch_backend/cpu/layouts/fused.py): every block type decomposed
 exactly into (q, scale, bias); MUL_MAT with a weight in the fused repack buffer, and MUL_MAT_ID
 with experts there, against a float64 product of gguf's dequantized weight, per type and path
 (fused matvec for few rows, dequantize + GEMM in float32 or bf16 for micro-batches); path
@@ -14,9 +14,9 @@ from gguf import GGMLQuantizationType, quants as gguf_quants
 import torchggml as ggml
 from torchggml.quants import dequantize
 from torchggml.torch_backend.cpu import cpu_device, cpu_reg
-from torchggml.torch_backend.cpu_quant import layout
-from torchggml.torch_backend.cpu_quant.decompose import DECOMPOSE, decompose
-from torchggml.torch_backend.cpu_quant.features import PATHS, cpu_features, cpu_path
+from torchggml.torch_backend.cpu.layouts import fused as layout
+from torchggml.torch_backend.cpu.layouts.decompose import DECOMPOSE, decompose
+from torchggml.torch_backend.cpu.features import PATHS, cpu_features, cpu_path
 from torchggml.torch_backend.cpu import repack_buffer_type
 from torchggml.types import type_traits
 
@@ -269,7 +269,7 @@ def test_half_bits_to_float_exact_for_every_half():
     arithmetic where it has none: the x86-64 target below): every one of the 65536 bit
     patterns, infinities and NaN included, gives numpy's float32."""
     from numba import njit
-    from torchggml.torch_backend.cpu_quant.llvm_ir import _half_bits_intrinsic
+    from torchggml.torch_backend.cpu.jit.llvm_ir import _half_bits_intrinsic
     half_to_f32 = _half_bits_intrinsic()
 
     @njit
@@ -308,9 +308,8 @@ def test_kernels_load_from_numba_disk_cache_in_a_new_process():
     from pathlib import Path
     script = (  # kernels that call other jitted code: the ones whose closures missed the cache
         "import numpy as np, torch\n"
-        "from torchggml.torch_backend.cpu_quant.kernels import numba_kernels\n"
-        "from torchggml.torch_backend.cpu_numba import numba_ops\n"
-        "k, ops = numba_kernels(), numba_ops()\n"
+        "from torchggml.torch_backend.cpu.jit.loader import op_kernels, quant_kernels\n"
+        "k, ops = quant_kernels(), op_kernels()\n"
         "q = np.ones((4, 64), np.int8); s = np.ones((4, 2), np.float32); xq = np.ones((1, 64), np.int8)\n"
         "xd = np.ones((1, 2), np.float32); rows = np.zeros(1, np.int64); out = np.empty((1, 4), np.float32)\n"
         "k.matvec(q, s, s, False, 32, rows, xq, xd, xd, rows, out)\n"

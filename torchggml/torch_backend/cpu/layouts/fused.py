@@ -1,4 +1,4 @@
-"""The fused path's repack buffer: weights stored as (q, scale, bias), multiplied by numba.
+"""The `fused` path's layout (the default): weights stored as (q, scale, bias), multiplied by numba.
 
 At a repacked tensor's address (E matrices of N rows of K values, G values per group; E = ne[2]
 is the number of experts of a MUL_MAT_ID weight, 1 for MUL_MAT's):
@@ -30,14 +30,13 @@ import threading
 import numpy as np
 import torch
 
-from ...tensor import Tensor, nbytes, round_up
-from ...enums import Op
-from ...types import Type
-from ..repack import RepackBuffer, RepackBufferType, is_whole_contiguous
-from ...memory import byte_view
+from ....tensor import Tensor, round_up
+from ....types import Type
+from ....memory import byte_view
+from ..features import fastest_gemm_dtype
+from ..jit.loader import quant_kernels
+from .base import RepackBuffer, RepackBufferType
 from .decompose import DECOMPOSE, HAS_BIAS, decompose, group_size
-from .features import fastest_gemm_dtype
-from .kernels import numba_kernels
 
 ALIGN = 64
 # below this many activation rows the fused matvec wins; from it on dequantize + GEMM does
@@ -108,18 +107,11 @@ def packed_views(t: Tensor):
 class FusedBufferType(RepackBufferType):
     """CPU memory holding weights as (q, scale, bias) for the fused numba products."""
 
-    def get_alloc_size(self, tensor: Tensor) -> int:
-        return _layout(tensor)[5] if self.supports_tensor(tensor) else nbytes(tensor)
-
     def supports_weight(self, qtype, ne) -> bool:
         return supports_shape(qtype, ne)
 
-    def supports_tensor(self, t: Tensor) -> bool:
-        return is_whole_contiguous(t) and supports_shape(t.type, t.ne)
-
-    def reads_as_weight(self, node: Tensor, t: Tensor) -> bool:
-        """MUL_MAT of a 2-D weight, and MUL_MAT_ID of experts."""
-        return super().reads_as_weight(node, t) or node.op == Op.MUL_MAT_ID
+    def layout_nbytes(self, t: Tensor) -> int:
+        return _layout(t)[5]
 
     def bind_product(self, t: Tensor):
         """fn(rows [R, K] float, out [R, N] f32): out = rows @ t^T."""
@@ -221,7 +213,7 @@ def dequantized(p: _Packed, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The (one-matrix) weight as [N, K] of dtype (float32 or bfloat16, rounded to nearest
     even), in a per-thread scratch buffer."""
     w = _scratch_buffer(p.n * p.k, _KERNEL_DTYPES[dtype]).view(p.n, p.k)
-    kernels = numba_kernels()
+    kernels = quant_kernels()
     if p.six_bits:
         kernels.dequantize_six_bits(p.q, p.scale, w.numpy())
     elif p.nibbles:
@@ -239,7 +231,7 @@ def _gemm(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
 def _matvec(p: _Packed, x: torch.Tensor, x_row: np.ndarray, w_row0: np.ndarray, out: torch.Tensor) -> None:
     """out[i] = W[w_row0[i] : w_row0[i] + N] @ x[x_row[i]]: every x row quantized once to int8 per
     group, as ggml's vec_dot_type (Q8_0) does, then the fused matvec."""
-    kernels = numba_kernels()
+    kernels = quant_kernels()
     xf = x.float().contiguous().numpy()
     xq = np.empty(xf.shape, np.int8)
     xd = np.empty((xf.shape[0], p.k // p.g), np.float32)

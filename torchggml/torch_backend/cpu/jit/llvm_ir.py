@@ -1,4 +1,4 @@
-"""LLVM IR for the fused CPU kernels (used by jit_kernels.py and cpu_numba_kernels.py): numba
+"""LLVM IR for the fused CPU kernels (used by quant_kernels.py and op_kernels.py): numba
 intrinsics for a row's quantized dot product and for packed rows' unpacking, the CPU's byte dot
 instruction by target feature, float16 reads that need no library call, and the bf16 row output.
 """
