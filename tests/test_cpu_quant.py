@@ -299,10 +299,11 @@ def test_fused_kernels_on_other_x86_targets(target):
     assert out.returncode == 0 and "6 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
 
 
-def test_kernels_load_from_numba_disk_cache_in_a_new_process():
+def test_kernels_load_from_numba_disk_cache_in_a_new_process(tmp_path):
     """A second process loads the compiled kernels from numba's disk cache instead of compiling
     them again (kernels defined in closures missed it in every process: ~10 s before a quantized
-    model's first prompt)."""
+    model's first prompt); the first, with an empty cache, says once that it compiles."""
+    import os
     import subprocess
     import sys
     from pathlib import Path
@@ -316,11 +317,14 @@ def test_kernels_load_from_numba_disk_cache_in_a_new_process():
         "x = np.ones((1, 1, 1, 8), np.float32); ops.swiglu(x, x, x.copy())\n"
         "print(sum(f.stats.cache_misses.get(s, 0) for f in (k.matvec, ops.swiglu) for s in f.signatures),\n"
         "      sum(f.stats.cache_hits.get(s, 0) for f in (k.matvec, ops.swiglu) for s in f.signatures))\n")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
     run = lambda: subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,  # noqa: E731
-                                 cwd=Path(__file__).parents[1])
+                                 cwd=Path(__file__).parents[1], env=env)
     first = run()
     assert first.returncode == 0, first.stderr[-2000:]
+    assert first.stderr.count("torchggml: compiling CPU kernels (first use") == 1, first.stderr[-2000:]
     second = run()
     assert second.returncode == 0, second.stderr[-2000:]
+    assert "compiling" not in second.stderr, second.stderr[-2000:]
     misses, hits = map(int, second.stdout.split())
     assert (misses, hits) == (0, 2), second.stdout
