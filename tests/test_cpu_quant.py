@@ -54,6 +54,31 @@ def test_decompose_is_dequantize(qtype):
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=[t.name for t in TYPES])
+def _repacked(qtype, blocks, n, k, native: bool, monkeypatch) -> list[torch.Tensor]:
+    """The fused layout's (q, scale, bias) after writing `blocks` (an [n, k] weight), by the
+    native or the torch conversion."""
+    if not native:
+        monkeypatch.setattr(layout, "NATIVE_REPACK", frozenset())
+    ctx = ggml.init(no_alloc=True)
+    a = ggml.new_tensor_2d(ctx, qtype, k, n)
+    ggml.backend_alloc_ctx_tensors_from_buft(ctx, repack_buffer_type("fused"))
+    ggml.backend_tensor_set(a, blocks)
+    monkeypatch.undo()
+    return [v.clone() for v in layout.packed_views(a) if v is not None]
+
+
+@pytest.mark.parametrize("qtype", sorted(layout.NATIVE_REPACK), ids=lambda t: t.name)
+def test_native_repack_equals_the_torch_conversion(qtype, monkeypatch):
+    """The load's native conversion writes the fused layout bit for bit as decompose.py (checked
+    against dequantize above) does."""
+    n, k = 37, 512
+    blocks = random_blocks(qtype, n, k, seed=3)
+    native = _repacked(qtype, blocks, n, k, True, monkeypatch)
+    reference = _repacked(qtype, blocks, n, k, False, monkeypatch)
+    assert [v.dtype for v in native] == [v.dtype for v in reference]
+    assert all(torch.equal(x, y) for x, y in zip(native, reference))
+
+
 def test_dequantize_to_bf16_rounds_as_torch(qtype):
     """The prompt path's bf16 weight (dequantized straight to bf16 by the kernels) is exactly
     torch's round-to-nearest-even of the float32 dequantized weight."""

@@ -5,6 +5,7 @@ types and cached on disk by numba.
     quant_kernels()    the fused quantized products over the (q, scale, bias) layouts
                        (quant_kernels.py: matvec, quantize_rows, dequantize_*)
     op_kernels()       decode's small nodes (op_kernels.py: norms, softmax, rope, copies...)
+    repack_kernels()   ggml blocks to the fused layouts at load (repack_kernels.py)
 
 Where numba's cache holds nothing for a module (the first use after an install), one line on
 stderr says that the kernels are being compiled, once per process.
@@ -67,3 +68,8 @@ def quant_kernels():
 def op_kernels():
     """The small nodes' kernels (op_kernels.py)."""
     return _load("op_kernels")
+
+
+def repack_kernels():
+    """The load's conversions to the fused layouts (repack_kernels.py)."""
+    return _load("repack_kernels")

@@ -34,7 +34,7 @@ from ....tensor import Tensor, round_up
 from ....types import Type
 from ....memory import byte_view
 from ..features import fastest_gemm_dtype
-from ..jit.loader import quant_kernels
+from ..jit.loader import numba_available, quant_kernels, repack_kernels
 from .base import RepackBuffer, RepackBufferType
 from .decompose import DECOMPOSE, HAS_BIAS, decompose, group_size
 
@@ -127,19 +127,43 @@ class FusedBuffer(RepackBuffer):
         self.check_whole_write(tensor, offset, size, f"contiguous 2-D or 3-D weights of types "
                                                      f"{', '.join(sorted(t.name for t in DECOMPOSE))}")
         q, scale, bias = packed_views(tensor)
-        n, k = q.shape[0], tensor.ne[0]
-        blocks = data[:size].reshape(n, -1).cpu()
-        step = max(1, CONVERT_ROWS_VALUES // k)
-        for r0 in range(0, n, step):  # chunks of rows bound the temporaries
-            pq, ps, pb = decompose(tensor.type, blocks[r0:r0 + step], k)
-            if tensor.type in NIBBLE_SIGNED:
-                pq = _as_nibbles(pq, -8 if NIBBLE_SIGNED[tensor.type] else 0)
-            elif tensor.type in SIX_BIT:
-                pq = _as_six_bits(pq)
-            q[r0:r0 + step].copy_(pq)
-            scale[r0:r0 + step].copy_(ps.half().view(torch.int16) if tensor.type in HALF_SCALES else ps)
-            if bias is not None:
-                bias[r0:r0 + step].copy_(pb)
+        blocks = data[:size].reshape(q.shape[0], -1).cpu()
+        if tensor.type in NATIVE_REPACK and numba_available():
+            _native_repack(tensor.type, blocks, q, scale, bias)
+        else:
+            _torch_repack(tensor.type, tensor.ne[0], blocks, q, scale, bias)
+
+
+# types whose blocks native code converts (jit/repack_kernels.py: every row once, in parallel)
+NATIVE_REPACK = frozenset({Type.Q8_0, Type.Q4_0, Type.Q4_K, Type.Q6_K})
+
+
+def _native_repack(qtype, blocks, q, scale, bias) -> None:
+    kernels = repack_kernels()
+    b = blocks.numpy()
+    if qtype == Type.Q8_0:
+        kernels.repack_q8_0(b, q.view(torch.uint8).numpy(), scale.numpy())
+    elif qtype == Type.Q4_0:
+        kernels.repack_q4_0(b, q.numpy(), scale.numpy().view(np.uint16))
+    elif qtype == Type.Q4_K:
+        kernels.repack_q4_k(b, q.numpy(), scale.numpy(), bias.numpy())
+    else:
+        kernels.repack_q6_k(b, q.numpy(), scale.numpy())
+
+
+def _torch_repack(qtype, k: int, blocks, q, scale, bias) -> None:
+    """The other types (and every type without numba): decompose.py in torch, rows in chunks."""
+    step = max(1, CONVERT_ROWS_VALUES // k)
+    for r0 in range(0, q.shape[0], step):  # chunks of rows bound the temporaries
+        pq, ps, pb = decompose(qtype, blocks[r0:r0 + step], k)
+        if qtype in NIBBLE_SIGNED:
+            pq = _as_nibbles(pq, -8 if NIBBLE_SIGNED[qtype] else 0)
+        elif qtype in SIX_BIT:
+            pq = _as_six_bits(pq)
+        q[r0:r0 + step].copy_(pq)
+        scale[r0:r0 + step].copy_(ps.half().view(torch.int16) if qtype in HALF_SCALES else ps)
+        if bias is not None:
+            bias[r0:r0 + step].copy_(pb)
 
 
 def _as_nibbles(q, offset: int):
