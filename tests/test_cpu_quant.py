@@ -53,7 +53,6 @@ def test_decompose_is_dequantize(qtype):
     torch.testing.assert_close(w.view(n, k), dequantize(qtype, blocks), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=[t.name for t in TYPES])
 def _repacked(qtype, blocks, n, k, native: bool, monkeypatch) -> list[torch.Tensor]:
     """The fused layout's (q, scale, bias) after writing `blocks` (an [n, k] weight), by the
     native or the torch conversion."""
@@ -79,6 +78,7 @@ def test_native_repack_equals_the_torch_conversion(qtype, monkeypatch):
     assert all(torch.equal(x, y) for x, y in zip(native, reference))
 
 
+@pytest.mark.parametrize("qtype", TYPES, ids=[t.name for t in TYPES])
 def test_dequantize_to_bf16_rounds_as_torch(qtype):
     """The prompt path's bf16 weight (dequantized straight to bf16 by the kernels) is exactly
     torch's round-to-nearest-even of the float32 dequantized weight."""
