@@ -92,19 +92,25 @@ def test_dequantize_to_bf16_rounds_as_torch(qtype):
     assert torch.equal(layout.dequantized(packed, torch.bfloat16), f32.bfloat16())
 
 
-PRODUCT_CASES = [(qtype, n, k, m, gemm) for qtype in TYPES for n, k in ((7, 256), (33, 512))
+PRODUCT_CASES = [(qtype, n, k, m, gemm, "fused") for qtype in TYPES for n, k in ((7, 256), (33, 512))
                  for m, gemm in ((1, "f32"), (3, "f32"), (40, "f32"), (40, "bf16"))]
+# Q8_0 and Q4_0 weights also multiplied on their ggml blocks in host memory (where models leave them)
+PRODUCT_CASES += [(qtype, n, k, m, gemm, "blocks") for qtype, n, k, m, gemm, _ in PRODUCT_CASES
+                  if qtype in layout.IN_PLACE_KINDS]
 
 
-@pytest.mark.parametrize("qtype,n,k,m,gemm", PRODUCT_CASES,
-                         ids=[f"{c[0].name}-n{c[1]}-k{c[2]}-m{c[3]}-{c[4]}" for c in PRODUCT_CASES])
-def test_fused_mul_mat_matches_float64(qtype, n, k, m, gemm, monkeypatch):
+@pytest.mark.parametrize("qtype,n,k,m,gemm,where", PRODUCT_CASES,
+                         ids=[f"{c[0].name}-n{c[1]}-k{c[2]}-m{c[3]}-{c[4]}-{c[5]}" for c in PRODUCT_CASES])
+def test_fused_mul_mat_matches_float64(qtype, n, k, m, gemm, where, monkeypatch):
+    from torchggml.torch_backend.cpu.products import bind_block_product
     monkeypatch.setenv("TORCHGGML_CPU_GEMM", gemm)
     blocks = random_blocks(qtype, n, k, seed=n * k + m)
     w = dequantize(qtype, blocks).double()
-    a, b, node, graph, _bufs = weight_graph(qtype, n, k, m, repack_buffer_type("fused"))
-    assert isinstance(a.buffer.buft, layout.FusedBufferType)
+    buft = repack_buffer_type("fused") if where == "fused" else ggml.backend_cpu_buffer_type()
+    a, b, node, graph, _bufs = weight_graph(qtype, n, k, m, buft)
+    assert isinstance(a.buffer.buft, layout.FusedBufferType) == (where == "fused")
     ggml.backend_tensor_set(a, blocks.numpy())
+    assert (bind_block_product(node) is not None) == (where == "blocks")
     x = torch.rand(m, k, generator=torch.Generator().manual_seed(m)) * 2 - 1
     ggml.backend_tensor_set(b, x)
     assert ggml.backend_graph_compute(ggml.backend_cpu_init(), graph) == ggml.Status.SUCCESS
@@ -265,7 +271,13 @@ def test_golden_models_on_each_path(entry, path, monkeypatch):
     monkeypatch.setenv("TORCHGGML_CPU_PATH", path)
     model = ggml.load_model(GOLDEN / entry["model"], devices=["CPU"], progress=False)
     repacked = [t for t in model.weights.tensors.values() if t.buffer.name == "CPU_REPACK"]
-    assert bool(repacked) == (path == "fused" or (path == "int4" and entry["weights"] == "Q4_0"))
+    if path == "fused":  # 2-D Q8_0/Q4_0 weights stay ggml blocks, multiplied in place
+        assert not any(layout.is_in_place(t.type, t.ne) for t in repacked)
+        assert bool(repacked) == any(not layout.is_in_place(t.type, t.ne) and t.type not in (T.F32, T.F16)
+                                     and layout.supports_shape(t.type, t.ne) and name != "token_embd.weight"
+                                     for name, t in model.weights.tensors.items())
+    else:
+        assert bool(repacked) == (path == "int4" and entry["weights"] == "Q4_0")
     check_logits(model.eval(entry["tokens"]), entry)
     check_logits(eval_steps(model, entry["tokens"]), entry)
     model.close()
@@ -317,11 +329,11 @@ def test_fused_kernels_on_other_x86_targets(target):
     import sys
     from pathlib import Path
     env = {**__import__("os").environ, "NUMBA_CPU_NAME": target, "NUMBA_CPU_FEATURES": ""}
-    cases = "m1-f32 and (Q8_0-n33 or Q6_K-n33 or Q4_K-n33 or Q5_K-n33 or Q4_0-n33)"
+    cases = "m1-f32 and (Q8_0-n33 or Q6_K-n33 or Q4_K-n33 or Q5_K-n33 or Q4_0-n33)"  # fused and blocks
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
                           "-k", f"(test_fused_mul_mat_matches_float64 and {cases}) or half_bits"],
                          env=env, cwd=Path(__file__).parent, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0 and "6 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+    assert out.returncode == 0 and "8 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
 
 
 def test_kernels_load_from_numba_disk_cache_in_a_new_process(tmp_path):

@@ -188,10 +188,13 @@ def write_model(path, cfg: ModelConfig = DEMO_CONFIG, weight_type: str = "F32", 
     if rope_scaling_factor is not None:
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(rope_scaling_factor)
-    if rope_freqs is not None:
-        w.add_tensor("rope_freqs.weight", np.asarray(rope_freqs, dtype=np.float32))
     scales = output_row_scales(vocab)
-    write_tensors(w, lambda: weight_stream(cfg, n_vocab, seed, scales), qtype)
+
+    def tensors():
+        if rope_freqs is not None:
+            yield "rope_freqs.weight", np.asarray(rope_freqs, dtype=np.float32)
+        yield from weight_stream(cfg, n_vocab, seed, scales)
+    write_tensors(w, tensors, qtype)
     os.replace(tmp, path)
     return path
 

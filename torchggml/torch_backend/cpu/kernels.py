@@ -13,6 +13,8 @@ not listed here run the reference kernel alone.
     layout   products.py over layouts/: a weight stored in a CPU_REPACK buffer (an
              ExtraBufferType) multiplies through its layout's product (the `fused` numba
              kernels, or torch's int4 GEMM)
+    blocks   products.py: the fused kernels on a 2-D Q8_0/Q4_0 weight's ggml blocks in place,
+             where the loader leaves them (nothing repacked)
     torch    products.py's half GEMM, and the reference kernels
 """
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Callable
 from ...enums import Op
 from ..kernels import TORCH_KERNELS, KernelTable, binds
 from . import fast_ops
-from .products import bind_half_weight_product, bind_layout_experts, bind_layout_product
+from .products import bind_block_product, bind_half_weight_product, bind_layout_experts, bind_layout_product
 
 
 def _always() -> bool:
@@ -32,7 +34,7 @@ def _always() -> bool:
 
 @dataclass(frozen=True)
 class Layer:
-    kind: str                          # "numba", "layout" or "torch"
+    kind: str                          # "numba", "layout", "blocks" or "torch"
     bind: Callable | None              # node -> bound call or None; None for TORCH
     enabled: Callable[[], bool] = _always  # read when a graph is compiled
 
@@ -46,10 +48,11 @@ def numba(bind) -> Layer:
 
 TORCH = Layer("torch", None)   # the op's kernel in TORCH_KERNELS
 LAYOUT_PRODUCT = Layer("layout", bind_layout_product)
+BLOCK_PRODUCT = Layer("blocks", bind_block_product)
 HALF_GEMM = Layer("torch", bind_half_weight_product)
 
 LAYERS = {
-    Op.MUL_MAT: (numba(fast_ops.bind_half_products), LAYOUT_PRODUCT, HALF_GEMM, TORCH),
+    Op.MUL_MAT: (numba(fast_ops.bind_half_products), LAYOUT_PRODUCT, BLOCK_PRODUCT, HALF_GEMM, TORCH),
     Op.MUL_MAT_ID: (Layer("layout", bind_layout_experts), TORCH),
     Op.GET_ROWS: (numba(fast_ops.bind_get_block_rows), TORCH),
     Op.NORM: (numba(fast_ops.bind_row_norm), TORCH),

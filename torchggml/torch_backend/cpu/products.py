@@ -1,6 +1,7 @@
 """The CPU's own matrix products, as binds for its kernel table (kernels.py): a weight stored in
-a CPU_REPACK layout multiplies through its buffer type's product (layouts/), a 2-D F16/BF16
-weight through torch's half GEMM. Each returns None for a node it does not take."""
+a CPU_REPACK layout multiplies through its buffer type's product (layouts/), a 2-D Q8_0/Q4_0
+weight through the fused kernels on its ggml blocks in place, a 2-D F16/BF16 weight through
+torch's half GEMM. Each returns None for a node it does not take."""
 from __future__ import annotations
 
 import functools
@@ -8,10 +9,13 @@ import functools
 import torch
 
 from ...tensor import memory_buffer
-from ...types import Type
+from ...types import Type, type_traits
 from ..kernels.common import view
 from ..kernels.matmul import bind_mul_mat, bind_mul_mat_id
+from .features import cpu_path
+from .jit.loader import numba_available
 from .layouts.base import is_repacked
+from .layouts.fused import block_product, is_in_place
 
 # from this many rows on, F16 products convert the weight to f32: 128x1024x2816 takes 72 ms in
 # torch's half GEMM on AVX2 and 33 ms converting first (Zen 4: 50-85 ms vs 13-18 ms); below, the
@@ -35,6 +39,19 @@ def bind_layout_experts(node):
     if not is_repacked(experts):
         return None
     return bind_mul_mat_id(node, memory_buffer(experts).buft.bind_expert_product)
+
+
+def bind_block_product(node):
+    """MUL_MAT of a 2-D Q8_0/Q4_0 weight in host memory (left there by the loader, or loaded
+    without repacking) on the fused path: the fused kernels read its ggml blocks in place."""
+    a = node.src[0]
+    if (cpu_path() != "fused" or not is_in_place(a.type, a.ne) or is_repacked(a) or not numba_available()
+            or a.nb[0] != type_traits(a.type).type_size):
+        return None
+    raw = view(a)[0, 0]
+    if raw.stride(1) != 1:
+        return None
+    return bind_mul_mat(node, lambda weight: block_product(weight.type, raw))
 
 
 def _times_half_cpu(weight_t, rows, out) -> None:

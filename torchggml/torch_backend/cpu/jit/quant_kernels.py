@@ -3,6 +3,8 @@
 quant_kernels() (loader.py) holds:
     matvec(q, scale, bias, has_bias, kind, w_row0, xq, xd, xsum, x_row, out)
         out[m, n] = sum_k W[w_row0[m] + n, k] x[x_row[m], k]
+    block_matvec(blocks, kind, w_row0, xq, xd, x_row, out) / dequantize_blocks(blocks, kind, out)
+        the same over ggml's Q8_0 / Q4_0 blocks in place (no repacking)
     quantize_rows(x, g, xq, xd, xsum)                  activations to int8 per group of g
     dequantize_rows / dequantize_nibbles / dequantize_six_bits(..., out)
         out[n, k] = W[n, k], float32 or bfloat16 bits (the prompt path's GEMM weight)
@@ -91,6 +93,40 @@ def matvec(q, scale, bias, has_bias, kind, w_row0, xq, xd, xsum, x_row, out):
             if has_bias:
                 acc += _bias_dot(bias[r], xsum[x])
             out[m, n] = acc
+
+
+@njit(fastmath=True, parallel=True, cache=True, nogil=True)
+def block_matvec(blocks, kind, w_row0, xq, xd, x_row, out):
+    """matvec over ggml's blocks in place (blocks uint8 [rows, row bytes]): kind 34 for Q8_0,
+    18 for Q4_0 (llvm_ir.BLOCK_KINDS); no separate scales, no bias."""
+    for n in prange(out.shape[1]):
+        for m in range(out.shape[0]):
+            r, x = w_row0[m] + n, x_row[m]
+            if kind == 34:
+                out[m, n] = row_dot(blocks[r], xq[x], xd[x], xd[x], 34)
+            else:
+                out[m, n] = row_dot(blocks[r], xq[x], xd[x], xd[x], 18)
+
+
+@njit(fastmath=True, parallel=True, cache=True, nogil=True)
+def dequantize_blocks(blocks, kind, out):
+    """ggml's Q8_0 (kind 34) or Q4_0 (kind 18) blocks [N, row bytes] -> out [N, K] as
+    dequantize_rows writes it (float32 or bfloat16 bits): d * q, d * (nibble - 8)."""
+    for n in prange(blocks.shape[0]):
+        b = blocks[n]
+        o = _float_row(out[n])
+        for j in range(o.shape[0] // 32):
+            at = j * kind
+            d = half_to_f32(np.uint16(np.int64(b[at]) | (np.int64(b[at + 1]) << 8)))
+            if kind == 34:
+                for i in range(32):
+                    o[j * 32 + i] = np.float32(np.int8(b[at + 2 + i])) * d
+            else:
+                for i in range(16):
+                    v = np.int64(b[at + 2 + i])
+                    o[j * 32 + i] = np.float32((v & 15) - 8) * d
+                    o[j * 32 + i + 16] = np.float32((v >> 4) - 8) * d
+        _store_row(o, out[n])
 
 
 @njit(fastmath=True, parallel=True, cache=True, nogil=True)

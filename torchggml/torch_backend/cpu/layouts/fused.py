@@ -35,7 +35,7 @@ from ....types import Type
 from ....memory import byte_view
 from ..features import fastest_gemm_dtype
 from ..jit.loader import numba_available, quant_kernels, repack_kernels
-from .base import RepackBuffer, RepackBufferType
+from .base import RepackBuffer, RepackBufferType, is_whole_contiguous
 from .decompose import DECOMPOSE, HAS_BIAS, decompose, group_size
 
 ALIGN = 64
@@ -108,7 +108,12 @@ class FusedBufferType(RepackBufferType):
     """CPU memory holding weights as (q, scale, bias) for the fused numba products."""
 
     def supports_weight(self, qtype, ne) -> bool:
-        return supports_shape(qtype, ne)
+        """The loader's question: 2-D Q8_0 and Q4_0 weights are multiplied in place instead
+        (is_in_place)."""
+        return supports_shape(qtype, ne) and not is_in_place(qtype, ne)
+
+    def supports_tensor(self, t: Tensor) -> bool:
+        return is_whole_contiguous(t) and supports_shape(t.type, t.ne)
 
     def layout_nbytes(self, t: Tensor) -> int:
         return _layout(t)[5]
@@ -204,10 +209,21 @@ class _Packed:
         self.has_bias = bias is not None
         self.bias = bias if bias is not None else _NO_BIAS  # unread without a bias
 
+    blocks = False  # q holds ggml's blocks in place (block_product)
+
     @classmethod
     def of(cls, t: Tensor) -> "_Packed":
         q, scale, bias = (None if v is None else v.numpy() for v in packed_views(t))
         return cls(t.type, q, scale, bias, t.ne[1])
+
+    @classmethod
+    def of_blocks(cls, qtype, raw: torch.Tensor) -> "_Packed":
+        """A 2-D Q8_0/Q4_0 weight's ggml blocks, uint8 [N, row bytes] (IN_PLACE_KINDS)."""
+        p = cls.__new__(cls)
+        p.qtype, p.n, p.q, p.blocks = qtype, raw.shape[0], raw.numpy(), True
+        p.kind, p.g = IN_PLACE_KINDS[qtype], 32
+        p.k = raw.shape[1] // p.kind * 32
+        return p
 
     def matrix(self, e: int) -> "_Packed":
         """Expert e's slab (a view)."""
@@ -238,7 +254,9 @@ def dequantized(p: _Packed, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     even), in a per-thread scratch buffer."""
     w = _scratch_buffer(p.n * p.k, _KERNEL_DTYPES[dtype]).view(p.n, p.k)
     kernels = quant_kernels()
-    if p.six_bits:
+    if p.blocks:
+        kernels.dequantize_blocks(p.q, p.kind, w.numpy())
+    elif p.six_bits:
         kernels.dequantize_six_bits(p.q, p.scale, w.numpy())
     elif p.nibbles:
         kernels.dequantize_nibbles(p.q, p.scale, p.bias, p.has_bias, p.signed, w.numpy())
@@ -264,7 +282,10 @@ def _matvec(p: _Packed, x: torch.Tensor, x_row: np.ndarray, w_row0: np.ndarray, 
     if p.qtype in F16_ACTIVATION_SCALES:
         xd[:] = xd.astype(np.float16)
     target = out if out.is_contiguous() else torch.empty(out.shape, dtype=torch.float32)
-    kernels.matvec(p.q, p.scale, p.bias, p.has_bias, p.kind, w_row0, xq, xd, xsum, x_row, target.numpy())
+    if p.blocks:
+        kernels.block_matvec(p.q, p.kind, w_row0, xq, xd, x_row, target.numpy())
+    else:
+        kernels.matvec(p.q, p.scale, p.bias, p.has_bias, p.kind, w_row0, xq, xd, xsum, x_row, target.numpy())
     if target is not out:
         out.copy_(target)
 
@@ -285,6 +306,23 @@ def _product(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
         part = torch.empty(m, p.n, dtype=fastest_gemm_dtype())
         _gemm(p, rows.to(part.dtype), part)
         out.copy_(part)
+
+
+# 2-D weights of these types are multiplied on ggml's blocks in place (kernels.block_matvec; the
+# row_dot kind is the block's bytes): their layout here would be no smaller, so the loader leaves
+# them in the file's mapping (nothing to convert at load, no second copy)
+IN_PLACE_KINDS = {Type.Q8_0: 34, Type.Q4_0: 18}
+
+
+def is_in_place(qtype, ne) -> bool:
+    ne = list(ne) + [1] * (4 - len(ne))
+    return qtype in IN_PLACE_KINDS and ne[2] == 1 and ne[3] == 1
+
+
+def block_product(qtype, raw: torch.Tensor):
+    """fn(rows [R, K] float, out [R, N] f32): out = rows @ W^T for a Q8_0/Q4_0 weight's ggml
+    blocks raw (uint8 [N, row bytes], rows contiguous), as the fused layout's product."""
+    return functools.partial(_product, _Packed.of_blocks(qtype, raw))
 
 
 def _expert_product(p: _Packed, acts: torch.Tensor, pair_rows: torch.Tensor, pair_experts: torch.Tensor,
