@@ -174,6 +174,45 @@ class Buffer(ABC):
     def is_multi_buffer(self) -> bool:
         return False
 
+    # OPTIONAL, default given: whether the bytes are ggml's tensor layout. False for buffers of
+    # an ExtraBufferType (repacked weights): their tensors are never viewed or copied as ggml data.
+    ggml_layout = True
+
+
+class ExtraBufferType(BufferType):
+    """An extra buffer type (ggml's ggml::cpu::extra_buffer_type, listed by the device's
+    ggml_backend_dev_get_extra_bufts, e.g. the CPU's CPU_REPACK): memory that holds weights in
+    a layout of its own, made for the device's products. A weight is written whole and
+    converted as it is written; its buffers' bytes are not ggml's (`ggml_layout` False), so a
+    tensor here is read only by the nodes `reads_as_weight` accepts, through the products it
+    binds. A model loader offers each matrix weight to the device's extra buffer types in
+    order and places it in the first whose `supports_weight` accepts it."""
+
+    # REQUIRED
+    @abstractmethod
+    def supports_weight(self, qtype, ne) -> bool:
+        """Whether a weight of this type and shape (ne, innermost first) can be stored here:
+        what a loader asks before placing it."""
+
+    @abstractmethod
+    def supports_tensor(self, t: Tensor) -> bool:
+        """Whether this tensor (type, shape, strides, not a view) is stored in the layout here."""
+
+    @abstractmethod
+    def reads_as_weight(self, node: Tensor, t: Tensor) -> bool:
+        """Whether `node` may read t (stored here) as its weight (src0): ggml's
+        extra_buffer_type::supports_op."""
+
+    @abstractmethod
+    def bind_product(self, t: Tensor):
+        """fn(rows [R, K] float, out [R, N] float32): out = rows @ t^T, for a 2-D weight t stored
+        here (ggml's tensor_traits::compute_forward for MUL_MAT)."""
+
+    # OPTIONAL, None: bind_expert_product(t) -> fn(acts [R, K], pair_rows [P], pair_experts [P],
+    # out [P, N]) for MUL_MAT_ID's experts (torch_backend.kernels.matmul.bind_mul_mat_id);
+    # without it, reads_as_weight must refuse MUL_MAT_ID
+    bind_expert_product = None
+
 
 # ---------------------------------------------------------------- backends
 

@@ -45,7 +45,7 @@ def tensor_view(t: Tensor) -> torch.Tensor:
 
 
 def _build_view(t: Tensor, buffer) -> torch.Tensor:
-    if not getattr(buffer, "ggml_layout", True):
+    if not buffer.ggml_layout:
         raise TypeError(f"{t.describe()} is stored in buffer {buffer.name!r} in a repacked layout, "
                         f"not ggml's: only the ops its buffer type supports can read it")
     storage = buffer.storage
@@ -150,11 +150,7 @@ class TorchBufferType(BufferType):
 
 
 class TorchBuffer(Buffer):
-    """A buffer over a torch storage. `owner` keeps foreign memory (numpy arrays, mmaps) alive.
-    `ggml_layout` is False for buffers whose bytes are not ggml's tensor layout (repacked
-    weights): such tensors are never viewed or copied as ggml data."""
-
-    ggml_layout = True
+    """A buffer over a torch storage. `owner` keeps foreign memory (numpy arrays, mmaps) alive."""
 
     def __init__(self, buft: BufferType, storage: torch.UntypedStorage, size: int, owner=None):
         super().__init__(buft, size, storage.data_ptr())

@@ -4,6 +4,7 @@ layout such as the CPU's CPU_REPACK), then the weights themselves."""
 from __future__ import annotations
 
 from ..backend.device import Device
+from ..backend_impl import ExtraBufferType
 from ..gguf import load_weights
 from .archs import arch_for
 from .builder import is_matmul_weight, is_output_tensor, tensor_layer
@@ -24,7 +25,7 @@ def extra_buffer_types(device: Device) -> list:
     ggml_backend_dev_get_extra_bufts, e.g. the CPU's CPU_REPACK), as llama.cpp uses them."""
     reg = getattr(device, "reg", None)
     get = reg.get_proc_address("ggml_backend_dev_get_extra_bufts") if reg is not None else None
-    return [b for b in (get(device) if get is not None else []) if hasattr(b, "supports_weight")]
+    return [b for b in (get(device) if get is not None else []) if isinstance(b, ExtraBufferType)]
 
 
 def add_rpc_servers(endpoints) -> list[Device]:

@@ -1,6 +1,6 @@
-"""The CPU device: host storages, synchronous compute with the CPU kernel table (the torch
-reference table, with weights in its CPU_REPACK buffers multiplied through torch's int4 GEMM),
-and the CPU functions of the C API (backend_cpu_init...)."""
+"""The CPU device: host storages and its CPU_REPACK extra buffer types (layouts/), synchronous
+compute with the CPU kernel table (kernels.py), and the CPU functions of the C API
+(backend_cpu_init...)."""
 from __future__ import annotations
 
 import functools
@@ -9,81 +9,20 @@ import platform
 
 import torch
 
-from ..backend_impl import Backend, Device, DeviceCaps, DeviceType, Reg
-from ..enums import Op, Status
-from ..types import Type
-from ..memory import TorchBufferType, buffer_from_torch
-from ..profiler import profiling, run_calls_profiled
-from .kernels import TORCH_KERNELS, KernelTable, binds, run_calls
-from .kernels.common import view
-from .kernels.matmul import bind_expert_product, bind_mul_mat, bind_mul_mat_id, bind_weight_product
-from .plan import CompiledPlan, compile_graph
-from .cpu_ops import register_fast_kernels
-from .cpu_quant.features import cpu_features, cpu_path, fastest_gemm_dtype
-from .cpu_quant.kernels import numba_available, set_numba_threads
-from .cpu_quant.layout import FusedBufferType
-from .repack import (RepackBufferType, bind_repacked_product, check_repacked_reads, is_repacked,
-                     reads_repacked_only_as_weight)
+from ...backend_impl import Backend, Device, DeviceCaps, DeviceType, Reg
+from ...enums import Status
+from ...memory import TorchBufferType, buffer_from_torch
+from ...profiler import profiling, run_calls_profiled
+from ..kernels import run_calls
+from ..plan import CompiledPlan, compile_graph
+from .features import cpu_features, cpu_path, fastest_gemm_dtype
+from .jit.loader import numba_available, set_numba_threads
+from .kernels import CPU_KERNELS
+from .layouts.base import RepackBufferType, check_repacked_reads, reads_repacked_only_as_weight
+from .layouts.fused import FusedBufferType
+from .layouts.int4 import Int4BufferType
 
 REG_ORDER = 100  # the CPU comes last, as upstream's registry and scheduler want it
-
-# ---------------------------------------------------------------- the CPU kernel table
-
-CPU_KERNELS = KernelTable("CPU", over=TORCH_KERNELS)
-
-
-# from this many rows on, F16 products convert the weight to f32: 128x1024x2816 takes 72 ms in
-# torch's half GEMM on AVX2 and 33 ms converting first (Zen 4: 50-85 ms vs 13-18 ms); below, the
-# half GEMV reads half the bytes. (bf16 would be faster on AVX512-BF16 but loses F16's precision:
-# 5.6e-3 relative error on the F16 golden model, bound 2e-3.)
-HALF_CONVERT_ROWS = 16
-
-
-def _times_half_cpu(weight_t, rows, out) -> None:
-    """The CPU's F16/BF16 product: torch's half GEMM, many times faster than converting the
-    weight at every call (17x for a 4096x4096 F16 matvec on an AVX512-FP16 CPU). Unlike ggml
-    (and the reference table) it rounds each result to the half type: on the F16 golden models
-    this moves the error against llama.cpp from 4.9e-4 to 6.7e-4 (the bound is 2e-3)."""
-    if weight_t.dtype == torch.float16 and rows.shape[0] >= HALF_CONVERT_ROWS:
-        torch.matmul(rows.float(), weight_t.float(), out=out)  # a micro-batch: f32 GEMM
-        return
-    out.copy_(torch.matmul(rows.to(weight_t.dtype), weight_t))
-
-
-def _cpu_weight_product(a):
-    """A repacked weight multiplies in its repack layout, a 2-D F16/BF16 one through torch's
-    half GEMM; others as the reference does."""
-    if is_repacked(a):
-        return bind_repacked_product(a)
-    if a.type in (Type.F16, Type.BF16):
-        return functools.partial(_times_half_cpu, view(a)[0, 0].T)
-    return bind_weight_product(a)
-
-
-def _bind_cpu_mul_mat(node):
-    return bind_mul_mat(node, _cpu_weight_product)
-
-
-@CPU_KERNELS.register(Op.MUL_MAT, supports=TORCH_KERNELS.entries[Op.MUL_MAT][1])
-@binds(_bind_cpu_mul_mat)
-def mul_mat(node):
-    _bind_cpu_mul_mat(node)(node)
-
-
-def _bind_cpu_mul_mat_id(node):
-    """Experts in the fused repack layout multiply there (only the used experts are read)."""
-    experts = node.src[0]
-    return bind_mul_mat_id(node, experts.buffer.buft.bind_expert_product if is_repacked(experts)
-                           else bind_expert_product)
-
-
-@CPU_KERNELS.register(Op.MUL_MAT_ID, supports=TORCH_KERNELS.entries[Op.MUL_MAT_ID][1])
-@binds(_bind_cpu_mul_mat_id)
-def mul_mat_id(node):
-    _bind_cpu_mul_mat_id(node)(node)
-
-
-register_fast_kernels(CPU_KERNELS)  # numba kernels for small nodes over the entries above (cpu_ops.py)
 
 
 def _cpu_description() -> str:
@@ -207,8 +146,8 @@ class CPUDevice(Device):
     def __init__(self, reg=None):
         super().__init__("CPU", _cpu_description(), DeviceType.CPU, reg)
         self.buffer_type = TorchBufferType("CPU", self, "cpu", host=True)
-        # one repack layout per product path (cpu_quant.features); "dequant" repacks nothing
-        self.repack_buffer_types = {"int4": RepackBufferType(self), "fused": FusedBufferType(self)}
+        # one repack layout per product path (features.py); "dequant" repacks nothing
+        self.repack_buffer_types = {"int4": Int4BufferType(self), "fused": FusedBufferType(self)}
 
     def get_memory(self):
         return host_memory()
