@@ -1,4 +1,4 @@
-"""numba kernels of the recurrent ops for the CPU device (cpu_recurrent.py binds them): one pass
+"""numba kernels of the recurrent ops for the CPU device (cpu/recurrent.py binds them): one pass
 over each sequence's state per token, heads in parallel, instead of several torch ops that each
 read and write the whole state (a decode step of Mamba-2 2.7B moves a 2.6 MB state per layer).
 The arithmetic is ggml-cpu/ops.cpp's, in float32 (softplus as logf(1 + expf(x)) below 20); the
