@@ -288,6 +288,23 @@ def _wkv6_carry_ref(k, v, r, tf, td, state, k2, v2, r2, td2):
 case("rwkv_wkv6", "state carried between calls", _build_wkv6_carry, _wkv6_carry_ref, init={4: _DECAY, 9: _DECAY})
 
 
+def _build_gla_carry(ctx, S=8, H=2, ns=2):
+    k, v, q, g = _tensors(ctx, 4, S, H, 3 * ns)
+    state = ggml.new_tensor_2d(ctx, T.F32, S * S * H, ns)
+    first = ggml.gated_linear_attn(ctx, k, v, q, g, state, 0.25)
+    second = _tensors(ctx, 4, S, H, ns)
+    out = ggml.gated_linear_attn(ctx, *second, _carry_view(ctx, first, S, H, 3 * ns, ns), 0.25)
+    return out, [k, v, q, g, state] + second
+
+
+def _gla_carry_ref(*x):
+    _, states = linear_attn_run("gla", list(x[:4]), x[4], 0.25)
+    return _gla_ref(*x[5:], states.reshape(1, 1, states.shape[0], -1), 0.25)
+
+
+case("gated_linear_attn", "state carried between calls", _build_gla_carry, _gla_carry_ref, init={3: _DECAY, 8: _DECAY})
+
+
 # ---------------------------------------------------------------- gated_delta_net
 
 def gdn_run(q, k, v, g, beta, state, K=1):
