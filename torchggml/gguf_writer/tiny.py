@@ -110,6 +110,10 @@ TINY_CASES += [
         ("ssm.conv_kernel", 4), ("ssm.state_size", 16), ("ssm.group_count", 2), ("ssm.time_step_rank", 4),
         ("ssm.inner_size", 64), ("full_attention_interval", 2), ("expert_feed_forward_length", 64),
         ("expert_shared_feed_forward_length", 64))),
+    _case("qwen3next-ssm-in", "qwen3next", ["legacy_qkvz"], n_expert=4, n_expert_used=2, weight_types=("F32",),
+          metadata=(("ssm.conv_kernel", 4), ("ssm.state_size", 16), ("ssm.group_count", 2),
+                    ("ssm.time_step_rank", 4), ("ssm.inner_size", 64), ("full_attention_interval", 2),
+                    ("expert_feed_forward_length", 64), ("expert_shared_feed_forward_length", 64))),
     # head size 64: ggml's vectorized WKV7 reads whole 64-value vectors (AVX512: 16 x 4) of every row, so
     # llama.cpp is only right for head sizes that are multiples of that, as RWKV-7's 64
     _case("rwkv7", "rwkv7", ["layernorm"], n_head=0, n_head_kv=0, n_embd=128, n_ff=256, metadata=(

@@ -212,8 +212,11 @@ def _qwen3next(case, meta, mat, vec, gen):
         p = f"blk.{il}."
         w[p + "attn_norm.weight"], w[p + "post_attention_norm.weight"] = vec(e, 1.0), vec(e, 1.0)
         if (il + 1) % meta["full_attention_interval"]:
-            w[p + "attn_qkv.weight"] = mat(conv, e)
-            w[p + "attn_gate.weight"] = mat(value_dim, e)
+            if "legacy_qkvz" in case.features:  # one ssm_in: [q | k | v | z] per key head
+                w[p + "ssm_in.weight"] = mat(conv + value_dim, e)
+            else:
+                w[p + "attn_qkv.weight"] = mat(conv, e)
+                w[p + "attn_gate.weight"] = mat(value_dim, e)
             w[p + "ssm_conv1d.weight"] = mat(conv, d_conv)
             w[p + "ssm_dt.bias"] = vec(hv, 1.0, 0.5)
             w[p + "ssm_a"] = -torch.exp(torch.rand(hv, generator=gen) * 2.0 - 1.0)

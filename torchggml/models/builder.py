@@ -105,7 +105,7 @@ MATMUL_WEIGHTS = tuple(f"{n}.weight" for n in (
 MATMUL_WEIGHTS += tuple(f"{n}.weight" for n in (
     "ssm_in", "ssm_x", "ssm_dt", "ssm_out", "shortconv.in_proj", "shortconv.out_proj", "time_mix_key", "time_mix_value",
     "time_mix_receptance", "time_mix_gate", "time_mix_output", "channel_mix_key", "channel_mix_value",
-    "channel_mix_receptance", "attn_gate", "ssm_ba"))
+    "channel_mix_receptance", "attn_gate", "ssm_ba"))  # (ssm_in above: qwen3next's legacy q/k/v/z too)
 
 
 def is_matmul_weight(name: str) -> bool:

@@ -43,8 +43,11 @@ class Qwen3Next(HybridArch):
         L.weight("post_attention_norm", [e])
         if self.is_recurrent(hp, L.il):
             value_dim = s.d_inner
-            L.weight("attn_qkv", [e, s.conv_channels])
-            L.weight("attn_gate", [e, value_dim])
+            if L.has("ssm_in"):  # the first GGUFs: q, k, v and z fused, grouped by key head
+                L.weight("ssm_in", [e, s.conv_channels + value_dim])
+            else:
+                L.weight("attn_qkv", [e, s.conv_channels])
+                L.weight("attn_gate", [e, value_dim])
             L.weight("ssm_conv1d", [s.d_conv, s.conv_channels])
             L.bias("ssm_dt", [s.dt_rank], required=True)
             L.w.add("ssm_a", f"blk.{L.il}.ssm_a", [s.dt_rank], True, L.layer)
@@ -75,13 +78,30 @@ class Qwen3Next(HybridArch):
         out = ops.mul(ctx, out, ops.sigmoid(ctx, ops.cont_2d(ctx, gate, hd * hp.n_head, n)))
         return b.linear(out, layer.attn_output)
 
+    def qkvz(self, b, h, layer):
+        """q, k, v as one [conv_channels, n_seq_tokens, n_seqs] row per token (the convolution's
+        input) and the output gate z: two projections, or the first GGUFs' one ssm_in whose rows
+        hold [q | k | v | z] per key head, regrouped here as the newer files store them."""
+        ctx, s, nt, ns = b.ctx, b.hp.ssm, b.n_seq_tokens, b.n_seqs
+        if layer.ssm_in is None:
+            return (ops.reshape_3d(ctx, b.linear(h, layer.attn_qkv), s.conv_channels, nt, ns),
+                    b.linear(h, layer.attn_gate))
+        dk, hk = s.d_state, s.n_group
+        dvg = s.d_inner // hk                                       # value (and z) width per key head
+        m = ops.reshape_4d(ctx, b.linear(h, layer.ssm_in), 2 * dk + 2 * dvg, hk, nt, ns)
+
+        def part(width, start):
+            return ops.view_4d(ctx, m, width, hk, nt, ns, m.nb[1], m.nb[2], m.nb[3], start * m.nb[0])
+        q, k, v = (ops.cont_3d(ctx, part(w, o), w * hk, nt, ns) for w, o in ((dk, 0), (dk, dk), (dvg, 2 * dk)))
+        return ops.concat(ctx, ops.concat(ctx, q, k, 0), v, 0), ops.cont(ctx, part(dvg, 2 * dk + dvg))
+
     def linear_attention(self, b, il, h, layer):
         ctx, hp, s = b.ctx, b.hp, b.hp.ssm
         nt, ns = b.n_seq_tokens, b.n_seqs
         dk, hk, hv = s.d_state, s.n_group, s.dt_rank
         dv = s.d_inner // hv
-        qkv = ops.reshape_3d(ctx, b.linear(h, layer.attn_qkv), s.conv_channels, nt, ns)
-        z = ops.reshape_4d(ctx, b.linear(h, layer.attn_gate), dv, hv, nt, ns)
+        qkv, z = self.qkvz(b, h, layer)
+        z = ops.reshape_4d(ctx, z, dv, hv, nt, ns)
         ba = ops.reshape_4d(ctx, b.linear(h, layer.ssm_ba), 2 * hv // hk, hk, nt, ns)
         beta = ops.view_4d(ctx, ba, hv // hk, hk, nt, ns, ba.nb[1], ba.nb[2], ba.nb[3], 0)
         alpha = ops.view_4d(ctx, ba, hv // hk, hk, nt, ns, ba.nb[1], ba.nb[2], ba.nb[3], hv // hk * ba.nb[0])
