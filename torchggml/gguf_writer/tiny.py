@@ -103,6 +103,8 @@ TINY_CASES += [
         ("feed_forward_length", (0, 0, 128, 0)), ("attention.layer_norm_epsilon", 1e-5))),
     _case("falcon-h1", "falcon-h1", metadata=_SSM + (("ssm.time_step_rank", 8), ("ssm.group_count", 1))),
     _case("lfm2", "lfm2", n_layer=3, metadata=(("shortconv.l_cache", 3), ("attention.head_count_kv", (0, 2, 0)))),
+    _case("lfm2-swa", "lfm2", n_layer=3, weight_types=("F32",), metadata=(
+        ("shortconv.l_cache", 3), ("attention.head_count_kv", (2, 0, 2)), ("attention.sliding_window", 4))),
     _case("rwkv6", "rwkv6", ["layernorm"], n_head=0, n_head_kv=0, metadata=(
         ("wkv.head_size", 16), ("time_mix_extra_dim", 32), ("time_decay_extra_dim", 32),
         ("rescale_every_n_layers", 2), ("token_shift_count", 2))),

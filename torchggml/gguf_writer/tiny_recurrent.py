@@ -2,9 +2,10 @@
 RECURRENT_ARCHS): seeded random weights with the shapes llama.cpp loads, scaled so activations
 stay O(1) and the recurrences decay (A < 0, decays in (0, 1)).
 
-Layer kinds (case.metadata "layer_kinds", one letter per layer): "m" a Mamba/Mamba-2 mixer, "a"
-attention, "f" both in parallel (falcon-h1); hybrids without that key take the architecture's own
-rule from the keys llama.cpp reads (head_count_kv 0 marks a recurrent layer).
+Each layer's kind (`layer_kinds`) follows llama.cpp's rule for the architecture from the keys the
+case writes (head_count_kv 0 marks a recurrent layer; nemotron_h also reads feed_forward_length):
+"m" the recurrent mixer (Mamba, Mamba-2 or LFM2's short convolution), "a" attention, "f" an FFN
+only, "ma" both mixers side by side (falcon-h1). RWKV and Qwen3-Next have their own writers below.
 """
 from __future__ import annotations
 

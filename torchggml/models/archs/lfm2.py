@@ -4,7 +4,8 @@ layer is a convolution where attention.head_count_kv is 0).
 Per layer: h = rms_norm(x); x += shortconv(h) or attention(h) (q/k RMS norms, NeoX rotary);
 x += ffn(rms_norm(x)). The short convolution: b, c, x = in_proj(h) in thirds; y = c *
 conv(b * x) (a depthwise causal convolution of shortconv.l_cache taps, continuing from the
-sequence's last l_cache - 1 inputs); out_proj(y). The output norm is stored as token_embd_norm.
+sequence's last l_cache - 1 inputs); out_proj(y). With attention.sliding_window every attention
+layer attends within the window. The output norm is stored as token_embd_norm.
 """
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ class LFM2(HybridArch):
     def read_hparams(self, hp, keys):
         hp.l_cache = int(keys.get("shortconv.l_cache"))
         hp.layer_n_head_kv = per_layer(keys, "attention.head_count_kv", hp.n_layer, hp.n_head_kv)
+        hp.n_swa = int(keys.get("attention.sliding_window", 0))
+        if hp.n_swa:  # every attention layer slides (the standard window)
+            hp.swa_layers = [self.has_attention(hp, il) for il in range(hp.n_layer)]
 
     def n_embd_r(self, hp):
         return hp.n_embd * (hp.l_cache - 1)
