@@ -230,3 +230,104 @@ def _supported(c: OpCase, backend) -> bool:
         return all(backend.supports_op(n) for n in graph.nodes)
     finally:
         free(ctx)
+
+
+# ---------------------------------------------------------------- grad mode (ggml's backward vs finite differences)
+
+GRAD_EPS = 1e-1       # upstream's default step; the 4-point formula cancels the cubic term
+GRAD_MAX_ERR = 1e-4   # upstream's mean absolute asymmetry threshold
+GRAD_MAX_VALUES = 10000  # parameters' total elements above which a case is skipped (upstream's grad_nmax)
+
+
+class GradSkip(Exception):
+    """The case has no gradient check here: the reason says why (as upstream's 'not supported')."""
+
+
+def mean_abs_asymmetry(a: torch.Tensor, b: torch.Tensor) -> float:
+    """mean(|a - b| / (|a| + |b|)) over the elements (0 where both are 0): upstream's grad error."""
+    a, b = a.double().reshape(-1), b.double().reshape(-1)
+    den = a.abs() + b.abs()
+    terms = torch.where(den > 0, (a - b).abs() / den.clamp_min(1e-300), torch.zeros_like(den))
+    return terms.mean().item() if terms.numel() else 0.0
+
+
+def check_grad(c: OpCase, backend, params=None, eps: float = GRAD_EPS,
+               max_err: float = GRAD_MAX_ERR) -> tuple[bool, float]:
+    """Upstream's grad mode: the case's F32 inputs (or those at the indices `params`) become
+    parameters, the loss is sum(output); ggml's backward graph (build_backward_expand) gives the
+    gradients, compared with central differences of the forward graph (4 evaluations per
+    element). Raises GradSkip where the case cannot be checked (types, no gradient, too large)."""
+    from .context import init, free
+    from .graph import new_graph_custom, build_forward_expand, graph_cpy
+    from .backward import build_backward_expand, graph_get_grad, graph_reset
+    from .tensor import set_param, set_loss, is_scalar, nelements
+    from .ops import sum as ggml_sum
+    from .alloc import backend_alloc_ctx_tensors
+    from .backend.buffer import backend_buffer_free
+    from .backend.backend import backend_graph_compute
+    from .backend.tensor_io import backend_tensor_set
+
+    ctx = init(no_alloc=True)
+    buffer = None
+    try:
+        out, inputs = c.build(ctx)
+        chosen = [t for i, t in enumerate(inputs) if (params is None or i in params) and t.type == Type.F32
+                  and t.view_src is None]
+        if out.type != Type.F32:
+            raise GradSkip(f"output type {out.type.name} != F32")
+        if not chosen:
+            raise GradSkip("no F32 inputs")
+        if sum(nelements(t) for t in chosen) > GRAD_MAX_VALUES:
+            raise GradSkip("too many values for finite differences")
+        for t in chosen:
+            set_param(t)
+        loss = out if is_scalar(out) else ggml_sum(ctx, out)
+        set_loss(loss)
+        forward = new_graph_custom(ctx, 4096, grads=True)
+        build_forward_expand(forward, loss)
+        backward = new_graph_custom(ctx, 8192, grads=True)
+        graph_cpy(forward, backward)
+        try:
+            build_backward_expand(ctx, backward)
+        except NotImplementedError as e:
+            raise GradSkip(str(e)) from None
+        grads = [graph_get_grad(backward, t) for t in chosen]
+        for g in grads:
+            if g is not None:
+                build_forward_expand(backward, g)
+        unsupported = [n for n in backward.nodes if not backend.supports_op(n)]
+        if unsupported:
+            raise GradSkip(f"{unsupported[0].op.name} not supported")
+        buffer = backend_alloc_ctx_tensors(ctx, backend)
+        gen = torch.Generator().manual_seed(seed_of(c.name))
+        for i, t in enumerate(inputs):
+            make = c.init.get(i)
+            fill_input(t, make(t, gen) if make else random_values(t, gen))
+        graph_reset(backward)
+        backend_graph_compute(backend, backward)
+        analytic = [read_values(g) if g is not None else torch.zeros(tuple(reversed(t.ne)), dtype=torch.float64)
+                    for t, g in zip(chosen, grads)]
+
+        def loss_at(t, flat, i, value):
+            flat[i] = value
+            backend_tensor_set(t, flat)
+            backend_graph_compute(backend, forward)
+            return read_values(loss).reshape(-1)[0].item()
+
+        worst = 0.0
+        for t, ga in zip(chosen, analytic):
+            x0 = read_values(t).reshape(-1).float()
+            numeric = torch.empty(x0.numel(), dtype=torch.float64)
+            for i in range(x0.numel()):
+                flat = x0.clone()
+                fu, fuh, fdh, fd = (loss_at(t, flat, i, x0[i].item() + k * eps) for k in (1.0, 0.5, -0.5, -1.0))
+                numeric[i] = (8.0 * (fuh - fdh) + (fd - fu)) / (6.0 * eps)
+            backend_tensor_set(t, x0)
+            if not torch.isfinite(ga).all():
+                return False, float("inf")
+            worst = max(worst, mean_abs_asymmetry(ga.reshape(-1), numeric))
+        return worst <= max_err, worst
+    finally:
+        if buffer is not None:
+            backend_buffer_free(buffer)
+        free(ctx)
