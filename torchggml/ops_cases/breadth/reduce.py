@@ -6,7 +6,7 @@ import torch
 
 import torchggml as ggml
 from ..norm import norm_ref, rms_norm_ref, l2_norm_ref, group_norm_ref
-from ..values import distinct, randint
+from ..values import distinct, ggml_permute
 from .common import T, new_table
 
 S = ggml.SortOrder
@@ -154,7 +154,7 @@ def _reduce_cases(table):
                 if slice_:
                     a = a[1:, 0:2 * (ne[2] // 2):2]
                 if permute:
-                    a = a.permute(2, 0, 1, 3)  # ggml dims (0,1,2,3) -> (0,2,3,1)
+                    a = ggml_permute(a, (0, 2, 3, 1))
                 return a.sum(-1, keepdim=True)
             _reduce(table, "sum_rows", ne, fn, ref, f",permute={int(permute)},slice={int(slice_)}")
     for ne in ((33, 1, 1, 1), (33, 1024, 1, 1), (33, 256, 1, 1)):
