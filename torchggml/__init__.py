@@ -16,6 +16,7 @@ docs/architecture.md describes the layers behind them.
 from .types import (Type, TypeTraits, type_traits, type_name, type_size, blck_size, row_size,
                     is_quantized, type_to_dtype, dtype_to_type)
 from .enums import Op, UnaryOp, GluOp, SortOrder, TensorFlag, Status, RopeType, Prec
+from .enums import OpPool, ScaleMode, ScaleFlag, TriType
 
 # ---------------------------------------------------------------- tensors
 from .tensor import (Tensor, nelements, nrows, nbytes, element_size, n_dims, is_contiguous,
