@@ -53,6 +53,8 @@ def read_values(t) -> torch.Tensor:
     """t's stored values as float64 (int64 for integer types), 4-D torch order, on the CPU."""
     from .backend.tensor_io import backend_tensor_get
     tr = type_traits(t.type)
+    if 0 in t.ne:  # an empty result (ggml allows them): nothing to read
+        return torch.zeros(tuple(reversed(t.ne)), dtype=torch.float64)
     raw = backend_tensor_get(t).reshape(t.ne[3], t.ne[2], t.ne[1], -1)
     if tr.is_quantized:
         from .quants import dequantize

@@ -102,12 +102,32 @@ def _kernel_input(node):
     return w, x
 
 
+def _padded_for(node, x, kernel, stride, pad, dilation):
+    """x with its spatial dims (the last len(stride), outermost first) zero-padded by `pad` and,
+    on the far side, as far as the node's outputs reach: ggml sizes outputs with C's truncating
+    division, so a window may start inside the padding and run past it (torch refuses those)."""
+    widths = []
+    for i in range(len(stride)):
+        dim = x.dim() - len(stride) + i
+        out = node.ne[len(stride) - 1 - i]
+        need = (out - 1) * stride[i] + dilation[i] * (kernel[i] - 1) + 1
+        widths.append((pad[i], max(pad[i], need - x.shape[dim] - pad[i])))
+    return F.pad(x, [w for pair in reversed(widths) for w in pair])
+
+
+def _cropped(node, y, n_spatial: int = 2):
+    """y's spatial dims cut to the node's (the far-side padding may give torch extra positions)."""
+    sizes = [node.ne[i] for i in reversed(range(n_spatial))]
+    return y[(..., *(slice(0, n) for n in sizes))]
+
+
 @KERNELS.register(Op.CONV_2D, supports=_float_srcs)
 def conv_2d(node):
     """a [OC, IC, KH, KW] over b [N, IC, H, W]."""
     s0, s1, p0, p1, d0, d1 = _params(node, 6)
     w, x = _kernel_input(node)
-    write(node, F.conv2d(x, w, stride=(s1, s0), padding=(p1, p0), dilation=(d1, d0)))
+    x = _padded_for(node, x, w.shape[-2:], (s1, s0), (p1, p0), (d1, d0))
+    write(node, _cropped(node, F.conv2d(x, w, stride=(s1, s0), dilation=(d1, d0))))
 
 
 @KERNELS.register(Op.CONV_2D_DW, supports=_float_srcs)
@@ -115,7 +135,8 @@ def conv_2d_dw(node):
     """Depthwise: a [C, 1, KH, KW] over b [N, C, H, W] (any memory order: views carry the strides)."""
     s0, s1, p0, p1, d0, d1 = _params(node, 6)
     w, x = as_float(node.src[0]), as_float(node.src[1])
-    write(node, F.conv2d(x, w, stride=(s1, s0), padding=(p1, p0), dilation=(d1, d0), groups=x.shape[1]))
+    x = _padded_for(node, x, w.shape[-2:], (s1, s0), (p1, p0), (d1, d0))
+    write(node, _cropped(node, F.conv2d(x, w, stride=(s1, s0), dilation=(d1, d0), groups=x.shape[1])))
 
 
 @KERNELS.register(Op.CONV_3D, supports=_float_srcs)
@@ -126,7 +147,8 @@ def conv_3d(node):
     w, x = _kernel_input(node)
     w = w.reshape(oc, c, a.ne[2], a.ne[1], a.ne[0])
     x = x.reshape(n, c, b.ne[2], b.ne[1], b.ne[0])
-    y = F.conv3d(x, w, stride=(s2, s1, s0), padding=(p2, p1, p0), dilation=(d2, d1, d0))
+    x = _padded_for(node, x, w.shape[-3:], (s2, s1, s0), (p2, p1, p0), (d2, d1, d0))
+    y = _cropped(node, F.conv3d(x, w, stride=(s2, s1, s0), dilation=(d2, d1, d0)), 3)
     write(node, y.reshape(n * oc, *y.shape[2:]))
 
 
