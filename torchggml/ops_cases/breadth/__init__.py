@@ -12,8 +12,8 @@ import functools
 
 from ..table import OpCase
 
-FAMILY_MODULES = ("elementwise", "rows", "copy", "matmul", "norm", "softmax_rope", "attention", "reduce",
-                  "training", "vision", "fusion")
+FAMILY_MODULES = ("elementwise", "rows", "copy", "matmul", "softmax_rope", "attention", "reduce", "training",
+                  "vision", "misc", "fusion")
 
 
 @functools.lru_cache(maxsize=1)
