@@ -178,11 +178,13 @@ def check_case_against_reference(c: OpCase, backend) -> tuple[bool, float]:
 
 # ---------------------------------------------------------------- the test-ops command
 
-def main_test_ops(args) -> int:
-    """`torchggml test-ops [-b DEVICE] [-o OP] [--mode test|perf|support]`."""
+def main_test_ops(args, cases: list[OpCase] | None = None) -> int:
+    """`torchggml test-ops [-b DEVICE] [-o OP] [--mode test|perf|support]` over `cases` (default:
+    the core table, -o filtered); test_ops.main selects cases and runs the other modes."""
     from .backend import registry
 
-    cases = [c for c in all_cases() if not args.op or c.op.lower() == args.op.lower()]
+    if cases is None:
+        cases = [c for c in all_cases() if not args.op or c.op.lower() == args.op.lower()]
     cpu = registry.backend_init_by_name("CPU")
     devices = [args.backend] if args.backend else [registry.backend_dev_name(registry.backend_dev_get(i))
                                                    for i in range(registry.backend_dev_count())]

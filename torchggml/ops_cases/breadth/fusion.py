@@ -228,7 +228,7 @@ def _llama_block(table, n_embd, n_head, n_head_kv, n_tokens, n_ff):
         return torch.triu(torch.full((n, n), float("-inf"), dtype=torch.float64), 1).reshape(1, 1, n, n)
     table.case("llama_block", f"n_embd={n_embd},n_head={n_head},n_head_kv={n_head_kv},n_tokens={n_tokens},n_ff={n_ff}",
                build, ref, max_nmse=5e-4, init={1: lambda t, g: torch.arange(t.ne[0]), 2: causal,
-                                                **{i: uniform(-0.2, 0.2) for i in range(3, 12)}})
+                                                **{i: uniform(-0.5, 0.5) for i in range(3, 12)}})
 
 
 def cases():
