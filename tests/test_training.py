@@ -542,3 +542,51 @@ def test_backward_needs_grads_params_and_loss():
     with pytest.raises(ValueError, match="no training loss"):
         ggml.build_backward_expand(ctx, graph)
     assert ggml.graph_get_grad(plain, a) is None
+
+
+# ---------------------------------------------------------------- the rules that use the vision/region ops
+
+def _view_build(ctx):
+    a = _new(ctx, 6, 4, 2)
+    v = ggml.view_2d(ctx, a, 3, 4, a.nb[1], 2 * 4)  # columns 2..4 of every row of the first matrix
+    return ggml.sqr(ctx, v), [a]
+
+
+def _acc_build(ctx):
+    a, b = _new(ctx, 6, 4, 2), _new(ctx, 3, 2, 2)
+    return ggml.acc(ctx, a, b, a.nb[1], a.nb[2], a.nb[3], a.nb[1] + 4), [a, b]
+
+
+def _set_build(ctx):
+    a, b = _new(ctx, 6, 4, 2), _new(ctx, 3, 2, 2)
+    return ggml.set(ctx, a, b, a.nb[1], a.nb[2], a.nb[3], 4), [a, b]
+
+
+def _im2col_build(ctx):
+    kernel = ggml.new_tensor_4d(ctx, T.F32, 3, 2, 2, 1)
+    image = _new(ctx, 5, 4, 2, 1)
+    return ggml.im2col(ctx, kernel, image, 1, 1, 1, 0, 1, 1, True, T.F32), [kernel, image]
+
+
+def _pool_build(op):
+    def build(ctx):
+        a = _new(ctx, 6, 5, 2, 1)
+        return ggml.pool_2d(ctx, a, op, 2, 2, 2, 1, 0, 0), [a]
+    return build
+
+
+VISION_GRAD_CASES = [
+    _g("view", "columns of rows", _view_build),
+    _g("acc", "", _acc_build),
+    _g("set", "", _set_build),
+    _g("im2col", "2D", _im2col_build, params=[1]),
+    _g("pool_2d", "avg", _pool_build(ggml.OpPool.AVG)),
+    _g("pool_2d", "max", _pool_build(ggml.OpPool.MAX), init={0: lambda t, g: torch.randperm(60, generator=g).double()
+                                                              .reshape(1, 2, 5, 6) / 10}, eps=1e-2),
+]
+
+
+@pytest.mark.parametrize("case,params,eps,max_err", VISION_GRAD_CASES)
+def test_gradient_of_view_region_and_vision_ops_matches_finite_differences(cpu, case, params, eps, max_err):
+    ok, err = check_grad(case, cpu, params=params, eps=eps, max_err=max_err)
+    assert ok, f"{case.name}: mean absolute asymmetry {err:.3g} > {max_err:g}"

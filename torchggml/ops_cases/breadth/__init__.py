@@ -26,22 +26,26 @@ def breadth_cases() -> tuple[OpCase, ...]:
     return tuple(out)
 
 
-def sample_cases(every: int = 60, max_values: int = 1 << 16) -> list[OpCase]:
-    """A representative sample for CI: per op, its first case and every `every`-th after it,
-    leaving out cases whose inputs exceed `max_values` values (checked on the built graph)."""
-    from ...context import init, free
+def sample_cases(every: int = 60, max_values: int = 1 << 17) -> list[OpCase]:
+    """A representative sample for CI: per op, among its cases whose tensors hold at most
+    `max_values` values (checked on the built graph), the first and every `every`-th after it."""
     picked, seen = [], {}
     for c in breadth_cases():
+        if _size(c) > max_values:
+            continue
         i = seen.get(c.op, 0)
         seen[c.op] = i + 1
-        if i % every:
-            continue
-        ctx = init(no_alloc=True)
-        try:
-            out, inputs = c.build(ctx)
-            size = sum(t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3] for t in (*inputs, out))
-        finally:
-            free(ctx)
-        if size <= max_values:
+        if i % every == 0:
             picked.append(c)
     return picked
+
+
+def _size(c: OpCase) -> int:
+    """Values in the case's inputs and output."""
+    from ...context import init, free
+    ctx = init(no_alloc=True)
+    try:
+        out, inputs = c.build(ctx)
+        return sum(t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3] for t in (*inputs, out))
+    finally:
+        free(ctx)
