@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.model is None:
-        from torchggml.models.demo import generated_model
+        from torchggml.gguf_writer.demo import generated_model
         args.model = generated_model()
     extra = {"n_ctx": args.n_ctx} if args.n_ctx else {}
     model = load_model(args.model, devices=["CPU"], n_threads=args.threads, progress=False, **extra)

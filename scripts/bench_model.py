@@ -48,7 +48,7 @@ DEFAULT_TYPES = GENERATED_TYPES + LLAMA_QUANTIZED_TYPES
 
 def bench_config():
     from dataclasses import replace
-    from torchggml.models.demo import DEMO_CONFIG
+    from torchggml.gguf_writer.demo import DEMO_CONFIG
     return replace(DEMO_CONFIG, n_embd=1024, n_layer=8, n_head=16, n_head_kv=16, n_ff=2816, n_vocab=32000,
                    n_ctx=1024)
 

@@ -333,7 +333,7 @@ def run(n: int, seed: int = 0, workers: int = 2, timeout: float = 60.0, mem_cap_
 
 def default_sources() -> list[Path]:
     paths = [GOLDEN / "models" / name for name in GOLDEN_SOURCES]
-    from torchggml.models.demo import demo_model_path
+    from torchggml.gguf_writer.demo import demo_model_path
     return [p for p in paths if p.exists()] + [Path(demo_model_path())]
 
 

@@ -47,7 +47,7 @@ def inputs() -> list[str]:
 
 
 def corpus() -> str:
-    from torchggml.models.demo import CORPUS
+    from torchggml.gguf_writer.demo import CORPUS
     return "\n".join([CORPUS, *inputs()] * 3)
 
 
@@ -72,7 +72,7 @@ def _finish(w) -> None:
 
 
 def write_bpe(path: Path) -> None:
-    from torchggml.models.demo import train_vocab
+    from torchggml.gguf_writer.demo import train_vocab
     v = train_vocab(3000, corpus())
     w = _writer(path, "gpt2", "gpt-2")
     w.add_token_list(v.tokens)

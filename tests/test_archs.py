@@ -1,4 +1,4 @@
-"""Every architecture against llama.cpp: the tiny models of torchggml/models/tiny.py, regenerated
+"""Every architecture against llama.cpp: the tiny models of torchggml/gguf_writer/tiny.py, regenerated
 here by the project's deterministic writer (their sha256 must equal the file llama.cpp ran) and
 compared with llama.cpp's logits in tests/data/archs (scripts/gen_arch_logits.py): in one batch
 and as a prompt followed by decode steps, with flash attention off and on."""
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from torchggml.models import load_model
-from torchggml.models.tiny import CASES_BY_NAME, file_sha256, write_tiny_model
+from torchggml.gguf_writer.tiny import CASES_BY_NAME, file_sha256, write_tiny_model
 from torchggml.torch_backend.cpu_quant.features import cpu_path
 
 DATA = Path(__file__).resolve().parent / "data" / "archs"
@@ -98,7 +98,7 @@ SIM_KEYS = ["llama-moe-F32", "gpt-oss-F32", "gemma2-F32",
 
 @pytest.mark.parametrize("key", SIM_KEYS)
 def test_arch_on_simulated_accelerator(key, model_dir):
-    from torchggml.models.model import find_device
+    from torchggml.models.placement import find_device
     try:
         find_device("SIM0")
     except ValueError:

@@ -44,7 +44,7 @@ def test_bad_templates_and_messages_raise(template, messages, match):
 
 @pytest.fixture(scope="module")
 def chat_model_path(tmp_path_factory):
-    from torchggml.models.demo import DEMO_CONFIG, write_model
+    from torchggml.gguf_writer.demo import DEMO_CONFIG, write_model
     return write_model(tmp_path_factory.mktemp("chat") / "chat.gguf", DEMO_CONFIG, "F16",
                        chat_template=CHATML)
 
@@ -74,14 +74,14 @@ def test_cli_run_chat(chat_model_path, capsys):
 
 def test_cli_run_chat_without_template(capsys):
     from torchggml.models.cli_commands import main
-    from torchggml.models.demo import demo_model_path
+    from torchggml.gguf_writer.demo import demo_model_path
     assert main(["run", demo_model_path(), "--chat", "-p", "Hi", "-n", "2"]) == 1
     assert "has no tokenizer.chat_template" in capsys.readouterr().err
 
 
 def test_unknown_pre_tokenizer_model_still_evaluates_ids(tmp_path):
     from torchggml.models import load_model
-    from torchggml.models.demo import DEMO_CONFIG, write_model
+    from torchggml.gguf_writer.demo import DEMO_CONFIG, write_model
     from torchggml.tokenizer import TokenizerError
     path = write_model(tmp_path / "odd.gguf", DEMO_CONFIG, "F16", tokenizer_pre="no-such-pre")
     model = load_model(path, progress=False)

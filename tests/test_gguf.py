@@ -71,7 +71,7 @@ def test_cpu_weights_are_zero_copy_views_of_the_mapping():
 
 def _sim_device():
     try:
-        from torchggml.models.model import find_device
+        from torchggml.models.placement import find_device
         return find_device("SIM0")
     except ValueError:
         return None

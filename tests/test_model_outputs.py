@@ -237,7 +237,7 @@ PLACEMENTS = {"SIM0": dict(devices=["SIM0"]), "CPU+SIM0": dict(devices=["CPU", "
 @pytest.mark.parametrize("n_batch", [512, 6])
 @pytest.mark.parametrize("placement", sorted(PLACEMENTS))
 def test_last_logits_on_other_placements(placement, n_batch):
-    from torchggml.models.model import find_device
+    from torchggml.models.placement import find_device
     try:
         find_device("SIM1")
     except ValueError:

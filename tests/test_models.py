@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from torchggml.models import load_model, plan_placement, sample_token
-from torchggml.models.model import find_device
+from torchggml.models.placement import find_device
 
 GOLDEN = Path(os.environ.get("TORCHGGML_GOLDEN", Path(__file__).resolve().parents[2] / "shared" / "golden"))
 HAVE_GOLDEN = (GOLDEN / "manifest.json").exists()
@@ -221,7 +221,7 @@ def test_vocab_only():
 
 @pytest.fixture(scope="module")
 def demo_path(tmp_path_factory):
-    from torchggml.models.demo import demo_model_path
+    from torchggml.gguf_writer.demo import demo_model_path
     return demo_model_path(str(tmp_path_factory.mktemp("demo")))
 
 
@@ -269,7 +269,7 @@ def test_sampling_stays_within_top_k_and_top_p(top_k, top_p):
 def test_demo_architectures(tmp_path):
     """The demo writer's qwen2 (biases) and qwen3 (q/k norms, tied output) files load and run."""
     from dataclasses import replace
-    from torchggml.models.demo import DEMO_CONFIG, write_model
+    from torchggml.gguf_writer.demo import DEMO_CONFIG, write_model
     for arch, tied in (("qwen2", False), ("qwen3", True)):
         cfg = replace(DEMO_CONFIG, arch=arch, n_layer=1, tied_output=tied)
         model = load_model(write_model(tmp_path / f"{arch}.gguf", cfg, "F16"))
@@ -282,7 +282,7 @@ def test_rope_scaling_and_frequency_factors(tmp_path):
     """rope_freqs.weight divides each pair's frequency: all 2s equal linear scaling by 2, which
     differs from no scaling; all 1s change nothing."""
     from dataclasses import replace
-    from torchggml.models.demo import DEMO_CONFIG, write_model
+    from torchggml.gguf_writer.demo import DEMO_CONFIG, write_model
     cfg = replace(DEMO_CONFIG, n_layer=1)
     half = cfg.n_embd // cfg.n_head // 2
     files = {"plain": {}, "linear2": dict(rope_scaling_factor=2.0),
@@ -477,7 +477,7 @@ def test_unsupported_architecture_is_named(tmp_path):
 def test_unknown_rope_scaling_is_refused(tmp_path):
     """YaRN and LongRoPE load (tests/test_archs.py); a scaling llama.cpp does not know is refused."""
     from torchggml.gguf import GGUFError
-    from torchggml.models.tiny import TinyCase, write_tiny_model
+    from torchggml.gguf_writer.tiny import TinyCase, write_tiny_model
     case = TinyCase("llama-dynamic", "llama", metadata=(("rope.scaling.type", "dynamic"), ("rope.scaling.factor", 2.0)))
     with pytest.raises(GGUFError, match="rope scaling 'dynamic' is not supported"):
         load_model(write_tiny_model(tmp_path / "x.gguf", case))

@@ -15,7 +15,7 @@ import torch
 
 from torchggml.gguf import GGUFError
 from torchggml.models import load_model
-from torchggml.models.demo import DEMO_CONFIG, generated_model
+from torchggml.gguf_writer.demo import DEMO_CONFIG, generated_model
 from torchggml.models.module import QuantizedWeight
 
 TEXT = "Once upon a time there was a small program that wanted to run a language model"
@@ -47,7 +47,7 @@ def fresh(path, **kw):
 
 @pytest.mark.parametrize("devices", ["CPU", "SIM0", "SIM0,CPU"])
 def test_module_logits_equal_model_eval(demo_path, devices):
-    from torchggml.models.model import find_device
+    from torchggml.models.placement import find_device
     try:
         [find_device(d) for d in devices.split(",")]
     except ValueError:
@@ -117,7 +117,7 @@ def test_lora_trains_beside_repacked_quantized_weights(demo_dir):
 
 
 def test_module_moves_between_devices(demo_path):
-    from torchggml.models.model import find_device
+    from torchggml.models.placement import find_device
     try:
         find_device("SIM0")
     except ValueError:

@@ -176,7 +176,7 @@ def _fresh_logits(model, *batches):
 
 @pytest.fixture(scope="module")
 def demo_model():
-    from torchggml.models.demo import demo_model_path
+    from torchggml.gguf_writer.demo import demo_model_path
     model = load_model(demo_model_path(), n_ctx=64, progress=False)
     yield model
     model.close()

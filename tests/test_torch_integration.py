@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import torchggml as ggml
-from torchggml.models.model import find_device
+from torchggml.models.placement import find_device
 
 F32 = ggml.Type.F32
 

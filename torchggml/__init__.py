@@ -20,7 +20,7 @@ from .enums import OpPool, ScaleMode, ScaleFlag, TriType
 
 # ---------------------------------------------------------------- tensors
 from .tensor import (Tensor, nelements, nrows, nbytes, element_size, n_dims, is_contiguous,
-                     is_contiguous_rows, is_contiguous_n, is_contiguous_1, is_contiguous_2,
+                     is_contiguous_rows, is_contiguous_n, is_contiguous_1, is_contiguous_2, is_contiguous_channels,
                      is_padded_1d, is_transposed, is_permuted, is_empty, is_scalar, is_vector,
                      is_matrix, are_same_shape, are_same_stride, are_same_layout, can_repeat,
                      set_name, get_name, format_name, set_input, set_output, set_param, set_loss,

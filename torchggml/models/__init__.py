@@ -7,7 +7,9 @@ from .builder import Arch, GraphBuilder, Weights
 from .hparams import HParams
 from .kv_cache import KVCache
 from .lora import LoraAdapter
-from .model import Model, Placement, Timings, plan_placement, sample_token, find_device
+from .model import Model, Timings
+from .placement import Placement, plan_placement, find_device
+from .sampling import sample_token
 from .module import GGMLModule, QuantizedWeight
 from .params import ModelParams
 
@@ -20,5 +22,5 @@ def load_model(path, params: ModelParams | None = None, **options) -> Model:
     """Load a GGUF model. `params` (a ModelParams) and/or its fields as keywords, e.g.
     load_model(path, devices=["CUDA0"], n_ctx=2048, flash_attn=True); see ModelParams for
     each option."""
-    from .model import load
+    from .loading import load
     return load(path, params, **options)

@@ -91,7 +91,7 @@ def _load(args, path: str):
 def cmd_run(args) -> int:
     path = args.model
     if path is None:
-        from .demo import demo_model_path
+        from ..gguf_writer.demo import demo_model_path
         path = demo_model_path()
         print(f"no model given: using the built-in demo model {path}\n"
               f"(random weights and a tiny vocabulary: the text is gibberish)", file=sys.stderr)

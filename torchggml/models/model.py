@@ -33,13 +33,14 @@ Placement: every layer (its weights and its KV cache) lives on one device. The s
 several devices it is cut where the device changes and activations are copied between them.
 The architecture (models/archs/) says which keys and tensors the file has and builds the graph.
 
-Imports: this module composes lora.py (add_lora/load_lora) and module.py (as_module); they take
-the model as an argument and do not import this module back (no circle).
+The models package answers one question per file: placement.py (which device holds what),
+sampling.py (the next token from logits), kv_cache.py (the KV memory), this file (Model: eval and
+generation), loading.py (a GGUF file to a Model). This module composes lora.py
+(add_lora/load_lora) and module.py (as_module); they take the model as an argument and do not
+import this module back (no circle).
 """
 from __future__ import annotations
 
-import logging
-import math
 import threading
 import time
 from dataclasses import dataclass
@@ -48,23 +49,21 @@ from typing import Iterable, Iterator, Sequence
 import torch
 
 from ..backend.backend import backend_free
-from ..backend.device import Device, DeviceType
+from ..backend.device import DeviceType
 from ..backend.sched import (backend_sched_new, backend_sched_reserve, backend_sched_reset, backend_sched_free,
                              backend_sched_alloc_graph, backend_sched_graph_compute)
 from ..backend.tensor_io import backend_tensor_set, backend_tensor_get
 from ..context import Context
-from ..gguf import GGUFFile, load_weights
+from ..gguf import GGUFFile
 from ..types import is_quantized
-from .archs import arch_for
-from .builder import (Arch, GraphBuilder, ModelGraph, Weights, graph_size, is_matmul_weight, is_output_tensor,
-                      tensor_layer)
-from .hparams import HParams, read_hparams
+from .builder import Arch, GraphBuilder, ModelGraph, Weights, graph_size
+from .hparams import HParams
 from .kv_cache import KVCache, kv_type_from_name
 from .lora import DEFAULT_TARGETS, LoraAdapter
 from .module import GGMLModule
 from .params import ModelParams
-
-log = logging.getLogger(__name__)
+from .placement import Placement, cpu_device, find_device
+from .sampling import sample_token
 
 # the default KV cache size caps the model's training context (which can be 128k tokens)
 DEFAULT_MAX_CTX = 4096
@@ -72,146 +71,6 @@ DEFAULT_MAX_CTX = 4096
 # eval's `logits` choices: every token's, or only the last token's (of each sequence)
 LOGITS = ("all", "last")
 
-
-# ---------------------------------------------------------------- devices and placement
-
-def cpu_device() -> Device:
-    from ..torch_backend.cpu import cpu_device as _cpu
-    return _cpu()
-
-
-def _registry():
-    try:
-        from ..backend import registry
-    except ImportError:
-        return None
-    return registry
-
-
-def all_devices() -> list[Device]:
-    """Every device the registry knows (just the CPU until the registry exists)."""
-    reg = _registry()
-    if reg is None:
-        return [cpu_device()]
-    return [reg.backend_dev_get(i) for i in range(reg.backend_dev_count())]
-
-
-def find_device(spec) -> Device:
-    """A Device from a Device, or a name such as "CPU", "CUDA0", "SIM0" (case-insensitive)."""
-    if isinstance(spec, Device):
-        return spec
-    name = str(spec)
-    for dev in all_devices():
-        if dev.get_name().lower() == name.lower():
-            return dev
-    known = ", ".join(d.get_name() for d in all_devices())
-    raise ValueError(f"unknown device {name!r} (available: {known})")
-
-
-def gpu_devices() -> list[Device]:
-    return [d for d in all_devices() if d.get_type() != DeviceType.CPU]
-
-
-@dataclass
-class Placement:
-    """Which device holds the input embeddings, each layer, and the output head."""
-    input: Device
-    layers: list[Device]
-    output: Device
-
-    @property
-    def devices(self) -> list[Device]:
-        """Distinct devices, accelerators first, the CPU last (the scheduler's priority order)."""
-        seen = []
-        for d in [*self.layers, self.input, self.output]:
-            if all(d is not s for s in seen):
-                seen.append(d)
-        return sorted(seen, key=lambda d: d.get_type() == DeviceType.CPU)
-
-    @property
-    def single(self) -> bool:
-        return len(self.devices) == 1
-
-    def describe(self) -> str:
-        runs = []
-        for il, d in enumerate(self.layers):
-            if runs and runs[-1][0] is d:
-                runs[-1][2] = il
-            else:
-                runs.append([d, il, il])
-        layers = ", ".join(f"{d.get_name()}: layers {a}-{b}" for d, a, b in runs)
-        return f"input {self.input.get_name()}, {layers}, output {self.output.get_name()}"
-
-
-def split_layers(n_layer: int, devices: Sequence[Device], tensor_split: Sequence[float] | None) -> list[Device]:
-    """Consecutive runs of layers per device, in proportion to tensor_split (equal by default)."""
-    if tensor_split is None:
-        tensor_split = [1.0] * len(devices)
-    if len(tensor_split) != len(devices) or any(s < 0 for s in tensor_split) or sum(tensor_split) <= 0:
-        raise ValueError(f"tensor_split {list(tensor_split)} must give a non-negative share to each of "
-                         f"the {len(devices)} devices")
-    total = float(sum(tensor_split))
-    bounds, acc = [], 0.0
-    for s in tensor_split:
-        acc += s
-        bounds.append(round(n_layer * acc / total))
-    out, start = [], 0
-    for dev, end in zip(devices, bounds):
-        out += [dev] * (end - start)
-        start = end
-    return out
-
-
-def plan_placement(n_layer: int, devices=None, n_gpu_layers: int | None = None,
-                   tensor_split: Sequence[float] | None = None) -> Placement:
-    """llama.cpp's rules, with explicit devices as the shortcut:
-    - nothing given: everything on the CPU;
-    - devices only: the layers are split over them (tensor_split proportions), the input on the
-      first and the output on the last;
-    - n_gpu_layers (with `devices` or every accelerator): the last n_gpu_layers layers are split
-      over the accelerators, the rest and the input stay on the CPU, the output moves when
-      n_gpu_layers > n_layer."""
-    devs = None if devices is None else [find_device(d) for d in ([devices] if isinstance(devices, (str, Device)) else devices)]
-    if devs is not None and not devs:
-        raise ValueError("devices is empty")
-    cpu = cpu_device()
-    if n_gpu_layers is None:
-        if devs is None:
-            return Placement(cpu, [cpu] * n_layer, cpu)
-        layers = split_layers(n_layer, devs, tensor_split)
-        return Placement(devs[0], layers, devs[-1])
-    gpus = [d for d in (devs if devs is not None else gpu_devices()) if d.get_type() != DeviceType.CPU]
-    n_gpu = max(0, min(int(n_gpu_layers), n_layer + 1))
-    if not gpus or n_gpu == 0:
-        if n_gpu and not gpus:
-            log.warning("n_gpu_layers=%d but there is no accelerator: running on the CPU", n_gpu_layers)
-        return Placement(cpu, [cpu] * n_layer, cpu)
-    n_offload = min(n_gpu, n_layer)
-    layers = [cpu] * (n_layer - n_offload) + split_layers(n_offload, gpus, tensor_split)
-    return Placement(cpu, layers, layers[-1] if n_gpu > n_layer else cpu)
-
-
-# ---------------------------------------------------------------- sampling
-
-def sample_token(logits: torch.Tensor, temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
-                 generator: torch.Generator | None = None) -> int:
-    """Temperature, then top-k, then top-p (nucleus) sampling; greedy when temperature <= 0."""
-    if temperature <= 0:
-        return int(torch.argmax(logits))
-    logits = logits.double() / temperature
-    if 0 < top_k < logits.numel():
-        kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, -math.inf)
-    probs = torch.softmax(logits, dim=-1)
-    if 0 < top_p < 1:
-        sorted_p, order = torch.sort(probs, descending=True)
-        # keep the smallest prefix whose mass reaches top_p (always at least one token)
-        keep = torch.cumsum(sorted_p, 0) - sorted_p < top_p
-        probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
-    return int(torch.multinomial(probs, 1, generator=generator))
-
-
-# ---------------------------------------------------------------- the model
 
 class ModelClosedError(RuntimeError):
     """The model was closed: its buffers are freed and it can no longer evaluate."""
@@ -254,6 +113,9 @@ class Model:
         # serializes eval/generate/reset/close (see the module doc); hold it (`with model.lock:`)
         # to make a sequence of calls, e.g. reset then eval, atomic
         self.lock = threading.RLock()
+        # the function that loaded this model (loading.load, which imports this module): reloaded_on
+        # loads again through it
+        self.loader = None
         if self.vocab_only:
             return
         self.weights = weights
@@ -319,7 +181,7 @@ class Model:
         device = find_device(device)
         if self.placement.single and self.placement.devices[0] is device:
             return self
-        new = load(self.path, devices=[device], n_ctx=self.n_ctx, n_batch=self.n_batch,
+        new = self.loader(self.path, devices=[device], n_ctx=self.n_ctx, n_batch=self.n_batch,
                    flash_attn=self.flash_attn, kv_type=self.kv_type.name.lower(), progress=False)
         if self.lora is not None:
             new.set_lora(self.lora.copy_for(new))
@@ -630,56 +492,3 @@ class Model:
             backend_free(b)
         # drop every tensor that views the freed memory, so the file's mapping can close
         self._graph = self._ctx = self.w = self.weights = self.kv = self.sched = None
-
-
-# experts, read only by MUL_MAT_ID: offered to extra buffer types too (llama.cpp asks them about
-# the op that reads each weight; the CPU's fused repack layout serves MUL_MAT_ID)
-EXPERT_WEIGHTS = tuple(f"ffn_{n}_exps.weight" for n in ("gate", "up", "down", "gate_up"))
-
-
-def extra_buffer_types(device: Device) -> list:
-    """The device's extra buffer types that take weights in their own layout (ggml's
-    ggml_backend_dev_get_extra_bufts, e.g. the CPU's CPU_REPACK), as llama.cpp uses them."""
-    reg = getattr(device, "reg", None)
-    get = reg.get_proc_address("ggml_backend_dev_get_extra_bufts") if reg is not None else None
-    return [b for b in (get(device) if get is not None else []) if hasattr(b, "supports_weight")]
-
-
-def load(path, params: ModelParams | None = None, **options) -> Model:
-    """See torchggml.load_model."""
-    from ..gguf import open_gguf
-    params = (params or ModelParams()).with_options(**options)
-    file = open_gguf(path)  # the tokenizer is built from it on first use
-    if params.vocab_only:
-        return Model(file, None, params)
-    arch = arch_for(file.arch, file.path)
-    hp = read_hparams(file, arch)
-    devices = params.devices
-    if params.tensor_parallel is not None:
-        if devices is not None or params.n_gpu_layers is not None or params.tensor_split is not None:
-            raise ValueError("tensor_parallel replaces devices, n_gpu_layers and tensor_split: give only it")
-        from .tensor_parallel import tensor_parallel_device
-        devices = [tensor_parallel_device(file, hp, params.tensor_parallel, kv_type_from_name(params.kv_type))]
-    placement = plan_placement(hp.n_layer, devices, params.n_gpu_layers, params.tensor_split)
-
-    def device_of(name: str) -> Device:
-        il = tensor_layer(name)
-        if il is not None:
-            if il >= hp.n_layer:
-                raise ValueError(f"{path}: tensor {name!r} belongs to layer {il}, but the model has {hp.n_layer}")
-            return placement.layers[il]
-        if is_output_tensor(name):
-            return placement.output
-        return placement.input
-
-    def buft_of(name: str):
-        device = device_of(name)
-        if params.repack and (is_matmul_weight(name) or name.endswith(EXPERT_WEIGHTS)):
-            info = file.tensor_info(name)
-            for extra in extra_buffer_types(device):
-                if extra.supports_weight(info.type, info.ne):
-                    return extra
-        return device.get_buffer_type()
-
-    weights = load_weights(file, buft_of, progress=params.progress, check_values=params.check_tensors)
-    return Model(file, None, params, arch, hp, weights, placement)

@@ -7,8 +7,8 @@ Layouts are ggml's (ne order, innermost first): a kernel is [KW, KH, IC, OC], an
 from __future__ import annotations
 
 from ..enums import Op
-from ..tensor import Tensor, is_contiguous, is_matrix
-from ..types import Type, type_size
+from ..tensor import Tensor, is_contiguous, is_contiguous_channels, is_matrix
+from ..types import Type
 from ._common import new_op, require
 from .matmul import mul_mat
 from .views import cont, permute, reshape_2d, reshape_3d, reshape_4d
@@ -186,17 +186,12 @@ def conv_2d_dw_direct(ctx, a: Tensor, b: Tensor, stride0: int, stride1: int, pad
           _conv_output_size(b.ne[1], a.ne[1], stride1, pad1, dilation1), b.ne[2], b.ne[3]]
     require(ne[0] > 0 and ne[1] > 0, "conv_2d_dw_direct", "b too small compared to a", a, b)
     result = new_op(ctx, Op.CONV_2D_DW, b.type, ne, [a, b], [stride0, stride1, pad0, pad1, dilation0, dilation1])
-    if _is_contiguous_channels(b):
+    if is_contiguous_channels(b):
         size = result.nb[0]
         result.nb[0] = result.ne[2] * size
         result.nb[1] = result.ne[0] * result.nb[0]
         result.nb[2] = size
     return result
-
-
-def _is_contiguous_channels(t: Tensor) -> bool:
-    """ggml_is_contiguous_channels: memory order with channels (ne[2]) innermost."""
-    return t.nb[0] > t.nb[2] and t.nb[1] > t.nb[0] and t.nb[2] == type_size(t.type)
 
 
 def conv_transpose_1d(ctx, a: Tensor, b: Tensor, s0: int, p0: int, d0: int) -> Tensor:

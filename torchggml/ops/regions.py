@@ -3,15 +3,29 @@ of a), CUMSUM, DIAG, TRI, FILL."""
 from __future__ import annotations
 
 from ..enums import Op, TriType
-from ..tensor import Tensor, is_contiguous, nelements
-from ..types import Type
+from ..tensor import Tensor, is_contiguous, nbytes, nelements
+from ..types import Type, is_quantized, type_size
 from ._common import new_op, same_as, require
+
+
+def _check_region(op: str, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int) -> None:
+    """b's shape at byte `offset` with strides (element size, nb1, nb2, nb3) must lie inside a,
+    on element boundaries (ggml asserts this when it computes)."""
+    esize = type_size(a.type)
+    require(not is_quantized(a.type), op, "a must be of a plain (non-block) type", a)
+    require(all(v % esize == 0 for v in (nb1, nb2, nb3, offset)), op,
+            f"strides ({nb1}, {nb2}, {nb3}) and offset {offset} must be multiples of the element size {esize}", a)
+    end = offset + esize * b.ne[0] + sum((n - 1) * s for n, s in zip(b.ne[1:], (nb1, nb2, nb3)))
+    require(offset >= 0 and end <= nbytes(a), op,
+            f"b {b.ne} at offset {offset} with strides ({nb1}, {nb2}, {nb3}) ends at byte {end}, past a's "
+            f"{nbytes(a)} bytes", a, b)
 
 
 def _acc(ctx, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int, inplace: bool) -> Tensor:
     require(nelements(b) <= nelements(a), "acc", "b has more elements than a", a, b)
     require(is_contiguous(a), "acc", "a must be contiguous", a)
     require(a.type == Type.F32 and b.type == Type.F32, "acc", "a and b must be F32", a, b)
+    _check_region("acc", a, b, nb1, nb2, nb3, offset)
     return same_as(ctx, Op.ACC, a, [a, b], [nb1, nb2, nb3, offset, int(inplace)], inplace=inplace)
 
 
@@ -27,6 +41,8 @@ def acc_inplace(ctx, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset:
 def _set(ctx, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int, inplace: bool) -> Tensor:
     require(nelements(a) >= nelements(b), "set", "b has more elements than a", a, b)
     require(0 <= offset < (1 << 30), "set", f"offset {offset} out of range [0, 2^30)", a)
+    require(is_contiguous(a), "set", "a must be contiguous", a)
+    _check_region("set", a, b, nb1, nb2, nb3, offset)
     return same_as(ctx, Op.SET, a, [a, b], [nb1, nb2, nb3, offset, int(inplace)], inplace=inplace)
 
 

@@ -5,7 +5,6 @@ ggml's composite builders (conv_1d, conv_2d, ...) reach the CPU's matmul path th
 MUL_MAT; the direct ops use torch's convolution kernels (oneDNN on the CPU, cuDNN on CUDA)."""
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 
 from ...enums import Op
@@ -35,6 +34,17 @@ def _im2col_geometry(node, kernel, image_ne):
     return (1, kernel.ne[0]), (1, s0), (0, p0), (1, d0), False
 
 
+def _window_pads(sizes, ks, ss, ps, ds, outs) -> list[int]:
+    """F.pad widths (last dim first) giving exactly `outs` windows over dims of `sizes`
+    (outermost first): p before, and after as far as the last window reaches (negative: cropped).
+    ggml sizes outputs with C's truncating division, so a window may start in the padding and
+    run past it, which torch's own padding refuses."""
+    widths = []
+    for n, k, s, p, d, o in zip(sizes, ks, ss, ps, ds, outs):
+        widths.append((p, (o - 1) * s + d * (k - 1) + 1 - n - p))
+    return [w for pair in reversed(widths) for w in pair]
+
+
 @KERNELS.register(Op.IM2COL, supports=lambda n: is_float(n) and is_float(n.src[1]))
 def im2col(node):
     """[N, IC, IH, IW] -> [N, OH, OW, IC*KH*KW] (2-D); [N, IC, IW] -> [N, OW, IC*K] (1-D)."""
@@ -43,7 +53,9 @@ def im2col(node):
     x = as_float(b)                                    # [N, IC, IH, IW] or [1, N, IC, IW]
     if not is_2d:
         x = x[0].unsqueeze(2)                          # [N, IC, 1, IW]
-    cols = F.unfold(x, k, dilation=d, padding=p, stride=s)   # [N, IC*KH*KW, OH*OW]
+    outs = (node.ne[2], node.ne[1]) if is_2d else (1, node.ne[1])
+    x = F.pad(x, _window_pads(x.shape[2:], k, s, p, d, outs))
+    cols = F.unfold(x, k, dilation=d, stride=s)        # [N, IC*KH*KW, OH*OW]
     write(node, cols.transpose(1, 2).reshape(node.ne[3], node.ne[2], node.ne[1], node.ne[0]))
 
 
@@ -59,8 +71,11 @@ def im2col_back(node):
     else:
         n, ih, iw = node.ne[2], 1, node.ne[0]
     cols = g.reshape(n, -1, g.shape[-1]).transpose(1, 2)     # [N, IC*KH*KW, OH*OW]
-    image = F.fold(cols, (ih, iw), k, dilation=d, padding=p, stride=s)   # [N, IC, IH, IW]
-    write(node, image.reshape(tuple(reversed(node.ne))))
+    outs = (grad.ne[2], grad.ne[1]) if is_2d else (1, grad.ne[1])
+    pads = _window_pads((ih, iw), k, s, p, d, outs)
+    padded = (ih + pads[2] + pads[3], iw + pads[0] + pads[1])
+    image = F.fold(cols, padded, k, dilation=d, stride=s)       # the padded image's gradient
+    write(node, F.pad(image, [-w for w in pads]).reshape(tuple(reversed(node.ne))))
 
 
 @KERNELS.register(Op.COL2IM_1D, supports=lambda n: _float_srcs(n, 1))
@@ -82,11 +97,11 @@ def im2col_3d(node):
     kd, kh, kw = a.ne[2], a.ne[1], a.ne[0]
     n = b.ne[3] // ic
     x = as_float(b).reshape(n, ic, b.ne[2], b.ne[1], b.ne[0])
-    x = F.pad(x, (p0, p0, p1, p1, p2, p2))
     od, oh, ow = node.ne[3] // n, node.ne[2], node.ne[1]
+    x = F.pad(x, _window_pads(x.shape[2:], (kd, kh, kw), (s2, s1, s0), (p2, p1, p0), (d2, d1, d0), (od, oh, ow)))
     # windows: [N, IC, OD, OH, OW, KD, KH, KW] over the dilated kernel extent, then every d-th tap
     win = (x.unfold(2, d2 * (kd - 1) + 1, s2).unfold(3, d1 * (kh - 1) + 1, s1).unfold(4, d0 * (kw - 1) + 1, s0))
-    win = win[:, :, :od, :oh, :ow, ::d2, ::d1, ::d0]
+    win = win[..., ::d2, ::d1, ::d0]
     cols = win.permute(0, 2, 3, 4, 1, 5, 6, 7)         # [N, OD, OH, OW, IC, KD, KH, KW]
     write(node, cols.reshape(n * od, oh, ow, -1))
 

@@ -100,8 +100,8 @@ def pool_2d_back(node):
     out1, out0 = grad.shape[-2], grad.shape[-1]
     h, w = forward.shape[-2], forward.shape[-1]
     # flat indices of every tap, padded positions marked -1
-    index = _windows_2d(torch.arange(h * w, device=grad.device, dtype=torch.float32).reshape(h, w),
-                        k0, k1, s0, s1, p0, p1, out0, out1, -1.0).reshape(out1, out0, k1 * k0).long()
+    index = _windows_2d(torch.arange(h * w, device=grad.device).reshape(h, w),
+                        k0, k1, s0, s1, p0, p1, out0, out1, -1).reshape(out1, out0, k1 * k0)
     lead = forward.shape[:-2]
     if op == OpPool.MAX:
         values = _windows_2d(forward, k0, k1, s0, s1, p0, p1, out0, out1, -FLT_MAX).reshape(*lead, out1, out0, -1)

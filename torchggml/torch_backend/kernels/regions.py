@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from ...enums import Op, TriType
+from ...tensor import get_op_params_f32
 from ...types import is_quantized, type_size
 from .table import KernelTable
 from .common import view, as_float, write, all_float
@@ -17,18 +18,12 @@ def _plain(node) -> bool:
 
 def _region(node):
     """The node's memory viewed with the source b's shape, strides nb1..nb3 and byte offset
-    from op params (nb0 is the element size), as ggml's ACC and SET view it."""
+    from op params (nb0 is the element size), as ggml's ACC and SET view it (the builders
+    checked that the region lies inside the tensor)."""
     b = node.src[1]
     esize = type_size(node.type)
     nb1, nb2, nb3, offset = (node.op_params[i] for i in range(4))
-    for name, v in (("nb1", nb1), ("nb2", nb2), ("nb3", nb3), ("offset", offset)):
-        if v % esize:
-            raise ValueError(f"{node.op.name.lower()}: {name}={v} is not a multiple of the element size "
-                             f"{esize} for {node.describe()}")
-    dst = view(node)
-    flat = dst.reshape(-1) if dst.is_contiguous() else None
-    if flat is None:
-        raise ValueError(f"{node.op.name.lower()}: the result must be contiguous ({node.describe()})")
+    flat = view(node).reshape(-1)
     return flat.as_strided(tuple(reversed(b.ne)), (nb3 // esize, nb2 // esize, nb1 // esize, 1),
                            flat.storage_offset() + offset // esize)
 
@@ -78,5 +73,4 @@ def tri(node):
 
 @KERNELS.register(Op.FILL, supports=lambda n: all_float(n, 1))
 def fill(node):
-    from ...tensor import get_op_params_f32
     view(node).fill_(get_op_params_f32(node, 0))

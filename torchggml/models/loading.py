@@ -1,0 +1,71 @@
+"""load(): a GGUF file to a Model: the architecture and hyper-parameters, the placement of
+every layer, and each weight's buffer type (the device's, or an extra buffer type with its own
+layout such as the CPU's CPU_REPACK), then the weights themselves."""
+from __future__ import annotations
+
+from ..backend.device import Device
+from ..gguf import load_weights
+from .archs import arch_for
+from .builder import is_matmul_weight, is_output_tensor, tensor_layer
+from .hparams import read_hparams
+from .kv_cache import kv_type_from_name
+from .model import Model
+from .params import ModelParams
+from .placement import plan_placement
+
+
+# experts, read only by MUL_MAT_ID: offered to extra buffer types too (llama.cpp asks them about
+# the op that reads each weight; the CPU's fused repack layout serves MUL_MAT_ID)
+EXPERT_WEIGHTS = tuple(f"ffn_{n}_exps.weight" for n in ("gate", "up", "down", "gate_up"))
+
+
+def extra_buffer_types(device: Device) -> list:
+    """The device's extra buffer types that take weights in their own layout (ggml's
+    ggml_backend_dev_get_extra_bufts, e.g. the CPU's CPU_REPACK), as llama.cpp uses them."""
+    reg = getattr(device, "reg", None)
+    get = reg.get_proc_address("ggml_backend_dev_get_extra_bufts") if reg is not None else None
+    return [b for b in (get(device) if get is not None else []) if hasattr(b, "supports_weight")]
+
+
+def load(path, params: ModelParams | None = None, **options) -> Model:
+    """See torchggml.load_model."""
+    from ..gguf import open_gguf
+    params = (params or ModelParams()).with_options(**options)
+    file = open_gguf(path)  # the tokenizer is built from it on first use
+    if params.vocab_only:
+        model = Model(file, None, params)
+        model.loader = load
+        return model
+    arch = arch_for(file.arch, file.path)
+    hp = read_hparams(file, arch)
+    devices = params.devices
+    if params.tensor_parallel is not None:
+        if devices is not None or params.n_gpu_layers is not None or params.tensor_split is not None:
+            raise ValueError("tensor_parallel replaces devices, n_gpu_layers and tensor_split: give only it")
+        from .tensor_parallel import tensor_parallel_device
+        devices = [tensor_parallel_device(file, hp, params.tensor_parallel, kv_type_from_name(params.kv_type))]
+    placement = plan_placement(hp.n_layer, devices, params.n_gpu_layers, params.tensor_split)
+
+    def device_of(name: str) -> Device:
+        il = tensor_layer(name)
+        if il is not None:
+            if il >= hp.n_layer:
+                raise ValueError(f"{path}: tensor {name!r} belongs to layer {il}, but the model has {hp.n_layer}")
+            return placement.layers[il]
+        if is_output_tensor(name):
+            return placement.output
+        return placement.input
+
+    def buft_of(name: str):
+        device = device_of(name)
+        if params.repack and (is_matmul_weight(name) or name.endswith(EXPERT_WEIGHTS)):
+            info = file.tensor_info(name)
+            for extra in extra_buffer_types(device):
+                if extra.supports_weight(info.type, info.ne):
+                    return extra
+        return device.get_buffer_type()
+
+    weights = load_weights(file, buft_of, progress=params.progress, check_values=params.check_tensors)
+    model = Model(file, None, params, arch, hp, weights, placement)
+    model.loader = load
+    return model
