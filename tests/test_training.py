@@ -590,3 +590,16 @@ VISION_GRAD_CASES = [
 def test_gradient_of_view_region_and_vision_ops_matches_finite_differences(cpu, case, params, eps, max_err):
     ok, err = check_grad(case, cpu, params=params, eps=eps, max_err=max_err)
     assert ok, f"{case.name}: mean absolute asymmetry {err:.3g} > {max_err:g}"
+
+
+def test_every_training_op_has_a_builder_and_a_kernel():
+    """Upstream's training ops (FLASH_ATTN_BACK aside: ggml aborts in its builder)."""
+    from torchggml.torch_backend.kernels.reference import TORCH_KERNELS
+    ops = {"REPEAT_BACK": "repeat_back", "SILU_BACK": "silu_back", "RMS_NORM_BACK": "rms_norm_back",
+           "GET_ROWS_BACK": "get_rows_back", "SOFT_MAX_BACK": "soft_max_ext_back", "ROPE_BACK": "rope_ext_back",
+           "CROSS_ENTROPY_LOSS": "cross_entropy_loss", "CROSS_ENTROPY_LOSS_BACK": "cross_entropy_loss_back",
+           "OPT_STEP_ADAMW": "opt_step_adamw", "OPT_STEP_SGD": "opt_step_sgd"}
+    for op, builder in ops.items():
+        assert callable(getattr(ggml, builder)), builder
+        assert ggml.Op[op] in TORCH_KERNELS.entries, op
+    assert callable(ggml.rope_multi_back) and callable(ggml.soft_max_ext_back_inplace)

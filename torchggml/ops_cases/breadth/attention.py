@@ -141,6 +141,10 @@ def cases():
     for hsk, hsv, nh, nr, kv, nb, tk, tv in extra:
         _fa(table, hsk, hsv, nh, nr, kv, nb, True, False, 0.0, 0.0, P.F32, T[tk], T[tv])
     _fa(table, 128, 128, 4, (1, 1), 256, 1, False, False, 0.0, 0.0, P.F32, T.F16, T.Q4_0)
+    for low in types_named("Q1_0", "Q2_0"):  # the 1- and 2-bit KV types, with and against others
+        for hsk, hsv, kv, tk, tv in ((128, 128, 96, low, low), (128, 64, 128, low, T.Q4_0),
+                                     (64, 128, 128, T.Q4_0, low), (128, 64, 64, low, T.F16)):
+            _fa(table, hsk, hsv, 4, (1, 1), kv, 2, True, False, 0.0, 0.0, P.F32, tk, tv)
     for kv, nb, perm, sinks, mb, sc in ((113, 1, IDENTITY, False, 0.0, 0.0), (1024, 1, IDENTITY, False, 0.0, 0.0),
                                         (1024, 1, (0, 2, 1, 3), False, 0.0, 0.0), (1025, 64, (0, 2, 1, 3), False, 0.0, 0.0),
                                         (16384, 1, IDENTITY, False, 0.0, 0.0)):
