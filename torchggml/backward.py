@@ -320,7 +320,10 @@ def _compute_backward(b: _Backward, node: Tensor) -> None:
     else:
         raise NotImplementedError(f"build_backward_expand: ggml has no backward pass for op {op.name} "
                                   f"[{node.describe()}]")
-    for src, wanted in ((s0, w0), (s1, w1), (s2, w2)):
+    for i, (src, wanted) in enumerate(((s0, w0), (s1, w1), (s2, w2))):
+        if wanted and id(src) not in b.grads:  # ggml has no rule for this source (e.g. soft_max's sinks)
+            raise NotImplementedError(f"build_backward_expand: ggml has no gradient for source {i} of op {op.name} "
+                                      f"[{node.describe()}; {src.describe()}]")
         if wanted and not are_same_shape(src, b.grads[id(src)]):
             raise AssertionError(f"build_backward_expand: gradient of {src.describe()} has shape "
                                  f"{b.grads[id(src)].ne} [{node.describe()}]")
