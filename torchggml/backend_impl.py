@@ -142,6 +142,13 @@ class Buffer(ABC):
     # OPTIONAL, None: memset_tensor(tensor, value, offset, size); backend_tensor_memset raises
     memset_tensor = None
 
+    # OPTIONAL, None: 2-D copies. set_tensor_2d(tensor, data, offset, size, n_copies,
+    # stride_tensor, stride_data) writes n_copies rows of `size` bytes, row i from
+    # data[i*stride_data:] to tensor.data + offset + i*stride_tensor (get_tensor_2d reads them
+    # into `out`); without them backend_tensor_set_2d / _get_2d loop over set/get_tensor
+    set_tensor_2d = None
+    get_tensor_2d = None
+
     # OPTIONAL, default given
     def get_base(self) -> int:
         return self.base
@@ -230,6 +237,17 @@ class Backend(ABC):
     # backend_tensor_set_async / _get_async copy synchronously
     set_tensor_async = None
     get_tensor_async = None
+
+    # OPTIONAL, None: set_tensor_2d_async / get_tensor_2d_async, the 2-D copies (Buffer's
+    # set_tensor_2d) queued on the stream; without them the _2d_async functions loop over
+    # set/get_tensor_async
+    set_tensor_2d_async = None
+    get_tensor_2d_async = None
+
+    # OPTIONAL, None: graph_optimize(graph, params) may reorder the nodes of a split's graph
+    # (the scheduler calls it per split, before allocation, and keeps the new order) and call
+    # params.add_alloc_dep(tensor, until) to keep a tensor allocated until node `until` ran
+    graph_optimize = None
 
     # OPTIONAL, None: graph plans. graph_plan_create(graph) -> plan, graph_plan_update(plan,
     # graph), graph_plan_compute(plan) -> Status. Without them a plan is the graph itself,
@@ -390,4 +408,6 @@ class Reg(ABC):
 
     def get_proc_address(self, name: str):
         """A named extension function, or None (ggml_backend_reg_get_proc_address)."""
-        return getattr(self, "proc_" + name.removeprefix("ggml_backend_"), None)
+        short = name.removeprefix("ggml_backend_")
+        short = short.removeprefix("ggml_") if short == name else short  # ggml_threadpool_new -> threadpool_new
+        return getattr(self, "proc_" + short, None)

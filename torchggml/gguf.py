@@ -329,6 +329,8 @@ def _upload_weights(file: GGUFFile, buft: BufferType, names: list[str], weights:
     ctx = Context(0, no_alloc=True)
     tensors = [_new_weight_tensor(ctx, file.tensors[name]) for name in names]
     buffer = backend_alloc_ctx_tensors_from_buft(ctx, buft)
+    if buffer is not None:  # before the data: a remote (RPC) buffer offers its weight cache
+        buffer.set_usage(BufferUsage.WEIGHTS)
     total = sum(file.tensors[n].nbytes for n in names)
     desc = f"loading {os.path.basename(file.path)} -> {buft.get_name()}"
     with tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not progress, leave=False) as bar:

@@ -47,11 +47,57 @@ def host_memory() -> tuple[int, int]:
 
 
 
+class Threadpool:
+    """ggml_threadpool: torch computes on its one intra-op pool, so a threadpool is the thread
+    count a CPU backend uses while it is set (ggml_backend_cpu_set_threadpool)."""
+
+    def __init__(self, n_threads: int):
+        if int(n_threads) < 1:
+            raise ValueError(f"threadpool_new: n_threads must be at least 1, got {n_threads}")
+        self.n_threads = int(n_threads)
+        self.paused = False
+        self.freed = False
+
+
+def threadpool_new(params) -> Threadpool:
+    """A threadpool of `params` threads (an int, or an object with n_threads)."""
+    return Threadpool(getattr(params, "n_threads", params))
+
+
+def threadpool_free(threadpool: Threadpool | None) -> None:
+    if threadpool is not None:
+        threadpool.freed = True
+
+
+def threadpool_get_n_threads(threadpool: Threadpool) -> int:
+    return threadpool.n_threads
+
+
+def threadpool_pause(threadpool: Threadpool) -> None:
+    threadpool.paused = True
+
+
+def threadpool_resume(threadpool: Threadpool) -> None:
+    threadpool.paused = False
+
+
 class CPUBackend(Backend):
     def __init__(self, device: "CPUDevice"):
         super().__init__(device, "CPU")
         self.n_threads = torch.get_num_threads()
         self.abort_callback = None
+        self.use_ref = False       # ggml_backend_cpu_set_use_ref: the reference kernels only
+        self.threadpool = None
+
+    def set_use_ref(self, use_ref: bool) -> None:
+        self.use_ref = bool(use_ref)
+
+    def set_threadpool(self, threadpool: Threadpool | None) -> None:
+        if threadpool is not None:
+            if threadpool.freed:
+                raise ValueError("backend_cpu_set_threadpool: the threadpool was freed")
+            self.set_n_threads(threadpool.n_threads)
+        self.threadpool = threadpool
 
     def set_n_threads(self, n_threads: int) -> None:
         self.n_threads = int(n_threads)
@@ -64,7 +110,7 @@ class CPUBackend(Backend):
 
     def _compile(self, graph):
         check_repacked_reads(graph.nodes, self.name)  # no kernel may read repacked bytes as ggml blocks
-        return compile_graph(graph, CPU_KERNELS, self)
+        return compile_graph(graph, TORCH_KERNELS if self.use_ref else CPU_KERNELS, self)
 
     def graph_plan_create(self, graph):
         return CompiledPlan(graph, self._compile(graph))
@@ -146,6 +192,24 @@ class CPUReg(Reg):
         buft = device.repack_buffer_types.get(cpu_path())  # none for "dequant"
         return [buft] if buft is not None else []
 
+    def proc_cpu_set_use_ref(self, backend, use_ref):
+        backend.set_use_ref(use_ref)
+
+    def proc_cpu_numa_init(self, strategy=None):
+        pass  # torch places threads itself
+
+    def proc_cpu_is_numa(self):
+        return False
+
+    def proc_threadpool_new(self, params):
+        return threadpool_new(params)
+
+    def proc_threadpool_free(self, threadpool):
+        threadpool_free(threadpool)
+
+    def proc_cpu_set_threadpool(self, backend, threadpool):
+        backend.set_threadpool(threadpool)
+
     def proc_get_features(self):
         return {**cpu_features(), "CPU_PATH": cpu_path(), "GEMM": str(fastest_gemm_dtype()).split(".")[-1],
                 "TORCH": torch.__version__, "THREADS": str(torch.get_num_threads())}
@@ -196,3 +260,12 @@ def backend_cpu_set_n_threads(backend, n_threads: int) -> None:
 
 def backend_is_cpu(backend) -> bool:
     return isinstance(backend, CPUBackend)
+
+
+def backend_cpu_set_threadpool(backend, threadpool) -> None:
+    backend.set_threadpool(threadpool)
+
+
+def backend_cpu_set_use_ref(backend, use_ref: bool) -> None:
+    """Compute with the reference (torch) kernels only, as upstream's reference CPU paths."""
+    backend.set_use_ref(use_ref)
