@@ -7,8 +7,8 @@ from __future__ import annotations
 import functools
 
 
-# row_dot's kinds that read ggml's blocks in place, by block bytes: Q8_0, Q4_0 and Q4_K
-BLOCK_KINDS = (34, 18, 144)
+# row_dot's kinds that read ggml's blocks in place, by block bytes: Q8_0, Q4_0, Q4_K and Q6_K
+BLOCK_KINDS = (34, 18, 144, 210)
 
 
 def _row_dot_intrinsic():
@@ -29,7 +29,8 @@ def _row_dot_intrinsic():
     (Q4_0's signed values, as ggml's kernels subtract 8). Block kinds read ggml's blocks in
     place (w: the row's raw bytes; scale is not read): 34 for Q8_0 (float16 d, 32 int8 values),
     18 for Q4_0 (float16 d, 16 bytes of nibbles minus 8, in the 4-bit order above), 144 for
-    Q4_K (q4_k_blocks_dot; scale is then the activations' float group sums, for the mins).
+    Q4_K (q4_k_blocks_dot; scale is then the activations' float group sums, for the mins), 210
+    for Q6_K (q6_k_blocks_dot, activations in groups of 16).
     """
     from llvmlite import ir
     from numba import types
@@ -86,6 +87,10 @@ def _row_dot_intrinsic():
         (byte b: values b, b + 8, b + 16, b + 24 in bits 0-1, 2-3, 4-5, 6-7)."""
         u = six_bit_values(builder, w, j)
         xv = load_i8(builder, x, builder.mul(j, ir.Constant(j.type, 32)), 32)
+        return offset_six_bit_products(builder, u, xv)
+
+    def offset_six_bit_products(builder, u, xv):
+        """32 values u in [0, 63] minus 32 times 32 int8 xv as <8 x i32>, lanes 0-3 the first 16."""
         fast = _byte_dot_8(builder, u, xv)
         if fast is not None:  # sum (u - 32) x = sum u x - 32 sum x
             xsum = _byte_dot_8(builder, ir.Constant(vec(i8, 32), [1] * 32), xv)
@@ -170,6 +175,8 @@ def _row_dot_intrinsic():
             n_groups = builder.extract_value(n_groups, 0)
             if k == 144:
                 return q4_k_blocks_dot(builder, wp, xp, sp, dp, n_groups)
+            if k == 210:
+                return q6_k_blocks_dot(builder, wp, xp, dp, n_groups)
             acc = cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8))
             if k in (16, 6):  # groups in pairs (K-quant rows hold an even number of 16-value groups)
                 n_groups = builder.lshr(n_groups, ir.Constant(n_groups.type, 1))
@@ -239,6 +246,41 @@ def _row_dot_intrinsic():
                 offset = builder.fmul(builder.fmul(dmin, builder.uitofp(m, f32)), builder.load(builder.gep(sump, [jg])))
                 builder.store(builder.fadd(builder.load(offsets), offset, flags=("fast",)), offsets)
         return builder.fsub(reduce_8(builder, builder.load(acc)), builder.load(offsets), flags=("fast",))
+
+    def q6_k_blocks_dot(builder, wp, xp, dp, n_groups):
+        """A row of ggml's Q6_K blocks in place (210 bytes per 256 values: 128 bytes of low
+        nibbles, 64 of high bit pairs, 16 int8 scales, float16 d; value h*128 + l has its low
+        nibble in byte h*64 + l % 64 (high half for l >= 64) and its top bits in byte
+        h*32 + l % 32, bits 2 (l // 32)) times the int8 activations in groups of 16:
+        sum_g d sc_g xd_g ((u_g - 32) . x_g)."""
+        acc = cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8))
+        c8 = lambda v: ir.Constant(vec(i8, 32), [v] * 32)  # noqa: E731
+        with cgutils.for_range(builder, builder.lshr(n_groups, ir.Constant(n_groups.type, 4))) as loop:
+            blk = loop.index
+            base = builder.mul(blk, ir.Constant(blk.type, 210))
+            at = lambda off: builder.add(base, ir.Constant(blk.type, off))  # noqa: E731
+            d = half_bits_to_float(builder, builder.load(builder.bitcast(builder.gep(wp, [at(208)]), i16.as_pointer()),
+                                                         align=1))
+            for h in range(2):
+                high_bytes = load_i8(builder, wp, at(128 + h * 32), 32)
+                for t in range(4):  # values h*128 + 32t .. + 31: groups h*8 + 2t and h*8 + 2t + 1
+                    low = builder.and_(builder.lshr(load_i8(builder, wp, at(h * 64 + 32 * (t % 2)), 32), c8(4 * (t // 2))),
+                                       c8(15))
+                    high = builder.and_(builder.lshr(high_bytes, c8(2 * t)), c8(3))
+                    u = builder.or_(low, builder.shl(high, c8(4)))
+                    g0 = h * 8 + 2 * t
+                    jg = builder.add(builder.shl(blk, ir.Constant(blk.type, 4)), ir.Constant(blk.type, g0))
+                    xv = load_i8(builder, xp, builder.mul(jg, ir.Constant(jg.type, 16)), 32)
+                    ints = offset_six_bit_products(builder, u, xv)
+                    s8 = ir.Constant(vec(f32, 8), ir.Undefined)
+                    for lane, g in enumerate((g0, g0 + 1)):
+                        sc = builder.sitofp(builder.load(builder.gep(wp, [at(192 + g)])), f32)
+                        xd_g = builder.load(builder.gep(dp, [builder.add(jg, ir.Constant(jg.type, lane))]))
+                        s8 = builder.insert_element(s8, builder.fmul(builder.fmul(d, sc), xd_g), ir.Constant(i32, lane))
+                    s8 = builder.shuffle_vector(s8, s8, ir.Constant(vec(i32, 8), [0, 0, 0, 0, 1, 1, 1, 1]))
+                    term = builder.fmul(builder.sitofp(ints, vec(f32, 8)), s8, flags=("fast",))
+                    builder.store(builder.fadd(builder.load(acc), term, flags=("fast",)), acc)
+        return reduce_8(builder, builder.load(acc))
 
     def nibble_values(builder, w, j):
         """Group j's 32 4-bit values (16 bytes: value i low nibble, value i + 16 high) as <32 x i8>."""

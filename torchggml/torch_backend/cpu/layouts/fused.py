@@ -108,7 +108,7 @@ class FusedBufferType(RepackBufferType):
     """CPU memory holding weights as (q, scale, bias) for the fused numba products."""
 
     def supports_weight(self, qtype, ne) -> bool:
-        """The loader's question: 2-D Q8_0, Q4_0 and Q4_K weights are multiplied in place instead
+        """The loader's question: 2-D Q8_0, Q4_0, Q4_K and Q6_K weights are multiplied in place instead
         (is_in_place)."""
         return supports_shape(qtype, ne) and not is_in_place(qtype, ne)
 
@@ -221,7 +221,7 @@ class _Packed:
         """A 2-D weight's ggml blocks, uint8 [N, row bytes], of a type in IN_PLACE_KINDS."""
         p = cls.__new__(cls)
         p.qtype, p.n, p.q, p.blocks = qtype, raw.shape[0], raw.numpy(), True
-        p.kind, p.g = IN_PLACE_KINDS[qtype], 32
+        p.kind, p.g = IN_PLACE_KINDS[qtype], group_size(qtype)
         p.k = raw.shape[1] // p.kind * type_traits(qtype).blck_size
         return p
 
@@ -310,8 +310,9 @@ def _product(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
 
 # 2-D weights of these types are multiplied on ggml's blocks in place (kernels.block_matvec; the
 # row_dot kind is the block's bytes): the loader leaves them in the file's mapping (nothing to
-# convert at load, no second copy, and Q4_K read at its 4.5 bits a weight instead of 6 here)
-IN_PLACE_KINDS = {Type.Q8_0: 34, Type.Q4_0: 18, Type.Q4_K: 144}
+# convert at load, no second copy, and Q4_K and Q6_K read at their 4.5 and 6.56 bits a weight
+# instead of 6 and 8 here)
+IN_PLACE_KINDS = {Type.Q8_0: 34, Type.Q4_0: 18, Type.Q4_K: 144, Type.Q6_K: 210}
 
 
 def is_in_place(qtype, ne) -> bool:
@@ -320,7 +321,7 @@ def is_in_place(qtype, ne) -> bool:
 
 
 def block_product(qtype, raw: torch.Tensor):
-    """fn(rows [R, K] float, out [R, N] f32): out = rows @ W^T for a Q8_0/Q4_0/Q4_K weight's ggml
+    """fn(rows [R, K] float, out [R, N] f32): out = rows @ W^T for a Q8_0/Q4_0/Q4_K/Q6_K weight's ggml
     blocks raw (uint8 [N, row bytes], rows contiguous), as the fused layout's product."""
     return functools.partial(_product, _Packed.of_blocks(qtype, raw))
 
