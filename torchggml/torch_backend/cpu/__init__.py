@@ -19,7 +19,7 @@ from .device import (REG_ORDER, CPUBackend, CPUDevice, CPUReg, Threadpool, backe
 from .kernels import CPU_KERNELS
 
 __all__ = ["REG_ORDER", "CPUBackend", "CPUDevice", "CPUReg", "CPU_KERNELS", "Threadpool",
-           "backend_cpu_buffer_from_ptr", "backend_cpu_buffer_type", "backend_cpu_init", "backend_cpu_set_n_threads",
-           "backend_cpu_set_threadpool", "backend_cpu_set_use_ref", "backend_is_cpu", "backend_reg",
-           "cpu_buffer_type", "cpu_device", "cpu_reg", "host_memory", "repack_buffer_type", "threadpool_free",
-           "threadpool_get_n_threads", "threadpool_new", "threadpool_pause", "threadpool_resume"]
+           "backend_cpu_buffer_from_ptr", "backend_cpu_buffer_type", "backend_cpu_init",
+           "backend_cpu_set_n_threads", "backend_cpu_set_threadpool", "backend_cpu_set_use_ref", "backend_is_cpu",
+           "backend_reg", "cpu_buffer_type", "cpu_device", "cpu_reg", "host_memory", "repack_buffer_type",
+           "threadpool_free", "threadpool_get_n_threads", "threadpool_new", "threadpool_pause", "threadpool_resume"]

@@ -13,7 +13,7 @@ from ...backend_impl import Backend, Device, DeviceCaps, DeviceType, Reg
 from ...enums import Status
 from ...memory import TorchBufferType, buffer_from_torch
 from ...profiler import profiling, run_calls_profiled
-from ..kernels import run_calls
+from ..kernels import TORCH_KERNELS, run_calls
 from ..plan import CompiledPlan, compile_graph
 from .features import cpu_features, cpu_path, fastest_gemm_dtype
 from .jit.loader import numba_available, set_numba_threads
