@@ -14,8 +14,10 @@ costs 8 bits a weight plus the scales instead of 5.5-8.5: the price of loops LLV
 The 4-bit types Q4_0, Q4_1 and Q4_K keep 4 bits, two to a byte (byte i of a 32-value group holds
 values i and i + 16): Q4_0's q + 8, which the kernels take back as ggml's do, and Q4_1's and
 Q4_K's q in [0, 15]. Decode streams these bytes once a token, so they bound its speed: Q4_0
-4.5 bits a weight (llama.cpp's size), Q8_0 9, Q4_K 6, Q6_K 10 (float32 scales per group).
-Products: M < FUSED_MAX_ROWS rows of activations
+4.5 bits a weight (llama.cpp's size), Q8_0 9, Q4_K 6, Q6_K 8 (float32 scales per group). So the
+2-D weights of those four types are not stored here: the same kernels read their ggml blocks in
+place (IN_PLACE_KINDS, block_product; ggml's sizes, nothing converted at load); their experts
+(3-D, for MUL_MAT_ID) and the other types are. Products: M < FUSED_MAX_ROWS rows of activations
 run the fused matvec; larger micro-batches dequantize the weight once per call into the fastest
 GEMM dtype and use torch's GEMM (the dequantize is ~1% of a 128-row product). MUL_MAT_ID groups
 its (token, slot) pairs by expert and applies the same rule per expert: the experts with few rows
