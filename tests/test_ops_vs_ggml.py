@@ -1,9 +1,11 @@
 """The vision/audio/diffusion and matrix-helper ops against ggml itself: the same builder with the
 same arguments runs in upstream's C ggml (llama-cpp-python's bundled libggml, through ctypes) and
-in torchggml on the CPU, on the same inputs. Skipped where llama-cpp-python is not installed."""
+in torchggml on the CPU, on the same inputs: a table of cases, then random specs (60 seeds;
+TORCHGGML_GGML_RANDOM_SPECS=N for more). Skipped where llama-cpp-python is not installed."""
 import ctypes
 import functools
 import importlib.util
+import os
 from pathlib import Path
 
 import numpy as np
@@ -65,7 +67,7 @@ def run_in_ggml(name, inputs, values, args, ne, type):
         tensors = []
         for (in_type, in_ne), value in zip(inputs, values):
             t = base.ggml_new_tensor(ctx, int(in_type), 4, (ctypes.c_int64 * 4)(*in_ne))
-            data = np.ascontiguousarray(value.numpy().astype(_numpy_dtype(in_type)))
+            data = value.to(ggml.type_to_dtype(in_type)).contiguous().view(torch.uint8).numpy()
             ctypes.memmove(base.ggml_get_data(t), data.ctypes.data, data.nbytes)
             tensors.append(t)
         fn = getattr(base, "ggml_" + name)
@@ -198,3 +200,155 @@ def test_op_matches_upstream_ggml(name, inputs, args, max_nmse):
     theirs = run_in_ggml(name, inputs, values, args, out.ne, out.type)
     err = float(((ours - theirs) ** 2).sum() / (theirs ** 2).sum().clamp_min(1e-30))
     assert err <= max_nmse, f"{name}: normalized MSE {err:.3g} against ggml"
+
+
+# ---------------------------------------------------------------- random specs
+
+def random_spec(rng):
+    """A random (builder, inputs, args, max normalized MSE) over the ops above: shapes, strides,
+    paddings, dilations, modes and types drawn small, including windows that start in the
+    padding (the direct convolutions' images are kept at least as large as the kernel)."""
+    r = rng.randint
+    kind = rng.choice(["im2col", "im2col_1d", "im2col_back", "im2col_3d", "pool_1d", "pool_2d", "pool_2d_back",
+                       "interpolate", "conv_transpose_1d", "conv_transpose_2d_p0", "col2im_1d", "conv_2d",
+                       "conv_2d_direct", "conv_2d_dw_direct", "pad_reflect_1d", "roll", "win_part", "win_unpart",
+                       "get_rel_pos", "add_rel_pos", "tri", "cumsum", "timestep_embedding", "dsv4_hc_comb",
+                       "lightning_indexer", "acc", "set"])
+    geo = [r(1, 3), r(1, 3), r(0, 2), r(0, 2), r(1, 2), r(1, 2)]         # s0, s1, p0, p1, d0, d1
+    kw, kh, ic = r(1, 4), r(1, 4), r(1, 3)
+    if kind in ("im2col", "conv_2d"):
+        b = [r(1, 9), r(1, 9), ic, r(1, 2)]
+        a = [kw, kh, ic, r(1, 3)]
+        extra = [(B, True), (I, int(rng.choice([T.F32, T.F16])))] if kind == "im2col" else []
+        return kind, [(T.F16, a), (T.F32, b)], [(I, v) for v in geo] + extra, 1e-6
+    if kind in ("conv_2d_direct", "conv_2d_dw_direct"):
+        b = [r(geo[4] * (kw - 1) + 1, 10), r(geo[5] * (kh - 1) + 1, 10), ic, r(1, 2)]
+        a = [kw, kh, ic, r(1, 3)] if kind == "conv_2d_direct" else [kw, kh, 1, ic]
+        return kind, [(rng.choice([T.F32, T.F16]), a), (T.F32, b)], [(I, v) for v in geo], 1e-10
+    if kind == "im2col_1d":
+        k = r(1, 6)
+        return "im2col", [(T.F16, [k, ic, 2, 1]), (T.F32, [r(1, 12), ic, r(1, 2), 1])], \
+            [(I, geo[0]), (I, 0), (I, geo[2]), (I, 0), (I, geo[4]), (I, 0), (B, False), (I, int(T.F32))], 0
+    if kind == "im2col_back":
+        w, h, n = r(1, 8), r(1, 8), r(1, 2)
+        ow = _c_div(w + 2 * geo[2] - geo[4] * (kw - 1) - 1, geo[0]) + 1
+        oh = _c_div(h + 2 * geo[3] - geo[5] * (kh - 1) - 1, geo[1]) + 1
+        return kind, [(T.F32, [ic * kh * kw, ow, oh, n]), (T.F16, [kw, kh, ic, 1])], \
+            [(NE, [w, h, ic, n])] + [(I, v) for v in geo] + [(B, True)], 1e-12
+    if kind == "im2col_3d":
+        k, size = [r(1, 3) for _ in range(3)], [r(1, 5) for _ in range(3)]
+        args = [(ctypes.c_int64, ic)] + [(I, v) for v in [r(1, 2) for _ in range(3)] + [r(0, 2) for _ in range(3)]
+                                         + [r(1, 2) for _ in range(3)]] + [(I, int(T.F32))]
+        return kind, [(T.F16, [*k, ic * 2]), (T.F32, [*size, ic * r(1, 2)])], args, 0
+    if kind == "pool_1d":
+        k = r(1, 5)
+        return kind, [(rng.choice([T.F32, T.F16]), [r(k, 15), r(1, 3), r(1, 2), 1])], \
+            [(I, r(0, 1)), (I, k), (I, r(1, 3)), (I, r(0, k // 2 + 1))], 1e-12
+    if kind == "pool_2d":
+        return kind, [(rng.choice([T.F32, T.F16]), [r(kw, 12), r(kh, 12), r(1, 3), r(1, 2)])], \
+            [(I, r(0, 1)), (I, kw), (I, kh), (I, geo[0]), (I, geo[1]),
+             (F, rng.choice([0, 0.5, 1, 1.5])), (F, rng.choice([0, 1, 2]))], 1e-12
+    if kind == "pool_2d_back":
+        p0, p1 = r(0, kw // 2), r(0, kh // 2)
+        w, h = r(kw, 10), r(kh, 10)
+        ow, oh = (w + 2 * p0 - kw) // geo[0] + 1, (h + 2 * p1 - kh) // geo[1] + 1
+        return kind, [(T.F32, [ow, oh, ic, 1]), (T.F32, [w, h, ic, 1])], \
+            [(I, r(0, 1)), (I, kw), (I, kh), (I, geo[0]), (I, geo[1]), (F, p0), (F, p1)], 1e-12
+    if kind == "interpolate":
+        mode = rng.choice([0, 1, 2, 0 | 256, 1 | 256, 2 | 256, 1 | 512])
+        src = [r(1, 9), r(1, 9), r(1, 3), r(1, 2)]
+        dst = [r(1, src[0]), r(1, src[1])] if mode & 512 else [r(1, 14), r(1, 14)]
+        dst += [r(1, 4), r(1, 3)]
+        return kind, [(T.F32, src)], [(ctypes.c_int64, n) for n in dst] + [(U, mode)], 1e-12
+    if kind == "conv_transpose_1d":
+        return kind, [(rng.choice([T.F32, T.F16]), [kw, r(1, 3), ic, 1]), (T.F32, [r(1, 8), ic, 1, 1])], \
+            [(I, geo[0]), (I, 0), (I, 1)], 1e-10
+    if kind == "conv_transpose_2d_p0":
+        return kind, [(rng.choice([T.F32, T.F16]), [kw, kh, r(1, 3), ic]), (T.F32, [r(1, 6), r(1, 6), ic, 1])], \
+            [(I, geo[0])], 1e-10
+    if kind == "col2im_1d":
+        oc, t_in = r(1, 3), r(1, 8)
+        p0 = geo[2] if (t_in - 1) * geo[0] + kw - 2 * geo[2] > 0 else 0
+        return kind, [(T.F32, [kw * oc, t_in, 1, 1])], [(I, geo[0]), (I, oc), (I, p0)], 1e-12
+    if kind == "pad_reflect_1d":
+        n = r(2, 10)
+        return kind, [(T.F32, [n, r(1, 3), r(1, 2), 1])], [(I, r(0, n - 1)), (I, r(0, n - 1))], 0
+    if kind == "roll":
+        ne = [r(1, 6) for _ in range(4)]
+        return kind, [(T.F32, ne)], [(I, r(1 - n, n - 1)) for n in ne], 0
+    if kind == "win_part":
+        return kind, [(T.F32, [r(1, 4), r(1, 11), r(1, 11), 1])], [(I, r(1, 5))], 0
+    if kind == "win_unpart":
+        w, w0, h0 = r(1, 5), r(1, 11), r(1, 11)
+        return kind, [(T.F32, [ic, w, w, -(-w0 // w) * -(-h0 // w)])], [(I, w0), (I, h0), (I, w)], 0
+    if kind == "get_rel_pos":
+        size = r(1, 7)
+        return kind, [(T.F16, [r(1, 5), 2 * size - 1, 1, 1])], [(I, size), (I, size)], 0
+    if kind == "add_rel_pos":
+        w, h, n = r(1, 4), r(1, 4), r(1, 2)
+        return kind, [(T.F32, [w * w, w * h, n, 1]), (T.F32, [w, w, h, n]), (T.F32, [w, w, h, n])], [], 1e-12
+    if kind == "tri":
+        n = r(1, 8)
+        return kind, [(T.F32, [n, n, r(1, 3), 1])], [(I, r(0, 3))], 0
+    if kind == "cumsum":
+        return kind, [(T.F32, [r(1, 300), r(1, 3), 1, 1])], [], 1e-12
+    if kind == "timestep_embedding":
+        return kind, [(T.F32, [r(1, 6), 1, 1, 1])], [(I, r(1, 40)), (I, rng.choice([100, 10000]))], 1e-12
+    if kind == "dsv4_hc_comb":
+        return kind, [(T.F32, [24, r(1, 4), 1, 1]), (T.F32, [r(3, 4), 1, 1, 1]), (T.F32, [24, 1, 1, 1])], \
+            [(F, rng.choice([1e-6, 1e-3])), (ctypes.c_int32, r(1, 6))], 1e-10
+    if kind == "lightning_indexer":
+        streams = r(1, 3)
+        mask_streams = rng.choice([d for d in (1, 2, 3) if streams % d == 0])
+        d, heads, tokens, kv = r(1, 9), r(1, 4), r(1, 4), r(1, 7)
+        return kind, [(T.F32, [d, heads, tokens, streams]), (T.F32, [d, 1, kv, streams]),
+                      (T.F32, [heads, tokens, 1, streams]), (T.F16, [kv, tokens, 1, mask_streams])], [], 1e-10
+    ne = [r(1, 6), r(1, 5), r(1, 4), r(1, 2)]                               # acc, set
+    b_ne = [r(1, n) for n in ne]
+    nb = [4 * ne[0], 4 * ne[0] * ne[1], 4 * ne[0] * ne[1] * ne[2]]
+    offset = 4 * r(0, ne[0] - b_ne[0]) + nb[0] * r(0, ne[1] - b_ne[1])
+    return kind, [(T.F32, ne), (T.F32, b_ne)], [(ctypes.c_size_t, v) for v in nb + [offset]], 0
+
+
+def _c_div(a: int, b: int) -> int:
+    return int(a / b)
+
+
+N_RANDOM = int(os.environ.get("TORCHGGML_GGML_RANDOM_SPECS", "60"))
+
+
+def _accepted(spec) -> bool:
+    """Whether the builder takes the spec (ggml would assert where it refuses, so those cannot
+    run in C): non-empty inputs and no ValueError."""
+    name, inputs, args, _ = spec
+    if any(n <= 0 for _, ne in inputs for n in ne):
+        return False
+    ctx = ggml.init(no_alloc=True)
+    try:
+        getattr(ggml, name)(ctx, *[ggml.new_tensor(ctx, type, ne) for type, ne in inputs], *[a[1] for a in args])
+        return True
+    except ValueError:
+        return False
+    finally:
+        ggml.free(ctx)
+
+
+@pytest.mark.parametrize("seed", range(N_RANDOM))
+def test_random_spec_matches_upstream_ggml(seed):
+    import random
+    rng = random.Random(seed)
+    spec = random_spec(rng)
+    while not _accepted(spec):
+        spec = random_spec(rng)
+    test_op_matches_upstream_ggml(*spec)
+
+
+
+def test_get_rel_pos_copies_bf16_bits_as_ggml():
+    """ggml copies a BF16 source's 16-bit values into the F16 result unchanged."""
+    if libggml()[0] is None:
+        pytest.skip(libggml()[1])
+    values = (torch.randn(1, 1, 9, 4, generator=torch.Generator().manual_seed(1)) * 0.01).bfloat16().double()
+    ours, out = run_in_torchggml("get_rel_pos", [(T.BF16, [4, 9, 1, 1])], [values], [(I, 5), (I, 5)])
+    theirs = run_in_ggml("get_rel_pos", [(T.BF16, [4, 9, 1, 1])], [values], [(I, 5), (I, 5)], out.ne, out.type)
+    assert out.type == T.F16 and torch.equal(ours, theirs)

@@ -76,6 +76,14 @@ class Op(IntEnum):
     LEAKY_RELU = 71
     FLASH_ATTN_EXT = 74
     FLASH_ATTN_BACK = 75
+    # recurrent layers (ops/recurrent.py)
+    SSM_CONV = 76
+    SSM_SCAN = 77
+    RWKV_WKV6 = 82
+    GATED_LINEAR_ATTN = 83
+    RWKV_WKV7 = 84
+    SOLVE_TRI = 85
+    GATED_DELTA_NET = 86
     UNARY = 91
     MAP_CUSTOM1 = 92
     MAP_CUSTOM2 = 93

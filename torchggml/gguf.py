@@ -27,7 +27,8 @@ import numpy as np
 
 from .backend_impl import BufferType, Buffer, BufferUsage
 from .context import Context, new_tensor_impl
-from .gguf_header import GGUFError, Header, TensorEntry, check_hparam, scan_header
+from .gguf_header import (ATTENTION_FREE_ARCHS, _PER_LAYER_MAY_BE_ZERO, GGUFError, Header, TensorEntry, check_hparam,
+                          scan_header)
 from .tensor import Tensor, set_name
 from .types import Type, type_traits
 
@@ -83,6 +84,8 @@ def _check_hparams(path: str, h: Header, n_tensors: int) -> None:
     prefix = f"{arch}." if isinstance(arch, str) else None
     for key, type_name in h.value_types.items():
         suffix = key[len(prefix):] if prefix and key.startswith(prefix) else None
+        if arch in ATTENTION_FREE_ARCHS and suffix in _PER_LAYER_MAY_BE_ZERO and h.values.get(key) == 0:
+            continue
         check_hparam(path, key, suffix, h.values.get(key), type_name)
     def scalar(suffix):
         value = h.values.get(f"{arch}.{suffix}")
@@ -173,6 +176,21 @@ class GGUFFile:
         """The raw bytes of one tensor (no copy)."""
         info = self.tensor_info(name)
         return self.data_region()[info.offset: info.offset + info.nbytes]
+
+    def release(self, name: str) -> None:
+        """Give back the process's pages of one tensor's bytes in the mapping (madvise
+        MADV_DONTNEED on the whole pages inside its range; pages shared with a neighbour stay):
+        once the tensor is converted into a buffer of its own (a repacked layout, an
+        accelerator), the mapped copy would only add its size to the resident memory. Reading the
+        bytes again faults them back in from the file."""
+        mapping = getattr(self.data, "_mmap", None)
+        if mapping is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return  # no mapping (closed, or not an mmap), or no madvise on this system
+        info = self.tensor_info(name)
+        start = self.data_offset + info.offset  # the mapping starts at the file's first byte
+        first, end = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, (start + info.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if end > first:
+            mapping.madvise(mmap.MADV_DONTNEED, first, end - first)
 
     def close(self) -> None:
         """Close the file's mapping (and with it the file descriptor). Numpy or torch views of
@@ -314,11 +332,14 @@ def _upload_weights(file: GGUFFile, buft: BufferType, names: list[str], weights:
     ctx = Context(0, no_alloc=True)
     tensors = [_new_weight_tensor(ctx, file.tensors[name]) for name in names]
     buffer = backend_alloc_ctx_tensors_from_buft(ctx, buft)
+    if buffer is not None:  # before the data: a remote (RPC) buffer offers its weight cache
+        buffer.set_usage(BufferUsage.WEIGHTS)
     total = sum(file.tensors[n].nbytes for n in names)
     desc = f"loading {os.path.basename(file.path)} -> {buft.get_name()}"
     with tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not progress, leave=False) as bar:
-        for name, t in zip(names, tensors):
+        for name, t in zip(names, tensors):  # tensor by tensor, each one's mapped pages given back
             backend_tensor_set(t, file.tensor_data(name))
+            file.release(name)
             bar.update(file.tensors[name].nbytes)
             weights.tensors[name] = t
     if buffer is not None:

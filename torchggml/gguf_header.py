@@ -275,6 +275,8 @@ HPARAM_RULES = {
     "rope.scaling.factor": ("float", 0.0, 1e6),
 }
 _PER_LAYER_MAY_BE_ZERO = {"attention.head_count", "attention.head_count_kv"}
+# architectures without attention: their converters write head counts of 0
+ATTENTION_FREE_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv7"})
 # token ids: any integer that fits; the tokenizer drops ids outside the vocabulary
 _TOKEN_ID_SUFFIX = "_token_id"
 

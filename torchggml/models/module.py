@@ -64,7 +64,7 @@ def _weight_value(model, name: str, t) -> torch.Tensor:
     shape = tuple(reversed(t.ne[:_ndims(t)]))
     if not type_traits(t.type).is_quantized:
         return to_torch(t)
-    if getattr(t.buffer, "ggml_layout", True):
+    if t.buffer.ggml_layout:
         raw = to_torch(t, raw=True)
     else:
         raw = torch.from_numpy(model.file.tensor_data(name))
@@ -111,7 +111,7 @@ class GGMLModule(torch.nn.Module):
             param = torch.nn.Parameter(_weight_value(model, name, t), requires_grad=False)
             _container(self, path).register_parameter(leaf, param)
         cache = _container(self, ["kv_cache"])
-        for t in [*model.kv.k, *model.kv.v]:
+        for t in model.kv.tensors():  # K/V, or recurrent states
             cache.register_buffer(t.name, to_torch(t), persistent=False)
         self._sync_lora()
 

@@ -18,8 +18,11 @@ from .conv import *  # noqa: F401,F403
 from .image import *  # noqa: F401,F403
 from .regions import *  # noqa: F401,F403
 from .deepseek import *  # noqa: F401,F403
+from . import recurrent as _recurrent
+from .recurrent import *  # noqa: F401,F403
 
 __all__ = [name for family in (_views, _elementwise, _reduce, _shape, _norm, _matmul, _attention, _rope, _rows,
                                _custom, _training)
            for name in family.__all__]
 __all__ += [name for family in (_conv, _image, _regions, _deepseek) for name in family.__all__]
+__all__ += _recurrent.__all__

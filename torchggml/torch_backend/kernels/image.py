@@ -277,14 +277,15 @@ def win_unpart(node):
     write(node, x[:h0, :w0])
 
 
-@KERNELS.register(Op.GET_REL_POS, supports=lambda n: n.src[0].type == Type.F16)
+@KERNELS.register(Op.GET_REL_POS, supports=lambda n: n.src[0].type in (Type.F16, Type.BF16))
 def get_rel_pos(node):
-    """dst[q, k] = a[(kh - 1 - k) + q]: the embedding of the offset q - k."""
+    """dst[q, k] = a[(kh - 1 - k) + q]: the embedding of the offset q - k. The 16-bit values are
+    copied as they are (a BF16 source's bits land in the F16 result, as in ggml)."""
     kh, qh = node.ne[1], node.ne[2]
-    a = view(node.src[0])[0, 0]                        # [2*kh - 1, C]
+    a = view(node.src[0])[0, 0].view(torch.int16)      # [2*kh - 1, C]
     q = torch.arange(qh, device=a.device)[:, None]
     k = torch.arange(kh, device=a.device)[None, :]
-    view(node)[0].copy_(a[(kh - 1 - k) + q])
+    view(node)[0].view(torch.int16).copy_(a[(kh - 1 - k) + q])
 
 
 @KERNELS.register(Op.ADD_REL_POS, supports=lambda n: n.type == Type.F32 and n.src[0].type == Type.F32)

@@ -1,0 +1,272 @@
+"""The CPU's numba layer for small nodes (decode steps): one numba call per node
+(jit/op_kernels.py) over numpy views of the node's memory bound when the plan is compiled,
+instead of several torch ops per node (each ~1-5 µs of dispatch, most of a decode node's time).
+
+Each `bind_*` returns the node's bound call, or None where the fast kernel does not take the
+node (its types, its mode, a size past FAST_MAX_ELEMENTS where torch's threaded kernels pay, no
+numba): the CPU's table (kernels.py) then tries the op's next layer.
+TORCHGGML_CPU_FAST_OPS=0 turns the layer off (fast_ops_enabled).
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+import torch
+
+from ...enums import Op, GluOp, RopeType
+from ...tensor import get_op_params_f32, get_glu_op, nelements
+from ...types import Type
+from ..kernels.attention import alibi_slopes
+from ..kernels.common import view
+from ..kernels.glu import _halves
+from ..kernels.rope import rope_params, _angle_constants, _rotated_span
+from .jit.llvm_ir import native_half
+from .jit.loader import numba_available, op_kernels
+
+# nodes with more output values than this run the torch kernels (threaded, vectorized): the
+# numba kernels run on one thread and win where dispatch, not arithmetic, is the cost
+FAST_MAX_ELEMENTS = 1 << 18
+
+# strided copies (but transposes) with more values than this stay torch copies, which the
+# numba loop only beats where dispatch is the cost
+COPY_MAX_ELEMENTS = 1 << 14
+
+@functools.cache
+def _fast_types() -> frozenset:
+    """Element types the numba kernels read and write (F16 as its uint16 bits; F16 only where
+    the CPU converts halves in hardware, see jit.llvm_ir.native_half)."""
+    return frozenset({Type.F32, Type.F16}) if native_half() else frozenset({Type.F32})
+
+
+def as_numpy(t: torch.Tensor) -> np.ndarray:
+    """A numpy array over t's memory (same strides); F16 as uint16 bits."""
+    if t.dtype == torch.float16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+def _float_view(t) -> np.ndarray:
+    return as_numpy(view(t))
+
+
+def _takes(node, *tensors) -> bool:
+    """numba is there, the node is small, and every tensor is F32 or F16."""
+    return (nelements(node) <= FAST_MAX_ELEMENTS and numba_available()
+            and all(t is None or t.type in _fast_types() for t in (node, *tensors)))
+
+
+def _call(kernel, *args):
+    """fn(node) -> kernel(*args): the bound call of a fast kernel."""
+    def bound(_node):
+        kernel(*args)
+    return bound
+
+
+_NO_F32 = np.zeros(1, np.float32)  # stands in for an absent optional input
+
+
+# ---------------------------------------------------------------- NORM, RMS_NORM
+
+def bind_row_norm(node):
+    if not _takes(node, node.src[0]):
+        return None
+    eps = np.float32(get_op_params_f32(node, 0))
+    return _call(op_kernels().row_norm, _float_view(node.src[0]), _float_view(node), eps, node.op == Op.RMS_NORM)
+
+
+# ---------------------------------------------------------------- SOFT_MAX
+
+def bind_soft_max(node):
+    a, mask, sinks = node.src[0], node.src[1], node.src[2]
+    if not _takes(node, a, mask):
+        return None
+    scale, max_bias = get_op_params_f32(node, 0), get_op_params_f32(node, 1)
+    slopes = alibi_slopes(a.ne[2], max_bias, "cpu").numpy()
+    vm = _float_view(mask)[:, :, :a.ne[1]] if mask is not None else _NO_F32.reshape(1, 1, 1, 1)
+    vs = as_numpy(view(sinks)[0, 0, 0]) if sinks is not None else _NO_F32
+    return _call(op_kernels().soft_max, _float_view(a), _float_view(node), vm, slopes, vs, np.float32(scale),
+                 mask is not None, sinks is not None)
+
+
+# ---------------------------------------------------------------- ROPE
+
+def bind_rope(node):
+    a, positions, factors = node.src[0], node.src[1], node.src[2]
+    p = rope_params(node)
+    if p.mode not in (RopeType.NORMAL, RopeType.NEOX) or not _takes(node, a):
+        return None
+    _, inv_freq, yarn, yarn_mscale = _angle_constants(
+        p.n_pairs, p.n_dims, p.mode, p.sections, p.freq_base, p.freq_scale, p.ext_factor, p.n_ctx_orig,
+        p.beta_fast, p.beta_slow, torch.device("cpu"))
+    ramp = np.stack([yarn[0].numpy(), yarn[1].numpy()]) if yarn is not None else np.zeros((0, 0))
+    vx, dst = view(a), view(node)
+    in_place = dst.data_ptr() == vx.data_ptr() and dst.stride() == vx.stride()
+    start, width = _rotated_span(p, a.ne[0])
+    vf = as_numpy(view(factors)[0, 0, 0]) if factors is not None else _NO_F32
+    return _call(op_kernels().rope, as_numpy(vx), as_numpy(dst), as_numpy(view(positions)[0, 0, 0]), vf,
+                 inv_freq.numpy(), ramp, factors is not None, float(p.freq_scale),
+                 float(p.attn_factor * yarn_mscale), start, width, p.mode == RopeType.NORMAL, not in_place)
+
+
+# ---------------------------------------------------------------- SET_ROWS
+
+def _set_rows(kernel, rows, idx, dst, node) -> None:
+    bad = kernel(rows, idx, dst)
+    if bad >= 0:
+        raise IndexError(f"SET_ROWS: a row index outside [0, {node.ne[1]}) at position {bad} of "
+                         f"{node.src[1].describe()} for {node.describe()}")
+
+
+def bind_set_rows(node):
+    b, idx = node.src[0], node.src[1]
+    if not _takes(b, b, node) or idx.type not in (Type.I32, Type.I64):  # sized by the rows written
+        return None
+    return functools.partial(_set_rows, op_kernels().set_rows, _float_view(b), view(idx)[0].numpy(), _float_view(node))
+
+
+# ---------------------------------------------------------------- GET_ROWS (block types)
+
+# the block types op_kernels.get_block_rows dequantizes, by kind number
+BLOCK_KINDS = ("Q4_0", "Q8_0", "Q4_K", "Q6_K")
+
+
+def _get_block_rows(kernel, table, ids, out, kind, node) -> None:
+    bad = kernel(table, ids, out, kind)
+    if bad >= 0:
+        raise IndexError(f"GET_ROWS: a row index outside [0, {node.src[0].ne[1]}) at position {bad} of "
+                         f"{node.src[1].describe()} for {node.describe()}")
+
+
+def bind_get_block_rows(node):
+    """Rows of a table in a block type the numba kernel decodes (the token embeddings): only the
+    requested rows, in one call (the torch dequantizers take ~100-300 µs for one row)."""
+    a, ids = node.src[0], node.src[1]
+    if (not numba_available() or a.type.name not in BLOCK_KINDS or node.type != Type.F32
+            or nelements(node) > FAST_MAX_ELEMENTS):
+        return None
+    return functools.partial(_get_block_rows, op_kernels().get_block_rows, view(a).numpy(), view(ids)[0].numpy(),
+                             view(node).numpy(), BLOCK_KINDS.index(a.type.name))
+
+
+# ---------------------------------------------------------------- CONT, CPY, DUP
+
+def coalesced(*views: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Views of the same shape with adjacent dims merged wherever every view's strides allow and
+    unit dims dropped (at least 1-D): a permuted copy becomes the 2-D transpose it is. torch's
+    copy of the V cache's [1, 16, 64, 168] permute takes ~360 µs, of the same [1024, 168]
+    transpose ~80 µs (and ~330 µs again if unit dims with stride 0 pad it back to 4-D)."""
+    dims = [d for d in range(views[0].dim()) if views[0].shape[d] != 1]
+    shape, strides = [], [[] for _ in views]
+    for d in reversed(dims):  # innermost first
+        if shape and all(v.stride(d) == st[-1] * shape[-1] for v, st in zip(views, strides)):
+            shape[-1] *= views[0].shape[d]
+            continue
+        shape.append(views[0].shape[d])
+        for v, st in zip(views, strides):
+            st.append(v.stride(d))
+    if not shape:
+        return tuple(v.reshape(1) for v in views)
+    return tuple(v.as_strided(shape[::-1], st[::-1]) for v, st in zip(views, strides))
+
+
+def as_numpy_4d(t: torch.Tensor) -> np.ndarray:
+    """as_numpy with unit dims put in front up to 4-D (the numba kernels' shape)."""
+    return as_numpy(t)[(None,) * (4 - t.dim())]
+
+
+def _is_transpose(src: torch.Tensor, dst: torch.Tensor) -> bool:
+    """2-D views, each with unit stride along its rows, src's along the other dim (dst = the
+    transpose of a row-major matrix)."""
+    return src.dim() == 2 and src.stride(0) == 1 and dst.stride(1) == 1
+
+
+def _torch_copy(src, dst, _node) -> None:
+    dst.copy_(src)
+
+
+def bind_copy(node):
+    """Strided copies of the same shape (the transposes and permutes of attention), within or
+    between F32 and F16, over coalesced views: same-type transposes by numba in 8x8 blocks (the V
+    cache's 168x1024 F16: ~55 µs warm, torch's copy ~88), other small ones by numba's element
+    loop, larger ones by torch's copy; contiguous ones stay the generic kernel's copy (a memcpy)."""
+    src = node.src[0]
+    if not (src.type in _fast_types() and node.type in _fast_types()):
+        return None
+    vs, dst = view(src), view(node)
+    if vs.shape != dst.shape and dst.is_contiguous():
+        dst = dst.view(vs.shape)  # cont_Nd: src's elements in order into a contiguous dst
+    if vs.shape != dst.shape or vs.stride() == dst.stride():
+        return None
+    vs, dst = coalesced(vs, dst)
+    if not numba_available():
+        return functools.partial(_torch_copy, vs, dst)
+    if src.type == node.type and _is_transpose(vs, dst):  # V^T: 8x8 blocks beat torch's copy
+        return _call(op_kernels().transpose, as_numpy(vs.T), as_numpy(dst))
+    if nelements(node) > COPY_MAX_ELEMENTS:
+        return functools.partial(_torch_copy, vs, dst)
+    return _call(op_kernels().copy, as_numpy_4d(vs), as_numpy_4d(dst))
+
+
+# ---------------------------------------------------------------- ADD, SUB, MUL, DIV
+
+_BINARY_CODES = {Op.ADD: 0, Op.SUB: 1, Op.MUL: 2, Op.DIV: 3}
+
+# element-wise ops past this many values stay torch's one vectorized op: a decode row (1024 F32:
+# ~5 vs ~9 µs in a decode step) gains, a prompt's 128 rows lose (MUL 49 vs 16 µs)
+BINARY_MAX_ELEMENTS = 1 << 13
+
+
+def bind_binary(node):
+    """F32/F16 element-wise a op b, b tiled over a, in float32 (rounded once into an F16 node)."""
+    a, b = node.src[0], node.src[1]
+    if not _takes(node, a, b) or nelements(node) > BINARY_MAX_ELEMENTS:
+        return None
+    return _call(op_kernels().binary, _float_view(a), _float_view(b), _float_view(node), _BINARY_CODES[node.op])
+
+
+# ---------------------------------------------------------------- GLU
+
+def bind_glu(node):
+    if get_glu_op(node) != GluOp.SWIGLU or not _takes(node, node.src[0], node.src[1]):
+        return None
+    vx, vg = _halves(node)
+    return _call(op_kernels().swiglu, as_numpy(vx), as_numpy(vg), _float_view(node))
+
+
+# ---------------------------------------------------------------- MUL_MAT (attention's, F16)
+
+# products of F16 matrices (the KV cache) by at most this many rows of b each take the numba
+# kernel: decode's KQ and KQV, where torch converts all of K or V^T to float32 at each call
+HALF_PRODUCT_MAX_ROWS = 4
+
+
+def flat_span(t: torch.Tensor) -> np.ndarray:
+    """A 1-D numpy array over t's memory from its first element to its last (t's dims then index
+    it through their strides)."""
+    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return as_numpy(t.as_strided((span,), (1,)))
+
+
+def bind_half_products(node):
+    """Batched F16 x F32 products with few rows (attention over an F16 KV cache at decode): in
+    float32 (b not rounded to F16, as the torch kernels), summed in vector lanes as ggml does."""
+    a, b = node.src[0], node.src[1]
+    if not (numba_available() and a.type == Type.F16 and b.type == Type.F32 and node.type == Type.F32
+            and a.ne[2] * a.ne[3] > 1 and b.ne[1] <= HALF_PRODUCT_MAX_ROWS):
+        return None
+    va, vb = view(a), view(b)
+    if va.stride(3) != 1 or vb.stride(3) != 1 or min(va.stride()) < 0 or min(vb.stride()) < 0:
+        return None
+    strides = (lambda v: np.array(v.stride()[:3], dtype=np.int64))
+    return _call(op_kernels().half_products, flat_span(va), strides(va), flat_span(vb), strides(vb), as_numpy(view(node)),
+                 a.ne[0], b.ne[2] // a.ne[2], b.ne[3] // a.ne[3])
+
+
+# ---------------------------------------------------------------- the switch
+
+def fast_ops_enabled() -> bool:
+    """TORCHGGML_CPU_FAST_OPS=0 turns the fast kernels off (for comparisons; read when a graph
+    is compiled)."""
+    return os.environ.get("TORCHGGML_CPU_FAST_OPS", "1") != "0"

@@ -1,0 +1,445 @@
+"""LLVM IR for the fused CPU kernels (used by quant_kernels.py and op_kernels.py): numba
+intrinsics for a row's quantized dot product and for packed rows' unpacking, the CPU's byte dot
+instruction by target feature, float16 reads that need no library call, and the bf16 row output.
+"""
+from __future__ import annotations
+
+import functools
+
+
+# row_dot's kinds that read ggml's blocks in place, by block bytes: Q8_0, Q4_0, Q4_K and Q6_K
+BLOCK_KINDS = (34, 18, 144, 210)
+
+
+def _row_dot_intrinsic():
+    """A numba intrinsic for one row's dot product over int8-quantized groups, written as one
+    LLVM vector loop. numba's own integer arithmetic widens to int64 and stays scalar; a dot per
+    group that returns a scalar pays a horizontal sum per 32 values. Here, as ggml's x86 and ARM
+    kernels do, each group's integer products are folded to 8 int32 lanes (LLVM lowers the
+    widening multiply-add to vpmaddwd / vpdpwssd on x86 and sdot / smlal on ARM), converted to
+    float and multiplied into 8 float lanes by the group's scale (weight scale * activation
+    scale); the lanes are summed once per row.
+
+        row_dot(w, x, scale, xd, kind) = sum_j scale[j] * xd[j] * sum_{i<G} W_j[i] * x[j*G + i]
+
+    w: the row's weights (int8 [K], or uint8 [K/2] nibbles), x int8 [K] activations, scale
+    float32 [K/G] or int16 holding float16 bits, xd float32 [K/G]. kind (a compile-time
+    literal): 32 or 16 for int8 groups of that size, 4 for 4-bit groups of 32 stored in 16 bytes
+    (byte i: value i low nibble, value i + 16 high nibble), -4 for the same nibbles minus 8
+    (Q4_0's signed values, as ggml's kernels subtract 8). Block kinds read ggml's blocks in
+    place (w: the row's raw bytes; scale is not read): 34 for Q8_0 (float16 d, 32 int8 values),
+    18 for Q4_0 (float16 d, 16 bytes of nibbles minus 8, in the 4-bit order above), 144 for
+    Q4_K (q4_k_blocks_dot; scale is then the activations' float group sums, for the mins), 210
+    for Q6_K (q6_k_blocks_dot, activations in groups of 16).
+    """
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    i8, i16, i32, f32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
+
+    def vec(t, n):
+        return ir.VectorType(t, n)
+
+    def data_ptr(context, builder, arr_type, arr):
+        return context.make_array(arr_type)(context, builder, arr).data
+
+    def load_i8(builder, base, offset, n):
+        ptr = builder.bitcast(builder.gep(base, [offset]), vec(i8, n).as_pointer())
+        return builder.load(ptr, align=1)
+
+    def fold_to_8(builder, v, n):
+        """<n x i32> -> <8 x i32>, adding halves."""
+        while n > 8:
+            n //= 2
+            lo = builder.shuffle_vector(v, v, ir.Constant(vec(i32, n), list(range(n))))
+            hi = builder.shuffle_vector(v, v, ir.Constant(vec(i32, n), list(range(n, 2 * n))))
+            v = builder.add(lo, hi)
+        return v
+
+    def fold_adjacent_to_8(builder, v):
+        """<32 x i32> -> <8 x i32>, lane i the sum of lanes 4i..4i+3 (keeps 16-value groups apart)."""
+        n = 32
+        while n > 8:
+            n //= 2
+            even = builder.shuffle_vector(v, v, ir.Constant(vec(i32, n), list(range(0, 2 * n, 2))))
+            odd = builder.shuffle_vector(v, v, ir.Constant(vec(i32, n), list(range(1, 2 * n, 2))))
+            v = builder.add(even, odd)
+        return v
+
+    def group_scales(builder, sp, dp, j, half_scales):
+        """scale[j] * xd[j] as float."""
+        scale_j = builder.load(builder.gep(sp, [j]))
+        if half_scales:  # float16 bits -> float
+            scale_j = half_bits_to_float(builder, scale_j)
+        return builder.fmul(scale_j, builder.load(builder.gep(dp, [j])))
+
+    def block_scales(builder, wp, dp, j, block_bytes):
+        """Block j's float16 d (its first two bytes, unaligned) * xd[j] as float."""
+        at = builder.gep(wp, [builder.mul(j, ir.Constant(j.type, block_bytes))])
+        d = half_bits_to_float(builder, builder.load(builder.bitcast(at, i16.as_pointer()), align=1))
+        return builder.fmul(d, builder.load(builder.gep(dp, [j])))
+
+    def six_bit_products(builder, w, x, j):
+        """Two 16-value groups of 6-bit values u = q + 32 in 24 bytes (Q6_K): 16 bytes of low
+        nibbles (byte i: value i, value i + 16 in the high nibble), then 8 bytes of high bits
+        (byte b: values b, b + 8, b + 16, b + 24 in bits 0-1, 2-3, 4-5, 6-7)."""
+        u = six_bit_values(builder, w, j)
+        xv = load_i8(builder, x, builder.mul(j, ir.Constant(j.type, 32)), 32)
+        return offset_six_bit_products(builder, u, xv)
+
+    def offset_six_bit_products(builder, u, xv):
+        """32 values u in [0, 63] minus 32 times 32 int8 xv as <8 x i32>, lanes 0-3 the first 16."""
+        fast = _byte_dot_8(builder, u, xv)
+        if fast is not None:  # sum (u - 32) x = sum u x - 32 sum x
+            xsum = _byte_dot_8(builder, ir.Constant(vec(i8, 32), [1] * 32), xv)
+            return builder.sub(fast, builder.shl(xsum, ir.Constant(vec(i32, 8), [5] * 8)))
+        wide = vec(i32, 32)
+        q = builder.sext(builder.sub(u, ir.Constant(vec(i8, 32), [32] * 32)), wide)
+        return fold_adjacent_to_8(builder, builder.mul(q, builder.sext(xv, wide)))
+
+    def six_bit_values(builder, w, j):
+        """Chunk j's 32 values u = q + 32 as <32 x i8>."""
+        base = builder.mul(j, ir.Constant(j.type, 24))
+        lo16 = load_i8(builder, w, base, 16)
+        hi8 = load_i8(builder, w, builder.add(base, ir.Constant(j.type, 16)), 8)
+        u = builder.shuffle_vector(builder.and_(lo16, ir.Constant(vec(i8, 16), [15] * 16)),
+                                   builder.lshr(lo16, ir.Constant(vec(i8, 16), [4] * 16)),
+                                   ir.Constant(vec(i32, 32), list(range(32))))
+        planes = [builder.and_(builder.lshr(hi8, ir.Constant(vec(i8, 8), [2 * p] * 8)), ir.Constant(vec(i8, 8), [3] * 8))
+                  for p in range(4)]
+        first = builder.shuffle_vector(planes[0], planes[1], ir.Constant(vec(i32, 16), list(range(16))))
+        second = builder.shuffle_vector(planes[2], planes[3], ir.Constant(vec(i32, 16), list(range(16))))
+        high = builder.shuffle_vector(first, second, ir.Constant(vec(i32, 32), list(range(32))))
+        return builder.or_(u, builder.shl(high, ir.Constant(vec(i8, 32), [4] * 32)))  # in [0, 63]
+
+    def group_products(builder, w, x, j, kind):
+        """The group's products as <8 x i32> partial sums (kind 16: groups 2j and 2j + 1)."""
+        at = builder.mul(j, ir.Constant(j.type, 32))
+        if kind in BLOCK_KINDS:  # the values after block j's float16 d
+            at_w = builder.add(builder.mul(j, ir.Constant(j.type, kind)), ir.Constant(j.type, 2))
+            return (nibble_products(builder, nibble_values_at(builder, w, at_w), load_i8(builder, x, at, 32), True)
+                    if kind == 18 else int8_products(builder, load_i8(builder, w, at_w, 32), load_i8(builder, x, at, 32), 32))
+        if kind in (4, -4):
+            return nibble_products(builder, nibble_values(builder, w, j), load_i8(builder, x, at, 32), kind == -4)
+        if kind == 6:
+            return six_bit_products(builder, w, x, j)
+        # int8 groups; kind 16 reads two groups (32 bytes) at once: lanes 0-3 the first, 4-7 the second
+        return int8_products(builder, load_i8(builder, w, at, 32), load_i8(builder, x, at, 32), kind)
+
+    def nibble_products(builder, u, xv, signed):
+        """32 4-bit values u (minus 8 where signed) times 32 int8 xv as <8 x i32>."""
+        fast = _byte_dot_8(builder, u, xv)
+        if fast is not None:
+            if signed:  # sum (u - 8) x = sum u x - 8 sum x
+                xsum = _byte_dot_8(builder, ir.Constant(vec(i8, 32), [1] * 32), xv)
+                fast = builder.sub(fast, builder.shl(xsum, ir.Constant(vec(i32, 8), [3] * 8)))
+            return fast
+        wide = vec(i32, 32)
+        if signed:  # nibble - 8, in [-8, 7]
+            uw = builder.sext(builder.sub(u, ir.Constant(vec(i8, 32), [8] * 32)), wide)
+        else:
+            uw = builder.zext(u, wide)
+        return fold_to_8(builder, builder.mul(uw, builder.sext(xv, wide)), 32)
+
+    def int8_products(builder, wv, xv, kind):
+        """32 int8 weights times 32 int8 xv as <8 x i32> (kind 16: lanes 0-3 the first 16, 4-7
+        the second)."""
+        # |w| times x with w's sign (ggml's trick for signed bytes: the CPU's dot multiplies
+        # unsigned by signed bytes); |-128| = 128 reads as an unsigned byte
+        zeros = ir.Constant(vec(i8, 32), [0] * 32)
+        negative = builder.icmp_signed("<", wv, zeros)
+        magnitude = builder.select(negative, builder.neg(wv), wv)
+        signed_x = builder.select(negative, builder.neg(xv), builder.select(builder.icmp_signed("==", wv, zeros), zeros, xv))
+        fast = _byte_dot_8(builder, magnitude, signed_x)
+        if fast is not None:
+            return fast
+        wide = vec(i32, 32)
+        products = builder.mul(builder.sext(wv, wide), builder.sext(xv, wide))
+        return fold_adjacent_to_8(builder, products) if kind == 16 else fold_to_8(builder, products, 32)
+
+    @intrinsic
+    def row_dot(typingctx, w, x, scale, xd, kind):
+        if not isinstance(kind, types.IntegerLiteral):
+            return None
+        k = kind.literal_value
+        half_scales = scale.dtype == types.int16
+
+        def codegen(context, builder, sig, args):
+            wp = builder.bitcast(data_ptr(context, builder, sig.args[0], args[0]), i8.as_pointer())
+            xp = data_ptr(context, builder, sig.args[1], args[1])
+            sp = data_ptr(context, builder, sig.args[2], args[2])
+            dp = data_ptr(context, builder, sig.args[3], args[3])
+            n_groups = context.make_array(sig.args[3])(context, builder, args[3]).shape  # xd's: K / G
+            n_groups = builder.extract_value(n_groups, 0)
+            if k == 144:
+                return q4_k_blocks_dot(builder, wp, xp, sp, dp, n_groups)
+            if k == 210:
+                return q6_k_blocks_dot(builder, wp, xp, dp, n_groups)
+            acc = cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8))
+            if k in (16, 6):  # groups in pairs (K-quant rows hold an even number of 16-value groups)
+                n_groups = builder.lshr(n_groups, ir.Constant(n_groups.type, 1))
+            with cgutils.for_range(builder, n_groups) as loop:
+                j = loop.index
+                ints = group_products(builder, wp, xp, j, k)
+                undef8 = ir.Constant(vec(f32, 8), ir.Undefined)
+                if k in (16, 6):  # [s(2j)] * 4 ++ [s(2j+1)] * 4
+                    j0 = builder.shl(j, ir.Constant(j.type, 1))
+                    s8 = builder.insert_element(undef8, group_scales(builder, sp, dp, j0, half_scales), ir.Constant(i32, 0))
+                    s8 = builder.insert_element(s8, group_scales(builder, sp, dp, builder.add(j0, ir.Constant(j.type, 1)),
+                                                                 half_scales), ir.Constant(i32, 1))
+                    s8 = builder.shuffle_vector(s8, s8, ir.Constant(vec(i32, 8), [0, 0, 0, 0, 1, 1, 1, 1]))
+                else:
+                    sj = (block_scales(builder, wp, dp, j, k) if k in BLOCK_KINDS
+                          else group_scales(builder, sp, dp, j, half_scales))
+                    s8 = builder.insert_element(undef8, sj, ir.Constant(i32, 0))
+                    s8 = builder.shuffle_vector(s8, s8, ir.Constant(vec(i32, 8), [0] * 8))
+                term = builder.fmul(builder.sitofp(ints, vec(f32, 8)), s8, flags=("fast",))
+                builder.store(builder.fadd(builder.load(acc), term, flags=("fast",)), acc)
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32, vec(f32, 8)]),
+                                                "llvm.vector.reduce.fadd.v8f32")
+            return builder.call(fn, [ir.Constant(f32, 0.0), builder.load(acc)], fastmath=("fast",))
+        return types.float32(w, x, scale, xd, kind), codegen
+
+    def reduce_8(builder, v):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32, vec(f32, 8)]),
+                                            "llvm.vector.reduce.fadd.v8f32")
+        return builder.call(fn, [ir.Constant(f32, 0.0), v], fastmath=("fast",))
+
+    def byte_at(builder, wp, at):
+        return builder.zext(builder.load(builder.gep(wp, [at])), i32)
+
+    def q4_k_blocks_dot(builder, wp, xp, sump, dp, n_groups):
+        """A row of ggml's Q4_K blocks in place (144 bytes per 256 values: float16 d and dmin,
+        12 bytes of 6-bit scales and mins, 128 bytes of nibbles, each 32 bytes holding sub-block
+        2p in the low nibbles and 2p + 1 in the high) times the int8 activations:
+        sum_g d sc_g xd_g (q_g . x_g) - dmin m_g xsum_g, with xsum (sump) the groups' float sums."""
+        acc = cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8))
+        offsets = cgutils.alloca_once_value(builder, ir.Constant(f32, 0.0))
+        with cgutils.for_range(builder, builder.lshr(n_groups, ir.Constant(n_groups.type, 3))) as loop:
+            blk = loop.index
+            base = builder.mul(blk, ir.Constant(blk.type, 144))
+            at = lambda off: builder.add(base, ir.Constant(blk.type, off))  # noqa: E731
+            half = lambda off: half_bits_to_float(  # noqa: E731
+                builder, builder.load(builder.bitcast(builder.gep(wp, [at(off)]), i16.as_pointer()), align=1))
+            d, dmin = half(0), half(2)
+            sb = [byte_at(builder, wp, at(4 + t)) for t in range(12)]
+            c = lambda v: ir.Constant(i32, v)  # noqa: E731
+            for g in range(8):  # ggml's k_scale_min
+                if g < 4:
+                    sc, m = builder.and_(sb[g], c(63)), builder.and_(sb[g + 4], c(63))
+                else:
+                    sc = builder.or_(builder.and_(sb[g + 4], c(15)), builder.shl(builder.lshr(sb[g - 4], c(6)), c(4)))
+                    m = builder.or_(builder.lshr(sb[g + 4], c(4)), builder.shl(builder.lshr(sb[g], c(6)), c(4)))
+                jg = builder.add(builder.shl(blk, ir.Constant(blk.type, 3)), ir.Constant(blk.type, g))
+                packed = load_i8(builder, wp, at(16 + (g // 2) * 32), 32)
+                u = (builder.and_(packed, ir.Constant(vec(i8, 32), [15] * 32)) if g % 2 == 0
+                     else builder.lshr(packed, ir.Constant(vec(i8, 32), [4] * 32)))
+                xv = load_i8(builder, xp, builder.mul(jg, ir.Constant(jg.type, 32)), 32)
+                ints = nibble_products(builder, u, xv, False)
+                scale = builder.fmul(builder.fmul(d, builder.uitofp(sc, f32)), builder.load(builder.gep(dp, [jg])))
+                s8 = builder.shuffle_vector(builder.insert_element(ir.Constant(vec(f32, 8), ir.Undefined), scale, c(0)),
+                                            ir.Constant(vec(f32, 8), ir.Undefined), ir.Constant(vec(i32, 8), [0] * 8))
+                term = builder.fmul(builder.sitofp(ints, vec(f32, 8)), s8, flags=("fast",))
+                builder.store(builder.fadd(builder.load(acc), term, flags=("fast",)), acc)
+                offset = builder.fmul(builder.fmul(dmin, builder.uitofp(m, f32)), builder.load(builder.gep(sump, [jg])))
+                builder.store(builder.fadd(builder.load(offsets), offset, flags=("fast",)), offsets)
+        return builder.fsub(reduce_8(builder, builder.load(acc)), builder.load(offsets), flags=("fast",))
+
+    def q6_k_blocks_dot(builder, wp, xp, dp, n_groups):
+        """A row of ggml's Q6_K blocks in place (210 bytes per 256 values: 128 bytes of low
+        nibbles, 64 of high bit pairs, 16 int8 scales, float16 d; value h*128 + l has its low
+        nibble in byte h*64 + l % 64 (high half for l >= 64) and its top bits in byte
+        h*32 + l % 32, bits 2 (l // 32)) times the int8 activations in groups of 16:
+        sum_g d sc_g xd_g ((u_g - 32) . x_g)."""
+        acc = cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8))
+        c8 = lambda v: ir.Constant(vec(i8, 32), [v] * 32)  # noqa: E731
+        with cgutils.for_range(builder, builder.lshr(n_groups, ir.Constant(n_groups.type, 4))) as loop:
+            blk = loop.index
+            base = builder.mul(blk, ir.Constant(blk.type, 210))
+            at = lambda off: builder.add(base, ir.Constant(blk.type, off))  # noqa: E731
+            d = half_bits_to_float(builder, builder.load(builder.bitcast(builder.gep(wp, [at(208)]), i16.as_pointer()),
+                                                         align=1))
+            for h in range(2):
+                high_bytes = load_i8(builder, wp, at(128 + h * 32), 32)
+                for t in range(4):  # values h*128 + 32t .. + 31: groups h*8 + 2t and h*8 + 2t + 1
+                    low = builder.and_(builder.lshr(load_i8(builder, wp, at(h * 64 + 32 * (t % 2)), 32), c8(4 * (t // 2))),
+                                       c8(15))
+                    high = builder.and_(builder.lshr(high_bytes, c8(2 * t)), c8(3))
+                    u = builder.or_(low, builder.shl(high, c8(4)))
+                    g0 = h * 8 + 2 * t
+                    jg = builder.add(builder.shl(blk, ir.Constant(blk.type, 4)), ir.Constant(blk.type, g0))
+                    xv = load_i8(builder, xp, builder.mul(jg, ir.Constant(jg.type, 16)), 32)
+                    ints = offset_six_bit_products(builder, u, xv)
+                    s8 = ir.Constant(vec(f32, 8), ir.Undefined)
+                    for lane, g in enumerate((g0, g0 + 1)):
+                        sc = builder.sitofp(builder.load(builder.gep(wp, [at(192 + g)])), f32)
+                        xd_g = builder.load(builder.gep(dp, [builder.add(jg, ir.Constant(jg.type, lane))]))
+                        s8 = builder.insert_element(s8, builder.fmul(builder.fmul(d, sc), xd_g), ir.Constant(i32, lane))
+                    s8 = builder.shuffle_vector(s8, s8, ir.Constant(vec(i32, 8), [0, 0, 0, 0, 1, 1, 1, 1]))
+                    term = builder.fmul(builder.sitofp(ints, vec(f32, 8)), s8, flags=("fast",))
+                    builder.store(builder.fadd(builder.load(acc), term, flags=("fast",)), acc)
+        return reduce_8(builder, builder.load(acc))
+
+    def nibble_values(builder, w, j):
+        """Group j's 32 4-bit values (16 bytes: value i low nibble, value i + 16 high) as <32 x i8>."""
+        return nibble_values_at(builder, w, builder.mul(j, ir.Constant(j.type, 16)))
+
+    def nibble_values_at(builder, w, at):
+        wv = load_i8(builder, w, at, 16)
+        return builder.shuffle_vector(builder.and_(wv, ir.Constant(vec(i8, 16), [15] * 16)),
+                                      builder.lshr(wv, ir.Constant(vec(i8, 16), [4] * 16)),
+                                      ir.Constant(vec(i32, 32), list(range(32))))
+
+    def make_unpack(values):
+        @intrinsic
+        def unpack(typingctx, w, u):
+            """u[:] = the packed row w's values, one byte each (for dequantizing)."""
+            def codegen(context, builder, sig, args):
+                wp = builder.bitcast(data_ptr(context, builder, sig.args[0], args[0]), i8.as_pointer())
+                up = builder.bitcast(data_ptr(context, builder, sig.args[1], args[1]), i8.as_pointer())
+                n = builder.extract_value(context.make_array(sig.args[1])(context, builder, args[1]).shape, 0)
+                with cgutils.for_range(builder, builder.lshr(n, ir.Constant(n.type, 5))) as loop:
+                    dst = builder.gep(up, [builder.mul(loop.index, ir.Constant(loop.index.type, 32))])
+                    builder.store(values(builder, wp, loop.index), builder.bitcast(dst, vec(i8, 32).as_pointer()), align=1)
+                return context.get_dummy_value()
+            return types.none(w, u), codegen
+        return unpack
+
+    return row_dot, make_unpack(nibble_values), make_unpack(six_bit_values)
+
+
+def _row_output_helpers():
+    """(float_row, store_row) for kernels that write float32 or bfloat16 rows: float_row(out_row)
+    is where to compute the row in float32 (out_row itself, or a temporary when out is uint16
+    bfloat16 bits); store_row(row, out_row) rounds the temporary to bfloat16 (nearest even, as
+    torch's conversion) and stores it (nothing to do for float32). Dequantizing straight to
+    bf16 saves the float32 pass a prompt's GEMM would otherwise convert."""
+    import numpy as np
+    from numba import types
+    from numba.extending import overload, register_jitable
+
+    def float_row(out_row):
+        pass
+
+    def store_row(row, out_row):
+        pass
+
+    @overload(float_row, inline="always")
+    def _float_row(out_row):
+        if out_row.dtype == types.float32:
+            return lambda out_row: out_row
+        return lambda out_row: np.empty(out_row.shape[0], np.float32)
+
+    @register_jitable
+    def _round_bf16(row, out_row):
+        bits = row.view(np.uint32)
+        for i in range(out_row.shape[0]):
+            b = bits[i]
+            out_row[i] = np.uint16((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+
+    @overload(store_row, inline="always")
+    def _store_row(row, out_row):
+        if out_row.dtype == types.float32:
+            return lambda row, out_row: None
+        return _round_bf16
+
+    return float_row, store_row
+
+
+@functools.lru_cache(maxsize=None)
+def target_features() -> frozenset:
+    """The x86 features numba compiles for (NUMBA_CPU_NAME/NUMBA_CPU_FEATURES when set, else the
+    host's), e.g. {"avx2", "avx512vnni", "f16c"}; empty elsewhere or without numba."""
+    import platform
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
+        return frozenset()
+    try:
+        from numba.core import config
+        from llvmlite import binding
+    except ImportError:
+        return frozenset()
+    if config.CPU_NAME:
+        return frozenset(f[1:] for f in (config.CPU_FEATURES or "").split(",") if f.startswith("+"))
+    return frozenset(k for k, v in binding.get_host_cpu_features().items() if v)
+
+
+@functools.lru_cache(maxsize=None)
+def native_half() -> bool:
+    """Whether numba's target CPU converts float16 in hardware (F16C on x86, every AArch64):
+    without it LLVM's half casts become library calls numba's JIT cannot link (an abort)."""
+    import platform
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
+        return True
+    return "f16c" in target_features()
+
+
+def _byte_dot_8(builder, u, s):
+    """IR: <n x i8> u (unsigned, < 128 here) times <n x i8> s (signed), n 32 or 16, summed in
+    groups of 4 into <8 x i32> (n 16: the upper 4 lanes 0) by the CPU's byte dot instruction:
+    vpdpbusd (AVX512-VNNI with VL, AVX-VNNI), else vpmaddubsw + vpmaddwd (AVX2, as ggml's AVX2
+    kernels: no saturation for u < 128 and |s| <= 127); None where the target has neither (the
+    generic widening code then)."""
+    from llvmlite import ir
+    from numba.core import cgutils
+    feats = target_features()
+    n = u.type.count
+    i32, i16 = ir.IntType(32), ir.IntType(16)
+    lanes, vb, vw = ir.VectorType(i32, n // 4), ir.VectorType(ir.IntType(8), n), ir.VectorType(i16, n // 2)
+    module = builder.module
+    if ("avx512vnni" in feats and "avx512vl" in feats) or "avxvnni" in feats:
+        fn = cgutils.get_or_insert_function(module, ir.FunctionType(lanes, [lanes, lanes, lanes]),
+                                            f"llvm.x86.avx512.vpdpbusd.{n * 8}")
+        dot = builder.call(fn, [ir.Constant(lanes, [0] * (n // 4)), builder.bitcast(u, lanes), builder.bitcast(s, lanes)])
+    elif "avx2" in feats:
+        maddubs, maddwd = (("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd") if n == 32 else
+                           ("llvm.x86.ssse3.pmadd.ub.sw.128", "llvm.x86.sse2.pmadd.wd"))
+        pairs = builder.call(cgutils.get_or_insert_function(module, ir.FunctionType(vw, [vb, vb]), maddubs), [u, s])
+        dot = builder.call(cgutils.get_or_insert_function(module, ir.FunctionType(lanes, [vw, vw]), maddwd),
+                           [pairs, ir.Constant(vw, [1] * (n // 2))])
+    else:
+        return None
+    if n == 16:  # <4 x i32> -> <8 x i32>, zeros above
+        dot = builder.shuffle_vector(dot, ir.Constant(lanes, [0] * 4), ir.Constant(ir.VectorType(i32, 8), list(range(8))))
+    return dot
+
+
+def half_bits_to_float(builder, bits):
+    """IR: an i16 holding float16 bits as float32. fpext where the CPU converts halves, else
+    integer arithmetic (exact for every value, infinities and NaN included)."""
+    from llvmlite import ir
+    i32, f32 = ir.IntType(32), ir.FloatType()
+    if native_half():
+        return builder.fpext(builder.bitcast(bits, ir.HalfType()), f32)
+    b = builder.zext(bits, i32)
+    sign = builder.shl(builder.and_(b, ir.Constant(i32, 0x8000)), ir.Constant(i32, 16))
+    magnitude = builder.and_(b, ir.Constant(i32, 0x7FFF))
+    # exponent and mantissa moved into float32's fields, rebiased by 2^112: exact for normal and
+    # subnormal halves (the product renormalizes them)
+    finite = builder.fmul(builder.bitcast(builder.shl(magnitude, ir.Constant(i32, 13)), f32),
+                          ir.Constant(f32, 2.0 ** 112))
+    special = builder.or_(ir.Constant(i32, 0x7F800000), builder.shl(builder.and_(magnitude, ir.Constant(i32, 0x3FF)),
+                                                                    ir.Constant(i32, 13)))
+    is_special = builder.icmp_unsigned(">=", magnitude, ir.Constant(i32, 0x7C00))
+    value = builder.select(is_special, special, builder.bitcast(finite, i32))
+    return builder.bitcast(builder.or_(value, sign), f32)
+
+
+def _half_bits_intrinsic():
+    """half_to_f32(v): an int16 holding float16 bits as float32 (half_bits_to_float), and
+    float32 passed through, for kernels whose scales are stored as float16."""
+    from numba import types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def half_to_f32(typingctx, v):
+        if v == types.float32:
+            return types.float32(v), lambda context, builder, sig, args: args[0]
+        if v not in (types.int16, types.uint16):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return half_bits_to_float(builder, args[0])
+        return types.float32(v), codegen
+    return half_to_f32

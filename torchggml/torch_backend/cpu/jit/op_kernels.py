@@ -1,0 +1,408 @@
+"""numba kernels for the CPU device's small per-node work (decode steps): one compiled call per
+node instead of several torch dispatches (fast_ops.py binds them; loader.op_kernels() loads them).
+
+Every kernel takes 4-D numpy views [ne3, ne2, ne1, ne0] with any strides and does the same
+arithmetic as the torch kernels it stands in for (kernels/): float32 element-wise, float64 row
+sums where ggml sums in ggml_float, angles in float64. F16 values travel as uint16 bits and are
+converted by LLVM's half<->float instructions (vcvtph2ps/vcvtps2ph on x86's F16C, fcvt on ARM),
+so a float32 -> F16 store rounds to nearest even as torch's does. numba is not told fastmath:
+LLVM then neither reorders sums nor fuses multiplies and adds; its numpy error model keeps IEEE
+division (x / 0 is inf or NaN, as in ggml, not a ZeroDivisionError).
+
+    row_norm(x, out, eps, rms)                       NORM / RMS_NORM over ne0
+    soft_max(x, out, mask, slopes, sinks, scale, has_mask, has_sinks)
+    rope(x, out, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
+         interleaved, copy_rest)                     NORMAL / NEOX rotation
+    set_rows(rows, idx, dst) -> first bad index position or -1
+    copy(src, dst)                                   same shape, element by element, tiled
+    swiglu(x, gate, out)                             silu(x) * gate
+    binary(a, b, out, op)                            a + - * / b (op 0..3), b tiled over a
+    transpose(src, dst)                              dst[c, r] = src[r, c], 2-D, any element type
+    get_block_rows(table, ids, out, kind) -> first bad index position or -1
+                                                     out[i3, i2, j] = dequantized table[i3, i2, ids[..]]
+                                                     for kind in fast_ops.BLOCK_KINDS (bit-exact as ggml/gguf)
+    half_products(a, a_strides, b, b_strides, out, k, r2, r3)
+                                                     out[i3, i2, m, n] = sum_k a[i3 / r3, i2 / r2, n, k]
+                                                     * b[i3, i2, m, k], a F16, b F32 (flat, k contiguous)
+
+At module level, as quant_kernels.py's, so that numba's disk cache serves them in every process.
+"""
+import math
+
+import numpy as np
+from numba import njit, types
+from numba.extending import overload
+
+
+
+# copies walk the last two dims in tiles of this many rows x columns (transposes stay in cache)
+COPY_TILE = 32
+# transposes move blocks of this many rows and columns (measured on the V cache's 168x1024 F16:
+# 8x8 ~55 µs warm / ~100 µs cold, torch's copy ~88 / ~150 µs; 8x16 and 16x8 as slow as torch)
+TRANSPOSE_BLOCK = 8
+
+
+def _half_intrinsics():
+    """half_to_float(uint16) -> float32 and float_to_half(float32) -> uint16 as LLVM casts
+    (float_to_half only where the CPU converts halves: fast_ops keeps F16 outputs off otherwise)."""
+    from llvmlite import ir
+    from .llvm_ir import half_bits_to_float
+    from numba import types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def half_to_float(typingctx, bits):
+        def codegen(context, builder, sig, args):
+            return half_bits_to_float(builder, args[0])
+        return types.float32(types.uint16), codegen
+
+    @intrinsic
+    def float_to_half(typingctx, value):
+        def codegen(context, builder, sig, args):
+            return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+        return types.uint16(types.float32), codegen
+
+    return half_to_float, float_to_half
+
+
+half_to_float, float_to_half = _half_intrinsics()
+
+
+def load(value):  # an element as float32
+    pass
+
+
+@overload(load)
+def _load(value):
+    if value == types.uint16:
+        return lambda value: half_to_float(value)
+    return lambda value: np.float32(value)
+
+
+def store_as(value, like):  # a float32 value in the element type of the array `like`
+    pass
+
+
+@overload(store_as)
+def _store_as(value, like):
+    if like.dtype == types.uint16:
+        return lambda value, like: float_to_half(np.float32(value))
+    return lambda value, like: np.float32(value)
+
+
+def moved(value, like):  # an element of another array in the element type of `like`
+    pass
+
+
+@overload(moved)
+def _moved(value, like):
+    if value == like.dtype:  # the same type: its bits, as a memcpy (NaN payloads too)
+        return lambda value, like: value
+    return lambda value, like: store_as(load(value), like)
+
+
+jit = njit(cache=True, nogil=True, error_model="numpy")
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def exp_f32(x):
+    """e^x in float32 within 1 ulp (Cody-Waite reduction, Cephes' polynomial), which LLVM
+    vectorizes where libm's expf stays a call per value (2816 values: ~5 vs ~28 µs); 0 for
+    -inf, inf past 88.7, NaN for NaN, subnormal results to ~7%."""
+    xc = min(max(x, np.float32(-104.0)), np.float32(89.0))
+    n = np.floor(xc * np.float32(1.44269504088896341) + np.float32(0.5))
+    r = xc - n * np.float32(0.693359375) - n * np.float32(-2.12194440e-4)
+    p = np.float32(1.9875691500e-4)
+    p = p * r + np.float32(1.3981999507e-3)
+    p = p * r + np.float32(8.3334519073e-3)
+    p = p * r + np.float32(4.1665795894e-2)
+    p = p * r + np.float32(1.6666665459e-1)
+    p = p * r + np.float32(5.0000001201e-1)
+    y = p * (r * r) + r + np.float32(1.0)
+    k = np.int32(n)
+    half = k >> 1  # 2^k in two factors, each a normal float down to k = -252
+    low = np.int32((half + 127) << 23).view(np.float32)
+    high = np.int32((k - half + 127) << 23).view(np.float32)
+    result = y * low * high
+    return x if x != x else result
+
+
+@jit
+def row_norm(x, out, eps, rms):
+    n = x.shape[3]
+    for i3 in range(x.shape[0]):
+        for i2 in range(x.shape[1]):
+            for i1 in range(x.shape[2]):
+                xr, orow = x[i3, i2, i1], out[i3, i2, i1]
+                mean = np.float32(0.0)
+                if not rms:
+                    total = 0.0
+                    for i0 in range(n):
+                        total += load(xr[i0])
+                    mean = np.float32(total / n)
+                total = 0.0
+                for i0 in range(n):
+                    v = load(xr[i0]) - mean
+                    total += v * v
+                scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(total / n) + eps))
+                for i0 in range(n):
+                    orow[i0] = store_as((load(xr[i0]) - mean) * scale, out)
+
+
+@jit
+def soft_max(x, out, mask, slopes, sinks, scale, has_mask, has_sinks):
+    n = x.shape[3]
+    row = np.empty(n, np.float32)
+    for i3 in range(x.shape[0]):
+        for i2 in range(x.shape[1]):
+            slope = slopes[i2]
+            sink = sinks[i2] if has_sinks else np.float32(-np.inf)
+            for i1 in range(x.shape[2]):
+                xr = x[i3, i2, i1]
+                if has_mask:
+                    mr = mask[i3 % mask.shape[0], i2 % mask.shape[1], i1]
+                    for i0 in range(n):
+                        row[i0] = load(xr[i0]) * scale + slope * load(mr[i0])
+                else:
+                    for i0 in range(n):
+                        row[i0] = load(xr[i0]) * scale
+                peak, nan = sink, sink != sink  # the max, NaN if any value is (as amax)
+                for i0 in range(n):
+                    v = row[i0]
+                    nan |= v != v
+                    peak = v if v > peak else peak
+                if nan:
+                    peak = np.float32(np.nan)
+                if not math.isfinite(peak):
+                    peak = np.float32(0.0)
+                for i0 in range(n):  # vectorized; the float64 sum in order after it
+                    row[i0] = exp_f32(row[i0] - peak)
+                total = 0.0
+                for i0 in range(n):
+                    total += row[i0]
+                if has_sinks:
+                    total += exp_f32(sink - peak)
+                if total == 0.0:
+                    total = 1.0
+                inv = np.float32(1.0 / total)
+                orow = out[i3, i2, i1]
+                for i0 in range(n):
+                    orow[i0] = store_as(row[i0] * inv, out)
+
+
+@jit
+def rope(x, out, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
+         interleaved, copy_rest):
+    n_pairs = width // 2
+    step, other = (2, 1) if interleaved else (1, n_pairs)
+    cos = np.empty(n_pairs, np.float32)
+    sin = np.empty(n_pairs, np.float32)
+    for i2 in range(x.shape[1]):  # tokens
+        p = np.float64(pos[i2])
+        for i in range(n_pairs):
+            theta_extrap = p * inv_freq[i]
+            if has_factors:
+                theta_extrap = theta_extrap / np.float64(factors[i])
+            theta = theta_extrap if freq_scale == 1.0 else freq_scale * theta_extrap
+            if ramp.shape[0]:
+                theta = theta * ramp[0, i] + theta_extrap * ramp[1, i]
+            c, s = math.cos(theta), math.sin(theta)
+            if mscale != 1.0:
+                c, s = c * mscale, s * mscale
+            cos[i], sin[i] = np.float32(c), np.float32(s)
+        for i3 in range(x.shape[0]):
+            for i1 in range(x.shape[2]):  # heads
+                for i in range(n_pairs):
+                    j0 = start + i * step
+                    j1 = j0 + other
+                    f0, f1 = load(x[i3, i2, i1, j0]), load(x[i3, i2, i1, j1])
+                    out[i3, i2, i1, j0] = store_as(f0 * cos[i] - f1 * sin[i], out)
+                    out[i3, i2, i1, j1] = store_as(f0 * sin[i] + f1 * cos[i], out)
+                if copy_rest:
+                    for j in range(x.shape[3]):
+                        if j < start or j >= start + width:
+                            out[i3, i2, i1, j] = store_as(load(x[i3, i2, i1, j]), out)
+
+
+@jit
+def set_rows(rows, idx, dst):
+    n_rows = dst.shape[2]
+    for i3 in range(rows.shape[0]):
+        for i2 in range(rows.shape[1]):
+            for j in range(rows.shape[2]):
+                r = idx[i3 % idx.shape[0], i2 % idx.shape[1], j]
+                if r < 0 or r >= n_rows:
+                    return j
+                for i0 in range(rows.shape[3]):
+                    dst[i3, i2, r, i0] = store_as(load(rows[i3, i2, j, i0]), dst)
+    return -1
+
+
+@jit
+def copy(src, dst):
+    t = COPY_TILE
+    for i3 in range(dst.shape[0]):
+        for i2 in range(dst.shape[1]):
+            for a1 in range(0, dst.shape[2], t):
+                for a0 in range(0, dst.shape[3], t):
+                    for i1 in range(a1, min(a1 + t, dst.shape[2])):
+                        for i0 in range(a0, min(a0 + t, dst.shape[3])):
+                            dst[i3, i2, i1, i0] = moved(src[i3, i2, i1, i0], dst)
+
+
+@jit
+def transpose(src, dst):
+    t = TRANSPOSE_BLOCK
+    rows, cols = src.shape
+    full_rows, full_cols = rows - rows % t, cols - cols % t
+    for r0 in range(0, full_rows, t):
+        for c0 in range(0, full_cols, t):
+            for i in range(t):
+                for j in range(t):
+                    dst[c0 + j, r0 + i] = src[r0 + i, c0 + j]
+    for r in range(full_rows, rows):
+        for c in range(cols):
+            dst[c, r] = src[r, c]
+    for c in range(full_cols, cols):
+        for r in range(full_rows):
+            dst[c, r] = src[r, c]
+
+
+@jit
+def binary_row(x, y, out, op):  # one row, y as long as x (the loops vectorize on contiguous rows)
+    if op == 0:
+        for i in range(out.shape[0]):
+            out[i] = store_as(load(x[i]) + load(y[i]), out)
+    elif op == 1:
+        for i in range(out.shape[0]):
+            out[i] = store_as(load(x[i]) - load(y[i]), out)
+    elif op == 2:
+        for i in range(out.shape[0]):
+            out[i] = store_as(load(x[i]) * load(y[i]), out)
+    else:
+        for i in range(out.shape[0]):
+            out[i] = store_as(load(x[i]) / load(y[i]), out)
+
+
+@jit
+def binary(a, b, out, op):
+    n, nb = out.shape[3], b.shape[3]
+    tiled = np.empty(n if nb != n else 0, b.dtype)  # b's row repeated to a's length
+    for i3 in range(out.shape[0]):
+        for i2 in range(out.shape[1]):
+            for i1 in range(out.shape[2]):
+                row_b = b[i3 % b.shape[0], i2 % b.shape[1], i1 % b.shape[2]]
+                if nb != n:
+                    for i0 in range(n):
+                        tiled[i0] = row_b[i0 % nb]
+                    row_b = tiled
+                binary_row(a[i3, i2, i1], row_b, out[i3, i2, i1], op)
+
+
+@jit
+def swiglu(x, gate, out):
+    one = np.float32(1.0)
+    for i3 in range(out.shape[0]):
+        for i2 in range(out.shape[1]):
+            for i1 in range(out.shape[2]):
+                for i0 in range(out.shape[3]):
+                    v = load(x[i3, i2, i1, i0])
+                    out[i3, i2, i1, i0] = store_as(v / (one + exp_f32(-v)) * load(gate[i3, i2, i1, i0]), out)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})  # a vector sum, as ggml's
+def half_products(a, a_strides, b, b_strides, out, k, r2, r3):
+    sa3, sa2, sa1 = a_strides[0], a_strides[1], a_strides[2]
+    sb3, sb2, sb1 = b_strides[0], b_strides[1], b_strides[2]
+    for i3 in range(out.shape[0]):
+        for i2 in range(out.shape[1]):
+            a_base = (i3 // r3) * sa3 + (i2 // r2) * sa2
+            for m in range(out.shape[2]):
+                b_row = i3 * sb3 + i2 * sb2 + m * sb1
+                row_b = b[b_row:b_row + k]
+                for n in range(out.shape[3]):
+                    # 1-D slices: indexing a and b by offsets within the loop kept LLVM from
+                    # vectorizing it (~20x slower)
+                    row_a = a[a_base + n * sa1:a_base + n * sa1 + k]
+                    total = np.float32(0.0)
+                    for i in range(k):
+                        total += half_to_float(row_a[i]) * row_b[i]
+                    out[i3, i2, m, n] = total
+
+
+@jit
+def half_at(raw, o):  # the F16 stored little-endian at byte o, as float32
+    return half_to_float(np.uint16(np.uint16(raw[o]) | (np.uint16(raw[o + 1]) << 8)))
+
+
+@jit
+def q4_0_row(raw, y):  # blocks of d f16 and 16 bytes of nibbles: d * (q - 8)
+    for b in range(y.shape[0] // 32):
+        o = b * 18
+        d = half_at(raw, o)
+        for j in range(16):
+            q = raw[o + 2 + j]
+            y[b * 32 + j] = d * np.float32(np.int32(q & 15) - 8)
+            y[b * 32 + 16 + j] = d * np.float32(np.int32(q >> 4) - 8)
+
+
+@jit
+def q8_0_row(raw, y):  # blocks of d f16 and 32 int8: d * q
+    for b in range(y.shape[0] // 32):
+        o = b * 34
+        d = half_at(raw, o)
+        for j in range(32):
+            y[b * 32 + j] = d * np.float32(np.int8(raw[o + 2 + j]))
+
+
+@jit
+def q4_k_row(raw, y):  # 8 sub-blocks of 32: (d * sc) * q - dmin * m, 6-bit sc and m packed in 12 bytes
+    for b in range(y.shape[0] // 256):
+        o = b * 144
+        d, dmin = half_at(raw, o), half_at(raw, o + 2)
+        s = o + 4
+        for sub in range(8):
+            if sub < 4:
+                sc, m = raw[s + sub] & 63, raw[s + 4 + sub] & 63
+            else:
+                sc = (raw[s + 4 + sub] & 15) | ((raw[s + sub - 4] >> 6) << 4)
+                m = (raw[s + 4 + sub] >> 4) | ((raw[s + sub] >> 6) << 4)
+            d1, m1 = d * np.float32(sc), dmin * np.float32(m)
+            q0 = o + 16 + (sub // 2) * 32
+            shift = 4 * (sub % 2)
+            for j in range(32):
+                y[b * 256 + sub * 32 + j] = d1 * np.float32((raw[q0 + j] >> shift) & 15) - m1
+
+
+@jit
+def q6_k_row(raw, y):  # 16 sub-blocks of 16: (d * scale) * (q - 32), q's low 4 and high 2 bits apart
+    for b in range(y.shape[0] // 256):
+        o = b * 210
+        d = half_at(raw, o + 208)
+        for i in range(256):
+            r, j = i // 32, i % 32
+            low = (raw[o + (r // 4) * 64 + (r % 2) * 32 + j] >> (4 * ((r // 2) % 2))) & 15
+            high = (raw[o + 128 + (r // 4) * 32 + j] >> (2 * (r % 4))) & 3
+            scale = np.float32(np.int8(raw[o + 192 + i // 16]))
+            y[b * 256 + i] = (d * scale) * np.float32(np.int32(low | (high << 4)) - 32)
+
+
+@jit
+def get_block_rows(table, ids, out, kind):
+    n_rows = table.shape[2]
+    for i3 in range(out.shape[0]):
+        for i2 in range(out.shape[1]):
+            for j in range(out.shape[2]):
+                r = ids[i3, i2, j]
+                if r < 0 or r >= n_rows:
+                    return j
+                raw, y = table[i3, i2, r], out[i3, i2, j]
+                if kind == 0:
+                    q4_0_row(raw, y)
+                elif kind == 1:
+                    q8_0_row(raw, y)
+                elif kind == 2:
+                    q4_k_row(raw, y)
+                else:
+                    q6_k_row(raw, y)
+    return -1
