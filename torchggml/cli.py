@@ -1,7 +1,9 @@
 """The `torchggml` command.
 
     torchggml devices                       regs and devices: type, memory, capabilities, features
-    torchggml test-ops [-b DEV] [-o OP] [-m test|perf|support] [--kernels FILE.py] [--roofline FILE.png]
+    torchggml test-ops [-b DEV] [-o OP] [-p REGEX] [-m test|grad|perf|support] [--full]
+                       [--list-ops] [--show-coverage] [--output console|csv] [--kernels FILE.py]
+                       [--roofline FILE.png]
                                             test-backend-ops for this project (torchggml.testing)
     torchggml run / eval / info             models (torchggml/models/cli_commands.py)
     torchggml serve                         the OpenAI-compatible server (torchggml/server/)
@@ -96,14 +98,26 @@ def reg_features() -> list[tuple[str, str]]:
 
 
 def cmd_test_ops(args) -> int:
-    from torchggml.testing import main_test_ops  # the op-case table is large: import on demand
+    from torchggml.test_ops import main  # the op-case table is large: import on demand
     from torchggml.torch_backend.kernels.registered import load_kernel_files
     try:
         load_kernel_files(args.kernels)
     except (OSError, ValueError, RuntimeError) as e:
         print(f"torchggml test-ops: error: {e}", file=sys.stderr)
         return 2
-    return main_test_ops(args) or 0
+    return main(args)
+
+
+def add_case_options(p: argparse.ArgumentParser) -> None:
+    """test-ops options choosing cases and reporting (torchggml.test_ops)."""
+    p.add_argument("-p", "--params", metavar="REGEX", help="only cases whose name matches REGEX")
+    p.add_argument("--full", action="store_true",
+                   help="every case of upstream's breadth (default: a representative sample; "
+                        "also TORCHGGML_TEST_OPS_FULL=1)")
+    p.add_argument("--list-ops", action="store_true", help="list the ops and their case counts")
+    p.add_argument("--show-coverage", action="store_true",
+                   help="ops and cases per device against upstream's test-backend-ops")
+    p.add_argument("--output", choices=("console", "csv"), default="console", help="output format")
 
 
 def add_perf_options(p: argparse.ArgumentParser) -> None:
@@ -166,8 +180,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("test-ops", help="run the op cases on devices against the CPU reference")
     p.add_argument("-b", "--backend", metavar="DEVICE", help="only this device (e.g. SIM0, CUDA0)")
     p.add_argument("-o", "--op", metavar="OP", help="only this op (e.g. MUL_MAT)")
-    p.add_argument("-m", "--mode", choices=("test", "perf", "support"), default="test",
-                   help="test: compare with the CPU; perf: time per run; support: what each device supports")
+    p.add_argument("-m", "--mode", choices=("test", "grad", "perf", "support"), default="test",
+                   help="test: compare with the CPU (the CPU with float64 references); grad: ggml's backward "
+                        "vs finite differences; perf: time per run; support: what each device supports")
+    add_case_options(p)
     add_perf_options(p)
     p.set_defaults(func=cmd_test_ops)
 

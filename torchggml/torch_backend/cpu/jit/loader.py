@@ -18,8 +18,8 @@ import importlib
 import sys
 
 # CPU seconds numba takes to compile the kernels a quantized model's first prompt and token use
-# (8.6 + 0.75 s on one Zen 4 core): the notice's estimate
-COMPILE_SECONDS = 10
+# (a 1.1B Q4_K_M model: 11.3 + 0.7 s on a Zen 4 core): the notice's estimate
+COMPILE_SECONDS = 12
 _noticed = []  # the notice is printed once per process
 
 
