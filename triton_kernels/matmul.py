@@ -27,6 +27,16 @@ MAX_DOT_K = 256  # tl.dot steps over more K spill with M = 16 (ptxas, sm_80 and 
 # 8-byte spills at 4096 decoded values per dot step and 8192 per matvec step)
 HEAVY_DECODERS = frozenset({int(Type.Q3_K), int(Type.Q5_K), int(Type.TQ1_0)})
 MAX_TILE_VALUES_HEAVY = 4096
+# single tiles ptxas spills (8-24 bytes) for these decoders, found by scripts/aot_report.py
+# --types all (sm_80/sm_90): (BLOCK_M, BLOCK_N, BLOCK_K, num_warps) of a gemm tile, or "dot"
+# (matvec with M > 1) / "row" (matvec with M == 1, mul_mat_id) in place of BLOCK_M
+_Q5_SPILLS = frozenset({("dot", 32, 256, 8), ("dot", 16, 256, 4), (128, 64, 32, 4), (64, 256, 32, 8)})
+SPILLING_TILES = {
+    int(Type.Q5_0): _Q5_SPILLS,
+    int(Type.Q5_1): _Q5_SPILLS,
+    int(Type.IQ4_XS): frozenset({(64, 64, 32, 4)}),
+    int(Type.F16): frozenset({("dot", 32, 256, 8), ("dot", 16, 256, 4), (64, 128, 32, 8), ("row", 32, 128, 4)}),
+}
 
 # tl.dot operand dtypes (a constexpr code: dtypes are not portable constexprs across versions)
 DOT_F16, DOT_BF16, DOT_F32 = 0, 1, 2
@@ -56,16 +66,24 @@ def _values_per_block_step(args):
 STEP_HEURISTICS = {"NB": _blocks_per_step, "E": _values_per_block_step}
 
 
+def _tile_key(cfg, uses_dot: bool):
+    """A config's entry in SPILLING_TILES."""
+    kind = cfg.kwargs.get("BLOCK_M", "dot" if uses_dot else "row")
+    return (kind, cfg.kwargs["BLOCK_N"], cfg.kwargs["BLOCK_K"], cfg.num_warps)
+
+
 def _prune_configs(configs, named_args, **kwargs):
     """Keep the configs that compile for these arguments without spilling: tl.dot needs
     BLOCK_N >= 16 (matvec with M > 1, gemm) and spills past MAX_DOT_K; a tile of more than
-    MAX_TILE_VALUES decoded weights would spill."""
+    MAX_TILE_VALUES decoded weights would spill, and so do SPILLING_TILES for their types."""
     uses_dot = kwargs.get("BLOCK_M", named_args.get("BLOCK_M", 16)) > 1
     heavy = kwargs.get("QTYPE", named_args.get("QTYPE")) in HEAVY_DECODERS
     max_tile = MAX_TILE_VALUES_HEAVY - (1 if uses_dot else 0) if heavy else MAX_TILE_VALUES
+    spills = SPILLING_TILES.get(kwargs.get("QTYPE", named_args.get("QTYPE")), frozenset())
     kept = [cfg for cfg in configs
             if (not uses_dot or (cfg.kwargs["BLOCK_N"] >= 16 and cfg.kwargs["BLOCK_K"] <= MAX_DOT_K))
-            and cfg.kwargs["BLOCK_N"] * cfg.kwargs["BLOCK_K"] <= max_tile]
+            and cfg.kwargs["BLOCK_N"] * cfg.kwargs["BLOCK_K"] <= max_tile
+            and _tile_key(cfg, uses_dot) not in spills]
     return kept or [min(configs, key=lambda cfg: cfg.kwargs["BLOCK_N"] * cfg.kwargs["BLOCK_K"])]
 
 
