@@ -44,3 +44,12 @@ def test_show_coverage_compares_with_upstream(capsys):
     assert int(rows["ROPE"][3]) >= 466 and rows["ROPE"][4] == rows["ROPE"][3]  # torchggml's, the CPU's
     assert rows["SOFT_MAX_BACK"][1:3] == ["48", "(24)"]
     assert "single-op cases: upstream 19726" in out
+
+
+def test_support_mode_without_a_backend_lists_every_device(capsys):
+    """No -b: every registered device is tested (this crashed naming a missing registry function)."""
+    from torchggml.backend import registry
+    rc, out = run(capsys, "-m", "support", "-o", "concat", "-p", "type=f32")
+    assert rc == 0
+    names = [registry.backend_dev_get(i).get_name() for i in range(registry.backend_dev_count())]
+    assert all(f"Testing {name} (support)" in out for name in names)

@@ -224,7 +224,7 @@ def main_test_ops(args, cases: list[OpCase] | None = None) -> int:
     if cases is None:
         cases = [c for c in all_cases() if not args.op or c.op.lower() == args.op.lower()]
     cpu = registry.backend_init_by_name("CPU")
-    devices = [args.backend] if args.backend else [registry.backend_dev_name(registry.backend_dev_get(i))
+    devices = [args.backend] if args.backend else [registry.backend_dev_get(i).get_name()
                                                    for i in range(registry.backend_dev_count())]
     if args.mode == "perf":
         return main_perf(args, cases, devices)
