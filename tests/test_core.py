@@ -528,7 +528,7 @@ def test_computing_an_unallocated_graph(cpu):
     (lambda c: ggml.sqrt(c, ggml.new_tensor_1d(c, T.I16, 4)), "SQRT"),
     (lambda c: ggml.cpy(c, ggml.new_tensor_1d(c, T.F32, 256), ggml.new_tensor_1d(c, T.IQ2_XXS, 256)), "CPY"),
     (lambda c: ggml.cpy(c, ggml.new_tensor_1d(c, T.I32, 4), ggml.new_tensor_1d(c, T.F16, 4)), "CPY"),
-    (lambda c: ggml.concat(c, ggml.new_tensor_1d(c, T.Q4_0, 32), ggml.new_tensor_1d(c, T.Q4_0, 32), 0), "CONCAT"),
+    (lambda c: ggml.repeat(c, ggml.new_tensor_1d(c, T.Q4_0, 32), ggml.new_tensor_2d(c, T.Q4_0, 32, 2)), "REPEAT"),
 ])
 def test_unsupported_op_names_op_and_device(cpu, build, op):
     c = ggml.init(mem_size=1 << 16)

@@ -186,3 +186,26 @@ def test_new_ops_run_on_an_accelerator_table():
             assert ok, f"{c.name} on SIM0: normalized MSE {err:.3g}"
     finally:
         ggml.backend_free(sim)
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2, 3])
+def test_concat_of_a_block_type_concatenates_its_blocks(dim):
+    """CONCAT of Q8_0 tensors: the result dequantizes to the concatenation of the dequantized sources."""
+    import torch
+    from torchggml.quants import dequantize, quantize
+    ne_a, ne_b = [64, 3, 2, 2], [64, 3, 2, 2]
+    ne_b[dim] = 32 if dim == 0 else 1
+    ctx = ggml.init(mem_size=1 << 20)
+    a = ggml.new_tensor_4d(ctx, ggml.Type.Q8_0, *ne_a)
+    b = ggml.new_tensor_4d(ctx, ggml.Type.Q8_0, *ne_b)
+    xa, xb = torch.randn(*reversed(ne_a)), torch.randn(*reversed(ne_b))
+    ggml.backend_tensor_set(a, quantize(ggml.Type.Q8_0, xa))
+    ggml.backend_tensor_set(b, quantize(ggml.Type.Q8_0, xb))
+    out = ggml.concat(ctx, a, b, dim)
+    g = ggml.new_graph(ctx)
+    ggml.build_forward_expand(g, out)
+    ggml.backend_graph_compute(ggml.backend_cpu_init(), g)
+    def values(t):
+        return dequantize(ggml.Type.Q8_0, ggml.to_torch(t, raw=True)).reshape(*reversed(t.ne))
+    want = torch.cat([values(a), values(b)], dim=3 - dim)
+    assert torch.equal(values(out), want)

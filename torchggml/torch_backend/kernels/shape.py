@@ -1,5 +1,5 @@
 """Shape-building ops: REPEAT, CONCAT, PAD (zero or circular), ARANGE, DIAG_MASK_INF/ZERO.
-REPEAT, CONCAT and PAD move values of any plain type unchanged; the masks compute in float32."""
+REPEAT and PAD move values of any plain type unchanged, CONCAT of any type (block rows as bytes); the masks compute in float32."""
 from __future__ import annotations
 
 import torch
@@ -25,8 +25,14 @@ def repeat(node):
     dst.copy_(tile(view(node.src[0]), dst.shape))
 
 
-@KERNELS.register(Op.CONCAT, supports=_plain_same_type)
+def _same_type(node) -> bool:
+    return all(s.type == node.type for s in node.src if s is not None)
+
+
+@KERNELS.register(Op.CONCAT, supports=_same_type)
 def concat(node):
+    """Block types too: their rows are whole blocks (raw bytes), so the byte rows concatenate
+    along ne0 as the blocks do, and along the other dims as rows."""
     dim = 3 - node.op_params[0]  # ggml dim d is torch dim 3 - d
     view(node).copy_(torch.cat([view(node.src[0]), view(node.src[1])], dim=dim))
 
