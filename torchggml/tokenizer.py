@@ -28,7 +28,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 
-from .tokenizer_models import (SPACE_MARK, BpeEncoder, RwkvEncoder, SpmEncoder, UgmEncoder,
+from .tokenizer_models import (SPACE_MARK, BpeEncoder, RwkvEncoder, UgmEncoder, spm_encoder,
                                WpmEncoder, unescape_rwkv)
 from .tokenizer_pre import PRE_TOKENIZERS, PreTokenizer
 
@@ -356,7 +356,7 @@ class Tokenizer:
         md, vt = self._metadata, self.vocab_type
         try:
             if vt == "SPM":
-                return SpmEncoder(self._texts, self._ids, self._scores, self.unk_id)
+                return spm_encoder(self._texts, self._ids, self._scores, self.unk_id, self.source)
             if vt == "BPE":
                 merges = md.get("tokenizer.ggml.merges")
                 if merges is None:

@@ -10,11 +10,11 @@ TORCHGGML_CPU_FAST_OPS=0), the bind returns that kernel's bound call.
 from __future__ import annotations
 
 import functools
-import os
 
 import numpy as np
 import torch
 
+from .. import config
 from ..enums import Op, GluOp, RopeType
 from ..tensor import get_op_params_f32, get_glu_op, nelements
 from ..types import Type
@@ -281,7 +281,7 @@ FAST_BINDS = {
 def fast_ops_enabled() -> bool:
     """TORCHGGML_CPU_FAST_OPS=0 turns the fast kernels off (for comparisons; read when a graph
     is compiled)."""
-    return os.environ.get("TORCHGGML_CPU_FAST_OPS", "1") != "0"
+    return config.value("TORCHGGML_CPU_FAST_OPS")
 
 
 def _layered(fast_bind, generic):
