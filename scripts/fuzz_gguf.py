@@ -1,16 +1,27 @@
-"""GGUF fuzzer: deterministic mutants of the golden and demo models, each loaded and evaluated
-in a worker process with a time and a memory cap, every outcome classified.
+"""GGUF fuzzer: deterministic mutants of GGUF models and vocabularies, each loaded and evaluated
+(or, for a vocabulary file, tokenized) in a worker process with a time and a memory cap, every
+outcome classified; with llama-cpp-python installed, each mutant torchggml accepts is checked
+against llama.cpp (the oracle) in a worker of its own.
 
-    python scripts/fuzz_gguf.py -n 10000                  # all sources, 2 workers
-    python scripts/fuzz_gguf.py -n 300 --workers 2 --json out.json --seed 7
+    python scripts/fuzz_gguf.py -n 10000                  # all sources, 1 worker pair
+    python scripts/fuzz_gguf.py -n 300 --workers 2 --json out.json --seed 7 --no-oracle
 
 Mutant i of seed s is always the same file: source i % n_sources, mutation drawn from
-random.Random(f"{s}:{i}"). Mutations aim at the header (metadata values and types, the tensor
-table, counts, raw bytes, inserted/deleted bytes, truncation) and, for one kind, at the
-tensor data.
+random.Random(f"{s}:{i}"). Sources (default_sources): the golden models (no vocabulary), the demo
+model (a trained BPE vocabulary), tiny models carrying llama.cpp's SPM and GPT-2 vocabularies,
+and llama.cpp's vocabulary files (tokenized only). Mutations: in place (metadata values, value
+types, the tensor table, counts, raw header bytes, inserted/deleted bytes, truncation, tensor
+data) and rewrites of the header (mutate_structured: tensor renames and swaps, reshapes keeping
+the size, keys retyped to arrays or other integer/float types, keys dropped, tensors added or
+dropped, the tokenizer's tokens, types, scores, merges, model, pre-tokenizer and special ids).
 
 Outcomes:
-    ok              loaded and evaluated, logits finite
+    ok              loaded and evaluated (or tokenized), and llama.cpp agrees: it accepts the
+                    file too, tokenizes the texts the same and its logits are within 5% of the
+                    largest (logits_agree)
+    ok-unchecked    loaded and evaluated, no oracle
+    llama-nonfinite a tensor-data mutant whose logits are finite here and not in llama.cpp (its
+                    f16/8-bit intermediates overflow on the corrupted weights; ours are f32)
     clear-error     an exception whose message names the file (GGUFError and friends)
     nonfinite-data  the weights' bytes were corrupted (a valid file) and eval raised
                     NonFiniteLogitsError: the expected, named error
@@ -20,9 +31,14 @@ Outcomes:
     hang            no answer within --timeout seconds
     over-memory     the worker hit its address-space cap (RLIMIT_AS) or ran out of memory
     nonfinite-table a header/table mutation loaded and then produced non-finite logits
+    wrong-accept    accepted here, refused (or crashed on) by llama.cpp
+    wrong-tokens    tokenized differently from llama.cpp
+    wrong-logits    logits different from llama.cpp's
 
 Workers are long-lived (importing torch once, not per mutant) and are restarted when one dies,
-hangs or has handled --recycle mutants. Exit status 1 when any failure was seen.
+hangs or has handled --recycle mutants. --json gets the summary every 250 mutants and at the end
+(also when interrupted: Ctrl-C or SIGTERM report the mutants that finished). Exit status 1 when
+any failure was seen.
 """
 from __future__ import annotations
 
@@ -49,7 +65,7 @@ GOLDEN = Path(os.environ.get("TORCHGGML_GOLDEN", ROOT.parent / "shared" / "golde
 GOLDEN_SOURCES = ("llama-Q4_0.gguf", "llama-Q4_K_M.gguf", "llama-F16.gguf", "qwen2-F32.gguf", "qwen3-F16-tied.gguf")
 FAILURES = ("unclear-error", "crash", "hang", "over-memory", "nonfinite-table", "wrong-accept", "wrong-logits",
             "wrong-tokens")
-OUTCOMES = ("ok", "ok-unchecked", "clear-error", "nonfinite-data") + FAILURES
+OUTCOMES = ("ok", "ok-unchecked", "llama-nonfinite", "clear-error", "nonfinite-data") + FAILURES
 TOKENS = (1, 5, 9, 200)
 STARTUP_TIMEOUT = 600  # seconds for a worker's imports and warm-up (a busy machine is slow)
 REPACK_EVERY = 8  # one mutant in 8 loads with repacked CPU weights (slower), the others without
@@ -494,7 +510,7 @@ def logits_agree(ours, ref) -> tuple[bool, str]:
     if ours.shape != ref.shape:
         return False, f"shapes {ours.shape} vs llama.cpp {ref.shape}"
     if not np.isfinite(ref).all():
-        return False, "llama.cpp's logits are not finite, ours are"
+        return False, "llama-nonfinite"
     err, scale = float(np.abs(ours - ref).max()), max(1.0, float(np.abs(ref).max()))
     return err <= 0.05 * scale, f"max |ours - llama.cpp| = {err:.4g} (largest logit {scale:.4g})"
 
@@ -568,20 +584,39 @@ def _oracle_available() -> bool:
 
 
 def run(n: int, seed: int = 0, workers: int = 2, timeout: float = 60.0, mem_cap_mb: int = 2048,
-        recycle: int = 400, sources=None, progress: bool = True, oracle: bool | None = None) -> dict:
+        recycle: int = 400, sources=None, progress: bool = True, oracle: bool | None = None,
+        checkpoint=None) -> dict:
     """Run mutants 0..n-1; the summary: counts per outcome, per mutation kind, and examples.
     oracle: compare every accepted mutant with llama.cpp (default: when llama-cpp-python is
-    installed)."""
+    installed). checkpoint(summary so far) is called every 250 mutants. Interrupted (Ctrl-C,
+    SIGTERM), the summary covers the mutants that finished ("interrupted": True)."""
     oracle = _oracle_available() if oracle is None else oracle
     sources = [Source(Path(p)) for p in (sources or default_sources())]
     counts, by_kind, examples = Counter(), defaultdict(Counter), defaultdict(list)
     by_source = defaultdict(Counter)
     seconds_by_source = Counter()
     t0 = time.monotonic()
+    interrupted = False
+
+    def summary() -> dict:
+        seconds = time.monotonic() - t0
+        return {"mutants": done, "interrupted": interrupted or done < n, "seed": seed, "seconds": round(seconds, 1),
+                "s_per_mutant": round(seconds / max(done, 1), 3),
+                "oracle": "llama.cpp (llama-cpp-python)" if oracle else None,
+                "sources": [s.path.name for s in sources], "mem_cap_mb": mem_cap_mb, "timeout_s": timeout,
+                "outcomes": {k: counts.get(k, 0) for k in OUTCOMES},
+                "failures": sum(counts.get(k, 0) for k in FAILURES),
+                "by_kind": {k: dict(v) for k, v in sorted(by_kind.items())},
+                "by_source": {k: dict(v) for k, v in sorted(by_source.items())},
+                "s_per_mutant_by_source": {k: round(seconds_by_source[k] / max(1, sum(v.values())), 3)
+                                           for k, v in sorted(by_source.items())},
+                "examples": dict(examples)}
+
+    done = 0
     with tempfile.TemporaryDirectory(prefix="fuzz_gguf_") as tmpdir:
         pairs = [Pair(i, tmpdir, mem_cap_mb, oracle) for i in range(workers)]
         sel = selectors.DefaultSelector()
-        next_i, done = 0, 0
+        next_i = 0
 
         def start(w: Worker) -> None:
             w.start()
@@ -600,13 +635,16 @@ def run(n: int, seed: int = 0, workers: int = 2, timeout: float = 60.0, mem_cap_
             counts[outcome] += 1
             by_kind[kind.split(":")[0]][outcome] += 1
             by_source[src][outcome] += 1
-            if outcome not in ("ok", "ok-unchecked") and len(examples[outcome]) < 8:
+            if outcome not in ("ok", "ok-unchecked") and len(examples[outcome]) < 12:
                 examples[outcome].append({"mutant": i, "source": src, "mutation": kind, "detail": detail})
             if outcome in FAILURES and progress:
                 print(f"FAIL {outcome} mutant {i} ({src}, {kind}): {detail}", file=sys.stderr, flush=True)
             done += 1
-            if progress and done % 250 == 0:
-                print(f"{done}/{n} {dict(counts)} {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
+            if done % 250 == 0:
+                if progress:
+                    print(f"{done}/{n} {dict(counts)} {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
+                if checkpoint is not None:
+                    checkpoint(summary())
 
         def ours_answered(pair: Pair, task, message: dict, answer: dict) -> None:
             outcome, detail = answer["outcome"], answer["detail"]
@@ -632,6 +670,8 @@ def run(n: int, seed: int = 0, workers: int = 2, timeout: float = 60.0, mem_cap_
             if message["mode"] == "model":
                 import numpy as np
                 agree, detail = logits_agree(np.load(pair.ours.out), np.load(pair.oracle.out))
+                if detail == "llama-nonfinite" and task[2] == "data":  # see the module doc
+                    return record(pair, task, "llama-nonfinite", "llama.cpp's logits are not finite, ours are")
                 if not agree:
                     return record(pair, task, "wrong-logits", detail)
             record(pair, task, "ok", "")
@@ -689,8 +729,8 @@ def run(n: int, seed: int = 0, workers: int = 2, timeout: float = 60.0, mem_cap_
                                 answered(w, pair, msg)
                     elif w.proc.poll() is not None:  # EOF: the worker died
                         if w.task is not None:
-                            answered(w, pair, {"outcome": "crash", "detail": f"worker exit status {w.proc.returncode}",
-                                               "tokens": None})
+                            answered(w, pair, {"outcome": "crash", "tokens": None,
+                                               "detail": f"{w.role} worker exit status {w.proc.returncode}"})
                         elif not w.ready:
                             raise RuntimeError(f"a fuzz worker ({w.role}) failed to start (exit status "
                                                f"{w.proc.returncode})")
@@ -699,26 +739,18 @@ def run(n: int, seed: int = 0, workers: int = 2, timeout: float = 60.0, mem_cap_
                 for pair in pairs:
                     for w in pair.workers():
                         if w.task is not None and now - w.started > timeout:
-                            answered(w, pair, {"outcome": "hang", "detail": f"no answer in {timeout:.0f} s",
+                            answered(w, pair, {"outcome": "hang", "detail": f"{w.role}: no answer in {timeout:.0f} s",
                                                "tokens": None})
                             restart(w)
                         elif not w.ready and now - w.started > STARTUP_TIMEOUT:
                             raise RuntimeError(f"a fuzz worker did not start in {STARTUP_TIMEOUT} s")
+        except (KeyboardInterrupt, SystemExit):  # report what finished
+            interrupted = True
         finally:  # never leave workers behind, also on an interrupt
             for pair in pairs:
                 for w in pair.workers():
                     w.stop()
-    seconds = time.monotonic() - t0
-    return {"mutants": n, "seed": seed, "seconds": round(seconds, 1), "s_per_mutant": round(seconds / max(n, 1), 3),
-            "oracle": "llama.cpp (llama-cpp-python)" if oracle else None,
-            "sources": [s.path.name for s in sources], "mem_cap_mb": mem_cap_mb, "timeout_s": timeout,
-            "outcomes": {k: counts.get(k, 0) for k in OUTCOMES},
-            "failures": sum(counts.get(k, 0) for k in FAILURES),
-            "by_kind": {k: dict(v) for k, v in sorted(by_kind.items())},
-            "by_source": {k: dict(v) for k, v in sorted(by_source.items())},
-            "s_per_mutant_by_source": {k: round(seconds_by_source[k] / max(1, sum(v.values())), 3)
-                                       for k, v in sorted(by_source.items())},
-            "examples": dict(examples)}
+    return summary()
 
 
 def _first_difference(ours, ref) -> str:
@@ -783,11 +815,14 @@ def main() -> int:
         worker_main(args.mem_cap_mb, args.worker)
         return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # run's cleanup stops the workers
+    def write(summary):
+        if args.json:
+            Path(args.json).write_text(json.dumps(summary, indent=1))
     summary = run(args.mutants, args.seed, args.workers, args.timeout, args.mem_cap_mb, args.recycle,
-                  sources=default_sources(vocab=not args.no_vocab), oracle=False if args.no_oracle else None)
-    if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=1))
-    print(f"{summary['mutants']} mutants in {summary['seconds']} s ({summary['s_per_mutant']} s each; seed "
+                  sources=default_sources(vocab=not args.no_vocab), oracle=False if args.no_oracle else None,
+                  checkpoint=write)
+    write(summary)
+    print(f"{'interrupted after ' if summary['interrupted'] else ''}{summary['mutants']} mutants in {summary['seconds']} s ({summary['s_per_mutant']} s each; seed "
           f"{summary['seed']}; oracle {summary['oracle']}; sources {', '.join(summary['sources'])})")
     for k in OUTCOMES:
         print(f"  {k:16s} {summary['outcomes'][k]}")
