@@ -10,8 +10,8 @@ counts the time other processes hold the core (with -t 1 all the work runs on th
 with more threads, products also run on others, which this clock does not see).
 
 Side by side in the same run, every node is also timed with the kernel its CPU table entry
-layers over (the CPU's fast kernels off, cpu_ops.py: the torch reference kernels, the CPU's own
-products): "torch kernels" columns. The decode
+layers over (the CPU's numba layer off, cpu/kernels.py: the torch reference kernels, the CPU's
+own products): "torch kernels" columns. The decode
 step is timed both ways too, alternating the plan's calls between the two sets token by token.
 """
 from __future__ import annotations
@@ -28,19 +28,19 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from torchggml.models import load_model  # noqa: E402
-from torchggml.torch_backend.cpu import CPU_KERNELS, CPUBackend  # noqa: E402
+from torchggml.torch_backend.cpu import CPUBackend  # noqa: E402
+from torchggml.torch_backend.cpu.kernels import LAYERS, bind_layers  # noqa: E402
 
 clock = time.thread_time
 
 
 def reference_call(fn, node):
-    """The node's call as the kernel the CPU's fast kernel for the op layers over binds it
-    (cpu_ops.py; the torch reference kernels, the CPU's own products); else the call itself."""
-    over = getattr(CPU_KERNELS.entries[node.op][0], "over", None)
-    if over is None:
+    """The node's call from its op's CPU layers without the numba one (cpu/kernels.py: the torch
+    reference kernels, the CPU's own products); the call itself for ops without layers."""
+    layers = LAYERS.get(node.op)
+    if layers is None:
         return fn
-    binder = getattr(over, "bind", None)
-    return (binder(node) if binder is not None else None) or over
+    return bind_layers(node.op, [layer for layer in layers if layer.kind != "numba"], node)
 
 
 def op_class(node) -> str:

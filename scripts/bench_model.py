@@ -2,12 +2,18 @@
 """Prompt processing (pp) and generation (tg) speed of torchggml, side by side with llama.cpp.
 
     python scripts/bench_model.py [MODEL.gguf ...] [-p 128] [-n 32] [-t THREADS] [--device CPU]
+    python scripts/bench_model.py --shape 1b [--types F16,Q4_K_M]
 
-With no MODEL it generates (once, in the cache directory) ~168M-parameter llama models with the
-demo generator -- dim 1024, 8 layers, FFN 2816, vocab 32000 (issue 9's shape) -- in F16, Q8_0 and
-Q4_0, and, through llama.cpp's quantizer (llama_cpp.llama_model_quantize) from the F16 file,
-Q4_K_M, Q6_K and Q5_K_M (skipped with a message without llama-cpp-python). --types picks some.
-The header names the CPU's features and torchggml's CPU product path (TORCHGGML_CPU_PATH).
+With no MODEL it generates (once, in the cache directory, $TORCHGGML_CACHE or ~/.cache/torchggml)
+llama models with the demo generator's seeded weights, of one of two shapes (--shape):
+  small  ~168M parameters: dim 1024, 8 layers, 16 heads, FFN 2816, vocab 32000 (issue 9's shape),
+         in F16, Q8_0 and Q4_0 (gguf's quantizer), and Q4_K_M, Q6_K, Q5_K_M through llama.cpp's
+         quantizer (llama_cpp.llama_model_quantize) from the F16 file;
+  1b     TinyLlama-1.1B's shape: dim 2048, 22 layers, 32 heads / 4 KV heads, FFN 5632, vocab
+         32000, in F16 and, through llama.cpp's quantizer, Q8_0, Q4_0, Q4_K_M and Q6_K.
+Types that need llama.cpp's quantizer are skipped with a message without llama-cpp-python.
+--types picks some. The header names the CPU's features and torchggml's CPU product path
+(TORCHGGML_CPU_PATH).
 
 llama.cpp runs through llama-cpp-python when it is installed (`pip install llama-cpp-python`,
 which builds llama.cpp from source; for CUDA: CMAKE_ARGS="-DGGML_CUDA=on" pip install
@@ -20,6 +26,10 @@ output head (a P x n_embd x n_vocab product) for the other tokens. --pp-all also
 eval(tokens, logits="all") (every token's logits), interleaved with the last-only runs in the same
 process, and prints the speed-up of last-only over it.
 tg: tokens/s of N single-token calls after one warm-up token, as llama-bench's tg.
+load: seconds of the load call (load_model / Llama(...)) in the fresh process, wall and CPU time
+(CPU time depends less on a busy machine); RSS: the process's resident memory after the runs
+(VmRSS; peak: VmHWM), with torchggml's baseline (torch and numba imported, ~0.25-0.3 GB on
+x86 Linux; llama-cpp-python's ~0.04 GB) included.
 --profile prints where torchggml spends its time during generation (cProfile, top functions).
 Each engine runs in its own process (llama.cpp's spinning OpenMP threads would slow torch down).
 """
@@ -41,16 +51,24 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
-GENERATED_TYPES = ("F16", "Q8_0", "Q4_0")       # written by the demo generator (gguf's quantizer)
-LLAMA_QUANTIZED_TYPES = ("Q4_K_M", "Q6_K", "Q5_K_M")  # written by llama.cpp's quantizer
-DEFAULT_TYPES = GENERATED_TYPES + LLAMA_QUANTIZED_TYPES
+# shape -> (model config, types the demo generator writes (gguf's quantizer), types llama.cpp's
+# quantizer writes from the F16 file (gguf's numpy quantizer would take minutes on a 1B model))
+SHAPES = {
+    "small": (dict(n_embd=1024, n_layer=8, n_head=16, n_head_kv=16, n_ff=2816),
+              ("F16", "Q8_0", "Q4_0"), ("Q4_K_M", "Q6_K", "Q5_K_M")),
+    "1b": (dict(n_embd=2048, n_layer=22, n_head=32, n_head_kv=4, n_ff=5632),
+           ("F16",), ("Q8_0", "Q4_0", "Q4_K_M", "Q6_K")),
+}
 
 
-def bench_config():
+def bench_config(shape: str = "small"):
     from dataclasses import replace
     from torchggml.gguf_writer.demo import DEMO_CONFIG
-    return replace(DEMO_CONFIG, n_embd=1024, n_layer=8, n_head=16, n_head_kv=16, n_ff=2816, n_vocab=32000,
-                   n_ctx=1024)
+    return replace(DEMO_CONFIG, **SHAPES[shape][0], n_vocab=32000, n_ctx=1024)
+
+
+def default_types(shape: str) -> tuple[str, ...]:
+    return SHAPES[shape][1] + SHAPES[shape][2]
 
 
 def llama_quantized(src: str, ftype_name: str) -> str:
@@ -82,16 +100,16 @@ def _pad_vocab_to_target(demo) -> None:
     demo.train_vocab = padded
 
 
-def bench_models(types=DEFAULT_TYPES) -> list[str]:
-    from torchggml.models import demo
+def bench_models(types, shape: str = "small") -> list[str]:
+    from torchggml.gguf_writer import demo
     _pad_vocab_to_target(demo)
     directory = os.path.join(demo.cache_dir(), "bench-padded-vocab")
     os.makedirs(directory, exist_ok=True)
     generated_model = lambda cfg, wtype: demo.generated_model(cfg, wtype, directory=directory)  # noqa: E731
-    cfg, paths = bench_config(), []
+    cfg, paths = bench_config(shape), []
     for wtype in types:
-        print(f"preparing the {wtype} benchmark model (written once, then cached)...", file=sys.stderr)
-        if wtype in LLAMA_QUANTIZED_TYPES:
+        print(f"preparing the {shape} {wtype} benchmark model (written once, then cached)...", file=sys.stderr)
+        if wtype in SHAPES[shape][2]:
             if not llama_cpp_available():
                 print(f"skipping {wtype}: llama.cpp's quantizer needs llama-cpp-python", file=sys.stderr)
                 continue
@@ -102,7 +120,7 @@ def bench_models(types=DEFAULT_TYPES) -> list[str]:
 
 
 def cpu_header() -> str:
-    from torchggml.torch_backend.cpu_quant.features import cpu_features, cpu_path, fastest_gemm_dtype
+    from torchggml.torch_backend.cpu.features import cpu_features, cpu_path, fastest_gemm_dtype
     feats = cpu_features()
     flags = " ".join(k for k, v in feats.items() if v == "1")
     return (f"CPU: {feats['CPU_CAPABILITY']} ({flags}); torchggml CPU path: {cpu_path()}, "
@@ -112,6 +130,23 @@ def cpu_header() -> str:
 def prompt_tokens(n_vocab: int, n: int) -> list[int]:
     gen = torch.Generator().manual_seed(0)
     return torch.randint(0, n_vocab, (n,), generator=gen).tolist()
+
+
+def memory_mb() -> dict:
+    """The process's resident memory now and at its peak (MB, Linux /proc; empty elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            fields = dict(line.split(":", 1) for line in f)
+    except OSError:
+        return {}
+    return {"rss": int(fields["VmRSS"].split()[0]) / 1024, "rss_peak": int(fields["VmHWM"].split()[0]) / 1024}
+
+
+def timed_load(load):
+    """(the loaded model, {"load": wall seconds, "load_cpu": CPU seconds of the process})."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    model = load()
+    return model, {"load": time.perf_counter() - wall, "load_cpu": time.process_time() - cpu}
 
 
 def timed(reps: int, *fns) -> list[list[float]]:
@@ -134,8 +169,9 @@ def timed(reps: int, *fns) -> list[list[float]]:
 def bench_torchggml(path, args) -> dict:
     from torchggml.models import load_model
     devices = args.device.split(",") if args.device else None
-    model = load_model(path, devices=devices, n_gpu_layers=args.n_gpu_layers, n_ctx=args.n_prompt + args.n_gen + 8,
-                       n_batch=args.n_prompt, flash_attn=args.flash_attn, n_threads=args.threads)
+    model, load = timed_load(lambda: load_model(
+        path, devices=devices, n_gpu_layers=args.n_gpu_layers, n_ctx=args.n_prompt + args.n_gen + 8,
+        n_batch=args.n_prompt, flash_attn=args.flash_attn, n_threads=args.threads, progress=False))
     tokens = prompt_tokens(model.n_vocab, args.n_prompt)
 
     def pp(logits="last"):
@@ -154,7 +190,8 @@ def bench_torchggml(path, args) -> dict:
     tg()  # warm-up
     tg_times = [tg() for _ in range(args.reps)]
     result = {"pp": args.n_prompt / statistics.median(pp_times), "tg": args.n_gen / statistics.median(tg_times),
-              "desc": model.describe(), "params": sum(t.n_elements for t in model.file.tensors.values())}
+              "desc": model.describe(), "params": sum(t.n_elements for t in model.file.tensors.values()),
+              **load, **memory_mb()}
     if pp_all_times:
         result["pp_all"] = args.n_prompt / statistics.median(pp_all_times[0])
     if args.profile:
@@ -183,9 +220,10 @@ def bench_llama_cpp(path, args, n_vocab: int) -> dict:
     from llama_cpp import Llama
     n_gpu = -1 if args.device and not args.device.upper().startswith("CPU") else (args.n_gpu_layers or 0)
     threads = args.threads or torch.get_num_threads()
-    llm = Llama(model_path=str(path), n_ctx=args.n_prompt + args.n_gen + 8, n_batch=args.n_prompt,
-                n_ubatch=args.n_prompt, n_threads=threads, n_threads_batch=threads, n_gpu_layers=n_gpu,
-                flash_attn=args.flash_attn, verbose=False)
+    llm, load = timed_load(lambda: Llama(
+        model_path=str(path), n_ctx=args.n_prompt + args.n_gen + 8, n_batch=args.n_prompt,
+        n_ubatch=args.n_prompt, n_threads=threads, n_threads_batch=threads, n_gpu_layers=n_gpu,
+        flash_attn=args.flash_attn, verbose=False))
     tokens = prompt_tokens(n_vocab, args.n_prompt)
 
     def pp():
@@ -203,7 +241,8 @@ def bench_llama_cpp(path, args, n_vocab: int) -> dict:
     (pp_times,) = timed(args.reps, pp)
     tg()
     tg_times = [tg() for _ in range(args.reps)]
-    return {"pp": args.n_prompt / statistics.median(pp_times), "tg": args.n_gen / statistics.median(tg_times)}
+    return {"pp": args.n_prompt / statistics.median(pp_times), "tg": args.n_gen / statistics.median(tg_times),
+            **load, **memory_mb()}
 
 
 # ---------------------------------------------------------------- main
@@ -235,7 +274,9 @@ def run_engine(engine: str, path: str, args) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("models", nargs="*", help="GGUF files (default: generated ~168M models, see --types)")
-    p.add_argument("--types", default=",".join(DEFAULT_TYPES), help="generated models' weight types")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="small",
+                   help="generated models' shape: small (~168M) or 1b (TinyLlama-1.1B's)")
+    p.add_argument("--types", default=None, help="generated models' weight types (default: the shape's)")
     p.add_argument("-p", "--n-prompt", type=int, default=128, help="prompt tokens for pp (default 128)")
     p.add_argument("-n", "--n-gen", type=int, default=32, help="generated tokens for tg (default 32)")
     p.add_argument("-r", "--reps", type=int, default=3, help="repetitions (the median is reported)")
@@ -259,15 +300,16 @@ def main(argv=None) -> int:
         result = bench_torchggml(path, args) if args.engine == "torchggml" else bench_llama_cpp(path, args, _n_vocab(path))
         print(json.dumps(result))
         return 0
-    models = args.models or bench_models(args.types.split(","))
+    types = args.types.split(",") if args.types else default_types(args.shape)
+    models = args.models or bench_models(types, args.shape)
     with_llama = not args.no_llama_cpp and llama_cpp_available()
     if not with_llama and not args.no_llama_cpp:
         print("llama-cpp-python is not installed: torchggml only (pip install llama-cpp-python)", file=sys.stderr)
     print(cpu_header() + f"; OMP_WAIT_POLICY {OMP_POLICY} for both engines")
     print(f"threads: {args.threads or torch.get_num_threads()}, pp{args.n_prompt}, tg{args.n_gen}, "
           f"median of {args.reps}, each engine in its own process\n")
-    header = f"{'model':44s} {'params':>8s} {'test':>6s} {'torchggml t/s':>14s}" + \
-             (f" {'llama.cpp t/s':>14s} {'ratio':>6s}" if with_llama else "")
+    header = f"{'model':44s} {'params':>8s} {'test':>8s} {'torchggml':>14s}" + \
+             (f" {'llama.cpp':>14s} {'ratio':>6s}" if with_llama else "")
     print(header)
     print("-" * len(header))
     for path in models:
@@ -276,10 +318,13 @@ def main(argv=None) -> int:
         rounds = [(run_engine("torchggml", path, args), run_engine("llama.cpp", path, args) if with_llama else None)
                   for _ in range(args.rounds)]
         ours = rounds[0][0]
-        for test in ("pp", "tg"):
-            n = args.n_prompt if test == "pp" else args.n_gen
+        for test, label, unit in (("pp", f"pp{args.n_prompt}", "t/s"), ("tg", f"tg{args.n_gen}", "t/s"),
+                                  ("load", "load", "s"), ("load_cpu", "load cpu", "s"), ("rss", "RSS", "MB"),
+                                  ("rss_peak", "peak", "MB")):
+            if test not in ours:
+                continue
             mine = statistics.median(r[0][test] for r in rounds)
-            line = f"{os.path.basename(path)[:44]:44s} {ours['params'] / 1e6:7.1f}M {test}{n:<4d} {mine:14.2f}"
+            line = f"{os.path.basename(path)[:44]:44s} {ours['params'] / 1e6:7.1f}M {label:>8s} {mine:10.2f} {unit:3s}"
             if with_llama:
                 ref = statistics.median(r[1][test] for r in rounds)
                 ratios = sorted(r[0][test] / r[1][test] for r in rounds)

@@ -14,7 +14,7 @@ import torch
 
 from torchggml.models import load_model
 from torchggml.gguf_writer.tiny import CASES_BY_NAME, file_sha256, write_tiny_model
-from torchggml.torch_backend.cpu_quant.features import cpu_path
+from torchggml.torch_backend.cpu.features import cpu_path
 
 DATA = Path(__file__).resolve().parent / "data" / "archs"
 MANIFEST = json.loads((DATA / "manifest.json").read_text())

@@ -1,4 +1,4 @@
-"""The CPU device's fast kernels for small nodes (torch_backend/cpu_ops.py): which nodes they take,
+"""The CPU device's fast kernels for small nodes (torch_backend/cpu/fast_ops.py): which nodes they take,
 that they fall back to the torch kernels for the rest, their errors, and the coalesced views of
 copies. Their values are checked by test_ops.py's cases against float64 references; the cases
 below make sure those cases do run the fast kernels."""
@@ -8,13 +8,15 @@ import torch
 import torchggml as ggml
 from torchggml.enums import Op
 from torchggml.testing import all_cases, prepared_case, check_case_against_reference
-from torchggml.torch_backend import cpu_ops
-from torchggml.torch_backend.cpu import CPU_KERNELS
+from torchggml.torch_backend.cpu import CPU_KERNELS, fast_ops
+from torchggml.torch_backend.cpu.kernels import LAYERS
 from torchggml.torch_backend.kernels import TORCH_KERNELS
 
 pytest.importorskip("numba")
 
 CASES = {c.name: c for c in all_cases()}
+# the numba layer of each op that has one (the CPU table's first layer for those ops)
+FAST_BINDS = {op: layer.bind for op, layers in LAYERS.items() for layer in layers if layer.kind == "numba"}
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +90,7 @@ def test_fast_kernel_takes_the_nodes_it_handles(name, taken, cpu):
     case = _case(name)
     with prepared_case(case, cpu) as (graph, _, out):
         node = out if out.op != Op.NONE else _op_node(case, graph)
-        fast = cpu_ops.FAST_BINDS.get(node.op)
+        fast = FAST_BINDS.get(node.op)
         if taken is None:
             assert fast is None
         else:
@@ -97,7 +99,7 @@ def test_fast_kernel_takes_the_nodes_it_handles(name, taken, cpu):
     assert ok, f"{name}: nmse {err:.3g}"
 
 
-@pytest.mark.parametrize("op", sorted(cpu_ops.FAST_BINDS, key=lambda o: o.value), ids=lambda o: o.name)
+@pytest.mark.parametrize("op", sorted(FAST_BINDS, key=lambda o: o.value), ids=lambda o: o.name)
 def test_fast_entries_keep_the_torch_kernels_supports(op):
     assert CPU_KERNELS.entries[op][1] is TORCH_KERNELS.entries[op][1]
 
@@ -114,13 +116,13 @@ def test_the_environment_can_turn_the_fast_kernels_off(cpu, monkeypatch):
 
 @pytest.mark.parametrize("name", [t[0] for t in TAKEN if t[1]])
 def test_without_numba_the_torch_kernels_run(name, cpu, monkeypatch):
-    monkeypatch.setattr(cpu_ops, "numba_available", lambda: False)
+    monkeypatch.setattr(fast_ops, "numba_available", lambda: False)
     case = _case(name)
     with prepared_case(case, cpu) as (graph, _, out):
-        fast = cpu_ops.FAST_BINDS[out.op]
+        fast = FAST_BINDS[out.op]
         bound = fast(out)
         # copies still coalesce their views (a torch copy); nothing else binds
-        assert bound is None or (out.op in (Op.CPY, Op.CONT, Op.DUP) and bound.func is cpu_ops._torch_copy)
+        assert bound is None or (out.op in (Op.CPY, Op.CONT, Op.DUP) and bound.func is fast_ops._torch_copy)
     ok, err = check_case_against_reference(case, cpu)
     assert ok, f"{name}: nmse {err:.3g}"
 
@@ -135,7 +137,7 @@ def _computed_with_index(cpu, build, idx_tensor, bad):
         graph = ggml.new_graph(ctx)
         ggml.build_forward_expand(graph, out)
         buffer = ggml.backend_alloc_ctx_tensors(ctx, cpu)
-        assert cpu_ops.FAST_BINDS[out.op](out) is not None
+        assert FAST_BINDS[out.op](out) is not None
         for t in others:
             ggml.backend_tensor_set(t, torch.zeros(ggml.nbytes(t), dtype=torch.uint8))
         ggml.backend_tensor_set(idx, torch.tensor([bad], dtype=idx_tensor))
@@ -182,7 +184,7 @@ COALESCE = [
 def test_coalesced_views_merge_dims_both_layouts_allow(shape, perm, merged):
     src = torch.arange(torch.Size(shape).numel(), dtype=torch.float32).view(shape).permute(perm)
     dst = torch.empty(src.shape)
-    vs, vd = cpu_ops.coalesced(src, dst)
+    vs, vd = fast_ops.coalesced(src, dst)
     assert tuple(vs.shape) == merged == tuple(vd.shape)
     vd.copy_(vs)
     assert torch.equal(dst, src)
@@ -198,7 +200,7 @@ def test_a_zero_row_with_zero_eps_gives_nan_as_ggml(op, cpu):
         graph = ggml.new_graph(ctx)
         ggml.build_forward_expand(graph, out)
         buffer = ggml.backend_alloc_ctx_tensors(ctx, cpu)
-        assert cpu_ops.FAST_BINDS[out.op](out) is not None
+        assert FAST_BINDS[out.op](out) is not None
         ggml.backend_tensor_set(a, torch.zeros(2, 64))
         ggml.backend_graph_compute(cpu, graph)
         assert torch.isnan(ggml.backend_tensor_get(out).view(torch.float32)).all()
@@ -209,8 +211,8 @@ def test_a_zero_row_with_zero_eps_gives_nan_as_ggml(op, cpu):
 
 def test_exp_f32_is_within_one_ulp_and_keeps_the_special_values():
     import numpy as np
-    from torchggml.torch_backend.cpu_numba import numba_ops
-    exp = numba_ops().exp_f32
+    from torchggml.torch_backend.cpu.jit.loader import op_kernels
+    exp = op_kernels().exp_f32
     x = np.linspace(-87.0, 88.5, 301).astype(np.float32)
     ours = np.array([exp(v) for v in x], dtype=np.float64)
     ref = np.exp(x.astype(np.float64))

@@ -1,4 +1,4 @@
-"""The CPU's fused quantized products (torch_backend/cpu_quant): every block type decomposed
+"""The CPU's fused quantized products (torch_backend/cpu/layouts/fused.py): every block type decomposed
 exactly into (q, scale, bias); MUL_MAT with a weight in the fused repack buffer, and MUL_MAT_ID
 with experts there, against a float64 product of gguf's dequantized weight, per type and path
 (fused matvec for few rows, dequantize + GEMM in float32 or bf16 for micro-batches); path
@@ -14,9 +14,9 @@ from gguf import GGMLQuantizationType, quants as gguf_quants
 import torchggml as ggml
 from torchggml.quants import dequantize
 from torchggml.torch_backend.cpu import cpu_device, cpu_reg
-from torchggml.torch_backend.cpu_quant import layout
-from torchggml.torch_backend.cpu_quant.decompose import DECOMPOSE, decompose
-from torchggml.torch_backend.cpu_quant.features import PATHS, cpu_features, cpu_path
+from torchggml.torch_backend.cpu.layouts import fused as layout
+from torchggml.torch_backend.cpu.layouts.decompose import DECOMPOSE, decompose
+from torchggml.torch_backend.cpu.features import PATHS, cpu_features, cpu_path
 from torchggml.torch_backend.cpu import repack_buffer_type
 from torchggml.types import type_traits
 
@@ -53,6 +53,31 @@ def test_decompose_is_dequantize(qtype):
     torch.testing.assert_close(w.view(n, k), dequantize(qtype, blocks), rtol=0, atol=0)
 
 
+def _repacked(qtype, blocks, n, k, native: bool, monkeypatch) -> list[torch.Tensor]:
+    """The fused layout's (q, scale, bias) after writing `blocks` (an [n, k] weight), by the
+    native or the torch conversion."""
+    if not native:
+        monkeypatch.setattr(layout, "NATIVE_REPACK", frozenset())
+    ctx = ggml.init(no_alloc=True)
+    a = ggml.new_tensor_2d(ctx, qtype, k, n)
+    ggml.backend_alloc_ctx_tensors_from_buft(ctx, repack_buffer_type("fused"))
+    ggml.backend_tensor_set(a, blocks)
+    monkeypatch.undo()
+    return [v.clone() for v in layout.packed_views(a) if v is not None]
+
+
+@pytest.mark.parametrize("qtype", sorted(layout.NATIVE_REPACK), ids=lambda t: t.name)
+def test_native_repack_equals_the_torch_conversion(qtype, monkeypatch):
+    """The load's native conversion writes the fused layout bit for bit as decompose.py (checked
+    against dequantize above) does."""
+    n, k = 37, 512
+    blocks = random_blocks(qtype, n, k, seed=3)
+    native = _repacked(qtype, blocks, n, k, True, monkeypatch)
+    reference = _repacked(qtype, blocks, n, k, False, monkeypatch)
+    assert [v.dtype for v in native] == [v.dtype for v in reference]
+    assert all(torch.equal(x, y) for x, y in zip(native, reference))
+
+
 @pytest.mark.parametrize("qtype", TYPES, ids=[t.name for t in TYPES])
 def test_dequantize_to_bf16_rounds_as_torch(qtype):
     """The prompt path's bf16 weight (dequantized straight to bf16 by the kernels) is exactly
@@ -67,19 +92,25 @@ def test_dequantize_to_bf16_rounds_as_torch(qtype):
     assert torch.equal(layout.dequantized(packed, torch.bfloat16), f32.bfloat16())
 
 
-PRODUCT_CASES = [(qtype, n, k, m, gemm) for qtype in TYPES for n, k in ((7, 256), (33, 512))
+PRODUCT_CASES = [(qtype, n, k, m, gemm, "fused") for qtype in TYPES for n, k in ((7, 256), (33, 512))
                  for m, gemm in ((1, "f32"), (3, "f32"), (40, "f32"), (40, "bf16"))]
+# Q8_0 and Q4_0 weights also multiplied on their ggml blocks in host memory (where models leave them)
+PRODUCT_CASES += [(qtype, n, k, m, gemm, "blocks") for qtype, n, k, m, gemm, _ in PRODUCT_CASES
+                  if qtype in layout.IN_PLACE_KINDS]
 
 
-@pytest.mark.parametrize("qtype,n,k,m,gemm", PRODUCT_CASES,
-                         ids=[f"{c[0].name}-n{c[1]}-k{c[2]}-m{c[3]}-{c[4]}" for c in PRODUCT_CASES])
-def test_fused_mul_mat_matches_float64(qtype, n, k, m, gemm, monkeypatch):
+@pytest.mark.parametrize("qtype,n,k,m,gemm,where", PRODUCT_CASES,
+                         ids=[f"{c[0].name}-n{c[1]}-k{c[2]}-m{c[3]}-{c[4]}-{c[5]}" for c in PRODUCT_CASES])
+def test_fused_mul_mat_matches_float64(qtype, n, k, m, gemm, where, monkeypatch):
+    from torchggml.torch_backend.cpu.products import bind_block_product
     monkeypatch.setenv("TORCHGGML_CPU_GEMM", gemm)
     blocks = random_blocks(qtype, n, k, seed=n * k + m)
     w = dequantize(qtype, blocks).double()
-    a, b, node, graph, _bufs = weight_graph(qtype, n, k, m, repack_buffer_type("fused"))
-    assert isinstance(a.buffer.buft, layout.FusedBufferType)
+    buft = repack_buffer_type("fused") if where == "fused" else ggml.backend_cpu_buffer_type()
+    a, b, node, graph, _bufs = weight_graph(qtype, n, k, m, buft)
+    assert isinstance(a.buffer.buft, layout.FusedBufferType) == (where == "fused")
     ggml.backend_tensor_set(a, blocks.numpy())
+    assert (bind_block_product(node) is not None) == (where == "blocks")
     x = torch.rand(m, k, generator=torch.Generator().manual_seed(m)) * 2 - 1
     ggml.backend_tensor_set(b, x)
     assert ggml.backend_graph_compute(ggml.backend_cpu_init(), graph) == ggml.Status.SUCCESS
@@ -240,7 +271,13 @@ def test_golden_models_on_each_path(entry, path, monkeypatch):
     monkeypatch.setenv("TORCHGGML_CPU_PATH", path)
     model = ggml.load_model(GOLDEN / entry["model"], devices=["CPU"], progress=False)
     repacked = [t for t in model.weights.tensors.values() if t.buffer.name == "CPU_REPACK"]
-    assert bool(repacked) == (path == "fused" or (path == "int4" and entry["weights"] == "Q4_0"))
+    if path == "fused":  # 2-D Q8_0/Q4_0 weights stay ggml blocks, multiplied in place
+        assert not any(layout.is_in_place(t.type, t.ne) for t in repacked)
+        assert bool(repacked) == any(not layout.is_in_place(t.type, t.ne) and t.type not in (T.F32, T.F16)
+                                     and layout.supports_shape(t.type, t.ne) and name != "token_embd.weight"
+                                     for name, t in model.weights.tensors.items())
+    else:
+        assert bool(repacked) == (path == "int4" and entry["weights"] == "Q4_0")
     check_logits(model.eval(entry["tokens"]), entry)
     check_logits(eval_steps(model, entry["tokens"]), entry)
     model.close()
@@ -269,7 +306,7 @@ def test_half_bits_to_float_exact_for_every_half():
     arithmetic where it has none: the x86-64 target below): every one of the 65536 bit
     patterns, infinities and NaN included, gives numpy's float32."""
     from numba import njit
-    from torchggml.torch_backend.cpu_quant.llvm_ir import _half_bits_intrinsic
+    from torchggml.torch_backend.cpu.jit.llvm_ir import _half_bits_intrinsic
     half_to_f32 = _half_bits_intrinsic()
 
     @njit
@@ -292,36 +329,39 @@ def test_fused_kernels_on_other_x86_targets(target):
     import sys
     from pathlib import Path
     env = {**__import__("os").environ, "NUMBA_CPU_NAME": target, "NUMBA_CPU_FEATURES": ""}
-    cases = "m1-f32 and (Q8_0-n33 or Q6_K-n33 or Q4_K-n33 or Q5_K-n33 or Q4_0-n33)"
+    cases = "m1-f32 and (Q8_0-n33 or Q6_K-n33 or Q4_K-n33 or Q5_K-n33 or Q4_0-n33)"  # fused and blocks
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
                           "-k", f"(test_fused_mul_mat_matches_float64 and {cases}) or half_bits"],
                          env=env, cwd=Path(__file__).parent, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0 and "6 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+    assert out.returncode == 0 and "8 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
 
 
-def test_kernels_load_from_numba_disk_cache_in_a_new_process():
+def test_kernels_load_from_numba_disk_cache_in_a_new_process(tmp_path):
     """A second process loads the compiled kernels from numba's disk cache instead of compiling
     them again (kernels defined in closures missed it in every process: ~10 s before a quantized
-    model's first prompt)."""
+    model's first prompt); the first, with an empty cache, says once that it compiles."""
+    import os
     import subprocess
     import sys
     from pathlib import Path
     script = (  # kernels that call other jitted code: the ones whose closures missed the cache
         "import numpy as np, torch\n"
-        "from torchggml.torch_backend.cpu_quant.kernels import numba_kernels\n"
-        "from torchggml.torch_backend.cpu_numba import numba_ops\n"
-        "k, ops = numba_kernels(), numba_ops()\n"
+        "from torchggml.torch_backend.cpu.jit.loader import op_kernels, quant_kernels\n"
+        "k, ops = quant_kernels(), op_kernels()\n"
         "q = np.ones((4, 64), np.int8); s = np.ones((4, 2), np.float32); xq = np.ones((1, 64), np.int8)\n"
         "xd = np.ones((1, 2), np.float32); rows = np.zeros(1, np.int64); out = np.empty((1, 4), np.float32)\n"
         "k.matvec(q, s, s, False, 32, rows, xq, xd, xd, rows, out)\n"
         "x = np.ones((1, 1, 1, 8), np.float32); ops.swiglu(x, x, x.copy())\n"
         "print(sum(f.stats.cache_misses.get(s, 0) for f in (k.matvec, ops.swiglu) for s in f.signatures),\n"
         "      sum(f.stats.cache_hits.get(s, 0) for f in (k.matvec, ops.swiglu) for s in f.signatures))\n")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
     run = lambda: subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,  # noqa: E731
-                                 cwd=Path(__file__).parents[1])
+                                 cwd=Path(__file__).parents[1], env=env)
     first = run()
     assert first.returncode == 0, first.stderr[-2000:]
+    assert first.stderr.count("torchggml: compiling CPU kernels (first use") == 1, first.stderr[-2000:]
     second = run()
     assert second.returncode == 0, second.stderr[-2000:]
+    assert "compiling" not in second.stderr, second.stderr[-2000:]
     misses, hits = map(int, second.stdout.split())
     assert (misses, hits) == (0, 2), second.stdout

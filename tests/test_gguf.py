@@ -149,3 +149,52 @@ def test_missing_file():
 def ggml_load(path):
     from torchggml.models import load_model
     return load_model(path)
+
+
+def _mapped_kb(path) -> int:
+    """Resident kB of this process's mappings of `path` (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5 and ":" in fields[3]:  # a mapping's header line
+                inside = len(fields) >= 6 and fields[5] == os.fspath(path)
+            elif inside and fields[0] == "Rss:":
+                total += int(fields[1])
+    return total
+
+
+needs_smaps = pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
+
+
+@needs_smaps
+def test_release_gives_back_a_tensors_mapped_pages(tmp_path):
+    import gguf
+    values = np.arange(1 << 18, dtype=np.float32).reshape(256, 1024)  # 1 MiB
+    w = gguf.GGUFWriter(tmp_path / "m.gguf", "llama")
+    w.add_tensor("big", values)
+    w.add_tensor("small", np.ones(16, np.float32))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    f = open_gguf(tmp_path / "m.gguf")
+    assert f.tensor_data("big").view(np.float32).sum() == values.sum()  # every page read
+    before = _mapped_kb(f.path)
+    f.release("big")
+    after = _mapped_kb(f.path)
+    assert before - after >= (values.nbytes - 2 * 4096) // 1024, (before, after)
+    assert np.array_equal(f.tensor_data("big").view(np.float32).reshape(256, 1024), values)  # read again
+    assert np.array_equal(f.tensor_data("small").view(np.float32), np.ones(16, np.float32))
+
+
+@needs_smaps
+def test_repacked_weights_leave_no_mapped_copy(tmp_path):
+    """Weights repacked at load give their pages of the file's mapping back: what stays mapped is
+    the weights used in place (embeddings, norms)."""
+    from torchggml.gguf_writer.demo import DEMO_CONFIG, write_model
+    from torchggml.models import load_model
+    path = write_model(tmp_path / "q41.gguf", DEMO_CONFIG, "Q4_1")  # repacked (Q8_0, Q4_0 stay in place)
+    model = load_model(path, progress=False)
+    repacked = [n for n, t in model.weights.tensors.items() if not t.buffer.ggml_layout]
+    assert repacked
+    in_place = sum(info.nbytes for n, info in model.file.tensors.items() if n not in repacked)
+    assert _mapped_kb(path) * 1024 <= in_place + 64 * 4096
+    model.close()

@@ -50,7 +50,7 @@ F16_SCALE_OFFSETS = {
     Type.Q8_1: [0, 2], Type.Q2_K: [80, 82], Type.Q3_K: [108], Type.Q4_K: [0, 2],
     Type.Q5_K: [0, 2], Type.Q6_K: [208], Type.IQ2_XXS: [0], Type.IQ2_XS: [0], Type.IQ2_S: [0],
     Type.IQ3_XXS: [0], Type.IQ3_S: [0], Type.IQ1_S: [0], Type.IQ4_NL: [0], Type.IQ4_XS: [0],
-    Type.TQ1_0: [52], Type.TQ2_0: [64],
+    Type.TQ1_0: [52], Type.TQ2_0: [64], Type.Q1_0: [0], Type.Q2_0: [0],
 }
 
 
@@ -99,7 +99,23 @@ def decode_q8_k(b: np.ndarray) -> np.ndarray:
     return (d * qs).astype(np.float32)  # a float32 times an int8 is exact in float64
 
 
-FLOAT64_DECODERS = {Type.Q8_1: decode_q8_1, Type.Q8_K: decode_q8_k}
+def decode_q1_0(b: np.ndarray) -> np.ndarray:
+    """block_q1_0 {half d; uint8 qs[16]} (dequantize_row_q1_0): bit j % 8 of byte j // 8 set -> +d, else -d."""
+    d = b[:, 0:2].copy().view(np.float16).astype(np.float64)
+    bit = (b[:, 2:, None] >> np.arange(8)) & 1                        # [n, byte, bit]
+    return np.where(bit.reshape(len(b), 128) == 1, d, -d).astype(np.float32)
+
+
+def decode_q2_0(b: np.ndarray) -> np.ndarray:
+    """block_q2_0 {half d; uint8 qs[16]} (dequantize_row_q2_0): q = bits 2(j % 4) of byte j // 4,
+    y = (q - 1) d."""
+    d = b[:, 0:2].copy().view(np.float16).astype(np.float64)
+    q = (b[:, 2:, None] >> (2 * np.arange(4))) & 3                    # [n, byte, pair]
+    return ((q.reshape(len(b), 64).astype(np.float64) - 1) * d).astype(np.float32)
+
+
+FLOAT64_DECODERS = {Type.Q8_1: decode_q8_1, Type.Q8_K: decode_q8_k, Type.Q1_0: decode_q1_0,
+                    Type.Q2_0: decode_q2_0}
 
 
 def reference_dequantize(t: Type, b: np.ndarray) -> np.ndarray:
@@ -319,6 +335,58 @@ def test_quantize_iq4_nl_matches_ggml_reference():
                 assert d == 0
 
 
+def ref_quantize_q1_0(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q1_0_ref: d = (sum |x| in float32, left to right) / 128; bit set where x >= 0."""
+    out = []
+    for xb in x.reshape(-1, 128):
+        total = np.float32(0)
+        for v in xb:
+            total = np.float32(total + np.float32(abs(v)))
+        d = np.float16(total / np.float32(128))
+        bits = (xb >= 0).astype(np.uint8).reshape(16, 8)
+        qs = (bits << np.arange(8, dtype=np.uint8)).sum(axis=1).astype(np.uint8)
+        out.append(np.concatenate([np.array([d]).view(np.uint8), qs]))
+    return np.stack(out)
+
+
+def ref_quantize_q2_0(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q2_0_ref: d = max |x|; q = roundf(x / d) + 1 clamped to [0, 3], 2 bits each."""
+    out = []
+    for xb in x.reshape(-1, 64):
+        d = np.abs(xb).max()
+        id_ = np.float32(1) / d if d > 0 else np.float32(0)
+        q = np.clip(c_round(xb * id_) + 1, 0, 3).astype(np.uint8).reshape(16, 4)
+        qs = (q << (2 * np.arange(4, dtype=np.uint8))).sum(axis=1).astype(np.uint8)
+        out.append(np.concatenate([np.array([np.float16(d)]).view(np.uint8), qs]))
+    return np.stack(out)
+
+
+def ref_quantize_nvfp4(x: np.ndarray) -> np.ndarray:
+    """quantize_row_nvfp4_ref: per 16 values a ue4m3 scale of amax / 6 (gguf's converters), then
+    the nearest doubled e2m1 value, first on ties; element j low and j + 8 high nibble."""
+    nv = gguf.quants.NVFP4
+    kvalues = np.array(nv.kvalues, dtype=np.float32)
+    out = []
+    for xb in x.reshape(-1, 64):
+        scales, nibbles = [], []
+        for sub in xb.reshape(4, 16):
+            ue = nv.fp32_to_ue4m3(np.array([np.abs(sub).max() / np.float32(6)], dtype=np.float32))[0]
+            d = np.float32(nv.ue4m3_to_fp32(np.array([ue], dtype=np.uint8))[0])
+            idx = [int(np.argmin(np.abs(kvalues * d - v))) for v in sub]
+            scales.append(ue)
+            nibbles += [idx[j] | (idx[j + 8] << 4) for j in range(8)]
+        out.append(np.array(scales + nibbles, dtype=np.uint8))
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("t,reference", [(Type.Q1_0, ref_quantize_q1_0), (Type.Q2_0, ref_quantize_q2_0),
+                                         (Type.NVFP4, ref_quantize_nvfp4)], ids=["Q1_0", "Q2_0", "NVFP4"])
+def test_quantize_low_bit_matches_ggml_reference(t, reference):
+    for x in quantize_inputs(2, type_traits(t).blck_size):
+        out = quantize(t, torch.from_numpy(x))
+        np.testing.assert_array_equal(out.numpy().reshape(-1, type_traits(t).type_size), reference(x))
+
+
 # -------------------------------------------------------------------------------- roundtrip
 
 # normalized RMS error bound of dequantize(quantize(x)): Gaussian x, except for the
@@ -329,7 +397,9 @@ ROUNDTRIP_RMSE = {Type.F32: 0, Type.F16: 1e-3, Type.BF16: 5e-3, Type.Q8_0: 0.01,
                   Type.TQ2_0: 1e-3,
                   # measured 0.30, 0.15, 0.072, 0.036, 0.018, 0.077 (the bits per weight)
                   Type.Q2_K: 0.35, Type.Q3_K: 0.18, Type.Q4_K: 0.085, Type.Q5_K: 0.043,
-                  Type.Q6_K: 0.022, Type.IQ4_XS: 0.09}
+                  Type.Q6_K: 0.022, Type.IQ4_XS: 0.09,
+                  # sign times mean |x| (sqrt(1 - 2/pi) = 0.60 for Gaussian x); {-1, 0, 1, 2} max|x|; fp4
+                  Type.Q1_0: 0.62, Type.Q2_0: 0.75, Type.NVFP4: 0.15}
 
 
 @pytest.mark.parametrize("t", quantize_types(), ids=lambda t: t.name)

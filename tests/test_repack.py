@@ -14,8 +14,8 @@ from torchggml.quants import quantize
 from torchggml.torch_backend.cpu import cpu_device, cpu_reg
 from torchggml.torch_backend.kernels import UnsupportedOpError
 from torchggml.torch_backend.cpu import repack_buffer_type
-from torchggml.torch_backend.repack import (RepackBuffer, RepackedTensorError,
-                                            repack_supports, repacked_views)
+from torchggml.torch_backend.cpu.layouts.base import RepackBuffer, RepackedTensorError
+from torchggml.torch_backend.cpu.layouts.int4 import repacked_views
 
 from test_models import (GOLDEN, MANIFEST, check_logits, entry_named, eval_steps, needs_golden,
                          sim_available)
@@ -73,7 +73,7 @@ MATMUL_CASES = [(qtype, n, k, m) for qtype in (T.Q4_0, T.Q4_1) for n, k in ((16,
 def test_repacked_mul_mat_matches_float64(qtype, n, k, m):
     blocks, w = quantized_weight(qtype, n, k, seed=n * k + m)
     a, b, node, graph, _bufs = weight_graph(qtype, n, k, m, repack_buffer_type("int4"))
-    assert isinstance(a.buffer, RepackBuffer) and repack_supports(a)
+    assert isinstance(a.buffer, RepackBuffer) and a.buffer.buft.supports_tensor(a)
     ggml.backend_tensor_set(a, blocks)
     x = torch.rand(m, k, generator=torch.Generator().manual_seed(m)) * 2 - 1
     ggml.backend_tensor_set(b, x)
@@ -86,7 +86,7 @@ def test_repacked_mul_mat_matches_float64(qtype, n, k, m):
 
 def test_chunked_packing_equals_whole(monkeypatch):
     """Big weights are converted in row chunks: the layout must not depend on the chunking."""
-    from torchggml.torch_backend import repack
+    from torchggml.torch_backend.cpu.layouts import int4 as repack
     n, k = 200, 64
     blocks, _ = quantized_weight(T.Q4_0, n, k, seed=1)
     packed = []
@@ -195,7 +195,8 @@ def test_mixed_placement_with_repacked_cpu_layers(path, monkeypatch):
     monkeypatch.setenv("TORCHGGML_CPU_PATH", path)
     if not sim_available():
         pytest.skip("SIM device not available")
-    entry = entry_named("llama-Q4_0")
+    # Q4_0 on the int4 path; the fused path multiplies Q4_0 blocks in place, so Q4_K_M there
+    entry = entry_named("llama-Q4_0" if path == "int4" else "llama-Q4_K_M")
     model = load(entry, n_gpu_layers=1)  # CPU layer 0 (repacked), SIM0 layer 1 and the output
     assert model.sched is not None
     assert model.weights["blk.0.attn_q.weight"].buffer.name == "CPU_REPACK"

@@ -16,10 +16,11 @@ docs/architecture.md describes the layers behind them.
 from .types import (Type, TypeTraits, type_traits, type_name, type_size, blck_size, row_size,
                     is_quantized, type_to_dtype, dtype_to_type)
 from .enums import Op, UnaryOp, GluOp, SortOrder, TensorFlag, Status, RopeType, Prec
+from .enums import OpPool, ScaleMode, ScaleFlag, TriType
 
 # ---------------------------------------------------------------- tensors
 from .tensor import (Tensor, nelements, nrows, nbytes, element_size, n_dims, is_contiguous,
-                     is_contiguous_rows, is_contiguous_n, is_contiguous_1, is_contiguous_2,
+                     is_contiguous_rows, is_contiguous_n, is_contiguous_1, is_contiguous_2, is_contiguous_channels,
                      is_padded_1d, is_transposed, is_permuted, is_empty, is_scalar, is_vector,
                      is_matrix, are_same_shape, are_same_stride, are_same_layout, can_repeat,
                      set_name, get_name, format_name, set_input, set_output, set_param, set_loss,
@@ -58,6 +59,8 @@ from .backend.multi_buffer import (MultiBuffer, backend_multi_buffer_alloc_buffe
                                    backend_buffer_is_multi_buffer, backend_multi_buffer_set_usage)
 from .backend.tensor_io import (backend_tensor_set, backend_tensor_get, backend_tensor_memset,
                                 backend_tensor_copy)
+from .backend.tensor_io_2d import (backend_tensor_set_2d, backend_tensor_get_2d, backend_tensor_set_2d_async,
+                                   backend_tensor_get_2d_async)
 
 # ---------------------------------------------------------------- backends
 from .backend.backend import (Backend, backend_guid, backend_name, backend_free,
@@ -106,7 +109,9 @@ from .backend.sched_dot import backend_sched_graph_dump_dot
 # ---------------------------------------------------------------- the meta device (tensor parallel) and collectives
 from .backend.meta_split import SplitAxis, MetaSplitState, backend_meta_split_axis_name, UnsupportedSplitError
 from .backend.meta import (backend_meta_device, backend_dev_is_meta,
-                           get_split_state as backend_meta_get_split_state)
+                           get_split_state as backend_meta_get_split_state, backend_is_meta,
+                           backend_buffer_is_meta, backend_buft_is_meta, backend_meta_n_backends,
+                           backend_meta_simple_backend)
 from .backend.comm import comm_init, comm_allreduce_tensor, comm_free
 
 # ---------------------------------------------------------------- utils
@@ -122,9 +127,16 @@ from .alloc import (backend_tensor_alloc, backend_view_init, backend_alloc_ctx_t
 
 # ---------------------------------------------------------------- the CPU (ggml-cpu.h) and other devices
 from .torch_backend.cpu import (backend_cpu_init, backend_cpu_buffer_type, backend_cpu_buffer_from_ptr,
-                                backend_cpu_set_n_threads, backend_is_cpu)
+                                backend_cpu_set_n_threads, backend_is_cpu, backend_cpu_set_threadpool,
+                                backend_cpu_set_use_ref, threadpool_new, threadpool_free,
+                                threadpool_get_n_threads, threadpool_pause, threadpool_resume)
 from .torch_backend.cuda import backend_cuda_init
 from .torch_backend.sim import backend_sim_init
+
+# ---------------------------------------------------------------- remote devices (ggml-rpc.h)
+from .rpc import (backend_rpc_init, backend_is_rpc, backend_rpc_buffer_type, backend_rpc_get_device_memory,
+                  backend_rpc_start_server, backend_rpc_reg, backend_rpc_add_server, RPCServer,
+                  RPCServerGoneError)
 
 # ---------------------------------------------------------------- errors
 from .memory import UnallocatedTensorError

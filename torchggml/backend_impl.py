@@ -142,6 +142,13 @@ class Buffer(ABC):
     # OPTIONAL, None: memset_tensor(tensor, value, offset, size); backend_tensor_memset raises
     memset_tensor = None
 
+    # OPTIONAL, None: 2-D copies. set_tensor_2d(tensor, data, offset, size, n_copies,
+    # stride_tensor, stride_data) writes n_copies rows of `size` bytes, row i from
+    # data[i*stride_data:] to tensor.data + offset + i*stride_tensor (get_tensor_2d reads them
+    # into `out`); without them backend_tensor_set_2d / _get_2d loop over set/get_tensor
+    set_tensor_2d = None
+    get_tensor_2d = None
+
     # OPTIONAL, default given
     def get_base(self) -> int:
         return self.base
@@ -167,6 +174,45 @@ class Buffer(ABC):
     def is_multi_buffer(self) -> bool:
         return False
 
+    # OPTIONAL, default given: whether the bytes are ggml's tensor layout. False for buffers of
+    # an ExtraBufferType (repacked weights): their tensors are never viewed or copied as ggml data.
+    ggml_layout = True
+
+
+class ExtraBufferType(BufferType):
+    """An extra buffer type (ggml's ggml::cpu::extra_buffer_type, listed by the device's
+    ggml_backend_dev_get_extra_bufts, e.g. the CPU's CPU_REPACK): memory that holds weights in
+    a layout of its own, made for the device's products. A weight is written whole and
+    converted as it is written; its buffers' bytes are not ggml's (`ggml_layout` False), so a
+    tensor here is read only by the nodes `reads_as_weight` accepts, through the products it
+    binds. A model loader offers each matrix weight to the device's extra buffer types in
+    order and places it in the first whose `supports_weight` accepts it."""
+
+    # REQUIRED
+    @abstractmethod
+    def supports_weight(self, qtype, ne) -> bool:
+        """Whether a weight of this type and shape (ne, innermost first) can be stored here:
+        what a loader asks before placing it."""
+
+    @abstractmethod
+    def supports_tensor(self, t: Tensor) -> bool:
+        """Whether this tensor (type, shape, strides, not a view) is stored in the layout here."""
+
+    @abstractmethod
+    def reads_as_weight(self, node: Tensor, t: Tensor) -> bool:
+        """Whether `node` may read t (stored here) as its weight (src0): ggml's
+        extra_buffer_type::supports_op."""
+
+    @abstractmethod
+    def bind_product(self, t: Tensor):
+        """fn(rows [R, K] float, out [R, N] float32): out = rows @ t^T, for a 2-D weight t stored
+        here (ggml's tensor_traits::compute_forward for MUL_MAT)."""
+
+    # OPTIONAL, None: bind_expert_product(t) -> fn(acts [R, K], pair_rows [P], pair_experts [P],
+    # out [P, N]) for MUL_MAT_ID's experts (torch_backend.kernels.matmul.bind_mul_mat_id);
+    # without it, reads_as_weight must refuse MUL_MAT_ID
+    bind_expert_product = None
+
 
 # ---------------------------------------------------------------- backends
 
@@ -191,6 +237,17 @@ class Backend(ABC):
     # backend_tensor_set_async / _get_async copy synchronously
     set_tensor_async = None
     get_tensor_async = None
+
+    # OPTIONAL, None: set_tensor_2d_async / get_tensor_2d_async, the 2-D copies (Buffer's
+    # set_tensor_2d) queued on the stream; without them the _2d_async functions loop over
+    # set/get_tensor_async
+    set_tensor_2d_async = None
+    get_tensor_2d_async = None
+
+    # OPTIONAL, None: graph_optimize(graph, params) may reorder the nodes of a split's graph
+    # (the scheduler calls it per split, before allocation, and keeps the new order) and call
+    # params.add_alloc_dep(tensor, until) to keep a tensor allocated until node `until` ran
+    graph_optimize = None
 
     # OPTIONAL, None: graph plans. graph_plan_create(graph) -> plan, graph_plan_update(plan,
     # graph), graph_plan_compute(plan) -> Status. Without them a plan is the graph itself,
@@ -351,4 +408,6 @@ class Reg(ABC):
 
     def get_proc_address(self, name: str):
         """A named extension function, or None (ggml_backend_reg_get_proc_address)."""
-        return getattr(self, "proc_" + name.removeprefix("ggml_backend_"), None)
+        short = name.removeprefix("ggml_backend_")
+        short = short.removeprefix("ggml_") if short == name else short  # ggml_threadpool_new -> threadpool_new
+        return getattr(self, "proc_" + short, None)

@@ -3,6 +3,12 @@
     torchggml devices                       regs and devices: type, memory, capabilities, features
     torchggml test-ops [-b DEV] [-o OP] [--mode test|perf|support]
                                             test-backend-ops for this project (torchggml.testing)
+    torchggml run / eval / info             models (torchggml/models/cli_commands.py)
+    torchggml serve                         the OpenAI-compatible server (torchggml/server/)
+    torchggml perplexity / bench / quantize the tools (torchggml/tools/)
+    torchggml --version
+    torchggml rpc-server [--host H] [--port P] [--device DEV ...] [--cache DIR] [--threads N]
+                                            serve devices to ggml RPC clients (llama.cpp --rpc)
 """
 from __future__ import annotations
 
@@ -59,6 +65,13 @@ def cmd_devices(args) -> int:
     import torchggml as ggml
     if args.load_all:
         ggml.backend_load_all()
+    for endpoint in (args.rpc or "").split(","):
+        if endpoint:
+            try:
+                ggml.backend_register(ggml.backend_rpc_add_server(endpoint))
+            except (ConnectionError, ValueError) as e:
+                print(f"torchggml devices: error: {e}", file=sys.stderr)
+                return 1
     header = ("reg", "device", "type", "free MiB", "total MiB", "caps", "description")
     rows = device_rows()
     rows += meta_device_rows(args.meta)
@@ -87,8 +100,41 @@ def cmd_test_ops(args) -> int:
     return main_test_ops(args) or 0
 
 
+def version_text() -> str:
+    """torchggml's version (the installed package's, else the source tree's), with torch's."""
+    from importlib import metadata
+    try:
+        version = metadata.version("torchggml")
+    except metadata.PackageNotFoundError:
+        version = "unknown (not installed)"
+    import torch
+    return f"torchggml {version} (torch {torch.__version__})"
+
+
+def cmd_rpc_server(args) -> int:
+    import logging
+    from torchggml.rpc import RPCServer
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    devices = [d for spec in args.device or () for d in spec.split(",") if d] or None
+    try:
+        server = RPCServer(f"{args.host}:{args.port}", devices, args.cache, args.threads, args.max_connections)
+    except (ValueError, OSError) as e:
+        print(f"torchggml rpc-server: error: {e}", file=sys.stderr)
+        return 1
+    print(server.describe(), flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="torchggml", description="ggml's backend system on PyTorch")
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("devices", help="list regs and devices with type, memory and capabilities")
@@ -97,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--meta", action="append", metavar="DEV,DEV,...",
                    help="also show the meta device over these devices (tensor parallel); "
                         "default: over all accelerators when there are two or more")
+    p.add_argument("--rpc", metavar="HOST:PORT[,HOST:PORT...]", help="also list these RPC servers' devices")
     p.set_defaults(func=cmd_devices)
 
     p = sub.add_parser("test-ops", help="run the op cases on devices against the CPU reference")
@@ -106,8 +153,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="test: compare with the CPU; perf: time per run; support: what each device supports")
     p.set_defaults(func=cmd_test_ops)
 
+    p = sub.add_parser("rpc-server", help="serve devices over ggml's RPC protocol (llama.cpp --rpc clients)")
+    p.add_argument("-H", "--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1; ggml's RPC has no authentication: "
+                        "never expose it to an open network)")
+    p.add_argument("-p", "--port", type=int, default=50052, help="port (default 50052, 0: any free port)")
+    p.add_argument("-d", "--device", action="append", metavar="DEV[,DEV...]",
+                   help="devices to serve, e.g. CPU, CUDA0, SIM0 (default: the first GPU, else the CPU)")
+    p.add_argument("-c", "--cache", metavar="DIR", help="keep weights in DIR so that clients need not resend them")
+    p.add_argument("-t", "--threads", type=int, help="CPU threads of the served backends")
+    p.add_argument("--max-connections", type=int, default=64, help="clients served at once (default 64)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log connections and commands' failures")
+    p.set_defaults(func=cmd_rpc_server)
+
     from .models.cli_commands import add_subcommands as add_model_subcommands  # run, eval, info
     add_model_subcommands(sub)
+    from .server.cli import add_subcommands as add_server_subcommands  # serve
+    add_server_subcommands(sub)
+    from .tools.cli import add_subcommands as add_tool_subcommands  # perplexity, bench, quantize
+    add_tool_subcommands(sub)
     return parser
 
 

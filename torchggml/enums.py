@@ -81,6 +81,26 @@ class Op(IntEnum):
     MAP_CUSTOM3 = 94
     CUSTOM = 95
     GLU = 100
+    # vision, audio and diffusion ops; matrix helpers; DeepSeek's indexer and hyper-connections
+    IM2COL_BACK = 53
+    IM2COL_3D = 54
+    COL2IM_1D = 55
+    CONV_2D = 56
+    CONV_3D = 57
+    CONV_2D_DW = 58
+    CONV_TRANSPOSE_2D = 59
+    POOL_2D_BACK = 62
+    PAD_REFLECT_1D = 65
+    TRI = 72
+    FILL = 73
+    WIN_PART = 78
+    WIN_UNPART = 79
+    GET_REL_POS = 80
+    ADD_REL_POS = 81
+    LIGHTNING_INDEXER = 87
+    DSV4_HC_COMB = 88
+    DSV4_HC_PRE = 89
+    DSV4_HC_POST = 90
 
 
 class UnaryOp(IntEnum):
@@ -104,6 +124,8 @@ class UnaryOp(IntEnum):
     CEIL = 19
     ROUND = 20
     TRUNC = 21
+    EXPM1 = 14
+    SOFTPLUS = 15
 
 
 class GluOp(IntEnum):
@@ -118,6 +140,30 @@ class GluOp(IntEnum):
 class SortOrder(IntEnum):
     ASC = 0
     DESC = 1
+
+
+class OpPool(IntEnum):
+    MAX = 0
+    AVG = 1
+
+
+class ScaleMode(IntEnum):
+    """interpolate's mode (the low byte); ScaleFlag bits may be or-ed in."""
+    NEAREST = 0
+    BILINEAR = 1
+    BICUBIC = 2
+
+
+class ScaleFlag(IntFlag):
+    ALIGN_CORNERS = 1 << 8
+    ANTIALIAS = 1 << 9
+
+
+class TriType(IntEnum):
+    UPPER_DIAG = 0
+    UPPER = 1
+    LOWER_DIAG = 2
+    LOWER = 3
 
 
 class TensorFlag(IntFlag):

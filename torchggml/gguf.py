@@ -207,6 +207,21 @@ class GGUFFile:
             raise GGUFError(f"{self.path}: the model file was {change} while loaded (it had {self.file_size} "
                             f"bytes); its weights can no longer be read: load it again")
 
+    def release(self, name: str) -> None:
+        """Give back the process's pages of one tensor's bytes in the mapping (madvise
+        MADV_DONTNEED on the whole pages inside its range; pages shared with a neighbour stay):
+        once the tensor is converted into a buffer of its own (a repacked layout, an
+        accelerator), the mapped copy would only add its size to the resident memory. Reading the
+        bytes again faults them back in from the file."""
+        mapping = getattr(self.data, "_mmap", None)
+        if mapping is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return  # no mapping (closed, or not an mmap), or no madvise on this system
+        info = self.tensor_info(name)
+        start = self.data_offset + info.offset  # the mapping starts at the file's first byte
+        first, end = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, (start + info.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if end > first:
+            mapping.madvise(mmap.MADV_DONTNEED, first, end - first)
+
     def close(self) -> None:
         """Close the file's mapping (and with it the file descriptor). Numpy or torch views of
         the mapping that are still alive keep it open; it closes when the last one goes."""
@@ -363,12 +378,15 @@ def _upload_weights(file: GGUFFile, buft: BufferType, names: list[str], weights:
     ctx = Context(0, no_alloc=True)
     tensors = [_new_weight_tensor(ctx, file.tensors[name]) for name in names]
     buffer = backend_alloc_ctx_tensors_from_buft(ctx, buft)
+    if buffer is not None:  # before the data: a remote (RPC) buffer offers its weight cache
+        buffer.set_usage(BufferUsage.WEIGHTS)
     total = sum(file.tensors[n].nbytes for n in names)
     desc = f"loading {os.path.basename(file.path)} -> {buft.get_name()}"
     with tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not show_progress(progress, total),
               leave=False) as bar:
-        for name, t in zip(names, tensors):
+        for name, t in zip(names, tensors):  # tensor by tensor, each one's mapped pages given back
             backend_tensor_set(t, file.tensor_data(name))
+            file.release(name)
             bar.update(file.tensors[name].nbytes)
             weights.tensors[name] = t
     if buffer is not None:

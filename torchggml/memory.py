@@ -45,7 +45,7 @@ def tensor_view(t: Tensor) -> torch.Tensor:
 
 
 def _build_view(t: Tensor, buffer) -> torch.Tensor:
-    if not getattr(buffer, "ggml_layout", True):
+    if not buffer.ggml_layout:
         raise TypeError(f"{t.describe()} is stored in buffer {buffer.name!r} in a repacked layout, "
                         f"not ggml's: only the ops its buffer type supports can read it")
     storage = buffer.storage
@@ -97,6 +97,18 @@ def tensor_bytes(t: Tensor, offset: int = 0, size: int | None = None) -> torch.T
     return byte_view(buffer, t.data - buffer.base + offset, size)
 
 
+def strided_rows(t: Tensor, offset: int, size: int, n_copies: int, stride: int) -> torch.Tensor:
+    """[n_copies, size] bytes of the tensor, rows `stride` bytes apart from data + offset (the
+    2-D copies' tensor side: one strided torch copy moves them all)."""
+    span = tensor_bytes(t, offset, (n_copies - 1) * stride + size)
+    return span.as_strided((n_copies, size), (stride, 1))
+
+
+def data_rows(data: torch.Tensor, size: int, n_copies: int, stride: int) -> torch.Tensor:
+    """The same rows of a flat uint8 tensor (the 2-D copies' data side)."""
+    return data.as_strided((n_copies, size), (stride, 1))
+
+
 # ---------------------------------------------------------------- torch storages as buffers
 
 class TorchBufferType(BufferType):
@@ -138,11 +150,7 @@ class TorchBufferType(BufferType):
 
 
 class TorchBuffer(Buffer):
-    """A buffer over a torch storage. `owner` keeps foreign memory (numpy arrays, mmaps) alive.
-    `ggml_layout` is False for buffers whose bytes are not ggml's tensor layout (repacked
-    weights): such tensors are never viewed or copied as ggml data."""
-
-    ggml_layout = True
+    """A buffer over a torch storage. `owner` keeps foreign memory (numpy arrays, mmaps) alive."""
 
     def __init__(self, buft: BufferType, storage: torch.UntypedStorage, size: int, owner=None):
         super().__init__(buft, size, storage.data_ptr())
@@ -165,6 +173,12 @@ class TorchBuffer(Buffer):
 
     def memset_tensor(self, tensor: Tensor, value: int, offset: int, size: int) -> None:
         tensor_bytes(tensor, offset, size).fill_(value)
+
+    def set_tensor_2d(self, tensor, data, offset, size, n_copies, stride_tensor, stride_data) -> None:
+        strided_rows(tensor, offset, size, n_copies, stride_tensor).copy_(data_rows(data, size, n_copies, stride_data))
+
+    def get_tensor_2d(self, tensor, out, offset, size, n_copies, stride_tensor, stride_data) -> None:
+        data_rows(out, size, n_copies, stride_data).copy_(strided_rows(tensor, offset, size, n_copies, stride_tensor))
 
     def clear(self, value: int) -> None:
         byte_view(self, 0, self.size).fill_(value)

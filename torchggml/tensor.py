@@ -180,6 +180,11 @@ def is_contiguous_2(t: Tensor) -> bool:
     return is_contiguous_n(t, 2)
 
 
+def is_contiguous_channels(t: Tensor) -> bool:
+    """Memory order with channels (ne[2]) innermost: a [C, W, H, N] tensor permuted to [W, H, C, N]."""
+    return t.nb[0] > t.nb[2] and t.nb[1] > t.nb[0] and t.nb[2] == type_traits(t.type).type_size
+
+
 def is_padded_1d(t: Tensor) -> bool:
     """Elements contiguous, dims 2 and 3 packed after (possibly strided) rows (ggml_is_padded_1d)."""
     return (t.nb[0] == type_traits(t.type).type_size and t.nb[2] == t.nb[1] * t.ne[1]

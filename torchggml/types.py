@@ -42,6 +42,9 @@ class Type(IntEnum):
     TQ1_0 = 34
     TQ2_0 = 35
     MXFP4 = 39
+    NVFP4 = 40
+    Q1_0 = 41
+    Q2_0 = 42
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,9 @@ _TRAITS: dict[Type, TypeTraits] = {
     Type.TQ1_0: TypeTraits("tq1_0", 256, 54, None),
     Type.TQ2_0: TypeTraits("tq2_0", 256, 66, None),
     Type.MXFP4: TypeTraits("mxfp4", 32, 17, None),
+    Type.NVFP4: TypeTraits("nvfp4", 64, 36, None),
+    Type.Q1_0: TypeTraits("q1_0", 128, 18, None),
+    Type.Q2_0: TypeTraits("q2_0", 64, 18, None),
 }
 
 _BY_DTYPE = {tr.dtype: t for t, tr in _TRAITS.items() if tr.dtype is not None}

@@ -362,10 +362,11 @@ def _columns(dev: MetaDevice, t: Tensor, state: MetaSplitState):
     per_element = t.nb[a] / (blck_size(t.type) if a == 0 else 1)  # bytes per element along the axis
     cols, start = [], 0
     for s in range(state.n_segments):
-        for j in range(n):
-            length = int(state.ne[s * n + j] * per_element)
-            cols.append((j, start, length))
-            start += length
+        for _ in range(state.repeats(s)):
+            for j in range(n):
+                length = int(state.ne[s * n + j] * per_element)
+                cols.append((j, start, length))
+                start += length
     return cols
 
 
@@ -557,3 +558,37 @@ class MetaBackend(Backend):
             return self.graph_plan_compute(plan)
         finally:
             self.graph_plan_free(plan)
+
+
+# ---------------------------------------------------------------- the impl header's meta helpers
+
+def backend_is_meta(backend) -> bool:
+    return isinstance(backend, MetaBackend)
+
+
+def backend_buffer_is_meta(buffer) -> bool:
+    return isinstance(buffer, MetaBuffer)
+
+
+def backend_buft_is_meta(buft) -> bool:
+    return isinstance(buft, MetaBufferType)
+
+
+def _require_meta(backend, what: str) -> MetaBackend:
+    if not backend_is_meta(backend):
+        raise TypeError(f"{what}: backend {getattr(backend, 'name', backend)!r} is not a meta backend")
+    return backend
+
+
+def backend_meta_n_backends(meta_backend) -> int:
+    """How many simple backends (one per device of this process) the meta backend drives."""
+    return len(_require_meta(meta_backend, "backend_meta_n_backends").backends)
+
+
+def backend_meta_simple_backend(meta_backend, index: int):
+    """The index-th simple backend of a meta backend."""
+    backends = _require_meta(meta_backend, "backend_meta_simple_backend").backends
+    if not 0 <= index < len(backends):
+        raise IndexError(f"backend_meta_simple_backend: index {index} out of range for {meta_backend.name}, "
+                         f"which has {len(backends)} backends")
+    return backends[index]

@@ -45,26 +45,38 @@ class UnsupportedSplitError(ValueError):
 @dataclass(frozen=True)
 class MetaSplitState:
     """ggml_backend_meta_split_state. For a split axis, `ne` holds one size per segment and
-    device ([seg0_dev0, seg0_dev1, ..., seg1_dev0, ...]) adding up to the tensor's ne[axis];
-    an empty `ne` from a callback means "split each segment evenly" (whole blocks on axis 0)."""
+    device; segment s repeats `nr[s]` times (default once each), and the data runs
+    [seg0_dev0_r0, seg0_dev1_r0, seg0_dev0_r1, seg0_dev1_r1, seg1_dev0_r0, ...], adding up to the
+    tensor's ne[axis] (a fused QKV with K and V alike: 2 segments, the second repeating twice).
+    An empty `ne` from a callback means "split each segment evenly" (whole blocks on axis 0)."""
     axis: SplitAxis
     ne: tuple = ()
     n_segments: int = 1
+    nr: tuple = ()
 
     @property
     def is_split(self) -> bool:
         return 0 <= self.axis < MAX_DIMS
 
+    @property
+    def segmented(self) -> bool:
+        """More than one contiguous piece per device (segments or repeats)."""
+        return self.n_segments != 1 or any(r != 1 for r in self.nr)
+
+    def repeats(self, s: int) -> int:
+        return self.nr[s] if self.nr else 1
+
     def device_ne(self, j: int, n: int) -> int:
-        """Elements along the split axis device j holds (all segments)."""
-        return sum(self.ne[s * n + j] for s in range(self.n_segments))
+        """Elements along the split axis device j holds (all segments and repeats)."""
+        return sum(self.repeats(s) * self.ne[s * n + j] for s in range(self.n_segments))
 
     def describe(self) -> str:
         name = backend_meta_split_axis_name(self.axis)
         if not self.is_split:
             return name
         segs = f", {self.n_segments} segments" if self.n_segments > 1 else ""
-        return f"axis {name} {list(self.ne)}{segs}"
+        reps = f" repeating {list(self.nr)}" if any(r != 1 for r in self.nr) else ""
+        return f"axis {name} {list(self.ne)}{segs}{reps}"
 
 
 MIRRORED = MetaSplitState(SplitAxis.MIRRORED)
@@ -94,11 +106,17 @@ def resolve(state, t: Tensor, n: int) -> MetaSplitState:
     if not state.is_split:
         return state
     axis, gran = int(state.axis), axis_granularity(t, int(state.axis))
+    nr = tuple(int(r) for r in state.nr)
+    if nr and (len(nr) != state.n_segments or min(nr) < 1):
+        raise ValueError(f"meta: split state of {t.describe()} has repeats {list(nr)}, expected "
+                         f"{state.n_segments} counts of at least 1")
+    nr = () if all(r == 1 for r in nr) else nr
+    reps = nr or (1,) * state.n_segments
     ne = list(state.ne)
-    if not ne:
-        seg, rem = divmod(t.ne[axis], state.n_segments)
+    if not ne:  # equal segments (counting repeats), each split evenly
+        seg, rem = divmod(t.ne[axis], sum(reps))
         if rem:
-            raise ValueError(f"meta: {t.describe()}: {state.n_segments} segments do not divide ne[{axis}]={t.ne[axis]}")
+            raise ValueError(f"meta: {t.describe()}: {sum(reps)} segments do not divide ne[{axis}]={t.ne[axis]}")
         try:
             ne = split_evenly(seg, n, gran) * state.n_segments
         except ValueError:
@@ -107,10 +125,11 @@ def resolve(state, t: Tensor, n: int) -> MetaSplitState:
     if len(ne) != n * state.n_segments:
         raise ValueError(f"meta: split state of {t.describe()} has {len(ne)} sizes, expected "
                          f"{n} devices x {state.n_segments} segments")
-    if sum(ne) != t.ne[axis] or any(x < 0 or x % gran for x in ne):
-        raise ValueError(f"meta: split sizes {ne} of {t.describe()} must be multiples of {gran} "
-                         f"adding up to ne[{axis}]={t.ne[axis]}")
-    return MetaSplitState(SplitAxis(axis), tuple(ne), state.n_segments)
+    total = sum(reps[s] * ne[s * n + j] for s in range(state.n_segments) for j in range(n))
+    if total != t.ne[axis] or any(x < 0 or x % gran for x in ne):
+        raise ValueError(f"meta: split sizes {ne} (repeats {list(reps)}) of {t.describe()} must be multiples "
+                         f"of {gran} adding up to ne[{axis}]={t.ne[axis]}")
+    return MetaSplitState(SplitAxis(axis), tuple(ne), state.n_segments, nr)
 
 
 # ---------------------------------------------------------------- derivation
@@ -134,7 +153,7 @@ def _by_ratio(out_axis: int, t: Tensor, src: Tensor, st: MetaSplitState, n: int)
 
 
 def _same_split(a: MetaSplitState, b: MetaSplitState) -> bool:
-    return a.axis == b.axis and a.ne == b.ne and a.n_segments == b.n_segments
+    return a.axis == b.axis and a.ne == b.ne and a.n_segments == b.n_segments and a.nr == b.nr
 
 
 def _elementwise(t, S, n, per_row=False):
@@ -144,7 +163,7 @@ def _elementwise(t, S, n, per_row=False):
     if not split:
         return MIRRORED
     s0, st0 = split[0]
-    if st0.n_segments != 1:
+    if st0.segmented:
         _fail(t, S, "segmented sources must pass through a matrix product first")
     if per_row and st0.axis == SplitAxis.AXIS_0:
         _fail(t, S, "the op works on whole rows, which are split")
@@ -176,7 +195,7 @@ def _mul_mat(t, S, n):
     if sa.axis == SplitAxis.AXIS_1 and sb.axis == M:         # column split weights
         return MetaSplitState(SplitAxis.AXIS_0, tuple(sa.device_ne(j, n) for j in range(n)))
     if sa.axis == SplitAxis.AXIS_0 and sb.axis == SplitAxis.AXIS_0:  # row split: partial sums
-        if sa.n_segments != 1 or sb.n_segments != 1 or sa.ne != sb.ne:
+        if sa.segmented or sb.segmented or sa.ne != sb.ne:
             _fail(t, S, "both sources must be split alike along ne[0]")
         return PARTIAL
     if sa.axis == M and sb.is_split and sb.axis != SplitAxis.AXIS_0:   # rows of b / batches
@@ -206,7 +225,7 @@ def _get_rows(t, S, n):
         _fail(t, S, "the row indices must be MIRRORED")
     if S[0].axis == SplitAxis.MIRRORED:
         return MIRRORED
-    if S[0].axis == SplitAxis.AXIS_0 and S[0].n_segments == 1:
+    if S[0].axis == SplitAxis.AXIS_0 and not S[0].segmented:
         return _by_ratio(0, t, t.src[0], S[0], n)
     _fail(t, S, "the table must be MIRRORED or split along ne[0]")
 
@@ -278,7 +297,7 @@ def _copy_logical(t, S, n):
     src, st = t.src[0], S[0]
     if not st.is_split:
         return st
-    if st.n_segments != 1:
+    if st.segmented:
         _fail(t, S, "segmented sources must pass through a matrix product first")
     a = int(st.axis)
     inner = _product(src.ne[:a])
@@ -351,7 +370,7 @@ def view_split(t: Tensor, root: Tensor, rs: MetaSplitState, n: int) -> MetaSplit
     if same:
         return rs
     where = f"meta: view {t.describe()} of {root.describe()} split as {rs.describe()}"
-    if rs.n_segments != 1:
+    if rs.segmented:
         raise UnsupportedSplitError(f"{where}: views of segmented tensors are not supported")
     a = int(rs.axis)
     lo, hi = root.nb[a], _root_extent(root, a)

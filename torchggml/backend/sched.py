@@ -18,7 +18,7 @@ from ..context import Context, new_tensor_impl, view_tensor
 from ..enums import Op, Status, TensorFlag, VIEW_OPS
 from ..graph import CGraph, graph_view, DEFAULT_GRAPH_SIZE
 from ..profiler import split_range
-from ..tensor import Tensor, format_name, memory_buffer, set_input, set_output, nbytes
+from ..tensor import Tensor, MAX_SRC, format_name, memory_buffer, set_input, set_output, nbytes
 from .backend import backend_graph_plan_create, backend_graph_plan_compute, backend_graph_plan_free
 from .buffer import BufferUsage
 from .device import DeviceType
@@ -49,6 +49,20 @@ class Split:
             log.warning("increasing split inputs capacity from %d to %d", self.inputs_capacity, 2 * self.inputs_capacity)
             self.inputs_capacity *= 2
         self.inputs.append(t)
+
+
+class GraphOptimizeParams:
+    """ggml_backend_graph_optimize_params: what graph_optimize may ask of the scheduler."""
+
+    def __init__(self, keep: dict):
+        self._keep = keep
+
+    def add_alloc_dep(self, tensor: Tensor, until: Tensor) -> None:
+        """Keep `tensor` allocated at least until node `until` (of the same graph) is computed;
+        asking again for the same tensor keeps the longest lifetime."""
+        kept = self._keep.setdefault(id(until), [])
+        if all(t is not tensor for t in kept):
+            kept.append(tensor)
 
 
 class Sched:
@@ -393,6 +407,32 @@ class Sched:
         self.causes[t] = "4.cpy"
         return t
 
+    def _optimize_splits(self, graph: CGraph) -> dict[int, list[list[Tensor]]]:
+        """Each split's graph; its backend's graph_optimize (where it has one) may reorder the
+        split's nodes, kept in `graph`, and ask to keep tensors allocated until a later node
+        (upstream's ggml_backend_graph_optimize_params.add_alloc_dep). Returns, per node id, the
+        kept tensors in groups of MAX_SRC (one dependency node per group)."""
+        keep: dict[int, list[Tensor]] = {}
+        params = GraphOptimizeParams(keep)
+        for split in self.splits:
+            split.graph = graph_view(graph, split.i_start, split.i_end)
+            optimize = self.backends[split.backend_id].graph_optimize
+            if optimize is None:
+                continue
+            before = {id(n) for n in split.graph.nodes}
+            optimize(split.graph, params)
+            if len(split.graph.nodes) != len(before) or {id(n) for n in split.graph.nodes} != before:
+                raise RuntimeError(f"graph_optimize of backend {self.backends[split.backend_id].name} changed the "
+                                   f"split's set of nodes: it may only reorder them")
+            graph.nodes[split.i_start:split.i_end] = split.graph.nodes
+        return {k: [v[i:i + MAX_SRC] for i in range(0, len(v), MAX_SRC)] for k, v in keep.items()}
+
+    def _alloc_dep(self, kept: list[Tensor]) -> Tensor:
+        """An op-less node reading `kept`, so the allocator keeps them until it."""
+        dep = view_tensor(self.ctx, kept[0])
+        dep.src[:len(kept)] = kept
+        return dep
+
     def _build_graph_copy(self, graph: CGraph) -> None:
         """The graph the allocator plans: each split's input copies, then its nodes; leafs last."""
         self.prev_node_backend_ids, self.node_backend_ids = self.node_backend_ids, []
@@ -400,8 +440,8 @@ class Sched:
         total_inputs = len(self.graph_inputs) + sum(len(s.inputs) for s in self.splits)
         gc = CGraph(max(len(graph.nodes), len(graph.leafs)) + total_inputs * 2 * self.n_copies)
         ids = self.backend_ids
+        deps = self._optimize_splits(graph)
         for split in self.splits:
-            split.graph = graph_view(graph, split.i_start, split.i_end)
             for inp in split.inputs:
                 cpy = self._copy(inp, split.backend_id, self.cur_copy)
                 # keep the source alive until the copy is done
@@ -415,6 +455,9 @@ class Sched:
             for node in graph.nodes[split.i_start:split.i_end]:
                 gc.nodes.append(node)
                 self.node_backend_ids.append(ids[node])
+                for kept in deps.get(id(node), ()):  # tensors graph_optimize keeps alive until here
+                    gc.nodes.append(self._alloc_dep(kept))
+                    self.node_backend_ids.append(ids[node])
         if self.n_copies > 1:
             # input copies first among leafs so they are allocated before anything else
             for inp in self.graph_inputs:

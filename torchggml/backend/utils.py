@@ -97,23 +97,32 @@ def backend_graph_copy_free(copy: GraphCopy) -> None:
             ctx.free()
 
 
-def backend_compare_graph_backend(backend1, backend2, graph: CGraph, callback, test_node: Tensor | None = None) -> bool:
+def backend_compare_graph_backend(backend1, backend2, graph: CGraph, callback, test_nodes=None, *,
+                                  test_node: Tensor | None = None) -> bool:
     """Run `graph` on backend1 and a copy of it on backend2, and hand each pair of results to
-    `callback(index, t1, t2) -> bool` (False stops). Node by node by default; with `test_node`,
-    both whole graphs run and only that node is compared. False when the copy cannot be made."""
+    `callback(index, t1, t2) -> bool` (False stops). Node by node by default; with `test_nodes`
+    (a list of nodes, or one node; `test_node=` is the older spelling), both whole graphs run and
+    only those nodes are compared, in graph order. False when the copy cannot be made."""
+    if test_node is not None:
+        test_nodes = [test_node] if test_nodes is None else list(test_nodes) + [test_node]
+    if isinstance(test_nodes, Tensor):
+        test_nodes = [test_nodes]
+    wanted = {id(t) for t in test_nodes or ()}
+    missing = [t for t in test_nodes or () if all(n is not t for n in graph.nodes)]
+    if missing:
+        raise ValueError(f"backend_compare_graph_backend: {missing[0].describe()} is not a node of the graph")
     copy = backend_graph_copy(backend2, graph)
     if copy.buffer is None:
         return False
     from .backend import backend_graph_compute
     try:
         g1, g2 = graph, copy.graph
-        if test_node is not None:
-            index = next((i for i, n in enumerate(g1.nodes) if n is test_node), None)
-            if index is None:
-                raise ValueError(f"backend_compare_graph_backend: {test_node.describe()} is not a node of the graph")
+        if wanted:
             backend_graph_compute(backend1, g1)
             backend_graph_compute(backend2, g2)
-            callback(index, g1.nodes[index], g2.nodes[index])
+            for i, t1 in enumerate(g1.nodes):
+                if id(t1) in wanted:
+                    callback(i, t1, g2.nodes[i])
             return True
         for i, (t1, t2) in enumerate(zip(g1.nodes, g2.nodes)):
             assert t1.op == t2.op and are_same_layout(t1, t2)

@@ -107,6 +107,12 @@ def output_row_scales(vocab: Vocab) -> np.ndarray:
 def random_weights(cfg: ModelConfig, n_vocab: int, seed: int, output_scales: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Seeded random weights (numpy, torch order) with scales that keep activations O(1);
     `output_scales` scales the rows of an untied output head."""
+    return dict(weight_stream(cfg, n_vocab, seed, output_scales))
+
+
+def weight_stream(cfg: ModelConfig, n_vocab: int, seed: int, output_scales: np.ndarray | None = None):
+    """random_weights' (name, float32 array) pairs, made one at a time in file order (a 1B model's
+    weights need not all be in memory at once)."""
     gen = torch.Generator().manual_seed(seed)
     head_dim = cfg.n_embd // cfg.n_head
     kv_dim = head_dim * cfg.n_head_kv
@@ -117,30 +123,30 @@ def random_weights(cfg: ModelConfig, n_vocab: int, seed: int, output_scales: np.
     def norm(n):
         return (1.0 + 0.1 * torch.randn(n, generator=gen)).numpy()
 
-    w = {"token_embd.weight": torch.randn(n_vocab, cfg.n_embd, generator=gen).numpy()}
+    yield "token_embd.weight", torch.randn(n_vocab, cfg.n_embd, generator=gen).numpy()
     for il in range(cfg.n_layer):
         p = f"blk.{il}."
-        w[p + "attn_norm.weight"] = norm(cfg.n_embd)
-        w[p + "attn_q.weight"] = mat(cfg.n_embd, cfg.n_embd)
-        w[p + "attn_k.weight"] = mat(kv_dim, cfg.n_embd)
-        w[p + "attn_v.weight"] = mat(kv_dim, cfg.n_embd)
-        w[p + "attn_output.weight"] = mat(cfg.n_embd, cfg.n_embd)
+        yield p + "attn_norm.weight", norm(cfg.n_embd)
+        yield p + "attn_q.weight", mat(cfg.n_embd, cfg.n_embd)
+        yield p + "attn_k.weight", mat(kv_dim, cfg.n_embd)
+        yield p + "attn_v.weight", mat(kv_dim, cfg.n_embd)
+        yield p + "attn_output.weight", mat(cfg.n_embd, cfg.n_embd)
         if cfg.arch == "qwen2":
             for name, n in (("attn_q.bias", cfg.n_embd), ("attn_k.bias", kv_dim), ("attn_v.bias", kv_dim)):
-                w[p + name] = (0.1 * torch.randn(n, generator=gen)).numpy()
+                yield p + name, (0.1 * torch.randn(n, generator=gen)).numpy()
         if cfg.arch == "qwen3":
-            w[p + "attn_q_norm.weight"] = norm(head_dim)
-            w[p + "attn_k_norm.weight"] = norm(head_dim)
-        w[p + "ffn_norm.weight"] = norm(cfg.n_embd)
-        w[p + "ffn_gate.weight"] = mat(cfg.n_ff, cfg.n_embd)
-        w[p + "ffn_up.weight"] = mat(cfg.n_ff, cfg.n_embd)
-        w[p + "ffn_down.weight"] = mat(cfg.n_embd, cfg.n_ff)
-    w["output_norm.weight"] = norm(cfg.n_embd)
+            yield p + "attn_q_norm.weight", norm(head_dim)
+            yield p + "attn_k_norm.weight", norm(head_dim)
+        yield p + "ffn_norm.weight", norm(cfg.n_embd)
+        yield p + "ffn_gate.weight", mat(cfg.n_ff, cfg.n_embd)
+        yield p + "ffn_up.weight", mat(cfg.n_ff, cfg.n_embd)
+        yield p + "ffn_down.weight", mat(cfg.n_embd, cfg.n_ff)
+    yield "output_norm.weight", norm(cfg.n_embd)
     if not cfg.tied_output:
-        w["output.weight"] = mat(n_vocab, cfg.n_embd)
+        out = mat(n_vocab, cfg.n_embd)
         if output_scales is not None:
-            w["output.weight"] *= output_scales[:, None]
-    return {k: v.astype(np.float32) for k, v in w.items()}
+            out *= output_scales[:, None]
+        yield "output.weight", out
 
 
 def write_model(path, cfg: ModelConfig = DEMO_CONFIG, weight_type: str = "F32", seed: int = DEMO_SEED,
@@ -184,27 +190,45 @@ def write_model(path, cfg: ModelConfig = DEMO_CONFIG, weight_type: str = "F32", 
     if rope_scaling_factor is not None:
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(rope_scaling_factor)
-    if rope_freqs is not None:
-        w.add_tensor("rope_freqs.weight", np.asarray(rope_freqs, dtype=np.float32))
-    write_tensors(w, random_weights(cfg, n_vocab, seed, output_row_scales(vocab)), qtype)
+    scales = output_row_scales(vocab)
+
+    def tensors():
+        if rope_freqs is not None:
+            yield "rope_freqs.weight", np.asarray(rope_freqs, dtype=np.float32)
+        yield from weight_stream(cfg, n_vocab, seed, scales)
+    write_tensors(w, tensors, qtype)
     os.replace(tmp, path)
     return path
 
 
-def write_tensors(writer, weights: dict[str, np.ndarray], qtype, keep_f32=lambda name, data: False) -> None:
+def write_tensors(writer, weights, qtype, keep_f32=lambda name, data: False) -> None:
     """Add the tensors (matrices as qtype: F32, F16 or quantized by gguf.quants; vectors, and
-    those keep_f32 names, as F32) and write the file."""
+    those keep_f32 names, as F32) and write the file. `weights`: a dict of arrays, or a function
+    returning (name, array) pairs afresh, called twice (the shapes for the header, then the data
+    tensor by tensor), so that only one tensor is in memory at a time."""
     import gguf
-    for name, data in weights.items():
+    pairs = weights if callable(weights) else lambda: iter(weights.items())
+
+    def stored(name, data):  # (how the tensor is stored: an array or None for quantized, its raw type)
         if data.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32 or keep_f32(name, data):
-            writer.add_tensor(name, data)
-        elif qtype == gguf.GGMLQuantizationType.F16:
-            writer.add_tensor(name, data.astype(np.float16))
+            return data, None
+        if qtype == gguf.GGMLQuantizationType.F16:
+            return data.astype(np.float16), None
+        return None, qtype
+
+    for name, data in pairs():
+        array, raw = stored(name, data)
+        if raw is None:
+            writer.add_tensor_info(name, array.shape, array.dtype, array.nbytes)
         else:
-            writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+            shape = gguf.quant_shape_to_byte_shape(data.shape, raw)
+            writer.add_tensor_info(name, shape, np.dtype(np.uint8), int(np.prod(shape)), raw_dtype=raw)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
+    writer.write_ti_data_to_file()
+    for name, data in pairs():
+        array, raw = stored(name, data)
+        writer.write_tensor_data(array if raw is None else gguf.quants.quantize(data, raw))
     writer.close()
 
 

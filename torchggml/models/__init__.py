@@ -9,13 +9,14 @@ from .kv_cache import KVCache
 from .lora import LoraAdapter
 from .model import Model, Timings
 from .placement import Placement, plan_placement, find_device
-from .sampling import sample_token
+from .generation import Generation
+from .sampling import Sampler, SamplingParams, StopStrings, TokenChoice, sample_token
 from .module import GGMLModule, QuantizedWeight
 from .params import ModelParams
 
 __all__ = ["load_model", "Model", "ModelParams", "Placement", "Timings", "HParams", "Arch", "GraphBuilder",
            "Weights", "KVCache", "ARCHS", "plan_placement", "sample_token", "find_device", "LoraAdapter",
-           "GGMLModule", "QuantizedWeight"]
+           "GGMLModule", "QuantizedWeight", "SamplingParams", "Sampler", "StopStrings", "TokenChoice", "Generation"]
 
 
 def load_model(path, params: ModelParams | None = None, **options) -> Model:

@@ -270,6 +270,7 @@ class ModelGraph:
     n_kv: int
     n_outputs: int
     out_ids: Tensor | None  # I32 [n_outputs]: the tokens whose logits are computed (None: all of them)
+    embeddings: bool = False  # `logits` holds the final norm's output [n_embd, n_outputs] (embeddings)
 
 
 def graph_size(hp: HParams) -> int:
@@ -290,12 +291,13 @@ class GraphBuilder:
     the KV cache writes: only the cache is needed from it."""
 
     def __init__(self, ctx, hp: HParams, kv: KVCache, n_tokens: int, n_kv: int, flash_attn: bool = False,
-                 n_outputs: int | None = None):
+                 n_outputs: int | None = None, embeddings: bool = False):
         n_outputs = n_tokens if n_outputs is None else int(n_outputs)
         if not 0 <= n_outputs <= n_tokens:
             raise ValueError(f"graph: n_outputs={n_outputs} must lie in [0, n_tokens={n_tokens}]")
         self.ctx, self.hp, self.kv = ctx, hp, kv
         self.n_tokens, self.n_kv, self.flash_attn, self.n_outputs = n_tokens, n_kv, flash_attn, n_outputs
+        self.embeddings = embeddings  # output the final norm's hidden states instead of the logits
         self.tokens = self._input(Type.I32, n_tokens, name="inp_tokens")
         self.positions = self._input(Type.I32, n_tokens, name="inp_pos")
         self.kv_idx = self._input(Type.I64, n_tokens, name="inp_kv_idx")
@@ -319,14 +321,14 @@ class GraphBuilder:
                 build_forward_expand(graph, view)
             logits = None
         else:
-            set_name(logits, "result_output")
+            set_name(logits, "result_norm" if self.embeddings else "result_output")
             set_output(logits)
             build_forward_expand(graph, logits)
         # inputs only the omitted part reads (the last layer's own window mask) are not in the graph
         masks = {w: m for w, m in self.masks.items() if id(m) in graph.visited}
         position_inputs = [(t, fn) for t, fn in self.position_inputs if id(t) in graph.visited]
         return ModelGraph(graph, self.tokens, self.positions, self.kv_idx, masks, logits,
-                          position_inputs, self.n_tokens, self.n_kv, self.n_outputs, self.out_ids)
+                          position_inputs, self.n_tokens, self.n_kv, self.n_outputs, self.out_ids, self.embeddings)
 
     def output_rows(self, il: int, *xs: Tensor) -> tuple[Tensor, ...]:
         """In the last layer (il), after attention: the rows of `xs` ([n, n_tokens] each: the
@@ -520,8 +522,12 @@ class GraphBuilder:
 
     def output(self, x: Tensor, w: Weights, softcap: float = 0.0, rms: bool = True, scale: float = 1.0) -> Tensor:
         """The output norm (RMS, or LayerNorm with its bias) and head; logits optionally scaled
-        (command-r) or soft-capped (gemma2)."""
-        logits = self.linear(self.norm(x, w.output_norm, w.output_norm_b, rms), w.output)  # [n_vocab, n_tokens]
+        (command-r) or soft-capped (gemma2). With `embeddings`, the output norm's result [n_embd,
+        n_tokens] instead: the hidden states the embeddings are pooled from (llama.cpp's t_embd)."""
+        normed = self.norm(x, w.output_norm, w.output_norm_b, rms)
+        if self.embeddings:
+            return normed
+        logits = self.linear(normed, w.output)  # [n_vocab, n_tokens]
         if scale != 1.0:
             logits = ops.scale(self.ctx, logits, scale)
         return self.softcap(logits, softcap) if softcap else logits

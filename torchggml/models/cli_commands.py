@@ -22,7 +22,7 @@ def _user_errors(fn):
         from ..tokenizer import TokenizerError
         try:
             return fn(args)
-        except (GGUFError, TokenizerError, FileNotFoundError, ValueError, MemoryError) as e:
+        except (GGUFError, TokenizerError, FileNotFoundError, ValueError, MemoryError, ConnectionError) as e:
             print(f"torchggml {args.command}: error: {e}", file=sys.stderr)
             return 1
     return run
@@ -60,6 +60,9 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-tp", "--tensor-parallel", metavar="DEV,DEV,...|dist",
                    help="split every layer over these devices (a meta device), e.g. SIM0,SIM1; "
                         "'dist': one device per torchrun rank (torch.distributed, gloo on CPU)")
+    p.add_argument("--rpc", metavar="HOST:PORT[,HOST:PORT...]",
+                   help="add the devices of ggml RPC servers (torchggml rpc-server, llama.cpp's rpc-server); "
+                        "without -d/-ngl the layers are split over them and the local CPU")
     p.add_argument("--no-repack", dest="repack", action="store_false",
                    help="keep CPU weights in ggml's layout (no CPU_REPACK buffers)")
 
@@ -71,7 +74,8 @@ def model_params(args) -> "ModelParams":
                        tensor_split=args.tensor_split, n_ctx=args.ctx_size, n_batch=args.batch_size,
                        flash_attn=args.flash_attn, kv_type=args.cache_type, n_threads=args.threads,
                        repack=getattr(args, "repack", True),
-                       tensor_parallel=getattr(args, "tensor_parallel", None))
+                       tensor_parallel=getattr(args, "tensor_parallel", None),
+                       rpc=args.rpc.split(",") if getattr(args, "rpc", None) else None)
 
 
 def _main_rank() -> bool:
@@ -99,8 +103,12 @@ def cmd_run(args) -> int:
     print(model.describe(), file=sys.stderr)
     import io
     sampling = dict(max_tokens=args.n_predict, temperature=args.temp, top_k=args.top_k,
-                    top_p=args.top_p, seed=args.seed)
+                    top_p=args.top_p, seed=args.seed, min_p=args.min_p, repeat_penalty=args.repeat_penalty,
+                    repeat_last_n=args.repeat_last_n, frequency_penalty=args.frequency_penalty,
+                    presence_penalty=args.presence_penalty, stop=args.stop or ())
     out = sys.stdout if _main_rank() else io.StringIO()  # the other ranks generate the same text
+    if args.logprobs is not None:
+        return _run_logprobs(model, args, sampling, out)
     if args.chat:  # the prompt is a user message, formatted by the model's chat template
         stream = model.chat([{"role": "user", "content": args.prompt}], **sampling)
     else:
@@ -114,6 +122,21 @@ def cmd_run(args) -> int:
     t = model.timings
     print(f"prompt: {t.prompt_tokens} tokens in {t.prompt_s:.3f} s ({t.prompt_tps:.2f} tokens/s) | "
           f"generation: {t.gen_tokens} tokens in {t.gen_s:.3f} s ({t.gen_tps:.2f} tokens/s)", file=sys.stderr)
+    model.close()
+    return 0
+
+
+def _run_logprobs(model, args, sampling, out) -> int:
+    """run --logprobs N: one line per generated token: its text, log-probability and the N most
+    likely tokens' (Model.generate_tokens)."""
+    from .sampling import SamplingParams
+    max_tokens, stop = sampling.pop("max_tokens"), sampling.pop("stop")
+    params = SamplingParams(logprobs=args.logprobs, **sampling)
+    prompt = model.chat_prompt([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
+    piece = lambda t: repr(model.tokenizer.token_to_piece(t))  # noqa: E731
+    for c in model.generate_tokens(model.tokenize(prompt, parse_special=args.chat), max_tokens, params, stop):
+        top = "  ".join(f"{piece(t)} {lp:.3f}" for t, lp in c.top)
+        out.write(f"{c.token:6d} {piece(c.token):20s} {c.logprob:9.4f}   {top}\n")
     model.close()
     return 0
 
@@ -216,6 +239,14 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--top-k", type=int, default=40)
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("-s", "--seed", type=int, default=None)
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability")
+    p.add_argument("--repeat-penalty", type=float, default=1.0, help="llama.cpp's repetition penalty (1: off)")
+    p.add_argument("--repeat-last-n", type=int, default=64, help="tokens the penalties look back at (-1: all)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0)
+    p.add_argument("--presence-penalty", type=float, default=0.0)
+    p.add_argument("--stop", action="append", metavar="TEXT", help="stop at this text (repeatable)")
+    p.add_argument("--logprobs", type=int, default=None, metavar="N",
+                   help="print each token with its log-probability and the N most likely alternatives")
     p.add_argument("--chat", action="store_true",
                    help="send the prompt as a user message through the model's chat template")
     _add_model_options(p)

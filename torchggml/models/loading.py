@@ -4,6 +4,7 @@ layout such as the CPU's CPU_REPACK), then the weights themselves."""
 from __future__ import annotations
 
 from ..backend.device import Device
+from ..backend_impl import ExtraBufferType
 from ..gguf import load_weights
 from ..gguf_header import GGUFError
 from .arch_names import LLAMA_CPP_ARCHS
@@ -26,7 +27,21 @@ def extra_buffer_types(device: Device) -> list:
     ggml_backend_dev_get_extra_bufts, e.g. the CPU's CPU_REPACK), as llama.cpp uses them."""
     reg = getattr(device, "reg", None)
     get = reg.get_proc_address("ggml_backend_dev_get_extra_bufts") if reg is not None else None
-    return [b for b in (get(device) if get is not None else []) if hasattr(b, "supports_weight")]
+    return [b for b in (get(device) if get is not None else []) if isinstance(b, ExtraBufferType)]
+
+
+def add_rpc_servers(endpoints) -> list[Device]:
+    """The devices of ggml RPC servers, registered (so that names such as "RPC0" find them)."""
+    from ..backend.registry import backend_register
+    from ..rpc import backend_rpc_add_server
+    devices = []
+    for endpoint in [endpoints] if isinstance(endpoints, str) else endpoints:
+        reg = backend_rpc_add_server(endpoint)
+        if reg is None:
+            raise ValueError(f"RPC server at {endpoint} has no devices")
+        backend_register(reg)
+        devices += reg.get_devices()
+    return devices
 
 
 def load(path, params: ModelParams | None = None, **options) -> Model:
@@ -45,6 +60,11 @@ def load(path, params: ModelParams | None = None, **options) -> Model:
     hp = read_hparams(file, arch)
     bind_weights(arch, file.tensors, hp, file.path)  # names and shapes checked before any upload
     devices = params.devices
+    if params.rpc:
+        rpc_devices = add_rpc_servers(params.rpc)
+        if devices is None and params.n_gpu_layers is None:
+            from .placement import cpu_device
+            devices = rpc_devices + [cpu_device()]
     if params.tensor_parallel is not None:
         if devices is not None or params.n_gpu_layers is not None or params.tensor_split is not None:
             raise ValueError("tensor_parallel replaces devices, n_gpu_layers and tensor_split: give only it")

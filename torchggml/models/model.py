@@ -64,7 +64,8 @@ from .lora import DEFAULT_TARGETS, LoraAdapter
 from .module import GGMLModule
 from .params import ModelParams
 from .placement import Placement, cpu_device, find_device
-from .sampling import sample_token
+from .generation import Generation
+from .sampling import SamplingParams, TokenChoice, sample_token
 from .sequences import ModelLock, SequenceGuard, token_id_tensor
 
 # the default KV cache size caps the model's training context (which can be 128k tokens)
@@ -72,6 +73,9 @@ DEFAULT_MAX_CTX = 4096
 
 # eval's `logits` choices: every token's, or only the last token's (of each sequence)
 LOGITS = ("all", "last")
+
+# embed's pooling of the hidden states (llama.cpp's pooling types, "rank" aside)
+POOLING = ("mean", "cls", "last", "none")
 
 
 class ModelClosedError(RuntimeError):
@@ -157,14 +161,16 @@ class Model:
         if not backend_sched_reserve(self.sched, worst.graph):
             raise MemoryError(f"{self.path}: cannot allocate the compute buffers")
 
-    def _build(self, n_tokens: int, n_kv: int, n_outputs: int | None = None) -> ModelGraph:
+    def _build(self, n_tokens: int, n_kv: int, n_outputs: int | None = None, embeddings: bool = False) -> ModelGraph:
         self._ctx = Context(no_alloc=True)
-        return self.build_graph(self._ctx, n_tokens, n_kv, n_outputs)
+        return self.build_graph(self._ctx, n_tokens, n_kv, n_outputs, embeddings)
 
-    def build_graph(self, ctx: Context, n_tokens: int, n_kv: int, n_outputs: int | None = None) -> ModelGraph:
+    def build_graph(self, ctx: Context, n_tokens: int, n_kv: int, n_outputs: int | None = None,
+                    embeddings: bool = False) -> ModelGraph:
         """The architecture's forward graph of n_tokens attending to n_kv cache cells, LoRA
-        included, with logits for n_outputs of the tokens (default all; see GraphBuilder)."""
-        b = GraphBuilder(ctx, self.hp, self.kv, n_tokens, n_kv, self.flash_attn, n_outputs)
+        included, with logits for n_outputs of the tokens (default all; see GraphBuilder), or
+        with `embeddings` the output norm's hidden states instead of the logits."""
+        b = GraphBuilder(ctx, self.hp, self.kv, n_tokens, n_kv, self.flash_attn, n_outputs, embeddings)
         g = b.finish(self.arch.build(b, self.w))
         if self.lora is not None:
             replaced = self.lora.apply(ctx, g.graph)
@@ -207,14 +213,14 @@ class Model:
         self._graph = None  # the next eval builds (and allocates) a graph with the adapter
         return adapter
 
-    def _graph_for(self, n_tokens: int, n_kv: int, n_outputs: int) -> ModelGraph:
-        """The allocated graph for this shape (n_tokens, n_kv, n_outputs). When the shape repeats
-        (decode steps) the previous graph is reused as it is: its tensors keep their addresses,
-        so only the inputs change."""
+    def _graph_for(self, n_tokens: int, n_kv: int, n_outputs: int, embeddings: bool = False) -> ModelGraph:
+        """The allocated graph for this shape (n_tokens, n_kv, n_outputs, embeddings). When the
+        shape repeats (decode steps) the previous graph is reused as it is: its tensors keep their
+        addresses, so only the inputs change."""
         g = self._graph
-        if g is not None and (g.n_tokens, g.n_kv, g.n_outputs) == (n_tokens, n_kv, n_outputs):
+        if g is not None and (g.n_tokens, g.n_kv, g.n_outputs, g.embeddings) == (n_tokens, n_kv, n_outputs, embeddings):
             return g
-        g = self._graph = self._build(n_tokens, n_kv, n_outputs)
+        g = self._graph = self._build(n_tokens, n_kv, n_outputs, embeddings)
         backend_sched_reset(self.sched)
         if not backend_sched_alloc_graph(self.sched, g.graph):
             self._graph = None
@@ -279,6 +285,40 @@ class Model:
             self._require_weights("eval_batch")
             return self._eval_batch(sequences, seq_ids, logits)
 
+    def embed(self, tokens, pooling: str | None = None, seq_id: int | None = None) -> torch.Tensor:
+        """The embedding of `tokens` (ids; a text is tokenized): the output norm's hidden states
+        (before the head), pooled as llama.cpp pools them: "mean" over the tokens, "cls" (the
+        first token's), "last", or "none" (every token's, [n_tokens, n_embd]). pooling None: the
+        file's {arch}.pooling_type, mean when it has none. Float32, not normalized. The tokens are
+        evaluated as sequence seq_id (default: one no other sequence uses), whose cells are freed
+        afterwards, so other sequences in the cache are left as they were."""
+        with self.lock:
+            self._require_weights("embed")
+            ids = self._token_ids(self.tokenize(tokens) if isinstance(tokens, str) else tokens)
+            if ids.numel() == 0:
+                raise ValueError("embed: no tokens")
+            pooling = self.pooling_type if pooling is None else pooling
+            if pooling not in POOLING:
+                raise ValueError(f"embed: pooling={pooling!r}; choose one of {', '.join(POOLING)}")
+            if seq_id is None:
+                seq_id = max(self.kv.seq_next, default=-1) + 1
+            if self.kv.seq_len(seq_id):
+                raise ValueError(f"embed: sequence {seq_id} is in use")
+            try:
+                hidden = self._eval_tokens(ids, torch.full_like(ids, int(seq_id)),
+                                           torch.ones(ids.numel(), dtype=torch.bool), embeddings=True)
+            finally:
+                self.kv.clear(seq_id)
+        if pooling == "mean":
+            return hidden.mean(dim=0)
+        return {"cls": hidden[0], "last": hidden[-1], "none": hidden}[pooling]
+
+    @property
+    def pooling_type(self) -> str:
+        """The file's {arch}.pooling_type as a name of POOLING (mean when absent or unspecified)."""
+        value = self.file.get(f"{self.file.arch}.pooling_type", None)
+        return {2: "cls", 3: "last"}.get(value, "mean")
+
     def _eval_batch(self, sequences, seq_ids, logits) -> list[torch.Tensor]:
         seq_ids = list(range(len(sequences))) if seq_ids is None else [int(s) for s in seq_ids]
         if len(seq_ids) != len(sequences) or len(set(seq_ids)) != len(seq_ids):
@@ -304,21 +344,24 @@ class Model:
         flags[ends[torch.tensor(lengths) > 0]] = True
         return flags
 
-    def _eval_tokens(self, ids: torch.Tensor, seq_ids: torch.Tensor, outputs: torch.Tensor) -> torch.Tensor:
-        """The logits rows of the tokens flagged in `outputs`, in token order."""
+    def _eval_tokens(self, ids: torch.Tensor, seq_ids: torch.Tensor, outputs: torch.Tensor,
+                     embeddings: bool = False) -> torch.Tensor:
+        """The logits rows (with `embeddings`: the hidden-state rows) of the tokens flagged in
+        `outputs`, in token order."""
+        width = self.hp.n_embd if embeddings else self.n_vocab
         if ids.numel() == 0:
-            return torch.empty(0, self.n_vocab)
+            return torch.empty(0, width)
         self.sequences.check(seq_ids.unique().tolist(), held=self.lock.depth > 1)
         self.sequences.changed(seq_ids.unique().tolist())  # a failed eval may have changed them too
         self.kv.plan(seq_ids)  # raises early when the cache cannot hold them all
-        out = torch.empty(int(outputs.sum()), self.n_vocab)
+        out = torch.empty(int(outputs.sum()), width)
         before = self.kv.snapshot()
         row = 0
         for start in range(0, ids.numel(), self.n_batch):
             end = start + self.n_batch
             flags = outputs[start: end]
             logits = out[row: row + int(flags.sum())]
-            self._eval_ubatch(ids[start: end], seq_ids[start: end], flags, logits)
+            self._eval_ubatch(ids[start: end], seq_ids[start: end], flags, logits, embeddings)
             row += logits.shape[0]
             finite = torch.isfinite(logits).all(dim=1)
             if not bool(finite.all()):
@@ -332,11 +375,11 @@ class Model:
         return out
 
     def _eval_ubatch(self, ids: torch.Tensor, seq_ids: torch.Tensor, outputs: torch.Tensor,
-                     logits: torch.Tensor) -> None:
+                     logits: torch.Tensor, embeddings: bool = False) -> None:
         """One micro-batch; the rows of the tokens flagged in `outputs` are written to `logits`."""
         batch = self.kv.plan(seq_ids)
         n_tokens, n_outputs = ids.numel(), logits.shape[0]
-        g = self._graph_for(n_tokens, batch.n_kv, n_outputs)
+        g = self._graph_for(n_tokens, batch.n_kv, n_outputs, embeddings)
         # the scheduler keeps user inputs in CPU memory and copies them where they are read
         backend_tensor_set(g.tokens, ids.to(torch.int32))
         backend_tensor_set(g.positions, batch.positions.to(torch.int32))
@@ -354,7 +397,7 @@ class Model:
             raise RuntimeError(f"{self.path}: graph compute failed with status {status!r}")
         self.kv.commit(batch)
         if n_outputs:
-            logits[:] = backend_tensor_get(g.logits).reshape(n_outputs, self.n_vocab)
+            logits[:] = backend_tensor_get(g.logits).reshape(n_outputs, logits.shape[1])
 
     # ------------------------------------------------------------ text
 
@@ -392,43 +435,60 @@ class Model:
         return self.tokenizer.detokenize(list(ids))
 
     def generate(self, prompt, max_tokens: int = 128, temperature: float = 0.8, top_k: int = 40,
-                 top_p: float = 0.95, seed: int | None = None) -> Iterator[str]:
+                 top_p: float = 0.95, seed: int | None = None, *, stop: Sequence[str] = (),
+                 **sampling) -> Iterator[str]:
         """Stream the text of up to max_tokens sampled tokens after `prompt` (text, or token ids).
-        The KV cache starts empty; generation stops at an end-of-generation token or a full
-        cache. `self.timings` has the prompt and generation speeds afterwards. The model is
-        held (other threads wait) from the first item until the generator ends or is closed."""
-        with self.lock:
-            self._require_weights("generate")
-            yield from self._generate(prompt, max_tokens, temperature, top_k, top_p, seed)
-
-    def _generate(self, prompt, max_tokens, temperature, top_k, top_p, seed) -> Iterator[str]:
-        ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
-        if not ids:
-            raise ValueError("generate: the prompt has no tokens")
-        gen = torch.Generator().manual_seed(seed if seed is not None else torch.seed() & 0xFFFFFFFF)
-        decoder = self.tokenizer.stream_decoder()
-        self.reset()
-        self.timings = t = Timings()
-        start = time.perf_counter()
-        logits = self.eval(ids, logits="last")[0]
-        t.prompt_tokens, t.prompt_s = len(ids), time.perf_counter() - start
-        start = time.perf_counter()
-        for _ in range(max_tokens):
-            token = sample_token(logits, temperature, top_k, top_p, gen)
-            if self.tokenizer.is_eog(token):
-                break
-            text = decoder.push(token)
+        `sampling`: the other SamplingParams (min_p, repeat_penalty, frequency_penalty,
+        presence_penalty, repeat_last_n); `stop`: strings that end the text (not included).
+        The KV cache starts empty; generation stops at an end-of-generation token, a stop string
+        or a full cache. `self.timings` has the prompt and generation speeds afterwards. The model
+        is held (other threads wait) from the first item until the generator ends or is closed.
+        generate_tokens() gives the tokens with their log-probabilities instead of text."""
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, **sampling)
+        gen = self._generation(prompt, max_tokens, params, stop, "generate")
+        for text in self._run_generation(gen):
             if text:
                 yield text
-            t.gen_tokens += 1
-            if self.n_past >= self.n_ctx:
-                break
-            logits = self.eval([token])[0]
-            t.gen_s = time.perf_counter() - start
-        t.gen_s = time.perf_counter() - start
-        rest = decoder.flush()
+        rest = gen.flush()
         if rest:
             yield rest
+
+    def generate_tokens(self, prompt, max_tokens: int = 128, params: SamplingParams | None = None,
+                        stop: Sequence[str] = ()) -> Iterator[TokenChoice]:
+        """As generate, but yield each sampled token as a TokenChoice (with params.logprobs set:
+        its log-probability and the top alternatives')."""
+        gen = self._generation(prompt, max_tokens, params or SamplingParams(), stop, "generate_tokens")
+        for _ in self._run_generation(gen):
+            yield gen.choices[-1]
+
+    def _generation(self, prompt, max_tokens, params, stop, what) -> Generation:
+        self._require_weights(what)
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
+        if not ids:
+            raise ValueError(f"{what}: the prompt has no tokens")
+        return Generation(self.tokenizer, ids, params, max_tokens, stop)
+
+    def _run_generation(self, gen: Generation) -> Iterator[str]:
+        """Run `gen` (see generation.py) on an empty cache, yielding the text of each token it keeps."""
+        with self.lock:
+            self._require_weights("generate")
+            self.reset()
+            self.timings = t = Timings()
+            start = time.perf_counter()
+            logits = self.eval(gen.prompt, logits="last")[0]
+            t.prompt_tokens, t.prompt_s = len(gen.prompt), time.perf_counter() - start
+            start = time.perf_counter()
+            while gen.finish_reason is None:
+                text = gen.step(logits)
+                if gen.n_generated > t.gen_tokens:
+                    t.gen_tokens += 1
+                    yield text
+                if gen.finish_reason is None and self.n_past >= self.n_ctx:
+                    gen.finish("length")
+                if gen.finish_reason is None:
+                    logits = self.eval([gen.last_token])[0]
+                t.gen_s = time.perf_counter() - start
+            t.gen_s = time.perf_counter() - start
 
     def generate_batch(self, prompts, max_tokens: int = 128, temperature: float = 0.8, top_k: int = 40,
                        top_p: float = 0.95, seed: int | None = None) -> list[str]:

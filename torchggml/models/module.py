@@ -64,7 +64,7 @@ def _weight_value(model, name: str, t) -> torch.Tensor:
     shape = tuple(reversed(t.ne[:_ndims(t)]))
     if not type_traits(t.type).is_quantized:
         return to_torch(t)
-    if getattr(t.buffer, "ggml_layout", True):
+    if t.buffer.ggml_layout:
         raw = to_torch(t, raw=True)
     else:
         raw = torch.from_numpy(model.file.tensor_data(name))

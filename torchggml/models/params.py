@@ -56,6 +56,10 @@ class ModelParams:
     tensor_parallel: split every layer over several devices (a meta device): a list of device
         names or Devices, or "dist" for one device per torch.distributed rank (torchrun; gloo on
         CPU, NCCL on CUDA). Replaces devices/n_gpu_layers/tensor_split.
+    rpc: ggml RPC servers ("host:port", ...) whose devices join the model, as llama.cpp's --rpc
+        (RPC0, RPC1... in the order given). Without devices and n_gpu_layers the layers are split
+        over the servers' devices and then the local CPU (tensor_split weighs them); with
+        n_gpu_layers they count as accelerators; or name them in devices.
     check_tensors: check every weight's values (and quantized blocks' scales) for NaN/inf on
         load, as llama.cpp's --check-tensors: GGUFError naming the tensor (reads all weights).
     """
@@ -72,6 +76,7 @@ class ModelParams:
     repack: bool = True
     check_tensors: bool = False
     tensor_parallel: object = None
+    rpc: Sequence[str] | None = None
 
     def __post_init__(self):
         """Each option checked on its own, the error naming it (ValueError, or TypeError for a

@@ -45,7 +45,11 @@ def find_device(spec) -> Device:
 
 
 def gpu_devices() -> list[Device]:
-    return [d for d in all_devices() if d.get_type() != DeviceType.CPU]
+    """The accelerators, remote (RPC) devices first as llama.cpp orders them (the first layers
+    go to the network, the last to the local GPUs: fewer transfers)."""
+    from ..rpc import RPCDevice
+    gpus = [d for d in all_devices() if d.get_type() != DeviceType.CPU]
+    return [d for d in gpus if isinstance(d, RPCDevice)] + [d for d in gpus if not isinstance(d, RPCDevice)]
 
 
 @dataclass

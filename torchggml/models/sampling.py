@@ -1,16 +1,133 @@
-"""Choosing the next token from a row of logits."""
+"""Choosing the next token from a row of logits: one sampler for Model.generate, `torchggml run`
+and the server (torchggml.server), so a request gives the same tokens through every door.
+
+    params = SamplingParams(temperature=0.7, top_k=40, min_p=0.05, repeat_penalty=1.1, seed=1)
+    sampler = Sampler(params, history=prompt_ids)     # penalties see the prompt's last tokens
+    choice = sampler.sample(logits_row)               # TokenChoice: token, logprob, top
+    sampler.accept(choice.token)
+
+The chain, in order: repeat/frequency/presence penalties (llama.cpp's penalties sampler, over
+the last repeat_last_n tokens), an allowed-token mask (a grammar's), temperature, top-k, top-p,
+min-p, then a draw; temperature <= 0 takes the most likely allowed token. Log-probabilities (the
+OpenAI `logprobs`) are those of the model: log-softmax of the raw logits, before any of the chain.
+
+StopStrings cuts streamed text at the first stop string, holding back a tail that may be the
+start of one.
+"""
 from __future__ import annotations
 
 import math
-import numbers
+from dataclasses import dataclass, field, fields
 
 import torch
 
+# OpenAI allows at most 20 alternatives per token (top_logprobs)
+MAX_TOP_LOGPROBS = 20
 
-def sample_token(logits: torch.Tensor, temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
-                 generator: torch.Generator | None = None) -> int:
-    """Temperature, then top-k, then top-p (nucleus) sampling; greedy when temperature <= 0."""
-    check_sampling(temperature, top_k, top_p)
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature: <= 0 is greedy. top_k: 0 keeps every token. top_p: 1 keeps every token.
+    min_p: drop tokens whose probability is below min_p times the most likely one's (0: off).
+    repeat_penalty: llama.cpp's (1: off): a logit of a recent token is divided by it (multiplied
+    when negative). frequency_penalty / presence_penalty: OpenAI's (0: off): a recent token's logit
+    less count * frequency_penalty + presence_penalty. repeat_last_n: how many recent tokens the
+    penalties look at (-1: all). seed: the draw's generator (None: random). logprobs: None, or how
+    many alternatives (0..20) to report beside each token's own log-probability."""
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repeat_last_n: int = 64
+    seed: int | None = None
+    logprobs: int | None = None
+
+    def __post_init__(self):
+        checks = [("temperature", self.temperature >= 0),
+                  ("top_k", self.top_k >= 0), ("top_p", 0 <= self.top_p <= 1), ("min_p", 0 <= self.min_p <= 1),
+                  ("repeat_penalty", self.repeat_penalty > 0),
+                  ("frequency_penalty", -2 <= self.frequency_penalty <= 2),
+                  ("presence_penalty", -2 <= self.presence_penalty <= 2),
+                  ("repeat_last_n", self.repeat_last_n >= -1),
+                  ("logprobs", self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS)]
+        ranges = {"temperature": ">= 0", "top_k": ">= 0", "top_p": "in [0, 1]", "min_p": "in [0, 1]",
+                  "repeat_penalty": "> 0", "frequency_penalty": "in [-2, 2]", "presence_penalty": "in [-2, 2]",
+                  "repeat_last_n": ">= -1", "logprobs": f"in [0, {MAX_TOP_LOGPROBS}]"}
+        for name, ok in checks:
+            value = getattr(self, name)
+            if isinstance(value, float) and math.isnan(value):
+                ok = False
+            if not ok:
+                raise ValueError(f"sampling: {name}={value!r} must be {ranges[name]}")
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+@dataclass
+class TokenChoice:
+    """A sampled token; with SamplingParams.logprobs set, its log-probability and the `logprobs`
+    most likely tokens' (id, log-probability), most likely first."""
+    token: int
+    logprob: float | None = None
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+class Sampler:
+    """The sampling state of one sequence: its generator and its recent tokens (for penalties)."""
+
+    def __init__(self, params: SamplingParams | None = None, history=()):
+        self.params = params or SamplingParams()
+        seed = self.params.seed
+        self.generator = torch.Generator().manual_seed(seed if seed is not None else torch.seed() & 0xFFFFFFFF)
+        self.history: list[int] = [int(t) for t in history]
+
+    def accept(self, token: int) -> None:
+        self.history.append(int(token))
+
+    def sample(self, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> TokenChoice:
+        """The next token from one row of logits [n_vocab]; `allowed` (bool [n_vocab]) restricts
+        the choice (a grammar's mask). ValueError when the mask allows nothing."""
+        p = self.params
+        logits = logits.reshape(-1)
+        choice = TokenChoice(-1)
+        if p.logprobs is not None:
+            logprobs = torch.log_softmax(logits.double(), dim=-1)
+            if p.logprobs:
+                values, ids = torch.topk(logprobs, min(p.logprobs, logprobs.numel()))
+                choice.top = [(int(i), float(v)) for i, v in zip(ids, values)]
+        work = self._penalized(logits)
+        if allowed is not None:
+            if not bool(allowed.any()):
+                raise ValueError("sampling: the grammar allows no token here")
+            work = work.masked_fill(~allowed, -math.inf)
+        choice.token = _draw(work, p.temperature, p.top_k, p.top_p, p.min_p, self.generator)
+        if p.logprobs is not None:
+            choice.logprob = float(logprobs[choice.token])
+        return choice
+
+    def _penalized(self, logits: torch.Tensor) -> torch.Tensor:
+        p = self.params
+        if (p.repeat_penalty == 1 and not p.frequency_penalty and not p.presence_penalty) or not self.history:
+            return logits
+        recent = self.history if p.repeat_last_n == -1 else self.history[-p.repeat_last_n:] if p.repeat_last_n else []
+        if not recent:
+            return logits
+        ids, counts = torch.unique(torch.tensor(recent, dtype=torch.int64), return_counts=True)
+        out = logits.double().clone()
+        seen = out[ids]
+        seen = torch.where(seen <= 0, seen * p.repeat_penalty, seen / p.repeat_penalty)
+        out[ids] = seen - counts.double() * p.frequency_penalty - p.presence_penalty
+        return out
+
+
+def _draw(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float,
+          generator: torch.Generator | None) -> int:
+    """Temperature, then top-k, top-p (nucleus) and min-p, then a draw; greedy when temperature <= 0."""
     if temperature <= 0:
         return int(torch.argmax(logits))
     logits = logits.double() / temperature
@@ -23,13 +140,43 @@ def sample_token(logits: torch.Tensor, temperature: float = 0.8, top_k: int = 40
         # keep the smallest prefix whose mass reaches top_p (always at least one token)
         keep = torch.cumsum(sorted_p, 0) - sorted_p < top_p
         probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
+    if min_p > 0:
+        probs = probs.masked_fill(probs < min_p * probs.max(), 0.0)
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
-    """ValueError/TypeError naming the sampling option that is not a usable number."""
-    for name, value in (("temperature", temperature), ("top_p", top_p)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-            raise ValueError(f"sampling: {name} must be a finite number, got {value!r}")
-    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
-        raise TypeError(f"sampling: top_k must be an integer, got {top_k!r}")
+def sample_token(logits: torch.Tensor, temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
+                 generator: torch.Generator | None = None, min_p: float = 0.0) -> int:
+    """Temperature, then top-k, then top-p (nucleus), then min-p sampling; greedy when temperature <= 0
+    (the sampler's draw without penalties or logprobs)."""
+    return _draw(logits.reshape(-1), temperature, top_k, top_p, min_p, generator)
+
+
+class StopStrings:
+    """Streamed text cut at the first of `stops`: push(text) returns the text that can be shown
+    now (a tail that may begin a stop string is held back) and sets `stopped` when a stop string
+    appeared (the stop string and what follows are dropped, as OpenAI does); flush() the held tail."""
+
+    def __init__(self, stops=()):
+        self.stops = [s for s in stops if s]
+        self.held = ""
+        self.stopped = False
+
+    def push(self, text: str) -> str:
+        if self.stopped:
+            return ""
+        if not self.stops:
+            return text
+        text = self.held + text
+        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.stopped, self.held = True, ""
+            return text[:cut]
+        keep = max((k for s in self.stops for k in range(1, min(len(s), len(text) + 1))
+                    if text.endswith(s[:k])), default=0)
+        self.held = text[len(text) - keep:] if keep else ""
+        return text[:len(text) - keep]
+
+    def flush(self) -> str:
+        held, self.held = self.held, ""
+        return "" if self.stopped else held

@@ -12,7 +12,13 @@ from .attention import *  # noqa: F401,F403
 from .rope import *  # noqa: F401,F403
 from .rows import *  # noqa: F401,F403
 from .custom import *  # noqa: F401,F403
+from . import conv as _conv, image as _image, regions as _regions, deepseek as _deepseek
+from .conv import *  # noqa: F401,F403
+from .image import *  # noqa: F401,F403
+from .regions import *  # noqa: F401,F403
+from .deepseek import *  # noqa: F401,F403
 
 __all__ = [name for family in (_views, _elementwise, _reduce, _shape, _norm, _matmul, _attention, _rope, _rows,
                                _custom)
            for name in family.__all__]
+__all__ += [name for family in (_conv, _image, _regions, _deepseek) for name in family.__all__]

@@ -178,6 +178,8 @@ floor, floor_inplace = _unary(UnaryOp.FLOOR)
 ceil, ceil_inplace = _unary(UnaryOp.CEIL)
 round, round_inplace = _unary(UnaryOp.ROUND)
 trunc, trunc_inplace = _unary(UnaryOp.TRUNC)
+expm1, expm1_inplace = _unary(UnaryOp.EXPM1)
+softplus, softplus_inplace = _unary(UnaryOp.SOFTPLUS)
 
 
 def _softplus(x: float) -> float:

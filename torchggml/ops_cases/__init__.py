@@ -5,9 +5,11 @@ module fills its own CASES; `all_cases()` lists every family's, in FAMILIES orde
 from __future__ import annotations
 
 from . import attention, binary, copy, glu, math, matmul, norm, reduce, rope, rows, shape, unary
+from . import conv, deepseek, image, regions
 from .table import OpCase
 
 FAMILIES = (attention, binary, copy, glu, math, matmul, norm, reduce, rope, rows, shape, unary)
+FAMILIES += (conv, deepseek, image, regions)
 
 
 def all_cases() -> list[OpCase]:

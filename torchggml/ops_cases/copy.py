@@ -15,7 +15,7 @@ CASES = CaseTable()
 case = CASES.case
 
 QUANTIZE_TARGETS = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL,
-                    T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS)
+                    T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS, T.NVFP4, T.Q1_0, T.Q2_0)
 
 
 def strided(x: torch.Tensor, ne, nb, offset: int, elsize: int) -> torch.Tensor:

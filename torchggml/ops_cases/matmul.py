@@ -21,7 +21,7 @@ T = ggml.Type
 # every block type the quants can dequantize, besides the Q8 types ggml only uses for activations
 BLOCK_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
                T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M, T.IQ4_NL,
-               T.IQ4_XS, T.TQ1_0, T.TQ2_0, T.MXFP4)
+               T.IQ4_XS, T.TQ1_0, T.TQ2_0, T.MXFP4, T.NVFP4, T.Q1_0, T.Q2_0)
 
 # byte offsets of the fp16 scale fields inside one block (the ggml block layouts)
 _F16_FIELDS = {

@@ -51,6 +51,8 @@ REFERENCES = {
     U.CEIL: (torch.ceil, True),
     U.ROUND: (_round_half_away, True),
     U.TRUNC: (torch.trunc, True),
+    U.EXPM1: (torch.expm1, False),
+    U.SOFTPLUS: (lambda x: torch.where(x > 20, x, torch.log1p(torch.exp(x))), False),
 }
 
 # rounding ops see many exact halves (multiples of 0.25 in [-4, 4]): round must take them away from 0

@@ -62,14 +62,14 @@ def tile(b, like):
 def quantized_roundtrip(qtype, x: torch.Tensor, ne0: int | None = None) -> torch.Tensor:
     """x (float64, torch order) quantized to qtype in rows of ne0 values in element order and
     dequantized again, by the gguf package; for the types gguf cannot quantize (IQ4_NL, the K
-    types, IQ4_XS) by torchggml.quants, which tests/test_quantize_ggml.py checks bit for bit
-    against llama.cpp's quantizers. Values go through float32 first, as ggml's copy does."""
+    types, IQ4_XS, NVFP4, Q1_0, Q2_0) by torchggml.quants, which tests/test_quantize_ggml.py
+    checks bit for bit against llama.cpp's quantizers. Values go through float32 first, as ggml's copy does."""
     import gguf
     rows = x.reshape(-1, ne0 or x.shape[-1]).float()
-    gtype = gguf.GGMLQuantizationType(int(qtype))
     try:
+        gtype = gguf.GGMLQuantizationType(int(qtype))
         blocks = gguf.quants.quantize(rows.numpy(), gtype)
-    except NotImplementedError:
+    except (NotImplementedError, ValueError):  # gguf cannot quantize the type, or does not know it
         from ..quants import dequantize, quantize
         out = dequantize(qtype, quantize(qtype, rows))
     else:

@@ -15,15 +15,15 @@ from __future__ import annotations
 import torch
 
 from ..types import Type, as_type, type_traits
-from . import iquants, kquants, legacy, mxfp4, ternary
+from . import iquants, kquants, legacy, lowbit, mxfp4, ternary
 from .plain import PLAIN_DTYPES, dequantize_plain, quantize_plain
 
 __all__ = ["dequantize", "quantize", "dequantize_types", "quantize_types"]
 
 _DEQUANTIZE = {**legacy.DEQUANTIZE, **kquants.DEQUANTIZE, **iquants.DEQUANTIZE,
-               **ternary.DEQUANTIZE, **mxfp4.DEQUANTIZE}
+               **ternary.DEQUANTIZE, **mxfp4.DEQUANTIZE, **lowbit.DEQUANTIZE}
 _QUANTIZE = {**legacy.QUANTIZE, **kquants.QUANTIZE, **iquants.QUANTIZE,
-             **ternary.QUANTIZE, **mxfp4.QUANTIZE}
+             **ternary.QUANTIZE, **mxfp4.QUANTIZE, **lowbit.QUANTIZE}
 
 
 def dequantize_types() -> list[Type]:

@@ -1,4 +1,4 @@
-"""The backend system implemented on torch devices: one device file per device (cpu.py,
+"""The backend system implemented on torch devices: one device file (or package) per device (cpu/,
 cuda.py, mps.py, sim.py), found by the registry; the shared pieces beside them (buffer.py,
 stream.py, device.py, plan.py, views.py, kernels/). See docs/architecture.md."""
 from __future__ import annotations

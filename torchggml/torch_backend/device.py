@@ -174,3 +174,24 @@ class AcceleratorReg(Reg):
 
     def proc_dev_get_extra_bufts(self, device):
         return []
+
+    def proc_split_buffer_type(self, main_device: int, tensor_split=None):
+        """ggml_backend_split_buffer_type (CUDA's proc address): weight matrices split by rows
+        (ne[1]) over the reg's devices in proportion to tensor_split (default: evenly), the
+        other tensors whole on each; here the buffer type of a meta device over the devices."""
+        from ..backend.meta import backend_meta_device
+        from ..backend.meta_split import MetaSplitState, SplitAxis
+        if not 0 <= int(main_device) < len(self.devices):
+            raise ValueError(f"split_buffer_type: main_device {main_device} out of range ({len(self.devices)} devices)")
+        shares = list(tensor_split or [])[:len(self.devices)]
+        shares = shares + [0.0] * (len(self.devices) - len(shares)) if any(shares) else [1.0] * len(self.devices)
+        devices = [d for d, w in zip(self.devices, shares) if w > 0]
+
+        def rows(t):
+            if t.ne[2] * t.ne[3] != 1 or t.ne[1] < len(devices):
+                return None  # not a matrix to split: whole on each device
+            total, weights = t.ne[1], [w for w in shares if w > 0]
+            cut = [round(total * sum(weights[:i]) / sum(weights)) for i in range(len(weights) + 1)]
+            return MetaSplitState(SplitAxis.AXIS_1, tuple(b - a for a, b in zip(cut, cut[1:])))
+
+        return backend_meta_device(devices, rows).get_buffer_type()

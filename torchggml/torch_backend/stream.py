@@ -28,7 +28,7 @@ import torch
 
 from ..backend_impl import Backend, Event
 from ..enums import Status
-from ..memory import TorchBuffer, tensor_bytes
+from ..memory import TorchBuffer, data_rows, strided_rows, tensor_bytes
 from ..profiler import profiling
 from .plan import CapturedPlan, CompiledPlan, compile_graph, run_calls_named
 
@@ -327,6 +327,18 @@ class StreamBackend(Backend):
         self.stream.submit(lambda: dst.copy_(src, non_blocking=True),
                            f"tensor_get_async from {tensor.describe()}")
         return None
+
+    def set_tensor_2d_async(self, tensor, data: torch.Tensor, offset, size, n_copies, stride_tensor, stride_data):
+        dst = strided_rows(tensor, offset, size, n_copies, stride_tensor)
+        src = data_rows(data, size, n_copies, stride_data)
+        self.stream.submit(lambda: dst.copy_(src, non_blocking=True),
+                           f"tensor_set_2d_async into {tensor.describe()}")
+
+    def get_tensor_2d_async(self, tensor, out: torch.Tensor, offset, size, n_copies, stride_tensor, stride_data):
+        src = strided_rows(tensor, offset, size, n_copies, stride_tensor)
+        dst = data_rows(out, size, n_copies, stride_data)
+        self.stream.submit(lambda: dst.copy_(src, non_blocking=True),
+                           f"tensor_get_2d_async from {tensor.describe()}")
 
     def cpy_tensor_async(self, backend_src: Backend, src, dst) -> bool:
         """Copy on backend_src's stream after its queued work; this stream waits for the copy

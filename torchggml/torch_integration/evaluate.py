@@ -238,7 +238,7 @@ class GraphEvaluator:
         from ..torch_backend.kernels.common import as_float
         from ..memory import tensor_view
         buffer = t.buffer if t.view_src is None else t.view_src.buffer
-        if not getattr(buffer, "ggml_layout", True):
+        if not buffer.ggml_layout:
             if self.read_weight is None:
                 raise ValueError(f"graph_function: {t.describe()} is stored in a repacked layout; pass "
                                  f"read_weight to differentiate through it (or load with repack=False)")

@@ -9,7 +9,7 @@ beyond the torch op itself.
 
 TORCH_KERNELS (reference.py) is the torch reference table, built from the family modules
 here (each holds its own small table); every device's table layers over it: GPU_KERNELS
-(gpu.py) with Triton kernels, the CPU device's table (torch_backend/cpu.py) with repacked
+(gpu.py) with Triton kernels, the CPU device's table (torch_backend/cpu/kernels.py) with repacked
 weights.
 """
 from .gpu import GPU_KERNELS

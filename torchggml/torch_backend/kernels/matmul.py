@@ -9,13 +9,13 @@ float32 at each call and the activations are not rounded. So a product split int
 (the meta device) matches one device to float32 summation order: on the F16 golden models
 Meta(SIM0,SIM1) vs SIM0 moves from 6.6e-4 (half results) to 1e-5 relative L2 (rounding the
 activations to F16 would leave 2.3e-4: summation-order differences flip their roundings). The
-CPU table chooses its own faster half GEMM (torch_backend/cpu.py).
+CPU table chooses its own faster half GEMM (torch_backend/cpu/products.py).
 Broadcasting a over b's dims 2 and 3 never copies a: b's matrices are regrouped by the a matrix
 they share, so each a matrix meets all its b rows in one product. Large converted weights are
 dequantized in row chunks to bound memory.
 MUL_MAT binds its views and the conversion once; weights are read (converted) at every call.
 A device may bind its own product for 2-D weights (`bind_mul_mat(node, weight_product)`): the CPU
-multiplies weights in its repack buffers through torch's int4 GEMM that way (torch_backend/cpu.py).
+multiplies weights in its repack buffers through torch's int4 GEMM that way (torch_backend/cpu/products.py).
 """
 from __future__ import annotations
 

@@ -2,7 +2,9 @@
 It is the CPU's table and the fallback of every other device's table."""
 from . import attention, binary, copy, custom, glu, math, matmul, norm, reduce, rope, rows, shape, unary
 from .table import KernelTable
+from . import conv, deepseek, image, regions
 
 FAMILIES = (attention, binary, copy, custom, glu, math, matmul, norm, reduce, rope, rows, shape, unary)
+FAMILIES += (conv, deepseek, image, regions)
 
 TORCH_KERNELS = KernelTable.merged("torch", [family.KERNELS for family in FAMILIES])

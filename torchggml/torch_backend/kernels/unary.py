@@ -79,6 +79,8 @@ _UNARY = {
     UnaryOp.CEIL: lambda x, n: torch.ceil(x),
     UnaryOp.ROUND: lambda x, n: round_half_away(x),
     UnaryOp.TRUNC: lambda x, n: torch.trunc(x),
+    UnaryOp.EXPM1: lambda x, n: torch.exp(x) - 1.0,       # ggml: expf(x) - 1, not expm1f
+    UnaryOp.SOFTPLUS: lambda x, n: torch.where(x > 20.0, x, torch.log(1.0 + torch.exp(x))),
 }
 
 

@@ -1,11 +1,11 @@
-"""The CPU device's fast kernels for small nodes (decode steps): one numba call per node
-(cpu_numba.py) over numpy views of the node's memory bound when the plan is compiled, instead
-of several torch ops per node (each ~1-5 µs of dispatch, most of a decode node's time).
+"""The CPU's numba layer for small nodes (decode steps): one numba call per node
+(jit/op_kernels.py) over numpy views of the node's memory bound when the plan is compiled,
+instead of several torch ops per node (each ~1-5 µs of dispatch, most of a decode node's time).
 
-Each entry layers over the kernel the CPU table had for its op (the torch kernel, the CPU's own
-MUL_MAT) with that kernel's own supports(): where the fast kernel does not take a node (its
-types, its mode, a size past FAST_MAX_ELEMENTS where torch's threaded kernels pay, no numba,
-TORCHGGML_CPU_FAST_OPS=0), the bind returns that kernel's bound call.
+Each `bind_*` returns the node's bound call, or None where the fast kernel does not take the
+node (its types, its mode, a size past FAST_MAX_ELEMENTS where torch's threaded kernels pay, no
+numba): the CPU's table (kernels.py) then tries the op's next layer.
+TORCHGGML_CPU_FAST_OPS=0 turns the layer off (fast_ops_enabled).
 """
 from __future__ import annotations
 
@@ -14,17 +14,16 @@ import functools
 import numpy as np
 import torch
 
-from .. import config
-from ..enums import Op, GluOp, RopeType
-from ..tensor import get_op_params_f32, get_glu_op, nelements
-from ..types import Type
-from .kernels import KernelTable, binds
-from .kernels.attention import alibi_slopes
-from .kernels.common import view
-from .kernels.glu import _halves
-from .kernels.rope import rope_params, _angle_constants, _rotated_span
-from .cpu_quant.kernels import numba_available
-from .cpu_quant.llvm_ir import native_half
+from ... import config
+from ...enums import Op, GluOp, RopeType
+from ...tensor import get_op_params_f32, get_glu_op, nelements
+from ...types import Type
+from ..kernels.attention import alibi_slopes
+from ..kernels.common import view
+from ..kernels.glu import _halves
+from ..kernels.rope import rope_params, _angle_constants, _rotated_span
+from .jit.llvm_ir import native_half
+from .jit.loader import numba_available, op_kernels
 
 # nodes with more output values than this run the torch kernels (threaded, vectorized): the
 # numba kernels run on one thread and win where dispatch, not arithmetic, is the cost
@@ -37,7 +36,7 @@ COPY_MAX_ELEMENTS = 1 << 14
 @functools.cache
 def _fast_types() -> frozenset:
     """Element types the numba kernels read and write (F16 as its uint16 bits; F16 only where
-    the CPU converts halves in hardware, see cpu_quant.kernels.native_half)."""
+    the CPU converts halves in hardware, see jit.llvm_ir.native_half)."""
     return frozenset({Type.F32, Type.F16}) if native_half() else frozenset({Type.F32})
 
 
@@ -58,12 +57,6 @@ def _takes(node, *tensors) -> bool:
             and all(t is None or t.type in _fast_types() for t in (node, *tensors)))
 
 
-@functools.cache
-def _ops():
-    from .cpu_numba import numba_ops
-    return numba_ops()
-
-
 def _call(kernel, *args):
     """fn(node) -> kernel(*args): the bound call of a fast kernel."""
     def bound(_node):
@@ -76,16 +69,16 @@ _NO_F32 = np.zeros(1, np.float32)  # stands in for an absent optional input
 
 # ---------------------------------------------------------------- NORM, RMS_NORM
 
-def _bind_row_norm(node):
+def bind_row_norm(node):
     if not _takes(node, node.src[0]):
         return None
     eps = np.float32(get_op_params_f32(node, 0))
-    return _call(_ops().row_norm, _float_view(node.src[0]), _float_view(node), eps, node.op == Op.RMS_NORM)
+    return _call(op_kernels().row_norm, _float_view(node.src[0]), _float_view(node), eps, node.op == Op.RMS_NORM)
 
 
 # ---------------------------------------------------------------- SOFT_MAX
 
-def _bind_soft_max(node):
+def bind_soft_max(node):
     a, mask, sinks = node.src[0], node.src[1], node.src[2]
     if not _takes(node, a, mask):
         return None
@@ -93,13 +86,13 @@ def _bind_soft_max(node):
     slopes = alibi_slopes(a.ne[2], max_bias, "cpu").numpy()
     vm = _float_view(mask)[:, :, :a.ne[1]] if mask is not None else _NO_F32.reshape(1, 1, 1, 1)
     vs = as_numpy(view(sinks)[0, 0, 0]) if sinks is not None else _NO_F32
-    return _call(_ops().soft_max, _float_view(a), _float_view(node), vm, slopes, vs, np.float32(scale),
+    return _call(op_kernels().soft_max, _float_view(a), _float_view(node), vm, slopes, vs, np.float32(scale),
                  mask is not None, sinks is not None)
 
 
 # ---------------------------------------------------------------- ROPE
 
-def _bind_rope(node):
+def bind_rope(node):
     a, positions, factors = node.src[0], node.src[1], node.src[2]
     p = rope_params(node)
     if p.mode not in (RopeType.NORMAL, RopeType.NEOX) or not _takes(node, a):
@@ -112,7 +105,7 @@ def _bind_rope(node):
     in_place = dst.data_ptr() == vx.data_ptr() and dst.stride() == vx.stride()
     start, width = _rotated_span(p, a.ne[0])
     vf = as_numpy(view(factors)[0, 0, 0]) if factors is not None else _NO_F32
-    return _call(_ops().rope, as_numpy(vx), as_numpy(dst), as_numpy(view(positions)[0, 0, 0]), vf,
+    return _call(op_kernels().rope, as_numpy(vx), as_numpy(dst), as_numpy(view(positions)[0, 0, 0]), vf,
                  inv_freq.numpy(), ramp, factors is not None, float(p.freq_scale),
                  float(p.attn_factor * yarn_mscale), start, width, p.mode == RopeType.NORMAL, not in_place)
 
@@ -126,14 +119,18 @@ def _set_rows(kernel, rows, idx, dst, node) -> None:
                          f"{node.src[1].describe()} for {node.describe()}")
 
 
-def _bind_set_rows(node):
+def bind_set_rows(node):
     b, idx = node.src[0], node.src[1]
     if not _takes(b, b, node) or idx.type not in (Type.I32, Type.I64):  # sized by the rows written
         return None
-    return functools.partial(_set_rows, _ops().set_rows, _float_view(b), view(idx)[0].numpy(), _float_view(node))
+    return functools.partial(_set_rows, op_kernels().set_rows, _float_view(b), view(idx)[0].numpy(), _float_view(node))
 
 
 # ---------------------------------------------------------------- GET_ROWS (block types)
+
+# the block types op_kernels.get_block_rows dequantizes, by kind number
+BLOCK_KINDS = ("Q4_0", "Q8_0", "Q4_K", "Q6_K")
+
 
 def _get_block_rows(kernel, table, ids, out, kind, node) -> None:
     bad = kernel(table, ids, out, kind)
@@ -142,15 +139,14 @@ def _get_block_rows(kernel, table, ids, out, kind, node) -> None:
                          f"{node.src[1].describe()} for {node.describe()}")
 
 
-def _bind_get_block_rows(node):
+def bind_get_block_rows(node):
     """Rows of a table in a block type the numba kernel decodes (the token embeddings): only the
     requested rows, in one call (the torch dequantizers take ~100-300 µs for one row)."""
-    from .cpu_numba import BLOCK_KINDS
     a, ids = node.src[0], node.src[1]
     if (not numba_available() or a.type.name not in BLOCK_KINDS or node.type != Type.F32
             or nelements(node) > FAST_MAX_ELEMENTS):
         return None
-    return functools.partial(_get_block_rows, _ops().get_block_rows, view(a).numpy(), view(ids)[0].numpy(),
+    return functools.partial(_get_block_rows, op_kernels().get_block_rows, view(a).numpy(), view(ids)[0].numpy(),
                              view(node).numpy(), BLOCK_KINDS.index(a.type.name))
 
 
@@ -190,7 +186,7 @@ def _torch_copy(src, dst, _node) -> None:
     dst.copy_(src)
 
 
-def _bind_copy(node):
+def bind_copy(node):
     """Strided copies of the same shape (the transposes and permutes of attention), within or
     between F32 and F16, over coalesced views: same-type transposes by numba in 8x8 blocks (the V
     cache's 168x1024 F16: ~55 µs warm, torch's copy ~88), other small ones by numba's element
@@ -207,10 +203,10 @@ def _bind_copy(node):
     if not numba_available():
         return functools.partial(_torch_copy, vs, dst)
     if src.type == node.type and _is_transpose(vs, dst):  # V^T: 8x8 blocks beat torch's copy
-        return _call(_ops().transpose, as_numpy(vs.T), as_numpy(dst))
+        return _call(op_kernels().transpose, as_numpy(vs.T), as_numpy(dst))
     if nelements(node) > COPY_MAX_ELEMENTS:
         return functools.partial(_torch_copy, vs, dst)
-    return _call(_ops().copy, as_numpy_4d(vs), as_numpy_4d(dst))
+    return _call(op_kernels().copy, as_numpy_4d(vs), as_numpy_4d(dst))
 
 
 # ---------------------------------------------------------------- ADD, SUB, MUL, DIV
@@ -222,21 +218,21 @@ _BINARY_CODES = {Op.ADD: 0, Op.SUB: 1, Op.MUL: 2, Op.DIV: 3}
 BINARY_MAX_ELEMENTS = 1 << 13
 
 
-def _bind_binary(node):
+def bind_binary(node):
     """F32/F16 element-wise a op b, b tiled over a, in float32 (rounded once into an F16 node)."""
     a, b = node.src[0], node.src[1]
     if not _takes(node, a, b) or nelements(node) > BINARY_MAX_ELEMENTS:
         return None
-    return _call(_ops().binary, _float_view(a), _float_view(b), _float_view(node), _BINARY_CODES[node.op])
+    return _call(op_kernels().binary, _float_view(a), _float_view(b), _float_view(node), _BINARY_CODES[node.op])
 
 
 # ---------------------------------------------------------------- GLU
 
-def _bind_glu(node):
+def bind_glu(node):
     if get_glu_op(node) != GluOp.SWIGLU or not _takes(node, node.src[0], node.src[1]):
         return None
     vx, vg = _halves(node)
-    return _call(_ops().swiglu, as_numpy(vx), as_numpy(vg), _float_view(node))
+    return _call(op_kernels().swiglu, as_numpy(vx), as_numpy(vg), _float_view(node))
 
 
 # ---------------------------------------------------------------- MUL_MAT (attention's, F16)
@@ -253,7 +249,7 @@ def flat_span(t: torch.Tensor) -> np.ndarray:
     return as_numpy(t.as_strided((span,), (1,)))
 
 
-def _bind_half_products(node):
+def bind_half_products(node):
     """Batched F16 x F32 products with few rows (attention over an F16 KV cache at decode): in
     float32 (b not rounded to F16, as the torch kernels), summed in vector lanes as ggml does."""
     a, b = node.src[0], node.src[1]
@@ -264,45 +260,13 @@ def _bind_half_products(node):
     if va.stride(3) != 1 or vb.stride(3) != 1 or min(va.stride()) < 0 or min(vb.stride()) < 0:
         return None
     strides = (lambda v: np.array(v.stride()[:3], dtype=np.int64))
-    return _call(_ops().half_products, flat_span(va), strides(va), flat_span(vb), strides(vb), as_numpy(view(node)),
+    return _call(op_kernels().half_products, flat_span(va), strides(va), flat_span(vb), strides(vb), as_numpy(view(node)),
                  a.ne[0], b.ne[2] // a.ne[2], b.ne[3] // a.ne[3])
 
 
-# ---------------------------------------------------------------- the entries
-
-FAST_BINDS = {
-    Op.NORM: _bind_row_norm, Op.RMS_NORM: _bind_row_norm, Op.SOFT_MAX: _bind_soft_max, Op.ROPE: _bind_rope,
-    Op.SET_ROWS: _bind_set_rows, Op.CONT: _bind_copy, Op.CPY: _bind_copy, Op.DUP: _bind_copy,
-    Op.GLU: _bind_glu, Op.ADD: _bind_binary, Op.SUB: _bind_binary, Op.MUL: _bind_binary, Op.DIV: _bind_binary,
-    Op.MUL_MAT: _bind_half_products, Op.GET_ROWS: _bind_get_block_rows,
-}
-
+# ---------------------------------------------------------------- the switch
 
 def fast_ops_enabled() -> bool:
     """TORCHGGML_CPU_FAST_OPS=0 turns the fast kernels off (for comparisons; read when a graph
     is compiled)."""
     return config.value("TORCHGGML_CPU_FAST_OPS")
-
-
-def _layered(fast_bind, generic):
-    """A kernel whose bind tries the fast kernel first, then the generic kernel's own bind
-    (`over`: the generic kernel)."""
-    generic_bind = getattr(generic, "bind", None)
-
-    def bind(node):
-        fast = fast_bind(node) if fast_ops_enabled() else None
-        return fast or (generic_bind(node) if generic_bind is not None else None) or generic
-
-    @binds(bind)
-    def kernel(node):
-        bind(node)(node)
-    kernel.over = generic
-    return kernel
-
-
-def register_fast_kernels(table: KernelTable) -> None:
-    """Layer the fast kernels over the table's entries as they are now (its own or those of the
-    table it is over), keeping their supports()."""
-    for op, fast_bind in FAST_BINDS.items():
-        generic, supports = table.entries[op]
-        table.register(op, supports=supports)(_layered(fast_bind, generic))

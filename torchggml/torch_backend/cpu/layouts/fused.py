@@ -1,4 +1,4 @@
-"""The fused path's repack buffer: weights stored as (q, scale, bias), multiplied by numba.
+"""The `fused` path's layout (the default): weights stored as (q, scale, bias), multiplied by numba.
 
 At a repacked tensor's address (E matrices of N rows of K values, G values per group; E = ne[2]
 is the number of experts of a MUL_MAT_ID weight, 1 for MUL_MAT's):
@@ -30,14 +30,13 @@ import threading
 import numpy as np
 import torch
 
-from ...tensor import Tensor, nbytes, round_up
-from ...enums import Op
-from ...types import Type
-from ..repack import RepackBuffer, RepackBufferType, is_whole_contiguous
-from ...memory import byte_view
+from ....tensor import Tensor, round_up
+from ....types import Type
+from ....memory import byte_view
+from ..features import fastest_gemm_dtype
+from ..jit.loader import numba_available, quant_kernels, repack_kernels
+from .base import RepackBuffer, RepackBufferType, is_whole_contiguous
 from .decompose import DECOMPOSE, HAS_BIAS, decompose, group_size
-from .features import fastest_gemm_dtype
-from .kernels import numba_kernels
 
 ALIGN = 64
 # below this many activation rows the fused matvec wins; from it on dequantize + GEMM does
@@ -108,18 +107,16 @@ def packed_views(t: Tensor):
 class FusedBufferType(RepackBufferType):
     """CPU memory holding weights as (q, scale, bias) for the fused numba products."""
 
-    def get_alloc_size(self, tensor: Tensor) -> int:
-        return _layout(tensor)[5] if self.supports_tensor(tensor) else nbytes(tensor)
-
     def supports_weight(self, qtype, ne) -> bool:
-        return supports_shape(qtype, ne)
+        """The loader's question: 2-D Q8_0 and Q4_0 weights are multiplied in place instead
+        (is_in_place)."""
+        return supports_shape(qtype, ne) and not is_in_place(qtype, ne)
 
     def supports_tensor(self, t: Tensor) -> bool:
         return is_whole_contiguous(t) and supports_shape(t.type, t.ne)
 
-    def reads_as_weight(self, node: Tensor, t: Tensor) -> bool:
-        """MUL_MAT of a 2-D weight, and MUL_MAT_ID of experts."""
-        return super().reads_as_weight(node, t) or node.op == Op.MUL_MAT_ID
+    def layout_nbytes(self, t: Tensor) -> int:
+        return _layout(t)[5]
 
     def bind_product(self, t: Tensor):
         """fn(rows [R, K] float, out [R, N] f32): out = rows @ t^T."""
@@ -135,19 +132,43 @@ class FusedBuffer(RepackBuffer):
         self.check_whole_write(tensor, offset, size, f"contiguous 2-D or 3-D weights of types "
                                                      f"{', '.join(sorted(t.name for t in DECOMPOSE))}")
         q, scale, bias = packed_views(tensor)
-        n, k = q.shape[0], tensor.ne[0]
-        blocks = data[:size].reshape(n, -1).cpu()
-        step = max(1, CONVERT_ROWS_VALUES // k)
-        for r0 in range(0, n, step):  # chunks of rows bound the temporaries
-            pq, ps, pb = decompose(tensor.type, blocks[r0:r0 + step], k)
-            if tensor.type in NIBBLE_SIGNED:
-                pq = _as_nibbles(pq, -8 if NIBBLE_SIGNED[tensor.type] else 0)
-            elif tensor.type in SIX_BIT:
-                pq = _as_six_bits(pq)
-            q[r0:r0 + step].copy_(pq)
-            scale[r0:r0 + step].copy_(ps.half().view(torch.int16) if tensor.type in HALF_SCALES else ps)
-            if bias is not None:
-                bias[r0:r0 + step].copy_(pb)
+        blocks = data[:size].reshape(q.shape[0], -1).cpu()
+        if tensor.type in NATIVE_REPACK and numba_available():
+            _native_repack(tensor.type, blocks, q, scale, bias)
+        else:
+            _torch_repack(tensor.type, tensor.ne[0], blocks, q, scale, bias)
+
+
+# types whose blocks native code converts (jit/repack_kernels.py: every row once, in parallel)
+NATIVE_REPACK = frozenset({Type.Q8_0, Type.Q4_0, Type.Q4_K, Type.Q6_K})
+
+
+def _native_repack(qtype, blocks, q, scale, bias) -> None:
+    kernels = repack_kernels()
+    b = blocks.numpy()
+    if qtype == Type.Q8_0:
+        kernels.repack_q8_0(b, q.view(torch.uint8).numpy(), scale.numpy())
+    elif qtype == Type.Q4_0:
+        kernels.repack_q4_0(b, q.numpy(), scale.numpy().view(np.uint16))
+    elif qtype == Type.Q4_K:
+        kernels.repack_q4_k(b, q.numpy(), scale.numpy(), bias.numpy())
+    else:
+        kernels.repack_q6_k(b, q.numpy(), scale.numpy())
+
+
+def _torch_repack(qtype, k: int, blocks, q, scale, bias) -> None:
+    """The other types (and every type without numba): decompose.py in torch, rows in chunks."""
+    step = max(1, CONVERT_ROWS_VALUES // k)
+    for r0 in range(0, q.shape[0], step):  # chunks of rows bound the temporaries
+        pq, ps, pb = decompose(qtype, blocks[r0:r0 + step], k)
+        if qtype in NIBBLE_SIGNED:
+            pq = _as_nibbles(pq, -8 if NIBBLE_SIGNED[qtype] else 0)
+        elif qtype in SIX_BIT:
+            pq = _as_six_bits(pq)
+        q[r0:r0 + step].copy_(pq)
+        scale[r0:r0 + step].copy_(ps.half().view(torch.int16) if qtype in HALF_SCALES else ps)
+        if bias is not None:
+            bias[r0:r0 + step].copy_(pb)
 
 
 def _as_nibbles(q, offset: int):
@@ -188,10 +209,21 @@ class _Packed:
         self.has_bias = bias is not None
         self.bias = bias if bias is not None else _NO_BIAS  # unread without a bias
 
+    blocks = False  # q holds ggml's blocks in place (block_product)
+
     @classmethod
     def of(cls, t: Tensor) -> "_Packed":
         q, scale, bias = (None if v is None else v.numpy() for v in packed_views(t))
         return cls(t.type, q, scale, bias, t.ne[1])
+
+    @classmethod
+    def of_blocks(cls, qtype, raw: torch.Tensor) -> "_Packed":
+        """A 2-D Q8_0/Q4_0 weight's ggml blocks, uint8 [N, row bytes] (IN_PLACE_KINDS)."""
+        p = cls.__new__(cls)
+        p.qtype, p.n, p.q, p.blocks = qtype, raw.shape[0], raw.numpy(), True
+        p.kind, p.g = IN_PLACE_KINDS[qtype], 32
+        p.k = raw.shape[1] // p.kind * 32
+        return p
 
     def matrix(self, e: int) -> "_Packed":
         """Expert e's slab (a view)."""
@@ -221,8 +253,10 @@ def dequantized(p: _Packed, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The (one-matrix) weight as [N, K] of dtype (float32 or bfloat16, rounded to nearest
     even), in a per-thread scratch buffer."""
     w = _scratch_buffer(p.n * p.k, _KERNEL_DTYPES[dtype]).view(p.n, p.k)
-    kernels = numba_kernels()
-    if p.six_bits:
+    kernels = quant_kernels()
+    if p.blocks:
+        kernels.dequantize_blocks(p.q, p.kind, w.numpy())
+    elif p.six_bits:
         kernels.dequantize_six_bits(p.q, p.scale, w.numpy())
     elif p.nibbles:
         kernels.dequantize_nibbles(p.q, p.scale, p.bias, p.has_bias, p.signed, w.numpy())
@@ -239,7 +273,7 @@ def _gemm(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
 def _matvec(p: _Packed, x: torch.Tensor, x_row: np.ndarray, w_row0: np.ndarray, out: torch.Tensor) -> None:
     """out[i] = W[w_row0[i] : w_row0[i] + N] @ x[x_row[i]]: every x row quantized once to int8 per
     group, as ggml's vec_dot_type (Q8_0) does, then the fused matvec."""
-    kernels = numba_kernels()
+    kernels = quant_kernels()
     xf = x.float().contiguous().numpy()
     xq = np.empty(xf.shape, np.int8)
     xd = np.empty((xf.shape[0], p.k // p.g), np.float32)
@@ -248,7 +282,10 @@ def _matvec(p: _Packed, x: torch.Tensor, x_row: np.ndarray, w_row0: np.ndarray, 
     if p.qtype in F16_ACTIVATION_SCALES:
         xd[:] = xd.astype(np.float16)
     target = out if out.is_contiguous() else torch.empty(out.shape, dtype=torch.float32)
-    kernels.matvec(p.q, p.scale, p.bias, p.has_bias, p.kind, w_row0, xq, xd, xsum, x_row, target.numpy())
+    if p.blocks:
+        kernels.block_matvec(p.q, p.kind, w_row0, xq, xd, x_row, target.numpy())
+    else:
+        kernels.matvec(p.q, p.scale, p.bias, p.has_bias, p.kind, w_row0, xq, xd, xsum, x_row, target.numpy())
     if target is not out:
         out.copy_(target)
 
@@ -269,6 +306,23 @@ def _product(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
         part = torch.empty(m, p.n, dtype=fastest_gemm_dtype())
         _gemm(p, rows.to(part.dtype), part)
         out.copy_(part)
+
+
+# 2-D weights of these types are multiplied on ggml's blocks in place (kernels.block_matvec; the
+# row_dot kind is the block's bytes): their layout here would be no smaller, so the loader leaves
+# them in the file's mapping (nothing to convert at load, no second copy)
+IN_PLACE_KINDS = {Type.Q8_0: 34, Type.Q4_0: 18}
+
+
+def is_in_place(qtype, ne) -> bool:
+    ne = list(ne) + [1] * (4 - len(ne))
+    return qtype in IN_PLACE_KINDS and ne[2] == 1 and ne[3] == 1
+
+
+def block_product(qtype, raw: torch.Tensor):
+    """fn(rows [R, K] float, out [R, N] f32): out = rows @ W^T for a Q8_0/Q4_0 weight's ggml
+    blocks raw (uint8 [N, row bytes], rows contiguous), as the fused layout's product."""
+    return functools.partial(_product, _Packed.of_blocks(qtype, raw))
 
 
 def _expert_product(p: _Packed, acts: torch.Tensor, pair_rows: torch.Tensor, pair_experts: torch.Tensor,

@@ -2,7 +2,7 @@
 
 Paths for quantized MUL_MAT weights in the CPU's repack buffer:
     fused    numba-compiled fused dequantize-and-multiply over the (q, scale, bias) layout, every
-             block type (cpu_quant.layout); per micro-batch dequantize + torch GEMM for M >= 4.
+             block type (layouts/fused.py); per micro-batch dequantize + torch GEMM for M >= 4.
     int4     torch's int4 weight-only GEMM (Q4_0/Q4_1/Q4_K only; the rest dequantize per call).
     dequant  no repacking: weights stay ggml blocks and are dequantized at every call.
 `fused` is the default when numba imports, else `int4`.
@@ -59,7 +59,7 @@ def fastest_gemm_dtype() -> torch.dtype:
 
 
 def default_path() -> str:
-    from .kernels import numba_available
+    from .jit.loader import numba_available
     return "fused" if numba_available() else "int4"
 
 
@@ -71,7 +71,7 @@ def cpu_path() -> str:
     if path not in PATHS:
         raise ValueError(f"{PATH_ENV}={path!r}: expected one of {', '.join(PATHS)}")
     if path == "fused":
-        from .kernels import numba_available
+        from .jit.loader import numba_available
         if not numba_available():
             raise ValueError(f"{PATH_ENV}=fused needs numba (pip install numba)")
     return path

@@ -1,10 +1,14 @@
-"""LLVM IR for the fused CPU kernels (used by jit_kernels.py and cpu_numba_kernels.py): numba
+"""LLVM IR for the fused CPU kernels (used by quant_kernels.py and op_kernels.py): numba
 intrinsics for a row's quantized dot product and for packed rows' unpacking, the CPU's byte dot
 instruction by target feature, float16 reads that need no library call, and the bf16 row output.
 """
 from __future__ import annotations
 
 import functools
+
+
+# row_dot's kinds that read ggml's blocks in place, by block bytes: Q8_0 and Q4_0
+BLOCK_KINDS = (34, 18)
 
 
 def _row_dot_intrinsic():
@@ -22,14 +26,16 @@ def _row_dot_intrinsic():
     float32 [K/G] or int16 holding float16 bits, xd float32 [K/G]. kind (a compile-time
     literal): 32 or 16 for int8 groups of that size, 4 for 4-bit groups of 32 stored in 16 bytes
     (byte i: value i low nibble, value i + 16 high nibble), -4 for the same nibbles minus 8
-    (Q4_0's signed values, as ggml's kernels subtract 8).
+    (Q4_0's signed values, as ggml's kernels subtract 8). Block kinds read ggml's blocks in
+    place (w: the row's raw bytes; scale is not read): 34 for Q8_0 (float16 d, 32 int8 values),
+    18 for Q4_0 (float16 d, 16 bytes of nibbles minus 8, in the 4-bit order above).
     """
     from llvmlite import ir
     from numba import types
     from numba.core import cgutils
     from numba.extending import intrinsic
 
-    i8, i32, f32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
+    i8, i16, i32, f32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
 
     def vec(t, n):
         return ir.VectorType(t, n)
@@ -67,6 +73,12 @@ def _row_dot_intrinsic():
             scale_j = half_bits_to_float(builder, scale_j)
         return builder.fmul(scale_j, builder.load(builder.gep(dp, [j])))
 
+    def block_scales(builder, wp, dp, j, block_bytes):
+        """Block j's float16 d (its first two bytes, unaligned) * xd[j] as float."""
+        at = builder.gep(wp, [builder.mul(j, ir.Constant(j.type, block_bytes))])
+        d = half_bits_to_float(builder, builder.load(builder.bitcast(at, i16.as_pointer()), align=1))
+        return builder.fmul(d, builder.load(builder.gep(dp, [j])))
+
     def six_bit_products(builder, w, x, j):
         """Two 16-value groups of 6-bit values u = q + 32 in 24 bytes (Q6_K): 16 bytes of low
         nibbles (byte i: value i, value i + 16 in the high nibble), then 8 bytes of high bits
@@ -98,26 +110,36 @@ def _row_dot_intrinsic():
 
     def group_products(builder, w, x, j, kind):
         """The group's products as <8 x i32> partial sums (kind 16: groups 2j and 2j + 1)."""
+        at = builder.mul(j, ir.Constant(j.type, 32))
+        if kind in BLOCK_KINDS:  # the values after block j's float16 d
+            at_w = builder.add(builder.mul(j, ir.Constant(j.type, kind)), ir.Constant(j.type, 2))
+            return (nibble_products(builder, nibble_values_at(builder, w, at_w), load_i8(builder, x, at, 32), True)
+                    if kind == 18 else int8_products(builder, load_i8(builder, w, at_w, 32), load_i8(builder, x, at, 32), 32))
         if kind in (4, -4):
-            xv = load_i8(builder, x, builder.mul(j, ir.Constant(j.type, 32)), 32)
-            u = nibble_values(builder, w, j)
-            fast = _byte_dot_8(builder, u, xv)
-            if fast is not None:
-                if kind == -4:  # sum (u - 8) x = sum u x - 8 sum x
-                    xsum = _byte_dot_8(builder, ir.Constant(vec(i8, 32), [1] * 32), xv)
-                    fast = builder.sub(fast, builder.shl(xsum, ir.Constant(vec(i32, 8), [3] * 8)))
-                return fast
-            wide = vec(i32, 32)
-            if kind == -4:  # signed: nibble - 8, in [-8, 7]
-                uw = builder.sext(builder.sub(u, ir.Constant(vec(i8, 32), [8] * 32)), wide)
-            else:
-                uw = builder.zext(u, wide)
-            return fold_to_8(builder, builder.mul(uw, builder.sext(xv, wide)), 32)
+            return nibble_products(builder, nibble_values(builder, w, j), load_i8(builder, x, at, 32), kind == -4)
         if kind == 6:
             return six_bit_products(builder, w, x, j)
         # int8 groups; kind 16 reads two groups (32 bytes) at once: lanes 0-3 the first, 4-7 the second
-        at = builder.mul(j, ir.Constant(j.type, 32))
-        wv, xv = load_i8(builder, w, at, 32), load_i8(builder, x, at, 32)
+        return int8_products(builder, load_i8(builder, w, at, 32), load_i8(builder, x, at, 32), kind)
+
+    def nibble_products(builder, u, xv, signed):
+        """32 4-bit values u (minus 8 where signed) times 32 int8 xv as <8 x i32>."""
+        fast = _byte_dot_8(builder, u, xv)
+        if fast is not None:
+            if signed:  # sum (u - 8) x = sum u x - 8 sum x
+                xsum = _byte_dot_8(builder, ir.Constant(vec(i8, 32), [1] * 32), xv)
+                fast = builder.sub(fast, builder.shl(xsum, ir.Constant(vec(i32, 8), [3] * 8)))
+            return fast
+        wide = vec(i32, 32)
+        if signed:  # nibble - 8, in [-8, 7]
+            uw = builder.sext(builder.sub(u, ir.Constant(vec(i8, 32), [8] * 32)), wide)
+        else:
+            uw = builder.zext(u, wide)
+        return fold_to_8(builder, builder.mul(uw, builder.sext(xv, wide)), 32)
+
+    def int8_products(builder, wv, xv, kind):
+        """32 int8 weights times 32 int8 xv as <8 x i32> (kind 16: lanes 0-3 the first 16, 4-7
+        the second)."""
         # |w| times x with w's sign (ggml's trick for signed bytes: the CPU's dot multiplies
         # unsigned by signed bytes); |-128| = 128 reads as an unsigned byte
         zeros = ir.Constant(vec(i8, 32), [0] * 32)
@@ -129,7 +151,7 @@ def _row_dot_intrinsic():
             return fast
         wide = vec(i32, 32)
         products = builder.mul(builder.sext(wv, wide), builder.sext(xv, wide))
-        return fold_to_8(builder, products, 32) if kind == 32 else fold_adjacent_to_8(builder, products)
+        return fold_adjacent_to_8(builder, products) if kind == 16 else fold_to_8(builder, products, 32)
 
     @intrinsic
     def row_dot(typingctx, w, x, scale, xd, kind):
@@ -143,7 +165,7 @@ def _row_dot_intrinsic():
             xp = data_ptr(context, builder, sig.args[1], args[1])
             sp = data_ptr(context, builder, sig.args[2], args[2])
             dp = data_ptr(context, builder, sig.args[3], args[3])
-            n_groups = context.make_array(sig.args[2])(context, builder, args[2]).shape
+            n_groups = context.make_array(sig.args[3])(context, builder, args[3]).shape  # xd's: K / G
             n_groups = builder.extract_value(n_groups, 0)
             acc = cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8))
             if k in (16, 6):  # groups in pairs (K-quant rows hold an even number of 16-value groups)
@@ -159,7 +181,9 @@ def _row_dot_intrinsic():
                                                                  half_scales), ir.Constant(i32, 1))
                     s8 = builder.shuffle_vector(s8, s8, ir.Constant(vec(i32, 8), [0, 0, 0, 0, 1, 1, 1, 1]))
                 else:
-                    s8 = builder.insert_element(undef8, group_scales(builder, sp, dp, j, half_scales), ir.Constant(i32, 0))
+                    sj = (block_scales(builder, wp, dp, j, k) if k in BLOCK_KINDS
+                          else group_scales(builder, sp, dp, j, half_scales))
+                    s8 = builder.insert_element(undef8, sj, ir.Constant(i32, 0))
                     s8 = builder.shuffle_vector(s8, s8, ir.Constant(vec(i32, 8), [0] * 8))
                 term = builder.fmul(builder.sitofp(ints, vec(f32, 8)), s8, flags=("fast",))
                 builder.store(builder.fadd(builder.load(acc), term, flags=("fast",)), acc)
@@ -170,7 +194,10 @@ def _row_dot_intrinsic():
 
     def nibble_values(builder, w, j):
         """Group j's 32 4-bit values (16 bytes: value i low nibble, value i + 16 high) as <32 x i8>."""
-        wv = load_i8(builder, w, builder.mul(j, ir.Constant(j.type, 16)), 16)
+        return nibble_values_at(builder, w, builder.mul(j, ir.Constant(j.type, 16)))
+
+    def nibble_values_at(builder, w, at):
+        wv = load_i8(builder, w, at, 16)
         return builder.shuffle_vector(builder.and_(wv, ir.Constant(vec(i8, 16), [15] * 16)),
                                       builder.lshr(wv, ir.Constant(vec(i8, 16), [4] * 16)),
                                       ir.Constant(vec(i32, 32), list(range(32))))

@@ -6,18 +6,18 @@ Each supported type's weights are, exactly as its dequantize computes them,
 
 with q an integer in int8 range and G (the group) 32, or 16 for the types whose sub-blocks
 have 16 values (Q2_K, Q3_K, Q6_K). bias is None where the type has no offset. This is the
-repacked layout the fused CPU products read (cpu_quant.layout); the tests check q*scale+bias
+repacked layout the fused CPU products read (layouts/fused.py); the tests check q*scale+bias
 against `quants.dequantize` for every type.
 """
 from __future__ import annotations
 
 import torch
 
-from ...quants._fields import as_f16, as_u16, split_bytes, unpack
-from ...quants.kquants import _bit_planes, _nibble_runs, _q3_k_scales, _two_bit_planes, k_scale_min
-from ...quants.mxfp4 import e8m0_to_fp32_half
-from ...quants.tables import IQ4NL_VALUES, MXFP4_VALUES
-from ...types import Type
+from ....quants._fields import as_f16, as_u16, split_bytes, unpack
+from ....quants.kquants import _bit_planes, _nibble_runs, _q3_k_scales, _two_bit_planes, k_scale_min
+from ....quants.mxfp4 import e8m0_to_fp32_half
+from ....quants.tables import IQ4NL_VALUES, MXFP4_VALUES
+from ....types import Type
 
 
 def _nibbles32(qs):
@@ -134,7 +134,7 @@ def decompose(qtype, blocks: torch.Tensor, n_values: int):
     [rows, n_values/G], bias f32 [rows, n_values/G] or None)."""
     g, fn = DECOMPOSE[qtype]
     rows = blocks.shape[0]
-    from ...types import type_traits
+    from ....types import type_traits
     q, scale, bias = fn(blocks.reshape(-1, type_traits(qtype).type_size))
     q = q.reshape(rows, n_values)
     scale = scale.reshape(rows, n_values // g).float()

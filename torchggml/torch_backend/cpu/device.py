@@ -1,6 +1,6 @@
-"""The CPU device: host storages, synchronous compute with the CPU kernel table (the torch
-reference table, with weights in its CPU_REPACK buffers multiplied through torch's int4 GEMM),
-and the CPU functions of the C API (backend_cpu_init...)."""
+"""The CPU device: host storages and its CPU_REPACK extra buffer types (layouts/), synchronous
+compute with the CPU kernel table (kernels.py), and the CPU functions of the C API
+(backend_cpu_init...)."""
 from __future__ import annotations
 
 import functools
@@ -9,81 +9,20 @@ import platform
 
 import torch
 
-from ..backend_impl import Backend, Device, DeviceCaps, DeviceType, Reg
-from ..enums import Op, Status
-from ..types import Type
-from ..memory import TorchBufferType, buffer_from_torch
-from ..profiler import profiling, run_calls_profiled
-from .kernels import TORCH_KERNELS, KernelTable, binds, run_calls
-from .kernels.common import view
-from .kernels.matmul import bind_expert_product, bind_mul_mat, bind_mul_mat_id, bind_weight_product
-from .plan import CompiledPlan, compile_graph
-from .cpu_ops import register_fast_kernels
-from .cpu_quant.features import cpu_features, cpu_path, fastest_gemm_dtype
-from .cpu_quant.kernels import numba_available, set_numba_threads
-from .cpu_quant.layout import FusedBufferType
-from .repack import (RepackBufferType, bind_repacked_product, check_repacked_reads, is_repacked,
-                     reads_repacked_only_as_weight)
+from ...backend_impl import Backend, Device, DeviceCaps, DeviceType, Reg
+from ...enums import Status
+from ...memory import TorchBufferType, buffer_from_torch
+from ...profiler import profiling, run_calls_profiled
+from ..kernels import TORCH_KERNELS, run_calls
+from ..plan import CompiledPlan, compile_graph
+from .features import cpu_features, cpu_path, fastest_gemm_dtype
+from .jit.loader import numba_available, set_numba_threads
+from .kernels import CPU_KERNELS
+from .layouts.base import RepackBufferType, check_repacked_reads, reads_repacked_only_as_weight
+from .layouts.fused import FusedBufferType
+from .layouts.int4 import Int4BufferType
 
 REG_ORDER = 100  # the CPU comes last, as upstream's registry and scheduler want it
-
-# ---------------------------------------------------------------- the CPU kernel table
-
-CPU_KERNELS = KernelTable("CPU", over=TORCH_KERNELS)
-
-
-# from this many rows on, F16 products convert the weight to f32: 128x1024x2816 takes 72 ms in
-# torch's half GEMM on AVX2 and 33 ms converting first (Zen 4: 50-85 ms vs 13-18 ms); below, the
-# half GEMV reads half the bytes. (bf16 would be faster on AVX512-BF16 but loses F16's precision:
-# 5.6e-3 relative error on the F16 golden model, bound 2e-3.)
-HALF_CONVERT_ROWS = 16
-
-
-def _times_half_cpu(weight_t, rows, out) -> None:
-    """The CPU's F16/BF16 product: torch's half GEMM, many times faster than converting the
-    weight at every call (17x for a 4096x4096 F16 matvec on an AVX512-FP16 CPU). Unlike ggml
-    (and the reference table) it rounds each result to the half type: on the F16 golden models
-    this moves the error against llama.cpp from 4.9e-4 to 6.7e-4 (the bound is 2e-3)."""
-    if weight_t.dtype == torch.float16 and rows.shape[0] >= HALF_CONVERT_ROWS:
-        torch.matmul(rows.float(), weight_t.float(), out=out)  # a micro-batch: f32 GEMM
-        return
-    out.copy_(torch.matmul(rows.to(weight_t.dtype), weight_t))
-
-
-def _cpu_weight_product(a):
-    """A repacked weight multiplies in its repack layout, a 2-D F16/BF16 one through torch's
-    half GEMM; others as the reference does."""
-    if is_repacked(a):
-        return bind_repacked_product(a)
-    if a.type in (Type.F16, Type.BF16):
-        return functools.partial(_times_half_cpu, view(a)[0, 0].T)
-    return bind_weight_product(a)
-
-
-def _bind_cpu_mul_mat(node):
-    return bind_mul_mat(node, _cpu_weight_product)
-
-
-@CPU_KERNELS.register(Op.MUL_MAT, supports=TORCH_KERNELS.entries[Op.MUL_MAT][1])
-@binds(_bind_cpu_mul_mat)
-def mul_mat(node):
-    _bind_cpu_mul_mat(node)(node)
-
-
-def _bind_cpu_mul_mat_id(node):
-    """Experts in the fused repack layout multiply there (only the used experts are read)."""
-    experts = node.src[0]
-    return bind_mul_mat_id(node, experts.buffer.buft.bind_expert_product if is_repacked(experts)
-                           else bind_expert_product)
-
-
-@CPU_KERNELS.register(Op.MUL_MAT_ID, supports=TORCH_KERNELS.entries[Op.MUL_MAT_ID][1])
-@binds(_bind_cpu_mul_mat_id)
-def mul_mat_id(node):
-    _bind_cpu_mul_mat_id(node)(node)
-
-
-register_fast_kernels(CPU_KERNELS)  # numba kernels for small nodes over the entries above (cpu_ops.py)
 
 
 def _cpu_description() -> str:
@@ -108,11 +47,57 @@ def host_memory() -> tuple[int, int]:
 
 
 
+class Threadpool:
+    """ggml_threadpool: torch computes on its one intra-op pool, so a threadpool is the thread
+    count a CPU backend uses while it is set (ggml_backend_cpu_set_threadpool)."""
+
+    def __init__(self, n_threads: int):
+        if int(n_threads) < 1:
+            raise ValueError(f"threadpool_new: n_threads must be at least 1, got {n_threads}")
+        self.n_threads = int(n_threads)
+        self.paused = False
+        self.freed = False
+
+
+def threadpool_new(params) -> Threadpool:
+    """A threadpool of `params` threads (an int, or an object with n_threads)."""
+    return Threadpool(getattr(params, "n_threads", params))
+
+
+def threadpool_free(threadpool: Threadpool | None) -> None:
+    if threadpool is not None:
+        threadpool.freed = True
+
+
+def threadpool_get_n_threads(threadpool: Threadpool) -> int:
+    return threadpool.n_threads
+
+
+def threadpool_pause(threadpool: Threadpool) -> None:
+    threadpool.paused = True
+
+
+def threadpool_resume(threadpool: Threadpool) -> None:
+    threadpool.paused = False
+
+
 class CPUBackend(Backend):
     def __init__(self, device: "CPUDevice"):
         super().__init__(device, "CPU")
         self.n_threads = torch.get_num_threads()
         self.abort_callback = None
+        self.use_ref = False       # ggml_backend_cpu_set_use_ref: the reference kernels only
+        self.threadpool = None
+
+    def set_use_ref(self, use_ref: bool) -> None:
+        self.use_ref = bool(use_ref)
+
+    def set_threadpool(self, threadpool: Threadpool | None) -> None:
+        if threadpool is not None:
+            if threadpool.freed:
+                raise ValueError("backend_cpu_set_threadpool: the threadpool was freed")
+            self.set_n_threads(threadpool.n_threads)
+        self.threadpool = threadpool
 
     def set_n_threads(self, n_threads: int) -> None:
         self.n_threads = int(n_threads)
@@ -125,7 +110,7 @@ class CPUBackend(Backend):
 
     def _compile(self, graph):
         check_repacked_reads(graph.nodes, self.name)  # no kernel may read repacked bytes as ggml blocks
-        return compile_graph(graph, CPU_KERNELS, self)
+        return compile_graph(graph, TORCH_KERNELS if self.use_ref else CPU_KERNELS, self)
 
     def graph_plan_create(self, graph):
         return CompiledPlan(graph, self._compile(graph))
@@ -161,8 +146,8 @@ class CPUDevice(Device):
     def __init__(self, reg=None):
         super().__init__("CPU", _cpu_description(), DeviceType.CPU, reg)
         self.buffer_type = TorchBufferType("CPU", self, "cpu", host=True)
-        # one repack layout per product path (cpu_quant.features); "dequant" repacks nothing
-        self.repack_buffer_types = {"int4": RepackBufferType(self), "fused": FusedBufferType(self)}
+        # one repack layout per product path (features.py); "dequant" repacks nothing
+        self.repack_buffer_types = {"int4": Int4BufferType(self), "fused": FusedBufferType(self)}
 
     def get_memory(self):
         return host_memory()
@@ -206,6 +191,24 @@ class CPUReg(Reg):
     def proc_dev_get_extra_bufts(self, device):
         buft = device.repack_buffer_types.get(cpu_path())  # none for "dequant"
         return [buft] if buft is not None else []
+
+    def proc_cpu_set_use_ref(self, backend, use_ref):
+        backend.set_use_ref(use_ref)
+
+    def proc_cpu_numa_init(self, strategy=None):
+        pass  # torch places threads itself
+
+    def proc_cpu_is_numa(self):
+        return False
+
+    def proc_threadpool_new(self, params):
+        return threadpool_new(params)
+
+    def proc_threadpool_free(self, threadpool):
+        threadpool_free(threadpool)
+
+    def proc_cpu_set_threadpool(self, backend, threadpool):
+        backend.set_threadpool(threadpool)
 
     def proc_get_features(self):
         return {**cpu_features(), "CPU_PATH": cpu_path(), "GEMM": str(fastest_gemm_dtype()).split(".")[-1],
@@ -257,3 +260,12 @@ def backend_cpu_set_n_threads(backend, n_threads: int) -> None:
 
 def backend_is_cpu(backend) -> bool:
     return isinstance(backend, CPUBackend)
+
+
+def backend_cpu_set_threadpool(backend, threadpool) -> None:
+    backend.set_threadpool(threadpool)
+
+
+def backend_cpu_set_use_ref(backend, use_ref: bool) -> None:
+    """Compute with the reference (torch) kernels only, as upstream's reference CPU paths."""
+    backend.set_use_ref(use_ref)

@@ -1,7 +1,32 @@
-"""The CPU fast ops' numba kernels (see cpu_numba.py), at module level: numba's disk cache keys a
-function on its code and its closure, and a closure holding other jitted functions pickles
-differently in every process (a recompile at every start). Imported by cpu_numba.numba_ops()
-only, so numba loads when a fast kernel first runs."""
+"""numba kernels for the CPU device's small per-node work (decode steps): one compiled call per
+node instead of several torch dispatches (fast_ops.py binds them; loader.op_kernels() loads them).
+
+Every kernel takes 4-D numpy views [ne3, ne2, ne1, ne0] with any strides and does the same
+arithmetic as the torch kernels it stands in for (kernels/): float32 element-wise, float64 row
+sums where ggml sums in ggml_float, angles in float64. F16 values travel as uint16 bits and are
+converted by LLVM's half<->float instructions (vcvtph2ps/vcvtps2ph on x86's F16C, fcvt on ARM),
+so a float32 -> F16 store rounds to nearest even as torch's does. numba is not told fastmath:
+LLVM then neither reorders sums nor fuses multiplies and adds; its numpy error model keeps IEEE
+division (x / 0 is inf or NaN, as in ggml, not a ZeroDivisionError).
+
+    row_norm(x, out, eps, rms)                       NORM / RMS_NORM over ne0
+    soft_max(x, out, mask, slopes, sinks, scale, has_mask, has_sinks)
+    rope(x, out, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
+         interleaved, copy_rest)                     NORMAL / NEOX rotation
+    set_rows(rows, idx, dst) -> first bad index position or -1
+    copy(src, dst)                                   same shape, element by element, tiled
+    swiglu(x, gate, out)                             silu(x) * gate
+    binary(a, b, out, op)                            a + - * / b (op 0..3), b tiled over a
+    transpose(src, dst)                              dst[c, r] = src[r, c], 2-D, any element type
+    get_block_rows(table, ids, out, kind) -> first bad index position or -1
+                                                     out[i3, i2, j] = dequantized table[i3, i2, ids[..]]
+                                                     for kind in fast_ops.BLOCK_KINDS (bit-exact as ggml/gguf)
+    half_products(a, a_strides, b, b_strides, out, k, r2, r3)
+                                                     out[i3, i2, m, n] = sum_k a[i3 / r3, i2 / r2, n, k]
+                                                     * b[i3, i2, m, k], a F16, b F32 (flat, k contiguous)
+
+At module level, as quant_kernels.py's, so that numba's disk cache serves them in every process.
+"""
 import math
 
 import numpy as np
@@ -19,9 +44,9 @@ TRANSPOSE_BLOCK = 8
 
 def _half_intrinsics():
     """half_to_float(uint16) -> float32 and float_to_half(float32) -> uint16 as LLVM casts
-    (float_to_half only where the CPU converts halves: cpu_ops keeps F16 outputs off otherwise)."""
+    (float_to_half only where the CPU converts halves: fast_ops keeps F16 outputs off otherwise)."""
     from llvmlite import ir
-    from .cpu_quant.llvm_ir import half_bits_to_float
+    from .llvm_ir import half_bits_to_float
     from numba import types
     from numba.extending import intrinsic
 

@@ -1,0 +1,124 @@
+"""The sampler shared by Model.generate, `run` and the server: penalties, min_p, logprobs, stop strings."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from torchggml.models.sampling import Sampler, SamplingParams, StopStrings, sample_token
+
+
+def test_penalties_follow_llama_cpp():
+    logits = torch.tensor([2.0, -1.0, 0.5, 3.0, -2.0], dtype=torch.float64)
+    history = [0, 0, 1, 3, 3, 3]
+    p = SamplingParams(temperature=0, repeat_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
+    got = Sampler(p, history)._penalized(logits)
+    # llama.cpp: a seen token's logit divided by the penalty (multiplied when <= 0), then
+    # count * frequency + presence subtracted
+    expect = [2.0 / 2 - 2 * 0.5 - 0.25, -1.0 * 2 - 1 * 0.5 - 0.25, 0.5, 3.0 / 2 - 3 * 0.5 - 0.25, -2.0]
+    assert got.tolist() == pytest.approx(expect)
+    # only the last repeat_last_n tokens count
+    last2 = Sampler(SamplingParams(repeat_penalty=2.0, repeat_last_n=2), history)._penalized(logits)
+    assert last2.tolist() == pytest.approx([2.0, -1.0, 0.5, 1.5, -2.0])
+
+
+def test_min_p_drops_unlikely_tokens():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log()
+    gen = torch.Generator().manual_seed(0)
+    seen = {sample_token(logits, 1.0, 0, 1.0, gen, min_p=0.2) for _ in range(400)}
+    assert seen == {0, 1, 2}  # 0.05 < 0.2 * 0.5
+
+
+def test_greedy_respects_the_allowed_mask_and_logprobs_are_the_models():
+    logits = torch.tensor([1.0, 4.0, 2.0, 3.0])
+    allowed = torch.tensor([True, False, True, True])
+    c = Sampler(SamplingParams(temperature=0, logprobs=2)).sample(logits, allowed)
+    ref = torch.log_softmax(logits.double(), 0)
+    assert c.token == 3 and c.logprob == pytest.approx(float(ref[3]))
+    assert [t for t, _ in c.top] == [1, 3] and c.top[0][1] == pytest.approx(float(ref[1]))
+    with pytest.raises(ValueError, match="allows no token"):
+        Sampler(SamplingParams(temperature=0)).sample(logits, torch.zeros(4, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("field,value", [("temperature", -1.0), ("top_p", 1.5), ("min_p", -0.1),
+                                         ("repeat_penalty", 0.0), ("frequency_penalty", 3.0),
+                                         ("logprobs", 21), ("temperature", math.nan)])
+def test_bad_sampling_params(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})
+
+
+STOP_CASES = [  # (stops, pieces, shown text, stopped)
+    (["END"], ["abc", "deE", "N", "Dxyz"], "abcde", True),
+    (["END"], ["abc", "E", "x"], "abcEx", False),
+    (["\n\n", "###"], ["one\n", "two\n", "\nthree"], "one\ntwo", True),
+    (["##"], ["a#", "#b"], "a", True),
+    ([], ["a", "b"], "ab", False),
+]
+
+
+@pytest.mark.parametrize("stops,pieces,text,stopped", STOP_CASES)
+def test_stop_strings(stops, pieces, text, stopped):
+    s = StopStrings(stops)
+    shown = "".join(s.push(p) for p in pieces) + s.flush()
+    assert (shown, s.stopped) == (text, stopped)
+
+
+@pytest.fixture(scope="module")
+def demo():
+    from torchggml.gguf_writer.demo import demo_model_path
+    from torchggml.models import load_model
+    m = load_model(demo_model_path())
+    yield m
+    m.close()
+
+
+def test_generate_stop_and_logprobs(demo):
+    prompt = "Once upon a time"
+    full = "".join(demo.generate(prompt, max_tokens=12, temperature=0))
+    stop = full[5:8]
+    assert "".join(demo.generate(prompt, max_tokens=12, temperature=0, stop=[stop])) == full[:full.index(stop)]
+    choices = list(demo.generate_tokens(prompt, 5, SamplingParams(temperature=0, logprobs=3)))
+    ids = demo.tokenize(prompt) + [c.token for c in choices]
+    demo.reset()
+    logits = demo.eval(ids)  # every position's logits, computed separately
+    ref = torch.log_softmax(logits.double(), dim=-1)
+    n = len(demo.tokenize(prompt))
+    for i, c in enumerate(choices):
+        row = ref[n - 1 + i]
+        assert c.token == int(row.argmax()) and c.logprob == pytest.approx(float(row[c.token]), abs=1e-4)
+        assert [t for t, _ in c.top] == row.topk(3).indices.tolist()
+
+
+def test_generate_penalties_change_the_text(demo):
+    prompt = "Once upon a time"
+    plain = "".join(demo.generate(prompt, max_tokens=16, temperature=0))
+    penalized = "".join(demo.generate(prompt, max_tokens=16, temperature=0, repeat_penalty=5.0,
+                                      presence_penalty=2.0, repeat_last_n=-1))
+    assert plain != penalized
+    params = SamplingParams(temperature=0, repeat_penalty=5.0, presence_penalty=2.0, repeat_last_n=-1)
+    ids = [c.token for c in demo.generate_tokens(prompt, 16, params)]
+    assert demo.detokenize(ids) == penalized
+    assert len(set(ids)) == len(ids)  # every repetition made much less likely
+
+
+def test_embed_is_the_hidden_state_before_the_head(demo):
+    """Model.embed's per-token states times the output matrix are eval's logits; pooling as llama.cpp."""
+    from torchggml.interop import to_torch
+    ids = demo.tokenize("The scheduler cuts the graph")
+    demo.reset()
+    logits = demo.eval(ids)
+    demo.reset()
+    hidden = demo.embed(ids, pooling="none")
+    head = to_torch(demo.w.output).float()  # [n_vocab, n_embd]
+    assert torch.allclose(hidden @ head.T, logits, atol=1e-4, rtol=1e-4)
+    assert torch.allclose(demo.embed(ids), hidden.mean(0), atol=1e-6)  # the file has no pooling type: mean
+    assert torch.equal(demo.embed(ids, pooling="cls"), hidden[0]) and torch.equal(demo.embed(ids, pooling="last"), hidden[-1])
+    demo.eval(ids[:3], seq_id=0)
+    demo.embed(ids)  # another sequence: sequence 0 keeps its cells
+    assert demo.kv.seq_len(0) == 3 and demo.n_past == 3
+    demo.reset()
+    with pytest.raises(ValueError, match="pooling"):
+        demo.embed(ids, pooling="max")

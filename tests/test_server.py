@@ -1,0 +1,348 @@
+"""`torchggml serve` started for real on a loopback port and driven with the official openai client
+(and plain HTTP for the bad inputs): completions, chat, streaming, embeddings, JSON schemas,
+grammars, logprobs, stop strings, concurrency, hang-ups, errors, the API key, the queue bound."""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+for module in ("fastapi", "uvicorn", "openai", "llguidance", "jsonschema"):
+    pytest.importorskip(module, reason=f"the server tests need {module} (pip install -e '.[test]')")
+
+import jsonschema  # noqa: E402
+import openai  # noqa: E402
+import torch  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KEY = "test-key-123"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, *args: str):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.proc = subprocess.Popen([sys.executable, "-m", "torchggml", "serve", "--port", str(self.port), *args],
+                                     cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited: {self.proc.stdout.read()}")
+            try:
+                if http(self.url + "/health")[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.3)
+        else:
+            self.stop()
+            raise RuntimeError("the server did not start within 120 s")
+        self.model_id = http(self.url + "/v1/models", key=KEY)[1]["data"][0]["id"]
+
+    def client(self, key: str = KEY) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120)
+
+    def metrics(self) -> dict[str, float]:
+        req = urllib.request.Request(self.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+        text = urllib.request.urlopen(req, timeout=30).read().decode()
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines() if line and not line.startswith("#")}
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def http(url: str, body: bytes | str | None = None, key: str | None = None, method: str | None = None):
+    """(status, parsed JSON body) of one request."""
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    data = body.encode() if isinstance(body, str) else body
+    req = urllib.request.Request(url, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server("--parallel", "4", "--queue-size", "32", "--api-key", KEY)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def server1():
+    """One slot and no waiting room: exactly Model.generate, and 503 when busy."""
+    s = Server("--parallel", "1", "--queue-size", "0", "--api-key", KEY)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def demo():
+    from torchggml.gguf_writer.demo import demo_model_path
+    from torchggml.models import load_model
+    m = load_model(demo_model_path())
+    yield m
+    m.close()
+
+
+PROMPTS = ["Once upon a time", "The scheduler cuts the graph"]
+
+
+def test_models_and_completion(server):
+    c = server.client()
+    assert [m.id for m in c.models.list().data] == [server.model_id]
+    r = c.completions.create(model=server.model_id, prompt=PROMPTS[0], max_tokens=6, temperature=0)
+    assert r.choices[0].finish_reason in ("length", "stop") and r.choices[0].text
+    assert r.usage.prompt_tokens > 0 and 0 < r.usage.completion_tokens <= 6
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_chat(server):
+    r = server.client().chat.completions.create(
+        model=server.model_id, messages=[{"role": "user", "content": "Hello"}], max_tokens=5, temperature=0)
+    assert r.choices[0].message.role == "assistant" and r.choices[0].message.content
+    assert r.usage.completion_tokens <= 5
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_stream_equals_non_stream(server, kind):
+    c = server.client()
+    args = dict(model=server.model_id, max_tokens=8, temperature=0)
+    if kind == "completion":
+        whole = c.completions.create(prompt=PROMPTS[1], **args).choices[0].text
+        parts = [ch.choices[0].text for ch in c.completions.create(prompt=PROMPTS[1], stream=True, **args) if ch.choices]
+    else:
+        msgs = [{"role": "user", "content": "Tell me"}]
+        whole = c.chat.completions.create(messages=msgs, **args).choices[0].message.content
+        parts = [ch.choices[0].delta.content or "" for ch in
+                 c.chat.completions.create(messages=msgs, stream=True, **args) if ch.choices]
+    assert "".join(parts) == whole and whole
+
+
+def test_parallel_1_equals_generate(server1, demo):
+    c = server1.client()
+    for prompt in PROMPTS:
+        served = c.completions.create(model=server1.model_id, prompt=prompt, max_tokens=10, temperature=0).choices[0].text
+        assert served == "".join(demo.generate(prompt, max_tokens=10, temperature=0))
+
+
+def test_stream_usage_logprobs_and_stop(server, demo):
+    c = server.client()
+    full = "".join(demo.generate(PROMPTS[0], max_tokens=10, temperature=0))
+    r = c.completions.create(model=server.model_id, prompt=PROMPTS[0], max_tokens=10, temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == r.usage.completion_tokens
+    assert all(len(top) == 3 and max(top.values()) >= v - 1e-9 for top, v in zip(lp.top_logprobs, lp.token_logprobs))
+    # at temperature 0 the chosen token is the most likely one
+    assert all(abs(max(top.values()) - v) < 1e-9 for top, v in zip(lp.top_logprobs, lp.token_logprobs))
+    stop = full[len(full) // 2: len(full) // 2 + 2]
+    cut = c.completions.create(model=server.model_id, prompt=PROMPTS[0], max_tokens=10, temperature=0, stop=[stop])
+    assert cut.choices[0].text == full[:full.index(stop)] and cut.choices[0].finish_reason == "stop"
+    chunks = list(c.chat.completions.create(model=server.model_id, messages=[{"role": "user", "content": "x"}],
+                                            max_tokens=4, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}, logprobs=True, top_logprobs=2))
+    assert chunks[-1].usage.completion_tokens == sum(len(ch.choices[0].logprobs.content) for ch in chunks
+                                                     if ch.choices and ch.choices[0].logprobs)
+
+
+def test_seed_and_sampling_options(server):
+    c = server.client()
+    args = dict(model=server.model_id, prompt=PROMPTS[0], max_tokens=8, temperature=1.0, seed=7,
+                extra_body={"top_k": 20, "min_p": 0.05, "repeat_penalty": 1.2})
+    a, b = (c.completions.create(**args).choices[0].text for _ in range(2))
+    assert a == b
+    r = c.completions.create(model=server.model_id, prompt=PROMPTS[0], max_tokens=8, temperature=0.7,
+                             frequency_penalty=1.0, presence_penalty=0.5, n=2)
+    assert [ch.index for ch in r.choices] == [0, 1] and r.usage.completion_tokens <= 16
+
+
+def test_embeddings(server, demo):
+    c = server.client()
+    r = c.embeddings.create(model=server.model_id, input=PROMPTS)  # the client asks for base64
+    assert [d.index for d in r.data] == [0, 1]
+    for d, text in zip(r.data, PROMPTS):
+        expect = torch.nn.functional.normalize(demo.embed(demo.tokenize(text), pooling="mean"), dim=0)
+        assert torch.allclose(torch.tensor(d.embedding), expect, atol=1e-5)
+    floats = c.embeddings.create(model=server.model_id, input=PROMPTS[0], encoding_format="float")
+    assert torch.allclose(torch.tensor(floats.data[0].embedding), torch.tensor(r.data[0].embedding), atol=1e-6)
+    assert r.usage.prompt_tokens == sum(len(demo.tokenize(p)) for p in PROMPTS)
+
+
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "ok", "count"],
+          "properties": {"name": {"type": "string", "maxLength": 8}, "ok": {"type": "boolean"},
+                         "count": {"type": "integer", "minimum": 0, "maximum": 99}}}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_json_schema_output(server, temperature):
+    r = server.client().chat.completions.create(
+        model=server.model_id, messages=[{"role": "user", "content": "JSON please"}], max_tokens=60,
+        temperature=temperature, seed=3,
+        response_format={"type": "json_schema", "json_schema": {"name": "thing", "schema": SCHEMA}})
+    value = json.loads(r.choices[0].message.content)
+    jsonschema.validate(value, SCHEMA)
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_grammar(server):
+    r = server.client().completions.create(model=server.model_id, prompt=PROMPTS[0], max_tokens=8, temperature=1.0,
+                                           extra_body={"grammar": 'root ::= "yes" | "no"'})
+    assert r.choices[0].text in ("yes", "no")
+
+
+def test_16_concurrent_streams(server):
+    c = server.client()
+
+    def one(i):
+        stream = c.completions.create(model=server.model_id, prompt=f"{PROMPTS[i % 2]} {i}", max_tokens=6,
+                                      temperature=0.8, seed=i, stream=True)
+        chunks = [ch for ch in stream if ch.choices]
+        return "".join(ch.choices[0].text for ch in chunks), chunks[-1].choices[0].finish_reason
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(one, range(16)))
+    assert len(results) == 16 and all(text and finish in ("length", "stop") for text, finish in results)
+
+
+def test_hang_up_mid_stream(server):
+    before = server.metrics().get('torchggml_sequences_finished_total{reason="cancelled"}', 0)
+    stream = server.client().completions.create(model=server.model_id, prompt=PROMPTS[0], max_tokens=100,
+                                                temperature=0.8, stream=True, extra_body={"min_p": 0.0})
+    next(iter(stream))
+    stream.close()  # the client hangs up
+    deadline = time.time() + 30
+    while server.metrics().get('torchggml_sequences_finished_total{reason="cancelled"}', 0) <= before:
+        assert time.time() < deadline, "the hung-up sequence was not cancelled"
+        time.sleep(0.2)
+    assert server.metrics()["torchggml_sequences_active"] == 0
+    r = server.client().completions.create(model=server.model_id, prompt=PROMPTS[0], max_tokens=3)
+    assert r.choices[0].text
+
+
+def test_hang_up_while_waiting_for_a_whole_answer(server):
+    """A non-streaming client that closes its connection cancels its sequence too."""
+    key = 'torchggml_sequences_finished_total{reason="cancelled"}'
+    before = server.metrics().get(key, 0)
+    body = json.dumps({"prompt": PROMPTS[0], "max_tokens": 110, "min_p": 0.0}).encode()
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " + str(len(body)).encode()
+                     + b"\r\n\r\n" + body)
+        deadline = time.time() + 30
+        while server.metrics()["torchggml_sequences_active"] == 0:  # it is running
+            assert time.time() < deadline
+            time.sleep(0.05)
+    deadline = time.time() + 30
+    while server.metrics().get(key, 0) <= before:
+        assert time.time() < deadline, "the abandoned sequence was not cancelled"
+        time.sleep(0.2)
+
+
+LONG = "Once upon a time " * 200
+BAD = [  # (what, path, body, status, param)
+    ("malformed JSON", "/v1/completions", '{"prompt": "x", ', 400, None),
+    ("not an object", "/v1/completions", '[1, 2]', 400, None),
+    ("missing prompt", "/v1/completions", '{}', 400, "prompt"),
+    ("wrong type max_tokens", "/v1/completions", '{"prompt": "x", "max_tokens": "ten"}', 400, "max_tokens"),
+    ("wrong type temperature", "/v1/completions", '{"prompt": "x", "temperature": "hot"}', 400, "temperature"),
+    ("wrong type prompt", "/v1/completions", '{"prompt": {"a": 1}}', 400, "prompt"),
+    ("wrong type messages", "/v1/chat/completions", '{"messages": "hi"}', 400, "messages"),
+    ("empty messages", "/v1/chat/completions", '{"messages": []}', 400, "messages"),
+    ("negative max_tokens", "/v1/completions", '{"prompt": "x", "max_tokens": -5}', 400, "max_tokens"),
+    ("negative chat max_tokens", "/v1/chat/completions",
+     '{"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}', 400, "max_tokens"),
+    ("top_p out of range", "/v1/completions", '{"prompt": "x", "top_p": 3}', 400, "top_p"),
+    ("prompt longer than the context", "/v1/completions", json.dumps({"prompt": LONG}), 400, "prompt"),
+    ("chat longer than the context", "/v1/chat/completions",
+     json.dumps({"messages": [{"role": "user", "content": LONG}]}), 400, "messages"),
+    ("embedding input longer than the context", "/v1/embeddings", json.dumps({"input": LONG}), 400, "input"),
+    ("token id outside the vocabulary", "/v1/completions", '{"prompt": [1, 99999]}', 400, "prompt"),
+    ("empty prompt list", "/v1/completions", '{"prompt": []}', 400, "prompt"),
+    ("empty token list", "/v1/completions", '{"prompt": [[]]}', 400, "prompt"),
+    ("empty embedding input", "/v1/embeddings", '{"input": []}', 400, "input"),
+    ("unknown model", "/v1/completions", '{"prompt": "x", "model": "gpt-17"}', 404, "model"),
+    ("unknown model (chat)", "/v1/chat/completions",
+     '{"model": "nope", "messages": [{"role": "user", "content": "x"}]}', 404, "model"),
+    ("unknown model (embeddings)", "/v1/embeddings", '{"model": "nope", "input": "x"}', 404, "model"),
+    ("invalid JSON schema", "/v1/completions",
+     '{"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "bogus"}}}}',
+     400, "response_format"),
+    ("invalid grammar", "/v1/completions", '{"prompt": "x", "grammar": "root ::= ("}', 400, "grammar"),
+    ("unsupported logit_bias", "/v1/completions", '{"prompt": "x", "logit_bias": {"1": 5}}', 400, "logit_bias"),
+    ("unknown endpoint", "/v1/nothing", '{}', 404, None),
+    ("wrong method", "/v1/completions", None, 405, None),
+]
+
+
+@pytest.mark.parametrize("what,path,body,status,param", BAD, ids=[b[0] for b in BAD])
+def test_bad_input(server, what, path, body, status, param):
+    code, answer = http(server.url + path, body, key=KEY, method="GET" if body is None else "POST")
+    assert code == status, answer
+    error = answer["error"]
+    assert error["message"] and error["type"] == "invalid_request_error" and error["param"] == param
+
+
+def test_bad_input_through_openai_client(server):
+    c = server.client()
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=server.model_id, prompt="x", max_tokens=-1)
+    assert e.value.status_code == 400
+    with pytest.raises(openai.NotFoundError):
+        c.chat.completions.create(model="gpt-17", messages=[{"role": "user", "content": "x"}])
+    assert http(server.url + "/health")[0] == 200  # still up
+
+
+def test_api_key(server):
+    with pytest.raises(openai.AuthenticationError) as e:
+        server.client(key="wrong").completions.create(model=server.model_id, prompt="x", max_tokens=1)
+    assert e.value.status_code == 401
+    code, answer = http(server.url + "/v1/models")  # no key at all
+    assert code == 401 and answer["error"]["code"] == "invalid_api_key"
+    assert http(server.url + "/health")[0] == 200  # health needs no key
+
+
+def test_queue_full_is_503(server1):
+    c = server1.client()
+    running = c.completions.create(model=server1.model_id, prompt=PROMPTS[0], max_tokens=120, stream=True,
+                                   extra_body={"min_p": 0.0, "top_k": 0})
+    next(iter(running))  # it holds the only slot
+    with pytest.raises(openai.APIStatusError) as e:
+        c.completions.create(model=server1.model_id, prompt=PROMPTS[1], max_tokens=2)
+    assert e.value.status_code == 503 and e.value.body["code"] == "server_busy"
+    running.close()
+    with pytest.raises(openai.BadRequestError):  # more sequences than it can ever hold: 400, not 503
+        c.completions.create(model=server1.model_id, prompt=PROMPTS[1], max_tokens=2, n=2)
+
+
+def test_metrics(server):
+    server.client().completions.create(model=server.model_id, prompt=PROMPTS[0], max_tokens=2)
+    m = server.metrics()
+    for name in ("torchggml_generated_tokens_total", "torchggml_prompt_tokens_total", "torchggml_tokens_per_second",
+                 "torchggml_queue_waiting", "torchggml_batch_tokens_total", "torchggml_kv_cache_used_cells",
+                 "torchggml_kv_cache_usage_ratio"):
+        assert name in m
+    assert m['torchggml_requests_total{path="/v1/completions",status="200"}'] >= 1
+    assert m["torchggml_generated_tokens_total"] >= 2

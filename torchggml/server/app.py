@@ -1,0 +1,506 @@
+"""The HTTP side: an ASGI app (FastAPI) with OpenAI's endpoints over the continuous-batching engine.
+
+    /v1/models  /v1/completions  /v1/chat/completions  /v1/embeddings  (also without /v1)
+    /health  /metrics (Prometheus text)
+
+Requests are checked before anything runs; every bad input is an OpenAI-style JSON error with a
+4xx status (engine failures are 500, a full queue 503). Streaming answers are server-sent events
+("data: {chunk}" ... "data: [DONE]"); a client that hangs up cancels its sequences (the stream's
+generator is closed, or a waiting non-streaming handler sees the disconnect). With an API key every
+endpoint but /health wants "Authorization: Bearer KEY", compared in constant time.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import json
+import time
+import uuid
+from collections import Counter
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..models.generation import Generation
+from ..models.sampling import SamplingParams
+from .engine import Engine, Job, QueueFull
+from .grammar import Constraint, GrammarError, Vocabulary
+from .protocol import APIError, ChatRequest, CompletionRequest, EmbeddingRequest, Sampling
+
+# llama.cpp's fallback when the GGUF has no tokenizer.chat_template
+CHATML_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
+                   " + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}"
+                   "{{ '<|im_start|>assistant\n' }}{% endif %}")
+CHATML_END = "<|im_end|>"
+
+# how often a waiting non-streaming handler checks that its client is still there
+DISCONNECT_POLL_S = 0.25
+
+
+class ServerState:
+    """What the endpoints share: the model, the engine, the served name, counters."""
+
+    def __init__(self, model, engine: Engine, model_id: str, pooling: str | None = None):
+        self.model, self.engine, self.model_id = model, engine, model_id
+        self.pooling = pooling or model.pooling_type
+        self.requests = Counter()  # (path, status) -> count
+        self.created = int(time.time())
+        self._vocab: Vocabulary | None = None
+
+    @property
+    def vocab(self) -> Vocabulary:
+        if self._vocab is None:
+            self._vocab = Vocabulary(self.model.tokenizer)
+        return self._vocab
+
+    # ------------------------------------------------------------ request checks
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_id:
+            raise APIError(404, f"The model '{name}' does not exist; this server serves '{self.model_id}'",
+                           "model", "model_not_found")
+
+    def prompt_ids(self, prompt, param: str = "prompt", add_special: bool = True, parse_special: bool = False) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self.model.tokenize(prompt, add_special=add_special, parse_special=parse_special)
+        else:
+            ids = list(prompt)
+            bad = [t for t in ids if not 0 <= t < self.model.n_vocab]
+            if bad:
+                raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {self.model.n_vocab})", param)
+        if not ids:
+            raise APIError(400, f"the {param} is empty", param)
+        limit = self.engine.slot_ctx
+        if len(ids) >= limit:
+            raise APIError(400, f"the {param} has {len(ids)} tokens; this server's context per sequence holds "
+                                f"{limit} (n_ctx {self.model.n_ctx} / {self.engine.parallel} parallel), prompt "
+                                f"and completion together", param, "context_length_exceeded")
+        return ids
+
+    def constraint_source(self, req: Sampling) -> tuple[str, object] | None:
+        if req.grammar is not None and req.response_format is not None and req.response_format.type != "text":
+            raise APIError(400, "give either grammar or response_format, not both", "grammar")
+        if req.grammar is not None:
+            return "grammar", req.grammar
+        rf = req.response_format
+        if rf is None or rf.type == "text":
+            return None
+        if rf.type == "json_schema":
+            if rf.json_schema is None:
+                raise APIError(400, "response_format of type json_schema needs a json_schema", "response_format")
+            return "json_schema", rf.json_schema.schema_
+        return "json_schema", rf.schema_ or {"type": "object"}
+
+    def jobs(self, req: Sampling, prompts: list[list[int]], max_tokens: int | None, logprobs: int | None,
+             stops: list[str], emit) -> list[Job]:
+        for name in ("logit_bias", "tools"):
+            if getattr(req, name) is not None:
+                raise APIError(400, f"{name} is not supported by this server", name)
+        source = self.constraint_source(req)
+        grammar = None
+        if source is not None:
+            try:
+                grammar = self.vocab.compile(*source)
+            except GrammarError as e:
+                raise APIError(400, str(e), "grammar" if source[0] == "grammar" else "response_format") from None
+        jobs = []
+        for p_index, ids in enumerate(prompts):
+            for k in range(req.n):
+                params = SamplingParams(
+                    temperature=float(req.temperature), top_k=req.top_k, top_p=float(req.top_p),
+                    min_p=float(req.min_p), repeat_penalty=float(req.repeat_penalty),
+                    frequency_penalty=float(req.frequency_penalty), presence_penalty=float(req.presence_penalty),
+                    repeat_last_n=req.repeat_last_n, seed=None if req.seed is None else req.seed + k,
+                    logprobs=logprobs)
+                limit = self.engine.slot_ctx - len(ids)
+                n = limit if max_tokens is None else min(max_tokens, limit)
+                constraint = Constraint(self.vocab, grammar) if grammar is not None else None
+                gen = Generation(self.model.tokenizer, ids, params, n, stops, constraint, req.ignore_eos)
+                jobs.append(Job(ids, emit, gen, index=p_index * req.n + k))
+        return jobs
+
+    def submit(self, jobs: list[Job]) -> None:
+        room = self.engine.parallel + self.engine.max_queue
+        if len(jobs) > room:  # could never be accepted: not a matter of retrying later
+            raise APIError(400, f"the request needs {len(jobs)} sequences (prompts x n); this server runs "
+                                f"{self.engine.parallel} and queues {self.engine.max_queue}", "n")
+        try:
+            self.engine.submit(jobs)
+        except QueueFull as e:
+            raise APIError(503, str(e), None, "server_busy") from None
+
+    # ------------------------------------------------------------ chat
+
+    def chat_prompt(self, req: ChatRequest) -> tuple[list[int], list[str]]:
+        """The prompt's token ids and extra stop strings (chatml's end marker when the file has
+        no template and no such token)."""
+        from ..chat import ChatTemplateError, render_chat
+        tok = self.model.tokenizer
+        template, stops = tok.chat_template, []
+        if not template:
+            template = CHATML_TEMPLATE
+            if tok.text_to_token(CHATML_END) is None:
+                stops = [CHATML_END]
+        text = lambda i: tok.token_text(i) if i is not None else ""  # noqa: E731
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        try:
+            prompt = render_chat(template, messages, bos_token=text(tok.bos_id), eos_token=text(tok.eos_id),
+                                 source=self.model_id)
+        except ChatTemplateError as e:
+            raise APIError(400, str(e), "messages") from None
+        has_bos = tok.bos_id is not None and prompt.startswith(tok.token_text(tok.bos_id))
+        return self.prompt_ids(prompt, "messages", add_special=not has_bos, parse_special=True), stops
+
+    # ------------------------------------------------------------ metrics
+
+    def metrics_text(self) -> str:
+        s, e, m = self.engine.stats, self.engine, self.model
+        lines = []
+
+        def metric(name, kind, help, samples):
+            lines.extend([f"# HELP torchggml_{name} {help}", f"# TYPE torchggml_{name} {kind}"])
+            for labels, value in samples:
+                label = "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else ""
+                lines.append(f"torchggml_{name}{label} {value}")
+
+        metric("requests_total", "counter", "HTTP requests by path and status",
+               [({"path": p, "status": st}, n) for (p, st), n in sorted(self.requests.items())])
+        metric("prompt_tokens_total", "counter", "prompt tokens processed", [({}, s.prompt_tokens)])
+        metric("generated_tokens_total", "counter", "tokens generated", [({}, s.generated_tokens)])
+        metric("tokens_per_second", "gauge", "tokens generated per second over the last 10 s",
+               [({}, f"{s.tokens_per_second():.3f}")])
+        metric("decode_steps_total", "counter", "batched evaluation steps", [({}, s.steps)])
+        metric("batch_tokens_total", "counter", "tokens in all steps (batch size = this / steps)",
+               [({}, s.batch_tokens)])
+        metric("mixed_steps_total", "counter", "steps with prompt chunks beside running decodes",
+               [({}, s.mixed_steps)])
+        metric("sequences_finished_total", "counter", "sequences ended, by reason",
+               [({"reason": r}, n) for r, n in sorted(s.sequences_finished.items())])
+        metric("queue_waiting", "gauge", "requests' sequences waiting for a slot", [({}, e.n_waiting)])
+        metric("sequences_active", "gauge", "sequences in slots", [({}, len(e.active))])
+        metric("slots", "gauge", "parallel sequences (--parallel)", [({}, e.parallel)])
+        kv = m.kv
+        used = kv.n_past if kv is not None else 0
+        metric("kv_cache_used_cells", "gauge", "KV cache cells holding tokens", [({}, used)])
+        metric("kv_cache_cells", "gauge", "KV cache size (n_ctx)", [({}, m.n_ctx)])
+        metric("kv_cache_usage_ratio", "gauge", "used / size", [({}, f"{used / m.n_ctx:.4f}")])
+        return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- response pieces
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _piece(tok, token: int) -> bytes:
+    return tok.token_to_piece_bytes(token)
+
+
+def completion_logprobs(tok, choices, offset: int) -> dict:
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for c in choices:
+        piece = _piece(tok, c.token).decode("utf-8", errors="replace")
+        out["tokens"].append(piece)
+        out["token_logprobs"].append(c.logprob)
+        out["top_logprobs"].append({_piece(tok, t).decode("utf-8", errors="replace"): lp for t, lp in c.top})
+        out["text_offset"].append(offset)
+        offset += len(piece)
+    return out
+
+
+def chat_logprobs(tok, choices) -> dict:
+    def entry(token, logprob):
+        piece = _piece(tok, token)
+        return {"token": piece.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(piece)}
+    return {"content": [{**entry(c.token, c.logprob), "top_logprobs": [entry(t, lp) for t, lp in c.top]}
+                        for c in choices]}
+
+
+def _sse(obj) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+async def parse_body(request: Request, cls):
+    """The JSON body as `cls` (whatever the Content-Type, as llama-server); APIError 400 for
+    malformed JSON or a field of the wrong type or range, naming the field."""
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise APIError(400, f"malformed JSON body: {e}") from None
+    if not isinstance(body, dict):
+        raise APIError(400, f"the body must be a JSON object, got {type(body).__name__}")
+    try:
+        return cls.model_validate(body)
+    except ValidationError as e:
+        errors = e.errors()
+        # the top-level field is the param; a union's alternatives are reported together
+        param = str(errors[0]["loc"][0]) if errors[0].get("loc") else None
+        same = [err for err in errors if err.get("loc", ())[:1] == errors[0].get("loc", ())[:1]]
+        reasons = " or ".join(dict.fromkeys(err["msg"] for err in same))
+        got = f" (got {json.dumps(same[0]['input'])[:80]})" if param and "input" in same[0] else ""
+        raise APIError(400, f"{param or 'body'}: {reasons}{got}", param) from None
+
+
+class AuthAndCount:
+    """Checks the API key (constant-time compare; /health is open) and counts responses by path
+    and status for /metrics."""
+
+    def __init__(self, app, state: ServerState, api_key: str | None):
+        self.app, self.state = app, state
+        self.expected = f"Bearer {api_key}".encode() if api_key is not None else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        if self.expected is not None and path != "/health":
+            given = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                self.state.requests[(path, 401)] += 1
+                error = APIError(401, "Invalid or missing API key (Authorization: Bearer KEY)", None, "invalid_api_key")
+                return await JSONResponse(error.body(), status_code=401)(scope, receive, send)
+        status = [500]
+
+        async def send_and_note(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            self.state.requests[(path, status[0])] += 1
+
+
+# ---------------------------------------------------------------- the app
+
+def create_app(state: ServerState, api_key: str | None = None):
+    app = FastAPI(title="torchggml", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = state
+
+    def error_response(e: APIError) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status)
+
+    # a plain ASGI middleware: Starlette's BaseHTTPMiddleware would hide client disconnects
+    app.add_middleware(AuthAndCount, state=state, api_key=api_key)
+
+    @app.exception_handler(APIError)
+    async def on_api_error(request, e: APIError):
+        return error_response(e)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request, e: StarletteHTTPException):
+        message = {404: f"no such endpoint: {request.method} {request.url.path}",
+                   405: f"method {request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
+        return error_response(APIError(e.status_code, message, None, None))
+
+    @app.exception_handler(Exception)
+    async def on_crash(request, e: Exception):
+        return error_response(APIError(500, f"{type(e).__name__}: {e}", type="server_error"))
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(state.metrics_text(), media_type="text/plain; version=0.0.4")
+
+    async def models():
+        return {"object": "list", "data": [{"id": state.model_id, "object": "model", "created": state.created,
+                                            "owned_by": "torchggml"}]}
+
+    async def next_event(queue: asyncio.Queue, request: Request, jobs: list[Job], checked: list[float]):
+        """The next engine event; None when the client hung up (its jobs are cancelled). The
+        connection is checked every DISCONNECT_POLL_S (checked[0]: the last time), events or not."""
+        while True:
+            if time.monotonic() - checked[0] >= DISCONNECT_POLL_S:
+                checked[0] = time.monotonic()
+                if await request.is_disconnected():
+                    for j in jobs:
+                        j.cancel()
+                    return None
+            try:
+                return await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                pass
+
+    def start(jobs_for) -> tuple[asyncio.Queue, list[Job]]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        jobs = jobs_for(lambda event: loop.call_soon_threadsafe(queue.put_nowait, event))
+        state.submit(jobs)
+        return queue, jobs
+
+    async def run_generation(request: Request, jobs: list[Job], queue, stream: bool, chunk_of, final_of,
+                             include_usage: bool):
+        """Collect (or stream) the jobs' events. chunk_of(job, text, choices, finish) -> a streamed
+        chunk; final_of(texts, choices, finishes, usage) -> the whole answer."""
+        n_prompt = sum(len(j.prompt) for j in jobs)
+
+        def usage():
+            return _usage(n_prompt, sum(j.gen.n_generated for j in jobs))
+
+        if not stream:
+            texts, picked, finishes = [""] * len(jobs), [[] for _ in jobs], [None] * len(jobs)
+            remaining, checked = len(jobs), [time.monotonic()]
+            while remaining:
+                event = await next_event(queue, request, jobs, checked)
+                if event is None:
+                    return None
+                kind, job, payload, new = event
+                if kind == "error":
+                    for j in jobs:
+                        j.cancel()
+                    raise APIError(500, payload, type="server_error")
+                texts[job.index] += payload
+                if kind == "token":
+                    picked[job.index] += new
+                else:
+                    finishes[job.index] = job.gen.finish_reason
+                    remaining -= 1
+            return final_of(texts, picked, finishes, usage())
+
+        async def events():
+            try:
+                for j in jobs:
+                    first = chunk_of(j, None, [], None)  # the opening chunk (chat: the role)
+                    if first is not None:
+                        yield _sse(first)
+                remaining = len(jobs)
+                while remaining:
+                    kind, job, payload, new = await queue.get()
+                    if kind == "error":
+                        yield _sse(APIError(500, payload, type="server_error").body())
+                        return
+                    if kind == "token":
+                        yield _sse(chunk_of(job, payload, new, None))
+                    else:
+                        remaining -= 1
+                        yield _sse(chunk_of(job, payload, [], job.gen.finish_reason))
+                if include_usage:
+                    yield _sse(chunk_of(None, None, [], None) | {"choices": [], "usage": usage()})
+                yield "data: [DONE]\n\n"
+            finally:  # also when the client hung up: Starlette closes this generator
+                for j in jobs:
+                    j.cancel()
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def completions(request: Request):
+        req = await parse_body(request, CompletionRequest)
+        state.check_model(req.model)
+        if req.suffix is not None:
+            raise APIError(400, "suffix is not supported by this server", "suffix")
+        tok = state.model.tokenizer
+        prompts = [state.prompt_ids(p) for p in req.prompts() or [[]]]
+        queue, jobs = start(lambda emit: state.jobs(req, prompts, req.max_tokens, req.logprobs, req.stops(), emit))
+        cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        echo = [tok.detokenize(p) if req.echo else "" for p in prompts]
+        offsets = [len(e) for e in echo for _ in range(req.n)]
+
+        def head():
+            return {"id": cid, "object": "text_completion", "created": created, "model": state.model_id}
+
+        def chunk_of(job, text, new, finish):
+            if job is None:
+                return head()
+            if text is None:  # the opening chunk: the echoed prompt
+                prompt_text = echo[job.index // req.n]
+                if not prompt_text:
+                    return None
+                text = prompt_text
+            lp = None
+            if req.logprobs is not None and new:
+                lp = completion_logprobs(tok, new, offsets[job.index])
+                offsets[job.index] += sum(len(t) for t in lp["tokens"])
+            return head() | {"choices": [{"index": job.index, "text": text, "logprobs": lp, "finish_reason": finish}]}
+
+        def final_of(texts, picked, finishes, usage):
+            choices = []
+            for i, (text, chosen, finish) in enumerate(zip(texts, picked, finishes)):
+                prefix = echo[i // req.n]
+                lp = completion_logprobs(tok, chosen, len(prefix)) if req.logprobs is not None else None
+                choices.append({"index": i, "text": prefix + text, "logprobs": lp, "finish_reason": finish})
+            return head() | {"choices": choices, "usage": usage}
+
+        return await run_generation(request, jobs, queue, req.stream, chunk_of, final_of,
+                                    bool(req.stream_options and req.stream_options.include_usage))
+
+    async def chat_completions(request: Request):
+        req = await parse_body(request, ChatRequest)
+        state.check_model(req.model)
+        tok = state.model.tokenizer
+        ids, extra_stops = state.chat_prompt(req)
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        if req.top_logprobs and not req.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+        queue, jobs = start(lambda emit: state.jobs(req, [ids], max_tokens, logprobs, req.stops() + extra_stops, emit))
+        cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+
+        def head():
+            return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": state.model_id}
+
+        def chunk_of(job, text, new, finish):
+            if job is None:
+                return head()
+            if text is None:
+                delta = {"role": "assistant", "content": ""}
+            else:
+                delta = {"content": text} if text or finish is None else {}
+            lp = chat_logprobs(tok, new) if logprobs is not None and new else None
+            return head() | {"choices": [{"index": job.index, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
+
+        def final_of(texts, picked, finishes, usage):
+            choices = [{"index": i, "message": {"role": "assistant", "content": text},
+                        "logprobs": chat_logprobs(tok, chosen) if logprobs is not None else None,
+                        "finish_reason": finish}
+                       for i, (text, chosen, finish) in enumerate(zip(texts, picked, finishes))]
+            return head() | {"object": "chat.completion", "choices": choices, "usage": usage}
+
+        return await run_generation(request, jobs, queue, req.stream, chunk_of, final_of,
+                                    bool(req.stream_options and req.stream_options.include_usage))
+
+    async def embeddings(request: Request):
+        req = await parse_body(request, EmbeddingRequest)
+        state.check_model(req.model)
+        n_embd = state.model.hp.n_embd
+        if req.dimensions is not None and req.dimensions != n_embd:
+            raise APIError(400, f"dimensions={req.dimensions}: this model's embeddings have {n_embd}", "dimensions")
+        inputs = [state.prompt_ids(p, "input") for p in req.inputs() or [[]]]
+        queue, jobs = start(lambda emit: [Job(ids, emit, None, state.pooling, index=i) for i, ids in enumerate(inputs)])
+        vectors: list = [None] * len(jobs)
+        checked = [time.monotonic()]
+        for _ in jobs:
+            event = await next_event(queue, request, jobs, checked)
+            if event is None:
+                return None
+            kind, job, payload, _ = event
+            if kind == "error":
+                raise APIError(500, payload, type="server_error")
+            vectors[job.index] = torch.nn.functional.normalize(payload.float(), dim=-1)  # llama.cpp: L2
+        data = []
+        for i, v in enumerate(vectors):
+            if req.encoding_format == "base64":
+                value = base64.b64encode(v.numpy().astype("<f4").tobytes()).decode()
+            else:
+                value = v.tolist()
+            data.append({"object": "embedding", "index": i, "embedding": value})
+        n = sum(len(x) for x in inputs)
+        return {"object": "list", "data": data, "model": state.model_id,
+                "usage": {"prompt_tokens": n, "total_tokens": n}}
+
+    for prefix in ("/v1", ""):
+        app.add_api_route(f"{prefix}/models", models, methods=["GET"])
+        app.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
+        app.add_api_route(f"{prefix}/chat/completions", chat_completions, methods=["POST"])
+        app.add_api_route(f"{prefix}/embeddings", embeddings, methods=["POST"])
+    return app

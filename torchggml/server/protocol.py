@@ -1,0 +1,133 @@
+"""The OpenAI request bodies (pydantic, strict types: "5" is not a number) and OpenAI-style errors.
+
+Fields beyond OpenAI's are llama.cpp's: top_k, min_p, repeat_penalty, repeat_last_n, ignore_eos,
+and `grammar` (GBNF or Lark) next to response_format. Unknown fields are ignored, as OpenAI's compatible servers
+do; fields we know but do not implement are refused with 400 rather than silently ignored.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+
+Number = Union[StrictInt, StrictFloat]
+TokenIds = list[StrictInt]
+
+
+class APIError(Exception):
+    """An error answered as OpenAI does: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.type = type or {401: "authentication_error", 404: "invalid_request_error",
+                             503: "server_error"}.get(status, "invalid_request_error" if status < 500 else "server_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class StreamOptions(BaseModel):
+    include_usage: StrictBool = False
+
+
+class JsonSchema(BaseModel):
+    name: StrictStr = "response"
+    schema_: dict[str, Any] = Field(default_factory=lambda: {"type": "object"}, alias="schema")
+    strict: StrictBool | None = None
+    description: StrictStr | None = None
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")  # llama.cpp's json_object + schema
+
+
+class Sampling(BaseModel):
+    """The sampling fields both completion kinds share (defaults: llama-server's)."""
+    model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
+
+    model: StrictStr | None = None
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    n: StrictInt = Field(1, ge=1, le=16)
+    temperature: Number = Field(0.8, ge=0, le=2)
+    top_p: Number = Field(0.95, ge=0, le=1)
+    top_k: StrictInt = Field(40, ge=0)
+    min_p: Number = Field(0.05, ge=0, le=1)
+    repeat_penalty: Number = Field(1.0, gt=0)
+    repeat_last_n: StrictInt = Field(64, ge=-1)
+    frequency_penalty: Number = Field(0.0, ge=-2, le=2)
+    presence_penalty: Number = Field(0.0, ge=-2, le=2)
+    seed: StrictInt | None = None
+    stop: StrictStr | list[StrictStr] | None = None
+    response_format: ResponseFormat | None = None
+    grammar: StrictStr | None = None
+    ignore_eos: StrictBool = False
+    user: StrictStr | None = None
+    # known, not implemented: refused (400) rather than ignored
+    logit_bias: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+class CompletionRequest(Sampling):
+    prompt: StrictStr | list[StrictStr] | TokenIds | list[TokenIds]
+    max_tokens: StrictInt | None = Field(16, ge=0)
+    logprobs: StrictInt | None = Field(None, ge=0, le=20)
+    echo: StrictBool = False
+    suffix: StrictStr | None = None
+
+    def prompts(self) -> list:
+        """Each prompt: a text or a list of token ids."""
+        p = self.prompt
+        if isinstance(p, str) or (p and all(isinstance(x, int) for x in p)):
+            return [p]
+        return list(p)
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: StrictStr
+    text: StrictStr | None = None
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: StrictStr
+    content: StrictStr | list[ContentPart] | None = None
+    name: StrictStr | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            if any(p.type != "text" for p in self.content):
+                raise APIError(400, "only text content parts are supported", "messages")
+            return "".join(p.text or "" for p in self.content)
+        return self.content or ""
+
+
+class ChatRequest(Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_tokens: StrictInt | None = Field(None, ge=0)
+    max_completion_tokens: StrictInt | None = Field(None, ge=0)
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=20)
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    input: StrictStr | list[StrictStr] | TokenIds | list[TokenIds]
+    model: StrictStr | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: StrictInt | None = None
+    user: StrictStr | None = None
+
+    def inputs(self) -> list:
+        p = self.input
+        if isinstance(p, str) or (p and all(isinstance(x, int) for x in p)):
+            return [p]
+        return list(p)

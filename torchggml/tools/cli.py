@@ -1,0 +1,53 @@
+"""The tool subcommands of the `torchggml` command:
+
+    torchggml perplexity MODEL -f TEXT [-c 512] [--chunks N]   (llama-perplexity)
+    torchggml bench MODEL [-p 512] [-n 128] [-r 5]             (llama-bench)
+    torchggml quantize IN OUT TYPE                             (llama-quantize)
+"""
+from __future__ import annotations
+
+from ..models.cli_commands import _add_model_options, _int_list, _user_errors
+
+
+@_user_errors
+def cmd_perplexity(args) -> int:
+    from .perplexity import cmd_perplexity as run
+    return run(args)
+
+
+@_user_errors
+def cmd_bench(args) -> int:
+    from .bench import cmd_bench as run
+    return run(args)
+
+
+@_user_errors
+def cmd_quantize(args) -> int:
+    from .quantize import cmd_quantize as run
+    return run(args)
+
+
+def add_subcommands(subparsers) -> None:
+    p = subparsers.add_parser("perplexity", help="perplexity of a text as llama-perplexity computes it")
+    p.add_argument("model", help="GGUF file")
+    p.add_argument("-f", "--file", required=True, metavar="TEXT", help="the text file")
+    p.add_argument("--chunks", type=int, default=None, metavar="N", help="score at most N windows")
+    _add_model_options(p)
+    p.set_defaults(func=cmd_perplexity)
+
+    p = subparsers.add_parser("bench", help="prompt and generation speed, llama-bench style")
+    p.add_argument("model", help="GGUF file")
+    p.add_argument("-p", "--n-prompt", type=_int_list, default=[512], metavar="N[,N...]", help="prompt sizes (0: none)")
+    p.add_argument("-n", "--n-gen", type=_int_list, default=[128], metavar="N[,N...]", help="generation lengths (0: none)")
+    p.add_argument("-r", "--repetitions", type=int, default=5, metavar="N")
+    p.add_argument("--no-warmup", action="store_true")
+    _add_model_options(p)
+    p.set_defaults(func=cmd_bench)
+
+    from .quantize import FILE_TYPES
+    p = subparsers.add_parser("quantize", help="quantize a GGUF file with llama-quantize's types and mixes")
+    p.add_argument("input", help="GGUF file (F32, F16, BF16 or quantized)")
+    p.add_argument("output", help="the GGUF file to write")
+    p.add_argument("type", metavar="TYPE", help=f"one of {', '.join(FILE_TYPES)}")
+    p.add_argument("-v", "--verbose", action="store_true", help="print every tensor's old and new type")
+    p.set_defaults(func=cmd_quantize)

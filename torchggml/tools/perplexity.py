@@ -1,0 +1,109 @@
+"""Perplexity as llama-perplexity computes it.
+
+The text is tokenized (BOS added when the vocabulary adds one) and cut into windows of n_ctx
+tokens (n_tokens // n_ctx of them; a rest shorter than a window is dropped). Each window is
+evaluated on an empty KV cache, its first token replaced by BOS, and only its second half is
+scored: the logits at positions first = n_ctx // 2 .. n_ctx - 2 predict the tokens after them, so
+every scored token has at least n_ctx / 2 tokens of context. PPL = exp(mean negative
+log-likelihood); the ± is llama.cpp's: the standard error of the mean NLL, times PPL.
+
+`windows(tokens, n_ctx, bos)` and `score_window(logits, tokens)` are the method; `perplexity`
+runs it on a Model. scripts/perplexity_vs_llama_cpp.py runs the same windows through
+llama-cpp-python's logits to compare the two on the same file.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PerplexityResult:
+    ppl: float
+    stderr: float          # of PPL, as llama.cpp prints "PPL = x +/- y"
+    n_windows: int
+    n_scored: int
+    per_window: list[float]  # the running estimate after each window (llama.cpp's [1]x,[2]y,...)
+    seconds: float
+
+
+def windows(tokens: list[int], n_ctx: int, bos: int | None) -> list[list[int]]:
+    """The evaluation windows: consecutive n_ctx-token slices, each starting with BOS when given."""
+    if n_ctx < 4:
+        raise ValueError(f"perplexity: the window (n_ctx={n_ctx}) must be at least 4 tokens")
+    if len(tokens) < 2 * n_ctx:
+        raise ValueError(f"perplexity: the text has {len(tokens)} tokens; at least 2 * n_ctx = {2 * n_ctx} are "
+                         f"needed (use a longer text or a smaller -c)")
+    out = []
+    for start in range(0, len(tokens) // n_ctx * n_ctx, n_ctx):
+        w = list(tokens[start: start + n_ctx])
+        if bos is not None:
+            w[0] = bos
+        out.append(w)
+    return out
+
+
+def score_window(logits: torch.Tensor, window: list[int]) -> torch.Tensor:
+    """The negative log-likelihoods of the second half of a window: logits [n_ctx, n_vocab] (every
+    position's), rows first .. n_ctx-2 scored against the next token. float64 [n_ctx - 1 - first]."""
+    n_ctx = len(window)
+    first = n_ctx // 2
+    rows = logits[first: n_ctx - 1].double()
+    targets = torch.tensor(window[first + 1: n_ctx], dtype=torch.int64)
+    return -torch.log_softmax(rows, dim=-1).gather(1, targets[:, None])[:, 0]
+
+
+def summarize(nlls: list[torch.Tensor], seconds: float = 0.0) -> PerplexityResult:
+    running, total = [], torch.empty(0, dtype=torch.float64)
+    for n in nlls:
+        total = torch.cat([total, n])
+        running.append(math.exp(float(total.mean())))
+    mean = float(total.mean())
+    count = total.numel()
+    var = float((total * total).mean()) - mean * mean
+    err = math.sqrt(var / (count - 1)) if var > 0 and count > 1 else 0.0
+    ppl = math.exp(mean)
+    return PerplexityResult(ppl, err * ppl, len(nlls), count, running, seconds)
+
+
+def perplexity(model, text: str, max_windows: int | None = None, progress=None) -> PerplexityResult:
+    """llama-perplexity's number for `text` on `model`, windows of model.n_ctx tokens."""
+    tok = model.tokenizer
+    tokens = model.tokenize(text, add_special=True)
+    ws = windows(tokens, model.n_ctx, tok.bos_id if tok.add_bos else None)
+    if max_windows is not None:
+        ws = ws[:max_windows]
+    nlls, start = [], time.perf_counter()
+    for i, w in enumerate(ws):
+        with model.lock:
+            model.reset()
+            logits = model.eval(w)
+            model.reset()
+        nlls.append(score_window(logits, w))
+        if progress is not None:
+            progress(i, len(ws), summarize(nlls).ppl)
+    return summarize(nlls, time.perf_counter() - start)
+
+
+def cmd_perplexity(args) -> int:
+    from ..models.cli_commands import model_params
+    from ..models import load_model
+    with open(args.file, encoding="utf-8") as f:
+        text = f.read()
+    params = model_params(args).with_options(n_ctx=args.ctx_size or 512, progress=False)
+    model = load_model(args.model, params)
+    print(model.describe(), file=sys.stderr)
+    print(f"perplexity: windows of {model.n_ctx} tokens, the second half of each scored", file=sys.stderr)
+
+    def progress(i, n, ppl):
+        print(f"[{i + 1}]{ppl:.4f},", end=" " if i + 1 < n else "\n", file=sys.stderr, flush=True)
+
+    r = perplexity(model, text, args.chunks, progress)
+    print(f"Final estimate: PPL = {r.ppl:.4f} +/- {r.stderr:.5f}  ({r.n_windows} windows, {r.n_scored} tokens "
+          f"scored, {r.seconds:.1f} s)")
+    model.close()
+    return 0

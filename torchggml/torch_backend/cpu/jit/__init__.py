@@ -1,0 +1,1 @@
+"""The CPU's numba kernels; loader.py loads them."""

@@ -1,0 +1,75 @@
+"""The CPU's numba kernels, under one loader: each kernel module is imported on first use (so
+numba loads only when a kernel first runs), its functions compiled for this CPU per argument
+types and cached on disk by numba.
+
+    quant_kernels()    the fused quantized products over the (q, scale, bias) layouts
+                       (quant_kernels.py: matvec, quantize_rows, dequantize_*)
+    op_kernels()       decode's small nodes (op_kernels.py: norms, softmax, rope, copies...)
+    repack_kernels()   ggml blocks to the fused layouts at load (repack_kernels.py)
+
+Where numba's cache holds nothing for a module (the first use after an install), one line on
+stderr says that the kernels are being compiled, once per process.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+
+# CPU seconds numba takes to compile the kernels a quantized model's first prompt and token use
+# (8.6 + 0.75 s on one Zen 4 core): the notice's estimate
+COMPILE_SECONDS = 10
+_noticed = []  # the notice is printed once per process
+
+
+def numba_available() -> bool:
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def set_numba_threads(n: int) -> None:
+    """numba's worker count, capped at the pool it started with."""
+    import numba
+    numba.set_num_threads(max(1, min(int(n), numba.config.NUMBA_NUM_THREADS)))
+
+
+def cache_is_cold(module) -> bool:
+    """Whether numba's disk cache holds nothing fresh for any kernel of the module (first use
+    after an install or an upgrade): its first calls will compile. (A kernel a model has not
+    used yet has no entry either, so one cached kernel means the cache is warm.)"""
+    from numba.core.registry import CPUDispatcher
+    indexes = [fn._cache._cache_file for fn in vars(module).values()
+               if isinstance(fn, CPUDispatcher) and hasattr(getattr(fn, "_cache", None), "_cache_file")]
+    return bool(indexes) and not any(index._load_index() for index in indexes)
+
+
+@functools.lru_cache(maxsize=None)
+def _load(name: str):
+    module = importlib.import_module(f"{__package__}.{name}")
+    try:
+        cold = cache_is_cold(module)
+    except (AttributeError, OSError, ValueError):  # numba's cache internals moved: no notice
+        cold = False
+    if cold and not _noticed:
+        _noticed.append(name)
+        print(f"torchggml: compiling CPU kernels (first use, ~{COMPILE_SECONDS} s; cached for later runs)...",
+              file=sys.stderr, flush=True)
+    return module
+
+
+def quant_kernels():
+    """The fused products' kernels (quant_kernels.py)."""
+    return _load("quant_kernels")
+
+
+def op_kernels():
+    """The small nodes' kernels (op_kernels.py)."""
+    return _load("op_kernels")
+
+
+def repack_kernels():
+    """The load's conversions to the fused layouts (repack_kernels.py)."""
+    return _load("repack_kernels")

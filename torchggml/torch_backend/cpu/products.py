@@ -1,0 +1,77 @@
+"""The CPU's own matrix products, as binds for its kernel table (kernels.py): a weight stored in
+a CPU_REPACK layout multiplies through its buffer type's product (layouts/), a 2-D Q8_0/Q4_0
+weight through the fused kernels on its ggml blocks in place, a 2-D F16/BF16 weight through
+torch's half GEMM. Each returns None for a node it does not take."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ...tensor import memory_buffer
+from ...types import Type, type_traits
+from ..kernels.common import view
+from ..kernels.matmul import bind_mul_mat, bind_mul_mat_id
+from .features import cpu_path
+from .jit.loader import numba_available
+from .layouts.base import is_repacked
+from .layouts.fused import block_product, is_in_place
+
+# from this many rows on, F16 products convert the weight to f32: 128x1024x2816 takes 72 ms in
+# torch's half GEMM on AVX2 and 33 ms converting first (Zen 4: 50-85 ms vs 13-18 ms); below, the
+# half GEMV reads half the bytes. (bf16 would be faster on AVX512-BF16 but loses F16's precision:
+# 5.6e-3 relative error on the F16 golden model, bound 2e-3.)
+HALF_CONVERT_ROWS = 16
+
+
+def bind_layout_product(node):
+    """MUL_MAT of a weight in a CPU_REPACK buffer: its layout's product (ExtraBufferType.bind_product)."""
+    a = node.src[0]
+    if not is_repacked(a):
+        return None
+    return bind_mul_mat(node, memory_buffer(a).buft.bind_product)
+
+
+def bind_layout_experts(node):
+    """MUL_MAT_ID of experts in a CPU_REPACK buffer: its layout's expert product (only the used
+    experts are read)."""
+    experts = node.src[0]
+    if not is_repacked(experts):
+        return None
+    return bind_mul_mat_id(node, memory_buffer(experts).buft.bind_expert_product)
+
+
+def bind_block_product(node):
+    """MUL_MAT of a 2-D Q8_0/Q4_0 weight in host memory (left there by the loader, or loaded
+    without repacking) on the fused path: the fused kernels read its ggml blocks in place."""
+    a = node.src[0]
+    if (cpu_path() != "fused" or not is_in_place(a.type, a.ne) or is_repacked(a) or not numba_available()
+            or a.nb[0] != type_traits(a.type).type_size):
+        return None
+    raw = view(a)[0, 0]
+    if raw.stride(1) != 1:
+        return None
+    return bind_mul_mat(node, lambda weight: block_product(weight.type, raw))
+
+
+def _times_half_cpu(weight_t, rows, out) -> None:
+    """The CPU's F16/BF16 product: torch's half GEMM, many times faster than converting the
+    weight at every call (17x for a 4096x4096 F16 matvec on an AVX512-FP16 CPU). Unlike ggml
+    (and the reference table) it rounds each result to the half type: on the F16 golden models
+    this moves the error against llama.cpp from 4.9e-4 to 6.7e-4 (the bound is 2e-3)."""
+    if weight_t.dtype == torch.float16 and rows.shape[0] >= HALF_CONVERT_ROWS:
+        torch.matmul(rows.float(), weight_t.float(), out=out)  # a micro-batch: f32 GEMM
+        return
+    out.copy_(torch.matmul(rows.to(weight_t.dtype), weight_t))
+
+
+def _half_weight_product(a):
+    return functools.partial(_times_half_cpu, view(a)[0, 0].T)
+
+
+def bind_half_weight_product(node):
+    """MUL_MAT of a 2-D F16/BF16 weight (ggml blocks in host memory): torch's half GEMM."""
+    a = node.src[0]
+    if a.type not in (Type.F16, Type.BF16) or a.ne[2] != 1 or a.ne[3] != 1 or is_repacked(a):
+        return None
+    return bind_mul_mat(node, _half_weight_product)
