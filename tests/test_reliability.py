@@ -552,9 +552,10 @@ def _fuzzer():
 def test_fuzz_a_few_hundred_mutants_without_failures():
     fuzz = _fuzzer()
     sources = [GOLDEN / "models" / n for n in ("llama-Q4_0.gguf", "llama-Q4_K_M.gguf", "qwen3-F16-tied.gguf")]
-    summary = fuzz.run(200, seed=2026, workers=2, timeout=60, mem_cap_mb=2048, sources=sources, progress=False)
+    summary = fuzz.run(200, seed=2026, workers=2, timeout=60, mem_cap_mb=2048, sources=sources, progress=False,
+                       oracle=False)  # test_reliability_round3 runs the oracle
     outcomes = summary["outcomes"]
     assert summary["failures"] == 0, summary["examples"]
     assert sum(outcomes.values()) == 200
     # the mutants exercise both sides: files that still load and files rejected with a clear error
-    assert outcomes["ok"] >= 10 and outcomes["clear-error"] >= 100, outcomes
+    assert outcomes["ok-unchecked"] >= 10 and outcomes["clear-error"] >= 100, outcomes
