@@ -429,6 +429,16 @@ def test_spm_merges_the_leftmost_pair_first_when_scores_tie():
     assert [texts[i] for i in tok.tokenize("aba")] == ["\u2581", "ab", "a"]
 
 
+def test_a_wordpiece_vocabulary_with_byte_tokens_is_refused():
+    """llama.cpp aborts loading such a vocabulary (it cannot turn a WordPiece byte token into its
+    byte); it used to tokenize here (found by the fuzzer: an SPM vocabulary relabelled 'bert')."""
+    from torchggml.tokenizer import Tokenizer, TokenizerError
+    texts = ["[PAD]", "<0x00>", "[UNK]", "[CLS]", "[SEP]", "hello"]
+    with pytest.raises(TokenizerError, match=r"token 1 \('<0x00>'\) is a byte token, which a WordPiece"):
+        Tokenizer.from_metadata({"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": texts,
+                                 "tokenizer.ggml.token_type": np.array([3, 6, 2, 3, 3, 1], np.int32)}).tokenize("hello")
+
+
 # ---------------------------------------------------------------- 8. output and configuration
 
 PROGRESS = [  # (wanted, bytes, on a terminal, TORCHGGML_PROGRESS, shown)

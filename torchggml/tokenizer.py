@@ -180,6 +180,11 @@ class Tokenizer:
             self._texts: list[str] = []
             return
         self._load_vocab(metadata)
+        if self.vocab_type == "WPM" and (self._attrs & TokenAttr.BYTE).any():
+            # llama.cpp cannot turn a WordPiece byte token into its byte: it aborts while loading
+            first = int(((self._attrs & TokenAttr.BYTE) != 0).nonzero()[0][0])
+            raise TokenizerError(f"{source}: token {first} ({self._texts[first]!r}) is a byte token, which a "
+                                 f"WordPiece vocabulary (tokenizer.ggml.model {self.model!r}) cannot have")
         self._load_flags(metadata)
         self._load_special_ids(metadata)
         self._detect_end_of_generation(metadata)
