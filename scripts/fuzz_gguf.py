@@ -428,8 +428,11 @@ def worker_main(mem_cap_mb: int, role: str) -> None:
     vm = _vm_bytes()
     cap = vm + mem_cap_mb * 2**20
     resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-    out = sys.stdout
-    sys.stdout = sys.stderr  # stray prints must not break the protocol
+    # the protocol gets its own descriptor; fd 1 goes where stderr goes, so that stray prints,
+    # Python's or C's (llama.cpp writes to stdout), cannot break it
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     out.write(json.dumps({"ready": True}) + "\n")  # the time limit counts from here
     out.flush()
     for line in sys.stdin:
@@ -722,7 +725,10 @@ def run(n: int, seed: int = 0, workers: int = 2, timeout: float = 60.0, mem_cap_
                         w.buffer += chunk
                         while b"\n" in w.buffer:
                             line, w.buffer = w.buffer.split(b"\n", 1)
-                            msg = json.loads(line)
+                            try:
+                                msg = json.loads(line)
+                            except ValueError:  # not the protocol's: ignore it
+                                continue
                             if msg.get("ready"):
                                 w.ready = True
                             elif w.task is not None:

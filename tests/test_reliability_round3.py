@@ -439,6 +439,17 @@ def test_a_wordpiece_vocabulary_with_byte_tokens_is_refused():
                                  "tokenizer.ggml.token_type": np.array([3, 6, 2, 3, 3, 1], np.int32)}).tokenize("hello")
 
 
+def test_merges_whose_parts_are_not_tokens_are_a_named_error():
+    """`tokenizers` refused such merges with a bare Exception naming no file (found by the
+    fuzzer: a token of the Llama 3 vocabulary renamed)."""
+    from torchggml.tokenizer import Tokenizer, TokenizerError
+    tok = Tokenizer.from_metadata({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2",
+                                   "tokenizer.ggml.tokens": ["a", "b", "ab", "xab"],
+                                   "tokenizer.ggml.merges": ["a b", "x ab"]}, source="v.gguf")
+    with pytest.raises(TokenizerError, match=r"v\.gguf: tokenizer\.ggml\.merges do not fit the vocabulary"):
+        tok.tokenize("ab")
+
+
 # ---------------------------------------------------------------- 8. output and configuration
 
 PROGRESS = [  # (wanted, bytes, on a terminal, TORCHGGML_PROGRESS, shown)

@@ -136,8 +136,11 @@ class BpeEncoder:
             merges.append((left, right))
         self.pre, self.ids = pre, ids
         self.drop_whitespace = drop_whitespace  # tokenizer.ggml.model "whitespace": words only
-        bpe = models.BPE(vocab=ids, merges=merges, ignore_merges=pre.ignore_merges,
-                         byte_fallback=not pre.byte_encode)
+        try:
+            bpe = models.BPE(vocab=ids, merges=merges, ignore_merges=pre.ignore_merges,
+                             byte_fallback=not pre.byte_encode)
+        except Exception as e:  # tokenizers raises a bare Exception: a merge's part is not a token
+            raise ValueError(f"tokenizer.ggml.merges do not fit the vocabulary: {e}") from None
         byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
         self.hf = _hf(bpe, byte_level if pre.byte_encode else None)
 
