@@ -26,6 +26,9 @@ output head (a P x n_embd x n_vocab product) for the other tokens. --pp-all also
 eval(tokens, logits="all") (every token's logits), interleaved with the last-only runs in the same
 process, and prints the speed-up of last-only over it.
 tg: tokens/s of N single-token calls after one warm-up token, as llama-bench's tg.
+pp cpu, tg cpu: tokens per CPU second of the process (t/c: all its threads' CPU time, so a
+figure that depends less on a busy machine; run with OMP_WAIT_POLICY=PASSIVE so that spinning
+OpenMP workers do not count as work; tg's calls include their first token).
 load: seconds of the load call (load_model / Llama(...)) in the fresh process, wall and CPU time
 (CPU time depends less on a busy machine); RSS: the process's resident memory after the runs
 (VmRSS; peak: VmHWM), with torchggml's baseline (torch and numba imported, ~0.25-0.3 GB on
@@ -152,16 +155,29 @@ def timed_load(load):
 def timed(reps: int, *fns) -> list[list[float]]:
     """Seconds of each call of each function, reps times, the functions interleaved (a busy
     neighbour then slows them alike), after one warm-up call each (graph build, allocation,
-    first-touch of the weights)."""
+    first-touch of the weights). The CPU seconds of the process for each function's calls are
+    appended to CPU_SECONDS (the work, whatever the machine's load)."""
     for fn in fns:
         fn()
-    out = [[] for _ in fns]
+    out, cpu = [[] for _ in fns], [0.0] * len(fns)
     for _ in range(reps):
-        for fn, times in zip(fns, out):
-            t = time.perf_counter()
+        for i, (fn, times) in enumerate(zip(fns, out)):
+            t, c = time.perf_counter(), time.process_time()
             fn()
             times.append(time.perf_counter() - t)
+            cpu[i] += time.process_time() - c
+    CPU_SECONDS.extend(cpu)
     return out
+
+
+CPU_SECONDS: list[float] = []
+
+
+def tokens_per_cpu_second(n_tokens: int, fn, reps: int) -> tuple[list, float]:
+    """(fn's results over reps calls, tokens per CPU second of the process over them)."""
+    c = time.process_time()
+    results = [fn() for _ in range(reps)]
+    return results, n_tokens * reps / max(time.process_time() - c, 1e-9)
 
 
 # ---------------------------------------------------------------- torchggml
@@ -186,10 +202,13 @@ def bench_torchggml(path, args) -> dict:
             model.eval([t])
         return time.perf_counter() - start
 
+    CPU_SECONDS.clear()
     pp_times, *pp_all_times = timed(args.reps, pp, *([lambda: pp("all")] if args.pp_all else []))
+    pp_cpu = args.n_prompt * args.reps / CPU_SECONDS[0]
     tg()  # warm-up
-    tg_times = [tg() for _ in range(args.reps)]
+    tg_times, tg_cpu = tokens_per_cpu_second(args.n_gen + 1, tg, args.reps)
     result = {"pp": args.n_prompt / statistics.median(pp_times), "tg": args.n_gen / statistics.median(tg_times),
+              "pp_cpu": pp_cpu, "tg_cpu": tg_cpu,
               "desc": model.describe(), "params": sum(t.n_elements for t in model.file.tensors.values()),
               **load, **memory_mb()}
     if pp_all_times:
@@ -238,10 +257,13 @@ def bench_llama_cpp(path, args, n_vocab: int) -> dict:
             llm.eval([tokens[1 + i % (len(tokens) - 1)] if len(tokens) > 1 else tokens[0]])
         return time.perf_counter() - start
 
+    CPU_SECONDS.clear()
     (pp_times,) = timed(args.reps, pp)
+    pp_cpu = args.n_prompt * args.reps / CPU_SECONDS[0]
     tg()
-    tg_times = [tg() for _ in range(args.reps)]
+    tg_times, tg_cpu = tokens_per_cpu_second(args.n_gen + 1, tg, args.reps)
     return {"pp": args.n_prompt / statistics.median(pp_times), "tg": args.n_gen / statistics.median(tg_times),
+            "pp_cpu": pp_cpu, "tg_cpu": tg_cpu,
             **load, **memory_mb()}
 
 
@@ -319,6 +341,7 @@ def main(argv=None) -> int:
                   for _ in range(args.rounds)]
         ours = rounds[0][0]
         for test, label, unit in (("pp", f"pp{args.n_prompt}", "t/s"), ("tg", f"tg{args.n_gen}", "t/s"),
+                                  ("pp_cpu", "pp cpu", "t/c"), ("tg_cpu", "tg cpu", "t/c"),
                                   ("load", "load", "s"), ("load_cpu", "load cpu", "s"), ("rss", "RSS", "MB"),
                                   ("rss_peak", "peak", "MB")):
             if test not in ours:

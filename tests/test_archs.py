@@ -14,6 +14,7 @@ import torch
 
 from torchggml.models import load_model
 from torchggml.gguf_writer.tiny import CASES_BY_NAME, file_sha256, write_tiny_model
+from torchggml.gguf_writer.tiny_recurrent import RECURRENT_ARCHS
 from torchggml.torch_backend.cpu.features import cpu_path
 
 DATA = Path(__file__).resolve().parent / "data" / "archs"
@@ -81,8 +82,13 @@ def eval_and_check(key: str, model_dir: Path, **options) -> None:
 OPTIONS = {"llama-moe-Q4_0": dict(repack=False)} if cpu_path() == "int4" else {}
 
 
-@pytest.mark.parametrize("flash_attn", [False, True], ids=["no-fa", "fa"])
-@pytest.mark.parametrize("key", sorted(MANIFEST))
+# attention-free architectures (mamba, rwkv) run the same graph either way: once is enough
+ATTENTION_FREE = {"mamba", "mamba2", "rwkv6", "rwkv7"}
+ARCH_RUNS = [pytest.param(key, fa, id=f"{key}-{'fa' if fa else 'no-fa'}") for key in sorted(MANIFEST)
+             for fa in (False, True) if not (fa and MANIFEST[key]["arch"] in ATTENTION_FREE)]
+
+
+@pytest.mark.parametrize("key, flash_attn", ARCH_RUNS)
 def test_arch_matches_llama_cpp(key, flash_attn, model_dir):
     eval_and_check(key, model_dir, flash_attn=flash_attn, **OPTIONS.get(key, {}))
 
@@ -91,7 +97,7 @@ def test_arch_matches_llama_cpp(key, flash_attn, model_dir):
 # experts through mul_mat_id, windows and soft-capping. Quantized experts run the Triton kernels in
 # the interpreter (tens of seconds): only with TORCHGGML_SLOW_TESTS=1, as in test_models.py.
 SLOW = os.environ.get("TORCHGGML_SLOW_TESTS") == "1"
-SIM_KEYS = ["llama-moe-F32", "gpt-oss-F32", "gemma2-F32",
+SIM_KEYS = ["llama-moe-F32", "gpt-oss-F32", "gemma2-F32", "granitehybrid-F32", "qwen3next-F32", "rwkv7-F32",
             *(pytest.param(k, marks=pytest.mark.skipif(not SLOW, reason="Triton interpreter: set TORCHGGML_SLOW_TESTS=1"))
               for k in ("gpt-oss-MXFP4", "llama-moe-Q8_0"))]
 
@@ -117,3 +123,30 @@ def test_module_forward_matches_eval(key, model_dir):
         ours = model.as_module()(tokens)
     assert rel_err(ours.numpy(), model.eval(tokens).numpy()) < 1e-5
     model.close()
+
+
+# recurrent and hybrid models: two sequences of different lengths in one eval_batch (micro-batches
+# of equal shares of each sequence, each continuing its own recurrent state), the shorter one then
+# extended by decode steps, reset(3) while sequence 1 goes on, and sequence 3 again from zero
+# states: every piece must give llama.cpp's single-sequence logits (relative L2 per piece; argmax
+# agreement over all the pieces' rows, as one piece of 4-9 rows is too few for it)
+RECURRENT_KEYS = sorted(k for k, e in MANIFEST.items() if e["arch"] in RECURRENT_ARCHS)
+
+
+@pytest.mark.parametrize("key", RECURRENT_KEYS)
+def test_recurrent_two_sequences_in_one_batch(key, model_dir):
+    entry = MANIFEST[key]
+    ref = np.load(DATA / entry["logits"])
+    tokens, n = entry["tokens"], 9
+    model = load_model(tiny_model_path(key, entry, model_dir), n_ctx=entry["n_ctx"], progress=False, n_batch=8)
+    pieces = list(zip(model.eval_batch([tokens, tokens[:n]], seq_ids=[3, 1]), (ref, ref[:n])))
+    pieces.append((torch.cat([model.eval([t], seq_id=1) for t in tokens[n:n + 4]]), ref[n:n + 4]))
+    model.reset(3)  # sequence 1 keeps its state
+    pieces.append((model.eval(tokens[n + 4:], seq_id=1), ref[n + 4:]))
+    pieces.append((model.eval(tokens[:n], seq_id=3), ref[:n]))
+    model.close()
+    max_err = MAX_ERR_QUANT if entry["weights"] not in ("F32", "F16") else MAX_ERR_FLOAT
+    for i, (ours, expected) in enumerate(pieces):
+        err = rel_err(ours.numpy(), expected)
+        assert err <= max_err, f"{key} piece {i}: relative L2 error {err:.2e} (max {max_err:.0e})"
+    check(torch.cat([o for o, _ in pieces]), np.concatenate([e for _, e in pieces]), entry, f"{key} all pieces")

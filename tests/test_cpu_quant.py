@@ -94,7 +94,7 @@ def test_dequantize_to_bf16_rounds_as_torch(qtype):
 
 PRODUCT_CASES = [(qtype, n, k, m, gemm, "fused") for qtype in TYPES for n, k in ((7, 256), (33, 512))
                  for m, gemm in ((1, "f32"), (3, "f32"), (40, "f32"), (40, "bf16"))]
-# Q8_0 and Q4_0 weights also multiplied on their ggml blocks in host memory (where models leave them)
+# Q8_0, Q4_0, Q4_K and Q6_K weights also multiplied on their ggml blocks in host memory (where models leave them)
 PRODUCT_CASES += [(qtype, n, k, m, gemm, "blocks") for qtype, n, k, m, gemm, _ in PRODUCT_CASES
                   if qtype in layout.IN_PLACE_KINDS]
 
@@ -271,7 +271,7 @@ def test_golden_models_on_each_path(entry, path, monkeypatch):
     monkeypatch.setenv("TORCHGGML_CPU_PATH", path)
     model = ggml.load_model(GOLDEN / entry["model"], devices=["CPU"], progress=False)
     repacked = [t for t in model.weights.tensors.values() if t.buffer.name == "CPU_REPACK"]
-    if path == "fused":  # 2-D Q8_0/Q4_0 weights stay ggml blocks, multiplied in place
+    if path == "fused":  # 2-D Q8_0/Q4_0/Q4_K/Q6_K weights stay ggml blocks, multiplied in place
         assert not any(layout.is_in_place(t.type, t.ne) for t in repacked)
         assert bool(repacked) == any(not layout.is_in_place(t.type, t.ne) and t.type not in (T.F32, T.F16)
                                      and layout.supports_shape(t.type, t.ne) and name != "token_embd.weight"
@@ -333,7 +333,7 @@ def test_fused_kernels_on_other_x86_targets(target):
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
                           "-k", f"(test_fused_mul_mat_matches_float64 and {cases}) or half_bits"],
                          env=env, cwd=Path(__file__).parent, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0 and "8 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+    assert out.returncode == 0 and "10 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
 
 
 def test_kernels_load_from_numba_disk_cache_in_a_new_process(tmp_path):

@@ -66,7 +66,7 @@ def assert_same_logits(last: torch.Tensor, ref: torch.Tensor, weights: str, what
 
 
 def cache_contents(model) -> list[torch.Tensor]:
-    return [backend_tensor_get(t).clone() for t in (*model.kv.k, *model.kv.v)]
+    return [backend_tensor_get(t).clone() for t in model.kv.tensors()]
 
 
 def run(model, tokens, n_prompt: int, logits: str):

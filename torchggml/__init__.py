@@ -37,6 +37,7 @@ from .context import (Context, init, free, get_no_alloc, set_no_alloc, get_first
 from .graph import (CGraph, new_graph, new_graph_custom, graph_size, graph_n_nodes, graph_node,
                     graph_nodes, graph_add_node, build_forward_expand, build_forward_select,
                     graph_view, graph_cpy, graph_dup, graph_clear, graph_get_tensor)
+from .backward import build_backward_expand, graph_get_grad, graph_get_grad_acc, graph_reset
 
 # ---------------------------------------------------------------- graph-building ops
 from .ops import *  # noqa: F401,F403  (every op function; ops.__all__)

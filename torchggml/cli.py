@@ -1,7 +1,8 @@
 """The `torchggml` command.
 
     torchggml devices                       regs and devices: type, memory, capabilities, features
-    torchggml test-ops [-b DEV] [-o OP] [--mode test|perf|support]
+    torchggml test-ops [-b DEV] [-o OP] [-p REGEX] [-m test|grad|perf|support] [--full]
+                       [--list-ops] [--show-coverage] [--output console|csv]
                                             test-backend-ops for this project (torchggml.testing)
     torchggml run / eval / info             models (torchggml/models/cli_commands.py)
     torchggml serve                         the OpenAI-compatible server (torchggml/server/)
@@ -96,8 +97,20 @@ def reg_features() -> list[tuple[str, str]]:
 
 
 def cmd_test_ops(args) -> int:
-    from torchggml.testing import main_test_ops  # the op-case table is large: import on demand
-    return main_test_ops(args) or 0
+    from torchggml.test_ops import main  # the op-case table is large: import on demand
+    return main(args)
+
+
+def add_case_options(p: argparse.ArgumentParser) -> None:
+    """test-ops options choosing cases and reporting (torchggml.test_ops)."""
+    p.add_argument("-p", "--params", metavar="REGEX", help="only cases whose name matches REGEX")
+    p.add_argument("--full", action="store_true",
+                   help="every case of upstream's breadth (default: a representative sample; "
+                        "also TORCHGGML_TEST_OPS_FULL=1)")
+    p.add_argument("--list-ops", action="store_true", help="list the ops and their case counts")
+    p.add_argument("--show-coverage", action="store_true",
+                   help="ops and cases per device against upstream's test-backend-ops")
+    p.add_argument("--output", choices=("console", "csv"), default="console", help="output format")
 
 
 def version_text() -> str:
@@ -149,8 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("test-ops", help="run the op cases on devices against the CPU reference")
     p.add_argument("-b", "--backend", metavar="DEVICE", help="only this device (e.g. SIM0, CUDA0)")
     p.add_argument("-o", "--op", metavar="OP", help="only this op (e.g. MUL_MAT)")
-    p.add_argument("--mode", choices=("test", "perf", "support"), default="test",
-                   help="test: compare with the CPU; perf: time per run; support: what each device supports")
+    p.add_argument("-m", "--mode", choices=("test", "grad", "perf", "support"), default="test",
+                   help="test: compare with the CPU (the CPU with float64 references); grad: ggml's backward "
+                        "vs finite differences; perf: time per run; support: what each device supports")
+    add_case_options(p)
     p.set_defaults(func=cmd_test_ops)
 
     p = sub.add_parser("rpc-server", help="serve devices over ggml's RPC protocol (llama.cpp --rpc clients)")

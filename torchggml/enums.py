@@ -75,11 +75,24 @@ class Op(IntEnum):
     TOP_K = 70
     LEAKY_RELU = 71
     FLASH_ATTN_EXT = 74
+    FLASH_ATTN_BACK = 75
+    # recurrent layers (ops/recurrent.py)
+    SSM_CONV = 76
+    SSM_SCAN = 77
+    RWKV_WKV6 = 82
+    GATED_LINEAR_ATTN = 83
+    RWKV_WKV7 = 84
+    SOLVE_TRI = 85
+    GATED_DELTA_NET = 86
     UNARY = 91
     MAP_CUSTOM1 = 92
     MAP_CUSTOM2 = 93
     MAP_CUSTOM3 = 94
     CUSTOM = 95
+    CROSS_ENTROPY_LOSS = 96
+    CROSS_ENTROPY_LOSS_BACK = 97
+    OPT_STEP_ADAMW = 98
+    OPT_STEP_SGD = 99
     GLU = 100
     # vision, audio and diffusion ops; matrix helpers; DeepSeek's indexer and hyper-connections
     IM2COL_BACK = 53

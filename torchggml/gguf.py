@@ -28,7 +28,8 @@ import numpy as np
 from . import config
 from .backend_impl import BufferType, Buffer, BufferUsage
 from .context import Context, new_tensor_impl
-from .gguf_header import GGUFError, Header, PER_LAYER_KEYS, TensorEntry, check_hparam, scan_header
+from .gguf_header import (ATTENTION_FREE_ARCHS, PER_LAYER_KEYS, _PER_LAYER_MAY_BE_ZERO, GGUFError, Header,
+                          TensorEntry, check_hparam, scan_header)
 from .tensor import Tensor, set_name
 from .types import Type, type_traits
 
@@ -84,6 +85,8 @@ def _check_hparams(path: str, h: Header, n_tensors: int) -> None:
     prefix = f"{arch}." if isinstance(arch, str) else None
     for key, type_name in h.value_types.items():
         suffix = key[len(prefix):] if prefix and key.startswith(prefix) else None
+        if arch in ATTENTION_FREE_ARCHS and suffix in _PER_LAYER_MAY_BE_ZERO and h.values.get(key) == 0:
+            continue
         check_hparam(path, key, suffix, h.values.get(key), type_name)
     def scalar(suffix):
         value = h.values.get(f"{arch}.{suffix}")

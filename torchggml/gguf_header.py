@@ -293,6 +293,8 @@ HPARAM_RULES = {
 PER_LAYER_KEYS = {"feed_forward_length", "attention.head_count", "attention.head_count_kv"}
 _PER_LAYER_MAY_BE_ZERO = {"attention.head_count", "attention.head_count_kv"}
 _SCALAR_TYPE = {"int": "uint32", "float": "float32"}
+# architectures without attention: their converters write head counts of 0
+ATTENTION_FREE_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv7"})
 # token ids: uint32, as llama.cpp reads them; the tokenizer drops ids outside the vocabulary
 _TOKEN_ID_SUFFIX = "_token_id"
 # general and tokenizer keys and the types llama.cpp reads them as (its get_key checks the exact

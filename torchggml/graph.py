@@ -16,14 +16,17 @@ class CGraph:
     """ggml_cgraph. `uid` changes whenever the graph's content changes, so backends can cache
     plans (e.g. a captured CUDA graph) per uid."""
 
-    __slots__ = ("size", "nodes", "leafs", "visited", "uid", "order")
+    __slots__ = ("size", "nodes", "leafs", "visited", "uid", "order", "grads", "grad_accs")
 
-    def __init__(self, size: int = DEFAULT_GRAPH_SIZE):
+    def __init__(self, size: int = DEFAULT_GRAPH_SIZE, grads: bool = False):
         self.size = int(size)
         self.nodes: list[Tensor] = []
         self.leafs: list[Tensor] = []
         self.visited: set[int] = set()  # id() of every tensor in the graph
         self.uid = next(_uids)
+        # backward graphs (grads=True): id(tensor) -> its gradient / its gradient accumulator
+        self.grads: dict[int, Tensor] | None = {} if grads else None
+        self.grad_accs: dict[int, Tensor] | None = {} if grads else None
 
     @property
     def n_nodes(self) -> int:
@@ -42,9 +45,8 @@ def new_graph(ctx=None) -> CGraph:
 
 
 def new_graph_custom(ctx=None, size: int = DEFAULT_GRAPH_SIZE, grads: bool = False) -> CGraph:
-    if grads:
-        raise NotImplementedError("new_graph_custom: gradients (grads=True) are not supported")
-    return CGraph(size)
+    """A graph of up to `size` nodes; grads=True gives it gradients (build_backward_expand)."""
+    return CGraph(size, grads)
 
 
 def graph_size(graph: CGraph) -> int:
@@ -153,10 +155,17 @@ def graph_cpy(src: CGraph, dst: CGraph) -> None:
     dst.leafs = list(src.leafs)
     dst.visited = set(src.visited)
     dst.uid = next(_uids)
+    if dst.grads is not None:
+        dst.grads, dst.grad_accs = {}, {}
+    if src.grads is not None:
+        if dst.grads is None:
+            raise ValueError("graph_cpy: the source has gradients, the destination none (grads=True)")
+        dst.grads.update(src.grads)
+        dst.grad_accs.update(src.grad_accs)
 
 
-def graph_dup(ctx, graph: CGraph) -> CGraph:
-    g = CGraph(graph.size)
+def graph_dup(ctx, graph: CGraph, force_grads: bool = False) -> CGraph:
+    g = CGraph(graph.size, graph.grads is not None or force_grads)
     graph_cpy(graph, g)
     return g
 

@@ -286,4 +286,7 @@ def set_param(t: Tensor) -> None:
 
 
 def set_loss(t: Tensor) -> None:
+    """Mark t as a training loss (an F32 scalar, as ggml requires)."""
+    if not (is_scalar(t) and t.type == Type.F32):
+        raise ValueError(f"set_loss: the loss must be an F32 scalar, got {t.describe()}")
     t.flags |= int(TensorFlag.LOSS)

@@ -53,6 +53,8 @@ def read_values(t) -> torch.Tensor:
     """t's stored values as float64 (int64 for integer types), 4-D torch order, on the CPU."""
     from .backend.tensor_io import backend_tensor_get
     tr = type_traits(t.type)
+    if 0 in t.ne:  # an empty result (ggml allows them): nothing to read
+        return torch.zeros(tuple(reversed(t.ne)), dtype=torch.float64)
     raw = backend_tensor_get(t).reshape(t.ne[3], t.ne[2], t.ne[1], -1)
     if tr.is_quantized:
         from .quants import dequantize
@@ -176,11 +178,13 @@ def check_case_against_reference(c: OpCase, backend) -> tuple[bool, float]:
 
 # ---------------------------------------------------------------- the test-ops command
 
-def main_test_ops(args) -> int:
-    """`torchggml test-ops [-b DEVICE] [-o OP] [--mode test|perf|support]`."""
+def main_test_ops(args, cases: list[OpCase] | None = None) -> int:
+    """`torchggml test-ops [-b DEVICE] [-o OP] [--mode test|perf|support]` over `cases` (default:
+    the core table, -o filtered); test_ops.main selects cases and runs the other modes."""
     from .backend import registry
 
-    cases = [c for c in all_cases() if not args.op or c.op.lower() == args.op.lower()]
+    if cases is None:
+        cases = [c for c in all_cases() if not args.op or c.op.lower() == args.op.lower()]
     cpu = registry.backend_init_by_name("CPU")
     devices = [args.backend] if args.backend else [registry.backend_dev_name(registry.backend_dev_get(i))
                                                    for i in range(registry.backend_dev_count())]
@@ -229,4 +233,126 @@ def _supported(c: OpCase, backend) -> bool:
         build_forward_expand(graph, out)
         return all(backend.supports_op(n) for n in graph.nodes)
     finally:
+        free(ctx)
+
+
+# ---------------------------------------------------------------- grad mode (ggml's backward vs finite differences)
+
+GRAD_EPS = 1e-1       # upstream's default step; the 4-point formula cancels the cubic term
+GRAD_MAX_ERR = 1e-3   # mean absolute asymmetry: upstream's 1e-4 default, 1e-3 for its non-linear ops
+GRAD_MAX_VALUES = 10000  # parameters' total elements above which a case is skipped (upstream's grad_nmax)
+
+
+class GradSkip(Exception):
+    """The case has no gradient check here: the reason says why (as upstream's 'not supported')."""
+
+
+GRAD_ZERO = 1e-4      # gradients both below this agree (a constant loss: finite differences give noise)
+
+
+def mean_abs_asymmetry(a: torch.Tensor, b: torch.Tensor, zero: float = GRAD_ZERO) -> float:
+    """mean(|a - b| / (|a| + |b|)) over the elements: upstream's grad error; elements where both
+    are below `zero` (the finite differences' noise floor) count as agreeing."""
+    a, b = a.double().reshape(-1), b.double().reshape(-1)
+    both_zero = (a.abs() < zero) & (b.abs() < zero)
+    terms = torch.where(both_zero, torch.zeros_like(a), (a - b).abs() / (a.abs() + b.abs()).clamp_min(1e-300))
+    return terms.mean().item() if terms.numel() else 0.0
+
+
+class _NoGradient(GradSkip):
+    """build_backward_expand refused the chosen parameters."""
+
+
+def check_grad(c: OpCase, backend, params=None, eps: float = GRAD_EPS,
+               max_err: float = GRAD_MAX_ERR) -> tuple[bool, float]:
+    """_check_grad over every F32 input; where ggml has no gradient for one of them (a mask, sinks,
+    labels), over the first input alone, as upstream's cases mark only it."""
+    try:
+        return _check_grad(c, backend, params, eps, max_err)
+    except _NoGradient:
+        if params is not None:
+            raise
+        return _check_grad(c, backend, [0], eps, max_err)
+
+
+def _check_grad(c: OpCase, backend, params, eps: float, max_err: float) -> tuple[bool, float]:
+    """Upstream's grad mode: the case's F32 inputs (or those at the indices `params`) become
+    parameters, the loss is sum(output); ggml's backward graph (build_backward_expand) gives the
+    gradients, compared with central differences of the forward graph (4 evaluations per
+    element). Raises GradSkip where the case cannot be checked (types, no gradient, too large)."""
+    from .context import init, free
+    from .graph import new_graph_custom, build_forward_expand, graph_cpy
+    from .backward import build_backward_expand, graph_get_grad, graph_reset
+    from .tensor import set_param, set_loss, is_scalar, nelements
+    from .ops import sum as ggml_sum
+    from .alloc import backend_alloc_ctx_tensors
+    from .backend.buffer import backend_buffer_free
+    from .backend.backend import backend_graph_compute
+    from .backend.tensor_io import backend_tensor_set
+
+    ctx = init(no_alloc=True)
+    buffer = None
+    try:
+        out, inputs = c.build(ctx)
+        chosen = [t for i, t in enumerate(inputs) if (params is None or i in params) and t.type == Type.F32
+                  and t.view_src is None]
+        if out.type != Type.F32:
+            raise GradSkip(f"output type {out.type.name} != F32")
+        if not chosen:
+            raise GradSkip("no F32 inputs")
+        if sum(nelements(t) for t in chosen) > GRAD_MAX_VALUES:
+            raise GradSkip("too many values for finite differences")
+        for t in chosen:
+            set_param(t)
+        loss = out if is_scalar(out) else ggml_sum(ctx, out)
+        set_loss(loss)
+        forward = new_graph_custom(ctx, 4096, grads=True)
+        build_forward_expand(forward, loss)
+        backward = new_graph_custom(ctx, 8192, grads=True)
+        graph_cpy(forward, backward)
+        try:
+            build_backward_expand(ctx, backward)
+        except (NotImplementedError, ValueError) as e:  # no rule in ggml, or in place (ggml asserts)
+            raise _NoGradient(str(e)) from None
+        grads = [graph_get_grad(backward, t) for t in chosen]
+        for g in grads:
+            if g is not None:
+                build_forward_expand(backward, g)
+        unsupported = [n for n in backward.nodes if not backend.supports_op(n)]
+        if unsupported:
+            raise GradSkip(f"{unsupported[0].op.name} not supported")
+        buffer = backend_alloc_ctx_tensors(ctx, backend)
+        gen = torch.Generator().manual_seed(seed_of(c.name))
+        for i, t in enumerate(inputs):
+            make = c.init.get(i)
+            fill_input(t, make(t, gen) if make else random_values(t, gen))
+        graph_reset(backward)
+        backend_graph_compute(backend, backward)
+        analytic = [read_values(g) if g is not None else torch.zeros(tuple(reversed(t.ne)), dtype=torch.float64)
+                    for t, g in zip(chosen, grads)]
+
+        def loss_at(t, flat, i, value):
+            flat[i] = value
+            backend_tensor_set(t, flat)
+            backend_graph_compute(backend, forward)
+            return read_values(loss).reshape(-1)[0].item()
+
+        # the finite differences' noise floor: float32 rounding of the loss over the step
+        zero = max(GRAD_ZERO, 16 * abs(read_values(loss).reshape(-1)[0].item()) * 2.0 ** -23 / eps)
+        worst = 0.0
+        for t, ga in zip(chosen, analytic):
+            x0 = read_values(t).reshape(-1).float()
+            numeric = torch.empty(x0.numel(), dtype=torch.float64)
+            for i in range(x0.numel()):
+                flat = x0.clone()
+                fu, fuh, fdh, fd = (loss_at(t, flat, i, x0[i].item() + k * eps) for k in (1.0, 0.5, -0.5, -1.0))
+                numeric[i] = (8.0 * (fuh - fdh) + (fd - fu)) / (6.0 * eps)
+            backend_tensor_set(t, x0)
+            if not torch.isfinite(ga).all():
+                return False, float("inf")
+            worst = max(worst, mean_abs_asymmetry(ga.reshape(-1), numeric, zero))
+        return worst <= max_err, worst
+    finally:
+        if buffer is not None:
+            backend_buffer_free(buffer)
         free(ctx)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from .demo import write_tensors
+from . import tiny_recurrent
 
 TINY_SEED = 20241123
 
@@ -82,11 +83,53 @@ TINY_CASES = [
     _case("command-r", "command-r", ["layernorm", "parallel", "tied"], metadata=(("logit_scale", 0.5),)),
 ]
 
+# recurrent and hybrid architectures (their tensors: tiny_recurrent.py)
+_SSM = (("ssm.conv_kernel", 4), ("ssm.inner_size", 128), ("ssm.state_size", 16))
+TINY_CASES += [
+    _case("mamba", "mamba", n_head=0, n_head_kv=0, metadata=_SSM + (("ssm.time_step_rank", 4),)),
+    _case("mamba2", "mamba2", n_head=0, n_head_kv=0, metadata=_SSM + (("ssm.time_step_rank", 8), ("ssm.group_count", 2))),
+    _case("jamba", "jamba", [], n_layer=3, n_expert=4, n_expert_used=2, metadata=_SSM + (
+        ("ssm.time_step_rank", 8), ("attention.head_count_kv", (0, 2, 0)))),
+    # experts on every other layer; F32 only: the tiny model's Q8_0 logits are too sensitive to
+    # activation rounding for the golden threshold (llama.cpp's own F32 vs Q8_0 differ by 5.6%)
+    _case("jamba-moe", "jamba", ["moe_odd"], n_layer=3, n_expert=4, n_expert_used=2, weight_types=("F32",),
+          metadata=_SSM + (("ssm.time_step_rank", 8), ("attention.head_count_kv", (0, 2, 0)))),
+    _case("granitehybrid", "granitehybrid", ["moe", "shexp"], n_layer=3, n_expert=4, n_expert_used=2, metadata=_SSM + (
+        ("ssm.time_step_rank", 8), ("ssm.group_count", 2), ("attention.head_count_kv", (0, 2, 0)),
+        ("expert_shared_feed_forward_length", 64), ("embedding_scale", 2.0), ("residual_scale", 0.5),
+        ("logit_scale", 4.0), ("attention.scale", 0.2))),
+    _case("nemotron_h", "nemotron_h", n_layer=4, metadata=_SSM + (
+        ("ssm.time_step_rank", 8), ("ssm.group_count", 2), ("attention.head_count_kv", (0, 2, 0, 0)),
+        ("feed_forward_length", (0, 0, 128, 0)), ("attention.layer_norm_epsilon", 1e-5))),
+    _case("falcon-h1", "falcon-h1", metadata=_SSM + (("ssm.time_step_rank", 8), ("ssm.group_count", 1))),
+    _case("lfm2", "lfm2", n_layer=3, metadata=(("shortconv.l_cache", 3), ("attention.head_count_kv", (0, 2, 0)))),
+    _case("lfm2-swa", "lfm2", n_layer=3, weight_types=("F32",), metadata=(
+        ("shortconv.l_cache", 3), ("attention.head_count_kv", (2, 0, 2)), ("attention.sliding_window", 4))),
+    _case("rwkv6", "rwkv6", ["layernorm"], n_head=0, n_head_kv=0, metadata=(
+        ("wkv.head_size", 16), ("time_mix_extra_dim", 32), ("time_decay_extra_dim", 32),
+        ("rescale_every_n_layers", 2), ("token_shift_count", 2))),
+    _case("qwen3next", "qwen3next", n_expert=4, n_expert_used=2, metadata=(
+        ("ssm.conv_kernel", 4), ("ssm.state_size", 16), ("ssm.group_count", 2), ("ssm.time_step_rank", 4),
+        ("ssm.inner_size", 64), ("full_attention_interval", 2), ("expert_feed_forward_length", 64),
+        ("expert_shared_feed_forward_length", 64))),
+    _case("qwen3next-ssm-in", "qwen3next", ["legacy_qkvz"], n_expert=4, n_expert_used=2, weight_types=("F32",),
+          metadata=(("ssm.conv_kernel", 4), ("ssm.state_size", 16), ("ssm.group_count", 2),
+                    ("ssm.time_step_rank", 4), ("ssm.inner_size", 64), ("full_attention_interval", 2),
+                    ("expert_feed_forward_length", 64), ("expert_shared_feed_forward_length", 64))),
+    # head size 64: ggml's vectorized WKV7 reads whole 64-value vectors (AVX512: 16 x 4) of every row, so
+    # llama.cpp is only right for head sizes that are multiples of that, as RWKV-7's 64
+    _case("rwkv7", "rwkv7", ["layernorm"], n_head=0, n_head_kv=0, n_embd=128, n_ff=256, metadata=(
+        ("wkv.head_size", 64), ("attention.decay_lora_rank", 32), ("attention.iclr_lora_rank", 32),
+        ("attention.value_residual_mix_lora_rank", 32), ("attention.gate_lora_rank", 32), ("token_shift_count", 2))),
+]
+
 CASES_BY_NAME = {c.name: c for c in TINY_CASES}
 
 
 def _tensors(case: TinyCase, gen: torch.Generator) -> dict[str, np.ndarray]:
     """Weights (numpy, torch order) with scales that keep activations O(1)."""
+    if case.arch in tiny_recurrent.RECURRENT_ARCHS:
+        return {k: t.float().numpy() for k, t in tiny_recurrent.recurrent_tensors(case, gen).items()}
     f = case.features
     e, hd, v = case.n_embd, case.head_dim, case.n_vocab
     q_dim, kv_dim = hd * case.n_head, hd * case.n_head_kv
@@ -200,8 +243,10 @@ def write_tiny_model(path, case: TinyCase | str, weight_type: str = "F32") -> st
         _add_key(w, f"{a}.{key}", value)
     w.add_tokenizer_model("none")
     mxfp4 = qtype == gguf.GGMLQuantizationType.MXFP4
+    recurrent = case.arch in tiny_recurrent.RECURRENT_ARCHS
     write_tensors(w, _tensors(case, gen), qtype,
-                  keep_f32=lambda name, data: name.endswith(".bias") or (mxfp4 and data.ndim != 3))
+                  keep_f32=lambda name, data: name.endswith(".bias") or (mxfp4 and data.ndim != 3)
+                  or (recurrent and tiny_recurrent.keep_f32(name, data)))
     return path
 
 

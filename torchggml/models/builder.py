@@ -119,6 +119,11 @@ def is_output_tensor(name: str) -> bool:
 MATMUL_WEIGHTS = tuple(f"{n}.weight" for n in (
     "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
     "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"))
+# the recurrent layers' projections (recurrent_layers.py), read only by MUL_MAT too
+MATMUL_WEIGHTS += tuple(f"{n}.weight" for n in (
+    "ssm_in", "ssm_x", "ssm_dt", "ssm_out", "shortconv.in_proj", "shortconv.out_proj", "time_mix_key", "time_mix_value",
+    "time_mix_receptance", "time_mix_gate", "time_mix_output", "channel_mix_key", "channel_mix_value",
+    "channel_mix_receptance", "attn_gate", "ssm_ba"))  # (ssm_in above: qwen3next's legacy q/k/v/z too)
 
 
 def is_matmul_weight(name: str) -> bool:
@@ -261,8 +266,8 @@ def bind_weights(arch: Arch, tensors: dict, hp: HParams, path: str) -> Weights:
 class ModelGraph:
     graph: CGraph
     tokens: Tensor       # I32 [n_tokens]
-    positions: Tensor    # I32 [n_tokens]
-    kv_idx: Tensor       # I64 [n_tokens]: the cache cell of each token
+    positions: Tensor | None  # I32 [n_tokens] (None: the graph reads no positions)
+    kv_idx: Tensor | None     # I64 [n_tokens]: the cache cell of each token (None: no KV cache)
     masks: dict          # window (0: causal only) -> F16 [n_kv, n_tokens] mask input
     logits: Tensor | None  # F32 [n_vocab, n_outputs]; None when n_outputs is 0
     position_inputs: list  # (tensor, fn(positions) -> torch values): inputs that depend on positions
@@ -271,6 +276,8 @@ class ModelGraph:
     n_outputs: int
     out_ids: Tensor | None  # I32 [n_outputs]: the tokens whose logits are computed (None: all of them)
     embeddings: bool = False  # `logits` holds the final norm's output [n_embd, n_outputs] (embeddings)
+    n_seqs: int = 1         # sequences of the micro-batch (recurrent layers group tokens by them)
+    s_ids: Tensor | None = None  # I32 [n_seqs]: the recurrent state slot of each sequence
 
 
 def graph_size(hp: HParams) -> int:
@@ -291,11 +298,18 @@ class GraphBuilder:
     the KV cache writes: only the cache is needed from it."""
 
     def __init__(self, ctx, hp: HParams, kv: KVCache, n_tokens: int, n_kv: int, flash_attn: bool = False,
-                 n_outputs: int | None = None, embeddings: bool = False):
+                 n_outputs: int | None = None, embeddings: bool = False, n_seqs: int = 1):
         n_outputs = n_tokens if n_outputs is None else int(n_outputs)
         if not 0 <= n_outputs <= n_tokens:
             raise ValueError(f"graph: n_outputs={n_outputs} must lie in [0, n_tokens={n_tokens}]")
+        if n_seqs < 1 or n_tokens % n_seqs:
+            raise ValueError(f"graph: n_tokens={n_tokens} must split evenly into n_seqs={n_seqs} sequences")
         self.ctx, self.hp, self.kv = ctx, hp, kv
+        # recurrent layers: the micro-batch as [n_seq_tokens, n_seqs], each sequence's state slot,
+        # and the state writes (set_rows into the memory), which no later node reads
+        self.n_seqs, self.n_seq_tokens = n_seqs, n_tokens // n_seqs
+        self.s_ids = self._input(Type.I32, n_seqs, name="inp_s_ids") if kv.recurrent is not None else None
+        self.state_writes: list[Tensor] = []
         self.n_tokens, self.n_kv, self.flash_attn, self.n_outputs = n_tokens, n_kv, flash_attn, n_outputs
         self.embeddings = embeddings  # output the final norm's hidden states instead of the logits
         self.tokens = self._input(Type.I32, n_tokens, name="inp_tokens")
@@ -316,6 +330,8 @@ class GraphBuilder:
 
     def finish(self, logits: Tensor) -> ModelGraph:
         graph = new_graph_custom(self.ctx, graph_size(self.hp))
+        for write in self.state_writes:
+            build_forward_expand(graph, write)
         if self.n_outputs == 0:
             for view in self.cache_views:  # the writes, and what they depend on
                 build_forward_expand(graph, view)
@@ -327,8 +343,10 @@ class GraphBuilder:
         # inputs only the omitted part reads (the last layer's own window mask) are not in the graph
         masks = {w: m for w, m in self.masks.items() if id(m) in graph.visited}
         position_inputs = [(t, fn) for t, fn in self.position_inputs if id(t) in graph.visited]
-        return ModelGraph(graph, self.tokens, self.positions, self.kv_idx, masks, logits,
-                          position_inputs, self.n_tokens, self.n_kv, self.n_outputs, self.out_ids, self.embeddings)
+        used = lambda t: t if t is not None and id(t) in graph.visited else None  # noqa: E731
+        return ModelGraph(graph, self.tokens, used(self.positions), used(self.kv_idx), masks, logits,
+                          position_inputs, self.n_tokens, self.n_kv, self.n_outputs, self.out_ids, self.embeddings,
+                          self.n_seqs, used(self.s_ids))
 
     def output_rows(self, il: int, *xs: Tensor) -> tuple[Tensor, ...]:
         """In the last layer (il), after attention: the rows of `xs` ([n, n_tokens] each: the
@@ -410,11 +428,11 @@ class GraphBuilder:
             k = self.norm(k, layer.attn_k_norm, rms=qk_rms)
         return q, k, v
 
-    def attention(self, il: int, q: Tensor, k: Tensor, v: Tensor, wo: Tensor, wo_b: Tensor | None = None,
+    def attention(self, il: int, q: Tensor, k: Tensor, v: Tensor, wo: Tensor | None, wo_b: Tensor | None = None,
                   kq_scale: float | None = None, sinks: Tensor | None = None) -> Tensor:
         """Store K and V in layer il's cache, attend over the first n_kv cells (the layer's sliding
         window mask when it has one; soft-capped scores when hp.attn_softcap; per-head sink
-        logits), and project with wo: [n_embd, n_tokens]."""
+        logits), and project with wo: [n_embd, n_tokens] (wo None: the heads' outputs, unprojected)."""
         hp, ctx, n = self.hp, self.ctx, self.n_tokens
         scale = hp.kq_scale if kq_scale is None else kq_scale
         mask = self.masks[hp.n_swa if hp.is_swa(il) else 0]
@@ -437,7 +455,7 @@ class GraphBuilder:
             out = ops.mul_mat(ctx, v_t, kq)                                     # [head_dim, n_tokens, n_head]
             out = ops.permute(ctx, out, 0, 2, 1, 3)
             out = ops.cont_2d(ctx, out, hp.head_dim_v * hp.n_head, n)
-        return self.linear(out, wo, wo_b)
+        return out if wo is None else self.linear(out, wo, wo_b)
 
     def self_attention(self, il: int, h: Tensor, layer: Layer, rope_factors: Tensor | None = None,
                        q_scale: float | Tensor | None = None, kq_scale: float | None = None) -> Tensor:

@@ -105,9 +105,18 @@ def read_hparams(f: GGUFFile, arch) -> HParams:
     own (`arch.read_hparams`), then the rotary corrections derived from them (llama_context)."""
     keys = KeyReader(f)
     get = keys.get
+    per_layer = getattr(arch, "per_layer_keys", ())
+
+    def get_max(suffix, default=...):
+        """A per-layer array the architecture reads itself (arch.per_layer_keys; hybrids give
+        0 KV heads to their recurrent layers): its largest value here."""
+        value = keys.get_list(suffix) if suffix in per_layer else None
+        return max(value) if isinstance(value, list) else get(suffix, default)
+
     n_embd = int(get("embedding_length"))
-    n_head = int(get("attention.head_count"))
-    head_dim_k = int(get("attention.key_length", n_embd // n_head))
+    # recurrent models (mamba, rwkv) have no attention heads: head_count 0 or absent
+    n_head = int(get_max("attention.head_count", 0 if getattr(arch, "memory", "kv") != "kv" else ...))
+    head_dim_k = int(get("attention.key_length", n_embd // n_head if n_head else 0))
     n_vocab = _vocab_size(f)
     n_layer = int(get("block_count"))
     eps = get("attention.layer_norm_rms_epsilon", None)
@@ -115,9 +124,9 @@ def read_hparams(f: GGUFFile, arch) -> HParams:
         eps = get("attention.layer_norm_epsilon")
     hp = HParams(
         arch=f.arch, n_vocab=n_vocab, n_ctx_train=int(get("context_length")), n_embd=n_embd,
-        n_layer=n_layer, n_head=n_head, n_head_kv=int(get("attention.head_count_kv", n_head)),
-        n_ff=int(get("feed_forward_length", 0)), head_dim_k=head_dim_k,
-        head_dim_v=int(get("attention.value_length", n_embd // n_head)),
+        n_layer=n_layer, n_head=n_head, n_head_kv=int(get_max("attention.head_count_kv", n_head)),
+        n_ff=int(get_max("feed_forward_length", 0)), head_dim_k=head_dim_k,
+        head_dim_v=int(get("attention.value_length", n_embd // n_head if n_head else 0)),
         n_rot=int(get("rope.dimension_count", head_dim_k)), norm_eps=float(eps), rope_type=int(arch.rope_type),
         rope_freq_base=float(get("rope.freq_base", 10000.0)),
         n_expert=int(get("expert_count", 0)), n_expert_used=int(get("expert_used_count", 0)),

@@ -17,7 +17,7 @@ import torch
 
 from ..alloc import backend_alloc_ctx_tensors_from_buft
 from ..backend.buffer import backend_buffer_clear
-from ..backend.tensor_io import backend_tensor_memset
+from ..backend.tensor_io import backend_tensor_get, backend_tensor_memset, backend_tensor_set
 from ..context import Context, new_tensor_2d
 from ..ops import set_rows, view_3d, reshape_2d
 from ..tensor import Tensor, nbytes, round_up, set_name
@@ -46,7 +46,8 @@ def kv_type_from_name(name) -> Type:
 
 
 class KVCache:
-    """K and V tensors per layer. `bufts[il]` is the buffer type of layer il's cache."""
+    """K and V tensors per layer. `bufts[il]` is the buffer type of layer il's cache (None: the
+    layer has no attention, as a hybrid model's recurrent layers; its K and V are None)."""
 
     def __init__(self, n_layer: int, n_ctx: int, head_dim_k: int, head_dim_v: int, n_head_kv: int,
                  kv_type: Type, bufts):
@@ -64,6 +65,10 @@ class KVCache:
         self.buffers = []
         ctxs: dict[int, tuple[object, Context]] = {}
         for il, buft in enumerate(bufts):
+            if buft is None:
+                self.k.append(None)
+                self.v.append(None)
+                continue
             _, ctx = ctxs.setdefault(id(buft), (buft, Context(no_alloc=True)))
             self.k.append(set_name(new_tensor_2d(ctx, kv_type, head_dim_k * n_head_kv, n_ctx), f"cache_k_l{il}"))
             self.v.append(set_name(new_tensor_2d(ctx, kv_type, head_dim_v * n_head_kv, n_ctx), f"cache_v_l{il}"))
@@ -88,6 +93,29 @@ class KVCache:
     def nbytes(self) -> int:
         return sum(b.size for b in self.buffers)
 
+    # the memory kinds' common face (recurrent_state.py): this one is attention only
+    recurrent = None
+
+    def tensors(self) -> list[Tensor]:
+        """The memory's tensors: every attention layer's K and V."""
+        return [t for t in (*self.k, *self.v) if t is not None]
+
+    @property
+    def attention(self) -> "KVCache":
+        return self
+
+    @staticmethod
+    def ubatches(seq_ids: torch.Tensor, n_batch: int) -> list[slice]:
+        """The batch's micro-batches: consecutive runs of n_batch tokens."""
+        return [slice(start, start + n_batch) for start in range(0, seq_ids.numel(), n_batch)]
+
+    def set_inputs(self, g, batch: "KVBatch") -> None:
+        """The graph's cache inputs for this batch: the cells its tokens write, the masks."""
+        if g.kv_idx is not None:
+            backend_tensor_set(g.kv_idx, batch.cells)
+        for window, mask in g.masks.items():
+            backend_tensor_set(mask, self.mask(batch, window))
+
     @property
     def n_past(self) -> int:
         """Cells in use (tokens of every sequence)."""
@@ -110,6 +138,28 @@ class KVCache:
             self.cell_seq[cells] = -1
             self.seq_next.pop(int(seq_id), None)
 
+    def copy(self, src: int, dst: int) -> None:
+        """Sequence dst continues from sequence src's cells (llama.cpp's seq_cp): dst's own cells
+        are cleared and src's K and V rows copied into free cells tagged dst, same positions."""
+        src, dst = int(src), int(dst)
+        self.clear(dst)
+        cells = torch.nonzero(self.cell_seq == src).flatten()
+        free = torch.nonzero(self.cell_seq < 0).flatten()
+        if free.numel() < cells.numel():
+            raise ValueError(f"the KV cache is full: copying sequence {src} needs {cells.numel()} free cells, "
+                             f"{free.numel()} are left")
+        targets = free[:cells.numel()]
+        for t in filter(None, (*self.k, *self.v)):
+            row = t.nb[1]
+            for a, b in zip(cells.tolist(), targets.tolist()):
+                data = torch.empty(row, dtype=torch.uint8)
+                backend_tensor_get(t, data, a * row, row)
+                backend_tensor_set(t, data, b * row, row)
+        self.cell_seq[targets], self.cell_pos[targets] = dst, self.cell_pos[cells]
+        self.written[targets] = True
+        if src in self.seq_next:
+            self.seq_next[dst] = self.seq_next[src]
+
     def zero_cells(self, cells: torch.Tensor) -> None:
         """Zero these cells of every layer's K and V (one memset per run of consecutive cells)."""
         cells = torch.unique(cells)
@@ -118,7 +168,7 @@ class KVCache:
         breaks = torch.nonzero(cells[1:] != cells[:-1] + 1).flatten() + 1
         for run in torch.tensor_split(cells, breaks):
             start, end = int(run[0]), int(run[-1]) + 1
-            for t in (*self.k, *self.v):
+            for t in filter(None, (*self.k, *self.v)):
                 backend_tensor_memset(t, 0, start * t.nb[1], (end - start) * t.nb[1])
         self.written[cells] = False
 
@@ -207,3 +257,4 @@ class KVBatch:
     positions: torch.Tensor
     n_kv: int
     seq_next: dict
+    n_seqs: int = 1  # graphs over the KV cache only do not group tokens by sequence

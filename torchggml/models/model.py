@@ -36,10 +36,10 @@ several devices it is cut where the device changes and activations are copied be
 The architecture (models/archs/) says which keys and tensors the file has and builds the graph.
 
 The models package answers one question per file: placement.py (which device holds what),
-sampling.py (the next token from logits), kv_cache.py (the KV memory), this file (Model: eval and
-generation), loading.py (a GGUF file to a Model). This module composes lora.py
-(add_lora/load_lora) and module.py (as_module); they take the model as an argument and do not
-import this module back (no circle).
+sampling.py (the next token from logits), kv_cache.py and recurrent_state.py (the memory kinds:
+the architecture picks one), this file (Model: eval and generation), loading.py (a GGUF file to
+a Model). This module composes lora.py (add_lora/load_lora) and module.py (as_module); they take
+the model as an argument and do not import this module back (no circle).
 """
 from __future__ import annotations
 
@@ -59,12 +59,13 @@ from ..gguf import GGUFFile
 from ..types import is_quantized
 from .builder import Arch, GraphBuilder, ModelGraph, bind_weights, graph_size
 from .hparams import HParams
-from .kv_cache import KVCache, kv_type_from_name
+from .kv_cache import kv_type_from_name
 from .lora import DEFAULT_TARGETS, LoraAdapter
 from .module import GGMLModule
 from .params import ModelParams
 from .placement import Placement, cpu_device, find_device
 from .generation import Generation
+from .recurrent_state import memory_for
 from .sampling import SamplingParams, TokenChoice, sample_token
 from .sequences import ModelLock, SequenceGuard, token_id_tensor
 
@@ -135,8 +136,9 @@ class Model:
         if is_quantized(self.kv_type) and not self.flash_attn:
             raise ValueError(f"kv_type {params.kv_type!r} needs flash_attn=True: without flash attention the "
                              f"V cache is read transposed, which a block-quantized cache cannot do")
-        self.kv = KVCache(hp.n_layer, self.n_ctx, hp.head_dim_k, hp.head_dim_v, hp.n_head_kv, self.kv_type,
-                          [d.get_buffer_type() for d in placement.layers])
+        # the memory the architecture asks for: a KV cache, recurrent states, or both (hybrid)
+        self.kv = memory_for(arch, hp, self.n_ctx, self.kv_type, [d.get_buffer_type() for d in placement.layers],
+                             int(params.n_seq_max))
         self.lora = None  # a LoraAdapter applied to every graph (add_lora / load_lora)
         self._setup_compute(params.n_threads)
 
@@ -161,16 +163,18 @@ class Model:
         if not backend_sched_reserve(self.sched, worst.graph):
             raise MemoryError(f"{self.path}: cannot allocate the compute buffers")
 
-    def _build(self, n_tokens: int, n_kv: int, n_outputs: int | None = None, embeddings: bool = False) -> ModelGraph:
+    def _build(self, n_tokens: int, n_kv: int, n_outputs: int | None = None, embeddings: bool = False,
+               n_seqs: int = 1) -> ModelGraph:
         self._ctx = Context(no_alloc=True)
-        return self.build_graph(self._ctx, n_tokens, n_kv, n_outputs, embeddings)
+        return self.build_graph(self._ctx, n_tokens, n_kv, n_outputs, embeddings, n_seqs)
 
     def build_graph(self, ctx: Context, n_tokens: int, n_kv: int, n_outputs: int | None = None,
-                    embeddings: bool = False) -> ModelGraph:
+                    embeddings: bool = False, n_seqs: int = 1) -> ModelGraph:
         """The architecture's forward graph of n_tokens attending to n_kv cache cells, LoRA
         included, with logits for n_outputs of the tokens (default all; see GraphBuilder), or
-        with `embeddings` the output norm's hidden states instead of the logits."""
-        b = GraphBuilder(ctx, self.hp, self.kv, n_tokens, n_kv, self.flash_attn, n_outputs, embeddings)
+        with `embeddings` the output norm's hidden states instead of the logits; with recurrent
+        layers the tokens are n_seqs sequences' equal shares, grouped by sequence."""
+        b = GraphBuilder(ctx, self.hp, self.kv, n_tokens, n_kv, self.flash_attn, n_outputs, embeddings, n_seqs)
         g = b.finish(self.arch.build(b, self.w))
         if self.lora is not None:
             replaced = self.lora.apply(ctx, g.graph)
@@ -213,14 +217,16 @@ class Model:
         self._graph = None  # the next eval builds (and allocates) a graph with the adapter
         return adapter
 
-    def _graph_for(self, n_tokens: int, n_kv: int, n_outputs: int, embeddings: bool = False) -> ModelGraph:
-        """The allocated graph for this shape (n_tokens, n_kv, n_outputs, embeddings). When the
-        shape repeats (decode steps) the previous graph is reused as it is: its tensors keep their
-        addresses, so only the inputs change."""
+    def _graph_for(self, n_tokens: int, n_kv: int, n_outputs: int, embeddings: bool = False,
+                   n_seqs: int = 1) -> ModelGraph:
+        """The allocated graph for this shape (n_tokens, n_kv, n_outputs, embeddings, n_seqs). When
+        the shape repeats (decode steps) the previous graph is reused as it is: its tensors keep
+        their addresses, so only the inputs change."""
         g = self._graph
-        if g is not None and (g.n_tokens, g.n_kv, g.n_outputs, g.embeddings) == (n_tokens, n_kv, n_outputs, embeddings):
+        shape = (n_tokens, n_kv, n_outputs, embeddings, n_seqs)
+        if g is not None and (g.n_tokens, g.n_kv, g.n_outputs, g.embeddings, g.n_seqs) == shape:
             return g
-        g = self._graph = self._build(n_tokens, n_kv, n_outputs, embeddings)
+        g = self._graph = self._build(n_tokens, n_kv, n_outputs, embeddings, n_seqs)
         backend_sched_reset(self.sched)
         if not backend_sched_alloc_graph(self.sched, g.graph):
             self._graph = None
@@ -355,19 +361,19 @@ class Model:
         self.sequences.changed(seq_ids.unique().tolist())  # a failed eval may have changed them too
         self.kv.plan(seq_ids)  # raises early when the cache cannot hold them all
         out = torch.empty(int(outputs.sum()), width)
+        row_of = outputs.cumsum(0) - 1  # each output token's row of `out`
         before = self.kv.snapshot()
-        row = 0
-        for start in range(0, ids.numel(), self.n_batch):
-            end = start + self.n_batch
-            flags = outputs[start: end]
-            logits = out[row: row + int(flags.sum())]
-            self._eval_ubatch(ids[start: end], seq_ids[start: end], flags, logits, embeddings)
-            row += logits.shape[0]
+        # micro-batches: runs of n_batch tokens, or (recurrent memory) equal shares of each sequence
+        for idx in self.kv.ubatches(seq_ids, self.n_batch):
+            flags = outputs[idx]
+            logits = torch.empty(int(flags.sum()), width)
+            self._eval_ubatch(ids[idx], seq_ids[idx], flags, logits, embeddings)
+            out[row_of[idx][flags]] = logits
             finite = torch.isfinite(logits).all(dim=1)
             if not bool(finite.all()):
                 # the cells written may hold NaN: zero them so no later call can read them
                 self.kv.restore(before)
-                bad = int(flags.nonzero()[int((~finite).nonzero()[0])]) + start
+                bad = int(torch.arange(ids.numel())[idx][flags][int((~finite).nonzero()[0])])
                 n_past = self.kv.seq_len(int(seq_ids[bad])) + int((seq_ids[:bad] == seq_ids[bad]).sum())
                 raise NonFiniteLogitsError(f"{self.path}: eval produced non-finite logits (first at token "
                                            f"{bad}, position {n_past}); the cache was restored to "
@@ -379,13 +385,12 @@ class Model:
         """One micro-batch; the rows of the tokens flagged in `outputs` are written to `logits`."""
         batch = self.kv.plan(seq_ids)
         n_tokens, n_outputs = ids.numel(), logits.shape[0]
-        g = self._graph_for(n_tokens, batch.n_kv, n_outputs, embeddings)
+        g = self._graph_for(n_tokens, batch.n_kv, n_outputs, embeddings, batch.n_seqs)
         # the scheduler keeps user inputs in CPU memory and copies them where they are read
         backend_tensor_set(g.tokens, ids.to(torch.int32))
-        backend_tensor_set(g.positions, batch.positions.to(torch.int32))
-        backend_tensor_set(g.kv_idx, batch.cells)
-        for window, mask in g.masks.items():
-            backend_tensor_set(mask, self.kv.mask(batch, window))
+        if g.positions is not None:
+            backend_tensor_set(g.positions, batch.positions.to(torch.int32))
+        self.kv.set_inputs(g, batch)  # the memory's inputs: cache cells and masks, state slots
         for tensor, values in g.position_inputs:
             backend_tensor_set(tensor, values(batch.positions))
         if g.out_ids is not None:

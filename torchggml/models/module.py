@@ -111,7 +111,7 @@ class GGMLModule(torch.nn.Module):
             param = torch.nn.Parameter(_weight_value(model, name, t), requires_grad=False)
             _container(self, path).register_parameter(leaf, param)
         cache = _container(self, ["kv_cache"])
-        for t in [*model.kv.k, *model.kv.v]:
+        for t in model.kv.tensors():  # K/V, or recurrent states
             cache.register_buffer(t.name, to_torch(t), persistent=False)
         self._sync_lora()
 

@@ -62,6 +62,8 @@ class ModelParams:
         n_gpu_layers they count as accelerators; or name them in devices.
     check_tensors: check every weight's values (and quantized blocks' scales) for NaN/inf on
         load, as llama.cpp's --check-tensors: GGUFError naming the tensor (reads all weights).
+    n_seq_max: sequences the recurrent state of recurrent and hybrid models holds at once (one
+        state slot each, per recurrent layer).
     """
     devices: object = None
     n_gpu_layers: int | None = None
@@ -77,6 +79,7 @@ class ModelParams:
     check_tensors: bool = False
     tensor_parallel: object = None
     rpc: Sequence[str] | None = None
+    n_seq_max: int = 4
 
     def __post_init__(self):
         """Each option checked on its own, the error naming it (ValueError, or TypeError for a

@@ -58,8 +58,8 @@ def im2col_back(ctx, a: Tensor, b: Tensor, ne, s0: int, s1: int, p0: int, p1: in
 def im2col_3d(ctx, a: Tensor, b: Tensor, IC: int, s0: int, s1: int, s2: int, p0: int, p1: int, p2: int,
               d0: int, d1: int, d2: int, dst_type) -> Tensor:
     """a [KW, KH, KD, OC*IC], b [W, H, D, N*IC] -> [IC*KD*KH*KW, OW, OH, N*OD]."""
-    require(IC > 0 and b.ne[3] % IC == 0, "im2col_3d", f"b.ne[3] must be a multiple of IC={IC}", b)
-    n = b.ne[3] // IC
+    require(IC > 0, "im2col_3d", f"IC must be positive (got {IC})", b)
+    n = b.ne[3] // IC  # as ggml: channels past N*IC are not read; N = 0 gives an empty result
     od = _conv_output_size(b.ne[2], a.ne[2], s2, p2, d2)
     oh = _conv_output_size(b.ne[1], a.ne[1], s1, p1, d1)
     ow = _conv_output_size(b.ne[0], a.ne[0], s0, p0, d0)

@@ -81,7 +81,7 @@ def rope_inplace(ctx, a: Tensor, b: Tensor, n_dims: int, mode: int) -> Tensor:
 
 def rope_set_offset(a: Tensor, n_offs: int) -> Tensor:
     """Rotate channels [n_offs, n_offs + n_dims) instead of [0, n_dims) (not for VISION)."""
-    require(a.op == Op.ROPE, "rope_set_offset", "a must be a rope node", a)
+    require(a.op in (Op.ROPE, Op.ROPE_BACK), "rope_set_offset", "a must be a rope or rope_back node", a)
     require(n_offs >= 0 and n_offs % 2 == 0, "rope_set_offset", f"n_offs={n_offs} must be even and >= 0", a)
     require(a.op_params[2] != RopeType.VISION, "rope_set_offset", "not for VISION mode", a)
     require(n_offs + a.op_params[1] <= a.ne[0], "rope_set_offset", "n_offs + n_dims must be <= ne[0]", a)

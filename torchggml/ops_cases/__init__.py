@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from . import attention, binary, copy, glu, math, matmul, norm, reduce, rope, rows, shape, unary
 from . import conv, deepseek, image, regions
+from . import recurrent
 from .table import OpCase
 
 FAMILIES = (attention, binary, copy, glu, math, matmul, norm, reduce, rope, rows, shape, unary)
 FAMILIES += (conv, deepseek, image, regions)
+FAMILIES += (recurrent,)
 
 
 def all_cases() -> list[OpCase]:

@@ -5,7 +5,9 @@ from ..builder import Arch
 from . import gemma, gpt_oss, llama, mistral3, parallel, phi3, qwen
 
 ARCHS: dict[str, Arch] = {}
-for _module in (llama, mistral3, qwen, gemma, phi3, gpt_oss, parallel):
+from . import falcon_h1, jamba, lfm2, mamba, nemotron_h, qwen3next, rwkv6, rwkv7  # noqa: E402  (recurrent, hybrid)
+for _module in (llama, mistral3, qwen, gemma, phi3, gpt_oss, parallel, mamba, jamba, nemotron_h, falcon_h1, lfm2,
+                rwkv6, rwkv7, qwen3next):
     for _arch in _module.ARCHS:
         for _name in _arch.names:
             ARCHS[_name] = _arch

@@ -13,7 +13,7 @@ not listed here run the reference kernel alone.
     layout   products.py over layouts/: a weight stored in a CPU_REPACK buffer (an
              ExtraBufferType) multiplies through its layout's product (the `fused` numba
              kernels, or torch's int4 GEMM)
-    blocks   products.py: the fused kernels on a 2-D Q8_0/Q4_0 weight's ggml blocks in place,
+    blocks   products.py: the fused kernels on a 2-D Q8_0/Q4_0/Q4_K/Q6_K weight's ggml blocks in place,
              where the loader leaves them (nothing repacked)
     torch    products.py's half GEMM, and the reference kernels
 """
@@ -24,7 +24,7 @@ from typing import Callable
 
 from ...enums import Op
 from ..kernels import TORCH_KERNELS, KernelTable, binds
-from . import fast_ops
+from . import fast_ops, recurrent
 from .products import bind_block_product, bind_half_weight_product, bind_layout_experts, bind_layout_product
 
 
@@ -69,6 +69,12 @@ LAYERS = {
     Op.MUL: (numba(fast_ops.bind_binary), TORCH),
     Op.DIV: (numba(fast_ops.bind_binary), TORCH),
 }
+
+
+# the recurrent ops' scans (recurrent.py)
+LAYERS.update({Op.SSM_SCAN: (numba(recurrent.bind_ssm_scan), TORCH), Op.RWKV_WKV6: (numba(recurrent.bind_wkv6), TORCH),
+               Op.RWKV_WKV7: (numba(recurrent.bind_wkv7), TORCH),
+               Op.GATED_DELTA_NET: (numba(recurrent.bind_gated_delta_net), TORCH)})
 
 
 def bind_layers(op: Op, layers, node):

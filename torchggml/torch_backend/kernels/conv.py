@@ -45,6 +45,17 @@ def _window_pads(sizes, ks, ss, ps, ds, outs) -> list[int]:
     return [w for pair in reversed(widths) for w in pair]
 
 
+def _padded_windows(x, ks, ss, ps, ds, outs):
+    """x (spatial dims last, outermost first) padded by p before and cut to the span of exactly
+    `outs` windows: _window_pads as zero padding and a slice (F.pad's negative widths cannot cut
+    more than the unpadded length, as a window past a short dim asks)."""
+    n = len(ks)
+    pads = _window_pads(x.shape[-n:], ks, ss, ps, ds, outs)
+    x = F.pad(x, [max(w, 0) for w in pads])
+    spans = [(o - 1) * s + d * (k - 1) + 1 for k, s, d, o in zip(ks, ss, ds, outs)]
+    return x[(..., *(slice(0, span) for span in spans))]
+
+
 @KERNELS.register(Op.IM2COL, supports=lambda n: is_float(n) and is_float(n.src[1]))
 def im2col(node):
     """[N, IC, IH, IW] -> [N, OH, OW, IC*KH*KW] (2-D); [N, IC, IW] -> [N, OW, IC*K] (1-D)."""
@@ -54,7 +65,7 @@ def im2col(node):
     if not is_2d:
         x = x[0].unsqueeze(2)                          # [N, IC, 1, IW]
     outs = (node.ne[2], node.ne[1]) if is_2d else (1, node.ne[1])
-    x = F.pad(x, _window_pads(x.shape[2:], k, s, p, d, outs))
+    x = _padded_windows(x, k, s, p, d, outs)
     cols = F.unfold(x, k, dilation=d, stride=s)        # [N, IC*KH*KW, OH*OW]
     write(node, cols.transpose(1, 2).reshape(node.ne[3], node.ne[2], node.ne[1], node.ne[0]))
 
@@ -98,7 +109,7 @@ def im2col_3d(node):
     n = b.ne[3] // ic
     x = as_float(b).reshape(n, ic, b.ne[2], b.ne[1], b.ne[0])
     od, oh, ow = node.ne[3] // n, node.ne[2], node.ne[1]
-    x = F.pad(x, _window_pads(x.shape[2:], (kd, kh, kw), (s2, s1, s0), (p2, p1, p0), (d2, d1, d0), (od, oh, ow)))
+    x = _padded_windows(x, (kd, kh, kw), (s2, s1, s0), (p2, p1, p0), (d2, d1, d0), (od, oh, ow))
     # windows: [N, IC, OD, OH, OW, KD, KH, KW] over the dilated kernel extent, then every d-th tap
     win = (x.unfold(2, d2 * (kd - 1) + 1, s2).unfold(3, d1 * (kh - 1) + 1, s1).unfold(4, d0 * (kw - 1) + 1, s0))
     win = win[..., ::d2, ::d1, ::d0]
@@ -117,12 +128,21 @@ def _kernel_input(node):
     return w, x
 
 
+def _conv_padded(node, x, kernel, stride, pad, dilation):
+    """x padded so a convolution without padding gives exactly the node's outputs (ggml's sizes;
+    spatial dims are the last len(stride) of x, outermost first)."""
+    n = len(stride)
+    outs = [node.ne[i] for i in reversed(range(n))]
+    return _padded_windows(x, kernel, stride, pad, dilation, outs)
+
+
 @KERNELS.register(Op.CONV_2D, supports=_float_srcs)
 def conv_2d(node):
     """a [OC, IC, KH, KW] over b [N, IC, H, W]."""
     s0, s1, p0, p1, d0, d1 = _params(node, 6)
     w, x = _kernel_input(node)
-    write(node, F.conv2d(x, w, stride=(s1, s0), padding=(p1, p0), dilation=(d1, d0)))
+    x = _conv_padded(node, x, w.shape[-2:], (s1, s0), (p1, p0), (d1, d0))
+    write(node, F.conv2d(x, w, stride=(s1, s0), dilation=(d1, d0)))
 
 
 @KERNELS.register(Op.CONV_2D_DW, supports=_float_srcs)
@@ -130,7 +150,8 @@ def conv_2d_dw(node):
     """Depthwise: a [C, 1, KH, KW] over b [N, C, H, W] (any memory order: views carry the strides)."""
     s0, s1, p0, p1, d0, d1 = _params(node, 6)
     w, x = as_float(node.src[0]), as_float(node.src[1])
-    write(node, F.conv2d(x, w, stride=(s1, s0), padding=(p1, p0), dilation=(d1, d0), groups=x.shape[1]))
+    x = _conv_padded(node, x, w.shape[-2:], (s1, s0), (p1, p0), (d1, d0))
+    write(node, F.conv2d(x, w, stride=(s1, s0), dilation=(d1, d0), groups=x.shape[1]))
 
 
 @KERNELS.register(Op.CONV_3D, supports=_float_srcs)
@@ -141,7 +162,8 @@ def conv_3d(node):
     w, x = _kernel_input(node)
     w = w.reshape(oc, c, a.ne[2], a.ne[1], a.ne[0])
     x = x.reshape(n, c, b.ne[2], b.ne[1], b.ne[0])
-    y = F.conv3d(x, w, stride=(s2, s1, s0), padding=(p2, p1, p0), dilation=(d2, d1, d0))
+    x = _conv_padded(node, x, w.shape[-3:], (s2, s1, s0), (p2, p1, p0), (d2, d1, d0))
+    y = F.conv3d(x, w, stride=(s2, s1, s0), dilation=(d2, d1, d0))
     write(node, y.reshape(n * oc, *y.shape[2:]))
 
 

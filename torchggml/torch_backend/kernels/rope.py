@@ -181,14 +181,24 @@ def _pair_halves(x: torch.Tensor, start: int, width: int, interleaved: bool):
     return x[..., start:start + half], x[..., start + half:start + width]
 
 
+def _inverse(angles):
+    """The angles of the inverse rotation (ROPE_BACK): sin negated."""
+    def inverse_angles():
+        cos, sin = angles()
+        return cos, -sin
+    return inverse_angles
+
+
 def _bind_rope(node):
     """Views of x, the node, positions and factors, and the constant angle factors are taken
     now; the positions' values are read at each call. x is read before the node is written, so
-    the node may share x's memory (in-place)."""
+    the node may share x's memory (in-place). ROPE_BACK rotates by the negated angles."""
     a, positions, factors = node.src[0], node.src[1], node.src[2]
     p, n_tokens = rope_params(node), a.ne[2]
     angles = _bind_angles(p, view(positions)[0, 0, 0], n_tokens,
                           view(factors)[0, 0, 0] if factors is not None else None)
+    if node.op == Op.ROPE_BACK:
+        angles = _inverse(angles)
     vx, dst = view(a), view(node)  # [ne3, n_tokens, n_head, ne0]
     start, width = _rotated_span(p, a.ne[0])
     interleaved = p.mode == RopeType.NORMAL
@@ -212,7 +222,7 @@ def _rotate(angles, x0, x1, d0, d1, unrotated, _node) -> None:
         d.copy_(x)
 
 
-@KERNELS.register(Op.ROPE, supports=_supports_rope)
+@KERNELS.register(Op.ROPE, Op.ROPE_BACK, supports=_supports_rope)
 @binds(_bind_rope)
 def rope(node):
     _bind_rope(node)(node)

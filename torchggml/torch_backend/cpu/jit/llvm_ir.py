@@ -7,8 +7,8 @@ from __future__ import annotations
 import functools
 
 
-# row_dot's kinds that read ggml's blocks in place, by block bytes: Q8_0 and Q4_0
-BLOCK_KINDS = (34, 18)
+# row_dot's kinds that read ggml's blocks in place, by block bytes: Q8_0, Q4_0, Q4_K and Q6_K
+BLOCK_KINDS = (34, 18, 144, 210)
 
 
 def _row_dot_intrinsic():
@@ -28,7 +28,9 @@ def _row_dot_intrinsic():
     (byte i: value i low nibble, value i + 16 high nibble), -4 for the same nibbles minus 8
     (Q4_0's signed values, as ggml's kernels subtract 8). Block kinds read ggml's blocks in
     place (w: the row's raw bytes; scale is not read): 34 for Q8_0 (float16 d, 32 int8 values),
-    18 for Q4_0 (float16 d, 16 bytes of nibbles minus 8, in the 4-bit order above).
+    18 for Q4_0 (float16 d, 16 bytes of nibbles minus 8, in the 4-bit order above), 144 for
+    Q4_K (q4_k_blocks_dot; scale is then the activations' float group sums, for the mins), 210
+    for Q6_K (q6_k_blocks_dot, activations in groups of 16).
     """
     from llvmlite import ir
     from numba import types
@@ -85,6 +87,10 @@ def _row_dot_intrinsic():
         (byte b: values b, b + 8, b + 16, b + 24 in bits 0-1, 2-3, 4-5, 6-7)."""
         u = six_bit_values(builder, w, j)
         xv = load_i8(builder, x, builder.mul(j, ir.Constant(j.type, 32)), 32)
+        return offset_six_bit_products(builder, u, xv)
+
+    def offset_six_bit_products(builder, u, xv):
+        """32 values u in [0, 63] minus 32 times 32 int8 xv as <8 x i32>, lanes 0-3 the first 16."""
         fast = _byte_dot_8(builder, u, xv)
         if fast is not None:  # sum (u - 32) x = sum u x - 32 sum x
             xsum = _byte_dot_8(builder, ir.Constant(vec(i8, 32), [1] * 32), xv)
@@ -167,6 +173,10 @@ def _row_dot_intrinsic():
             dp = data_ptr(context, builder, sig.args[3], args[3])
             n_groups = context.make_array(sig.args[3])(context, builder, args[3]).shape  # xd's: K / G
             n_groups = builder.extract_value(n_groups, 0)
+            if k == 144:
+                return q4_k_blocks_dot(builder, wp, xp, sp, dp, n_groups)
+            if k == 210:
+                return q6_k_blocks_dot(builder, wp, xp, dp, n_groups)
             acc = cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8))
             if k in (16, 6):  # groups in pairs (K-quant rows hold an even number of 16-value groups)
                 n_groups = builder.lshr(n_groups, ir.Constant(n_groups.type, 1))
@@ -191,6 +201,86 @@ def _row_dot_intrinsic():
                                                 "llvm.vector.reduce.fadd.v8f32")
             return builder.call(fn, [ir.Constant(f32, 0.0), builder.load(acc)], fastmath=("fast",))
         return types.float32(w, x, scale, xd, kind), codegen
+
+    def reduce_8(builder, v):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32, vec(f32, 8)]),
+                                            "llvm.vector.reduce.fadd.v8f32")
+        return builder.call(fn, [ir.Constant(f32, 0.0), v], fastmath=("fast",))
+
+    def byte_at(builder, wp, at):
+        return builder.zext(builder.load(builder.gep(wp, [at])), i32)
+
+    def q4_k_blocks_dot(builder, wp, xp, sump, dp, n_groups):
+        """A row of ggml's Q4_K blocks in place (144 bytes per 256 values: float16 d and dmin,
+        12 bytes of 6-bit scales and mins, 128 bytes of nibbles, each 32 bytes holding sub-block
+        2p in the low nibbles and 2p + 1 in the high) times the int8 activations:
+        sum_g d sc_g xd_g (q_g . x_g) - dmin m_g xsum_g, with xsum (sump) the groups' float sums."""
+        acc = cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8))
+        offsets = cgutils.alloca_once_value(builder, ir.Constant(f32, 0.0))
+        with cgutils.for_range(builder, builder.lshr(n_groups, ir.Constant(n_groups.type, 3))) as loop:
+            blk = loop.index
+            base = builder.mul(blk, ir.Constant(blk.type, 144))
+            at = lambda off: builder.add(base, ir.Constant(blk.type, off))  # noqa: E731
+            half = lambda off: half_bits_to_float(  # noqa: E731
+                builder, builder.load(builder.bitcast(builder.gep(wp, [at(off)]), i16.as_pointer()), align=1))
+            d, dmin = half(0), half(2)
+            sb = [byte_at(builder, wp, at(4 + t)) for t in range(12)]
+            c = lambda v: ir.Constant(i32, v)  # noqa: E731
+            for g in range(8):  # ggml's k_scale_min
+                if g < 4:
+                    sc, m = builder.and_(sb[g], c(63)), builder.and_(sb[g + 4], c(63))
+                else:
+                    sc = builder.or_(builder.and_(sb[g + 4], c(15)), builder.shl(builder.lshr(sb[g - 4], c(6)), c(4)))
+                    m = builder.or_(builder.lshr(sb[g + 4], c(4)), builder.shl(builder.lshr(sb[g], c(6)), c(4)))
+                jg = builder.add(builder.shl(blk, ir.Constant(blk.type, 3)), ir.Constant(blk.type, g))
+                packed = load_i8(builder, wp, at(16 + (g // 2) * 32), 32)
+                u = (builder.and_(packed, ir.Constant(vec(i8, 32), [15] * 32)) if g % 2 == 0
+                     else builder.lshr(packed, ir.Constant(vec(i8, 32), [4] * 32)))
+                xv = load_i8(builder, xp, builder.mul(jg, ir.Constant(jg.type, 32)), 32)
+                ints = nibble_products(builder, u, xv, False)
+                scale = builder.fmul(builder.fmul(d, builder.uitofp(sc, f32)), builder.load(builder.gep(dp, [jg])))
+                s8 = builder.shuffle_vector(builder.insert_element(ir.Constant(vec(f32, 8), ir.Undefined), scale, c(0)),
+                                            ir.Constant(vec(f32, 8), ir.Undefined), ir.Constant(vec(i32, 8), [0] * 8))
+                term = builder.fmul(builder.sitofp(ints, vec(f32, 8)), s8, flags=("fast",))
+                builder.store(builder.fadd(builder.load(acc), term, flags=("fast",)), acc)
+                offset = builder.fmul(builder.fmul(dmin, builder.uitofp(m, f32)), builder.load(builder.gep(sump, [jg])))
+                builder.store(builder.fadd(builder.load(offsets), offset, flags=("fast",)), offsets)
+        return builder.fsub(reduce_8(builder, builder.load(acc)), builder.load(offsets), flags=("fast",))
+
+    def q6_k_blocks_dot(builder, wp, xp, dp, n_groups):
+        """A row of ggml's Q6_K blocks in place (210 bytes per 256 values: 128 bytes of low
+        nibbles, 64 of high bit pairs, 16 int8 scales, float16 d; value h*128 + l has its low
+        nibble in byte h*64 + l % 64 (high half for l >= 64) and its top bits in byte
+        h*32 + l % 32, bits 2 (l // 32)) times the int8 activations in groups of 16:
+        sum_g d sc_g xd_g ((u_g - 32) . x_g)."""
+        acc = cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8))
+        c8 = lambda v: ir.Constant(vec(i8, 32), [v] * 32)  # noqa: E731
+        with cgutils.for_range(builder, builder.lshr(n_groups, ir.Constant(n_groups.type, 4))) as loop:
+            blk = loop.index
+            base = builder.mul(blk, ir.Constant(blk.type, 210))
+            at = lambda off: builder.add(base, ir.Constant(blk.type, off))  # noqa: E731
+            d = half_bits_to_float(builder, builder.load(builder.bitcast(builder.gep(wp, [at(208)]), i16.as_pointer()),
+                                                         align=1))
+            for h in range(2):
+                high_bytes = load_i8(builder, wp, at(128 + h * 32), 32)
+                for t in range(4):  # values h*128 + 32t .. + 31: groups h*8 + 2t and h*8 + 2t + 1
+                    low = builder.and_(builder.lshr(load_i8(builder, wp, at(h * 64 + 32 * (t % 2)), 32), c8(4 * (t // 2))),
+                                       c8(15))
+                    high = builder.and_(builder.lshr(high_bytes, c8(2 * t)), c8(3))
+                    u = builder.or_(low, builder.shl(high, c8(4)))
+                    g0 = h * 8 + 2 * t
+                    jg = builder.add(builder.shl(blk, ir.Constant(blk.type, 4)), ir.Constant(blk.type, g0))
+                    xv = load_i8(builder, xp, builder.mul(jg, ir.Constant(jg.type, 16)), 32)
+                    ints = offset_six_bit_products(builder, u, xv)
+                    s8 = ir.Constant(vec(f32, 8), ir.Undefined)
+                    for lane, g in enumerate((g0, g0 + 1)):
+                        sc = builder.sitofp(builder.load(builder.gep(wp, [at(192 + g)])), f32)
+                        xd_g = builder.load(builder.gep(dp, [builder.add(jg, ir.Constant(jg.type, lane))]))
+                        s8 = builder.insert_element(s8, builder.fmul(builder.fmul(d, sc), xd_g), ir.Constant(i32, lane))
+                    s8 = builder.shuffle_vector(s8, s8, ir.Constant(vec(i32, 8), [0, 0, 0, 0, 1, 1, 1, 1]))
+                    term = builder.fmul(builder.sitofp(ints, vec(f32, 8)), s8, flags=("fast",))
+                    builder.store(builder.fadd(builder.load(acc), term, flags=("fast",)), acc)
+        return reduce_8(builder, builder.load(acc))
 
     def nibble_values(builder, w, j):
         """Group j's 32 4-bit values (16 bytes: value i low nibble, value i + 16 high) as <32 x i8>."""

@@ -6,6 +6,7 @@ types and cached on disk by numba.
                        (quant_kernels.py: matvec, quantize_rows, dequantize_*)
     op_kernels()       decode's small nodes (op_kernels.py: norms, softmax, rope, copies...)
     repack_kernels()   ggml blocks to the fused layouts at load (repack_kernels.py)
+    recurrent_kernels() the recurrent ops' scans (recurrent_kernels.py)
 
 Where numba's cache holds nothing for a module (the first use after an install), one line on
 stderr says that the kernels are being compiled, once per process.
@@ -17,8 +18,8 @@ import importlib
 import sys
 
 # CPU seconds numba takes to compile the kernels a quantized model's first prompt and token use
-# (8.6 + 0.75 s on one Zen 4 core): the notice's estimate
-COMPILE_SECONDS = 10
+# (a 1.1B Q4_K_M model: 11.3 + 0.7 s on a Zen 4 core): the notice's estimate
+COMPILE_SECONDS = 12
 _noticed = []  # the notice is printed once per process
 
 
@@ -73,3 +74,8 @@ def op_kernels():
 def repack_kernels():
     """The load's conversions to the fused layouts (repack_kernels.py)."""
     return _load("repack_kernels")
+
+
+def recurrent_kernels():
+    """The recurrent ops' scans (recurrent_kernels.py)."""
+    return _load("recurrent_kernels")

@@ -14,8 +14,10 @@ costs 8 bits a weight plus the scales instead of 5.5-8.5: the price of loops LLV
 The 4-bit types Q4_0, Q4_1 and Q4_K keep 4 bits, two to a byte (byte i of a 32-value group holds
 values i and i + 16): Q4_0's q + 8, which the kernels take back as ggml's do, and Q4_1's and
 Q4_K's q in [0, 15]. Decode streams these bytes once a token, so they bound its speed: Q4_0
-4.5 bits a weight (llama.cpp's size), Q8_0 9, Q4_K 6, Q6_K 10 (float32 scales per group).
-Products: M < FUSED_MAX_ROWS rows of activations
+4.5 bits a weight (llama.cpp's size), Q8_0 9, Q4_K 6, Q6_K 8 (float32 scales per group). So the
+2-D weights of those four types are not stored here: the same kernels read their ggml blocks in
+place (IN_PLACE_KINDS, block_product; ggml's sizes, nothing converted at load); their experts
+(3-D, for MUL_MAT_ID) and the other types are. Products: M < FUSED_MAX_ROWS rows of activations
 run the fused matvec; larger micro-batches dequantize the weight once per call into the fastest
 GEMM dtype and use torch's GEMM (the dequantize is ~1% of a 128-row product). MUL_MAT_ID groups
 its (token, slot) pairs by expert and applies the same rule per expert: the experts with few rows
@@ -31,7 +33,7 @@ import numpy as np
 import torch
 
 from ....tensor import Tensor, round_up
-from ....types import Type
+from ....types import Type, type_traits
 from ....memory import byte_view
 from ..features import fastest_gemm_dtype
 from ..jit.loader import numba_available, quant_kernels, repack_kernels
@@ -108,7 +110,7 @@ class FusedBufferType(RepackBufferType):
     """CPU memory holding weights as (q, scale, bias) for the fused numba products."""
 
     def supports_weight(self, qtype, ne) -> bool:
-        """The loader's question: 2-D Q8_0 and Q4_0 weights are multiplied in place instead
+        """The loader's question: 2-D Q8_0, Q4_0, Q4_K and Q6_K weights are multiplied in place instead
         (is_in_place)."""
         return supports_shape(qtype, ne) and not is_in_place(qtype, ne)
 
@@ -218,11 +220,11 @@ class _Packed:
 
     @classmethod
     def of_blocks(cls, qtype, raw: torch.Tensor) -> "_Packed":
-        """A 2-D Q8_0/Q4_0 weight's ggml blocks, uint8 [N, row bytes] (IN_PLACE_KINDS)."""
+        """A 2-D weight's ggml blocks, uint8 [N, row bytes], of a type in IN_PLACE_KINDS."""
         p = cls.__new__(cls)
         p.qtype, p.n, p.q, p.blocks = qtype, raw.shape[0], raw.numpy(), True
-        p.kind, p.g = IN_PLACE_KINDS[qtype], 32
-        p.k = raw.shape[1] // p.kind * 32
+        p.kind, p.g = IN_PLACE_KINDS[qtype], group_size(qtype)
+        p.k = raw.shape[1] // p.kind * type_traits(qtype).blck_size
         return p
 
     def matrix(self, e: int) -> "_Packed":
@@ -283,7 +285,7 @@ def _matvec(p: _Packed, x: torch.Tensor, x_row: np.ndarray, w_row0: np.ndarray, 
         xd[:] = xd.astype(np.float16)
     target = out if out.is_contiguous() else torch.empty(out.shape, dtype=torch.float32)
     if p.blocks:
-        kernels.block_matvec(p.q, p.kind, w_row0, xq, xd, x_row, target.numpy())
+        kernels.block_matvec(p.q, p.kind, w_row0, xq, xd, xsum, x_row, target.numpy())
     else:
         kernels.matvec(p.q, p.scale, p.bias, p.has_bias, p.kind, w_row0, xq, xd, xsum, x_row, target.numpy())
     if target is not out:
@@ -309,9 +311,10 @@ def _product(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
 
 
 # 2-D weights of these types are multiplied on ggml's blocks in place (kernels.block_matvec; the
-# row_dot kind is the block's bytes): their layout here would be no smaller, so the loader leaves
-# them in the file's mapping (nothing to convert at load, no second copy)
-IN_PLACE_KINDS = {Type.Q8_0: 34, Type.Q4_0: 18}
+# row_dot kind is the block's bytes): the loader leaves them in the file's mapping (nothing to
+# convert at load, no second copy, and Q4_K and Q6_K read at their 4.5 and 6.56 bits a weight
+# instead of 6 and 8 here)
+IN_PLACE_KINDS = {Type.Q8_0: 34, Type.Q4_0: 18, Type.Q4_K: 144, Type.Q6_K: 210}
 
 
 def is_in_place(qtype, ne) -> bool:
@@ -320,7 +323,7 @@ def is_in_place(qtype, ne) -> bool:
 
 
 def block_product(qtype, raw: torch.Tensor):
-    """fn(rows [R, K] float, out [R, N] f32): out = rows @ W^T for a Q8_0/Q4_0 weight's ggml
+    """fn(rows [R, K] float, out [R, N] f32): out = rows @ W^T for a Q8_0/Q4_0/Q4_K/Q6_K weight's ggml
     blocks raw (uint8 [N, row bytes], rows contiguous), as the fused layout's product."""
     return functools.partial(_product, _Packed.of_blocks(qtype, raw))
 
