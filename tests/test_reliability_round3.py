@@ -450,6 +450,15 @@ def test_merges_whose_parts_are_not_tokens_are_a_named_error():
         tok.tokenize("ab")
 
 
+def test_rwkv_text_no_token_covers_is_a_named_error_without_an_unknown_token():
+    """It used to put None among the ids (a TypeError naming nothing; llama.cpp emits -1)."""
+    from torchggml.tokenizer import Tokenizer
+    tok = Tokenizer.from_metadata({"tokenizer.ggml.model": "rwkv", "tokenizer.ggml.tokens": ["a", "b"]},
+                                  source="w.gguf")
+    with pytest.raises(ValueError, match=r"w\.gguf: no token starts with byte 0x63 and the vocabulary has no unknown"):
+        tok.tokenize("abc")
+
+
 # ---------------------------------------------------------------- 8. output and configuration
 
 PROGRESS = [  # (wanted, bytes, on a terminal, TORCHGGML_PROGRESS, shown)

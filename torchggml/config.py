@@ -69,6 +69,8 @@ VARIABLES = {v.name: v for v in (
              "uploads of 64 MiB and more)", _bool),
     Variable("TORCHGGML_API_KEY", "text", "", "torchggml serve: the key clients must send as a Bearer token "
              "(--api-key overrides; unset: no key)", _text),
+    Variable("TORCHGGML_TEST_OPS_FULL", "bool", False, "torchggml test-ops: 1 runs every breadth case (as --full), "
+             "not a representative sample", _bool),
     Variable("TORCHGGML_GOLDEN", "path", "../shared/golden", "tests and scripts: the golden reference data", _text),
     Variable("TORCHGGML_VOCAB_CACHE", "path", "~/.cache/torchggml/vocab", "tests and scripts: llama.cpp's "
              "vocabulary files (scripts/fetch_llama_vocab.py)", _text),

@@ -378,7 +378,7 @@ class Tokenizer:
                 return UgmEncoder(self._texts, self._scores, has(TokenAttr.NORMAL), has(TokenAttr.USER_DEFINED),
                                   has(TokenAttr.NORMAL | TokenAttr.USER_DEFINED | TokenAttr.UNUSED),
                                   self.unk_id, charsmap, self.add_space_prefix, self.remove_extra_whitespaces)
-            return RwkvEncoder(self._texts, self.unk_id)
+            return RwkvEncoder(self._texts, self.unk_id, self.source)
         except ValueError as e:
             if isinstance(e, TokenizerError):
                 raise

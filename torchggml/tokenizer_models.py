@@ -387,12 +387,12 @@ class RwkvEncoder:
     """RWKV "world" vocabulary: the longest token (over raw bytes) at each position; a byte
     no token starts with becomes the unknown token."""
 
-    def __init__(self, texts: Sequence[str], unk_id):
+    def __init__(self, texts: Sequence[str], unk_id, source: str = "vocabulary"):
         self.tokens = {}
         for i, text in enumerate(texts):
             self.tokens.setdefault(unescape_rwkv(text), i)
         self.max_len = max(len(t) for t in self.tokens)
-        self.unk_id = unk_id
+        self.unk_id, self.source = unk_id, source
 
     def encode(self, text: str) -> list[int]:
         raw, ids, pos = text.encode("utf-8"), [], 0
@@ -404,6 +404,9 @@ class RwkvEncoder:
                     pos = end
                     break
             else:
+                if self.unk_id is None:  # llama.cpp would emit LLAMA_TOKEN_NULL (-1) here
+                    raise ValueError(f"{self.source}: no token starts with byte 0x{raw[pos]:02X} and the "
+                                     f"vocabulary has no unknown token")
                 ids.append(self.unk_id)
                 pos += 1
         return ids
