@@ -365,7 +365,7 @@ def test_cli_devices(capsys):
 def test_cli_test_ops_hands_its_arguments_to_the_testing_module(monkeypatch):
     import torchggml.testing
     seen = []
-    monkeypatch.setattr(torchggml.testing, "main_test_ops", lambda args: seen.append(args) or 3)
+    monkeypatch.setattr(torchggml.testing, "main_test_ops", lambda args, cases=None: seen.append(args) or 3)
     assert cli.main(["test-ops", "-b", "SIM0", "-o", "MUL_MAT", "--mode", "perf"]) == 3
     assert (seen[0].backend, seen[0].op, seen[0].mode) == ("SIM0", "MUL_MAT", "perf")
     with pytest.raises(SystemExit):

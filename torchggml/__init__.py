@@ -134,6 +134,10 @@ from .torch_backend.cpu import (backend_cpu_init, backend_cpu_buffer_type, backe
 from .torch_backend.cuda import backend_cuda_init
 from .torch_backend.sim import backend_sim_init
 
+# ---------------------------------------------------------------- kernels from user code
+from .torch_backend.kernels.registered import (register_kernel, registered_kernels, load_kernel_files,
+                                               KernelRegistration)
+
 # ---------------------------------------------------------------- remote devices (ggml-rpc.h)
 from .rpc import (backend_rpc_init, backend_is_rpc, backend_rpc_buffer_type, backend_rpc_get_device_memory,
                   backend_rpc_start_server, backend_rpc_reg, backend_rpc_add_server, RPCServer,

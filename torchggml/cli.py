@@ -2,7 +2,8 @@
 
     torchggml devices                       regs and devices: type, memory, capabilities, features
     torchggml test-ops [-b DEV] [-o OP] [-p REGEX] [-m test|grad|perf|support] [--full]
-                       [--list-ops] [--show-coverage] [--output console|csv]
+                       [--list-ops] [--show-coverage] [--output console|csv] [--kernels FILE.py]
+                       [--roofline FILE.png]
                                             test-backend-ops for this project (torchggml.testing)
     torchggml run / eval / info             models (torchggml/models/cli_commands.py)
     torchggml serve                         the OpenAI-compatible server (torchggml/server/)
@@ -98,6 +99,12 @@ def reg_features() -> list[tuple[str, str]]:
 
 def cmd_test_ops(args) -> int:
     from torchggml.test_ops import main  # the op-case table is large: import on demand
+    from torchggml.torch_backend.kernels.registered import load_kernel_files
+    try:
+        load_kernel_files(args.kernels)
+    except (OSError, ValueError, RuntimeError) as e:
+        print(f"torchggml test-ops: error: {e}", file=sys.stderr)
+        return 2
     return main(args)
 
 
@@ -111,6 +118,17 @@ def add_case_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--show-coverage", action="store_true",
                    help="ops and cases per device against upstream's test-backend-ops")
     p.add_argument("--output", choices=("console", "csv"), default="console", help="output format")
+
+
+def add_perf_options(p: argparse.ArgumentParser) -> None:
+    """test-ops options for kernel developers: registered kernels, timing, the roofline."""
+    from .models.cli_commands import add_kernels_option
+    add_kernels_option(p)
+    p.add_argument("--roofline", metavar="FILE.png",
+                   help="with -m perf: plot each timed case against the device's measured copy bandwidth "
+                        "and matmul peak (needs matplotlib: pip install torchggml[plot])")
+    p.add_argument("--min-seconds", type=float, default=0.2, metavar="S",
+                   help="with -m perf: time each case for at least S seconds (default 0.2)")
 
 
 def version_text() -> str:
@@ -166,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="test: compare with the CPU (the CPU with float64 references); grad: ggml's backward "
                         "vs finite differences; perf: time per run; support: what each device supports")
     add_case_options(p)
+    add_perf_options(p)
     p.set_defaults(func=cmd_test_ops)
 
     p = sub.add_parser("rpc-server", help="serve devices over ggml's RPC protocol (llama.cpp --rpc clients)")

@@ -123,7 +123,8 @@ def case_work(graph) -> tuple[int, int]:
 
 def time_case(c: OpCase, backend, min_seconds: float = 0.2, min_runs: int = 3) -> tuple[float, int, int]:
     """(seconds per compute, bytes moved, flops): the graph is planned once and computed
-    repeatedly (backend_graph_plan_compute), timing only the computes."""
+    repeatedly (backend_graph_plan_compute), timing only the computes: with CUDA events on a
+    CUDA backend's stream, wall time (after synchronizing) elsewhere."""
     import time
     from .backend.backend import (backend_graph_plan_create, backend_graph_plan_compute,
                                   backend_graph_plan_free, backend_synchronize)
@@ -132,15 +133,52 @@ def time_case(c: OpCase, backend, min_seconds: float = 0.2, min_runs: int = 3) -
         try:
             backend_graph_plan_compute(backend, plan)  # warm-up (lazy init, compilation)
             backend_synchronize(backend)
-            runs, t0 = 0, time.perf_counter()
-            while runs < min_runs or time.perf_counter() - t0 < min_seconds:
-                backend_graph_plan_compute(backend, plan)
-                runs += 1
+            # the number of runs from one synchronized run: an async backend would otherwise
+            # queue runs far faster than it computes them
+            t0 = time.perf_counter()
+            backend_graph_plan_compute(backend, plan)
             backend_synchronize(backend)
-            elapsed = (time.perf_counter() - t0) / runs
+            once = max(time.perf_counter() - t0, 1e-6)
+            runs = max(min_runs, min(int(min_seconds / once), 100_000))
+            timer = DeviceTimer.of(backend)
+            timer.start()
+            for _ in range(runs):
+                backend_graph_plan_compute(backend, plan)
+            elapsed = timer.stop(lambda: backend_synchronize(backend)) / runs
         finally:
             backend_graph_plan_free(backend, plan)
         return (elapsed, *case_work(graph))
+
+
+class DeviceTimer:
+    """Seconds between start() and stop(): CUDA events recorded on a CUDA stream (what the
+    device spent, host overhead hidden when the device is the bottleneck), else wall time
+    after `sync`."""
+
+    def __init__(self, stream=None):
+        self.stream = stream
+        self.t0 = self.events = None
+
+    @classmethod
+    def of(cls, backend) -> "DeviceTimer":
+        stream = getattr(getattr(backend, "stream", None), "stream", None)
+        return cls(stream if torch.cuda.is_available() and isinstance(stream, torch.cuda.Stream) else None)
+
+    def start(self) -> None:
+        import time
+        if self.stream is not None:
+            self.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self.events[0].record(self.stream)
+        self.t0 = time.perf_counter()
+
+    def stop(self, sync) -> float:
+        import time
+        if self.stream is None:
+            sync()
+            return time.perf_counter() - self.t0
+        self.events[1].record(self.stream)
+        self.events[1].synchronize()
+        return self.events[0].elapsed_time(self.events[1]) / 1e3
 
 
 def nmse(result: torch.Tensor, expected: torch.Tensor) -> float:
@@ -188,6 +226,8 @@ def main_test_ops(args, cases: list[OpCase] | None = None) -> int:
     cpu = registry.backend_init_by_name("CPU")
     devices = [args.backend] if args.backend else [registry.backend_dev_name(registry.backend_dev_get(i))
                                                    for i in range(registry.backend_dev_count())]
+    if args.mode == "perf":
+        return main_perf(args, cases, devices)
     n_fail = 0
     for dev_name in devices:
         backend = registry.backend_init_by_name(dev_name)
@@ -202,21 +242,10 @@ def main_test_ops(args, cases: list[OpCase] | None = None) -> int:
                 n_skip += 1
                 print(f"  {c.name}: not supported [{dev_name}]")
                 continue
-            if args.mode == "perf":
-                seconds, moved, flops = time_case(c, backend)
-                rate = f"{flops / seconds / 1e9:9.2f} GFLOP/s" if flops else f"{moved / seconds / 1e9:9.2f} GB/s"
-                print(f"  {c.name}: {seconds * 1e6:10.1f} us/run {rate}")
-                continue
-            _, ours = run_case(c, backend)
-            if dev_name.upper() == "CPU" and c.reference is not None:
-                inputs, _ = run_case(c, backend)
-                ok, err = compare(c, ours, c.reference(*inputs))
-            else:
-                _, ref = run_case(c, cpu)
-                ok, err = compare(c, ours, ref)
+            ok, err, line = judge_case(c, backend, cpu)
             n_ok += ok
             n_bad += not ok
-            print(f"  {c.name}: {'OK' if ok else 'FAIL'} (nmse {err:.3g}, max {c.max_nmse:g})")
+            print(f"  {line}")
         if args.mode == "test":
             print(f"  {dev_name}: {n_ok}/{n_ok + n_bad} passed, {n_skip} not supported")
         n_fail += n_bad
@@ -234,6 +263,188 @@ def _supported(c: OpCase, backend) -> bool:
         return all(backend.supports_op(n) for n in graph.nodes)
     finally:
         free(ctx)
+
+
+# ---------------------------------------------------------------- for kernel developers: judging, timing, the roofline
+
+def judge_case(c: OpCase, backend, cpu) -> tuple[bool, float, str]:
+    """(ok, error, line): the case on `backend` against its float64 reference on the CPU
+    device, else against the CPU device's output. A failing line names the case, the error,
+    the threshold and the largest absolute difference; a kernel that raises fails the case."""
+    try:
+        inputs, ours = run_case(c, backend)
+    except Exception as e:  # noqa: BLE001 - a kernel under test may fail any way: report, go on
+        return False, float("inf"), f"{c.name}: FAIL (raised {type(e).__name__}: {e})"
+    if backend.get_device().get_name().upper() == "CPU" and c.reference is not None:
+        expected = c.reference(*inputs)
+    else:
+        _, expected = run_case(c, cpu)
+    ok, err = compare(c, ours, expected)
+    if ok:
+        return True, err, f"{c.name}: OK (nmse {err:.3g}, max {c.max_nmse:g})"
+    return False, err, failure_message(c, err, ours, expected)
+
+
+def failure_message(c: OpCase, err: float, result: torch.Tensor, expected: torch.Tensor) -> str:
+    """"CASE: FAIL (nmse E > threshold T, max abs error D at ggml index [i0, i1, i2, i3] (got
+    g, expected e))": what a kernel developer needs to find the wrong element."""
+    diff = (result.double() - expected.double().expand_as(result)).abs()
+    where = ""
+    if diff.numel():
+        flat = diff.nan_to_num(nan=float("inf")).argmax().item()
+        index = tuple(reversed(torch.unravel_index(torch.tensor(flat), diff.shape)))
+        where = (f", max abs error {diff.reshape(-1)[flat].item():.4g} at ggml index {[int(i) for i in index]} "
+                 f"(got {result.reshape(-1)[flat].item():.6g}, expected "
+                 f"{expected.expand_as(result).reshape(-1)[flat].item():.6g})")
+    measure = "exact match required" if c.max_nmse == 0 else f"nmse {err:.4g} > threshold {c.max_nmse:g}"
+    return f"{c.name}: FAIL ({measure}{where})"
+
+
+def triton_interpreting() -> bool:
+    """Triton kernels run in its CPU interpreter (TRITON_INTERPRET=1): timings mean nothing."""
+    import os
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def registered_for_case(c: OpCase, backend) -> list[str]:
+    """Names of the registered kernels (register_kernel) that compute a node of the case on
+    `backend`'s device type."""
+    from .context import init, free
+    from .graph import new_graph_custom, build_forward_expand
+    from .torch_backend.kernels.registered import device_type_name, registered_entry
+    device_type = device_type_name(backend.get_device())
+    ctx = init(no_alloc=True)
+    try:
+        out, _ = c.build(ctx)
+        graph = new_graph_custom(ctx, 4096)
+        build_forward_expand(graph, out)
+        names = (getattr(registered_entry(n, device_type), "name", None) for n in graph.nodes)
+        return sorted({n for n in names if n})
+    finally:
+        free(ctx)
+
+
+def rates(seconds: float, moved: int, flops: int) -> str:
+    gflops = f"{flops / seconds / 1e9:9.3g} GFLOP/s" if flops else f"{'-':>9} GFLOP/s"
+    return f"{seconds * 1e6:10.1f} us/run {moved / seconds / 1e9:9.3g} GB/s {gflops}"
+
+
+def main_perf(args, cases, devices) -> int:
+    """`test-ops -m perf`: per device and case, check the result once, then time it and print
+    us/run, GB/s and GFLOP/s; a case a registered kernel computes is timed with it and with
+    the built-in kernels, side by side. Under Triton's interpreter only the checks run."""
+    from .backend import registry
+    from .torch_backend.kernels.registered import builtin_kernels_only
+    interpreting = triton_interpreting()
+    if interpreting:
+        print("TRITON_INTERPRET=1: Triton kernels run in Triton's CPU interpreter, so timings would be "
+              "meaningless: checking correctness only (one run per case)", flush=True)
+    min_seconds = getattr(args, "min_seconds", 0.2)
+    cpu = registry.backend_init_by_name("CPU")
+    n_fail, rows = 0, []
+    for dev_name in devices:
+        backend = registry.backend_init_by_name(dev_name)
+        print(f"Testing {dev_name} (perf), {len(cases)} cases", flush=True)
+        for c in cases:
+            if not _supported(c, backend):
+                print(f"  {c.name}: not supported [{dev_name}]", flush=True)
+                continue
+            names = registered_for_case(c, backend)
+            tag = f" [registered: {', '.join(names)}]" if names else ""
+            ok, _, line = judge_case(c, backend, cpu)
+            if not ok or interpreting:
+                n_fail += not ok
+                print(f"  {line}{tag}", flush=True)
+                continue
+            ours = time_case(c, backend, min_seconds)
+            if not names:
+                print(f"  {c.name}: {rates(*ours)}", flush=True)
+                rows.append((dev_name, c.name, "built-in", *ours))
+                continue
+            with builtin_kernels_only():
+                base = time_case(c, backend, min_seconds) if _supported(c, backend) else None
+            print(f"  {c.name}:\n    {', '.join(names):>12}: {rates(*ours)}", flush=True)
+            rows.append((dev_name, c.name, "registered", *ours))
+            if base is not None:
+                print(f"    {'built-in':>12}: {rates(*base)}  (speed-up of the registered kernel: x{base[0] / ours[0]:.2f})", flush=True)
+                rows.append((dev_name, c.name, "built-in", *base))
+    if getattr(args, "roofline", None):
+        if interpreting or not rows:
+            print(f"no roofline: {'timings are meaningless under the interpreter' if interpreting else 'nothing timed'}")
+        else:
+            for dev_name in devices:
+                roofs = measure_roofs(registry.backend_init_by_name(dev_name))
+                path = plot_roofline([r for r in rows if r[0] == dev_name], roofs, args.roofline, dev_name,
+                                     several=len(devices) > 1)
+                print(f"roofline of {dev_name} ({roofs[0] / 1e9:.1f} GB/s copy, {roofs[1] / 1e9:.1f} GFLOP/s matmul): {path}")
+    return 1 if n_fail else 0
+
+
+def measure_roofs(backend, copy_mib: int = 64, matmul_n: int = 1024) -> tuple[float, float]:
+    """(bytes/s, flop/s): the device's copy bandwidth (a buffer-sized tensor copy: read + write)
+    and matmul peak (float32 on the CPU, float16 on accelerators), measured on its torch device."""
+    device = getattr(backend.get_device(), "torch_device", torch.device("cpu"))
+    timer = DeviceTimer.of(backend)
+
+    def best(fn, runs=5) -> float:
+        fn()
+        times = []
+        for _ in range(runs):
+            timer.start()
+            fn()
+            times.append(timer.stop(lambda: torch.accelerator.synchronize() if device.type != "cpu" else None))
+        return min(times)
+
+    src = torch.empty(copy_mib * 2**20, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    copy_s = best(lambda: dst.copy_(src))
+    dtype = torch.float32 if device.type == "cpu" else torch.float16
+    a = torch.randn(matmul_n, matmul_n, dtype=dtype, device=device)
+    mm_s = best(lambda: a @ a)
+    return 2 * src.numel() / copy_s, 2 * matmul_n**3 / mm_s
+
+
+def plot_roofline(rows, roofs, path: str, dev_name: str, several: bool = False) -> str:
+    """A log-log roofline PNG: GFLOP/s against arithmetic intensity (flops per byte moved) of
+    the timed cases with flops, under min(matmul peak, copy bandwidth * intensity); cases
+    without flops (element-wise, copies) are drawn at their GB/s on the bandwidth line's
+    scale on a second panel. Returns the file written (the device name is added before the
+    suffix when several devices were timed)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise RuntimeError("--roofline needs matplotlib: pip install 'torchggml[plot]'") from e
+    from pathlib import Path
+    out = Path(path)
+    if several:
+        out = out.with_name(f"{out.stem}_{dev_name}{out.suffix or '.png'}")
+    bandwidth, peak = roofs
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5))
+    flop_rows = [r for r in rows if r[5]]
+    xs = [r[5] / r[4] for r in flop_rows] or [1.0]
+    lo, hi = min(xs + [peak / bandwidth]) / 4, max(xs + [peak / bandwidth]) * 4
+    grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    ax.plot(grid, [min(peak, bandwidth * x) / 1e9 for x in grid], "k-", label="roof: min(matmul peak, copy bw x intensity)")
+    for kind, marker in (("registered", "o"), ("built-in", "x")):
+        pts = [(r[5] / r[4], r[5] / r[3] / 1e9, r[1]) for r in flop_rows if r[2] == kind]
+        if pts:
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=f"{kind} kernel")
+    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (flop / byte)", ylabel="GFLOP/s",
+           title=f"{dev_name}: cases with flops")
+    ax.legend(fontsize=8)
+    labels = [f"{r[1][:40]} ({r[2]})" for r in rows]
+    bx.barh(range(len(rows)), [r[4] / r[3] / 1e9 for r in rows],
+            color=["tab:blue" if r[2] == "registered" else "tab:orange" for r in rows])
+    bx.axvline(bandwidth / 1e9, color="k", label=f"copy bandwidth {bandwidth / 1e9:.1f} GB/s")
+    bx.set_yticks(range(len(rows)), labels, fontsize=6)
+    bx.set(xlabel="GB/s", title="bytes moved per second, every timed case")
+    bx.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return str(out)
 
 
 # ---------------------------------------------------------------- grad mode (ggml's backward vs finite differences)

@@ -37,7 +37,7 @@ def _blocks_per_tile(args):
 @triton.autotune(configs=_configs(), key=["n_blocks", "QTYPE", "HAS_IDS"])
 @triton.heuristics({"NB": _blocks_per_tile})
 @triton.jit
-def _dequantize_rows_kernel(src, ids, out, n_rows, n_blocks, stride_src, stride_out,
+def _dequantize_rows_kernel(src, ids, out, n_rows, n_src_rows, n_blocks, stride_src, stride_out,
                             QTYPE: tl.constexpr, QK: tl.constexpr, TS: tl.constexpr,
                             HAS_IDS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
                             NB: tl.constexpr):
@@ -45,8 +45,8 @@ def _dequantize_rows_kernel(src, ids, out, n_rows, n_blocks, stride_src, stride_
     r = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     row_ok = r < n_rows
     r = tl.minimum(r, n_rows - 1)
-    if HAS_IDS:
-        src_row = tl.load(ids + r).to(tl.int64)
+    if HAS_IDS:  # an id out of range is the caller's to report; never read outside src
+        src_row = tl.minimum(tl.maximum(tl.load(ids + r).to(tl.int64), 0), n_src_rows - 1)
     else:
         src_row = r.to(tl.int64)
     b = tl.program_id(1) * NB + tl.arange(0, NB)
@@ -73,7 +73,7 @@ def _launch(qtype, blocks: torch.Tensor, ids, out: torch.Tensor) -> torch.Tensor
         return (c.cdiv(n_rows, meta["BLOCK_ROWS"]), c.cdiv(n_blocks, meta["NB"]))
 
     _dequantize_rows_kernel[grid](
-        blocks, ids if ids is not None else blocks, out, n_rows, n_blocks,
+        blocks, ids if ids is not None else blocks, out, n_rows, blocks.shape[0], n_blocks,
         blocks.stride(0), out.stride(0),
         QTYPE=int(qtype), QK=qk, TS=ts, HAS_IDS=ids is not None)
     return out
@@ -101,12 +101,21 @@ def check_ids(name: str, ids: torch.Tensor, limit: int) -> None:
                          f"[{int(ids.min())}, {int(ids.max())}]")
 
 
+def assert_ids_async(name: str, ids: torch.Tensor, limit: int) -> None:
+    """Every id in [0, limit), checked on the device without a host sync, so it works inside
+    a CUDA graph capture (torch._assert_async): on the CPU (and the SIM devices) it raises a
+    RuntimeError at once; on a GPU a bad id fails the next synchronisation with a device-side
+    assert. The kernels clamp ids as well, so a bad id never reads outside the weights."""
+    if ids.numel():
+        torch._assert_async(((ids >= 0) & (ids < limit)).all(), f"{name} must lie in [0, {limit})")
+
+
 def get_rows(qtype, blocks: torch.Tensor, ids: torch.Tensor, dtype: torch.dtype = torch.float32,
              *, check_bounds: bool = True) -> torch.Tensor:
     """Rows `ids` (int32/int64, 1-D) of ggml rows `blocks`, decoded -> `dtype` [len(ids), n_cols].
 
-    check_bounds=False skips the range check of `ids` (it syncs the device; CUDA graph capture
-    needs it off)."""
+    check_bounds=False skips the host-side range check of `ids` (it syncs the device; CUDA graph
+    capture needs it off: use `assert_ids_async`); out-of-range ids are clamped in the kernel."""
     qtype = c.check_qtype(qtype)
     _, n_cols = c.check_blocks(qtype, blocks)
     c.check_tensor("ids", ids, c.INDEX_DTYPES, 1)

@@ -22,6 +22,11 @@ from .dequant import check_ids
 
 MATVEC_MAX_M = 16
 MAX_TILE_VALUES = 64 * 128  # decoded weight values per program and K step; more spill (ptxas, sm_90)
+MAX_DOT_K = 256  # tl.dot steps over more K spill with M = 16 (ptxas, sm_80 and sm_90; scripts/aot_report.py)
+# decoders that need the most registers: their tiles stay smaller (scripts/aot_report.py found
+# 8-byte spills at 4096 decoded values per dot step and 8192 per matvec step)
+HEAVY_DECODERS = frozenset({int(Type.Q3_K), int(Type.Q5_K), int(Type.TQ1_0)})
+MAX_TILE_VALUES_HEAVY = 4096
 
 # tl.dot operand dtypes (a constexpr code: dtypes are not portable constexprs across versions)
 DOT_F16, DOT_BF16, DOT_F32 = 0, 1, 2
@@ -52,17 +57,35 @@ STEP_HEURISTICS = {"NB": _blocks_per_step, "E": _values_per_block_step}
 
 
 def _prune_configs(configs, named_args, **kwargs):
-    """Keep the configs that compile for these arguments: tl.dot needs BLOCK_N >= 16 (matvec
-    with M > 1, gemm); a tile of more than MAX_TILE_VALUES decoded weights would spill."""
+    """Keep the configs that compile for these arguments without spilling: tl.dot needs
+    BLOCK_N >= 16 (matvec with M > 1, gemm) and spills past MAX_DOT_K; a tile of more than
+    MAX_TILE_VALUES decoded weights would spill."""
     uses_dot = kwargs.get("BLOCK_M", named_args.get("BLOCK_M", 16)) > 1
+    heavy = kwargs.get("QTYPE", named_args.get("QTYPE")) in HEAVY_DECODERS
+    max_tile = MAX_TILE_VALUES_HEAVY - (1 if uses_dot else 0) if heavy else MAX_TILE_VALUES
     kept = [cfg for cfg in configs
-            if (cfg.kwargs["BLOCK_N"] >= 16 or not uses_dot)
-            and cfg.kwargs["BLOCK_N"] * cfg.kwargs["BLOCK_K"] <= MAX_TILE_VALUES]
+            if (not uses_dot or (cfg.kwargs["BLOCK_N"] >= 16 and cfg.kwargs["BLOCK_K"] <= MAX_DOT_K))
+            and cfg.kwargs["BLOCK_N"] * cfg.kwargs["BLOCK_K"] <= max_tile]
     return kept or [min(configs, key=lambda cfg: cfg.kwargs["BLOCK_N"] * cfg.kwargs["BLOCK_K"])]
 
 
 # ---------------------------------------------------------------------------------------------
 # matvec
+
+@triton.jit
+def _row_dot(base, row_offs, x_row, stride_xk, k_begin, k_end, QTYPE: tl.constexpr, QK: tl.constexpr,
+             TS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NB: tl.constexpr, E: tl.constexpr):
+    """[BLOCK_N] float32: the weight rows at base + row_offs dotted with one x row over values
+    k_begin .. k_end - 1: per-lane fp32 FMAs, one reduction after the loop."""
+    kk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        w = load_weight_tile(base, row_offs, k0, k_end // QK, QTYPE, QK, TS, NB, E)
+        k = k0 + kk
+        x = tl.load(x_row + k * stride_xk, mask=k < k_end, other=0.0).to(tl.float32)
+        acc += w * x[None, :]
+    return tl.sum(acc, axis=1)
+
 
 def _matvec_configs():
     if c.BUILT_FOR_INTERPRETER:
@@ -96,27 +119,20 @@ def _matvec_kernel(w_ptr, x_ptr, out_ptr, M, N, K, values_per_split, n_splits,
     row_offs = (tl.minimum(n, N - 1) - pid_n * BLOCK_N) * stride_wn
     k_begin = pid_s * values_per_split
     k_end = tl.minimum(k_begin + values_per_split, K)
-    m = tl.arange(0, BLOCK_M)
-    kk = tl.arange(0, BLOCK_K)
-    if BLOCK_M == 1:  # per-lane partial sums; one reduction after the loop
-        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(k_begin, k_end, BLOCK_K):
-        w = load_weight_tile(base, row_offs, k0, k_end // QK, QTYPE, QK, TS, NB, E)
-        k = k0 + kk
-        k_ok = k < k_end
-        if BLOCK_M == 1:
-            x = tl.load(x_ptr + k * stride_xk, mask=k_ok, other=0.0).to(tl.float32)
-            acc += w * x[None, :]
-        else:
-            x = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :] * stride_xk,
-                        mask=(m < M)[:, None] & k_ok[None, :], other=0.0)
-            acc = tl.dot(_dot_operand(x, DOT), tl.trans(_dot_operand(w, DOT)), acc)
     out = out_ptr + pid_s * stride_os
     if BLOCK_M == 1:
-        tl.store(out + n * stride_on, tl.sum(acc, axis=1), mask=n < N)
+        y = _row_dot(base, row_offs, x_ptr, stride_xk, k_begin, k_end, QTYPE, QK, TS, BLOCK_N, BLOCK_K, NB, E)
+        tl.store(out + n * stride_on, y, mask=n < N)
     else:
+        m = tl.arange(0, BLOCK_M)
+        kk = tl.arange(0, BLOCK_K)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(k_begin, k_end, BLOCK_K):
+            w = load_weight_tile(base, row_offs, k0, k_end // QK, QTYPE, QK, TS, NB, E)
+            k = k0 + kk
+            x = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :] * stride_xk,
+                        mask=(m < M)[:, None] & (k < k_end)[None, :], other=0.0)
+            acc = tl.dot(_dot_operand(x, DOT), tl.trans(_dot_operand(w, DOT)), acc)
         tl.store(out + m[:, None] * stride_om + n[None, :] * stride_on, acc,
                  mask=(m < M)[:, None] & (n < N)[None, :])
 
@@ -162,11 +178,13 @@ def _matvec(qtype: Type, blocks, x, out, dot: int, split_k: int | None):
 def _gemm_configs():
     if c.BUILT_FOR_INTERPRETER:
         return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64, "GROUP_M": 2})]
+    # scripts/aot_report.py found spills (sm_80/sm_90) in 128x128x64 and 128x256x32 with 8 warps,
+    # and with Q6_K in 64x128x32 and 64x64x64 with 4 warps: those tiles run with 8 warps here
     return [
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=w, num_stages=s)
         for bm, bn, bk, w, s in [
-            (128, 128, 32, 8, 3), (64, 128, 32, 4, 3), (128, 64, 32, 4, 3), (64, 64, 32, 4, 3),
-            (128, 128, 64, 8, 3), (64, 64, 64, 4, 3), (32, 64, 32, 4, 3), (128, 256, 32, 8, 3),
+            (128, 128, 32, 8, 3), (64, 128, 32, 8, 3), (128, 64, 32, 4, 3), (64, 64, 32, 4, 3),
+            (64, 128, 64, 8, 3), (64, 64, 64, 8, 3), (32, 64, 32, 4, 3), (64, 256, 32, 8, 3),
         ]
     ]
 
@@ -219,6 +237,71 @@ def _gemm(qtype: Type, blocks, x, out, dot: int):
         blocks, x, out, M, N, K, c.next_pow2(M),
         blocks.stride(0), x.stride(0), x.stride(1), out.stride(0), out.stride(1),
         QTYPE=int(qtype), QK=qk, TS=ts, DOT=dot)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# mul_mat_id: one program per (token, slot) row and BLOCK_N outputs; the expert id is read on the
+# device, so nothing waits for the host (CUDA-graph capturable)
+
+def _prune_row_configs(configs, named_args, **kwargs):
+    return _prune_configs(configs, named_args, **{**kwargs, "BLOCK_M": 1})  # no tl.dot: any BLOCK_N
+
+
+def _mul_mat_id_configs():
+    if c.BUILT_FOR_INTERPRETER:  # the interpreter's cost is per program: few, wide ones
+        return [triton.Config({"BLOCK_N": 64, "BLOCK_K": 128})]
+    return _matvec_configs()
+
+
+@triton.autotune(configs=_mul_mat_id_configs(), key=["N", "K", "QTYPE", "SORTED"],
+                 prune_configs_by={"early_config_prune": _prune_row_configs})
+@triton.heuristics(STEP_HEURISTICS)
+@triton.jit
+def _mul_mat_id_kernel(w_ptr, x_ptr, ids_ptr, order_ptr, out_ptr, N, K, n_used, x_slots, n_expert,
+                       stride_we, stride_wn, stride_xt, stride_xu, stride_xk, stride_it, stride_iu,
+                       stride_ot, stride_ou, stride_on,
+                       QTYPE: tl.constexpr, QK: tl.constexpr, TS: tl.constexpr, SORTED: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NB: tl.constexpr, E: tl.constexpr):
+    """out[t, u, n] = x[t, u % x_slots] . w[ids[t, u], n] for this program's row r = (t, u) (the
+    r-th of `order` when SORTED: rows of one expert run together and share its weights in cache)."""
+    r = tl.program_id(0)
+    if SORTED:
+        r = tl.load(order_ptr + r).to(tl.int32)
+    tok = r // n_used
+    slot = r % n_used
+    expert = tl.load(ids_ptr + tok.to(tl.int64) * stride_it + slot * stride_iu).to(tl.int64)
+    # an id out of range is reported by the caller's device-side check; never read past the weights
+    expert = tl.minimum(tl.maximum(expert, 0), n_expert - 1)
+    pid_n = tl.program_id(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    base = w_ptr + expert * stride_we + (pid_n * BLOCK_N).to(tl.int64) * stride_wn
+    row_offs = (tl.minimum(n, N - 1) - pid_n * BLOCK_N) * stride_wn
+    x_row = x_ptr + tok.to(tl.int64) * stride_xt + (slot % x_slots) * stride_xu
+    y = _row_dot(base, row_offs, x_row, stride_xk, 0, K, QTYPE, QK, TS, BLOCK_N, BLOCK_K, NB, E)
+    tl.store(out_ptr + tok.to(tl.int64) * stride_ot + slot * stride_ou + n * stride_on, y, mask=n < N)
+
+
+SORT_ROWS_FROM = 16  # more (token, slot) rows than this are visited in expert order
+
+
+def _mul_mat_id(qtype: Type, blocks, x, ids, out):
+    qk, ts = c.block_shape(qtype)
+    n_expert, N = blocks.shape[0], blocks.shape[1]
+    n_tokens, n_used = ids.shape
+    K = x.shape[2]
+    n_rows = n_tokens * n_used
+    sort = n_rows > SORT_ROWS_FROM
+    order = torch.argsort(ids.reshape(-1), stable=True) if sort else ids  # stays on the device
+
+    def grid(meta):
+        return (n_rows, c.cdiv(N, meta["BLOCK_N"]))
+
+    _mul_mat_id_kernel[grid](
+        blocks, x, ids, order, out, N, K, n_used, x.shape[1], n_expert,
+        blocks.stride(0), blocks.stride(1), x.stride(0), x.stride(1), x.stride(2), ids.stride(0), ids.stride(1),
+        out.stride(0), out.stride(1), out.stride(2),
+        QTYPE=int(qtype), QK=qk, TS=ts, SORTED=sort)
     return out
 
 
@@ -276,8 +359,11 @@ def mul_mat_id(qtype, blocks: torch.Tensor, x: torch.Tensor, ids: torch.Tensor,
 
     blocks: uint8 [n_expert, N, row_bytes]; x: [n_tokens, n_used or 1, K];
     ids: int32/int64 [n_tokens, n_used]; out: optional float32 [n_tokens, n_used, N].
-    Rows are grouped by expert, then each expert runs one mul_mat (a device sync to learn the
-    group sizes; check_bounds=False skips the range check of ids, another one).
+    Each (token, slot) row reads its expert id on the device: no host synchronisation (CUDA
+    graphs can capture it). check_bounds=True first checks that the ids lie in [0, n_expert)
+    on the host (a device sync, a ValueError); False leaves that to the caller (e.g.
+    `assert_ids_async`, which does not sync): out-of-range ids are clamped, never read past the
+    weights.
     """
     qtype = c.check_qtype(qtype)
     _, K = c.check_blocks(qtype, blocks, ndim=3)
@@ -299,17 +385,4 @@ def mul_mat_id(qtype, blocks: torch.Tensor, x: torch.Tensor, ids: torch.Tensor,
         check_ids("ids", ids, n_expert)
     if ids.numel() == 0 or N == 0:
         return out
-
-    flat_ids = ids.reshape(-1).long()
-    order = torch.argsort(flat_ids, stable=True)              # (token, slot) pairs by expert
-    x_slot = order % n_used if x.shape[1] == n_used else torch.zeros_like(order)
-    x_sorted = x[order // n_used, x_slot]                     # [n_tokens * n_used, K]
-    y_sorted = torch.empty(order.numel(), N, dtype=torch.float32, device=x.device)
-    counts = torch.bincount(flat_ids, minlength=n_expert).tolist()
-    start = 0
-    for expert, count in enumerate(counts):
-        if count:
-            mul_mat(qtype, blocks[expert], x_sorted[start:start + count], y_sorted[start:start + count])
-            start += count
-    out[order // n_used, order % n_used] = y_sorted
-    return out
+    return _mul_mat_id(qtype, blocks, x, ids, out)

@@ -65,6 +65,13 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
                         "without -d/-ngl the layers are split over them and the local CPU")
     p.add_argument("--no-repack", dest="repack", action="store_false",
                    help="keep CPU weights in ggml's layout (no CPU_REPACK buffers)")
+    add_kernels_option(p)
+
+
+def add_kernels_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kernels", action="append", default=[], metavar="FILE.py|MODULE",
+                   help="first import this Python file or module, which registers kernels with "
+                        "torchggml.register_kernel (repeatable)")
 
 
 def model_params(args) -> "ModelParams":
@@ -86,6 +93,8 @@ def _main_rank() -> bool:
 
 def _load(args, path: str):
     from . import load_model
+    from ..torch_backend.kernels.registered import load_kernel_files
+    load_kernel_files(getattr(args, "kernels", None) or [])
     return load_model(path, model_params(args))
 
 

@@ -18,21 +18,21 @@ from ._fields import as_f16, as_f32, div, f16_bytes, pack_runs, split_bytes, unp
 from ._scale_search import GROUP_MAX_EPS, make_q3_quants, make_qkx2_quants, make_qx_quants
 
 
-def _two_bit_planes(qs: torch.Tensor, n_sub: int) -> torch.Tensor:
+def two_bit_planes(qs: torch.Tensor, n_sub: int) -> torch.Tensor:
     """qs [n, 32*k] -> 2-bit values [n, n_sub, 256/n_sub]: each 32-byte chunk gives 4 runs of
     32 values (bits 0-1, 2-3, 4-5, 6-7)."""
     n = qs.shape[0]
     return unpack(qs.reshape(n, -1, 32), (0, 2, 4, 6), 3).reshape(n, n_sub, -1)
 
 
-def _nibble_runs(qs: torch.Tensor, n_sub: int) -> torch.Tensor:
+def nibble_runs(qs: torch.Tensor, n_sub: int) -> torch.Tensor:
     """qs [n, 32*k] -> 4-bit values [n, n_sub, ...]: each 32-byte chunk gives 32 low nibbles
     then 32 high nibbles."""
     n = qs.shape[0]
     return unpack(qs.reshape(n, -1, 32), (0, 4), 0xF).reshape(n, n_sub, -1)
 
 
-def _bit_planes(hmask: torch.Tensor, n_sub: int) -> torch.Tensor:
+def bit_planes(hmask: torch.Tensor, n_sub: int) -> torch.Tensor:
     """hmask [n, 32] -> bits [n, n_sub, ...]: bit b of every byte gives values 32b .. 32b+31."""
     n = hmask.shape[0]
     return unpack(hmask, range(8), 1).reshape(n, n_sub, -1)
@@ -43,10 +43,10 @@ def dequantize_q2_k(blocks):
     n = blocks.shape[0]
     dl = (as_f16(d) * (scales & 0xF).float()).reshape(n, 16, 1)
     ml = (as_f16(dmin) * (scales >> 4).float()).reshape(n, 16, 1)
-    return _two_bit_planes(qs, 16).float().mul_(dl).sub_(ml).reshape(n, 256)
+    return two_bit_planes(qs, 16).float().mul_(dl).sub_(ml).reshape(n, 256)
 
 
-def _q3_k_scales(scales: torch.Tensor) -> torch.Tensor:
+def q3_k_scales(scales: torch.Tensor) -> torch.Tensor:
     """12 bytes -> 16 signed 6-bit scales: low 4 bits from bytes 0-7 (low then high
     nibbles), high 2 bits from bytes 8-11 (bit pairs 0-1, 2-3, 4-5, 6-7)."""
     n = scales.shape[0]
@@ -58,9 +58,9 @@ def _q3_k_scales(scales: torch.Tensor) -> torch.Tensor:
 def dequantize_q3_k(blocks):
     hmask, qs, scales, d = split_bytes(blocks, 32, 64, 12)
     n = blocks.shape[0]
-    dl = (as_f16(d) * _q3_k_scales(scales)).reshape(n, 16, 1)
-    low = _two_bit_planes(qs, 16)
-    high_clear = _bit_planes(hmask, 16) ^ 1  # the value is offset by -4 when the bit is 0
+    dl = (as_f16(d) * q3_k_scales(scales)).reshape(n, 16, 1)
+    low = two_bit_planes(qs, 16)
+    high_clear = bit_planes(hmask, 16) ^ 1  # the value is offset by -4 when the bit is 0
     q = low.to(torch.int8) - (high_clear << 2).to(torch.int8)
     return q.float().mul_(dl).reshape(n, 256)
 
@@ -87,13 +87,13 @@ def _scaled_with_min(d, dmin, scales):
 def dequantize_q4_k(blocks):
     d, dmin, scales, qs = split_bytes(blocks, 2, 2, 12)
     dl, ml = _scaled_with_min(d, dmin, scales)
-    return _nibble_runs(qs, 8).float().mul_(dl).sub_(ml).reshape(blocks.shape[0], 256)
+    return nibble_runs(qs, 8).float().mul_(dl).sub_(ml).reshape(blocks.shape[0], 256)
 
 
 def dequantize_q5_k(blocks):
     d, dmin, scales, qh, qs = split_bytes(blocks, 2, 2, 12, 32)
     dl, ml = _scaled_with_min(d, dmin, scales)
-    q = _nibble_runs(qs, 8) | (_bit_planes(qh, 8) << 4)
+    q = nibble_runs(qs, 8) | (bit_planes(qh, 8) << 4)
     return q.float().mul_(dl).sub_(ml).reshape(blocks.shape[0], 256)
 
 
@@ -166,7 +166,7 @@ def quantize_q2_k(x):
 
 
 def _pack_q3_k_scales(l: torch.Tensor) -> torch.Tensor:
-    """16 6-bit scales [n, 16] -> 12 bytes (_q3_k_scales' inverse)."""
+    """16 6-bit scales [n, 16] -> 12 bytes (q3_k_scales' inverse)."""
     n = l.shape[0]
     low = pack_runs((l & 0xF).view(n, 1, 2, 8), 4)
     high = pack_runs((l >> 4).view(n, 1, 4, 4), 2)

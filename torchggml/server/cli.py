@@ -30,6 +30,8 @@ def cmd_serve(args) -> int:
         from ..gguf_writer.demo import demo_model_path
         path = demo_model_path()
         print(f"no model given: serving the built-in demo model {path}", file=sys.stderr)
+    from ..torch_backend.kernels.registered import load_kernel_files
+    load_kernel_files(getattr(args, "kernels", None) or [])  # --kernels: registered before the model loads
     model = load_model(path, model_params(args).with_options(progress=False))
     print(model.describe(), file=sys.stderr)
     engine = Engine(model, args.parallel, args.queue_size)

@@ -27,6 +27,7 @@ from ..enums import Op
 from ..memory import TorchBufferType
 from ..tensor import nrows
 from .kernels.gpu import GPU_KERNELS
+from .kernels.registered import device_type_name
 from .stream import StreamBackend, TorchStream, device_module, new_torch_event
 
 # upstream CUDA: ops with a batch of at least this many rows are worth moving weights for;
@@ -121,7 +122,7 @@ class AcceleratorDevice(Device):
         return self.host_buffer_type
 
     def supports_op(self, op) -> bool:
-        return self.kernels.supports(op)
+        return self.kernels.supports(op, device_type_name(self))
 
     def supports_buft(self, buft) -> bool:
         return buft is self.buffer_type

@@ -15,6 +15,7 @@ from ..backend_impl import check_not_freed
 from ..profiler import node_range_name, profiling
 from ..tensor import memory_buffer
 from .kernels import compiled_nodes
+from .kernels.registered import device_type_name, generation
 
 
 def check_graph_buffers(calls, backend) -> None:
@@ -44,7 +45,7 @@ def check_graph_buffers(calls, backend) -> None:
 def compile_graph(graph, kernels, backend) -> list:
     """The graph as bound kernel calls for `backend`: UnsupportedOpError for an op or types the
     table lacks, ValueError for a tensor in memory the backend cannot use."""
-    calls = compiled_nodes(graph.nodes, kernels, backend.name)
+    calls = compiled_nodes(graph.nodes, kernels, backend.name, device_type_name(backend.get_device()))
     check_graph_buffers(calls, backend)
     return calls
 
@@ -74,6 +75,12 @@ class CompiledPlan:
         self.graph = graph
         self.calls = calls
         self._buffers = (None, [])  # (the calls they were collected for, distinct buffers)
+        self.generation = generation()  # of the registered kernels the calls were looked up with
+
+    def stale(self) -> bool:
+        """A kernel was registered or removed since the calls were looked up: the backend
+        recompiles before computing (graph_plan_update), so a removed kernel never runs."""
+        return self.generation != generation()
 
     def check_alive(self, backend_name: str) -> None:
         """BufferFreedError when a buffer the plan reads or writes was freed since it was made
@@ -93,7 +100,7 @@ class CompiledPlan:
         return f"<{type(self).__name__} {len(self.calls)} calls>"
 
     def update(self, graph, calls) -> None:
-        self.graph, self.calls = graph, calls
+        self.graph, self.calls, self.generation = graph, calls, generation()
 
 
 class GraphCapture:
@@ -129,7 +136,7 @@ class CapturedPlan(CompiledPlan):
         self.runs = 0
 
     def update(self, graph, calls) -> None:
-        self.graph, self.calls = graph, calls
+        super().update(graph, calls)
         self.device_graph, self.capture_error, self.runs = None, None, 0
 
     def compute(self) -> None:

@@ -391,6 +391,8 @@ class StreamBackend(Backend):
 
     def graph_plan_compute(self, plan) -> Status:
         plan.check_alive(self.name)
+        if plan.stale():
+            self.graph_plan_update(plan, plan.graph)
         if isinstance(plan, CapturedPlan):
             plan.compute()
         else:

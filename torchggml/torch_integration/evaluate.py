@@ -21,13 +21,13 @@ from ..enums import Op, GluOp, RopeType, VIEW_OPS
 from ..tensor import Tensor, get_op_params_f32, get_glu_op, get_unary_op, is_empty
 from ..types import Type, type_traits
 from ..torch_backend.kernels import UnsupportedOpError
-from ..torch_backend.kernels.attention import alibi_slopes, _tile_reps
+from ..torch_backend.kernels.attention import alibi_slopes, tile_reps
 from ..torch_backend.kernels.binary import tile
-from ..torch_backend.kernels.glu import _ACTIVATION, _swiglu_oai
-from ..torch_backend.kernels.math import _MATH
-from ..torch_backend.kernels.rope import (rope_params, _angle_constants, _angles, _rotated_span,
-                                          _pair_halves)
-from ..torch_backend.kernels.unary import _UNARY
+from ..torch_backend.kernels.glu import GLU_ACTIVATIONS, swiglu_oai_torch
+from ..torch_backend.kernels.math import MATH_FUNCTIONS
+from ..torch_backend.kernels.rope import (rope_params, angle_constants, rope_angles, rotated_span,
+                                          pair_halves)
+from ..torch_backend.kernels.unary import UNARY_FUNCTIONS
 
 _LOW_PRECISION = {Type.F16: torch.float16, Type.BF16: torch.bfloat16}
 
@@ -69,7 +69,7 @@ def _soft_max(node, a, mask=None, sinks=None):
     x = a * scale
     if mask is not None:
         m = mask[:, :, :a.shape[2]]
-        reps = _tile_reps(m, a.shape[0], a.shape[1])
+        reps = tile_reps(m, a.shape[0], a.shape[1])
         if reps is not None:
             m = m.repeat(*reps, 1, 1)
         if max_bias > 0.0:
@@ -92,18 +92,18 @@ def _rope(node, x, positions, factors=None):
     gradient flows to positions), applied to x's rotary pairs."""
     p = rope_params(node)
     n_tokens = x.shape[1]
-    axes, inv_freq, yarn, yarn_mscale = _angle_constants(
+    axes, inv_freq, yarn, yarn_mscale = angle_constants(
         p.n_pairs, p.n_dims, p.mode, p.sections, p.freq_base, p.freq_scale, p.ext_factor, p.n_ctx_orig,
         p.beta_fast, p.beta_slow, x.device)
     pos = positions.reshape(-1).detach()
     if axes is None:
         pos = pos[:n_tokens].view(1, n_tokens, 1, 1)
     fac = factors.reshape(-1)[:p.n_pairs].detach() if factors is not None else None
-    cos, sin = _angles(pos, n_tokens, axes, inv_freq, fac, p.freq_scale, yarn, p.attn_factor * yarn_mscale)
+    cos, sin = rope_angles(pos, n_tokens, axes, inv_freq, fac, p.freq_scale, yarn, p.attn_factor * yarn_mscale)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    start, width = _rotated_span(p, x.shape[-1])
+    start, width = rotated_span(p, x.shape[-1])
     interleaved = p.mode == RopeType.NORMAL
-    x0, x1 = _pair_halves(x, start, width, interleaved)
+    x0, x1 = pair_halves(x, start, width, interleaved)
     r0, r1 = x0 * cos - x1 * sin, x0 * sin + x1 * cos
     rotated = torch.stack((r0, r1), -1).flatten(-2) if interleaved else torch.cat((r0, r1), -1)
     return torch.cat((x[..., :start], rotated, x[..., start + width:]), -1)
@@ -135,8 +135,8 @@ def _glu(node, a, b=None):
         x, g = a, b
     op = get_glu_op(node)
     if op == GluOp.SWIGLU_OAI:
-        return _swiglu_oai(x, g, node)
-    return _ACTIVATION[op](x) * g
+        return swiglu_oai_torch(x, g, node)
+    return GLU_ACTIVATIONS[op](x) * g
 
 
 def _reshaped(node, a, *_):
@@ -166,7 +166,7 @@ RULES = {
     Op.GET_ROWS: _get_rows,
     Op.SET_ROWS: _set_rows,
     Op.GLU: _glu,
-    Op.UNARY: lambda node, a: _UNARY[get_unary_op(node)](a, node),
+    Op.UNARY: lambda node, a: UNARY_FUNCTIONS[get_unary_op(node)](a, node),
     Op.CONT: _reshaped, Op.DUP: _reshaped, Op.CPY: _reshaped,
     Op.REPEAT: lambda node, a, *_: tile(a, _shape(node)),
     Op.SUM: lambda node, a: a.sum().reshape(1, 1, 1, 1),
@@ -174,7 +174,7 @@ RULES = {
     Op.MEAN: lambda node, a: a.mean(-1, keepdim=True),
     Op.CLAMP: lambda node, a: a.clamp(get_op_params_f32(node, 0), get_op_params_f32(node, 1)),
     Op.MAP_CUSTOM1: _custom, Op.MAP_CUSTOM2: _custom, Op.MAP_CUSTOM3: _custom, Op.CUSTOM: _custom,
-    **{op: (lambda fn: lambda node, a: fn(a))(fn) for op, fn in _MATH.items()},
+    **{op: (lambda fn: lambda node, a: fn(a))(fn) for op, fn in MATH_FUNCTIONS.items()},
 }
 
 # how many leading sources each rule takes (the rest of node.src is not passed)

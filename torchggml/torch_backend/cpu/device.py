@@ -120,6 +120,8 @@ class CPUBackend(Backend):
 
     def graph_plan_compute(self, plan) -> Status:
         plan.check_alive(self.name)
+        if plan.stale():
+            self.graph_plan_update(plan, plan.graph)
         return self._run(plan.calls)
 
     def graph_compute(self, graph) -> Status:
@@ -167,7 +169,7 @@ class CPUDevice(Device):
 
     def supports_op(self, op) -> bool:
         # a repacked weight (CPU_REPACK buffer) is readable only as a MUL_MAT's src0
-        return CPU_KERNELS.supports(op) and reads_repacked_only_as_weight(op)
+        return CPU_KERNELS.supports(op, "CPU") and reads_repacked_only_as_weight(op)
 
     def supports_buft(self, buft) -> bool:
         return buft.is_host() or isinstance(buft, RepackBufferType)

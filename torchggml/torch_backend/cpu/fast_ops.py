@@ -20,8 +20,8 @@ from ...tensor import get_op_params_f32, get_glu_op, nelements
 from ...types import Type
 from ..kernels.attention import alibi_slopes
 from ..kernels.common import view
-from ..kernels.glu import _halves
-from ..kernels.rope import rope_params, _angle_constants, _rotated_span
+from ..kernels.glu import glu_halves
+from ..kernels.rope import rope_params, angle_constants, rotated_span
 from .jit.llvm_ir import native_half
 from .jit.loader import numba_available, op_kernels
 
@@ -97,13 +97,13 @@ def bind_rope(node):
     p = rope_params(node)
     if p.mode not in (RopeType.NORMAL, RopeType.NEOX) or not _takes(node, a):
         return None
-    _, inv_freq, yarn, yarn_mscale = _angle_constants(
+    _, inv_freq, yarn, yarn_mscale = angle_constants(
         p.n_pairs, p.n_dims, p.mode, p.sections, p.freq_base, p.freq_scale, p.ext_factor, p.n_ctx_orig,
         p.beta_fast, p.beta_slow, torch.device("cpu"))
     ramp = np.stack([yarn[0].numpy(), yarn[1].numpy()]) if yarn is not None else np.zeros((0, 0))
     vx, dst = view(a), view(node)
     in_place = dst.data_ptr() == vx.data_ptr() and dst.stride() == vx.stride()
-    start, width = _rotated_span(p, a.ne[0])
+    start, width = rotated_span(p, a.ne[0])
     vf = as_numpy(view(factors)[0, 0, 0]) if factors is not None else _NO_F32
     return _call(op_kernels().rope, as_numpy(vx), as_numpy(dst), as_numpy(view(positions)[0, 0, 0]), vf,
                  inv_freq.numpy(), ramp, factors is not None, float(p.freq_scale),
@@ -231,7 +231,7 @@ def bind_binary(node):
 def bind_glu(node):
     if get_glu_op(node) != GluOp.SWIGLU or not _takes(node, node.src[0], node.src[1]):
         return None
-    vx, vg = _halves(node)
+    vx, vg = glu_halves(node)
     return _call(op_kernels().swiglu, as_numpy(vx), as_numpy(vg), _float_view(node))
 
 

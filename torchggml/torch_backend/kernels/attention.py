@@ -37,7 +37,7 @@ def alibi_slopes(n_head: int, max_bias: float, device) -> torch.Tensor:
     return slopes.float()
 
 
-def _tile_reps(x: torch.Tensor, shape0: int, shape1: int) -> tuple[int, int] | None:
+def tile_reps(x: torch.Tensor, shape0: int, shape1: int) -> tuple[int, int] | None:
     """How often x's dims 0 and 1 repeat to reach (shape0, shape1) when ggml's mask broadcast
     tiles them (index % size); None when size-1 dims broadcast without copying."""
     reps = (shape0 // x.shape[0] if x.shape[0] > 1 else 1, shape1 // x.shape[1] if x.shape[1] > 1 else 1)
@@ -58,7 +58,7 @@ def bind_mask_bias(mask, rows: int, ne3: int, n_head: int, max_bias: float):
     values are read, and tiled, at each call."""
     vm = view(mask)[:, :, :rows]
     slopes = alibi_slopes(n_head, max_bias, vm.device).view(1, n_head, 1, 1) if max_bias > 0.0 else None
-    return functools.partial(_mask_bias, vm, _tile_reps(vm, ne3, n_head), slopes)
+    return functools.partial(_mask_bias, vm, tile_reps(vm, ne3, n_head), slopes)
 
 
 def softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor | None, out: torch.Tensor | None = None):

@@ -14,7 +14,7 @@ from .unary import gelu, gelu_erf, gelu_quick, silu, relu
 KERNELS = KernelTable("glu")
 
 
-def _swiglu_oai(x, g, node):
+def swiglu_oai_torch(x, g, node):
     """gpt-oss: x clamped above at limit, the gate to [-limit, limit], then x*sigmoid(alpha*x)*(g+1)."""
     alpha, limit = get_op_params_f32(node, 2), get_op_params_f32(node, 3)
     x = torch.clamp(x, max=limit)
@@ -23,13 +23,13 @@ def _swiglu_oai(x, g, node):
 
 
 # the activation of x for each GLU op but SWIGLU_OAI (which also clamps the gate)
-_ACTIVATION = {
+GLU_ACTIVATIONS = {
     GluOp.REGLU: relu, GluOp.GEGLU: gelu, GluOp.SWIGLU: silu,
     GluOp.GEGLU_ERF: gelu_erf, GluOp.GEGLU_QUICK: gelu_quick,
 }
 
 
-def _halves(node) -> tuple[torch.Tensor, torch.Tensor]:
+def glu_halves(node) -> tuple[torch.Tensor, torch.Tensor]:
     """Views (x, gate) of the sources: split tensors, or the two halves of each row of src0."""
     a, b = node.src[0], node.src[1]
     va = view(a)
@@ -43,7 +43,7 @@ def _halves(node) -> tuple[torch.Tensor, torch.Tensor]:
 def _supports_glu(node) -> bool:
     n_src = 2 if node.src[1] is not None else 1
     op = node.op_params[0]
-    return all_float(node, n_src) and (op in _ACTIVATION or op == GluOp.SWIGLU_OAI)
+    return all_float(node, n_src) and (op in GLU_ACTIVATIONS or op == GluOp.SWIGLU_OAI)
 
 
 def _glu_into(act, vx, vg, dst, _node) -> None:
@@ -53,15 +53,15 @@ def _glu_into(act, vx, vg, dst, _node) -> None:
 
 
 def _swiglu_oai_into(vx, vg, dst, node) -> None:
-    dst.copy_(_swiglu_oai(vx.float(), vg.float(), node))
+    dst.copy_(swiglu_oai_torch(vx.float(), vg.float(), node))
 
 
 def _bind_glu(node):
-    vx, vg = _halves(node)
+    vx, vg = glu_halves(node)
     op = get_glu_op(node)
     if op == GluOp.SWIGLU_OAI:
         return functools.partial(_swiglu_oai_into, vx, vg, view(node))
-    return functools.partial(_glu_into, _ACTIVATION[op], vx, vg, view(node))
+    return functools.partial(_glu_into, GLU_ACTIVATIONS[op], vx, vg, view(node))
 
 
 @KERNELS.register(Op.GLU, supports=_supports_glu)

@@ -20,7 +20,7 @@ from ...enums import Op
 from ...types import type_traits
 from .reference import TORCH_KERNELS
 from .table import KernelTable, UnsupportedOpError, binds
-from .common import device_graph_capturing, view, write, is_float
+from .common import view, is_float
 
 GPU_KERNELS = KernelTable("GPU", over=TORCH_KERNELS)
 
@@ -103,65 +103,81 @@ def _bind_torch(op: Op, node):
     return binder(node) if binder is not None else None
 
 
+def _register_triton(op: Op, triton_ok, bind_triton):
+    """The GPU entry for op: `bind_triton(node)`'s Triton call for the nodes `triton_ok` takes
+    whose memory Triton runs on, else the reference table's kernel."""
+    def supports(node) -> bool:
+        return _torch_supports(op, node) or triton_ok(node)
+
+    def bind(node):
+        if not (triton_ok(node) and _on_triton_memory(node)):
+            return _bind_torch(op, node)
+        return bind_triton(node)
+    return _register_bound(op, supports, bind)
+
+
 # ---------------------------------------------------------------- MUL_MAT
 
 def _triton_mul_mat_shape_ok(node) -> bool:
     a, b = node.src[0], node.src[1]
-    return (a.ne[2] == 1 and a.ne[3] == 1 and is_float(b) and _triton_type_ok(a)
-            and _triton_fn("mul_mat") is not None)
-
-
-def _mul_mat_supports(node) -> bool:
-    return _torch_supports(Op.MUL_MAT, node) or _triton_mul_mat_shape_ok(node)
+    return is_float(b) and _triton_type_ok(a) and _triton_fn("mul_mat") is not None
 
 
 def _triton_mul_mat(fn, qtype, blocks, vb, out, _node) -> None:
-    x = vb.reshape(-1, vb.shape[-1])            # [b3*b2*M, K], reshaped (maybe copied) per call
-    if out.is_contiguous():
-        fn(qtype, blocks, x, out=out.view(-1, blocks.shape[0]))
-    else:
-        out.copy_(fn(qtype, blocks, x).view(out.shape))
+    """One Triton product per weight matrix of a (ggml broadcasts a over b's dims 2 and 3:
+    b's matrices j*r2 .. (j+1)*r2 - 1 share a's matrix j, repeat-interleaved)."""
+    a3, a2, n_rows = blocks.shape[0], blocks.shape[1], blocks.shape[2]
+    r3, r2 = vb.shape[0] // a3, vb.shape[1] // a2
+    for i3 in range(vb.shape[0]):
+        for j2 in range(a2):
+            x = vb[i3, j2 * r2:(j2 + 1) * r2].reshape(-1, vb.shape[-1])  # [r2*M, K], a copy if strided
+            dst = out[i3, j2 * r2:(j2 + 1) * r2]
+            if dst.is_contiguous():
+                fn(qtype, blocks[i3 // r3, j2], x, out=dst.view(-1, n_rows))
+            else:
+                dst.copy_(fn(qtype, blocks[i3 // r3, j2], x).view(dst.shape))
 
 
-def _bind_mul_mat(node):
-    """Triton or torch is chosen once per compiled node; views are bound, never values."""
-    if not (_triton_mul_mat_shape_ok(node) and _on_triton_memory(node)):
-        return _bind_torch(Op.MUL_MAT, node)
+def _bind_triton_mul_mat(node):
+    """Views are bound once per compiled node, never values."""
     a, b = node.src[0], node.src[1]
-    # blocks uint8 [N, row_bytes], b F32/F16 [b3, b2, M, K], out F32 [b3, b2, M, N]
-    return functools.partial(_triton_mul_mat, _triton_fn("mul_mat"), a.type, view(a)[0, 0], view(b), view(node))
+    # blocks uint8 [a3, a2, N, row_bytes], b F32/F16 [b3, b2, M, K], out F32 [b3, b2, M, N]
+    return functools.partial(_triton_mul_mat, _triton_fn("mul_mat"), a.type, view(a), view(b), view(node))
 
 
-mul_mat = _register_bound(Op.MUL_MAT, _mul_mat_supports, _bind_mul_mat)
+mul_mat = _register_triton(Op.MUL_MAT, _triton_mul_mat_shape_ok, _bind_triton_mul_mat)
 
 
 # ---------------------------------------------------------------- GET_ROWS
 
 def _triton_get_rows_shape_ok(node) -> bool:
     a, ids = node.src[0], node.src[1]
-    return (a.ne[2] == 1 and a.ne[3] == 1 and ids.ne[1] == 1 and ids.ne[2] == 1 and ids.ne[3] == 1
+    return (ids.ne[1] == a.ne[2] and ids.ne[2] == a.ne[3] and ids.ne[3] == 1
             and is_float(node) and _triton_type_ok(a) and _triton_fn("get_rows") is not None)
 
 
-def _get_rows_supports(node) -> bool:
-    return _torch_supports(Op.GET_ROWS, node) or _triton_get_rows_shape_ok(node)
+def _check_ids_on_device(node, ids) -> None:
+    """The ids' range checked on the device (no host sync: CUDA graphs capture it)."""
+    tk = triton_kernels_module()
+    tk.assert_ids_async(f"{node.op.name} {node.describe()}: ids", ids, node.src[0].ne[2 if node.op == Op.MUL_MAT_ID else 1])
 
 
-def _triton_get_rows(fn, qtype, blocks, vids, out, _node) -> None:
-    # the bounds check syncs the device, which a CUDA graph capture forbids
-    capturing = device_graph_capturing(out)
-    rows = fn(qtype, blocks, vids.reshape(-1), dtype=out.dtype, check_bounds=not capturing)
-    out.copy_(rows.view(out.shape))
+def _triton_get_rows(fn, qtype, blocks, vids, out, node) -> None:
+    """Rows ids[0, i2, i1, :] of a's matrix [i2, i1] into out[i2, i1], one call per matrix."""
+    _check_ids_on_device(node, vids)
+    for i2 in range(blocks.shape[0]):
+        for i1 in range(blocks.shape[1]):
+            rows = fn(qtype, blocks[i2, i1], vids[0, i2, i1], dtype=out.dtype, check_bounds=False)
+            out[i2, i1].copy_(rows)
 
 
-def _bind_get_rows(node):
-    if not (_triton_get_rows_shape_ok(node) and _on_triton_memory(node)):
-        return _bind_torch(Op.GET_ROWS, node)
+def _bind_triton_get_rows(node):
     a, ids = node.src[0], node.src[1]
-    return functools.partial(_triton_get_rows, _triton_fn("get_rows"), a.type, view(a)[0, 0], view(ids), view(node))
+    # blocks uint8 [a3, a2, n_rows, row_bytes], ids [1, a3, a2, n], out [a3, a2, n, ne0]
+    return functools.partial(_triton_get_rows, _triton_fn("get_rows"), a.type, view(a), view(ids), view(node))
 
 
-get_rows = _register_bound(Op.GET_ROWS, _get_rows_supports, _bind_get_rows)
+get_rows = _register_triton(Op.GET_ROWS, _triton_get_rows_shape_ok, _bind_triton_get_rows)
 
 
 # ---------------------------------------------------------------- MUL_MAT_ID
@@ -171,15 +187,16 @@ def _triton_mul_mat_id_shape_ok(node) -> bool:
     return is_float(b) and _triton_type_ok(a) and _triton_fn("mul_mat_id") is not None
 
 
-def _mul_mat_id_supports(node) -> bool:
-    return _torch_supports(Op.MUL_MAT_ID, node) or _triton_mul_mat_id_shape_ok(node)
+def _triton_mul_mat_id(fn, qtype, blocks, x, ids, out, node) -> None:
+    _check_ids_on_device(node, ids)
+    fn(qtype, blocks, x, ids, out=out, check_bounds=False)
 
 
-@GPU_KERNELS.register(Op.MUL_MAT_ID, supports=_mul_mat_id_supports)
-def mul_mat_id(node):
-    if not (_triton_mul_mat_id_shape_ok(node) and _on_triton_memory(node)):
-        return _run_torch(Op.MUL_MAT_ID, node, "Triton cannot run it here")
+def _bind_triton_mul_mat_id(node):
     a, b, ids = node.src[0], node.src[1], node.src[2]
     # ggml [K, N, n_expert] x [K, n_used|1, n_tokens] by ids [n_used, n_tokens] -> [N, n_used, n_tokens]
-    result = _triton_fn("mul_mat_id")(a.type, view(a)[0], view(b)[0], view(ids)[0, 0])
-    write(node, result.unsqueeze(0))
+    return functools.partial(_triton_mul_mat_id, _triton_fn("mul_mat_id"), a.type, view(a)[0], view(b)[0],
+                             view(ids)[0, 0], view(node)[0])
+
+
+mul_mat_id = _register_triton(Op.MUL_MAT_ID, _triton_mul_mat_id_shape_ok, _bind_triton_mul_mat_id)

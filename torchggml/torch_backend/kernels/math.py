@@ -13,7 +13,7 @@ from .common import view, as_float, write, all_float
 
 KERNELS = KernelTable("math")
 
-_MATH = {
+MATH_FUNCTIONS = {
     Op.SQR: lambda x: x * x,
     Op.SQRT: torch.sqrt,
     Op.LOG: torch.log,
@@ -26,9 +26,9 @@ def _float_op(node) -> bool:
     return all_float(node, 1)
 
 
-@KERNELS.register(*_MATH, supports=_float_op)
+@KERNELS.register(*MATH_FUNCTIONS, supports=_float_op)
 def math_op(node):
-    write(node, _MATH[node.op](as_float(node.src[0])))
+    write(node, MATH_FUNCTIONS[node.op](as_float(node.src[0])))
 
 
 def _scale_into(vx, dst, s: float, b: float, _node) -> None:

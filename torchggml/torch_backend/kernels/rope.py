@@ -114,7 +114,7 @@ def multi_axes_on(n_pairs: int, sections: tuple, mode: int, device: torch.device
 
 
 @functools.lru_cache(maxsize=256)
-def _angle_constants(n_pairs: int, n_dims: int, mode: int, sections: tuple, freq_base: float, freq_scale: float,
+def angle_constants(n_pairs: int, n_dims: int, mode: int, sections: tuple, freq_base: float, freq_scale: float,
                      ext_factor: float, n_ctx_orig: int, beta_fast: float, beta_slow: float, device: torch.device):
     """What the angles take from the op params alone, made once per parameter set and device (no
     host copies while a CUDA graph captures): (axes or None, inv_freq [n_pairs], YaRN's
@@ -133,7 +133,7 @@ def _angle_constants(n_pairs: int, n_dims: int, mode: int, sections: tuple, freq
     return axes, inv_freq, (1.0 - mix, mix), 1.0 + 0.1 * math.log(1.0 / freq_scale)
 
 
-def _angles(positions, n_tokens: int, axes, inv_freq, factors, freq_scale: float, yarn, mscale: float):
+def rope_angles(positions, n_tokens: int, axes, inv_freq, factors, freq_scale: float, yarn, mscale: float):
     """(cos, sin) [1, n_tokens, 1, n_pairs] float32 from the positions' current values: the angle
     of pair i at position pos is freq_scale * pos * base^(-2i/n_dims) / factor[i] (YaRN mixes in
     the unscaled angle); mscale is attn_factor (times YaRN's magnitude factor)."""
@@ -154,25 +154,25 @@ def _angles(positions, n_tokens: int, axes, inv_freq, factors, freq_scale: float
 
 
 def _bind_angles(p: RopeParams, positions: torch.Tensor, n_tokens: int, factors: torch.Tensor | None):
-    """fn() -> _angles of the views of the positions [n_tokens or 4*n_tokens] and frequency
+    """fn() -> rope_angles of the views of the positions [n_tokens or 4*n_tokens] and frequency
     factors (their values are read at each call) and the op params' constants."""
-    axes, inv_freq, yarn, yarn_mscale = _angle_constants(
+    axes, inv_freq, yarn, yarn_mscale = angle_constants(
         p.n_pairs, p.n_dims, p.mode, p.sections, p.freq_base, p.freq_scale, p.ext_factor, p.n_ctx_orig,
         p.beta_fast, p.beta_slow, positions.device)
     if axes is None:
         positions = positions[:n_tokens].view(1, n_tokens, 1, 1)
     factors = factors[:p.n_pairs] if factors is not None else None
-    return functools.partial(_angles, positions, n_tokens, axes, inv_freq, factors, p.freq_scale, yarn,
+    return functools.partial(rope_angles, positions, n_tokens, axes, inv_freq, factors, p.freq_scale, yarn,
                              p.attn_factor * yarn_mscale)
 
 
-def _rotated_span(p: RopeParams, ne0: int) -> tuple[int, int]:
+def rotated_span(p: RopeParams, ne0: int) -> tuple[int, int]:
     """(first column, number of columns) that rotate: n_dims after the offset, or whole rows
     for VISION."""
     return (0, ne0) if p.mode == RopeType.VISION else (p.n_offs, p.n_dims)
 
 
-def _pair_halves(x: torch.Tensor, start: int, width: int, interleaved: bool):
+def pair_halves(x: torch.Tensor, start: int, width: int, interleaved: bool):
     """Views of the two members of each rotary pair in columns [start, start + width) of x:
     (2i, 2i+1) for NORMAL, (i, i + width/2) otherwise."""
     if interleaved:
@@ -200,9 +200,9 @@ def _bind_rope(node):
     if node.op == Op.ROPE_BACK:
         angles = _inverse(angles)
     vx, dst = view(a), view(node)  # [ne3, n_tokens, n_head, ne0]
-    start, width = _rotated_span(p, a.ne[0])
+    start, width = rotated_span(p, a.ne[0])
     interleaved = p.mode == RopeType.NORMAL
-    (x0, x1), (d0, d1) = _pair_halves(vx, start, width, interleaved), _pair_halves(dst, start, width, interleaved)
+    (x0, x1), (d0, d1) = pair_halves(vx, start, width, interleaved), pair_halves(dst, start, width, interleaved)
     unrotated = ()  # columns outside the rotation are copied, unless the node is x's memory
     if not (dst.data_ptr() == vx.data_ptr() and dst.stride() == vx.stride()):
         if start > 0:

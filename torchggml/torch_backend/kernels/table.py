@@ -6,6 +6,7 @@ from typing import Callable
 
 from ...enums import Op, TensorFlag, VIEW_OPS
 from ...tensor import Tensor, is_empty
+from .registered import registered_entry
 
 
 _COMPUTE = int(TensorFlag.COMPUTE)
@@ -47,14 +48,20 @@ class KernelTable:
             return fn
         return deco
 
-    def supports(self, node: Tensor) -> bool:
-        if node.op in VIEW_OPS:
+    def supports(self, node: Tensor, device_type: str | None = None) -> bool:
+        """Whether a device of `device_type` computes the node: a kernel registered for that
+        type (register_kernel) takes it, or this table does."""
+        if node.op in VIEW_OPS or registered_entry(node, device_type) is not None:
             return True
         entry = self.entries.get(node.op)
         return entry is not None and bool(entry[1](node))
 
-    def kernel(self, node: Tensor, device_name: str) -> Callable:
-        """The kernel for this node; a clear error when the op or its types are unsupported."""
+    def kernel(self, node: Tensor, device_name: str, device_type: str | None = None) -> Callable:
+        """The kernel for this node: a kernel registered for `device_type` that takes it, else
+        this table's; a clear error when the op or its types are unsupported."""
+        registered = registered_entry(node, device_type)
+        if registered is not None:
+            return registered.kernel
         entry = self.entries.get(node.op)
         if entry is None or not entry[1](node):
             srcs = ", ".join(f"{s.type.name}" for s in node.src if s is not None)
@@ -73,13 +80,15 @@ def binds(binder: Callable[[Tensor], Callable | None]):
     return deco
 
 
-def compiled_nodes(nodes, table: KernelTable, device_name: str) -> list[tuple[Callable, Tensor]]:
-    """The graph as a list of bound kernel calls: view ops and non-COMPUTE nodes dropped."""
+def compiled_nodes(nodes, table: KernelTable, device_name: str,
+                   device_type: str | None = None) -> list[tuple[Callable, Tensor]]:
+    """The graph as a list of bound kernel calls: view ops and non-COMPUTE nodes dropped.
+    `device_type` (the device's reg name) selects the registered kernels that apply."""
     calls = []
     for node in nodes:
         if node.op in VIEW_OPS or not (node.flags & _COMPUTE) or is_empty(node):
             continue
-        fn = table.kernel(node, device_name)
+        fn = table.kernel(node, device_name, device_type)
         binder = getattr(fn, "bind", None)
         bound = binder(node) if binder is not None else None
         calls.append((bound or fn, node))

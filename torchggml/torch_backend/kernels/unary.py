@@ -58,7 +58,7 @@ def _xielu(x, node):
 
 
 # each: (x float32, node) -> values
-_UNARY = {
+UNARY_FUNCTIONS = {
     UnaryOp.ABS: lambda x, n: x.abs(),
     UnaryOp.SGN: lambda x, n: torch.sign(x),
     UnaryOp.NEG: lambda x, n: -x,
@@ -93,7 +93,7 @@ _UNARY_OUT = {
 
 
 def _supports_unary(node) -> bool:
-    return all_float(node, 1) and node.op_params[0] in _UNARY
+    return all_float(node, 1) and node.op_params[0] in UNARY_FUNCTIONS
 
 
 def _unary_out(fn, vx, dst, _node) -> None:
@@ -112,7 +112,7 @@ def _bind_unary(node):
     contiguous = vx.is_contiguous() and dst.is_contiguous()
     if direct is not None and vx.dtype == dst.dtype == torch.float32 and contiguous:
         return functools.partial(_unary_out, direct, vx, dst)
-    return functools.partial(_unary_into, _UNARY[op], vx, dst)
+    return functools.partial(_unary_into, UNARY_FUNCTIONS[op], vx, dst)
 
 
 @KERNELS.register(Op.UNARY, supports=_supports_unary)

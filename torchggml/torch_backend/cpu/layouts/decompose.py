@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ....quants._fields import as_f16, as_u16, split_bytes, unpack
-from ....quants.kquants import _bit_planes, _nibble_runs, _q3_k_scales, _two_bit_planes, k_scale_min
+from ....quants.kquants import bit_planes, nibble_runs, q3_k_scales, two_bit_planes, k_scale_min
 from ....quants.mxfp4 import e8m0_to_fp32_half
 from ....quants.tables import IQ4NL_VALUES, MXFP4_VALUES
 from ....types import Type
@@ -60,15 +60,15 @@ def _q8_0(b):
 
 def _q2_k(b):
     scales, qs, d, dmin = split_bytes(b, 16, 64, 2)
-    return (_two_bit_planes(qs, 16).to(torch.int8), as_f16(d) * (scales & 0xF).float(),
+    return (two_bit_planes(qs, 16).to(torch.int8), as_f16(d) * (scales & 0xF).float(),
             -(as_f16(dmin) * (scales >> 4).float()))
 
 
 def _q3_k(b):
     hmask, qs, scales, d = split_bytes(b, 32, 64, 12)
-    high_clear = _bit_planes(hmask, 16) ^ 1  # the value is offset by -4 when the bit is 0
-    q = _two_bit_planes(qs, 16).to(torch.int8) - (high_clear << 2).to(torch.int8)
-    return q, as_f16(d) * _q3_k_scales(scales), None
+    high_clear = bit_planes(hmask, 16) ^ 1  # the value is offset by -4 when the bit is 0
+    q = two_bit_planes(qs, 16).to(torch.int8) - (high_clear << 2).to(torch.int8)
+    return q, as_f16(d) * q3_k_scales(scales), None
 
 
 def _k_scale_min(d, dmin, scales):
@@ -78,12 +78,12 @@ def _k_scale_min(d, dmin, scales):
 
 def _q4_k(b):
     d, dmin, scales, qs = split_bytes(b, 2, 2, 12)
-    return (_nibble_runs(qs, 8).to(torch.int8), *_k_scale_min(d, dmin, scales))
+    return (nibble_runs(qs, 8).to(torch.int8), *_k_scale_min(d, dmin, scales))
 
 
 def _q5_k(b):
     d, dmin, scales, qh, qs = split_bytes(b, 2, 2, 12, 32)
-    q = _nibble_runs(qs, 8) | (_bit_planes(qh, 8) << 4)
+    q = nibble_runs(qs, 8) | (bit_planes(qh, 8) << 4)
     return (q.to(torch.int8), *_k_scale_min(d, dmin, scales))
 
 
