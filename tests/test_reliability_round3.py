@@ -119,6 +119,8 @@ REFUSED_FILES = [
     ("file-type-i32", "llama", _retype("general.file_type", "int32", 2),
      r"'general\.file_type' must be uint32, not int32"),
     ("no-tokenizer-model", "llama", _drop_key("tokenizer.ggml.model"), r"'tokenizer\.ggml\.model' is missing"),
+    ("unknown-tokenizer-model", "llama", _retype("tokenizer.ggml.model", "string", "mone"),
+     r"'tokenizer\.ggml\.model' = 'mone' is not a tokenizer llama\.cpp knows"),
     ("qwen2moe-without-output", "qwen2moe", _rename("output.weight", "output_x.weight"),
      r"tensor 'output\.weight' is missing"),
     ("gemma-with-output", "gemma", _add_tensor("output.weight", 64),

@@ -7,6 +7,7 @@ from ..backend.device import Device
 from ..backend_impl import ExtraBufferType
 from ..gguf import load_weights
 from ..gguf_header import GGUFError
+from ..tokenizer import VOCAB_TYPES
 from .arch_names import LLAMA_CPP_ARCHS
 from .archs import ARCHS, arch_for
 from .builder import bind_weights, is_matmul_weight, is_output_tensor, tensor_layer
@@ -49,7 +50,10 @@ def load(path, params: ModelParams | None = None, **options) -> Model:
     from ..gguf import open_gguf
     params = (params or ModelParams()).with_options(**options)
     file = open_gguf(path)  # the tokenizer is built from it on first use
-    file.get("tokenizer.ggml.model")  # as llama.cpp, which needs it ("none": no vocabulary)
+    vocab = file.get("tokenizer.ggml.model")  # as llama.cpp, which needs it ("none": no vocabulary)
+    if vocab not in VOCAB_TYPES:  # llama.cpp refuses the file
+        raise GGUFError(f"{file.path}: metadata key 'tokenizer.ggml.model' = {vocab!r} is not a tokenizer "
+                        f"llama.cpp knows ({', '.join(sorted(VOCAB_TYPES))})")
     if params.vocab_only:
         if file.arch not in LLAMA_CPP_ARCHS and file.arch not in ARCHS:
             raise GGUFError(f"{file.path}: architecture {file.arch!r} is unknown (to llama.cpp too)")
