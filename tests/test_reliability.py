@@ -420,27 +420,27 @@ HPARAMS = [
     ("head-count-0", "llama.attention.head_count", _u32(0), r"'llama\.attention\.head_count' = 0 is out of range"),
     ("head-count-kv-0", "llama.attention.head_count_kv", _u32(0), r"head_count_kv' = 0 is out of range"),
     ("embedding-length-string", "llama.embedding_length", _str("256"),
-     r"'llama\.embedding_length' must be an integer, not string \('256'\)"),
+     r"'llama\.embedding_length' must be a uint32, not string \('256'\)"),
     ("vocab-size-nan", "llama.vocab_size", (6, struct.pack("<f", math.nan)),
-     r"'llama\.vocab_size' must be an integer, not float32"),
+     r"'llama\.vocab_size' must be a uint32, not float32"),
     ("context-length-u64-max", "llama.context_length", (10, struct.pack("<Q", 2**64 - 1)),
-     r"'llama\.context_length' = 18446744073709551615 is out of range"),
+     r"'llama\.context_length' must be a uint32, not uint64"),
     ("rms-eps-nan", "llama.attention.layer_norm_rms_epsilon", (6, struct.pack("<f", math.nan)),
      r"layer_norm_rms_epsilon' = nan is out of range"),
     ("rms-eps-0", "llama.attention.layer_norm_rms_epsilon", (6, struct.pack("<f", 0.0)), r"= 0\.0 is out of range"),
     ("freq-base-negative", "llama.rope.freq_base", (6, struct.pack("<f", -1.0)), r"freq_base' = -1\.0 is out of range"),
-    ("block-count-bool", "llama.block_count", (7, b"\x01"), r"'llama\.block_count' must be an integer, not bool"),
+    ("block-count-bool", "llama.block_count", (7, b"\x01"), r"'llama\.block_count' must be a uint32, not bool"),
     ("head-count-per-layer-zero", "llama.attention.head_count", (9, struct.pack("<IQ", 4, 2) + bytes(8)),
      r"'llama\.attention\.head_count' is 0 for every layer"),
     ("ffn-string-array", "llama.feed_forward_length", (9, struct.pack("<IQ", 8, 1) + _str("x")[1]),
-     r"'llama\.feed_forward_length' must be a number or a short per-layer array, not array\[string\]"),
+     r"'llama\.feed_forward_length' must be a uint32 or a per-layer int32/uint32 array, not array\[string\]"),
     ("rope-dims-odd", "llama.rope.dimension_count", _u32(31), r"dimension_count' = 31 must be even and at most "
                                                               r"the head size 32"),
     ("rope-dims-over-head", "llama.rope.dimension_count", _u32(64), r"dimension_count' = 64 must be even"),
     ("gqa-not-dividing", "llama.attention.head_count_kv", _u32(3), r"head_count_kv' = 3 does not divide "
                                                                    r"'llama\.attention\.head_count' = 8"),
     ("bos-token-float", "tokenizer.ggml.bos_token_id", (6, struct.pack("<f", 1.5)),
-     r"'tokenizer\.ggml\.bos_token_id' must be an integer token id, not float32"),
+     r"'tokenizer\.ggml\.bos_token_id' must be a uint32 token id, not float32"),
 ]
 
 
@@ -552,9 +552,10 @@ def _fuzzer():
 def test_fuzz_a_few_hundred_mutants_without_failures():
     fuzz = _fuzzer()
     sources = [GOLDEN / "models" / n for n in ("llama-Q4_0.gguf", "llama-Q4_K_M.gguf", "qwen3-F16-tied.gguf")]
-    summary = fuzz.run(200, seed=2026, workers=2, timeout=60, mem_cap_mb=2048, sources=sources, progress=False)
+    summary = fuzz.run(200, seed=2026, workers=2, timeout=60, mem_cap_mb=2048, sources=sources, progress=False,
+                       oracle=False)  # test_reliability_round3 runs the oracle
     outcomes = summary["outcomes"]
     assert summary["failures"] == 0, summary["examples"]
     assert sum(outcomes.values()) == 200
     # the mutants exercise both sides: files that still load and files rejected with a clear error
-    assert outcomes["ok"] >= 10 and outcomes["clear-error"] >= 100, outcomes
+    assert outcomes["ok-unchecked"] >= 10 and outcomes["clear-error"] >= 100, outcomes

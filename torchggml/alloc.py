@@ -651,17 +651,26 @@ def backend_alloc_ctx_tensors_from_buft(ctx, buft):
     own_way = getattr(buft, "alloc_ctx_tensors", None)
     if own_way is not None:
         return own_way(ctx)
-    size = backend_alloc_ctx_tensors_from_buft_size(ctx, buft)
+    buffer = backend_alloc_tensors_from_buft(_ctx_tensors_to_place(ctx), buft)
+    if buffer is None:
+        return None
+    for t in ctx.tensors:
+        if t.view_src is not None and t.buffer is None:
+            backend_view_init(t)
+    return buffer
+
+
+def backend_alloc_tensors_from_buft(tensors, buft):
+    """Allocate `tensors` (unallocated, not views) one after the other in one new buffer of buft;
+    None when there is nothing to allocate."""
+    alignment = buft.get_alignment()
+    size = sum(round_up(buft.get_alloc_size(t), alignment) for t in tensors)
     if size == 0:
         return None
     buffer = buft.alloc_buffer(size)
     talloc = tallocr_new(buffer)
-    for t in ctx.tensors:
-        if t.view_src is None:
-            if t.data is None:
-                tallocr_alloc(talloc, t)
-        elif t.buffer is None:
-            backend_view_init(t)
+    for t in tensors:
+        tallocr_alloc(talloc, t)
     return buffer
 
 

@@ -25,10 +25,11 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from . import config
 from .backend_impl import BufferType, Buffer, BufferUsage
 from .context import Context, new_tensor_impl
-from .gguf_header import (ATTENTION_FREE_ARCHS, _PER_LAYER_MAY_BE_ZERO, GGUFError, Header, TensorEntry, check_hparam,
-                          scan_header)
+from .gguf_header import (ATTENTION_FREE_ARCHS, PER_LAYER_KEYS, _PER_LAYER_MAY_BE_ZERO, GGUFError, Header,
+                          TensorEntry, check_hparam, scan_header)
 from .tensor import Tensor, set_name
 from .types import Type, type_traits
 
@@ -95,6 +96,11 @@ def _check_hparams(path: str, h: Header, n_tensors: int) -> None:
     if n_tensors and n_layer is not None and n_layer > n_tensors:
         raise GGUFError(f"{path}: metadata key '{arch}.block_count' = {n_layer} is more than the "
                         f"{n_tensors} tensors in the file")
+    for suffix in PER_LAYER_KEYS:  # llama.cpp's get_key_or_arr: one item per layer
+        value = h.values.get(f"{arch}.{suffix}")
+        if isinstance(value, list) and n_layer is not None and len(value) != n_layer:
+            raise GGUFError(f"{path}: metadata key '{arch}.{suffix}' has {len(value)} items for "
+                            f"'{arch}.block_count' = {n_layer} layers")
     n_head, n_head_kv, n_embd = scalar("attention.head_count"), scalar("attention.head_count_kv"), scalar("embedding_length")
     if n_head and n_head_kv and n_head % n_head_kv:
         raise GGUFError(f"{path}: metadata key '{arch}.attention.head_count_kv' = {n_head_kv} does not "
@@ -111,12 +117,17 @@ class GGUFFile:
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
+        if os.path.isdir(self.path):
+            raise IsADirectoryError(f"{self.path} is a directory, not a GGUF file")
         if not os.path.isfile(self.path):
             raise FileNotFoundError(f"GGUF file not found: {self.path}")
         header = _scan(self.path)  # every count, length and data range checked, metadata decoded
         _check_hparams(self.path, header, len(header.tensors))
         # "c": copy-on-write mapping, writable for torch, never written back to the file
         self.data = np.memmap(self.path, dtype=np.uint8, mode="c")
+        # the mapped file itself (not the path, which may be replaced): see check_unchanged
+        self._fd = os.open(self.path, os.O_RDONLY)
+        self._identity = self._stat_identity()
         self.data_offset = header.data_offset
         self.alignment = header.alignment
         self.file_size = int(len(self.data))
@@ -177,6 +188,28 @@ class GGUFFile:
         info = self.tensor_info(name)
         return self.data_region()[info.offset: info.offset + info.nbytes]
 
+    def __del__(self):
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            os.close(fd)
+
+    def _stat_identity(self) -> tuple[int, int]:
+        st = os.fstat(self._fd)
+        return st.st_size, st.st_mtime_ns
+
+    def check_unchanged(self) -> None:
+        """GGUFError when the mapped file was truncated or rewritten since it was opened. CPU
+        weights are views of the mapping: reading a page past a truncated end would kill the
+        process with SIGBUS instead of raising, so evaluation checks this first. (A file replaced
+        by a new one at the same path is harmless: the mapping keeps the old one.)"""
+        if self._fd is None:
+            return
+        size, mtime = self._stat_identity()
+        if (size, mtime) != self._identity:
+            change = f"truncated to {size} bytes" if size < self.file_size else "modified"
+            raise GGUFError(f"{self.path}: the model file was {change} while loaded (it had {self.file_size} "
+                            f"bytes); its weights can no longer be read: load it again")
+
     def release(self, name: str) -> None:
         """Give back the process's pages of one tensor's bytes in the mapping (madvise
         MADV_DONTNEED on the whole pages inside its range; pages shared with a neighbour stay):
@@ -195,6 +228,9 @@ class GGUFFile:
     def close(self) -> None:
         """Close the file's mapping (and with it the file descriptor). Numpy or torch views of
         the mapping that are still alive keep it open; it closes when the last one goes."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
         data, self.data = self.data, None
         mapping = getattr(data, "_mmap", None)
         if mapping is not None:
@@ -282,6 +318,7 @@ def load_weights(file: GGUFFile, buft_of: Callable[[str], BufferType], names: It
     others are uploaded to one new buffer per buffer type. check_values: first check that
     every value is finite (see check_tensor_values)."""
     names = list(file.tensors) if names is None else list(names)
+    file.check_unchanged()
     groups: dict[int, tuple[BufferType, list[str]]] = {}
     for name in names:
         file.tensor_info(name)  # clear error for a missing tensor
@@ -324,6 +361,18 @@ def _map_weights(file: GGUFFile, names: list[str], weights: Weights) -> None:
     weights.contexts.append(ctx)
 
 
+PROGRESS_MIN_BYTES = 64 * 2**20  # smaller uploads take well under a second: no bar
+
+
+def show_progress(wanted: bool, total_bytes: int) -> bool:
+    """A progress bar only when asked for, on a terminal (a bar's carriage returns would fill a
+    log), for uploads of PROGRESS_MIN_BYTES and more, and unless TORCHGGML_PROGRESS=0."""
+    import sys
+    stream = sys.stderr  # where tqdm writes
+    return (wanted and total_bytes >= PROGRESS_MIN_BYTES and config.value("TORCHGGML_PROGRESS")
+            and hasattr(stream, "isatty") and stream.isatty())
+
+
 def _upload_weights(file: GGUFFile, buft: BufferType, names: list[str], weights: Weights,
                     progress: bool) -> None:
     from .alloc import backend_alloc_ctx_tensors_from_buft
@@ -336,7 +385,8 @@ def _upload_weights(file: GGUFFile, buft: BufferType, names: list[str], weights:
         buffer.set_usage(BufferUsage.WEIGHTS)
     total = sum(file.tensors[n].nbytes for n in names)
     desc = f"loading {os.path.basename(file.path)} -> {buft.get_name()}"
-    with tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not progress, leave=False) as bar:
+    with tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not show_progress(progress, total),
+              leave=False) as bar:
         for name, t in zip(names, tensors):  # tensor by tensor, each one's mapped pages given back
             backend_tensor_set(t, file.tensor_data(name))
             file.release(name)

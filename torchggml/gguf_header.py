@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["GGUFError", "Header", "TensorEntry", "scan_header", "check_hparam", "HPARAM_RULES"]
+__all__ = ["GGUFError", "Header", "TensorEntry", "scan_header", "check_hparam", "HPARAM_RULES", "PER_LAYER_KEYS"]
 
 
 class GGUFError(ValueError):
@@ -253,9 +253,11 @@ def _check_data_ranges(path: str, h: Header, file_size: int, type_check) -> None
 
 # ---------------------------------------------------------------- hyper-parameters
 
-# `{arch}.<suffix>` -> (kind, lowest, highest); per-layer arrays are checked item by item, and
-# for the keys in _PER_LAYER_MAY_BE_ZERO an item may be 0 (a layer without that part) as long
-# as one item is not.
+# `{arch}.<suffix>` -> (kind, lowest, highest) of the hyper-parameters the architectures read.
+# Types as llama.cpp's loader demands them (its get_key checks the exact type): an "int" is a
+# uint32 scalar, a "float" a float32 scalar; the per-layer keys (PER_LAYER_KEYS, llama.cpp's
+# get_key_or_arr) may instead be an int32/uint32 array with one item per layer, and for the keys
+# in _PER_LAYER_MAY_BE_ZERO an item may be 0 (a layer without that part) as long as one is not.
 HPARAM_RULES = {
     "context_length": ("int", 1, 2**31 - 1),
     "embedding_length": ("int", 1, 2**20),
@@ -265,44 +267,77 @@ HPARAM_RULES = {
     "attention.head_count_kv": ("int", 1, 2**16),
     "attention.key_length": ("int", 1, 2**16),
     "attention.value_length": ("int", 1, 2**16),
+    "attention.sliding_window": ("int", 0, 2**31 - 1),
     "rope.dimension_count": ("int", 0, 2**16),
+    "rope.scaling.original_context_length": ("int", 0, 2**31 - 1),
     "vocab_size": ("int", 1, 2**31 - 1),
     "expert_count": ("int", 0, 2**16),
     "expert_used_count": ("int", 0, 2**16),
+    "expert_feed_forward_length": ("int", 0, 2**24),
+    "expert_shared_feed_forward_length": ("int", 0, 2**24),
     "attention.layer_norm_rms_epsilon": ("float", 1e-30, 1.0),  # 0 divides by zero on a zero row
     "attention.layer_norm_epsilon": ("float", 1e-30, 1.0),
     "rope.freq_base": ("float", 1e-6, 1e15),
+    "rope.freq_base_swa": ("float", 1e-6, 1e15),
     "rope.scaling.factor": ("float", 0.0, 1e6),
+    "rope.scale_linear": ("float", 0.0, 1e6),
+    "rope.scaling.attn_factor": ("float", -1e6, 1e6),
+    "rope.scaling.yarn_beta_fast": ("float", -1e6, 1e6),
+    "rope.scaling.yarn_beta_slow": ("float", -1e6, 1e6),
+    "rope.scaling.yarn_log_multiplier": ("float", -1e6, 1e6),
+    "attention.temperature_scale": ("float", -1e6, 1e6),
+    "attn_logit_softcapping": ("float", 0.0, 1e6),
+    "final_logit_softcapping": ("float", 0.0, 1e6),
+    "logit_scale": ("float", -1e6, 1e6),
 }
+PER_LAYER_KEYS = {"feed_forward_length", "attention.head_count", "attention.head_count_kv"}
 _PER_LAYER_MAY_BE_ZERO = {"attention.head_count", "attention.head_count_kv"}
+_SCALAR_TYPE = {"int": "uint32", "float": "float32"}
 # architectures without attention: their converters write head counts of 0
 ATTENTION_FREE_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv7"})
-# token ids: any integer that fits; the tokenizer drops ids outside the vocabulary
+# token ids: uint32, as llama.cpp reads them; the tokenizer drops ids outside the vocabulary
 _TOKEN_ID_SUFFIX = "_token_id"
+# general and tokenizer keys and the types llama.cpp reads them as (its get_key checks the exact
+# type; array data it casts to the C type it expects, so another item type would be garbage)
+KEY_TYPES = {
+    "general.architecture": ("string",), "general.name": ("string",), "general.file_type": ("uint32",),
+    "tokenizer.ggml.model": ("string",), "tokenizer.ggml.pre": ("string",),
+    "tokenizer.ggml.tokens": ("array[string]",), "tokenizer.ggml.merges": ("array[string]",),
+    "tokenizer.ggml.token_type": ("array[int32]", "array[uint32]"), "tokenizer.ggml.scores": ("array[float32]",),
+    "tokenizer.ggml.precompiled_charsmap": ("array[uint8]", "array[int8]"), "tokenizer.chat_template": ("string",),
+    **{f"tokenizer.ggml.{flag}": ("bool",) for flag in (
+        "add_bos_token", "add_eos_token", "add_sep_token", "add_space_prefix", "remove_extra_whitespaces",
+        "normalizer.lowercase", "normalizer.strip_accents")},
+}
 
 
 def check_hparam(path: str, key: str, suffix: str | None, value, type_name: str) -> None:
     """GGUFError naming the file and key when a known hyper-parameter has the wrong type or is
     out of range. suffix: the key without its `{arch}.` prefix (None for other keys)."""
     if key.startswith("tokenizer.ggml.") and key.endswith(_TOKEN_ID_SUFFIX):
-        if not type_name.startswith(("uint", "int")):
-            raise GGUFError(f"{path}: metadata key {key!r} must be an integer token id, not {type_name}")
+        if type_name != "uint32":
+            raise GGUFError(f"{path}: metadata key {key!r} must be a uint32 token id, not {type_name}")
+        return
+    if key in KEY_TYPES:
+        if type_name not in KEY_TYPES[key]:
+            raise GGUFError(f"{path}: metadata key {key!r} must be {' or '.join(KEY_TYPES[key])}, not {type_name}")
         return
     rule = HPARAM_RULES.get(suffix) if suffix is not None else None
     if rule is None:
         return
     kind, lo, hi = rule
+    scalar = _SCALAR_TYPE[kind]
+    if type_name.startswith("array["):
+        if suffix not in PER_LAYER_KEYS:
+            raise GGUFError(f"{path}: metadata key {key!r} must be a {scalar}, not {type_name} ({_short(value)})")
+        if type_name not in ("array[int32]", "array[uint32]") or not isinstance(value, list):
+            raise GGUFError(f"{path}: metadata key {key!r} must be a {scalar} or a per-layer int32/uint32 "
+                            f"array, not {type_name}")
+    elif type_name != scalar:
+        raise GGUFError(f"{path}: metadata key {key!r} must be a {scalar}, not {type_name} ({_short(value)})")
     items = value if isinstance(value, list) else [value]
-    if type_name.startswith("array[") and (not isinstance(value, list) or type_name == "array[string]"):
-        raise GGUFError(f"{path}: metadata key {key!r} must be a number or a short per-layer array, "
-                        f"not {type_name}")
     if not items:
         raise GGUFError(f"{path}: metadata key {key!r} is an empty array")
-    item_type = type_name[6:-1] if type_name.startswith("array[") else type_name
-    ints = item_type.startswith(("uint", "int"))
-    if not (ints or (kind == "float" and item_type.startswith("float"))):
-        raise GGUFError(f"{path}: metadata key {key!r} must be {'an integer' if kind == 'int' else 'a number'}, "
-                        f"not {type_name} ({_short(value)})")
     may_be_zero = isinstance(value, list) and suffix in _PER_LAYER_MAY_BE_ZERO
     for v in items:
         if not ((math.isfinite(v) and lo <= v <= hi) or (may_be_zero and v == 0)):

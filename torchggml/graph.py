@@ -78,22 +78,30 @@ def graph_add_node(graph: CGraph, t: Tensor) -> None:
 
 
 def _visit(graph: CGraph, root: Tensor, compute: bool) -> None:
-    """Post-order DFS over sources (left to right), iteratively: deep graphs exceed Python's stack."""
+    """Post-order DFS over sources (left to right), iteratively: deep graphs exceed Python's stack.
+    A tensor that is its own (indirect) source, a cycle made by editing `src` by hand, raises
+    ValueError naming it instead of growing the stack without end."""
     visited = graph.visited
     if id(root) in visited:
         return
     stack = [(root, 0)]
+    open_ = set()  # tensors whose sources are being visited: reaching one again is a cycle
     while stack:
         t, i = stack.pop()
         if i == 0 and id(t) in visited:
             continue
+        open_.add(id(t))
         src = t.src
         while i < len(src) and (src[i] is None or id(src[i]) in visited):
             i += 1
         if i < len(src):
+            if id(src[i]) in open_:
+                raise ValueError(f"build_forward_expand: the graph has a cycle: {src[i].describe()} depends on "
+                                 f"itself (through src[{i}] of {t.describe()})")
             stack.append((t, i + 1))
             stack.append((src[i], 0))
             continue
+        open_.discard(id(t))
         if id(t) in visited:
             continue
         visited.add(id(t))

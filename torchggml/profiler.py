@@ -4,9 +4,10 @@ and, when TORCHGGML_PROFILE=1 or a torch profiler is running, one per node
 from __future__ import annotations
 
 import contextlib
-import os
 
 import torch
+
+from . import config
 
 PROFILE_ENV = "TORCHGGML_PROFILE"
 
@@ -15,7 +16,7 @@ def profiling() -> bool:
     """Ranges are wanted: a torch profiler is active, or TORCHGGML_PROFILE=1."""
     # the C flag is per thread (and off with profile_all_threads); the Python one is global
     return (torch.autograd._profiler_enabled() or torch.autograd.profiler._is_profiler_enabled
-            or os.environ.get(PROFILE_ENV, "") == "1")
+            or config.value(PROFILE_ENV))
 
 
 def split_range(backend_name: str, index: int):

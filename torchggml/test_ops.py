@@ -5,18 +5,18 @@ test / perf / support loop is testing.main_test_ops."""
 from __future__ import annotations
 
 import csv
-import os
 import re
 import sys
 from collections import Counter
 
+from . import config
 from .ops_cases.table import OpCase
 
 FULL_ENV = "TORCHGGML_TEST_OPS_FULL"
 
 
 def full_requested(args) -> bool:
-    return bool(getattr(args, "full", False)) or os.environ.get(FULL_ENV, "") not in ("", "0")
+    return bool(getattr(args, "full", False)) or config.value(FULL_ENV)
 
 
 def select_cases(args) -> list[OpCase]:

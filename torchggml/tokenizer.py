@@ -28,7 +28,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 
-from .tokenizer_models import (SPACE_MARK, BpeEncoder, RwkvEncoder, SpmEncoder, UgmEncoder,
+from .tokenizer_models import (SPACE_MARK, BpeEncoder, RwkvEncoder, UgmEncoder, spm_encoder,
                                WpmEncoder, unescape_rwkv)
 from .tokenizer_pre import PRE_TOKENIZERS, PreTokenizer
 
@@ -180,6 +180,11 @@ class Tokenizer:
             self._texts: list[str] = []
             return
         self._load_vocab(metadata)
+        if self.vocab_type == "WPM" and (self._attrs & TokenAttr.BYTE).any():
+            # llama.cpp cannot turn a WordPiece byte token into its byte: it aborts while loading
+            first = int(((self._attrs & TokenAttr.BYTE) != 0).nonzero()[0][0])
+            raise TokenizerError(f"{source}: token {first} ({self._texts[first]!r}) is a byte token, which a "
+                                 f"WordPiece vocabulary (tokenizer.ggml.model {self.model!r}) cannot have")
         self._load_flags(metadata)
         self._load_special_ids(metadata)
         self._detect_end_of_generation(metadata)
@@ -356,7 +361,7 @@ class Tokenizer:
         md, vt = self._metadata, self.vocab_type
         try:
             if vt == "SPM":
-                return SpmEncoder(self._texts, self._ids, self._scores, self.unk_id)
+                return spm_encoder(self._texts, self._ids, self._scores, self.unk_id, self.source)
             if vt == "BPE":
                 merges = md.get("tokenizer.ggml.merges")
                 if merges is None:
@@ -373,7 +378,7 @@ class Tokenizer:
                 return UgmEncoder(self._texts, self._scores, has(TokenAttr.NORMAL), has(TokenAttr.USER_DEFINED),
                                   has(TokenAttr.NORMAL | TokenAttr.USER_DEFINED | TokenAttr.UNUSED),
                                   self.unk_id, charsmap, self.add_space_prefix, self.remove_extra_whitespaces)
-            return RwkvEncoder(self._texts, self.unk_id)
+            return RwkvEncoder(self._texts, self.unk_id, self.source)
         except ValueError as e:
             if isinstance(e, TokenizerError):
                 raise

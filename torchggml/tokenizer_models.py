@@ -8,6 +8,8 @@ short loops here. Behaviour follows llama.cpp's ``src/llama-vocab.cpp``.
 """
 from __future__ import annotations
 
+import heapq
+
 import unicodedata
 from typing import Sequence
 
@@ -49,6 +51,73 @@ class SpmEncoder:
         return self.hf.encode(text.replace(" ", SPACE_MARK), add_special_tokens=False).ids
 
 
+class SpmPairEncoder:
+    """llama.cpp's SentencePiece BPE step by step: the characters are symbols; the adjacent pair
+    whose concatenation is a token with the highest score merges first, the leftmost pair on a
+    tie; symbols that are not tokens become <0xXX> byte tokens. Exact where SpmEncoder's merge
+    ranking is not: when merge targets share a score (see spm_encoder). Slower (Python)."""
+
+    def __init__(self, ids: dict, scores: np.ndarray, source: str = "vocabulary"):
+        self.ids, self.scores, self.source = ids, scores, source
+
+    def encode(self, text: str) -> list[int]:
+        sym = list(text.replace(" ", SPACE_MARK))
+        n = len(sym)
+        if n == 0:
+            return []
+        nxt, prev = list(range(1, n + 1)), list(range(-1, n - 1))
+        nxt[-1] = -1
+        queue: list = []
+
+        def add_pair(left: int, right: int) -> None:
+            if left < 0 or right < 0:
+                return
+            text = sym[left] + sym[right]
+            token = self.ids.get(text)
+            if token is not None:  # highest score first, then the leftmost
+                heapq.heappush(queue, (-float(self.scores[token]), left, right, len(text)))
+
+        for i in range(1, n):
+            add_pair(i - 1, i)
+        while queue:
+            _, left, right, size = heapq.heappop(queue)
+            if not sym[left] or not sym[right] or len(sym[left]) + len(sym[right]) != size:
+                continue  # one of the two was merged since
+            sym[left], sym[right] = sym[left] + sym[right], ""
+            nxt[left] = nxt[right]
+            if nxt[right] >= 0:
+                prev[nxt[right]] = left
+            add_pair(prev[left], left)
+            add_pair(left, nxt[left])
+        out, i = [], 0
+        while i != -1:
+            token = self.ids.get(sym[i])
+            out += [token] if token is not None else [self._byte_token(b) for b in sym[i].encode()]
+            i = nxt[i]
+        return out
+
+    def _byte_token(self, b: int) -> int:
+        token = self.ids.get(f"<0x{b:02X}>", self.ids.get(chr(b)) if b < 128 else None)
+        if token is None:
+            raise ValueError(f"{self.source}: the vocabulary has no token for byte 0x{b:02X} (neither <0x{b:02X}> "
+                             f"nor the byte)")
+        return token
+
+
+def spm_encoder(texts: Sequence[str], ids: dict, scores: np.ndarray, unk_id, source: str = "vocabulary"):
+    """SpmEncoder (fast: a ``tokenizers`` BPE) when every token that two tokens make has its own
+    score, else SpmPairEncoder: with tied scores the merge order depends on positions, which a
+    ranked merge list cannot express. ValueError when the newline byte has no token (llama.cpp
+    refuses such an SPM vocabulary: it looks its linefeed token up on load)."""
+    if "<0x0A>" not in ids and "\n" not in ids:
+        raise ValueError("the SPM vocabulary has no token for the newline byte (<0x0A>)")
+    targets = [i for i, text in enumerate(texts)
+               if any(text[:cut] in ids and text[cut:] in ids for cut in range(1, len(text)))]
+    if len(set(scores[targets].tolist())) < len(targets):
+        return SpmPairEncoder(ids, scores, source)
+    return SpmEncoder(texts, ids, scores, unk_id)
+
+
 class BpeEncoder:
     """Ranked-merge BPE behind a llama.cpp pre-tokenizer: the text is cut by the
     pre-tokenizer's regexes, each piece byte-level encoded (GPT-2 alphabet) or, for
@@ -67,8 +136,11 @@ class BpeEncoder:
             merges.append((left, right))
         self.pre, self.ids = pre, ids
         self.drop_whitespace = drop_whitespace  # tokenizer.ggml.model "whitespace": words only
-        bpe = models.BPE(vocab=ids, merges=merges, ignore_merges=pre.ignore_merges,
-                         byte_fallback=not pre.byte_encode)
+        try:
+            bpe = models.BPE(vocab=ids, merges=merges, ignore_merges=pre.ignore_merges,
+                             byte_fallback=not pre.byte_encode)
+        except Exception as e:  # tokenizers raises a bare Exception: a merge's part is not a token
+            raise ValueError(f"tokenizer.ggml.merges do not fit the vocabulary: {e}") from None
         byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
         self.hf = _hf(bpe, byte_level if pre.byte_encode else None)
 
@@ -315,12 +387,12 @@ class RwkvEncoder:
     """RWKV "world" vocabulary: the longest token (over raw bytes) at each position; a byte
     no token starts with becomes the unknown token."""
 
-    def __init__(self, texts: Sequence[str], unk_id):
+    def __init__(self, texts: Sequence[str], unk_id, source: str = "vocabulary"):
         self.tokens = {}
         for i, text in enumerate(texts):
             self.tokens.setdefault(unescape_rwkv(text), i)
         self.max_len = max(len(t) for t in self.tokens)
-        self.unk_id = unk_id
+        self.unk_id, self.source = unk_id, source
 
     def encode(self, text: str) -> list[int]:
         raw, ids, pos = text.encode("utf-8"), [], 0
@@ -332,6 +404,9 @@ class RwkvEncoder:
                     pos = end
                     break
             else:
+                if self.unk_id is None:  # llama.cpp would emit LLAMA_TOKEN_NULL (-1) here
+                    raise ValueError(f"{self.source}: no token starts with byte 0x{raw[pos]:02X} and the "
+                                     f"vocabulary has no unknown token")
                 ids.append(self.unk_id)
                 pos += 1
         return ids

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from .. import config
 from ..backend_impl import Device, DeviceType, Reg
 
 ENTRY_POINT_GROUP = "torchggml.backends"
@@ -327,7 +328,7 @@ def backend_load_all() -> list[Reg]:
             regs.append(_register_plugin(f"entry-point:{ep.value}", lambda ep=ep: _reg_from(ep.load(), where)))
         except Exception as e:  # noqa: BLE001
             warnings.warn(f"backend_load_all: skipping {where}: {type(e).__name__}: {e}", RuntimeWarning, stacklevel=2)
-    for entry in filter(None, os.environ.get(BACKEND_PATH_ENV, "").split(os.pathsep)):
+    for entry in config.value(BACKEND_PATH_ENV):
         if Path(entry).expanduser().is_dir():
             regs += backend_load_all_from_path(entry)
         else:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 
+from .. import config
 from ..context import Context, new_tensor_impl, view_tensor
 from ..enums import Op, Status, TensorFlag, VIEW_OPS
 from ..graph import CGraph, graph_view, DEFAULT_GRAPH_SIZE
@@ -91,7 +91,7 @@ class Sched:
                         for _ in range(self.n_copies)] for b in backends]
         self.galloc = gallocr_new_n(self.bufts)
         self.callback_eval = None
-        self.debug = int(os.environ.get("TORCHGGML_SCHED_DEBUG", os.environ.get("GGML_SCHED_DEBUG", "0")) or 0)
+        self.debug = config.value("TORCHGGML_SCHED_DEBUG")
         self.splits: list[Split] = []
         self.graph_inputs: list[Tensor] = []
         self.graph = CGraph(0)

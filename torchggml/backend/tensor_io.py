@@ -56,9 +56,44 @@ def _check_range(t: Tensor, offset: int, size: int, what: str) -> None:
                          f"which has {nbytes(t)} bytes")
 
 
+_BYTES = (torch.uint8, torch.int8)
+
+
+def _values_for(t: Tensor, data, what: str):
+    """`data` ready to be written as bytes into t. Bytes-like data and uint8/int8 arrays are raw
+    bytes (ggml's meaning). Typed torch/numpy data of another dtype than the tensor's is
+    converted when no value can change meaning (float to float, integer to integer when every
+    value fits) and refused otherwise: its bytes would otherwise be reinterpreted."""
+    if isinstance(data, np.ndarray):
+        if data.dtype.kind not in "biuf" or data.dtype == np.uint8 or data.dtype == np.int8:
+            return data
+        data = torch.from_numpy(np.ascontiguousarray(data))
+    if not isinstance(data, torch.Tensor) or data.dtype in _BYTES:
+        return data
+    from ..types import type_traits
+    want = type_traits(t.type).dtype
+    if want is None:
+        raise TypeError(f"{what}: {t.describe()} holds {t.type.name} blocks: give its raw bytes (uint8, e.g. from "
+                        f"quants.quantize), not {data.dtype} values")
+    if data.dtype == want:
+        return data
+    if data.is_floating_point() and want.is_floating_point:
+        return data.to(want)
+    if not data.is_floating_point() and not data.is_complex() and not want.is_floating_point:
+        info = torch.iinfo(want)
+        if data.numel() and (int(data.min()) < info.min or int(data.max()) > info.max):
+            raise ValueError(f"{what}: values of {t.describe()} must fit in {want}; got "
+                             f"[{int(data.min())}, {int(data.max())}]")
+        return data.to(want)
+    raise TypeError(f"{what}: {t.describe()} is {want}; {data.dtype} data would change meaning (convert it "
+                    f"yourself, or pass raw bytes as uint8)")
+
+
 def backend_tensor_set(t: Tensor, data, offset: int = 0, size: int | None = None) -> None:
-    """Write bytes of `data` into the tensor's memory at byte `offset` (all of data by default)."""
-    src = as_byte_tensor(data)
+    """Write `data` into the tensor's memory at byte `offset` (all of data by default): raw bytes
+    (bytes-like, uint8), or values of the tensor's dtype; other float or integer dtypes are
+    converted to it where that keeps every value (see _values_for), other data is refused."""
+    src = as_byte_tensor(_values_for(t, data, "backend_tensor_set"))
     if size is None:
         size = src.numel()
     if size > src.numel():

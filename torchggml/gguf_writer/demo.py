@@ -16,6 +16,8 @@ from dataclasses import dataclass, asdict, replace
 import numpy as np
 import torch
 
+from .. import config
+
 # The demo vocabulary's training text (written for this project).
 CORPUS = """\
 Once upon a time there was a small program that wanted to run a language model on any device.
@@ -232,7 +234,7 @@ def write_tensors(writer, weights, qtype, keep_f32=lambda name, data: False) -> 
 
 def cache_dir() -> str:
     """Where generated models live: $TORCHGGML_CACHE, else ~/.cache/torchggml (else a temp dir)."""
-    d = os.environ.get("TORCHGGML_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "torchggml")
+    d = os.path.expanduser(config.value("TORCHGGML_CACHE"))
     try:
         os.makedirs(d, exist_ok=True)
     except OSError:

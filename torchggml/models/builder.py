@@ -39,10 +39,11 @@ class Weights:
     """The model's tensors by llama.cpp name, shape-checked: token_embd, output_norm, output
     (token_embd when the file ties them), rope factors, and `layers`."""
 
-    def __init__(self, tensors: dict, path: str):
-        self.tensors, self.path = tensors, path
+    def __init__(self, tensors: dict, path: str, arch: "Arch | None" = None):
+        self.tensors, self.path, self.arch = tensors, path, arch
         self.layers: list[Layer] = []
         self.globals = Layer()
+        self.used: set[str] = set()  # the names the architecture asked for (check_all_used)
 
     def __getattr__(self, name):
         if name.startswith("__"):
@@ -56,8 +57,19 @@ class Weights:
                 raise GGUFError(f"{self.path}: tensor {name!r} is missing")
             return None
         if list(t.ne[:len(ne)]) != [int(n) for n in ne] or any(n != 1 for n in t.ne[len(ne):]):
-            raise GGUFError(f"{self.path}: tensor {name!r} has shape {t.ne[:len(ne)]}, expected {list(ne)}")
+            raise GGUFError(f"{self.path}: tensor {name!r} has shape {list(t.ne)}, expected {list(ne)}")
+        self.used.add(name)
         return t
+
+    def check_all_used(self) -> None:
+        """As llama.cpp's loader ("wrong number of tensors"): every tensor of the file must be
+        one the architecture reads. A renamed tensor (output.weight under another name would
+        silently tie the head to token_embd) or an extra one is refused, naming them."""
+        unused = [n for n in self.tensors if n not in self.used]
+        if unused:
+            shown = ", ".join(repr(n) for n in unused[:5]) + (" ..." if len(unused) > 5 else "")
+            raise GGUFError(f"{self.path}: wrong number of tensors: the file has {len(self.tensors)}, the "
+                            f"architecture reads {len(self.used)}; not read: {shown} (renamed or extra tensors)")
 
     def add(self, key: str, name: str, ne, required: bool = True, layer: Layer | None = None) -> Tensor | None:
         t = self.get(name, ne, required)
@@ -76,6 +88,12 @@ class LayerLoader:
         return self.w.add(name, f"blk.{self.il}.{name}.weight", ne, required, self.layer)
 
     def bias(self, name: str, ne, required: bool = False):
+        """The bias of `name`: required, or optional where the architecture reads one (its
+        `biases`; a bias it does not read stays in the file unread, and is refused as extra)."""
+        biases = self.w.arch.biases if self.w.arch is not None else None
+        if biases is not None and name not in biases and not required:
+            return None
+        required = required or bool(biases and biases.get(name))
         return self.w.add(name + "_b", f"blk.{self.il}.{name}.bias", ne, required, self.layer)
 
     def has(self, name: str) -> bool:
@@ -114,13 +132,23 @@ def is_matmul_weight(name: str) -> bool:
 
 # the tensor groups architectures share
 
-def load_output(w: Weights, hp: HParams, tied_required: bool = False) -> None:
-    """token_embd, output_norm, and output (token_embd when absent, as llama.cpp duplicates it)."""
+# the output head of an architecture, as llama.cpp's load_tensors decides it
+OUTPUT_HEADS = ("optional", "required", "tied")
+
+
+def load_output(w: Weights, hp: HParams, head: str = "optional") -> None:
+    """token_embd, output_norm, and the output head: output.weight, or token_embd when the file
+    has none ("optional", llama.cpp's TENSOR_NOT_REQUIRED then TENSOR_DUPLICATED), output.weight
+    always ("required"), or token_embd always ("tied": an output.weight is then an unread tensor)."""
+    if head not in OUTPUT_HEADS:
+        raise ValueError(f"load_output: head {head!r} is not one of {OUTPUT_HEADS}")
     e = hp.n_embd
     w.add("token_embd", "token_embd.weight", [e, hp.n_vocab])
     w.add("output_norm", "output_norm.weight", [e])
-    w.add("output_norm_b", "output_norm.bias", [e], required=False)
-    out = w.add("output", "output.weight", [e, hp.n_vocab], required=tied_required)
+    biases = w.arch.biases if w.arch is not None else None
+    if biases is None or "output_norm" in biases:
+        w.add("output_norm_b", "output_norm.bias", [e], required=bool(biases and biases["output_norm"]))
+    out = None if head == "tied" else w.add("output", "output.weight", [e, hp.n_vocab], required=head == "required")
     if out is None:
         w.globals["output"] = w.token_embd
 
@@ -132,7 +160,8 @@ def load_attention(L: LayerLoader, hp: HParams, qk_norm: bool = False, qk_norm_p
     q, k, v = hp.head_dim_k * hp.n_head, hp.n_embd_k_gqa, hp.n_embd_v_gqa
     L.weight("attn_norm", [hp.n_embd])
     L.bias("attn_norm", [hp.n_embd])
-    if L.has("attn_qkv"):
+    arch = L.w.arch
+    if L.has("attn_qkv") and (arch is None or arch.biases is None or arch.fused_qkv):
         L.weight("attn_qkv", [hp.n_embd, q + k + v])
         L.bias("attn_qkv", [q + k + v])
     else:
@@ -140,8 +169,9 @@ def load_attention(L: LayerLoader, hp: HParams, qk_norm: bool = False, qk_norm_p
             L.weight(name, [hp.n_embd, n])
             L.bias(name, [n])
     per_head = qk_norm_per_head
-    L.weight("attn_q_norm", [hp.head_dim_k] + [hp.n_head] * per_head, required=qk_norm)
-    L.weight("attn_k_norm", [hp.head_dim_k] + [hp.n_head_kv] * per_head, required=qk_norm)
+    if qk_norm or per_head or arch is None or arch.biases is None:
+        L.weight("attn_q_norm", [hp.head_dim_k] + [hp.n_head] * per_head, required=qk_norm)
+        L.weight("attn_k_norm", [hp.head_dim_k] + [hp.n_head_kv] * per_head, required=qk_norm)
     L.weight("attn_output", [hp.head_dim_v * hp.n_head, hp.n_embd])
     L.bias("attn_output", [hp.n_embd])
 
@@ -192,6 +222,12 @@ class Arch:
     and tensors it reads, and its graph."""
     names: tuple[str, ...] = ()
     rope_type: int = 0
+    output_head: str = "optional"  # see load_output
+    # the biases it reads (LayerLoader.bias): name -> required, as llama.cpp's load_tensors for the
+    # architecture; None: every bias the shared loaders know, optional
+    biases: dict | None = None
+    fused_qkv: bool = False   # a layer may hold attn_qkv instead of attn_q/k/v
+    rope_freqs: bool | None = None  # Llama 3.1's rope_freqs.weight, optional (None: when biases is None)
 
     def read_hparams(self, hp: HParams, keys: KeyReader) -> None:
         """Architecture-specific keys and defaults (sliding-window pattern, scales...)."""
@@ -200,8 +236,9 @@ class Arch:
         raise NotImplementedError
 
     def load_weights(self, w: Weights, hp: HParams) -> None:
-        load_output(w, hp)
-        w.add("rope_freqs", "rope_freqs.weight", [hp.n_rot // 2], required=False)
+        load_output(w, hp, self.output_head)
+        if self.rope_freqs or (self.rope_freqs is None and self.biases is None):
+            w.add("rope_freqs", "rope_freqs.weight", [hp.n_rot // 2], required=False)
         for il in range(hp.n_layer):
             L = LayerLoader(w, il)
             self.load_layer(L, hp)
@@ -211,6 +248,16 @@ class Arch:
         """The logits [n_vocab, n_outputs] of the micro-batch: in the last layer, right after
         attention, `b.output_rows` keeps only the rows of the tokens whose logits are wanted."""
         raise NotImplementedError
+
+
+def bind_weights(arch: Arch, tensors: dict, hp: HParams, path: str) -> Weights:
+    """The architecture's tensors by role, every name and shape checked and every tensor of the
+    file read (tensors: name -> anything with `ne`: the file's TensorInfo before loading, the
+    loaded Tensors after)."""
+    w = Weights(tensors, path, arch)
+    arch.load_weights(w, hp)
+    w.check_all_used()
+    return w
 
 
 # ---------------------------------------------------------------- the graph

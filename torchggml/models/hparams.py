@@ -117,13 +117,13 @@ def read_hparams(f: GGUFFile, arch) -> HParams:
     # recurrent models (mamba, rwkv) have no attention heads: head_count 0 or absent
     n_head = int(get_max("attention.head_count", 0 if getattr(arch, "memory", "kv") != "kv" else ...))
     head_dim_k = int(get("attention.key_length", n_embd // n_head if n_head else 0))
-    embd = f.tensor_info("token_embd.weight")
+    n_vocab = _vocab_size(f)
     n_layer = int(get("block_count"))
     eps = get("attention.layer_norm_rms_epsilon", None)
     if eps is None:
         eps = get("attention.layer_norm_epsilon")
     hp = HParams(
-        arch=f.arch, n_vocab=int(embd.ne[1]), n_ctx_train=int(get("context_length")), n_embd=n_embd,
+        arch=f.arch, n_vocab=n_vocab, n_ctx_train=int(get("context_length")), n_embd=n_embd,
         n_layer=n_layer, n_head=n_head, n_head_kv=int(get_max("attention.head_count_kv", n_head)),
         n_ff=int(get_max("feed_forward_length", 0)), head_dim_k=head_dim_k,
         head_dim_v=int(get("attention.value_length", n_embd // n_head if n_head else 0)),
@@ -139,6 +139,25 @@ def read_hparams(f: GGUFFile, arch) -> HParams:
     arch.read_hparams(hp, keys)
     _derive_yarn(hp)
     return hp
+
+
+def _vocab_size(f: GGUFFile) -> int:
+    """n_vocab: token_embd's second dimension, which must match the file's vocabulary when it has
+    one (llama.cpp sizes the embedding by the vocabulary and refuses any other shape)."""
+    embd = f.tensor_info("token_embd.weight")
+    if len(embd.ne) < 2:
+        raise GGUFError(f"{f.path}: tensor 'token_embd.weight' has shape {list(embd.ne)}, expected "
+                        f"[n_embd, n_vocab]")
+    sizes = {f"{f.arch}.vocab_size": f.get(f"{f.arch}.vocab_size", None),
+             "tokenizer.ggml.tokens": f.array_length("tokenizer.ggml.tokens")}
+    if all(n is None for n in sizes.values()):  # llama.cpp sizes token_embd by one of them
+        raise GGUFError(f"{f.path}: the vocabulary size is unknown: the file has neither metadata key "
+                        f"'{f.arch}.vocab_size' nor 'tokenizer.ggml.tokens'")
+    for key, n in sizes.items():
+        if n is not None and n != embd.ne[1]:
+            raise GGUFError(f"{f.path}: tensor 'token_embd.weight' has shape {list(embd.ne)}, but '{key}' "
+                            f"says the vocabulary has {n} tokens")
+    return int(embd.ne[1])
 
 
 def _read_rope_scaling(keys: KeyReader, hp: HParams) -> None:

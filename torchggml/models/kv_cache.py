@@ -20,7 +20,7 @@ from ..backend.buffer import backend_buffer_clear
 from ..backend.tensor_io import backend_tensor_get, backend_tensor_memset, backend_tensor_set
 from ..context import Context, new_tensor_2d
 from ..ops import set_rows, view_3d, reshape_2d
-from ..tensor import Tensor, round_up, set_name
+from ..tensor import Tensor, nbytes, round_up, set_name
 from ..types import Type, as_type, row_size, blck_size
 
 # llama.cpp's cache types (-ctk/-ctv), plus the K types and IQ4_XS, whose 256-value blocks
@@ -60,10 +60,6 @@ class KVCache:
         self.n_ctx = n_ctx
         self.type = kv_type
         self.head_dim_k, self.head_dim_v, self.n_head_kv = head_dim_k, head_dim_v, n_head_kv
-        self.cell_seq = torch.full((n_ctx,), -1, dtype=torch.int64)  # -1: free
-        self.cell_pos = torch.zeros(n_ctx, dtype=torch.int64)
-        self.seq_next: dict[int, int] = {}  # the next position of each sequence
-        self.written = torch.zeros(n_ctx, dtype=torch.bool)  # cells written since they were last zeroed
         self.k: list[Tensor] = []
         self.v: list[Tensor] = []
         self.buffers = []
@@ -77,11 +73,22 @@ class KVCache:
             self.k.append(set_name(new_tensor_2d(ctx, kv_type, head_dim_k * n_head_kv, n_ctx), f"cache_k_l{il}"))
             self.v.append(set_name(new_tensor_2d(ctx, kv_type, head_dim_v * n_head_kv, n_ctx), f"cache_v_l{il}"))
         for buft, ctx in ctxs.values():
-            buffer = backend_alloc_ctx_tensors_from_buft(ctx, buft)
+            try:
+                buffer = backend_alloc_ctx_tensors_from_buft(ctx, buft)
+            except (MemoryError, RuntimeError) as e:
+                need = sum(nbytes(t) for t in (*self.k, *self.v))
+                raise MemoryError(f"KV cache: n_ctx={n_ctx} needs {need} bytes ({need / 2**30:.2f} GiB) of "
+                                  f"{kv_type.name} K and V for {n_layer} layers, and the allocation on "
+                                  f"{buft.get_name()} failed: choose a smaller n_ctx ({e})") from None
             # unused cells must hold finite values: masked scores are 0 after softmax, 0 * NaN is not
             backend_buffer_clear(buffer, 0)
             self.buffers.append(buffer)
         self._contexts = [ctx for _, ctx in ctxs.values()]
+        # the cells' bookkeeping, after the cache itself so that a too large n_ctx fails there first
+        self.cell_seq = torch.full((n_ctx,), -1, dtype=torch.int64)  # -1: free
+        self.cell_pos = torch.zeros(n_ctx, dtype=torch.int64)
+        self.seq_next: dict[int, int] = {}  # the next position of each sequence
+        self.written = torch.zeros(n_ctx, dtype=torch.bool)  # cells written since they were last zeroed
 
     def nbytes(self) -> int:
         return sum(b.size for b in self.buffers)

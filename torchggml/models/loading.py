@@ -6,8 +6,11 @@ from __future__ import annotations
 from ..backend.device import Device
 from ..backend_impl import ExtraBufferType
 from ..gguf import load_weights
-from .archs import arch_for
-from .builder import is_matmul_weight, is_output_tensor, tensor_layer
+from ..gguf_header import GGUFError
+from ..tokenizer import VOCAB_TYPES
+from .arch_names import LLAMA_CPP_ARCHS
+from .archs import ARCHS, arch_for
+from .builder import bind_weights, is_matmul_weight, is_output_tensor, tensor_layer
 from .hparams import read_hparams
 from .kv_cache import kv_type_from_name
 from .model import Model
@@ -47,12 +50,19 @@ def load(path, params: ModelParams | None = None, **options) -> Model:
     from ..gguf import open_gguf
     params = (params or ModelParams()).with_options(**options)
     file = open_gguf(path)  # the tokenizer is built from it on first use
+    vocab = file.get("tokenizer.ggml.model")  # as llama.cpp, which needs it ("none": no vocabulary)
+    if vocab not in VOCAB_TYPES:  # llama.cpp refuses the file
+        raise GGUFError(f"{file.path}: metadata key 'tokenizer.ggml.model' = {vocab!r} is not a tokenizer "
+                        f"llama.cpp knows ({', '.join(sorted(VOCAB_TYPES))})")
     if params.vocab_only:
+        if file.arch not in LLAMA_CPP_ARCHS and file.arch not in ARCHS:
+            raise GGUFError(f"{file.path}: architecture {file.arch!r} is unknown (to llama.cpp too)")
         model = Model(file, None, params)
         model.loader = load
         return model
     arch = arch_for(file.arch, file.path)
     hp = read_hparams(file, arch)
+    bind_weights(arch, file.tensors, hp, file.path)  # names and shapes checked before any upload
     devices = params.devices
     if params.rpc:
         rpc_devices = add_rpc_servers(params.rpc)

@@ -11,7 +11,9 @@ serialized by one lock per model, so calls from different threads run one after 
 result is what that call would give alone, with the cache as the previous call left it); hold
 `model.lock` to make a sequence of calls (reset, then eval) atomic. A generate() holds the lock
 from its first item until it is exhausted or closed: iterate it to the end (or close it) in the
-thread that started it.
+thread that started it. Two threads that interleave their calls on one sequence (each resetting
+and evaluating seq 0) get InterleavedSequenceError rather than logits computed after each
+other's tokens (sequences.py): give each thread its own seq_id, or hold model.lock.
 
 Outputs: eval(logits="last") computes only the last token's logits, as llama.cpp does for a
 batch whose logits flag is set on its last token only (llama-cpp-python's default,
@@ -41,7 +43,6 @@ the model as an argument and do not import this module back (no circle).
 """
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
@@ -56,7 +57,7 @@ from ..backend.tensor_io import backend_tensor_set, backend_tensor_get
 from ..context import Context
 from ..gguf import GGUFFile
 from ..types import is_quantized
-from .builder import Arch, GraphBuilder, ModelGraph, Weights, graph_size
+from .builder import Arch, GraphBuilder, ModelGraph, bind_weights, graph_size
 from .hparams import HParams
 from .kv_cache import kv_type_from_name
 from .lora import DEFAULT_TARGETS, LoraAdapter
@@ -66,6 +67,7 @@ from .placement import Placement, cpu_device, find_device
 from .generation import Generation
 from .recurrent_state import memory_for
 from .sampling import SamplingParams, TokenChoice, sample_token
+from .sequences import ModelLock, SequenceGuard, token_id_tensor
 
 # the default KV cache size caps the model's training context (which can be 128k tokens)
 DEFAULT_MAX_CTX = 4096
@@ -117,15 +119,15 @@ class Model:
         self.closed = False
         # serializes eval/generate/reset/close (see the module doc); hold it (`with model.lock:`)
         # to make a sequence of calls, e.g. reset then eval, atomic
-        self.lock = threading.RLock()
+        self.lock = ModelLock()
+        self.sequences = SequenceGuard(self.path)  # InterleavedSequenceError between threads
         # the function that loaded this model (loading.load, which imports this module): reloaded_on
         # loads again through it
         self.loader = None
         if self.vocab_only:
             return
         self.weights = weights
-        self.w = Weights(weights.tensors, file.path)
-        arch.load_weights(self.w, hp)
+        self.w = bind_weights(arch, weights.tensors, hp, file.path)
         self.placement = placement
         self.n_ctx = min(hp.n_ctx_train, DEFAULT_MAX_CTX) if not params.n_ctx else int(params.n_ctx)
         self.n_batch = int(params.n_batch)
@@ -255,11 +257,10 @@ class Model:
         with self.lock:
             self._require_weights("reset")
             self.kv.clear(seq_id)
+            self.sequences.changed(None if seq_id is None else [int(seq_id)])
 
     def _token_ids(self, tokens) -> torch.Tensor:
-        if not isinstance(tokens, torch.Tensor):
-            tokens = list(tokens)
-        ids = torch.as_tensor(tokens, dtype=torch.int64).reshape(-1)
+        ids = token_id_tensor(tokens, self.path)
         bad = (ids < 0) | (ids >= self.n_vocab)
         if bool(bad.any()):
             raise ValueError(f"eval: token id {int(ids[bad][0])} is outside the vocabulary [0, {self.n_vocab})")
@@ -356,6 +357,8 @@ class Model:
         width = self.hp.n_embd if embeddings else self.n_vocab
         if ids.numel() == 0:
             return torch.empty(0, width)
+        self.sequences.check(seq_ids.unique().tolist(), held=self.lock.depth > 1)
+        self.sequences.changed(seq_ids.unique().tolist())  # a failed eval may have changed them too
         self.kv.plan(seq_ids)  # raises early when the cache cannot hold them all
         out = torch.empty(int(outputs.sum()), width)
         row_of = outputs.cumsum(0) - 1  # each output token's row of `out`
@@ -393,6 +396,7 @@ class Model:
         if g.out_ids is not None:
             backend_tensor_set(g.out_ids, outputs.nonzero().flatten().to(torch.int32))
         self.kv.mark_written(batch)
+        self.file.check_unchanged()  # a truncated file would fault (SIGBUS) in the weights' pages
         status = backend_sched_graph_compute(self.sched, g.graph)
         if int(status) != 0:
             raise RuntimeError(f"{self.path}: graph compute failed with status {status!r}")

@@ -1,8 +1,34 @@
 """ModelParams: how to load and run a model, shared by load_model, Model and the CLI."""
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, fields, replace
 from typing import Sequence
+
+# llama.cpp's n_ctx is a uint32
+MAX_N_CTX = 2**32 - 1
+
+
+def _check_int(name: str, value, lo: int, hi: int, none_ok: bool = False) -> None:
+    if value is None and none_ok:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"ModelParams: {name} must be an integer{' or None' if none_ok else ''}, got {value!r}")
+    if not lo <= value <= hi:
+        raise ValueError(f"ModelParams: {name} ({value}) must lie in [{lo}, {hi}]")
+
+
+def _check_tensor_split(split) -> None:
+    try:
+        shares = [float(s) for s in split]
+    except (TypeError, ValueError):
+        raise TypeError(f"ModelParams: tensor_split must be a sequence of numbers, got {split!r}") from None
+    if any(not math.isfinite(s) or s < 0 for s in shares):
+        raise ValueError(f"ModelParams: tensor_split {shares}: every share must be a finite number >= 0")
+    if sum(shares) <= 0:
+        raise ValueError(f"ModelParams: tensor_split {shares}: the shares sum to 0; give at least one device "
+                         f"a positive share")
 
 
 @dataclass(frozen=True)
@@ -56,10 +82,14 @@ class ModelParams:
     n_seq_max: int = 4
 
     def __post_init__(self):
-        if self.n_ctx is not None and int(self.n_ctx) < 0:
-            raise ValueError(f"ModelParams: n_ctx ({self.n_ctx}) must not be negative")
-        if int(self.n_batch) <= 0:
-            raise ValueError(f"ModelParams: n_batch ({self.n_batch}) must be positive")
+        """Each option checked on its own, the error naming it (ValueError, or TypeError for a
+        value of the wrong kind)."""
+        _check_int("n_ctx", self.n_ctx, 0, MAX_N_CTX, none_ok=True)
+        _check_int("n_batch", self.n_batch, 1, MAX_N_CTX)
+        _check_int("n_threads", self.n_threads, 1, 4096, none_ok=True)
+        _check_int("n_gpu_layers", self.n_gpu_layers, -2**31, 2**31 - 1, none_ok=True)
+        if self.tensor_split is not None:
+            _check_tensor_split(self.tensor_split)
 
     @classmethod
     def names(cls) -> list[str]:

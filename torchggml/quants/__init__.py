@@ -92,6 +92,11 @@ def quantize(qtype, x: torch.Tensor) -> torch.Tensor:
     x = x.float()
     if t in PLAIN_DTYPES:
         return quantize_plain(t, x)
+    finite = torch.isfinite(x)
+    if not bool(finite.all()):  # a block's scale would be NaN/inf and every value of it lost
+        bad = tuple(int(i) for i in (~finite).nonzero()[0])
+        raise ValueError(f"quantize({t.name}): x has a non-finite value ({float(x[bad])} at index {bad}); "
+                         f"block types cannot hold NaN or inf")
     out_shape = (*x.shape[:-1], n // traits.blck_size * traits.type_size)
     if x.numel() == 0:
         return torch.empty(out_shape, dtype=torch.uint8, device=x.device)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
+from .. import config
 from ..models.cli_commands import _add_model_options, _user_errors, model_params
 
 
@@ -34,7 +35,7 @@ def cmd_serve(args) -> int:
     model = load_model(path, model_params(args).with_options(progress=False))
     print(model.describe(), file=sys.stderr)
     engine = Engine(model, args.parallel, args.queue_size)
-    api_key = args.api_key or os.environ.get("TORCHGGML_API_KEY") or None
+    api_key = args.api_key or config.value("TORCHGGML_API_KEY") or None
     state = ServerState(model, engine, args.alias or os.path.basename(path), args.pooling)
     app = create_app(state, api_key)
     print(f"serving {state.model_id} on http://{args.host}:{args.port} ({args.parallel} parallel, "

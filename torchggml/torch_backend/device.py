@@ -18,10 +18,10 @@ See docs/architecture.md, "Adding a device".
 """
 from __future__ import annotations
 
-import os
 
 import torch
 
+from .. import config
 from ..backend_impl import Device, DeviceCaps, DeviceType, Event, Reg
 from ..enums import Op
 from ..memory import TorchBufferType
@@ -32,7 +32,7 @@ from .stream import StreamBackend, TorchStream, device_module, new_torch_event
 
 # upstream CUDA: ops with a batch of at least this many rows are worth moving weights for;
 # GGML_OP_OFFLOAD_MIN_BATCH's counterpart is TORCHGGML_OP_OFFLOAD_MIN_BATCH
-OFFLOAD_MIN_BATCH = int(os.environ.get("TORCHGGML_OP_OFFLOAD_MIN_BATCH", "32"))
+OFFLOAD_MIN_BATCH = config.value("TORCHGGML_OP_OFFLOAD_MIN_BATCH")
 
 
 def op_batch_size(op) -> int:

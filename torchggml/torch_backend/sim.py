@@ -24,6 +24,7 @@ import weakref
 
 import torch
 
+from .. import config
 from ..memory import TorchBuffer, TorchBufferType
 from .cpu import host_memory
 from .device import AcceleratorDevice, AcceleratorReg
@@ -39,7 +40,7 @@ _SUFFIXES = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 def sim_device_count() -> int:
     """N from TORCHGGML_SIM_DEVICES (0 when unset or empty)."""
-    value = os.environ.get(SIM_DEVICES_ENV, "").strip()
+    value = config.text(SIM_DEVICES_ENV).strip()
     if not value:
         return 0
     try:
@@ -53,7 +54,7 @@ def sim_device_count() -> int:
 
 def sim_memory_capacity() -> int:
     """Bytes per SIM device from TORCHGGML_SIM_MEMORY (e.g. 1073741824, 512M, 2G)."""
-    value = os.environ.get(SIM_MEMORY_ENV, "").strip().upper().removesuffix("B")
+    value = config.text(SIM_MEMORY_ENV).strip().upper().removesuffix("B")
     if not value:
         return host_memory()[1] or 2**34
     scale = _SUFFIXES.get(value[-1], 1)
@@ -62,7 +63,7 @@ def sim_memory_capacity() -> int:
     except ValueError:
         size = -1
     if size <= 0:
-        raise ValueError(f"{SIM_MEMORY_ENV}={os.environ[SIM_MEMORY_ENV]!r}: expected a positive size such as 512M or 2G")
+        raise ValueError(f"{SIM_MEMORY_ENV}={config.text(SIM_MEMORY_ENV)!r}: expected a positive size such as 512M or 2G")
     return size
 
 

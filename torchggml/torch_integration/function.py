@@ -78,6 +78,7 @@ class GraphFunction:
             raise TypeError(f"graph_function: expected a Backend or a Sched, got {type(backend_or_sched).__name__}")
         self.galloc = None
         self.plan = None
+        self.weight_buffer = None
         self._allocate()
         self.out_meta = [(_torch_shape(t), _dtype(t, "output"), to_torch(t).device) for t in self.outputs]
         self._param_views = [self._trainable_view(t) for t in self.params]
@@ -85,8 +86,25 @@ class GraphFunction:
         self.id = f"graph_function#{next(_ids)}"
         _FUNCTIONS[self.id] = self
 
+    def _allocate_weights(self) -> None:
+        """The graph's weights (tensors no op computes, other than the inputs) that have no
+        memory yet get a buffer of their own, zeroed and kept for the function's life. In the
+        graph's compute memory they would share addresses with intermediate results: a weight
+        set after the function is made would be right for one call and overwritten by the next."""
+        from ..alloc import backend_alloc_tensors_from_buft
+        from ..enums import Op
+        weights = [t for t in [*self.graph.leafs, *self.graph.nodes]
+                   if t.op == Op.NONE and t.data is None and t.view_src is None
+                   and all(t is not i for i in self.inputs)]
+        if not weights:
+            return
+        buft = (self.sched.bufts[0] if self.sched is not None else self.backend.get_default_buffer_type())
+        self.weight_buffer = backend_alloc_tensors_from_buft(weights, buft)
+        self.weight_buffer.clear(0)
+
     def _allocate(self) -> None:
         """Memory for every tensor of the graph (once), and the backend's plan."""
+        self._allocate_weights()
         if self.sched is not None:
             from ..backend.sched import backend_sched_alloc_graph, backend_sched_reset
             backend_sched_reset(self.sched)
@@ -197,6 +215,9 @@ class GraphFunction:
             from ..alloc import gallocr_free
             gallocr_free(self.galloc)
             self.galloc = None
+        if self.weight_buffer is not None:
+            self.weight_buffer.free()
+            self.weight_buffer = None
 
 
 def graph_function(graph, inputs, outputs, backend_or_sched, params=None, read_weight=None) -> GraphFunction:

@@ -21,12 +21,10 @@ from ..hparams import read_swa_pattern
 class Gemma(Arch):
     names = ("gemma",)
     rope_type = RopeType.NEOX
+    biases = {}
     post_norms = False
     qk_norm = False
-
-    def load_weights(self, w, hp):
-        super().load_weights(w, hp)
-        w.globals["output"] = w.token_embd  # gemma and gemma2 always tie the output head
+    output_head = "tied"  # gemma and gemma2 always tie the output head
 
     def load_layer(self, L, hp):
         load_attention(L, hp, qk_norm=self.qk_norm)
@@ -64,6 +62,7 @@ class Gemma3(Gemma):
     names = ("gemma3",)
     post_norms = True
     qk_norm = True
+    output_head = "optional"  # gemma3 may have its own output head
 
     def read_hparams(self, hp, keys):
         hp.n_swa = int(keys.get("attention.sliding_window", 0))
@@ -73,8 +72,6 @@ class Gemma3(Gemma):
             hp.rope_freq_base_swa = float(keys.get("rope.freq_base_swa", 10000.0))
             hp.rope_freq_scale_swa = 1.0
 
-    def load_weights(self, w, hp):
-        Arch.load_weights(self, w, hp)  # gemma3 may have its own output head
 
 
 ARCHS = [Gemma(), Gemma2(), Gemma3()]

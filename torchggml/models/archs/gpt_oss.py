@@ -14,6 +14,8 @@ from ..hparams import read_swa_pattern
 class GptOss(Arch):
     names = ("gpt-oss",)
     rope_type = RopeType.NEOX
+    output_head = "required"
+    biases = {"attn_q": True, "attn_k": True, "attn_v": True, "attn_output": True}
 
     def read_hparams(self, hp, keys):
         hp.n_ff_exp = int(keys.get("expert_feed_forward_length"))

@@ -9,12 +9,20 @@ query temperature when an architecture built on this one sets hp.attn_temp_scale
 from __future__ import annotations
 
 from ...enums import RopeType
+from ...gguf import GGUFError
 from ..builder import Arch, load_attention, load_ffn, load_moe
 
 
 class Llama(Arch):
     names = ("llama", "mistral")
     rope_type = RopeType.NORMAL
+    biases = {"attn_q": False, "attn_k": False, "attn_v": False, "attn_output": False, "ffn_gate": False, "ffn_up": False, "ffn_down": False}
+    rope_freqs = True
+
+    def read_hparams(self, hp, keys):
+        if hp.n_rot != hp.head_dim_k:  # llama.cpp: "invalid n_rot" (llama rotates whole heads)
+            raise GGUFError(f"{keys.f.path}: metadata key '{keys.arch}.rope.dimension_count' = {hp.n_rot}, "
+                            f"expected the head size {hp.head_dim_k}")
 
     def load_layer(self, L, hp):
         load_attention(L, hp)

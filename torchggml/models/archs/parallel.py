@@ -15,6 +15,7 @@ from ..builder import Arch, load_attention, load_ffn
 class Starcoder2(Arch):
     names = ("starcoder2",)
     rope_type = RopeType.NEOX
+    biases = {"attn_norm": True, "attn_q": True, "attn_k": True, "attn_v": True, "attn_output": True, "ffn_norm": True, "ffn_up": True, "ffn_down": True, "output_norm": True}
 
     def load_layer(self, L, hp):
         load_attention(L, hp)
@@ -33,13 +34,12 @@ class Starcoder2(Arch):
 class CommandR(Arch):
     names = ("command-r",)
     rope_type = RopeType.NORMAL
+    output_head = "tied"
+    biases = {}
 
     def read_hparams(self, hp, keys):
         hp.logit_scale = float(keys.get("logit_scale", 1.0))
 
-    def load_weights(self, w, hp):
-        super().load_weights(w, hp)
-        w.globals["output"] = w.token_embd  # always tied
 
     def load_layer(self, L, hp):
         load_attention(L, hp, qk_norm_per_head=True)

@@ -13,6 +13,8 @@ from ..builder import Arch, load_attention, load_ffn
 class Phi3(Arch):
     names = ("phi3",)
     rope_type = RopeType.NEOX
+    biases = {}
+    fused_qkv = True
 
     def load_weights(self, w, hp):
         super().load_weights(w, hp)

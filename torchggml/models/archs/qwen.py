@@ -11,6 +11,7 @@ from ..builder import Arch, load_attention, load_ffn, load_moe, load_shared_expe
 class Qwen2(Arch):
     names = ("qwen2",)
     rope_type = RopeType.NEOX
+    biases = {"attn_q": True, "attn_k": True, "attn_v": True}
     qk_norm = False
 
     def load_layer(self, L, hp):
@@ -33,6 +34,7 @@ class Qwen2(Arch):
 
 class Qwen3(Qwen2):
     names = ("qwen3",)
+    biases = {}
     qk_norm = True
 
 
@@ -40,6 +42,8 @@ class Qwen2Moe(Qwen2):
     """Router weights are not renormalised over the chosen experts; the shared expert's width is
     expert_shared_feed_forward_length."""
     names = ("qwen2moe",)
+    biases = {"attn_q": False, "attn_k": False, "attn_v": False}
+    output_head = "required"
 
     def load_ffn(self, L, hp):
         load_moe(L, hp, hp.n_ff_exp or hp.n_ff // hp.n_expert_used)
@@ -51,6 +55,7 @@ class Qwen2Moe(Qwen2):
 
 class Qwen3Moe(Qwen2):
     names = ("qwen3moe",)
+    biases = {}
     qk_norm = True
 
     def load_ffn(self, L, hp):

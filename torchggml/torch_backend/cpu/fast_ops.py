@@ -10,11 +10,11 @@ TORCHGGML_CPU_FAST_OPS=0 turns the layer off (fast_ops_enabled).
 from __future__ import annotations
 
 import functools
-import os
 
 import numpy as np
 import torch
 
+from ... import config
 from ...enums import Op, GluOp, RopeType
 from ...tensor import get_op_params_f32, get_glu_op, nelements
 from ...types import Type
@@ -269,4 +269,4 @@ def bind_half_products(node):
 def fast_ops_enabled() -> bool:
     """TORCHGGML_CPU_FAST_OPS=0 turns the fast kernels off (for comparisons; read when a graph
     is compiled)."""
-    return os.environ.get("TORCHGGML_CPU_FAST_OPS", "1") != "0"
+    return config.value("TORCHGGML_CPU_FAST_OPS")

@@ -14,6 +14,8 @@ import os
 
 import torch
 
+from ... import config
+
 PATHS = ("fused", "int4", "dequant")
 PATH_ENV = "TORCHGGML_CPU_PATH"
 GEMM_ENV = "TORCHGGML_CPU_GEMM"
@@ -48,7 +50,7 @@ def fastest_gemm_dtype() -> torch.dtype:
     (AMX, AVX512-BF16: 2.5x float32's speed for a 128x1024x2816 product on a Zen 4), else
     float32 (AVX2's bf16/f16 GEMMs are slower than converting). TORCHGGML_CPU_GEMM=f32|bf16
     overrides."""
-    choice = os.environ.get(GEMM_ENV, "").strip().lower()
+    choice = config.text(GEMM_ENV).strip().lower()
     if choice and choice not in ("f32", "bf16"):
         raise ValueError(f"{GEMM_ENV}={choice!r}: expected f32 or bf16")
     feats = cpu_features()
@@ -63,7 +65,7 @@ def default_path() -> str:
 
 def cpu_path() -> str:
     """The product path: TORCHGGML_CPU_PATH if set (checked), else the default for this CPU."""
-    path = os.environ.get(PATH_ENV, "").strip().lower()
+    path = config.text(PATH_ENV).strip().lower()
     if not path:
         return default_path()
     if path not in PATHS:
