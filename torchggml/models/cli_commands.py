@@ -14,7 +14,7 @@ import sys
 import time
 
 
-def _user_errors(fn):
+def user_errors(fn):
     """Bad files, options and vocabularies end the command with one clear line, not a traceback."""
     @functools.wraps(fn)
     def run(args) -> int:
@@ -28,7 +28,7 @@ def _user_errors(fn):
     return run
 
 
-def _int_list(text: str) -> list[int]:
+def int_list(text: str) -> list[int]:
     try:
         return [int(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
@@ -42,7 +42,7 @@ def _float_list(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
-def _add_model_options(p: argparse.ArgumentParser) -> None:
+def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-d", "--device", metavar="DEV[,DEV...]",
                    help="devices for the layers, e.g. CPU, CUDA0, SIM0,SIM1 (see `torchggml devices`)")
     p.add_argument("-ngl", "--n-gpu-layers", type=int, metavar="N",
@@ -75,7 +75,7 @@ def add_kernels_option(p: argparse.ArgumentParser) -> None:
 
 
 def model_params(args) -> "ModelParams":
-    """The ModelParams the model options of `_add_model_options` give."""
+    """The ModelParams the model options of `add_model_options` give."""
     from .params import ModelParams
     return ModelParams(devices=args.device.split(",") if args.device else None, n_gpu_layers=args.n_gpu_layers,
                        tensor_split=args.tensor_split, n_ctx=args.ctx_size, n_batch=args.batch_size,
@@ -100,7 +100,7 @@ def _load(args, path: str):
 
 # ---------------------------------------------------------------- run
 
-@_user_errors
+@user_errors
 def cmd_run(args) -> int:
     path = args.model
     if path is None:
@@ -152,7 +152,7 @@ def _run_logprobs(model, args, sampling, out) -> int:
 
 # ---------------------------------------------------------------- eval
 
-@_user_errors
+@user_errors
 def cmd_eval(args) -> int:
     import numpy as np
     model = _load(args, args.model)
@@ -231,7 +231,7 @@ def info_text(path: str, show_all: bool = False) -> str:
     return "\n".join(lines)
 
 
-@_user_errors
+@user_errors
 def cmd_info(args) -> int:
     print(info_text(args.model, args.all))
     return 0
@@ -258,17 +258,17 @@ def add_subcommands(subparsers) -> None:
                    help="print each token with its log-probability and the N most likely alternatives")
     p.add_argument("--chat", action="store_true",
                    help="send the prompt as a user message through the model's chat template")
-    _add_model_options(p)
+    add_model_options(p)
     p.set_defaults(func=cmd_run)
 
     p = subparsers.add_parser("eval", help="evaluate token ids and write the logits as .npy")
     p.add_argument("model", help="GGUF file")
-    p.add_argument("--tokens", type=_int_list, metavar="1,2,3", help="token ids")
+    p.add_argument("--tokens", type=int_list, metavar="1,2,3", help="token ids")
     p.add_argument("--prompt", help="text to tokenize instead of --tokens")
-    p.add_argument("--chunks", type=_int_list, metavar="48,1,1",
+    p.add_argument("--chunks", type=int_list, metavar="48,1,1",
                    help="evaluate the tokens in calls of these sizes (the rest in one last call)")
     p.add_argument("-o", "--out", metavar="FILE.npy", help="where to write the float32 [n_tokens, n_vocab] logits")
-    _add_model_options(p)
+    add_model_options(p)
     p.set_defaults(func=cmd_eval)
 
     p = subparsers.add_parser("info", help="print a GGUF file's metadata and tensor table")

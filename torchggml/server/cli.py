@@ -9,10 +9,10 @@ import os
 import sys
 
 from .. import config
-from ..models.cli_commands import _add_model_options, _user_errors, model_params
+from ..models.cli_commands import add_model_options, user_errors, model_params
 
 
-@_user_errors
+@user_errors
 def cmd_serve(args) -> int:
     try:
         import uvicorn
@@ -63,5 +63,5 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--pooling", choices=("mean", "cls", "last"), default=None,
                    help="embeddings' pooling (default: the file's pooling type, mean when it has none)")
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
-    _add_model_options(p)
+    add_model_options(p)
     p.set_defaults(func=cmd_serve)

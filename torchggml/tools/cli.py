@@ -6,22 +6,22 @@
 """
 from __future__ import annotations
 
-from ..models.cli_commands import _add_model_options, _int_list, _user_errors
+from ..models.cli_commands import add_model_options, int_list, user_errors
 
 
-@_user_errors
+@user_errors
 def cmd_perplexity(args) -> int:
     from .perplexity import cmd_perplexity as run
     return run(args)
 
 
-@_user_errors
+@user_errors
 def cmd_bench(args) -> int:
     from .bench import cmd_bench as run
     return run(args)
 
 
-@_user_errors
+@user_errors
 def cmd_quantize(args) -> int:
     from .quantize import cmd_quantize as run
     return run(args)
@@ -32,16 +32,16 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("model", help="GGUF file")
     p.add_argument("-f", "--file", required=True, metavar="TEXT", help="the text file")
     p.add_argument("--chunks", type=int, default=None, metavar="N", help="score at most N windows")
-    _add_model_options(p)
+    add_model_options(p)
     p.set_defaults(func=cmd_perplexity)
 
     p = subparsers.add_parser("bench", help="prompt and generation speed, llama-bench style")
     p.add_argument("model", help="GGUF file")
-    p.add_argument("-p", "--n-prompt", type=_int_list, default=[512], metavar="N[,N...]", help="prompt sizes (0: none)")
-    p.add_argument("-n", "--n-gen", type=_int_list, default=[128], metavar="N[,N...]", help="generation lengths (0: none)")
+    p.add_argument("-p", "--n-prompt", type=int_list, default=[512], metavar="N[,N...]", help="prompt sizes (0: none)")
+    p.add_argument("-n", "--n-gen", type=int_list, default=[128], metavar="N[,N...]", help="generation lengths (0: none)")
     p.add_argument("-r", "--repetitions", type=int, default=5, metavar="N")
     p.add_argument("--no-warmup", action="store_true")
-    _add_model_options(p)
+    add_model_options(p)
     p.set_defaults(func=cmd_bench)
 
     from .quantize import FILE_TYPES
