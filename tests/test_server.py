@@ -242,11 +242,14 @@ def test_hang_up_mid_stream(server):
     assert r.choices[0].text
 
 
-def test_hang_up_while_waiting_for_a_whole_answer(server):
-    """A non-streaming client that closes its connection cancels its sequence too."""
+def test_hang_up_while_waiting_for_a_whole_answer(server1):
+    """A non-streaming client that closes its connection cancels its sequence too. One slot (the
+    whole context) and no end-of-generation token: the answer takes long enough (400 tokens) that
+    the disconnect is seen before it ends, on a fast machine too."""
+    server = server1
     key = 'torchggml_sequences_finished_total{reason="cancelled"}'
     before = server.metrics().get(key, 0)
-    body = json.dumps({"prompt": PROMPTS[0], "max_tokens": 110, "min_p": 0.0}).encode()
+    body = json.dumps({"prompt": PROMPTS[0], "max_tokens": 400, "ignore_eos": True, "min_p": 0.0}).encode()
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " + str(len(body)).encode()
