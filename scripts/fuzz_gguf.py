@@ -422,6 +422,9 @@ def worker_main(mem_cap_mb: int, role: str) -> None:
     import torch
     torch.set_num_threads(1)  # workers run side by side: more threads only oversubscribe the cores
     evaluate = _llama_cpp_eval if role == "llama.cpp" else _torchggml_eval
+    if role == "llama.cpp":
+        _skip_python_chat_templates()
+        mem_cap_mb *= 4  # the oracle's memory is not under test: only its verdict counts
     from torchggml.models.model import NonFiniteLogitsError
     # warm up with a clean model so lazy initialisation is not counted against the cap
     evaluate(str(GOLDEN / "models" / GOLDEN_SOURCES[0]), "model", True, False)
@@ -457,6 +460,22 @@ def worker_main(mem_cap_mb: int, role: str) -> None:
             detail = text
         out.write(json.dumps({"outcome": outcome, "detail": detail[:400], "tokens": tokens}) + "\n")
         out.flush()
+
+
+def _skip_python_chat_templates() -> None:
+    """llama-cpp-python compiles every chat template of the file with Jinja when it loads a
+    model; llama.cpp itself does not read them then, so a damaged template is not llama.cpp's
+    verdict on the file (the fuzz never chats): compile none."""
+    from llama_cpp import llama_chat_format
+
+    class NotCompiled:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def to_chat_handler(self):
+            return None
+
+    llama_chat_format.Jinja2ChatFormatter = NotCompiled
 
 
 def _torchggml_eval(path: str, mode: str, repack: bool, tokenize: bool) -> dict:

@@ -461,6 +461,27 @@ def test_rwkv_text_no_token_covers_is_a_named_error_without_an_unknown_token():
         tok.tokenize("abc")
 
 
+def test_rwkv_tokens_listed_twice_map_to_the_last_id():
+    """llama.cpp's trie keeps the last id of a byte string listed twice ("\\," and "," are both
+    ","); the first was kept here (found by the fuzzer: an SPM vocabulary relabelled 'rwkv')."""
+    from torchggml.tokenizer import Tokenizer
+    texts = ["<unk>", "a", "\\,", ",", "<"]
+    tok = Tokenizer.from_metadata({"tokenizer.ggml.model": "rwkv", "tokenizer.ggml.tokens": texts,
+                                   "tokenizer.ggml.unknown_token_id": 0})
+    assert tok.tokenize("a,") == [1, 3]
+
+
+def test_a_vocabulary_whose_bytes_are_not_tokens_is_not_rwkv():
+    """llama.cpp's RWKV matcher loops without end (std::bad_alloc) on text starting with a byte
+    that begins tokens but is not one itself; RWKV vocabularies list all 256 bytes, so such a
+    vocabulary is refused by name (found by the fuzzer: an SPM vocabulary relabelled 'rwkv')."""
+    from torchggml.tokenizer import Tokenizer, TokenizerError
+    tok = Tokenizer.from_metadata({"tokenizer.ggml.model": "rwkv", "tokenizer.ggml.tokens": ["<unk>", "<", "a", "bc"],
+                                   "tokenizer.ggml.unknown_token_id": 0}, source="w.gguf")
+    with pytest.raises(TokenizerError, match=r"^w\.gguf: not an RWKV vocabulary: byte 0x62 begins tokens"):
+        tok.tokenize("a")
+
+
 # ---------------------------------------------------------------- 8. output and configuration
 
 PROGRESS = [  # (wanted, bytes, on a terminal, TORCHGGML_PROGRESS, shown)

@@ -382,7 +382,8 @@ class Tokenizer:
         except ValueError as e:
             if isinstance(e, TokenizerError):
                 raise
-            raise TokenizerError(f"{self.source}: {e}") from None
+            message = str(e)
+            raise TokenizerError(message if message.startswith(self.source) else f"{self.source}: {message}") from None
 
     def _special_tokens_longest_first(self) -> list[int]:
         special = np.nonzero(self._attrs & _SPECIAL_ATTRS)[0].tolist()

@@ -388,11 +388,18 @@ class RwkvEncoder:
     no token starts with becomes the unknown token."""
 
     def __init__(self, texts: Sequence[str], unk_id, source: str = "vocabulary"):
-        self.tokens = {}
-        for i, text in enumerate(texts):
-            self.tokens.setdefault(unescape_rwkv(text), i)
+        # a byte string listed twice maps to its last id, as in llama.cpp's trie
+        self.tokens = {unescape_rwkv(text): i for i, text in enumerate(texts)}
         self.max_len = max(len(t) for t in self.tokens)
         self.unk_id, self.source = unk_id, source
+        # llama.cpp's matcher restarts at the text's start (and never ends) when a byte begins
+        # tokens but is not one itself; RWKV world vocabularies list all 256 bytes, so such a
+        # vocabulary is some other one relabelled: refuse it rather than answer differently
+        first_bytes = {t[0] for t in self.tokens if t}
+        missing = sorted(b for b in first_bytes if bytes([b]) not in self.tokens)
+        if missing:
+            raise ValueError(f"{source}: not an RWKV vocabulary: byte 0x{missing[0]:02X} begins tokens but is "
+                             f"not a token itself ({len(missing)} such bytes)")
 
     def encode(self, text: str) -> list[int]:
         raw, ids, pos = text.encode("utf-8"), [], 0
