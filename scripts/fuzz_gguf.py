@@ -513,8 +513,7 @@ def _llama_cpp_eval(path: str, mode: str, repack: bool, tokenize: bool) -> dict:
     try:
         result = {}
         if tokenize or mode == "vocab":
-            result["tokens"] = [[llm.tokenize(t.encode(), add_bos=True, special=special) for t in TEXTS]
-                                for special in (False, True)]
+            result["tokens"] = [[_llama_tokens(llm, t.encode(), special) for t in TEXTS] for special in (False, True)]
         if mode == "model":
             ids = [t % llm.n_vocab() for t in TOKENS]
             llm.eval(ids[:3])
@@ -523,6 +522,20 @@ def _llama_cpp_eval(path: str, mode: str, repack: bool, tokenize: bool) -> dict:
         return result
     finally:
         llm.close()
+
+
+def _llama_tokens(llm, text: bytes, special: bool) -> list[int]:
+    """llama.cpp's llama_tokenize into a buffer the size of the text (llama-cpp-python's
+    tokenize allocates the model's n_ctx_train tokens: 8 GiB for a context length of 2^31-1)."""
+    import llama_cpp
+    vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
+    n = len(text) + 2
+    while True:
+        buf = (llama_cpp.llama_token * n)()
+        got = llama_cpp.llama_tokenize(vocab, text, len(text), buf, n, True, special)
+        if got >= 0:
+            return list(buf[:got])
+        n = -got
 
 
 def logits_agree(ours, ref) -> tuple[bool, str]:

@@ -441,6 +441,28 @@ def test_a_wordpiece_vocabulary_with_byte_tokens_is_refused():
                                  "tokenizer.ggml.token_type": np.array([3, 6, 2, 3, 3, 1], np.int32)}).tokenize("hello")
 
 
+BYTE_TOKENS = [  # (id, vocabulary model, byte token's text, the byte or the error llama.cpp gives)
+    ("spm", "llama", "<0x41>", b"A"),
+    ("bpe-gemma-style", "gpt2", "<0x0A>", b"\n"),
+    ("malformed-reads-as-strtol", "llama", "<0xZZ>", b"\x00"),  # strtol("ZZ", 16) = 0
+    ("bpe-too-short", "gpt2", "\u012c", r"v\.gguf: token 1 \('\u012c'\) is a byte token but not of the form"),
+]
+
+
+@pytest.mark.parametrize("model,text,want", [c[1:] for c in BYTE_TOKENS], ids=[c[0] for c in BYTE_TOKENS])
+def test_byte_tokens_render_as_llama_cpp_reads_them(model, text, want):
+    """llama.cpp renders every token at load; a byte token under 3 bytes fails there
+    (substr(3, 2)), so it must be refused here (found by the fuzzer: a BPE token retyped BYTE)."""
+    from torchggml.tokenizer import Tokenizer, TokenizerError
+    metadata = {"tokenizer.ggml.model": model, "tokenizer.ggml.tokens": ["<unk>", text, "a"],
+                "tokenizer.ggml.token_type": np.array([2, 6, 1], np.int32), "tokenizer.ggml.merges": [],
+                "tokenizer.ggml.scores": np.zeros(3, np.float32)}
+    if isinstance(want, str):
+        with pytest.raises(TokenizerError, match=want):
+            Tokenizer.from_metadata(metadata, source="v.gguf")
+    else:
+        assert Tokenizer.from_metadata(metadata, source="v.gguf").token_to_piece_bytes(1) == want
+
 def test_merges_whose_parts_are_not_tokens_are_a_named_error():
     """`tokenizers` refused such merges with a bare Exception naming no file (found by the
     fuzzer: a token of the Llama 3 vocabulary renamed)."""

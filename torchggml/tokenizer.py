@@ -99,6 +99,16 @@ def _byte_to_unicode() -> dict[int, str]:
     return table
 
 
+def _c_strtol_hex(digits: bytes) -> int:
+    """C's strtol(digits, NULL, 16), as llama.cpp reads a byte token's "HH" (a malformed one,
+    e.g. "<0xZZ>", reads as 0 instead of failing)."""
+    s = digits.lstrip(b" \t\n\v\f\r")
+    sign = -1 if s[:1] == b"-" else 1
+    s = s[1:] if s[:1] in (b"-", b"+") else s
+    hex_digits = re.match(rb"[0-9A-Fa-f]*", s).group()
+    return sign * int(hex_digits, 16) if hex_digits else 0
+
+
 _BYTE_TO_UNICODE = _byte_to_unicode()
 _UNICODE_TO_BYTE = {c: b for b, c in _BYTE_TO_UNICODE.items()}
 
@@ -180,17 +190,27 @@ class Tokenizer:
             self._texts: list[str] = []
             return
         self._load_vocab(metadata)
-        if self.vocab_type == "WPM" and (self._attrs & TokenAttr.BYTE).any():
-            # llama.cpp cannot turn a WordPiece byte token into its byte: it aborts while loading
-            first = int(((self._attrs & TokenAttr.BYTE) != 0).nonzero()[0][0])
-            raise TokenizerError(f"{source}: token {first} ({self._texts[first]!r}) is a byte token, which a "
-                                 f"WordPiece vocabulary (tokenizer.ggml.model {self.model!r}) cannot have")
+        self._check_byte_tokens(source)
         self._load_flags(metadata)
         self._load_special_ids(metadata)
         self._detect_end_of_generation(metadata)
         self._set_strip_attrs(metadata)
         self._pieces: list[bytes | None] = [None] * self.n_vocab
         self._special_order = self._special_tokens_longest_first()
+
+    def _check_byte_tokens(self, source: str) -> None:
+        """Byte tokens are "<0xHH>": llama.cpp renders every token while loading and fails on
+        one shorter than 3 bytes; a WordPiece vocabulary cannot have them at all (it aborts)."""
+        byte_ids = ((self._attrs & TokenAttr.BYTE) != 0).nonzero()[0]
+        if self.vocab_type == "WPM" and len(byte_ids):
+            first = int(byte_ids[0])
+            raise TokenizerError(f"{source}: token {first} ({self._texts[first]!r}) is a byte token, which a "
+                                 f"WordPiece vocabulary (tokenizer.ggml.model {self.model!r}) cannot have")
+        if self.vocab_type in ("SPM", "UGM", "BPE"):
+            for i in byte_ids:
+                if len(self._texts[i].encode()) < 3:
+                    raise TokenizerError(f"{source}: token {int(i)} ({self._texts[i]!r}) is a byte token but not "
+                                         "of the form <0xHH>")
 
     # -- construction --------------------------------------------------------------------
 
@@ -476,7 +496,7 @@ class Tokenizer:
             return b"".join(bytes([_UNICODE_TO_BYTE[c]]) if c in _UNICODE_TO_BYTE
                             else f"[UNK_BYTE_0x{c.encode().hex()}{text}]".encode() for c in text)
         if attr & TokenAttr.BYTE:
-            return bytes([int(text[3:5], 16)])  # "<0xAB>"
+            return bytes([_c_strtol_hex(text.encode()[3:5]) & 0xFF])  # "<0xAB>"
         return b""  # unused / undefined tokens render as nothing
 
     def token_to_piece_bytes(self, token_id: int, special: bool = True) -> bytes:
