@@ -365,3 +365,22 @@ def test_kernels_load_from_numba_disk_cache_in_a_new_process(tmp_path):
     assert "compiling" not in second.stderr, second.stderr[-2000:]
     misses, hits = map(int, second.stdout.split())
     assert (misses, hits) == (0, 2), second.stdout
+
+
+def test_a_changed_llvm_ir_drops_the_cached_kernels(tmp_path, monkeypatch):
+    """numba keys its disk cache on the kernel's own file; the IR the kernels inline is in
+    llvm_ir.py, so a stamp of that file beside the cache drops the cached kernels when it differs
+    (an edited IR used to run the old compiled code until quant_kernels.py was touched)."""
+    pytest.importorskip("numba")
+    from torchggml.torch_backend.cpu.jit import loader, quant_kernels
+    flushed = []
+    cache_type = type(quant_kernels.block_matvec._cache)
+    monkeypatch.setattr(cache_type, "flush", lambda self: flushed.append(self))  # the real ones stay
+    monkeypatch.setattr(cache_type, "cache_path", str(tmp_path))
+    stamp = tmp_path / "quant_kernels.llvm_ir-hash"
+    stamp.write_text("an older IR")
+    loader._drop_cache_of_older_ir(quant_kernels)
+    assert flushed and stamp.read_text() != "an older IR"
+    flushed.clear()
+    loader._drop_cache_of_older_ir(quant_kernels)  # the same IR: nothing dropped
+    assert not flushed

@@ -7,6 +7,8 @@ from __future__ import annotations
 import functools
 
 
+# independent float sums a row's dot product keeps (sum_terms)
+ACCUMULATORS = 4
 # row_dot's kinds that read ggml's blocks in place, by block bytes: Q8_0, Q4_0, Q4_K and Q6_K
 BLOCK_KINDS = (34, 18, 144, 210)
 
@@ -28,9 +30,10 @@ def _row_dot_intrinsic():
     (byte i: value i low nibble, value i + 16 high nibble), -4 for the same nibbles minus 8
     (Q4_0's signed values, as ggml's kernels subtract 8). Block kinds read ggml's blocks in
     place (w: the row's raw bytes; scale is not read): 34 for Q8_0 (float16 d, 32 int8 values),
-    18 for Q4_0 (float16 d, 16 bytes of nibbles minus 8, in the 4-bit order above), 144 for
+    18 for Q4_0 (float16 d, 16 bytes of nibbles minus 8, in the 4-bit order above; scale: int32
+    sums of x per group, for the minus 8: one subtraction instead of a second byte dot), 144 for
     Q4_K (q4_k_blocks_dot; scale is then the activations' float group sums, for the mins), 210
-    for Q6_K (q6_k_blocks_dot, activations in groups of 16).
+    for Q6_K (q6_k_blocks_dot, activations in groups of 16; scale: int32 sums of x per 16).
     """
     from llvmlite import ir
     from numba import types
@@ -176,13 +179,22 @@ def _row_dot_intrinsic():
             if k == 144:
                 return q4_k_blocks_dot(builder, wp, xp, sp, dp, n_groups)
             if k == 210:
-                return q6_k_blocks_dot(builder, wp, xp, dp, n_groups)
-            acc = cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8))
+                return q6_k_blocks_dot(builder, wp, xp, sp, dp, n_groups)
             if k in (16, 6):  # groups in pairs (K-quant rows hold an even number of 16-value groups)
                 n_groups = builder.lshr(n_groups, ir.Constant(n_groups.type, 1))
-            with cgutils.for_range(builder, n_groups) as loop:
-                j = loop.index
-                ints = group_products(builder, wp, xp, j, k)
+
+            def term(j):
+                """Group j's <8 x float> contribution: its integer products times its scale."""
+                if k == 18:  # sum (u - 8) x = sum u x - 8 S, S (in `scale`) the group's sum of x: S a lane
+                    at_w = builder.add(builder.mul(j, ir.Constant(j.type, 18)), ir.Constant(j.type, 2))
+                    xv = load_i8(builder, xp, builder.mul(j, ir.Constant(j.type, 32)), 32)
+                    ints = nibble_products(builder, nibble_values_at(builder, wp, at_w), xv, False)
+                    total = builder.load(builder.gep(builder.bitcast(sp, i32.as_pointer()), [j]))
+                    ints = builder.sub(ints, builder.shuffle_vector(
+                        builder.insert_element(ir.Constant(vec(i32, 8), ir.Undefined), total, ir.Constant(i32, 0)),
+                        ir.Constant(vec(i32, 8), ir.Undefined), ir.Constant(vec(i32, 8), [0] * 8)))
+                else:
+                    ints = group_products(builder, wp, xp, j, k)
                 undef8 = ir.Constant(vec(f32, 8), ir.Undefined)
                 if k in (16, 6):  # [s(2j)] * 4 ++ [s(2j+1)] * 4
                     j0 = builder.shl(j, ir.Constant(j.type, 1))
@@ -195,12 +207,31 @@ def _row_dot_intrinsic():
                           else group_scales(builder, sp, dp, j, half_scales))
                     s8 = builder.insert_element(undef8, sj, ir.Constant(i32, 0))
                     s8 = builder.shuffle_vector(s8, s8, ir.Constant(vec(i32, 8), [0] * 8))
-                term = builder.fmul(builder.sitofp(ints, vec(f32, 8)), s8, flags=("fast",))
-                builder.store(builder.fadd(builder.load(acc), term, flags=("fast",)), acc)
-            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32, vec(f32, 8)]),
-                                                "llvm.vector.reduce.fadd.v8f32")
-            return builder.call(fn, [ir.Constant(f32, 0.0), builder.load(acc)], fastmath=("fast",))
+                return builder.fmul(builder.sitofp(ints, vec(f32, 8)), s8, flags=("fast",))
+
+            return sum_terms(builder, term, n_groups)
         return types.float32(w, x, scale, xd, kind), codegen
+
+    def sum_terms(builder, term, n):
+        """reduce(sum_{j<n} term(j)) over ACCUMULATORS independent <8 x float> sums: one sum
+        would wait on the adder's latency every group (~4.5 cycles a group on Zen 4, whatever
+        the group's bytes), several overlap it."""
+        u = ACCUMULATORS
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8)) for _ in range(u)]
+
+        def add(acc, j):
+            builder.store(builder.fadd(builder.load(acc), term(j), flags=("fast",)), acc)
+        with cgutils.for_range(builder, builder.udiv(n, ir.Constant(n.type, u))) as loop:
+            base = builder.mul(loop.index, ir.Constant(n.type, u))
+            for a, acc in enumerate(accs):
+                add(acc, builder.add(base, ir.Constant(n.type, a)))
+        tail = builder.mul(builder.udiv(n, ir.Constant(n.type, u)), ir.Constant(n.type, u))
+        with cgutils.for_range(builder, builder.sub(n, tail)) as loop:
+            add(accs[0], builder.add(tail, loop.index))
+        total = builder.load(accs[0])
+        for acc in accs[1:]:
+            total = builder.fadd(total, builder.load(acc), flags=("fast",))
+        return reduce_8(builder, total)
 
     def reduce_8(builder, v):
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32, vec(f32, 8)]),
@@ -247,12 +278,14 @@ def _row_dot_intrinsic():
                 builder.store(builder.fadd(builder.load(offsets), offset, flags=("fast",)), offsets)
         return builder.fsub(reduce_8(builder, builder.load(acc)), builder.load(offsets), flags=("fast",))
 
-    def q6_k_blocks_dot(builder, wp, xp, dp, n_groups):
+    def q6_k_blocks_dot(builder, wp, xp, sump, dp, n_groups):
         """A row of ggml's Q6_K blocks in place (210 bytes per 256 values: 128 bytes of low
         nibbles, 64 of high bit pairs, 16 int8 scales, float16 d; value h*128 + l has its low
         nibble in byte h*64 + l % 64 (high half for l >= 64) and its top bits in byte
         h*32 + l % 32, bits 2 (l // 32)) times the int8 activations in groups of 16:
-        sum_g d sc_g xd_g ((u_g - 32) . x_g)."""
+        sum_g d sc_g xd_g ((u_g - 32) . x_g), sump the int32 sums of x per group of 16 (for the
+        minus 32: a subtraction instead of a second byte dot)."""
+        sums = builder.bitcast(sump, i32.as_pointer())
         acc = cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8))
         c8 = lambda v: ir.Constant(vec(i8, 32), [v] * 32)  # noqa: E731
         with cgutils.for_range(builder, builder.lshr(n_groups, ir.Constant(n_groups.type, 4))) as loop:
@@ -271,7 +304,14 @@ def _row_dot_intrinsic():
                     g0 = h * 8 + 2 * t
                     jg = builder.add(builder.shl(blk, ir.Constant(blk.type, 4)), ir.Constant(blk.type, g0))
                     xv = load_i8(builder, xp, builder.mul(jg, ir.Constant(jg.type, 16)), 32)
-                    ints = offset_six_bit_products(builder, u, xv)
+                    ints = _byte_dot_8(builder, u, xv)
+                    if ints is None:
+                        ints = offset_six_bit_products(builder, u, xv)
+                    else:  # 32 S per group, 8 S in each of its 4 lanes
+                        pair = builder.bitcast(builder.gep(sums, [jg]), vec(i32, 2).as_pointer())
+                        pair = builder.shl(builder.load(pair, align=4), ir.Constant(vec(i32, 2), [3, 3]))
+                        ints = builder.sub(ints, builder.shuffle_vector(pair, pair, ir.Constant(vec(i32, 8),
+                                                                                                [0, 0, 0, 0, 1, 1, 1, 1])))
                     s8 = ir.Constant(vec(f32, 8), ir.Undefined)
                     for lane, g in enumerate((g0, g0 + 1)):
                         sc = builder.sitofp(builder.load(builder.gep(wp, [at(192 + g)])), f32)

@@ -14,8 +14,10 @@ stderr says that the kernels are being compiled, once per process.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
 import sys
+from pathlib import Path
 
 # CPU seconds numba takes to compile the kernels a quantized model's first prompt and token use
 # (a 1.1B Q4_K_M model: 11.3 + 0.7 s on a Zen 4 core): the notice's estimate
@@ -47,10 +49,32 @@ def cache_is_cold(module) -> bool:
     return bool(indexes) and not any(index._load_index() for index in indexes)
 
 
+def _drop_cache_of_older_ir(module) -> None:
+    """numba keys a cached kernel on its own file only; the LLVM IR the kernels inline lives in
+    llvm_ir.py, so a changed llvm_ir.py drops the module's cached kernels (else they would run
+    the old IR). Installs change every file; this is for edits in a checkout."""
+    from numba.core.registry import CPUDispatcher
+    caches = [fn._cache for fn in vars(module).values()
+              if isinstance(fn, CPUDispatcher) and hasattr(getattr(fn, "_cache", None), "cache_path")]
+    if not caches:
+        return
+    ir_hash = hashlib.sha256(Path(__file__).with_name("llvm_ir.py").read_bytes()).hexdigest()[:16]
+    stamp = Path(caches[0].cache_path) / f"{module.__name__.rsplit('.', 1)[-1]}.llvm_ir-hash"
+    if stamp.exists() and stamp.read_text() == ir_hash:
+        return
+    for cache in caches:
+        cache.flush()
+    try:
+        stamp.write_text(ir_hash)
+    except OSError:  # a read-only cache: numba does not write there either
+        pass
+
+
 @functools.lru_cache(maxsize=None)
 def _load(name: str):
     module = importlib.import_module(f"{__package__}.{name}")
     try:
+        _drop_cache_of_older_ir(module)
         cold = cache_is_cold(module)
     except (AttributeError, OSError, ValueError):  # numba's cache internals moved: no notice
         cold = False

@@ -99,17 +99,28 @@ def matvec(q, scale, bias, has_bias, kind, w_row0, xq, xd, xsum, x_row, out):
 def block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out):
     """matvec over ggml's blocks in place (blocks uint8 [rows, row bytes]): kind 34 for Q8_0,
     18 for Q4_0, 144 for Q4_K, 210 for Q6_K (llvm_ir.BLOCK_KINDS; the scales and mins are read from the blocks)."""
+    # Q4_0 and Q6_K take the sums of x per 32 / 16 values (for their values' minus 8 / 32) once
+    # per activation row
+    g = 32 if kind == 18 else 16
+    n_groups = xq.shape[1] // g if kind == 18 or kind == 210 else 0
+    group_sums = np.zeros((xq.shape[0], n_groups), np.int32)
+    for x in range(group_sums.shape[0]):
+        for j in range(n_groups):
+            total = 0
+            for i in range(j * g, j * g + g):
+                total += np.int32(xq[x, i])
+            group_sums[x, j] = total
     for n in prange(out.shape[1]):
         for m in range(out.shape[0]):
             r, x = w_row0[m] + n, x_row[m]
             if kind == 34:
                 out[m, n] = row_dot(blocks[r], xq[x], xd[x], xd[x], 34)
             elif kind == 18:
-                out[m, n] = row_dot(blocks[r], xq[x], xd[x], xd[x], 18)
+                out[m, n] = row_dot(blocks[r], xq[x], group_sums[x], xd[x], 18)
             elif kind == 144:
                 out[m, n] = row_dot(blocks[r], xq[x], xsum[x], xd[x], 144)
             else:
-                out[m, n] = row_dot(blocks[r], xq[x], xd[x], xd[x], 210)
+                out[m, n] = row_dot(blocks[r], xq[x], group_sums[x], xd[x], 210)
 
 
 @njit(fastmath=True, cache=True, nogil=True)
