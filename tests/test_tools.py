@@ -153,3 +153,41 @@ def test_quantize_rejects_unknown_types(tmp_path, capsys):
     assert "unknown type 'Q7_K'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="unknown type"):
         quantize_file(demo_model_path(), tmp_path / "x.gguf", "nope")
+
+
+FIRST_PROMPT_COMPILES = """
+import sys
+from numba.core import event
+from torchggml.gguf_writer.tiny import TinyCase, write_tiny_model
+from torchggml.models import load_model
+compiled = []
+class Listener(event.Listener):
+    def on_start(self, e):
+        compiled.append(e.data["dispatcher"].py_func.__qualname__)
+    def on_end(self, e):
+        pass
+path = write_tiny_model(sys.argv[1], TinyCase("other-shape", "llama", n_embd=128, head_dim=32, n_ff=384), "Q4_0")
+event.register("numba:compile", Listener())
+model = load_model(path, progress=False, devices=["CPU"])
+model.eval(list(range(1, 9)))
+model.eval([9])
+print("compiled:", sorted(set(compiled)))
+"""
+
+
+def test_compile_kernels_leaves_nothing_for_the_first_prompt(tmp_path):
+    """After `torchggml compile-kernels` (into an empty numba cache), a new process's first prompt
+    and token of a model (another shape) compile nothing: every kernel comes from the cache."""
+    pytest.importorskip("numba")
+    import subprocess
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"),
+               PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    ahead = subprocess.run([sys.executable, "-m", "torchggml", "compile-kernels", "--types", "Q4_0"],
+                           env=env, capture_output=True, text=True, timeout=600)
+    assert ahead.returncode == 0, ahead.stderr
+    assert "compiling CPU kernels" in ahead.stderr  # the cache was empty: it compiled
+    later = subprocess.run([sys.executable, "-c", FIRST_PROMPT_COMPILES, str(tmp_path / "m.gguf")],
+                           env=env, capture_output=True, text=True, timeout=600)
+    assert later.returncode == 0, later.stderr
+    assert "compiled: []" in later.stdout, later.stdout
+    assert "compiling CPU kernels" not in later.stderr

@@ -3,6 +3,7 @@
     torchggml perplexity MODEL -f TEXT [-c 512] [--chunks N]   (llama-perplexity)
     torchggml bench MODEL [-p 512] [-n 128] [-r 5]             (llama-bench)
     torchggml quantize IN OUT TYPE                             (llama-quantize)
+    torchggml compile-kernels [--types F16,Q4_K_M]             (the CPU kernels, ahead)
 """
 from __future__ import annotations
 
@@ -24,6 +25,12 @@ def cmd_bench(args) -> int:
 @user_errors
 def cmd_quantize(args) -> int:
     from .quantize import cmd_quantize as run
+    return run(args)
+
+
+@user_errors
+def cmd_compile_kernels(args) -> int:
+    from .compile_kernels import cmd_compile_kernels as run
     return run(args)
 
 
@@ -51,3 +58,8 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("type", metavar="TYPE", help=f"one of {', '.join(FILE_TYPES)}")
     p.add_argument("-v", "--verbose", action="store_true", help="print every tensor's old and new type")
     p.set_defaults(func=cmd_quantize)
+
+    p = subparsers.add_parser("compile-kernels", help="compile the CPU's numba kernels now (after an install) "
+                                                      "instead of during the first prompt")
+    p.add_argument("--types", metavar="TYPE[,TYPE...]", help="model file types (default: F16,Q8_0,Q4_0,Q4_K_M,Q5_K_M)")
+    p.set_defaults(func=cmd_compile_kernels)

@@ -54,21 +54,25 @@ def _bias_dot(bias, xsum):
 @njit(fastmath=True, cache=True, nogil=True)
 def quantize_rows(x, g, xq, xd, xsum):
     """x f32 [M, K] -> int8 [M, K] and scales [M, K/g] per group of g (ggml's Q8_0 rounding:
-    d = max|x| / 127, q = round(x / d)), and the groups' float sums."""
+    d = max|x| / 127, q = round(x / d)), and the groups' sums d * sum(q) (for weights with
+    offsets, as ggml's Q8_1 s and Q8_K bsums: the sum of the rounded values, whose rounding then
+    cancels between a weight's values and its offset; the sum of x did not, and doubled the
+    error of a Q4_K product against float64)."""
     m_rows, k = x.shape
     for m in range(m_rows):
         for j in range(k // g):
             amax = np.float32(0)
-            total = np.float32(0)
             for i in range(j * g, j * g + g):
                 amax = max(amax, abs(x[m, i]))
-                total += x[m, i]
             d = amax / np.float32(127)
             inv = np.float32(1) / d if d > 0 else np.float32(0)
+            total = 0
             for i in range(j * g, j * g + g):
-                xq[m, i] = np.int8(np.round(x[m, i] * inv))
+                q = np.int8(np.round(x[m, i] * inv))
+                xq[m, i] = q
+                total += np.int32(q)
             xd[m, j] = d
-            xsum[m, j] = total
+            xsum[m, j] = d * np.float32(total)
 
 
 @njit(fastmath=True, parallel=True, cache=True, nogil=True)
