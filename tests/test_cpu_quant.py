@@ -384,3 +384,27 @@ def test_a_changed_llvm_ir_drops_the_cached_kernels(tmp_path, monkeypatch):
     flushed.clear()
     loader._drop_cache_of_older_ir(quant_kernels)  # the same IR: nothing dropped
     assert not flushed
+
+
+def test_q4_k_product_is_exact_on_the_rounded_activations():
+    """A Q4_K row is d sc q - dmin m per group: its product must use the rounded activations'
+    sums for the mins, as ggml's Q8_K bsums do, so that the rounding cancels between the two
+    terms; the float sums of x did not (found by the fuzzer: a Q4_K_M model whose token_embd
+    and ffn_gate were swapped, 5.3% from llama.cpp's logits)."""
+    pytest.importorskip("numba")
+    from torchggml.quants import quantize
+    from torchggml.torch_backend.cpu.jit.loader import quant_kernels
+    kernels = quant_kernels()
+    gen = torch.Generator().manual_seed(0)
+    n, k = 64, 512
+    w = torch.rand(n, k, generator=gen) * 4 + 1  # all positive: large mins
+    blocks = quantize("Q4_K", w).numpy().view(np.uint8).reshape(n, -1)
+    weight = dequantize("Q4_K", torch.from_numpy(blocks.reshape(-1).copy())).reshape(n, k).double()
+    x = (torch.randn(1, k, generator=gen) * 3).numpy()
+    xq, xd, xsum = np.empty((1, k), np.int8), np.empty((1, k // 32), np.float32), np.empty((1, k // 32), np.float32)
+    kernels.quantize_rows(x, 32, xq, xd, xsum)
+    out = np.empty((1, n), np.float32)
+    kernels.block_matvec(blocks, 144, np.zeros(1, np.int64), xq, xd, xsum, np.arange(1), out)
+    rounded = torch.from_numpy((xq[0].reshape(-1, 32) * xd[0][:, None]).reshape(-1)).double()
+    want = weight @ rounded
+    assert torch.allclose(torch.from_numpy(out[0]).double(), want, rtol=1e-5, atol=1e-4 * want.abs().max().item())
