@@ -261,3 +261,26 @@ def test_soft_max_special_values_as_the_torch_kernel(cpu, monkeypatch):
     fast, generic = _outputs_both_ways(cpu, monkeypatch, build, [x, mask])
     assert torch.equal(torch.isnan(fast), torch.isnan(generic))
     assert torch.allclose(fast.nan_to_num(7.0), generic.nan_to_num(7.0), rtol=1e-6, atol=0)
+
+
+F16_PRODUCTS = [  # (rows, N, K, chunk bytes): half GEMV, one chunk, several with a remainder
+    (3, 40, 64, 2 << 20),
+    (16, 40, 64, 2 << 20),
+    (20, 300, 64, 64 * 4 * 32),
+]
+
+
+@pytest.mark.parametrize("m,n,k,chunk_bytes", F16_PRODUCTS)
+def test_f16_weight_products_match_float64(monkeypatch, m, n, k, chunk_bytes):
+    """An F16 weight times f32 rows: in half for few rows, converted to f32 a chunk of weight
+    rows at a time for micro-batches (exact f32 products)."""
+    from torchggml.torch_backend.cpu import products
+    monkeypatch.setattr(products, "CONVERT_CHUNK_BYTES", chunk_bytes)
+    gen = torch.Generator().manual_seed(m + n)
+    weight = torch.randn(n, k, generator=gen).half()
+    rows = torch.randn(m, k, generator=gen)
+    out = torch.full((m, n), float("nan"))
+    products._times_half_cpu(weight.T, rows, out)
+    want = rows.double() @ weight.double().T
+    tol = 2e-6 if m >= products.HALF_CONVERT_ROWS else 2e-2  # the half GEMV rounds to half
+    assert ((out.double() - want).norm() / want.norm()).item() < tol
