@@ -94,6 +94,9 @@ def test_dequantize_to_bf16_rounds_as_torch(qtype):
 
 PRODUCT_CASES = [(qtype, n, k, m, gemm, "fused") for qtype in TYPES for n, k in ((7, 256), (33, 512))
                  for m, gemm in ((1, "f32"), (3, "f32"), (40, "f32"), (40, "bf16"))]
+# rows of 7 blocks of 32: the kernels' loops over 4 blocks at a time leave 3
+PRODUCT_CASES += [(qtype, 5, 224, m, "f32", "fused") for qtype in TYPES if type_traits(qtype).blck_size == 32
+                  for m in (1, 3)]
 # Q8_0, Q4_0, Q4_K and Q6_K weights also multiplied on their ggml blocks in host memory (where models leave them)
 PRODUCT_CASES += [(qtype, n, k, m, gemm, "blocks") for qtype, n, k, m, gemm, _ in PRODUCT_CASES
                   if qtype in layout.IN_PLACE_KINDS]

@@ -183,6 +183,18 @@ def _row_dot_intrinsic():
             if k in (16, 6):  # groups in pairs (K-quant rows hold an even number of 16-value groups)
                 n_groups = builder.lshr(n_groups, ir.Constant(n_groups.type, 1))
 
+            def group_ints(j):
+                """Block j's integer products (Q8_0, Q4_0) as <8 x i32>."""
+                if k == 18:
+                    at_w = builder.add(builder.mul(j, ir.Constant(j.type, 18)), ir.Constant(j.type, 2))
+                    xv = load_i8(builder, xp, builder.mul(j, ir.Constant(j.type, 32)), 32)
+                    ints = nibble_products(builder, nibble_values_at(builder, wp, at_w), xv, False)
+                    total = builder.load(builder.gep(builder.bitcast(sp, i32.as_pointer()), [j]))
+                    return builder.sub(ints, builder.shuffle_vector(
+                        builder.insert_element(ir.Constant(vec(i32, 8), ir.Undefined), total, ir.Constant(i32, 0)),
+                        ir.Constant(vec(i32, 8), ir.Undefined), ir.Constant(vec(i32, 8), [0] * 8)))
+                return group_products(builder, wp, xp, j, k)
+
             def term(j):
                 """Group j's <8 x float> contribution: its integer products times its scale."""
                 if k == 18:  # sum (u - 8) x = sum u x - 8 S, S (in `scale`) the group's sum of x: S a lane
@@ -209,8 +221,50 @@ def _row_dot_intrinsic():
                     s8 = builder.shuffle_vector(s8, s8, ir.Constant(vec(i32, 8), [0] * 8))
                 return builder.fmul(builder.sitofp(ints, vec(f32, 8)), s8, flags=("fast",))
 
+            if k in (34, 18):
+                return blocks_sum_terms(builder, wp, dp, n_groups, k, lambda j: group_ints(j))
             return sum_terms(builder, term, n_groups)
         return types.float32(w, x, scale, xd, kind), codegen
+
+    def blocks_sum_terms(builder, wp, dp, n, block_bytes, ints_of):
+        """sum_terms for blocks that begin with their float16 d (Q8_0, Q4_0): the scales
+        d_j xd_j of ACCUMULATORS blocks converted and multiplied as one vector."""
+        u = ACCUMULATORS
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8)) for _ in range(u)]
+
+        def scale_bits(j):
+            at = builder.gep(wp, [builder.mul(j, ir.Constant(j.type, block_bytes))])
+            return builder.load(builder.bitcast(at, i16.as_pointer()), align=1)
+
+        def add(acc, j, s8):
+            term = builder.fmul(builder.sitofp(ints_of(j), vec(f32, 8)), s8, flags=("fast",))
+            builder.store(builder.fadd(builder.load(acc), term, flags=("fast",)), acc)
+        with cgutils.for_range(builder, builder.udiv(n, ir.Constant(n.type, u))) as loop:
+            base = builder.mul(loop.index, ir.Constant(n.type, u))
+            blocks = [builder.add(base, ir.Constant(n.type, a)) for a in range(u)]
+            if native_half():
+                bits = ir.Constant(vec(i16, u), ir.Undefined)
+                for a, j in enumerate(blocks):
+                    bits = builder.insert_element(bits, scale_bits(j), ir.Constant(i32, a))
+                d = builder.fpext(builder.bitcast(bits, vec(ir.HalfType(), u)), vec(f32, u))
+            else:
+                d = ir.Constant(vec(f32, u), ir.Undefined)
+                for a, j in enumerate(blocks):
+                    d = builder.insert_element(d, half_bits_to_float(builder, scale_bits(j)), ir.Constant(i32, a))
+            xd = builder.load(builder.bitcast(builder.gep(dp, [base]), vec(f32, u).as_pointer()), align=4)
+            scales = builder.fmul(d, xd, flags=("fast",))
+            for a, j in enumerate(blocks):
+                add(accs[a], j, builder.shuffle_vector(scales, scales, ir.Constant(vec(i32, 8), [a] * 8)))
+        tail = builder.mul(builder.udiv(n, ir.Constant(n.type, u)), ir.Constant(n.type, u))
+        with cgutils.for_range(builder, builder.sub(n, tail)) as loop:
+            j = builder.add(tail, loop.index)
+            sj = builder.fmul(half_bits_to_float(builder, scale_bits(j)), builder.load(builder.gep(dp, [j])))
+            s8 = builder.insert_element(ir.Constant(vec(f32, 8), ir.Undefined), sj, ir.Constant(i32, 0))
+            add(accs[0], j, builder.shuffle_vector(s8, s8, ir.Constant(vec(i32, 8), [0] * 8)))
+        total = builder.load(accs[0])
+        for acc in accs[1:]:
+            total = builder.fadd(total, builder.load(acc), flags=("fast",))
+        return reduce_8(builder, total)
 
     def sum_terms(builder, term, n):
         """reduce(sum_{j<n} term(j)) over ACCUMULATORS independent <8 x float> sums: one sum
@@ -247,7 +301,9 @@ def _row_dot_intrinsic():
         2p in the low nibbles and 2p + 1 in the high) times the int8 activations:
         sum_g d sc_g xd_g (q_g . x_g) - dmin m_g xsum_g, with xsum (sump) the groups' float sums."""
         acc = cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8))
-        offsets = cgutils.alloca_once_value(builder, ir.Constant(f32, 0.0))
+        offsets = cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8))
+        c8 = lambda vals: ir.Constant(vec(i8, 8), vals)  # noqa: E731
+        pick = lambda v, lanes: builder.shuffle_vector(v, v, ir.Constant(vec(i32, 8), lanes))  # noqa: E731
         with cgutils.for_range(builder, builder.lshr(n_groups, ir.Constant(n_groups.type, 3))) as loop:
             blk = loop.index
             base = builder.mul(blk, ir.Constant(blk.type, 144))
@@ -255,28 +311,38 @@ def _row_dot_intrinsic():
             half = lambda off: half_bits_to_float(  # noqa: E731
                 builder, builder.load(builder.bitcast(builder.gep(wp, [at(off)]), i16.as_pointer()), align=1))
             d, dmin = half(0), half(2)
-            sb = [byte_at(builder, wp, at(4 + t)) for t in range(12)]
-            c = lambda v: ir.Constant(i32, v)  # noqa: E731
-            for g in range(8):  # ggml's k_scale_min
-                if g < 4:
-                    sc, m = builder.and_(sb[g], c(63)), builder.and_(sb[g + 4], c(63))
-                else:
-                    sc = builder.or_(builder.and_(sb[g + 4], c(15)), builder.shl(builder.lshr(sb[g - 4], c(6)), c(4)))
-                    m = builder.or_(builder.lshr(sb[g + 4], c(4)), builder.shl(builder.lshr(sb[g], c(6)), c(4)))
-                jg = builder.add(builder.shl(blk, ir.Constant(blk.type, 3)), ir.Constant(blk.type, g))
+            # ggml's k_scale_min for the 8 groups at once, in 8 byte lanes (v: bytes 4-19, the 12
+            # bytes of scales and mins first): g < 4: sc = v[g] & 63, m = v[g+4] & 63; g >= 4:
+            # sc = v[g+4] & 15 | (v[g-4] >> 6) << 4, m = v[g+4] >> 4 | (v[g] >> 6) << 4
+            v = load_i8(builder, wp, at(4), 16)
+            p, q = pick(v, [0, 1, 2, 3, 8, 9, 10, 11]), pick(v, [0, 1, 2, 3, 0, 1, 2, 3])
+            r, t = pick(v, [4, 5, 6, 7, 8, 9, 10, 11]), pick(v, [4, 5, 6, 7, 4, 5, 6, 7])
+            top = lambda w: builder.shl(builder.lshr(w, c8([6] * 8)), c8([4] * 8))  # noqa: E731
+            first_four = ir.Constant(vec(i32, 8), [0, 1, 2, 3, 12, 13, 14, 15])
+            sc = builder.shuffle_vector(builder.and_(p, c8([63] * 8)),
+                                        builder.or_(builder.and_(p, c8([15] * 8)), top(q)), first_four)
+            m = builder.shuffle_vector(builder.and_(r, c8([63] * 8)),
+                                       builder.or_(builder.lshr(r, c8([4] * 8)), top(t)), first_four)
+            as_float = lambda w: builder.uitofp(builder.zext(w, vec(i32, 8)), vec(f32, 8))  # noqa: E731
+            splat = lambda x: pick(builder.insert_element(ir.Constant(vec(f32, 8), ir.Undefined), x,  # noqa: E731
+                                                          ir.Constant(i32, 0)), [0] * 8)
+            group0 = builder.shl(blk, ir.Constant(blk.type, 3))
+            load8 = lambda ptr: builder.load(builder.bitcast(builder.gep(ptr, [group0]), vec(f32, 8).as_pointer()),  # noqa: E731
+                                             align=4)
+            scales = builder.fmul(builder.fmul(splat(d), as_float(sc), flags=("fast",)), load8(dp), flags=("fast",))
+            offset = builder.fmul(builder.fmul(splat(dmin), as_float(m), flags=("fast",)), load8(sump), flags=("fast",))
+            builder.store(builder.fadd(builder.load(offsets), offset, flags=("fast",)), offsets)
+            for g in range(8):
+                jg = builder.add(group0, ir.Constant(blk.type, g))
                 packed = load_i8(builder, wp, at(16 + (g // 2) * 32), 32)
                 u = (builder.and_(packed, ir.Constant(vec(i8, 32), [15] * 32)) if g % 2 == 0
                      else builder.lshr(packed, ir.Constant(vec(i8, 32), [4] * 32)))
                 xv = load_i8(builder, xp, builder.mul(jg, ir.Constant(jg.type, 32)), 32)
                 ints = nibble_products(builder, u, xv, False)
-                scale = builder.fmul(builder.fmul(d, builder.uitofp(sc, f32)), builder.load(builder.gep(dp, [jg])))
-                s8 = builder.shuffle_vector(builder.insert_element(ir.Constant(vec(f32, 8), ir.Undefined), scale, c(0)),
-                                            ir.Constant(vec(f32, 8), ir.Undefined), ir.Constant(vec(i32, 8), [0] * 8))
-                term = builder.fmul(builder.sitofp(ints, vec(f32, 8)), s8, flags=("fast",))
+                term = builder.fmul(builder.sitofp(ints, vec(f32, 8)), pick(scales, [g] * 8), flags=("fast",))
                 builder.store(builder.fadd(builder.load(acc), term, flags=("fast",)), acc)
-                offset = builder.fmul(builder.fmul(dmin, builder.uitofp(m, f32)), builder.load(builder.gep(sump, [jg])))
-                builder.store(builder.fadd(builder.load(offsets), offset, flags=("fast",)), offsets)
-        return builder.fsub(reduce_8(builder, builder.load(acc)), builder.load(offsets), flags=("fast",))
+        return builder.fsub(reduce_8(builder, builder.load(acc)), reduce_8(builder, builder.load(offsets)),
+                            flags=("fast",))
 
     def q6_k_blocks_dot(builder, wp, xp, sump, dp, n_groups):
         """A row of ggml's Q6_K blocks in place (210 bytes per 256 values: 128 bytes of low
@@ -294,6 +360,16 @@ def _row_dot_intrinsic():
             at = lambda off: builder.add(base, ir.Constant(blk.type, off))  # noqa: E731
             d = half_bits_to_float(builder, builder.load(builder.bitcast(builder.gep(wp, [at(208)]), i16.as_pointer()),
                                                          align=1))
+            # the 16 groups' scales d sc_g xd_g and 8 S_g (for the minus 32) as vectors, once a block
+            group0 = builder.shl(blk, ir.Constant(blk.type, 4))
+            splat = builder.shuffle_vector(builder.insert_element(ir.Constant(vec(f32, 16), ir.Undefined), d,
+                                                                  ir.Constant(i32, 0)),
+                                           ir.Constant(vec(f32, 16), ir.Undefined), ir.Constant(vec(i32, 16), [0] * 16))
+            group_scales16 = builder.sitofp(load_i8(builder, wp, at(192), 16), vec(f32, 16))
+            xd16 = builder.load(builder.bitcast(builder.gep(dp, [group0]), vec(f32, 16).as_pointer()), align=4)
+            scales16 = builder.fmul(builder.fmul(splat, group_scales16, flags=("fast",)), xd16, flags=("fast",))
+            sums16 = builder.shl(builder.load(builder.bitcast(builder.gep(sums, [group0]), vec(i32, 16).as_pointer()),
+                                              align=4), ir.Constant(vec(i32, 16), [3] * 16))
             for h in range(2):
                 high_bytes = load_i8(builder, wp, at(128 + h * 32), 32)
                 for t in range(4):  # values h*128 + 32t .. + 31: groups h*8 + 2t and h*8 + 2t + 1
@@ -305,19 +381,12 @@ def _row_dot_intrinsic():
                     jg = builder.add(builder.shl(blk, ir.Constant(blk.type, 4)), ir.Constant(blk.type, g0))
                     xv = load_i8(builder, xp, builder.mul(jg, ir.Constant(jg.type, 16)), 32)
                     ints = _byte_dot_8(builder, u, xv)
+                    lanes = ir.Constant(vec(i32, 8), [g0] * 4 + [g0 + 1] * 4)
                     if ints is None:
                         ints = offset_six_bit_products(builder, u, xv)
                     else:  # 32 S per group, 8 S in each of its 4 lanes
-                        pair = builder.bitcast(builder.gep(sums, [jg]), vec(i32, 2).as_pointer())
-                        pair = builder.shl(builder.load(pair, align=4), ir.Constant(vec(i32, 2), [3, 3]))
-                        ints = builder.sub(ints, builder.shuffle_vector(pair, pair, ir.Constant(vec(i32, 8),
-                                                                                                [0, 0, 0, 0, 1, 1, 1, 1])))
-                    s8 = ir.Constant(vec(f32, 8), ir.Undefined)
-                    for lane, g in enumerate((g0, g0 + 1)):
-                        sc = builder.sitofp(builder.load(builder.gep(wp, [at(192 + g)])), f32)
-                        xd_g = builder.load(builder.gep(dp, [builder.add(jg, ir.Constant(jg.type, lane))]))
-                        s8 = builder.insert_element(s8, builder.fmul(builder.fmul(d, sc), xd_g), ir.Constant(i32, lane))
-                    s8 = builder.shuffle_vector(s8, s8, ir.Constant(vec(i32, 8), [0, 0, 0, 0, 1, 1, 1, 1]))
+                        ints = builder.sub(ints, builder.shuffle_vector(sums16, sums16, lanes))
+                    s8 = builder.shuffle_vector(scales16, scales16, lanes)
                     term = builder.fmul(builder.sitofp(ints, vec(f32, 8)), s8, flags=("fast",))
                     builder.store(builder.fadd(builder.load(acc), term, flags=("fast",)), acc)
         return reduce_8(builder, builder.load(acc))
