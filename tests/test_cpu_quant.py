@@ -411,3 +411,17 @@ def test_q4_k_product_is_exact_on_the_rounded_activations():
     rounded = torch.from_numpy((xq[0].reshape(-1, 32) * xd[0][:, None]).reshape(-1)).double()
     want = weight @ rounded
     assert torch.allclose(torch.from_numpy(out[0]).double(), want, rtol=1e-5, atol=1e-4 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("qtype", sorted(layout.IN_PLACE_KINDS, key=int), ids=lambda t: t.name)
+def test_blocks_in_place_dequantize_bit_exact(qtype):
+    """The prompt path's dequantize of ggml's blocks in place (one LLVM vector loop per row)
+    equals the gguf package's dequantize bit for bit."""
+    pytest.importorskip("numba")
+    from torchggml.torch_backend.cpu.jit.loader import quant_kernels
+    n, k = 37, 512
+    blocks = random_blocks(qtype, n, k, seed=int(qtype)).numpy().view(np.uint8).reshape(n, -1)
+    out = np.full((n, k), np.nan, np.float32)
+    quant_kernels().dequantize_blocks(blocks, layout.IN_PLACE_KINDS[qtype], out)
+    want = gguf_quants.dequantize(blocks, GGMLQuantizationType(int(qtype))).reshape(n, k)
+    np.testing.assert_array_equal(out, want)

@@ -295,6 +295,31 @@ def _row_dot_intrinsic():
     def byte_at(builder, wp, at):
         return builder.zext(builder.load(builder.gep(wp, [at])), i32)
 
+    def q4_k_scales_and_mins(builder, wp, at):
+        """ggml's k_scale_min for a Q4_K block's 8 groups at once, as <8 x i8> (sc, m), from
+        the 12 bytes at `at` (v: 16 bytes from there): g < 4: sc = v[g] & 63, m = v[g+4] & 63;
+        g >= 4: sc = v[g+4] & 15 | (v[g-4] >> 6) << 4, m = v[g+4] >> 4 | (v[g] >> 6) << 4."""
+        c8 = lambda vals: ir.Constant(vec(i8, 8), vals)  # noqa: E731
+        pick = lambda v, lanes: builder.shuffle_vector(v, v, ir.Constant(vec(i32, 8), lanes))  # noqa: E731
+        v = load_i8(builder, wp, at, 16)
+        p, q = pick(v, [0, 1, 2, 3, 8, 9, 10, 11]), pick(v, [0, 1, 2, 3, 0, 1, 2, 3])
+        r, t = pick(v, [4, 5, 6, 7, 8, 9, 10, 11]), pick(v, [4, 5, 6, 7, 4, 5, 6, 7])
+        top = lambda w: builder.shl(builder.lshr(w, c8([6] * 8)), c8([4] * 8))  # noqa: E731
+        first_four = ir.Constant(vec(i32, 8), [0, 1, 2, 3, 12, 13, 14, 15])
+        sc = builder.shuffle_vector(builder.and_(p, c8([63] * 8)), builder.or_(builder.and_(p, c8([15] * 8)), top(q)),
+                                    first_four)
+        m = builder.shuffle_vector(builder.and_(r, c8([63] * 8)), builder.or_(builder.lshr(r, c8([4] * 8)), top(t)),
+                                   first_four)
+        return sc, m
+
+    def q6_k_values(builder, wp, at, h, t):
+        """Values h*128 + 32t .. + 31 of the Q6_K block at `at` as <32 x i8> u = q + 32."""
+        c8 = lambda v: ir.Constant(vec(i8, 32), [v] * 32)  # noqa: E731
+        offset = lambda off: builder.add(at, ir.Constant(at.type, off))  # noqa: E731
+        low = builder.and_(builder.lshr(load_i8(builder, wp, offset(h * 64 + 32 * (t % 2)), 32), c8(4 * (t // 2))), c8(15))
+        high = builder.and_(builder.lshr(load_i8(builder, wp, offset(128 + h * 32), 32), c8(2 * t)), c8(3))
+        return builder.or_(low, builder.shl(high, c8(4)))
+
     def q4_k_blocks_dot(builder, wp, xp, sump, dp, n_groups):
         """A row of ggml's Q4_K blocks in place (144 bytes per 256 values: float16 d and dmin,
         12 bytes of 6-bit scales and mins, 128 bytes of nibbles, each 32 bytes holding sub-block
@@ -311,18 +336,7 @@ def _row_dot_intrinsic():
             half = lambda off: half_bits_to_float(  # noqa: E731
                 builder, builder.load(builder.bitcast(builder.gep(wp, [at(off)]), i16.as_pointer()), align=1))
             d, dmin = half(0), half(2)
-            # ggml's k_scale_min for the 8 groups at once, in 8 byte lanes (v: bytes 4-19, the 12
-            # bytes of scales and mins first): g < 4: sc = v[g] & 63, m = v[g+4] & 63; g >= 4:
-            # sc = v[g+4] & 15 | (v[g-4] >> 6) << 4, m = v[g+4] >> 4 | (v[g] >> 6) << 4
-            v = load_i8(builder, wp, at(4), 16)
-            p, q = pick(v, [0, 1, 2, 3, 8, 9, 10, 11]), pick(v, [0, 1, 2, 3, 0, 1, 2, 3])
-            r, t = pick(v, [4, 5, 6, 7, 8, 9, 10, 11]), pick(v, [4, 5, 6, 7, 4, 5, 6, 7])
-            top = lambda w: builder.shl(builder.lshr(w, c8([6] * 8)), c8([4] * 8))  # noqa: E731
-            first_four = ir.Constant(vec(i32, 8), [0, 1, 2, 3, 12, 13, 14, 15])
-            sc = builder.shuffle_vector(builder.and_(p, c8([63] * 8)),
-                                        builder.or_(builder.and_(p, c8([15] * 8)), top(q)), first_four)
-            m = builder.shuffle_vector(builder.and_(r, c8([63] * 8)),
-                                       builder.or_(builder.lshr(r, c8([4] * 8)), top(t)), first_four)
+            sc, m = q4_k_scales_and_mins(builder, wp, at(4))
             as_float = lambda w: builder.uitofp(builder.zext(w, vec(i32, 8)), vec(f32, 8))  # noqa: E731
             splat = lambda x: pick(builder.insert_element(ir.Constant(vec(f32, 8), ir.Undefined), x,  # noqa: E731
                                                           ir.Constant(i32, 0)), [0] * 8)
@@ -416,7 +430,78 @@ def _row_dot_intrinsic():
             return types.none(w, u), codegen
         return unpack
 
-    return row_dot, make_unpack(nibble_values), make_unpack(six_bit_values)
+    @intrinsic
+    def blocks_to_float(typingctx, w, o, kind):
+        """o[:] = the float32 values of one row of ggml blocks w (uint8; kind: row_dot's block
+        kinds, 34 Q8_0, 18 Q4_0, 144 Q4_K, 210 Q6_K), 32 values a vector."""
+        if not isinstance(kind, types.IntegerLiteral):
+            return None
+        k = kind.literal_value
+
+        def codegen(context, builder, sig, args):
+            wp = builder.bitcast(data_ptr(context, builder, sig.args[0], args[0]), i8.as_pointer())
+            op = data_ptr(context, builder, sig.args[1], args[1])
+            n = builder.extract_value(context.make_array(sig.args[1])(context, builder, args[1]).shape, 0)
+            f32x32 = vec(f32, 32)
+
+            def splat32(x):
+                one = builder.insert_element(ir.Constant(f32x32, ir.Undefined), x, ir.Constant(i32, 0))
+                return builder.shuffle_vector(one, one, ir.Constant(vec(i32, 32), [0] * 32))
+
+            def store(values, at):
+                builder.store(values, builder.bitcast(builder.gep(op, [at]), f32x32.as_pointer()), align=4)
+
+            def half_at(at):
+                return half_bits_to_float(builder, builder.load(builder.bitcast(builder.gep(wp, [at]), i16.as_pointer()),
+                                                                align=1))
+            const = lambda j, v: ir.Constant(j.type, v)  # noqa: E731
+            if k in (34, 18):
+                with cgutils.for_range(builder, builder.lshr(n, const(n, 5))) as loop:
+                    j = loop.index
+                    at = builder.mul(j, const(j, k))
+                    if k == 34:
+                        q = load_i8(builder, wp, builder.add(at, const(j, 2)), 32)
+                    else:
+                        q = builder.sub(nibble_values_at(builder, wp, builder.add(at, const(j, 2))),
+                                        ir.Constant(vec(i8, 32), [8] * 32))
+                    store(builder.fmul(builder.sitofp(q, f32x32), splat32(half_at(at))), builder.mul(j, const(j, 32)))
+            elif k == 144:
+                with cgutils.for_range(builder, builder.lshr(n, const(n, 8))) as loop:
+                    blk = loop.index
+                    at = builder.mul(blk, const(blk, 144))
+                    sc, m = q4_k_scales_and_mins(builder, wp, builder.add(at, const(blk, 4)))
+                    sc_f = builder.uitofp(builder.zext(sc, vec(i32, 8)), vec(f32, 8))
+                    m_f = builder.uitofp(builder.zext(m, vec(i32, 8)), vec(f32, 8))
+                    for g in range(8):
+                        lane = ir.Constant(i32, g)
+                        scale = builder.fmul(half_at(at), builder.extract_element(sc_f, lane))
+                        offset = builder.fmul(half_at(builder.add(at, const(blk, 2))), builder.extract_element(m_f, lane))
+                        packed = load_i8(builder, wp, builder.add(at, const(blk, 16 + (g // 2) * 32)), 32)
+                        u = (builder.and_(packed, ir.Constant(vec(i8, 32), [15] * 32)) if g % 2 == 0
+                             else builder.lshr(packed, ir.Constant(vec(i8, 32), [4] * 32)))
+                        values = builder.fsub(builder.fmul(builder.uitofp(u, f32x32), splat32(scale)), splat32(offset))
+                        store(values, builder.add(builder.mul(blk, const(blk, 256)), const(blk, 32 * g)))
+            else:  # 210
+                with cgutils.for_range(builder, builder.lshr(n, const(n, 8))) as loop:
+                    blk = loop.index
+                    at = builder.mul(blk, const(blk, 210))
+                    d = half_at(builder.add(at, const(blk, 208)))
+                    d16 = builder.shuffle_vector(builder.insert_element(ir.Constant(vec(f32, 16), ir.Undefined), d,
+                                                                        ir.Constant(i32, 0)),
+                                                 ir.Constant(vec(f32, 16), ir.Undefined), ir.Constant(vec(i32, 16), [0] * 16))
+                    scales = builder.fmul(d16, builder.sitofp(load_i8(builder, wp, builder.add(at, const(blk, 192)), 16),
+                                                              vec(f32, 16)))
+                    for h in range(2):
+                        for t in range(4):
+                            g0 = h * 8 + 2 * t
+                            u = builder.sub(q6_k_values(builder, wp, at, h, t), ir.Constant(vec(i8, 32), [32] * 32))
+                            s32 = builder.shuffle_vector(scales, scales, ir.Constant(vec(i32, 32), [g0] * 16 + [g0 + 1] * 16))
+                            store(builder.fmul(builder.sitofp(u, f32x32), s32),
+                                  builder.add(builder.mul(blk, const(blk, 256)), const(blk, h * 128 + 32 * t)))
+            return context.get_dummy_value()
+        return types.none(w, o, kind), codegen
+
+    return row_dot, make_unpack(nibble_values), make_unpack(six_bit_values), blocks_to_float
 
 
 def _row_output_helpers():

@@ -4,7 +4,8 @@ quant_kernels() (loader.py) holds:
     matvec(q, scale, bias, has_bias, kind, w_row0, xq, xd, xsum, x_row, out)
         out[m, n] = sum_k W[w_row0[m] + n, k] x[x_row[m], k]
     block_matvec(blocks, kind, w_row0, xq, xd, x_row, out) / dequantize_blocks(blocks, kind, out)
-        the same over ggml's Q8_0 / Q4_0 / Q4_K / Q6_K blocks in place (no repacking)
+        the same over ggml's Q8_0 / Q4_0 / Q4_K / Q6_K blocks in place (no repacking; the
+        dequantize is llvm_ir's blocks_to_float, a vector loop per row, bit-exact with ggml's)
     quantize_rows(x, g, xq, xd, xsum)                  activations to int8 per group of g
     dequantize_rows / dequantize_nibbles / dequantize_six_bits(..., out)
         out[n, k] = W[n, k], float32 or bfloat16 bits (the prompt path's GEMM weight)
@@ -37,7 +38,7 @@ from numba import njit, prange, uint64
 from .llvm_ir import _half_bits_intrinsic, _row_dot_intrinsic, _row_output_helpers
 
 
-row_dot, unpack_nibbles, unpack_six = _row_dot_intrinsic()
+row_dot, unpack_nibbles, unpack_six, blocks_to_float = _row_dot_intrinsic()
 _float_row, _store_row = _row_output_helpers()
 half_to_f32 = _half_bits_intrinsic()
 
@@ -127,64 +128,21 @@ def block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out):
                 out[m, n] = row_dot(blocks[r], xq[x], group_sums[x], xd[x], 210)
 
 
-@njit(fastmath=True, cache=True, nogil=True)
-def _dequantize_q4_k_row(b, o):
-    for blk in range(o.shape[0] // 256):
-        at = blk * 144
-        d = half_to_f32(np.uint16(np.int64(b[at]) | (np.int64(b[at + 1]) << 8)))
-        dmin = half_to_f32(np.uint16(np.int64(b[at + 2]) | (np.int64(b[at + 3]) << 8)))
-        for g in range(8):  # ggml's k_scale_min
-            if g < 4:
-                sc, m = np.int64(b[at + 4 + g]) & 63, np.int64(b[at + 8 + g]) & 63
-            else:
-                sc = (np.int64(b[at + 8 + g]) & 15) | ((np.int64(b[at + g]) >> 6) << 4)
-                m = (np.int64(b[at + 8 + g]) >> 4) | ((np.int64(b[at + 4 + g]) >> 6) << 4)
-            scale, offset = d * np.float32(sc), dmin * np.float32(m)
-            src, shift = at + 16 + (g // 2) * 32, 4 * (g % 2)
-            for i in range(32):
-                o[blk * 256 + g * 32 + i] = np.float32((np.int64(b[src + i]) >> shift) & 15) * scale - offset
-
-
-@njit(fastmath=True, cache=True, nogil=True)
-def _dequantize_q6_k_row(b, o):
-    for blk in range(o.shape[0] // 256):
-        at = blk * 210
-        d = half_to_f32(np.uint16(np.int64(b[at + 208]) | (np.int64(b[at + 209]) << 8)))
-        for h in range(2):  # ggml's Q6_K value order
-            for l in range(128):
-                low = (np.int64(b[at + h * 64 + (l % 64)]) >> (4 * (l // 64))) & 15
-                high = (np.int64(b[at + 128 + h * 32 + (l % 32)]) >> (2 * (l // 32))) & 3
-                v = h * 128 + l
-                scale = d * np.float32(np.int8(b[at + 192 + v // 16]))
-                o[blk * 256 + v] = np.float32((low | (high << 4)) - 32) * scale
-
-
 @njit(fastmath=True, parallel=True, cache=True, nogil=True)
 def dequantize_blocks(blocks, kind, out):
     """ggml's Q8_0 (kind 34), Q4_0 (18), Q4_K (144) or Q6_K (210) blocks [N, row bytes] -> out [N, K] as
     dequantize_rows writes it (float32 or bfloat16 bits): d * q, d * (nibble - 8),
     d sc q - dmin m."""
     for n in prange(blocks.shape[0]):
-        b = blocks[n]
         o = _float_row(out[n])
-        if kind == 144 or kind == 210:
-            if kind == 144:
-                _dequantize_q4_k_row(b, o)
-            else:
-                _dequantize_q6_k_row(b, o)
-            _store_row(o, out[n])
-            continue
-        for j in range(o.shape[0] // 32):
-            at = j * kind
-            d = half_to_f32(np.uint16(np.int64(b[at]) | (np.int64(b[at + 1]) << 8)))
-            if kind == 34:
-                for i in range(32):
-                    o[j * 32 + i] = np.float32(np.int8(b[at + 2 + i])) * d
-            else:
-                for i in range(16):
-                    v = np.int64(b[at + 2 + i])
-                    o[j * 32 + i] = np.float32((v & 15) - 8) * d
-                    o[j * 32 + i + 16] = np.float32((v >> 4) - 8) * d
+        if kind == 34:  # blocks_to_float's kind is a compile-time constant: one branch each
+            blocks_to_float(blocks[n], o, 34)
+        elif kind == 18:
+            blocks_to_float(blocks[n], o, 18)
+        elif kind == 144:
+            blocks_to_float(blocks[n], o, 144)
+        else:
+            blocks_to_float(blocks[n], o, 210)
         _store_row(o, out[n])
 
 

@@ -19,7 +19,9 @@ Q4_K's q in [0, 15]. Decode streams these bytes once a token, so they bound its 
 place (IN_PLACE_KINDS, block_product; ggml's sizes, nothing converted at load); their experts
 (3-D, for MUL_MAT_ID) and the other types are. Products: M < FUSED_MAX_ROWS rows of activations
 run the fused matvec; larger micro-batches dequantize the weight once per call into the fastest
-GEMM dtype and use torch's GEMM (the dequantize is ~1% of a 128-row product). MUL_MAT_ID groups
+GEMM dtype and use torch's GEMM (for ggml's blocks in place, one LLVM vector loop a row:
+1.6-1.8 ms for 5632x2048 on a Zen 4 core, ~12% of the 128-row bf16 GEMM's 14.5 ms; the scalar
+loops it replaced took 6-15 ms). MUL_MAT_ID groups
 its (token, slot) pairs by expert and applies the same rule per expert: the experts with few rows
 share one matvec call over their slabs (activations quantized once), each expert with many
 rows is dequantized once for its GEMM; unused experts are not read.
