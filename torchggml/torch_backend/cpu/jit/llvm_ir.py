@@ -325,7 +325,7 @@ def _row_dot_intrinsic():
         12 bytes of 6-bit scales and mins, 128 bytes of nibbles, each 32 bytes holding sub-block
         2p in the low nibbles and 2p + 1 in the high) times the int8 activations:
         sum_g d sc_g xd_g (q_g . x_g) - dmin m_g xsum_g, with xsum (sump) the groups' float sums."""
-        acc = cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8))
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8)) for _ in range(ACCUMULATORS)]
         offsets = cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8))
         c8 = lambda vals: ir.Constant(vec(i8, 8), vals)  # noqa: E731
         pick = lambda v, lanes: builder.shuffle_vector(v, v, ir.Constant(vec(i32, 8), lanes))  # noqa: E731
@@ -354,8 +354,12 @@ def _row_dot_intrinsic():
                 xv = load_i8(builder, xp, builder.mul(jg, ir.Constant(jg.type, 32)), 32)
                 ints = nibble_products(builder, u, xv, False)
                 term = builder.fmul(builder.sitofp(ints, vec(f32, 8)), pick(scales, [g] * 8), flags=("fast",))
+                acc = accs[g % ACCUMULATORS]  # independent sums: the adds' latency overlaps
                 builder.store(builder.fadd(builder.load(acc), term, flags=("fast",)), acc)
-        return builder.fsub(reduce_8(builder, builder.load(acc)), reduce_8(builder, builder.load(offsets)),
+        total = builder.load(accs[0])
+        for acc in accs[1:]:
+            total = builder.fadd(total, builder.load(acc), flags=("fast",))
+        return builder.fsub(reduce_8(builder, total), reduce_8(builder, builder.load(offsets)),
                             flags=("fast",))
 
     def q6_k_blocks_dot(builder, wp, xp, sump, dp, n_groups):
@@ -366,7 +370,7 @@ def _row_dot_intrinsic():
         sum_g d sc_g xd_g ((u_g - 32) . x_g), sump the int32 sums of x per group of 16 (for the
         minus 32: a subtraction instead of a second byte dot)."""
         sums = builder.bitcast(sump, i32.as_pointer())
-        acc = cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8))
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8)) for _ in range(ACCUMULATORS)]
         c8 = lambda v: ir.Constant(vec(i8, 32), [v] * 32)  # noqa: E731
         with cgutils.for_range(builder, builder.lshr(n_groups, ir.Constant(n_groups.type, 4))) as loop:
             blk = loop.index
@@ -402,8 +406,12 @@ def _row_dot_intrinsic():
                         ints = builder.sub(ints, builder.shuffle_vector(sums16, sums16, lanes))
                     s8 = builder.shuffle_vector(scales16, scales16, lanes)
                     term = builder.fmul(builder.sitofp(ints, vec(f32, 8)), s8, flags=("fast",))
+                    acc = accs[(h * 4 + t) % ACCUMULATORS]  # independent sums: the adds' latency overlaps
                     builder.store(builder.fadd(builder.load(acc), term, flags=("fast",)), acc)
-        return reduce_8(builder, builder.load(acc))
+        total = builder.load(accs[0])
+        for acc in accs[1:]:
+            total = builder.fadd(total, builder.load(acc), flags=("fast",))
+        return reduce_8(builder, total)
 
     def nibble_values(builder, w, j):
         """Group j's 32 4-bit values (16 bytes: value i low nibble, value i + 16 high) as <32 x i8>."""
