@@ -30,7 +30,7 @@ At module level, as quant_kernels.py's, so that numba's disk cache serves them i
 import math
 
 import numpy as np
-from numba import njit, types
+from numba import njit, prange, types
 from numba.extending import overload
 
 
@@ -250,12 +250,13 @@ def copy(src, dst):
                             dst[i3, i2, i1, i0] = moved(src[i3, i2, i1, i0], dst)
 
 
-@jit
-def transpose(src, dst):
+@njit(cache=True, nogil=True, error_model="numpy", parallel=True)
+def transpose(src, dst):  # the row blocks split over the threads (V^T of 256 x 1024: 78 -> 45 us)
     t = TRANSPOSE_BLOCK
     rows, cols = src.shape
     full_rows, full_cols = rows - rows % t, cols - cols % t
-    for r0 in range(0, full_rows, t):
+    for row_block in prange(full_rows // t):
+        r0 = row_block * t
         for c0 in range(0, full_cols, t):
             for i in range(t):
                 for j in range(t):
@@ -310,24 +311,26 @@ def swiglu(x, gate, out):
                     out[i3, i2, i1, i0] = store_as(v / (one + exp_f32(-v)) * load(gate[i3, i2, i1, i0]), out)
 
 
-@njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})  # a vector sum, as ggml's
+# a vector sum, as ggml's; the heads (i2, i3) split over the threads: attention's KQ and KQV are
+# tens of microseconds a layer, and one thread left the other idle
+@njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"}, parallel=True)
 def half_products(a, a_strides, b, b_strides, out, k, r2, r3):
     sa3, sa2, sa1 = a_strides[0], a_strides[1], a_strides[2]
     sb3, sb2, sb1 = b_strides[0], b_strides[1], b_strides[2]
-    for i3 in range(out.shape[0]):
-        for i2 in range(out.shape[1]):
-            a_base = (i3 // r3) * sa3 + (i2 // r2) * sa2
-            for m in range(out.shape[2]):
-                b_row = i3 * sb3 + i2 * sb2 + m * sb1
-                row_b = b[b_row:b_row + k]
-                for n in range(out.shape[3]):
-                    # 1-D slices: indexing a and b by offsets within the loop kept LLVM from
-                    # vectorizing it (~20x slower)
-                    row_a = a[a_base + n * sa1:a_base + n * sa1 + k]
-                    total = np.float32(0.0)
-                    for i in range(k):
-                        total += half_to_float(row_a[i]) * row_b[i]
-                    out[i3, i2, m, n] = total
+    for head in prange(out.shape[0] * out.shape[1]):
+        i3, i2 = head // out.shape[1], head % out.shape[1]
+        a_base = (i3 // r3) * sa3 + (i2 // r2) * sa2
+        for m in range(out.shape[2]):
+            b_row = i3 * sb3 + i2 * sb2 + m * sb1
+            row_b = b[b_row:b_row + k]
+            for n in range(out.shape[3]):
+                # 1-D slices: indexing a and b by offsets within the loop kept LLVM from
+                # vectorizing it (~20x slower)
+                row_a = a[a_base + n * sa1:a_base + n * sa1 + k]
+                total = np.float32(0.0)
+                for i in range(k):
+                    total += half_to_float(row_a[i]) * row_b[i]
+                out[i3, i2, m, n] = total
 
 
 @jit
