@@ -183,30 +183,9 @@ def _row_dot_intrinsic():
             if k in (16, 6):  # groups in pairs (K-quant rows hold an even number of 16-value groups)
                 n_groups = builder.lshr(n_groups, ir.Constant(n_groups.type, 1))
 
-            def group_ints(j):
-                """Block j's integer products (Q8_0, Q4_0) as <8 x i32>."""
-                if k == 18:
-                    at_w = builder.add(builder.mul(j, ir.Constant(j.type, 18)), ir.Constant(j.type, 2))
-                    xv = load_i8(builder, xp, builder.mul(j, ir.Constant(j.type, 32)), 32)
-                    ints = nibble_products(builder, nibble_values_at(builder, wp, at_w), xv, False)
-                    total = builder.load(builder.gep(builder.bitcast(sp, i32.as_pointer()), [j]))
-                    return builder.sub(ints, builder.shuffle_vector(
-                        builder.insert_element(ir.Constant(vec(i32, 8), ir.Undefined), total, ir.Constant(i32, 0)),
-                        ir.Constant(vec(i32, 8), ir.Undefined), ir.Constant(vec(i32, 8), [0] * 8)))
-                return group_products(builder, wp, xp, j, k)
-
             def term(j):
                 """Group j's <8 x float> contribution: its integer products times its scale."""
-                if k == 18:  # sum (u - 8) x = sum u x - 8 S, S (in `scale`) the group's sum of x: S a lane
-                    at_w = builder.add(builder.mul(j, ir.Constant(j.type, 18)), ir.Constant(j.type, 2))
-                    xv = load_i8(builder, xp, builder.mul(j, ir.Constant(j.type, 32)), 32)
-                    ints = nibble_products(builder, nibble_values_at(builder, wp, at_w), xv, False)
-                    total = builder.load(builder.gep(builder.bitcast(sp, i32.as_pointer()), [j]))
-                    ints = builder.sub(ints, builder.shuffle_vector(
-                        builder.insert_element(ir.Constant(vec(i32, 8), ir.Undefined), total, ir.Constant(i32, 0)),
-                        ir.Constant(vec(i32, 8), ir.Undefined), ir.Constant(vec(i32, 8), [0] * 8)))
-                else:
-                    ints = group_products(builder, wp, xp, j, k)
+                ints = group_products(builder, wp, xp, j, k)
                 undef8 = ir.Constant(vec(f32, 8), ir.Undefined)
                 if k in (16, 6):  # [s(2j)] * 4 ++ [s(2j+1)] * 4
                     j0 = builder.shl(j, ir.Constant(j.type, 1))
@@ -221,8 +200,10 @@ def _row_dot_intrinsic():
                     s8 = builder.shuffle_vector(s8, s8, ir.Constant(vec(i32, 8), [0] * 8))
                 return builder.fmul(builder.sitofp(ints, vec(f32, 8)), s8, flags=("fast",))
 
-            if k in (34, 18):
-                return blocks_sum_terms(builder, wp, dp, n_groups, k, lambda j: group_ints(j))
+            if k == 18:
+                return q4_0_pairs_dot(builder, wp, xp, sp, dp, n_groups)
+            if k == 34:
+                return blocks_sum_terms(builder, wp, dp, n_groups, k, lambda j: group_products(builder, wp, xp, j, k))
             return sum_terms(builder, term, n_groups)
         return types.float32(w, x, scale, xd, kind), codegen
 
@@ -265,6 +246,105 @@ def _row_dot_intrinsic():
         for acc in accs[1:]:
             total = builder.fadd(total, builder.load(acc), flags=("fast",))
         return reduce_8(builder, total)
+
+    def q4_0_pairs_dot(builder, wp, xp, minusp, dp, n_blocks):
+        """A row of ggml's Q4_0 blocks in place (18 bytes: float16 d, 16 bytes of nibbles, byte i
+        value i low and value i + 16 high) times the activations, two blocks a vector: the 32
+        bytes of blocks 2p and 2p + 1 side by side hold both blocks' values 0-15 in their low
+        nibbles and 16-31 in their high ones, so one byte dot each gives 8 int32 lanes, 0-3 block
+        2p's and 4-7 block 2p + 1's, with no shuffle of the weights (half the instructions a block
+        of a block at a time). xp: the int8 activations with each 64 of a pair reordered to match
+        (pair_activations: values 0-15 of both blocks, then 16-31 of both; an odd last block as
+        it is); minusp: int32 per pair, 8 lanes of 2 S (S a block's sum of x: sum (u - 8) x =
+        sum u x - 8 S exactly, in integers), 8 lanes of S for an odd last block; xd the blocks'
+        activation scales. The scales d_j xd_j are taken 8 blocks at a time as one vector."""
+        minus = builder.bitcast(minusp, i32.as_pointer())
+        const = lambda v: ir.Constant(n_blocks.type, v)  # noqa: E731
+        n_pairs = builder.lshr(n_blocks, const(1))
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8)) for _ in range(ACCUMULATORS)]
+
+        def pair_ints(p):
+            at = builder.mul(p, const(36))
+            packed = builder.shuffle_vector(load_i8(builder, wp, builder.add(at, const(2)), 16),
+                                            load_i8(builder, wp, builder.add(at, const(20)), 16),
+                                            ir.Constant(vec(i32, 32), list(range(32))))
+            low = builder.and_(packed, ir.Constant(vec(i8, 32), [15] * 32))
+            high = builder.lshr(packed, ir.Constant(vec(i8, 32), [4] * 32))
+            x_at = builder.mul(p, const(64))
+            ints = adjacent_byte_dot(builder, high, load_i8(builder, xp, builder.add(x_at, const(32)), 32),
+                                     adjacent_byte_dot(builder, low, load_i8(builder, xp, x_at, 32)))
+            sub = builder.load(builder.bitcast(builder.gep(minus, [builder.mul(p, const(8))]), vec(i32, 8).as_pointer()),
+                               align=4)
+            return builder.sub(ints, sub)
+
+        def d_bits(j):
+            at = builder.gep(wp, [builder.mul(j, const(18))])
+            return builder.load(builder.bitcast(at, i16.as_pointer()), align=1)
+
+        def add(acc, p, s8):
+            term = builder.fmul(builder.sitofp(pair_ints(p), vec(f32, 8)), s8, flags=("fast",))
+            builder.store(builder.fadd(builder.load(acc), term, flags=("fast",)), acc)
+
+        per = ACCUMULATORS  # pairs an iteration: 2 * per blocks' scales as one vector
+        with cgutils.for_range(builder, builder.udiv(n_pairs, const(per))) as loop:
+            block0 = builder.mul(loop.index, const(2 * per))
+            bits = ir.Constant(vec(i16, 2 * per), ir.Undefined)
+            for b in range(2 * per):
+                bits = builder.insert_element(bits, d_bits(builder.add(block0, const(b))), ir.Constant(i32, b))
+            xd = builder.load(builder.bitcast(builder.gep(dp, [block0]), vec(f32, 2 * per).as_pointer()), align=4)
+            scales = builder.fmul(halves_to_float(builder, bits), xd, flags=("fast",))
+            for q in range(per):
+                lanes = ir.Constant(vec(i32, 8), [2 * q] * 4 + [2 * q + 1] * 4)
+                add(accs[q], builder.add(builder.mul(loop.index, const(per)), const(q)),
+                    builder.shuffle_vector(scales, scales, lanes))
+
+        def scale_of(j):
+            return builder.fmul(half_bits_to_float(builder, d_bits(j)), builder.load(builder.gep(dp, [j])))
+
+        done = builder.mul(builder.udiv(n_pairs, const(per)), const(per))
+        with cgutils.for_range(builder, builder.sub(n_pairs, done)) as loop:
+            p = builder.add(done, loop.index)
+            s2 = ir.Constant(vec(f32, 8), ir.Undefined)
+            s2 = builder.insert_element(s2, scale_of(builder.shl(p, const(1))), ir.Constant(i32, 0))
+            s2 = builder.insert_element(s2, scale_of(builder.add(builder.shl(p, const(1)), const(1))), ir.Constant(i32, 1))
+            add(accs[0], p, builder.shuffle_vector(s2, s2, ir.Constant(vec(i32, 8), [0] * 4 + [1] * 4)))
+        with cgutils.if_unlikely(builder, builder.trunc(n_blocks, ir.IntType(1))):  # an odd last block
+            j = builder.sub(n_blocks, const(1))
+            xv = load_i8(builder, xp, builder.mul(j, const(32)), 32)
+            ints = nibble_products(builder, nibble_values_at(builder, wp, builder.add(builder.mul(j, const(18)), const(2))),
+                                   xv, False)
+            sub = builder.load(builder.bitcast(builder.gep(minus, [builder.mul(n_pairs, const(8))]),
+                                               vec(i32, 8).as_pointer()), align=4)
+            sj = builder.insert_element(ir.Constant(vec(f32, 8), ir.Undefined), scale_of(j), ir.Constant(i32, 0))
+            term = builder.fmul(builder.sitofp(builder.sub(ints, sub), vec(f32, 8)),
+                                builder.shuffle_vector(sj, sj, ir.Constant(vec(i32, 8), [0] * 8)), flags=("fast",))
+            builder.store(builder.fadd(builder.load(accs[0]), term, flags=("fast",)), accs[0])
+        total = builder.load(accs[0])
+        for acc in accs[1:]:
+            total = builder.fadd(total, builder.load(acc), flags=("fast",))
+        return reduce_8(builder, total)
+
+    def adjacent_byte_dot(builder, u, xv, acc=None):
+        """acc (<8 x i32>, or zeros) plus 32 unsigned bytes u (< 128) times 32 int8 xv, lane i
+        the sum of products 4i..4i+3 (the byte dot instruction's lanes; the widening code folds
+        alike)."""
+        fast = _byte_dot_8(builder, u, xv, acc)
+        if fast is not None:
+            return fast
+        wide = vec(i32, 32)
+        dot = fold_adjacent_to_8(builder, builder.mul(builder.zext(u, wide), builder.sext(xv, wide)))
+        return dot if acc is None else builder.add(acc, dot)
+
+    def halves_to_float(builder, bits):
+        """<n x i16> float16 bits -> <n x float>."""
+        n = bits.type.count
+        if native_half():
+            return builder.fpext(builder.bitcast(bits, vec(ir.HalfType(), n)), vec(f32, n))
+        out = ir.Constant(vec(f32, n), ir.Undefined)
+        for lane in range(n):
+            value = half_bits_to_float(builder, builder.extract_element(bits, ir.Constant(i32, lane)))
+            out = builder.insert_element(out, value, ir.Constant(i32, lane))
+        return out
 
     def sum_terms(builder, term, n):
         """reduce(sum_{j<n} term(j)) over ACCUMULATORS independent <8 x float> sums: one sum
@@ -577,9 +657,10 @@ def native_half() -> bool:
     return "f16c" in target_features()
 
 
-def _byte_dot_8(builder, u, s):
+def _byte_dot_8(builder, u, s, acc=None):
     """IR: <n x i8> u (unsigned, < 128 here) times <n x i8> s (signed), n 32 or 16, summed in
-    groups of 4 into <8 x i32> (n 16: the upper 4 lanes 0) by the CPU's byte dot instruction:
+    groups of 4 into <8 x i32> (n 16: the upper 4 lanes 0), plus acc where given (n 32), by the
+    CPU's byte dot instruction:
     vpdpbusd (AVX512-VNNI with VL, AVX-VNNI), else vpmaddubsw + vpmaddwd (AVX2, as ggml's AVX2
     kernels: no saturation for u < 128 and |s| <= 127); None where the target has neither (the
     generic widening code then)."""
@@ -593,7 +674,10 @@ def _byte_dot_8(builder, u, s):
     if ("avx512vnni" in feats and "avx512vl" in feats) or "avxvnni" in feats:
         fn = cgutils.get_or_insert_function(module, ir.FunctionType(lanes, [lanes, lanes, lanes]),
                                             f"llvm.x86.avx512.vpdpbusd.{n * 8}")
-        dot = builder.call(fn, [ir.Constant(lanes, [0] * (n // 4)), builder.bitcast(u, lanes), builder.bitcast(s, lanes)])
+        start = acc if acc is not None and n == 32 else ir.Constant(lanes, [0] * (n // 4))
+        dot = builder.call(fn, [start, builder.bitcast(u, lanes), builder.bitcast(s, lanes)])
+        if n == 32:
+            return dot
     elif "avx2" in feats:
         maddubs, maddwd = (("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd") if n == 32 else
                            ("llvm.x86.ssse3.pmadd.ub.sw.128", "llvm.x86.sse2.pmadd.wd"))
@@ -604,7 +688,7 @@ def _byte_dot_8(builder, u, s):
         return None
     if n == 16:  # <4 x i32> -> <8 x i32>, zeros above
         dot = builder.shuffle_vector(dot, ir.Constant(lanes, [0] * 4), ir.Constant(ir.VectorType(i32, 8), list(range(8))))
-    return dot
+    return dot if acc is None else builder.add(acc, dot)
 
 
 def half_bits_to_float(builder, bits):

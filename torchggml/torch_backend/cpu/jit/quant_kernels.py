@@ -100,32 +100,76 @@ def matvec(q, scale, bias, has_bias, kind, w_row0, xq, xd, xsum, x_row, out):
             out[m, n] = acc
 
 
+@njit(fastmath=True, cache=True, nogil=True)
+def pair_activations(xq, xp, minus):
+    """Q4_0's activations as its row_dot (llvm_ir's q4_0_pairs_dot) reads two blocks at once: in
+    each 64 values of a block pair, the values 0-15 of both blocks, then 16-31 of both (an odd
+    last block as it is); minus [X, 8 * ceil(blocks / 2)] int32: per pair 4 lanes of 2 S for
+    each block (S its sum of x: the lanes add up to the 8 S of sum (u - 8) x = sum u x - 8 S),
+    8 lanes of S for an odd last block."""
+    n_blocks = xq.shape[1] // 32
+    for x in range(xq.shape[0]):
+        for p in range(n_blocks // 2):
+            b = 64 * p
+            first, second = 0, 0
+            for i in range(16):
+                xp[x, b + i] = xq[x, b + i]
+                xp[x, b + 16 + i] = xq[x, b + 32 + i]
+                xp[x, b + 32 + i] = xq[x, b + 16 + i]
+                xp[x, b + 48 + i] = xq[x, b + 48 + i]
+            for i in range(32):
+                first += np.int32(xq[x, b + i])
+                second += np.int32(xq[x, b + 32 + i])
+            for lane in range(4):
+                minus[x, 8 * p + lane] = 2 * first
+                minus[x, 8 * p + 4 + lane] = 2 * second
+        if n_blocks % 2:
+            b = 32 * (n_blocks - 1)
+            total = 0
+            for i in range(32):
+                xp[x, b + i] = xq[x, b + i]
+                total += np.int32(xq[x, b + i])
+            for lane in range(8):
+                minus[x, 8 * (n_blocks // 2) + lane] = total
+
+
+@njit(fastmath=True, cache=True, nogil=True)
+def _group_sums(xq, g, sums):
+    """sums[x, j] = the int32 sum of xq[x] over group j of g values."""
+    for x in range(sums.shape[0]):
+        for j in range(sums.shape[1]):
+            total = 0
+            for i in range(j * g, j * g + g):
+                total += np.int32(xq[x, i])
+            sums[x, j] = total
+
+
 @njit(fastmath=True, parallel=True, cache=True, nogil=True)
 def block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out):
     """matvec over ggml's blocks in place (blocks uint8 [rows, row bytes]): kind 34 for Q8_0,
     18 for Q4_0, 144 for Q4_K, 210 for Q6_K (llvm_ir.BLOCK_KINDS; the scales and mins are read from the blocks)."""
-    # Q4_0 and Q6_K take the sums of x per 32 / 16 values (for their values' minus 8 / 32) once
-    # per activation row
-    g = 32 if kind == 18 else 16
-    n_groups = xq.shape[1] // g if kind == 18 or kind == 210 else 0
-    group_sums = np.zeros((xq.shape[0], n_groups), np.int32)
-    for x in range(group_sums.shape[0]):
-        for j in range(n_groups):
-            total = 0
-            for i in range(j * g, j * g + g):
-                total += np.int32(xq[x, i])
-            group_sums[x, j] = total
+    # once per activation row: Q4_0's pair order and minus 8 terms, Q6_K's sums of x per 16 (for
+    # its values' minus 32)
+    n_x, k = xq.shape
+    if kind == 18:
+        xp = np.empty_like(xq)
+        sums = np.empty((n_x, 8 * ((k // 32 + 1) // 2)), np.int32)
+        pair_activations(xq, xp, sums)
+    else:
+        xp = xq
+        sums = np.empty((n_x, k // 16 if kind == 210 else 0), np.int32)
+        _group_sums(xq, 16, sums)
     for n in prange(out.shape[1]):
         for m in range(out.shape[0]):
             r, x = w_row0[m] + n, x_row[m]
             if kind == 34:
-                out[m, n] = row_dot(blocks[r], xq[x], xd[x], xd[x], 34)
+                out[m, n] = row_dot(blocks[r], xp[x], xd[x], xd[x], 34)
             elif kind == 18:
-                out[m, n] = row_dot(blocks[r], xq[x], group_sums[x], xd[x], 18)
+                out[m, n] = row_dot(blocks[r], xp[x], sums[x], xd[x], 18)
             elif kind == 144:
-                out[m, n] = row_dot(blocks[r], xq[x], xsum[x], xd[x], 144)
+                out[m, n] = row_dot(blocks[r], xp[x], xsum[x], xd[x], 144)
             else:
-                out[m, n] = row_dot(blocks[r], xq[x], group_sums[x], xd[x], 210)
+                out[m, n] = row_dot(blocks[r], xp[x], sums[x], xd[x], 210)
 
 
 @njit(fastmath=True, parallel=True, cache=True, nogil=True)
