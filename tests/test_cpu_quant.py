@@ -393,28 +393,49 @@ def test_a_changed_llvm_ir_drops_the_cached_kernels(tmp_path, monkeypatch):
     assert not flushed
 
 
-def test_q4_k_product_is_exact_on_the_rounded_activations():
-    """A Q4_K row is d sc q - dmin m per group: its product must use the rounded activations'
-    sums for the mins, as ggml's Q8_K bsums do, so that the rounding cancels between the two
-    terms; the float sums of x did not (found by the fuzzer: a Q4_K_M model whose token_embd
-    and ffn_gate were swapped, 5.3% from llama.cpp's logits)."""
+def test_k_quant_activations_round_as_ggml_q8_k():
+    """The K-quants' matvec rounds activations as ggml's Q8_K (quantize_row_q8_K_ref: one scale
+    a block of 256, the sums of each 16): d, q and bsums equal the reference's, all-zero blocks
+    included."""
+    pytest.importorskip("numba")
+    from torchggml.quants import quantize
+    from torchggml.torch_backend.cpu.jit.loader import quant_kernels
+    x = torch.randn(3, 1024, generator=torch.Generator().manual_seed(3)) * 5
+    x[1, 256:512] = 0
+    xq, xd, bsums = np.empty((3, 1024), np.int8), np.empty((3, 4), np.float32), np.empty((3, 64), np.int16)
+    quant_kernels().quantize_rows_q8_k(x.numpy(), xq, xd, bsums)
+    blocks = quantize("Q8_K", x.reshape(-1, 256)).numpy().view(np.uint8).reshape(12, -1)  # d f32, 256 q, 16 sums
+    np.testing.assert_array_equal(xd.reshape(-1), blocks[:, :4].copy().view(np.float32).reshape(-1))
+    np.testing.assert_array_equal(xq.reshape(12, 256), blocks[:, 4:260].view(np.int8))
+    np.testing.assert_array_equal(bsums.reshape(12, 16), blocks[:, 260:292].copy().view(np.int16))
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_k_quant_products_are_exact_on_the_rounded_activations(qtype):
+    """A Q4_K row is d sc q - dmin m per group, a Q6_K row d sc (u - 32): the product sums each
+    block's scaled groups and its mins (Q4_K) or offsets (Q6_K, from the activations' sums of 16)
+    as integers, as ggml's kernels, so that it equals the float64 product with the rounded
+    activations; with the float sums of x for the mins, the rounding did not cancel (found by
+    the fuzzer: a Q4_K_M model whose token_embd and ffn_gate were swapped, 5.3% from
+    llama.cpp's logits)."""
     pytest.importorskip("numba")
     from torchggml.quants import quantize
     from torchggml.torch_backend.cpu.jit.loader import quant_kernels
     kernels = quant_kernels()
     gen = torch.Generator().manual_seed(0)
-    n, k = 64, 512
+    n, k, m = 64, 768, 3
     w = torch.rand(n, k, generator=gen) * 4 + 1  # all positive: large mins
-    blocks = quantize("Q4_K", w).numpy().view(np.uint8).reshape(n, -1)
-    weight = dequantize("Q4_K", torch.from_numpy(blocks.reshape(-1).copy())).reshape(n, k).double()
-    x = (torch.randn(1, k, generator=gen) * 3).numpy()
-    xq, xd, xsum = np.empty((1, k), np.int8), np.empty((1, k // 32), np.float32), np.empty((1, k // 32), np.float32)
-    kernels.quantize_rows(x, 32, xq, xd, xsum)
-    out = np.empty((1, n), np.float32)
-    kernels.block_matvec(blocks, 144, np.zeros(1, np.int64), xq, xd, xsum, np.arange(1), out)
-    rounded = torch.from_numpy((xq[0].reshape(-1, 32) * xd[0][:, None]).reshape(-1)).double()
-    want = weight @ rounded
-    assert torch.allclose(torch.from_numpy(out[0]).double(), want, rtol=1e-5, atol=1e-4 * want.abs().max().item())
+    blocks = quantize(qtype, w).numpy().view(np.uint8).reshape(n, -1)
+    weight = dequantize(qtype, torch.from_numpy(blocks.reshape(-1).copy())).reshape(n, k).double()
+    x = (torch.randn(m, k, generator=gen) * 3).numpy()
+    xq, xd, bsums = np.empty((m, k), np.int8), np.empty((m, k // 256), np.float32), np.empty((m, k // 16), np.int16)
+    kernels.quantize_rows_q8_k(x, xq, xd, bsums)
+    out = np.empty((m, n), np.float32)
+    kernels.block_matvec(blocks, layout.IN_PLACE_KINDS[getattr(T, qtype)], np.zeros(m, np.int64), xq, xd, bsums,
+                         np.arange(m), out)
+    rounded = torch.from_numpy((xq.reshape(m, -1, 256) * xd[:, :, None]).reshape(m, k)).double()
+    want = rounded @ weight.T
+    assert torch.allclose(torch.from_numpy(out).double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
 @pytest.mark.parametrize("qtype", sorted(layout.IN_PLACE_KINDS, key=int), ids=lambda t: t.name)

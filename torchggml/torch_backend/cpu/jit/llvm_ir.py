@@ -29,11 +29,11 @@ def _row_dot_intrinsic():
     literal): 32 or 16 for int8 groups of that size, 4 for 4-bit groups of 32 stored in 16 bytes
     (byte i: value i low nibble, value i + 16 high nibble), -4 for the same nibbles minus 8
     (Q4_0's signed values, as ggml's kernels subtract 8). Block kinds read ggml's blocks in
-    place (w: the row's raw bytes; scale is not read): 34 for Q8_0 (float16 d, 32 int8 values),
-    18 for Q4_0 (float16 d, 16 bytes of nibbles minus 8, in the 4-bit order above; scale: int32
-    sums of x per group, for the minus 8: one subtraction instead of a second byte dot), 144 for
-    Q4_K (q4_k_blocks_dot; scale is then the activations' float group sums, for the mins), 210
-    for Q6_K (q6_k_blocks_dot, activations in groups of 16; scale: int32 sums of x per 16).
+    place (w: the row's raw bytes): 34 for Q8_0 (float16 d, 32 int8 values; scale not read),
+    18 for Q4_0 (q4_0_pairs_dot: two blocks a vector; x in pair order, scale the int32 minus 8
+    terms, see quant_kernels.pair_activations), 144 for Q4_K and 210 for Q6_K (q4_k_blocks_dot,
+    q6_k_blocks_dot: activations rounded as ggml's Q8_K, xd one scale per 256 values and scale
+    the int16 sums of each 16 values, for the mins and the minus 32).
     """
     from llvmlite import ir
     from numba import types
@@ -175,7 +175,7 @@ def _row_dot_intrinsic():
             sp = data_ptr(context, builder, sig.args[2], args[2])
             dp = data_ptr(context, builder, sig.args[3], args[3])
             n_groups = context.make_array(sig.args[3])(context, builder, args[3]).shape  # xd's: K / G
-            n_groups = builder.extract_value(n_groups, 0)
+            n_groups = builder.extract_value(n_groups, 0)  # K / 256 for the K-quants' blocks
             if k == 144:
                 return q4_k_blocks_dot(builder, wp, xp, sp, dp, n_groups)
             if k == 210:
@@ -400,74 +400,91 @@ def _row_dot_intrinsic():
         high = builder.and_(builder.lshr(load_i8(builder, wp, offset(128 + h * 32), 32), c8(2 * t)), c8(3))
         return builder.or_(low, builder.shl(high, c8(4)))
 
-    def q4_k_blocks_dot(builder, wp, xp, sump, dp, n_groups):
-        """A row of ggml's Q4_K blocks in place (144 bytes per 256 values: float16 d and dmin,
-        12 bytes of 6-bit scales and mins, 128 bytes of nibbles, each 32 bytes holding sub-block
-        2p in the low nibbles and 2p + 1 in the high) times the int8 activations:
-        sum_g d sc_g xd_g (q_g . x_g) - dmin m_g xsum_g, with xsum (sump) the groups' float sums."""
+    def k_blocks_dot(builder, n_blocks, block_term):
+        """reduce(sum_b block_term(b)) over a row's K-quant blocks (<8 x float> terms, each from
+        its block's exact integer sums), in ACCUMULATORS independent sums."""
         accs = [cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8)) for _ in range(ACCUMULATORS)]
-        offsets = cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8))
-        c8 = lambda vals: ir.Constant(vec(i8, 8), vals)  # noqa: E731
-        pick = lambda v, lanes: builder.shuffle_vector(v, v, ir.Constant(vec(i32, 8), lanes))  # noqa: E731
-        with cgutils.for_range(builder, builder.lshr(n_groups, ir.Constant(n_groups.type, 3))) as loop:
-            blk = loop.index
-            base = builder.mul(blk, ir.Constant(blk.type, 144))
-            at = lambda off: builder.add(base, ir.Constant(blk.type, off))  # noqa: E731
-            half = lambda off: half_bits_to_float(  # noqa: E731
-                builder, builder.load(builder.bitcast(builder.gep(wp, [at(off)]), i16.as_pointer()), align=1))
-            d, dmin = half(0), half(2)
-            sc, m = q4_k_scales_and_mins(builder, wp, at(4))
-            as_float = lambda w: builder.uitofp(builder.zext(w, vec(i32, 8)), vec(f32, 8))  # noqa: E731
-            splat = lambda x: pick(builder.insert_element(ir.Constant(vec(f32, 8), ir.Undefined), x,  # noqa: E731
-                                                          ir.Constant(i32, 0)), [0] * 8)
-            group0 = builder.shl(blk, ir.Constant(blk.type, 3))
-            load8 = lambda ptr: builder.load(builder.bitcast(builder.gep(ptr, [group0]), vec(f32, 8).as_pointer()),  # noqa: E731
-                                             align=4)
-            scales = builder.fmul(builder.fmul(splat(d), as_float(sc), flags=("fast",)), load8(dp), flags=("fast",))
-            offset = builder.fmul(builder.fmul(splat(dmin), as_float(m), flags=("fast",)), load8(sump), flags=("fast",))
-            builder.store(builder.fadd(builder.load(offsets), offset, flags=("fast",)), offsets)
-            for g in range(8):
-                jg = builder.add(group0, ir.Constant(blk.type, g))
-                packed = load_i8(builder, wp, at(16 + (g // 2) * 32), 32)
-                u = (builder.and_(packed, ir.Constant(vec(i8, 32), [15] * 32)) if g % 2 == 0
-                     else builder.lshr(packed, ir.Constant(vec(i8, 32), [4] * 32)))
-                xv = load_i8(builder, xp, builder.mul(jg, ir.Constant(jg.type, 32)), 32)
-                ints = nibble_products(builder, u, xv, False)
-                term = builder.fmul(builder.sitofp(ints, vec(f32, 8)), pick(scales, [g] * 8), flags=("fast",))
-                acc = accs[g % ACCUMULATORS]  # independent sums: the adds' latency overlaps
-                builder.store(builder.fadd(builder.load(acc), term, flags=("fast",)), acc)
+
+        def add(acc, b):
+            builder.store(builder.fadd(builder.load(acc), block_term(b), flags=("fast",)), acc)
+        per = ACCUMULATORS
+        with cgutils.for_range(builder, builder.udiv(n_blocks, ir.Constant(n_blocks.type, per))) as loop:
+            base = builder.mul(loop.index, ir.Constant(n_blocks.type, per))
+            for a, acc in enumerate(accs):
+                add(acc, builder.add(base, ir.Constant(n_blocks.type, a)))
+        done = builder.mul(builder.udiv(n_blocks, ir.Constant(n_blocks.type, per)), ir.Constant(n_blocks.type, per))
+        with cgutils.for_range(builder, builder.sub(n_blocks, done)) as loop:
+            add(accs[0], builder.add(done, loop.index))
         total = builder.load(accs[0])
         for acc in accs[1:]:
             total = builder.fadd(total, builder.load(acc), flags=("fast",))
-        return builder.fsub(reduce_8(builder, total), reduce_8(builder, builder.load(offsets)),
-                            flags=("fast",))
+        return reduce_8(builder, total)
 
-    def q6_k_blocks_dot(builder, wp, xp, sump, dp, n_groups):
+    def splat_f32(builder, x, n):
+        one = builder.insert_element(ir.Constant(vec(f32, n), ir.Undefined), x, ir.Constant(i32, 0))
+        return builder.shuffle_vector(one, one, ir.Constant(vec(i32, n), [0] * n))
+
+    def q4_k_blocks_dot(builder, wp, xp, sump, dp, n_blocks):
+        """A row of ggml's Q4_K blocks in place (144 bytes per 256 values: float16 d and dmin,
+        12 bytes of 6-bit scales and mins, 128 bytes of nibbles, each 32 bytes holding sub-block
+        2p in the low nibbles and 2p + 1 in the high) times activations rounded as ggml's Q8_K
+        (one scale xd a block of 256, sump: int16 sums of each 16 values), as ggml's kernels:
+        per block, the integers sum_g sc_g (q_g . x_g) and sum_g m_g S_g exactly, then
+        xd (d ints - dmin mins)."""
+        sums = builder.bitcast(sump, i16.as_pointer())
+        const = lambda v: ir.Constant(n_blocks.type, v)  # noqa: E731
+        pick = lambda v, lanes: builder.shuffle_vector(v, v, ir.Constant(vec(i32, len(lanes)), lanes))  # noqa: E731
+
+        def half_at(at):
+            return half_bits_to_float(builder, builder.load(builder.bitcast(builder.gep(wp, [at]), i16.as_pointer()),
+                                                            align=1))
+
+        def block_term(b):
+            base = builder.mul(b, const(144))
+            sc, m = q4_k_scales_and_mins(builder, wp, builder.add(base, const(4)))
+            sc16 = builder.zext(sc, vec(i16, 8))
+            sc16 = builder.shuffle_vector(sc16, sc16, ir.Constant(vec(i32, 16), list(range(8)) * 2))
+            chains = [None, None]  # two independent integer sums
+            for p in range(4):
+                packed = load_i8(builder, wp, builder.add(base, const(16 + 32 * p)), 32)
+                for half in range(2):
+                    g = 2 * p + half
+                    u = (builder.and_(packed, ir.Constant(vec(i8, 32), [15] * 32)) if half == 0
+                         else builder.lshr(packed, ir.Constant(vec(i8, 32), [4] * 32)))
+                    xv = load_i8(builder, xp, builder.add(builder.mul(b, const(256)), const(32 * g)), 32)
+                    chains[half] = scaled_byte_dot(builder, u, xv, spread_word(builder, sc16, [g] * 8), chains[half])
+            ints = builder.add(chains[0], chains[1])
+            # the mins' integer sum_g m_g S_g, S_g the sum of x over group g (two sums of 16)
+            s16 = builder.load(builder.bitcast(builder.gep(sums, [builder.mul(b, const(16))]), vec(i16, 16).as_pointer()),
+                               align=2)
+            s32 = builder.add(builder.sext(pick(s16, list(range(0, 16, 2))), vec(i32, 8)),
+                              builder.sext(pick(s16, list(range(1, 16, 2))), vec(i32, 8)))
+            mins = builder.mul(builder.zext(m, vec(i32, 8)), s32)
+            xd = builder.load(builder.gep(dp, [b]))
+            d, dmin = builder.fmul(half_at(base), xd), builder.fmul(half_at(builder.add(base, const(2))), xd)
+            return builder.fsub(builder.fmul(builder.sitofp(ints, vec(f32, 8)), splat_f32(builder, d, 8), flags=("fast",)),
+                                builder.fmul(builder.sitofp(mins, vec(f32, 8)), splat_f32(builder, dmin, 8), flags=("fast",)),
+                                flags=("fast",))
+        return k_blocks_dot(builder, n_blocks, block_term)
+
+    def q6_k_blocks_dot(builder, wp, xp, sump, dp, n_blocks):
         """A row of ggml's Q6_K blocks in place (210 bytes per 256 values: 128 bytes of low
         nibbles, 64 of high bit pairs, 16 int8 scales, float16 d; value h*128 + l has its low
         nibble in byte h*64 + l % 64 (high half for l >= 64) and its top bits in byte
-        h*32 + l % 32, bits 2 (l // 32)) times the int8 activations in groups of 16:
-        sum_g d sc_g xd_g ((u_g - 32) . x_g), sump the int32 sums of x per group of 16 (for the
-        minus 32: a subtraction instead of a second byte dot)."""
-        sums = builder.bitcast(sump, i32.as_pointer())
-        accs = [cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8)) for _ in range(ACCUMULATORS)]
+        h*32 + l % 32, bits 2 (l // 32)) times activations rounded as ggml's Q8_K (one scale xd
+        a block, sump: int16 sums of each 16 values), as ggml's kernels: per block the integer
+        sum_g sc_g ((u_g - 32) . x_g) = sum_g sc_g (u_g . x_g) - 32 sum_g sc_g S_g, exactly,
+        then d xd times it."""
+        sums = builder.bitcast(sump, i16.as_pointer())
+        const = lambda v: ir.Constant(n_blocks.type, v)  # noqa: E731
+        pick = lambda v, lanes: builder.shuffle_vector(v, v, ir.Constant(vec(i32, len(lanes)), lanes))  # noqa: E731
         c8 = lambda v: ir.Constant(vec(i8, 32), [v] * 32)  # noqa: E731
-        with cgutils.for_range(builder, builder.lshr(n_groups, ir.Constant(n_groups.type, 4))) as loop:
-            blk = loop.index
-            base = builder.mul(blk, ir.Constant(blk.type, 210))
-            at = lambda off: builder.add(base, ir.Constant(blk.type, off))  # noqa: E731
-            d = half_bits_to_float(builder, builder.load(builder.bitcast(builder.gep(wp, [at(208)]), i16.as_pointer()),
-                                                         align=1))
-            # the 16 groups' scales d sc_g xd_g and 8 S_g (for the minus 32) as vectors, once a block
-            group0 = builder.shl(blk, ir.Constant(blk.type, 4))
-            splat = builder.shuffle_vector(builder.insert_element(ir.Constant(vec(f32, 16), ir.Undefined), d,
-                                                                  ir.Constant(i32, 0)),
-                                           ir.Constant(vec(f32, 16), ir.Undefined), ir.Constant(vec(i32, 16), [0] * 16))
-            group_scales16 = builder.sitofp(load_i8(builder, wp, at(192), 16), vec(f32, 16))
-            xd16 = builder.load(builder.bitcast(builder.gep(dp, [group0]), vec(f32, 16).as_pointer()), align=4)
-            scales16 = builder.fmul(builder.fmul(splat, group_scales16, flags=("fast",)), xd16, flags=("fast",))
-            sums16 = builder.shl(builder.load(builder.bitcast(builder.gep(sums, [group0]), vec(i32, 16).as_pointer()),
-                                              align=4), ir.Constant(vec(i32, 16), [3] * 16))
+
+        def block_term(b):
+            base = builder.mul(b, const(210))
+            at = lambda off: builder.add(base, const(off))  # noqa: E731
+            sc16 = builder.sext(load_i8(builder, wp, at(192), 16), vec(i16, 16))
+            chains = [None, None]
             for h in range(2):
                 high_bytes = load_i8(builder, wp, at(128 + h * 32), 32)
                 for t in range(4):  # values h*128 + 32t .. + 31: groups h*8 + 2t and h*8 + 2t + 1
@@ -476,22 +493,63 @@ def _row_dot_intrinsic():
                     high = builder.and_(builder.lshr(high_bytes, c8(2 * t)), c8(3))
                     u = builder.or_(low, builder.shl(high, c8(4)))
                     g0 = h * 8 + 2 * t
-                    jg = builder.add(builder.shl(blk, ir.Constant(blk.type, 4)), ir.Constant(blk.type, g0))
-                    xv = load_i8(builder, xp, builder.mul(jg, ir.Constant(jg.type, 16)), 32)
-                    ints = _byte_dot_8(builder, u, xv)
-                    lanes = ir.Constant(vec(i32, 8), [g0] * 4 + [g0 + 1] * 4)
-                    if ints is None:
-                        ints = offset_six_bit_products(builder, u, xv)
-                    else:  # 32 S per group, 8 S in each of its 4 lanes
-                        ints = builder.sub(ints, builder.shuffle_vector(sums16, sums16, lanes))
-                    s8 = builder.shuffle_vector(scales16, scales16, lanes)
-                    term = builder.fmul(builder.sitofp(ints, vec(f32, 8)), s8, flags=("fast",))
-                    acc = accs[(h * 4 + t) % ACCUMULATORS]  # independent sums: the adds' latency overlaps
-                    builder.store(builder.fadd(builder.load(acc), term, flags=("fast",)), acc)
-        total = builder.load(accs[0])
-        for acc in accs[1:]:
-            total = builder.fadd(total, builder.load(acc), flags=("fast",))
-        return reduce_8(builder, total)
+                    xv = load_i8(builder, xp, builder.add(builder.mul(b, const(256)), const(h * 128 + 32 * t)), 32)
+                    chains[t % 2] = scaled_byte_dot(builder, u, xv, pick(sc16, [g0] * 8 + [g0 + 1] * 8), chains[t % 2])
+            s16 = builder.load(builder.bitcast(builder.gep(sums, [builder.mul(b, const(16))]), vec(i16, 16).as_pointer()),
+                               align=2)
+            offsets = word_dot(builder, sc16, s16)  # sum_g sc_g S_g over 8 lanes
+            ints = builder.sub(builder.add(chains[0], chains[1]), builder.shl(offsets, ir.Constant(vec(i32, 8), [5] * 8)))
+            d = half_bits_to_float(builder, builder.load(builder.bitcast(builder.gep(wp, [at(208)]), i16.as_pointer()),
+                                                         align=1))
+            scale = builder.fmul(d, builder.load(builder.gep(dp, [b])))
+            return builder.fmul(builder.sitofp(ints, vec(f32, 8)), splat_f32(builder, scale, 8), flags=("fast",))
+        return k_blocks_dot(builder, n_blocks, block_term)
+
+    def scaled_byte_dot(builder, u, xv, sc16, acc):
+        """acc (<8 x i32>, or None: zeros) plus the products of 32 unsigned bytes u (< 64) and 32
+        int8 xv (|x| <= 127), each pair's sum times the int16 sc16 lane of the pair, lane i the
+        sum of bytes 4i..4i+3: vpmaddubsw then vpdpwssd (AVX512-VNNI) or vpmaddwd (AVX2), as
+        ggml's K-quant kernels (no saturation: 2 * 63 * 127 < 2^15); the widening code elsewhere."""
+        feats = target_features()
+        module = builder.module
+        if "avx2" in feats:
+            pairs = builder.call(cgutils.get_or_insert_function(
+                module, ir.FunctionType(vec(i16, 16), [vec(i8, 32), vec(i8, 32)]), "llvm.x86.avx2.pmadd.ub.sw"), [u, xv])
+            if ("avx512vnni" in feats and "avx512vl" in feats) or "avxvnni" in feats:
+                fn = cgutils.get_or_insert_function(
+                    module, ir.FunctionType(vec(i32, 8), [vec(i32, 8)] * 3), "llvm.x86.avx512.vpdpwssd.256")
+                start = acc if acc is not None else ir.Constant(vec(i32, 8), [0] * 8)
+                return builder.call(fn, [start, builder.bitcast(pairs, vec(i32, 8)), builder.bitcast(sc16, vec(i32, 8))])
+            dot = word_dot(builder, pairs, sc16)
+        else:
+            wide = vec(i32, 32)
+            scales = builder.sext(builder.shuffle_vector(sc16, sc16, ir.Constant(vec(i32, 32), [i // 2 for i in range(32)])),
+                                  wide)
+            products = builder.mul(builder.mul(builder.zext(u, wide), builder.sext(xv, wide)), scales)
+            dot = fold_adjacent_to_8(builder, products)
+        return dot if acc is None else builder.add(acc, dot)
+
+    def spread_word(builder, v16, lanes):
+        """<16 x i16> v16 (its two halves alike) -> lane i of each half = v16[lanes[i]]: one
+        in-lane byte shuffle (vpshufb) on AVX2, where a broadcast of a lane takes two."""
+        if "avx2" not in target_features():
+            return builder.shuffle_vector(v16, v16, ir.Constant(vec(i32, 16), lanes * 2))
+        mask = [b for lane in lanes for b in (2 * lane, 2 * lane + 1)] * 2
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec(i8, 32), [vec(i8, 32)] * 2),
+                                            "llvm.x86.avx2.pshuf.b")
+        out = builder.call(fn, [builder.bitcast(v16, vec(i8, 32)), ir.Constant(vec(i8, 32), mask)])
+        return builder.bitcast(out, vec(i16, 16))
+
+    def word_dot(builder, a16, b16):
+        """<16 x i16> a times b, adjacent pairs summed: <8 x i32> (vpmaddwd)."""
+        if "avx2" in target_features():
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec(i32, 8), [vec(i16, 16)] * 2),
+                                                "llvm.x86.avx2.pmadd.wd")
+            return builder.call(fn, [a16, b16])
+        products = builder.mul(builder.sext(a16, vec(i32, 16)), builder.sext(b16, vec(i32, 16)))
+        even = builder.shuffle_vector(products, products, ir.Constant(vec(i32, 8), list(range(0, 16, 2))))
+        odd = builder.shuffle_vector(products, products, ir.Constant(vec(i32, 8), list(range(1, 16, 2))))
+        return builder.add(even, odd)
 
     def nibble_values(builder, w, j):
         """Group j's 32 4-bit values (16 bytes: value i low nibble, value i + 16 high) as <32 x i8>."""

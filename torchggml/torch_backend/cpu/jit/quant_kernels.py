@@ -3,10 +3,11 @@
 quant_kernels() (loader.py) holds:
     matvec(q, scale, bias, has_bias, kind, w_row0, xq, xd, xsum, x_row, out)
         out[m, n] = sum_k W[w_row0[m] + n, k] x[x_row[m], k]
-    block_matvec(blocks, kind, w_row0, xq, xd, x_row, out) / dequantize_blocks(blocks, kind, out)
+    block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out) / dequantize_blocks(blocks, kind, out)
         the same over ggml's Q8_0 / Q4_0 / Q4_K / Q6_K blocks in place (no repacking; the
         dequantize is llvm_ir's blocks_to_float, a vector loop per row, bit-exact with ggml's)
     quantize_rows(x, g, xq, xd, xsum)                  activations to int8 per group of g
+    quantize_rows_q8_k(x, xq, xd, bsums)               the same per 256, as ggml's Q8_K
     dequantize_rows / dequantize_nibbles / dequantize_six_bits(..., out)
         out[n, k] = W[n, k], float32 or bfloat16 bits (the prompt path's GEMM weight)
 
@@ -76,6 +77,36 @@ def quantize_rows(x, g, xq, xd, xsum):
             xsum[m, j] = d * np.float32(total)
 
 
+@njit(fastmath=True, cache=True, nogil=True)
+def quantize_rows_q8_k(x, xq, xd, bsums):
+    """x f32 [M, K] -> int8 [M, K], one scale per 256 values xd [M, K/256] and the int16 sums of
+    each 16 rounded values bsums [M, K/16], as ggml's Q8_K (the K-quants' activations):
+    d = max / -127 with max the value of largest magnitude, q = min(127, round(x / d))."""
+    m_rows, k = x.shape
+    for m in range(m_rows):
+        for b in range(k // 256):
+            amax, vmax = np.float32(0), np.float32(0)
+            for i in range(256 * b, 256 * b + 256):
+                if abs(x[m, i]) > amax:
+                    amax, vmax = abs(x[m, i]), x[m, i]
+            if amax == 0:
+                xd[m, b] = 0
+                for i in range(256 * b, 256 * b + 256):
+                    xq[m, i] = 0
+                for j in range(16 * b, 16 * b + 16):
+                    bsums[m, j] = 0
+                continue
+            iscale = np.float32(-127) / vmax
+            for j in range(16 * b, 16 * b + 16):
+                total = 0
+                for i in range(16 * j, 16 * j + 16):
+                    q = min(127, np.int32(np.round(iscale * x[m, i])))
+                    xq[m, i] = q
+                    total += q
+                bsums[m, j] = total
+            xd[m, b] = np.float32(1) / iscale
+
+
 @njit(fastmath=True, parallel=True, cache=True, nogil=True)
 def matvec(q, scale, bias, has_bias, kind, w_row0, xq, xd, xsum, x_row, out):
     """out[i, n] = row w_row0[i] + n of W times activation row x_row[i]. kind: 32 or 16 for int8
@@ -133,32 +164,17 @@ def pair_activations(xq, xp, minus):
                 minus[x, 8 * (n_blocks // 2) + lane] = total
 
 
-@njit(fastmath=True, cache=True, nogil=True)
-def _group_sums(xq, g, sums):
-    """sums[x, j] = the int32 sum of xq[x] over group j of g values."""
-    for x in range(sums.shape[0]):
-        for j in range(sums.shape[1]):
-            total = 0
-            for i in range(j * g, j * g + g):
-                total += np.int32(xq[x, i])
-            sums[x, j] = total
-
-
 @njit(fastmath=True, parallel=True, cache=True, nogil=True)
 def block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out):
     """matvec over ggml's blocks in place (blocks uint8 [rows, row bytes]): kind 34 for Q8_0,
-    18 for Q4_0, 144 for Q4_K, 210 for Q6_K (llvm_ir.BLOCK_KINDS; the scales and mins are read from the blocks)."""
-    # once per activation row: Q4_0's pair order and minus 8 terms, Q6_K's sums of x per 16 (for
-    # its values' minus 32)
+    18 for Q4_0 (xq, xd from quantize_rows, groups of 32), 144 for Q4_K, 210 for Q6_K (xq, xd,
+    xsum from quantize_rows_q8_k) (llvm_ir.BLOCK_KINDS; the scales and mins are read from the blocks)."""
+    # Q4_0: the activations in its pair order and its minus 8 terms, once per activation row
     n_x, k = xq.shape
+    xp = np.empty_like(xq) if kind == 18 else xq
+    sums = np.empty((n_x, 8 * ((k // 32 + 1) // 2) if kind == 18 else 0), np.int32)
     if kind == 18:
-        xp = np.empty_like(xq)
-        sums = np.empty((n_x, 8 * ((k // 32 + 1) // 2)), np.int32)
         pair_activations(xq, xp, sums)
-    else:
-        xp = xq
-        sums = np.empty((n_x, k // 16 if kind == 210 else 0), np.int32)
-        _group_sums(xq, 16, sums)
     for n in prange(out.shape[1]):
         for m in range(out.shape[0]):
             r, x = w_row0[m] + n, x_row[m]
@@ -169,7 +185,7 @@ def block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out):
             elif kind == 144:
                 out[m, n] = row_dot(blocks[r], xp[x], xsum[x], xd[x], 144)
             else:
-                out[m, n] = row_dot(blocks[r], xp[x], sums[x], xd[x], 210)
+                out[m, n] = row_dot(blocks[r], xp[x], xsum[x], xd[x], 210)
 
 
 @njit(fastmath=True, parallel=True, cache=True, nogil=True)

@@ -285,9 +285,14 @@ def _matvec(p: _Packed, x: torch.Tensor, x_row: np.ndarray, w_row0: np.ndarray, 
     kernels = quant_kernels()
     xf = x.float().contiguous().numpy()
     xq = np.empty(xf.shape, np.int8)
-    xd = np.empty((xf.shape[0], p.k // p.g), np.float32)
-    xsum = np.empty_like(xd)
-    kernels.quantize_rows(xf, p.g, xq, xd, xsum)
+    if p.blocks and p.kind in Q8_K_KINDS:  # one scale per 256 and the sums of 16, as ggml
+        xd = np.empty((xf.shape[0], p.k // 256), np.float32)
+        xsum = np.empty((xf.shape[0], p.k // 16), np.int16)
+        kernels.quantize_rows_q8_k(xf, xq, xd, xsum)
+    else:
+        xd = np.empty((xf.shape[0], p.k // p.g), np.float32)
+        xsum = np.empty_like(xd)
+        kernels.quantize_rows(xf, p.g, xq, xd, xsum)
     if p.qtype in F16_ACTIVATION_SCALES:
         xd[:] = xd.astype(np.float16)
     target = out if out.is_contiguous() else torch.empty(out.shape, dtype=torch.float32)
@@ -322,6 +327,9 @@ def _product(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
 # convert at load, no second copy, and Q4_K and Q6_K read at their 4.5 and 6.56 bits a weight
 # instead of 6 and 8 here)
 IN_PLACE_KINDS = {Type.Q8_0: 34, Type.Q4_0: 18, Type.Q4_K: 144, Type.Q6_K: 210}
+# the in-place kinds whose activations are rounded as ggml's Q8_K (Q4_K, Q6_K: one scale per 256
+# values; their kernels sum a block's scaled groups as integers, as ggml's)
+Q8_K_KINDS = (144, 210)
 
 
 def is_in_place(qtype, ne) -> bool:
