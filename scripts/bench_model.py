@@ -30,7 +30,10 @@ pp cpu, tg cpu: tokens per CPU second of the process (t/c: all its threads' CPU 
 figure that depends less on a busy machine; run with OMP_WAIT_POLICY=PASSIVE so that spinning
 OpenMP workers do not count as work; tg's calls include their first token).
 load: seconds of the load call (load_model / Llama(...)) in the fresh process, wall and CPU time
-(CPU time depends less on a busy machine); RSS: the process's resident memory after the runs
+(CPU time depends less on a busy machine). torchggml's default (use_mmap=None) maps the file but
+reads the matrix weights into huge pages when the kernel maps the file in 4 KiB pages (the
+description line then says how much): that load pays the first touch of new memory; --mmap
+keeps every weight a view of the file, --no-mmap reads all (llama.cpp too: use_mmap=False). RSS: the process's resident memory after the runs
 (VmRSS; peak: VmHWM), with torchggml's baseline (torch and numba imported, ~0.25-0.3 GB on
 x86 Linux; llama-cpp-python's ~0.04 GB) included.
 --profile prints where torchggml spends its time during generation (cProfile, top functions).
@@ -187,7 +190,8 @@ def bench_torchggml(path, args) -> dict:
     devices = args.device.split(",") if args.device else None
     model, load = timed_load(lambda: load_model(
         path, devices=devices, n_gpu_layers=args.n_gpu_layers, n_ctx=args.n_prompt + args.n_gen + 8,
-        n_batch=args.n_prompt, flash_attn=args.flash_attn, n_threads=args.threads, progress=False))
+        n_batch=args.n_prompt, flash_attn=args.flash_attn, n_threads=args.threads, progress=False,
+        use_mmap=args.use_mmap))
     tokens = prompt_tokens(model.n_vocab, args.n_prompt)
 
     def pp(logits="last"):
@@ -242,7 +246,7 @@ def bench_llama_cpp(path, args, n_vocab: int) -> dict:
     llm, load = timed_load(lambda: Llama(
         model_path=str(path), n_ctx=args.n_prompt + args.n_gen + 8, n_batch=args.n_prompt,
         n_ubatch=args.n_prompt, n_threads=threads, n_threads_batch=threads, n_gpu_layers=n_gpu,
-        flash_attn=args.flash_attn, verbose=False))
+        flash_attn=args.flash_attn, use_mmap=args.use_mmap is not False, verbose=False))
     tokens = prompt_tokens(n_vocab, args.n_prompt)
 
     def pp():
@@ -285,6 +289,8 @@ def run_engine(engine: str, path: str, args) -> dict:
             cmd += [flag, str(value)]
     if args.flash_attn:
         cmd.append("-fa")
+    if args.use_mmap is not None:
+        cmd.append("--mmap" if args.use_mmap else "--no-mmap")
     if args.pp_all:
         cmd.append("--pp-all")
     out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
@@ -308,6 +314,11 @@ def main(argv=None) -> int:
     p.add_argument("-d", "--device", default=None, help="torchggml device(s), e.g. CPU or CUDA0 (default: CPU)")
     p.add_argument("-ngl", "--n-gpu-layers", type=int, default=None)
     p.add_argument("-fa", "--flash-attn", action="store_true")
+    mmap_choice = p.add_mutually_exclusive_group()
+    mmap_choice.add_argument("--mmap", dest="use_mmap", action="store_const", const=True, default=None,
+                             help="torchggml's CPU weights always views of the file (use_mmap=True)")
+    mmap_choice.add_argument("--no-mmap", dest="use_mmap", action="store_const", const=False,
+                             help="both engines read the weights into memory (use_mmap=False)")
     p.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even when installed")
     p.add_argument("--pp-all", action="store_true",
                    help="also measure torchggml's pp with every token's logits (logits='all')")

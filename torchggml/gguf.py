@@ -112,6 +112,37 @@ def _check_hparams(path: str, h: Header, n_tensors: int) -> None:
                         f"most the head size {head_dim}")
 
 
+def _smaps_field(address: int, field: str) -> int | None:
+    """A field of /proc/self/smaps (in kB) for the mapping that holds `address`; None when
+    unreadable."""
+    try:
+        with open("/proc/self/smaps") as f:
+            inside = False
+            for line in f:
+                head = line.split(maxsplit=1)[0]
+                if "-" in head and not head.endswith(":"):  # a mapping's first line: lo-hi ...
+                    lo, hi = (int(v, 16) for v in head.split("-"))
+                    inside = lo <= address < hi
+                elif inside and head == field:
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _advise_huge_pages(data: np.memmap) -> None:
+    """Ask for the mapping in huge pages (MADV_HUGEPAGE): where the kernel holds the file's
+    pages in 2 MiB folios (Linux 6.x page caches with large folios), it then maps them whole,
+    and the weights stream as fast as from anonymous huge pages (a decode step reads them all;
+    4 KiB pages stop the CPU's prefetchers at each page). No effect elsewhere."""
+    mapping = getattr(data, "_mmap", None)
+    if mapping is not None and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            mapping.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass
+
+
 class GGUFFile:
     """An open GGUF file: metadata, tensor table, and the memory-mapped tensor data."""
 
@@ -125,6 +156,7 @@ class GGUFFile:
         _check_hparams(self.path, header, len(header.tensors))
         # "c": copy-on-write mapping, writable for torch, never written back to the file
         self.data = np.memmap(self.path, dtype=np.uint8, mode="c")
+        _advise_huge_pages(self.data)
         # the mapped file itself (not the path, which may be replaced): see check_unchanged
         self._fd = os.open(self.path, os.O_RDONLY)
         self._identity = self._stat_identity()
@@ -225,6 +257,40 @@ class GGUFFile:
         if end > first:
             mapping.madvise(mmap.MADV_DONTNEED, first, end - first)
 
+    def maps_in_huge_pages(self, probes: int = 8) -> bool:
+        """Whether the kernel maps this file's tensor data in 2 MiB pages (it does where the page
+        cache holds the file in 2 MiB folios: Linux 6.x filesystems with large folios, the file
+        read in whole; pages written or read in small pieces stay small): `probes` 2 MiB spans
+        spread over the data are touched and /proc/self/smaps asked how many are PMD-mapped;
+        True when three quarters are. False where that cannot be known (another OS, no THP, a
+        file with fewer spans than probes)."""
+        mapping = getattr(self.data, "_mmap", None)
+        if mapping is None or not hasattr(mmap, "MADV_HUGEPAGE") or not os.path.exists("/proc/self/smaps"):
+            return False
+        huge = 2 << 20
+        base = self.data.ctypes.data
+        first = -(-(base + self.data_offset) // huge) * huge  # the first 2 MiB boundary in the data
+        spans = (base + self.file_size - first) // huge
+        if spans < probes:
+            return False
+        for i in range(probes):  # each fault maps its span, whole where the page cache allows
+            int(self.data[first + (i * spans // probes) * huge - base])
+        pmd_kib = _smaps_field(first, "FilePmdMapped:")
+        return pmd_kib is not None and pmd_kib >= (huge >> 10) * probes * 3 // 4
+
+    def read_into(self, name: str, out: np.ndarray) -> None:
+        """Read one tensor's bytes from the file into `out` (uint8, its size): the kernel copies
+        them from the page cache (several GB/s), where copying out of the mapping faults it in
+        a 4 KiB page at a time (~1 GB/s). GGUFError if the file ends early."""
+        info = self.tensor_info(name)
+        view, done = memoryview(out).cast("B"), 0
+        while done < info.nbytes:  # reads return at most ~2 GiB
+            n = os.preadv(self._fd, [view[done:]], self.data_offset + info.offset + done)
+            if n <= 0:
+                self.check_unchanged()
+                raise GGUFError(f"{self.path}: tensor {name!r} ends past the end of the file")
+            done += n
+
     def close(self) -> None:
         """Close the file's mapping (and with it the file descriptor). Numpy or torch views of
         the mapping that are still alive keep it open; it closes when the last one goes."""
@@ -253,6 +319,8 @@ class Weights:
     tensors: dict[str, Tensor] = field(default_factory=dict)
     buffers: list[Buffer] = field(default_factory=list)
     contexts: list[Context] = field(default_factory=list)
+    #: bytes of CPU weights read into CPU memory instead of mapped (load_weights' `copy`)
+    cpu_read_in: int = 0
 
     def __getitem__(self, name: str) -> Tensor:
         return self.tensors[name]
@@ -312,29 +380,46 @@ def is_cpu_buft(buft: BufferType) -> bool:
 
 
 def load_weights(file: GGUFFile, buft_of: Callable[[str], BufferType], names: Iterable[str] | None = None,
-                 progress: bool = True, check_values: bool = False) -> Weights:
+                 progress: bool = True, check_values: bool = False,
+                 copy: Callable[[str], bool] | None = None) -> Weights:
     """Create a ggml tensor for each weight (all of the file's tensors, or `names`) in the
-    buffer type `buft_of(name)` returns. CPU weights are views of the file's mapping; the
-    others are uploaded to one new buffer per buffer type. check_values: first check that
-    every value is finite (see check_tensor_values)."""
+    buffer type `buft_of(name)` returns. CPU weights are views of the file's mapping, but those
+    for which `copy(name)` is true (weights every token reads whole: a CPU buffer's huge pages
+    stream faster than the mapping's pages); the others are uploaded to one new buffer per
+    buffer type, each tensor's mapped pages given back once copied. check_values: first check
+    that every value is finite (see check_tensor_values)."""
     names = list(file.tensors) if names is None else list(names)
     file.check_unchanged()
-    groups: dict[int, tuple[BufferType, list[str]]] = {}
+    groups: dict[tuple[int, bool], tuple[BufferType, list[str]]] = {}
     for name in names:
         file.tensor_info(name)  # clear error for a missing tensor
         if check_values:
             check_tensor_values(file, name)
         buft = buft_of(name)
-        groups.setdefault(id(buft), (buft, []))[1].append(name)
+        mapped = is_cpu_buft(buft) and not (copy is not None and copy(name))
+        groups.setdefault((id(buft), mapped), (buft, []))[1].append(name)
     weights = Weights()
-    for buft, group in groups.values():
-        if is_cpu_buft(buft):
+    for (_, mapped), (buft, group) in groups.items():
+        if mapped:
             _map_weights(file, group, weights)
         else:
             _upload_weights(file, buft, group, weights, progress)
+            if is_cpu_buft(buft):
+                weights.cpu_read_in += sum(file.tensors[name].nbytes for name in group)
     for buffer in weights.buffers:
         buffer.set_usage(BufferUsage.WEIGHTS)
     return weights
+
+
+def _host_bytes(t: Tensor) -> np.ndarray | None:
+    """A numpy view of t's bytes where its buffer is CPU memory in ggml's layout (the file is
+    then read straight into it), else None."""
+    from .memory import TorchBuffer, tensor_bytes
+    buffer = t.buffer
+    if not (isinstance(buffer, TorchBuffer) and buffer.ggml_layout and buffer.buft.is_host()
+            and buffer.storage.device.type == "cpu"):
+        return None
+    return tensor_bytes(t).numpy()
 
 
 def _new_weight_tensor(ctx: Context, info: TensorInfo) -> Tensor:
@@ -388,7 +473,10 @@ def _upload_weights(file: GGUFFile, buft: BufferType, names: list[str], weights:
     with tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not show_progress(progress, total),
               leave=False) as bar:
         for name, t in zip(names, tensors):  # tensor by tensor, each one's mapped pages given back
-            backend_tensor_set(t, file.tensor_data(name))
+            if _host_bytes(t) is not None and file._fd is not None:
+                file.read_into(name, _host_bytes(t))
+            else:
+                backend_tensor_set(t, file.tensor_data(name))
             file.release(name)
             bar.update(file.tensors[name].nbytes)
             weights.tensors[name] = t

@@ -111,16 +111,41 @@ def data_rows(data: torch.Tensor, size: int, n_copies: int, stride: int) -> torc
 
 # ---------------------------------------------------------------- torch storages as buffers
 
+# CPU buffers of at least this many bytes are asked for huge pages (huge_page_storage)
+HUGE_PAGE_MIN_BYTES = 4 << 20
+
+
+def huge_page_storage(n: int) -> torch.UntypedStorage | None:
+    """n bytes of anonymous memory that the kernel backs with transparent huge pages (mmap, then
+    madvise MADV_HUGEPAGE before any page is touched), as a torch storage that keeps the mapping
+    alive; None where the system has no MADV_HUGEPAGE. Why: a decode step streams every weight
+    once, and with 4 KiB pages the CPU's prefetchers stop at each page and the TLB misses:
+    a 5632x2048 Q4_0 matvec on 2 Zen 4 threads reads 31 GB/s from huge pages, 20 GB/s from
+    4 KiB ones (and 17-24 GB/s from the file's mapping)."""
+    import mmap
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
+        return None
+    # private (a shared anonymous mapping is shmem, which THP's madvise mode leaves alone)
+    mapping = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        mapping.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:  # THP off in this kernel: plain pages
+        pass
+    return torch.frombuffer(mapping, dtype=torch.uint8).untyped_storage()
+
+
 class TorchBufferType(BufferType):
-    """Buffers of one torch device (`torch_device`), optionally pinned host memory."""
+    """Buffers of one torch device (`torch_device`), optionally pinned host memory; host buffers
+    of HUGE_PAGE_MIN_BYTES and more in huge pages where `huge_pages` (the CPU's)."""
 
     def __init__(self, name: str, device, torch_device: str, host: bool, pinned: bool = False,
-                 alignment: int = 32):
+                 alignment: int = 32, huge_pages: bool = False):
         super().__init__(name, device)
         self.torch_device = torch.device(torch_device)
         self.host = host
         self.pinned = pinned
         self.alignment = alignment
+        self.huge_pages = huge_pages
 
     def get_alignment(self) -> int:
         return self.alignment
@@ -137,11 +162,14 @@ class TorchBufferType(BufferType):
         # Zero-size buffers still get a real (1-byte) storage so that base is a valid address.
         n = max(size, 1) + (self.alignment if self.alignment > 64 else 0)
         try:
+            storage = None
             if self.pinned:
                 storage = torch.empty(n, dtype=torch.uint8, pin_memory=True).untyped_storage()
-            else:
+            elif self.huge_pages and n >= HUGE_PAGE_MIN_BYTES:
+                storage = huge_page_storage(n)
+            if storage is None:
                 storage = torch.UntypedStorage(n, device=self.torch_device)
-        except (RuntimeError, torch.OutOfMemoryError) as e:
+        except (RuntimeError, torch.OutOfMemoryError, OSError) as e:
             raise MemoryError(f"{self.name}: failed to allocate a buffer of {size} bytes "
                               f"({size / 2**20:.1f} MiB) on {self.torch_device}: {e}") from None
         buffer = self.buffer_class(self, storage, size)

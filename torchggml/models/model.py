@@ -537,7 +537,11 @@ class Model:
         return (f"{self.path}: {hp.arch}, {hp.n_layer} layers, n_embd {hp.n_embd}, {hp.n_head} heads "
                 f"({hp.n_head_kv} KV), n_vocab {hp.n_vocab}{extras}; n_ctx {self.n_ctx}, n_batch {self.n_batch}, "
                 f"KV {self.kv_type.name}{', flash attention' if self.flash_attn else ''}; "
-                f"{self.placement.describe()}")
+                f"{self.placement.describe()}{self._weights_memory()}")
+
+    def _weights_memory(self) -> str:
+        read_in = getattr(self.weights, "cpu_read_in", 0)
+        return f"; {read_in / 2**20:.0f} MiB of CPU weights read into memory (not mapped)" if read_in else ""
 
     def close(self) -> None:
         """Free the compute, KV and weight buffers and close the file; a later eval raises

@@ -147,7 +147,7 @@ class CPUDevice(Device):
 
     def __init__(self, reg=None):
         super().__init__("CPU", _cpu_description(), DeviceType.CPU, reg)
-        self.buffer_type = TorchBufferType("CPU", self, "cpu", host=True)
+        self.buffer_type = TorchBufferType("CPU", self, "cpu", host=True, huge_pages=True)
         # one repack layout per product path (features.py); "dequant" repacks nothing
         self.repack_buffer_types = {"int4": Int4BufferType(self), "fused": FusedBufferType(self)}
 

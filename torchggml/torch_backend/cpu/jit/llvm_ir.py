@@ -787,3 +787,4 @@ def _half_bits_intrinsic():
             return half_bits_to_float(builder, args[0])
         return types.float32(v), codegen
     return half_to_f32
+

@@ -42,7 +42,7 @@ class RepackBufferType(TorchBufferType, ExtraBufferType):
     """CPU memory holding weights in one layout of the CPU's products (not ggml's: not host)."""
 
     def __init__(self, device):
-        super().__init__("CPU_REPACK", device, "cpu", host=False, alignment=64)
+        super().__init__("CPU_REPACK", device, "cpu", host=False, alignment=64, huge_pages=True)
 
     def get_alloc_size(self, tensor: Tensor) -> int:
         return self.layout_nbytes(tensor) if self.supports_tensor(tensor) else nbytes(tensor)
