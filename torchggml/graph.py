@@ -16,7 +16,7 @@ class CGraph:
     """ggml_cgraph. `uid` changes whenever the graph's content changes, so backends can cache
     plans (e.g. a captured CUDA graph) per uid."""
 
-    __slots__ = ("size", "nodes", "leafs", "visited", "uid", "order", "grads", "grad_accs")
+    __slots__ = ("size", "nodes", "leafs", "visited", "uid", "order", "grads", "grad_accs", "parent")
 
     def __init__(self, size: int = DEFAULT_GRAPH_SIZE, grads: bool = False):
         self.size = int(size)
@@ -27,6 +27,7 @@ class CGraph:
         # backward graphs (grads=True): id(tensor) -> its gradient / its gradient accumulator
         self.grads: dict[int, Tensor] | None = {} if grads else None
         self.grad_accs: dict[int, Tensor] | None = {} if grads else None
+        self.parent: "CGraph | None" = None  # the whole graph a graph_view shows part of
 
     @property
     def n_nodes(self) -> int:
@@ -145,6 +146,7 @@ def graph_view(graph: CGraph, i0: int, i1: int) -> CGraph:
     view = CGraph(i1 - i0)
     view.nodes = graph.nodes[i0:i1]
     view.visited = {id(t) for t in view.nodes}
+    view.parent = graph.parent or graph
     return view
 
 

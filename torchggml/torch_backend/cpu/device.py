@@ -15,7 +15,9 @@ from ...memory import TorchBufferType, buffer_from_torch
 from ...profiler import profiling, run_calls_profiled
 from ..kernels import TORCH_KERNELS, run_calls
 from ..plan import CompiledPlan, compile_graph
+from .fast_ops import fast_ops_enabled
 from .features import cpu_features, cpu_path, fastest_gemm_dtype
+from .fusion import fuse
 from .jit.loader import numba_available, set_numba_threads
 from .kernels import CPU_KERNELS
 from .layouts.base import RepackBufferType, check_repacked_reads, reads_repacked_only_as_weight
@@ -110,7 +112,8 @@ class CPUBackend(Backend):
 
     def _compile(self, graph):
         check_repacked_reads(graph.nodes, self.name)  # no kernel may read repacked bytes as ggml blocks
-        return compile_graph(graph, TORCH_KERNELS if self.use_ref else CPU_KERNELS, self)
+        calls = compile_graph(graph, TORCH_KERNELS if self.use_ref else CPU_KERNELS, self)
+        return calls if self.use_ref or not fast_ops_enabled() else fuse(calls, graph)
 
     def graph_plan_create(self, graph):
         return CompiledPlan(graph, self._compile(graph))

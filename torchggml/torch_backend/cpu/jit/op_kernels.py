@@ -24,6 +24,11 @@ division (x / 0 is inf or NaN, as in ggml, not a ZeroDivisionError).
     half_products(a, a_strides, b, b_strides, out, k, r2, r3)
                                                      out[i3, i2, m, n] = sum_k a[i3 / r3, i2 / r2, n, k]
                                                      * b[i3, i2, m, k], a F16, b F32 (flat, k contiguous)
+    decode_attention(k, v, strides, n_kv, n_head_kv, q, mask, has_mask, scale, scratch, out)
+                                                     softmax(scale K q + mask) V for a few query rows:
+                                                     K, V F16 flat (rows contiguous; strides: K's head
+                                                     and cell, V's head and cell), q [n_head, n_tok, d_k];
+                                                     fusion.py
 
 At module level, as quant_kernels.py's, so that numba's disk cache serves them in every process.
 """
@@ -66,6 +71,33 @@ def _half_intrinsics():
 
 
 half_to_float, float_to_half = _half_intrinsics()
+
+
+def _prefetch_intrinsic():
+    """prefetch(a, i): ask the CPU to bring the cache line of a[i] in (llvm.prefetch; no fault
+    for an address past a's end): the decode attention reads K and V rows a cache row apart,
+    cold after the weights went through the cache, and waits on each miss without it."""
+    from llvmlite import ir
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def prefetch(typingctx, a, i):
+        def codegen(context, builder, sig, args):
+            arr = context.make_array(sig.args[0])(context, builder, args[0])
+            at = builder.bitcast(builder.gep(arr.data, [args[1]]), ir.IntType(8).as_pointer())
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer()] + [ir.IntType(32)] * 3),
+                "llvm.prefetch.p0i8")
+            builder.call(fn, [at] + [ir.Constant(ir.IntType(32), v) for v in (0, 3, 1)])
+            return context.get_dummy_value()
+        return types.none(a, types.int64), codegen
+    return prefetch
+
+
+prefetch = _prefetch_intrinsic()
+# the decode attention asks for the K and V rows this many cells ahead (prefetch)
+PREFETCH_CELLS = 8
 
 
 def load(value):  # an element as float32
@@ -409,3 +441,69 @@ def get_block_rows(table, ids, out, kind):
                 else:
                     q6_k_row(raw, y)
     return -1
+
+
+# attention of a few query rows (decode), fused: the heads split over the threads
+@njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"}, parallel=True)
+def decode_attention(k, v, strides, n_kv, n_head_kv, q, mask, has_mask, scale, scratch, out):
+    n_head, n_tok, d_v = scratch.shape
+    d_k = q.shape[2]
+    k_head_stride, k_cell_stride, v_head_stride, v_cell_stride = strides[0], strides[1], strides[2], strides[3]
+    group = n_head // n_head_kv
+    for row in prange(n_head * n_tok):
+        h, t = row // n_tok, row % n_tok
+        k_head, v_head = (h // group) * k_head_stride, (h // group) * v_head_stride
+        q_row = np.empty(d_k, np.float32)
+        for i in range(d_k):
+            q_row[i] = q[h, t, i]
+        scores = np.empty(n_kv, np.float32)
+        peak, nan = np.float32(-np.inf), False
+        for j in range(n_kv):
+            m = load(mask[t, j]) if has_mask else np.float32(0.0)
+            if m == -np.inf:  # a cell the mask hides: neither K nor V is read (as flash attention)
+                scores[j] = m
+                continue
+            at = k_head + j * k_cell_stride
+            ahead = at + PREFETCH_CELLS * k_cell_stride
+            for line in range(0, d_k, 32):  # 32 halves a cache line
+                prefetch(k, ahead + line)
+            k_row = k[at:at + d_k]
+            total = np.float32(0.0)
+            for i in range(d_k):
+                total += half_to_float(k_row[i]) * q_row[i]
+            s = total * scale + m
+            scores[j] = s
+            nan |= s != s
+            peak = s if s > peak else peak
+        if nan:
+            peak = np.float32(np.nan)
+        if not math.isfinite(peak):
+            peak = np.float32(0.0)
+        weight_sum = 0.0
+        for j in range(n_kv):
+            if scores[j] != -np.inf:
+                scores[j] = exp_f32(scores[j] - peak)
+                weight_sum += scores[j]
+            else:
+                scores[j] = np.float32(0.0)
+        if weight_sum == 0.0:
+            weight_sum = 1.0
+        inv = np.float32(1.0 / weight_sum)
+        o = np.zeros(d_v, np.float32)
+        for j in range(n_kv):
+            if has_mask and load(mask[t, j]) == -np.inf:
+                continue
+            p = scores[j] * inv
+            at = v_head + j * v_cell_stride
+            ahead = at + PREFETCH_CELLS * v_cell_stride
+            for line in range(0, d_v, 32):
+                prefetch(v, ahead + line)
+            v_row = v[at:at + d_v]
+            for i in range(d_v):
+                o[i] += p * half_to_float(v_row[i])
+        for i in range(d_v):
+            scratch[h, t, i] = o[i]
+    for h in range(n_head):  # after every head's reads: out may lie over q (freed after KQ)
+        for t in range(n_tok):
+            for i in range(d_v):
+                out[h, t, i] = scratch[h, t, i]

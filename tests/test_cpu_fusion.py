@@ -1,0 +1,148 @@
+"""The CPU's fused attention (torch_backend/cpu/fusion.py): MUL_MAT(K, Q) -> SOFT_MAX -> MUL_MAT(
+CONT(V^T), .) of a decode step becomes one call, equal to float64 attention, and fuses only
+when no one else reads its intermediate results."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import torchggml as ggml
+
+pytest.importorskip("numba")
+
+T = ggml.Type
+
+
+def attention_graph(n_tok=1, n_head=8, n_head_kv=2, d=64, n_kv=48, mask_type=T.F32, k_type=T.F16,
+                    max_bias=0.0, sinks=False, extra_reader=False, kq_output=False):
+    """(graph, inputs {name: tensor}, out, buffer): a decode step's attention as the model builder
+    writes it, allocated by the graph allocator (which reuses freed memory, as in a model)."""
+    ctx = ggml.init(mem_size=1 << 22, no_alloc=True)
+    kc = ggml.new_tensor_3d(ctx, k_type, d, n_kv, n_head_kv)
+    vc = ggml.new_tensor_3d(ctx, T.F16, d, n_kv, n_head_kv)
+    q0 = ggml.new_tensor_3d(ctx, T.F32, d, n_head, n_tok)
+    mask = ggml.new_tensor_2d(ctx, mask_type, n_kv, n_tok)
+    inputs = dict(k=kc, v=vc, q=q0, mask=mask)
+    for t in inputs.values():
+        ggml.set_input(t)
+    q = ggml.permute(ctx, ggml.scale(ctx, q0, 1.0), 0, 2, 1, 3)    # [d, n_tok, n_head], computed
+    kq = ggml.mul_mat(ctx, kc, q)
+    if kq_output:
+        ggml.set_output(kq)
+    probs = ggml.soft_max_ext(ctx, kq, mask, 1.0 / math.sqrt(d), max_bias)
+    if sinks:
+        s = ggml.new_tensor_1d(ctx, T.F32, n_head)
+        ggml.set_input(s)
+        inputs["sinks"] = s
+        ggml.soft_max_add_sinks(probs, s)
+    v_t = ggml.cont(ctx, ggml.permute(ctx, vc, 1, 0, 2, 3))
+    kqv = ggml.mul_mat(ctx, v_t, probs)
+    out = ggml.cont_2d(ctx, ggml.permute(ctx, kqv, 0, 2, 1, 3), d * n_head, n_tok)
+    if extra_reader:  # the scores read again elsewhere: kq has two readers
+        out = ggml.add(ctx, out, ggml.sum(ctx, kq))
+    ggml.set_output(out)
+    graph = ggml.new_graph(ctx)
+    ggml.build_forward_expand(graph, out)
+    galloc = ggml.gallocr_new(ggml.backend_cpu_buffer_type())
+    assert ggml.gallocr_alloc_graph(galloc, graph)
+    return graph, inputs, out, galloc
+
+
+def fill(inputs, n_tok, n_kv, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    values = {}
+    for name, t in inputs.items():
+        ne = [t.ne[i] for i in range(4)]
+        x = torch.randn(ne[3], ne[2], ne[1], ne[0], generator=gen)
+        if name == "mask":  # each row sees the first cells up to its position, as a causal mask
+            x = torch.zeros_like(x)
+            for r in range(ne[1]):
+                x[..., r, n_kv - n_tok + r + 1:] = -math.inf
+                x[..., r, :3] = -math.inf  # and some cells in front hidden (another sequence's)
+        values[name] = x
+        dtype = {T.F16: torch.float16, T.F32: torch.float32}[t.type]
+        ggml.backend_tensor_set(t, x.to(dtype).contiguous())
+    return values
+
+
+def reference(values, n_head, n_head_kv, scale, sinks=None, slopes=None):
+    k = values["k"][0].half().double()      # [n_head_kv, n_kv, d]
+    v = values["v"][0].half().double()
+    q = values["q"][0].double().transpose(0, 1)  # [n_head, n_tok, d]
+    group = n_head // n_head_kv
+    k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
+    mask = values["mask"][0, 0].double()
+    scores = scale * q @ k.transpose(1, 2) + mask
+    probs = torch.softmax(scores, dim=-1)
+    out = probs @ v                          # [n_head, n_tok, d]
+    return out.transpose(0, 1).reshape(out.shape[1], -1)
+
+
+def run(graph, out, monkeypatch, fused: bool):
+    """(calls in the CPU's plan, the output) with the numba layer and fusion on or off."""
+    monkeypatch.setenv("TORCHGGML_CPU_FAST_OPS", "1" if fused else "0")
+    backend = ggml.backend_cpu_init()
+    plan = ggml.backend_graph_plan_create(backend, graph)
+    assert ggml.backend_graph_plan_compute(backend, plan) == ggml.Status.SUCCESS
+    return len(plan.calls), torch.as_tensor(ggml.backend_tensor_get(out)).double()
+
+
+# (case, options): decode and a few rows, GQA and not, F16 and F32 masks
+FUSED = [
+    ("decode-gqa", dict(n_tok=1, n_head=8, n_head_kv=2)),
+    ("decode-mha", dict(n_tok=1, n_head=4, n_head_kv=4)),
+    ("rows-4", dict(n_tok=4, n_head=8, n_head_kv=2, n_kv=40)),
+    ("f16-mask", dict(n_tok=2, mask_type=T.F16)),
+    ("head-80", dict(n_tok=1, n_head=2, n_head_kv=1, d=80)),
+]
+
+
+@pytest.mark.parametrize("options", [c[1] for c in FUSED], ids=[c[0] for c in FUSED])
+def test_fused_attention_equals_float64(options, monkeypatch):
+    graph, inputs, out, _galloc = attention_graph(**options)
+    n_tok, n_kv = options.get("n_tok", 1), options.get("n_kv", 48)
+    values = fill(inputs, n_tok, n_kv)
+    n_fused, fused = run(graph, out, monkeypatch, True)
+    fill(inputs, n_tok, n_kv)  # the allocator reuses the inputs' memory once they are read
+    n_plain, plain = run(graph, out, monkeypatch, False)
+    assert n_fused == n_plain - 3  # KQ, softmax and V^T's calls dropped
+    want = reference(values, options.get("n_head", 8), options.get("n_head_kv", 2), 1.0 / math.sqrt(options.get("d", 64)))
+    torch.testing.assert_close(fused.reshape(want.shape), want, rtol=1e-5, atol=1e-5)
+    # the unfused nodes (the torch kernels here) may round to F16 on the way: looser
+    torch.testing.assert_close(plain.reshape(want.shape), want, rtol=1e-3, atol=1e-3)
+
+
+# (case, options): what the fused kernel does not take, or a result someone else reads
+NOT_FUSED = [
+    ("sinks", dict(sinks=True)),
+    ("alibi", dict(max_bias=8.0)),
+    ("scores-read-twice", dict(extra_reader=True)),
+    ("scores-an-output", dict(kq_output=True)),
+    ("rows-5", dict(n_tok=5, n_kv=40)),
+    ("f32-k", dict(k_type=T.F32)),
+]
+
+
+@pytest.mark.parametrize("options", [c[1] for c in NOT_FUSED], ids=[c[0] for c in NOT_FUSED])
+def test_attention_not_fused(options, monkeypatch):
+    graph, inputs, out, _galloc = attention_graph(**options)
+    fill(inputs, options.get("n_tok", 1), options.get("n_kv", 48))
+    n_fast, fast = run(graph, out, monkeypatch, True)
+    fill(inputs, options.get("n_tok", 1), options.get("n_kv", 48))
+    n_plain, plain = run(graph, out, monkeypatch, False)
+    assert n_fast == n_plain
+    torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_a_split_view_counts_readers_in_the_whole_graph():
+    """graph_view keeps its parent: a reader outside the view (another split) still counts."""
+    from torchggml.torch_backend.cpu.fusion import use_counts
+    graph, _inputs, _out, _galloc = attention_graph(extra_reader=True)
+    kq = next(n for n in graph.nodes if n.op == ggml.Op.MUL_MAT and n.src[0].type == T.F16)
+    i = graph.nodes.index(kq)
+    view = ggml.graph_view(graph, 0, i + 3)
+    assert view.parent is graph and ggml.graph_view(view, 0, 2).parent is graph
+    assert use_counts(view.nodes)[id(kq)] == 1 and use_counts(view.parent.nodes)[id(kq)] == 2
