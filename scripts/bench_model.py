@@ -30,10 +30,10 @@ pp cpu, tg cpu: tokens per CPU second of the process (t/c: all its threads' CPU 
 figure that depends less on a busy machine; run with OMP_WAIT_POLICY=PASSIVE so that spinning
 OpenMP workers do not count as work; tg's calls include their first token).
 load: seconds of the load call (load_model / Llama(...)) in the fresh process, wall and CPU time
-(CPU time depends less on a busy machine). torchggml's default (use_mmap=None) maps the file but
-reads the matrix weights into huge pages when the kernel maps the file in 4 KiB pages (the
-description line then says how much): that load pays the first touch of new memory; --mmap
-keeps every weight a view of the file, --no-mmap reads all (llama.cpp too: use_mmap=False). RSS: the process's resident memory after the runs
+(CPU time depends less on a busy machine). Both engines map the file (llama.cpp's default);
+--no-mmap makes both read the weights into memory (torchggml's in huge pages), whose load then
+pays the first touch of that memory. The description line says whether the kernel maps the
+file in huge pages (which depends on how its pages entered the page cache). RSS: the process's resident memory after the runs
 (VmRSS; peak: VmHWM), with torchggml's baseline (torch and numba imported, ~0.25-0.3 GB on
 x86 Linux; llama-cpp-python's ~0.04 GB) included.
 --profile prints where torchggml spends its time during generation (cProfile, top functions).
@@ -213,7 +213,8 @@ def bench_torchggml(path, args) -> dict:
     tg_times, tg_cpu = tokens_per_cpu_second(args.n_gen + 1, tg, args.reps)
     result = {"pp": args.n_prompt / statistics.median(pp_times), "tg": args.n_gen / statistics.median(tg_times),
               "pp_cpu": pp_cpu, "tg_cpu": tg_cpu,
-              "desc": model.describe(), "params": sum(t.n_elements for t in model.file.tensors.values()),
+              "desc": model.describe() + ("; file mapped in huge pages" if model.file.maps_in_huge_pages()
+                                          else "; file mapped in 4 KiB pages"), "params": sum(t.n_elements for t in model.file.tensors.values()),
               **load, **memory_mb()}
     if pp_all_times:
         result["pp_all"] = args.n_prompt / statistics.median(pp_all_times[0])
@@ -246,7 +247,7 @@ def bench_llama_cpp(path, args, n_vocab: int) -> dict:
     llm, load = timed_load(lambda: Llama(
         model_path=str(path), n_ctx=args.n_prompt + args.n_gen + 8, n_batch=args.n_prompt,
         n_ubatch=args.n_prompt, n_threads=threads, n_threads_batch=threads, n_gpu_layers=n_gpu,
-        flash_attn=args.flash_attn, use_mmap=args.use_mmap is not False, verbose=False))
+        flash_attn=args.flash_attn, use_mmap=args.use_mmap, verbose=False))
     tokens = prompt_tokens(n_vocab, args.n_prompt)
 
     def pp():
@@ -289,8 +290,8 @@ def run_engine(engine: str, path: str, args) -> dict:
             cmd += [flag, str(value)]
     if args.flash_attn:
         cmd.append("-fa")
-    if args.use_mmap is not None:
-        cmd.append("--mmap" if args.use_mmap else "--no-mmap")
+    if not args.use_mmap:
+        cmd.append("--no-mmap")
     if args.pp_all:
         cmd.append("--pp-all")
     out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
@@ -314,11 +315,8 @@ def main(argv=None) -> int:
     p.add_argument("-d", "--device", default=None, help="torchggml device(s), e.g. CPU or CUDA0 (default: CPU)")
     p.add_argument("-ngl", "--n-gpu-layers", type=int, default=None)
     p.add_argument("-fa", "--flash-attn", action="store_true")
-    mmap_choice = p.add_mutually_exclusive_group()
-    mmap_choice.add_argument("--mmap", dest="use_mmap", action="store_const", const=True, default=None,
-                             help="torchggml's CPU weights always views of the file (use_mmap=True)")
-    mmap_choice.add_argument("--no-mmap", dest="use_mmap", action="store_const", const=False,
-                             help="both engines read the weights into memory (use_mmap=False)")
+    p.add_argument("--no-mmap", dest="use_mmap", action="store_false",
+                   help="both engines read the weights into memory instead of mapping the file (use_mmap=False)")
     p.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even when installed")
     p.add_argument("--pp-all", action="store_true",
                    help="also measure torchggml's pp with every token's logits (logits='all')")

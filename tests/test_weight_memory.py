@@ -14,7 +14,6 @@ import torch
 import torchggml as ggml
 from torchggml.gguf import GGUFError, open_gguf
 from torchggml.models import load_model
-from torchggml.models import loading
 from torchggml.models.params import ModelParams
 
 
@@ -49,47 +48,16 @@ def test_weights_read_into_memory_give_the_same_logits(demo_path):
         read_in.close()
 
 
-class _File:
-    """What weights_to_copy asks of a GGUFFile."""
-
-    def __init__(self, nbytes: int, huge: bool):
-        self.file_size, self.data_offset, self.huge = nbytes, 0, huge
-
-    def maps_in_huge_pages(self) -> bool:
-        return self.huge
-
-
-BIG = loading.COPY_MIN_BYTES
-# (use_mmap, data bytes, the kernel maps the file in huge pages) -> copied: matrix weight, norm
-COPY_CASES = [
-    (True, BIG, False, (False, False)),     # always views
-    (False, 1 << 20, True, (True, True)),   # always read in, every tensor
-    (None, BIG, False, (True, False)),      # 4 KiB pages: the matrix weights read into huge pages
-    (None, BIG, True, (False, False)),      # the mapping is in huge pages already
-    (None, BIG - 1, False, (False, False)),  # a small file: views
-]
-
-
-@pytest.mark.parametrize("use_mmap,nbytes,huge,want", COPY_CASES,
-                         ids=[f"{c[0]}-{c[1]}-{'huge' if c[2] else 'small'}" for c in COPY_CASES])
-def test_which_weights_are_read_into_memory(use_mmap, nbytes, huge, want):
-    copy = loading.weights_to_copy(_File(nbytes, huge), use_mmap)
-    got = tuple(copy is not None and copy(name) for name in ("blk.0.ffn_up.weight", "blk.0.attn_norm.weight"))
-    assert got == want
-
-
-def test_the_default_reads_matrix_weights_of_a_file_in_small_pages(demo_path, monkeypatch):
-    monkeypatch.setattr(loading, "COPY_MIN_BYTES", 0)
-    monkeypatch.setattr(ggml.gguf.GGUFFile, "maps_in_huge_pages", lambda self, probes=8: False)
-    model = load_model(demo_path, n_ctx=32, progress=False)
-    try:
-        up, norm = model.weights["blk.0.ffn_up.weight"], model.weights["blk.0.attn_norm.weight"]
-        region = model.file.data_region()
-        assert not region.ctypes.data <= up.data < region.ctypes.data + region.size
-        assert region.ctypes.data <= norm.data < region.ctypes.data + region.size
-        assert 0 < model.weights.cpu_read_in < sum(i.nbytes for i in model.file.tensors.values())
-    finally:
-        model.close()
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="/proc/self/smaps is Linux's")
+def test_smaps_fields_are_read_for_the_mapping_holding_an_address():
+    """The huge-page probe's reader: a field of the mapping that holds an address."""
+    from torchggml.gguf import _smaps_field
+    m = mmap.mmap(-1, 8 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    a = np.frombuffer(m, np.uint8)
+    a[::4096] = 1  # every page touched: resident
+    assert _smaps_field(a.ctypes.data + (5 << 20), "Rss:") >= 8 << 10
+    assert _smaps_field(a.ctypes.data, "NoSuchField:") is None
+    del a
 
 
 def test_small_files_are_not_probed_for_huge_pages(demo_path):
@@ -132,7 +100,7 @@ def test_large_cpu_buffers_ask_for_huge_pages():
         big.free()
 
 
-@pytest.mark.parametrize("argv,want", [([], None), (["--mmap"], True), (["--no-mmap"], False)])
+@pytest.mark.parametrize("argv,want", [([], True), (["--no-mmap"], False)])
 def test_mmap_flags(argv, want):
     import argparse
     from torchggml.models.cli_commands import add_model_options, model_params
@@ -141,6 +109,6 @@ def test_mmap_flags(argv, want):
     assert model_params(p.parse_args(argv)).use_mmap is want
 
 
-def test_use_mmap_must_be_a_bool_or_none():
-    with pytest.raises(TypeError, match="use_mmap must be True, False or None, got 'yes'"):
+def test_use_mmap_must_be_a_bool():
+    with pytest.raises(TypeError, match="use_mmap must be True or False, got 'yes'"):
         ModelParams(use_mmap="yes")

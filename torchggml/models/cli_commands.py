@@ -65,11 +65,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                         "without -d/-ngl the layers are split over them and the local CPU")
     p.add_argument("--no-repack", dest="repack", action="store_false",
                    help="keep CPU weights in ggml's layout (no CPU_REPACK buffers)")
-    mmap_choice = p.add_mutually_exclusive_group()
-    mmap_choice.add_argument("--mmap", dest="use_mmap", action="store_const", const=True, default=None,
-                             help="CPU weights always views of the file's mapping (fastest load)")
-    mmap_choice.add_argument("--no-mmap", dest="use_mmap", action="store_const", const=False,
-                             help="read CPU weights into memory (huge pages) instead of mapping the file")
+    p.add_argument("--no-mmap", dest="use_mmap", action="store_false",
+                   help="read CPU weights into memory (huge pages) instead of mapping the file: "
+                        "faster decode, slower load")
     add_kernels_option(p)
 
 
@@ -85,7 +83,7 @@ def model_params(args) -> "ModelParams":
     return ModelParams(devices=args.device.split(",") if args.device else None, n_gpu_layers=args.n_gpu_layers,
                        tensor_split=args.tensor_split, n_ctx=args.ctx_size, n_batch=args.batch_size,
                        flash_attn=args.flash_attn, kv_type=args.cache_type, n_threads=args.threads,
-                       repack=getattr(args, "repack", True), use_mmap=getattr(args, "use_mmap", None),
+                       repack=getattr(args, "repack", True), use_mmap=getattr(args, "use_mmap", True),
                        tensor_parallel=getattr(args, "tensor_parallel", None),
                        rpc=args.rpc.split(",") if getattr(args, "rpc", None) else None)
 

@@ -45,25 +45,6 @@ def add_rpc_servers(endpoints) -> list[Device]:
     return devices
 
 
-# use_mmap=None reads the matrix weights into memory only for files at least this large (smaller
-# ones stay in the caches whatever their pages)
-COPY_MIN_BYTES = 64 << 20
-
-
-def weights_to_copy(file, use_mmap: bool | None):
-    """Which CPU weights are read into CPU memory (huge pages) instead of viewed in the file's
-    mapping: none (use_mmap=True), all (False), or (None) the matrix weights a decode step
-    streams whole when the kernel does not map the file in huge pages (GGUFFile.maps_in_huge_pages:
-    from 4 KiB pages a Zen 4 decode step read its weights at ~2/3 the rate)."""
-    if use_mmap is True:
-        return None
-    if use_mmap is False:
-        return lambda name: True
-    if file.file_size - file.data_offset < COPY_MIN_BYTES or file.maps_in_huge_pages():
-        return None
-    return lambda name: is_matmul_weight(name) or name.endswith(EXPERT_WEIGHTS)
-
-
 def load(path, params: ModelParams | None = None, **options) -> Model:
     """See torchggml.load_model."""
     from ..gguf import open_gguf
@@ -114,8 +95,9 @@ def load(path, params: ModelParams | None = None, **options) -> Model:
                     return extra
         return device.get_buffer_type()
 
+    # use_mmap=False: every CPU weight read into CPU memory (huge pages) instead of mapped
     weights = load_weights(file, buft_of, progress=params.progress, check_values=params.check_tensors,
-                           copy=weights_to_copy(file, params.use_mmap))
+                           copy=None if params.use_mmap else (lambda name: True))
     model = Model(file, None, params, arch, hp, weights, placement)
     model.loader = load
     return model

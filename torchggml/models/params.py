@@ -60,12 +60,14 @@ class ModelParams:
         (RPC0, RPC1... in the order given). Without devices and n_gpu_layers the layers are split
         over the servers' devices and then the local CPU (tensor_split weighs them); with
         n_gpu_layers they count as accelerators; or name them in devices.
-    use_mmap: how CPU weights get their memory. True: views of the file's mapping (zero copy,
-        the fastest load; the mapping asks for huge pages). False: read into CPU memory in huge
-        pages (as llama.cpp's --no-mmap, plus huge pages). None (default): views, except the
-        matrix weights of files of 64 MiB and more when the kernel maps the file in 4 KiB pages
-        (GGUFFile.maps_in_huge_pages): those are read into huge pages, where a decode step
-        streams them ~1.5x faster (the first touch of that memory costs 0.1-1.2 s a GB).
+    use_mmap: True (default, as llama.cpp): CPU weights are views of the file's mapping (zero
+        copy, the fastest load), which asks for huge pages (MADV_HUGEPAGE: granted where the page
+        cache holds the file in 2 MiB folios, as Linux 6.x filesystems with large folios do for a
+        file read whole; GGUFFile.maps_in_huge_pages tells). False: every CPU weight is read into
+        CPU memory in huge pages, as llama.cpp's --no-mmap plus huge pages: a decode step, which
+        streams every weight, runs up to ~1.3x faster than from a mapping in 4 KiB pages, at the
+        cost of the first touch of that memory at load (0.1-2 s a GB, the machine's page fault
+        cost).
     check_tensors: check every weight's values (and quantized blocks' scales) for NaN/inf on
         load, as llama.cpp's --check-tensors: GGUFError naming the tensor (reads all weights).
     n_seq_max: sequences the recurrent state of recurrent and hybrid models holds at once (one
@@ -83,7 +85,7 @@ class ModelParams:
     progress: bool = True
     repack: bool = True
     check_tensors: bool = False
-    use_mmap: bool | None = None
+    use_mmap: bool = True
     tensor_parallel: object = None
     rpc: Sequence[str] | None = None
     n_seq_max: int = 4
@@ -97,8 +99,8 @@ class ModelParams:
         _check_int("n_gpu_layers", self.n_gpu_layers, -2**31, 2**31 - 1, none_ok=True)
         if self.tensor_split is not None:
             _check_tensor_split(self.tensor_split)
-        if self.use_mmap not in (None, True, False):
-            raise TypeError(f"ModelParams: use_mmap must be True, False or None, got {self.use_mmap!r}")
+        if not isinstance(self.use_mmap, bool):
+            raise TypeError(f"ModelParams: use_mmap must be True or False, got {self.use_mmap!r}")
 
     @classmethod
     def names(cls) -> list[str]:

@@ -15,7 +15,7 @@ from ..kernels.matmul import bind_mul_mat, bind_mul_mat_id
 from .features import cpu_path
 from .jit.loader import numba_available
 from .layouts.base import is_repacked
-from .layouts.fused import block_product, is_in_place
+from .layouts.fused import block_product, bound_block_matvec, is_in_place
 
 # from this many rows on, F16 products convert the weight to f32: 128x1024x2816 takes 72 ms in
 # torch's half GEMM on AVX2 and 33 ms converting first (Zen 4: 50-85 ms vs 13-18 ms); below, the
@@ -55,6 +55,11 @@ def bind_block_product(node):
     raw = view(a)[0, 0]
     if raw.stride(1) != 1:
         return None
+    b = node.src[1]
+    if b.ne[2] == 1 and b.ne[3] == 1:  # a decode step's rows: the matvec bound once
+        bound = bound_block_matvec(a.type, raw, view(b)[0, 0], view(node)[0, 0])
+        if bound is not None:
+            return bound
     return bind_mul_mat(node, lambda weight: block_product(weight.type, raw))
 
 
