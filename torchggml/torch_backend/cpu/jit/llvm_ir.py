@@ -286,17 +286,27 @@ def _row_dot_intrinsic():
             builder.store(builder.fadd(builder.load(acc), term, flags=("fast",)), acc)
 
         per = ACCUMULATORS  # pairs an iteration: 2 * per blocks' scales as one vector
+        i64 = ir.IntType(64)
         with cgutils.for_range(builder, builder.udiv(n_pairs, const(per))) as loop:
             block0 = builder.mul(loop.index, const(2 * per))
-            bits = ir.Constant(vec(i16, 2 * per), ir.Undefined)
-            for b in range(2 * per):
-                bits = builder.insert_element(bits, d_bits(builder.add(block0, const(b))), ir.Constant(i32, b))
+            # the float16 d of 4 blocks joined in a 64-bit integer (integer units), two of them
+            # then one vector: fewer vector shuffles than inserting each half
+            quads = []
+            for first in range(0, 2 * per, 4):
+                quad = ir.Constant(i64, 0)
+                for b in range(4):
+                    half = builder.zext(d_bits(builder.add(block0, const(first + b))), i64)
+                    quad = builder.or_(quad, builder.shl(half, ir.Constant(i64, 16 * b)))
+                quads.append(quad)
+            packed = ir.Constant(vec(i64, len(quads)), ir.Undefined)
+            for lane, quad in enumerate(quads):
+                packed = builder.insert_element(packed, quad, ir.Constant(i32, lane))
+            bits = builder.bitcast(packed, vec(i16, 2 * per))
             xd = builder.load(builder.bitcast(builder.gep(dp, [block0]), vec(f32, 2 * per).as_pointer()), align=4)
             scales = builder.fmul(halves_to_float(builder, bits), xd, flags=("fast",))
             for q in range(per):
-                lanes = ir.Constant(vec(i32, 8), [2 * q] * 4 + [2 * q + 1] * 4)
                 add(accs[q], builder.add(builder.mul(loop.index, const(per)), const(q)),
-                    builder.shuffle_vector(scales, scales, lanes))
+                    lane_pairs(builder, scales, 2 * q))
 
         def scale_of(j):
             return builder.fmul(half_bits_to_float(builder, d_bits(j)), builder.load(builder.gep(dp, [j])))
@@ -323,6 +333,15 @@ def _row_dot_intrinsic():
         for acc in accs[1:]:
             total = builder.fadd(total, builder.load(acc), flags=("fast",))
         return reduce_8(builder, total)
+
+    def lane_pairs(builder, v8, lane):
+        """<8 x float> [v8[lane]] * 4 + [v8[lane + 1]] * 4: one vpermps on AVX2."""
+        index = ir.Constant(vec(i32, 8), [lane] * 4 + [lane + 1] * 4)
+        if "avx2" in target_features():
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec(f32, 8), [vec(f32, 8), vec(i32, 8)]),
+                                                "llvm.x86.avx2.permps")
+            return builder.call(fn, [v8, index])
+        return builder.shuffle_vector(v8, v8, index)
 
     def adjacent_byte_dot(builder, u, xv, acc=None):
         """acc (<8 x i32>, or zeros) plus 32 unsigned bytes u (< 128) times 32 int8 xv, lane i
@@ -375,22 +394,25 @@ def _row_dot_intrinsic():
     def byte_at(builder, wp, at):
         return builder.zext(builder.load(builder.gep(wp, [at])), i32)
 
-    def q4_k_scales_and_mins(builder, wp, at):
-        """ggml's k_scale_min for a Q4_K block's 8 groups at once, as <8 x i8> (sc, m), from
-        the 12 bytes at `at` (v: 16 bytes from there): g < 4: sc = v[g] & 63, m = v[g+4] & 63;
-        g >= 4: sc = v[g+4] & 15 | (v[g-4] >> 6) << 4, m = v[g+4] >> 4 | (v[g] >> 6) << 4."""
-        c8 = lambda vals: ir.Constant(vec(i8, 8), vals)  # noqa: E731
-        pick = lambda v, lanes: builder.shuffle_vector(v, v, ir.Constant(vec(i32, 8), lanes))  # noqa: E731
-        v = load_i8(builder, wp, at, 16)
-        p, q = pick(v, [0, 1, 2, 3, 8, 9, 10, 11]), pick(v, [0, 1, 2, 3, 0, 1, 2, 3])
-        r, t = pick(v, [4, 5, 6, 7, 8, 9, 10, 11]), pick(v, [4, 5, 6, 7, 4, 5, 6, 7])
-        top = lambda w: builder.shl(builder.lshr(w, c8([6] * 8)), c8([4] * 8))  # noqa: E731
-        first_four = ir.Constant(vec(i32, 8), [0, 1, 2, 3, 12, 13, 14, 15])
-        sc = builder.shuffle_vector(builder.and_(p, c8([63] * 8)), builder.or_(builder.and_(p, c8([15] * 8)), top(q)),
-                                    first_four)
-        m = builder.shuffle_vector(builder.and_(r, c8([63] * 8)), builder.or_(builder.lshr(r, c8([4] * 8)), top(t)),
-                                   first_four)
-        return sc, m
+    def q4_k_scales_and_mins_words(builder, wp, at):
+        """A Q4_K block's 8 scales and 8 mins (6 bits each, packed in the 12 bytes at `at`) as
+        <16 x i16> [sc0..sc7, m0..m7], unpacked in 32-bit scalar arithmetic as ggml's kernels
+        do: the integer units take it, the vector units are busy with the products."""
+        words = [builder.load(builder.bitcast(builder.gep(wp, [builder.add(at, ir.Constant(at.type, 4 * w))]),
+                                              i32.as_pointer()), align=1) for w in range(3)]
+        c = lambda v: ir.Constant(i32, v)  # noqa: E731
+        low6, low4, top2 = c(0x3F3F3F3F), c(0x0F0F0F0F), c(0x03030303)
+        # scales 0-3: words[0] & 63; mins 0-3: words[1] & 63; scales 4-7: words[2] low nibbles
+        # and words[0]'s top 2 bits; mins 4-7: words[2] high nibbles and words[1]'s top 2 bits
+        sc_lo, m_lo = builder.and_(words[0], low6), builder.and_(words[1], low6)
+        sc_hi = builder.or_(builder.and_(words[2], low4),
+                            builder.shl(builder.and_(builder.lshr(words[0], c(6)), top2), c(4)))
+        m_hi = builder.or_(builder.and_(builder.lshr(words[2], c(4)), low4),
+                           builder.shl(builder.and_(builder.lshr(words[1], c(6)), top2), c(4)))
+        packed = ir.Constant(vec(i32, 4), ir.Undefined)
+        for lane, word in enumerate((sc_lo, sc_hi, m_lo, m_hi)):
+            packed = builder.insert_element(packed, word, ir.Constant(i32, lane))
+        return builder.zext(builder.bitcast(packed, vec(i8, 16)), vec(i16, 16))
 
     def q6_k_values(builder, wp, at, h, t):
         """Values h*128 + 32t .. + 31 of the Q6_K block at `at` as <32 x i8> u = q + 32."""
@@ -441,9 +463,8 @@ def _row_dot_intrinsic():
 
         def block_term(b):
             base = builder.mul(b, const(144))
-            sc, m = q4_k_scales_and_mins(builder, wp, builder.add(base, const(4)))
-            sc16 = builder.zext(sc, vec(i16, 8))
-            sc16 = builder.shuffle_vector(sc16, sc16, ir.Constant(vec(i32, 16), list(range(8)) * 2))
+            scales_mins = q4_k_scales_and_mins_words(builder, wp, builder.add(base, const(4)))  # <16 x i16>
+            sc16 = pick(scales_mins, list(range(8)) * 2)  # the 8 scales in both halves (vpshufb's lanes)
             chains = [None, None]  # two independent integer sums
             for p in range(4):
                 packed = load_i8(builder, wp, builder.add(base, const(16 + 32 * p)), 32)
@@ -454,12 +475,11 @@ def _row_dot_intrinsic():
                     xv = load_i8(builder, xp, builder.add(builder.mul(b, const(256)), const(32 * g)), 32)
                     chains[half] = scaled_byte_dot(builder, u, xv, spread_word(builder, sc16, [g] * 8), chains[half])
             ints = builder.add(chains[0], chains[1])
-            # the mins' integer sum_g m_g S_g, S_g the sum of x over group g (two sums of 16)
+            # the mins' integer sum_g m_g S_g, S_g the sum of x over group g (two sums of 16):
+            # each m_g against both of its sums in one word dot (vpmaddwd)
             s16 = builder.load(builder.bitcast(builder.gep(sums, [builder.mul(b, const(16))]), vec(i16, 16).as_pointer()),
                                align=2)
-            s32 = builder.add(builder.sext(pick(s16, list(range(0, 16, 2))), vec(i32, 8)),
-                              builder.sext(pick(s16, list(range(1, 16, 2))), vec(i32, 8)))
-            mins = builder.mul(builder.zext(m, vec(i32, 8)), s32)
+            mins = word_dot(builder, pick(scales_mins, [8 + g // 2 for g in range(16)]), s16)
             xd = builder.load(builder.gep(dp, [b]))
             d, dmin = builder.fmul(half_at(base), xd), builder.fmul(half_at(builder.add(base, const(2))), xd)
             return builder.fsub(builder.fmul(builder.sitofp(ints, vec(f32, 8)), splat_f32(builder, d, 8), flags=("fast",)),
@@ -615,9 +635,9 @@ def _row_dot_intrinsic():
                 with cgutils.for_range(builder, builder.lshr(n, const(n, 8))) as loop:
                     blk = loop.index
                     at = builder.mul(blk, const(blk, 144))
-                    sc, m = q4_k_scales_and_mins(builder, wp, builder.add(at, const(blk, 4)))
-                    sc_f = builder.uitofp(builder.zext(sc, vec(i32, 8)), vec(f32, 8))
-                    m_f = builder.uitofp(builder.zext(m, vec(i32, 8)), vec(f32, 8))
+                    words = q4_k_scales_and_mins_words(builder, wp, builder.add(at, const(blk, 4)))
+                    sc_f, m_f = (builder.uitofp(builder.shuffle_vector(words, words, ir.Constant(vec(i32, 8), lanes)),
+                                                vec(f32, 8)) for lanes in (list(range(8)), list(range(8, 16))))
                     for g in range(8):
                         lane = ir.Constant(i32, g)
                         scale = builder.fmul(half_at(at), builder.extract_element(sc_f, lane))
