@@ -47,6 +47,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
+import numpy as np
 import torch
 
 from ..backend.backend import backend_free
@@ -261,9 +262,10 @@ class Model:
 
     def _token_ids(self, tokens) -> torch.Tensor:
         ids = token_id_tensor(tokens, self.path)
-        bad = (ids < 0) | (ids >= self.n_vocab)
-        if bool(bad.any()):
-            raise ValueError(f"eval: token id {int(ids[bad][0])} is outside the vocabulary [0, {self.n_vocab})")
+        values = ids.numpy()
+        if values.size and (values.min() < 0 or values.max() >= self.n_vocab):
+            bad = values[(values < 0) | (values >= self.n_vocab)][0]
+            raise ValueError(f"eval: token id {int(bad)} is outside the vocabulary [0, {self.n_vocab})")
         return ids
 
     def eval(self, tokens, seq_id: int = 0, logits: str = "all") -> torch.Tensor:
@@ -345,10 +347,10 @@ class Model:
                              f"(only the last token's)")
         if logits == "all":
             return torch.ones(sum(lengths), dtype=torch.bool)
-        flags = torch.zeros(sum(lengths), dtype=torch.bool)
-        ends = torch.tensor(lengths, dtype=torch.int64).cumsum(0) - 1
-        flags[ends[torch.tensor(lengths) > 0]] = True
-        return flags
+        flags = np.zeros(sum(lengths), dtype=bool)
+        ends = np.cumsum(lengths) - 1
+        flags[ends[np.asarray(lengths) > 0]] = True
+        return torch.from_numpy(flags)
 
     def _eval_tokens(self, ids: torch.Tensor, seq_ids: torch.Tensor, outputs: torch.Tensor,
                      embeddings: bool = False) -> torch.Tensor:
@@ -359,18 +361,25 @@ class Model:
             return torch.empty(0, width)
         self.sequences.check(seq_ids.unique().tolist(), held=self.lock.depth > 1)
         self.sequences.changed(seq_ids.unique().tolist())  # a failed eval may have changed them too
-        self.kv.plan(seq_ids)  # raises early when the cache cannot hold them all
-        out = torch.empty(int(outputs.sum()), width)
+        whole = self.kv.plan(seq_ids)  # raises early when the cache cannot hold them all
+        n_out = int(outputs.sum())
+        out = torch.empty(n_out, width)
         row_of = outputs.cumsum(0) - 1  # each output token's row of `out`
         before = self.kv.snapshot()
         # micro-batches: runs of n_batch tokens, or (recurrent memory) equal shares of each sequence
-        for idx in self.kv.ubatches(seq_ids, self.n_batch):
-            flags = outputs[idx]
-            logits = torch.empty(int(flags.sum()), width)
-            self._eval_ubatch(ids[idx], seq_ids[idx], flags, logits, embeddings)
-            out[row_of[idx][flags]] = logits
-            finite = torch.isfinite(logits).all(dim=1)
-            if not bool(finite.all()):
+        ubatches = self.kv.ubatches(seq_ids, self.n_batch)
+        whole_batch = len(ubatches) == 1 and isinstance(ubatches[0], slice) and ubatches[0] == slice(0, ids.numel())
+        for idx in ubatches:
+            if whole_batch:  # one micro-batch in token order (a decode step): its plan is made, its rows are out's
+                logits = out
+                self._eval_ubatch(ids, seq_ids, outputs, logits, embeddings, whole)
+            else:
+                flags = outputs[idx]
+                logits = torch.empty(int(flags.sum()), width)
+                self._eval_ubatch(ids[idx], seq_ids[idx], flags, logits, embeddings)
+                out[row_of[idx][flags]] = logits
+            if not np.isfinite(logits.numpy()).all():  # numpy: torch's check took ~60 µs a token
+                finite = torch.isfinite(logits).all(dim=1)
                 # the cells written may hold NaN: zero them so no later call can read them
                 self.kv.restore(before)
                 bad = int(torch.arange(ids.numel())[idx][flags][int((~finite).nonzero()[0])])
@@ -381,9 +390,10 @@ class Model:
         return out
 
     def _eval_ubatch(self, ids: torch.Tensor, seq_ids: torch.Tensor, outputs: torch.Tensor,
-                     logits: torch.Tensor, embeddings: bool = False) -> None:
-        """One micro-batch; the rows of the tokens flagged in `outputs` are written to `logits`."""
-        batch = self.kv.plan(seq_ids)
+                     logits: torch.Tensor, embeddings: bool = False, batch=None) -> None:
+        """One micro-batch (`batch`: the memory's plan for it, when made already); the rows of
+        the tokens flagged in `outputs` are written to `logits`."""
+        batch = batch or self.kv.plan(seq_ids)
         n_tokens, n_outputs = ids.numel(), logits.shape[0]
         g = self._graph_for(n_tokens, batch.n_kv, n_outputs, embeddings, batch.n_seqs)
         # the scheduler keeps user inputs in CPU memory and copies them where they are read
@@ -402,7 +412,7 @@ class Model:
             raise RuntimeError(f"{self.path}: graph compute failed with status {status!r}")
         self.kv.commit(batch)
         if n_outputs:
-            logits[:] = backend_tensor_get(g.logits).reshape(n_outputs, logits.shape[1])
+            backend_tensor_get(g.logits, logits.view(-1).view(torch.uint8))
 
     # ------------------------------------------------------------ text
 
