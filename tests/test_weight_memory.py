@@ -112,3 +112,18 @@ def test_mmap_flags(argv, want):
 def test_use_mmap_must_be_a_bool():
     with pytest.raises(TypeError, match="use_mmap must be True or False, got 'yes'"):
         ModelParams(use_mmap="yes")
+
+
+def test_page_in_keeps_the_file_and_reports_its_pages(demo_path, tmp_path, capsys):
+    """page_in drops the file's cached pages and reads them again (through a mapping advised
+    huge pages): the bytes are the file's, and it says whether the file maps in huge pages
+    before and after (a file this small never counts: fewer 2 MiB spans than probes)."""
+    from torchggml.cli import main
+    from torchggml.gguf import page_in
+    path = tmp_path / "m.gguf"
+    shutil.copy(demo_path, path)
+    data = path.read_bytes()
+    assert page_in(path) == (False, False)
+    assert path.read_bytes() == data
+    assert main(["page-in", str(path)]) == 0
+    assert "still in 4 KiB pages" in capsys.readouterr().out

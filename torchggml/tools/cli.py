@@ -4,6 +4,7 @@
     torchggml bench MODEL [-p 512] [-n 128] [-r 5]             (llama-bench)
     torchggml quantize IN OUT TYPE                             (llama-quantize)
     torchggml compile-kernels [--types F16,Q4_K_M]             (the CPU kernels, ahead)
+    torchggml page-in MODEL [MODEL...]                         (the file cached in 2 MiB pages)
 """
 from __future__ import annotations
 
@@ -32,6 +33,17 @@ def cmd_quantize(args) -> int:
 def cmd_compile_kernels(args) -> int:
     from .compile_kernels import cmd_compile_kernels as run
     return run(args)
+
+
+@user_errors
+def cmd_page_in(args) -> int:
+    from ..gguf import page_in
+    for path in args.models:
+        before, after = page_in(path)
+        state = ("already in huge pages" if before else "now in huge pages" if after else
+                 "still in 4 KiB pages (this kernel or filesystem keeps the file's cache in small folios)")
+        print(f"{path}: {state}")
+    return 0
 
 
 def add_subcommands(subparsers) -> None:
@@ -63,3 +75,8 @@ def add_subcommands(subparsers) -> None:
                                                       "instead of during the first prompt")
     p.add_argument("--types", metavar="TYPE[,TYPE...]", help="model file types (default: F16,Q8_0,Q4_0,Q4_K_M,Q5_K_M)")
     p.set_defaults(func=cmd_compile_kernels)
+
+    p = subparsers.add_parser("page-in", help="re-read model files into the page cache in 2 MiB folios, so that "
+                                              "their mappings use huge pages (faster CPU decode)")
+    p.add_argument("models", nargs="+", metavar="MODEL", help="GGUF files")
+    p.set_defaults(func=cmd_page_in)
