@@ -127,6 +127,16 @@ def test_fused_mul_mat_matches_float64(qtype, n, k, m, gemm, where, monkeypatch)
     assert nmse(ours.numpy(), (x.double() @ w.T).numpy()) < bound
 
 
+@pytest.mark.parametrize("qtype,where", [(T.Q4_0, "blocks"), (T.Q6_K, "blocks"), (T.Q5_K, "fused"), (T.Q4_1, "fused")],
+                         ids=lambda c: getattr(c, "name", c))
+@pytest.mark.parametrize("gemm", ["f32", "bf16"])
+def test_micro_batch_products_dequantize_in_chunks(qtype, where, gemm, monkeypatch):
+    """A micro-batch's weight is dequantized a chunk of rows at a time (DEQUANT_CHUNK_BYTES):
+    33 rows of 512 in chunks of 16 (f32) or 32 (bf16) rows, the last one short."""
+    monkeypatch.setattr(layout, "DEQUANT_CHUNK_BYTES", 16 * 512 * 4)
+    test_fused_mul_mat_matches_float64(qtype, 33, 512, 40, gemm, where, monkeypatch)
+
+
 # ---------------------------------------------------------------- MUL_MAT_ID with fused experts
 
 def _ids_table(name: str, n_tokens: int, n_used: int, n_expert: int) -> torch.Tensor:

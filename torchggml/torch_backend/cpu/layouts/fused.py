@@ -258,25 +258,40 @@ def _scratch_buffer(n_values: int, dtype: torch.dtype) -> torch.Tensor:
     return buf[:n_values]
 
 
-def dequantized(p: _Packed, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The (one-matrix) weight as [N, K] of dtype (float32 or bfloat16, rounded to nearest
-    even), in a per-thread scratch buffer."""
-    w = _scratch_buffer(p.n * p.k, _KERNEL_DTYPES[dtype]).view(p.n, p.k)
-    kernels = quant_kernels()
+def dequantized(p: _Packed, dtype: torch.dtype = torch.float32, start: int = 0, stop: int | None = None) -> torch.Tensor:
+    """The (one-matrix) weight's rows [start, stop) as [rows, K] of dtype (float32 or bfloat16,
+    rounded to nearest even), in a per-thread scratch buffer."""
+    stop = p.n if stop is None else stop
+    w = _scratch_buffer((stop - start) * p.k, _KERNEL_DTYPES[dtype]).view(stop - start, p.k)
+    kernels, rows = quant_kernels(), slice(start, stop)
     if p.blocks:
-        kernels.dequantize_blocks(p.q, p.kind, w.numpy())
+        kernels.dequantize_blocks(p.q[rows], p.kind, w.numpy())
     elif p.six_bits:
-        kernels.dequantize_six_bits(p.q, p.scale, w.numpy())
+        kernels.dequantize_six_bits(p.q[rows], p.scale[rows], w.numpy())
     elif p.nibbles:
-        kernels.dequantize_nibbles(p.q, p.scale, p.bias, p.has_bias, p.signed, w.numpy())
+        kernels.dequantize_nibbles(p.q[rows], p.scale[rows], p.bias[rows] if p.has_bias else p.bias, p.has_bias,
+                                   p.signed, w.numpy())
     else:
-        kernels.dequantize_rows(p.q, p.scale, p.bias, p.has_bias, w.numpy())
+        kernels.dequantize_rows(p.q[rows], p.scale[rows], p.bias[rows] if p.has_bias else p.bias, p.has_bias,
+                                w.numpy())
     return w.view(dtype)
 
 
+# a micro-batch's weight is dequantized this many bytes of rows at a time, each chunk multiplied
+# while it is in the cache (as the F16 weights' chunks: products.CONVERT_CHUNK_BYTES)
+DEQUANT_CHUNK_BYTES = 4 << 20
+
+
 def _gemm(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
-    """out = rows @ W^T, rows and out in float32 or bfloat16; W dequantized once into that dtype."""
-    torch.mm(rows, dequantized(p, rows.dtype).T, out=out)
+    """out = rows @ W^T, rows and out in float32 or bfloat16; W dequantized once into that dtype,
+    a chunk of its rows at a time."""
+    chunk = max(16, DEQUANT_CHUNK_BYTES // (rows.element_size() * p.k))
+    if chunk >= p.n:
+        torch.mm(rows, dequantized(p, rows.dtype).T, out=out)
+        return
+    for start in range(0, p.n, chunk):
+        stop = min(p.n, start + chunk)
+        torch.mm(rows, dequantized(p, rows.dtype, start, stop).T, out=out[:, start:stop])
 
 
 def _matvec(p: _Packed, x: torch.Tensor, x_row: np.ndarray, w_row0: np.ndarray, out: torch.Tensor) -> None:
