@@ -422,26 +422,6 @@ def _row_dot_intrinsic():
         high = builder.and_(builder.lshr(load_i8(builder, wp, offset(128 + h * 32), 32), c8(2 * t)), c8(3))
         return builder.or_(low, builder.shl(high, c8(4)))
 
-    def k_blocks_dot(builder, n_blocks, block_term):
-        """reduce(sum_b block_term(b)) over a row's K-quant blocks (<8 x float> terms, each from
-        its block's exact integer sums), in ACCUMULATORS independent sums."""
-        accs = [cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8)) for _ in range(ACCUMULATORS)]
-
-        def add(acc, b):
-            builder.store(builder.fadd(builder.load(acc), block_term(b), flags=("fast",)), acc)
-        per = ACCUMULATORS
-        with cgutils.for_range(builder, builder.udiv(n_blocks, ir.Constant(n_blocks.type, per))) as loop:
-            base = builder.mul(loop.index, ir.Constant(n_blocks.type, per))
-            for a, acc in enumerate(accs):
-                add(acc, builder.add(base, ir.Constant(n_blocks.type, a)))
-        done = builder.mul(builder.udiv(n_blocks, ir.Constant(n_blocks.type, per)), ir.Constant(n_blocks.type, per))
-        with cgutils.for_range(builder, builder.sub(n_blocks, done)) as loop:
-            add(accs[0], builder.add(done, loop.index))
-        total = builder.load(accs[0])
-        for acc in accs[1:]:
-            total = builder.fadd(total, builder.load(acc), flags=("fast",))
-        return reduce_8(builder, total)
-
     def splat_f32(builder, x, n):
         one = builder.insert_element(ir.Constant(vec(f32, n), ir.Undefined), x, ir.Constant(i32, 0))
         return builder.shuffle_vector(one, one, ir.Constant(vec(i32, n), [0] * n))
@@ -485,7 +465,7 @@ def _row_dot_intrinsic():
             return builder.fsub(builder.fmul(builder.sitofp(ints, vec(f32, 8)), splat_f32(builder, d, 8), flags=("fast",)),
                                 builder.fmul(builder.sitofp(mins, vec(f32, 8)), splat_f32(builder, dmin, 8), flags=("fast",)),
                                 flags=("fast",))
-        return k_blocks_dot(builder, n_blocks, block_term)
+        return sum_terms(builder, block_term, n_blocks)  # each block's term from its exact integer sums
 
     def q6_k_blocks_dot(builder, wp, xp, sump, dp, n_blocks):
         """A row of ggml's Q6_K blocks in place (210 bytes per 256 values: 128 bytes of low
@@ -523,7 +503,7 @@ def _row_dot_intrinsic():
                                                          align=1))
             scale = builder.fmul(d, builder.load(builder.gep(dp, [b])))
             return builder.fmul(builder.sitofp(ints, vec(f32, 8)), splat_f32(builder, scale, 8), flags=("fast",))
-        return k_blocks_dot(builder, n_blocks, block_term)
+        return sum_terms(builder, block_term, n_blocks)  # each block's term from its exact integer sums
 
     def scaled_byte_dot(builder, u, xv, sc16, acc):
         """acc (<8 x i32>, or None: zeros) plus the products of 32 unsigned bytes u (< 64) and 32

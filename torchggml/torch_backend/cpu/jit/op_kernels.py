@@ -181,6 +181,15 @@ def row_norm(x, out, eps, rms):
                     orow[i0] = store_as((load(xr[i0]) - mean) * scale, out)
 
 
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def softmax_shift(peak, nan):
+    """The value a softmax row subtracts before exp: its max, NaN if any value was (as ggml's
+    amax), 0 when that is not finite (a row of -inf: all weights 0)."""
+    if nan:
+        peak = np.float32(np.nan)
+    return peak if math.isfinite(peak) else np.float32(0.0)
+
+
 @jit
 def soft_max(x, out, mask, slopes, sinks, scale, has_mask, has_sinks):
     n = x.shape[3]
@@ -203,10 +212,7 @@ def soft_max(x, out, mask, slopes, sinks, scale, has_mask, has_sinks):
                     v = row[i0]
                     nan |= v != v
                     peak = v if v > peak else peak
-                if nan:
-                    peak = np.float32(np.nan)
-                if not math.isfinite(peak):
-                    peak = np.float32(0.0)
+                peak = softmax_shift(peak, nan)
                 for i0 in range(n):  # vectorized; the float64 sum in order after it
                     row[i0] = exp_f32(row[i0] - peak)
                 total = 0.0
@@ -475,10 +481,7 @@ def decode_attention(k, v, strides, n_kv, n_head_kv, q, mask, has_mask, scale, s
             scores[j] = s
             nan |= s != s
             peak = s if s > peak else peak
-        if nan:
-            peak = np.float32(np.nan)
-        if not math.isfinite(peak):
-            peak = np.float32(0.0)
+        peak = softmax_shift(peak, nan)
         weight_sum = 0.0
         for j in range(n_kv):
             if scores[j] != -np.inf:
