@@ -40,7 +40,8 @@ TAKEN = [
     ("soft_max(ne=[168, 1, 16, 1],mask=F16[168, 1, 1, 1],scale=0.125,max_bias=0.0,causal)", True),
     ("soft_max(ne=[168, 1, 12, 1],mask=F32[168, 1, 1, 1],scale=0.125,max_bias=8.0,sinks)", True),
     ("soft_max(ne=[16, 7, 4, 2],mask=F16[16, 7, 2, 1],scale=1.0,max_bias=0.0)", True),
-    ("soft_max(ne=[1024, 64, 8, 1],mask=F16[1024, 64, 1, 1],scale=0.125,max_bias=0.0,causal)", False),
+    # a prompt's scores, past FAST_MAX_ELEMENTS: the numba kernel with the rows over the threads
+    ("soft_max(ne=[1024, 64, 8, 1],mask=F16[1024, 64, 1, 1],scale=0.125,max_bias=0.0,causal)", True),
     ("rope(type=F32,ne=[64, 16, 1, 1],n_dims=64,mode=0,fs=1.0,ef=0.0,af=1.0,ff=False)", True),
     ("rope(type=F16,ne=[128, 8, 1, 1],n_dims=64,mode=2,fs=1.0,ef=0.0,af=1.0,ff=False,n_offs=64)", True),
     ("rope(type=F32,ne=[128, 3, 2, 1],n_dims=128,mode=8,fs=1.0,ef=0.0,af=1.0,ff=False,sections=[21, 21, 21, 0])",

@@ -78,15 +78,25 @@ def bind_row_norm(node):
 
 # ---------------------------------------------------------------- SOFT_MAX
 
+# a SOFT_MAX with more values than FAST_MAX_ELEMENTS (a prompt's scores) takes the threaded
+# numba kernel up to this many: past it, rows so long that torch's own threading pays
+SOFT_MAX_THREADED_MAX_ELEMENTS = 1 << 26
+
+
 def bind_soft_max(node):
     a, mask, sinks = node.src[0], node.src[1], node.src[2]
-    if not _takes(node, a, mask):
+    large = nelements(node) > FAST_MAX_ELEMENTS
+    if large and (nelements(node) > SOFT_MAX_THREADED_MAX_ELEMENTS or not numba_available()
+                  or not all(t is None or t.type in _fast_types() for t in (node, a, mask))):
+        return None
+    if not large and not _takes(node, a, mask):
         return None
     scale, max_bias = get_op_params_f32(node, 0), get_op_params_f32(node, 1)
     slopes = alibi_slopes(a.ne[2], max_bias, "cpu").numpy()
     vm = _float_view(mask)[:, :, :a.ne[1]] if mask is not None else _NO_F32.reshape(1, 1, 1, 1)
     vs = as_numpy(view(sinks)[0, 0, 0]) if sinks is not None else _NO_F32
-    return _call(op_kernels().soft_max, _float_view(a), _float_view(node), vm, slopes, vs, np.float32(scale),
+    kernel = op_kernels().soft_max_rows if large else op_kernels().soft_max
+    return _call(kernel, _float_view(a), _float_view(node), vm, slopes, vs, np.float32(scale),
                  mask is not None, sinks is not None)
 
 

@@ -11,6 +11,7 @@ division (x / 0 is inf or NaN, as in ggml, not a ZeroDivisionError).
 
     row_norm(x, out, eps, rms)                       NORM / RMS_NORM over ne0
     soft_max(x, out, mask, slopes, sinks, scale, has_mask, has_sinks)
+    soft_max_rows(...)                               the same, the rows split over the threads
     rope(x, out, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
          interleaved, copy_rest)                     NORMAL / NEOX rotation
     set_rows(rows, idx, dst) -> first bad index position or -1
@@ -190,42 +191,58 @@ def softmax_shift(peak, nan):
     return peak if math.isfinite(peak) else np.float32(0.0)
 
 
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _soft_max_row(xr, mr, has_mask, slope, sink, has_sinks, scale, row, orow):
+    """One row of SOFT_MAX: softmax(x * scale + slope * mask), the sink's logit in the sum."""
+    n = xr.shape[0]
+    if has_mask:
+        for i0 in range(n):
+            row[i0] = load(xr[i0]) * scale + slope * load(mr[i0])
+    else:
+        for i0 in range(n):
+            row[i0] = load(xr[i0]) * scale
+    peak, nan = sink, sink != sink  # the max, NaN if any value is (as amax)
+    for i0 in range(n):
+        v = row[i0]
+        nan |= v != v
+        peak = v if v > peak else peak
+    peak = softmax_shift(peak, nan)
+    for i0 in range(n):  # vectorized; the float64 sum in order after it
+        row[i0] = exp_f32(row[i0] - peak)
+    total = 0.0
+    for i0 in range(n):
+        total += row[i0]
+    if has_sinks:
+        total += exp_f32(sink - peak)
+    if total == 0.0:
+        total = 1.0
+    inv = np.float32(1.0 / total)
+    for i0 in range(n):
+        orow[i0] = store_as(row[i0] * inv, orow)
+
+
 @jit
 def soft_max(x, out, mask, slopes, sinks, scale, has_mask, has_sinks):
-    n = x.shape[3]
-    row = np.empty(n, np.float32)
+    row = np.empty(x.shape[3], np.float32)
     for i3 in range(x.shape[0]):
         for i2 in range(x.shape[1]):
-            slope = slopes[i2]
             sink = sinks[i2] if has_sinks else np.float32(-np.inf)
             for i1 in range(x.shape[2]):
-                xr = x[i3, i2, i1]
-                if has_mask:
-                    mr = mask[i3 % mask.shape[0], i2 % mask.shape[1], i1]
-                    for i0 in range(n):
-                        row[i0] = load(xr[i0]) * scale + slope * load(mr[i0])
-                else:
-                    for i0 in range(n):
-                        row[i0] = load(xr[i0]) * scale
-                peak, nan = sink, sink != sink  # the max, NaN if any value is (as amax)
-                for i0 in range(n):
-                    v = row[i0]
-                    nan |= v != v
-                    peak = v if v > peak else peak
-                peak = softmax_shift(peak, nan)
-                for i0 in range(n):  # vectorized; the float64 sum in order after it
-                    row[i0] = exp_f32(row[i0] - peak)
-                total = 0.0
-                for i0 in range(n):
-                    total += row[i0]
-                if has_sinks:
-                    total += exp_f32(sink - peak)
-                if total == 0.0:
-                    total = 1.0
-                inv = np.float32(1.0 / total)
-                orow = out[i3, i2, i1]
-                for i0 in range(n):
-                    orow[i0] = store_as(row[i0] * inv, out)
+                mr = mask[i3 % mask.shape[0], i2 % mask.shape[1], i1] if has_mask else mask[0, 0, 0]
+                _soft_max_row(x[i3, i2, i1], mr, has_mask, slopes[i2], sink, has_sinks, scale, row, out[i3, i2, i1])
+
+
+# the same over the rows split among the threads: a prompt's scores (32 heads x 128 tokens x 256
+# cells per layer: ~2.8 ms in torch's kernels)
+@njit(cache=True, nogil=True, error_model="numpy", parallel=True)
+def soft_max_rows(x, out, mask, slopes, sinks, scale, has_mask, has_sinks):
+    n3, n2, n1 = x.shape[0], x.shape[1], x.shape[2]
+    for r in prange(n3 * n2 * n1):
+        i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
+        row = np.empty(x.shape[3], np.float32)
+        sink = sinks[i2] if has_sinks else np.float32(-np.inf)
+        mr = mask[i3 % mask.shape[0], i2 % mask.shape[1], i1] if has_mask else mask[0, 0, 0]
+        _soft_max_row(x[i3, i2, i1], mr, has_mask, slopes[i2], sink, has_sinks, scale, row, out[i3, i2, i1])
 
 
 @jit
