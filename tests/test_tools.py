@@ -168,9 +168,11 @@ class Listener(event.Listener):
         pass
 path = write_tiny_model(sys.argv[1], TinyCase("other-shape", "llama", n_embd=128, head_dim=32, n_ff=384), "Q4_0")
 event.register("numba:compile", Listener())
-model = load_model(path, progress=False, devices=["CPU"])
+model = load_model(path, progress=False, devices=["CPU"], n_ctx=512)
 model.eval(list(range(1, 9)))
 model.eval([9])
+model.reset()
+model.eval([1 + i % 50 for i in range(300)])  # a prompt whose softmax takes the threaded kernel
 print("compiled:", sorted(set(compiled)))
 """
 
