@@ -2,6 +2,7 @@
 that they fall back to the torch kernels for the rest, their errors, and the coalesced views of
 copies. Their values are checked by test_ops.py's cases against float64 references; the cases
 below make sure those cases do run the fast kernels."""
+import numpy as np
 import pytest
 import torch
 
@@ -35,7 +36,7 @@ TAKEN = [
     ("norm(decode,ne=[1024, 1, 1, 1])", True),
     ("rms_norm(permuted (0,2,1,3))", True),
     ("rms_norm(type=F16)", True),
-    ("rms_norm(decode,ne=[1024, 300, 1, 1])", False),  # past FAST_MAX_ELEMENTS: torch's kernel
+    ("rms_norm(decode,ne=[1024, 300, 1, 1])", True),  # past FAST_MAX_ELEMENTS: the threaded kernel
     ("l2_norm(ne=[64, 5, 4, 3],eps=1e-12)", None),       # no fast kernel for the op
     ("soft_max(ne=[168, 1, 16, 1],mask=F16[168, 1, 1, 1],scale=0.125,max_bias=0.0,causal)", True),
     ("soft_max(ne=[168, 1, 12, 1],mask=F32[168, 1, 1, 1],scale=0.125,max_bias=8.0,sinks)", True),
@@ -285,3 +286,35 @@ def test_f16_weight_products_match_float64(monkeypatch, m, n, k, chunk_bytes):
     want = rows.double() @ weight.double().T
     tol = 2e-6 if m >= products.HALF_CONVERT_ROWS else 2e-2  # the half GEMV rounds to half
     assert ((out.double() - want).norm() / want.norm()).item() < tol
+
+
+# the threaded kernels (a prompt's rows over the threads) run each row as the serial ones do
+THREADED = [("row_norm", "rms"), ("row_norm", "norm"), ("swiglu", "split"), ("swiglu", "fused halves"),
+            ("soft_max", "f16 mask"), ("soft_max", "no mask")]
+
+
+@pytest.mark.parametrize("kernel,variant", THREADED, ids=[f"{k}-{v}" for k, v in THREADED])
+def test_threaded_kernels_equal_the_serial_ones(kernel, variant):
+    from torchggml.torch_backend.cpu.jit.loader import op_kernels
+    ops = op_kernels()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 5, 64)).astype(np.float32)
+    serial, threaded = np.empty_like(x), np.empty_like(x)
+    if kernel == "row_norm":
+        for fn, out in ((ops.row_norm, serial), (ops.row_norm_rows, threaded)):
+            fn(x, out, np.float32(1e-6), variant == "rms")
+    elif kernel == "swiglu":
+        both = rng.standard_normal((2, 3, 5, 128)).astype(np.float32)
+        a, g = (both[..., :64], both[..., 64:]) if variant == "fused halves" else (x, x[::-1].copy())
+        for fn, out in ((ops.swiglu, serial), (ops.swiglu_rows, threaded)):
+            fn(a, g, out)
+    else:
+        padded = np.zeros((1, 1, 8, 64), np.float16)
+        padded[..., 40:] = -np.inf
+        mask = padded[:, :, :5].view(np.uint16)
+        has_mask = variant == "f16 mask"
+        for fn, out in ((ops.soft_max, serial), (ops.soft_max_rows, threaded)):
+            fn(x, out, mask if has_mask else np.zeros((1, 1, 1, 1), np.float32), np.ones(3, np.float32),
+               np.zeros(1, np.float32), np.float32(0.5), has_mask, False)
+    np.testing.assert_array_equal(threaded, serial)
+    assert np.isfinite(serial).all()

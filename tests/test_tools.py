@@ -173,6 +173,10 @@ model.eval(list(range(1, 9)))
 model.eval([9])
 model.reset()
 model.eval([1 + i % 50 for i in range(300)])  # a prompt whose softmax takes the threaded kernel
+model.close()
+wide = write_tiny_model(sys.argv[1] + "-wide", TinyCase("wide", "llama", n_embd=1024, head_dim=64, n_ff=2048), "Q4_0")
+model = load_model(wide, progress=False, devices=["CPU"], n_ctx=512)
+model.eval([1 + i % 50 for i in range(300)])  # rows of 1024 and 2048: norms and swiglu threaded too
 print("compiled:", sorted(set(compiled)))
 """
 

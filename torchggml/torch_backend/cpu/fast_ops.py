@@ -51,6 +51,21 @@ def _float_view(t) -> np.ndarray:
     return as_numpy(view(t))
 
 
+# ops with a threaded numba kernel (the rows over the threads: norms, softmax, swiglu) take it
+# for nodes of more than THREADED_MIN_ELEMENTS values (a prompt's; a decode step's stay on one
+# thread, where waking the others costs more than they save) and up to THREADED_MAX_ELEMENTS
+THREADED_MIN_ELEMENTS = 1 << 16
+THREADED_MAX_ELEMENTS = 1 << 26
+
+
+def _size_class(node, *tensors) -> str | None:
+    """"small" (the serial numba kernel), "large" (the threaded one) or None (torch's kernel)."""
+    if not numba_available() or not all(t is None or t.type in _fast_types() for t in (node, *tensors)):
+        return None
+    n = nelements(node)
+    return "small" if n <= THREADED_MIN_ELEMENTS else "large" if n <= THREADED_MAX_ELEMENTS else None
+
+
 def _takes(node, *tensors) -> bool:
     """numba is there, the node is small, and every tensor is F32 or F16."""
     return (nelements(node) <= FAST_MAX_ELEMENTS and numba_available()
@@ -70,32 +85,26 @@ _NO_F32 = np.zeros(1, np.float32)  # stands in for an absent optional input
 # ---------------------------------------------------------------- NORM, RMS_NORM
 
 def bind_row_norm(node):
-    if not _takes(node, node.src[0]):
+    size = _size_class(node, node.src[0])
+    if size is None:
         return None
     eps = np.float32(get_op_params_f32(node, 0))
-    return _call(op_kernels().row_norm, _float_view(node.src[0]), _float_view(node), eps, node.op == Op.RMS_NORM)
+    kernel = op_kernels().row_norm_rows if size == "large" else op_kernels().row_norm
+    return _call(kernel, _float_view(node.src[0]), _float_view(node), eps, node.op == Op.RMS_NORM)
 
 
 # ---------------------------------------------------------------- SOFT_MAX
 
-# a SOFT_MAX with more values than FAST_MAX_ELEMENTS (a prompt's scores) takes the threaded
-# numba kernel up to this many: past it, rows so long that torch's own threading pays
-SOFT_MAX_THREADED_MAX_ELEMENTS = 1 << 26
-
-
 def bind_soft_max(node):
     a, mask, sinks = node.src[0], node.src[1], node.src[2]
-    large = nelements(node) > FAST_MAX_ELEMENTS
-    if large and (nelements(node) > SOFT_MAX_THREADED_MAX_ELEMENTS or not numba_available()
-                  or not all(t is None or t.type in _fast_types() for t in (node, a, mask))):
-        return None
-    if not large and not _takes(node, a, mask):
+    size = _size_class(node, a, mask)
+    if size is None:
         return None
     scale, max_bias = get_op_params_f32(node, 0), get_op_params_f32(node, 1)
     slopes = alibi_slopes(a.ne[2], max_bias, "cpu").numpy()
     vm = _float_view(mask)[:, :, :a.ne[1]] if mask is not None else _NO_F32.reshape(1, 1, 1, 1)
     vs = as_numpy(view(sinks)[0, 0, 0]) if sinks is not None else _NO_F32
-    kernel = op_kernels().soft_max_rows if large else op_kernels().soft_max
+    kernel = op_kernels().soft_max_rows if size == "large" else op_kernels().soft_max
     return _call(kernel, _float_view(a), _float_view(node), vm, slopes, vs, np.float32(scale),
                  mask is not None, sinks is not None)
 
@@ -239,10 +248,12 @@ def bind_binary(node):
 # ---------------------------------------------------------------- GLU
 
 def bind_glu(node):
-    if get_glu_op(node) != GluOp.SWIGLU or not _takes(node, node.src[0], node.src[1]):
+    size = _size_class(node, node.src[0], node.src[1])
+    if get_glu_op(node) != GluOp.SWIGLU or size is None:
         return None
     vx, vg = glu_halves(node)
-    return _call(op_kernels().swiglu, as_numpy(vx), as_numpy(vg), _float_view(node))
+    kernel = op_kernels().swiglu_rows if size == "large" else op_kernels().swiglu
+    return _call(kernel, as_numpy(vx), as_numpy(vg), _float_view(node))
 
 
 # ---------------------------------------------------------------- MUL_MAT (attention's, F16)

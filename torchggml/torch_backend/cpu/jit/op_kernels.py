@@ -9,14 +9,14 @@ so a float32 -> F16 store rounds to nearest even as torch's does. numba is not t
 LLVM then neither reorders sums nor fuses multiplies and adds; its numpy error model keeps IEEE
 division (x / 0 is inf or NaN, as in ggml, not a ZeroDivisionError).
 
-    row_norm(x, out, eps, rms)                       NORM / RMS_NORM over ne0
+    row_norm(x, out, eps, rms)                       NORM / RMS_NORM over ne0 (row_norm_rows: threaded)
     soft_max(x, out, mask, slopes, sinks, scale, has_mask, has_sinks)
     soft_max_rows(...)                               the same, the rows split over the threads
     rope(x, out, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
          interleaved, copy_rest)                     NORMAL / NEOX rotation
     set_rows(rows, idx, dst) -> first bad index position or -1
     copy(src, dst)                                   same shape, element by element, tiled
-    swiglu(x, gate, out)                             silu(x) * gate
+    swiglu(x, gate, out)                             silu(x) * gate (swiglu_rows: threaded)
     binary(a, b, out, op)                            a + - * / b (op 0..3), b tiled over a
     transpose(src, dst)                              dst[c, r] = src[r, c], 2-D, any element type
     get_block_rows(table, ids, out, kind) -> first bad index position or -1
@@ -160,26 +160,39 @@ def exp_f32(x):
     return x if x != x else result
 
 
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _norm_row(xr, orow, eps, rms):
+    n = xr.shape[0]
+    mean = np.float32(0.0)
+    if not rms:
+        total = 0.0
+        for i0 in range(n):
+            total += load(xr[i0])
+        mean = np.float32(total / n)
+    total = 0.0
+    for i0 in range(n):
+        v = load(xr[i0]) - mean
+        total += v * v
+    scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(total / n) + eps))
+    for i0 in range(n):
+        orow[i0] = store_as((load(xr[i0]) - mean) * scale, orow)
+
+
 @jit
 def row_norm(x, out, eps, rms):
-    n = x.shape[3]
     for i3 in range(x.shape[0]):
         for i2 in range(x.shape[1]):
             for i1 in range(x.shape[2]):
-                xr, orow = x[i3, i2, i1], out[i3, i2, i1]
-                mean = np.float32(0.0)
-                if not rms:
-                    total = 0.0
-                    for i0 in range(n):
-                        total += load(xr[i0])
-                    mean = np.float32(total / n)
-                total = 0.0
-                for i0 in range(n):
-                    v = load(xr[i0]) - mean
-                    total += v * v
-                scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(total / n) + eps))
-                for i0 in range(n):
-                    orow[i0] = store_as((load(xr[i0]) - mean) * scale, out)
+                _norm_row(x[i3, i2, i1], out[i3, i2, i1], eps, rms)
+
+
+# the same over the rows split among the threads (a prompt's rows)
+@njit(cache=True, nogil=True, error_model="numpy", parallel=True)
+def row_norm_rows(x, out, eps, rms):
+    n3, n2, n1 = x.shape[0], x.shape[1], x.shape[2]
+    for r in prange(n3 * n2 * n1):
+        i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
+        _norm_row(x[i3, i2, i1], out[i3, i2, i1], eps, rms)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
@@ -355,15 +368,29 @@ def binary(a, b, out, op):
                 binary_row(a[i3, i2, i1], row_b, out[i3, i2, i1], op)
 
 
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _swiglu_row(xr, gr, orow):
+    one = np.float32(1.0)
+    for i0 in range(orow.shape[0]):
+        v = load(xr[i0])
+        orow[i0] = store_as(v / (one + exp_f32(-v)) * load(gr[i0]), orow)
+
+
 @jit
 def swiglu(x, gate, out):
-    one = np.float32(1.0)
     for i3 in range(out.shape[0]):
         for i2 in range(out.shape[1]):
             for i1 in range(out.shape[2]):
-                for i0 in range(out.shape[3]):
-                    v = load(x[i3, i2, i1, i0])
-                    out[i3, i2, i1, i0] = store_as(v / (one + exp_f32(-v)) * load(gate[i3, i2, i1, i0]), out)
+                _swiglu_row(x[i3, i2, i1], gate[i3, i2, i1], out[i3, i2, i1])
+
+
+# the same over the rows split among the threads (a prompt's rows)
+@njit(cache=True, nogil=True, error_model="numpy", parallel=True)
+def swiglu_rows(x, gate, out):
+    n3, n2, n1 = out.shape[0], out.shape[1], out.shape[2]
+    for r in prange(n3 * n2 * n1):
+        i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
+        _swiglu_row(x[i3, i2, i1], gate[i3, i2, i1], out[i3, i2, i1])
 
 
 # a vector sum, as ggml's; the heads (i2, i3) split over the threads: attention's KQ and KQV are
