@@ -126,11 +126,12 @@ def bench_models(types, shape: str = "small") -> list[str]:
 
 
 def cpu_header() -> str:
-    from torchggml.torch_backend.cpu.features import cpu_features, cpu_path, fastest_gemm_dtype
+    from torchggml.torch_backend.cpu.features import cpu_features, cpu_path, fastest_gemm_dtype, int8_gemm
     feats = cpu_features()
     flags = " ".join(k for k, v in feats.items() if v == "1")
-    return (f"CPU: {feats['CPU_CAPABILITY']} ({flags}); torchggml CPU path: {cpu_path()}, "
-            f"prompt GEMM in {str(fastest_gemm_dtype()).split('.')[-1]}")
+    floats = str(fastest_gemm_dtype()).split('.')[-1]
+    gemm = f"int8 (Q8_0/Q4_0/Q4_K/Q6_K), else {floats}" if int8_gemm() else floats
+    return f"CPU: {feats['CPU_CAPABILITY']} ({flags}); torchggml CPU path: {cpu_path()}, prompt GEMM in {gemm}"
 
 
 def prompt_tokens(n_vocab: int, n: int) -> list[int]:

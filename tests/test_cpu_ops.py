@@ -75,8 +75,14 @@ TAKEN = [
     ("mul_mat(KQ decode,n_kv=37,head_dim=128,heads=8/2)", True),
     ("mul_mat(type_a=F16,type_b=F32,m=128,n=1,k=37,bs=[2, 1],nr=[4, 1])", True),
     ("mul_mat(type_a=F16,type_b=F32,m=32,n=2,k=40,bs=[2, 2],nr=[2, 3])", True),
-    ("mul_mat(KQ decode,n_kv=5,head_dim=32,heads=4/1)", False),  # one K matrix: the CPU's half GEMV
-    ("mul_mat(type_a=F16,type_b=F32,m=8,n=5,k=64,bs=[3, 2],nr=[1, 1])", False),  # 5 rows
+    ("mul_mat(KQ decode,n_kv=5,head_dim=32,heads=4/1)", True),  # one K matrix: half_matvec
+    ("mul_mat(type_a=F16,type_b=F32,m=16,n=1,k=64,bs=[1, 1],nr=[1, 1])", True),  # a decode's F16 weight
+    ("mul_mat(type_a=F16,type_b=F32,m=2304,n=3,k=2048,bs=[1, 1],nr=[1, 1])", True),
+    ("mul_mat(type_a=F16,type_b=F32,m=32,n=1,k=5,bs=[1, 1],nr=[4, 1])", True),  # one weight, b batched
+    ("mul_mat(type_a=F16,type_b=F32,k=64 views of rows of 96)", True),  # the weight's rows strided
+    ("mul_mat(type_a=F16,type_b=F16,m=16,n=1,k=64,bs=[1, 1],nr=[1, 1])", False),  # F16 b: torch's
+    ("mul_mat(type_a=F16,type_b=F32,m=8,n=5,k=64,bs=[3, 2],nr=[1, 1])", False),  # 5 rows, batched
+    ("mul_mat(type_a=F16,type_b=F32,m=7,n=9,k=96,bs=[1, 1],nr=[1, 1])", True),  # a weight's micro-batch: half_gemm
     ("mul_mat(type_a=Q8_0,type_b=F32,m=8,n=5,k=64,bs=[3, 2],nr=[1, 1])", False),
     ("mul_mat(type_a=F16,type_b=F32,b=transposed view)", False),  # 2-D, and k strided in b
 ]
@@ -286,6 +292,26 @@ def test_f16_weight_products_match_float64(monkeypatch, m, n, k, chunk_bytes):
     want = rows.double() @ weight.double().T
     tol = 2e-6 if m >= products.HALF_CONVERT_ROWS else 2e-2  # the half GEMV rounds to half
     assert ((out.double() - want).norm() / want.norm()).item() < tol
+
+
+# (rows, N, K): the numba matvec (up to HALF_PRODUCT_MAX_ROWS rows), the GEMM's 4 x 4 tiles with
+# remainders of rows and of weight rows, a prompt's micro-batch
+NUMBA_F16_PRODUCTS = [(1, 7, 96), (4, 64, 256), (5, 4, 64), (9, 7, 96), (130, 66, 256)]
+
+
+@pytest.mark.parametrize("m,n,k", NUMBA_F16_PRODUCTS)
+def test_f16_weight_numba_products_match_float64(m, n, k):
+    """An F16 weight times f32 rows through the numba layer (half_matvec, half_gemm): float32
+    sums of exact products, the rows not rounded to F16, the results not rounded either."""
+    from torchggml.torch_backend.cpu.jit.loader import op_kernels
+    gen = torch.Generator().manual_seed(m * n + k)
+    weight = torch.randn(n, k, generator=gen).half()
+    rows = torch.randn(m, k, generator=gen)
+    out = np.full((m, n), np.nan, np.float32)
+    kernel = op_kernels().half_matvec if m <= fast_ops.HALF_PRODUCT_MAX_ROWS else op_kernels().half_gemm
+    kernel(fast_ops.as_numpy(weight), rows.numpy(), out)
+    want = rows.double() @ weight.double().T
+    assert ((torch.from_numpy(out).double() - want).norm() / want.norm()).item() < 1e-6
 
 
 # the threaded kernels (a prompt's rows over the threads) run each row as the serial ones do

@@ -127,6 +127,70 @@ def test_fused_mul_mat_matches_float64(qtype, n, k, m, gemm, where, monkeypatch)
     assert nmse(ours.numpy(), (x.double() @ w.T).numpy()) < bound
 
 
+def _needs_int8_gemm():
+    pytest.importorskip("numba")
+    from torchggml.torch_backend.cpu.jit.gemm_ir import gemm_available
+    if not gemm_available():
+        pytest.skip("the int8 GEMM needs a CPU with AVX512-VNNI (this one runs the float GEMM path instead)")
+
+
+def _rounded_as_q8_0(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] rounded per 32 values as ggml's Q8_0 (d = max|x| / 127, q = round(x / d)), float64."""
+    g = x.reshape(x.shape[0], -1, 32)
+    d = g.abs().amax(-1, keepdim=True) / 127
+    q = torch.where(d > 0, torch.round(g / torch.where(d > 0, d, 1)), 0)
+    return (q.double() * d.double()).reshape(x.shape)
+
+
+# (type, N, K, M): N a multiple of the panel's 32 rows; M past INT8_GEMM_MIN_ROWS, a tile of 4
+# and a remainder, and a prompt's micro-batch; K of one 256-value block, and several
+INT8_GEMM_CASES = [(qtype, n, k, m) for qtype in sorted(layout.IN_PLACE_KINDS, key=int)
+                   for n, k, m in ((32, 256, 6), (64, 512, 7), (96, 768, 130))]
+
+
+@pytest.mark.parametrize("qtype,n,k,m", INT8_GEMM_CASES,
+                         ids=[f"{c[0].name}-n{c[1]}-k{c[2]}-m{c[3]}" for c in INT8_GEMM_CASES])
+def test_int8_gemm_is_exact_on_rounded_activations(qtype, n, k, m, monkeypatch):
+    """A micro-batch times ggml's blocks in place on the int8 GEMM (TORCHGGML_CPU_GEMM=int8) equals
+    the float64 product of gguf's dequantized weight and the activations rounded as ggml's Q8_0
+    (integer dots, ggml's scales), and so is as close to the exact product as llama.cpp's."""
+    _needs_int8_gemm()
+    from torchggml.torch_backend.cpu.products import bind_block_product
+    monkeypatch.setenv("TORCHGGML_CPU_GEMM", "int8")
+    blocks = random_blocks(qtype, n, k, seed=n + k + m)
+    w = dequantize(qtype, blocks).double()
+    a, b, node, graph, _bufs = weight_graph(qtype, n, k, m, ggml.backend_cpu_buffer_type())
+    ggml.backend_tensor_set(a, blocks.numpy())
+    assert bind_block_product(node) is not None
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 2
+    ggml.backend_tensor_set(b, x)
+    assert ggml.backend_graph_compute(ggml.backend_cpu_init(), graph) == ggml.Status.SUCCESS
+    ours = torch.as_tensor(ggml.backend_tensor_get(node)).reshape(m, n).double()
+    want = _rounded_as_q8_0(x) @ w.T
+    torch.testing.assert_close(ours, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    assert nmse(ours.numpy(), (x.double() @ w.T).numpy()) < 5e-4
+
+
+GEMM_CHOICES = [  # (TORCHGGML_CPU_GEMM, whether the CPU has AVX512-VNNI, int8 GEMM on or the error)
+    ("", True, True), ("", False, False), ("int8", True, True), ("int8", False, ValueError),
+    ("bf16", True, False), ("f32", True, False), ("int4", True, ValueError),
+]
+
+
+@pytest.mark.parametrize("choice,vnni,expected", GEMM_CHOICES)
+def test_int8_gemm_is_chosen_by_features_and_environment(choice, vnni, expected, monkeypatch):
+    pytest.importorskip("numba")
+    from torchggml.torch_backend.cpu import features
+    from torchggml.torch_backend.cpu.jit import gemm_ir
+    monkeypatch.setenv("TORCHGGML_CPU_GEMM", choice)
+    monkeypatch.setattr(gemm_ir, "gemm_available", lambda: vnni)
+    if expected is ValueError:
+        with pytest.raises(ValueError, match="TORCHGGML_CPU_GEMM"):
+            features.int8_gemm()
+    else:
+        assert features.int8_gemm() is expected
+
+
 @pytest.mark.parametrize("qtype,where", [(T.Q4_0, "blocks"), (T.Q6_K, "blocks"), (T.Q5_K, "fused"), (T.Q4_1, "fused")],
                          ids=lambda c: getattr(c, "name", c))
 @pytest.mark.parametrize("gemm", ["f32", "bf16"])
@@ -278,14 +342,19 @@ def test_n_threads_reach_numba():
 
 
 QUANT_MODELS = [e for e in MANIFEST if e["weights"] not in ("F32", "F16")]
-GOLDEN_CASES = [(e, "fused") for e in QUANT_MODELS] + [
-    (e, path) for e in QUANT_MODELS if e["weights"] in ("Q4_0", "Q8_0") for path in ("int4", "dequant")]
+# (model, path, prompt GEMM): the fused path's default GEMM (int8 for blocks in place where the
+# CPU has AVX512-VNNI) and its float GEMM for those blocks too
+GOLDEN_CASES = [(e, "fused", "") for e in QUANT_MODELS] + [
+    (e, "fused", "bf16") for e in QUANT_MODELS if e["weights"] in ("Q4_0", "Q8_0", "Q4_K_M", "Q6_K")] + [
+    (e, path, "") for e in QUANT_MODELS if e["weights"] in ("Q4_0", "Q8_0") for path in ("int4", "dequant")]
 
 
 @needs_golden
-@pytest.mark.parametrize("entry,path", GOLDEN_CASES, ids=[f"{e['model']}-{p}" for e, p in GOLDEN_CASES])
-def test_golden_models_on_each_path(entry, path, monkeypatch):
+@pytest.mark.parametrize("entry,path,gemm", GOLDEN_CASES,
+                         ids=[f"{e['model']}-{p}{'-' + g if g else ''}" for e, p, g in GOLDEN_CASES])
+def test_golden_models_on_each_path(entry, path, gemm, monkeypatch):
     monkeypatch.setenv("TORCHGGML_CPU_PATH", path)
+    monkeypatch.setenv("TORCHGGML_CPU_GEMM", gemm)
     model = ggml.load_model(GOLDEN / entry["model"], devices=["CPU"], progress=False)
     repacked = [t for t in model.weights.tensors.values() if t.buffer.name == "CPU_REPACK"]
     if path == "fused":  # 2-D Q8_0/Q4_0/Q4_K/Q6_K weights stay ggml blocks, multiplied in place

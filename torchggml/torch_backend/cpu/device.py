@@ -16,7 +16,7 @@ from ...profiler import profiling, run_calls_profiled
 from ..kernels import TORCH_KERNELS, run_calls
 from ..plan import CompiledPlan, compile_graph
 from .fast_ops import fast_ops_enabled
-from .features import cpu_features, cpu_path, fastest_gemm_dtype
+from .features import cpu_features, cpu_path, fastest_gemm_dtype, int8_gemm
 from .fusion import fuse
 from .jit.loader import numba_available, set_numba_threads
 from .kernels import CPU_KERNELS
@@ -217,6 +217,7 @@ class CPUReg(Reg):
 
     def proc_get_features(self):
         return {**cpu_features(), "CPU_PATH": cpu_path(), "GEMM": str(fastest_gemm_dtype()).split(".")[-1],
+                "INT8_GEMM": "1" if int8_gemm() else "0",
                 "TORCH": torch.__version__, "THREADS": str(torch.get_num_threads())}
 
 

@@ -45,17 +45,38 @@ def cpu_features() -> dict[str, str]:
     return feats
 
 
+def _gemm_choice() -> str:
+    choice = config.text(GEMM_ENV).strip().lower()
+    if choice and choice not in ("f32", "bf16", "int8"):
+        raise ValueError(f"{GEMM_ENV}={choice!r}: expected f32, bf16 or int8")
+    return choice
+
+
 def fastest_gemm_dtype() -> torch.dtype:
     """The dtype prompt products dequantize into: bf16 where the CPU multiplies it natively
     (AMX, AVX512-BF16: 2.5x float32's speed for a 128x1024x2816 product on a Zen 4), else
     float32 (AVX2's bf16/f16 GEMMs are slower than converting). TORCHGGML_CPU_GEMM=f32|bf16
     overrides."""
-    choice = config.text(GEMM_ENV).strip().lower()
-    if choice and choice not in ("f32", "bf16"):
-        raise ValueError(f"{GEMM_ENV}={choice!r}: expected f32 or bf16")
+    choice = _gemm_choice()
     feats = cpu_features()
     native = "AMX_INT8" in feats or "AVX512_BF16" in feats
-    return torch.bfloat16 if choice == "bf16" or (not choice and native) else torch.float32
+    return torch.bfloat16 if choice == "bf16" or (choice in ("", "int8") and native) else torch.float32
+
+
+def int8_gemm() -> bool:
+    """Whether prompts multiply Q8_0/Q4_0/Q4_K/Q6_K weights (ggml's blocks in place) with the int8
+    GEMM (jit/gemm_kernels.py, ggml's per-block scales: 1.35-1.55x the bf16 path on a Zen 4):
+    where numba's target has AVX512-VNNI, unless TORCHGGML_CPU_GEMM=f32|bf16 asks for the float
+    GEMM (=int8 asks for it and fails without the instructions)."""
+    choice = _gemm_choice()
+    if choice in ("f32", "bf16"):
+        return False
+    from .jit.gemm_ir import gemm_available
+    from .jit.loader import numba_available
+    available = numba_available() and gemm_available()
+    if choice == "int8" and not available:
+        raise ValueError(f"{GEMM_ENV}=int8 needs numba and a CPU with AVX512-VNNI")
+    return available
 
 
 def default_path() -> str:

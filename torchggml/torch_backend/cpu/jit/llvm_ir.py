@@ -48,10 +48,6 @@ def _row_dot_intrinsic():
     def data_ptr(context, builder, arr_type, arr):
         return context.make_array(arr_type)(context, builder, arr).data
 
-    def load_i8(builder, base, offset, n):
-        ptr = builder.bitcast(builder.gep(base, [offset]), vec(i8, n).as_pointer())
-        return builder.load(ptr, align=1)
-
     def fold_to_8(builder, v, n):
         """<n x i32> -> <8 x i32>, adding halves."""
         while n > 8:
@@ -394,34 +390,6 @@ def _row_dot_intrinsic():
     def byte_at(builder, wp, at):
         return builder.zext(builder.load(builder.gep(wp, [at])), i32)
 
-    def q4_k_scales_and_mins_words(builder, wp, at):
-        """A Q4_K block's 8 scales and 8 mins (6 bits each, packed in the 12 bytes at `at`) as
-        <16 x i16> [sc0..sc7, m0..m7], unpacked in 32-bit scalar arithmetic as ggml's kernels
-        do: the integer units take it, the vector units are busy with the products."""
-        words = [builder.load(builder.bitcast(builder.gep(wp, [builder.add(at, ir.Constant(at.type, 4 * w))]),
-                                              i32.as_pointer()), align=1) for w in range(3)]
-        c = lambda v: ir.Constant(i32, v)  # noqa: E731
-        low6, low4, top2 = c(0x3F3F3F3F), c(0x0F0F0F0F), c(0x03030303)
-        # scales 0-3: words[0] & 63; mins 0-3: words[1] & 63; scales 4-7: words[2] low nibbles
-        # and words[0]'s top 2 bits; mins 4-7: words[2] high nibbles and words[1]'s top 2 bits
-        sc_lo, m_lo = builder.and_(words[0], low6), builder.and_(words[1], low6)
-        sc_hi = builder.or_(builder.and_(words[2], low4),
-                            builder.shl(builder.and_(builder.lshr(words[0], c(6)), top2), c(4)))
-        m_hi = builder.or_(builder.and_(builder.lshr(words[2], c(4)), low4),
-                           builder.shl(builder.and_(builder.lshr(words[1], c(6)), top2), c(4)))
-        packed = ir.Constant(vec(i32, 4), ir.Undefined)
-        for lane, word in enumerate((sc_lo, sc_hi, m_lo, m_hi)):
-            packed = builder.insert_element(packed, word, ir.Constant(i32, lane))
-        return builder.zext(builder.bitcast(packed, vec(i8, 16)), vec(i16, 16))
-
-    def q6_k_values(builder, wp, at, h, t):
-        """Values h*128 + 32t .. + 31 of the Q6_K block at `at` as <32 x i8> u = q + 32."""
-        c8 = lambda v: ir.Constant(vec(i8, 32), [v] * 32)  # noqa: E731
-        offset = lambda off: builder.add(at, ir.Constant(at.type, off))  # noqa: E731
-        low = builder.and_(builder.lshr(load_i8(builder, wp, offset(h * 64 + 32 * (t % 2)), 32), c8(4 * (t // 2))), c8(15))
-        high = builder.and_(builder.lshr(load_i8(builder, wp, offset(128 + h * 32), 32), c8(2 * t)), c8(3))
-        return builder.or_(low, builder.shl(high, c8(4)))
-
     def splat_f32(builder, x, n):
         one = builder.insert_element(ir.Constant(vec(f32, n), ir.Undefined), x, ir.Constant(i32, 0))
         return builder.shuffle_vector(one, one, ir.Constant(vec(i32, n), [0] * n))
@@ -555,12 +523,6 @@ def _row_dot_intrinsic():
         """Group j's 32 4-bit values (16 bytes: value i low nibble, value i + 16 high) as <32 x i8>."""
         return nibble_values_at(builder, w, builder.mul(j, ir.Constant(j.type, 16)))
 
-    def nibble_values_at(builder, w, at):
-        wv = load_i8(builder, w, at, 16)
-        return builder.shuffle_vector(builder.and_(wv, ir.Constant(vec(i8, 16), [15] * 16)),
-                                      builder.lshr(wv, ir.Constant(vec(i8, 16), [4] * 16)),
-                                      ir.Constant(vec(i32, 32), list(range(32))))
-
     def make_unpack(values):
         @intrinsic
         def unpack(typingctx, w, u):
@@ -648,6 +610,66 @@ def _row_dot_intrinsic():
         return types.none(w, o, kind), codegen
 
     return row_dot, make_unpack(nibble_values), make_unpack(six_bit_values), blocks_to_float
+
+
+# ---------------------------------------------------------------- ggml blocks' values in IR
+# (shared by the row dots above and the prompt GEMM's panels, gemm_ir.py)
+
+def _types():
+    from llvmlite import ir
+    return ir, ir.IntType(8), ir.IntType(16), ir.IntType(32)
+
+
+def vec(t, n):
+    from llvmlite import ir
+    return ir.VectorType(t, n)
+
+
+def load_i8(builder, base, offset, n):
+    ir, i8, i16, i32 = _types()
+    ptr = builder.bitcast(builder.gep(base, [offset]), vec(i8, n).as_pointer())
+    return builder.load(ptr, align=1)
+
+
+def q4_k_scales_and_mins_words(builder, wp, at):
+    """A Q4_K block's 8 scales and 8 mins (6 bits each, packed in the 12 bytes at `at`) as
+    <16 x i16> [sc0..sc7, m0..m7], unpacked in 32-bit scalar arithmetic as ggml's kernels
+    do: the integer units take it, the vector units are busy with the products."""
+    ir, i8, i16, i32 = _types()
+    words = [builder.load(builder.bitcast(builder.gep(wp, [builder.add(at, ir.Constant(at.type, 4 * w))]),
+                                          i32.as_pointer()), align=1) for w in range(3)]
+    c = lambda v: ir.Constant(i32, v)  # noqa: E731
+    low6, low4, top2 = c(0x3F3F3F3F), c(0x0F0F0F0F), c(0x03030303)
+    # scales 0-3: words[0] & 63; mins 0-3: words[1] & 63; scales 4-7: words[2] low nibbles
+    # and words[0]'s top 2 bits; mins 4-7: words[2] high nibbles and words[1]'s top 2 bits
+    sc_lo, m_lo = builder.and_(words[0], low6), builder.and_(words[1], low6)
+    sc_hi = builder.or_(builder.and_(words[2], low4),
+                        builder.shl(builder.and_(builder.lshr(words[0], c(6)), top2), c(4)))
+    m_hi = builder.or_(builder.and_(builder.lshr(words[2], c(4)), low4),
+                       builder.shl(builder.and_(builder.lshr(words[1], c(6)), top2), c(4)))
+    packed = ir.Constant(vec(i32, 4), ir.Undefined)
+    for lane, word in enumerate((sc_lo, sc_hi, m_lo, m_hi)):
+        packed = builder.insert_element(packed, word, ir.Constant(i32, lane))
+    return builder.zext(builder.bitcast(packed, vec(i8, 16)), vec(i16, 16))
+
+def q6_k_values(builder, wp, at, h, t):
+    """Values h*128 + 32t .. + 31 of the Q6_K block at `at` as <32 x i8> u = q + 32."""
+    ir, i8, i16, i32 = _types()
+    c8 = lambda v: ir.Constant(vec(i8, 32), [v] * 32)  # noqa: E731
+    offset = lambda off: builder.add(at, ir.Constant(at.type, off))  # noqa: E731
+    low = builder.and_(builder.lshr(load_i8(builder, wp, offset(h * 64 + 32 * (t % 2)), 32), c8(4 * (t // 2))), c8(15))
+    high = builder.and_(builder.lshr(load_i8(builder, wp, offset(128 + h * 32), 32), c8(2 * t)), c8(3))
+    return builder.or_(low, builder.shl(high, c8(4)))
+
+
+def nibble_values_at(builder, w, at):
+    """The 32 4-bit values of the 16 bytes at `at` (value i low nibble of byte i, value i + 16
+    high) as <32 x i8>."""
+    ir, i8, i16, i32 = _types()
+    wv = load_i8(builder, w, at, 16)
+    return builder.shuffle_vector(builder.and_(wv, ir.Constant(vec(i8, 16), [15] * 16)),
+                                  builder.lshr(wv, ir.Constant(vec(i8, 16), [4] * 16)),
+                                  ir.Constant(vec(i32, 32), list(range(32))))
 
 
 def _row_output_helpers():

@@ -7,6 +7,7 @@ types and cached on disk by numba.
     op_kernels()       decode's small nodes (op_kernels.py: norms, softmax, rope, copies...)
     repack_kernels()   ggml blocks to the fused layouts at load (repack_kernels.py)
     recurrent_kernels() the recurrent ops' scans (recurrent_kernels.py)
+    gemm_kernels()     the prompt's int8 GEMM over ggml's blocks (gemm_kernels.py, AVX512-VNNI)
 
 Where numba's cache holds nothing for a module (the first use after an install), one line on
 stderr says that the kernels are being compiled, once per process.
@@ -20,9 +21,10 @@ import sys
 from pathlib import Path
 
 # CPU seconds numba takes to compile the kernels a quantized model's first prompt and token use
-# (a 1.1B Q4_K_M model: 11.3 + 0.7 s on a Zen 4 core): the notice's estimate
-COMPILE_SECONDS = 12
+# (a Q4_K_M model: 19.5 s on a Zen 4 core, 8 of them the prompt's int8 GEMM): the notice's estimate
+COMPILE_SECONDS = 20
 _noticed = []  # the notice is printed once per process
+IR_FILES = ("llvm_ir.py", "gemm_ir.py")  # the LLVM IR the kernels inline
 
 
 def numba_available() -> bool:
@@ -51,14 +53,14 @@ def cache_is_cold(module) -> bool:
 
 def _drop_cache_of_older_ir(module) -> None:
     """numba keys a cached kernel on its own file only; the LLVM IR the kernels inline lives in
-    llvm_ir.py, so a changed llvm_ir.py drops the module's cached kernels (else they would run
-    the old IR). Installs change every file; this is for edits in a checkout."""
+    IR_FILES, so a change there drops the module's cached kernels (else they would run the old
+    IR). Installs change every file; this is for edits in a checkout."""
     from numba.core.registry import CPUDispatcher
     caches = [fn._cache for fn in vars(module).values()
               if isinstance(fn, CPUDispatcher) and hasattr(getattr(fn, "_cache", None), "cache_path")]
     if not caches:
         return
-    ir_hash = hashlib.sha256(Path(__file__).with_name("llvm_ir.py").read_bytes()).hexdigest()[:16]
+    ir_hash = hashlib.sha256(b"".join(Path(__file__).with_name(f).read_bytes() for f in IR_FILES)).hexdigest()[:16]
     stamp = Path(caches[0].cache_path) / f"{module.__name__.rsplit('.', 1)[-1]}.llvm_ir-hash"
     if stamp.exists() and stamp.read_text() == ir_hash:
         return
@@ -103,3 +105,8 @@ def repack_kernels():
 def recurrent_kernels():
     """The recurrent ops' scans (recurrent_kernels.py)."""
     return _load("recurrent_kernels")
+
+
+def gemm_kernels():
+    """The prompt's int8 GEMM (gemm_kernels.py)."""
+    return _load("gemm_kernels")

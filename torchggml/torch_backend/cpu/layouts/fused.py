@@ -18,11 +18,13 @@ Q4_K's q in [0, 15]. Decode streams these bytes once a token, so they bound its 
 2-D weights of those four types are not stored here: the same kernels read their ggml blocks in
 place (IN_PLACE_KINDS, block_product; ggml's sizes, nothing converted at load); their experts
 (3-D, for MUL_MAT_ID) and the other types are. Products: M < FUSED_MAX_ROWS rows of activations
-(BLOCK_MAX_ROWS for blocks in place)
-run the fused matvec; larger micro-batches dequantize the weight once per call into the fastest
-GEMM dtype and use torch's GEMM (for ggml's blocks in place, one LLVM vector loop a row:
-1.6-1.8 ms for 5632x2048 on a Zen 4 core, ~12% of the 128-row bf16 GEMM's 14.5 ms; the scalar
-loops it replaced took 6-15 ms). MUL_MAT_ID groups
+(BLOCK_MAX_ROWS for blocks in place, INT8_GEMM_MIN_ROWS where the int8 GEMM runs)
+run the fused matvec. Larger micro-batches of those blocks in place run the int8 GEMM with
+ggml's per-block scales where the CPU has AVX512-VNNI (_int8_gemm, jit/gemm_ir.py: 480-600
+GOP/s for 128 rows by 5632x2048 on 2 Zen 4 threads, 1.35-1.55x the bf16 path below); the rest
+dequantize the weight once per call into the fastest float GEMM dtype and use torch's GEMM (for
+ggml's blocks in place, one LLVM vector loop a row: 1.6-1.8 ms for 5632x2048 on a Zen 4 core,
+~12% of the 128-row bf16 GEMM's 14.5 ms; the scalar loops it replaced took 6-15 ms). MUL_MAT_ID groups
 its (token, slot) pairs by expert and applies the same rule per expert: the experts with few rows
 share one matvec call over their slabs (activations quantized once), each expert with many
 rows is dequantized once for its GEMM; unused experts are not read.
@@ -38,10 +40,11 @@ import torch
 from ....tensor import Tensor, round_up
 from ....types import Type, type_traits
 from ....memory import byte_view
-from ..features import fastest_gemm_dtype
-from ..jit.loader import numba_available, quant_kernels, repack_kernels
+from ..features import fastest_gemm_dtype, int8_gemm
+from ..jit.loader import gemm_kernels, numba_available, quant_kernels, repack_kernels
 from .base import RepackBuffer, RepackBufferType, is_whole_contiguous
 from .decompose import DECOMPOSE, HAS_BIAS, decompose, group_size
+from ..jit.gemm_ir import GEMM_KINDS, PANEL_ROWS
 
 ALIGN = 64
 # below this many activation rows the fused matvec wins; from it on dequantize + GEMM does
@@ -50,6 +53,9 @@ FUSED_MAX_ROWS = 4
 # up to ~10 rows (5632x2048 on 2 Zen 4 threads, M=8: Q4_0 1.46 ms against 2.03 dequantizing for
 # the GEMM, Q6_K 1.82 vs 1.94; M=12: 2.21 vs 2.19): batched decode of up to 9 sequences stays fused
 BLOCK_MAX_ROWS = 10
+# where the int8 GEMM runs (_int8_gemm), it wins from this many rows on (its panels cost about
+# what the matvec of 2-4 rows does: 5632x2048, 2 Zen 4 threads, M=6: 1.1-1.65 ms against 1.3-2.95)
+INT8_GEMM_MIN_ROWS = 6
 CONVERT_ROWS_VALUES = 1 << 22  # rows are decomposed this many values at a time at load
 
 
@@ -356,11 +362,47 @@ class BoundMatvec:
 
 def bound_block_matvec(qtype, raw: torch.Tensor, rows: torch.Tensor, out: torch.Tensor):
     """The BoundMatvec of a Q8_0/Q4_0/Q4_K/Q6_K weight's blocks raw (uint8 [N, row bytes]) for
-    float32 rows [M, K] and out [M, N], both contiguous, M < BLOCK_MAX_ROWS; None otherwise."""
+    float32 rows [M, K] and out [M, N], both contiguous, M below the matvec's limit; None otherwise."""
+    p = _Packed.of_blocks(qtype, raw)
     if not (rows.dtype == torch.float32 and rows.is_contiguous() and out.is_contiguous()
-            and rows.shape[0] < BLOCK_MAX_ROWS):
+            and rows.shape[0] < _matvec_max_rows(p)):
         return None
-    return BoundMatvec(_Packed.of_blocks(qtype, raw), rows.numpy(), out.numpy())
+    return BoundMatvec(p, rows.numpy(), out.numpy())
+
+
+def _gemm_buffers(key: tuple, make):
+    """This Python thread's buffers for key, made once (a prompt's products reuse them)."""
+    bufs = getattr(_scratch, "gemm", None)
+    if bufs is None:
+        bufs = _scratch.gemm = {}
+    if key not in bufs:
+        if len(bufs) > 64:  # many shapes seen (varying micro-batch sizes): start over
+            bufs.clear()
+        bufs[key] = make()
+    return bufs[key]
+
+
+def _int8_gemm(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
+    """out = rows @ W^T for ggml's Q8_0/Q4_0/Q4_K/Q6_K blocks in place (N a multiple of
+    PANEL_ROWS): the rows rounded to int8 per 32 values as ggml's Q8_0, the weight's rows laid
+    out PANEL_ROWS at a time into each thread's panel and multiplied by int8 dot products with
+    ggml's per-block scales (jit/gemm_ir.py)."""
+    import numba
+    m, k = rows.shape
+    group, zero = GEMM_KINDS[p.kind]
+    threads = numba.config.NUMBA_NUM_THREADS
+    panels, scales, mins = _gemm_buffers(("panel", k), lambda: (
+        np.empty((threads, k * PANEL_ROWS), np.uint8), np.empty((threads, k // 16 * PANEL_ROWS), np.float32),
+        np.empty((threads, k // 32 * PANEL_ROWS), np.float32)))
+    xq, dx, xz, xm = _gemm_buffers(("rows", m, k, group), lambda: (
+        np.empty((m, k), np.int8), np.empty((m, k // 32), np.float32), np.empty((m, k // group), np.int32),
+        np.empty((m, k // 32), np.float32)))
+    kernels = gemm_kernels()
+    kernels.quantize_activations(rows.float().contiguous().numpy(), group, zero, xq, dx, xz, xm)
+    target = out if out.is_contiguous() else torch.empty(out.shape, dtype=torch.float32)
+    kernels.panel_gemm(p.q, p.kind, xq, dx, xz, xm, target.numpy(), panels, scales, mins)
+    if target is not out:
+        out.copy_(target)
 
 
 @functools.lru_cache(maxsize=BLOCK_MAX_ROWS)
@@ -369,10 +411,21 @@ def _plain_rows(m: int) -> tuple[np.ndarray, np.ndarray]:
     return np.arange(m, dtype=np.int64), np.zeros(m, dtype=np.int64)
 
 
+def _takes_int8_gemm(p: _Packed) -> bool:
+    return p.blocks and p.n % PANEL_ROWS == 0 and int8_gemm()
+
+
+def _matvec_max_rows(p: _Packed) -> int:
+    """The fused matvec takes fewer activation rows than this; the GEMMs the rest."""
+    return INT8_GEMM_MIN_ROWS if _takes_int8_gemm(p) else BLOCK_MAX_ROWS if p.blocks else FUSED_MAX_ROWS
+
+
 def _product(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
     m = rows.shape[0]
-    if m < (BLOCK_MAX_ROWS if p.blocks else FUSED_MAX_ROWS):
+    if m < _matvec_max_rows(p):
         _matvec(p, rows, *_plain_rows(m), out)
+    elif _takes_int8_gemm(p):
+        _int8_gemm(p, rows, out)
     elif fastest_gemm_dtype() == torch.float32:
         _gemm(p, rows.float(), out)
     else:

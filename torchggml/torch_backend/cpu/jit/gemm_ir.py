@@ -1,0 +1,224 @@
+"""LLVM IR for the prompt's int8 GEMM over ggml's blocks (gemm_kernels.py drives it).
+
+A micro-batch's product out[m, n] = sum_k W[n, k] x[m, k] runs as ggml's integer dot products
+do, with ggml's per-block scales: the activations rounded to int8 per 32 values (Q8_0's
+rounding), each weight group's integer dot times its scale and the activations' scale. The
+weight's rows are laid out per call in panels of PANEL_ROWS rows in which one 16-lane vector
+holds 4 consecutive values of 16 rows (lanes = rows), so that one vpdpbusd multiplies 64 bytes
+of weights by 4 activation values broadcast to every lane, and a group's scales are applied
+once per 16 rows (a vector of the rows' scales), not once per row as in a row's dot product:
+on a Zen 4 core 1.5x the speed of oneDNN's bf16 GEMM (measured 128x2048x5632).
+
+    pack_rows(w0, w1, w2, w3, panel, scales, mins, r0, kind)
+        rows r0..r0+3 (r0 % 4 == 0) of a panel from four rows of ggml blocks (uint8 [row bytes];
+        kind: 34 Q8_0, 18 Q4_0, 144 Q4_K, 210 Q6_K), K values each: row r's u8 values
+        u = q + ZERO[kind] at panel[(k // 4) * 4 * PANEL_ROWS + 4 r + k % 4], group j's scale
+        (float32) at scales[j * PANEL_ROWS + r], and Q4_K's -dmin * m_j at mins[j * PANEL_ROWS + r]
+    tile(panel, scales, mins, xq, dx, xz, xm, out, cols, kind)
+        out[c, :PANEL_ROWS] = sum_j scales[j, :] dx[c, j // (32 / G)] (sum_{k in j} u[k, :] xq[c, k]
+        - xz[c, j]) (+ sum_j mins[j, :] xm[c, j] for Q4_K), c < cols (a compile-time 1..TILE_COLS);
+        xq int8 [cols, K], dx f32 [cols, K/32], xz int32 [cols, K/G] (ZERO times each group's
+        sum of xq), xm f32 [cols, K/32] (dx times the sum of xq per 32; Q4_K's mins)
+
+Only where the CPU has AVX512-VNNI (gemm_available); elsewhere prompts keep the bf16/f32 GEMM.
+"""
+from __future__ import annotations
+
+from .llvm_ir import half_bits_to_float, load_i8, nibble_values_at, q4_k_scales_and_mins_words, q6_k_values, target_features
+
+PANEL_ROWS = 32   # two 16-lane vectors of rows
+TILE_COLS = 4     # activation rows a tile multiplies (4 x 2 int and 4 x 2 float accumulators)
+# kind -> (group size G, zero point ZERO: the u8 values are q + ZERO)
+GEMM_KINDS = {34: (32, 128), 18: (32, 8), 144: (32, 0), 210: (16, 32)}
+BLOCK_VALUES = {34: 32, 18: 32, 144: 256, 210: 256}  # kind (a block's bytes) -> its values
+
+
+def gemm_available() -> bool:
+    """Whether numba's target has the 512-bit byte dot (AVX512-VNNI with AVX512-BW)."""
+    feats = target_features()
+    return "avx512vnni" in feats and "avx512bw" in feats and "avx512f" in feats
+
+
+def _gemm_intrinsics():
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    i8, i16, i32, f32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
+    vec = ir.VectorType
+    lanes = PANEL_ROWS // 16
+
+    def array(context, builder, sig, args, i):
+        return context.make_array(sig.args[i])(context, builder, args[i])
+
+    def splat(builder, x, n):
+        one = builder.insert_element(ir.Constant(vec(x.type, n), ir.Undefined), x, ir.Constant(i32, 0))
+        return builder.shuffle_vector(one, one, ir.Constant(vec(i32, n), [0] * n))
+
+    @intrinsic
+    def pack_rows(typingctx, w0, w1, w2, w3, panel, scales, mins, r0, kind):
+        if not isinstance(kind, types.IntegerLiteral):
+            return None
+        k = kind.literal_value
+
+        def codegen(context, builder, sig, args):
+            wps = [builder.bitcast(array(context, builder, sig, args, i).data, i8.as_pointer()) for i in range(4)]
+            pp = builder.bitcast(array(context, builder, sig, args, 4).data, i8.as_pointer())
+            sp = array(context, builder, sig, args, 5).data
+            mp = array(context, builder, sig, args, 6).data
+            row0 = args[7]
+            row_bytes = builder.extract_value(array(context, builder, sig, args, 0).shape, 0)
+            i64 = row_bytes.type
+            const = lambda v: ir.Constant(i64, v)  # noqa: E731
+            n_values = builder.mul(builder.udiv(row_bytes, const(k)), const(BLOCK_VALUES[k]))
+            row_at = builder.mul(row0, const(4))
+
+            def store_values(rows_u, at):
+                """The 4 rows' <32 x i8> values at..at+31 into the panel: a 4 x 8 transpose of
+                4-byte words, then one 16-byte store per 4 values (the 4 rows side by side)."""
+                a, b, c, d = (builder.bitcast(u, vec(i32, 8)) for u in rows_u)
+                mask = lambda lanes: ir.Constant(vec(i32, len(lanes)), lanes)  # noqa: E731
+                low, high = [0, 8, 1, 9, 2, 10, 3, 11], [4, 12, 5, 13, 6, 14, 7, 15]
+                ab = (builder.shuffle_vector(a, b, mask(low)), builder.shuffle_vector(a, b, mask(high)))
+                cd = (builder.shuffle_vector(c, d, mask(low)), builder.shuffle_vector(c, d, mask(high)))
+                quad = builder.udiv(at, const(4))
+                for q in range(8):
+                    h, e = q // 4, 2 * (q % 4)
+                    words = builder.shuffle_vector(ab[h], cd[h], mask([e, e + 1, 8 + e, 9 + e]))
+                    dst = builder.add(builder.mul(builder.add(quad, const(q)), const(4 * PANEL_ROWS)), row_at)
+                    builder.store(words, builder.bitcast(builder.gep(pp, [dst]), vec(i32, 4).as_pointer()), align=4)
+
+            def store_float(ptr, value, group, row):
+                at = builder.add(builder.add(builder.mul(group, const(PANEL_ROWS)), row0), const(row))
+                builder.store(value, builder.gep(ptr, [at]))
+
+            def half_at(wp, at):
+                return half_bits_to_float(builder, builder.load(builder.bitcast(builder.gep(wp, [at]), i16.as_pointer()),
+                                                                align=1))
+            if k in (34, 18):
+                with cgutils.for_range(builder, builder.udiv(n_values, const(32))) as loop:
+                    j = loop.index
+                    at = builder.mul(j, const(k))
+                    if k == 34:  # q + 128: the sign bit flipped
+                        flip = ir.Constant(vec(i8, 32), [-128] * 32)
+                        us = [builder.xor(load_i8(builder, wp, builder.add(at, const(2)), 32), flip) for wp in wps]
+                    else:
+                        us = [nibble_values_at(builder, wp, builder.add(at, const(2))) for wp in wps]
+                    store_values(us, builder.mul(j, const(32)))
+                    for row, wp in enumerate(wps):
+                        store_float(sp, half_at(wp, at), j, row)
+            elif k == 144:
+                with cgutils.for_range(builder, builder.udiv(n_values, const(256))) as loop:
+                    blk = loop.index
+                    at = builder.mul(blk, const(144))
+                    for row, wp in enumerate(wps):  # scales and mins
+                        words = q4_k_scales_and_mins_words(builder, wp, builder.add(at, const(4)))
+                        d, dmin = half_at(wp, at), half_at(wp, builder.add(at, const(2)))
+                        for g in range(8):
+                            group = builder.add(builder.mul(blk, const(8)), const(g))
+                            sc = builder.uitofp(builder.extract_element(words, ir.Constant(i32, g)), f32)
+                            m = builder.uitofp(builder.extract_element(words, ir.Constant(i32, 8 + g)), f32)
+                            store_float(sp, builder.fmul(d, sc), group, row)
+                            store_float(mp, builder.fneg(builder.fmul(dmin, m)), group, row)
+                    for g in range(8):
+                        us = []
+                        for wp in wps:
+                            packed = load_i8(builder, wp, builder.add(at, const(16 + (g // 2) * 32)), 32)
+                            us.append(builder.and_(packed, ir.Constant(vec(i8, 32), [15] * 32)) if g % 2 == 0
+                                      else builder.lshr(packed, ir.Constant(vec(i8, 32), [4] * 32)))
+                        store_values(us, builder.add(builder.mul(blk, const(256)), const(32 * g)))
+            else:  # 210: groups of 16
+                with cgutils.for_range(builder, builder.udiv(n_values, const(256))) as loop:
+                    blk = loop.index
+                    at = builder.mul(blk, const(210))
+                    for h in range(2):
+                        for t in range(4):
+                            store_values([q6_k_values(builder, wp, at, h, t) for wp in wps],
+                                         builder.add(builder.mul(blk, const(256)), const(h * 128 + 32 * t)))
+                    for row, wp in enumerate(wps):
+                        d = half_at(wp, builder.add(at, const(208)))
+                        for g in range(16):
+                            sc = builder.load(builder.gep(wp, [builder.add(at, const(192 + g))]))
+                            store_float(sp, builder.fmul(d, builder.sitofp(sc, f32)),
+                                        builder.add(builder.mul(blk, const(16)), const(g)), row)
+            return context.get_dummy_value()
+        return types.none(w0, w1, w2, w3, panel, scales, mins, r0, kind), codegen
+
+    @intrinsic
+    def tile(typingctx, panel, scales, mins, xq, dx, xz, xm, out, cols, kind):
+        if not (isinstance(cols, types.IntegerLiteral) and isinstance(kind, types.IntegerLiteral)):
+            return None
+        n_cols, k = cols.literal_value, kind.literal_value
+        group, zero = GEMM_KINDS[k]
+        quads = group // 4
+
+        def codegen(context, builder, sig, args):
+            pp = builder.bitcast(array(context, builder, sig, args, 0).data, i8.as_pointer())
+            sp = array(context, builder, sig, args, 1).data
+            mp = array(context, builder, sig, args, 2).data
+            xa = array(context, builder, sig, args, 3)
+            xp = builder.bitcast(xa.data, i8.as_pointer())
+            dp = array(context, builder, sig, args, 4).data
+            zp = array(context, builder, sig, args, 5).data
+            mxp = array(context, builder, sig, args, 6).data
+            oa = array(context, builder, sig, args, 7)
+            op = builder.bitcast(oa.data, i8.as_pointer())
+            n_values = builder.extract_value(xa.shape, 1)
+            i64 = n_values.type
+            const = lambda v: ir.Constant(i64, v)  # noqa: E731
+            x_stride = builder.extract_value(xa.strides, 0)
+            out_stride = builder.extract_value(oa.strides, 0)
+            n_groups = builder.udiv(n_values, const(group))
+            n_blocks = builder.udiv(n_values, const(32))
+            dot = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec(i32, 16), [vec(i32, 16)] * 3),
+                                                 "llvm.x86.avx512.vpdpbusd.512")
+            zeros_f = ir.Constant(vec(f32, 16), [0.0] * 16)
+            accs = [[cgutils.alloca_once_value(builder, zeros_f) for _ in range(lanes)] for _ in range(n_cols)]
+
+            def rows_vector(ptr, j, r):
+                at = builder.add(builder.mul(j, const(PANEL_ROWS)), const(16 * r))
+                return builder.load(builder.bitcast(builder.gep(ptr, [at]), vec(f32, 16).as_pointer()), align=4)
+
+            with cgutils.for_range(builder, n_groups) as loop:
+                j = loop.index
+                ints = [[ir.Constant(vec(i32, 16), [0] * 16)] * lanes for _ in range(n_cols)]
+                for q in range(quads):
+                    quad = builder.add(builder.mul(j, const(quads)), const(q))
+                    weights = [builder.load(builder.bitcast(
+                        builder.gep(pp, [builder.add(builder.mul(quad, const(4 * PANEL_ROWS)), const(64 * r))]),
+                        vec(i32, 16).as_pointer()), align=1) for r in range(lanes)]
+                    for c in range(n_cols):
+                        at = builder.add(builder.mul(const(c), x_stride), builder.mul(quad, const(4)))
+                        x4 = builder.load(builder.bitcast(builder.gep(xp, [at]), i32.as_pointer()), align=1)
+                        xs = splat(builder, x4, 16)
+                        for r in range(lanes):
+                            ints[c][r] = builder.call(dot, [ints[c][r], weights[r], xs])
+                block = builder.udiv(j, const(32 // group)) if group < 32 else j
+                row_scales = [rows_vector(sp, j, r) for r in range(lanes)]
+                row_mins = [rows_vector(mp, j, r) for r in range(lanes)] if k == 144 else None
+                for c in range(n_cols):
+                    dxc = builder.load(builder.gep(dp, [builder.add(builder.mul(const(c), n_blocks), block)]))
+                    dxs = splat(builder, dxc, 16)
+                    if zero:
+                        z = builder.load(builder.gep(zp, [builder.add(builder.mul(const(c), n_groups), j)]))
+                        zs = splat(builder, z, 16)
+                    if row_mins is not None:
+                        xmc = splat(builder, builder.load(builder.gep(mxp, [builder.add(builder.mul(const(c), n_blocks), j)])), 16)
+                    for r in range(lanes):
+                        total = builder.sub(ints[c][r], zs) if zero else ints[c][r]
+                        term = builder.fmul(builder.sitofp(total, vec(f32, 16)), builder.fmul(row_scales[r], dxs, flags=("fast",)),
+                                            flags=("fast",))
+                        acc = builder.fadd(builder.load(accs[c][r]), term, flags=("fast",))
+                        if row_mins is not None:
+                            acc = builder.fadd(acc, builder.fmul(row_mins[r], xmc, flags=("fast",)), flags=("fast",))
+                        builder.store(acc, accs[c][r])
+            for c in range(n_cols):
+                for r in range(lanes):
+                    at = builder.add(builder.mul(const(c), out_stride), const(64 * r))
+                    builder.store(builder.load(accs[c][r]), builder.bitcast(builder.gep(op, [at]), vec(f32, 16).as_pointer()),
+                                  align=4)
+            return context.get_dummy_value()
+        return types.none(panel, scales, mins, xq, dx, xz, xm, out, cols, kind), codegen
+
+    return pack_rows, tile

@@ -1,0 +1,98 @@
+"""The prompt's int8 GEMM over ggml's Q8_0 / Q4_0 / Q4_K / Q6_K blocks in place, compiled by numba
+(the IR of its panels and tiles: gemm_ir.py; loader.gemm_kernels() loads this module).
+
+    quantize_activations(x, group, zero, xq, dx, xz, xm)
+        x f32 [M, K] -> xq int8 [M, K] rounded per 32 values as ggml's Q8_0 (d = max|x| / 127,
+        q = round(x / d)), dx f32 [M, K/32] the scales, xz int32 [M, K/group] zero times each
+        group's sum of q, xm f32 [M, K/32] d times each 32's sum of q (rows over the threads)
+    panel_gemm(blocks, kind, xq, dx, xz, xm, out, panels, scales, mins)
+        out[m, n] = sum_k W[n, k] x[m, k] for blocks uint8 [N, row bytes] (N a multiple of
+        PANEL_ROWS); panels/scales/mins: one work area per numba thread (panel_work_shapes)
+
+Each thread takes PANEL_ROWS weight rows at a time: it lays them out as a panel (pack_rows) in
+its work area, which stays in its cache while the tiles multiply it by every activation row.
+"""
+import numba
+import numpy as np
+from numba import njit, prange
+
+from .gemm_ir import PANEL_ROWS, TILE_COLS, _gemm_intrinsics
+
+pack_rows, tile = _gemm_intrinsics()
+
+
+@njit(fastmath=True, parallel=True, cache=True, nogil=True)
+def quantize_activations(x, group, zero, xq, dx, xz, xm):
+    m_rows, k = x.shape
+    for m in prange(m_rows):
+        for b in range(k // 32):
+            amax = np.float32(0)
+            for i in range(32 * b, 32 * b + 32):
+                amax = max(amax, abs(x[m, i]))
+            d = amax / np.float32(127)
+            inv = np.float32(1) / d if d > 0 else np.float32(0)
+            total = 0
+            half_total = 0
+            for i in range(32 * b, 32 * b + 32):
+                q = np.int32(np.round(x[m, i] * inv))
+                xq[m, i] = q
+                total += q
+                if i < 32 * b + 16:
+                    half_total += q
+            dx[m, b] = d
+            xm[m, b] = d * np.float32(total)
+            if group == 32:
+                xz[m, b] = zero * total
+            else:  # groups of 16
+                xz[m, 2 * b] = zero * half_total
+                xz[m, 2 * b + 1] = zero * (total - half_total)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _pack(blocks, n0, kind, panel, scales, mins):
+    for r in range(0, PANEL_ROWS, 4):
+        w0, w1, w2, w3 = blocks[n0 + r], blocks[n0 + r + 1], blocks[n0 + r + 2], blocks[n0 + r + 3]
+        if kind == 34:  # the IR's kind is a compile-time constant: one branch each
+            pack_rows(w0, w1, w2, w3, panel, scales, mins, r, 34)
+        elif kind == 18:
+            pack_rows(w0, w1, w2, w3, panel, scales, mins, r, 18)
+        elif kind == 144:
+            pack_rows(w0, w1, w2, w3, panel, scales, mins, r, 144)
+        else:
+            pack_rows(w0, w1, w2, w3, panel, scales, mins, r, 210)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _tiles(kind, panel, scales, mins, xq, dx, xz, xm, out):
+    """out [M, PANEL_ROWS] = the panel's rows times every activation row, TILE_COLS at a time."""
+    m_rows = xq.shape[0]
+    full = m_rows - m_rows % TILE_COLS
+    for c in range(0, full, TILE_COLS):
+        e = c + TILE_COLS
+        if kind == 34:
+            tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], TILE_COLS, 34)
+        elif kind == 18:
+            tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], TILE_COLS, 18)
+        elif kind == 144:
+            tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], TILE_COLS, 144)
+        else:
+            tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], TILE_COLS, 210)
+    for c in range(full, m_rows):
+        e = c + 1
+        if kind == 34:
+            tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], 1, 34)
+        elif kind == 18:
+            tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], 1, 18)
+        elif kind == 144:
+            tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], 1, 144)
+        else:
+            tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], 1, 210)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def panel_gemm(blocks, kind, xq, dx, xz, xm, out, panels, scales, mins):
+    for p in prange(blocks.shape[0] // PANEL_ROWS):
+        t = numba.get_thread_id()
+        n0 = p * PANEL_ROWS
+        _pack(blocks, n0, kind, panels[t], scales[t], mins[t])
+        _tiles(kind, panels[t], scales[t], mins[t], xq, dx, xz, xm, out[:, n0:n0 + PANEL_ROWS])
