@@ -25,6 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from bench_cpu_quant import best_of  # noqa: E402  (best of several runs after a warm-up)
+
 CHAINS = 12       # independent accumulators a thread (hides the instructions' latency)
 STEPS = 1 << 22   # loop iterations a measurement
 
@@ -103,16 +105,6 @@ def peaks(threads: int) -> dict[str, float]:
     return result
 
 
-def best_seconds(fn, reps: int = 5) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def gemm_rates(m: int, k: int, n: int) -> dict[str, float]:
     """GOP/s of the prompt GEMMs at m x k x n (2 m k n ops)."""
     from torchggml.quants import quantize
@@ -128,14 +120,14 @@ def gemm_rates(m: int, k: int, n: int) -> dict[str, float]:
     if int8_gemm():
         blocks = quantize(Type.Q4_0, weight).view(torch.uint8).reshape(n, -1)
         packed = fused._Packed.of_blocks(Type.Q4_0, blocks)
-        rates["torchggml int8 GEMM (Q4_0 blocks)"] = ops / best_seconds(lambda: fused._int8_gemm(packed, x, out))
+        rates["torchggml int8 GEMM (Q4_0 blocks)"] = ops / best_of(lambda: fused._int8_gemm(packed, x, out), 5)
     half = weight.half()
     half_bits = half.view(torch.int16).numpy().view(np.uint16)
-    rates["torchggml F16 GEMM (numba tiles)"] = ops / best_seconds(
-        lambda: op_kernels().half_gemm(half_bits, x.numpy(), out.numpy()))
+    rates["torchggml F16 GEMM (numba tiles)"] = ops / best_of(
+        lambda: op_kernels().half_gemm(half_bits, x.numpy(), out.numpy()), 5)
     xb, wb = x.bfloat16(), weight.bfloat16()
-    rates["oneDNN bf16 GEMM (torch.mm)"] = ops / best_seconds(lambda: torch.mm(xb, wb.T))
-    rates["oneDNN f32 GEMM (torch.mm)"] = ops / best_seconds(lambda: torch.mm(x, weight.T, out=out))
+    rates["oneDNN bf16 GEMM (torch.mm)"] = ops / best_of(lambda: torch.mm(xb, wb.T), 5)
+    rates["oneDNN f32 GEMM (torch.mm)"] = ops / best_of(lambda: torch.mm(x, weight.T, out=out), 5)
     return rates
 
 
@@ -147,7 +139,7 @@ def read_bandwidth() -> float:
     data = (torch.empty(0, dtype=torch.float32).set_(storage) if storage is not None
             else torch.empty(n // 4, dtype=torch.float32)).view(-1)
     data.fill_(1.0)
-    return n / best_seconds(lambda: data.sum(), reps=3) / 1e9
+    return n / best_of(lambda: data.sum(), 3) / 1e9
 
 
 # shape -> (parameters multiplied a token, bytes per parameter by weight type)
