@@ -171,6 +171,28 @@ def test_int8_gemm_is_exact_on_rounded_activations(qtype, n, k, m, monkeypatch):
     assert nmse(ours.numpy(), (x.double() @ w.T).numpy()) < 5e-4
 
 
+# (type, rows): the matvec (Q8_0 rounding, Q8_K rounding for the K-quants) and the int8 GEMM
+NON_FINITE_CASES = [(qtype, m) for qtype in sorted(layout.IN_PLACE_KINDS, key=int) for m in (2, 8)]
+
+
+@pytest.mark.parametrize("qtype,m", NON_FINITE_CASES, ids=[f"{c[0].name}-m{c[1]}" for c in NON_FINITE_CASES])
+def test_non_finite_activations_give_nan_not_finite_values(qtype, m):
+    """Rows rounded to int8 with a NaN or an infinity give NaN products (a float GEMM's would be
+    non-finite too), not finite values computed from a NaN's int8 cast (the NaN row), nor a
+    division by zero (an infinite Q8_K block); the other rows are untouched."""
+    pytest.importorskip("numba")
+    blocks = random_blocks(qtype, 64, 256, seed=m)
+    packed = layout._Packed.of_blocks(qtype, blocks)
+    x = torch.randn(m, 256, generator=torch.Generator().manual_seed(m))
+    clean = torch.empty(m, 64)
+    layout._product(packed, x, clean)
+    x[0, 5], x[1, 200] = float("nan"), float("inf")
+    out = torch.empty(m, 64)
+    layout._product(packed, x, out)
+    assert out[:2].isnan().all()
+    assert torch.equal(out[2:], clean[2:])
+
+
 GEMM_CHOICES = [  # (TORCHGGML_CPU_GEMM, whether the CPU has AVX512-VNNI, int8 GEMM on or the error)
     ("", True, True), ("", False, False), ("int8", True, True), ("int8", False, ValueError),
     ("bf16", True, False), ("f32", True, False), ("int4", True, ValueError),

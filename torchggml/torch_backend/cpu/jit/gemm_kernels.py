@@ -3,7 +3,7 @@
 
     quantize_activations(x, group, zero, xq, dx, xz, xm)
         x f32 [M, K] -> xq int8 [M, K] rounded per 32 values as ggml's Q8_0 (d = max|x| / 127,
-        q = round(x / d)), dx f32 [M, K/32] the scales, xz int32 [M, K/group] zero times each
+        q = round(x / d)), dx f32 [M, K/32] the scales (NaN for a block that holds an infinity or a NaN), xz int32 [M, K/group] zero times each
         group's sum of q, xm f32 [M, K/32] d times each 32's sum of q (rows over the threads)
     panel_gemm(blocks, kind, xq, dx, xz, xm, out, panels, scales, mins)
         out[m, n] = sum_k W[n, k] x[m, k] for blocks uint8 [N, row bytes] (N a multiple of
@@ -17,6 +17,7 @@ import numpy as np
 from numba import njit, prange
 
 from .gemm_ir import PANEL_ROWS, TILE_COLS, _gemm_intrinsics
+from .quant_kernels import NAN_BITS, has_non_finite
 
 pack_rows, tile = _gemm_intrinsics()
 
@@ -25,6 +26,7 @@ pack_rows, tile = _gemm_intrinsics()
 def quantize_activations(x, group, zero, xq, dx, xz, xm):
     m_rows, k = x.shape
     for m in prange(m_rows):
+        bits = x[m].view(np.uint32)
         for b in range(k // 32):
             amax = np.float32(0)
             for i in range(32 * b, 32 * b + 32):
@@ -41,6 +43,8 @@ def quantize_activations(x, group, zero, xq, dx, xz, xm):
                     half_total += q
             dx[m, b] = d
             xm[m, b] = d * np.float32(total)
+            if has_non_finite(bits, 32 * b, 32 * b + 32):  # non-finite products, as a float GEMM's
+                dx[m:m + 1, b].view(np.uint32)[0] = NAN_BITS
             if group == 32:
                 xz[m, b] = zero * total
             else:  # groups of 16

@@ -53,6 +53,22 @@ def _bias_dot(bias, xsum):
     return acc
 
 
+NAN_BITS = np.uint32(0x7FC00000)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def has_non_finite(bits, start, stop):
+    """Whether values start..stop of a float32 row, given as its uint32 bits, hold an infinity
+    or a NaN. A rounded block that held one gets a NaN scale (NAN_BITS, stored as bits) so its
+    products are NaN, as a float GEMM's would be non-finite, not finite values (the comparisons
+    that find a block's largest magnitude skip NaN; an infinite one divided by zero in Q8_K's
+    rounding): these kernels' fastmath lets LLVM assume finite float code, hence the bits."""
+    bad = np.uint32(0)
+    for i in range(start, stop):
+        bad |= np.uint32((bits[i] & np.uint32(0x7FFFFFFF)) >= np.uint32(0x7F800000))
+    return bad != 0
+
+
 @njit(fastmath=True, cache=True, nogil=True)
 def quantize_rows(x, g, xq, xd, xsum):
     """x f32 [M, K] -> int8 [M, K] and scales [M, K/g] per group of g (ggml's Q8_0 rounding:
@@ -62,6 +78,7 @@ def quantize_rows(x, g, xq, xd, xsum):
     error of a Q4_K product against float64)."""
     m_rows, k = x.shape
     for m in range(m_rows):
+        bits = x[m].view(np.uint32)
         for j in range(k // g):
             amax = np.float32(0)
             for i in range(j * g, j * g + g):
@@ -75,6 +92,9 @@ def quantize_rows(x, g, xq, xd, xsum):
                 total += np.int32(q)
             xd[m, j] = d
             xsum[m, j] = d * np.float32(total)
+            if has_non_finite(bits, j * g, j * g + g):
+                xd[m:m + 1, j].view(np.uint32)[0] = NAN_BITS
+                xsum[m:m + 1, j].view(np.uint32)[0] = NAN_BITS
 
 
 @njit(fastmath=True, cache=True, nogil=True)
@@ -84,7 +104,13 @@ def quantize_rows_q8_k(x, xq, xd, bsums):
     d = max / -127 with max the value of largest magnitude, q = min(127, round(x / d))."""
     m_rows, k = x.shape
     for m in range(m_rows):
+        bits = x[m].view(np.uint32)
         for b in range(k // 256):
+            if has_non_finite(bits, 256 * b, 256 * b + 256):
+                xq[m, 256 * b:256 * b + 256] = 0
+                bsums[m, 16 * b:16 * b + 16] = 0
+                xd[m:m + 1, b].view(np.uint32)[0] = NAN_BITS
+                continue
             amax, vmax = np.float32(0), np.float32(0)
             for i in range(256 * b, 256 * b + 256):
                 if abs(x[m, i]) > amax:
