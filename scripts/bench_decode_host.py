@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from torchggml.models import load_model  # noqa: E402
 from torchggml.torch_backend.cpu import CPUBackend  # noqa: E402
-from torchggml.torch_backend.cpu.kernels import LAYERS, bind_layers  # noqa: E402
+from torchggml.torch_backend.cpu.kernels import CPU_KERNELS, LAYERS, bind_layers  # noqa: E402
+from torchggml.torch_backend.plan import compile_graph  # noqa: E402
 
 clock = time.thread_time
 
@@ -126,7 +127,10 @@ def main(argv=None) -> int:
     step(5)
     plan = plans[-1]
     calls = list(plan.calls)
-    ref_calls = [(reference_call(fn, node), node) for fn, node in calls]
+    # the reference set and the node-by-node table need every node's own call: a fused plan
+    # (cpu/fusion.py) runs some nodes' work in another node's call
+    unfused = compile_graph(plan.graph, CPU_KERNELS, backend)
+    ref_calls = [(reference_call(fn, node), node) for fn, node in unfused]
 
     token = iter(range(10**9))
     steps = {"cpu": ([], []), "torch": ([], [])}
@@ -139,7 +143,7 @@ def main(argv=None) -> int:
             steps[name][0].append(clock() - t)
             steps[name][1].append(inside[-1])
     plan.calls = calls
-    n_nodes = len(calls)
+    n_nodes = len(unfused)
     what = "decode token" if args.tokens == 1 else f"step of {args.tokens} tokens"
     print(f"{Path(args.model).name}: {n_nodes} nodes per {what}, threads {args.threads}, "
           f"thread CPU time, medians of {args.n} steps")
@@ -153,7 +157,7 @@ def main(argv=None) -> int:
     if args.tokens > 1:
         print(f"  (with more than one token, eval also resets the cache: 'outside the plan' counts it)")
     print(f"  per op class (nodes timed one by one, both ways in turn):")
-    table = per_class(plan, calls, ref_calls, step, args.n)
+    table = per_class(plan, unfused, ref_calls, step, args.n)
     for k, (count, ours, theirs) in sorted(table.items(), key=lambda kv: -kv[1][2]):
         print(f"    {k:16s} {count:4d} nodes {ours / count:8.1f} us/node {theirs / count:9.1f} us/node")
     model.close()
