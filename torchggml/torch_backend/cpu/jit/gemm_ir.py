@@ -16,9 +16,9 @@ on a Zen 4 core 1.5x the speed of oneDNN's bf16 GEMM (measured 128x2048x5632).
         (float32) at scales[j * PANEL_ROWS + r], and Q4_K's -dmin * m_j at mins[j * PANEL_ROWS + r]
     tile(panel, scales, mins, xq, dx, xz, xm, out, cols, kind)
         out[c, :PANEL_ROWS] = sum_j scales[j, :] dx[c, j // (32 / G)] (sum_{k in j} u[k, :] xq[c, k]
-        - xz[c, j]) (+ sum_j mins[j, :] xm[c, j] for Q4_K), c < cols (a compile-time 1..TILE_COLS);
-        xq int8 [cols, K], dx f32 [cols, K/32], xz int32 [cols, K/G] (ZERO times each group's
-        sum of xq), xm f32 [cols, K/32] (dx times the sum of xq per 32; Q4_K's mins)
+        + xz[c, j]) (+ sum_j mins[j, :] xm[c, j] for Q4_K), c < cols (a compile-time 1..TILE_COLS);
+        xq int8 [cols, K], dx f32 [cols, K/32], xz int32 [cols, K/G] (minus ZERO times each
+        group's sum of xq), xm f32 [cols, K/32] (dx times the sum of xq per 32; Q4_K's mins)
 
 Only where the CPU has AVX512-VNNI (gemm_available); elsewhere prompts keep the bf16/f32 GEMM.
 """
@@ -182,7 +182,15 @@ def _gemm_intrinsics():
 
             with cgutils.for_range(builder, n_groups) as loop:
                 j = loop.index
-                ints = [[ir.Constant(vec(i32, 16), [0] * 16)] * lanes for _ in range(n_cols)]
+                # the integer sums start at -ZERO * (the activations' group sum): the zero
+                # point's share, one broadcast load a row instead of a subtraction per vector
+                ints = []
+                for c in range(n_cols):
+                    if zero:
+                        z = builder.load(builder.gep(zp, [builder.add(builder.mul(const(c), n_groups), j)]))
+                        ints.append([splat(builder, z, 16)] * lanes)
+                    else:
+                        ints.append([ir.Constant(vec(i32, 16), [0] * 16)] * lanes)
                 for q in range(quads):
                     quad = builder.add(builder.mul(j, const(quads)), const(q))
                     weights = [builder.load(builder.bitcast(
@@ -200,14 +208,10 @@ def _gemm_intrinsics():
                 for c in range(n_cols):
                     dxc = builder.load(builder.gep(dp, [builder.add(builder.mul(const(c), n_blocks), block)]))
                     dxs = splat(builder, dxc, 16)
-                    if zero:
-                        z = builder.load(builder.gep(zp, [builder.add(builder.mul(const(c), n_groups), j)]))
-                        zs = splat(builder, z, 16)
                     if row_mins is not None:
                         xmc = splat(builder, builder.load(builder.gep(mxp, [builder.add(builder.mul(const(c), n_blocks), j)])), 16)
                     for r in range(lanes):
-                        total = builder.sub(ints[c][r], zs) if zero else ints[c][r]
-                        term = builder.fmul(builder.sitofp(total, vec(f32, 16)), builder.fmul(row_scales[r], dxs, flags=("fast",)),
+                        term = builder.fmul(builder.sitofp(ints[c][r], vec(f32, 16)), builder.fmul(row_scales[r], dxs, flags=("fast",)),
                                             flags=("fast",))
                         acc = builder.fadd(builder.load(accs[c][r]), term, flags=("fast",))
                         if row_mins is not None:

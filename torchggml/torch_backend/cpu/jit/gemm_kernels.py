@@ -3,8 +3,8 @@
 
     quantize_activations(x, group, zero, xq, dx, xz, xm)
         x f32 [M, K] -> xq int8 [M, K] rounded per 32 values as ggml's Q8_0 (d = max|x| / 127,
-        q = round(x / d)), dx f32 [M, K/32] the scales (NaN for a block that holds an infinity or a NaN), xz int32 [M, K/group] zero times each
-        group's sum of q, xm f32 [M, K/32] d times each 32's sum of q (rows over the threads)
+        q = round(x / d)), dx f32 [M, K/32] the scales (NaN for a block that holds an infinity or a NaN), xz int32 [M, K/group] minus zero times
+        each group's sum of q, xm f32 [M, K/32] d times each 32's sum of q (rows over the threads)
     panel_gemm(blocks, kind, xq, dx, xz, xm, out, panels, scales, mins)
         out[m, n] = sum_k W[n, k] x[m, k] for blocks uint8 [N, row bytes] (N a multiple of
         PANEL_ROWS); panels/scales/mins: one work area per numba thread (panel_work_shapes)
@@ -46,10 +46,10 @@ def quantize_activations(x, group, zero, xq, dx, xz, xm):
             if has_non_finite(bits, 32 * b, 32 * b + 32):  # non-finite products, as a float GEMM's
                 dx[m:m + 1, b].view(np.uint32)[0] = NAN_BITS
             if group == 32:
-                xz[m, b] = zero * total
+                xz[m, b] = -zero * total
             else:  # groups of 16
-                xz[m, 2 * b] = zero * half_total
-                xz[m, 2 * b + 1] = zero * (total - half_total)
+                xz[m, 2 * b] = -zero * half_total
+                xz[m, 2 * b + 1] = -zero * (total - half_total)
 
 
 @njit(cache=True, nogil=True, inline="always")
