@@ -193,6 +193,35 @@ def test_non_finite_activations_give_nan_not_finite_values(qtype, m):
     assert torch.equal(out[2:], clean[2:])
 
 
+def test_int8_gemms_in_two_threads_at_once_equal_the_serial_ones():
+    """Each Python thread lays its panels out in its own work areas (two models in two threads
+    run their prompts' products at the same time)."""
+    _needs_int8_gemm()
+    import threading
+    cases = [(qtype, layout._Packed.of_blocks(qtype, random_blocks(qtype, 96, 512, seed=int(qtype))),
+              torch.randn(37, 512, generator=torch.Generator().manual_seed(int(qtype))))
+             for qtype in (T.Q4_K, T.Q8_0)]
+    serial = []
+    for _, packed, x in cases:
+        serial.append(torch.empty(37, 96))
+        layout._int8_gemm(packed, x, serial[-1])
+    mismatches = []
+
+    def worker(i):
+        _, packed, x = cases[i]
+        for _ in range(20):
+            out = torch.empty(37, 96)
+            layout._int8_gemm(packed, x, out)
+            if not torch.equal(out, serial[i]):
+                mismatches.append(i)
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not mismatches
+
+
 GEMM_CHOICES = [  # (TORCHGGML_CPU_GEMM, whether the CPU has AVX512-VNNI, int8 GEMM on or the error)
     ("", True, True), ("", False, False), ("int8", True, True), ("int8", False, ValueError),
     ("bf16", True, False), ("f32", True, False), ("int4", True, ValueError),
