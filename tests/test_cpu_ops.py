@@ -81,7 +81,7 @@ TAKEN = [
     ("mul_mat(type_a=F16,type_b=F32,m=32,n=1,k=5,bs=[1, 1],nr=[4, 1])", True),  # one weight, b batched
     ("mul_mat(type_a=F16,type_b=F32,k=64 views of rows of 96)", True),  # the weight's rows strided
     ("mul_mat(type_a=F16,type_b=F16,m=16,n=1,k=64,bs=[1, 1],nr=[1, 1])", False),  # F16 b: torch's
-    ("mul_mat(type_a=F16,type_b=F32,m=8,n=5,k=64,bs=[3, 2],nr=[1, 1])", True),  # 5 rows, batched: half_gemm_heads
+    ("mul_mat(type_a=F16,type_b=F32,m=8,n=5,k=64,bs=[3, 2],nr=[1, 1])", False),  # 5 rows, batched
     ("mul_mat(type_a=F16,type_b=F32,m=7,n=9,k=96,bs=[1, 1],nr=[1, 1])", True),  # a weight's micro-batch: half_gemm
     ("mul_mat(type_a=Q8_0,type_b=F32,m=8,n=5,k=64,bs=[3, 2],nr=[1, 1])", False),
     ("mul_mat(type_a=F16,type_b=F32,b=transposed view)", False),  # 2-D, and k strided in b
@@ -308,10 +308,8 @@ def test_f16_weight_numba_products_match_float64(m, n, k):
     weight = torch.randn(n, k, generator=gen).half()
     rows = torch.randn(m, k, generator=gen)
     out = np.full((m, n), np.nan, np.float32)
-    if m <= fast_ops.HALF_PRODUCT_MAX_ROWS:
-        op_kernels().half_matvec(fast_ops.as_numpy(weight), rows.numpy(), out)
-    else:
-        op_kernels().half_gemm(fast_ops.as_numpy(weight).reshape(-1), k, rows.numpy().reshape(-1), k, out, k)
+    kernel = op_kernels().half_matvec if m <= fast_ops.HALF_PRODUCT_MAX_ROWS else op_kernels().half_gemm
+    kernel(fast_ops.as_numpy(weight), rows.numpy(), out)
     want = rows.double() @ weight.double().T
     assert ((torch.from_numpy(out).double() - want).norm() / want.norm()).item() < 1e-6
 

@@ -258,10 +258,11 @@ def bind_glu(node):
 
 # ---------------------------------------------------------------- MUL_MAT (attention's, F16)
 
-# F16 x F32 products by at most this many rows of b take the numba row dots: decode's KQ and KQV
-# over the KV cache, where torch converts all of K or V^T to float32 at each call, and a 2-D F16
-# weight's matvec (torch's half GEMV reads no faster and rounds to F16); by more, the numba
-# GEMMs' tiles (1.6-2x oneDNN's f32 GEMM on the converted weight, ~3x torch's batched products)
+# batched products of F16 matrices by at most this many rows of b each take a numba kernel:
+# decode's KQ and KQV over the KV cache, where torch converts all of K or V^T to float32 at each
+# call; a 2-D F16 weight's products by up to this many rows take the numba matvec (torch's half
+# GEMV reads no faster and rounds to F16), by more the numba GEMM (1.6-2x oneDNN's f32 GEMM on
+# the converted weight)
 HALF_PRODUCT_MAX_ROWS = 4
 
 
@@ -274,42 +275,38 @@ def flat_span(t: torch.Tensor) -> np.ndarray:
 
 def bind_half_products(node):
     """F16 x F32 products in float32 (b not rounded to F16, as the torch kernels), summed in
-    vector lanes as ggml does: a 2-D weight's (half_matvec, half_gemm: the weight's rows over the
-    threads) and batched ones (attention over an F16 KV cache: half_products, half_gemm_heads:
-    the heads over the threads)."""
+    vector lanes as ggml does: a 2-D weight's (half_matvec, half_gemm), and batched ones with few
+    rows (the heads of attention over an F16 KV cache at decode: half_products)."""
     a, b = node.src[0], node.src[1]
     if not (numba_available() and a.type == Type.F16 and b.type == Type.F32 and node.type == Type.F32):
         return None
-    va, vb, vout = view(a), view(b), view(node)
-    if va.stride(3) != 1 or vb.stride(3) != 1 or vout.stride(3) != 1 or min(va.stride()) < 0 or min(vb.stride()) < 0:
-        return None
-    few = b.ne[1] <= HALF_PRODUCT_MAX_ROWS
+    va, vb = view(a), view(b)
     if a.ne[2] * a.ne[3] == 1:
-        return _bind_half_weight(va[0, 0], vb, vout, few)
+        return _bind_half_weight(va[0, 0], vb, view(node))
+    if b.ne[1] > HALF_PRODUCT_MAX_ROWS:
+        return None
+    if va.stride(3) != 1 or vb.stride(3) != 1 or min(va.stride()) < 0 or min(vb.stride()) < 0:
+        return None
     strides = (lambda v: np.array(v.stride()[:3], dtype=np.int64))
-    kernel = op_kernels().half_products if few else op_kernels().half_gemm_heads
-    return _call(kernel, flat_span(va), strides(va), flat_span(vb), strides(vb), as_numpy(vout),
+    return _call(op_kernels().half_products, flat_span(va), strides(va), flat_span(vb), strides(vb), as_numpy(view(node)),
                  a.ne[0], b.ne[2] // a.ne[2], b.ne[3] // a.ne[3])
 
 
-def _bind_half_weight(w, vb, vout, few: bool):
+def _bind_half_weight(w, vb, vout):
     """w [N, K] times each [M, K] row block of b (b's and out's dims 2 and 3 walked here: one
     call per block, a model's products have one)."""
-    kernels, k = op_kernels(), w.shape[1]
-    if few:
-        kernel, w_args = kernels.half_matvec, (as_numpy(w),)
-        calls = [(as_numpy(vb[i3, i2]), as_numpy(vout[i3, i2]))
-                 for i3 in range(vb.shape[0]) for i2 in range(vb.shape[1])]
-    else:
-        kernel, w_args = kernels.half_gemm, (flat_span(w), w.stride(0))
-        calls = [(flat_span(vb[i3, i2]), vb.stride(2), as_numpy(vout[i3, i2]), k)
-                 for i3 in range(vb.shape[0]) for i2 in range(vb.shape[1])]
-    if len(calls) == 1:
-        return _call(kernel, *w_args, *calls[0])
+    if w.stride(1) != 1 or vb.stride(3) != 1 or vout.stride(3) != 1 or min(w.stride()) < 0:
+        return None
+    few = vb.shape[2] <= HALF_PRODUCT_MAX_ROWS
+    kernel, w_np = (op_kernels().half_matvec if few else op_kernels().half_gemm), as_numpy(w)
+    blocks = [(as_numpy(vb[i3, i2]), as_numpy(vout[i3, i2]))
+              for i3 in range(vb.shape[0]) for i2 in range(vb.shape[1])]
+    if len(blocks) == 1:
+        return _call(kernel, w_np, *blocks[0])
 
     def bound(_node):
-        for args in calls:
-            kernel(*w_args, *args)
+        for rows, out in blocks:
+            kernel(w_np, rows, out)
     return bound
 
 

@@ -26,9 +26,7 @@ division (x / 0 is inf or NaN, as in ggml, not a ZeroDivisionError).
                                                      out[i3, i2, m, n] = sum_k a[i3 / r3, i2 / r2, n, k]
                                                      * b[i3, i2, m, k], a F16, b F32 (flat, k contiguous)
     half_matvec(w, x, out)                           out[m, n] = sum_k w[n, k] x[m, k], w F16 [N, K], x F32
-    half_gemm(a, sa, b, sb, out, k)                  the same for micro-batches (tiles of 4 x 4), a and b flat
-    half_gemm_heads(a, a_strides, b, b_strides, out, k, r2, r3)
-                                                     half_products' product for many rows (tiles of 4 x 4)
+    half_gemm(w, x, out)                             the same for micro-batches (tiles of 4 x 4)
     decode_attention(k, v, strides, n_kv, n_head_kv, q, mask, has_mask, scale, scratch, out)
                                                      softmax(scale K q + mask) V for a few query rows:
                                                      K, V F16 flat (rows contiguous; strides: K's head
@@ -433,82 +431,53 @@ def half_matvec(w, x, out):
             out[m, n] = _half_dot(w[n], x[m])
 
 
-@njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"}, inline="always")
-def _half_rows(a, a_base, sa, n, b, b_base, sb, m, k, out, r):
-    """out[c, r..r+3] = rows r..r+3 of a times each row c < m of b: a F16 and b F32 flat (row i
-    of a at a_base + i sa, row c of b at b_base + c sb, k contiguous values each), out [m, n].
-    Tiles of 4 rows of a by 4 of b: 16 float32 sums that LLVM keeps in vector registers, a's
-    values converted as they are read; fewer than 4 rows left, one dot each."""
-    if r + 4 > n:
-        for rr in range(r, n):
-            row = a[a_base + rr * sa:a_base + rr * sa + k]
-            for c in range(m):
-                out[c, rr] = _half_dot(row, b[b_base + c * sb:b_base + c * sb + k])
-        return
-    at = a_base + r * sa
-    w0, w1 = a[at:at + k], a[at + sa:at + sa + k]
-    w2, w3 = a[at + 2 * sa:at + 2 * sa + k], a[at + 3 * sa:at + 3 * sa + k]
+# a micro-batch's product by a 2-D F16 weight: tiles of 4 weight rows by 4 activation rows, 16
+# float32 sums that LLVM keeps in vector registers, the weight converted as it is read (no f32
+# copy of it): 180-210 GFLOP/s for 128 rows by 5632x2048 on 2 Zen 4 threads, against 105-130
+# for oneDNN's f32 GEMM over 2 MiB chunks of the converted weight
+@njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"}, parallel=True)
+def half_gemm(w, x, out):
+    n, k = w.shape
+    m = x.shape[0]
     m4 = m - m % 4
-    for c in range(0, m4, 4):
-        bt = b_base + c * sb
-        x0, x1 = b[bt:bt + k], b[bt + sb:bt + sb + k]
-        x2, x3 = b[bt + 2 * sb:bt + 2 * sb + k], b[bt + 3 * sb:bt + 3 * sb + k]
-        a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0.0)
-        a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = np.float32(0.0)
-        for i in range(k):
-            v0, v1, v2, v3 = half_to_float(w0[i]), half_to_float(w1[i]), half_to_float(w2[i]), half_to_float(w3[i])
-            y0, y1, y2, y3 = x0[i], x1[i], x2[i], x3[i]
-            a00 += v0 * y0
-            a01 += v0 * y1
-            a02 += v0 * y2
-            a03 += v0 * y3
-            a10 += v1 * y0
-            a11 += v1 * y1
-            a12 += v1 * y2
-            a13 += v1 * y3
-            a20 += v2 * y0
-            a21 += v2 * y1
-            a22 += v2 * y2
-            a23 += v2 * y3
-            a30 += v3 * y0
-            a31 += v3 * y1
-            a32 += v3 * y2
-            a33 += v3 * y3
-        out[c, r], out[c + 1, r], out[c + 2, r], out[c + 3, r] = a00, a01, a02, a03
-        out[c, r + 1], out[c + 1, r + 1], out[c + 2, r + 1], out[c + 3, r + 1] = a10, a11, a12, a13
-        out[c, r + 2], out[c + 1, r + 2], out[c + 2, r + 2], out[c + 3, r + 2] = a20, a21, a22, a23
-        out[c, r + 3], out[c + 1, r + 3], out[c + 2, r + 3], out[c + 3, r + 3] = a30, a31, a32, a33
-    for c in range(m4, m):
-        bt = b_base + c * sb
-        for rr in range(r, r + 4):
-            out[c, rr] = _half_dot(a[a_base + rr * sa:a_base + rr * sa + k], b[bt:bt + k])
-
-
-# a micro-batch's product by a 2-D F16 weight, flat as for _half_rows (sa, sb: the rows'
-# strides), the weight's rows 4 at a time over the threads: 180-210 GFLOP/s for 128 rows by
-# 5632x2048 on 2 Zen 4 threads, against 105-130 for oneDNN's f32 GEMM over 2 MiB chunks of the
-# converted weight (and no f32 copy of it)
-@njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"}, parallel=True)
-def half_gemm(a, sa, b, sb, out, k):
-    m, n = out.shape
     for block in prange((n + 3) // 4):
-        _half_rows(a, 0, sa, n, b, 0, sb, m, k, out, 4 * block)
-
-
-# batched products of F16 matrices by many rows (a prompt's attention over an F16 KV cache:
-# KQ and KQV), strides as half_products, the heads over the threads, each head's product in
-# _half_rows's tiles
-@njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"}, parallel=True)
-def half_gemm_heads(a, a_strides, b, b_strides, out, k, r2, r3):
-    sa3, sa2, sa1 = a_strides[0], a_strides[1], a_strides[2]
-    sb3, sb2, sb1 = b_strides[0], b_strides[1], b_strides[2]
-    m, n = out.shape[2], out.shape[3]
-    for head in prange(out.shape[0] * out.shape[1]):
-        i3, i2 = head // out.shape[1], head % out.shape[1]
-        a_base = (i3 // r3) * sa3 + (i2 // r2) * sa2
-        b_base = i3 * sb3 + i2 * sb2
-        for r in range(0, n, 4):
-            _half_rows(a, a_base, sa1, n, b, b_base, sb1, m, k, out[i3, i2], r)
+        r = 4 * block
+        if r + 4 > n:  # the last rows
+            for rr in range(r, n):
+                for c in range(m):
+                    out[c, rr] = _half_dot(w[rr], x[c])
+            continue
+        w0, w1, w2, w3 = w[r], w[r + 1], w[r + 2], w[r + 3]
+        for c in range(0, m4, 4):
+            x0, x1, x2, x3 = x[c], x[c + 1], x[c + 2], x[c + 3]
+            a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0.0)
+            a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = np.float32(0.0)
+            for i in range(k):
+                v0, v1, v2, v3 = half_to_float(w0[i]), half_to_float(w1[i]), half_to_float(w2[i]), half_to_float(w3[i])
+                y0, y1, y2, y3 = x0[i], x1[i], x2[i], x3[i]
+                a00 += v0 * y0
+                a01 += v0 * y1
+                a02 += v0 * y2
+                a03 += v0 * y3
+                a10 += v1 * y0
+                a11 += v1 * y1
+                a12 += v1 * y2
+                a13 += v1 * y3
+                a20 += v2 * y0
+                a21 += v2 * y1
+                a22 += v2 * y2
+                a23 += v2 * y3
+                a30 += v3 * y0
+                a31 += v3 * y1
+                a32 += v3 * y2
+                a33 += v3 * y3
+            out[c, r], out[c + 1, r], out[c + 2, r], out[c + 3, r] = a00, a01, a02, a03
+            out[c, r + 1], out[c + 1, r + 1], out[c + 2, r + 1], out[c + 3, r + 1] = a10, a11, a12, a13
+            out[c, r + 2], out[c + 1, r + 2], out[c + 2, r + 2], out[c + 3, r + 2] = a20, a21, a22, a23
+            out[c, r + 3], out[c + 1, r + 3], out[c + 2, r + 3], out[c + 3, r + 3] = a30, a31, a32, a33
+        for c in range(m4, m):
+            for rr in range(r, r + 4):
+                out[c, rr] = _half_dot(w[rr], x[c])
 
 
 @jit
