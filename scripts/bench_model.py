@@ -130,7 +130,7 @@ def cpu_header() -> str:
     feats = cpu_features()
     flags = " ".join(k for k, v in feats.items() if v == "1")
     floats = str(fastest_gemm_dtype()).split('.')[-1]
-    gemm = f"int8 (Q8_0/Q4_0/Q4_K/Q6_K), else {floats}" if int8_gemm() else floats
+    gemm = f"int8 (Q8_0/Q4_0/Q4_K/Q5_K/Q6_K), else {floats}" if int8_gemm() else floats
     return f"CPU: {feats['CPU_CAPABILITY']} ({flags}); torchggml CPU path: {cpu_path()}, prompt GEMM in {gemm}"
 
 

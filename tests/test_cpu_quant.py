@@ -134,12 +134,20 @@ def _needs_int8_gemm():
         pytest.skip("the int8 GEMM needs a CPU with AVX512-VNNI (this one runs the float GEMM path instead)")
 
 
-def _rounded_as_q8_0(x: torch.Tensor) -> torch.Tensor:
-    """x [M, K] rounded per 32 values as ggml's Q8_0 (d = max|x| / 127, q = round(x / d)), float64."""
-    g = x.reshape(x.shape[0], -1, 32)
-    d = g.abs().amax(-1, keepdim=True) / 127
-    q = torch.where(d > 0, torch.round(g / torch.where(d > 0, d, 1)), 0)
-    return (q.double() * d.double()).reshape(x.shape)
+def _rounded_as_vec_dot_type(qtype, x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] rounded as ggml's vec_dot type for qtype rounds it, float64: Q8_0 per 32 values
+    (d = max|x| / 127, q = round(x / d)) for Q8_0/Q4_0, Q8_K per 256 for the K-quants (the
+    matvec's own rounding, which test_k_quant_activations_round_as_ggml_q8_k checks)."""
+    if qtype in (T.Q8_0, T.Q4_0):
+        g = x.reshape(x.shape[0], -1, 32)
+        d = g.abs().amax(-1, keepdim=True) / 127
+        q = torch.where(d > 0, torch.round(g / torch.where(d > 0, d, 1)), 0)
+        return (q.double() * d.double()).reshape(x.shape)
+    from torchggml.torch_backend.cpu.jit.loader import quant_kernels
+    m, k = x.shape
+    xq, xd, bsums = np.empty((m, k), np.int8), np.empty((m, k // 256), np.float32), np.empty((m, k // 16), np.int16)
+    quant_kernels().quantize_rows_q8_k(x.numpy(), xq, xd, bsums)
+    return torch.from_numpy((xq.reshape(m, -1, 256) * xd.astype(np.float64)[:, :, None]).reshape(m, k))
 
 
 # (type, N, K, M): N a multiple of the panel's 32 rows; M past INT8_GEMM_MIN_ROWS, a tile of 4
@@ -152,8 +160,9 @@ INT8_GEMM_CASES = [(qtype, n, k, m) for qtype in sorted(layout.IN_PLACE_KINDS, k
                          ids=[f"{c[0].name}-n{c[1]}-k{c[2]}-m{c[3]}" for c in INT8_GEMM_CASES])
 def test_int8_gemm_is_exact_on_rounded_activations(qtype, n, k, m, monkeypatch):
     """A micro-batch times ggml's blocks in place on the int8 GEMM (TORCHGGML_CPU_GEMM=int8) equals
-    the float64 product of gguf's dequantized weight and the activations rounded as ggml's Q8_0
-    (integer dots, ggml's scales), and so is as close to the exact product as llama.cpp's."""
+    the float64 product of gguf's dequantized weight and the activations rounded as ggml's vec_dot
+    type (integer dots, ggml's scales), and so is as close to the exact product as llama.cpp's,
+    and as the decode matvec's, which rounds alike."""
     _needs_int8_gemm()
     from torchggml.torch_backend.cpu.products import bind_block_product
     monkeypatch.setenv("TORCHGGML_CPU_GEMM", "int8")
@@ -166,7 +175,7 @@ def test_int8_gemm_is_exact_on_rounded_activations(qtype, n, k, m, monkeypatch):
     ggml.backend_tensor_set(b, x)
     assert ggml.backend_graph_compute(ggml.backend_cpu_init(), graph) == ggml.Status.SUCCESS
     ours = torch.as_tensor(ggml.backend_tensor_get(node)).reshape(m, n).double()
-    want = _rounded_as_q8_0(x) @ w.T
+    want = _rounded_as_vec_dot_type(qtype, x) @ w.T
     torch.testing.assert_close(ours, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
     assert nmse(ours.numpy(), (x.double() @ w.T).numpy()) < 5e-4
 
@@ -408,7 +417,7 @@ def test_golden_models_on_each_path(entry, path, gemm, monkeypatch):
     monkeypatch.setenv("TORCHGGML_CPU_GEMM", gemm)
     model = ggml.load_model(GOLDEN / entry["model"], devices=["CPU"], progress=False)
     repacked = [t for t in model.weights.tensors.values() if t.buffer.name == "CPU_REPACK"]
-    if path == "fused":  # 2-D Q8_0/Q4_0/Q4_K/Q6_K weights stay ggml blocks, multiplied in place
+    if path == "fused":  # 2-D Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weights stay ggml blocks, multiplied in place
         assert not any(layout.is_in_place(t.type, t.ne) for t in repacked)
         assert bool(repacked) == any(not layout.is_in_place(t.type, t.ne) and t.type not in (T.F32, T.F16)
                                      and layout.supports_shape(t.type, t.ne) and name != "token_embd.weight"
@@ -470,7 +479,8 @@ def test_fused_kernels_on_other_x86_targets(target):
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
                           "-k", f"(test_fused_mul_mat_matches_float64 and {cases}) or half_bits"],
                          env=env, cwd=Path(__file__).parent, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0 and "10 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+    # each type fused and on its blocks in place, the half conversion test
+    assert out.returncode == 0 and "11 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
 
 
 def test_kernels_load_from_numba_disk_cache_in_a_new_process(tmp_path):

@@ -53,7 +53,7 @@ VARIABLES = {v.name: v for v in (
              "(unset: unlimited)", _text),
     Variable("TORCHGGML_CPU_PATH", "text", "", "the CPU's quantized product path (fused, int4...; unset: this "
              "CPU's default)", _text),
-    Variable("TORCHGGML_CPU_GEMM", "text", "", "the CPU's prompt GEMM: int8 (Q8_0/Q4_0/Q4_K/Q6_K blocks, "
+    Variable("TORCHGGML_CPU_GEMM", "text", "", "the CPU's prompt GEMM: int8 (Q8_0/Q4_0/Q4_K/Q5_K/Q6_K blocks, "
              "AVX512-VNNI), or f32 or bf16 for dequantized weights (unset: chosen by the CPU's features)", _text),
     Variable("TORCHGGML_CPU_FAST_OPS", "bool", True, "0 turns off the CPU's fast element-wise kernels", _bool),
     Variable("TORCHGGML_OP_OFFLOAD_MIN_BATCH", "int", 32, "the scheduler offloads a CPU weight's op to an "

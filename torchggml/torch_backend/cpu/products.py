@@ -1,5 +1,5 @@
 """The CPU's own matrix products, as binds for its kernel table (kernels.py): a weight stored in
-a CPU_REPACK layout multiplies through its buffer type's product (layouts/), a 2-D Q8_0/Q4_0/Q4_K/Q6_K
+a CPU_REPACK layout multiplies through its buffer type's product (layouts/), a 2-D Q8_0/Q4_0/Q4_K/Q5_K/Q6_K
 weight through the fused kernels on its ggml blocks in place, a 2-D F16/BF16 weight through
 torch's half GEMM. Each returns None for a node it does not take."""
 from __future__ import annotations
@@ -46,7 +46,7 @@ def bind_layout_experts(node):
 
 
 def bind_block_product(node):
-    """MUL_MAT of a 2-D Q8_0/Q4_0/Q4_K/Q6_K weight in host memory (left there by the loader, or loaded
+    """MUL_MAT of a 2-D Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weight in host memory (left there by the loader, or loaded
     without repacking) on the fused path: the fused kernels read its ggml blocks in place."""
     a = node.src[0]
     if (cpu_path() != "fused" or not is_in_place(a.type, a.ne) or is_repacked(a) or not numba_available()

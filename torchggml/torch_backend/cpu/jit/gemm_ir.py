@@ -1,8 +1,9 @@
 """LLVM IR for the prompt's int8 GEMM over ggml's blocks (gemm_kernels.py drives it).
 
 A micro-batch's product out[m, n] = sum_k W[n, k] x[m, k] runs as ggml's integer dot products
-do, with ggml's per-block scales: the activations rounded to int8 per 32 values (Q8_0's
-rounding), each weight group's integer dot times its scale and the activations' scale. The
+do, with ggml's per-block scales: the activations rounded to int8 as ggml's vec_dot types
+(Q8_0 for Q8_0/Q4_0 weights, Q8_K for the K-quants), each weight group's integer dot times its
+scale and the activations' scale. The
 weight's rows are laid out per call in panels of PANEL_ROWS rows in which one 16-lane vector
 holds 4 consecutive values of 16 rows (lanes = rows), so that one vpdpbusd multiplies 64 bytes
 of weights by 4 activation values broadcast to every lane, and a group's scales are applied
@@ -11,26 +12,30 @@ on a Zen 4 core 1.5x the speed of oneDNN's bf16 GEMM (measured 128x2048x5632).
 
     pack_rows(w0, w1, w2, w3, panel, scales, mins, r0, kind)
         rows r0..r0+3 (r0 % 4 == 0) of a panel from four rows of ggml blocks (uint8 [row bytes];
-        kind: 34 Q8_0, 18 Q4_0, 144 Q4_K, 210 Q6_K), K values each: row r's u8 values
+        kind: 34 Q8_0, 18 Q4_0, 144 Q4_K, 176 Q5_K, 210 Q6_K), K values each: row r's u8 values
         u = q + ZERO[kind] at panel[(k // 4) * 4 * PANEL_ROWS + 4 r + k % 4], group j's scale
-        (float32) at scales[j * PANEL_ROWS + r], and Q4_K's -dmin * m_j at mins[j * PANEL_ROWS + r]
+        (float32) at scales[j * PANEL_ROWS + r], and Q4_K's and Q5_K's -dmin * m_j at
+        mins[j * PANEL_ROWS + r]
     tile(panel, scales, mins, xq, dx, xz, xm, out, cols, kind)
-        out[c, :PANEL_ROWS] = sum_j scales[j, :] dx[c, j // (32 / G)] (sum_{k in j} u[k, :] xq[c, k]
-        + xz[c, j]) (+ sum_j mins[j, :] xm[c, j] for Q4_K), c < cols (a compile-time 1..TILE_COLS);
-        xq int8 [cols, K], dx f32 [cols, K/32], xz int32 [cols, K/G] (minus ZERO times each
-        group's sum of xq), xm f32 [cols, K/32] (dx times the sum of xq per 32; Q4_K's mins)
+        out[c, :PANEL_ROWS] = sum_j scales[j, :] dx[c, j G / B] (sum_{k in j} u[k, :] xq[c, k]
+        + xz[c, j]) (+ sum_j mins[j, :] xm[c, j] for Q4_K and Q5_K), c < cols (a compile-time
+        1..TILE_COLS); xq int8 [cols, K], dx f32 [cols, K/B] (B the kind's activation scale
+        block), xz int32 [cols, K/G] (minus ZERO times each group's sum of xq), xm f32
+        [cols, K/32] (the scale times the sum of xq per 32; the K-quants' mins)
 
 Only where the CPU has AVX512-VNNI (gemm_available); elsewhere prompts keep the bf16/f32 GEMM.
 """
 from __future__ import annotations
 
-from .llvm_ir import half_bits_to_float, load_i8, nibble_values_at, q4_k_scales_and_mins_words, q6_k_values, target_features
+from .llvm_ir import (half_bits_to_float, k_quant_values, load_i8, nibble_values_at, q4_k_scales_and_mins_words,
+                      q6_k_values, target_features)
 
 PANEL_ROWS = 32   # two 16-lane vectors of rows
 TILE_COLS = 4     # activation rows a tile multiplies (4 x 2 int and 4 x 2 float accumulators)
-# kind -> (group size G, zero point ZERO: the u8 values are q + ZERO)
-GEMM_KINDS = {34: (32, 128), 18: (32, 8), 144: (32, 0), 210: (16, 32)}
-BLOCK_VALUES = {34: 32, 18: 32, 144: 256, 210: 256}  # kind (a block's bytes) -> its values
+# kind -> (group size G, zero point ZERO: the u8 values are q + ZERO, the activations' scale
+# block: 32 values (Q8_0's rounding) or 256 (Q8_K's, the K-quants' vec_dot type in ggml))
+GEMM_KINDS = {34: (32, 128, 32), 18: (32, 8, 32), 144: (32, 0, 256), 176: (32, 0, 256), 210: (16, 32, 256)}
+BLOCK_VALUES = {34: 32, 18: 32, 144: 256, 176: 256, 210: 256}  # kind (a block's bytes) -> its values
 
 
 def gemm_available() -> bool:
@@ -48,6 +53,7 @@ def _gemm_intrinsics():
     i8, i16, i32, f32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
     vec = ir.VectorType
     lanes = PANEL_ROWS // 16
+    FAST = ("fast",)
 
     def array(context, builder, sig, args, i):
         return context.make_array(sig.args[i])(context, builder, args[i])
@@ -94,8 +100,8 @@ def _gemm_intrinsics():
                 builder.store(value, builder.gep(ptr, [at]))
 
             def half_at(wp, at):
-                return half_bits_to_float(builder, builder.load(builder.bitcast(builder.gep(wp, [at]), i16.as_pointer()),
-                                                                align=1))
+                bits = builder.load(builder.bitcast(builder.gep(wp, [at]), i16.as_pointer()), align=1)
+                return half_bits_to_float(builder, bits)
             if k in (34, 18):
                 with cgutils.for_range(builder, builder.udiv(n_values, const(32))) as loop:
                     j = loop.index
@@ -108,10 +114,10 @@ def _gemm_intrinsics():
                     store_values(us, builder.mul(j, const(32)))
                     for row, wp in enumerate(wps):
                         store_float(sp, half_at(wp, at), j, row)
-            elif k == 144:
+            elif k in (144, 176):
                 with cgutils.for_range(builder, builder.udiv(n_values, const(256))) as loop:
                     blk = loop.index
-                    at = builder.mul(blk, const(144))
+                    at = builder.mul(blk, const(k))
                     for row, wp in enumerate(wps):  # scales and mins
                         words = q4_k_scales_and_mins_words(builder, wp, builder.add(at, const(4)))
                         d, dmin = half_at(wp, at), half_at(wp, builder.add(at, const(2)))
@@ -122,12 +128,8 @@ def _gemm_intrinsics():
                             store_float(sp, builder.fmul(d, sc), group, row)
                             store_float(mp, builder.fneg(builder.fmul(dmin, m)), group, row)
                     for g in range(8):
-                        us = []
-                        for wp in wps:
-                            packed = load_i8(builder, wp, builder.add(at, const(16 + (g // 2) * 32)), 32)
-                            us.append(builder.and_(packed, ir.Constant(vec(i8, 32), [15] * 32)) if g % 2 == 0
-                                      else builder.lshr(packed, ir.Constant(vec(i8, 32), [4] * 32)))
-                        store_values(us, builder.add(builder.mul(blk, const(256)), const(32 * g)))
+                        store_values([k_quant_values(builder, wp, at, g, k) for wp in wps],
+                                     builder.add(builder.mul(blk, const(256)), const(32 * g)))
             else:  # 210: groups of 16
                 with cgutils.for_range(builder, builder.udiv(n_values, const(256))) as loop:
                     blk = loop.index
@@ -150,7 +152,7 @@ def _gemm_intrinsics():
         if not (isinstance(cols, types.IntegerLiteral) and isinstance(kind, types.IntegerLiteral)):
             return None
         n_cols, k = cols.literal_value, kind.literal_value
-        group, zero = GEMM_KINDS[k]
+        group, zero, scale_block = GEMM_KINDS[k]
         quads = group // 4
 
         def codegen(context, builder, sig, args):
@@ -171,6 +173,7 @@ def _gemm_intrinsics():
             out_stride = builder.extract_value(oa.strides, 0)
             n_groups = builder.udiv(n_values, const(group))
             n_blocks = builder.udiv(n_values, const(32))
+            n_scales = builder.udiv(n_values, const(scale_block))
             dot = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec(i32, 16), [vec(i32, 16)] * 3),
                                                  "llvm.x86.avx512.vpdpbusd.512")
             zeros_f = ir.Constant(vec(f32, 16), [0.0] * 16)
@@ -202,26 +205,27 @@ def _gemm_intrinsics():
                         xs = splat(builder, x4, 16)
                         for r in range(lanes):
                             ints[c][r] = builder.call(dot, [ints[c][r], weights[r], xs])
-                block = builder.udiv(j, const(32 // group)) if group < 32 else j
+                block = builder.udiv(j, const(scale_block // group))
                 row_scales = [rows_vector(sp, j, r) for r in range(lanes)]
-                row_mins = [rows_vector(mp, j, r) for r in range(lanes)] if k == 144 else None
+                row_mins = [rows_vector(mp, j, r) for r in range(lanes)] if k in (144, 176) else None
                 for c in range(n_cols):
-                    dxc = builder.load(builder.gep(dp, [builder.add(builder.mul(const(c), n_blocks), block)]))
+                    dxc = builder.load(builder.gep(dp, [builder.add(builder.mul(const(c), n_scales), block)]))
                     dxs = splat(builder, dxc, 16)
                     if row_mins is not None:
-                        xmc = splat(builder, builder.load(builder.gep(mxp, [builder.add(builder.mul(const(c), n_blocks), j)])), 16)
+                        xm_at = builder.add(builder.mul(const(c), n_blocks), j)
+                        xmc = splat(builder, builder.load(builder.gep(mxp, [xm_at])), 16)
                     for r in range(lanes):
-                        term = builder.fmul(builder.sitofp(ints[c][r], vec(f32, 16)), builder.fmul(row_scales[r], dxs, flags=("fast",)),
-                                            flags=("fast",))
-                        acc = builder.fadd(builder.load(accs[c][r]), term, flags=("fast",))
+                        scale = builder.fmul(row_scales[r], dxs, flags=FAST)
+                        term = builder.fmul(builder.sitofp(ints[c][r], vec(f32, 16)), scale, flags=FAST)
+                        acc = builder.fadd(builder.load(accs[c][r]), term, flags=FAST)
                         if row_mins is not None:
-                            acc = builder.fadd(acc, builder.fmul(row_mins[r], xmc, flags=("fast",)), flags=("fast",))
+                            acc = builder.fadd(acc, builder.fmul(row_mins[r], xmc, flags=FAST), flags=FAST)
                         builder.store(acc, accs[c][r])
             for c in range(n_cols):
                 for r in range(lanes):
                     at = builder.add(builder.mul(const(c), out_stride), const(64 * r))
-                    builder.store(builder.load(accs[c][r]), builder.bitcast(builder.gep(op, [at]), vec(f32, 16).as_pointer()),
-                                  align=4)
+                    out_ptr = builder.bitcast(builder.gep(op, [at]), vec(f32, 16).as_pointer())
+                    builder.store(builder.load(accs[c][r]), out_ptr, align=4)
             return context.get_dummy_value()
         return types.none(panel, scales, mins, xq, dx, xz, xm, out, cols, kind), codegen
 

@@ -1,13 +1,17 @@
-"""The prompt's int8 GEMM over ggml's Q8_0 / Q4_0 / Q4_K / Q6_K blocks in place, compiled by numba
+"""The prompt's int8 GEMM over ggml's Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K blocks in place, compiled by numba
 (the IR of its panels and tiles: gemm_ir.py; loader.gemm_kernels() loads this module).
 
-    quantize_activations(x, group, zero, xq, dx, xz, xm)
-        x f32 [M, K] -> xq int8 [M, K] rounded per 32 values as ggml's Q8_0 (d = max|x| / 127,
-        q = round(x / d)), dx f32 [M, K/32] the scales (NaN for a block that holds an infinity or a NaN), xz int32 [M, K/group] minus zero times
-        each group's sum of q, xm f32 [M, K/32] d times each 32's sum of q (rows over the threads)
+    quantize_activations(x, group, zero, scale_block, xq, dx, xz, xm)
+        x f32 [M, K] -> xq int8 [M, K] rounded as ggml's vec_dot types round them: per 32 values
+        as Q8_0 (scale_block 32: Q8_0, Q4_0 weights), per 256 as Q8_K (256: the K-quants, as
+        their matvec, so a prompt and a decode step round alike); dx f32 [M, K/scale_block]
+        the scales (NaN for a block that holds an infinity or a NaN), xz int32 [M, K/group]
+        minus zero times each group's sum of q, xm f32 [M, K/32] the scale times each 32's sum
+        of q (rows over the threads)
     panel_gemm(blocks, kind, xq, dx, xz, xm, out, panels, scales, mins)
         out[m, n] = sum_k W[n, k] x[m, k] for blocks uint8 [N, row bytes] (N a multiple of
-        PANEL_ROWS); panels/scales/mins: one work area per numba thread (panel_work_shapes)
+        PANEL_ROWS); panels/scales/mins: one work area per numba thread (layouts/fused.py's
+        _int8_gemm makes them)
 
 Each thread takes PANEL_ROWS weight rows at a time: it lays them out as a panel (pack_rows) in
 its work area, which stays in its cache while the tiles multiply it by every activation row.
@@ -22,29 +26,58 @@ from .quant_kernels import NAN_BITS, has_non_finite
 pack_rows, tile = _gemm_intrinsics()
 
 
+@njit(fastmath=True, cache=True, nogil=True, inline="always")
+def _round_q8_0(x, xq, dx, b):
+    """Values 32b..32b+31 of row x rounded as ggml's Q8_0: d = max|x| / 127, q = round(x / d)."""
+    amax = np.float32(0)
+    for i in range(32 * b, 32 * b + 32):
+        amax = max(amax, abs(x[i]))
+    d = amax / np.float32(127)
+    inv = np.float32(1) / d if d > 0 else np.float32(0)
+    for i in range(32 * b, 32 * b + 32):
+        xq[i] = np.int32(np.round(x[i] * inv))
+    dx[b] = d
+
+
+@njit(fastmath=True, cache=True, nogil=True, inline="always")
+def _round_q8_k(x, xq, dx, b):
+    """Values 256b..256b+255 of row x rounded as ggml's Q8_K (quant_kernels.quantize_rows_q8_k's
+    arithmetic): d = max / -127 with max the value of largest magnitude, q = min(127, round(x / d))."""
+    amax, vmax = np.float32(0), np.float32(0)
+    for i in range(256 * b, 256 * b + 256):
+        if abs(x[i]) > amax:
+            amax, vmax = abs(x[i]), x[i]
+    if amax == 0:
+        xq[256 * b:256 * b + 256] = 0
+        dx[b] = 0
+        return
+    iscale = np.float32(-127) / vmax
+    for i in range(256 * b, 256 * b + 256):
+        xq[i] = min(127, np.int32(np.round(iscale * x[i])))
+    dx[b] = np.float32(1) / iscale
+
+
 @njit(fastmath=True, parallel=True, cache=True, nogil=True)
-def quantize_activations(x, group, zero, xq, dx, xz, xm):
+def quantize_activations(x, group, zero, scale_block, xq, dx, xz, xm):
     m_rows, k = x.shape
     for m in prange(m_rows):
         bits = x[m].view(np.uint32)
+        for b in range(k // scale_block):
+            if has_non_finite(bits, scale_block * b, scale_block * (b + 1)):  # NaN products, as non-finite
+                xq[m, scale_block * b:scale_block * (b + 1)] = 0                # ones of a float GEMM
+                dx[m:m + 1, b].view(np.uint32)[0] = NAN_BITS
+            elif scale_block == 32:
+                _round_q8_0(x[m], xq[m], dx[m], b)
+            else:
+                _round_q8_k(x[m], xq[m], dx[m], b)
         for b in range(k // 32):
-            amax = np.float32(0)
-            for i in range(32 * b, 32 * b + 32):
-                amax = max(amax, abs(x[m, i]))
-            d = amax / np.float32(127)
-            inv = np.float32(1) / d if d > 0 else np.float32(0)
             total = 0
             half_total = 0
             for i in range(32 * b, 32 * b + 32):
-                q = np.int32(np.round(x[m, i] * inv))
-                xq[m, i] = q
-                total += q
+                total += np.int32(xq[m, i])
                 if i < 32 * b + 16:
-                    half_total += q
-            dx[m, b] = d
-            xm[m, b] = d * np.float32(total)
-            if has_non_finite(bits, 32 * b, 32 * b + 32):  # non-finite products, as a float GEMM's
-                dx[m:m + 1, b].view(np.uint32)[0] = NAN_BITS
+                    half_total += np.int32(xq[m, i])
+            xm[m, b] = dx[m, b * 32 // scale_block] * np.float32(total)
             if group == 32:
                 xz[m, b] = -zero * total
             else:  # groups of 16
@@ -62,6 +95,8 @@ def _pack(blocks, n0, kind, panel, scales, mins):
             pack_rows(w0, w1, w2, w3, panel, scales, mins, r, 18)
         elif kind == 144:
             pack_rows(w0, w1, w2, w3, panel, scales, mins, r, 144)
+        elif kind == 176:
+            pack_rows(w0, w1, w2, w3, panel, scales, mins, r, 176)
         else:
             pack_rows(w0, w1, w2, w3, panel, scales, mins, r, 210)
 
@@ -79,6 +114,8 @@ def _tiles(kind, panel, scales, mins, xq, dx, xz, xm, out):
             tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], TILE_COLS, 18)
         elif kind == 144:
             tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], TILE_COLS, 144)
+        elif kind == 176:
+            tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], TILE_COLS, 176)
         else:
             tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], TILE_COLS, 210)
     for c in range(full, m_rows):
@@ -89,6 +126,8 @@ def _tiles(kind, panel, scales, mins, xq, dx, xz, xm, out):
             tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], 1, 18)
         elif kind == 144:
             tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], 1, 144)
+        elif kind == 176:
+            tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], 1, 176)
         else:
             tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], 1, 210)
 

@@ -9,8 +9,8 @@ import functools
 
 # independent float sums a row's dot product keeps (sum_terms)
 ACCUMULATORS = 4
-# row_dot's kinds that read ggml's blocks in place, by block bytes: Q8_0, Q4_0, Q4_K and Q6_K
-BLOCK_KINDS = (34, 18, 144, 210)
+# row_dot's kinds that read ggml's blocks in place, by block bytes: Q8_0, Q4_0, Q4_K, Q5_K and Q6_K
+BLOCK_KINDS = (34, 18, 144, 176, 210)
 
 
 def _row_dot_intrinsic():
@@ -31,7 +31,7 @@ def _row_dot_intrinsic():
     (Q4_0's signed values, as ggml's kernels subtract 8). Block kinds read ggml's blocks in
     place (w: the row's raw bytes): 34 for Q8_0 (float16 d, 32 int8 values; scale not read),
     18 for Q4_0 (q4_0_pairs_dot: two blocks a vector; x in pair order, scale the int32 minus 8
-    terms, see quant_kernels.pair_activations), 144 for Q4_K and 210 for Q6_K (q4_k_blocks_dot,
+    terms, see quant_kernels.pair_activations), 144 for Q4_K, 176 for Q5_K and 210 for Q6_K (k_blocks_dot,
     q6_k_blocks_dot: activations rounded as ggml's Q8_K, xd one scale per 256 values and scale
     the int16 sums of each 16 values, for the mins and the minus 32).
     """
@@ -172,8 +172,8 @@ def _row_dot_intrinsic():
             dp = data_ptr(context, builder, sig.args[3], args[3])
             n_groups = context.make_array(sig.args[3])(context, builder, args[3]).shape  # xd's: K / G
             n_groups = builder.extract_value(n_groups, 0)  # K / 256 for the K-quants' blocks
-            if k == 144:
-                return q4_k_blocks_dot(builder, wp, xp, sp, dp, n_groups)
+            if k in (144, 176):
+                return k_blocks_dot(builder, wp, xp, sp, dp, n_groups, k)
             if k == 210:
                 return q6_k_blocks_dot(builder, wp, xp, sp, dp, n_groups)
             if k in (16, 6):  # groups in pairs (K-quant rows hold an even number of 16-value groups)
@@ -394,10 +394,11 @@ def _row_dot_intrinsic():
         one = builder.insert_element(ir.Constant(vec(f32, n), ir.Undefined), x, ir.Constant(i32, 0))
         return builder.shuffle_vector(one, one, ir.Constant(vec(i32, n), [0] * n))
 
-    def q4_k_blocks_dot(builder, wp, xp, sump, dp, n_blocks):
+    def k_blocks_dot(builder, wp, xp, sump, dp, n_blocks, block_bytes):
         """A row of ggml's Q4_K blocks in place (144 bytes per 256 values: float16 d and dmin,
         12 bytes of 6-bit scales and mins, 128 bytes of nibbles, each 32 bytes holding sub-block
-        2p in the low nibbles and 2p + 1 in the high) times activations rounded as ggml's Q8_K
+        2p in the low nibbles and 2p + 1 in the high), or Q5_K's (176 bytes: the same and 32
+        bytes of fifth bits, k_quant_values) times activations rounded as ggml's Q8_K
         (one scale xd a block of 256, sump: int16 sums of each 16 values), as ggml's kernels:
         per block, the integers sum_g sc_g (q_g . x_g) and sum_g m_g S_g exactly, then
         xd (d ints - dmin mins)."""
@@ -410,16 +411,14 @@ def _row_dot_intrinsic():
                                                             align=1))
 
         def block_term(b):
-            base = builder.mul(b, const(144))
+            base = builder.mul(b, const(block_bytes))
             scales_mins = q4_k_scales_and_mins_words(builder, wp, builder.add(base, const(4)))  # <16 x i16>
             sc16 = pick(scales_mins, list(range(8)) * 2)  # the 8 scales in both halves (vpshufb's lanes)
             chains = [None, None]  # two independent integer sums
             for p in range(4):
-                packed = load_i8(builder, wp, builder.add(base, const(16 + 32 * p)), 32)
                 for half in range(2):
                     g = 2 * p + half
-                    u = (builder.and_(packed, ir.Constant(vec(i8, 32), [15] * 32)) if half == 0
-                         else builder.lshr(packed, ir.Constant(vec(i8, 32), [4] * 32)))
+                    u = k_quant_values(builder, wp, base, g, block_bytes)
                     xv = load_i8(builder, xp, builder.add(builder.mul(b, const(256)), const(32 * g)), 32)
                     chains[half] = scaled_byte_dot(builder, u, xv, spread_word(builder, sc16, [g] * 8), chains[half])
             ints = builder.add(chains[0], chains[1])
@@ -541,7 +540,7 @@ def _row_dot_intrinsic():
     @intrinsic
     def blocks_to_float(typingctx, w, o, kind):
         """o[:] = the float32 values of one row of ggml blocks w (uint8; kind: row_dot's block
-        kinds, 34 Q8_0, 18 Q4_0, 144 Q4_K, 210 Q6_K), 32 values a vector."""
+        kinds, 34 Q8_0, 18 Q4_0, 144 Q4_K, 176 Q5_K, 210 Q6_K), 32 values a vector."""
         if not isinstance(kind, types.IntegerLiteral):
             return None
         k = kind.literal_value
@@ -573,10 +572,10 @@ def _row_dot_intrinsic():
                         q = builder.sub(nibble_values_at(builder, wp, builder.add(at, const(j, 2))),
                                         ir.Constant(vec(i8, 32), [8] * 32))
                     store(builder.fmul(builder.sitofp(q, f32x32), splat32(half_at(at))), builder.mul(j, const(j, 32)))
-            elif k == 144:
+            elif k in (144, 176):
                 with cgutils.for_range(builder, builder.lshr(n, const(n, 8))) as loop:
                     blk = loop.index
-                    at = builder.mul(blk, const(blk, 144))
+                    at = builder.mul(blk, const(blk, k))
                     words = q4_k_scales_and_mins_words(builder, wp, builder.add(at, const(blk, 4)))
                     sc_f, m_f = (builder.uitofp(builder.shuffle_vector(words, words, ir.Constant(vec(i32, 8), lanes)),
                                                 vec(f32, 8)) for lanes in (list(range(8)), list(range(8, 16))))
@@ -584,9 +583,7 @@ def _row_dot_intrinsic():
                         lane = ir.Constant(i32, g)
                         scale = builder.fmul(half_at(at), builder.extract_element(sc_f, lane))
                         offset = builder.fmul(half_at(builder.add(at, const(blk, 2))), builder.extract_element(m_f, lane))
-                        packed = load_i8(builder, wp, builder.add(at, const(blk, 16 + (g // 2) * 32)), 32)
-                        u = (builder.and_(packed, ir.Constant(vec(i8, 32), [15] * 32)) if g % 2 == 0
-                             else builder.lshr(packed, ir.Constant(vec(i8, 32), [4] * 32)))
+                        u = k_quant_values(builder, wp, at, g, k)
                         values = builder.fsub(builder.fmul(builder.uitofp(u, f32x32), splat32(scale)), splat32(offset))
                         store(values, builder.add(builder.mul(blk, const(blk, 256)), const(blk, 32 * g)))
             else:  # 210
@@ -660,6 +657,22 @@ def q6_k_values(builder, wp, at, h, t):
     low = builder.and_(builder.lshr(load_i8(builder, wp, offset(h * 64 + 32 * (t % 2)), 32), c8(4 * (t // 2))), c8(15))
     high = builder.and_(builder.lshr(load_i8(builder, wp, offset(128 + h * 32), 32), c8(2 * t)), c8(3))
     return builder.or_(low, builder.shl(high, c8(4)))
+
+
+def k_quant_values(builder, wp, base, g, block_bytes):
+    """Group g's 32 values (g < 8) of the Q4_K (block_bytes 144) or Q5_K (176) block at `base`
+    as <32 x i8> u in [0, 15] / [0, 31]: each 32 bytes of nibbles (at 16, Q5_K at 48) hold group
+    2p in their low nibbles and 2p + 1 in their high; Q5_K's fifth bit of value l of group g is
+    bit g of its byte l of qh (the 32 bytes at 16)."""
+    ir, i8, i16, i32 = _types()
+    c8 = lambda v: ir.Constant(vec(i8, 32), [v] * 32)  # noqa: E731
+    at = lambda off: builder.add(base, ir.Constant(base.type, off))  # noqa: E731
+    packed = load_i8(builder, wp, at((16 if block_bytes == 144 else 48) + (g // 2) * 32), 32)
+    u = builder.and_(packed, c8(15)) if g % 2 == 0 else builder.lshr(packed, c8(4))
+    if block_bytes == 176:
+        high = builder.and_(builder.lshr(load_i8(builder, wp, at(16), 32), c8(g)), c8(1))
+        u = builder.or_(u, builder.shl(high, c8(4)))
+    return u
 
 
 def nibble_values_at(builder, w, at):

@@ -193,7 +193,7 @@ def pair_activations(xq, xp, minus):
 @njit(fastmath=True, parallel=True, cache=True, nogil=True)
 def block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out):
     """matvec over ggml's blocks in place (blocks uint8 [rows, row bytes]): kind 34 for Q8_0,
-    18 for Q4_0 (xq, xd from quantize_rows, groups of 32), 144 for Q4_K, 210 for Q6_K (xq, xd,
+    18 for Q4_0 (xq, xd from quantize_rows, groups of 32), 144 for Q4_K, 176 for Q5_K, 210 for Q6_K (xq, xd,
     xsum from quantize_rows_q8_k) (llvm_ir.BLOCK_KINDS; the scales and mins are read from the blocks)."""
     # Q4_0: the activations in its pair order and its minus 8 terms, once per activation row
     n_x, k = xq.shape
@@ -210,13 +210,15 @@ def block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out):
                 out[m, n] = row_dot(blocks[r], xp[x], sums[x], xd[x], 18)
             elif kind == 144:
                 out[m, n] = row_dot(blocks[r], xp[x], xsum[x], xd[x], 144)
+            elif kind == 176:
+                out[m, n] = row_dot(blocks[r], xp[x], xsum[x], xd[x], 176)
             else:
                 out[m, n] = row_dot(blocks[r], xp[x], xsum[x], xd[x], 210)
 
 
 @njit(fastmath=True, parallel=True, cache=True, nogil=True)
 def dequantize_blocks(blocks, kind, out):
-    """ggml's Q8_0 (kind 34), Q4_0 (18), Q4_K (144) or Q6_K (210) blocks [N, row bytes] -> out [N, K] as
+    """ggml's Q8_0 (kind 34), Q4_0 (18), Q4_K (144), Q5_K (176) or Q6_K (210) blocks [N, row bytes] -> out [N, K] as
     dequantize_rows writes it (float32 or bfloat16 bits): d * q, d * (nibble - 8),
     d sc q - dmin m."""
     for n in prange(blocks.shape[0]):
@@ -227,6 +229,8 @@ def dequantize_blocks(blocks, kind, out):
             blocks_to_float(blocks[n], o, 18)
         elif kind == 144:
             blocks_to_float(blocks[n], o, 144)
+        elif kind == 176:
+            blocks_to_float(blocks[n], o, 176)
         else:
             blocks_to_float(blocks[n], o, 210)
         _store_row(o, out[n])

@@ -123,7 +123,7 @@ class FusedBufferType(RepackBufferType):
     """CPU memory holding weights as (q, scale, bias) for the fused numba products."""
 
     def supports_weight(self, qtype, ne) -> bool:
-        """The loader's question: 2-D Q8_0, Q4_0, Q4_K and Q6_K weights are multiplied in place instead
+        """The loader's question: 2-D Q8_0, Q4_0, Q4_K, Q5_K and Q6_K weights are multiplied in place instead
         (is_in_place)."""
         return supports_shape(qtype, ne) and not is_in_place(qtype, ne)
 
@@ -361,7 +361,7 @@ class BoundMatvec:
 
 
 def bound_block_matvec(qtype, raw: torch.Tensor, rows: torch.Tensor, out: torch.Tensor):
-    """The BoundMatvec of a Q8_0/Q4_0/Q4_K/Q6_K weight's blocks raw (uint8 [N, row bytes]) for
+    """The BoundMatvec of a Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weight's blocks raw (uint8 [N, row bytes]) for
     float32 rows [M, K] and out [M, N], both contiguous, M below the matvec's limit; None otherwise."""
     p = _Packed.of_blocks(qtype, raw)
     if not (rows.dtype == torch.float32 and rows.is_contiguous() and out.is_contiguous()
@@ -383,22 +383,23 @@ def _gemm_buffers(key: tuple, make):
 
 
 def _int8_gemm(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
-    """out = rows @ W^T for ggml's Q8_0/Q4_0/Q4_K/Q6_K blocks in place (N a multiple of
-    PANEL_ROWS): the rows rounded to int8 per 32 values as ggml's Q8_0, the weight's rows laid
+    """out = rows @ W^T for ggml's Q8_0/Q4_0/Q4_K/Q5_K/Q6_K blocks in place (N a multiple of
+    PANEL_ROWS): the rows rounded to int8 as the matvec rounds them (ggml's Q8_0, Q8_K for the
+    K-quants), the weight's rows laid
     out PANEL_ROWS at a time into each thread's panel and multiplied by int8 dot products with
     ggml's per-block scales (jit/gemm_ir.py)."""
     import numba
     m, k = rows.shape
-    group, zero = GEMM_KINDS[p.kind]
+    group, zero, scale_block = GEMM_KINDS[p.kind]
     threads = numba.config.NUMBA_NUM_THREADS
     panels, scales, mins = _gemm_buffers(("panel", k), lambda: (
         np.empty((threads, k * PANEL_ROWS), np.uint8), np.empty((threads, k // 16 * PANEL_ROWS), np.float32),
         np.empty((threads, k // 32 * PANEL_ROWS), np.float32)))
-    xq, dx, xz, xm = _gemm_buffers(("rows", m, k, group), lambda: (
-        np.empty((m, k), np.int8), np.empty((m, k // 32), np.float32), np.empty((m, k // group), np.int32),
+    xq, dx, xz, xm = _gemm_buffers(("rows", m, k, group, scale_block), lambda: (
+        np.empty((m, k), np.int8), np.empty((m, k // scale_block), np.float32), np.empty((m, k // group), np.int32),
         np.empty((m, k // 32), np.float32)))
     kernels = gemm_kernels()
-    kernels.quantize_activations(rows.float().contiguous().numpy(), group, zero, xq, dx, xz, xm)
+    kernels.quantize_activations(rows.float().contiguous().numpy(), group, zero, scale_block, xq, dx, xz, xm)
     target = out if out.is_contiguous() else torch.empty(out.shape, dtype=torch.float32)
     kernels.panel_gemm(p.q, p.kind, xq, dx, xz, xm, target.numpy(), panels, scales, mins)
     if target is not out:
@@ -436,12 +437,12 @@ def _product(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
 
 # 2-D weights of these types are multiplied on ggml's blocks in place (kernels.block_matvec; the
 # row_dot kind is the block's bytes): the loader leaves them in the file's mapping (nothing to
-# convert at load, no second copy, and Q4_K and Q6_K read at their 4.5 and 6.56 bits a weight
-# instead of 6 and 8 here)
-IN_PLACE_KINDS = {Type.Q8_0: 34, Type.Q4_0: 18, Type.Q4_K: 144, Type.Q6_K: 210}
-# the in-place kinds whose activations are rounded as ggml's Q8_K (Q4_K, Q6_K: one scale per 256
+# convert at load, no second copy, and Q4_K, Q5_K and Q6_K read at their 4.5, 5.5 and 6.56 bits
+# a weight instead of 6, 8 and 8 here)
+IN_PLACE_KINDS = {Type.Q8_0: 34, Type.Q4_0: 18, Type.Q4_K: 144, Type.Q5_K: 176, Type.Q6_K: 210}
+# the in-place kinds whose activations are rounded as ggml's Q8_K (Q4_K, Q5_K, Q6_K: one scale per 256
 # values; their kernels sum a block's scaled groups as integers, as ggml's)
-Q8_K_KINDS = (144, 210)
+Q8_K_KINDS = (144, 176, 210)
 
 
 def is_in_place(qtype, ne) -> bool:
@@ -450,7 +451,7 @@ def is_in_place(qtype, ne) -> bool:
 
 
 def block_product(qtype, raw: torch.Tensor):
-    """fn(rows [R, K] float, out [R, N] f32): out = rows @ W^T for a Q8_0/Q4_0/Q4_K/Q6_K weight's ggml
+    """fn(rows [R, K] float, out [R, N] f32): out = rows @ W^T for a Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weight's ggml
     blocks raw (uint8 [N, row bytes], rows contiguous), as the fused layout's product."""
     return functools.partial(_product, _Packed.of_blocks(qtype, raw))
 
