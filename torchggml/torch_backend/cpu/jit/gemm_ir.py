@@ -140,11 +140,14 @@ def _gemm_intrinsics():
                         for t in range(4):
                             store_values([q6_k_values(builder, wp, at, h, t) for wp in wps],
                                          builder.add(builder.mul(blk, const(256)), const(h * 128 + 32 * t)))
+                    # its int8 scales as int32 (summed as integers over the super-block, as
+                    # ggml's), d once per super-block (in `mins`)
+                    int_scales = builder.bitcast(sp, i32.as_pointer())
                     for row, wp in enumerate(wps):
-                        d = half_at(wp, builder.add(at, const(208)))
+                        store_float(mp, half_at(wp, builder.add(at, const(208))), blk, row)
                         for g in range(16):
                             sc = builder.load(builder.gep(wp, [builder.add(at, const(192 + g))]))
-                            store_float(sp, builder.fmul(d, builder.sitofp(sc, f32)),
+                            store_float(int_scales, builder.sext(sc, i32),
                                         builder.add(builder.mul(blk, const(16)), const(g)), row)
             return context.get_dummy_value()
         return types.none(w0, w1, w2, w3, panel, scales, mins, r0, kind), codegen
@@ -181,12 +184,20 @@ def _gemm_intrinsics():
             zeros_f = ir.Constant(vec(f32, 16), [0.0] * 16)
             accs = [[cgutils.alloca_once_value(builder, zeros_f) for _ in range(lanes)] for _ in range(n_cols)]
 
+            def store_out():
+                for c in range(n_cols):
+                    for r in range(lanes):
+                        at = builder.add(builder.mul(const(c), out_stride), const(64 * r))
+                        out_ptr = builder.bitcast(builder.gep(op, [at]), vec(f32, 16).as_pointer())
+                        builder.store(builder.load(accs[c][r]), out_ptr, align=4)
+                return context.get_dummy_value()
+
             def rows_vector(ptr, j, r):
                 at = builder.add(builder.mul(j, const(PANEL_ROWS)), const(16 * r))
                 return builder.load(builder.bitcast(builder.gep(ptr, [at]), vec(f32, 16).as_pointer()), align=4)
 
-            with cgutils.for_range(builder, n_groups) as loop:
-                j = loop.index
+            def group_ints(j):
+                """Group j's integer dots, [column][16 rows]."""
                 # the integer sums start at -ZERO * (the activations' group sum): the zero
                 # point's share, one broadcast load a row instead of a subtraction per vector
                 ints = []
@@ -207,6 +218,44 @@ def _gemm_intrinsics():
                         xs = splat(builder, x4, 16)
                         for r in range(lanes):
                             ints[c][r] = builder.call(dot, [ints[c][r], weights[r], xs])
+                return ints
+
+            def add_scaled(c, r, ints, scale):
+                term = builder.fmul(builder.sitofp(ints, vec(f32, 16)), scale, flags=FAST)
+                builder.store(builder.fadd(builder.load(accs[c][r]), term, flags=FAST), accs[c][r])
+
+            def dx_splat(c, block):
+                return splat(builder, builder.load(builder.gep(dp, [builder.add(builder.mul(const(c), n_scales), block)])), 16)
+
+            if k == 210:  # Q6_K: sum_g sc_g (q_g . x_g) in integers over each super-block, as ggml's
+                zeros_i = ir.Constant(vec(i32, 16), [0] * 16)
+                totals = [[cgutils.alloca_once_value(builder, zeros_i) for _ in range(lanes)] for _ in range(n_cols)]
+                int_scales = builder.bitcast(sp, i32.as_pointer())
+                with cgutils.for_range(builder, n_scales) as outer:
+                    sb = outer.index
+                    for c in range(n_cols):
+                        for r in range(lanes):
+                            builder.store(zeros_i, totals[c][r])
+                    with cgutils.for_range(builder, const(scale_block // group)) as inner:
+                        j = builder.add(builder.mul(sb, const(scale_block // group)), inner.index)
+                        ints = group_ints(j)
+                        sc = [builder.load(builder.bitcast(
+                            builder.gep(int_scales, [builder.add(builder.mul(j, const(PANEL_ROWS)), const(16 * r))]),
+                            vec(i32, 16).as_pointer()), align=4) for r in range(lanes)]
+                        for c in range(n_cols):
+                            for r in range(lanes):
+                                builder.store(builder.add(builder.load(totals[c][r]), builder.mul(ints[c][r], sc[r])),
+                                              totals[c][r])
+                    row_d = [rows_vector(mp, sb, r) for r in range(lanes)]
+                    for c in range(n_cols):
+                        dxs = dx_splat(c, sb)
+                        for r in range(lanes):
+                            add_scaled(c, r, builder.load(totals[c][r]), builder.fmul(row_d[r], dxs, flags=FAST))
+                return store_out()
+
+            with cgutils.for_range(builder, n_groups) as loop:
+                j = loop.index
+                ints = group_ints(j)
                 block = builder.udiv(j, const(scale_block // group))
                 row_scales = [rows_vector(sp, j, r) for r in range(lanes)]
                 row_mins = [rows_vector(mp, j, r) for r in range(lanes)] if k in (144, 176) else None
@@ -223,12 +272,7 @@ def _gemm_intrinsics():
                         if row_mins is not None:
                             acc = builder.fadd(acc, builder.fmul(row_mins[r], xmc, flags=FAST), flags=FAST)
                         builder.store(acc, accs[c][r])
-            for c in range(n_cols):
-                for r in range(lanes):
-                    at = builder.add(builder.mul(const(c), out_stride), const(64 * r))
-                    out_ptr = builder.bitcast(builder.gep(op, [at]), vec(f32, 16).as_pointer())
-                    builder.store(builder.load(accs[c][r]), out_ptr, align=4)
-            return context.get_dummy_value()
+            return store_out()
         return types.none(panel, scales, mins, xq, dx, xz, xm, out, cols, kind), codegen
 
     return pack_rows, tile
