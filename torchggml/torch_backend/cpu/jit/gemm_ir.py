@@ -7,20 +7,22 @@ scale and the activations' scale. The weight's rows are laid out per call in pan
 PANEL_ROWS rows in which one 16-lane vector holds 4 consecutive values of 16 rows (lanes =
 rows), so that one vpdpbusd multiplies 64 bytes of weights by 4 activation values broadcast to
 every lane, and a group's scales are applied once per 16 rows (a vector of the rows' scales),
-not once per row as in a row's dot product: on 2 Zen 4 threads 480-600 GOP/s for 128 rows by
-5632x2048, 1.35-1.55x oneDNN's bf16 GEMM on the dequantized weight (55-65% of the vpdpbusd
-peak: a group's scale costs 3 vector instructions per 16 rows and activation row, against its
-8 byte dots for 32 values, 4 for Q6_K's 16).
+not once per row as in a row's dot product, and the K-quants' integer sub-scales multiply the
+groups' integer dots (vpmulld) with one float step per 256 values, as ggml's kernels: on 2 Zen
+4 threads 480-620 GOP/s for 128 rows by 5632x2048, 1.35-1.6x oneDNN's bf16 GEMM on the
+dequantized weight (55-70% of the vpdpbusd peak).
 
     pack_rows(w0, w1, w2, w3, panel, scales, mins, r0, kind)
         rows r0..r0+3 (r0 % 4 == 0) of a panel from four rows of ggml blocks (uint8 [row bytes];
         kind: 34 Q8_0, 18 Q4_0, 144 Q4_K, 176 Q5_K, 210 Q6_K), K values each: row r's u8 values
         u = q + ZERO[kind] at panel[(k // 4) * 4 * PANEL_ROWS + 4 r + k % 4], group j's scale
-        (float32) at scales[j * PANEL_ROWS + r], and Q4_K's and Q5_K's -dmin * m_j at
-        mins[j * PANEL_ROWS + r]
+        at scales[j * PANEL_ROWS + r] (float32 d; the K-quants' integer sc as int32, their
+        super-block b's d at scales[(K / G + b) * PANEL_ROWS + r]), and Q4_K's and Q5_K's
+        -dmin * m_j at mins[j * PANEL_ROWS + r]
     tile(panel, scales, mins, xq, dx, xz, xm, out, cols, kind)
         out[c, :PANEL_ROWS] = sum_j scales[j, :] dx[c, j G / B] (sum_{k in j} u[k, :] xq[c, k]
-        + xz[c, j]) (+ sum_j mins[j, :] xm[c, j] for Q4_K and Q5_K), c < cols (a compile-time
+        + xz[c, j]) (+ sum_j mins[j, :] xm[c, j] for Q4_K and Q5_K; the K-quants' groups summed
+        as integers times their sc over each super-block, then times d dx), c < cols (a compile-time
         1..TILE_COLS); xq int8 [cols, K], dx f32 [cols, K/B] (B the kind's activation scale
         block), xz int32 [cols, K/G] (minus ZERO times each group's sum of xq), xm f32
         [cols, K/32] (the scale times the sum of xq per 32; the K-quants' mins)
@@ -97,6 +99,10 @@ def _gemm_intrinsics():
                     dst = builder.add(builder.mul(builder.add(quad, const(q)), const(4 * PANEL_ROWS)), row_at)
                     builder.store(words, builder.bitcast(builder.gep(pp, [dst]), vec(i32, 4).as_pointer()), align=4)
 
+            # the K-quants' scales as int32 (the groups' integer dots times them are summed as
+            # integers over each super-block, as ggml's kernels do), their d after the groups'
+            int_scales = builder.bitcast(sp, i32.as_pointer())
+
             def store_float(ptr, value, group, row):
                 at = builder.add(builder.add(builder.mul(group, const(PANEL_ROWS)), row0), const(row))
                 builder.store(value, builder.gep(ptr, [at]))
@@ -120,14 +126,15 @@ def _gemm_intrinsics():
                 with cgutils.for_range(builder, builder.udiv(n_values, const(256))) as loop:
                     blk = loop.index
                     at = builder.mul(blk, const(k))
-                    for row, wp in enumerate(wps):  # scales and mins
+                    for row, wp in enumerate(wps):  # integer scales, d, and the mins
                         words = q4_k_scales_and_mins_words(builder, wp, builder.add(at, const(4)))
                         d, dmin = half_at(wp, at), half_at(wp, builder.add(at, const(2)))
+                        store_float(sp, d, builder.add(builder.udiv(n_values, const(32)), blk), row)
                         for g in range(8):
                             group = builder.add(builder.mul(blk, const(8)), const(g))
-                            sc = builder.uitofp(builder.extract_element(words, ir.Constant(i32, g)), f32)
+                            sc = builder.zext(builder.extract_element(words, ir.Constant(i32, g)), i32)
                             m = builder.uitofp(builder.extract_element(words, ir.Constant(i32, 8 + g)), f32)
-                            store_float(sp, builder.fmul(d, sc), group, row)
+                            store_float(int_scales, sc, group, row)
                             store_float(mp, builder.fneg(builder.fmul(dmin, m)), group, row)
                     for g in range(8):
                         store_values([k_quant_values(builder, wp, at, g, k) for wp in wps],
@@ -140,11 +147,9 @@ def _gemm_intrinsics():
                         for t in range(4):
                             store_values([q6_k_values(builder, wp, at, h, t) for wp in wps],
                                          builder.add(builder.mul(blk, const(256)), const(h * 128 + 32 * t)))
-                    # its int8 scales as int32 (summed as integers over the super-block, as
-                    # ggml's), d once per super-block (in `mins`)
-                    int_scales = builder.bitcast(sp, i32.as_pointer())
                     for row, wp in enumerate(wps):
-                        store_float(mp, half_at(wp, builder.add(at, const(208))), blk, row)
+                        store_float(sp, half_at(wp, builder.add(at, const(208))),
+                                    builder.add(builder.udiv(n_values, const(16)), blk), row)
                         for g in range(16):
                             sc = builder.load(builder.gep(wp, [builder.add(at, const(192 + g))]))
                             store_float(int_scales, builder.sext(sc, i32),
@@ -227,7 +232,7 @@ def _gemm_intrinsics():
             def dx_splat(c, block):
                 return splat(builder, builder.load(builder.gep(dp, [builder.add(builder.mul(const(c), n_scales), block)])), 16)
 
-            if k == 210:  # Q6_K: sum_g sc_g (q_g . x_g) in integers over each super-block, as ggml's
+            if k in (144, 176, 210):  # K-quants: sum_g sc_g (q_g . x_g) in integers over each super-block
                 zeros_i = ir.Constant(vec(i32, 16), [0] * 16)
                 totals = [[cgutils.alloca_once_value(builder, zeros_i) for _ in range(lanes)] for _ in range(n_cols)]
                 int_scales = builder.bitcast(sp, i32.as_pointer())
@@ -246,7 +251,16 @@ def _gemm_intrinsics():
                             for r in range(lanes):
                                 builder.store(builder.add(builder.load(totals[c][r]), builder.mul(ints[c][r], sc[r])),
                                               totals[c][r])
-                    row_d = [rows_vector(mp, sb, r) for r in range(lanes)]
+                        if k != 210:  # the mins: -dmin m_g times the activations' sums, in float
+                            row_mins = [rows_vector(mp, j, r) for r in range(lanes)]
+                            for c in range(n_cols):
+                                xm_at = builder.add(builder.mul(const(c), n_blocks), j)
+                                xmc = splat(builder, builder.load(builder.gep(mxp, [xm_at])), 16)
+                                for r in range(lanes):
+                                    acc = builder.fadd(builder.load(accs[c][r]), builder.fmul(row_mins[r], xmc, flags=FAST),
+                                                       flags=FAST)
+                                    builder.store(acc, accs[c][r])
+                    row_d = [rows_vector(sp, builder.add(n_groups, sb), r) for r in range(lanes)]
                     for c in range(n_cols):
                         dxs = dx_splat(c, sb)
                         for r in range(lanes):

@@ -393,7 +393,7 @@ def _int8_gemm(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
     group, zero, scale_block = GEMM_KINDS[p.kind]
     threads = numba.config.NUMBA_NUM_THREADS
     panels, scales, mins = _gemm_buffers(("panel", k), lambda: (
-        np.empty((threads, k * PANEL_ROWS), np.uint8), np.empty((threads, k // 16 * PANEL_ROWS), np.float32),
+        np.empty((threads, k * PANEL_ROWS), np.uint8), np.empty((threads, (k // 16 + k // 256) * PANEL_ROWS), np.float32),
         np.empty((threads, k // 32 * PANEL_ROWS), np.float32)))
     xq, dx, xz, xm = _gemm_buffers(("rows", m, k, group, scale_block), lambda: (
         np.empty((m, k), np.int8), np.empty((m, k // scale_block), np.float32), np.empty((m, k // group), np.int32),
