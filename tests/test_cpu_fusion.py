@@ -97,6 +97,9 @@ FUSED = [
     ("rows-4", dict(n_tok=4, n_head=8, n_head_kv=2, n_kv=40)),
     ("f16-mask", dict(n_tok=2, mask_type=T.F16)),
     ("head-80", dict(n_tok=1, n_head=2, n_head_kv=1, d=80)),
+    ("gqa-8", dict(n_tok=1, n_head=32, n_head_kv=4)),       # runs of heads spanning K/V heads
+    ("mqa-rows-3", dict(n_tok=3, n_head=12, n_head_kv=1)),
+    ("odd-heads", dict(n_tok=2, n_head=7, n_head_kv=7, n_kv=33)),  # heads not a multiple of the threads
 ]
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numba
 import numpy as np
 
 from ...enums import Op, TensorFlag, VIEW_OPS
@@ -134,6 +135,6 @@ def _bind_attention(kqv, kq, probs, v_t):
             np.float32(get_op_params_f32(probs, 0)), scratch, out)
 
     def call(_node):
-        kernel(*args)
+        kernel(*args, numba.get_num_threads())
     return call
 

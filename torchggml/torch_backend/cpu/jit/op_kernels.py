@@ -27,7 +27,7 @@ division (x / 0 is inf or NaN, as in ggml, not a ZeroDivisionError).
                                                      * b[i3, i2, m, k], a F16, b F32 (flat, k contiguous)
     half_matvec(w, x, out)                           out[m, n] = sum_k w[n, k] x[m, k], w F16 [N, K], x F32
     half_gemm(w, x, out)                             the same for micro-batches (tiles of 4 x 4)
-    decode_attention(k, v, strides, n_kv, n_head_kv, q, mask, has_mask, scale, scratch, out)
+    decode_attention(k, v, strides, n_kv, n_head_kv, q, mask, has_mask, scale, scratch, out, n_threads)
                                                      softmax(scale K q + mask) V for a few query rows:
                                                      K, V F16 flat (rows contiguous; strides: K's head
                                                      and cell, V's head and cell), q [n_head, n_tok, d_k];
@@ -558,63 +558,70 @@ def get_block_rows(table, ids, out, kind):
     return -1
 
 
-# attention of a few query rows (decode), fused: the heads split over the threads
+# attention of a few query rows (decode), fused. Each thread takes a run of heads and walks the
+# cells once for all of them: a cell's K (V) rows of those heads lie side by side, so each cell is
+# one contiguous read the hardware prefetcher follows, and a K/V head shared by several query
+# heads (GQA) is read once (head by head, every cell's rows of one head lie a cache row apart)
 @njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"}, parallel=True)
-def decode_attention(k, v, strides, n_kv, n_head_kv, q, mask, has_mask, scale, scratch, out):
+def decode_attention(k, v, strides, n_kv, n_head_kv, q, mask, has_mask, scale, scratch, out, n_threads):
     n_head, n_tok, d_v = scratch.shape
     d_k = q.shape[2]
     k_head_stride, k_cell_stride, v_head_stride, v_cell_stride = strides[0], strides[1], strides[2], strides[3]
     group = n_head // n_head_kv
-    for row in prange(n_head * n_tok):
-        h, t = row // n_tok, row % n_tok
-        k_head, v_head = (h // group) * k_head_stride, (h // group) * v_head_stride
-        q_row = np.empty(d_k, np.float32)
-        for i in range(d_k):
-            q_row[i] = q[h, t, i]
-        scores = np.empty(n_kv, np.float32)
-        peak, nan = np.float32(-np.inf), False
+    n_runs = min(n_head, n_threads)
+    per = (n_head + n_runs - 1) // n_runs               # heads a task
+    n_runs = (n_head + per - 1) // per
+    for task in prange(n_runs * n_tok):
+        t, h0 = task % n_tok, (task // n_tok) * per
+        g = min(per, n_head - h0)
+        scores = np.empty((g, n_kv), np.float32)
+        peak = np.full(g, -np.inf, np.float32)
+        nan = np.zeros(g, np.bool_)
         for j in range(n_kv):
             m = load(mask[t, j]) if has_mask else np.float32(0.0)
             if m == -np.inf:  # a cell the mask hides: neither K nor V is read (as flash attention)
-                scores[j] = m
+                for hi in range(g):
+                    scores[hi, j] = m
                 continue
-            at = k_head + j * k_cell_stride
-            ahead = at + PREFETCH_CELLS * k_cell_stride
-            for line in range(0, d_k, 32):  # 32 halves a cache line
+            ahead = (h0 // group) * k_head_stride + (j + PREFETCH_CELLS) * k_cell_stride
+            for line in range(0, ((g + group - 1) // group) * k_head_stride, 32):  # 32 halves a cache line
                 prefetch(k, ahead + line)
-            k_row = k[at:at + d_k]
-            total = np.float32(0.0)
-            for i in range(d_k):
-                total += half_to_float(k_row[i]) * q_row[i]
-            s = total * scale + m
-            scores[j] = s
-            nan |= s != s
-            peak = s if s > peak else peak
-        peak = softmax_shift(peak, nan)
-        weight_sum = 0.0
-        for j in range(n_kv):
-            if scores[j] != -np.inf:
-                scores[j] = exp_f32(scores[j] - peak)
-                weight_sum += scores[j]
-            else:
-                scores[j] = np.float32(0.0)
-        if weight_sum == 0.0:
-            weight_sum = 1.0
-        inv = np.float32(1.0 / weight_sum)
-        o = np.zeros(d_v, np.float32)
+            for hi in range(g):
+                at = ((h0 + hi) // group) * k_head_stride + j * k_cell_stride
+                k_row, q_row = k[at:at + d_k], q[h0 + hi, t]
+                total = np.float32(0.0)
+                for i in range(d_k):
+                    total += half_to_float(k_row[i]) * q_row[i]
+                s = total * scale + m
+                scores[hi, j] = s
+                nan[hi] |= s != s
+                peak[hi] = s if s > peak[hi] else peak[hi]
+        inv = np.empty(g, np.float32)
+        for hi in range(g):
+            shift = softmax_shift(peak[hi], nan[hi])
+            weight_sum = 0.0
+            for j in range(n_kv):
+                if scores[hi, j] != -np.inf:
+                    scores[hi, j] = exp_f32(scores[hi, j] - shift)
+                    weight_sum += scores[hi, j]
+                else:
+                    scores[hi, j] = np.float32(0.0)
+            inv[hi] = np.float32(1.0 / (weight_sum if weight_sum != 0.0 else 1.0))
+        o = np.zeros((g, d_v), np.float32)
         for j in range(n_kv):
             if has_mask and load(mask[t, j]) == -np.inf:
                 continue
-            p = scores[j] * inv
-            at = v_head + j * v_cell_stride
-            ahead = at + PREFETCH_CELLS * v_cell_stride
-            for line in range(0, d_v, 32):
+            ahead = (h0 // group) * v_head_stride + (j + PREFETCH_CELLS) * v_cell_stride
+            for line in range(0, ((g + group - 1) // group) * v_head_stride, 32):
                 prefetch(v, ahead + line)
-            v_row = v[at:at + d_v]
+            for hi in range(g):
+                at = ((h0 + hi) // group) * v_head_stride + j * v_cell_stride
+                v_row, o_row, p = v[at:at + d_v], o[hi], scores[hi, j] * inv[hi]
+                for i in range(d_v):
+                    o_row[i] += p * half_to_float(v_row[i])
+        for hi in range(g):
             for i in range(d_v):
-                o[i] += p * half_to_float(v_row[i])
-        for i in range(d_v):
-            scratch[h, t, i] = o[i]
+                scratch[h0 + hi, t, i] = o[hi, i]
     for h in range(n_head):  # after every head's reads: out may lie over q (freed after KQ)
         for t in range(n_tok):
             for i in range(d_v):
