@@ -465,6 +465,31 @@ def test_half_bits_to_float_exact_for_every_half():
     assert np.array_equal(out, bits.view(np.float16).astype(np.float32), equal_nan=True)
 
 
+def test_round_to_half_is_numpy_float16():
+    """The matvec's Q8_0 activation scales round to float16 in integer steps (no F16C needed):
+    for every float16 value, itself, the midpoints to its neighbours (ties to even), points
+    just off them, random float32 bits, and the overflow and subnormal edges, as numpy's cast."""
+    from numba import njit
+    from torchggml.torch_backend.cpu.jit.quant_kernels import round_to_half
+
+    @njit
+    def rounded(x, out):
+        for i in range(x.shape[0]):
+            out[i] = round_to_half(x[i])
+    halves = np.arange(0, 65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    bits = halves.view(np.uint32)
+    near = [bits + np.uint32(d) for d in (0x1000, 0x0FFF, 0x1001)]  # midpoints (normal range), either side
+    random = np.random.default_rng(0).integers(0, 2 ** 32, 200_000, dtype=np.uint64).astype(np.uint32)
+    edges = np.array([65504, 65519.996, 65520, 2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -26, 1e-30, 0.0], np.float32)
+    x = np.concatenate([halves, *(b.view(np.float32) for b in near), random.view(np.float32), edges, -edges])
+    out = np.empty_like(x)
+    rounded(x, out)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = x.astype(np.float16).astype(np.float32)
+    assert np.array_equal(out.view(np.uint32)[~np.isnan(want)], want.view(np.uint32)[~np.isnan(want)])
+    assert np.isnan(out[np.isnan(want)]).all()
+
+
 # The kernels compile for the CPU they run on; these targets check the code they generate for an
 # AVX2-only CPU and for baseline x86-64 (SSE2), on any x86 machine (numba caches per target).
 @pytest.mark.skipif(not any(a in __import__("platform").machine().lower() for a in ("x86", "amd64")),

@@ -823,3 +823,4 @@ def _half_bits_intrinsic():
         return types.float32(v), codegen
     return half_to_f32
 
+

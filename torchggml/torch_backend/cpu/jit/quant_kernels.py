@@ -4,8 +4,10 @@ quant_kernels() (loader.py) holds:
     matvec(q, scale, bias, has_bias, kind, w_row0, xq, xd, xsum, x_row, out)
         out[m, n] = sum_k W[w_row0[m] + n, k] x[x_row[m], k]
     block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out) / dequantize_blocks(blocks, kind, out)
-        the same over ggml's Q8_0 / Q4_0 / Q4_K / Q6_K blocks in place (no repacking; the
+        the same over ggml's Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K blocks in place (no repacking; the
         dequantize is llvm_ir's blocks_to_float, a vector loop per row, bit-exact with ggml's)
+    rows_block_matvec(blocks, kind, x, xq, xd, xsum, bsums, w_row0, x_row, out)
+        block_matvec with float32 rows x, rounded to int8 in the same call (decode's products)
     quantize_rows(x, g, xq, xd, xsum)                  activations to int8 per group of g
     quantize_rows_q8_k(x, xq, xd, bsums)               the same per 256, as ggml's Q8_K
     dequantize_rows / dequantize_nibbles / dequantize_six_bits(..., out)
@@ -54,6 +56,28 @@ def _bias_dot(bias, xsum):
 
 
 NAN_BITS = np.uint32(0x7FC00000)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def round_to_half(x):
+    """float32 x rounded to the nearest float16 (ties to even), as float32, in integer steps:
+    LLVM's fptrunc to half calls a runtime function that numba lacks on CPUs without F16C."""
+    bits = np.int64(np.float32(x).view(np.uint32))
+    sign, mag = bits & 0x80000000, bits & 0x7FFFFFFF
+    if mag >= 0x7F800000:  # inf, NaN
+        return x
+    if mag >= 0x38800000:  # a normal float16 (>= 2^-14): 13 mantissa bits dropped
+        mag = (mag + 0xFFF + ((mag >> 13) & 1)) & 0x7FFFE000
+        if mag >= 0x47800000:  # 65520 and above: inf
+            mag = 0x7F800000
+        return np.uint32(sign | mag).view(np.float32)
+    shift = 126 - (mag >> 23)  # a subnormal float16: a multiple of 2^-24
+    if shift >= 25 or mag < 0x00800000:
+        return np.uint32(sign).view(np.float32)
+    m = (mag & 0x7FFFFF) | 0x800000
+    q = (m + (1 << (shift - 1)) - 1 + ((m >> shift) & 1)) >> shift
+    value = np.float32(q) * np.float32(2.0 ** -24)
+    return -value if sign else value
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -214,6 +238,21 @@ def block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out):
                 out[m, n] = row_dot(blocks[r], xp[x], xsum[x], xd[x], 176)
             else:
                 out[m, n] = row_dot(blocks[r], xp[x], xsum[x], xd[x], 210)
+
+
+@njit(fastmath=True, cache=True, nogil=True)  # block_matvec's own prange runs it on the threads
+def rows_block_matvec(blocks, kind, x, xq, xd, xsum, bsums, w_row0, x_row, out):
+    """block_matvec of float32 activation rows x [X, K], each first rounded as the kind's ggml
+    vec_dot type into xq and xd: Q8_0 with float16 scales for Q8_0 and Q4_0 (xsum f32 [X, K/32]),
+    Q8_K for the K-quants (bsums int16 [X, K/16]). One call a decode step's product, not three."""
+    if kind == 34 or kind == 18:
+        quantize_rows(x, 32, xq, xd, xsum)
+        for m in range(xd.shape[0]):  # ggml's Q8_0 scales are float16
+            for j in range(xd.shape[1]):
+                xd[m, j] = round_to_half(xd[m, j])
+    else:
+        quantize_rows_q8_k(x, xq, xd, bsums)
+    block_matvec(blocks, kind, w_row0, xq, xd, bsums, x_row, out)
 
 
 @njit(fastmath=True, parallel=True, cache=True, nogil=True)

@@ -325,49 +325,29 @@ def _matvec(p: _Packed, x: torch.Tensor, x_row: np.ndarray, w_row0: np.ndarray, 
         out.copy_(target)
 
 
-class BoundMatvec:
-    """A decode step's matvec bound once to its activation rows and output (numpy views of
-    fixed memory) with its quantized-activation buffers allocated once: a call is the two
-    numba kernels, not ~5 µs of torch and numpy calls around them (155 products a token on a
-    1.1B model)."""
-
-    def __init__(self, p: _Packed, rows: np.ndarray, out: np.ndarray):
-        m = rows.shape[0]
-        self.p, self.rows, self.out = p, rows, out
-        self.x_row, self.w_row0 = _plain_rows(m)
-        self.q8_k = p.blocks and p.kind in Q8_K_KINDS
-        self.xq = np.empty(rows.shape, np.int8)
-        if self.q8_k:
-            self.xd, self.xsum = np.empty((m, p.k // 256), np.float32), np.empty((m, p.k // 16), np.int16)
-        else:
-            self.xd = np.empty((m, p.k // p.g), np.float32)
-            self.xsum = np.empty_like(self.xd)
-        self.xd16 = np.empty(self.xd.shape, np.float16) if p.qtype in F16_ACTIVATION_SCALES else None
-
-    def __call__(self, _node=None) -> None:
-        p, kernels = self.p, quant_kernels()
-        if self.q8_k:
-            kernels.quantize_rows_q8_k(self.rows, self.xq, self.xd, self.xsum)
-        else:
-            kernels.quantize_rows(self.rows, p.g, self.xq, self.xd, self.xsum)
-        if self.xd16 is not None:  # ggml's Q8_0 activation scales are float16
-            np.copyto(self.xd16, self.xd)
-            np.copyto(self.xd, self.xd16)
-        if p.blocks:
-            kernels.block_matvec(p.q, p.kind, self.w_row0, self.xq, self.xd, self.xsum, self.x_row, self.out)
-        else:
-            kernels.matvec(p.q, p.scale, p.bias, p.has_bias, p.kind, self.w_row0, self.xq, self.xd, self.xsum,
-                           self.x_row, self.out)
-
-
 def bound_block_matvec(qtype, raw: torch.Tensor, rows: torch.Tensor, out: torch.Tensor):
-    """The BoundMatvec of a Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weight's blocks raw (uint8 [N, row bytes]) for
-    float32 rows [M, K] and out [M, N], both contiguous, M below the matvec's limit; None otherwise."""
+    """A decode step's matvec of a Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weight's blocks raw (uint8 [N, row
+    bytes]) by float32 rows [M, K] into out [M, N] (both contiguous, M below the matvec's
+    limit; else None), bound once: numpy views of the fixed memory and the rounded activations'
+    buffers made here, so a call is one numba kernel (kernels.rows_block_matvec rounds the rows
+    and multiplies), not ~5 µs of torch and numpy calls around three (155 products a token on
+    a 1.1B model)."""
     p = _Packed.of_blocks(qtype, raw)
     if not (rows.dtype == torch.float32 and rows.is_contiguous() and out.is_contiguous()
             and rows.shape[0] < _matvec_max_rows(p)):
         return None
-    return BoundMatvec(p, rows.numpy(), out.numpy())
+    m, q8_k = rows.shape[0], p.kind in Q8_K_KINDS
+    x_row, w_row0 = _plain_rows(m)
+    xd = np.empty((m, p.k // (256 if q8_k else 32)), np.float32)
+    xsum = np.empty((m, 0 if q8_k else p.k // 32), np.float32)  # Q8_0's sums, or Q8_K's:
+    bsums = np.empty((m, p.k // 16 if q8_k else 0), np.int16)
+    args = (p.q, p.kind, rows.numpy(), np.empty(tuple(rows.shape), np.int8), xd, xsum, bsums, w_row0, x_row,
+            out.numpy())
+    kernel = quant_kernels().rows_block_matvec
+
+    def call(_node=None) -> None:
+        kernel(*args)
+    return call
 
 
 def _gemm_buffers(key: tuple, make):
