@@ -56,6 +56,8 @@ VARIABLES = {v.name: v for v in (
     Variable("TORCHGGML_CPU_GEMM", "text", "", "the CPU's prompt GEMM: int8 (Q8_0/Q4_0/Q4_K/Q5_K/Q6_K blocks, "
              "AVX512-VNNI), or f32 or bf16 for dequantized weights (unset: chosen by the CPU's features)", _text),
     Variable("TORCHGGML_CPU_FAST_OPS", "bool", True, "0 turns off the CPU's fast element-wise kernels", _bool),
+    Variable("TORCHGGML_CPU_NATIVE_RUNS", "bool", True, "0 runs a CPU graph plan's numba kernels one Python "
+             "call each, not consecutive ones in one native call", _bool),
     Variable("TORCHGGML_OP_OFFLOAD_MIN_BATCH", "int", 32, "the scheduler offloads a CPU weight's op to an "
              "accelerator from this batch size on (llama.cpp's GGML_OP_OFFLOAD_MIN_BATCH)", _int),
     Variable("TORCHGGML_SCHED_DEBUG", "int", 0, "1 prints the scheduler's splits, 2 its assignment table "

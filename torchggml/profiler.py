@@ -31,7 +31,9 @@ def node_range_name(node) -> str:
 
 
 def run_calls_profiled(calls) -> None:
-    """Run compiled (kernel, node) calls, each inside its node's range."""
+    """Run compiled (kernel, node) calls, each inside its node's range (the calls a native run
+    stands for one by one)."""
     for fn, node in calls:
-        with torch.profiler.record_function(node_range_name(node)):
-            fn(node)
+        for fn_i, node_i in getattr(fn, "members", None) or ((fn, node),):
+            with torch.profiler.record_function(node_range_name(node_i)):
+                fn_i(node_i)

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from .. import ops
+from ..backend.tensor_io import BoundIO
 from ..context import new_tensor_1d, new_tensor_2d, new_tensor_3d
 from ..gguf import GGUFError
 from ..graph import CGraph, new_graph_custom, build_forward_expand
@@ -278,6 +279,7 @@ class ModelGraph:
     embeddings: bool = False  # `logits` holds the final norm's output [n_embd, n_outputs] (embeddings)
     n_seqs: int = 1         # sequences of the micro-batch (recurrent layers group tokens by them)
     s_ids: Tensor | None = None  # I32 [n_seqs]: the recurrent state slot of each sequence
+    io: BoundIO = field(default_factory=BoundIO)  # its inputs and logits, written and read every step
 
 
 def graph_size(hp: HParams) -> int:

@@ -113,9 +113,9 @@ class KVCache:
     def set_inputs(self, g, batch: "KVBatch") -> None:
         """The graph's cache inputs for this batch: the cells its tokens write, the masks."""
         if g.kv_idx is not None:
-            backend_tensor_set(g.kv_idx, batch.cells)
+            g.io.set(g.kv_idx, batch.cells)
         for window, mask in g.masks.items():
-            backend_tensor_set(mask, self.mask(batch, window))
+            g.io.set(mask, self.mask(batch, window))
 
     @property
     def n_past(self) -> int:

@@ -54,7 +54,6 @@ from ..backend.backend import backend_free
 from ..backend.device import DeviceType
 from ..backend.sched import (backend_sched_new, backend_sched_reserve, backend_sched_reset, backend_sched_free,
                              backend_sched_alloc_graph, backend_sched_graph_compute)
-from ..backend.tensor_io import backend_tensor_set, backend_tensor_get
 from ..context import Context
 from ..gguf import GGUFFile
 from ..types import is_quantized
@@ -359,30 +358,31 @@ class Model:
         width = self.hp.n_embd if embeddings else self.n_vocab
         if ids.numel() == 0:
             return torch.empty(0, width)
-        self.sequences.check(seq_ids.unique().tolist(), held=self.lock.depth > 1)
-        self.sequences.changed(seq_ids.unique().tolist())  # a failed eval may have changed them too
+        seqs = np.unique(seq_ids.numpy()).tolist()  # numpy: a decode step's bookkeeping in µs
+        self.sequences.check(seqs, held=self.lock.depth > 1)
+        self.sequences.changed(seqs)  # a failed eval may have changed them too
         whole = self.kv.plan(seq_ids)  # raises early when the cache cannot hold them all
-        n_out = int(outputs.sum())
-        out = torch.empty(n_out, width)
-        row_of = outputs.cumsum(0) - 1  # each output token's row of `out`
+        flags = outputs.numpy()
+        out = torch.empty(int(np.count_nonzero(flags)), width)
         before = self.kv.snapshot()
         # micro-batches: runs of n_batch tokens, or (recurrent memory) equal shares of each sequence
         ubatches = self.kv.ubatches(seq_ids, self.n_batch)
         whole_batch = len(ubatches) == 1 and isinstance(ubatches[0], slice) and ubatches[0] == slice(0, ids.numel())
+        row_of = None if whole_batch else torch.from_numpy(np.cumsum(flags) - 1)  # each output token's row of `out`
         for idx in ubatches:
             if whole_batch:  # one micro-batch in token order (a decode step): its plan is made, its rows are out's
                 logits = out
                 self._eval_ubatch(ids, seq_ids, outputs, logits, embeddings, whole)
             else:
-                flags = outputs[idx]
-                logits = torch.empty(int(flags.sum()), width)
-                self._eval_ubatch(ids[idx], seq_ids[idx], flags, logits, embeddings)
-                out[row_of[idx][flags]] = logits
+                flags_i = outputs[idx]
+                logits = torch.empty(int(flags_i.sum()), width)
+                self._eval_ubatch(ids[idx], seq_ids[idx], flags_i, logits, embeddings)
+                out[row_of[idx][flags_i]] = logits
             if not np.isfinite(logits.numpy()).all():  # numpy: torch's check took ~60 µs a token
                 finite = torch.isfinite(logits).all(dim=1)
                 # the cells written may hold NaN: zero them so no later call can read them
                 self.kv.restore(before)
-                bad = int(torch.arange(ids.numel())[idx][flags][int((~finite).nonzero()[0])])
+                bad = int(torch.arange(ids.numel())[idx][outputs[idx]][int((~finite).nonzero()[0])])
                 n_past = self.kv.seq_len(int(seq_ids[bad])) + int((seq_ids[:bad] == seq_ids[bad]).sum())
                 raise NonFiniteLogitsError(f"{self.path}: eval produced non-finite logits (first at token "
                                            f"{bad}, position {n_past}); the cache was restored to "
@@ -397,14 +397,14 @@ class Model:
         n_tokens, n_outputs = ids.numel(), logits.shape[0]
         g = self._graph_for(n_tokens, batch.n_kv, n_outputs, embeddings, batch.n_seqs)
         # the scheduler keeps user inputs in CPU memory and copies them where they are read
-        backend_tensor_set(g.tokens, ids.to(torch.int32))
+        g.io.set(g.tokens, ids)
         if g.positions is not None:
-            backend_tensor_set(g.positions, batch.positions.to(torch.int32))
+            g.io.set(g.positions, batch.positions)
         self.kv.set_inputs(g, batch)  # the memory's inputs: cache cells and masks, state slots
         for tensor, values in g.position_inputs:
-            backend_tensor_set(tensor, values(batch.positions))
+            g.io.set(tensor, values(batch.positions))
         if g.out_ids is not None:
-            backend_tensor_set(g.out_ids, outputs.nonzero().flatten().to(torch.int32))
+            g.io.set(g.out_ids, np.flatnonzero(outputs.numpy()))
         self.kv.mark_written(batch)
         self.file.check_unchanged()  # a truncated file would fault (SIGBUS) in the weights' pages
         status = backend_sched_graph_compute(self.sched, g.graph)
@@ -412,7 +412,7 @@ class Model:
             raise RuntimeError(f"{self.path}: graph compute failed with status {status!r}")
         self.kv.commit(batch)
         if n_outputs:
-            backend_tensor_get(g.logits, logits.view(-1).view(torch.uint8))
+            g.io.get(g.logits, logits.numpy())
 
     # ------------------------------------------------------------ text
 

@@ -196,7 +196,7 @@ class RecurrentState:
 
     def set_inputs(self, g, batch: RSBatch) -> None:
         if g.s_ids is not None:
-            backend_tensor_set(g.s_ids, batch.slots)
+            g.io.set(g.s_ids, batch.slots)
 
 
 @dataclass

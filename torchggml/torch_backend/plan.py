@@ -14,7 +14,7 @@ import torch
 from ..backend_impl import check_not_freed
 from ..profiler import node_range_name, profiling
 from ..tensor import memory_buffer
-from .kernels import compiled_nodes
+from .kernels import compiled_nodes, member_calls
 from .kernels.registered import device_type_name, generation
 
 
@@ -87,7 +87,7 @@ class CompiledPlan:
         (kernels bound at plan time would otherwise run on memory their views keep alive)."""
         if self._buffers[0] is not self.calls:
             seen = {}
-            for _, node in self.calls:
+            for _, node in member_calls(self.calls):  # every node a native run stands for too
                 for t in (node, *node.src):
                     buf = None if t is None else memory_buffer(t)
                     if buf is not None:

@@ -20,6 +20,7 @@ from .features import cpu_features, cpu_path, fastest_gemm_dtype, int8_gemm
 from .fusion import fuse
 from .jit.loader import numba_available, set_numba_threads
 from .kernels import CPU_KERNELS
+from .native_plan import native_runs, native_runs_enabled
 from .layouts.base import RepackBufferType, check_repacked_reads, reads_repacked_only_as_weight
 from .layouts.fused import FusedBufferType
 from .layouts.int4 import Int4BufferType
@@ -116,10 +117,16 @@ class CPUBackend(Backend):
         return calls if self.use_ref or not fast_ops_enabled() else fuse(calls, graph)
 
     def graph_plan_create(self, graph):
-        return CompiledPlan(graph, self._compile(graph))
+        return CompiledPlan(graph, self._plan_calls(graph))
+
+    def _plan_calls(self, graph):
+        """A plan's calls: compiled, with runs of bound numba kernels in one native call each
+        (native_plan.py; worth it for a plan, computed many times, not for one compute)."""
+        calls = self._compile(graph)
+        return native_runs(calls) if not self.use_ref and fast_ops_enabled() and native_runs_enabled() else calls
 
     def graph_plan_update(self, plan, graph):
-        plan.update(graph, self._compile(graph))
+        plan.update(graph, self._plan_calls(graph))
 
     def graph_plan_compute(self, plan) -> Status:
         plan.check_alive(self.name)

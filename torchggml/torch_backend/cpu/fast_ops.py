@@ -23,7 +23,7 @@ from ..kernels.common import view
 from ..kernels.glu import glu_halves
 from ..kernels.rope import rope_params, angle_constants, rotated_span
 from .jit.llvm_ir import native_half
-from .jit.loader import numba_available, op_kernels
+from .jit.loader import BoundKernel, numba_available, op_kernels
 
 # nodes with more output values than this run the torch kernels (threaded, vectorized): the
 # numba kernels run on one thread and win where dispatch, not arithmetic, is the cost
@@ -74,9 +74,7 @@ def _takes(node, *tensors) -> bool:
 
 def _call(kernel, *args):
     """fn(node) -> kernel(*args): the bound call of a fast kernel."""
-    def bound(_node):
-        kernel(*args)
-    return bound
+    return BoundKernel(kernel, *args)
 
 
 _NO_F32 = np.zeros(1, np.float32)  # stands in for an absent optional input
@@ -131,31 +129,28 @@ def bind_rope(node):
 
 # ---------------------------------------------------------------- SET_ROWS
 
-def _set_rows(kernel, rows, idx, dst, node) -> None:
-    bad = kernel(rows, idx, dst)
-    if bad >= 0:
-        raise IndexError(f"SET_ROWS: a row index outside [0, {node.ne[1]}) at position {bad} of "
-                         f"{node.src[1].describe()} for {node.describe()}")
+def _bad_row_check(node, table):
+    """The check of a kernel that returns the position of the first row index outside `table`'s
+    rows (or -1): an IndexError naming it."""
+    def check(bad) -> None:
+        if bad >= 0:
+            raise IndexError(f"{node.op.name}: a row index outside [0, {table.ne[1]}) at position {bad} of "
+                             f"{node.src[1].describe()} for {node.describe()}")
+    return check
 
 
 def bind_set_rows(node):
     b, idx = node.src[0], node.src[1]
     if not _takes(b, b, node) or idx.type not in (Type.I32, Type.I64):  # sized by the rows written
         return None
-    return functools.partial(_set_rows, op_kernels().set_rows, _float_view(b), view(idx)[0].numpy(), _float_view(node))
+    return BoundKernel(op_kernels().set_rows, _float_view(b), view(idx)[0].numpy(), _float_view(node),
+                       check=_bad_row_check(node, node))
 
 
 # ---------------------------------------------------------------- GET_ROWS (block types)
 
 # the block types op_kernels.get_block_rows dequantizes, by kind number
 BLOCK_KINDS = ("Q4_0", "Q8_0", "Q4_K", "Q6_K")
-
-
-def _get_block_rows(kernel, table, ids, out, kind, node) -> None:
-    bad = kernel(table, ids, out, kind)
-    if bad >= 0:
-        raise IndexError(f"GET_ROWS: a row index outside [0, {node.src[0].ne[1]}) at position {bad} of "
-                         f"{node.src[1].describe()} for {node.describe()}")
 
 
 def bind_get_block_rows(node):
@@ -165,8 +160,8 @@ def bind_get_block_rows(node):
     if (not numba_available() or a.type.name not in BLOCK_KINDS or node.type != Type.F32
             or nelements(node) > FAST_MAX_ELEMENTS):
         return None
-    return functools.partial(_get_block_rows, op_kernels().get_block_rows, view(a).numpy(), view(ids)[0].numpy(),
-                             view(node).numpy(), BLOCK_KINDS.index(a.type.name))
+    return BoundKernel(op_kernels().get_block_rows, view(a).numpy(), view(ids)[0].numpy(), view(node).numpy(),
+                       BLOCK_KINDS.index(a.type.name), check=_bad_row_check(node, a))
 
 
 # ---------------------------------------------------------------- CONT, CPY, DUP

@@ -24,7 +24,7 @@ from ...tensor import get_op_params_f32, nbytes
 from ...types import Type
 from ..kernels.common import view
 from .fast_ops import as_numpy, flat_span
-from .jit.loader import numba_available, op_kernels
+from .jit.loader import BoundKernel, numba_available, op_kernels
 
 # query rows per head the fused attention takes (decode, and batched decode's few tokens)
 ATTENTION_MAX_ROWS = 4
@@ -132,9 +132,6 @@ def _bind_attention(kqv, kq, probs, v_t):
     scratch = np.empty((n_head, n_tok, d_v), np.float32)
     kernel = op_kernels().decode_attention
     args = (flat_span(vk), flat_span(vv), strides, int(n_kv), int(n_head_kv), vq, vm, mask is not None,
-            np.float32(get_op_params_f32(probs, 0)), scratch, out)
-
-    def call(_node):
-        kernel(*args, numba.get_num_threads())
-    return call
+            np.float32(get_op_params_f32(probs, 0)), scratch, out, numba.get_num_threads())
+    return BoundKernel(kernel, *args)
 

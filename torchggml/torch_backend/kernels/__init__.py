@@ -14,7 +14,7 @@ weights.
 """
 from .gpu import GPU_KERNELS
 from .reference import TORCH_KERNELS
-from .table import KernelTable, UnsupportedOpError, binds, compiled_nodes, run_calls
+from .table import KernelTable, UnsupportedOpError, binds, compiled_nodes, member_calls, run_calls
 
 __all__ = ["GPU_KERNELS", "TORCH_KERNELS", "KernelTable", "UnsupportedOpError", "binds",
            "compiled_nodes", "run_calls"]

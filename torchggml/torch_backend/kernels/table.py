@@ -95,6 +95,12 @@ def compiled_nodes(nodes, table: KernelTable, device_name: str,
     return calls
 
 
+def member_calls(calls) -> list:
+    """Compiled calls with each call that stands for several (a CPU native run's `members`)
+    replaced by those."""
+    return [member for fn, node in calls for member in getattr(fn, "members", None) or ((fn, node),)]
+
+
 def run_calls(calls) -> None:
     for fn, node in calls:
         fn(node)

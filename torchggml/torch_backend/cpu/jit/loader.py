@@ -8,6 +8,7 @@ types and cached on disk by numba.
     repack_kernels()   ggml blocks to the fused layouts at load (repack_kernels.py)
     recurrent_kernels() the recurrent ops' scans (recurrent_kernels.py)
     gemm_kernels()     the prompt's int8 GEMM over ggml's blocks (gemm_kernels.py, AVX512-VNNI)
+    plan_kernels()     runs of a plan's bound kernels in one native call (plan_kernels.py)
 
 Where numba's cache holds nothing for a module (the first use after an install), one line on
 stderr says that the kernels are being compiled, once per process.
@@ -21,8 +22,9 @@ import sys
 from pathlib import Path
 
 # CPU seconds numba takes to compile the kernels a quantized model's first prompt and token use
-# (a Q4_K_M model: 19.5 s on a Zen 4 core, 8 of them the prompt's int8 GEMM): the notice's estimate
-COMPILE_SECONDS = 20
+# (a Q4_K_M model: 35 s on a Zen 4 core, 7 of them the prompt's int8 GEMM, 19 the decode step's
+# native run with the kernels it calls): the notice's estimate
+COMPILE_SECONDS = 35
 _noticed = []  # the notice is printed once per process
 IR_FILES = ("llvm_ir.py", "gemm_ir.py")  # the LLVM IR the kernels inline
 
@@ -72,6 +74,9 @@ def _drop_cache_of_older_ir(module) -> None:
         pass
 
 
+_warm = []  # a module loaded in this process found its kernels in numba's cache
+
+
 @functools.lru_cache(maxsize=None)
 def _load(name: str):
     module = importlib.import_module(f"{__package__}.{name}")
@@ -80,11 +85,35 @@ def _load(name: str):
         cold = cache_is_cold(module)
     except (AttributeError, OSError, ValueError):  # numba's cache internals moved: no notice
         cold = False
-    if cold and not _noticed:
+    if not cold:
+        _warm.append(name)
+    # a module can be cold in a warm cache: its kernels called only from another module's
+    # (plan_kernels runs the decode matvecs), whose cached code holds them
+    if cold and not _noticed and not _warm:
         _noticed.append(name)
         print(f"torchggml: compiling CPU kernels (first use, ~{COMPILE_SECONDS} s; cached for later runs)...",
               file=sys.stderr, flush=True)
     return module
+
+
+class BoundKernel:
+    """A numba kernel bound to its arguments (numpy views of fixed memory, scalars) when a plan
+    is compiled: call(node) runs kernel(*args). `check`, when given, receives the kernel's
+    result and raises for a failure it reports (an index out of range). native_plan.py reads
+    kernel and args to run many bound kernels in one native call."""
+
+    __slots__ = ("kernel", "args", "check")
+
+    def __init__(self, kernel, *args, check=None):
+        self.kernel, self.args, self.check = kernel, args, check
+
+    def __call__(self, _node=None) -> None:
+        result = self.kernel(*self.args)
+        if self.check is not None:
+            self.check(result)
+
+    def __repr__(self):
+        return f"<BoundKernel {getattr(self.kernel, '__name__', self.kernel)}>"
 
 
 def quant_kernels():
@@ -105,6 +134,11 @@ def repack_kernels():
 def recurrent_kernels():
     """The recurrent ops' scans (recurrent_kernels.py)."""
     return _load("recurrent_kernels")
+
+
+def plan_kernels():
+    """Runs of a plan's bound kernels in one native call (plan_kernels.py)."""
+    return _load("plan_kernels")
 
 
 def gemm_kernels():

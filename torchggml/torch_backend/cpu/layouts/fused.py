@@ -41,7 +41,7 @@ from ....tensor import Tensor, round_up
 from ....types import Type, type_traits
 from ....memory import byte_view
 from ..features import fastest_gemm_dtype, int8_gemm
-from ..jit.loader import gemm_kernels, numba_available, quant_kernels, repack_kernels
+from ..jit.loader import BoundKernel, gemm_kernels, numba_available, quant_kernels, repack_kernels
 from .base import RepackBuffer, RepackBufferType, is_whole_contiguous
 from .decompose import DECOMPOSE, HAS_BIAS, decompose, group_size
 from ..jit.gemm_ir import GEMM_KINDS, PANEL_ROWS
@@ -343,11 +343,7 @@ def bound_block_matvec(qtype, raw: torch.Tensor, rows: torch.Tensor, out: torch.
     bsums = np.empty((m, p.k // 16 if q8_k else 0), np.int16)
     args = (p.q, p.kind, rows.numpy(), np.empty(tuple(rows.shape), np.int8), xd, xsum, bsums, w_row0, x_row,
             out.numpy())
-    kernel = quant_kernels().rows_block_matvec
-
-    def call(_node=None) -> None:
-        kernel(*args)
-    return call
+    return BoundKernel(quant_kernels().rows_block_matvec, *args)
 
 
 def _gemm_buffers(key: tuple, make):
