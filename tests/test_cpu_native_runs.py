@@ -117,6 +117,8 @@ def test_every_native_kernel_is_a_kernel_with_those_arguments():
     for name, types in kernels.OPS:
         fn = getattr(kernels, name)
         assert len(inspect.signature(fn.py_func).parameters) == len(types.split()), name
+        floats = sum(t in ("f4", "f8") for t in types.split())
+        assert floats <= kernels.FLOAT_WIDTH and 1 + len(types.split()) - floats <= kernels.PROGRAM_WIDTH, name
 
 
 def test_a_freed_buffer_read_inside_a_native_run_is_named():

@@ -6,7 +6,7 @@ each costs a dispatch, ~2 µs, and ~5 on the cold cache that streaming a token's
 behind. Here every run of consecutive calls whose kernels and argument types jit/plan_kernels.OPS
 lists is encoded once, when the plan is made, as a program (the arrays by address and shape),
 and plan_kernels.run_program calls the same kernels with the same values from native code: a
-1.1B model's decode step is then one call instead of ~460. Calls of other kernels stay as
+1.1B model's decode step is then one call instead of ~440. Calls of other kernels stay as
 they are between the runs. TORCHGGML_CPU_NATIVE_RUNS=0 turns this off (read when a plan is
 made).
 """
@@ -81,7 +81,7 @@ class NativeRun:
                         arrays.append((a.ctypes.data, *shape))
                         self.keep.append(a)
                     program[r, p], p = index[key], p + 1
-                elif isinstance(a, (float, np.floating)) and not isinstance(a, (bool, np.bool_)):
+                elif isinstance(a, (float, np.floating)):
                     floats[r, f], f = float(a), f + 1
                 else:
                     program[r, p], p = int(a), p + 1
