@@ -177,3 +177,23 @@ def test_a_native_run_as_the_first_kernel_of_a_process():
                              timeout=600)
         assert run.returncode == 0, run.stderr[-2000:]
         assert float(run.stdout.split()[-1]) < 1e-4
+
+
+def test_the_abort_callback_is_asked_before_every_node_of_a_native_run():
+    """ggml's CPU backend checks its abort callback between nodes: a plan whose nodes form one
+    native run is asked before each (and stops at the first yes), not once for the run."""
+    from torchggml.torch_backend.cpu.native_plan import NativeRun
+    graph, dst, rows, idx, out, _buf = _set_rows_graph()
+    cpu = ggml.backend_cpu_init()
+    plan = ggml.backend_graph_plan_create(cpu, graph)
+    ((run, _),) = plan.calls
+    assert isinstance(run, NativeRun) and len(run.members) == 3
+    ggml.backend_tensor_set(idx, torch.tensor([0, 1]))
+    asked = []
+    cpu.set_abort_callback(lambda: asked.append(1) or len(asked) == 2)
+    assert ggml.backend_graph_plan_compute(cpu, plan) == ggml.Status.ABORTED
+    assert len(asked) == 2
+    asked.clear()
+    cpu.set_abort_callback(lambda: asked.append(1) and False)
+    assert ggml.backend_graph_plan_compute(cpu, plan) == ggml.Status.SUCCESS
+    assert len(asked) == 3

@@ -13,7 +13,7 @@ from ...backend_impl import Backend, Device, DeviceCaps, DeviceType, Reg
 from ...enums import Status
 from ...memory import TorchBufferType, buffer_from_torch
 from ...profiler import profiling, run_calls_profiled
-from ..kernels import TORCH_KERNELS, run_calls
+from ..kernels import TORCH_KERNELS, member_calls, run_calls
 from ..plan import CompiledPlan, compile_graph
 from .fast_ops import fast_ops_enabled
 from .features import cpu_features, cpu_path, fastest_gemm_dtype, int8_gemm
@@ -145,7 +145,7 @@ class CPUBackend(Backend):
         if self.abort_callback is None:
             (run_calls_profiled if profiling() else run_calls)(calls)
             return Status.SUCCESS
-        for fn, node in calls:
+        for fn, node in member_calls(calls):  # a native run's calls one by one: abort between any two nodes
             if self.abort_callback():
                 return Status.ABORTED
             fn(node)
