@@ -96,7 +96,8 @@ def test_a_bad_row_index_in_a_native_run_raises_as_the_call_does():
     got = torch.as_tensor(ggml.backend_tensor_get(dst))
     assert torch.equal(got[3], want[0]) and torch.equal(got[1], want[1]) and not got[[0, 2]].any()
     ggml.backend_tensor_set(idx, torch.tensor([1, 4]))
-    with pytest.raises(Exception, match=r"SET_ROWS: a row index outside \[0, 4\) at position 1"):
+    # (numba's SET_ROWS to F16 where the CPU converts halves in hardware, in the run; else torch's)
+    with pytest.raises(Exception, match=r"SET_ROWS: (a row index outside \[0, 4\) at position 1|row indices outside)"):
         ggml.backend_graph_plan_compute(backend, plan)
 
 

@@ -465,29 +465,32 @@ def test_half_bits_to_float_exact_for_every_half():
     assert np.array_equal(out, bits.view(np.float16).astype(np.float32), equal_nan=True)
 
 
-def test_round_to_half_is_numpy_float16():
-    """The matvec's Q8_0 activation scales round to float16 in integer steps (no F16C needed):
-    for every float16 value, itself, the midpoints to its neighbours (ties to even), points
-    just off them, random float32 bits, and the overflow and subnormal edges, as numpy's cast."""
+def test_float16_rounding_in_integer_steps_is_numpy_float16():
+    """Where the CPU has no half conversion, F16 stores and the matvec's Q8_0 activation scales
+    round to float16 in integer steps (jit/halves.py): for every float16 value, itself, the
+    midpoints to its neighbours (ties to even), points just off them, random float32 bits, and
+    the overflow and subnormal edges, the bits and values of numpy's cast."""
     from numba import njit
-    from torchggml.torch_backend.cpu.jit.quant_kernels import round_to_half
+    from torchggml.torch_backend.cpu.jit.halves import float_to_half_bits, round_to_half
 
     @njit
-    def rounded(x, out):
+    def rounded(x, bits, values):
         for i in range(x.shape[0]):
-            out[i] = round_to_half(x[i])
+            bits[i] = float_to_half_bits(x[i])
+            values[i] = round_to_half(x[i])
     halves = np.arange(0, 65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
-    bits = halves.view(np.uint32)
-    near = [bits + np.uint32(d) for d in (0x1000, 0x0FFF, 0x1001)]  # midpoints (normal range), either side
+    near = [halves.view(np.uint32) + np.uint32(d) for d in (0x1000, 0x0FFF, 0x1001)]  # midpoints, either side
     random = np.random.default_rng(0).integers(0, 2 ** 32, 200_000, dtype=np.uint64).astype(np.uint32)
     edges = np.array([65504, 65519.996, 65520, 2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -26, 1e-30, 0.0], np.float32)
     x = np.concatenate([halves, *(b.view(np.float32) for b in near), random.view(np.float32), edges, -edges])
-    out = np.empty_like(x)
-    rounded(x, out)
+    bits, values = np.empty(x.shape, np.uint16), np.empty_like(x)
+    rounded(x, bits, values)
     with np.errstate(over="ignore", invalid="ignore"):
-        want = x.astype(np.float16).astype(np.float32)
-    assert np.array_equal(out.view(np.uint32)[~np.isnan(want)], want.view(np.uint32)[~np.isnan(want)])
-    assert np.isnan(out[np.isnan(want)]).all()
+        want = x.astype(np.float16)
+    finite = ~np.isnan(want)
+    assert np.array_equal(bits[finite], want.view(np.uint16)[finite])
+    assert np.array_equal(values.view(np.uint32)[finite], want.astype(np.float32).view(np.uint32)[finite])
+    assert np.isnan(bits.view(np.float16)[~finite]).all() and np.isnan(values[~finite]).all()
 
 
 # The kernels compile for the CPU they run on; these targets check the code they generate for an
@@ -502,10 +505,13 @@ def test_fused_kernels_on_other_x86_targets(target):
     env = {**__import__("os").environ, "NUMBA_CPU_NAME": target, "NUMBA_CPU_FEATURES": ""}
     cases = "m1-f32 and (Q8_0-n33 or Q6_K-n33 or Q4_K-n33 or Q5_K-n33 or Q4_0-n33)"  # fused and blocks
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-                          "-k", f"(test_fused_mul_mat_matches_float64 and {cases}) or half_bits"],
+                          str(Path(__file__).with_name("test_cpu_native_runs.py")),
+                          "-k", f"(test_fused_mul_mat_matches_float64 and {cases}) or half_bits or float16_rounding"
+                                " or bad_row_index_in_a_native_run"],
                          env=env, cwd=Path(__file__).parent, capture_output=True, text=True, timeout=300)
-    # each type fused and on its blocks in place, the half conversion test
-    assert out.returncode == 0 and "11 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+    # each type fused and on its blocks in place, the half conversions, a native run (its program
+    # compiled for the target with every kernel it calls)
+    assert out.returncode == 0 and "13 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
 
 
 def test_kernels_load_from_numba_disk_cache_in_a_new_process(tmp_path):

@@ -26,7 +26,7 @@ from pathlib import Path
 # native run with the kernels it calls): the notice's estimate
 COMPILE_SECONDS = 35
 _noticed = []  # the notice is printed once per process
-IR_FILES = ("llvm_ir.py", "gemm_ir.py")  # the LLVM IR the kernels inline
+IR_FILES = ("llvm_ir.py", "gemm_ir.py", "halves.py")  # the LLVM IR and helpers the kernels inline
 
 
 def numba_available() -> bool:

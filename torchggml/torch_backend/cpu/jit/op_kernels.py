@@ -41,6 +41,9 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
+from .halves import float_to_half_bits
+from .llvm_ir import native_half
+
 
 
 # copies walk the last two dims in tiles of this many rows x columns (transposes stay in cache)
@@ -51,8 +54,9 @@ TRANSPOSE_BLOCK = 8
 
 
 def _half_intrinsics():
-    """half_to_float(uint16) -> float32 and float_to_half(float32) -> uint16 as LLVM casts
-    (float_to_half only where the CPU converts halves: fast_ops keeps F16 outputs off otherwise)."""
+    """half_to_float(uint16) -> float32 and float_to_half(float32) -> uint16 as LLVM casts (the
+    integer steps of llvm_ir.half_bits_to_float and halves.float_to_half_bits where the CPU has
+    no half conversion, whose casts numba cannot link)."""
     from llvmlite import ir
     from .llvm_ir import half_bits_to_float
     from numba import types
@@ -70,7 +74,7 @@ def _half_intrinsics():
             return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
         return types.uint16(types.float32), codegen
 
-    return half_to_float, float_to_half
+    return half_to_float, float_to_half if native_half() else float_to_half_bits
 
 
 half_to_float, float_to_half = _half_intrinsics()

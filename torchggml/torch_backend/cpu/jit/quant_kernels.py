@@ -38,6 +38,7 @@ recompile, ~10 s for a quantized model's first prompt, at every start).
 import numpy as np
 from numba import njit, prange, uint64
 
+from .halves import round_to_half
 from .llvm_ir import _half_bits_intrinsic, _row_dot_intrinsic, _row_output_helpers
 
 
@@ -56,28 +57,6 @@ def _bias_dot(bias, xsum):
 
 
 NAN_BITS = np.uint32(0x7FC00000)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def round_to_half(x):
-    """float32 x rounded to the nearest float16 (ties to even), as float32, in integer steps:
-    LLVM's fptrunc to half calls a runtime function that numba lacks on CPUs without F16C."""
-    bits = np.int64(np.float32(x).view(np.uint32))
-    sign, mag = bits & 0x80000000, bits & 0x7FFFFFFF
-    if mag >= 0x7F800000:  # inf, NaN
-        return x
-    if mag >= 0x38800000:  # a normal float16 (>= 2^-14): 13 mantissa bits dropped
-        mag = (mag + 0xFFF + ((mag >> 13) & 1)) & 0x7FFFE000
-        if mag >= 0x47800000:  # 65520 and above: inf
-            mag = 0x7F800000
-        return np.uint32(sign | mag).view(np.float32)
-    shift = 126 - (mag >> 23)  # a subnormal float16: a multiple of 2^-24
-    if shift >= 25 or mag < 0x00800000:
-        return np.uint32(sign).view(np.float32)
-    m = (mag & 0x7FFFFF) | 0x800000
-    q = (m + (1 << (shift - 1)) - 1 + ((m >> shift) & 1)) >> shift
-    value = np.float32(q) * np.float32(2.0 ** -24)
-    return -value if sign else value
 
 
 @njit(cache=True, nogil=True, inline="always")
