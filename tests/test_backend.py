@@ -685,3 +685,36 @@ def test_plan_with_bound_kernels_reads_current_inputs(ne_b):
         tb = vb.repeat(4 // vb.shape[0], 8 // vb.shape[1])
         torch.testing.assert_close(ggml.backend_tensor_get(out), (va + tb) * tb)
     ggml.backend_graph_plan_free(backend, plan)
+
+
+# (values written, the tensor's type): BoundIO takes the fast path or backend_tensor_set's, and
+# either way the tensor holds backend_tensor_set's result (or its error)
+BOUND_IO_CASES = [
+    ("int64 list into I32", [3, 1, 2], T.I32),
+    ("int64 tensor into I32", torch.tensor([3, 1, 2]), T.I32),
+    ("float64 numpy into F32", np.array([0.5, 1.5, 2.5]), T.F32),
+    ("bf16 tensor into F32", torch.tensor([0.5, 1.5, 2.5], dtype=torch.bfloat16), T.F32),
+    ("f32 tensor into F16", torch.tensor([0.5, 1.5, 2.5]), T.F16),
+    ("a value past int32 into I32", torch.tensor([3, 1, 2 ** 40]), T.I32),
+    ("floats into I32", torch.tensor([0.5, 1.0, 2.0]), T.I32),
+]
+
+
+@pytest.mark.parametrize("values,ttype", [c[1:] for c in BOUND_IO_CASES], ids=[c[0] for c in BOUND_IO_CASES])
+def test_bound_io_writes_what_backend_tensor_set_writes(values, ttype):
+    from torchggml.backend.tensor_io import BoundIO
+    ctx = ggml.init(no_alloc=True)
+    a, b = ggml.new_tensor_1d(ctx, ttype, 3), ggml.new_tensor_1d(ctx, ttype, 3)
+    _buf = ggml.backend_alloc_ctx_tensors(ctx, ggml.backend_cpu_init())
+    io = BoundIO()
+    try:
+        ggml.backend_tensor_set(a, values)
+    except (TypeError, ValueError) as e:
+        with pytest.raises(type(e)):
+            io.set(b, values)
+        return
+    io.set(b, values)
+    assert torch.equal(torch.as_tensor(ggml.backend_tensor_get(a)), torch.as_tensor(ggml.backend_tensor_get(b)))
+    out = np.empty_like(ggml.to_torch(a).numpy())
+    io.get(b, out)
+    assert np.array_equal(out, ggml.to_torch(a).numpy())

@@ -198,3 +198,4 @@ def test_the_abort_callback_is_asked_before_every_node_of_a_native_run():
     cpu.set_abort_callback(lambda: asked.append(1) and False)
     assert ggml.backend_graph_plan_compute(cpu, plan) == ggml.Status.SUCCESS
     assert len(asked) == 3
+

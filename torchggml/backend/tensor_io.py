@@ -187,8 +187,13 @@ class BoundIO:
 
     def set(self, t: Tensor, values) -> None:
         view = self._view(t)
-        values = np.asarray(values)
-        if view is None or values.size != view.size or not _fits(values, view.dtype):
+        if isinstance(values, torch.Tensor):  # numpy has no bf16, and reads only host memory
+            if values.dtype == torch.bfloat16 or values.device.type != "cpu":
+                backend_tensor_set(t, values)
+                return
+            values = values.detach().numpy()
+        if (view is None or not isinstance(values, np.ndarray) or values.size != view.size
+                or not _fits(values, view.dtype)):
             backend_tensor_set(t, values)  # its checks and messages
             return
         check_not_freed(t.buffer, "backend_tensor_set", t)
