@@ -296,8 +296,10 @@ def test_f16_weight_products_match_float64(monkeypatch, m, n, k, chunk_bytes):
 
 
 # (rows, N, K): the numba matvec (up to HALF_PRODUCT_MAX_ROWS rows), the GEMM's 4 x 4 tiles with
-# remainders of rows and of weight rows, a prompt's micro-batch
-NUMBA_F16_PRODUCTS = [(1, 7, 96), (4, 64, 256), (5, 4, 64), (9, 7, 96), (130, 66, 256)]
+# remainders of rows and of weight rows, a prompt's micro-batch; K below, at and past the row
+# dot's vector step (16 values) with a remainder
+NUMBA_F16_PRODUCTS = [(1, 7, 96), (4, 64, 256), (5, 4, 64), (9, 7, 96), (130, 66, 256), (1, 5, 7), (2, 9, 83),
+                      (6, 3, 16)]
 
 
 @pytest.mark.parametrize("m,n,k", NUMBA_F16_PRODUCTS)

@@ -42,7 +42,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from .halves import float_to_half_bits
-from .llvm_ir import native_half
+from .llvm_ir import HALF_LANES, _half_row_dot_intrinsic, native_half
 
 
 
@@ -399,10 +399,13 @@ def swiglu_rows(x, gate, out):
         _swiglu_row(x[i3, i2, i1], gate[i3, i2, i1], out[i3, i2, i1])
 
 
+half_row_dot = _half_row_dot_intrinsic()
+
+
 @njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"}, inline="always")
-def _half_dot(row, xr):
-    total = np.float32(0.0)
-    for i in range(row.shape[0]):
+def _half_dot(row, xr):  # an F16 row (uint16 bits) times float32 values
+    total = half_row_dot(row, xr)
+    for i in range(row.shape[0] - row.shape[0] % HALF_LANES, row.shape[0]):
         total += half_to_float(row[i]) * xr[i]
     return total
 
