@@ -86,10 +86,12 @@ class KVCache:
             self.buffers.append(buffer)
         self._contexts = [ctx for _, ctx in ctxs.values()]
         # the cells' bookkeeping, after the cache itself so that a too large n_ctx fails there first
-        self.cell_seq = torch.full((n_ctx,), -1, dtype=torch.int64)  # -1: free
-        self.cell_pos = torch.zeros(n_ctx, dtype=torch.int64)
+        # numpy, not torch: a decode step's bookkeeping is a few small operations, each ~1 µs in
+        # numpy and ~10 in torch
+        self.cell_seq = np.full(n_ctx, -1, dtype=np.int64)  # -1: free
+        self.cell_pos = np.zeros(n_ctx, dtype=np.int64)
         self.seq_next: dict[int, int] = {}  # the next position of each sequence
-        self.written = torch.zeros(n_ctx, dtype=torch.bool)  # cells written since they were last zeroed
+        self.written = np.zeros(n_ctx, dtype=bool)  # cells written since they were last zeroed
 
     def nbytes(self) -> int:
         return sum(b.size for b in self.buffers)
@@ -106,9 +108,9 @@ class KVCache:
         return self
 
     @staticmethod
-    def ubatches(seq_ids: torch.Tensor, n_batch: int) -> list[slice]:
+    def ubatches(seq_ids: np.ndarray, n_batch: int) -> list[slice]:
         """The batch's micro-batches: consecutive runs of n_batch tokens."""
-        return [slice(start, start + n_batch) for start in range(0, seq_ids.numel(), n_batch)]
+        return [slice(start, start + n_batch) for start in range(0, len(seq_ids), n_batch)]
 
     def set_inputs(self, g, batch: "KVBatch") -> None:
         """The graph's cache inputs for this batch: the cells its tokens write, the masks."""
@@ -120,7 +122,7 @@ class KVCache:
     @property
     def n_past(self) -> int:
         """Cells in use (tokens of every sequence)."""
-        return int((self.cell_seq >= 0).sum())
+        return int(np.count_nonzero(self.cell_seq >= 0))
 
     def seq_len(self, seq_id: int = 0) -> int:
         """The next position of sequence seq_id (its tokens so far)."""
@@ -130,11 +132,11 @@ class KVCache:
         """Forget every cell, or the cells of one sequence, and zero them: masked cells are still
         read (their softmax weight is 0, and 0 * NaN is NaN), so no old value may stay."""
         if seq_id is None:
-            self.zero_cells(torch.nonzero(self.written).flatten())
-            self.cell_seq.fill_(-1)
+            self.zero_cells(np.flatnonzero(self.written))
+            self.cell_seq.fill(-1)
             self.seq_next.clear()
         else:
-            cells = torch.nonzero(self.cell_seq == int(seq_id)).flatten()
+            cells = np.flatnonzero(self.cell_seq == int(seq_id))
             self.zero_cells(cells)
             self.cell_seq[cells] = -1
             self.seq_next.pop(int(seq_id), None)
@@ -144,12 +146,12 @@ class KVCache:
         are cleared and src's K and V rows copied into free cells tagged dst, same positions."""
         src, dst = int(src), int(dst)
         self.clear(dst)
-        cells = torch.nonzero(self.cell_seq == src).flatten()
-        free = torch.nonzero(self.cell_seq < 0).flatten()
-        if free.numel() < cells.numel():
-            raise ValueError(f"the KV cache is full: copying sequence {src} needs {cells.numel()} free cells, "
-                             f"{free.numel()} are left")
-        targets = free[:cells.numel()]
+        cells = np.flatnonzero(self.cell_seq == src)
+        free = np.flatnonzero(self.cell_seq < 0)
+        if free.size < cells.size:
+            raise ValueError(f"the KV cache is full: copying sequence {src} needs {cells.size} free cells, "
+                             f"{free.size} are left")
+        targets = free[:cells.size]
         for t in filter(None, (*self.k, *self.v)):
             row = t.nb[1]
             for a, b in zip(cells.tolist(), targets.tolist()):
@@ -161,13 +163,13 @@ class KVCache:
         if src in self.seq_next:
             self.seq_next[dst] = self.seq_next[src]
 
-    def zero_cells(self, cells: torch.Tensor) -> None:
+    def zero_cells(self, cells: np.ndarray) -> None:
         """Zero these cells of every layer's K and V (one memset per run of consecutive cells)."""
-        cells = torch.unique(cells)
-        if cells.numel() == 0:
+        cells = np.unique(np.asarray(cells, dtype=np.int64))
+        if cells.size == 0:
             return
-        breaks = torch.nonzero(cells[1:] != cells[:-1] + 1).flatten() + 1
-        for run in torch.tensor_split(cells, breaks):
+        breaks = np.flatnonzero(cells[1:] != cells[:-1] + 1) + 1
+        for run in np.split(cells, breaks):
             start, end = int(run[0]), int(run[-1]) + 1
             for t in filter(None, (*self.k, *self.v)):
                 backend_tensor_memset(t, 0, start * t.nb[1], (end - start) * t.nb[1])
@@ -175,34 +177,35 @@ class KVCache:
 
     def snapshot(self):
         """The cells' state, for `restore` after a failed evaluation."""
-        return self.cell_seq.clone(), self.cell_pos.clone(), dict(self.seq_next)
+        return self.cell_seq.copy(), self.cell_pos.copy(), dict(self.seq_next)
 
     def restore(self, snapshot) -> None:
         """Back to `snapshot`, zeroing the cells written since (they may hold NaN)."""
         seq, pos, seq_next = snapshot
-        self.zero_cells(torch.nonzero(self.written & (seq < 0)).flatten())
+        self.zero_cells(np.flatnonzero(self.written & (seq < 0)))
         self.cell_seq, self.cell_pos, self.seq_next = seq, pos, seq_next
 
-    def plan(self, seq_ids: torch.Tensor) -> "KVBatch":
+    def plan(self, seq_ids) -> "KVBatch":
         """Cells and positions for a batch of tokens (seq_ids[i]: token i's sequence, tokens of
-        a sequence in order), without changing the cache; ValueError when it is full."""
-        # numpy views of the cells: a decode step plans in a few µs (torch's small ops took ~70)
-        n_tokens = seq_ids.numel()
-        cell_seq = self.cell_seq.numpy()
+        a sequence in order; int64 array or tensor), without changing the cache; ValueError when
+        it is full."""
+        seq_ids = np.asarray(seq_ids, dtype=np.int64)
+        n_tokens = seq_ids.size
+        cell_seq = self.cell_seq
         free = np.flatnonzero(cell_seq < 0)
         if free.size < n_tokens:
             raise ValueError(f"the KV cache is full: {self.n_past} tokens cached + {n_tokens} new > "
                              f"n_ctx={self.n_ctx} (call reset() or load the model with a larger n_ctx)")
         cells = free[:n_tokens]
-        positions = np.empty(n_tokens, dtype=np.int64)
-        next_pos = dict(self.seq_next)
-        for i, s in enumerate(seq_ids.tolist()):
-            positions[i] = next_pos.get(s, 0)
-            next_pos[s] = int(positions[i]) + 1
+        positions, next_pos = [], dict(self.seq_next)
+        for s in seq_ids.tolist():
+            positions.append(next_pos.get(s, 0))
+            next_pos[s] = positions[-1] + 1
         used = np.flatnonzero(cell_seq >= 0)
-        n_used = max(int(cells.max()) + 1 if n_tokens else 0, int(used[-1]) + 1 if used.size else 0)
+        n_used = max(int(cells[-1]) + 1 if n_tokens else 0, int(used[-1]) + 1 if used.size else 0)
         n_kv = min(self.n_ctx, round_up(n_used, KV_PAD))
-        return KVBatch(seq_ids.to(torch.int64), torch.from_numpy(cells), torch.from_numpy(positions), n_kv, next_pos)
+        # int32 positions: the graph's input type
+        return KVBatch(seq_ids, cells, np.array(positions, dtype=np.int32), n_kv, next_pos)
 
     def mark_written(self, batch: "KVBatch") -> None:
         """The batch's cells are about to be written (so clear/restore will zero them)."""
@@ -210,19 +213,17 @@ class KVCache:
 
     def commit(self, batch: "KVBatch") -> None:
         """Record the batch's tokens in their cells (after its graph wrote them)."""
-        cells = batch.cells.numpy()
-        self.cell_seq.numpy()[cells] = batch.seq_ids.numpy()
-        self.cell_pos.numpy()[cells] = batch.positions.numpy()
+        self.cell_seq[batch.cells] = batch.seq_ids
+        self.cell_pos[batch.cells] = batch.positions
         self.seq_next = batch.seq_next
 
     def mask(self, batch: "KVBatch", n_swa: int = 0) -> torch.Tensor:
         """F16 [n_tokens, n_kv] (ggml ne [n_kv, n_tokens]): 0 where token i may attend to a cell
         (its own sequence, a position up to its own; with a sliding window n_swa only positions
         p0 with p - p0 < n_swa, llama.cpp's standard window), -inf elsewhere."""
-        seq, pos = self.cell_seq.numpy()[:batch.n_kv].copy(), self.cell_pos.numpy()[:batch.n_kv].copy()
-        cells = batch.cells.numpy()
-        seq[cells], pos[cells] = batch.seq_ids.numpy(), batch.positions.numpy()  # this batch's own cells
-        return attention_mask(batch.positions.numpy(), pos, n_swa, seq[None, :] == batch.seq_ids.numpy()[:, None])
+        seq, pos = self.cell_seq[:batch.n_kv].copy(), self.cell_pos[:batch.n_kv].copy()
+        seq[batch.cells], pos[batch.cells] = batch.seq_ids, batch.positions  # this batch's own cells
+        return attention_mask(batch.positions, pos, n_swa, seq[None, :] == batch.seq_ids[:, None])
 
     def store(self, ctx, il: int, k_cur: Tensor, v_cur: Tensor, kv_idx: Tensor, n_kv: int):
         """Write this batch's K and V rows into cells kv_idx and return views of the first n_kv
@@ -252,16 +253,21 @@ def attention_mask(token_pos: torch.Tensor, cell_pos: torch.Tensor, n_swa: int =
         visible &= np.asarray(same_seq)
     if n_swa:
         visible &= p - cell_pos[None, :] < n_swa
-    return torch.from_numpy(np.where(visible, np.float16(0.0), np.float16(-np.inf)))
+    return torch.from_numpy(np.where(visible, _VISIBLE, _HIDDEN))
+
+
+# 0-d arrays: np.where with these takes half the time it takes with numpy scalars
+_VISIBLE, _HIDDEN = np.zeros((), np.float16), np.full((), -np.inf, np.float16)
 
 
 @dataclass
 class KVBatch:
     """Where a batch's tokens go: their sequences, cells and positions, the cells the graph
-    attends to (n_kv, padded to KV_PAD) and each sequence's next position afterwards."""
-    seq_ids: torch.Tensor
-    cells: torch.Tensor
-    positions: torch.Tensor
+    attends to (n_kv, padded to KV_PAD) and each sequence's next position afterwards. Numpy
+    arrays: int64 sequences and cells, int32 positions (the graph's input type)."""
+    seq_ids: np.ndarray
+    cells: np.ndarray
+    positions: np.ndarray
     n_kv: int
     seq_next: dict
     n_seqs: int = 1  # graphs over the KV cache only do not group tokens by sequence

@@ -67,7 +67,7 @@ from .placement import Placement, cpu_device, find_device
 from .generation import Generation
 from .recurrent_state import memory_for
 from .sampling import SamplingParams, TokenChoice, sample_token
-from .sequences import ModelLock, SequenceGuard, token_id_tensor
+from .sequences import ModelLock, SequenceGuard, token_id_array
 
 # the default KV cache size caps the model's training context (which can be 128k tokens)
 DEFAULT_MAX_CTX = 4096
@@ -259,13 +259,14 @@ class Model:
             self.kv.clear(seq_id)
             self.sequences.changed(None if seq_id is None else [int(seq_id)])
 
-    def _token_ids(self, tokens) -> torch.Tensor:
-        ids = token_id_tensor(tokens, self.path)
-        values = ids.numpy()
+    def _token_ids(self, tokens) -> np.ndarray:
+        """The ids as int32, the graph's input type (checked here against the vocabulary, so
+        writing them needs no range check)."""
+        values = token_id_array(tokens, self.path)
         if values.size and (values.min() < 0 or values.max() >= self.n_vocab):
             bad = values[(values < 0) | (values >= self.n_vocab)][0]
             raise ValueError(f"eval: token id {int(bad)} is outside the vocabulary [0, {self.n_vocab})")
-        return ids
+        return values.astype(np.int32)
 
     def eval(self, tokens, seq_id: int = 0, logits: str = "all") -> torch.Tensor:
         """Run `tokens` (after the cached ones of sequence seq_id) and return logits, float32:
@@ -280,8 +281,8 @@ class Model:
         with self.lock:
             self._require_weights("eval")
             ids = self._token_ids(tokens)
-            outputs = self._output_flags([ids.numel()], logits, "eval")
-            return self._eval_tokens(ids, torch.full_like(ids, int(seq_id)), outputs)
+            outputs = self._output_flags([ids.size], logits, "eval")
+            return self._eval_tokens(ids, np.full(ids.size, int(seq_id), dtype=np.int64), outputs)
 
     def eval_batch(self, sequences, seq_ids: Sequence[int] | None = None, logits: str = "all") -> list[torch.Tensor]:
         """Run several sequences at once, each after its own cached tokens (one KV cache holds
@@ -302,7 +303,7 @@ class Model:
         with self.lock:
             self._require_weights("embed")
             ids = self._token_ids(self.tokenize(tokens) if isinstance(tokens, str) else tokens)
-            if ids.numel() == 0:
+            if ids.size == 0:
                 raise ValueError("embed: no tokens")
             pooling = self.pooling_type if pooling is None else pooling
             if pooling not in POOLING:
@@ -312,8 +313,8 @@ class Model:
             if self.kv.seq_len(seq_id):
                 raise ValueError(f"embed: sequence {seq_id} is in use")
             try:
-                hidden = self._eval_tokens(ids, torch.full_like(ids, int(seq_id)),
-                                           torch.ones(ids.numel(), dtype=torch.bool), embeddings=True)
+                hidden = self._eval_tokens(ids, np.full(ids.size, int(seq_id), dtype=np.int64),
+                                           np.ones(ids.size, dtype=bool), embeddings=True)
             finally:
                 self.kv.clear(seq_id)
         if pooling == "mean":
@@ -331,70 +332,73 @@ class Model:
         if len(seq_ids) != len(sequences) or len(set(seq_ids)) != len(seq_ids):
             raise ValueError(f"eval_batch: {len(sequences)} sequences need as many distinct seq_ids, got {seq_ids}")
         ids = [self._token_ids(t) for t in sequences]
-        outputs = self._output_flags([t.numel() for t in ids], logits, "eval_batch")
-        flat = torch.cat(ids) if ids else torch.empty(0, dtype=torch.int64)
-        seqs = torch.cat([torch.full_like(t, s) for t, s in zip(ids, seq_ids)]) if ids else flat
-        rows = [int(flags.sum()) for flags in outputs.split([t.numel() for t in ids])]
+        lengths = [t.size for t in ids]
+        outputs = self._output_flags(lengths, logits, "eval_batch")
+        flat = np.concatenate(ids) if ids else np.empty(0, dtype=np.int32)
+        seqs = np.repeat(np.asarray(seq_ids, dtype=np.int64), lengths)
+        rows = [int(np.count_nonzero(flags)) for flags in np.split(outputs, np.cumsum(lengths)[:-1])] if ids else []
         return list(self._eval_tokens(flat, seqs, outputs).split(rows))
 
     @staticmethod
-    def _output_flags(lengths: list[int], logits: str, what: str) -> torch.Tensor:
+    def _output_flags(lengths: list[int], logits: str, what: str) -> np.ndarray:
         """Bool per token of the concatenated sequences: is its logits row computed
         (llama.cpp's batch.logits)? Every token for "all", each sequence's last for "last"."""
         if logits not in LOGITS:
             raise ValueError(f"{what}: logits={logits!r}; choose 'all' (every token's logits) or 'last' "
                              f"(only the last token's)")
         if logits == "all":
-            return torch.ones(sum(lengths), dtype=torch.bool)
-        flags = np.zeros(sum(lengths), dtype=bool)
-        ends = np.cumsum(lengths) - 1
-        flags[ends[np.asarray(lengths) > 0]] = True
-        return torch.from_numpy(flags)
+            return np.ones(sum(lengths), dtype=bool)
+        flags, end = np.zeros(sum(lengths), dtype=bool), 0
+        for n in lengths:  # a Python loop: a decode step has one sequence
+            end += n
+            if n:
+                flags[end - 1] = True
+        return flags
 
-    def _eval_tokens(self, ids: torch.Tensor, seq_ids: torch.Tensor, outputs: torch.Tensor,
+    def _eval_tokens(self, ids: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray,
                      embeddings: bool = False) -> torch.Tensor:
         """The logits rows (with `embeddings`: the hidden-state rows) of the tokens flagged in
-        `outputs`, in token order."""
+        `outputs`, in token order. ids, seq_ids int64 and outputs bool: numpy arrays, whose small
+        operations take ~1 µs where torch's take ~10 (a decode step is a few dozen of them)."""
         width = self.hp.n_embd if embeddings else self.n_vocab
-        if ids.numel() == 0:
+        if ids.size == 0:
             return torch.empty(0, width)
-        seqs = np.unique(seq_ids.numpy()).tolist()  # numpy: a decode step's bookkeeping in µs
+        seqs = np.unique(seq_ids).tolist()
         self.sequences.check(seqs, held=self.lock.depth > 1)
         self.sequences.changed(seqs)  # a failed eval may have changed them too
         whole = self.kv.plan(seq_ids)  # raises early when the cache cannot hold them all
-        flags = outputs.numpy()
-        out = torch.empty(int(np.count_nonzero(flags)), width)
+        out = torch.empty(int(np.count_nonzero(outputs)), width)
         before = self.kv.snapshot()
         # micro-batches: runs of n_batch tokens, or (recurrent memory) equal shares of each sequence
         ubatches = self.kv.ubatches(seq_ids, self.n_batch)
-        whole_batch = len(ubatches) == 1 and isinstance(ubatches[0], slice) and ubatches[0] == slice(0, ids.numel())
-        row_of = None if whole_batch else torch.from_numpy(np.cumsum(flags) - 1)  # each output token's row of `out`
+        whole_batch = len(ubatches) == 1 and isinstance(ubatches[0], slice) and ubatches[0] == slice(0, ids.size)
+        row_of = None if whole_batch else np.cumsum(outputs) - 1  # each output token's row of `out`
         for idx in ubatches:
             if whole_batch:  # one micro-batch in token order (a decode step): its plan is made, its rows are out's
                 logits = out
                 self._eval_ubatch(ids, seq_ids, outputs, logits, embeddings, whole)
             else:
                 flags_i = outputs[idx]
-                logits = torch.empty(int(flags_i.sum()), width)
+                logits = torch.empty(int(np.count_nonzero(flags_i)), width)
                 self._eval_ubatch(ids[idx], seq_ids[idx], flags_i, logits, embeddings)
-                out[row_of[idx][flags_i]] = logits
+                out[torch.from_numpy(row_of[idx][flags_i])] = logits
             if not np.isfinite(logits.numpy()).all():  # numpy: torch's check took ~60 µs a token
                 finite = torch.isfinite(logits).all(dim=1)
                 # the cells written may hold NaN: zero them so no later call can read them
                 self.kv.restore(before)
-                bad = int(torch.arange(ids.numel())[idx][outputs[idx]][int((~finite).nonzero()[0])])
+                bad = int(np.arange(ids.size)[idx][outputs[idx]][int((~finite).nonzero()[0])])
                 n_past = self.kv.seq_len(int(seq_ids[bad])) + int((seq_ids[:bad] == seq_ids[bad]).sum())
                 raise NonFiniteLogitsError(f"{self.path}: eval produced non-finite logits (first at token "
                                            f"{bad}, position {n_past}); the cache was restored to "
                                            f"{self.kv.n_past} tokens")
         return out
 
-    def _eval_ubatch(self, ids: torch.Tensor, seq_ids: torch.Tensor, outputs: torch.Tensor,
+    def _eval_ubatch(self, ids: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray,
                      logits: torch.Tensor, embeddings: bool = False, batch=None) -> None:
         """One micro-batch (`batch`: the memory's plan for it, when made already); the rows of
         the tokens flagged in `outputs` are written to `logits`."""
         batch = batch or self.kv.plan(seq_ids)
-        n_tokens, n_outputs = ids.numel(), logits.shape[0]
+        n_tokens, n_outputs = ids.size, logits.shape[0]
         g = self._graph_for(n_tokens, batch.n_kv, n_outputs, embeddings, batch.n_seqs)
         # the scheduler keeps user inputs in CPU memory and copies them where they are read
         g.io.set(g.tokens, ids)
@@ -402,9 +406,9 @@ class Model:
             g.io.set(g.positions, batch.positions)
         self.kv.set_inputs(g, batch)  # the memory's inputs: cache cells and masks, state slots
         for tensor, values in g.position_inputs:
-            g.io.set(tensor, values(batch.positions))
+            g.io.set(tensor, values(torch.from_numpy(batch.positions)))
         if g.out_ids is not None:
-            g.io.set(g.out_ids, np.flatnonzero(outputs.numpy()))
+            g.io.set(g.out_ids, np.flatnonzero(outputs))
         self.kv.mark_written(batch)
         self.file.check_unchanged()  # a truncated file would fault (SIGBUS) in the weights' pages
         status = backend_sched_graph_compute(self.sched, g.graph)

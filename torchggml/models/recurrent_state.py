@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ..alloc import backend_alloc_ctx_tensors_from_buft
@@ -37,8 +38,8 @@ class RSBatch:
     """Where a micro-batch's tokens go in the recurrent state: the sequences in the order their
     tokens appear (n_seq_tokens each, grouped), their slots, the tokens' positions and each
     sequence's next position afterwards. n_kv is 0: no attention cells."""
-    seq_ids: torch.Tensor
-    positions: torch.Tensor
+    seq_ids: np.ndarray          # int64
+    positions: np.ndarray
     seqs: list
     slots: torch.Tensor          # I32 [n_seqs]
     n_seq_tokens: int
@@ -153,39 +154,41 @@ class RecurrentState:
         self.slot_of = {s: i for s, i in slot_of.items() if s not in self.touched}
         self.seq_next = {s: n for s, n in seq_next.items() if s not in self.touched}
 
-    def ubatches(self, seq_ids: torch.Tensor, n_batch: int) -> list[torch.Tensor]:
-        """The batch's token indices as micro-batches of at most n_batch tokens, each holding the
-        same number of consecutive tokens of each of its sequences, grouped by sequence."""
+    def ubatches(self, seq_ids, n_batch: int) -> list[np.ndarray]:
+        """The batch's token indices (int64 arrays) as micro-batches of at most n_batch tokens,
+        each holding the same number of consecutive tokens of each of its sequences, grouped by
+        sequence."""
         order = {}
-        for i, s in enumerate(seq_ids.tolist()):
+        for i, s in enumerate(np.asarray(seq_ids).tolist()):
             order.setdefault(s, []).append(i)
-        queues = [torch.tensor(idx, dtype=torch.int64) for idx in order.values()]
+        queues = [np.array(idx, dtype=np.int64) for idx in order.values()]
         taken = [0] * len(queues)
         out = []
         while True:
-            live = [q for q, (idx, t) in enumerate(zip(queues, taken)) if t < idx.numel()][:n_batch]
+            live = [q for q, (idx, t) in enumerate(zip(queues, taken)) if t < idx.size][:n_batch]
             if not live:
                 return out
-            n = min(min(queues[q].numel() - taken[q] for q in live), max(1, n_batch // len(live)))
-            out.append(torch.cat([queues[q][taken[q]: taken[q] + n] for q in live]))
+            n = min(min(queues[q].size - taken[q] for q in live), max(1, n_batch // len(live)))
+            out.append(np.concatenate([queues[q][taken[q]: taken[q] + n] for q in live]))
             for q in live:
                 taken[q] += n
 
-    def plan(self, seq_ids: torch.Tensor) -> RSBatch:
+    def plan(self, seq_ids) -> RSBatch:
         """Slots and positions for a batch (grouped as ubatches makes them), without changing the
         state; ValueError when there are more sequences than slots."""
+        seq_ids = np.asarray(seq_ids, dtype=np.int64)
         seqs = list(dict.fromkeys(seq_ids.tolist()))
         new = [s for s in seqs if s not in self.slot_of]
         new_slots = dict(zip(new, self._free_slots(len(new))))
         slots = torch.tensor([self.slot_of.get(s, new_slots.get(s)) for s in seqs], dtype=torch.int32)
-        positions = torch.empty(seq_ids.numel(), dtype=torch.int64)
+        positions = np.empty(seq_ids.size, dtype=np.int64)
         next_pos = dict(self.seq_next)
         for i, s in enumerate(seq_ids.tolist()):
             positions[i] = next_pos.get(s, 0)
             next_pos[s] = int(positions[i]) + 1
-        counts = {s: int((seq_ids == s).sum()) for s in seqs}
+        counts = {s: int(np.count_nonzero(seq_ids == s)) for s in seqs}
         n_seq_tokens = counts[seqs[0]] if seqs else 0
-        return RSBatch(seq_ids.to(torch.int64), positions, seqs, slots, n_seq_tokens, next_pos, new_slots)
+        return RSBatch(seq_ids, positions, seqs, slots, n_seq_tokens, next_pos, new_slots)
 
     def mark_written(self, batch: RSBatch) -> None:
         self.touched.update(zip(batch.seqs, batch.slots.tolist()))
@@ -270,10 +273,10 @@ class HybridMemory:
         for s in touched:
             self.kv.clear(s)
 
-    def ubatches(self, seq_ids: torch.Tensor, n_batch: int):
+    def ubatches(self, seq_ids, n_batch: int):
         return self.rs.ubatches(seq_ids, n_batch)
 
-    def plan(self, seq_ids: torch.Tensor) -> HybridBatch:
+    def plan(self, seq_ids) -> HybridBatch:
         return HybridBatch(self.kv.plan(seq_ids), self.rs.plan(seq_ids))
 
     def mark_written(self, batch: HybridBatch) -> None:

@@ -84,10 +84,10 @@ class SequenceGuard:
             self.seen = {k: v for k, v in self.seen.items() if k[0] in alive}
 
 
-def token_id_tensor(tokens, where: str) -> torch.Tensor:
-    """The token ids of one sequence as int64 [n]: a 1-D integer tensor or array, or a sequence of
-    integers. Float ids (which would be truncated) and 2-D batches (which would be flattened
-    into one sequence; eval_batch takes several) raise naming `where`."""
+def token_id_array(tokens, where: str) -> np.ndarray:
+    """The token ids of one sequence as numpy int64 [n]: a 1-D integer tensor or array, or a
+    sequence of integers. Float ids (which would be truncated) and 2-D batches (which would be
+    flattened into one sequence; eval_batch takes several) raise naming `where`."""
     if isinstance(tokens, np.ndarray):
         tokens = torch.from_numpy(tokens)
     if isinstance(tokens, torch.Tensor):
@@ -96,11 +96,11 @@ def token_id_tensor(tokens, where: str) -> torch.Tensor:
                              f"(use eval_batch for several sequences)")
         if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
             raise TypeError(f"{where}: token ids must be integers, got a {tokens.dtype} tensor")
-        return tokens.reshape(-1).to(torch.int64)
+        return tokens.detach().cpu().reshape(-1).to(torch.int64).numpy()
     tokens = list(tokens)
     for t in tokens:
         if isinstance(t, bool) or not isinstance(t, numbers.Integral):
             kind = "a list" if isinstance(t, (list, tuple)) else repr(t)
             raise TypeError(f"{where}: token ids must be integers, got {kind} (use eval_batch for several "
                             f"sequences)")
-    return torch.tensor(tokens, dtype=torch.int64)
+    return np.array(tokens, dtype=np.int64).reshape(-1)
