@@ -304,8 +304,9 @@ NUMBA_F16_PRODUCTS = [(1, 7, 96), (4, 64, 256), (5, 4, 64), (9, 7, 96), (130, 66
 
 @pytest.mark.parametrize("m,n,k", NUMBA_F16_PRODUCTS)
 def test_f16_weight_numba_products_match_float64(m, n, k):
-    """An F16 weight times f32 rows through the numba layer (half_matvec, half_gemm): float32
-    sums of exact products, the rows not rounded to F16, the results not rounded either."""
+    """An F16 weight times f32 rows through the numba layer (half_matvec, half_gemm): the rows
+    rounded to F16 as ggml's F16 vec_dot type rounds them, then float32 sums of exact products,
+    the results not rounded."""
     from torchggml.torch_backend.cpu.jit.loader import op_kernels
     gen = torch.Generator().manual_seed(m * n + k)
     weight = torch.randn(n, k, generator=gen).half()
@@ -313,7 +314,7 @@ def test_f16_weight_numba_products_match_float64(m, n, k):
     out = np.full((m, n), np.nan, np.float32)
     kernel = op_kernels().half_matvec if m <= fast_ops.HALF_PRODUCT_MAX_ROWS else op_kernels().half_gemm
     kernel(fast_ops.as_numpy(weight), rows.numpy(), out)
-    want = rows.double() @ weight.double().T
+    want = rows.half().double() @ weight.double().T
     assert ((torch.from_numpy(out).double() - want).norm() / want.norm()).item() < 1e-6
 
 

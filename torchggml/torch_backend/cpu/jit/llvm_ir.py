@@ -623,10 +623,11 @@ def reduce_sum(builder, v):
 
 def _half_row_dot_intrinsic():
     """half_row_dot(w, x): sum_i w[i] x[i] over the first K - K % HALF_LANES values of an F16
-    row (uint16 bits) and float32 activations, as one LLVM vector loop (ACCUMULATORS sums of
-    HALF_LANES lanes, each 16 halves converted at once, as ggml's F16 vec_dot does with F16C);
-    the caller adds the last K % HALF_LANES. LLVM's own vectorization of the scalar loop read
-    the weights of a mapped GGUF file (rows 32-byte aligned) at ~2/3 of this speed on one thread."""
+    row (uint16 bits) and activations in F16 (uint16 bits: ggml's vec_dot type for F16 weights,
+    half the bytes beside the streamed row) or float32, as one LLVM vector loop (ACCUMULATORS
+    sums of HALF_LANES lanes, each 16 halves converted at once, as ggml's F16 vec_dot does with
+    F16C); the caller adds the last K % HALF_LANES. LLVM's own vectorization of the scalar loop
+    read the rows of a mapped GGUF file at ~2/3 of this speed on one thread."""
     from llvmlite import ir
     from numba import types
     from numba.extending import intrinsic
@@ -636,6 +637,7 @@ def _half_row_dot_intrinsic():
     def half_row_dot(typingctx, w, x):
         if w.layout != "C" or x.layout != "C":  # the loop reads both as contiguous memory
             return None
+        half_x = x.dtype == types.uint16
 
         def codegen(context, builder, sig, args):
             warr = context.make_array(sig.args[0])(context, builder, args[0])
@@ -643,11 +645,13 @@ def _half_row_dot_intrinsic():
             wp, xp = builder.bitcast(warr.data, i16.as_pointer()), xarr.data
             n = builder.udiv(builder.extract_value(warr.shape, 0), ir.Constant(ir.IntType(64), HALF_LANES))
 
+            def load(ptr, at, t, align):
+                return builder.load(builder.bitcast(builder.gep(ptr, [at]), vec(t, HALF_LANES).as_pointer()), align=align)
+
             def term(j):
                 at = builder.mul(j, ir.Constant(j.type, HALF_LANES))
-                bits = builder.load(builder.bitcast(builder.gep(wp, [at]), vec(i16, HALF_LANES).as_pointer()), align=2)
-                xv = builder.load(builder.bitcast(builder.gep(xp, [at]), vec(f32, HALF_LANES).as_pointer()), align=4)
-                return builder.fmul(halves_to_float(builder, bits), xv, flags=("fast",))
+                xv = halves_to_float(builder, load(xp, at, i16, 2)) if half_x else load(xp, at, f32, 4)
+                return builder.fmul(halves_to_float(builder, load(wp, at, i16, 2)), xv, flags=("fast",))
             return sum_terms(builder, term, n, HALF_LANES)
         return types.float32(w, x), codegen
     return half_row_dot
