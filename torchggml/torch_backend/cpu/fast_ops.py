@@ -269,9 +269,10 @@ def flat_span(t: torch.Tensor) -> np.ndarray:
 
 
 def bind_half_products(node):
-    """F16 x F32 products in float32 (b not rounded to F16, as the torch kernels), summed in
-    vector lanes as ggml does: a 2-D weight's (half_matvec, half_gemm), and batched ones with few
-    rows (the heads of attention over an F16 KV cache at decode: half_products)."""
+    """F16 x F32 products in float32, summed in vector lanes as ggml does: a 2-D weight's
+    (half_matvec, half_gemm: b rounded to F16 first, ggml's F16 vec_dot type), and batched ones
+    with few rows (the heads of attention over an F16 KV cache at decode: half_products, b not
+    rounded, as the torch kernels)."""
     a, b = node.src[0], node.src[1]
     if not (numba_available() and a.type == Type.F16 and b.type == Type.F32 and node.type == Type.F32):
         return None

@@ -25,7 +25,8 @@ division (x / 0 is inf or NaN, as in ggml, not a ZeroDivisionError).
     half_products(a, a_strides, b, b_strides, out, k, r2, r3)
                                                      out[i3, i2, m, n] = sum_k a[i3 / r3, i2 / r2, n, k]
                                                      * b[i3, i2, m, k], a F16, b F32 (flat, k contiguous)
-    half_matvec(w, x, out)                           out[m, n] = sum_k w[n, k] x[m, k], w F16 [N, K], x F32
+    half_matvec(w, x, out)                           out[m, n] = sum_k w[n, k] half(x[m, k]), w F16 [N, K], x F32
+                                                     rounded to F16 first (ggml's F16 vec_dot type)
     half_gemm(w, x, out)                             the same for micro-batches (tiles of 4 x 4)
     decode_attention(k, v, strides, n_kv, n_head_kv, q, mask, has_mask, scale, scratch, out, n_threads)
                                                      softmax(scale K q + mask) V for a few query rows:
