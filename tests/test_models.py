@@ -400,6 +400,20 @@ def cpu_kv_cache(n_ctx: int):
     return KVCache(1, n_ctx, 32, 32, 1, Type.F16, [find_device("CPU").get_buffer_type()])
 
 
+@pytest.mark.parametrize("n_tokens,n_batch,slices", [
+    (1, 128, [(0, 1)]),                  # a decode step: one micro-batch, the whole batch
+    (128, 128, [(0, 128)]),
+    (130, 128, [(0, 128), (128, 130)]),  # the last one ends at the batch's end
+    (6, 2, [(0, 2), (2, 4), (4, 6)]),
+])
+def test_kv_micro_batches_are_runs_of_n_batch_tokens(n_tokens, n_batch, slices):
+    """slice(0, n) for a batch in one piece: the model then evaluates it without a second plan
+    or a copy of its logits (a decode step's path)."""
+    from torchggml.models.kv_cache import KVCache
+    got = KVCache.ubatches(np.zeros(n_tokens, dtype=np.int64), n_batch)
+    assert [(s.start, s.stop) for s in got] == slices
+
+
 @pytest.mark.parametrize("n_past,n_tokens,n_swa,visible_last_row", [
     (0, 4, 0, [1, 1, 1, 1, 0, 0]),      # causal: the last token sees cells 0..3
     (0, 4, 2, [0, 0, 1, 1, 0, 0]),      # window 2: only cells 2..3

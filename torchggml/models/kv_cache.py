@@ -110,7 +110,8 @@ class KVCache:
     @staticmethod
     def ubatches(seq_ids: np.ndarray, n_batch: int) -> list[slice]:
         """The batch's micro-batches: consecutive runs of n_batch tokens."""
-        return [slice(start, start + n_batch) for start in range(0, len(seq_ids), n_batch)]
+        n = len(seq_ids)  # the last slice ends at n: a batch in one piece is slice(0, n)
+        return [slice(start, min(start + n_batch, n)) for start in range(0, n, n_batch)]
 
     def set_inputs(self, g, batch: "KVBatch") -> None:
         """The graph's cache inputs for this batch: the cells its tokens write, the masks."""
