@@ -358,7 +358,7 @@ class Model:
     def _eval_tokens(self, ids: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray,
                      embeddings: bool = False) -> torch.Tensor:
         """The logits rows (with `embeddings`: the hidden-state rows) of the tokens flagged in
-        `outputs`, in token order. ids, seq_ids int64 and outputs bool: numpy arrays, whose small
+        `outputs`, in token order. ids int32, seq_ids int64, outputs bool: numpy arrays, whose small
         operations take ~1 µs where torch's take ~10 (a decode step is a few dozen of them)."""
         width = self.hp.n_embd if embeddings else self.n_vocab
         if ids.size == 0:
