@@ -38,6 +38,10 @@ file in huge pages (which depends on how its pages entered the page cache). RSS:
 x86 Linux; llama-cpp-python's ~0.04 GB) included.
 --profile prints where torchggml spends its time during generation (cProfile, top functions).
 Each engine runs in its own process (llama.cpp's spinning OpenMP threads would slow torch down).
+--paired N adds decode paired token by token in one process: both engines loaded, N single-token
+calls of each alternated (a machine whose speed drifts from minute to minute slows both alike),
+median ms a token and the median of the per-pair ratios; llama.cpp's OpenMP workers spin after
+its calls unless OMP_WAIT_POLICY=PASSIVE, which can only slow torchggml's calls in this mode.
 """
 from __future__ import annotations
 
@@ -273,6 +277,31 @@ def bench_llama_cpp(path, args, n_vocab: int) -> dict:
             **load, **memory_mb()}
 
 
+def bench_paired(path, args, n_vocab: int) -> dict:
+    """Decode of both engines in one process, their single-token calls alternated."""
+    from llama_cpp import Llama
+
+    from torchggml.models import load_model
+    threads = args.threads or torch.get_num_threads()
+    n_ctx, warm = 64, prompt_tokens(n_vocab, 8)
+    llm = Llama(model_path=str(path), n_ctx=n_ctx, n_batch=len(warm), n_threads=threads,
+                n_threads_batch=threads, verbose=False)
+    model = load_model(path, n_ctx=n_ctx, n_batch=len(warm), n_threads=args.threads, progress=False)
+    theirs, ours = [], []
+    for i in range(args.paired):
+        if i % (n_ctx - len(warm)) == 0:  # (re)start both sequences after the same prompt
+            llm.reset(), llm.eval(warm), model.reset(), model.eval(warm, logits="last")
+        token = warm[i % len(warm)]
+        start = time.perf_counter()
+        llm.eval([token])
+        middle = time.perf_counter()
+        model.eval([token], logits="last")
+        theirs.append(middle - start), ours.append(time.perf_counter() - middle)
+    model.close()
+    return {"llama.cpp ms": 1e3 * statistics.median(theirs), "torchggml ms": 1e3 * statistics.median(ours),
+            "per-pair ratio": statistics.median(t / o for t, o in zip(theirs, ours))}
+
+
 # ---------------------------------------------------------------- main
 
 # both engines run under the same OpenMP wait policy: the environment's (default: the runtime's
@@ -285,7 +314,8 @@ def run_engine(engine: str, path: str, args) -> dict:
     """One engine on one model in a fresh process: llama.cpp's OpenMP threads keep spinning after
     each call and would steal the cores from torch if both ran in one process."""
     cmd = [sys.executable, os.path.abspath(__file__), "--engine", engine, path,
-           "-p", str(args.n_prompt), "-n", str(args.n_gen), "-r", str(args.reps), "--profile", str(args.profile)]
+           "-p", str(args.n_prompt), "-n", str(args.n_gen), "-r", str(args.reps), "--profile", str(args.profile),
+           "--paired", str(args.paired)]
     for flag, value in (("-t", args.threads), ("-d", args.device), ("-ngl", args.n_gpu_layers)):
         if value is not None:
             cmd += [flag, str(value)]
@@ -323,13 +353,18 @@ def main(argv=None) -> int:
                    help="also measure torchggml's pp with every token's logits (logits='all')")
     p.add_argument("--profile", type=int, default=0, metavar="K",
                    help="print torchggml's top K functions by own time during generation")
-    p.add_argument("--engine", choices=("torchggml", "llama.cpp"), help=argparse.SUPPRESS)
+    p.add_argument("--paired", type=int, default=0, metavar="N",
+                   help="also time N decode tokens of both engines alternated in one process")
+    p.add_argument("--engine", choices=("torchggml", "llama.cpp", "paired"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.engine:  # a child process: one engine, one model, JSON on the last line
         path = args.models[0]
-        result = bench_torchggml(path, args) if args.engine == "torchggml" else bench_llama_cpp(path, args, _n_vocab(path))
+        bench = {"torchggml": lambda: bench_torchggml(path, args),
+                 "llama.cpp": lambda: bench_llama_cpp(path, args, _n_vocab(path)),
+                 "paired": lambda: bench_paired(path, args, _n_vocab(path))}[args.engine]
+        result = bench()
         print(json.dumps(result))
         return 0
     types = args.types.split(",") if args.types else default_types(args.shape)
@@ -368,6 +403,12 @@ def main(argv=None) -> int:
         if "pp_all" in ours:
             print(f"  pp{args.n_prompt} with logits='all': {ours['pp_all']:.2f} t/s; logits='last' is "
                   f"{ours['pp'] / ours['pp_all']:.3f}x that (interleaved in one process, medians of {args.reps})")
+        if args.paired and with_llama:
+            paired = run_engine("paired", path, args)
+            print(f"  decode paired in one process ({args.paired} tokens each): torchggml "
+                  f"{paired['torchggml ms']:.2f} ms, llama.cpp {paired['llama.cpp ms']:.2f} ms a token "
+                  f"({paired['llama.cpp ms'] / paired['torchggml ms']:.3f}x; per-pair median "
+                  f"{paired['per-pair ratio']:.3f}x)")
         print(f"  {ours['desc']}")
         if args.profile:
             print(ours["profile"])
