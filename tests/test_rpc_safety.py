@@ -329,9 +329,9 @@ def test_structured_fuzz_small():
     spec.loader.exec_module(fuzz)
     srv = _serve()
     try:
-        tally = fuzz.fuzz_graphs(srv.endpoint, graphs=60, seconds=60, seed=11, timeout=20)
+        tally = fuzz.fuzz_graphs(srv.endpoint, graphs=40, seconds=60, seed=11, timeout=20)
     finally:
         _stop(srv)
-    assert tally.graphs >= 20 and tally.crashes == 0 and tally.hangs == 0
+    assert tally.graphs >= 10 and tally.crashes == 0 and tally.hangs == 0
     assert tally.leaks == 0, tally.leak_examples
     assert tally.computed > 0  # some graphs ran (not all refused)
