@@ -50,6 +50,7 @@ import torch
 from ..backend_impl import Buffer
 from ..enums import Op, Status
 from ..graph import CGraph
+from ..memory import byte_view
 from ..tensor import Tensor, nbytes, are_same_layout, MAX_SRC
 from ..types import Type, type_traits
 from . import protocol as P
@@ -634,7 +635,12 @@ class RPCServer:
 def zero_fresh(buf: Buffer) -> None:
     """A new buffer's bytes set to 0 unless its memory is known to be (fresh anonymous pages): a
     client must never read what the server's memory held before."""
-    if not getattr(buf, "zero_filled", False):
+    if getattr(buf, "zero_filled", False):
+        return
+    storage = getattr(buf, "storage", None)
+    if storage is not None and storage.device.type == "cpu":  # the heap's few MiB at most (larger: mapped)
+        byte_view(buf, 0, buf.size).numpy().fill(0)  # one thread's memset: torch's fill_ wakes its pool
+    else:
         buf.clear(0)
 
 
