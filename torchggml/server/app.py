@@ -183,7 +183,7 @@ class ServerState:
         metric("queue_waiting", "gauge", "requests' sequences waiting for a slot", [({}, e.n_waiting)])
         metric("sequences_active", "gauge", "sequences in slots", [({}, len(e.active))])
         metric("slots", "gauge", "parallel sequences (--parallel)", [({}, e.parallel)])
-        kv = m.kv
+        kv = m.memory
         used = kv.n_past if kv is not None else 0
         metric("kv_cache_used_cells", "gauge", "KV cache cells holding tokens", [({}, used)])
         metric("kv_cache_cells", "gauge", "KV cache size (n_ctx)", [({}, m.n_ctx)])
