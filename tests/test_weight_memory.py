@@ -95,7 +95,7 @@ def test_large_cpu_buffers_ask_for_huge_pages():
                         return line.split()[1:]
         assert "hg" in flags(big.get_base())
         big.clear(7)  # usable as any buffer
-        assert int(ggml.memory.byte_view(big, (8 << 20) - 1, 1)[0]) == 7
+        assert int(ggml.storage.byte_view(big, (8 << 20) - 1, 1)[0]) == 7
     finally:
         big.free()
 
