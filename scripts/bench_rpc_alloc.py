@@ -12,7 +12,7 @@ import statistics
 import time
 
 import torchggml as ggml
-from torchggml.rpc.server import zero_fresh
+from torchggml.devices.rpc.server import zero_fresh
 
 SIZES = [64 << 10, 1 << 20, 3 << 20, 64 << 20, 1 << 30]
 

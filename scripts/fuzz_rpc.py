@@ -42,8 +42,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from torchggml.rpc import protocol as P
-from torchggml.rpc.protocol import Cmd
+from torchggml.devices.rpc import protocol as P
+from torchggml.devices.rpc.protocol import Cmd
 
 CAPS = bytes(P.CONN_CAPS_SIZE)
 
@@ -505,7 +505,7 @@ def fuzz_graphs(endpoint: str, graphs: int, seconds: float, seed: int = 0, timeo
                 server_alive=None) -> GraphTally:
     """The structure-aware mode: `graphs` random graphs (or `seconds`), each sent to the server
     at `endpoint` and to an in-process reference server (CPU, torch kernels only)."""
-    from torchggml.rpc import RPCServer
+    from torchggml.devices.rpc import RPCServer
     rng = random.Random(seed)
     maker = GraphMaker(rng)
     tally = GraphTally()

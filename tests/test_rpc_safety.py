@@ -17,9 +17,9 @@ import pytest
 import torch
 
 import torchggml as ggml
-from torchggml.rpc import RPCServer, backend_rpc_init, backend_rpc_get_device_memory, close_server
-from torchggml.rpc import protocol as P
-from torchggml.rpc.protocol import Cmd
+from torchggml.devices.rpc import RPCServer, backend_rpc_init, backend_rpc_get_device_memory, close_server
+from torchggml.devices.rpc import protocol as P
+from torchggml.devices.rpc.protocol import Cmd
 
 ROOT = Path(__file__).resolve().parents[1]
 T = ggml.Type
@@ -101,7 +101,7 @@ def test_reshaping_cont_after_softmax_reads_only_its_inputs(server, where, d):
 def test_fused_attention_refuses_a_reshaping_cont():
     """The binding itself: the pattern's nodes, shapes agreeing but VT not v's transpose, bind no
     fused call (the unfused nodes run)."""
-    from torchggml.torch_backend.cpu.fusion import _bind_attention
+    from torchggml.devices.cpu.fusion import _bind_attention
     ctx = ggml.init(no_alloc=True)
     cells = ggml.new_tensor_3d(ctx, T.F16, 64, 1, 1)
     k = ggml.new_tensor_3d(ctx, T.F16, 8, 2, 1)
@@ -123,7 +123,7 @@ def test_fused_attention_refuses_a_reshaping_cont():
     (((2, -64),), 1, False),             # negative strides are refused
 ])
 def test_reads_within(dims, row, ok):
-    from torchggml.torch_backend.cpu.fast_ops import reads_within
+    from torchggml.devices.cpu.fast_ops import reads_within
     flat = torch.zeros(64 + 2 * 16 + 16).numpy()
     assert reads_within(flat, dims, row) is ok
 
@@ -210,7 +210,7 @@ def _sent(s, data):
 def test_stalled_or_idle_connection_is_dropped(case, caplog):
     srv = _serve(handshake_timeout=0.3, message_timeout=0.3, idle_timeout=0.3)
     try:
-        with caplog.at_level(logging.WARNING, logger="torchggml.rpc"):
+        with caplog.at_level(logging.WARNING, logger="torchggml.devices.rpc"):
             do, reason = STALLS[case]
             assert _closed_by_server(do(srv))
         assert srv.stats.closed_timeout == 1
@@ -310,7 +310,7 @@ def test_view_away_from_its_source_is_refused(server, caplog):
     a = _tensor(1, handle, base)
     view = _tensor(2, handle, base + 512, op=int(ggml.Op.VIEW), src=(1,), view_src=1, view_offs=0)
     node = _tensor(3, handle, base + 256, op=int(ggml.Op.SCALE), src=(2,))
-    with caplog.at_level(logging.WARNING, logger="torchggml.rpc"):
+    with caplog.at_level(logging.WARNING, logger="torchggml.devices.rpc"):
         P.send_command(s, Cmd.GRAPH_COMPUTE, P.GRAPH_HEAD.pack(0, 1), P.U64.pack(3), P.U32.pack(3), a, view, node)
         s.settimeout(15)
         assert _closed_by_server(s)
