@@ -448,7 +448,8 @@ def _input_bytes(t, spec, rng) -> bytes:
 
 def _graph_session(endpoint, tensors, offsets, size, nodes, payloads, timeout):
     """One connection: buffer, canary, inputs, GRAPH_COMPUTE, every node read back. Returns
-    (messages sent, [node bytes] or None when the server closed the connection)."""
+    (messages sent, [node bytes], None when the server closed the connection, or "timeout"
+    when it neither answered nor closed within `timeout` seconds)."""
     from torchggml.tensor import nbytes
     host, port = P.parse_endpoint(endpoint)
     ids = {id(t): i + 1 for i, t in enumerate(tensors)}
@@ -479,6 +480,8 @@ def _graph_session(endpoint, tensors, offsets, size, nodes, payloads, timeout):
                 sent += 1
                 replies.append(bytes(_call(s, Cmd.GET_TENSOR, wire(n) + P.TENSOR_RANGE.pack(0, nbytes(n)), nbytes(n))))
             return sent, replies
+        except TimeoutError:
+            return sent, "timeout"
         except (OSError, EOFError, AssertionError):
             return sent, None
 
@@ -501,10 +504,11 @@ def _same_values(t, a: bytes, b: bytes) -> bool:
     return bool(np.allclose(x, y, rtol=2e-2, atol=2e-2 * scale, equal_nan=True))
 
 
-def fuzz_graphs(endpoint: str, graphs: int, seconds: float, seed: int = 0, timeout: float = 20.0,
+def fuzz_graphs(endpoint: str, graphs: int, seconds: float, seed: int = 0, timeout: float = 120.0,
                 server_alive=None) -> GraphTally:
     """The structure-aware mode: `graphs` random graphs (or `seconds`), each sent to the server
-    at `endpoint` and to an in-process reference server (CPU, torch kernels only)."""
+    at `endpoint` and to an in-process reference server (CPU, torch kernels only). `timeout`
+    is generous: a server's first graphs may wait for its kernels to compile."""
     from torchggml.devices.rpc import RPCServer
     rng = random.Random(seed)
     maker = GraphMaker(rng)
@@ -520,12 +524,13 @@ def fuzz_graphs(endpoint: str, graphs: int, seconds: float, seed: int = 0, timeo
             payloads = [(t, _input_bytes(t, spec, rng)) for t, spec in inputs.items() if id(t) in offsets]
             tally.graphs += 1
             tally.families[family] += 1
-            t0 = time.monotonic()
             sent, got = _graph_session(endpoint, tensors, offsets, size, nodes, payloads, timeout)
             tally.messages += sent
-            if got is None and time.monotonic() - t0 >= timeout:
+            if got == "timeout":  # no answer, no close: a hang
                 tally.hangs += 1
+                got = None
             _, want = _graph_session(ref.endpoint, tensors, offsets, size, nodes, payloads, timeout)
+            want = None if want == "timeout" else want
             if got is None or want is None:
                 tally.refused += got is None
                 tally.disagreements += (got is None) != (want is None)
@@ -577,7 +582,7 @@ def main() -> None:
     try:
         server_alive = (lambda: proc.poll() is None) if proc else None
         if args.graphs:
-            tally = fuzz_graphs(endpoint, args.graphs, args.seconds, args.seed, max(args.timeout, 20.0), server_alive)
+            tally = fuzz_graphs(endpoint, args.graphs, args.seconds, args.seed, max(args.timeout, 120.0), server_alive)
         else:
             tally = fuzz(endpoint, args.messages, args.seconds, args.seed, args.timeout, server_alive)
     finally:

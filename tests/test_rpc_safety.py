@@ -329,7 +329,7 @@ def test_structured_fuzz_small():
     spec.loader.exec_module(fuzz)
     srv = _serve()
     try:
-        tally = fuzz.fuzz_graphs(srv.endpoint, graphs=40, seconds=60, seed=11, timeout=20)
+        tally = fuzz.fuzz_graphs(srv.endpoint, graphs=40, seconds=120, seed=11, timeout=120)
     finally:
         _stop(srv)
     assert tally.graphs >= 10 and tally.crashes == 0 and tally.hangs == 0
