@@ -80,14 +80,12 @@ def reshaped_attention(backend, d: int, seed: int = 0):
     return result, ref, (vbuf, buf)
 
 
-@pytest.mark.parametrize("where", ["rpc", "local"])
-@pytest.mark.parametrize("d", [1024, 16 << 20], ids=["D=1024", "D=16M"])
+@pytest.mark.parametrize("where, d", [("rpc", 1024), ("rpc", 16 << 20), ("local", 1024)],
+                         ids=["rpc-D=1024", "rpc-D=16M", "local-D=1024"])
 def test_reshaping_cont_after_softmax_reads_only_its_inputs(server, where, d):
     """Was: the fused decode attention took n_kv from KQ and d_v from OUT and read D/2 values
     past v per cell (1 KB of the server's heap in the reply at D = 1,024, SIGSEGV at D = 16M).
-    Now the nodes run unfused, and OUT is the product of VT and P."""
-    if where == "local" and d > 1024:
-        pytest.skip("the large case is the server's (one is enough for memory)")
+    Now the nodes run unfused, and OUT is the product of VT and P (~100 MB at D = 16M)."""
     backend = backend_rpc_init(server.endpoint, 0) if where == "rpc" else ggml.backend_cpu_init()
     result, ref, buffers = reshaped_attention(backend, d)
     assert torch.isfinite(result).all()
@@ -329,9 +327,9 @@ def test_structured_fuzz_small():
     spec.loader.exec_module(fuzz)
     srv = _serve()
     try:
-        tally = fuzz.fuzz_graphs(srv.endpoint, graphs=40, seconds=120, seed=11, timeout=120)
+        tally = fuzz.fuzz_graphs(srv.endpoint, graphs=15, seconds=120, seed=11, timeout=120)
     finally:
         _stop(srv)
-    assert tally.graphs >= 10 and tally.crashes == 0 and tally.hangs == 0
+    assert tally.graphs >= 5 and tally.crashes == 0 and tally.hangs == 0
     assert tally.leaks == 0, tally.leak_examples
     assert tally.computed > 0  # some graphs ran (not all refused)
