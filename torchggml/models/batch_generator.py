@@ -77,9 +77,15 @@ class BatchGenerator:
         self.active: list[BatchSequence] = []
         self.last = StepCounts()
 
-    def add(self, gen: Generation, seq_id: int, limit: int | None = None, owner=None) -> BatchSequence:
-        """Start `gen` as memory sequence `seq_id` (whose cells the caller has cleared)."""
-        seq = BatchSequence(gen, int(seq_id), int(limit or self.model.n_ctx), owner=owner)
+    def add(self, gen: Generation, seq_id: int, limit: int | None = None, owner=None,
+            n_cached: int = 0) -> BatchSequence:
+        """Start `gen` as memory sequence `seq_id`, whose cells hold exactly the first n_cached
+        tokens of its prompt (a prompt cache's hit; 0: the caller cleared them)."""
+        if not 0 <= n_cached < max(len(gen.prompt), 1):
+            raise ValueError(f"n_cached={n_cached}: at least the prompt's last token must be evaluated "
+                             f"(the prompt has {len(gen.prompt)})")
+        seq = BatchSequence(gen, int(seq_id), int(limit or self.model.n_ctx), n_prompt_done=int(n_cached),
+                            owner=owner)
         self.active.append(seq)
         return seq
 

@@ -260,6 +260,17 @@ class Model:
             self.memory.clear(seq_id)
             self.sequences.changed(None if seq_id is None else [int(seq_id)])
 
+    def keep_prefix(self, seq_id: int, n: int) -> bool:
+        """Sequence seq_id keeps its first n positions and forgets the rest (llama.cpp's seq_rm
+        from n); False, changing nothing, where the memory cannot go back (recurrent states)."""
+        with self.lock:
+            self._require_weights("keep_prefix")
+            if self.memory.keep_prefix is None:
+                return False
+            self.memory.keep_prefix(seq_id, n)
+            self.sequences.changed([int(seq_id)])
+            return True
+
     def _token_ids(self, tokens) -> np.ndarray:
         """The ids as int32, the graph's input type (checked here against the vocabulary, so
         writing them needs no range check)."""
