@@ -30,6 +30,7 @@ from ..models.sampling import SamplingParams
 from .engine import Engine, Job, QueueFull
 from .grammar import Constraint, GrammarError, Vocabulary
 from .protocol import APIError, ChatRequest, CompletionRequest, EmbeddingRequest, Sampling
+from . import webui
 
 # llama.cpp's fallback when the GGUF has no tokenizer.chat_template
 CHATML_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
@@ -255,9 +256,12 @@ async def parse_body(request: Request, cls):
         raise APIError(400, f"{param or 'body'}: {reasons}{got}", param) from None
 
 
+OPEN_PATHS = ("/health", "/")  # no API key: liveness, and the chat page (its API calls carry the key)
+
+
 class AuthAndCount:
-    """Checks the API key (constant-time compare; /health is open) and counts responses by path
-    and status for /metrics."""
+    """Checks the API key (constant-time compare; /health and the chat page are open) and counts
+    responses by path and status for /metrics."""
 
     def __init__(self, app, state: ServerState, api_key: str | None):
         self.app, self.state = app, state
@@ -267,7 +271,7 @@ class AuthAndCount:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope["path"]
-        if self.expected is not None and path != "/health":
+        if self.expected is not None and path not in OPEN_PATHS:
             given = dict(scope.get("headers") or []).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
                 self.state.requests[(path, 401)] += 1
@@ -310,6 +314,8 @@ def create_app(state: ServerState, api_key: str | None = None):
     @app.exception_handler(Exception)
     async def on_crash(request, e: Exception):
         return error_response(APIError(500, f"{type(e).__name__}: {e}", type="server_error"))
+
+    webui.register(app)
 
     @app.get("/health")
     async def health():
