@@ -209,3 +209,11 @@ def test_support_table_lists_the_code():
     assert all(f"| {t.name} |" in block for t in dequantize_types())
     for device in ("cpu", "cuda", "mps", "sim", "rpc", "meta"):
         assert f"| {device} |" in block
+
+
+def test_environment_doc_holds_the_config_table():
+    """docs/environment.md holds `python -m torchggml.config`'s table, row for row."""
+    from torchggml import config
+    doc = (ROOT / "docs" / "environment.md").read_text()
+    missing = [row for row in config.describe().strip().splitlines() if row not in doc]
+    assert not missing, f"docs/environment.md lacks (python -m torchggml.config prints them): {missing}"
