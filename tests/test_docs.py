@@ -217,3 +217,22 @@ def test_environment_doc_holds_the_config_table():
     table = [row for row in (ROOT / "docs" / "environment.md").read_text().splitlines() if row.startswith("| `")]
     assert table == config.describe().strip().splitlines(), \
         "docs/environment.md's table differs: paste python -m torchggml.config's output"
+
+
+# where a doc's relative paths start (`cpu/jit/gemm_ir.py` is torchggml/devices/cpu/jit/gemm_ir.py)
+PATH_BASES = ["", "torchggml", "torchggml/devices", "torchggml/devices/cpu", "torchggml/models", "torchggml/test_ops"]
+PLACEHOLDERS = {"FILE.py", "my_kernels.py", "q4_0_matvec.py"}  # files the reader writes
+
+
+def test_named_files_exist():
+    """Every file a doc names (`models/builder.py`, `gemm_ir.py`) exists: a moved file leaves no
+    stale path behind."""
+    every = {p.name for p in ROOT.rglob("*.py")}
+    missing = []
+    for doc in DOCS + [ROOT / "docs" / "kernel_tutorial.md"]:
+        for name in set(re.findall(r"([\w./-]*\w\.py)\b", doc.read_text())) - PLACEHOLDERS:
+            rel = name.lstrip("./")
+            found = any((ROOT / base / rel).exists() for base in PATH_BASES) if "/" in rel else rel in every
+            if not found:
+                missing.append(f"{doc.name}: {name}")
+    assert not missing, missing
