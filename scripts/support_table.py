@@ -38,25 +38,36 @@ def _cpu_path(t) -> str:
     from torchggml.devices.cpu.layouts.fused import IN_PLACE_KINDS
     from torchggml.types import Type
     if t in IN_PLACE_KINDS:
-        return "ggml's blocks in place (numba); int8 GEMM for prompts"
+        return "numba on ggml's blocks in place; int8 GEMM for prompts"
     if t in DECOMPOSE:
-        return "int8 groups at load (numba)"
+        return "numba on int8 groups (converted at load)"
     if t == Type.F16:
-        return "numba matvec, f32 GEMM"
+        return "numba matvec; f32 GEMM"
     if t in (Type.F32, Type.BF16):
-        return "torch GEMM"
-    return "dequantized per product (torch)"
+        return "torch"
+    return "dequantized, then torch"
+
+
+def _gpu_path(t, triton_types) -> str:
+    """As kernels/gpu.py chooses: Triton for the block types its kernels decode."""
+    from torchggml.types import type_traits
+    if not type_traits(t).is_quantized:
+        return "torch"
+    return "Triton" if t in triton_types else "dequantized, then torch"
 
 
 def weight_types() -> list[str]:
+    """One row per combination of paths, its types in ggml's order."""
     from torchggml.devices.triton._common import SUPPORTED_TYPES
     from torchggml.quants import dequantize_types, quantize_types
     quantizable = set(quantize_types())
-    rows = ["| type | quantize | CPU (`fused` path) | CUDA (Triton) |", "| --- | :---: | --- | :---: |"]
+    rows: dict[tuple, list[str]] = {}
     for t in dequantize_types():
-        rows.append(f"| {t.name} | {'yes' if t in quantizable else '-'} | {_cpu_path(t)} | "
-                    f"{'yes' if t in SUPPORTED_TYPES else 'dequantized (torch)'} |")
-    return rows
+        key = ("yes" if t in quantizable else "-", _cpu_path(t), _gpu_path(t, SUPPORTED_TYPES))
+        rows.setdefault(key, []).append(t.name)
+    lines = ["| weight types | quantize | CPU products (`fused` path) | CUDA products |", "| --- | :---: | --- | --- |"]
+    lines += [f"| {', '.join(names)} | {q} | {cpu} | {gpu} |" for (q, cpu, gpu), names in rows.items()]
+    return lines
 
 
 def _summary(path: Path) -> str:
@@ -72,6 +83,8 @@ def devices() -> list[str]:
     for module in _device_files():
         path = Path(module.__file__)
         rel = path.relative_to(ROOT).as_posix()
+        if path.name == "__init__.py":  # a device package
+            rel = path.parent.relative_to(ROOT).as_posix() + "/"
         rows.append(f"| {module.__name__.rsplit('.', 1)[-1]} | `{rel}` | {_summary(path)} |")
     for name in ("rpc", "meta"):
         path = ROOT / "torchggml" / "devices" / name / "__init__.py"
