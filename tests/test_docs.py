@@ -238,3 +238,27 @@ def test_named_files_exist():
             if not found:
                 missing.append(f"{doc.name}: {name}")
     assert not missing, missing
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as dashes."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_links_resolve():
+    """Every relative link of the README and docs/ names a file that exists, and its #anchor a
+    heading of that file."""
+    broken = []
+    for doc in DOCS + [ROOT / "docs" / "kernel_tutorial.md"]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
+            if re.match(r"\w+://", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (doc.parent / path).resolve() if path else doc
+            if not dest.exists():
+                broken.append(f"{doc.name}: {target}")
+            elif anchor and dest.suffix == ".md":
+                headings = {_anchor(h) for h in re.findall(r"^#+ (.+)$", dest.read_text(), flags=re.M)}
+                if anchor not in headings:
+                    broken.append(f"{doc.name}: {target} (no such heading)")
+    assert not broken, broken
