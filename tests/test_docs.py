@@ -262,3 +262,10 @@ def test_links_resolve():
                 if anchor not in headings:
                     broken.append(f"{doc.name}: {target} (no such heading)")
     assert not broken, broken
+
+
+def test_every_script_is_documented():
+    """Each script of scripts/ is named in the README or docs/ (benchmarks.md lists the bench ones)."""
+    text = "\n".join(p.read_text() for p in DOCS)
+    missing = [p.name for p in sorted((ROOT / "scripts").glob("*.py")) if p.name not in text]
+    assert not missing, f"scripts no doc names: {missing}"
