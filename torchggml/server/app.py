@@ -170,6 +170,11 @@ class ServerState:
         metric("requests_total", "counter", "HTTP requests by path and status",
                [({"path": p, "status": st}, n) for (p, st), n in sorted(self.requests.items())])
         metric("prompt_tokens_total", "counter", "prompt tokens processed", [({}, s.prompt_tokens)])
+        metric("draft_tokens_total", "counter", "speculative decoding: draft tokens evaluated", [({}, s.drafted_tokens)])
+        metric("draft_tokens_accepted_total", "counter", "speculative decoding: draft tokens taken",
+               [({}, s.accepted_tokens)])
+        metric("draft_acceptance_ratio", "gauge", "speculative decoding: accepted / drafted",
+               [({}, s.accepted_tokens / s.drafted_tokens if s.drafted_tokens else 0.0)])
         metric("prompt_tokens_cached_total", "counter", "prompt tokens found in a slot's cells (prompt cache)",
                [({}, s.cached_prompt_tokens)])
         metric("generated_tokens_total", "counter", "tokens generated", [({}, s.generated_tokens)])
