@@ -418,7 +418,7 @@ def _to_half(x, out):  # float32 values -> F16 bits (nearest even, as ggml's con
 
 
 # a vector sum, as ggml's; the heads (i2, i3) split over the threads: attention's KQ and KQV are
-# tens of microseconds a layer, and one thread left the other idle
+# large enough a layer that one thread left the other idle
 @njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"}, parallel=True)
 def half_products(a, a_strides, b, b_strides, out, k, r2, r3):
     sa3, sa2, sa1 = a_strides[0], a_strides[1], a_strides[2]
