@@ -189,7 +189,9 @@ class GGMLModule(torch.nn.Module):
         n_kv = min(model.n_ctx, -(-top // KV_PAD) * KV_PAD)
         fn = self._function(n, n_kv)
         pos = positions.cpu()
-        masks = [attention_mask(pos, torch.arange(n_kv), window) for window in fn.windows]
+        alibi = model.hp.max_alibi_bias > 0
+        masks = [attention_mask(pos, torch.arange(n_kv), window, alibi=alibi, chunked=model.hp.swa_chunked)
+                 for window in fn.windows]
         extra = [values(pos) for values in fn.position_values]
         pos32 = positions.to(torch.int32)
         logits = fn(tokens.to(torch.int32), pos32, positions.to(torch.int64), *masks, *extra, params=self._lora_params)

@@ -2,19 +2,21 @@
 from __future__ import annotations
 
 from ..builder import Arch
-from . import gemma, gpt_oss, llama, mistral3, parallel, phi3, qwen
+from . import (falcon_h1, gemma, gpt_oss, jamba, lfm2, llama, mamba, mistral3, nemotron_h, parallel, phi3,
+               qwen, qwen3next, rwkv6, rwkv7)
 
-ARCHS: dict[str, Arch] = {}
-from . import falcon_h1, jamba, lfm2, mamba, nemotron_h, qwen3next, rwkv6, rwkv7  # noqa: E402  (recurrent, hybrid)
-for _module in (llama, mistral3, qwen, gemma, phi3, gpt_oss, parallel, mamba, jamba, nemotron_h, falcon_h1, lfm2,
-                rwkv6, rwkv7, qwen3next):
-    for _arch in _module.ARCHS:
-        for _name in _arch.names:
-            ARCHS[_name] = _arch
+MODULES = (llama, mistral3, qwen, gemma, phi3, gpt_oss, parallel, mamba, jamba, nemotron_h, falcon_h1, lfm2,
+           rwkv6, rwkv7, qwen3next)
+ARCHS: dict[str, Arch] = {name: arch for module in MODULES for arch in module.ARCHS for name in arch.names}
 
 
 def arch_for(name: str, path: str = "model") -> Arch:
+    """The Arch of a `general.architecture`; an unsupported one is refused naming it and listing
+    the supported ones."""
     from ...gguf import GGUFError
+    from ..arch_names import LLAMA_CPP_ARCHS
     if name not in ARCHS:
-        raise GGUFError(f"{path}: architecture {name!r} is not supported (supported: {', '.join(sorted(ARCHS))})")
+        known = " (llama.cpp runs it; torchggml does not yet)" if name in LLAMA_CPP_ARCHS else ""
+        raise GGUFError(f"{path}: architecture {name!r} is not supported{known}; the {len(ARCHS)} supported: "
+                        f"{', '.join(sorted(ARCHS))}")
     return ARCHS[name]
