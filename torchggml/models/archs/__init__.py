@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 from ..builder import Arch
-from . import (falcon_h1, gemma, gpt_oss, jamba, lfm2, llama, mamba, mistral3, nemotron_h, parallel, phi3,
-               qwen, qwen3next, rwkv6, rwkv7)
+from . import (falcon_h1, gemma, gpt_oss, granite, jamba, lfm2, llama, mamba, mistral3, nemotron_h, parallel,
+               phi3, qwen, qwen3next, rwkv6, rwkv7)
 
 MODULES = (llama, mistral3, qwen, gemma, phi3, gpt_oss, parallel, mamba, jamba, nemotron_h, falcon_h1, lfm2,
-           rwkv6, rwkv7, qwen3next)
+           rwkv6, rwkv7, qwen3next, granite)
 ARCHS: dict[str, Arch] = {name: arch for module in MODULES for arch in module.ARCHS for name in arch.names}
 
 
