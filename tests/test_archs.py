@@ -128,10 +128,11 @@ def test_arch_on_simulated_accelerator(key, model_dir):
     eval_and_check(key, model_dir, devices=["SIM0"], flash_attn=True)
 
 
-@pytest.mark.parametrize("key", ["gemma2-F32", "mistral3-F32", "gpt-oss-F32"])
+@pytest.mark.parametrize("key", ["gemma2-F32", "mistral3-F32", "gpt-oss-F32", "bloom-F32", "llama4-F32", "qwen3vl-F32"])
 def test_module_forward_matches_eval(key, model_dir):
-    """Model.as_module() feeds every input the architecture's graph has (sliding-window masks,
-    the query temperature) and gives eval's logits."""
+    """Model.as_module() feeds every input the architecture's graph has (sliding-window and
+    chunked masks, ALiBi masks, the query temperature, multi-axis positions) and gives eval's
+    logits."""
     entry = MANIFEST[key]
     model = load_model(tiny_model_path(key, entry, model_dir), n_ctx=entry["n_ctx"], progress=False)
     tokens = torch.tensor(entry["tokens"])
@@ -186,3 +187,17 @@ def test_unsupported_architecture_error_lists_the_supported(tmp_path, name, know
     assert f"the {len(ARCHS)} supported: " in message
     assert all(arch in message.split("supported: ")[1].split(", ") for arch in ARCHS)
 
+
+def test_mla_cache_holds_only_the_compressed_latent(model_dir):
+    """deepseek2's KV cache keeps one row of kv_lora_rank + rope values per token and layer (V is
+    read from it), not n_head keys and values: 40 F16 values here instead of 4 x (40 + 16)."""
+    key = "deepseek2-F32"
+    entry = MANIFEST[key]
+    model = load_model(tiny_model_path(key, entry, model_dir), n_ctx=entry["n_ctx"], progress=False)
+    hp, kv = model.hp, model.kv
+    assert kv.v_in_k and all(v is None for v in kv.v)
+    assert [list(k.ne[:2]) for k in kv.k] == [[hp.n_lora_kv + hp.n_rot, kv.n_ctx]] * hp.n_layer
+    assert kv.nbytes() >= hp.n_layer * kv.n_ctx * (hp.n_lora_kv + hp.n_rot) * 2
+    uncompressed = hp.n_layer * kv.n_ctx * hp.n_head * (hp.head_dim_k_mla + hp.head_dim_v_mla) * 2
+    assert kv.nbytes() < uncompressed / 3
+    model.close()
