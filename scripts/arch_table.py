@@ -43,7 +43,7 @@ def support_table() -> str:
 
 def main(argv=None) -> int:
     from torchggml.models import load_model
-    from torchggml.gguf_writer.tiny import CASES_BY_NAME, file_sha256, write_tiny_model
+    from torchggml.gguf.writer.tiny import CASES_BY_NAME, file_sha256, write_tiny_model
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="CPU")
     p.add_argument("--arch", nargs="*", help="only these general.architecture values")

@@ -19,7 +19,7 @@ ARCHS: dict[str, Arch] = {name: arch for module in MODULES for arch in module.AR
 def arch_for(name: str, path: str = "model") -> Arch:
     """The Arch of a `general.architecture`; an unsupported one is refused naming it and listing
     the supported ones."""
-    from ...gguf import GGUFError
+    from ...gguf.loader import GGUFError
     from ..arch_names import LLAMA_CPP_ARCHS
     if name not in ARCHS:
         known = " (llama.cpp runs it; torchggml does not yet)" if name in LLAMA_CPP_ARCHS else ""

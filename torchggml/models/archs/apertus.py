@@ -5,7 +5,7 @@ parameters (xielu.alpha_n, alpha_p, beta, eps: one value or one per layer) come 
 from __future__ import annotations
 
 from ...enums import RopeType
-from ...gguf import GGUFError
+from ...gguf.loader import GGUFError
 from ... import ops
 from ..builder import Arch, load_attention, load_ffn
 

@@ -23,7 +23,7 @@ import math
 
 from ... import ops
 from ...enums import RopeType
-from ...gguf import GGUFError
+from ...gguf.loader import GGUFError
 from ..builder import Arch
 from .glm4moe import load_routed_ffn, read_routing, routed_ffn, skip_nextn_layers, skip_nextn_tensors
 

@@ -7,7 +7,7 @@ expert_shared_feed_forward_length, a SwiGLU shared expert.
 from __future__ import annotations
 
 from ...enums import RopeType
-from ...gguf import GGUFError
+from ...gguf.loader import GGUFError
 from ..builder import Arch, load_attention, load_ffn, load_moe, load_shared_expert
 
 

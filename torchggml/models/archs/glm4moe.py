@@ -9,7 +9,7 @@ The multi-token-prediction blocks (the last nextn_predict_layers) are skipped, a
 from __future__ import annotations
 
 from ...enums import RopeType
-from ...gguf import GGUFError
+from ...gguf.loader import GGUFError
 from ..builder import Arch, load_attention, load_ffn, load_moe, load_shared_expert, tensor_layer
 
 # llama.cpp's llama_expert_gating_func_type

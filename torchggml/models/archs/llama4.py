@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ... import ops
 from ...enums import RopeType
-from ...gguf import GGUFError
+from ...gguf.loader import GGUFError
 from ..builder import Arch, load_attention, load_ffn, load_moe, load_shared_expert
 from ..hparams import read_swa_pattern
 

@@ -7,7 +7,7 @@ inputs are zero for text tokens, so they add nothing.
 from __future__ import annotations
 
 from ...enums import RopeType
-from ...gguf import GGUFError
+from ...gguf.loader import GGUFError
 from ...ops.rope import ROPE_TYPE_IMROPE
 from .qwen import Qwen2, Qwen3, Qwen3Moe
 
