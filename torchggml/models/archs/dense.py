@@ -9,6 +9,8 @@ from ...enums import RopeType
 from ..builder import Arch, load_attention, load_ffn
 
 QKV_BIASES = {"attn_q": False, "attn_k": False, "attn_v": False, "attn_qkv": False}
+# llama's optional biases (q/k/v, attention output, FFN)
+LLAMA_BIASES = {**QKV_BIASES, "attn_output": False, "ffn_gate": False, "ffn_up": False, "ffn_down": False}
 
 
 class Dense(Arch):

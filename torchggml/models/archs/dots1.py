@@ -5,29 +5,17 @@ experts; output head required."""
 from __future__ import annotations
 
 from ...enums import RopeType
-from .dense import Dense
-from .glm4moe import load_routed_ffn, read_routing, routed_ffn
-from ..builder import load_attention
+from .glm4moe import RoutedDense, read_routing
 
 
-class Dots1(Dense):
+class Dots1(RoutedDense):
     names = ("dots1",)
     rope_type = RopeType.NEOX
     output_head = "required"
+    qk_norm = True
 
     def read_hparams(self, hp, keys):
         read_routing(hp, keys, default_gating=None)
-
-    def load_layer(self, L, hp):
-        load_attention(L, hp, qk_norm=True)
-        load_routed_ffn(L, hp)
-
-    def build(self, b, w):
-        x = b.embed(w.token_embd)
-        for il, layer in enumerate(w.layers):
-            x = b.add_attention(il, x, b.self_attention(il, b.norm(x, layer.attn_norm), layer))
-            x = b.add(x, routed_ffn(b, b.norm(x, layer.ffn_norm), layer))
-        return b.output(x, w)
 
 
 ARCHS = [Dots1()]

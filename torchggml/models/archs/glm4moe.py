@@ -11,6 +11,7 @@ from __future__ import annotations
 from ...enums import RopeType
 from ...gguf.loader import GGUFError
 from ..builder import Arch, load_attention, load_ffn, load_moe, load_shared_expert, tensor_layer
+from .dense import Dense
 
 # llama.cpp's llama_expert_gating_func_type
 GATING_FUNCS = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}
@@ -57,6 +58,21 @@ def skip_nextn_layers(hp, keys) -> None:
 def skip_nextn_tensors(w, hp) -> None:
     """The tensors of the skipped prediction blocks count as read (llama.cpp's TENSOR_SKIP)."""
     w.used.update(n for n in w.tensors if (tensor_layer(n) or 0) >= hp.n_layer)
+
+
+class RoutedDense(Dense):
+    """A pre-norm layer whose FFN is `load_routed_ffn` / `routed_ffn` (dots1, bailingmoe)."""
+
+    def load_layer(self, L, hp):
+        load_attention(L, hp, qk_norm=self.qk_norm)
+        load_routed_ffn(L, hp)
+
+    def build(self, b, w):
+        x = b.embed(w.token_embd)
+        for il, layer in enumerate(w.layers):
+            x = b.add_attention(il, x, b.self_attention(il, b.norm(x, layer.attn_norm), layer))
+            x = b.add(x, routed_ffn(b, b.norm(x, layer.ffn_norm), layer))
+        return b.output(x, w)
 
 
 def routed_ffn(b, h, layer):

@@ -1,34 +1,27 @@
-"""GPT-2 and StarCoder (gpt2, starcoder): learned position embeddings added to the token
-embeddings (no rotary embedding), LayerNorms with biases, one fused attn_qkv with its bias
-(starcoder: multi-query, one K/V head), an ungated GELU FFN with biases.
+"""GPT-2 and StarCoder (gpt2, starcoder): starcoder2's sequential LayerNorm layer (biases, an
+ungated GELU FFN) with learned position embeddings added to the token embeddings instead of a
+rotary embedding, and one fused attn_qkv with its bias (starcoder: multi-query, one K/V head).
 """
 from __future__ import annotations
 
-from ..builder import Arch, load_attention, load_ffn
+from .parallel import Starcoder2
 
 
-class GPT2(Arch):
+class GPT2(Starcoder2):
     names = ("gpt2", "starcoder")
     biases = {"attn_norm": True, "attn_qkv": True, "attn_output": True, "ffn_norm": True, "ffn_up": True,
               "ffn_down": True, "output_norm": True}
     fused_qkv = True
+    rotary = False
+    pos_embd = True  # position_embd.weight: required (True), optional (False) or none (None)
 
     def load_weights(self, w, hp):
         super().load_weights(w, hp)
-        w.add("pos_embd", "position_embd.weight", [hp.n_embd, hp.n_ctx_train])
+        if self.pos_embd is not None:
+            w.add("pos_embd", "position_embd.weight", [hp.n_embd, hp.n_ctx_train], required=self.pos_embd)
 
-    def load_layer(self, L, hp):
-        load_attention(L, hp)
-        load_ffn(L, hp, gated=False)
-
-    def build(self, b, w):
-        x = b.embed(w.token_embd, pos_embd=w.pos_embd)
-        for il, layer in enumerate(w.layers):
-            h = b.norm(x, layer.attn_norm, layer.attn_norm_b, rms=False)
-            x = b.add_attention(il, x, b.self_attention(il, h, layer, rope=False))
-            h = b.norm(x, layer.ffn_norm, layer.ffn_norm_b, rms=False)
-            x = b.add(x, b.ffn(h, layer, act="gelu"))
-        return b.output(x, w, rms=False)
+    def embed(self, b, w):
+        return b.embed(w.token_embd, pos_embd=w.pos_embd)
 
 
 ARCHS = [GPT2()]

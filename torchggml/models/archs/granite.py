@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from ...enums import RopeType
 from ..builder import Arch, load_attention, load_ffn, load_moe, load_shared_expert
+from .dense import LLAMA_BIASES
 
 
 class Granite(Arch):
     names = ("granite", "granitemoe")
     rope_type = RopeType.NORMAL
     rope_freqs = True
-    biases = {"attn_q": False, "attn_k": False, "attn_v": False, "attn_qkv": False, "attn_output": False,
-              "ffn_gate": False, "ffn_up": False, "ffn_down": False}
+    biases = LLAMA_BIASES
     fused_qkv = True
 
     def read_hparams(self, hp, keys):

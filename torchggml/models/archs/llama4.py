@@ -16,6 +16,7 @@ from ...enums import RopeType
 from ...gguf.loader import GGUFError
 from ..builder import Arch, load_attention, load_ffn, load_moe, load_shared_expert
 from ..hparams import read_swa_pattern
+from .dense import LLAMA_BIASES
 
 CHUNK = 8192  # llama.cpp's attention chunk and temperature floor for llama4
 NO_ROPE_STEP = 4
@@ -25,8 +26,7 @@ class Llama4(Arch):
     names = ("llama4",)
     rope_type = RopeType.NORMAL
     rope_freqs = True
-    biases = {"attn_q": False, "attn_k": False, "attn_v": False, "attn_qkv": False, "attn_output": False,
-              "ffn_gate": False, "ffn_up": False, "ffn_down": False}
+    biases = LLAMA_BIASES
     fused_qkv = True
 
     def read_hparams(self, hp, keys):
