@@ -143,7 +143,7 @@ TINY_CASES += [
           n_expert=4, n_expert_used=2, metadata=(("rope.scaling.original_context_length", 32),)),
     _case("hunyuan-dense", "hunyuan-dense", ["qk_norm"], metadata=(("rope.scaling.alpha", 1.5),)),
     _case("hunyuan-moe", "hunyuan-moe", ["moe", "shexp", "shexp_ungated", "qk_norm"], n_expert=4,
-          n_expert_used=2, metadata=(("expert_shared_feed_forward_length", 64),)),
+          n_expert_used=2, metadata=(("expert_shared_feed_forward_length", 64), ("expert_feed_forward_length", 128))),
     _case("ernie4_5-moe", "ernie4_5-moe", ["moe", "shexp", "shexp_ungated", "probs_bias"], n_layer=3,
           n_expert=4, n_expert_used=2, metadata=(
               ("leading_dense_block_count", 1), ("interleave_moe_layer_step", 1), ("expert_feed_forward_length", 64),

@@ -17,6 +17,8 @@ class Hunyuan(Arch):
     fused_qkv = True
 
     def read_hparams(self, hp, keys):
+        if hp.arch == "hunyuan-moe":
+            keys.get("expert_feed_forward_length")  # required by llama.cpp (the experts are feed_forward_length wide)
         alpha = float(keys.get("rope.scaling.alpha", 0.0))
         if alpha > 0.0 and hp.arch == "hunyuan-dense":  # llama.cpp applies it to the dense model only
             d = hp.head_dim_k
