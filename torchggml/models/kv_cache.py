@@ -149,6 +149,16 @@ class KVCache(Memory):
             self.cell_seq[cells] = -1
             self.seq_next.pop(int(seq_id), None)
 
+    def keep_prefix(self, seq_id: int, n: int) -> None:
+        """Sequence seq_id keeps its first n positions and forgets the rest (llama.cpp's seq_rm
+        from position n): the next token it evaluates is at position n."""
+        seq_id = int(seq_id)
+        cells = np.flatnonzero((self.cell_seq == seq_id) & (self.cell_pos >= n))
+        self.zero_cells(cells)
+        self.cell_seq[cells] = -1
+        if seq_id in self.seq_next:
+            self.seq_next[seq_id] = min(self.seq_next[seq_id], int(n))
+
     def copy(self, src: int, dst: int) -> None:
         """Sequence dst continues from sequence src's cells (llama.cpp's seq_cp): dst's own cells
         are cleared and src's K and V rows copied into free cells tagged dst, same positions."""

@@ -68,6 +68,7 @@ class Sampling(BaseModel):
     response_format: ResponseFormat | None = None
     grammar: StrictStr | None = None
     ignore_eos: StrictBool = False
+    cache_prompt: StrictBool = True  # llama-server's: reuse a slot's cells holding a prefix of the prompt
     user: StrictStr | None = None
     # known, not implemented: refused (400) rather than ignored
     logit_bias: dict[str, Any] | None = None
