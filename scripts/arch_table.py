@@ -3,7 +3,7 @@ relative L2 error and the argmax agreement of torchggml's logits, evaluated in o
 a prompt followed by decode steps, flash attention off and on.
 
     python scripts/arch_table.py [--device CPU] [--arch NAME ...]
-    python scripts/arch_table.py --support     # the supported architectures, from the code
+(The supported architectures, from the code: the README's table, python scripts/support_table.py.)
 
 The last lines count the architectures checked and those over the golden tests' thresholds
 (relative L2 2e-3 for F32/F16, 4e-2 for quantized weights; argmax agreement 0.9).
@@ -24,34 +24,13 @@ sys.path.insert(0, str(ROOT))
 DATA = ROOT / "tests" / "data" / "archs"
 
 
-def support_table() -> str:
-    """A markdown table of the supported `general.architecture` values: each architecture file's
-    names and the first sentence of its docstring."""
-    import inspect
-    from torchggml.models.archs import ARCHS
-    rows: dict = {}
-    for name in sorted(ARCHS):
-        module = inspect.getmodule(type(ARCHS[name]))
-        rows.setdefault(module.__name__, []).append(name)
-    lines = [f"{len(ARCHS)} architectures.", "", "| architecture | file | what it is |", "| --- | --- | --- |"]
-    for module_name, names in sorted(rows.items(), key=lambda kv: kv[1][0]):
-        doc = " ".join((sys.modules[module_name].__doc__ or "").split())
-        first = doc.split(". ")[0].rstrip(".") + "."
-        lines.append(f"| {', '.join(names)} | {module_name.rsplit('.', 1)[1]}.py | {first.replace('|', '/')} |")
-    return "\n".join(lines)
-
-
 def main(argv=None) -> int:
     from torchggml.models import load_model
     from torchggml.gguf.writer.tiny import CASES_BY_NAME, file_sha256, write_tiny_model
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="CPU")
     p.add_argument("--arch", nargs="*", help="only these general.architecture values")
-    p.add_argument("--support", action="store_true", help="print the supported architectures' table and stop")
     args = p.parse_args(argv)
-    if args.support:
-        print(support_table())
-        return 0
     from torchggml.models.archs import ARCHS
     manifest = json.loads((DATA / "manifest.json").read_text())
     if args.arch:
