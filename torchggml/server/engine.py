@@ -11,7 +11,9 @@ overflows; a sequence that reaches its slot's size ends with finish_reason "leng
 
 Waiting requests sit in a bounded queue; past `max_queue` a submit raises QueueFull (the server
 answers 503). Events go back to the submitter through its `emit` callback, called on the engine
-thread: ("token", job, text, choices), ("done", job, text, None), ("error", job, message, None).
+thread: ("token", job, text, choices), ("done", job, text, None), ("error", job, message, status)
+(status 400 when the client's grammar failed, 500 otherwise). A job with a `deadline`
+(time.monotonic()) that passes ends with finish_reason "length".
 
 With one slot every step is what Model.generate evaluates (the prompt in n_batch micro-batches,
 then one token a step, on cells from 0), so temperature 0 gives generate's tokens exactly.
@@ -28,6 +30,7 @@ import torch
 
 from ..models.generation import Generation
 from ..models.sampling import TokenChoice
+from .grammar import GrammarError
 
 
 class QueueFull(RuntimeError):
@@ -47,6 +50,7 @@ class Job:
     n_prompt_done: int = 0
     submitted: float = field(default_factory=time.perf_counter)
     first_token: float | None = None
+    deadline: float | None = None  # time.monotonic() past which the sequence ends ("length")
 
     def cancel(self) -> None:
         """Stop this sequence at the next step (a client that hung up); no more events."""
@@ -137,7 +141,7 @@ class Engine:
             except Exception as e:  # a failed step fails its sequences, never the engine
                 for job in list(self.active):
                     self._release(job, "error")
-                    job.emit(("error", job, f"{type(e).__name__}: {e}", None))
+                    job.emit(("error", job, f"{type(e).__name__}: {e}", 500))
 
     def _admit(self) -> None:
         while self.free_slots and self.waiting:
@@ -194,7 +198,7 @@ class Engine:
                 generated += self._sample(job, row[0])
             except Exception as e:  # this sequence's own failure (its grammar, its sampler): it alone ends
                 self._release(job, "error")
-                job.emit(("error", job, f"{type(e).__name__}: {e}", None))
+                job.emit(("error", job, f"{type(e).__name__}: {e}", 400 if isinstance(e, GrammarError) else 500))
         self.stats.generated_tokens += generated
         self.stats.recent.append((time.perf_counter(), generated))
 
@@ -205,6 +209,8 @@ class Engine:
         text = gen.step(logits) if gen.finish_reason is None else ""  # max_tokens 0: done at once
         if gen.finish_reason is None and len(job.prompt) + gen.n_generated >= self.slot_ctx:
             gen.finish("length")  # the slot's cells are used up
+        if gen.finish_reason is None and job.deadline is not None and time.monotonic() >= job.deadline:
+            gen.finish("length")  # --request-timeout
         if job.first_token is None:
             job.first_token = time.perf_counter()
         new: list[TokenChoice] = gen.choices[before:]
@@ -220,7 +226,7 @@ class Engine:
             vector = self.model.embed(job.prompt, pooling=job.pooling, seq_id=job.seq_id)
         except Exception as e:
             self._release(job, "error")
-            job.emit(("error", job, f"{type(e).__name__}: {e}", None))
+            job.emit(("error", job, f"{type(e).__name__}: {e}", 500))
             return
         self.stats.prompt_tokens += len(job.prompt)
         self._release(job, "embedding")
