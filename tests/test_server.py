@@ -286,10 +286,6 @@ BAD = [  # (what, path, body, status, param)
     ("empty prompt list", "/v1/completions", '{"prompt": []}', 400, "prompt"),
     ("empty token list", "/v1/completions", '{"prompt": [[]]}', 400, "prompt"),
     ("empty embedding input", "/v1/embeddings", '{"input": []}', 400, "input"),
-    ("unknown model", "/v1/completions", '{"prompt": "x", "model": "gpt-17"}', 404, "model"),
-    ("unknown model (chat)", "/v1/chat/completions",
-     '{"model": "nope", "messages": [{"role": "user", "content": "x"}]}', 404, "model"),
-    ("unknown model (embeddings)", "/v1/embeddings", '{"model": "nope", "input": "x"}', 404, "model"),
     ("invalid JSON schema", "/v1/completions",
      '{"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "bogus"}}}}',
      400, "response_format"),
@@ -313,8 +309,8 @@ def test_bad_input_through_openai_client(server):
     with pytest.raises(openai.BadRequestError) as e:
         c.completions.create(model=server.model_id, prompt="x", max_tokens=-1)
     assert e.value.status_code == 400
-    with pytest.raises(openai.NotFoundError):
-        c.chat.completions.create(model="gpt-17", messages=[{"role": "user", "content": "x"}])
+    # another model's name is served, as llama-server does (404 only with --strict-model-name)
+    assert c.chat.completions.create(model="gpt-17", messages=[{"role": "user", "content": "x"}], max_tokens=1).choices
     assert http(server.url + "/health")[0] == 200  # still up
 
 
