@@ -129,7 +129,8 @@ class Model:
         self.weights = weights
         self.w = bind_weights(arch, weights.tensors, hp, file.path)
         self.placement = placement
-        self.n_ctx = min(hp.n_ctx_train, DEFAULT_MAX_CTX) if not params.n_ctx else int(params.n_ctx)
+        # context_length 0 (unknown) loads as in llama.cpp: the context is then the default size
+        self.n_ctx = int(params.n_ctx) if params.n_ctx else min(hp.n_ctx_train or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
         self.n_batch = int(params.n_batch)
         self.flash_attn = bool(params.flash_attn)
         self.kv_type = kv_type_from_name(params.kv_type)
