@@ -30,7 +30,7 @@ from ..models.generation import Generation
 from ..models.sampling import SamplingParams
 from .engine import Engine, Job, QueueFull
 from .grammar import Constraint, GrammarError, Vocabulary
-from .limits import Limits, check_body, check_text, wrap_seed
+from .limits import Limits, check_body, check_raw, check_text, wrap_seed
 from .protocol import APIError, ChatRequest, CompletionRequest, EmbeddingRequest, Sampling
 
 # llama.cpp's fallback when the GGUF has no tokenizer.chat_template
@@ -334,6 +334,7 @@ async def parse_body(request: Request, cls, state: "ServerState", timeout: float
 
 
 def _validate(raw: bytes, cls, state: "ServerState"):
+    check_raw(raw, state.limits)
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

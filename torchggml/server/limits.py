@@ -23,6 +23,8 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 @dataclass(frozen=True)
 class Limits:
     max_body_bytes: int = 8 << 20      # larger bodies: 413 before they are read to the end
+    max_json_containers: int = 1 << 16  # arrays and objects in a body, counted before it is parsed
+    max_json_values: int = 1 << 19      # values (commas, commas inside strings included), likewise
     max_messages: int = 1024
     max_stops: int = 16
     max_stop_chars: int = 256
@@ -35,6 +37,19 @@ def _count(body: dict, key: str, limit: int, what: str) -> None:
     value = body.get(key)
     if isinstance(value, (list, dict)) and len(value) > limit:
         raise APIError(400, f"{key} has {len(value)} {what}; this server accepts at most {limit}", key)
+
+
+def check_raw(raw: bytes, limits: Limits) -> None:
+    """Bounds on what parsing `raw` would build, by counting bytes (parsing millions of tiny arrays
+    holds the interpreter for seconds; counting takes milliseconds)."""
+    containers = raw.count(b"[") + raw.count(b"{")
+    if containers > limits.max_json_containers:
+        raise APIError(400, f"the body holds {containers} JSON arrays and objects (or brackets in strings); this "
+                            f"server accepts at most {limits.max_json_containers}", None, "body_too_complex")
+    values = raw.count(b",") + containers
+    if values > limits.max_json_values:
+        raise APIError(400, f"the body holds {values} JSON values (counting commas, also those in strings); this "
+                            f"server accepts at most {limits.max_json_values}", None, "body_too_complex")
 
 
 def check_body(body: dict, raw: bytes, limits: Limits, room: int) -> None:
