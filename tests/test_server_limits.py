@@ -200,7 +200,9 @@ def test_connection_bound_answers_503_and_recovers(strict):
 
 
 def test_a_stream_whose_client_stops_reading_is_cancelled():
-    """The write bound (--timeout): a send that does not complete cancels the request's jobs."""
+    """The write bound (--timeout): a send that does not complete cancels the request's jobs. (Over
+    a loopback socket the demo model's longest stream fits the kernel's buffers, so the bound is
+    driven here with a send that never completes.)"""
     from torchggml.server.app import AuthAndCount, StalledClient
 
     class State:
