@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from torchggml import Type
-from torchggml.gguf import GGUFError
-from torchggml.gguf_writer.demo import demo_model_path
-from torchggml.gguf_writer.rewrite import header_parts, serialize
+from torchggml.gguf.loader import GGUFError
+from torchggml.gguf.writer.demo import demo_model_path
+from torchggml.gguf.writer.rewrite import header_parts, serialize
 from torchggml.models import load_model
 
 I16 = int(Type.I16)

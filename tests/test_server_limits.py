@@ -230,7 +230,7 @@ def test_a_stream_whose_client_stops_reading_is_cancelled():
 
 
 def test_a_sequence_past_its_deadline_ends_with_length():
-    from torchggml.gguf_writer.demo import demo_model_path
+    from torchggml.gguf.writer.demo import demo_model_path
     from torchggml.models import load_model
     from torchggml.models.generation import Generation
     from torchggml.models.sampling import SamplingParams
@@ -266,7 +266,7 @@ NUMBER_SCHEMAS = [
 
 @pytest.fixture(scope="module")
 def vocab():
-    from torchggml.gguf_writer.demo import demo_model_path
+    from torchggml.gguf.writer.demo import demo_model_path
     from torchggml.models import load_model
     from torchggml.server.grammar import Vocabulary
     model = load_model(demo_model_path())

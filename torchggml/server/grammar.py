@@ -48,7 +48,7 @@ class Vocabulary:
 
     def __init__(self, tokenizer):
         llg = _llguidance()
-        from ..tokenizer import TokenAttr
+        from ..text.tokenizer import TokenAttr
         self.n_vocab = tokenizer.n_vocab
         tokens, self.pieces, lead = [], [], np.zeros(self.n_vocab, np.int32)
         for i in range(self.n_vocab):
