@@ -39,7 +39,7 @@ class Server:
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         self.proc = subprocess.Popen([sys.executable, "-m", "torchggml", "serve", "--port", str(self.port), *args],
                                      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        deadline = time.time() + 120
+        deadline = time.time() + 600  # ready (/health 200) = loaded and warmed: kernels compiled
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the server exited: {self.proc.stdout.read()}")
@@ -47,10 +47,11 @@ class Server:
                 if http(self.url + "/health")[0] == 200:
                     break
             except OSError:
-                time.sleep(0.3)
+                pass
+            time.sleep(0.3)  # not listening yet, or 503 while loading
         else:
             self.stop()
-            raise RuntimeError("the server did not start within 120 s")
+            raise RuntimeError("the server was not ready within 600 s")
         self.model_id = http(self.url + "/v1/models", key=KEY)[1]["data"][0]["id"]
 
     def client(self, key: str = KEY) -> openai.OpenAI:
