@@ -3,6 +3,7 @@
     PYTHONPATH=$PWD python scripts/abuse_server.py                 # abuse: hostile requests in flight
     PYTHONPATH=$PWD python scripts/abuse_server.py --mode mixed    # 500 ordinary requests, RSS growth
     PYTHONPATH=$PWD python scripts/abuse_server.py --model M.gguf --parallel 4
+    PYTHONPATH=$PWD python scripts/abuse_server.py --mode mixed --parallel 8 --clients 16 -- -c 1024
 
 abuse: while the probes run (a 10 MB prompt, a 7 MB prompt, 4,000 prompts x n=16 = 64,000 sequences,
 2,000,000 one-token prompts, 25 slow-header clients, 1,000 stop strings of 3,000 characters, a flood
@@ -11,8 +12,9 @@ of keyless requests to random paths, a /metrics label injection, bad seeds, gram
 each probe's answers and time, /health's latency (p50, p99, max) and the ordinary request's,
 beside the same request's latency before the abuse.
 
-mixed: 500 requests (chat, completions, embeddings, streaming, JSON schema, grammar) from 8
-threads after a warm-up of 50; failures counted, the server's RSS before and after.
+mixed: 500 requests (chat, completions, embeddings, streaming, JSON schema, grammar) from
+--clients threads after a warm-up of 50; failures counted (a schema answer must parse, a stream
+must end with [DONE]), the server's RSS before and after.
 
 Nothing here asserts: it prints what it measured (loopback only, the server is a child process).
 """
@@ -252,7 +254,7 @@ def mixed(server: Server, args) -> None:
         "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 16}),
         "embeddings": ("/v1/embeddings", {"input": ["a sentence", "another one"]}),
         "stream": ("/v1/completions", {"prompt": "The graph", "max_tokens": 16, "stream": True}),
-        "schema": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "A person"}], "max_tokens": 60,
+        "schema": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "A person"}], "max_tokens": 100,
                                             "response_format": schema}),
         "grammar": ("/v1/completions", {"prompt": "Answer:", "max_tokens": 8, "grammar": 'root ::= "yes" | "no"'}),
     }
@@ -274,16 +276,19 @@ def mixed(server: Server, args) -> None:
         if ok and name == "stream":
             ok = text.rstrip().endswith(b"data: [DONE]")
         return name, ok, dt
-    with ThreadPoolExecutor(8) as pool:  # warm-up: every kind, caches filled
+    with ThreadPoolExecutor(args.clients) as pool:  # warm-up: every kind, caches filled
         list(pool.map(one, range(-50, 0)))
     rss0 = server.rss_mb()
     start = time.perf_counter()
     times: dict[str, list[float]] = {n: [] for n in names}
-    with ThreadPoolExecutor(8) as pool:
-        for name, ok, dt in pool.map(one, range(args.requests)):
+    with ThreadPoolExecutor(args.clients) as pool:
+        for i, (name, ok, dt) in enumerate(pool.map(one, range(args.requests)), 1):
             times[name].append(dt)
             if not ok:
                 failures[name] = failures.get(name, 0) + 1
+            if i % 50 == 0:
+                print(f"{i} requests, {sum(failures.values())} failures, {time.perf_counter() - start:.0f} s, "
+                      f"RSS {server.rss_mb():.0f} MB", flush=True)
     elapsed = time.perf_counter() - start
     rss1 = server.rss_mb()
     print(f"\n{'kind':<12} {'n':>5} {'p50 ms':>8} {'max ms':>8} failures")
@@ -303,6 +308,7 @@ def main() -> None:
     p.add_argument("--slow-clients", type=int, default=25)
     p.add_argument("--flood", type=int, default=2000, help="keyless requests to random paths")
     p.add_argument("--requests", type=int, default=500, help="mixed: requests after the warm-up")
+    p.add_argument("--clients", type=int, default=8, help="mixed: concurrent clients")
     p.add_argument("server_args", nargs="*", help="more `serve` options, after --")
     args = p.parse_args()
     server = Server(args.model, args.parallel, args.server_args)

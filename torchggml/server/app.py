@@ -84,10 +84,14 @@ class ServerState:
         import threading
         from ..models.sampling import SamplingParams as Params
         done = threading.Event()
-        ids = self.model.tokenize("Hello", add_special=True) or [0]
-        gen = Generation(self.model.tokenizer, ids, Params(temperature=0), 2)
-        self.engine.submit([Job(ids, lambda event: event[0] in ("done", "error") and done.set(), gen)])
-        done.wait(600)
+        try:
+            ids = self.model.tokenize("Hello", add_special=True) or [0]
+            gen = Generation(self.model.tokenizer, ids, Params(temperature=0), 2)
+        except Exception:  # no usable tokenizer: nothing to warm (requests will say what is wrong)
+            gen = None
+        if gen is not None:  # an engine error ends the job too: warming is best effort
+            self.engine.submit([Job(ids, lambda event: event[0] in ("done", "error") and done.set(), gen)])
+            done.wait(600)
         try:
             self.vocab
         except GrammarError:  # llguidance absent: grammars answer 400 when asked
