@@ -4,6 +4,7 @@
     PYTHONPATH=$PWD python scripts/abuse_server.py --mode mixed    # 500 ordinary requests, RSS growth
     PYTHONPATH=$PWD python scripts/abuse_server.py --model M.gguf --parallel 4
     PYTHONPATH=$PWD python scripts/abuse_server.py --mode mixed --parallel 8 --clients 16 -- -c 1024
+    PYTHONPATH=$PWD python scripts/abuse_server.py --mode schema --model SmolLM2-135M-Instruct.Q4_1.gguf
 
 abuse: while the probes run (a 10 MB prompt, a 7 MB prompt, 4,000 prompts x n=16 = 64,000 sequences,
 2,000,000 one-token prompts, 25 slow-header clients, 1,000 stop strings of 3,000 characters, a flood
@@ -11,6 +12,9 @@ of keyless requests to random paths, a /metrics label injection, bad seeds, gram
 /health is polled every 50 ms and an ordinary completion is sent again and again; the table gives
 each probe's answers and time, /health's latency (p50, p99, max) and the ordinary request's,
 beside the same request's latency before the abuse.
+
+schema: a JSON schema of numbers at temperature 0 and 0.8 (10 seeds each): does each answer parse,
+and its longest digit run (llama.cpp's bound: 16).
 
 mixed: 500 requests (chat, completions, embeddings, streaming, JSON schema, grammar) from
 --clients threads after a warm-up of 50; failures counted (a schema answer must parse, a stream
@@ -300,9 +304,36 @@ def mixed(server: Server, args) -> None:
           f"{rss0:.0f} -> {rss1:.0f} MB ({(rss1 - rss0) / rss0 * 100:+.2f}%)")
 
 
+# ---------------------------------------------------------------- schema
+
+def schema(server: Server, args) -> None:
+    """JSON-schema output with numbers: parseable at temperature 0 and 0.8, 10 seeds each."""
+    import re
+    fmt = {"type": "json_schema", "json_schema": {"schema": {
+        "type": "object", "properties": {"price": {"type": "number"}, "count": {"type": "integer"},
+                                         "ratio": {"type": "number"}},
+        "required": ["price", "count", "ratio"], "additionalProperties": False}}}
+    print(f"\n{'temperature':>11} {'seed':>4} {'parsed':>6} {'tokens':>6} {'longest digit run':>17}  text")
+    for temperature in (0.0, 0.8):
+        for seed in range(10):
+            body = {"messages": [{"role": "user", "content": "Give a price, a count and a ratio as JSON."}],
+                    "max_tokens": 200, "temperature": temperature, "seed": seed, "response_format": fmt}
+            code, text, _ = request(server.url + "/v1/chat/completions", body)
+            answer = json.loads(text) if code == 200 else {}
+            content = answer["choices"][0]["message"]["content"] if answer else text.decode()[:80]
+            try:
+                json.loads(content)
+                parsed = True
+            except ValueError:
+                parsed = False
+            run = max((len(r) for r in re.findall(r"[0-9]+", content)), default=0)
+            tokens = answer.get("usage", {}).get("completion_tokens", "-") if answer else "-"
+            print(f"{temperature:>11} {seed:>4} {str(parsed):>6} {tokens:>6} {run:>17}  {content[:70]}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=("abuse", "mixed"), default="abuse")
+    p.add_argument("--mode", choices=("abuse", "mixed", "schema"), default="abuse")
     p.add_argument("--model", default=None, help="GGUF file (default: the built-in demo model)")
     p.add_argument("--parallel", type=int, default=4)
     p.add_argument("--slow-clients", type=int, default=25)
@@ -313,7 +344,7 @@ def main() -> None:
     args = p.parse_args()
     server = Server(args.model, args.parallel, args.server_args)
     try:
-        (abuse if args.mode == "abuse" else mixed)(server, args)
+        {"abuse": abuse, "mixed": mixed, "schema": schema}[args.mode](server, args)
     finally:
         server.stop()
 

@@ -27,8 +27,8 @@ class APIError(Exception):
             message = message[:MAX_MESSAGE_CHARS] + f"... ({len(message)} characters)"
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
-        self.type = type or {401: "authentication_error", 404: "invalid_request_error",
-                             503: "server_error", 408: "timeout_error"}.get(status, "invalid_request_error" if status < 500 else "server_error")
+        default = "invalid_request_error" if status < 500 else "server_error"
+        self.type = type or {401: "authentication_error", 408: "timeout_error"}.get(status, default)
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
