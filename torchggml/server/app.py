@@ -186,7 +186,8 @@ class ServerState:
                 if grammar is not None:
                     constraint = Constraint(self.vocab, grammar, json_bounds=source[0] == "json_schema")
                 gen = Generation(self.model.tokenizer, ids, params, n, stops, constraint, req.ignore_eos)
-                jobs.append(Job(ids, emit, gen, index=p_index * req.n + k, deadline=deadline))
+                jobs.append(Job(ids, emit, gen, index=p_index * req.n + k, cache_prompt=req.cache_prompt,
+                                deadline=deadline))
         return jobs
 
     @property
@@ -243,6 +244,8 @@ class ServerState:
         metric("requests_total", "counter", "HTTP requests by route (other: no such route) and status",
                [({"path": p, "status": st}, n) for (p, st), n in sorted(self.requests.items())])
         metric("prompt_tokens_total", "counter", "prompt tokens processed", [({}, s.prompt_tokens)])
+        metric("prompt_tokens_cached_total", "counter", "prompt tokens found in a slot's cells (prompt cache)",
+               [({}, s.cached_prompt_tokens)])
         metric("generated_tokens_total", "counter", "tokens generated", [({}, s.generated_tokens)])
         metric("tokens_per_second", "gauge", "tokens generated per second over the last 10 s",
                [({}, f"{s.tokens_per_second():.3f}")])
@@ -256,7 +259,7 @@ class ServerState:
         metric("queue_waiting", "gauge", "requests' sequences waiting for a slot", [({}, e.n_waiting)])
         metric("sequences_active", "gauge", "sequences in slots", [({}, len(e.active))])
         metric("slots", "gauge", "parallel sequences (--parallel)", [({}, e.parallel)])
-        kv = m.kv
+        kv = m.memory
         used = kv.n_past if kv is not None else 0
         metric("kv_cache_used_cells", "gauge", "KV cache cells holding tokens", [({}, used)])
         metric("kv_cache_cells", "gauge", "KV cache size (n_ctx)", [({}, m.n_ctx)])
