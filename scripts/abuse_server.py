@@ -13,7 +13,7 @@ of keyless requests to random paths, a /metrics label injection, bad seeds, gram
 each probe's answers and time, /health's latency (p50, p99, max) and the ordinary request's,
 beside the same request's latency before the abuse.
 
-schema: a JSON schema of numbers at temperature 0 and 0.8 (10 seeds each): does each answer parse,
+schema: a JSON schema of numbers at temperature 0 (greedy: one request) and 0.8 (--seeds seeds): does each answer parse,
 and its longest digit run (llama.cpp's bound: 16).
 
 mixed: 500 requests (chat, completions, embeddings, streaming, JSON schema, grammar) from
@@ -307,7 +307,7 @@ def mixed(server: Server, args) -> None:
 # ---------------------------------------------------------------- schema
 
 def schema(server: Server, args) -> None:
-    """JSON-schema output with numbers: parseable at temperature 0 and 0.8, 10 seeds each."""
+    """JSON-schema output with numbers: parseable at temperature 0 and at 0.8 with --seeds seeds."""
     import re
     fmt = {"type": "json_schema", "json_schema": {"schema": {
         "type": "object", "properties": {"price": {"type": "number"}, "count": {"type": "integer"},
@@ -315,7 +315,7 @@ def schema(server: Server, args) -> None:
         "required": ["price", "count", "ratio"], "additionalProperties": False}}}
     print(f"\n{'temperature':>11} {'seed':>4} {'parsed':>6} {'tokens':>6} {'longest digit run':>17}  text")
     for temperature in (0.0, 0.8):
-        for seed in range(10):
+        for seed in range(1 if temperature == 0 else args.seeds):  # greedy: every seed draws the same
             body = {"messages": [{"role": "user", "content": "Give a price, a count and a ratio as JSON."}],
                     "max_tokens": 200, "temperature": temperature, "seed": seed, "response_format": fmt}
             code, text, _ = request(server.url + "/v1/chat/completions", body)
@@ -340,6 +340,7 @@ def main() -> None:
     p.add_argument("--flood", type=int, default=2000, help="keyless requests to random paths")
     p.add_argument("--requests", type=int, default=500, help="mixed: requests after the warm-up")
     p.add_argument("--clients", type=int, default=8, help="mixed: concurrent clients")
+    p.add_argument("--seeds", type=int, default=10, help="schema: seeds at temperature 0.8")
     p.add_argument("server_args", nargs="*", help="more `serve` options, after --")
     args = p.parse_args()
     server = Server(args.model, args.parallel, args.server_args)
