@@ -9,7 +9,8 @@
 abuse: while the probes run (a 10 MB prompt, a 7 MB prompt, 4,000 prompts x n=16 = 64,000 sequences,
 2,000,000 one-token prompts, 25 slow-header clients, 1,000 stop strings of 3,000 characters, a flood
 of keyless requests to random paths, a /metrics label injection, bad seeds, grammars and Unicode),
-/health is polled every 50 ms and an ordinary completion is sent again and again; the table gives
+/health is polled every 50 ms and an ordinary completion is sent again and again (each from a
+process of its own, so that the probes' work does not delay them); the table gives
 each probe's answers and time, /health's latency (p50, p99, max) and the ordinary request's,
 beside the same request's latency before the abuse.
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import multiprocessing
 import os
 import random
 import socket
@@ -166,22 +168,27 @@ def flood_paths(url: str, n: int) -> str:
     return f"{statuses}; /metrics {len(text)} bytes, {dt * 1000:.0f} ms"
 
 
+def _measure(url, body, key, pause, stop, out, name) -> None:
+    """In a process of its own: the latency of `url` again and again until `stop` (inf: failed)."""
+    times = []
+    while not stop.is_set():
+        code, _, dt = request(url, body, key=key, timeout=60)
+        times.append(dt if code == 200 else float("inf"))
+        time.sleep(pause)
+    out.put((name, times))
+
+
 def abuse(server: Server, args) -> None:
     url = server.url
     ordinary = {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}
     before = [request(url + "/v1/completions", ordinary)[2] for _ in range(10)]
-    health, during, stop = [], [], threading.Event()
-
-    def poll_health():
-        while not stop.is_set():
-            code, _, dt = request(url + "/health", key=None, timeout=30)
-            health.append(dt if code == 200 else float("inf"))
-            time.sleep(0.05)
-
-    def ordinary_loop():
-        while not stop.is_set():
-            code, _, dt = request(url + "/v1/completions", ordinary)
-            during.append(dt if code == 200 else float("inf"))
+    # the probes' own work (building and sending megabytes) must not delay the measuring clients:
+    # those run in processes of their own
+    ctx = multiprocessing.get_context("fork")
+    stop, results_queue = ctx.Event(), ctx.Queue()
+    measurers = [ctx.Process(target=_measure, args=(url + "/health", None, None, 0.05, stop, results_queue, "health")),
+                 ctx.Process(target=_measure, args=(url + "/v1/completions", ordinary, KEY, 0, stop, results_queue,
+                                                    "ordinary"))]
 
     def answer(path, body):
         if body is None:
@@ -217,9 +224,13 @@ def abuse(server: Server, args) -> None:
                                                                "grammar": 'root ::= "' + "a" * 10_000_000 + '"'}),
         "lone surrogate in a prompt": lambda: answer(completions, b'{"prompt": "a\\ud800b"}'),
     }
-    threads = [threading.Thread(target=poll_health), threading.Thread(target=ordinary_loop)]
-    for t in threads:
-        t.start()
+    quiet = []
+    for _ in range(100):  # /health on this machine with no abuse, for comparison
+        code, _, dt = request(url + "/health", key=None, timeout=60)
+        quiet.append(dt if code == 200 else float("inf"))
+        time.sleep(0.05)
+    for m in measurers:
+        m.start()
     results = {}
     start = time.perf_counter()
     with ThreadPoolExecutor(len(probes)) as pool:  # every probe in flight at once
@@ -228,8 +239,10 @@ def abuse(server: Server, args) -> None:
             results[name] = f.result()
     elapsed = time.perf_counter() - start
     stop.set()
-    for t in threads:
-        t.join()
+    measured = dict(results_queue.get() for _ in measurers)
+    for m in measurers:
+        m.join()
+    health, during = measured["health"], measured["ordinary"]
     code, text, _ = request(url + "/metrics")
     injected = b"injected" in text
     width = max(map(len, results))
@@ -239,6 +252,8 @@ def abuse(server: Server, args) -> None:
     ms = lambda v: "fail" if v == float("inf") else f"{v * 1000:.0f} ms"  # noqa: E731
     print(f"\nabuse in flight for {elapsed:.1f} s; metrics injection present: {injected}; server alive: "
           f"{server.proc.poll() is None}")
+    print(f"/health with no abuse: {len(quiet)} polls, p50 {ms(pct(quiet, 0.5))}, p99 {ms(pct(quiet, 0.99))}, "
+          f"max {ms(max(quiet))}")
     print(f"/health while abused: {len(health)} polls, p50 {ms(pct(health, 0.5))}, p99 {ms(pct(health, 0.99))}, "
           f"max {ms(max(health))}, failures {sum(v == float('inf') for v in health)}")
     print(f"ordinary completion (8 tokens): before p50 {ms(pct(before, 0.5))} max {ms(max(before))}; while abused "
