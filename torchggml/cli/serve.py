@@ -55,7 +55,16 @@ def cmd_serve(args) -> int:
         try:
             held["model"] = model = load_model(path, params)
             print(model.describe(), file=sys.stderr)
-            held["engine"] = engine = Engine(model, args.parallel, args.queue_size)
+            draft = None
+            if args.model_draft:
+                from ..models.speculative import ModelDraft
+                held["draft"] = draft_model = load_model(args.model_draft, params)
+                draft = ModelDraft(draft_model, model)
+            elif args.draft_ngram:
+                from ..models.speculative import NgramDraft
+                draft = NgramDraft()
+            held["engine"] = engine = Engine(model, args.parallel, args.queue_size, draft=draft,
+                                             n_draft=args.draft_max)
             state.attach(model, engine)
             state.warm_up()
             print(f"serving {state.model_id} on http://{args.host}:{args.port} ({args.parallel} parallel, "
@@ -76,8 +85,9 @@ def cmd_serve(args) -> int:
         state.pool.shutdown(wait=False, cancel_futures=True)
         if "engine" in held:
             held["engine"].stop()
-        if "model" in held:
-            held["model"].close()
+        for name in ("model", "draft"):
+            if name in held:
+                held[name].close()
     if failed:
         raise failed[0]
     return 0
@@ -113,5 +123,10 @@ def add_subcommands(subparsers) -> None:
                    help="open connections and requests at once; past it new requests get 503 (default 256)")
     p.add_argument("--strict-model-name", action="store_true",
                    help="answer 404 to a request naming another model (default: serve any name, as llama-server)")
+    p.add_argument("-md", "--model-draft", default=None, metavar="FILE",
+                   help="speculative decoding with this draft model (the same vocabulary)")
+    p.add_argument("--draft-ngram", action="store_true",
+                   help="speculative decoding with prompt lookup (drafts copied from the context)")
+    p.add_argument("--draft-max", type=int, default=16, metavar="N", help="tokens drafted per step (default 16)")
     add_model_options(p)
     p.set_defaults(func=cmd_serve)

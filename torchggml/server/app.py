@@ -32,6 +32,7 @@ from .engine import Engine, Job, QueueFull
 from .grammar import Constraint, GrammarError, Vocabulary
 from .limits import Limits, check_body, check_raw, check_text, wrap_seed
 from .protocol import APIError, ChatRequest, CompletionRequest, EmbeddingRequest, Sampling
+from . import webui
 
 # llama.cpp's fallback when the GGUF has no tokenizer.chat_template
 CHATML_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
@@ -244,6 +245,11 @@ class ServerState:
         metric("requests_total", "counter", "HTTP requests by route (other: no such route) and status",
                [({"path": p, "status": st}, n) for (p, st), n in sorted(self.requests.items())])
         metric("prompt_tokens_total", "counter", "prompt tokens processed", [({}, s.prompt_tokens)])
+        metric("draft_tokens_total", "counter", "speculative decoding: draft tokens evaluated", [({}, s.drafted_tokens)])
+        metric("draft_tokens_accepted_total", "counter", "speculative decoding: draft tokens taken",
+               [({}, s.accepted_tokens)])
+        metric("draft_acceptance_ratio", "gauge", "speculative decoding: accepted / drafted",
+               [({}, s.accepted_tokens / s.drafted_tokens if s.drafted_tokens else 0.0)])
         metric("prompt_tokens_cached_total", "counter", "prompt tokens found in a slot's cells (prompt cache)",
                [({}, s.cached_prompt_tokens)])
         metric("generated_tokens_total", "counter", "tokens generated", [({}, s.generated_tokens)])
@@ -361,12 +367,15 @@ def _validate(raw: bytes, cls, state: "ServerState"):
         raise APIError(400, f"{param or 'body'}: {reasons}{got}", param) from None
 
 
+OPEN_PATHS = ("/health", "/")  # no API key: readiness, and the chat page (its API calls carry the key)
+
+
 class StalledClient(Exception):
     """A client that did not take a response's bytes within the write timeout."""
 
 
 class AuthAndCount:
-    """Checks the API key (constant-time compare; /health is open), answers 503 while the model
+    """Checks the API key (constant-time compare; /health and the chat page are open), answers 503 while the model
     loads, bounds each write to the client by `write_timeout` (a stream whose client stops reading
     is cancelled: its jobs, listed in scope["torchggml.jobs"] by the handler, and its connection),
     and counts responses by route and status for /metrics (a path no route serves counts as "other",
@@ -381,7 +390,7 @@ class AuthAndCount:
             return await self.app(scope, receive, send)
         path = scope["path"]
         route = path if path in self.routes else "other"
-        if self.expected is not None and path != "/health":
+        if self.expected is not None and path not in OPEN_PATHS:
             given = dict(scope.get("headers") or []).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
                 self.state.requests[(route, 401)] += 1
@@ -410,7 +419,7 @@ class AuthAndCount:
 
 # ---------------------------------------------------------------- the app
 
-ROUTES = {"/health", "/metrics"} | {f"{prefix}/{name}" for prefix in ("/v1", "")
+ROUTES = {"/", "/health", "/metrics"} | {f"{prefix}/{name}" for prefix in ("/v1", "")
                                     for name in ("models", "completions", "chat/completions", "embeddings")}
 
 
@@ -442,6 +451,8 @@ def create_app(state: ServerState, api_key: str | None = None, timeout: float = 
         if isinstance(e, StalledClient):
             raise e  # the connection is dropped: nothing can be sent to this client
         return error_response(APIError(500, f"{type(e).__name__}: {e}", type="server_error"))
+
+    webui.register(app)
 
     @app.get("/health")
     async def health():  # readiness, as llama-server: 503 "Loading model" (the middleware) until warmed
