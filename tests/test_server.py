@@ -39,7 +39,7 @@ class Server:
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         self.proc = subprocess.Popen([sys.executable, "-m", "torchggml", "serve", "--port", str(self.port), *args],
                                      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        deadline = time.time() + 120
+        deadline = time.time() + 600  # ready (/health 200) = loaded and warmed: kernels compiled
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the server exited: {self.proc.stdout.read()}")
@@ -47,10 +47,11 @@ class Server:
                 if http(self.url + "/health")[0] == 200:
                     break
             except OSError:
-                time.sleep(0.3)
+                pass
+            time.sleep(0.3)  # not listening yet, or 503 while loading
         else:
             self.stop()
-            raise RuntimeError("the server did not start within 120 s")
+            raise RuntimeError("the server was not ready within 600 s")
         self.model_id = http(self.url + "/v1/models", key=KEY)[1]["data"][0]["id"]
 
     def client(self, key: str = KEY) -> openai.OpenAI:
@@ -286,10 +287,6 @@ BAD = [  # (what, path, body, status, param)
     ("empty prompt list", "/v1/completions", '{"prompt": []}', 400, "prompt"),
     ("empty token list", "/v1/completions", '{"prompt": [[]]}', 400, "prompt"),
     ("empty embedding input", "/v1/embeddings", '{"input": []}', 400, "input"),
-    ("unknown model", "/v1/completions", '{"prompt": "x", "model": "gpt-17"}', 404, "model"),
-    ("unknown model (chat)", "/v1/chat/completions",
-     '{"model": "nope", "messages": [{"role": "user", "content": "x"}]}', 404, "model"),
-    ("unknown model (embeddings)", "/v1/embeddings", '{"model": "nope", "input": "x"}', 404, "model"),
     ("invalid JSON schema", "/v1/completions",
      '{"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "bogus"}}}}',
      400, "response_format"),
@@ -313,8 +310,8 @@ def test_bad_input_through_openai_client(server):
     with pytest.raises(openai.BadRequestError) as e:
         c.completions.create(model=server.model_id, prompt="x", max_tokens=-1)
     assert e.value.status_code == 400
-    with pytest.raises(openai.NotFoundError):
-        c.chat.completions.create(model="gpt-17", messages=[{"role": "user", "content": "x"}])
+    # another model's name is served, as llama-server does (404 only with --strict-model-name)
+    assert c.chat.completions.create(model="gpt-17", messages=[{"role": "user", "content": "x"}], max_tokens=1).choices
     assert http(server.url + "/health")[0] == 200  # still up
 
 

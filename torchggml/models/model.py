@@ -133,7 +133,8 @@ class Model:
         self.weight_buffers = weight_buffers  # gguf.loader.WeightBuffers: the tensors and their buffers
         self.weights = bind_weights(arch, weight_buffers.tensors, hp, file.path)  # by llama.cpp name, checked
         self.placement = placement
-        self.n_ctx = min(hp.n_ctx_train, DEFAULT_MAX_CTX) if not params.n_ctx else int(params.n_ctx)
+        # context_length 0 (unknown) loads as in llama.cpp: the context is then the default size
+        self.n_ctx = int(params.n_ctx) if params.n_ctx else min(hp.n_ctx_train or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
         self.n_batch = int(params.n_batch)
         self.flash_attn = bool(params.flash_attn)
         self.kv_type = kv_type_from_name(params.kv_type)

@@ -16,15 +16,21 @@ Number = Union[StrictInt, StrictFloat]
 TokenIds = list[StrictInt]
 
 
+# an error message is cut to this many characters: a client's 10 MB grammar is not echoed back
+MAX_MESSAGE_CHARS = 1000
+
+
 class APIError(Exception):
     """An error answered as OpenAI does: {"error": {"message", "type", "param", "code"}}."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
                  type: str | None = None):
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = message[:MAX_MESSAGE_CHARS] + f"... ({len(message)} characters)"
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
-        self.type = type or {401: "authentication_error", 404: "invalid_request_error",
-                             503: "server_error"}.get(status, "invalid_request_error" if status < 500 else "server_error")
+        default = "invalid_request_error" if status < 500 else "server_error"
+        self.type = type or {401: "authentication_error", 408: "timeout_error"}.get(status, default)
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
