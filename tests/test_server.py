@@ -376,3 +376,31 @@ def test_speculative_serving_gives_the_same_text_and_counts_its_drafts(server):
         spec.stop()
     assert fast.choices[0].text == plain.choices[0].text
     assert m["torchggml_draft_tokens_total"] >= m["torchggml_draft_tokens_accepted_total"] > 0
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10}}, "required": ["city"]}}}
+
+
+def test_a_two_turn_function_call_with_the_openai_client(server1):
+    """tool_choice required: the reply is a call (the demo has no template: the generic JSON format,
+    held by its grammar); the tool's result goes back as a tool message and the model answers."""
+    c = server1.client()
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    first = c.chat.completions.create(model=server1.model_id, messages=messages, tools=[WEATHER_TOOL],
+                                      tool_choice="required", max_tokens=64, temperature=0)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "get_weather" and set(json.loads(call.function.arguments)) == {"city"}
+    messages += [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                 {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21}'}]
+    second = c.chat.completions.create(model=server1.model_id, messages=messages, tools=[WEATHER_TOOL],
+                                       tool_choice="none", max_tokens=8, temperature=0)
+    assert second.choices[0].finish_reason in ("stop", "length") and not second.choices[0].message.tool_calls
+    stream = c.chat.completions.create(model=server1.model_id, messages=messages[:1], tools=[WEATHER_TOOL],
+                                       tool_choice="required", max_tokens=64, temperature=0, stream=True)
+    chunks = list(stream)
+    calls = [tc for ch in chunks for tc in (ch.choices[0].delta.tool_calls or [])] if chunks else []
+    assert calls and calls[0].function.name == "get_weather" and chunks[-1].choices[0].finish_reason == "tool_calls"

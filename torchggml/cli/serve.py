@@ -46,7 +46,7 @@ def cmd_serve(args) -> int:
     api_key = args.api_key or config.value("TORCHGGML_API_KEY") or None
     state = ServerState(None, None, args.alias or os.path.basename(path), args.pooling,
                         Limits(max_body_bytes=args.max_body_size), args.strict_model_name,
-                        args.request_timeout or None)
+                        args.request_timeout or None, args.reasoning_format)
     app = create_app(state, api_key, args.timeout)
     held = {}
     failed = []
@@ -108,6 +108,9 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--pooling", choices=("mean", "cls", "last"), default=None,
                    help="embeddings' pooling (default: the file's pooling type, mean when it has none)")
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
+    p.add_argument("--reasoning-format", default="auto", choices=("auto", "none"),
+                   help="auto (default): a reasoning model's thinking (<think>, gpt-oss's analysis channel) "
+                        "as reasoning_content; none: left in content")
     p.add_argument("--timeout", type=float, default=600.0, metavar="S",
                    help="seconds a request body may take to arrive, and a client may leave a response unread "
                         "(a stalled stream is cancelled); llama-server's read/write timeout (default 600)")

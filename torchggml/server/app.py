@@ -31,7 +31,8 @@ from ..models.sampling import SamplingParams
 from .engine import Engine, Job, QueueFull
 from .grammar import Constraint, GrammarError, Vocabulary
 from .limits import Limits, check_body, check_raw, check_text, wrap_seed
-from .protocol import APIError, ChatRequest, CompletionRequest, EmbeddingRequest, Sampling
+from .protocol import APIError, ChatRequest, CompletionRequest, EmbeddingRequest, NamedToolChoice, Sampling
+from .tool_calls import ReplyStream, ToolFormat, tool_format
 from . import webui
 
 # llama.cpp's fallback when the GGUF has no tokenizer.chat_template
@@ -56,8 +57,10 @@ class ServerState:
     answers 503 "Loading model" until `attach` and `warm_up` have run (`ready`)."""
 
     def __init__(self, model, engine: Engine | None, model_id: str, pooling: str | None = None,
-                 limits: Limits | None = None, strict_model: bool = False, request_timeout: float | None = None):
+                 limits: Limits | None = None, strict_model: bool = False, request_timeout: float | None = None,
+                 reasoning_format: str = "auto"):
         self.model_id, self.pooling_option = model_id, pooling
+        self.reasoning_format = reasoning_format   # "auto": thinking as reasoning_content; "none": left in content
         self.limits = limits or Limits()
         self.strict_model = strict_model           # unknown model names: 404 (default: served, as llama-server)
         self.request_timeout = request_timeout     # seconds a sequence may run (None: no deadline)
@@ -140,6 +143,12 @@ class ServerState:
     def constraint_source(self, req: Sampling) -> tuple[str, object] | None:
         if req.grammar is not None and req.response_format is not None and req.response_format.type != "text":
             raise APIError(400, "give either grammar or response_format, not both", "grammar")
+        tools = self.tool_grammar(req) if isinstance(req, ChatRequest) else None
+        if tools is not None:
+            if req.grammar is not None or (req.response_format is not None and req.response_format.type != "text"):
+                raise APIError(400, "a call the request requires (tool_choice) cannot also follow a grammar or "
+                                    "response_format", "tool_choice")
+            return "grammar", tools
         if req.grammar is not None:
             return "grammar", req.grammar
         rf = req.response_format
@@ -152,7 +161,7 @@ class ServerState:
         return "json_schema", rf.schema_ or {"type": "object"}
 
     def check_unsupported(self, req: Sampling) -> None:
-        for name in ("logit_bias", "tools"):
+        for name in ("logit_bias",) + (() if isinstance(req, ChatRequest) else ("tools",)):
             if getattr(req, name) is not None:
                 raise APIError(400, f"{name} is not supported by this server", name)
 
@@ -210,7 +219,8 @@ class ServerState:
 
     def chat_prompt(self, req: ChatRequest) -> tuple[list[int], list[str]]:
         """The prompt's token ids and extra stop strings (chatml's end marker when the file has
-        no template and no such token)."""
+        no template and no such token). With tools, the template gets them (or, for a template
+        that cannot show them, a system message does: tool_calls.py's generic format)."""
         from ..text.chat import ChatTemplateError, render_chat
         tok = self.model.tokenizer
         template, stops = tok.chat_template, []
@@ -219,16 +229,41 @@ class ServerState:
             if tok.text_to_token(CHATML_END) is None:
                 stops = [CHATML_END]
         text = lambda i: tok.token_text(i) if i is not None else ""  # noqa: E731
-        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        messages = [m.for_template() for m in req.messages]
+        extra = {}
+        if req.tools and req.tool_choice != "none":
+            tools = [t.model_dump(exclude_none=True) for t in req.tools]
+            system = tool_format(template).system_prompt(tools)
+            if system is None:  # the template lists the tools itself
+                extra["tools"] = tools
+            elif messages[0]["role"] == "system":
+                messages[0] = dict(messages[0], content=messages[0]["content"] + "\n\n" + system)
+            else:
+                messages.insert(0, {"role": "system", "content": system})
         check_text("".join(m["content"] + m["role"] for m in messages), self.max_text_chars, "messages",
                    self.engine.slot_ctx)
         try:
             prompt = render_chat(template, messages, bos_token=text(tok.bos_id), eos_token=text(tok.eos_id),
-                                 source=self.model_id)
+                                 source=self.model_id, **extra)
         except ChatTemplateError as e:
             raise APIError(400, str(e), "messages") from None
         has_bos = tok.bos_id is not None and prompt.startswith(tok.token_text(tok.bos_id))
         return self.prompt_ids(prompt, "messages", add_special=not has_bos, parse_special=True), stops
+
+    def reply_format(self) -> ToolFormat:
+        return tool_format(self.model.tokenizer.chat_template or CHATML_TEMPLATE)
+
+    def tool_grammar(self, req: ChatRequest) -> str | None:
+        """The Lark grammar that holds the reply to a tool call where the request requires one (or
+        the generic format's JSON), or None."""
+        if not req.tools or req.tool_choice == "none":
+            return None
+        tools = [t.model_dump(exclude_none=True) for t in req.tools]
+        choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedToolChoice) else (req.tool_choice or "auto")
+        try:
+            return self.reply_format().grammar(tools, choice)
+        except ValueError as e:
+            raise APIError(400, str(e), "tool_choice") from None
 
     # ------------------------------------------------------------ metrics
 
@@ -307,6 +342,15 @@ def chat_logprobs(tok, choices) -> dict:
 def _escape_label(value) -> str:
     """A Prometheus label value: backslash, double quote and newline escaped."""
     return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def merge_deltas(deltas: list[dict]) -> dict:
+    """Deltas of one chunk as one: texts joined, tool calls listed."""
+    out: dict = {}
+    for d in deltas:
+        for key, value in d.items():
+            out[key] = out.get(key, [] if key == "tool_calls" else "") + value
+    return out
 
 
 def _sse(obj) -> str:
@@ -608,6 +652,12 @@ def create_app(state: ServerState, api_key: str | None = None, timeout: float = 
         queue, jobs = await start(request, lambda emit: state.jobs(req, [ids], max_tokens, logprobs,
                                                                    req.stops() + extra_stops, emit))
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        # tool calls and reasoning: parsed from the reply by its template's family (tool_calls.py)
+        fmt = state.reply_format()
+        with_tools = bool(req.tools) and req.tool_choice != "none"
+        split = state.reasoning_format != "none"
+        opened = split and state.model.detokenize(ids[-4:]).rstrip().endswith("<think>")
+        streams = {j.index: ReplyStream(fmt, with_tools, split, opened) for j in jobs}
 
         def head():
             return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": state.model_id}
@@ -618,15 +668,32 @@ def create_app(state: ServerState, api_key: str | None = None, timeout: float = 
             if text is None:
                 delta = {"role": "assistant", "content": ""}
             else:
-                delta = {"content": text} if text or finish is None else {}
+                stream = streams[job.index]
+                deltas = stream.push(text)
+                if finish is not None:
+                    last, called = stream.finish()
+                    deltas += last
+                    finish = "tool_calls" if called else finish
+                delta = merge_deltas(deltas)
             lp = chat_logprobs(tok, new) if logprobs is not None and new else None
             return head() | {"choices": [{"index": job.index, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
 
         def final_of(texts, picked, finishes, usage):
-            choices = [{"index": i, "message": {"role": "assistant", "content": text},
-                        "logprobs": chat_logprobs(tok, chosen) if logprobs is not None else None,
-                        "finish_reason": finish}
-                       for i, (text, chosen, finish) in enumerate(zip(texts, picked, finishes))]
+            choices = []
+            for i, (text, chosen, finish) in enumerate(zip(texts, picked, finishes)):
+                message = {"role": "assistant", "content": text}
+                if with_tools or split:
+                    reply = fmt.parse(text, opened) if (with_tools or fmt.think or opened or "<think>" in text
+                                                         or fmt.name == "harmony") else None
+                    if reply is not None:
+                        message["content"] = reply.content if (reply.content or not reply.tool_calls) else None
+                        if reply.reasoning is not None and split:
+                            message["reasoning_content"] = reply.reasoning
+                        if with_tools and reply.tool_calls:
+                            message["tool_calls"], finish = reply.tool_calls, "tool_calls"
+                choices.append({"index": i, "message": message,
+                                "logprobs": chat_logprobs(tok, chosen) if logprobs is not None else None,
+                                "finish_reason": finish})
             return head() | {"object": "chat.completion", "choices": choices, "usage": usage}
 
         return await run_generation(request, jobs, queue, req.stream, chunk_of, final_of,

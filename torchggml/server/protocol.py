@@ -6,6 +6,8 @@ do; fields we know but do not implement are refused with 400 rather than silentl
 """
 from __future__ import annotations
 
+import json
+
 from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
@@ -105,11 +107,64 @@ class ContentPart(BaseModel):
     text: StrictStr | None = None
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: StrictStr
+    arguments: StrictStr | dict[str, Any] = "{}"
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    id: StrictStr | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Function(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: StrictStr = Field(min_length=1, max_length=256)
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: Function
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: dict[str, StrictStr]
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: StrictStr
     content: StrictStr | list[ContentPart] | None = None
     name: StrictStr | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: StrictStr | None = None     # a tool message: the call it answers
+
+    def for_template(self) -> dict:
+        """The message as chat templates read it (HF's convention: arguments as objects)."""
+        m = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            m["name"] = self.name
+        if self.tool_call_id is not None:
+            m["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            calls = []
+            for c in self.tool_calls:
+                args = c.function.arguments
+                if isinstance(args, str):
+                    try:
+                        args = json.loads(args)
+                    except json.JSONDecodeError:
+                        pass
+                calls.append({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}})
+            m["tool_calls"] = calls
+        return m
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -121,6 +176,9 @@ class Message(BaseModel):
 
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool = True
     max_tokens: StrictInt | None = Field(None, ge=0)
     max_completion_tokens: StrictInt | None = Field(None, ge=0)
     logprobs: StrictBool = False
