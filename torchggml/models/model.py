@@ -65,6 +65,7 @@ from .module import GGMLModule
 from .params import ModelParams
 from .placement import Placement, cpu_device, find_device
 from .generation import Generation
+from .prompt import EmbeddingChunk, is_parts, prompt_parts
 from .recurrent_state import memory_for
 from .sampling import SamplingParams, TokenChoice, sample_token
 from .sequences import ModelLock, SequenceGuard, token_id_array
@@ -164,17 +165,19 @@ class Model:
             raise MemoryError(f"{self.path}: cannot allocate the compute buffers")
 
     def _build(self, n_tokens: int, n_kv: int, n_outputs: int | None = None, embeddings: bool = False,
-               n_seqs: int = 1) -> ModelGraph:
+               n_seqs: int = 1, from_embd: bool = False) -> ModelGraph:
         self._ctx = Context(no_alloc=True)
-        return self.build_graph(self._ctx, n_tokens, n_kv, n_outputs, embeddings, n_seqs)
+        return self.build_graph(self._ctx, n_tokens, n_kv, n_outputs, embeddings, n_seqs, from_embd)
 
     def build_graph(self, ctx: Context, n_tokens: int, n_kv: int, n_outputs: int | None = None,
-                    embeddings: bool = False, n_seqs: int = 1) -> ModelGraph:
+                    embeddings: bool = False, n_seqs: int = 1, from_embd: bool = False) -> ModelGraph:
         """The architecture's forward graph of n_tokens attending to n_kv cache cells, LoRA
         included, with logits for n_outputs of the tokens (default all; see GraphBuilder), or
         with `embeddings` the output norm's hidden states instead of the logits; with recurrent
-        layers the tokens are n_seqs sequences' equal shares, grouped by sequence."""
-        b = GraphBuilder(ctx, self.hp, self.kv, n_tokens, n_kv, self.flash_attn, n_outputs, embeddings, n_seqs)
+        layers the tokens are n_seqs sequences' equal shares, grouped by sequence; with from_embd
+        the graph reads input embeddings instead of token ids."""
+        b = GraphBuilder(ctx, self.hp, self.kv, n_tokens, n_kv, self.flash_attn, n_outputs, embeddings, n_seqs,
+                         from_embd)
         g = b.finish(self.arch.build(b, self.w))
         if self.lora is not None:
             replaced = self.lora.apply(ctx, g.graph)
@@ -218,15 +221,15 @@ class Model:
         return adapter
 
     def _graph_for(self, n_tokens: int, n_kv: int, n_outputs: int, embeddings: bool = False,
-                   n_seqs: int = 1) -> ModelGraph:
-        """The allocated graph for this shape (n_tokens, n_kv, n_outputs, embeddings, n_seqs). When
-        the shape repeats (decode steps) the previous graph is reused as it is: its tensors keep
+                   n_seqs: int = 1, from_embd: bool = False) -> ModelGraph:
+        """The allocated graph for this shape (n_tokens, n_kv, n_outputs, embeddings, n_seqs, from_embd).
+        When the shape repeats (decode steps) the previous graph is reused as it is: its tensors keep
         their addresses, so only the inputs change."""
         g = self._graph
-        shape = (n_tokens, n_kv, n_outputs, embeddings, n_seqs)
-        if g is not None and (g.n_tokens, g.n_kv, g.n_outputs, g.embeddings, g.n_seqs) == shape:
+        shape = (n_tokens, n_kv, n_outputs, embeddings, n_seqs, from_embd)
+        if g is not None and (g.n_tokens, g.n_kv, g.n_outputs, g.embeddings, g.n_seqs, g.embd is not None) == shape:
             return g
-        g = self._graph = self._build(n_tokens, n_kv, n_outputs, embeddings, n_seqs)
+        g = self._graph = self._build(n_tokens, n_kv, n_outputs, embeddings, n_seqs, from_embd)
         backend_sched_reset(self.sched)
         if not backend_sched_alloc_graph(self.sched, g.graph):
             self._graph = None
@@ -283,6 +286,39 @@ class Model:
             ids = self._token_ids(tokens)
             outputs = self._output_flags([ids.size], logits, "eval")
             return self._eval_tokens(ids, np.full(ids.size, int(seq_id), dtype=np.int64), outputs)
+
+    def eval_embeddings(self, values: torch.Tensor, seq_id: int = 0, logits: str = "all",
+                        causal: bool = True) -> torch.Tensor:
+        """As eval, for input embeddings instead of token ids (llama_batch.embd): values float
+        [n_tokens, n_embd], e.g. an image's rows from its projector (torchggml.mtmd), each taking
+        one position after sequence seq_id's cached tokens. causal=False: the rows attend to each
+        other both ways (llama_set_causal_attn(false), as Gemma 3 reads an image); they are then
+        evaluated in one micro-batch, so at most n_batch of them."""
+        with self.lock:
+            self._require_weights("eval_embeddings")
+            values = torch.as_tensor(values)
+            if values.dim() != 2 or values.shape[1] != self.hp.n_embd or not values.is_floating_point():
+                raise ValueError(f"eval_embeddings: values must be float [n_tokens, {self.hp.n_embd}] "
+                                 f"(the model's n_embd), got {values.dtype} {list(values.shape)}")
+            n = int(values.shape[0])
+            if not causal:
+                if not hasattr(self.kv, "causal"):
+                    raise ValueError(f"eval_embeddings: causal=False needs a KV cache; {self.path}'s memory is "
+                                     f"{type(self.kv).__name__}")
+                if n > self.n_batch:
+                    raise ValueError(f"eval_embeddings: {n} non-causal rows must fit one micro-batch "
+                                     f"(n_batch={self.n_batch}); load the model with a larger n_batch")
+            outputs = self._output_flags([n], logits, "eval_embeddings")
+            values = values.detach().to("cpu", torch.float32).contiguous()
+            causal_before = getattr(self.kv, "causal", True)
+            if not causal:
+                self.kv.causal = False
+            try:
+                return self._eval_tokens(np.zeros(n, dtype=np.int32), np.full(n, int(seq_id), dtype=np.int64),
+                                         outputs, embd=values)
+            finally:
+                if not causal:
+                    self.kv.causal = causal_before
 
     def eval_batch(self, sequences, seq_ids: Sequence[int] | None = None, logits: str = "all") -> list[torch.Tensor]:
         """Run several sequences at once, each after its own cached tokens (one KV cache holds
@@ -356,10 +392,11 @@ class Model:
         return flags
 
     def _eval_tokens(self, ids: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray,
-                     embeddings: bool = False) -> torch.Tensor:
+                     embeddings: bool = False, embd: torch.Tensor | None = None) -> torch.Tensor:
         """The logits rows (with `embeddings`: the hidden-state rows) of the tokens flagged in
         `outputs`, in token order. ids int32, seq_ids int64, outputs bool: numpy arrays, whose small
-        operations take ~1 µs where torch's take ~10 (a decode step is a few dozen of them)."""
+        operations take ~1 µs where torch's take ~10 (a decode step is a few dozen of them).
+        embd: float32 [n_tokens, n_embd] input rows read instead of the ids (then unread)."""
         width = self.hp.n_embd if embeddings else self.n_vocab
         if ids.size == 0:
             return torch.empty(0, width)
@@ -376,11 +413,12 @@ class Model:
         for idx in ubatches:
             if whole_batch:  # one micro-batch in token order (a decode step): its plan is made, its rows are out's
                 logits = out
-                self._eval_ubatch(ids, seq_ids, outputs, logits, embeddings, whole)
+                self._eval_ubatch(ids, seq_ids, outputs, logits, embeddings, whole, embd)
             else:
                 flags_i = outputs[idx]
                 logits = torch.empty(int(np.count_nonzero(flags_i)), width)
-                self._eval_ubatch(ids[idx], seq_ids[idx], flags_i, logits, embeddings)
+                self._eval_ubatch(ids[idx], seq_ids[idx], flags_i, logits, embeddings,
+                                  embd=None if embd is None else embd[torch.as_tensor(np.arange(ids.size)[idx])])
                 out[torch.from_numpy(row_of[idx][flags_i])] = logits
             if not np.isfinite(logits.numpy()).all():  # numpy: torch's check took ~60 µs a token
                 finite = torch.isfinite(logits).all(dim=1)
@@ -394,14 +432,18 @@ class Model:
         return out
 
     def _eval_ubatch(self, ids: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray,
-                     logits: torch.Tensor, embeddings: bool = False, batch=None) -> None:
+                     logits: torch.Tensor, embeddings: bool = False, batch=None,
+                     embd: torch.Tensor | None = None) -> None:
         """One micro-batch (`batch`: the memory's plan for it, when made already); the rows of
-        the tokens flagged in `outputs` are written to `logits`."""
+        the tokens flagged in `outputs` are written to `logits`. embd: its input rows, if any."""
         batch = batch or self.kv.plan(seq_ids)
         n_tokens, n_outputs = ids.size, logits.shape[0]
-        g = self._graph_for(n_tokens, batch.n_kv, n_outputs, embeddings, batch.n_seqs)
+        g = self._graph_for(n_tokens, batch.n_kv, n_outputs, embeddings, batch.n_seqs, embd is not None)
         # the scheduler keeps user inputs in CPU memory and copies them where they are read
-        g.io.set(g.tokens, ids)
+        if g.embd is not None:
+            g.io.set(g.embd, embd)
+        else:
+            g.io.set(g.tokens, ids)
         if g.positions is not None:
             g.io.set(g.positions, batch.positions)
         self.kv.set_inputs(g, batch)  # the memory's inputs: cache cells and masks, state slots
@@ -456,7 +498,8 @@ class Model:
     def generate(self, prompt, max_tokens: int = 128, temperature: float = 0.8, top_k: int = 40,
                  top_p: float = 0.95, seed: int | None = None, *, stop: Sequence[str] = (),
                  **sampling) -> Iterator[str]:
-        """Stream the text of up to max_tokens sampled tokens after `prompt` (text, or token ids).
+        """Stream the text of up to max_tokens sampled tokens after `prompt`: text, token ids, or a
+        list of parts (texts, token-id lists, EmbeddingChunks such as an image's, see prompt.py).
         `sampling`: the other SamplingParams (min_p, repeat_penalty, frequency_penalty,
         presence_penalty, repeat_last_n); `stop`: strings that end the text (not included).
         The KV cache starts empty; generation stops at an end-of-generation token, a stop string
@@ -464,8 +507,8 @@ class Model:
         is held (other threads wait) from the first item until the generator ends or is closed.
         generate_tokens() gives the tokens with their log-probabilities instead of text."""
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, **sampling)
-        gen = self._generation(prompt, max_tokens, params, stop, "generate")
-        for text in self._run_generation(gen):
+        gen, parts = self._generation(prompt, max_tokens, params, stop, "generate")
+        for text in self._run_generation(gen, parts):
             if text:
                 yield text
         rest = gen.flush()
@@ -476,26 +519,51 @@ class Model:
                         stop: Sequence[str] = ()) -> Iterator[TokenChoice]:
         """As generate, but yield each sampled token as a TokenChoice (with params.logprobs set:
         its log-probability and the top alternatives')."""
-        gen = self._generation(prompt, max_tokens, params or SamplingParams(), stop, "generate_tokens")
-        for _ in self._run_generation(gen):
+        gen, parts = self._generation(prompt, max_tokens, params or SamplingParams(), stop, "generate_tokens")
+        for _ in self._run_generation(gen, parts):
             yield gen.choices[-1]
 
-    def _generation(self, prompt, max_tokens, params, stop, what) -> Generation:
+    def _generation(self, prompt, max_tokens, params, stop, what) -> tuple[Generation, list | None]:
+        """The Generation, and the prompt's parts when it has embeddings (None: token ids only)."""
         self._require_weights(what)
+        if is_parts(prompt):
+            parts = prompt_parts(prompt, lambda text, first: self.tokenize(text, first, parse_special=True), what)
+            if all(isinstance(p, np.ndarray) for p in parts):
+                prompt, parts = np.concatenate(parts).tolist(), None
+            else:  # the sampler's history (repeat penalties) holds the text tokens
+                ids = [int(i) for p in parts if isinstance(p, np.ndarray) for i in p]
+                return Generation(self.tokenizer, ids, params, max_tokens, stop), parts
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
         if not ids:
             raise ValueError(f"{what}: the prompt has no tokens")
-        return Generation(self.tokenizer, ids, params, max_tokens, stop)
+        return Generation(self.tokenizer, ids, params, max_tokens, stop), None
 
-    def _run_generation(self, gen: Generation) -> Iterator[str]:
-        """Run `gen` (see generation.py) on an empty cache, yielding the text of each token it keeps."""
+    def eval_parts(self, parts, seq_id: int = 0) -> torch.Tensor:
+        """Evaluate a prompt's parts in order (see prompt.py) after sequence seq_id's cached
+        tokens and return the last one's logits [1, n_vocab]."""
+        with self.lock:
+            self._require_weights("eval_parts")
+            parts = prompt_parts(parts, lambda text, first: self.tokenize(text, first, parse_special=True),
+                                 "eval_parts")
+            logits = None
+            for p in parts:
+                if isinstance(p, EmbeddingChunk):
+                    logits = self.eval_embeddings(p.values, seq_id, logits="last", causal=p.causal)
+                else:
+                    logits = self.eval(p, seq_id, logits="last")
+            return logits
+
+    def _run_generation(self, gen: Generation, parts: list | None = None) -> Iterator[str]:
+        """Run `gen` (see generation.py) on an empty cache, yielding the text of each token it keeps;
+        the prompt is gen.prompt's ids, or `parts` when it has embeddings."""
         with self.lock:
             self._require_weights("generate")
             self.reset()
             self.timings = t = Timings()
             start = time.perf_counter()
-            logits = self.eval(gen.prompt, logits="last")[0]
-            t.prompt_tokens, t.prompt_s = len(gen.prompt), time.perf_counter() - start
+            logits = (self.eval(gen.prompt, logits="last") if parts is None else self.eval_parts(parts))[0]
+            t.prompt_tokens = len(gen.prompt) if parts is None else sum(len(p) for p in parts)
+            t.prompt_s = time.perf_counter() - start
             start = time.perf_counter()
             while gen.finish_reason is None:
                 text = gen.step(logits)

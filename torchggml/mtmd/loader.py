@@ -1,0 +1,169 @@
+"""mmproj GGUF files (llama.cpp's multimodal projectors) to weights on a torch device.
+
+An mmproj file holds a vision (or audio) encoder and the projector that maps its output into a
+text model's embedding space. Its metadata is under `clip.*` (clip.cpp's keys): the projector
+type, the encoder's sizes under `clip.vision.*`, the image size, patch size, mean and std, the
+merge factor; its tensors are `v.*` (the ViT), `mm.*` (the projector) and `a.*` (audio).
+`load_mmproj` reads the keys as clip.cpp's load_hparams does (with each projector type's
+defaults: resize algorithm, padding, merge size) and places every tensor on one device."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..backend.device import Device
+from ..gguf import GGUFFile, Weights, load_weights, open_gguf
+from ..gguf_header import GGUFError
+from ..models.placement import cpu_device, find_device
+from ..tensor import Tensor
+
+# projector types torchggml encodes (one graph module each; see encoders.py)
+SUPPORTED_PROJECTORS = ("gemma3", "idefics3", "mlp")
+
+# every type clip.cpp's projector table names, for the error that tells "unknown" from "not yet"
+LLAMA_CPP_PROJECTORS = frozenset((
+    "mlp", "mlp_norm", "ldp", "ldpv2", "resampler", "glm_edge", "merger", "gemma3", "gemma3nv", "gemma3na",
+    "gemma4v", "gemma4a", "idefics3", "pixtral", "qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger",
+    "ultravox", "internvl", "llama4", "qwen2a", "qwen2.5o", "voxtral", "lfm2", "kimivl", "lightonocr",
+    "cogvlm", "janus_pro", "lfm2a", "glm4v", "youtuvl", "phi4", "kimik25", "deepseekocr", "musicflamingo",
+    "glma", "paddleocr", "step3vl", "minicpmv4_6", "qwen3a", "dotsocr", "hunyuanocr"))
+
+
+class UnsupportedProjectorError(GGUFError):
+    """An mmproj file whose projector type torchggml has no encoder for."""
+
+
+# clip.cpp's resize algorithms and paddings (mtmd-image.cpp)
+RESIZE_ALGOS = ("bilinear", "bicubic", "lanczos")
+PADDINGS = ("none", "ceil", "nearest")
+
+
+@dataclass
+class VisionHParams:
+    """The vision encoder's hyper-parameters, as clip.cpp's clip_hparams after load_hparams."""
+    image_size: int
+    patch_size: int
+    n_embd: int
+    n_ff: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    d_head: int
+    projection_dim: int
+    eps: float
+    image_mean: tuple[float, float, float]
+    image_std: tuple[float, float, float]
+    act: str                     # the FFN activation: gelu, silu or gelu_quick (clip.use_gelu/use_silu)
+    n_merge: int = 1             # patches merged per side by the projector (pool, pixel shuffle)
+    resize_algo: str = "bicubic"
+    resize_pad: str = "ceil"     # letterbox a non-square image into the fixed size (PAD_CEIL)
+    pad_color: tuple[int, int, int] = (0, 0, 0)
+    image_longest_edge: int = 0  # idefics3: the resized image's longest edge (0: image_size)
+
+
+def _projector_type(file: GGUFFile) -> str:
+    projector = file.get("clip.projector_type", None) or file.get("clip.vision.projector_type", None)
+    if projector is None:
+        raise GGUFError(f"{file.path}: not an mmproj file: metadata key 'clip.projector_type' is missing")
+    return str(projector)
+
+
+def check_projector(path: str, projector: str) -> None:
+    """The one-line error for a projector type without an encoder here."""
+    if projector in SUPPORTED_PROJECTORS:
+        return
+    known = "a type llama.cpp knows, not yet supported here" if projector in LLAMA_CPP_PROJECTORS \
+        else "unknown to llama.cpp too"
+    raise UnsupportedProjectorError(f"{path}: projector type {projector!r} is {known} "
+                                    f"(supported: {', '.join(SUPPORTED_PROJECTORS)})")
+
+
+def read_vision_hparams(file: GGUFFile, projector: str) -> VisionHParams:
+    """clip.vision.* with the projector type's defaults (clip.cpp's load_hparams)."""
+    if not file.get("clip.has_vision_encoder", False):
+        raise GGUFError(f"{file.path}: the mmproj file has no vision encoder (clip.has_vision_encoder)")
+
+    def key(name, default=GGUFError):
+        value = file.get(f"clip.vision.{name}", None)
+        if value is None:
+            if default is GGUFError:
+                raise GGUFError(f"{file.path}: metadata key 'clip.vision.{name}' is missing")
+            return default
+        return value
+
+    n_embd, n_head = int(key("embedding_length")), int(key("attention.head_count"))
+    mean, std = key("image_mean", None), key("image_std", None)
+    if mean is None or std is None or len(mean) < 3 or len(std) < 3:
+        raise GGUFError(f"{file.path}: clip.vision.image_mean and image_std need 3 values each, "
+                        f"got {mean!r} and {std!r}")
+    gelu, silu = bool(file.get("clip.use_gelu", False)), bool(file.get("clip.use_silu", False))
+    if gelu and silu:
+        raise GGUFError(f"{file.path}: clip.use_gelu and clip.use_silu are both set")
+    hp = VisionHParams(
+        image_size=int(key("image_size")), patch_size=int(key("patch_size")), n_embd=n_embd,
+        n_ff=int(key("feed_forward_length")), n_layer=int(key("block_count")), n_head=n_head,
+        n_head_kv=int(key("attention.head_count_kv", n_head)),
+        d_head=int(key("attention.head_dim", 0)) or n_embd // n_head,
+        projection_dim=int(key("projection_dim")), eps=float(key("attention.layer_norm_epsilon")),
+        image_mean=tuple(float(x) for x in mean[:3]), image_std=tuple(float(x) for x in std[:3]),
+        act="gelu" if gelu else "silu" if silu else "gelu_quick")
+    scale_factor = key("projector.scale_factor", None)
+    if projector == "gemma3":
+        hp.n_merge, hp.resize_algo = int(scale_factor or 4), "bilinear"
+    elif projector == "idefics3":
+        hp.n_merge, hp.resize_algo = int(scale_factor or 1), "lanczos"
+        hp.image_longest_edge = int(key("preproc_image_size", 0))
+    elif projector == "mlp":
+        if file.get("clip.vision.image_grid_pinpoints", None):
+            raise UnsupportedProjectorError(f"{file.path}: projector 'mlp' with image_grid_pinpoints (LLaVA 1.6 "
+                                            f"slicing) is not supported yet; LLaVA 1.5 files are")
+        hp.pad_color = (122, 116, 104)
+    if hp.image_size % hp.patch_size:
+        raise GGUFError(f"{file.path}: image_size {hp.image_size} is not a multiple of patch_size {hp.patch_size}")
+    return hp
+
+
+@dataclass
+class MMProj:
+    """A loaded mmproj file: its projector type, vision hyper-parameters and weights (ggml
+    tensors in one device's buffers)."""
+    path: str
+    file: GGUFFile
+    projector: str
+    vision: VisionHParams
+    weights: Weights
+    device: Device
+
+    def tensor(self, name: str, required: bool = True) -> Tensor | None:
+        t = self.weights.get(name)
+        if t is None and required:
+            raise GGUFError(f"{self.path}: tensor {name!r} is missing (projector {self.projector!r})")
+        return t
+
+    @property
+    def n_embd_text(self) -> int:
+        """The width of the embeddings the projector outputs (the text model's n_embd)."""
+        return self.vision.projection_dim
+
+    def close(self) -> None:
+        self.weights.free()
+        self.file.close()
+
+
+def load_mmproj(path, device=None) -> MMProj:
+    """Read an mmproj GGUF and place its tensors on `device` (a name such as "CUDA0", a Device,
+    or None for the CPU). UnsupportedProjectorError (one line: the file and the type) for a
+    projector type without an encoder here."""
+    path = os.fspath(path)
+    file = open_gguf(path)
+    try:
+        projector = _projector_type(file)
+        check_projector(path, projector)
+        vision = read_vision_hparams(file, projector)
+        device = cpu_device() if device is None else find_device(device)
+        buft = device.get_buffer_type()
+        weights = load_weights(file, lambda name: buft, progress=False)
+    except BaseException:
+        file.close()
+        raise
+    return MMProj(path, file, projector, vision, weights, device)
