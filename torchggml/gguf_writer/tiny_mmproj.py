@@ -46,6 +46,8 @@ class MMProjCase:
 MMPROJ_CASES = [
     MMProjCase("gemma3", "gemma3", merge=2),
     MMProjCase("idefics3", "idefics3", merge=2, longest_edge=128),
+    MMProjCase("qwen2vl", "qwen2vl_merger", act="quick", eps=1e-6, mean=(0.48145466, 0.4578275, 0.40821073),
+               std=(0.26862954, 0.26130258, 0.27577711)),
     MMProjCase("mlp", "mlp", act="quick", mean=(0.48145466, 0.4578275, 0.40821073),
                std=(0.26862954, 0.26130258, 0.27577711), eps=1e-5),
 ]
@@ -63,9 +65,12 @@ def _vision_tensors(case: MMProjCase, gen: torch.Generator) -> dict[str, torch.T
     def vec(n, mean=0.0, std=0.1):
         return mean + std * torch.randn(n, generator=gen)
 
-    w = {"v.patch_embd.weight": torch.randn(e, 3, p, p, generator=gen) / (3 * p * p) ** 0.5,
-         "v.patch_embd.bias": vec(e),
-         "v.position_embd.weight": 0.5 * torch.randn(n_patches + (case.projector == "mlp"), e, generator=gen)}
+    w = {"v.patch_embd.weight": torch.randn(e, 3, p, p, generator=gen) / (3 * p * p) ** 0.5}
+    if case.projector == "qwen2vl_merger":  # a second frame's convolution, M-RoPE instead of position rows
+        w["v.patch_embd.weight.1"] = torch.randn(e, 3, p, p, generator=gen) / (3 * p * p) ** 0.5
+    else:
+        w["v.patch_embd.bias"] = vec(e)
+        w["v.position_embd.weight"] = 0.5 * torch.randn(n_patches + (case.projector == "mlp"), e, generator=gen)
     if case.projector == "mlp":  # CLIP: a class token and a pre-norm
         w["v.class_embd"] = torch.randn(e, generator=gen)
         w["v.pre_ln.weight"], w["v.pre_ln.bias"] = vec(e, 1.0), vec(e)
@@ -93,6 +98,14 @@ def _projector_tensors(case: MMProjCase, gen: torch.Generator) -> dict[str, torc
         return {"v.post_ln.weight": 1.0 + 0.1 * torch.randn(e, generator=gen),
                 "v.post_ln.bias": 0.1 * torch.randn(e, generator=gen),
                 "mm.model.fc.weight": torch.randn(t, k, generator=gen) / k ** 0.5}
+    if case.projector == "qwen2vl_merger":  # post-norm (ln_q), then 2 x 2 patches -> mm.0 -> gelu -> mm.2
+        k = 4 * e
+        return {"v.post_ln.weight": 1.0 + 0.1 * torch.randn(e, generator=gen),
+                "v.post_ln.bias": 0.1 * torch.randn(e, generator=gen),
+                "mm.0.weight": torch.randn(k, k, generator=gen) / k ** 0.5,
+                "mm.0.bias": 0.1 * torch.randn(k, generator=gen),
+                "mm.2.weight": torch.randn(t, k, generator=gen) / k ** 0.5,
+                "mm.2.bias": 0.1 * torch.randn(t, generator=gen)}
     if case.projector == "mlp":  # LLaVA 1.5: mm.0 -> gelu -> mm.2, no post-norm
         return {"mm.0.weight": torch.randn(t, e, generator=gen) / e ** 0.5,
                 "mm.0.bias": 0.1 * torch.randn(t, generator=gen),
@@ -127,7 +140,7 @@ def write_tiny_mmproj(path, case: MMProjCase | str, weight_type: str = "F32") ->
     for key, value in keys.items():
         _add_key(w, key, value)
     tensors = {**_vision_tensors(case, gen), **_projector_tensors(case, gen)}
-    keep = ("v.patch_embd.weight", "v.position_embd.weight", "v.class_embd")
+    keep = ("v.patch_embd.weight", "v.patch_embd.weight.1", "v.position_embd.weight", "v.class_embd")
     write_tensors(w, {k: t.float().numpy() for k, t in tensors.items()}, qtype,
                   keep_f32=lambda name, data: name in keep or name.endswith(".bias"))
     return path

@@ -1,8 +1,10 @@
 """Running an mmproj's encoder: one ggml graph per tile (its size fixes the graph's shapes), on
 the device that holds the weights, through a scheduler (backend_sched) as Model runs its graphs.
 
-ENCODERS names each projector type's graph module (one file per projector: gemma3.py,
-idefics3.py, llava.py; the shared pieces in vit.py)."""
+ENCODERS names each projector type's graph builder (one file per projector: gemma3.py,
+idefics3.py, llava.py, qwen2vl.py; the shared pieces in vit.py): build(ctx, mm, image, inputs)
+returns the embeddings [n_embd_text, n_tokens] of the pixels `image` [W, H, 3, 1] and appends
+(tensor, values) to `inputs` for any other input it reads (positions)."""
 from __future__ import annotations
 
 import torch
@@ -17,11 +19,12 @@ from ..graph import build_forward_expand, new_graph_custom
 from ..models.placement import cpu_device
 from ..tensor import set_input, set_name, set_output
 from ..types import Type
-from . import gemma3, idefics3, llava
+from . import gemma3, idefics3, llava, qwen2vl
 from .loader import MMProj, SUPPORTED_PROJECTORS
 from .preprocess import PreprocessedImage, Tile
 
-ENCODERS = {"gemma3": gemma3.build, "idefics3": idefics3.build, "mlp": llava.build}
+ENCODERS = {"gemma3": gemma3.build, "idefics3": idefics3.build, "mlp": llava.build,
+            "qwen2vl_merger": qwen2vl.build}
 assert set(ENCODERS) == set(SUPPORTED_PROJECTORS)
 
 GRAPH_SIZE = 8192
@@ -54,7 +57,8 @@ class VisionEncoder:
         image = new_tensor_4d(ctx, Type.F32, w, h, 3, 1)
         set_name(image, "inp_raw")
         set_input(image)
-        out = ENCODERS[self.mm.projector](ctx, self.mm, image)
+        inputs: list = []
+        out = ENCODERS[self.mm.projector](ctx, self.mm, image, inputs)
         set_name(out, "mmproj_out")
         set_output(out)
         graph = new_graph_custom(ctx, GRAPH_SIZE)
@@ -63,6 +67,8 @@ class VisionEncoder:
         if not backend_sched_alloc_graph(self.sched, graph):
             raise MemoryError(f"{self.mm.path}: cannot allocate the encoder graph for a {w}x{h} tile")
         backend_tensor_set(image, pixels.detach().float().cpu().contiguous())
+        for tensor, values in inputs:
+            backend_tensor_set(tensor, values)
         status = backend_sched_graph_compute(self.sched, graph)
         if int(status) != 0:
             raise RuntimeError(f"{self.mm.path}: encoder graph compute failed with status {status!r}")

@@ -9,7 +9,7 @@ from .loader import MMProj
 from .vit import embed_image, vit
 
 
-def build(ctx, mm: MMProj, image: Tensor) -> Tensor:
+def build(ctx, mm: MMProj, image: Tensor, inputs: list) -> Tensor:
     """[W, H, 3, 1] pixels (square) -> [n_embd_text, (side / merge)^2] embeddings."""
     hp = mm.vision
     side = image.ne[0] // hp.patch_size

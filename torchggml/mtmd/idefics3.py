@@ -8,7 +8,7 @@ from .loader import MMProj
 from .vit import embed_image, pixel_shuffle, vit
 
 
-def build(ctx, mm: MMProj, image: Tensor) -> Tensor:
+def build(ctx, mm: MMProj, image: Tensor, inputs: list) -> Tensor:
     """[W, H, 3, 1] pixels -> [n_embd_text, (W/p/merge)*(H/p/merge)] embeddings."""
     p = mm.vision.patch_size
     x = vit(ctx, mm, embed_image(ctx, mm, image))

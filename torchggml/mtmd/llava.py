@@ -8,7 +8,7 @@ from .loader import MMProj
 from .vit import linear, patch_embed, vit
 
 
-def build(ctx, mm: MMProj, image: Tensor) -> Tensor:
+def build(ctx, mm: MMProj, image: Tensor, inputs: list) -> Tensor:
     """[W, H, 3, 1] pixels (square) -> [n_embd_text, n_patches] embeddings."""
     if image.ne[0] != image.ne[1]:
         raise ValueError(f"{mm.path}: mlp encodes square images, got {image.ne[0]}x{image.ne[1]}")

@@ -10,6 +10,8 @@ byte. Normalisation is float32 (x / 255 - mean) / std per channel, as clip_image
 An image becomes one or more `Tile`s, each a float32 [3, H, W] tensor the encoder reads:
 - fixed size (gemma3, LLaVA 1.5 `mlp`): letterboxed into image_size x image_size (PAD_CEIL: the
   scaled size rounded up, centred on the pad colour);
+- dynamic size (qwen2vl): the aspect ratio kept, each side a multiple of patch x merge, the
+  pixel count within the projector's token limits (transformers' smart_resize), letterboxed;
 - idefics3: resized so the longest edge is preproc_image_size, then up to a multiple of
   image_size and cut into image_size tiles row by row, after an overview of the whole image."""
 from __future__ import annotations
@@ -119,7 +121,27 @@ def preprocess(image, projector: str, hp: VisionHParams, device=None) -> Preproc
         return PreprocessedImage([Tile(norm(letterbox(rgb, n, n, hp.resize_algo, hp.resize_pad, hp.pad_color)))], size)
     if projector == "idefics3":
         return _idefics3(rgb, hp, norm, size)
+    if projector == "qwen2vl_merger":
+        w, h = dynamic_size(size[0], size[1], hp.patch_size * hp.n_merge, hp.min_pixels, hp.max_pixels)
+        return PreprocessedImage([Tile(norm(letterbox(rgb, w, h, hp.resize_algo, hp.resize_pad, hp.pad_color)))], size)
     raise ValueError(f"preprocess: no preprocessing for projector {projector!r}")
+
+
+def dynamic_size(width: int, height: int, align: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """The resized (width, height): each side rounded to a multiple of `align`, then scaled down
+    (up) to within max_pixels (min_pixels), in float32 as img_tool::calc_size_preserved_ratio."""
+    f32, fa = np.float32, np.float32(align)
+    rnd = lambda x: int(math.floor(float(f32(x) / fa) + 0.5)) * align  # noqa: E731  (std::round, x >= 0)
+    ceil_ = lambda x: int(math.ceil(float(f32(x) / fa))) * align  # noqa: E731
+    floor_ = lambda x: int(math.floor(float(f32(x) / fa))) * align  # noqa: E731
+    w_bar, h_bar = max(align, rnd(width)), max(align, rnd(height))
+    if max_pixels > 0 and w_bar * h_bar > max_pixels:
+        beta = np.sqrt(f32(height) * f32(width) / f32(max_pixels))
+        h_bar, w_bar = max(align, floor_(f32(height) / beta)), max(align, floor_(f32(width) / beta))
+    elif min_pixels > 0 and w_bar * h_bar < min_pixels:
+        beta = np.sqrt(f32(min_pixels) / (f32(height) * f32(width)))
+        h_bar, w_bar = ceil_(f32(height) * beta), ceil_(f32(width) * beta)
+    return w_bar, h_bar
 
 
 def _idefics3(rgb: np.ndarray, hp: VisionHParams, norm, size) -> PreprocessedImage:

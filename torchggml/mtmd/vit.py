@@ -37,14 +37,17 @@ def patch_embed(ctx, mm: MMProj, image: Tensor) -> Tensor:
     return x if bias is None else ops.add(ctx, x, bias)
 
 
-def attention(ctx, mm: MMProj, il: int, x: Tensor, mask: Tensor | None = None) -> Tensor:
-    """Self-attention of layer il over every row of x [n_embd, n_pos] (non-causal)."""
+def attention(ctx, mm: MMProj, il: int, x: Tensor, mask: Tensor | None = None, rope=None) -> Tensor:
+    """Self-attention of layer il over every row of x [n_embd, n_pos] (non-causal); rope(q or k
+    [d_head, n_head, n_pos]) rotates the queries and keys where the encoder uses positions."""
     hp, pre = mm.vision, f"v.blk.{il}."
     t = lambda name: mm.tensor(pre + name, required=False)  # noqa: E731
     n_pos, d = x.ne[1], hp.d_head
     q = ops.reshape_3d(ctx, linear(ctx, x, t("attn_q.weight"), t("attn_q.bias")), d, hp.n_head, n_pos)
     k = ops.reshape_3d(ctx, linear(ctx, x, t("attn_k.weight"), t("attn_k.bias")), d, hp.n_head_kv, n_pos)
     v = ops.reshape_3d(ctx, linear(ctx, x, t("attn_v.weight"), t("attn_v.bias")), d, hp.n_head_kv, n_pos)
+    if rope is not None:
+        q, k = rope(q), rope(k)
     q = ops.permute(ctx, q, 0, 2, 1, 3)                        # [d, n_pos, n_head]
     k = ops.permute(ctx, k, 0, 2, 1, 3)
     v = ops.cont(ctx, ops.permute(ctx, v, 1, 2, 0, 3))         # [n_pos, d, n_head]
@@ -71,21 +74,22 @@ def ffn(ctx, mm: MMProj, il: int, x: Tensor) -> Tensor:
     return linear(ctx, h, down, down_b)
 
 
-def vit(ctx, mm: MMProj, x: Tensor, n_layer: int | None = None, post_norm: bool = True) -> Tensor:
+def vit(ctx, mm: MMProj, x: Tensor, n_layer: int | None = None, post_norm: bool = True, rms: bool = False,
+        rope=None) -> Tensor:
     """The pre-norm ViT over patch rows x [n_embd, n_pos] (position embeddings already added):
-    the optional pre-norm, n_layer blocks (default all), the optional post-norm."""
+    the optional pre-norm, n_layer blocks (default all), the optional post-norm; LayerNorms, or
+    RMS norms with `rms`; `rope` as for attention."""
     hp = mm.vision
     opt = lambda name: mm.tensor(name, required=False)  # noqa: E731
+    norm = lambda x, name: layer_norm(ctx, x, opt(name + ".weight"), opt(name + ".bias"), hp.eps, rms)  # noqa: E731
     if opt("v.pre_ln.weight") is not None:
-        x = layer_norm(ctx, x, opt("v.pre_ln.weight"), opt("v.pre_ln.bias"), hp.eps)
+        x = norm(x, "v.pre_ln")
     for il in range(hp.n_layer if n_layer is None else n_layer):
         pre = f"v.blk.{il}."
-        h = layer_norm(ctx, x, opt(pre + "ln1.weight"), opt(pre + "ln1.bias"), hp.eps)
-        x = ops.add(ctx, attention(ctx, mm, il, h), x)
-        h = layer_norm(ctx, x, opt(pre + "ln2.weight"), opt(pre + "ln2.bias"), hp.eps)
-        x = ops.add(ctx, x, ffn(ctx, mm, il, h))
+        x = ops.add(ctx, attention(ctx, mm, il, norm(x, pre + "ln1"), rope=rope), x)
+        x = ops.add(ctx, x, ffn(ctx, mm, il, norm(x, pre + "ln2")))
     if post_norm and opt("v.post_ln.weight") is not None:
-        x = layer_norm(ctx, x, opt("v.post_ln.weight"), opt("v.post_ln.bias"), hp.eps)
+        x = norm(x, "v.post_ln")
     return x
 
 

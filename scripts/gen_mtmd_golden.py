@@ -1,0 +1,192 @@
+"""libmtmd's golden data for tests/test_mtmd.py: the tiny mmproj files of
+torchggml/gguf_writer/tiny_mmproj.py (each projector type, F32 and Q8_0) and the tiny text
+model, run through llama-cpp-python's libmtmd on a synthetic image (tests/data/mtmd/): the
+image chunks' embeddings (mtmd_tokenize with a bitmap, mtmd_encode_chunk,
+mtmd_get_output_embd), the text chunks' token ids, and the text model's logits after the whole
+prompt (mtmd_helper_eval_chunks). Flash attention off on both sides (F32 attention).
+
+    PYTHONPATH=$PWD python scripts/gen_mtmd_golden.py            # writes tests/data/mtmd
+    PYTHONPATH=$PWD python scripts/gen_mtmd_golden.py --compare IMAGE.jpg   # ours vs libmtmd, printed
+
+--compare also runs torchggml on the same image and prints each type's relative L2 error, and
+how far Pillow's decode of a JPEG is from llama.cpp's (stb_image)."""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from torchggml.gguf_writer.tiny_mmproj import MMPROJ_CASES, write_tiny_mmproj, write_tiny_text_model  # noqa: E402
+
+DATA = ROOT / "tests" / "data" / "mtmd"
+PROMPT = "Look: <__media__> What is it?"
+WEIGHT_TYPES = ("F32", "Q8_0")
+
+
+def synthetic_image(width: int = 100, height: int = 75, seed: int = 7) -> np.ndarray:
+    """A deterministic RGB uint8 image (gradients and noise), not square: it is letterboxed."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([255 * x / width, 255 * y / height, 128 + 100 * np.sin(x / 7.0) * np.cos(y / 5.0)], -1)
+    return np.clip(base + rng.normal(0, 20, base.shape), 0, 255).astype(np.uint8)
+
+
+def sha256(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+class LibMtmd:
+    """libmtmd through llama-cpp-python's ctypes bindings: one text model, one mmproj."""
+
+    def __init__(self, text_path: str, mmproj_path: str, n_ctx: int = 512):
+        import llama_cpp
+        import llama_cpp.mtmd_cpp as M
+        self.L, self.M = llama_cpp, M
+        llama_cpp.llama_backend_init()
+        mp = llama_cpp.llama_model_default_params()
+        self.model = llama_cpp.llama_model_load_from_file(text_path.encode(), mp)
+        cp = M.mtmd_context_params_default()
+        cp.use_gpu, cp.print_timings, cp.n_threads, cp.warmup = False, False, 2, False
+        cp.flash_attn_type = 0  # LLAMA_FLASH_ATTN_TYPE_DISABLED
+        self.ctx = M.mtmd_init_from_file(mmproj_path.encode(), self.model, cp)
+        if not self.ctx:
+            raise RuntimeError(f"libmtmd could not load {mmproj_path}")
+        self.n_embd = llama_cpp.llama_model_n_embd(self.model)
+        self.n_ctx = n_ctx
+
+    def tokenize(self, rgb: np.ndarray, prompt: str = PROMPT):
+        M = self.M
+        h, w = rgb.shape[:2]
+        data = (ctypes.c_ubyte * rgb.size).from_buffer_copy(np.ascontiguousarray(rgb).tobytes())
+        bitmap = M.mtmd_bitmap_init(w, h, data)
+        chunks = M.mtmd_input_chunks_init()
+        text = M.mtmd_input_text()
+        raw = prompt.encode()
+        text.text, text.text_len, text.add_special, text.parse_special = raw, len(raw), True, True
+        bitmaps = (M.mtmd_bitmap_p_ctypes * 1)(bitmap)
+        if M.mtmd_tokenize(self.ctx, chunks, ctypes.byref(text), bitmaps, 1) != 0:
+            raise RuntimeError("mtmd_tokenize failed")
+        M.mtmd_bitmap_free(bitmap)
+        return chunks
+
+    def chunks(self, rgb: np.ndarray, prompt: str = PROMPT):
+        """[("text", ids) | ("image", embeddings [n, n_embd])] in prompt order, and the chunks."""
+        M, out = self.M, []
+        chunks = self.tokenize(rgb, prompt)
+        for i in range(M.mtmd_input_chunks_size(chunks)):
+            chunk = M.mtmd_input_chunks_get(chunks, i)
+            n = M.mtmd_input_chunk_get_n_tokens(chunk)
+            if M.mtmd_input_chunk_get_type(chunk) == M.MTMD_INPUT_CHUNK_TYPE_TEXT:
+                n_out = ctypes.c_size_t()
+                ids = M.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n_out))
+                out.append(("text", np.array([ids[j] for j in range(n_out.value)], dtype=np.int32)))
+            else:
+                if M.mtmd_encode_chunk(self.ctx, chunk) != 0:
+                    raise RuntimeError("mtmd_encode_chunk failed")
+                embd = M.mtmd_get_output_embd(self.ctx)
+                out.append(("image", np.ctypeslib.as_array(embd, shape=(n * self.n_embd,)).reshape(n, self.n_embd).copy()))
+        return out, chunks
+
+    def logits_after(self, rgb: np.ndarray, prompt: str = PROMPT) -> np.ndarray:
+        L, M = self.L, self.M
+        cp = L.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_threads, cp.n_threads_batch = self.n_ctx, 256, 256, 2, 2
+        cp.flash_attn_type = 0
+        lctx = L.llama_init_from_model(self.model, cp)
+        chunks = self.tokenize(rgb, prompt)
+        n_past = L.llama_pos(0)
+        if M.mtmd_helper_eval_chunks(self.ctx, lctx, chunks, 0, 0, 256, True, ctypes.byref(n_past)) != 0:
+            raise RuntimeError("mtmd_helper_eval_chunks failed")
+        n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
+        logits = np.ctypeslib.as_array(L.llama_get_logits_ith(lctx, -1), shape=(n_vocab,)).copy()
+        M.mtmd_input_chunks_free(chunks)
+        L.llama_free(lctx)
+        return logits
+
+    def decode_file(self, path: str) -> np.ndarray:
+        """llama.cpp's own decode of an image file (stb_image), RGB uint8 [H, W, 3]."""
+        M = self.M
+        bitmap = M.mtmd_helper_bitmap_init_from_file(self.ctx, str(path).encode())
+        w, h = M.mtmd_bitmap_get_nx(bitmap), M.mtmd_bitmap_get_ny(bitmap)
+        data = np.ctypeslib.as_array(M.mtmd_bitmap_get_data(bitmap), shape=(h * w * 3,)).reshape(h, w, 3).copy()
+        M.mtmd_bitmap_free(bitmap)
+        return data
+
+    def close(self):
+        self.M.mtmd_free(self.ctx)
+        self.L.llama_model_free(self.model)
+
+
+def generate(directory: Path) -> None:
+    DATA.mkdir(parents=True, exist_ok=True)
+    text = write_tiny_text_model(directory / "text-gemma3.gguf")
+    manifest = {"prompt": PROMPT, "text_model_sha256": sha256(text), "image": "synthetic_image()", "cases": {}}
+    rgb = synthetic_image()
+    for case in MMPROJ_CASES:
+        for wt in WEIGHT_TYPES:
+            key = f"{case.name}-{wt}"
+            path = write_tiny_mmproj(directory / f"mmproj-{key}.gguf", case, wt)
+            lib = LibMtmd(text, str(path))
+            chunks, _ = lib.chunks(rgb)
+            logits = lib.logits_after(rgb)
+            lib.close()
+            arrays = {f"chunk{i}_{kind}": a for i, (kind, a) in enumerate(chunks)}
+            np.savez(DATA / f"{key}.npz", logits=logits, **arrays)
+            manifest["cases"][key] = {"case": case.name, "weights": wt, "sha256": sha256(path),
+                                      "chunks": [kind for kind, _ in chunks]}
+            print(key, [(k, a.shape) for k, a in chunks])
+    (DATA / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def compare(directory: Path, image: str) -> None:
+    """Ours vs libmtmd on a real image, both given Pillow's RGB; and Pillow's decode vs stb's."""
+    import torch
+    from torchggml.mtmd import load_mmproj, load_image, preprocess, VisionEncoder
+    text = write_tiny_text_model(directory / "text-gemma3.gguf")
+    rgb = load_image(image)
+    for case in MMPROJ_CASES:
+        for wt in WEIGHT_TYPES:
+            path = str(write_tiny_mmproj(directory / f"mmproj-{case.name}-{wt}.gguf", case, wt))
+            lib = LibMtmd(text, path)
+            theirs = [a for kind, a in lib.chunks(rgb)[0] if kind == "image"]
+            if case.name == "gemma3" and wt == "F32":
+                stb = lib.decode_file(image)
+                diff = np.abs(stb.astype(int) - rgb.astype(int))
+                print(f"decode {image}: {rgb.shape[1]}x{rgb.shape[0]}, Pillow vs stb_image max abs diff "
+                      f"{diff.max()} levels, mean {diff.mean():.3f}")
+            lib.close()
+            mm = load_mmproj(path)
+            pre = preprocess(rgb, mm.projector, mm.vision)
+            ours = VisionEncoder(mm).encode(pre)
+            if case.projector == "idefics3":  # libmtmd: slices first, the overview last
+                ours = ours[1:] + ours[:1]
+            errs = [float(torch.linalg.norm(o - torch.from_numpy(t)) / np.linalg.norm(t)) for o, t in zip(ours, theirs)]
+            print(f"{case.name:9s} {wt:5s} tiles {len(ours)} (libmtmd {len(theirs)}), tokens "
+                  f"{[o.shape[0] for o in ours]} vs {[t.shape[0] for t in theirs]}, grid {pre.grid}, "
+                  f"max relative L2 {max(errs):.2e}")
+            mm.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--compare", metavar="IMAGE", help="compare ours with libmtmd on this image instead")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        if args.compare:
+            compare(Path(d), args.compare)
+        else:
+            generate(Path(d))
+
+
+if __name__ == "__main__":
+    main()
