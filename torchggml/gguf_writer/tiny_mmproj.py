@@ -32,7 +32,7 @@ class MMProjCase:
     patch_size: int = 8
     n_embd: int = 32
     n_head: int = 4
-    n_ff: int = 48
+    n_ff: int = 96
     n_layer: int = 2
     n_embd_text: int = 64
     merge: int = 0               # clip.vision.projector.scale_factor (0: not written)
