@@ -328,3 +328,20 @@ def test_mmproj_width_must_match(files, text_model, tmp_path):
     path = write_tiny_mmproj(tmp_path / "narrow.gguf", replace(MMPROJ_BY_NAME["gemma3"], n_embd_text=32))
     with pytest.raises(ValueError, match="32-wide embeddings but .* has n_embd 64"):
         Multimodal(text_model, load_mmproj(path))
+
+
+# ---------------------------------------------------------------- docs/multimodal.md
+
+
+def test_docs_example_runs(tmp_path, monkeypatch, capsys):
+    import re
+    doc = Path(__file__).resolve().parents[1] / "docs" / "multimodal.md"
+    blocks = re.findall(r"^```python\n(.*?)^```", doc.read_text(), flags=re.S | re.M)
+    assert len(blocks) == 2
+    monkeypatch.chdir(tmp_path)
+    namespace = {"__name__": "multimodal_doc"}
+    exec(compile("\n".join(blocks), str(doc), "exec"), namespace)
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2:] == ["(64, 48) [(3, 64, 64)]", "(16, 64)"]
+    assert tuple(namespace["logits"].shape) == (1, namespace["model"].n_vocab)
+    namespace["mm"].close()
