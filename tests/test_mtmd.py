@@ -76,6 +76,7 @@ def text_model(files):
     ("idefics3", "idefics3", 2, "lanczos"),
     ("mlp", "mlp", 1, "bicubic"),
     ("qwen2vl", "qwen2vl_merger", 2, "bicubic"),
+    ("pixtral", "pixtral", 2, "bicubic"),
 ])
 def test_load_hparams(files, name, projector, n_merge, algo):
     mm = load_mmproj(files[f"{name}-F32"])
@@ -217,7 +218,7 @@ def test_embeddings_vs_libmtmd(files, key):
 
 
 @needs_golden
-@pytest.mark.parametrize("key", [k for k in GOLDEN if MANIFEST["cases"][k]["case"] in ("gemma3", "idefics3", "mlp")])
+@pytest.mark.parametrize("key", [k for k in GOLDEN if "logits" in MANIFEST["cases"][k]])
 def test_prompt_layout_and_logits_vs_libmtmd(files, text_model, key):
     """[text, image, text] through Multimodal: the text chunks' token ids equal libmtmd's, and the
     logits after the prompt llama.cpp's (Gemma 3 reads its image non-causally)."""

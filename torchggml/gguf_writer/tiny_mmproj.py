@@ -48,6 +48,7 @@ MMPROJ_CASES = [
     MMProjCase("idefics3", "idefics3", merge=2, longest_edge=128),
     MMProjCase("qwen2vl", "qwen2vl_merger", act="quick", eps=1e-6, mean=(0.48145466, 0.4578275, 0.40821073),
                std=(0.26862954, 0.26130258, 0.27577711)),
+    MMProjCase("pixtral", "pixtral", act="silu", eps=1e-5, merge=2),
     MMProjCase("mlp", "mlp", act="quick", mean=(0.48145466, 0.4578275, 0.40821073),
                std=(0.26862954, 0.26130258, 0.27577711), eps=1e-5),
 ]
@@ -68,6 +69,8 @@ def _vision_tensors(case: MMProjCase, gen: torch.Generator) -> dict[str, torch.T
     w = {"v.patch_embd.weight": torch.randn(e, 3, p, p, generator=gen) / (3 * p * p) ** 0.5}
     if case.projector == "qwen2vl_merger":  # a second frame's convolution, M-RoPE instead of position rows
         w["v.patch_embd.weight.1"] = torch.randn(e, 3, p, p, generator=gen) / (3 * p * p) ** 0.5
+    elif case.projector == "pixtral":  # 2-D RoPE, RMS norms without biases, gated FFN
+        w["v.pre_ln.weight"] = vec(e, 1.0)
     else:
         w["v.patch_embd.bias"] = vec(e)
         w["v.position_embd.weight"] = 0.5 * torch.randn(n_patches + (case.projector == "mlp"), e, generator=gen)
@@ -76,6 +79,13 @@ def _vision_tensors(case: MMProjCase, gen: torch.Generator) -> dict[str, torch.T
         w["v.pre_ln.weight"], w["v.pre_ln.bias"] = vec(e, 1.0), vec(e)
     for il in range(case.n_layer):
         b = f"v.blk.{il}."
+        if case.projector == "pixtral":
+            for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+                w[b + name + ".weight"] = mat(e, e)
+            w[b + "ln1.weight"], w[b + "ln2.weight"] = vec(e, 1.0), vec(e, 1.0)
+            w[b + "ffn_gate.weight"], w[b + "ffn_up.weight"] = mat(case.n_ff, e), mat(case.n_ff, e)
+            w[b + "ffn_down.weight"] = mat(e, case.n_ff)
+            continue
         for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
             w[b + name + ".weight"], w[b + name + ".bias"] = mat(e, e), vec(e)
         for name in ("ln1", "ln2"):
@@ -106,6 +116,15 @@ def _projector_tensors(case: MMProjCase, gen: torch.Generator) -> dict[str, torc
                 "mm.0.bias": 0.1 * torch.randn(k, generator=gen),
                 "mm.2.weight": torch.randn(t, k, generator=gen) / k ** 0.5,
                 "mm.2.bias": 0.1 * torch.randn(t, generator=gen)}
+    if case.projector == "pixtral":  # Mistral Small 3.1's patch merger, mm.1 -> gelu -> mm.2, [IMG_BREAK]
+        k = e * case.merge ** 2
+        return {"mm.input_norm.weight": 1.0 + 0.1 * torch.randn(e, generator=gen),
+                "mm.patch_merger.weight": torch.randn(e, k, generator=gen) / k ** 0.5,
+                "mm.1.weight": torch.randn(t, e, generator=gen) / e ** 0.5,
+                "mm.1.bias": 0.1 * torch.randn(t, generator=gen),
+                "mm.2.weight": torch.randn(t, t, generator=gen) / t ** 0.5,
+                "mm.2.bias": 0.1 * torch.randn(t, generator=gen),
+                "v.token_embd.img_break": torch.randn(t, generator=gen)}
     if case.projector == "mlp":  # LLaVA 1.5: mm.0 -> gelu -> mm.2, no post-norm
         return {"mm.0.weight": torch.randn(t, e, generator=gen) / e ** 0.5,
                 "mm.0.bias": 0.1 * torch.randn(t, generator=gen),
@@ -131,8 +150,9 @@ def write_tiny_mmproj(path, case: MMProjCase | str, weight_type: str = "F32") ->
             "clip.vision.attention.layer_norm_epsilon": case.eps,
             "clip.vision.image_mean": [float(x) for x in case.mean],
             "clip.vision.image_std": [float(x) for x in case.std]}
-    if case.merge:
-        keys["clip.vision.projector.scale_factor"] = case.merge
+    if case.merge:  # pixtral and qwen2vl name it spatial_merge_size
+        spatial = case.projector in ("pixtral", "qwen2vl_merger")
+        keys["clip.vision.spatial_merge_size" if spatial else "clip.vision.projector.scale_factor"] = case.merge
     if case.longest_edge:
         keys["clip.vision.preproc_image_size"] = case.longest_edge
     if case.act in ("gelu", "silu"):

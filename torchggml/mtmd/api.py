@@ -72,6 +72,8 @@ class Multimodal:
                 if y != gy - 1:
                     parts.append("\n")
             return parts + ["\n\n<fake_token_around_image><global-img>", chunk(rows[0]), "<fake_token_around_image>"]
+        if self.mmproj.projector == "pixtral":
+            return [chunk(rows[0]), "[IMG_END]"]
         return [chunk(rows[0])]
 
     def parts(self, prompt) -> list:

@@ -18,7 +18,7 @@ from ..models.placement import cpu_device, find_device
 from ..tensor import Tensor
 
 # projector types torchggml encodes (one graph module each; see encoders.py)
-SUPPORTED_PROJECTORS = ("gemma3", "idefics3", "mlp", "qwen2vl_merger")
+SUPPORTED_PROJECTORS = ("gemma3", "idefics3", "mlp", "qwen2vl_merger", "pixtral")
 
 # every type clip.cpp's projector table names, for the error that tells "unknown" from "not yet"
 LLAMA_CPP_PROJECTORS = frozenset((
@@ -127,6 +127,10 @@ def read_vision_hparams(file: GGUFFile, projector: str) -> VisionHParams:
                                             f"(clip.vision.n_wa_pattern) is not supported yet")
         area = (hp.patch_size * hp.n_merge) ** 2  # llama.cpp's token limits: 8 to 4096 tokens
         hp.min_pixels, hp.max_pixels = 8 * area, 4096 * area
+    elif projector == "pixtral":
+        hp.n_merge, hp.resize_algo = int(key("spatial_merge_size", 1)), "bicubic"
+        area = (hp.patch_size * hp.n_merge) ** 2  # llama.cpp's token limits: 8 to 1024 tokens
+        hp.min_pixels, hp.max_pixels = 8 * area, 1024 * area
     if hp.image_size % hp.patch_size:
         raise GGUFError(f"{file.path}: image_size {hp.image_size} is not a multiple of patch_size {hp.patch_size}")
     return hp

@@ -10,7 +10,7 @@ byte. Normalisation is float32 (x / 255 - mean) / std per channel, as clip_image
 An image becomes one or more `Tile`s, each a float32 [3, H, W] tensor the encoder reads:
 - fixed size (gemma3, LLaVA 1.5 `mlp`): letterboxed into image_size x image_size (PAD_CEIL: the
   scaled size rounded up, centred on the pad colour);
-- dynamic size (qwen2vl): the aspect ratio kept, each side a multiple of patch x merge, the
+- dynamic size (qwen2vl, pixtral): the aspect ratio kept, each side a multiple of patch x merge, the
   pixel count within the projector's token limits (transformers' smart_resize), letterboxed;
 - idefics3: resized so the longest edge is preproc_image_size, then up to a multiple of
   image_size and cut into image_size tiles row by row, after an overview of the whole image."""
@@ -121,7 +121,7 @@ def preprocess(image, projector: str, hp: VisionHParams, device=None) -> Preproc
         return PreprocessedImage([Tile(norm(letterbox(rgb, n, n, hp.resize_algo, hp.resize_pad, hp.pad_color)))], size)
     if projector == "idefics3":
         return _idefics3(rgb, hp, norm, size)
-    if projector == "qwen2vl_merger":
+    if projector in ("qwen2vl_merger", "pixtral"):
         w, h = dynamic_size(size[0], size[1], hp.patch_size * hp.n_merge, hp.min_pixels, hp.max_pixels)
         return PreprocessedImage([Tile(norm(letterbox(rgb, w, h, hp.resize_algo, hp.resize_pad, hp.pad_color)))], size)
     raise ValueError(f"preprocess: no preprocessing for projector {projector!r}")
