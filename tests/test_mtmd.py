@@ -104,7 +104,7 @@ def _mmproj_with(path, **keys):
 
 
 @pytest.mark.parametrize("projector, words", [
-    ("pixtral", "a type llama.cpp knows, not yet supported here"),
+    ("internvl", "a type llama.cpp knows, not yet supported here"),
     ("qwen2.5vl_merger", "a type llama.cpp knows, not yet supported here"),
     ("no-such-projector", "unknown to llama.cpp too"),
 ])
