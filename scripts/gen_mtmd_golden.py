@@ -138,12 +138,15 @@ def generate(directory: Path) -> None:
             path = write_tiny_mmproj(directory / f"mmproj-{key}.gguf", case, wt)
             lib = LibMtmd(text, str(path))
             chunks, _ = lib.chunks(rgb)
-            logits = lib.logits_after(rgb)
-            lib.close()
             arrays = {f"chunk{i}_{kind}": a for i, (kind, a) in enumerate(chunks)}
-            np.savez(DATA / f"{key}.npz", logits=logits, **arrays)
-            manifest["cases"][key] = {"case": case.name, "weights": wt, "sha256": sha256(path),
-                                      "chunks": [kind for kind, _ in chunks]}
+            entry = {"case": case.name, "weights": wt, "sha256": sha256(path), "chunks": [kind for kind, _ in chunks]}
+            # the text model is a gemma3: Qwen2-VL's images need an M-RoPE text model, so no logits
+            if case.projector != "qwen2vl_merger":
+                arrays["logits"] = lib.logits_after(rgb)
+                entry["logits"] = True
+            lib.close()
+            np.savez(DATA / f"{key}.npz", **arrays)
+            manifest["cases"][key] = entry
             print(key, [(k, a.shape) for k, a in chunks])
     (DATA / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
