@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from gen_mtmd_golden import LibMtmd, synthetic_image  # noqa: E402
-from torchggml.gguf_writer.tiny_mmproj import MMPROJ_BY_NAME, write_tiny_mmproj, write_tiny_text_model  # noqa: E402
+from torchggml.gguf.writer.tiny_mmproj import MMPROJ_BY_NAME, write_tiny_mmproj, write_tiny_text_model  # noqa: E402
 
 
 def main() -> None:

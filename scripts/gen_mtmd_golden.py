@@ -1,5 +1,5 @@
 """libmtmd's golden data for tests/test_mtmd.py: the tiny mmproj files of
-torchggml/gguf_writer/tiny_mmproj.py (each projector type, F32 and Q8_0) and the tiny text
+torchggml/gguf/writer/tiny_mmproj.py (each projector type, F32 and Q8_0) and the tiny text
 model, run through llama-cpp-python's libmtmd on a synthetic image (tests/data/mtmd/): the
 image chunks' embeddings (mtmd_tokenize with a bitmap, mtmd_encode_chunk,
 mtmd_get_output_embd), the text chunks' token ids, and the text model's logits after the whole
@@ -26,7 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from torchggml.gguf_writer.tiny_mmproj import MMPROJ_CASES, write_tiny_mmproj, write_tiny_text_model  # noqa: E402
+from torchggml.gguf.writer.tiny_mmproj import MMPROJ_CASES, write_tiny_mmproj, write_tiny_text_model  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "mtmd"
 PROMPT = "Look: <__media__> What is it?"

@@ -1,4 +1,4 @@
-"""Every architecture against llama.cpp: the tiny models of torchggml/gguf_writer/tiny.py, regenerated
+"""Every architecture against llama.cpp: the tiny models of torchggml/gguf/writer/tiny.py, regenerated
 here by the project's deterministic writer (their sha256 must equal the file llama.cpp ran) and
 compared with llama.cpp's logits in tests/data/archs (scripts/gen_arch_logits.py): in one batch
 and as a prompt followed by decode steps, with flash attention off and on."""
@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from torchggml.models import load_model
-from torchggml.gguf_writer.tiny import CASES_BY_NAME, file_sha256, write_tiny_model
-from torchggml.gguf_writer.tiny_recurrent import RECURRENT_ARCHS
-from torchggml.torch_backend.cpu.features import cpu_path
+from torchggml.gguf.writer.tiny import CASES_BY_NAME, file_sha256, write_tiny_model
+from torchggml.gguf.writer.tiny_recurrent import RECURRENT_ARCHS
+from torchggml.devices.cpu.features import cpu_path
 
 DATA = Path(__file__).resolve().parent / "data" / "archs"
 MANIFEST = json.loads((DATA / "manifest.json").read_text())

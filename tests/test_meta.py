@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import torchggml as ggml
-from torchggml.backend.meta import meta_info, get_split_state
-from torchggml.backend.meta_split import split_evenly
-from torchggml.meta_testing import MetaCaseRunner, check_meta_case
-from torchggml.testing import all_cases
+from torchggml.devices.meta.meta import meta_info, get_split_state
+from torchggml.devices.meta.split import split_evenly
+from torchggml.test_ops.meta import MetaCaseRunner, check_meta_case
+from torchggml.test_ops.runner import all_cases
 
 S = ggml.SplitAxis
 

@@ -221,7 +221,7 @@ def test_vocab_only():
 
 @pytest.fixture(scope="module")
 def demo_path(tmp_path_factory):
-    from torchggml.gguf_writer.demo import demo_model_path
+    from torchggml.gguf.writer.demo import demo_model_path
     return demo_model_path(str(tmp_path_factory.mktemp("demo")))
 
 
@@ -269,7 +269,7 @@ def test_sampling_stays_within_top_k_and_top_p(top_k, top_p):
 def test_demo_architectures(tmp_path):
     """The demo writer's qwen2 (biases) and qwen3 (q/k norms, tied output) files load and run."""
     from dataclasses import replace
-    from torchggml.gguf_writer.demo import DEMO_CONFIG, write_model
+    from torchggml.gguf.writer.demo import DEMO_CONFIG, write_model
     for arch, tied in (("qwen2", False), ("qwen3", True)):
         cfg = replace(DEMO_CONFIG, arch=arch, n_layer=1, tied_output=tied)
         model = load_model(write_model(tmp_path / f"{arch}.gguf", cfg, "F16"))
@@ -282,7 +282,7 @@ def test_rope_scaling_and_frequency_factors(tmp_path):
     """rope_freqs.weight divides each pair's frequency: all 2s equal linear scaling by 2, which
     differs from no scaling; all 1s change nothing."""
     from dataclasses import replace
-    from torchggml.gguf_writer.demo import DEMO_CONFIG, write_model
+    from torchggml.gguf.writer.demo import DEMO_CONFIG, write_model
     cfg = replace(DEMO_CONFIG, n_layer=1)
     half = cfg.n_embd // cfg.n_head // 2
     files = {"plain": {}, "linear2": dict(rope_scaling_factor=2.0),
@@ -300,7 +300,7 @@ def test_rope_scaling_and_frequency_factors(tmp_path):
 # ---------------------------------------------------------------- the CLI commands
 
 def run_cli(*argv):
-    from torchggml.models.cli_commands import main
+    from torchggml.cli.models import main
     return main([str(a) for a in argv])
 
 
@@ -380,7 +380,7 @@ def test_one_device_is_one_split(device):
 
 def test_model_params_are_shared_and_checked():
     from torchggml.models import ModelParams
-    from torchggml.models.cli_commands import model_params
+    from torchggml.cli.models import model_params
     import argparse
     p = ModelParams().with_options(n_ctx=64, flash_attn=True)
     assert (p.n_ctx, p.flash_attn, p.n_batch) == (64, True, 512)
@@ -479,7 +479,7 @@ def test_generate_batch_greedy_equals_generate(demo):
 
 def test_unsupported_architecture_is_named(tmp_path):
     import gguf
-    from torchggml.gguf import GGUFError
+    from torchggml.gguf.loader import GGUFError
     w = gguf.GGUFWriter(str(tmp_path / "x.gguf"), "rwkv9")
     w.add_tokenizer_model("none")
     w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
@@ -490,8 +490,8 @@ def test_unsupported_architecture_is_named(tmp_path):
 
 def test_unknown_rope_scaling_is_refused(tmp_path):
     """YaRN and LongRoPE load (tests/test_archs.py); a scaling llama.cpp does not know is refused."""
-    from torchggml.gguf import GGUFError
-    from torchggml.gguf_writer.tiny import TinyCase, write_tiny_model
+    from torchggml.gguf.loader import GGUFError
+    from torchggml.gguf.writer.tiny import TinyCase, write_tiny_model
     case = TinyCase("llama-dynamic", "llama", metadata=(("rope.scaling.type", "dynamic"), ("rope.scaling.factor", 2.0)))
     with pytest.raises(GGUFError, match="rope scaling 'dynamic' is not supported"):
         load_model(write_tiny_model(tmp_path / "x.gguf", case))

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from torchggml.gguf import GGUFError
+from torchggml.gguf.loader import GGUFError
 from torchggml.models import load_model
-from torchggml.gguf_writer.demo import DEMO_CONFIG, generated_model
+from torchggml.gguf.writer.demo import DEMO_CONFIG, generated_model
 from torchggml.models.module import QuantizedWeight
 
 TEXT = "Once upon a time there was a small program that wanted to run a language model"

@@ -1,5 +1,5 @@
 """Multimodal projectors (torchggml.mtmd) against libmtmd: the tiny mmproj files of
-torchggml/gguf_writer/tiny_mmproj.py, regenerated here byte-identical to the files libmtmd ran
+torchggml/gguf/writer/tiny_mmproj.py, regenerated here byte-identical to the files libmtmd ran
 (tests/data/mtmd, scripts/gen_mtmd_golden.py), encode the same synthetic image; the image
 chunks' embeddings and the text model's logits after [text, image, text] are compared with
 libmtmd's. Also: the loader's keys and errors, preprocessing, and Model's embeddings input."""
@@ -19,8 +19,8 @@ import torch
 pytest.importorskip("PIL", reason="the vision extra (Pillow) is not installed")
 from PIL import Image as PILImage  # noqa: E402
 
-from torchggml.gguf_header import GGUFError  # noqa: E402
-from torchggml.gguf_writer.tiny_mmproj import MMPROJ_BY_NAME, write_tiny_mmproj, write_tiny_text_model  # noqa: E402
+from torchggml.gguf.reader import GGUFError  # noqa: E402
+from torchggml.gguf.writer.tiny_mmproj import MMPROJ_BY_NAME, write_tiny_mmproj, write_tiny_text_model  # noqa: E402
 from torchggml.models import load_model  # noqa: E402
 from torchggml.models.kv_cache import attention_mask  # noqa: E402
 from torchggml.models.prompt import EmbeddingChunk  # noqa: E402

@@ -1,5 +1,5 @@
 """The recurrent and hybrid memories (models/recurrent_state.py) on the tiny models of
-gguf_writer/tiny.py: micro-batched prompts leave the same states as one batch, sequences keep
+gguf/writer/tiny.py: micro-batched prompts leave the same states as one batch, sequences keep
 their own slots (reset, copy, several in one batch), equal-split micro-batches, clear errors."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from torchggml.backend.tensor_io import backend_tensor_get
-from torchggml.gguf_writer.tiny import CASES_BY_NAME, write_tiny_model
+from torchggml.gguf.writer.tiny import CASES_BY_NAME, write_tiny_model
 from torchggml.models import load_model
 from torchggml.models.kv_cache import KVCache
 from torchggml.models.recurrent_state import HybridMemory, RecurrentState

@@ -11,11 +11,11 @@ from gguf import GGMLQuantizationType, quants as gguf_quants
 
 import torchggml as ggml
 from torchggml.quants import quantize
-from torchggml.torch_backend.cpu import cpu_device, cpu_reg
-from torchggml.torch_backend.kernels import UnsupportedOpError
-from torchggml.torch_backend.cpu import repack_buffer_type
-from torchggml.torch_backend.cpu.layouts.base import RepackBuffer, RepackedTensorError
-from torchggml.torch_backend.cpu.layouts.int4 import repacked_views
+from torchggml.devices.cpu import cpu_device, cpu_reg
+from torchggml.devices.kernels import UnsupportedOpError
+from torchggml.devices.cpu import repack_buffer_type
+from torchggml.devices.cpu.layouts.base import RepackBuffer, RepackedTensorError
+from torchggml.devices.cpu.layouts.int4 import repacked_views
 
 from test_models import (GOLDEN, MANIFEST, check_logits, entry_named, eval_steps, needs_golden,
                          sim_available)
@@ -86,7 +86,7 @@ def test_repacked_mul_mat_matches_float64(qtype, n, k, m):
 
 def test_chunked_packing_equals_whole(monkeypatch):
     """Big weights are converted in row chunks: the layout must not depend on the chunking."""
-    from torchggml.torch_backend.cpu.layouts import int4 as repack
+    from torchggml.devices.cpu.layouts import int4 as repack
     n, k = 200, 64
     blocks, _ = quantized_weight(T.Q4_0, n, k, seed=1)
     packed = []

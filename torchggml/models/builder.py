@@ -17,7 +17,7 @@ import torch
 from .. import ops
 from ..backend.tensor_io import BoundIO
 from ..context import new_tensor_1d, new_tensor_2d, new_tensor_3d
-from ..gguf import GGUFError
+from ..gguf.loader import GGUFError
 from ..graph import CGraph, new_graph_custom, build_forward_expand
 from ..tensor import Tensor, set_name, set_input, set_output
 from ..types import Type

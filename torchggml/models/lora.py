@@ -25,7 +25,7 @@ from ..alloc import backend_alloc_ctx_tensors_from_buft
 from ..backend.tensor_io import backend_tensor_set
 from ..context import Context, new_tensor_2d
 from ..enums import Op, TensorFlag
-from ..gguf import GGUFError, open_gguf
+from ..gguf.loader import GGUFError, open_gguf
 from ..graph import build_forward_expand, graph_clear
 from ..interop import to_torch
 from ..tensor import Tensor, set_name, set_output

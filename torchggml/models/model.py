@@ -55,7 +55,7 @@ from ..backend.device import DeviceType
 from ..backend.sched import (backend_sched_new, backend_sched_reserve, backend_sched_reset, backend_sched_free,
                              backend_sched_alloc_graph, backend_sched_graph_compute)
 from ..context import Context
-from ..gguf import GGUFFile
+from ..gguf.loader import GGUFFile
 from ..types import is_quantized
 from .builder import Arch, GraphBuilder, ModelGraph, bind_weights, graph_size
 from .hparams import HParams
@@ -467,7 +467,7 @@ class Model:
         """The Tokenizer, built from the file's metadata on first use: a model whose
         tokenizer cannot be used (e.g. an unknown pre-tokenizer) still evaluates token ids."""
         if self._tokenizer is None:
-            from ..tokenizer import Tokenizer
+            from ..text.tokenizer import Tokenizer
             self._tokenizer = Tokenizer.from_gguf(self.file)
         return self._tokenizer
 
@@ -476,8 +476,8 @@ class Model:
 
     def chat_prompt(self, messages, add_generation_prompt: bool = True) -> str:
         """The prompt text for `messages` ([{"role": "user", "content": ...}, ...]), rendered
-        with the model's tokenizer.chat_template in a Jinja2 sandbox (torchggml.chat)."""
-        from ..chat import render_chat
+        with the model's tokenizer.chat_template in a Jinja2 sandbox (torchggml.text.chat)."""
+        from ..text.chat import render_chat
         tok = self.tokenizer
         text = lambda i: tok.token_text(i) if i is not None else ""
         return render_chat(tok.chat_template, messages, add_generation_prompt=add_generation_prompt,

@@ -65,7 +65,7 @@ def per_layer(keys: KeyReader, suffix: str, n_layer: int, default: int) -> list[
     value = keys.get_list(suffix)
     if isinstance(value, list):
         if len(value) != n_layer:
-            from ..gguf import GGUFError
+            from ..gguf.loader import GGUFError
             raise GGUFError(f"{keys.f.path}: {keys.arch}.{suffix} has {len(value)} entries for {n_layer} layers")
         return [int(v) for v in value]
     return [int(default)] * n_layer

@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass
 
 from ..backend.device import Device
-from ..gguf import GGUFFile, Weights, load_weights, open_gguf
-from ..gguf_header import GGUFError
+from ..gguf.loader import GGUFFile, Weights, load_weights, open_gguf
+from ..gguf.reader import GGUFError
 from ..models.placement import cpu_device, find_device
 from ..tensor import Tensor
 

@@ -138,7 +138,7 @@ class ServerState:
     def chat_prompt(self, req: ChatRequest) -> tuple[list[int], list[str]]:
         """The prompt's token ids and extra stop strings (chatml's end marker when the file has
         no template and no such token)."""
-        from ..chat import ChatTemplateError, render_chat
+        from ..text.chat import ChatTemplateError, render_chat
         tok = self.model.tokenizer
         template, stops = tok.chat_template, []
         if not template:
