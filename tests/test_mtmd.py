@@ -346,3 +346,41 @@ def test_docs_example_runs(tmp_path, monkeypatch, capsys):
     assert out[-2:] == ["(64, 48) [(3, 64, 64)]", "(16, 64)"]
     assert tuple(namespace["logits"].shape) == (1, namespace["model"].n_vocab)
     namespace["mm"].close()
+
+
+# ---------------------------------------------------------------- prompts with markers, the CLI
+
+
+@pytest.mark.parametrize("text, n, expect", [
+    ("Describe <__media__> now", 1, ["Describe ", "IMG0", " now"]),
+    ("no marker", 2, ["IMG0", "IMG1", "no marker"]),
+    ("<__media__><__media__>", 2, ["IMG0", "IMG1"]),
+])
+def test_media_prompt(text, n, expect):
+    from torchggml.mtmd import media_prompt
+    parts = media_prompt(text, [f"img{i}.png" for i in range(n)])
+    shown = [f"IMG{p.source[3]}" if isinstance(p, Image) else p for p in parts]
+    assert shown == expect
+
+
+def test_media_prompt_count_mismatch():
+    from torchggml.mtmd import media_prompt
+    with pytest.raises(ValueError, match="2 <__media__> markers for 1 images"):
+        media_prompt("<__media__> and <__media__>", ["a.png"])
+
+
+@pytest.mark.parametrize("extra, ok, message", [
+    (["--mmproj", "{mmproj}", "--image", "{image}", "-p", "Look <__media__>"], True, ""),
+    (["--image", "{image}"], False, "--image needs --mmproj"),
+    (["--mmproj", "{mmproj}", "--image", "{bad}"], False, "not an image Pillow can decode"),
+])
+def test_cli_run_with_image(files, tmp_path, capsys, extra, ok, message):
+    from torchggml.cli import main
+    image, bad = tmp_path / "x.png", tmp_path / "bad.png"
+    PILImage.fromarray(synthetic_image()).save(image)
+    bad.write_bytes(b"nope")
+    values = {"mmproj": str(files["gemma3-F32"]), "image": str(image), "bad": str(bad)}
+    argv = ["run", str(files["text"]), "-n", "3", "-s", "0"] + [a.format(**values) for a in extra]
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert (rc == 0) == ok and message in err

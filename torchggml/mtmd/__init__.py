@@ -4,8 +4,8 @@ type: gemma3.py, idefics3.py, llava.py; shared ViT pieces in vit.py) and the API
 from .loader import (MMProj, SUPPORTED_PROJECTORS, UnsupportedProjectorError, VisionHParams, load_mmproj)
 from .preprocess import PreprocessedImage, Tile, load_image, preprocess
 from .encoder import ENCODERS, VisionEncoder
-from .api import Image, Multimodal, load_multimodal
+from .api import MEDIA_MARKER, Image, Multimodal, load_multimodal, media_prompt
 
 __all__ = ["MMProj", "SUPPORTED_PROJECTORS", "UnsupportedProjectorError", "VisionHParams", "load_mmproj",
            "PreprocessedImage", "Tile", "load_image", "preprocess", "ENCODERS", "VisionEncoder",
-           "Image", "Multimodal", "load_multimodal"]
+           "MEDIA_MARKER", "Image", "Multimodal", "load_multimodal", "media_prompt"]

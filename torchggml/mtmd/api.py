@@ -23,6 +23,9 @@ from .preprocess import PreprocessedImage, preprocess
 # the non-causal projectors (mtmd_decode_use_non_causal)
 NON_CAUSAL = frozenset({"gemma3"})
 
+# where an image goes in a text prompt (libmtmd's default media marker)
+MEDIA_MARKER = "<__media__>"
+
 
 @dataclass
 class Image:
@@ -40,6 +43,21 @@ def _is_image(part) -> bool:
     except ImportError:
         return False
     return isinstance(part, PILImage.Image)
+
+
+def media_prompt(text: str, images: list) -> list:
+    """A text with a MEDIA_MARKER per image as prompt parts (no marker: the images first, as
+    llama.cpp's mtmd-cli puts them). ValueError when the counts differ."""
+    n = text.count(MEDIA_MARKER)
+    if n == 0:
+        text = MEDIA_MARKER * len(images) + text
+    elif n != len(images):
+        raise ValueError(f"the prompt has {n} {MEDIA_MARKER} markers for {len(images)} images")
+    pieces = text.split(MEDIA_MARKER)
+    parts = [pieces[0]]
+    for image, piece in zip(images, pieces[1:]):
+        parts += [image if isinstance(image, Image) else Image(image), piece]
+    return [p for p in parts if not (isinstance(p, str) and not p)]
 
 
 class Multimodal:
