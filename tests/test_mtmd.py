@@ -230,8 +230,8 @@ def test_prompt_layout_and_logits_vs_libmtmd(files, text_model, key):
     # merge consecutive texts as libmtmd's chunks do, tokenized as Model.eval_parts tokenizes them
     ours, first = [], True
     for p in parts:
-        if isinstance(p, str):
-            ids = text_model.tokenize(p, first, parse_special=True)
+        if isinstance(p, (str, list)):
+            ids = text_model.tokenize(p, first, parse_special=True) if isinstance(p, str) else p
             first = False
             if ours and ours[-1][0] == "text":
                 ours[-1] = ("text", ours[-1][1] + ids)

@@ -69,6 +69,17 @@ class Multimodal:
                              f"{model.path} has n_embd {model.hp.n_embd}")
         self.model, self.mmproj = model, mmproj
         self.encoder = VisionEncoder(mmproj, n_threads)
+        self._by_piece: dict[str, int] | None = None
+
+    def lookup_token(self, piece: str) -> list[int]:
+        """The id of the token whose text is `piece` (libmtmd's lookup_token), as a one-id part;
+        no part when the vocabulary has none (libmtmd would pass LLAMA_TOKEN_NULL)."""
+        if self._by_piece is None:
+            tok = self.model.tokenizer
+            self._by_piece = {}
+            for i in range(tok.n_vocab):
+                self._by_piece.setdefault(tok.token_to_piece(i, True), i)
+        return [self._by_piece[piece]] if piece in self._by_piece else []
 
     def preprocess(self, image) -> PreprocessedImage:
         return preprocess(image.source if isinstance(image, Image) else image, self.mmproj.projector,
@@ -82,14 +93,16 @@ class Multimodal:
         chunk = lambda x: EmbeddingChunk(x, causal)  # noqa: E731
         if self.mmproj.projector == "gemma3":
             return ["<start_of_image>", chunk(rows[0]), "<end_of_image>"]
-        if self.mmproj.projector == "idefics3":
+        if self.mmproj.projector == "idefics3":  # slices (a text marker each), then the overview
             (gx, gy), parts = pre.grid, []
+            ids = lambda *pieces: [i for p in pieces for i in self.lookup_token(p)]  # noqa: E731
             for y in range(gy):
                 for x in range(gx):
                     parts += [f"<fake_token_around_image><row_{y + 1}_col_{x + 1}>", chunk(rows[1 + y * gx + x])]
                 if y != gy - 1:
-                    parts.append("\n")
-            return parts + ["\n\n<fake_token_around_image><global-img>", chunk(rows[0]), "<fake_token_around_image>"]
+                    parts.append(ids("\n"))
+            return parts + [ids("\n\n", "<fake_token_around_image>", "<global-img>"), chunk(rows[0]),
+                            ids("<fake_token_around_image>")]
         if self.mmproj.projector == "pixtral":
             return [chunk(rows[0]), "[IMG_END]"]
         return [chunk(rows[0])]

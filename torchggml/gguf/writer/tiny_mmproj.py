@@ -171,8 +171,9 @@ def write_tiny_text_model(path, n_embd: int = 64) -> str:
     vocabulary ending in the MEDIA_TOKENS (control tokens), which libmtmd needs to tokenize."""
     import gguf
     vocab = train_vocab(320)
-    tokens = vocab.tokens + list(MEDIA_TOKENS)
-    types = vocab.types + [3] * len(MEDIA_TOKENS)
+    # "\n\n" as one token (GPT-2's bytes): idefics3's layout looks it up by its text
+    tokens = vocab.tokens + ["\u010a\u010a"] + list(MEDIA_TOKENS)
+    types = vocab.types + [1] + [3] * len(MEDIA_TOKENS)
     case = replace(CASES_BY_NAME["gemma3"], name="gemma3-mtmd", n_vocab=len(tokens), n_embd=n_embd)
     gen = torch.Generator().manual_seed(TINY_SEED + sum(map(ord, case.name)))
     path = os.fspath(path)
