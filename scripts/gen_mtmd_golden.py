@@ -3,7 +3,9 @@ torchggml/gguf/writer/tiny_mmproj.py (each projector type, F32 and Q8_0) and the
 model, run through llama-cpp-python's libmtmd on a synthetic image (tests/data/mtmd/): the
 image chunks' embeddings (mtmd_tokenize with a bitmap, mtmd_encode_chunk,
 mtmd_get_output_embd), the text chunks' token ids, and the text model's logits after the whole
-prompt (mtmd_helper_eval_chunks). Flash attention off on both sides (F32 attention).
+prompt (mtmd_helper_eval_chunks), and the preprocessed pixels libmtmd encoded (read back from the
+encoder graph's input `inp_raw` through the scheduler's eval callback, at the patch
+convolution's IM2COL node). Flash attention off on both sides (F32 attention).
 
     PYTHONPATH=$PWD python scripts/gen_mtmd_golden.py            # writes tests/data/mtmd
     PYTHONPATH=$PWD python scripts/gen_mtmd_golden.py --compare IMAGE.jpg   # ours vs libmtmd, printed
@@ -45,8 +47,19 @@ def sha256(path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+class GGMLTensor(ctypes.Structure):
+    """ggml.h's struct ggml_tensor (GGML_MAX_DIMS 4, GGML_MAX_OP_PARAMS 64, GGML_MAX_SRC 10,
+    GGML_MAX_NAME 64), to read the encoder's input in the eval callback."""
+    _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4),
+                ("nb", ctypes.c_size_t * 4), ("op", ctypes.c_int), ("op_params", ctypes.c_int32 * 16),
+                ("flags", ctypes.c_int32), ("src", ctypes.c_void_p * 10), ("view_src", ctypes.c_void_p),
+                ("view_offs", ctypes.c_size_t), ("data", ctypes.c_void_p), ("name", ctypes.c_char * 64),
+                ("extra", ctypes.c_void_p), ("padding", ctypes.c_char * 8)]
+
+
 class LibMtmd:
-    """libmtmd through llama-cpp-python's ctypes bindings: one text model, one mmproj."""
+    """libmtmd through llama-cpp-python's ctypes bindings: one text model, one mmproj. `pixels`
+    collects the [3, H, W] inputs of the images it encodes."""
 
     def __init__(self, text_path: str, mmproj_path: str, n_ctx: int = 512):
         import llama_cpp
@@ -58,11 +71,29 @@ class LibMtmd:
         cp = M.mtmd_context_params_default()
         cp.use_gpu, cp.print_timings, cp.n_threads, cp.warmup = False, False, 2, False
         cp.flash_attn_type = 0  # LLAMA_FLASH_ATTN_TYPE_DISABLED
+        self.pixels: list[np.ndarray] = []
+        self._callback = llama_cpp.ggml_backend_sched_eval_callback(self._eval_callback)
+        cp.cb_eval = self._callback
         self.ctx = M.mtmd_init_from_file(mmproj_path.encode(), self.model, cp)
         if not self.ctx:
             raise RuntimeError(f"libmtmd could not load {mmproj_path}")
         self.n_embd = llama_cpp.llama_model_n_embd(self.model)
         self.n_ctx = n_ctx
+
+    def _eval_callback(self, tensor, ask, user_data) -> bool:
+        from torchggml.enums import Op
+        t = ctypes.cast(tensor, ctypes.POINTER(GGMLTensor)).contents
+        if t.op != int(Op.IM2COL) or not t.src[1]:
+            return not ask  # not asked for; a computed node: go on
+        if ask:
+            return True
+        src = ctypes.cast(t.src[1], ctypes.POINTER(GGMLTensor)).contents
+        if src.name.split(b"\0")[0] == b"inp_raw" and src.type == 0:  # F32
+            w, h, c = src.ne[0], src.ne[1], src.ne[2]
+            x = np.ctypeslib.as_array(ctypes.cast(src.data, ctypes.POINTER(ctypes.c_float)), shape=(c, h, w)).copy()
+            if not (self.pixels and self.pixels[-1].shape == x.shape and np.array_equal(self.pixels[-1], x)):
+                self.pixels.append(x)  # qwen2vl's two convolutions read the same input
+        return True
 
     def tokenize(self, rgb: np.ndarray, prompt: str = PROMPT):
         M = self.M
@@ -139,6 +170,7 @@ def generate(directory: Path) -> None:
             lib = LibMtmd(text, str(path))
             chunks, _ = lib.chunks(rgb)
             arrays = {f"chunk{i}_{kind}": a for i, (kind, a) in enumerate(chunks)}
+            arrays.update({f"pixels{i}": x for i, x in enumerate(lib.pixels)})
             entry = {"case": case.name, "weights": wt, "sha256": sha256(path), "chunks": [kind for kind, _ in chunks]}
             # the text model is a gemma3: Qwen2-VL's images need an M-RoPE text model, so no logits
             if case.projector != "qwen2vl_merger":
@@ -162,6 +194,7 @@ def compare(directory: Path, image: str) -> None:
             path = str(write_tiny_mmproj(directory / f"mmproj-{case.name}-{wt}.gguf", case, wt))
             lib = LibMtmd(text, path)
             theirs = [a for kind, a in lib.chunks(rgb)[0] if kind == "image"]
+            their_pixels = lib.pixels
             if case.name == "gemma3" and wt == "F32":
                 stb = lib.decode_file(image)
                 diff = np.abs(stb.astype(int) - rgb.astype(int))
@@ -171,8 +204,15 @@ def compare(directory: Path, image: str) -> None:
             mm = load_mmproj(path)
             pre = preprocess(rgb, mm.projector, mm.vision)
             ours = VisionEncoder(mm).encode(pre)
+            tiles = [t.pixels.numpy() for t in pre.tiles]
             if case.projector == "idefics3":  # libmtmd: slices first, the overview last
-                ours = ours[1:] + ours[:1]
+                ours, tiles = ours[1:] + ours[:1], tiles[1:] + tiles[:1]
+            if wt == "F32":
+                sizes = [tuple(x.shape[1:][::-1]) for x in tiles]
+                same = [x.shape == y.shape for x, y in zip(tiles, their_pixels)]
+                diff = max(float(np.abs(x - y).max()) for x, y in zip(tiles, their_pixels)) if all(same) else float("nan")
+                print(f"{case.name:9s} preprocessed tiles (W, H) {sizes}, libmtmd "
+                      f"{[tuple(x.shape[1:][::-1]) for x in their_pixels]}, max abs pixel difference {diff:.3g}")
             errs = [float(torch.linalg.norm(o - torch.from_numpy(t)) / np.linalg.norm(t)) for o, t in zip(ours, theirs)]
             print(f"{case.name:9s} {wt:5s} tiles {len(ours)} (libmtmd {len(theirs)}), tokens "
                   f"{[o.shape[0] for o in ours]} vs {[t.shape[0] for t in theirs]}, grid {pre.grid}, "

@@ -196,6 +196,23 @@ GOLDEN = sorted(MANIFEST["cases"]) if MANIFEST else []
 
 
 @needs_golden
+@pytest.mark.parametrize("key", [k for k in GOLDEN if k.endswith("-F32")])
+def test_preprocessing_vs_libmtmd(files, key):
+    """The tiles equal the pixels libmtmd's encoder read (its graph input inp_raw): sizes, count
+    and values."""
+    ref = np.load(DATA / f"{key}.npz")
+    theirs = [ref[f"pixels{i}"] for i in range(sum(k.startswith("pixels") for k in ref.files))]
+    mm = load_mmproj(files[key])
+    tiles = [t.pixels.numpy() for t in preprocess(synthetic_image(), mm.projector, mm.vision).tiles]
+    if mm.projector == "idefics3":
+        tiles = tiles[1:] + tiles[:1]
+    assert [t.shape for t in tiles] == [t.shape for t in theirs]
+    for ours, t in zip(tiles, theirs):
+        assert float(np.abs(ours - t).max()) <= 1e-6
+    mm.close()
+
+
+@needs_golden
 @pytest.mark.parametrize("key", GOLDEN)
 def test_embeddings_vs_libmtmd(files, key):
     entry = MANIFEST["cases"][key]
