@@ -173,7 +173,7 @@ def generate(directory: Path) -> None:
             arrays.update({f"pixels{i}": x for i, x in enumerate(lib.pixels)})
             entry = {"case": case.name, "weights": wt, "sha256": sha256(path), "chunks": [kind for kind, _ in chunks]}
             # the text model is a gemma3: Qwen2-VL's images need an M-RoPE text model, so no logits
-            if case.projector != "qwen2vl_merger":
+            if case.projector not in ("qwen2vl_merger", "qwen2.5vl_merger"):
                 arrays["logits"] = lib.logits_after(rgb)
                 entry["logits"] = True
             lib.close()

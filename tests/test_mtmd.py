@@ -76,6 +76,7 @@ def text_model(files):
     ("idefics3", "idefics3", 2, "lanczos"),
     ("mlp", "mlp", 1, "bicubic"),
     ("qwen2vl", "qwen2vl_merger", 2, "bicubic"),
+    ("qwen25vl", "qwen2.5vl_merger", 2, "bicubic"),
     ("pixtral", "pixtral", 2, "bicubic"),
 ])
 def test_load_hparams(files, name, projector, n_merge, algo):
@@ -105,7 +106,7 @@ def _mmproj_with(path, **keys):
 
 @pytest.mark.parametrize("projector, words", [
     ("internvl", "a type llama.cpp knows, not yet supported here"),
-    ("qwen2.5vl_merger", "a type llama.cpp knows, not yet supported here"),
+    ("qwen3vl_merger", "a type llama.cpp knows, not yet supported here"),
     ("no-such-projector", "unknown to llama.cpp too"),
 ])
 def test_unsupported_projector_one_line(tmp_path, projector, words):

@@ -24,7 +24,7 @@ from .loader import MMProj, SUPPORTED_PROJECTORS
 from .preprocess import PreprocessedImage, Tile
 
 ENCODERS = {"gemma3": gemma3.build, "idefics3": idefics3.build, "mlp": llava.build,
-            "qwen2vl_merger": qwen2vl.build, "pixtral": pixtral.build}
+            "qwen2vl_merger": qwen2vl.build, "qwen2.5vl_merger": qwen2vl.build, "pixtral": pixtral.build}
 assert set(ENCODERS) == set(SUPPORTED_PROJECTORS)
 
 GRAPH_SIZE = 8192

@@ -18,7 +18,7 @@ from ..models.placement import cpu_device, find_device
 from ..tensor import Tensor
 
 # projector types torchggml encodes (one graph module each; see encoders.py)
-SUPPORTED_PROJECTORS = ("gemma3", "idefics3", "mlp", "qwen2vl_merger", "pixtral")
+SUPPORTED_PROJECTORS = ("gemma3", "idefics3", "mlp", "qwen2vl_merger", "qwen2.5vl_merger", "pixtral")
 
 # every type clip.cpp's projector table names, for the error that tells "unknown" from "not yet"
 LLAMA_CPP_PROJECTORS = frozenset((
@@ -61,6 +61,7 @@ class VisionHParams:
     image_longest_edge: int = 0  # idefics3: the resized image's longest edge (0: image_size)
     min_pixels: int = 0          # dynamic-size projectors (qwen2vl): the resized image's pixel range
     max_pixels: int = 0
+    n_wa_pattern: int = 0        # qwen2.5vl: every n-th layer attends fully, the others by window
 
 
 def _projector_type(file: GGUFFile) -> str:
@@ -120,11 +121,12 @@ def read_vision_hparams(file: GGUFFile, projector: str) -> VisionHParams:
             raise UnsupportedProjectorError(f"{file.path}: projector 'mlp' with image_grid_pinpoints (LLaVA 1.6 "
                                             f"slicing) is not supported yet; LLaVA 1.5 files are")
         hp.pad_color = (122, 116, 104)
-    elif projector == "qwen2vl_merger":
+    elif projector in ("qwen2vl_merger", "qwen2.5vl_merger"):
         hp.n_merge, hp.resize_algo = int(key("spatial_merge_size", 2)), "bicubic"
-        if key("n_wa_pattern", 0):
-            raise UnsupportedProjectorError(f"{file.path}: qwen2vl_merger with window attention "
-                                            f"(clip.vision.n_wa_pattern) is not supported yet")
+        # Qwen2.5-VL must say its window pattern (clip.cpp requires the key); Qwen2-VL may
+        hp.n_wa_pattern = int(key("n_wa_pattern") if projector == "qwen2.5vl_merger" else key("n_wa_pattern", 0))
+        if hp.n_merge != 2:
+            raise GGUFError(f"{file.path}: {projector} with spatial_merge_size {hp.n_merge}: the graph merges 2 x 2")
         area = (hp.patch_size * hp.n_merge) ** 2  # llama.cpp's token limits: 8 to 4096 tokens
         hp.min_pixels, hp.max_pixels = 8 * area, 4096 * area
     elif projector == "pixtral":

@@ -75,18 +75,22 @@ def ffn(ctx, mm: MMProj, il: int, x: Tensor) -> Tensor:
 
 
 def vit(ctx, mm: MMProj, x: Tensor, n_layer: int | None = None, post_norm: bool = True, rms: bool = False,
-        rope=None) -> Tensor:
+        rope=None, mask=None, after_pre_norm=None) -> Tensor:
     """The pre-norm ViT over patch rows x [n_embd, n_pos] (position embeddings already added):
     the optional pre-norm, n_layer blocks (default all), the optional post-norm; LayerNorms, or
-    RMS norms with `rms`; `rope` as for attention."""
+    RMS norms with `rms`; `rope` as for attention; mask(il): layer il's attention mask or None;
+    after_pre_norm(x): a reordering of the rows before the first block."""
     hp = mm.vision
     opt = lambda name: mm.tensor(name, required=False)  # noqa: E731
     norm = lambda x, name: layer_norm(ctx, x, opt(name + ".weight"), opt(name + ".bias"), hp.eps, rms)  # noqa: E731
     if opt("v.pre_ln.weight") is not None:
         x = norm(x, "v.pre_ln")
+    if after_pre_norm is not None:
+        x = after_pre_norm(x)
     for il in range(hp.n_layer if n_layer is None else n_layer):
         pre = f"v.blk.{il}."
-        x = ops.add(ctx, attention(ctx, mm, il, norm(x, pre + "ln1"), rope=rope), x)
+        m = None if mask is None else mask(il)
+        x = ops.add(ctx, attention(ctx, mm, il, norm(x, pre + "ln1"), m, rope=rope), x)
         x = ops.add(ctx, x, ffn(ctx, mm, il, norm(x, pre + "ln2")))
     if post_norm and opt("v.post_ln.weight") is not None:
         x = norm(x, "v.post_ln")

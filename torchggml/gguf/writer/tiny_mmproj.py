@@ -48,6 +48,9 @@ MMPROJ_CASES = [
     MMProjCase("idefics3", "idefics3", merge=2, longest_edge=128),
     MMProjCase("qwen2vl", "qwen2vl_merger", act="quick", eps=1e-6, mean=(0.48145466, 0.4578275, 0.40821073),
                std=(0.26862954, 0.26130258, 0.27577711)),
+    # patch 28: windows of 112 / 28 / 2 = 2 x 2 merged blocks, so the tiny image has several
+    MMProjCase("qwen25vl", "qwen2.5vl_merger", image_size=56, patch_size=28, act="silu", mean=(0.48145466, 0.4578275, 0.40821073),
+               std=(0.26862954, 0.26130258, 0.27577711)),
     MMProjCase("pixtral", "pixtral", act="silu", eps=1e-5, merge=2),
     MMProjCase("mlp", "mlp", act="quick", mean=(0.48145466, 0.4578275, 0.40821073),
                std=(0.26862954, 0.26130258, 0.27577711), eps=1e-5),
@@ -67,7 +70,7 @@ def _vision_tensors(case: MMProjCase, gen: torch.Generator) -> dict[str, torch.T
         return mean + std * torch.randn(n, generator=gen)
 
     w = {"v.patch_embd.weight": torch.randn(e, 3, p, p, generator=gen) / (3 * p * p) ** 0.5}
-    if case.projector == "qwen2vl_merger":  # a second frame's convolution, M-RoPE instead of position rows
+    if case.projector in ("qwen2vl_merger", "qwen2.5vl_merger"):  # a second frame's convolution, M-RoPE
         w["v.patch_embd.weight.1"] = torch.randn(e, 3, p, p, generator=gen) / (3 * p * p) ** 0.5
     elif case.projector == "pixtral":  # 2-D RoPE, RMS norms without biases, gated FFN
         w["v.pre_ln.weight"] = vec(e, 1.0)
@@ -79,12 +82,17 @@ def _vision_tensors(case: MMProjCase, gen: torch.Generator) -> dict[str, torch.T
         w["v.pre_ln.weight"], w["v.pre_ln.bias"] = vec(e, 1.0), vec(e)
     for il in range(case.n_layer):
         b = f"v.blk.{il}."
-        if case.projector == "pixtral":
+        if case.projector in ("pixtral", "qwen2.5vl_merger"):  # RMS norms, a gated FFN
+            biased = case.projector == "qwen2.5vl_merger"
             for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
                 w[b + name + ".weight"] = mat(e, e)
+                if biased:
+                    w[b + name + ".bias"] = vec(e)
             w[b + "ln1.weight"], w[b + "ln2.weight"] = vec(e, 1.0), vec(e, 1.0)
             w[b + "ffn_gate.weight"], w[b + "ffn_up.weight"] = mat(case.n_ff, e), mat(case.n_ff, e)
             w[b + "ffn_down.weight"] = mat(e, case.n_ff)
+            if biased:
+                w[b + "ffn_gate.bias"], w[b + "ffn_up.bias"], w[b + "ffn_down.bias"] = vec(case.n_ff), vec(case.n_ff), vec(e)
             continue
         for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
             w[b + name + ".weight"], w[b + name + ".bias"] = mat(e, e), vec(e)
@@ -108,10 +116,12 @@ def _projector_tensors(case: MMProjCase, gen: torch.Generator) -> dict[str, torc
         return {"v.post_ln.weight": 1.0 + 0.1 * torch.randn(e, generator=gen),
                 "v.post_ln.bias": 0.1 * torch.randn(e, generator=gen),
                 "mm.model.fc.weight": torch.randn(t, k, generator=gen) / k ** 0.5}
-    if case.projector == "qwen2vl_merger":  # post-norm (ln_q), then 2 x 2 patches -> mm.0 -> gelu -> mm.2
+    if case.projector in ("qwen2vl_merger", "qwen2.5vl_merger"):  # post-norm (ln_q), 2 x 2 -> mm.0 -> gelu -> mm.2
         k = 4 * e
-        return {"v.post_ln.weight": 1.0 + 0.1 * torch.randn(e, generator=gen),
-                "v.post_ln.bias": 0.1 * torch.randn(e, generator=gen),
+        norm = {"v.post_ln.weight": 1.0 + 0.1 * torch.randn(e, generator=gen)}
+        if case.projector == "qwen2vl_merger":  # LayerNorm; Qwen2.5-VL's RMS norm has no bias
+            norm["v.post_ln.bias"] = 0.1 * torch.randn(e, generator=gen)
+        return {**norm,
                 "mm.0.weight": torch.randn(k, k, generator=gen) / k ** 0.5,
                 "mm.0.bias": 0.1 * torch.randn(k, generator=gen),
                 "mm.2.weight": torch.randn(t, k, generator=gen) / k ** 0.5,
@@ -155,6 +165,8 @@ def write_tiny_mmproj(path, case: MMProjCase | str, weight_type: str = "F32") ->
         keys["clip.vision.spatial_merge_size" if spatial else "clip.vision.projector.scale_factor"] = case.merge
     if case.longest_edge:
         keys["clip.vision.preproc_image_size"] = case.longest_edge
+    if case.projector == "qwen2.5vl_merger":  # window attention in layer 0, full in layer 1
+        keys["clip.vision.n_wa_pattern"] = 2
     if case.act in ("gelu", "silu"):
         keys[f"clip.use_{case.act}"] = True
     for key, value in keys.items():
