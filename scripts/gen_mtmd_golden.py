@@ -167,17 +167,26 @@ def generate(directory: Path) -> None:
         for wt in WEIGHT_TYPES:
             key = f"{case.name}-{wt}"
             path = write_tiny_mmproj(directory / f"mmproj-{key}.gguf", case, wt)
-            lib = LibMtmd(text, str(path))
-            chunks, _ = lib.chunks(rgb)
-            arrays = {f"chunk{i}_{kind}": a for i, (kind, a) in enumerate(chunks)}
-            arrays.update({f"pixels{i}": x for i, x in enumerate(lib.pixels)})
-            entry = {"case": case.name, "weights": wt, "sha256": sha256(path), "chunks": [kind for kind, _ in chunks]}
-            # the text model is a gemma3: Qwen2-VL's images need an M-RoPE text model, so no logits
-            if case.projector not in ("qwen2vl_merger", "qwen2.5vl_merger"):
-                arrays["logits"] = lib.logits_after(rgb)
-                entry["logits"] = True
-            lib.close()
-            np.savez(DATA / f"{key}.npz", **arrays)
+            # llama.cpp's pixtral graph makes its [IMG_BREAK] rows as scale(uninitialised, 0) + img_break:
+            # NaN wherever the reused compute memory held NaN or inf. Such runs are retried.
+            for attempt in range(8):
+                lib = LibMtmd(text, str(path))
+                chunks, _ = lib.chunks(rgb)
+                arrays = {f"chunk{i}_{kind}": a for i, (kind, a) in enumerate(chunks)}
+                if wt == "F32":  # the pixels do not depend on the weights
+                    arrays.update({f"pixels{i}": x for i, x in enumerate(lib.pixels)})
+                entry = {"case": case.name, "weights": wt, "sha256": sha256(path),
+                         "chunks": [kind for kind, _ in chunks], "nan_runs_retried": attempt}
+                # the text model is a gemma3: Qwen2-VL's images need an M-RoPE text model, so no logits
+                if case.projector not in ("qwen2vl_merger", "qwen2.5vl_merger"):
+                    arrays["logits"] = lib.logits_after(rgb)
+                    entry["logits"] = True
+                lib.close()
+                if all(np.isfinite(a).all() for a in arrays.values()):
+                    break
+            else:
+                raise RuntimeError(f"{key}: libmtmd's output had NaN in 8 runs")
+            np.savez_compressed(DATA / f"{key}.npz", **arrays)
             manifest["cases"][key] = entry
             print(key, [(k, a.shape) for k, a in chunks])
     (DATA / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from .. import ops
 from ..enums import OpPool
 from ..tensor import Tensor
+from ..types import is_quantized
 from .loader import MMProj
 from .vit import embed_image, vit
 
@@ -22,5 +23,9 @@ def build(ctx, mm: MMProj, image: Tensor, inputs: list) -> Tensor:
     x = ops.reshape_3d(ctx, x, x.ne[0] * x.ne[1], hp.n_embd, 1)
     x = ops.cont(ctx, ops.transpose(ctx, x))                       # [n_embd, n_tokens]
     x = ops.mul(ctx, ops.rms_norm(ctx, x, hp.eps), mm.tensor("mm.soft_emb_norm.weight"))
-    proj = ops.cont(ctx, ops.transpose(ctx, mm.tensor("mm.input_projection.weight")))
+    proj = mm.tensor("mm.input_projection.weight")
+    if is_quantized(proj.type):  # a transposed block type cannot be made contiguous
+        raise ValueError(f"{mm.path}: mm.input_projection.weight is {proj.type.name}; llama.cpp transposes it in "
+                         f"the graph, which needs F32 or F16")
+    proj = ops.cont(ctx, ops.transpose(ctx, proj))
     return ops.mul_mat(ctx, proj, x)

@@ -172,7 +172,9 @@ def write_tiny_mmproj(path, case: MMProjCase | str, weight_type: str = "F32") ->
     for key, value in keys.items():
         _add_key(w, key, value)
     tensors = {**_vision_tensors(case, gen), **_projector_tensors(case, gen)}
-    keep = ("v.patch_embd.weight", "v.patch_embd.weight.1", "v.position_embd.weight", "v.class_embd")
+    # gemma3's projection is transposed in the graph: a block type cannot be (llama.cpp's files keep it F32)
+    keep = ("v.patch_embd.weight", "v.patch_embd.weight.1", "v.position_embd.weight", "v.class_embd",
+            "mm.input_projection.weight")
     write_tensors(w, {k: t.float().numpy() for k, t in tensors.items()}, qtype,
                   keep_f32=lambda name, data: name in keep or name.endswith(".bias"))
     return path
