@@ -147,7 +147,7 @@ class LibMtmd:
     def decode_file(self, path: str) -> np.ndarray:
         """llama.cpp's own decode of an image file (stb_image), RGB uint8 [H, W, 3]."""
         M = self.M
-        bitmap = M.mtmd_helper_bitmap_init_from_file(self.ctx, str(path).encode())
+        bitmap = M.mtmd_helper_bitmap_init_from_file(self.ctx, str(path).encode(), False)
         w, h = M.mtmd_bitmap_get_nx(bitmap), M.mtmd_bitmap_get_ny(bitmap)
         data = np.ctypeslib.as_array(M.mtmd_bitmap_get_data(bitmap), shape=(h * w * 3,)).reshape(h, w, 3).copy()
         M.mtmd_bitmap_free(bitmap)
