@@ -32,7 +32,7 @@ def main() -> None:
     ap.add_argument("--weights", default="F16", help="the matrices' type (F32, F16, Q8_0)")
     args = ap.parse_args()
     import torch
-    from torchggml.mtmd import VisionEncoder, load_mmproj, preprocess
+    from torchggml.mtmd import Encoder, load_mmproj, preprocess
     torch.set_num_threads(args.threads)
     case = replace(MMPROJ_BY_NAME["gemma3"], name="siglip400m", image_size=896, patch_size=14, n_embd=1152,
                    n_head=16, n_ff=4304, n_layer=args.layers, merge=4)
@@ -42,7 +42,7 @@ def main() -> None:
         rgb = synthetic_image(1024, 768)
         lib = LibMtmd(text, path)
         mm = load_mmproj(path)
-        enc = VisionEncoder(mm, n_threads=args.threads)
+        enc = Encoder(mm, n_threads=args.threads)
         tile = preprocess(rgb, mm.projector, mm.vision).tiles[0]
         times = {"torchggml": [], "libmtmd": []}
         for run in range(args.runs + 1):

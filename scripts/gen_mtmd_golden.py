@@ -8,7 +8,7 @@ encoder graph's input `inp_raw` through the scheduler's eval callback, at the pa
 convolution's IM2COL node). Flash attention off on both sides (F32 attention).
 
     PYTHONPATH=$PWD python scripts/gen_mtmd_golden.py            # writes tests/data/mtmd
-    PYTHONPATH=$PWD python scripts/gen_mtmd_golden.py --compare IMAGE.jpg   # ours vs libmtmd, printed
+    PYTHONPATH=$PWD python scripts/gen_mtmd_golden.py --compare IMAGE.jpg SOUND.mp3   # ours vs libmtmd
 
 --compare also runs torchggml on the same image and prints each type's relative L2 error, and
 how far Pillow's decode of a JPEG is from llama.cpp's (stb_image)."""
@@ -43,6 +43,14 @@ def synthetic_image(width: int = 100, height: int = 75, seed: int = 7) -> np.nda
     return np.clip(base + rng.normal(0, 20, base.shape), 0, 255).astype(np.uint8)
 
 
+def synthetic_audio(seconds: float = 2.0, seed: int = 7) -> np.ndarray:
+    """Deterministic 16 kHz mono samples: two tones and noise."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(16000 * seconds)) / 16000.0
+    x = 0.3 * np.sin(2 * np.pi * 440 * t) + 0.2 * np.sin(2 * np.pi * 1234 * t) + 0.05 * rng.normal(size=t.size)
+    return x.astype(np.float32)
+
+
 def sha256(path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
@@ -61,7 +69,7 @@ class LibMtmd:
     """libmtmd through llama-cpp-python's ctypes bindings: one text model, one mmproj. `pixels`
     collects the [3, H, W] inputs of the images it encodes."""
 
-    def __init__(self, text_path: str, mmproj_path: str, n_ctx: int = 512):
+    def __init__(self, text_path: str, mmproj_path: str, n_ctx: int = 1024):
         import llama_cpp
         import llama_cpp.mtmd_cpp as M
         self.L, self.M = llama_cpp, M
@@ -95,11 +103,16 @@ class LibMtmd:
                 self.pixels.append(x)  # qwen2vl's two convolutions read the same input
         return True
 
-    def tokenize(self, rgb: np.ndarray, prompt: str = PROMPT):
+    def tokenize(self, media: np.ndarray, prompt: str = PROMPT):
+        """`media`: RGB uint8 [H, W, 3], or float32 mono 16 kHz samples [n]."""
         M = self.M
-        h, w = rgb.shape[:2]
-        data = (ctypes.c_ubyte * rgb.size).from_buffer_copy(np.ascontiguousarray(rgb).tobytes())
-        bitmap = M.mtmd_bitmap_init(w, h, data)
+        if media.ndim == 1:
+            data = (ctypes.c_float * media.size).from_buffer_copy(np.ascontiguousarray(media, np.float32).tobytes())
+            bitmap = M.mtmd_bitmap_init_from_audio(media.size, data)
+        else:
+            h, w = media.shape[:2]
+            data = (ctypes.c_ubyte * media.size).from_buffer_copy(np.ascontiguousarray(media).tobytes())
+            bitmap = M.mtmd_bitmap_init(w, h, data)
         chunks = M.mtmd_input_chunks_init()
         text = M.mtmd_input_text()
         raw = prompt.encode()
@@ -117,6 +130,7 @@ class LibMtmd:
         for i in range(M.mtmd_input_chunks_size(chunks)):
             chunk = M.mtmd_input_chunks_get(chunks, i)
             n = M.mtmd_input_chunk_get_n_tokens(chunk)
+            kind = "audio" if M.mtmd_input_chunk_get_type(chunk) == M.MTMD_INPUT_CHUNK_TYPE_AUDIO else "image"
             if M.mtmd_input_chunk_get_type(chunk) == M.MTMD_INPUT_CHUNK_TYPE_TEXT:
                 n_out = ctypes.c_size_t()
                 ids = M.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n_out))
@@ -125,7 +139,7 @@ class LibMtmd:
                 if M.mtmd_encode_chunk(self.ctx, chunk) != 0:
                     raise RuntimeError("mtmd_encode_chunk failed")
                 embd = M.mtmd_get_output_embd(self.ctx)
-                out.append(("image", np.ctypeslib.as_array(embd, shape=(n * self.n_embd,)).reshape(n, self.n_embd).copy()))
+                out.append((kind, np.ctypeslib.as_array(embd, shape=(n * self.n_embd,)).reshape(n, self.n_embd).copy()))
         return out, chunks
 
     def logits_after(self, rgb: np.ndarray, prompt: str = PROMPT) -> np.ndarray:
@@ -145,11 +159,15 @@ class LibMtmd:
         return logits
 
     def decode_file(self, path: str) -> np.ndarray:
-        """llama.cpp's own decode of an image file (stb_image), RGB uint8 [H, W, 3]."""
+        """llama.cpp's own decode of a media file: an image (stb_image) as RGB uint8 [H, W, 3],
+        audio (miniaudio, 16 kHz mono) as float32 samples."""
         M = self.M
         bitmap = M.mtmd_helper_bitmap_init_from_file(self.ctx, str(path).encode(), False)
-        w, h = M.mtmd_bitmap_get_nx(bitmap), M.mtmd_bitmap_get_ny(bitmap)
-        data = np.ctypeslib.as_array(M.mtmd_bitmap_get_data(bitmap), shape=(h * w * 3,)).reshape(h, w, 3).copy()
+        raw = np.ctypeslib.as_array(M.mtmd_bitmap_get_data(bitmap), shape=(M.mtmd_bitmap_get_n_bytes(bitmap),)).copy()
+        if M.mtmd_bitmap_is_audio(bitmap):
+            data = raw.view(np.float32)
+        else:
+            data = raw.reshape(M.mtmd_bitmap_get_ny(bitmap), M.mtmd_bitmap_get_nx(bitmap), 3)
         M.mtmd_bitmap_free(bitmap)
         return data
 
@@ -162,8 +180,8 @@ def generate(directory: Path) -> None:
     DATA.mkdir(parents=True, exist_ok=True)
     text = write_tiny_text_model(directory / "text-gemma3.gguf")
     manifest = {"prompt": PROMPT, "text_model_sha256": sha256(text), "image": "synthetic_image()", "cases": {}}
-    rgb = synthetic_image()
     for case in MMPROJ_CASES:
+        rgb = synthetic_audio() if case.n_mel else synthetic_image()
         for wt in WEIGHT_TYPES:
             key = f"{case.name}-{wt}"
             path = write_tiny_mmproj(directory / f"mmproj-{key}.gguf", case, wt)
@@ -173,7 +191,7 @@ def generate(directory: Path) -> None:
                 lib = LibMtmd(text, str(path))
                 chunks, _ = lib.chunks(rgb)
                 arrays = {f"chunk{i}_{kind}": a for i, (kind, a) in enumerate(chunks)}
-                if wt == "F32":  # the pixels do not depend on the weights
+                if wt == "F32":  # the pixels (audio: the mel chunks) do not depend on the weights
                     arrays.update({f"pixels{i}": x for i, x in enumerate(lib.pixels)})
                 entry = {"case": case.name, "weights": wt, "sha256": sha256(path),
                          "chunks": [kind for kind, _ in chunks], "nan_runs_retried": attempt}
@@ -192,46 +210,62 @@ def generate(directory: Path) -> None:
     (DATA / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
 
-def compare(directory: Path, image: str) -> None:
-    """Ours vs libmtmd on a real image, both given Pillow's RGB; and Pillow's decode vs stb's."""
+def compare(directory: Path, media: list[str]) -> None:
+    """Ours vs libmtmd on real files: images given Pillow's RGB to both (and Pillow's decode vs
+    stb_image's), audio given libmtmd's own decode (miniaudio; no decoder is needed here)."""
     import torch
-    from torchggml.mtmd import load_mmproj, load_image, preprocess, VisionEncoder
+    from torchggml.mtmd import Encoder, load_image, load_mmproj, log_mel, preprocess
     text = write_tiny_text_model(directory / "text-gemma3.gguf")
-    rgb = load_image(image)
+    image = next((m for m in media if not m.endswith((".mp3", ".wav", ".flac"))), None)
+    sound = next((m for m in media if m.endswith((".mp3", ".wav", ".flac"))), None)
+    rgb = load_image(image) if image else None
     for case in MMPROJ_CASES:
+        if (case.n_mel and sound is None) or (not case.n_mel and image is None):
+            continue
         for wt in WEIGHT_TYPES:
             path = str(write_tiny_mmproj(directory / f"mmproj-{case.name}-{wt}.gguf", case, wt))
             lib = LibMtmd(text, path)
-            theirs = [a for kind, a in lib.chunks(rgb)[0] if kind == "image"]
-            their_pixels = lib.pixels
-            if case.name == "gemma3" and wt == "F32":
-                stb = lib.decode_file(image)
-                diff = np.abs(stb.astype(int) - rgb.astype(int))
-                print(f"decode {image}: {rgb.shape[1]}x{rgb.shape[0]}, Pillow vs stb_image max abs diff "
-                      f"{diff.max()} levels, mean {diff.mean():.3f}")
+            if case.n_mel:
+                samples = lib.decode_file(sound)
+                theirs = [a for kind, a in lib.chunks(samples)[0] if kind == "audio"]
+            else:
+                theirs = [a for kind, a in lib.chunks(rgb)[0] if kind == "image"]
+                if case.name == "gemma3" and wt == "F32":
+                    stb = lib.decode_file(image)
+                    diff = np.abs(stb.astype(int) - rgb.astype(int))
+                    print(f"decode {image}: {rgb.shape[1]}x{rgb.shape[0]}, Pillow vs stb_image max abs diff "
+                          f"{diff.max()} levels, mean {diff.mean():.3f}")
+            their_inputs = lib.pixels
             lib.close()
             mm = load_mmproj(path)
-            pre = preprocess(rgb, mm.projector, mm.vision)
-            ours = VisionEncoder(mm).encode(pre)
-            tiles = [t.pixels.numpy() for t in pre.tiles]
-            if case.projector == "idefics3":  # libmtmd: slices first, the overview last
-                ours, tiles = ours[1:] + ours[:1], tiles[1:] + tiles[:1]
+            enc = Encoder(mm)
+            if case.n_mel:
+                mels = log_mel(samples, mm.audio)
+                ours, inputs, grid = [enc.encode_mel(m) for m in mels], [m.numpy()[None] for m in mels], None
+                what = f"audio {sound}: {samples.size / 16000:.2f} s, mel chunks"
+            else:
+                pre = preprocess(rgb, mm.projector, mm.vision)
+                ours, inputs, grid = enc.encode(pre), [t.pixels.numpy() for t in pre.tiles], pre.grid
+                what = "preprocessed tiles"
+                if case.projector == "idefics3":  # libmtmd: slices first, the overview last
+                    ours, inputs = ours[1:] + ours[:1], inputs[1:] + inputs[:1]
             if wt == "F32":
-                sizes = [tuple(x.shape[1:][::-1]) for x in tiles]
-                same = [x.shape == y.shape for x, y in zip(tiles, their_pixels)]
-                diff = max(float(np.abs(x - y).max()) for x, y in zip(tiles, their_pixels)) if all(same) else float("nan")
-                print(f"{case.name:9s} preprocessed tiles (W, H) {sizes}, libmtmd "
-                      f"{[tuple(x.shape[1:][::-1]) for x in their_pixels]}, max abs pixel difference {diff:.3g}")
+                sizes = [tuple(x.shape[1:][::-1]) for x in inputs]
+                same = len(inputs) == len(their_inputs) and all(x.shape == y.shape for x, y in zip(inputs, their_inputs))
+                diff = max(float(np.abs(x - y).max()) for x, y in zip(inputs, their_inputs)) if same else float("nan")
+                print(f"{case.name:9s} {what} (W, H) {sizes}, libmtmd {[tuple(x.shape[1:][::-1]) for x in their_inputs]}, "
+                      f"max abs difference {diff:.3g}")
             errs = [float(torch.linalg.norm(o - torch.from_numpy(t)) / np.linalg.norm(t)) for o, t in zip(ours, theirs)]
-            print(f"{case.name:9s} {wt:5s} tiles {len(ours)} (libmtmd {len(theirs)}), tokens "
-                  f"{[o.shape[0] for o in ours]} vs {[t.shape[0] for t in theirs]}, grid {pre.grid}, "
+            print(f"{case.name:9s} {wt:5s} chunks {len(ours)} (libmtmd {len(theirs)}), tokens "
+                  f"{[o.shape[0] for o in ours]} vs {[t.shape[0] for t in theirs]}, grid {grid}, "
                   f"max relative L2 {max(errs):.2e}")
             mm.close()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--compare", metavar="IMAGE", help="compare ours with libmtmd on this image instead")
+    ap.add_argument("--compare", metavar="FILE", nargs="+",
+                    help="compare ours with libmtmd on these files instead (an image and/or an mp3/wav)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         if args.compare:

@@ -25,8 +25,8 @@ from torchggml.models import load_model  # noqa: E402
 from torchggml.models.kv_cache import attention_mask  # noqa: E402
 from torchggml.models.prompt import EmbeddingChunk  # noqa: E402
 from torchggml.models.sampling import SamplingParams  # noqa: E402
-from torchggml.mtmd import (Image, Multimodal, UnsupportedProjectorError, VisionEncoder, load_image,  # noqa: E402
-                            load_mmproj, preprocess)
+from torchggml.mtmd import (Audio, Image, Multimodal, UnsupportedProjectorError, Encoder, load_image,  # noqa: E402
+                            load_mmproj, log_mel, preprocess)
 from torchggml.mtmd.preprocess import dynamic_size, letterbox  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "mtmd"
@@ -40,6 +40,26 @@ def synthetic_image(width: int = 100, height: int = 75, seed: int = 7) -> np.nda
     y, x = np.mgrid[0:height, 0:width]
     base = np.stack([255 * x / width, 255 * y / height, 128 + 100 * np.sin(x / 7.0) * np.cos(y / 5.0)], -1)
     return np.clip(base + rng.normal(0, 20, base.shape), 0, 255).astype(np.uint8)
+
+
+def synthetic_audio(seconds: float = 2.0, seed: int = 7) -> np.ndarray:
+    """The audio of scripts/gen_mtmd_golden.py."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(16000 * seconds)) / 16000.0
+    x = 0.3 * np.sin(2 * np.pi * 440 * t) + 0.2 * np.sin(2 * np.pi * 1234 * t) + 0.05 * rng.normal(size=t.size)
+    return x.astype(np.float32)
+
+
+def is_audio(key: str) -> bool:
+    return MMPROJ_BY_NAME[MANIFEST["cases"][key]["case"]].n_mel > 0
+
+
+def encoder_inputs(mm):
+    """Our inputs for the golden media, in libmtmd's chunk order: image tiles or mel chunks."""
+    if mm.audio is not None:
+        return [m[None] for m in log_mel(synthetic_audio(), mm.audio)]
+    tiles = [t.pixels for t in preprocess(synthetic_image(), mm.projector, mm.vision).tiles]
+    return tiles[1:] + tiles[:1] if mm.projector == "idefics3" else tiles  # libmtmd: the overview last
 
 
 def sha256(path) -> str:
@@ -199,17 +219,16 @@ GOLDEN = sorted(MANIFEST["cases"]) if MANIFEST else []
 @needs_golden
 @pytest.mark.parametrize("key", [k for k in GOLDEN if k.endswith("-F32")])
 def test_preprocessing_vs_libmtmd(files, key):
-    """The tiles equal the pixels libmtmd's encoder read (its graph input inp_raw): sizes, count
-    and values."""
+    """The tiles (audio: the log-mel chunks) equal what libmtmd's encoder read (its graph input
+    inp_raw): sizes, count and values (pixels exactly; mel frames to float32 rounding)."""
     ref = np.load(DATA / f"{key}.npz")
     theirs = [ref[f"pixels{i}"] for i in range(sum(k.startswith("pixels") for k in ref.files))]
     mm = load_mmproj(files[key])
-    tiles = [t.pixels.numpy() for t in preprocess(synthetic_image(), mm.projector, mm.vision).tiles]
-    if mm.projector == "idefics3":
-        tiles = tiles[1:] + tiles[:1]
-    assert [t.shape for t in tiles] == [t.shape for t in theirs]
-    for ours, t in zip(tiles, theirs):
-        assert float(np.abs(ours - t).max()) <= 1e-6
+    ours = [t.numpy() for t in encoder_inputs(mm)]
+    assert [t.shape for t in ours] == [t.shape for t in theirs]
+    bound = 1e-6 if mm.audio is not None else 0.0
+    for o, t in zip(ours, theirs):
+        assert float(np.abs(o - t).max()) <= bound
     mm.close()
 
 
@@ -220,12 +239,10 @@ def test_embeddings_vs_libmtmd(files, key):
     path = files[key]
     assert sha256(path) == entry["sha256"], f"{key}: the writer no longer writes the file libmtmd ran"
     ref = np.load(DATA / f"{key}.npz")
-    theirs = [ref[f"chunk{i}_image"] for i, kind in enumerate(entry["chunks"]) if kind == "image"]
+    theirs = [ref[f"chunk{i}_{kind}"] for i, kind in enumerate(entry["chunks"]) if kind != "text"]
     mm = load_mmproj(path)
-    enc = VisionEncoder(mm)
-    ours = enc.encode(preprocess(synthetic_image(), mm.projector, mm.vision))
-    if mm.projector == "idefics3":  # libmtmd's order: the slices, then the overview
-        ours = ours[1:] + ours[:1]
+    enc = Encoder(mm)
+    ours = [enc.encode_mel(x[0]) if mm.audio is not None else enc.encode_tile(x) for x in encoder_inputs(mm)]
     assert [o.shape[0] for o in ours] == [t.shape[0] for t in theirs]
     bound = MAX_ERR_FLOAT if entry["weights"] == "F32" else MAX_ERR_QUANT
     for i, (o, t) in enumerate(zip(ours, theirs)):
@@ -238,13 +255,14 @@ def test_embeddings_vs_libmtmd(files, key):
 @needs_golden
 @pytest.mark.parametrize("key", [k for k in GOLDEN if "logits" in MANIFEST["cases"][k]])
 def test_prompt_layout_and_logits_vs_libmtmd(files, text_model, key):
-    """[text, image, text] through Multimodal: the text chunks' token ids equal libmtmd's, and the
-    logits after the prompt llama.cpp's (Gemma 3 reads its image non-causally)."""
+    """[text, image or audio, text] through Multimodal: the text chunks' token ids equal
+    libmtmd's, and the logits after the prompt llama.cpp's (Gemma 3 reads its image non-causally)."""
     assert sha256(files["text"]) == MANIFEST["text_model_sha256"]
     entry, ref = MANIFEST["cases"][key], np.load(DATA / f"{key}.npz")
     mm = Multimodal(text_model, load_mmproj(files[key]))
     before, after = MANIFEST["prompt"].split("<__media__>")
-    parts = mm.parts([before, Image(synthetic_image()), after])
+    media = Audio(synthetic_audio()) if is_audio(key) else Image(synthetic_image())
+    parts = mm.parts([before, media, after])
     # merge consecutive texts as libmtmd's chunks do, tokenized as Model.eval_parts tokenizes them
     ours, first = [], True
     for p in parts:
@@ -256,16 +274,16 @@ def test_prompt_layout_and_logits_vs_libmtmd(files, text_model, key):
             elif ids:
                 ours.append(("text", ids))
         else:
-            ours.append(("image", len(p)))
+            ours.append(("audio" if is_audio(key) else "image", len(p)))
     kinds = [k for k, _ in ours]
     assert kinds == entry["chunks"]
     for i, (kind, value) in enumerate(ours):
         if kind == "text":
             assert value == ref[f"chunk{i}_text"].tolist()
         else:
-            assert value == ref[f"chunk{i}_image"].shape[0]
+            assert value == ref[f"chunk{i}_{kind}"].shape[0]
     text_model.reset()
-    logits = mm.eval([before, Image(synthetic_image()), after])[0]
+    logits = mm.eval([before, media, after])[0]
     text_model.reset()
     bound = MAX_ERR_FLOAT if entry["weights"] == "F32" else MAX_ERR_QUANT
     err = rel_err(logits.numpy(), ref["logits"])
@@ -402,3 +420,47 @@ def test_cli_run_with_image(files, tmp_path, capsys, extra, ok, message):
     rc = main(argv)
     err = capsys.readouterr().err
     assert (rc == 0) == ok and message in err
+
+
+# ---------------------------------------------------------------- audio
+
+
+def _wav(path, samples, rate=16000, channels=1, width=2):
+    import wave
+    pcm = (np.repeat(samples[:, None], channels, 1) * 32767).astype(np.int16 if width == 2 else np.int32)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(channels)
+        w.setsampwidth(width)
+        w.setframerate(rate)
+        w.writeframes(pcm.tobytes())
+    return path
+
+
+@pytest.mark.parametrize("channels", [1, 2])
+def test_load_audio_wav(tmp_path, channels):
+    from torchggml.mtmd import load_audio
+    x = synthetic_audio(0.1)
+    ours = load_audio(_wav(tmp_path / "a.wav", x, channels=channels))
+    assert ours.dtype == np.float32 and np.abs(ours - x).max() < 1e-4
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: _wav(p, synthetic_audio(0.1), rate=44100), "44100 Hz; the encoder needs 16000 Hz"),
+    (lambda p: (p.write_bytes(b"RIFF....not a wav"), p)[1], "not a WAV file"),
+])
+def test_load_audio_errors(tmp_path, make, message):
+    from torchggml.mtmd import load_audio
+    with pytest.raises(ValueError, match=message):
+        load_audio(make(tmp_path / "a.wav"))
+
+
+def test_audio_hparams_and_chunks(files):
+    mm = load_mmproj(files["qwen2a-F32"])
+    assert mm.vision is None and mm.projector == "qwen2a" and mm.n_embd_text == 64
+    assert (mm.audio.n_mel, mm.audio.n_embd, mm.audio.n_layer) == (16, 32, 2)
+    # 2 s of audio plus the 30 s of silence whisper pads: one 3000-frame chunk; 31 s: two
+    assert [tuple(m.shape) for m in log_mel(synthetic_audio(2.0), mm.audio)] == [(16, 3000)]
+    assert len(log_mel(synthetic_audio(31.0), mm.audio)) == 2
+    with pytest.raises(ValueError, match="encodes mel chunks, not images"):
+        Encoder(mm).encode_tile(torch.zeros(3, 64, 64))
+    mm.close()

@@ -4,8 +4,8 @@
     mm = load_multimodal("model.gguf", "mmproj.gguf")
     print("".join(mm.generate(["Describe ", Image("photo.jpg"), " briefly."], max_tokens=32)))
 
-A prompt is a list of parts: texts, token-id lists, and images (`Image(path | bytes | PIL image |
-uint8 array)`, or a PIL image directly). Each image becomes what libmtmd's tokenizer makes of it:
+A prompt is a list of parts: texts, token-id lists, images (`Image(path | bytes | PIL image |
+uint8 array)`, or a PIL image directly) and audio (`Audio(wav path | float samples)`). Each image becomes what libmtmd's tokenizer makes of it:
 the projector's marker texts around its embeddings (gemma3: <start_of_image> ... <end_of_image>,
 read non-causally), idefics3's tiles with their row/column markers, slices first and the
 overview last."""
@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..models.prompt import EmbeddingChunk
-from .encoder import VisionEncoder
+from .encoder import Encoder
 from .loader import MMProj, load_mmproj
+from .audio import load_audio, log_mel
 from .preprocess import PreprocessedImage, preprocess
 
 # the non-causal projectors (mtmd_decode_use_non_causal)
@@ -30,6 +31,12 @@ MEDIA_MARKER = "<__media__>"
 @dataclass
 class Image:
     """An image part of a prompt: a path, bytes, a PIL image or a uint8 [H, W, 3] array."""
+    source: object
+
+
+@dataclass
+class Audio:
+    """An audio part of a prompt: a WAV path or float mono samples at 16 kHz (see audio.py)."""
     source: object
 
 
@@ -68,7 +75,7 @@ class Multimodal:
             raise ValueError(f"{mmproj.path}: the projector outputs {mmproj.n_embd_text}-wide embeddings but "
                              f"{model.path} has n_embd {model.hp.n_embd}")
         self.model, self.mmproj = model, mmproj
-        self.encoder = VisionEncoder(mmproj, n_threads)
+        self.encoder = Encoder(mmproj, n_threads)
         self._by_piece: dict[str, int] | None = None
 
     def lookup_token(self, piece: str) -> list[int]:
@@ -81,12 +88,22 @@ class Multimodal:
                 self._by_piece.setdefault(tok.token_to_piece(i, True), i)
         return [self._by_piece[piece]] if piece in self._by_piece else []
 
+    def audio_parts(self, audio: Audio) -> list:
+        """The prompt parts for one audio clip: its 30-second chunks' embeddings between the
+        projector's markers (Qwen2-Audio: <|audio_bos|> ... <|audio_eos|>), as libmtmd makes them."""
+        if self.mmproj.audio is None:
+            raise ValueError(f"{self.mmproj.path}: projector {self.mmproj.projector} has no audio encoder")
+        mels = log_mel(load_audio(audio.source, self.mmproj.audio.sample_rate), self.mmproj.audio)
+        return ["<|audio_bos|>", *(EmbeddingChunk(self.encoder.encode_mel(m)) for m in mels), "<|audio_eos|>"]
+
     def preprocess(self, image) -> PreprocessedImage:
         return preprocess(image.source if isinstance(image, Image) else image, self.mmproj.projector,
                           self.mmproj.vision)
 
     def image_parts(self, image) -> list:
         """The prompt parts for one image: marker texts and EmbeddingChunks, in libmtmd's order."""
+        if self.mmproj.vision is None:
+            raise ValueError(f"{self.mmproj.path}: projector {self.mmproj.projector} has no vision encoder")
         pre = self.preprocess(image)
         rows = self.encoder.encode(pre)
         causal = self.mmproj.projector not in NON_CAUSAL
@@ -113,7 +130,7 @@ class Multimodal:
             return [prompt]
         out = []
         for p in prompt:
-            out += self.image_parts(p) if _is_image(p) else [p]
+            out += self.audio_parts(p) if isinstance(p, Audio) else self.image_parts(p) if _is_image(p) else [p]
         return out
 
     def generate(self, prompt, **generate_args):

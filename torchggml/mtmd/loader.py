@@ -18,7 +18,8 @@ from ..models.placement import cpu_device, find_device
 from ..tensor import Tensor
 
 # projector types torchggml encodes (one graph module each; see encoders.py)
-SUPPORTED_PROJECTORS = ("gemma3", "idefics3", "mlp", "qwen2vl_merger", "qwen2.5vl_merger", "pixtral")
+SUPPORTED_PROJECTORS = ("gemma3", "idefics3", "mlp", "qwen2vl_merger", "qwen2.5vl_merger", "pixtral", "qwen2a")
+AUDIO_PROJECTORS = frozenset({"qwen2a"})
 
 # every type clip.cpp's projector table names, for the error that tells "unknown" from "not yet"
 LLAMA_CPP_PROJECTORS = frozenset((
@@ -62,6 +63,42 @@ class VisionHParams:
     min_pixels: int = 0          # dynamic-size projectors (qwen2vl): the resized image's pixel range
     max_pixels: int = 0
     n_wa_pattern: int = 0        # qwen2.5vl: every n-th layer attends fully, the others by window
+
+
+@dataclass
+class AudioHParams:
+    """The audio encoder's hyper-parameters (clip.audio.*; whisper's preprocessing constants)."""
+    n_embd: int
+    n_ff: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    d_head: int
+    projection_dim: int
+    eps: float
+    n_mel: int
+    act: str = "gelu_erf"        # every whisper-encoder projector (clip.cpp sets FFN_GELU_ERF)
+    sample_rate: int = 16000
+    n_fft: int = 400
+    window: int = 400
+    hop: int = 160
+    chunk_frames: int = 3000     # 30 s: the encoder reads one chunk of mel frames at a time
+
+
+def read_audio_hparams(file: GGUFFile, projector: str) -> AudioHParams:
+    def key(name, default=GGUFError):
+        value = file.get(f"clip.audio.{name}", None)
+        if value is None:
+            if default is GGUFError:
+                raise GGUFError(f"{file.path}: metadata key 'clip.audio.{name}' is missing")
+            return default
+        return value
+    n_embd, n_head = int(key("embedding_length")), int(key("attention.head_count"))
+    return AudioHParams(
+        n_embd=n_embd, n_ff=int(key("feed_forward_length")), n_layer=int(key("block_count")), n_head=n_head,
+        n_head_kv=int(key("attention.head_count_kv", n_head)), d_head=int(key("attention.head_dim", 0)) or n_embd // n_head,
+        projection_dim=int(key("projection_dim")), eps=float(key("attention.layer_norm_epsilon")),
+        n_mel=int(key("num_mel_bins")))
 
 
 def _projector_type(file: GGUFFile) -> str:
@@ -145,9 +182,14 @@ class MMProj:
     path: str
     file: GGUFFile
     projector: str
-    vision: VisionHParams
+    vision: VisionHParams | None   # None: an audio-only file
     weights: Weights
     device: Device
+    audio: AudioHParams | None = None
+
+    def hparams(self, prefix: str):
+        """The encoder's hyper-parameters by tensor prefix: "v" (vision) or "a" (audio)."""
+        return self.vision if prefix == "v" else self.audio
 
     def tensor(self, name: str, required: bool = True) -> Tensor | None:
         t = self.weights.get(name)
@@ -158,7 +200,7 @@ class MMProj:
     @property
     def n_embd_text(self) -> int:
         """The width of the embeddings the projector outputs (the text model's n_embd)."""
-        return self.vision.projection_dim
+        return (self.vision or self.audio).projection_dim
 
     def close(self) -> None:
         self.weights.free()
@@ -174,11 +216,16 @@ def load_mmproj(path, device=None) -> MMProj:
     try:
         projector = _projector_type(file)
         check_projector(path, projector)
-        vision = read_vision_hparams(file, projector)
+        if projector in AUDIO_PROJECTORS:
+            if not file.get("clip.has_audio_encoder", False):
+                raise GGUFError(f"{path}: projector {projector!r} but no audio encoder (clip.has_audio_encoder)")
+            vision, audio = None, read_audio_hparams(file, projector)
+        else:
+            vision, audio = read_vision_hparams(file, projector), None
         device = cpu_device() if device is None else find_device(device)
         buft = device.get_buffer_type()
         weights = load_weights(file, lambda name: buft, progress=False)
     except BaseException:
         file.close()
         raise
-    return MMProj(path, file, projector, vision, weights, device)
+    return MMProj(path, file, projector, vision, weights, device, audio)

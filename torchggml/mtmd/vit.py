@@ -37,10 +37,11 @@ def patch_embed(ctx, mm: MMProj, image: Tensor) -> Tensor:
     return x if bias is None else ops.add(ctx, x, bias)
 
 
-def attention(ctx, mm: MMProj, il: int, x: Tensor, mask: Tensor | None = None, rope=None) -> Tensor:
+def attention(ctx, mm: MMProj, il: int, x: Tensor, mask: Tensor | None = None, rope=None, prefix: str = "v") -> Tensor:
     """Self-attention of layer il over every row of x [n_embd, n_pos] (non-causal); rope(q or k
-    [d_head, n_head, n_pos]) rotates the queries and keys where the encoder uses positions."""
-    hp, pre = mm.vision, f"v.blk.{il}."
+    [d_head, n_head, n_pos]) rotates the queries and keys where the encoder uses positions.
+    prefix: the encoder's tensors, "v" (vision) or "a" (audio)."""
+    hp, pre = mm.hparams(prefix), f"{prefix}.blk.{il}."
     t = lambda name: mm.tensor(pre + name, required=False)  # noqa: E731
     n_pos, d = x.ne[1], hp.d_head
     q = ops.reshape_3d(ctx, linear(ctx, x, t("attn_q.weight"), t("attn_q.bias")), d, hp.n_head, n_pos)
@@ -57,43 +58,47 @@ def attention(ctx, mm: MMProj, il: int, x: Tensor, mask: Tensor | None = None, r
     return linear(ctx, out, t("attn_out.weight"), t("attn_out.bias"))
 
 
-def ffn(ctx, mm: MMProj, il: int, x: Tensor) -> Tensor:
-    pre = f"v.blk.{il}."
+def ffn(ctx, mm: MMProj, il: int, x: Tensor, prefix: str = "v") -> Tensor:
+    hp, pre = mm.hparams(prefix), f"{prefix}.blk.{il}."
     t = lambda name: mm.tensor(pre + name, required=False)  # noqa: E731
     up, down = t("ffn_up.weight"), t("ffn_down.weight")
     up_b, down_b = t("ffn_up.bias"), t("ffn_down.bias")
-    if down.ne[0] == mm.vision.n_embd:  # old files hold up and down swapped (clip.cpp's check)
+    if prefix == "v" and down.ne[0] == hp.n_embd:  # old files hold up and down swapped (clip.cpp's check)
         up, down, up_b, down_b = down, up, down_b, up_b
     gate = t("ffn_gate.weight")
     h = linear(ctx, x, up, up_b)
     if gate is not None:
         g = linear(ctx, x, gate, t("ffn_gate.bias"))
-        h = {"silu": ops.swiglu_split, "gelu": ops.geglu_split, "gelu_quick": ops.geglu_quick_split}[mm.vision.act](ctx, g, h)
+        h = {"silu": ops.swiglu_split, "gelu": ops.geglu_split, "gelu_quick": ops.geglu_quick_split,
+             "gelu_erf": ops.geglu_erf_split}[hp.act](ctx, g, h)
     else:
-        h = ACTIVATIONS[mm.vision.act](ctx, h)
+        h = ACTIVATIONS[hp.act](ctx, h)
     return linear(ctx, h, down, down_b)
 
 
 def vit(ctx, mm: MMProj, x: Tensor, n_layer: int | None = None, post_norm: bool = True, rms: bool = False,
-        rope=None, mask=None, after_pre_norm=None) -> Tensor:
+        rope=None, mask=None, after_pre_norm=None, prefix: str = "v", before_post_norm=None) -> Tensor:
     """The pre-norm ViT over patch rows x [n_embd, n_pos] (position embeddings already added):
     the optional pre-norm, n_layer blocks (default all), the optional post-norm; LayerNorms, or
     RMS norms with `rms`; `rope` as for attention; mask(il): layer il's attention mask or None;
-    after_pre_norm(x): a reordering of the rows before the first block."""
-    hp = mm.vision
+    after_pre_norm(x): a reordering of the rows before the first block; before_post_norm(x): a step
+    after the last block (audio's pooling); prefix as for attention."""
+    hp = mm.hparams(prefix)
     opt = lambda name: mm.tensor(name, required=False)  # noqa: E731
     norm = lambda x, name: layer_norm(ctx, x, opt(name + ".weight"), opt(name + ".bias"), hp.eps, rms)  # noqa: E731
-    if opt("v.pre_ln.weight") is not None:
-        x = norm(x, "v.pre_ln")
+    if opt(f"{prefix}.pre_ln.weight") is not None:
+        x = norm(x, f"{prefix}.pre_ln")
     if after_pre_norm is not None:
         x = after_pre_norm(x)
     for il in range(hp.n_layer if n_layer is None else n_layer):
-        pre = f"v.blk.{il}."
+        pre = f"{prefix}.blk.{il}."
         m = None if mask is None else mask(il)
-        x = ops.add(ctx, attention(ctx, mm, il, norm(x, pre + "ln1"), m, rope=rope), x)
-        x = ops.add(ctx, x, ffn(ctx, mm, il, norm(x, pre + "ln2")))
-    if post_norm and opt("v.post_ln.weight") is not None:
-        x = norm(x, "v.post_ln")
+        x = ops.add(ctx, attention(ctx, mm, il, norm(x, pre + "ln1"), m, rope=rope, prefix=prefix), x)
+        x = ops.add(ctx, x, ffn(ctx, mm, il, norm(x, pre + "ln2"), prefix=prefix))
+    if before_post_norm is not None:
+        x = before_post_norm(x)
+    if post_norm and opt(f"{prefix}.post_ln.weight") is not None:
+        x = norm(x, f"{prefix}.post_ln")
     return x
 
 

@@ -41,6 +41,7 @@ class MMProjCase:
     eps: float = 1e-6
     mean: tuple = (0.5, 0.5, 0.5)
     std: tuple = (0.5, 0.5, 0.5)
+    n_mel: int = 0               # an audio encoder (whisper's) with this many mel bins instead of a ViT
 
 
 MMPROJ_CASES = [
@@ -52,6 +53,7 @@ MMPROJ_CASES = [
     MMProjCase("qwen25vl", "qwen2.5vl_merger", image_size=56, patch_size=28, act="silu", mean=(0.48145466, 0.4578275, 0.40821073),
                std=(0.26862954, 0.26130258, 0.27577711)),
     MMProjCase("pixtral", "pixtral", act="silu", eps=1e-5, merge=2),
+    MMProjCase("qwen2a", "qwen2a", n_mel=16, eps=1e-5),
     MMProjCase("mlp", "mlp", act="quick", mean=(0.48145466, 0.4578275, 0.40821073),
                std=(0.26862954, 0.26130258, 0.27577711), eps=1e-5),
 ]
@@ -143,6 +145,37 @@ def _projector_tensors(case: MMProjCase, gen: torch.Generator) -> dict[str, torc
     raise ValueError(f"tiny mmproj: no recipe for projector {case.projector!r}")
 
 
+def _audio_tensors(case: MMProjCase, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Whisper's encoder (conv biases stored [n_embd][1], as llama.cpp's converter writes them)
+    and Qwen2-Audio's projection."""
+    e, t, n_ff = case.n_embd, case.n_embd_text, case.n_ff
+
+    def mat(rows, cols):
+        return torch.randn(rows, cols, generator=gen) / cols ** 0.5
+
+    def vec(n, mean=0.0, std=0.1):
+        return mean + std * torch.randn(n, generator=gen)
+
+    w = {"a.conv1d.1.weight": torch.randn(e, case.n_mel, 3, generator=gen) / (3 * case.n_mel) ** 0.5,
+         "a.conv1d.1.bias": vec(e).reshape(e, 1),
+         "a.conv1d.2.weight": torch.randn(e, e, 3, generator=gen) / (3 * e) ** 0.5,
+         "a.conv1d.2.bias": vec(e).reshape(e, 1),
+         "a.position_embd.weight": 0.5 * torch.randn(1500, e, generator=gen)}
+    for il in range(case.n_layer):
+        b = f"a.blk.{il}."
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            w[b + name + ".weight"] = mat(e, e)
+            if name != "attn_k":  # whisper's key projection has no bias
+                w[b + name + ".bias"] = vec(e)
+        for name in ("ln1", "ln2"):
+            w[b + name + ".weight"], w[b + name + ".bias"] = vec(e, 1.0), vec(e)
+        w[b + "ffn_up.weight"], w[b + "ffn_up.bias"] = mat(n_ff, e), vec(n_ff)
+        w[b + "ffn_down.weight"], w[b + "ffn_down.bias"] = mat(e, n_ff), vec(e)
+    w["a.post_ln.weight"], w["a.post_ln.bias"] = vec(e, 1.0), vec(e)
+    w["mm.a.fc.weight"], w["mm.a.fc.bias"] = mat(t, e), vec(t)
+    return w
+
+
 def write_tiny_mmproj(path, case: MMProjCase | str, weight_type: str = "F32") -> str:
     """Write `case` as an mmproj GGUF; matrices as weight_type (F32, F16 or Q8_0...), the patch
     embedding, position embedding, norms and biases F32."""
@@ -152,6 +185,9 @@ def write_tiny_mmproj(path, case: MMProjCase | str, weight_type: str = "F32") ->
     gen = torch.Generator().manual_seed(MMPROJ_SEED + sum(map(ord, case.name)))
     path = os.fspath(path)
     w = gguf.GGUFWriter(path, "clip")
+    if case.n_mel:
+        _write_audio(w, case, gen, qtype)
+        return path
     keys = {"clip.projector_type": case.projector, "clip.has_vision_encoder": True,
             "clip.vision.image_size": case.image_size, "clip.vision.patch_size": case.patch_size,
             "clip.vision.embedding_length": case.n_embd, "clip.vision.feed_forward_length": case.n_ff,
@@ -180,6 +216,19 @@ def write_tiny_mmproj(path, case: MMProjCase | str, weight_type: str = "F32") ->
     return path
 
 
+def _write_audio(w, case: MMProjCase, gen: torch.Generator, qtype) -> None:
+    keys = {"clip.projector_type": case.projector, "clip.has_audio_encoder": True,
+            "clip.audio.embedding_length": case.n_embd, "clip.audio.feed_forward_length": case.n_ff,
+            "clip.audio.block_count": case.n_layer, "clip.audio.projection_dim": case.n_embd_text,
+            "clip.audio.attention.head_count": case.n_head, "clip.audio.attention.layer_norm_epsilon": case.eps,
+            "clip.audio.num_mel_bins": case.n_mel}
+    for key, value in keys.items():
+        _add_key(w, key, value)
+    tensors = _audio_tensors(case, gen)
+    write_tensors(w, {k: t.float().numpy() for k, t in tensors.items()}, qtype,
+                  keep_f32=lambda name, data: name.startswith(("a.conv1d", "a.position_embd")) or name.endswith(".bias"))
+
+
 def write_tiny_text_model(path, n_embd: int = 64) -> str:
     """The tiny gemma3 text model (tiny.py's recipe, width n_embd) with a byte-level BPE
     vocabulary ending in the MEDIA_TOKENS (control tokens), which libmtmd needs to tokenize."""
@@ -188,7 +237,7 @@ def write_tiny_text_model(path, n_embd: int = 64) -> str:
     # "\n\n" as one token (GPT-2's bytes): idefics3's layout looks it up by its text
     tokens = vocab.tokens + ["\u010a\u010a"] + list(MEDIA_TOKENS)
     types = vocab.types + [1] + [3] * len(MEDIA_TOKENS)
-    case = replace(CASES_BY_NAME["gemma3"], name="gemma3-mtmd", n_vocab=len(tokens), n_embd=n_embd)
+    case = replace(CASES_BY_NAME["gemma3"], name="gemma3-mtmd", n_vocab=len(tokens), n_embd=n_embd, n_ctx=1024)
     gen = torch.Generator().manual_seed(TINY_SEED + sum(map(ord, case.name)))
     path = os.fspath(path)
     w = gguf.GGUFWriter(path, case.arch)
