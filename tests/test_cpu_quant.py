@@ -359,7 +359,7 @@ def test_moe_model_split_over_sim_and_cpu_with_fused_experts(tmp_path, monkeypat
     entry = ARCHS[key]
     model = ggml.load_model(tiny_model_path(key, entry, tmp_path), n_ctx=entry["n_ctx"], progress=False,
                             devices=["SIM0", "CPU"])
-    experts = {name: t.buffer.name for name, t in model.weights.tensors.items() if "_exps." in name}
+    experts = {name: t.buffer.name for name, t in model.weight_buffers.tensors.items() if "_exps." in name}
     assert set(experts.values()) == {"SIM0", "CPU_REPACK"}, experts
     ref = np.load(DATA / entry["logits"])
     check(model.eval(entry["tokens"]), ref, entry, f"{key} on SIM0 + CPU")
@@ -416,12 +416,12 @@ def test_golden_models_on_each_path(entry, path, gemm, monkeypatch):
     monkeypatch.setenv("TORCHGGML_CPU_PATH", path)
     monkeypatch.setenv("TORCHGGML_CPU_GEMM", gemm)
     model = ggml.load_model(GOLDEN / entry["model"], devices=["CPU"], progress=False)
-    repacked = [t for t in model.weights.tensors.values() if t.buffer.name == "CPU_REPACK"]
+    repacked = [t for t in model.weight_buffers.tensors.values() if t.buffer.name == "CPU_REPACK"]
     if path == "fused":  # 2-D Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weights stay ggml blocks, multiplied in place
         assert not any(layout.is_in_place(t.type, t.ne) for t in repacked)
         assert bool(repacked) == any(not layout.is_in_place(t.type, t.ne) and t.type not in (T.F32, T.F16)
                                      and layout.supports_shape(t.type, t.ne) and name != "token_embd.weight"
-                                     for name, t in model.weights.tensors.items())
+                                     for name, t in model.weight_buffers.tensors.items())
     else:
         assert bool(repacked) == (path == "int4" and entry["weights"] == "Q4_0")
     check_logits(model.eval(entry["tokens"]), entry)

@@ -193,7 +193,7 @@ def test_repacked_weights_leave_no_mapped_copy(tmp_path):
     from torchggml.models import load_model
     path = write_model(tmp_path / "q41.gguf", DEMO_CONFIG, "Q4_1")  # repacked (Q8_0, Q4_0 stay in place)
     model = load_model(path, progress=False)
-    repacked = [n for n, t in model.weights.tensors.items() if not t.buffer.ggml_layout]
+    repacked = [n for n, t in model.weight_buffers.tensors.items() if not t.buffer.ggml_layout]
     assert repacked
     in_place = sum(info.nbytes for n, info in model.file.tensors.items() if n not in repacked)
     assert _mapped_kb(path) * 1024 <= in_place + 64 * 4096

@@ -24,9 +24,8 @@ MANIFEST = json.loads((GOLDEN / "manifest.json").read_text()) if HAVE_GOLDEN els
 MAX_ERR_FLOAT, MAX_ERR_QUANT, MIN_ARGMAX = 2e-3, 4e-2, 0.9
 # Quantized models on the SIM device run the Triton kernels in the interpreter: about a minute
 # per model. Q4_0 always runs there (the Triton path end to end); the other quantized models run
-# on SIM when TORCHGGML_SLOW_TESTS=1 (their kernels are covered by test_triton_kernels.py, and
-# all of them run on the CPU device); the float models always run on SIM.
-SLOW = os.environ.get("TORCHGGML_SLOW_TESTS") == "1"
+# on SIM with pytest --slow (their kernels are covered by test_triton_kernels.py, and all of them
+# run on the CPU device); the float models always run on SIM.
 ALWAYS_ON_SIM = {"Q4_0"}
 
 
@@ -83,9 +82,8 @@ def golden_cases():
         quantized = entry["weights"] not in ("F32", "F16")
         for device in ("CPU", "SIM0"):
             marks = []
-            if device == "SIM0" and quantized and not SLOW and entry["weights"] not in ALWAYS_ON_SIM:
-                marks = [pytest.mark.skip(reason="quantized on SIM runs Triton in the interpreter "
-                                                 "(slow); set TORCHGGML_SLOW_TESTS=1")]
+            if device == "SIM0" and quantized and entry["weights"] not in ALWAYS_ON_SIM:
+                marks = [pytest.mark.slow]  # Triton in the interpreter
             cases.append(pytest.param(entry, device, id=f"{Path(entry['model']).stem}-{device}", marks=marks))
     return cases
 
@@ -273,7 +271,7 @@ def test_demo_architectures(tmp_path):
     for arch, tied in (("qwen2", False), ("qwen3", True)):
         cfg = replace(DEMO_CONFIG, arch=arch, n_layer=1, tied_output=tied)
         model = load_model(write_model(tmp_path / f"{arch}.gguf", cfg, "F16"))
-        assert model.hp.arch == arch and (model.w.output is model.w.token_embd) == tied
+        assert model.hp.arch == arch and (model.weights.output is model.weights.token_embd) == tied
         logits = model.eval(model.tokenize("hello"))
         assert torch.isfinite(logits).all()
 
@@ -470,11 +468,34 @@ def test_eval_batch_equals_sequences_one_by_one():
         model.eval_batch([[1], [2]], seq_ids=[3, 3])
 
 
-def test_generate_batch_greedy_equals_generate(demo):
-    prompts = ["Once upon a time", "The scheduler cuts", "Numbers 0 1 2"]
-    batch = demo.generate_batch(prompts, max_tokens=5, temperature=0)
-    alone = ["".join(demo.generate(p, max_tokens=5, temperature=0)) for p in prompts]
+BATCH_PROMPTS = ["Once upon a time", "The scheduler cuts", "Numbers 0 1 2"]
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"}},
+          "required": ["n", "ok"]}
+
+
+@pytest.mark.parametrize("options", [
+    {},
+    {"repeat_penalty": 1.5, "frequency_penalty": 0.5, "presence_penalty": 0.3, "repeat_last_n": 8},
+    {"stop": ["e", " t"]},
+    {"schema": SCHEMA},
+], ids=["plain", "penalties", "stop", "json-schema"])
+def test_generate_batch_equals_generate(demo, options):
+    """One decode loop: generate_batch gives each sequence what generate gives it alone, with
+    every sampling option (temperature 0)."""
+    options = dict(options, temperature=0)
+    schema = options.pop("schema", None)
+    if schema is not None:
+        grammar = pytest.importorskip("torchggml.server.grammar")
+        vocab = grammar.Vocabulary(demo.tokenizer)
+        source = vocab.compile("json_schema", schema)
+        constraint = lambda: grammar.Constraint(vocab, source)  # noqa: E731
+    batch = demo.generate_batch(BATCH_PROMPTS, max_tokens=12, **options,
+                                constraints=[constraint() for _ in BATCH_PROMPTS] if schema else None)
+    alone = ["".join(demo.generate(p, max_tokens=12, **options, constraint=constraint() if schema else None))
+             for p in BATCH_PROMPTS]
     assert batch == alone and len(set(batch)) > 1
+    if schema is not None:
+        assert all(text.startswith('{"n":') for text in batch), batch  # the schema held every sequence
 
 
 def test_unsupported_architecture_is_named(tmp_path):

@@ -339,6 +339,7 @@ def test_non_causal_chunk_sees_later_rows(text_model):
     (lambda m: m.eval_embeddings(torch.zeros(2, 64, dtype=torch.int32)), "values must be float"),
     (lambda m: m.eval_embeddings(torch.zeros(m.n_batch + 1, 64), causal=False), "must fit one micro-batch"),
     (lambda m: m.eval_parts([object()]), "a prompt part must be"),
+    (lambda m: list(m.generate(["a", EmbeddingChunk(torch.zeros(2, 64))], max_tokens=1)), "must end with text"),
 ])
 def test_eval_embeddings_errors(text_model, call, message):
     text_model.reset()

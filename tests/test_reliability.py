@@ -220,7 +220,7 @@ def test_reset_zeroes_the_cells_so_old_values_cannot_leak(golden_model):
     (want,) = _fresh_logits(m, TOKENS[:3])
     m.reset()
     m.eval(TOKENS)
-    for t in (*m.kv.k, *m.kv.v):  # NaN in every written cell, as a failed batch would leave them
+    for t in (*m.memory.k, *m.memory.v):  # NaN in every written cell, as a failed batch would leave them
         ggml.backend_tensor_memset(t, 0xFF, 0, len(TOKENS) * t.nb[1])
     m.reset()
     got = m.eval(TOKENS[:3])
@@ -231,7 +231,7 @@ def test_reset_zeroes_the_cells_so_old_values_cannot_leak(golden_model):
 def test_non_finite_logits_raise_and_leave_the_cache_as_it_was(golden_model):
     m = golden_model
     want = _fresh_logits(m, TOKENS[:4], TOKENS[4:])
-    norm = m.w.layers[0].attn_norm
+    norm = m.weights.layers[0].attn_norm
     saved = ggml.backend_tensor_get(norm).clone()
     m.reset()
     m.eval(TOKENS[:4])

@@ -349,3 +349,19 @@ def test_metrics(server):
         assert name in m
     assert m['torchggml_requests_total{path="/v1/completions",status="200"}'] >= 1
     assert m["torchggml_generated_tokens_total"] >= 2
+
+
+def test_prompt_cache_reuses_the_last_turn_and_changes_no_text(server):
+    """A second turn that extends the first finds its tokens in the slot (llama-server's
+    cache_prompt, on by default) and answers what it answers with cache_prompt false."""
+    c = server.client()
+    messages = [{"role": "user", "content": "Tell me about the scheduler."}]
+    first = c.chat.completions.create(model=server.model_id, messages=messages, max_tokens=6, temperature=0)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "And the graph?"}]
+    before = server.metrics()["torchggml_prompt_tokens_cached_total"]
+    cached = c.chat.completions.create(model=server.model_id, messages=messages, max_tokens=6, temperature=0)
+    hit = server.metrics()["torchggml_prompt_tokens_cached_total"] - before
+    fresh = c.chat.completions.create(model=server.model_id, messages=messages, max_tokens=6, temperature=0,
+                                      extra_body={"cache_prompt": False})
+    assert hit > 0 and cached.choices[0].message.content == fresh.choices[0].message.content

@@ -32,14 +32,14 @@ def test_weights_read_into_memory_give_the_same_logits(demo_path):
     mapped = load_model(demo_path, n_ctx=32, progress=False, use_mmap=True)
     read_in = load_model(demo_path, n_ctx=32, progress=False, use_mmap=False)
     try:
-        assert mapped.weights.cpu_read_in == 0 and "read into memory" not in mapped.describe()
+        assert mapped.weight_buffers.cpu_read_in == 0 and "read into memory" not in mapped.describe()
         total = sum(info.nbytes for info in read_in.file.tensors.values())
-        assert read_in.weights.cpu_read_in == total
+        assert read_in.weight_buffers.cpu_read_in == total
         assert f"{total / 2**20:.0f} MiB of CPU weights read into memory" in read_in.describe()
         # the weights' memory is no longer the file's mapping
         region = read_in.file.data_region()
         start, end = region.ctypes.data, region.ctypes.data + region.size
-        for t in read_in.weights.tensors.values():
+        for t in read_in.weight_buffers.tensors.values():
             assert not start <= t.data < end, t.name
         tokens = [1, 5, 9, 14]
         torch.testing.assert_close(_logits(read_in, tokens), _logits(mapped, tokens), rtol=0, atol=0)
@@ -95,7 +95,7 @@ def test_large_cpu_buffers_ask_for_huge_pages():
                         return line.split()[1:]
         assert "hg" in flags(big.get_base())
         big.clear(7)  # usable as any buffer
-        assert int(ggml.memory.byte_view(big, (8 << 20) - 1, 1)[0]) == 7
+        assert int(ggml.storage.byte_view(big, (8 << 20) - 1, 1)[0]) == 7
     finally:
         big.free()
 

@@ -162,11 +162,12 @@ class TorchBufferType(BufferType):
         # Zero-size buffers still get a real (1-byte) storage so that base is a valid address.
         n = max(size, 1) + (self.alignment if self.alignment > 64 else 0)
         try:
-            storage = None
+            storage, zero_filled = None, False
             if self.pinned:
                 storage = torch.empty(n, dtype=torch.uint8, pin_memory=True).untyped_storage()
             elif self.huge_pages and n >= HUGE_PAGE_MIN_BYTES:
                 storage = huge_page_storage(n)
+                zero_filled = storage is not None  # anonymous pages: the kernel gives them zeroed
             if storage is None:
                 storage = torch.UntypedStorage(n, device=self.torch_device)
         except (RuntimeError, torch.OutOfMemoryError, OSError) as e:
@@ -174,11 +175,14 @@ class TorchBufferType(BufferType):
                               f"({size / 2**20:.1f} MiB) on {self.torch_device}: {e}") from None
         buffer = self.buffer_class(self, storage, size)
         buffer.base = round_up(buffer.base, self.alignment)
+        buffer.zero_filled = zero_filled
         return buffer
 
 
 class TorchBuffer(Buffer):
     """A buffer over a torch storage. `owner` keeps foreign memory (numpy arrays, mmaps) alive."""
+
+    zero_filled = False  # its bytes are known to be 0 (fresh anonymous pages): see alloc_buffer
 
     def __init__(self, buft: BufferType, storage: torch.UntypedStorage, size: int, owner=None):
         super().__init__(buft, size, storage.data_ptr())

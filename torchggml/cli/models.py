@@ -267,19 +267,20 @@ def cmd_info(args) -> int:
 # ---------------------------------------------------------------- wiring
 
 def add_subcommands(subparsers) -> None:
+    from ..models.sampling import DEFAULTS
     p = subparsers.add_parser("run", help="generate text from a GGUF model (no MODEL: the built-in demo)")
     p.add_argument("model", nargs="?", help="GGUF file (default: the built-in demo model)")
     p.add_argument("-p", "--prompt", default="Once upon a time", help="the prompt")
     p.add_argument("-n", "--n-predict", type=int, default=64, metavar="N", help="tokens to generate")
-    p.add_argument("--temp", type=float, default=0.8, help="temperature (0: greedy)")
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--temp", type=float, default=DEFAULTS.temperature, help="temperature (0: greedy)")
+    p.add_argument("--top-k", type=int, default=DEFAULTS.top_k)
+    p.add_argument("--top-p", type=float, default=DEFAULTS.top_p)
     p.add_argument("-s", "--seed", type=int, default=None)
-    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability")
-    p.add_argument("--repeat-penalty", type=float, default=1.0, help="llama.cpp's repetition penalty (1: off)")
-    p.add_argument("--repeat-last-n", type=int, default=64, help="tokens the penalties look back at (-1: all)")
-    p.add_argument("--frequency-penalty", type=float, default=0.0)
-    p.add_argument("--presence-penalty", type=float, default=0.0)
+    p.add_argument("--min-p", type=float, default=DEFAULTS.min_p, help="drop tokens below min_p x the top probability")
+    p.add_argument("--repeat-penalty", type=float, default=DEFAULTS.repeat_penalty, help="llama.cpp's repetition penalty (1: off)")
+    p.add_argument("--repeat-last-n", type=int, default=DEFAULTS.repeat_last_n, help="tokens the penalties look back at (-1: all)")
+    p.add_argument("--frequency-penalty", type=float, default=DEFAULTS.frequency_penalty)
+    p.add_argument("--presence-penalty", type=float, default=DEFAULTS.presence_penalty)
     p.add_argument("--stop", action="append", metavar="TEXT", help="stop at this text (repeatable)")
     p.add_argument("--logprobs", type=int, default=None, metavar="N",
                    help="print each token with its log-probability and the N most likely alternatives")

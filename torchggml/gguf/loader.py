@@ -33,7 +33,7 @@ from .reader import (ATTENTION_FREE_ARCHS, PER_LAYER_KEYS, _PER_LAYER_MAY_BE_ZER
 from ..tensor import Tensor, set_name
 from ..types import Type, type_traits
 
-__all__ = ["GGUFError", "TensorInfo", "GGUFFile", "open_gguf", "Weights", "load_weights"]
+__all__ = ["GGUFError", "TensorInfo", "GGUFFile", "open_gguf", "WeightBuffers", "load_weights"]
 
 _MISSING = object()
 
@@ -337,7 +337,7 @@ def open_gguf(path: str | os.PathLike) -> GGUFFile:
 # ---------------------------------------------------------------- weights
 
 @dataclass
-class Weights:
+class WeightBuffers:
     """Weight tensors by name, and the contexts and buffers that hold them."""
     tensors: dict[str, Tensor] = field(default_factory=dict)
     buffers: list[Buffer] = field(default_factory=list)
@@ -404,7 +404,7 @@ def is_cpu_buft(buft: BufferType) -> bool:
 
 def load_weights(file: GGUFFile, buft_of: Callable[[str], BufferType], names: Iterable[str] | None = None,
                  progress: bool = True, check_values: bool = False,
-                 copy: Callable[[str], bool] | None = None) -> Weights:
+                 copy: Callable[[str], bool] | None = None) -> WeightBuffers:
     """Create a ggml tensor for each weight (all of the file's tensors, or `names`) in the
     buffer type `buft_of(name)` returns. CPU weights are views of the file's mapping, but those
     for which `copy(name)` is true (weights every token reads whole: a CPU buffer's huge pages
@@ -421,7 +421,7 @@ def load_weights(file: GGUFFile, buft_of: Callable[[str], BufferType], names: It
         buft = buft_of(name)
         mapped = is_cpu_buft(buft) and not (copy is not None and copy(name))
         groups.setdefault((id(buft), mapped), (buft, []))[1].append(name)
-    weights = Weights()
+    weights = WeightBuffers()
     for (_, mapped), (buft, group) in groups.items():
         if mapped:
             _map_weights(file, group, weights)
@@ -451,7 +451,7 @@ def _new_weight_tensor(ctx: Context, info: TensorInfo) -> Tensor:
     return t
 
 
-def _map_weights(file: GGUFFile, names: list[str], weights: Weights) -> None:
+def _map_weights(file: GGUFFile, names: list[str], weights: WeightBuffers) -> None:
     """Zero copy: one CPU buffer over the file's data region, tensors at base + offset."""
     from ..devices.cpu import backend_cpu_buffer_from_ptr
     from ..alloc import backend_tensor_alloc
@@ -481,7 +481,7 @@ def show_progress(wanted: bool, total_bytes: int) -> bool:
             and hasattr(stream, "isatty") and stream.isatty())
 
 
-def _upload_weights(file: GGUFFile, buft: BufferType, names: list[str], weights: Weights,
+def _upload_weights(file: GGUFFile, buft: BufferType, names: list[str], weights: WeightBuffers,
                     progress: bool) -> None:
     from ..alloc import backend_alloc_ctx_tensors_from_buft
     from ..backend.tensor_io import backend_tensor_set

@@ -23,6 +23,7 @@ from ..context import Context, new_tensor_2d
 from ..ops import set_rows, view_3d, reshape_2d
 from ..tensor import Tensor, nbytes, round_up, set_name
 from ..types import Type, as_type, row_size, blck_size
+from .memory import Memory
 
 # llama.cpp's cache types (-ctk/-ctv), plus the K types and IQ4_XS, whose 256-value blocks
 # need a head size that is a multiple of 256
@@ -46,7 +47,7 @@ def kv_type_from_name(name) -> Type:
     return t
 
 
-class KVCache:
+class KVCache(Memory):
     """K and V tensors per layer. `bufts[il]` is the buffer type of layer il's cache (None: the
     layer has no attention, as a hybrid model's recurrent layers; its K and V are None)."""
 
@@ -99,9 +100,6 @@ class KVCache:
     def nbytes(self) -> int:
         return sum(b.size for b in self.buffers)
 
-    # the memory kinds' common face (recurrent_state.py): this one is attention only
-    recurrent = None
-
     def tensors(self) -> list[Tensor]:
         """The memory's tensors: every attention layer's K and V."""
         return [t for t in (*self.k, *self.v) if t is not None]
@@ -144,6 +142,16 @@ class KVCache:
             self.zero_cells(cells)
             self.cell_seq[cells] = -1
             self.seq_next.pop(int(seq_id), None)
+
+    def keep_prefix(self, seq_id: int, n: int) -> None:
+        """Sequence seq_id keeps its first n positions and forgets the rest (llama.cpp's seq_rm
+        from position n): the next token it evaluates is at position n."""
+        seq_id = int(seq_id)
+        cells = np.flatnonzero((self.cell_seq == seq_id) & (self.cell_pos >= n))
+        self.zero_cells(cells)
+        self.cell_seq[cells] = -1
+        if seq_id in self.seq_next:
+            self.seq_next[seq_id] = min(self.seq_next[seq_id], int(n))
 
     def copy(self, src: int, dst: int) -> None:
         """Sequence dst continues from sequence src's cells (llama.cpp's seq_cp): dst's own cells

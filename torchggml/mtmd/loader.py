@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 
 from ..backend.device import Device
-from ..gguf.loader import GGUFFile, Weights, load_weights, open_gguf
+from ..gguf.loader import GGUFFile, WeightBuffers, load_weights, open_gguf
 from ..gguf.reader import GGUFError
 from ..models.placement import cpu_device, find_device
 from ..tensor import Tensor
@@ -183,7 +183,7 @@ class MMProj:
     file: GGUFFile
     projector: str
     vision: VisionHParams | None   # None: an audio-only file
-    weights: Weights
+    weights: WeightBuffers
     device: Device
     audio: AudioHParams | None = None
 

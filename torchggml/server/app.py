@@ -120,7 +120,7 @@ class ServerState:
                 n = limit if max_tokens is None else min(max_tokens, limit)
                 constraint = Constraint(self.vocab, grammar) if grammar is not None else None
                 gen = Generation(self.model.tokenizer, ids, params, n, stops, constraint, req.ignore_eos)
-                jobs.append(Job(ids, emit, gen, index=p_index * req.n + k))
+                jobs.append(Job(ids, emit, gen, index=p_index * req.n + k, cache_prompt=req.cache_prompt))
         return jobs
 
     def submit(self, jobs: list[Job]) -> None:
@@ -170,6 +170,8 @@ class ServerState:
         metric("requests_total", "counter", "HTTP requests by path and status",
                [({"path": p, "status": st}, n) for (p, st), n in sorted(self.requests.items())])
         metric("prompt_tokens_total", "counter", "prompt tokens processed", [({}, s.prompt_tokens)])
+        metric("prompt_tokens_cached_total", "counter", "prompt tokens found in a slot's cells (prompt cache)",
+               [({}, s.cached_prompt_tokens)])
         metric("generated_tokens_total", "counter", "tokens generated", [({}, s.generated_tokens)])
         metric("tokens_per_second", "gauge", "tokens generated per second over the last 10 s",
                [({}, f"{s.tokens_per_second():.3f}")])
@@ -183,7 +185,7 @@ class ServerState:
         metric("queue_waiting", "gauge", "requests' sequences waiting for a slot", [({}, e.n_waiting)])
         metric("sequences_active", "gauge", "sequences in slots", [({}, len(e.active))])
         metric("slots", "gauge", "parallel sequences (--parallel)", [({}, e.parallel)])
-        kv = m.kv
+        kv = m.memory
         used = kv.n_past if kv is not None else 0
         metric("kv_cache_used_cells", "gauge", "KV cache cells holding tokens", [({}, used)])
         metric("kv_cache_cells", "gauge", "KV cache size (n_ctx)", [({}, m.n_ctx)])

@@ -1,11 +1,20 @@
 """Continuous batching: one thread decodes every active sequence together on the model's unified KV
 cache, as llama-server's slots do.
 
-Each step builds one `Model.eval_batch` call (logits="last"): the next token of every decoding
-sequence, then prompt chunks of newly admitted sequences in the room left in the micro-batch
-(n_batch tokens in all), so a long prompt is processed in pieces beside running decodes instead
-of stalling them. Requests join between steps when a slot is free; a finished, failed or cancelled
-sequence leaves and `Model.reset(seq_id)` frees its cells. The KV cache is shared as llama.cpp
+Each step is one step of the decode loop Model.generate runs (models/batch_generator.py): one
+`Model.eval_batch` call with the next token of every decoding sequence, then prompt chunks of
+newly admitted sequences in the room left (n_batch tokens in all), then each sequence's sampling.
+Requests join between steps when a slot is free; a failed or cancelled sequence leaves and its
+cells are freed.
+
+Prompt cache (llama-server's cache_prompt, on by default): a slot keeps its prompt's cells after its
+request ends, and a new request goes to the free slot whose cells share the longest prefix with its
+prompt; only the rest of the prompt is evaluated (at least its last token, for the logits). The
+generated tokens' cells are not kept: a decode step's products round differently from a prompt
+batch's, so they are evaluated again with the next prompt, and the cache changes no token. A request with
+cache_prompt false, an embedding, and every request on a memory that cannot drop a sequence's tail
+(recurrent and hybrid models: their states hold no positions to go back to) start from cleared
+cells. The KV cache is shared as llama.cpp
 shares it: each of the `parallel` slots may use n_ctx // parallel cells, so the cache never
 overflows; a sequence that reaches its slot's size ends with finish_reason "length".
 
@@ -13,8 +22,8 @@ Waiting requests sit in a bounded queue; past `max_queue` a submit raises QueueF
 answers 503). Events go back to the submitter through its `emit` callback, called on the engine
 thread: ("token", job, text, choices), ("done", job, text, None), ("error", job, message, None).
 
-With one slot every step is what Model.generate evaluates (the prompt in n_batch micro-batches,
-then one token a step, on cells from 0), so temperature 0 gives generate's tokens exactly.
+With one slot every step is what Model.generate evaluates, so temperature 0 gives generate's
+tokens exactly.
 """
 from __future__ import annotations
 
@@ -24,10 +33,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
-
+from ..models.batch_generator import BatchGenerator, BatchSequence
 from ..models.generation import Generation
-from ..models.sampling import TokenChoice
 
 
 class QueueFull(RuntimeError):
@@ -42,9 +49,11 @@ class Job:
     gen: Generation | None = None
     pooling: str = "mean"
     index: int = 0                 # the choice (or input) index within its request
+    cache_prompt: bool = True      # reuse a slot's cells that hold a prefix of the prompt
+    n_cached: int = 0              # prompt tokens found in the slot's cells
     cancelled: bool = False
     seq_id: int = -1
-    n_prompt_done: int = 0
+    seq: BatchSequence | None = None  # its place in the decode loop, once admitted
     submitted: float = field(default_factory=time.perf_counter)
     first_token: float | None = None
 
@@ -52,16 +61,13 @@ class Job:
         """Stop this sequence at the next step (a client that hung up); no more events."""
         self.cancelled = True
 
-    @property
-    def prefilling(self) -> bool:
-        return self.n_prompt_done < len(self.prompt)
-
 
 class Stats:
     """Counters for /metrics (written by the engine thread, read by the server)."""
 
     def __init__(self):
-        self.prompt_tokens = 0
+        self.prompt_tokens = 0         # evaluated (prompt cache hits excluded)
+        self.cached_prompt_tokens = 0  # found in a slot's cells, not evaluated again
         self.generated_tokens = 0
         self.steps = 0
         self.batch_tokens = 0
@@ -91,6 +97,8 @@ class Engine:
         if self.slot_ctx < 2:
             raise ValueError(f"n_ctx={model.n_ctx} is too small for {parallel} parallel sequences")
         self.stats = Stats()
+        self.batch = BatchGenerator(model, keep_finished=True)
+        self.slot_tokens: dict[int, list[int]] = {}  # an idle slot -> the tokens its cells hold
         self.waiting: collections.deque[Job] = collections.deque()
         self.active: list[Job] = []
         self.free_slots = list(range(self.parallel))
@@ -125,6 +133,7 @@ class Engine:
     # ------------------------------------------------------------ the engine thread
 
     def _loop(self) -> None:
+        self.model.reset()  # the engine (its thread) owns the memory: no cells of earlier work
         while True:
             with self._cond:
                 while self._running and not self.waiting and not self.active:
@@ -145,12 +154,44 @@ class Engine:
             if job.cancelled:  # its client left while it waited
                 self.stats.sequences_finished["cancelled"] += 1
                 continue
-            job.seq_id = self.free_slots.pop(0)
+            job.seq_id = self._take_slot(job)
+            if job.gen is not None:
+                job.seq = self.batch.add(job.gen, job.seq_id, self.slot_ctx, owner=job, n_cached=job.n_cached)
+                self.stats.cached_prompt_tokens += job.n_cached
             self.active.append(job)
+
+    def _take_slot(self, job: Job) -> int:
+        """The free slot whose cells share the longest prefix with the job's prompt (the lowest
+        such slot); its cells keep that prefix, the rest is cleared."""
+        def common(slot: int) -> int:  # tokens of the slot's cells that begin the prompt
+            held, n = self.slot_tokens.get(slot, ()), 0
+            for a, b in zip(held, job.prompt):
+                if a != b:
+                    break
+                n += 1
+            return n
+        reuse = job.cache_prompt and job.gen is not None
+        slot = max(self.free_slots, key=lambda s: (common(s) if reuse else 0, -s))
+        self.free_slots.remove(slot)
+        n = min(common(slot), len(job.prompt) - 1) if reuse else 0
+        held = self.slot_tokens.pop(slot, None)
+        if held is not None and not (n > 0 and self.model.keep_prefix(slot, n)):
+            n = 0
+            self.model.reset(slot)
+        job.n_cached = n
+        return slot
 
     def _release(self, job: Job, outcome: str) -> None:
         if job in self.active:
-            self.model.reset(job.seq_id)
+            # a finished request's slot keeps its prompt's cells, where the memory can drop the rest
+            keep = (job.seq is not None and job.cache_prompt and outcome in ("stop", "length")
+                    and self.model.keep_prefix(job.seq_id, len(job.prompt)))
+            if job.seq is not None:
+                self.batch.remove(job.seq, free=not keep)  # (nothing to do when the loop let it go)
+            if keep:
+                self.slot_tokens[job.seq_id] = job.prompt
+            else:
+                self.model.reset(job.seq_id)
             with self._cond:
                 self.active.remove(job)
                 self.free_slots.append(job.seq_id)
@@ -162,58 +203,34 @@ class Engine:
             self._release(job, "cancelled")
         for job in [j for j in self.active if j.gen is None]:
             self._embed(job)
-        batch: list[tuple[Job, list[int]]] = []
-        budget = self.model.n_batch
-        for job in self.active:  # every decoding sequence's next token first
-            if not job.prefilling:
-                batch.append((job, [job.gen.last_token]))
-                budget -= 1
-        for job in self.active:  # then prompt chunks in the room left
-            if job.prefilling and budget > 0:
-                chunk = job.prompt[job.n_prompt_done: job.n_prompt_done + budget]
-                batch.append((job, chunk))
-                budget -= len(chunk)
-        if not batch:
+        if not self.batch.active:
             return
-        rows = self.model.eval_batch([tokens for _, tokens in batch], [j.seq_id for j, _ in batch], logits="last")
-        self.stats.steps += 1
-        self.stats.batch_tokens += sum(len(t) for _, t in batch)
-        n_decodes = sum(1 for j, _ in batch if not j.prefilling)
-        self.stats.mixed_steps += 0 < n_decodes < len(batch)
-        generated = 0
-        for (job, tokens), row in zip(batch, rows):
-            if job.prefilling:
-                job.n_prompt_done += len(tokens)
-                self.stats.prompt_tokens += len(tokens)
-                if job.prefilling:
-                    continue
+        n_decoding = sum(1 for s in self.batch.active if not s.prefilling)
+        updates = self.batch.step()
+        counts = self.batch.last
+        if counts.prompt_tokens or counts.decode_tokens:
+            self.stats.steps += 1
+            self.stats.batch_tokens += counts.prompt_tokens + counts.decode_tokens
+            self.stats.mixed_steps += n_decoding > 0 and counts.prompt_tokens > 0
+        self.stats.prompt_tokens += counts.prompt_tokens
+        for update in updates:
+            job = update.seq.owner
             if job.cancelled:
                 self._release(job, "cancelled")
                 continue
-            try:
-                generated += self._sample(job, row[0])
-            except Exception as e:  # this sequence's own failure (its grammar, its sampler): it alone ends
+            if update.error is not None:  # this sequence's own failure (its grammar, its sampler): it alone ends
                 self._release(job, "error")
-                job.emit(("error", job, f"{type(e).__name__}: {e}", None))
-        self.stats.generated_tokens += generated
-        self.stats.recent.append((time.perf_counter(), generated))
-
-    def _sample(self, job: Job, logits: torch.Tensor) -> int:
-        """One token for `job`; its events; its release when it ends. Returns the tokens kept."""
-        gen = job.gen
-        before = gen.n_generated
-        text = gen.step(logits) if gen.finish_reason is None else ""  # max_tokens 0: done at once
-        if gen.finish_reason is None and len(job.prompt) + gen.n_generated >= self.slot_ctx:
-            gen.finish("length")  # the slot's cells are used up
-        if job.first_token is None:
-            job.first_token = time.perf_counter()
-        new: list[TokenChoice] = gen.choices[before:]
-        if text or new:
-            job.emit(("token", job, text, new))
-        if gen.finish_reason is not None:
-            self._release(job, gen.finish_reason)
-            job.emit(("done", job, gen.flush(), None))
-        return len(new)
+                job.emit(("error", job, f"{type(update.error).__name__}: {update.error}", None))
+                continue
+            if job.first_token is None:
+                job.first_token = time.perf_counter()
+            if update.text or update.choices:
+                job.emit(("token", job, update.text, update.choices))
+            if update.finished:
+                self._release(job, job.gen.finish_reason)
+                job.emit(("done", job, update.rest, None))
+        self.stats.generated_tokens += counts.generated
+        self.stats.recent.append((time.perf_counter(), counts.generated))
 
     def _embed(self, job: Job) -> None:
         try:

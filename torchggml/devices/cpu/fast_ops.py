@@ -118,9 +118,13 @@ def bind_rope(node):
         p.n_pairs, p.n_dims, p.mode, p.sections, p.freq_base, p.freq_scale, p.ext_factor, p.n_ctx_orig,
         p.beta_fast, p.beta_slow, torch.device("cpu"))
     ramp = np.stack([yarn[0].numpy(), yarn[1].numpy()]) if yarn is not None else np.zeros((0, 0))
+    start, width = rotated_span(p, a.ne[0])
+    # the kernel rotates columns [start, start + width) with width // 2 frequency factors
+    if start < 0 or width < 0 or width % 2 or start + width > a.ne[0] or (factors is not None
+                                                                          and factors.ne[0] < width // 2):
+        return None
     vx, dst = view(a), view(node)
     in_place = dst.data_ptr() == vx.data_ptr() and dst.stride() == vx.stride()
-    start, width = rotated_span(p, a.ne[0])
     vf = as_numpy(view(factors)[0, 0, 0]) if factors is not None else _NO_F32
     return _call(op_kernels().rope, as_numpy(vx), as_numpy(dst), as_numpy(view(positions)[0, 0, 0]), vf,
                  inv_freq.numpy(), ramp, factors is not None, float(p.freq_scale),
@@ -266,6 +270,17 @@ def flat_span(t: torch.Tensor) -> np.ndarray:
     it through their strides)."""
     span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
     return as_numpy(t.as_strided((span,), (1,)))
+
+
+def reads_within(flat: np.ndarray, dims, row: int) -> bool:
+    """A kernel reading flat[sum(i * stride) + r] for each (count, stride) of dims, i < count,
+    and r < row, stays within flat (the bound a binding checks before a kernel indexes a flat
+    span by sizes from other tensors: numba does not check indices)."""
+    if row <= 0 or any(count <= 0 for count, _ in dims):
+        return True
+    if any(stride < 0 for _, stride in dims):
+        return False
+    return sum((count - 1) * int(stride) for count, stride in dims) + row <= flat.shape[0]
 
 
 def bind_half_products(node):
