@@ -40,10 +40,8 @@ PADDINGS = ("none", "ceil", "nearest")
 
 
 @dataclass
-class VisionHParams:
-    """The vision encoder's hyper-parameters, as clip.cpp's clip_hparams after load_hparams."""
-    image_size: int
-    patch_size: int
+class EncoderHParams:
+    """What every encoder has (clip.{vision,audio}.*): the transformer's sizes and the projection."""
     n_embd: int
     n_ff: int
     n_layer: int
@@ -52,9 +50,16 @@ class VisionHParams:
     d_head: int
     projection_dim: int
     eps: float
-    image_mean: tuple[float, float, float]
-    image_std: tuple[float, float, float]
-    act: str                     # the FFN activation: gelu, silu or gelu_quick (clip.use_gelu/use_silu)
+
+
+@dataclass
+class VisionHParams(EncoderHParams):
+    """The vision encoder's hyper-parameters, as clip.cpp's clip_hparams after load_hparams."""
+    image_size: int = 0
+    patch_size: int = 0
+    image_mean: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    image_std: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    act: str = "gelu_quick"      # the FFN activation: gelu, silu or gelu_quick (clip.use_gelu/use_silu)
     n_merge: int = 1             # patches merged per side by the projector (pool, pixel shuffle)
     resize_algo: str = "bicubic"
     resize_pad: str = "ceil"     # letterbox a non-square image into the fixed size (PAD_CEIL)
@@ -66,17 +71,9 @@ class VisionHParams:
 
 
 @dataclass
-class AudioHParams:
+class AudioHParams(EncoderHParams):
     """The audio encoder's hyper-parameters (clip.audio.*; whisper's preprocessing constants)."""
-    n_embd: int
-    n_ff: int
-    n_layer: int
-    n_head: int
-    n_head_kv: int
-    d_head: int
-    projection_dim: int
-    eps: float
-    n_mel: int
+    n_mel: int = 0
     act: str = "gelu_erf"        # every whisper-encoder projector (clip.cpp sets FFN_GELU_ERF)
     sample_rate: int = 16000
     n_fft: int = 400
@@ -85,20 +82,30 @@ class AudioHParams:
     chunk_frames: int = 3000     # 30 s: the encoder reads one chunk of mel frames at a time
 
 
-def read_audio_hparams(file: GGUFFile, projector: str) -> AudioHParams:
+def _key_reader(file: GGUFFile, section: str):
+    """key(name, default): metadata clip.{section}.{name}; GGUFError naming it when it is
+    missing and no default is given."""
     def key(name, default=GGUFError):
-        value = file.get(f"clip.audio.{name}", None)
+        value = file.get(f"clip.{section}.{name}", None)
         if value is None:
             if default is GGUFError:
-                raise GGUFError(f"{file.path}: metadata key 'clip.audio.{name}' is missing")
+                raise GGUFError(f"{file.path}: metadata key 'clip.{section}.{name}' is missing")
             return default
         return value
+    return key
+
+
+def _encoder_hparams(key) -> dict:
     n_embd, n_head = int(key("embedding_length")), int(key("attention.head_count"))
-    return AudioHParams(
-        n_embd=n_embd, n_ff=int(key("feed_forward_length")), n_layer=int(key("block_count")), n_head=n_head,
-        n_head_kv=int(key("attention.head_count_kv", n_head)), d_head=int(key("attention.head_dim", 0)) or n_embd // n_head,
-        projection_dim=int(key("projection_dim")), eps=float(key("attention.layer_norm_epsilon")),
-        n_mel=int(key("num_mel_bins")))
+    return dict(n_embd=n_embd, n_ff=int(key("feed_forward_length")), n_layer=int(key("block_count")), n_head=n_head,
+                n_head_kv=int(key("attention.head_count_kv", n_head)),
+                d_head=int(key("attention.head_dim", 0)) or n_embd // n_head,
+                projection_dim=int(key("projection_dim")), eps=float(key("attention.layer_norm_epsilon")))
+
+
+def read_audio_hparams(file: GGUFFile, projector: str) -> AudioHParams:
+    key = _key_reader(file, "audio")
+    return AudioHParams(**_encoder_hparams(key), n_mel=int(key("num_mel_bins")))
 
 
 def _projector_type(file: GGUFFile) -> str:
@@ -122,16 +129,7 @@ def read_vision_hparams(file: GGUFFile, projector: str) -> VisionHParams:
     """clip.vision.* with the projector type's defaults (clip.cpp's load_hparams)."""
     if not file.get("clip.has_vision_encoder", False):
         raise GGUFError(f"{file.path}: the mmproj file has no vision encoder (clip.has_vision_encoder)")
-
-    def key(name, default=GGUFError):
-        value = file.get(f"clip.vision.{name}", None)
-        if value is None:
-            if default is GGUFError:
-                raise GGUFError(f"{file.path}: metadata key 'clip.vision.{name}' is missing")
-            return default
-        return value
-
-    n_embd, n_head = int(key("embedding_length")), int(key("attention.head_count"))
+    key = _key_reader(file, "vision")
     mean, std = key("image_mean", None), key("image_std", None)
     if mean is None or std is None or len(mean) < 3 or len(std) < 3:
         raise GGUFError(f"{file.path}: clip.vision.image_mean and image_std need 3 values each, "
@@ -140,11 +138,7 @@ def read_vision_hparams(file: GGUFFile, projector: str) -> VisionHParams:
     if gelu and silu:
         raise GGUFError(f"{file.path}: clip.use_gelu and clip.use_silu are both set")
     hp = VisionHParams(
-        image_size=int(key("image_size")), patch_size=int(key("patch_size")), n_embd=n_embd,
-        n_ff=int(key("feed_forward_length")), n_layer=int(key("block_count")), n_head=n_head,
-        n_head_kv=int(key("attention.head_count_kv", n_head)),
-        d_head=int(key("attention.head_dim", 0)) or n_embd // n_head,
-        projection_dim=int(key("projection_dim")), eps=float(key("attention.layer_norm_epsilon")),
+        **_encoder_hparams(key), image_size=int(key("image_size")), patch_size=int(key("patch_size")),
         image_mean=tuple(float(x) for x in mean[:3]), image_std=tuple(float(x) for x in std[:3]),
         act="gelu" if gelu else "silu" if silu else "gelu_quick")
     scale_factor = key("projector.scale_factor", None)
