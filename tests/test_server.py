@@ -365,3 +365,17 @@ def test_prompt_cache_reuses_the_last_turn_and_changes_no_text(server):
     fresh = c.chat.completions.create(model=server.model_id, messages=messages, max_tokens=6, temperature=0,
                                       extra_body={"cache_prompt": False})
     assert hit > 0 and cached.choices[0].message.content == fresh.choices[0].message.content
+
+
+def test_speculative_serving_gives_the_same_text_and_counts_its_drafts(server):
+    """--draft-ngram: drafts from prompt lookup, checked in one batch; the text is plain decoding's."""
+    prompt = "one two three four. one two three four. one two three four. one two"
+    plain = server.client().completions.create(model=server.model_id, prompt=prompt, max_tokens=24, temperature=0)
+    spec = Server("--parallel", "2", "--api-key", KEY, "--draft-ngram", "--draft-max", "6")
+    try:
+        fast = spec.client().completions.create(model=spec.model_id, prompt=prompt, max_tokens=24, temperature=0)
+        m = spec.metrics()
+    finally:
+        spec.stop()
+    assert fast.choices[0].text == plain.choices[0].text
+    assert m["torchggml_draft_tokens_total"] >= m["torchggml_draft_tokens_accepted_total"] > 0

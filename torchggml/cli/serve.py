@@ -34,7 +34,14 @@ def cmd_serve(args) -> int:
     load_kernel_files(getattr(args, "kernels", None) or [])  # --kernels: registered before the model loads
     model = load_model(path, model_params(args).with_options(progress=False))
     print(model.describe(), file=sys.stderr)
-    engine = Engine(model, args.parallel, args.queue_size)
+    draft = None
+    if args.model_draft:
+        from ..models.speculative import ModelDraft
+        draft = ModelDraft(load_model(args.model_draft, model_params(args).with_options(progress=False)), model)
+    elif args.draft_ngram:
+        from ..models.speculative import NgramDraft
+        draft = NgramDraft()
+    engine = Engine(model, args.parallel, args.queue_size, draft=draft, n_draft=args.draft_max)
     api_key = args.api_key or config.value("TORCHGGML_API_KEY") or None
     state = ServerState(model, engine, args.alias or os.path.basename(path), args.pooling)
     app = create_app(state, api_key)
@@ -63,5 +70,10 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--pooling", choices=("mean", "cls", "last"), default=None,
                    help="embeddings' pooling (default: the file's pooling type, mean when it has none)")
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
+    p.add_argument("-md", "--model-draft", default=None, metavar="FILE",
+                   help="speculative decoding with this draft model (the same vocabulary)")
+    p.add_argument("--draft-ngram", action="store_true",
+                   help="speculative decoding with prompt lookup (drafts copied from the context)")
+    p.add_argument("--draft-max", type=int, default=16, metavar="N", help="tokens drafted per step (default 16)")
     add_model_options(p)
     p.set_defaults(func=cmd_serve)

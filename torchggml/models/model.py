@@ -69,6 +69,7 @@ from .generation import Generation
 from .prompt import EmbeddingChunk, is_parts, prompt_parts
 from .recurrent_state import memory_for
 from .sampling import Sampler, SamplingParams, TokenChoice
+from .speculative import make_draft
 from .sequences import ModelLock, SequenceGuard, token_id_array
 
 # the default KV cache size caps the model's training context (which can be 128k tokens)
@@ -95,6 +96,8 @@ class Timings:
     prompt_s: float = 0.0
     gen_tokens: int = 0
     gen_s: float = 0.0
+    drafted: int = 0   # speculative decoding: draft tokens evaluated
+    accepted: int = 0  # and taken
 
     @property
     def prompt_tps(self) -> float:
@@ -333,11 +336,13 @@ class Model:
                 if not causal:
                     self.memory.causal = causal_before
 
-    def eval_batch(self, sequences, seq_ids: Sequence[int] | None = None, logits: str = "all") -> list[torch.Tensor]:
+    def eval_batch(self, sequences, seq_ids: Sequence[int] | None = None,
+                   logits: str | Sequence[str] = "all") -> list[torch.Tensor]:
         """Run several sequences at once, each after its own cached tokens (one KV cache holds
         them all, as llama.cpp's unified cache does): sequences[i] continues sequence seq_ids[i]
         (default i). Returns each one's logits: [len(sequences[i]), n_vocab] with logits="all",
-        its last token's [1, n_vocab] with logits="last" (see eval)."""
+        its last token's [1, n_vocab] with logits="last" (see eval); `logits` may also be one
+        choice per sequence (a speculative step wants every row of the drafted sequences only)."""
         with self.lock:
             self._require_weights("eval_batch")
             return self._eval_batch(sequences, seq_ids, logits)
@@ -389,19 +394,23 @@ class Model:
         return list(self._eval_tokens(flat, seqs, outputs).split(rows))
 
     @staticmethod
-    def _output_flags(lengths: list[int], logits: str, what: str) -> np.ndarray:
+    def _output_flags(lengths: list[int], logits, what: str) -> np.ndarray:
         """Bool per token of the concatenated sequences: is its logits row computed
-        (llama.cpp's batch.logits)? Every token for "all", each sequence's last for "last"."""
-        if logits not in LOGITS:
+        (llama.cpp's batch.logits)? Every token for "all", each sequence's last for "last"; a
+        list gives each sequence its own choice."""
+        choices = [logits] * len(lengths) if isinstance(logits, str) else list(logits)
+        if len(choices) != len(lengths) or any(c not in LOGITS for c in choices):
             raise ValueError(f"{what}: logits={logits!r}; choose 'all' (every token's logits) or 'last' "
-                             f"(only the last token's)")
-        if logits == "all":
+                             f"(only the last token's), or one of them per sequence")
+        if all(c == "all" for c in choices):
             return np.ones(sum(lengths), dtype=bool)
         flags, end = np.zeros(sum(lengths), dtype=bool), 0
-        for n in lengths:  # a Python loop: a decode step has one sequence
+        for n, choice in zip(lengths, choices):  # a Python loop: a decode step has few sequences
+            if choice == "all":
+                flags[end:end + n] = True
+            elif n:
+                flags[end + n - 1] = True
             end += n
-            if n:
-                flags[end - 1] = True
         return flags
 
     def _eval_tokens(self, ids: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray,
@@ -509,19 +518,21 @@ class Model:
         return self.tokenizer.detokenize(list(ids))
 
     def generate(self, prompt, max_tokens: int = 128, *, stop: Sequence[str] = (), constraint=None,
-                 **sampling) -> Iterator[str]:
+                 draft=None, n_draft: int = 8, **sampling) -> Iterator[str]:
         """Stream the text of up to max_tokens sampled tokens after `prompt`: text, token ids, or a
         list of parts (texts, token-id lists, EmbeddingChunks such as an image's, ending with text;
         see prompt.py). `sampling`: SamplingParams' fields (temperature, top_k, top_p, min_p, seed, the penalties;
         their defaults are SamplingParams'); `stop`: strings that end the text (not included);
         `constraint`: a grammar (generation.Constraint, e.g. torchggml.server.grammar's) that
-        masks the tokens allowed next. The KV cache starts empty and keeps the text afterwards;
+        masks the tokens allowed next; `draft`: speculative decoding, "ngram" (prompt lookup), a
+        draft Model of the same vocabulary, or a speculative.* draft, proposing up to n_draft
+        tokens a step (the same text; see models/speculative.py). The KV cache starts empty and keeps the text afterwards;
         generation stops at an end-of-generation token, a stop string, a complete grammar or a
         full cache. `self.timings` has the prompt and generation speeds afterwards. The model is
         held (other threads wait) from the first item until the generator ends or is closed.
         generate_tokens() gives the tokens with their log-probabilities instead of text."""
         gen = self._generation(prompt, max_tokens, SamplingParams(**sampling), stop, constraint, "generate")
-        for update in self._run_generations([gen], "generate"):
+        for update in self._run_generations([gen], "generate", draft, n_draft):
             for text in (update.text, update.rest):
                 if text:
                     yield text
@@ -596,14 +607,14 @@ class Model:
                     logits = self.eval(p, seq_id, logits="last")
             return logits
 
-    def _run_generations(self, gens: list[Generation], what: str) -> Iterator[Update]:
+    def _run_generations(self, gens: list[Generation], what: str, draft=None, n_draft: int = 8) -> Iterator[Update]:
         """Run `gens` together on an empty cache (sequence i is gens[i]; each may use n_ctx / len(gens)
         cells), yielding every step's updates; a sequence's own sampling error is raised."""
         with self.lock:
             self._require_weights(what)
             self.reset()
             self.timings = t = Timings()
-            batch = BatchGenerator(self, keep_finished=True)
+            batch = BatchGenerator(self, keep_finished=True, draft=make_draft(draft, self), n_draft=n_draft)
             start = time.perf_counter()
             seqs = []
             for i, gen in enumerate(gens):  # a prompt with embeddings: all but its last token first
@@ -612,7 +623,10 @@ class Model:
                     self.eval_parts([p for p in prefix if len(p)], i)
                 seqs.append(batch.add(gen, i, self.n_ctx // len(gens), n_cached=len(gen.prompt) - 1 if prefix else 0))
             while batch.active:
-                for update in batch.step():
+                updates = batch.step()
+                t.drafted += batch.last.drafted
+                t.accepted += batch.last.accepted
+                for update in updates:
                     if update.error is not None:
                         raise update.error
                     t.gen_tokens += len(update.choices)

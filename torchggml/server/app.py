@@ -30,6 +30,7 @@ from ..models.sampling import SamplingParams
 from .engine import Engine, Job, QueueFull
 from .grammar import Constraint, GrammarError, Vocabulary
 from .protocol import APIError, ChatRequest, CompletionRequest, EmbeddingRequest, Sampling
+from . import webui
 
 # llama.cpp's fallback when the GGUF has no tokenizer.chat_template
 CHATML_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
@@ -170,6 +171,11 @@ class ServerState:
         metric("requests_total", "counter", "HTTP requests by path and status",
                [({"path": p, "status": st}, n) for (p, st), n in sorted(self.requests.items())])
         metric("prompt_tokens_total", "counter", "prompt tokens processed", [({}, s.prompt_tokens)])
+        metric("draft_tokens_total", "counter", "speculative decoding: draft tokens evaluated", [({}, s.drafted_tokens)])
+        metric("draft_tokens_accepted_total", "counter", "speculative decoding: draft tokens taken",
+               [({}, s.accepted_tokens)])
+        metric("draft_acceptance_ratio", "gauge", "speculative decoding: accepted / drafted",
+               [({}, s.accepted_tokens / s.drafted_tokens if s.drafted_tokens else 0.0)])
         metric("prompt_tokens_cached_total", "counter", "prompt tokens found in a slot's cells (prompt cache)",
                [({}, s.cached_prompt_tokens)])
         metric("generated_tokens_total", "counter", "tokens generated", [({}, s.generated_tokens)])
@@ -250,9 +256,12 @@ async def parse_body(request: Request, cls):
         raise APIError(400, f"{param or 'body'}: {reasons}{got}", param) from None
 
 
+OPEN_PATHS = ("/health", "/")  # no API key: liveness, and the chat page (its API calls carry the key)
+
+
 class AuthAndCount:
-    """Checks the API key (constant-time compare; /health is open) and counts responses by path
-    and status for /metrics."""
+    """Checks the API key (constant-time compare; /health and the chat page are open) and counts
+    responses by path and status for /metrics."""
 
     def __init__(self, app, state: ServerState, api_key: str | None):
         self.app, self.state = app, state
@@ -262,7 +271,7 @@ class AuthAndCount:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope["path"]
-        if self.expected is not None and path != "/health":
+        if self.expected is not None and path not in OPEN_PATHS:
             given = dict(scope.get("headers") or []).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
                 self.state.requests[(path, 401)] += 1
@@ -305,6 +314,8 @@ def create_app(state: ServerState, api_key: str | None = None):
     @app.exception_handler(Exception)
     async def on_crash(request, e: Exception):
         return error_response(APIError(500, f"{type(e).__name__}: {e}", type="server_error"))
+
+    webui.register(app)
 
     @app.get("/health")
     async def health():

@@ -69,6 +69,8 @@ class Stats:
         self.prompt_tokens = 0         # evaluated (prompt cache hits excluded)
         self.cached_prompt_tokens = 0  # found in a slot's cells, not evaluated again
         self.generated_tokens = 0
+        self.drafted_tokens = 0        # speculative decoding: draft tokens evaluated
+        self.accepted_tokens = 0       # and taken
         self.steps = 0
         self.batch_tokens = 0
         self.mixed_steps = 0        # steps that held prompt chunks beside running decodes
@@ -85,7 +87,7 @@ class Stats:
 
 
 class Engine:
-    def __init__(self, model, parallel: int = 1, max_queue: int = 64):
+    def __init__(self, model, parallel: int = 1, max_queue: int = 64, draft=None, n_draft: int = 16):
         if parallel < 1:
             raise ValueError(f"parallel={parallel} must be at least 1")
         if max_queue < 0:
@@ -97,7 +99,7 @@ class Engine:
         if self.slot_ctx < 2:
             raise ValueError(f"n_ctx={model.n_ctx} is too small for {parallel} parallel sequences")
         self.stats = Stats()
-        self.batch = BatchGenerator(model, keep_finished=True)
+        self.batch = BatchGenerator(model, keep_finished=True, draft=draft, n_draft=n_draft)
         self.slot_tokens: dict[int, list[int]] = {}  # an idle slot -> the tokens its cells hold
         self.waiting: collections.deque[Job] = collections.deque()
         self.active: list[Job] = []
@@ -213,6 +215,8 @@ class Engine:
             self.stats.batch_tokens += counts.prompt_tokens + counts.decode_tokens
             self.stats.mixed_steps += n_decoding > 0 and counts.prompt_tokens > 0
         self.stats.prompt_tokens += counts.prompt_tokens
+        self.stats.drafted_tokens += counts.drafted
+        self.stats.accepted_tokens += counts.accepted
         for update in updates:
             job = update.seq.owner
             if job.cancelled:
