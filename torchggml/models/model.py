@@ -612,6 +612,8 @@ class Model:
         cells), yielding every step's updates; a sequence's own sampling error is raised."""
         with self.lock:
             self._require_weights(what)
+            if draft is not None and any(id(g) in self._prefix_parts for g in gens):
+                raise ValueError(f"{what}: speculative decoding does not take prompts with embeddings")
             self.reset()
             self.timings = t = Timings()
             batch = BatchGenerator(self, keep_finished=True, draft=make_draft(draft, self), n_draft=n_draft)
