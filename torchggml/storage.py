@@ -119,9 +119,8 @@ def huge_page_storage(n: int) -> torch.UntypedStorage | None:
     """n bytes of anonymous memory that the kernel backs with transparent huge pages (mmap, then
     madvise MADV_HUGEPAGE before any page is touched), as a torch storage that keeps the mapping
     alive; None where the system has no MADV_HUGEPAGE. Why: a decode step streams every weight
-    once, and with 4 KiB pages the CPU's prefetchers stop at each page and the TLB misses:
-    a 5632x2048 Q4_0 matvec on 2 Zen 4 threads reads 31 GB/s from huge pages, 20 GB/s from
-    4 KiB ones (and 17-24 GB/s from the file's mapping)."""
+    once, and with 4 KiB pages the CPU's prefetchers stop at each page and the TLB misses
+    (docs/benchmarks.md, "Huge pages")."""
     import mmap
     if not hasattr(mmap, "MADV_HUGEPAGE"):
         return None

@@ -90,8 +90,8 @@ class KVCache(Memory):
             self.buffers.append(buffer)
         self._contexts = [ctx for _, ctx in ctxs.values()]
         # the cells' bookkeeping, after the cache itself so that a too large n_ctx fails there first
-        # numpy, not torch: a decode step's bookkeeping is a few small operations, each ~1 µs in
-        # numpy and ~10 in torch
+        # numpy, not torch: a decode step's bookkeeping is a few small operations, each cheaper
+        # in numpy than in torch
         self.cell_seq = np.full(n_ctx, -1, dtype=np.int64)  # -1: free
         self.cell_pos = np.zeros(n_ctx, dtype=np.int64)
         self.seq_next: dict[int, int] = {}  # the next position of each sequence

@@ -417,7 +417,7 @@ class Model:
                      embeddings: bool = False, embd: torch.Tensor | None = None) -> torch.Tensor:
         """The logits rows (with `embeddings`: the hidden-state rows) of the tokens flagged in
         `outputs`, in token order. ids int32, seq_ids int64, outputs bool: numpy arrays, whose small
-        operations take ~1 µs where torch's take ~10 (a decode step is a few dozen of them).
+        operations cost a fraction of torch's (a decode step is a few dozen of them).
         embd: float32 [n_tokens, n_embd] input rows read instead of the ids (then unread)."""
         width = self.hp.n_embd if embeddings else self.n_vocab
         if ids.size == 0:
@@ -442,7 +442,7 @@ class Model:
                 self._eval_ubatch(ids[idx], seq_ids[idx], flags_i, logits, embeddings,
                                   embd=None if embd is None else embd[torch.as_tensor(np.arange(ids.size)[idx])])
                 out[torch.from_numpy(row_of[idx][flags_i])] = logits
-            if not np.isfinite(logits.numpy()).all():  # numpy: torch's check took ~60 µs a token
+            if not np.isfinite(logits.numpy()).all():  # numpy: cheaper than torch's check
                 finite = torch.isfinite(logits).all(dim=1)
                 # the cells written may hold NaN: zero them so no later call can read them
                 self.memory.restore(before)
