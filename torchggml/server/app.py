@@ -33,7 +33,7 @@ from .grammar import Constraint, GrammarError, Vocabulary
 from .limits import Limits, check_body, check_raw, check_text, wrap_seed
 from .protocol import APIError, ChatRequest, CompletionRequest, EmbeddingRequest, NamedToolChoice, Sampling
 from .tool_calls import ReplyStream, ToolFormat, tool_format
-from . import webui
+from . import llama_endpoints, webui
 
 # llama.cpp's fallback when the GGUF has no tokenizer.chat_template
 CHATML_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
@@ -218,7 +218,14 @@ class ServerState:
     # ------------------------------------------------------------ chat
 
     def chat_prompt(self, req: ChatRequest) -> tuple[list[int], list[str]]:
-        """The prompt's token ids and extra stop strings (chatml's end marker when the file has
+        """The prompt's token ids and extra stop strings (see chat_text)."""
+        prompt, stops = self.chat_text(req)
+        tok = self.model.tokenizer
+        has_bos = tok.bos_id is not None and prompt.startswith(tok.token_text(tok.bos_id))
+        return self.prompt_ids(prompt, "messages", add_special=not has_bos, parse_special=True), stops
+
+    def chat_text(self, req: ChatRequest) -> tuple[str, list[str]]:
+        """The chat prompt's text and extra stop strings (chatml's end marker when the file has
         no template and no such token). With tools, the template gets them (or, for a template
         that cannot show them, a system message does: tool_calls.py's generic format)."""
         from ..text.chat import ChatTemplateError, render_chat
@@ -247,8 +254,7 @@ class ServerState:
                                  source=self.model_id, **extra)
         except ChatTemplateError as e:
             raise APIError(400, str(e), "messages") from None
-        has_bos = tok.bos_id is not None and prompt.startswith(tok.token_text(tok.bos_id))
-        return self.prompt_ids(prompt, "messages", add_special=not has_bos, parse_special=True), stops
+        return prompt, stops
 
     def reply_format(self) -> ToolFormat:
         return tool_format(self.model.tokenizer.chat_template or CHATML_TEMPLATE)
@@ -463,8 +469,8 @@ class AuthAndCount:
 
 # ---------------------------------------------------------------- the app
 
-ROUTES = {"/", "/health", "/metrics"} | {f"{prefix}/{name}" for prefix in ("/v1", "")
-                                    for name in ("models", "completions", "chat/completions", "embeddings")}
+ROUTES = {"/", "/health", "/metrics"} | llama_endpoints.ROUTES | {
+    f"{prefix}/{name}" for prefix in ("/v1", "") for name in ("models", "completions", "chat/completions", "embeddings")}
 
 
 def create_app(state: ServerState, api_key: str | None = None, timeout: float = 600.0):
@@ -497,6 +503,7 @@ def create_app(state: ServerState, api_key: str | None = None, timeout: float = 
         return error_response(APIError(500, f"{type(e).__name__}: {e}", type="server_error"))
 
     webui.register(app)
+    llama_endpoints.register(app, state, parse_body, timeout)
 
     @app.get("/health")
     async def health():  # readiness, as llama-server: 503 "Loading model" (the middleware) until warmed
