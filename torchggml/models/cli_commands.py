@@ -77,6 +77,22 @@ def add_kernels_option(p: argparse.ArgumentParser) -> None:
                         "torchggml.register_kernel (repeatable)")
 
 
+def add_chat_template_option(p: argparse.ArgumentParser) -> None:
+    from ..chat import BUILTIN_TEMPLATES
+    p.add_argument("--chat-template", metavar="NAME|JINJA", default=None,
+                   help=f"chat format: {', '.join(BUILTIN_TEMPLATES)} or a Jinja template (default: the file's "
+                        f"tokenizer.chat_template, else chatml as llama.cpp)")
+
+
+def use_chat_template(model, args) -> None:
+    """Set the model's chat format from --chat-template and say on stderr which one is used
+    when it is not the file's own."""
+    model.chat_template_override = getattr(args, "chat_template", None)
+    chosen = model.chat_template()
+    if chosen.note:
+        print(f"torchggml {args.command}: {chosen.note}", file=sys.stderr)
+
+
 def model_params(args) -> "ModelParams":
     """The ModelParams the model options of `add_model_options` give."""
     from .params import ModelParams
@@ -122,6 +138,7 @@ def cmd_run(args) -> int:
     if args.logprobs is not None:
         return _run_logprobs(model, args, sampling, out)
     if args.chat:  # the prompt is a user message, formatted by the model's chat template
+        use_chat_template(model, args)
         stream = model.chat([{"role": "user", "content": args.prompt}], **sampling)
     else:
         stream = model.generate(model.tokenize(args.prompt), **sampling)
@@ -144,6 +161,9 @@ def _run_logprobs(model, args, sampling, out) -> int:
     from .sampling import SamplingParams
     max_tokens, stop = sampling.pop("max_tokens"), sampling.pop("stop")
     params = SamplingParams(logprobs=args.logprobs, **sampling)
+    if args.chat:
+        use_chat_template(model, args)
+        stop = list(stop) + model.chat_stops()
     prompt = model.chat_prompt([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
     piece = lambda t: repr(model.tokenizer.token_to_piece(t))  # noqa: E731
     for c in model.generate_tokens(model.tokenize(prompt, parse_special=args.chat), max_tokens, params, stop):
@@ -261,6 +281,7 @@ def add_subcommands(subparsers) -> None:
                    help="print each token with its log-probability and the N most likely alternatives")
     p.add_argument("--chat", action="store_true",
                    help="send the prompt as a user message through the model's chat template")
+    add_chat_template_option(p)
     add_model_options(p)
     p.set_defaults(func=cmd_run)
 

@@ -111,6 +111,7 @@ class Model:
         self.file = file
         self.path = file.path
         self._tokenizer = tokenizer  # None: read from the file on first use
+        self.chat_template_override: str | None = None  # a built-in name or Jinja (chat_template)
         self.params = params
         self.arch = arch
         self.hp = hp
@@ -432,14 +433,27 @@ class Model:
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         return self.tokenizer.tokenize(text, add_special, parse_special)
 
+    def chat_template(self, override: str | None = None):
+        """The ChatTemplate (torchggml.chat) this model's chats use: `override` (a built-in name
+        such as "gemma", or Jinja), else self.chat_template_override, else the file's
+        tokenizer.chat_template, else chatml as llama.cpp falls back to (its `note` says so)."""
+        from ..chat import choose_template
+        return choose_template(self.tokenizer.chat_template, override or self.chat_template_override, self.path)
+
     def chat_prompt(self, messages, add_generation_prompt: bool = True) -> str:
         """The prompt text for `messages` ([{"role": "user", "content": ...}, ...]), rendered
-        with the model's tokenizer.chat_template in a Jinja2 sandbox (torchggml.chat)."""
+        with chat_template() in a Jinja2 sandbox (torchggml.chat)."""
         from ..chat import render_chat
         tok = self.tokenizer
         text = lambda i: tok.token_text(i) if i is not None else ""
-        return render_chat(tok.chat_template, messages, add_generation_prompt=add_generation_prompt,
+        return render_chat(self.chat_template().text, messages, add_generation_prompt=add_generation_prompt,
                            bos_token=text(tok.bos_id), eos_token=text(tok.eos_id), source=self.path)
+
+    def chat_stops(self) -> list[str]:
+        """Stop strings a chat needs beyond the end-of-generation tokens: a built-in format's
+        end of turn where the vocabulary has no such token."""
+        end = self.chat_template().turn_end
+        return [end] if end and self.tokenizer.text_to_token(end) is None else []
 
     def chat(self, messages, **generate_args) -> Iterator[str]:
         """Stream the assistant's reply to `messages` (see chat_prompt); `generate_args` as
@@ -448,6 +462,7 @@ class Model:
         prompt = self.chat_prompt(messages)
         tok = self.tokenizer
         has_bos = tok.bos_id is not None and prompt.startswith(tok.token_text(tok.bos_id))
+        generate_args["stop"] = list(generate_args.get("stop") or ()) + self.chat_stops()
         return self.generate(self.tokenize(prompt, add_special=not has_bos, parse_special=True), **generate_args)
 
     def detokenize(self, ids: Iterable[int]) -> str:

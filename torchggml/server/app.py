@@ -31,12 +31,6 @@ from .engine import Engine, Job, QueueFull
 from .grammar import Constraint, GrammarError, Vocabulary
 from .protocol import APIError, ChatRequest, CompletionRequest, EmbeddingRequest, Sampling
 
-# llama.cpp's fallback when the GGUF has no tokenizer.chat_template
-CHATML_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
-                   " + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}"
-                   "{{ '<|im_start|>assistant\n' }}{% endif %}")
-CHATML_END = "<|im_end|>"
-
 # how often a waiting non-streaming handler checks that its client is still there
 DISCONNECT_POLL_S = 0.25
 
@@ -136,24 +130,17 @@ class ServerState:
     # ------------------------------------------------------------ chat
 
     def chat_prompt(self, req: ChatRequest) -> tuple[list[int], list[str]]:
-        """The prompt's token ids and extra stop strings (chatml's end marker when the file has
-        no template and no such token)."""
-        from ..chat import ChatTemplateError, render_chat
+        """The prompt's token ids and extra stop strings (Model.chat_template and chat_stops:
+        the file's template, else chatml as llama.cpp falls back to)."""
+        from ..chat import ChatTemplateError
         tok = self.model.tokenizer
-        template, stops = tok.chat_template, []
-        if not template:
-            template = CHATML_TEMPLATE
-            if tok.text_to_token(CHATML_END) is None:
-                stops = [CHATML_END]
-        text = lambda i: tok.token_text(i) if i is not None else ""  # noqa: E731
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         try:
-            prompt = render_chat(template, messages, bos_token=text(tok.bos_id), eos_token=text(tok.eos_id),
-                                 source=self.model_id)
+            prompt = self.model.chat_prompt(messages)
         except ChatTemplateError as e:
             raise APIError(400, str(e), "messages") from None
         has_bos = tok.bos_id is not None and prompt.startswith(tok.token_text(tok.bos_id))
-        return self.prompt_ids(prompt, "messages", add_special=not has_bos, parse_special=True), stops
+        return self.prompt_ids(prompt, "messages", add_special=not has_bos, parse_special=True), self.model.chat_stops()
 
     # ------------------------------------------------------------ metrics
 

@@ -9,7 +9,8 @@ import os
 import sys
 
 from .. import config
-from ..models.cli_commands import add_model_options, user_errors, model_params
+from ..models.cli_commands import (add_chat_template_option, add_model_options, model_params, use_chat_template,
+                                   user_errors)
 
 
 @user_errors
@@ -34,6 +35,7 @@ def cmd_serve(args) -> int:
     load_kernel_files(getattr(args, "kernels", None) or [])  # --kernels: registered before the model loads
     model = load_model(path, model_params(args).with_options(progress=False))
     print(model.describe(), file=sys.stderr)
+    use_chat_template(model, args)
     engine = Engine(model, args.parallel, args.queue_size)
     api_key = args.api_key or config.value("TORCHGGML_API_KEY") or None
     state = ServerState(model, engine, args.alias or os.path.basename(path), args.pooling)
@@ -63,5 +65,6 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--pooling", choices=("mean", "cls", "last"), default=None,
                    help="embeddings' pooling (default: the file's pooling type, mean when it has none)")
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
+    add_chat_template_option(p)
     add_model_options(p)
     p.set_defaults(func=cmd_serve)
