@@ -150,9 +150,41 @@ def test_quantize_file_equals_llama_quantize(tmp_path):
 
 def test_quantize_rejects_unknown_types(tmp_path, capsys):
     assert main(["quantize", demo_model_path(), str(tmp_path / "x.gguf"), "Q7_K"]) == 1
-    assert "unknown type 'Q7_K'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "unknown type 'Q7_K'; choose one of F32, F16" in err and "Q4_K (alias for Q4_K_M)" in err
+    assert len(err.strip().splitlines()) == 1
     with pytest.raises(ValueError, match="unknown type"):
         quantize_file(demo_model_path(), tmp_path / "x.gguf", "nope")
+
+
+def test_quantize_names_the_alias_it_takes(tmp_path, capsys):
+    """llama-quantize lists Q4_K as "alias for Q4_K_M": accepted, and said."""
+    with redirect_stdout(io.StringIO()):
+        assert main(["quantize", demo_model_path(), str(tmp_path / "x.gguf"), "q4_k"]) == 0
+    assert "q4_k is an alias for Q4_K_M" in capsys.readouterr().err
+    assert open_gguf(tmp_path / "x.gguf").get("general.file_type") == FILE_TYPES["Q4_K_M"][0]
+
+
+@pytest.fixture(scope="module")
+def q4_0_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("requant") / "q4_0.gguf"
+    quantize_file(demo_model_path(), path, "Q4_0")
+    return path
+
+
+@pytest.mark.parametrize("flags, rc", [([], 1), (["--allow-requantize"], 0)])
+def test_requantizing_needs_allow_requantize(q4_0_file, tmp_path, capsys, flags, rc):
+    """As llama-quantize: a quantized tensor converted again only with --allow-requantize; no
+    file is written without it."""
+    out = tmp_path / "q8_0.gguf"
+    with redirect_stdout(io.StringIO()):
+        assert main(["quantize", str(q4_0_file), str(out), "Q8_0", *flags]) == rc
+    err = capsys.readouterr().err
+    if rc:
+        assert re.search(r"is already Q4_0: requantizing from type Q4_0 is disabled \(--allow-requantize", err)
+        assert not out.exists()
+    else:
+        assert open_gguf(out).get("general.file_type") == FILE_TYPES["Q8_0"][0]
 
 
 FIRST_PROMPT_COMPILES = """

@@ -63,11 +63,13 @@ def add_subcommands(subparsers) -> None:
     add_model_options(p)
     p.set_defaults(func=cmd_bench)
 
-    from .quantize import FILE_TYPES
+    from .quantize import CHOICES
     p = subparsers.add_parser("quantize", help="quantize a GGUF file with llama-quantize's types and mixes")
     p.add_argument("input", help="GGUF file (F32, F16, BF16 or quantized)")
     p.add_argument("output", help="the GGUF file to write")
-    p.add_argument("type", metavar="TYPE", help=f"one of {', '.join(FILE_TYPES)}")
+    p.add_argument("type", metavar="TYPE", help=f"one of {CHOICES}")
+    p.add_argument("--allow-requantize", action="store_true",
+                   help="allow converting tensors that are already quantized (llama-quantize's option)")
     p.add_argument("-v", "--verbose", action="store_true", help="print every tensor's old and new type")
     p.set_defaults(func=cmd_quantize)
 
