@@ -229,3 +229,24 @@ def test_compile_kernels_leaves_nothing_for_the_first_prompt(tmp_path):
     assert later.returncode == 0, later.stderr
     assert "compiled: []" in later.stdout, later.stdout
     assert "compiling CPU kernels" not in later.stderr
+
+
+def _subcommand_parsers():
+    from torchggml.cli import build_parser
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    return sorted(sub.choices.items())
+
+
+@pytest.mark.parametrize("name, parser", _subcommand_parsers())
+def test_help_shows_every_default(name, parser):
+    """Each option whose default is a value (not None, not a flag) says it in --help."""
+    import argparse
+    text = parser.format_help()
+    options = text[text.index("\noptions:"):]  # past the usage line
+    for action in parser._actions:
+        if (action.option_strings and action.default not in (None, False, [], argparse.SUPPRESS)
+                and not isinstance(action, argparse._StoreConstAction)):
+            # the option's entry: from its name to the next line that starts another option
+            start = options.index("\n  " + action.option_strings[0])
+            entry = re.split(r"\n  -", options[start + 3:])[0]
+            assert "default" in entry, f"{name} {action.option_strings[-1]}: no default in --help"

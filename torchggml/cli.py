@@ -163,8 +163,28 @@ def cmd_rpc_server(args) -> int:
     return 0
 
 
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Every option's default in its help, unless the help already says it (or there is none)."""
+
+    def _get_help_string(self, action):
+        help = action.help or ""
+        if (action.default not in (None, False, [], argparse.SUPPRESS) and "default" not in help
+                and action.option_strings and not isinstance(action, argparse._StoreConstAction)):
+            default = ",".join(map(str, action.default)) if isinstance(action.default, list) else action.default
+            help += f" (default: {default})"
+        return help
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser with DefaultsFormatter; its subcommands' parsers are Parsers too."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="torchggml", description="ggml's backend system on PyTorch")
+    parser = Parser(prog="torchggml", description="ggml's backend system on PyTorch")
     parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", required=True)
 

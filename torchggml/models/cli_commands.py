@@ -268,14 +268,14 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("-p", "--prompt", default="Once upon a time", help="the prompt")
     p.add_argument("-n", "--n-predict", type=int, default=64, metavar="N", help="tokens to generate")
     p.add_argument("--temp", type=float, default=0.8, help="temperature (0: greedy)")
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("-s", "--seed", type=int, default=None)
+    p.add_argument("--top-k", type=int, default=40, help="sample from the K most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling's probability mass (1: off)")
+    p.add_argument("-s", "--seed", type=int, default=None, help="sampling seed (default: a random one)")
     p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability")
     p.add_argument("--repeat-penalty", type=float, default=1.0, help="llama.cpp's repetition penalty (1: off)")
     p.add_argument("--repeat-last-n", type=int, default=64, help="tokens the penalties look back at (-1: all)")
-    p.add_argument("--frequency-penalty", type=float, default=0.0)
-    p.add_argument("--presence-penalty", type=float, default=0.0)
+    p.add_argument("--frequency-penalty", type=float, default=0.0, help="subtracted per earlier occurrence")
+    p.add_argument("--presence-penalty", type=float, default=0.0, help="subtracted once a token occurred")
     p.add_argument("--stop", action="append", metavar="TEXT", help="stop at this text (repeatable)")
     p.add_argument("--logprobs", type=int, default=None, metavar="N",
                    help="print each token with its log-probability and the N most likely alternatives")
@@ -303,7 +303,8 @@ def add_subcommands(subparsers) -> None:
 
 def main(argv=None) -> int:
     """Run these subcommands on their own: python -m torchggml.models.cli_commands run ..."""
-    parser = argparse.ArgumentParser(prog="torchggml")
+    from ..cli import Parser
+    parser = Parser(prog="torchggml")
     add_subcommands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return args.func(args)

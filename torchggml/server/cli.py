@@ -54,7 +54,7 @@ def add_subcommands(subparsers) -> None:
     p = subparsers.add_parser("serve", help="an OpenAI-compatible HTTP server (no MODEL: the built-in demo)")
     p.add_argument("model", nargs="?", help="GGUF file (default: the built-in demo model)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--port", type=int, default=8080, help="port to listen on")
     p.add_argument("-np", "--parallel", type=int, default=1, metavar="N",
                    help="sequences decoded together (slots; each gets n_ctx / N tokens of context)")
     p.add_argument("--queue-size", type=int, default=64, metavar="N",
@@ -64,7 +64,8 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--alias", default=None, metavar="NAME", help="the model's name in the API (default: file name)")
     p.add_argument("--pooling", choices=("mean", "cls", "last"), default=None,
                    help="embeddings' pooling (default: the file's pooling type, mean when it has none)")
-    p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
+    p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
+                   help="the HTTP server's log level")
     add_chat_template_option(p)
     add_model_options(p)
     p.set_defaults(func=cmd_serve)

@@ -58,8 +58,8 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("model", help="GGUF file")
     p.add_argument("-p", "--n-prompt", type=int_list, default=[512], metavar="N[,N...]", help="prompt sizes (0: none)")
     p.add_argument("-n", "--n-gen", type=int_list, default=[128], metavar="N[,N...]", help="generation lengths (0: none)")
-    p.add_argument("-r", "--repetitions", type=int, default=5, metavar="N")
-    p.add_argument("--no-warmup", action="store_true")
+    p.add_argument("-r", "--repetitions", type=int, default=5, metavar="N", help="runs of each test")
+    p.add_argument("--no-warmup", action="store_true", help="time the first run too")
     add_model_options(p)
     p.set_defaults(func=cmd_bench)
 
