@@ -250,3 +250,29 @@ def test_help_shows_every_default(name, parser):
             start = options.index("\n  " + action.option_strings[0])
             entry = re.split(r"\n  -", options[start + 3:])[0]
             assert "default" in entry, f"{name} {action.option_strings[-1]}: no default in --help"
+
+
+HEAVY_MODULES = ("torch", "numpy", "numba", "triton", "fastapi", "uvicorn", "jinja2")
+IMPORTS_OF = """
+import sys
+from torchggml.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print("imported:", sorted(m for m in {heavy!r} if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["run", "--help"], ["serve", "--help"],
+                                  ["quantize", "--help"], ["test-ops", "--help"], ["perplexity", "--help"]])
+def test_version_and_help_import_nothing_heavy(argv):
+    """--version and --help parse and print without torch, numba, triton or the server stack
+    (importing torch alone took seconds of CPU before every command)."""
+    import subprocess
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, "-c", IMPORTS_OF.format(heavy=HEAVY_MODULES), *argv],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "imported: []" in done.stdout, done.stdout
+    assert ("torchggml 0.1.0" in done.stdout) if argv == ["--version"] else ("usage: torchggml" in done.stdout)

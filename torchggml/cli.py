@@ -138,8 +138,11 @@ def version_text() -> str:
         version = metadata.version("torchggml")
     except metadata.PackageNotFoundError:
         version = "unknown (not installed)"
-    import torch
-    return f"torchggml {version} (torch {torch.__version__})"
+    try:  # torch's installed version, without importing torch
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = "not installed"
+    return f"torchggml {version} (torch {torch_version})"
 
 
 def cmd_rpc_server(args) -> int:
@@ -175,6 +178,17 @@ class DefaultsFormatter(argparse.HelpFormatter):
         return help
 
 
+class VersionAction(argparse.Action):
+    """--version: the version_text, looked up only when asked for."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit()
+
+
 class Parser(argparse.ArgumentParser):
     """argparse's parser with DefaultsFormatter; its subcommands' parsers are Parsers too."""
 
@@ -185,7 +199,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="torchggml", description="ggml's backend system on PyTorch")
-    parser.add_argument("--version", action="version", version=version_text())
+    parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("devices", help="list regs and devices with type, memory and capabilities")
@@ -234,8 +248,9 @@ def main(argv=None) -> int:
     try:
         return args.func(args)
     finally:
-        from .models.tensor_parallel import end_dist_group
-        end_dist_group()
+        if "torchggml.models.tensor_parallel" in sys.modules:  # only a command that used it has a group to end
+            from .models.tensor_parallel import end_dist_group
+            end_dist_group()
 
 
 if __name__ == "__main__":

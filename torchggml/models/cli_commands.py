@@ -303,8 +303,7 @@ def add_subcommands(subparsers) -> None:
 
 def main(argv=None) -> int:
     """Run these subcommands on their own: python -m torchggml.models.cli_commands run ..."""
-    from ..cli import Parser
-    parser = Parser(prog="torchggml")
+    parser = argparse.ArgumentParser(prog="torchggml")
     add_subcommands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return args.func(args)

@@ -63,7 +63,7 @@ def add_subcommands(subparsers) -> None:
     add_model_options(p)
     p.set_defaults(func=cmd_bench)
 
-    from .quantize import CHOICES
+    from .file_types import CHOICES
     p = subparsers.add_parser("quantize", help="quantize a GGUF file with llama-quantize's types and mixes")
     p.add_argument("input", help="GGUF file (F32, F16, BF16 or quantized)")
     p.add_argument("output", help="the GGUF file to write")

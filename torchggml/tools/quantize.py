@@ -34,18 +34,10 @@ import torch
 
 from ..types import Type, blck_size
 
+from .file_types import ALIASES, CHOICES, FILE_TYPE_IDS
+
 # file type -> (id as llama.cpp numbers it, default block type)
-FILE_TYPES = {
-    "F32": (0, Type.F32), "F16": (1, Type.F16), "BF16": (32, Type.BF16),
-    "Q4_0": (2, Type.Q4_0), "Q4_1": (3, Type.Q4_1), "Q5_0": (8, Type.Q5_0), "Q5_1": (9, Type.Q5_1),
-    "Q8_0": (7, Type.Q8_0),
-    "Q2_K": (10, Type.Q2_K), "Q3_K_S": (11, Type.Q3_K), "Q3_K_M": (12, Type.Q3_K), "Q3_K_L": (13, Type.Q3_K),
-    "Q4_K_S": (14, Type.Q4_K), "Q4_K_M": (15, Type.Q4_K), "Q5_K_S": (16, Type.Q5_K), "Q5_K_M": (17, Type.Q5_K),
-    "Q6_K": (18, Type.Q6_K), "IQ4_NL": (25, Type.IQ4_NL), "IQ4_XS": (30, Type.IQ4_XS),
-}
-# listed by llama-quantize as "alias for Q4_K_M" etc.: accepted, and said when used
-ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
-CHOICES = ", ".join([*FILE_TYPES, *(f"{a} (alias for {t})" for a, t in ALIASES.items())])
+FILE_TYPES = {name: (ftype_id, Type[block]) for name, (ftype_id, block) in FILE_TYPE_IDS.items()}
 
 FALLBACK = {Type.Q2_K: Type.Q4_0, Type.Q3_K: Type.Q4_0, Type.Q4_K: Type.Q5_0, Type.Q5_K: Type.Q5_1,
             Type.Q6_K: Type.Q8_0, Type.IQ4_XS: Type.IQ4_NL}
