@@ -44,6 +44,60 @@ def test_perplexity_windows_and_scoring():
     assert summarize([nll, nll]).ppl == pytest.approx(200.0)
 
 
+def test_perplexity_scores_a_micro_batch_at_a_time():
+    """perplexity evaluates each window n_batch tokens at a time and scores each piece's logits
+    as it goes (the first half asks for none but its last): no window's full logits are held,
+    and the figures equal score_window's over the whole window's logits."""
+    from torchggml.models import load_model
+    from torchggml.tools.perplexity import perplexity
+    model = load_model(demo_model_path(), n_ctx=64, n_batch=16, progress=False)
+    text = CORPUS * 2
+    rows = []
+    eval_once = model.eval
+
+    def eval_recording(tokens, seq_id=0, logits="all"):
+        out = eval_once(tokens, seq_id, logits)
+        rows.append(out.shape[0])
+        return out
+
+    try:
+        model.eval = eval_recording
+        ours = perplexity(model, text, max_windows=2)
+        model.eval = eval_once
+        nlls = []
+        for w in windows(model.tokenize(text), 64, model.tokenizer.bos_id)[:2]:
+            model.reset()
+            nlls.append(score_window(model.eval(w), w))
+        model.reset()
+    finally:
+        model.close()
+    assert max(rows) == 16 and rows.count(1) == 2 * 2  # pieces of n_batch; the first half's: the last row only
+    assert ours.ppl == pytest.approx(summarize(nlls).ppl, rel=1e-9)
+
+
+def test_eval_all_writes_each_micro_batch_into_the_result():
+    """eval(logits="all") over several micro-batches: each one's logits are copied once, into
+    the returned tensor (was: into a micro-batch tensor, then again into the result)."""
+    from torchggml.models import load_model
+    model = load_model(demo_model_path(), n_ctx=64, n_batch=8, progress=False)
+    targets = []
+    ubatch_once = model._eval_ubatch
+
+    def ubatch_recording(ids, seq_ids, outputs, logits, *args, **kwargs):
+        targets.append(logits.untyped_storage().data_ptr())
+        return ubatch_once(ids, seq_ids, outputs, logits, *args, **kwargs)
+
+    try:
+        expected = model.eval(list(range(1, 21)))
+        model.reset()
+        model._eval_ubatch = ubatch_recording
+        got = model.eval(list(range(1, 21)))
+    finally:
+        model.close()
+    assert len(targets) == 3 and set(targets) == {got.untyped_storage().data_ptr()}
+    assert torch.equal(got, expected)
+
+
 def test_perplexity_matches_llama_cpp():
     _llama_cpp()
     sys.path.insert(0, os.path.join(ROOT, "scripts"))

@@ -378,6 +378,11 @@ class Model:
             if whole_batch:  # one micro-batch in token order (a decode step): its plan is made, its rows are out's
                 logits = out
                 self._eval_ubatch(ids, seq_ids, outputs, logits, embeddings, whole)
+            elif isinstance(idx, slice):  # a run of tokens in order: its rows are a run of out's, written there
+                flags_i = outputs[idx]
+                first = int(row_of[idx.start]) + 1 - int(outputs[idx.start])  # outputs before the run
+                logits = out[first: first + int(np.count_nonzero(flags_i))]
+                self._eval_ubatch(ids[idx], seq_ids[idx], flags_i, logits, embeddings)
             else:
                 flags_i = outputs[idx]
                 logits = torch.empty(int(np.count_nonzero(flags_i)), width)
