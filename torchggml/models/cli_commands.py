@@ -110,11 +110,39 @@ def _main_rank() -> bool:
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
-def _load(args, path: str):
+def _load(args, path: str, **options):
+    """The model, loaded and (unless --no-warmup) warmed up as llama.cpp does: its kernels
+    compiled, its backends set up, so that the first prompt's time is its own."""
     from . import load_model
+    from .warmup import warm_up
     from ..torch_backend.kernels.registered import load_kernel_files
     load_kernel_files(getattr(args, "kernels", None) or [])
-    return load_model(path, model_params(args))
+    start = time.perf_counter()
+    model = load_model(path, model_params(args).with_options(**options))
+    model.timings.load_s = time.perf_counter() - start
+    if getattr(args, "warmup", True):
+        model.timings.warmup_s = warm_up(model)
+    return model
+
+
+def perf_text(t) -> str:
+    """The timings as llama.cpp's llama_perf_context_print gives them: load (the warm-up within
+    it), prompt eval, eval (the generated tokens), total."""
+    def rate(n, s, unit):
+        return (f"{n:5d} {unit} in {s * 1e3:10.2f} ms ({s * 1e3 / n:8.2f} ms per token, {n / s:8.2f} tokens per second)"
+                if n and s else f"{n:5d} {unit}")
+    return "\n".join([
+        f"load time        = {(t.load_s + t.warmup_s) * 1e3:10.2f} ms (warm-up {t.warmup_s * 1e3:.2f} ms: kernels "
+        f"compiled or loaded, backends set up)",
+        f"prompt eval time = {rate(t.prompt_tokens, t.prompt_s, 'tokens')}",
+        f"eval time        = {rate(t.gen_tokens, t.gen_s, 'runs  ')}",
+        f"total time       = {(t.load_s + t.warmup_s + t.prompt_s + t.gen_s) * 1e3:10.2f} ms"])
+
+
+def add_warmup_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-warmup", dest="warmup", action="store_false",
+                   help="skip the warm-up run after loading (then the first prompt's time holds the kernels' "
+                        "compiling or loading and the backends' set-up)")
 
 
 # ---------------------------------------------------------------- run
@@ -148,9 +176,7 @@ def cmd_run(args) -> int:
         out.write(text)
         out.flush()
     out.write("\n")
-    t = model.timings
-    print(f"prompt: {t.prompt_tokens} tokens in {t.prompt_s:.3f} s ({t.prompt_tps:.2f} tokens/s) | "
-          f"generation: {t.gen_tokens} tokens in {t.gen_s:.3f} s ({t.gen_tps:.2f} tokens/s)", file=sys.stderr)
+    print(perf_text(model.timings), file=sys.stderr)
     model.close()
     return 0
 
@@ -282,6 +308,7 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--chat", action="store_true",
                    help="send the prompt as a user message through the model's chat template")
     add_chat_template_option(p)
+    add_warmup_option(p)
     add_model_options(p)
     p.set_defaults(func=cmd_run)
 

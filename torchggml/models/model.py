@@ -89,10 +89,15 @@ class NonFiniteLogitsError(FloatingPointError):
 
 @dataclass
 class Timings:
+    """llama_perf_context_print's figures: the prompt's tokens and time, the generated tokens
+    and their time; load_s and warmup_s (set by whoever loaded and warmed the model up: the
+    command line) are the one-time costs the prompt's figure does not hold."""
     prompt_tokens: int = 0
     prompt_s: float = 0.0
     gen_tokens: int = 0
     gen_s: float = 0.0
+    load_s: float = 0.0
+    warmup_s: float = 0.0
 
     @property
     def prompt_tps(self) -> float:
@@ -512,7 +517,7 @@ class Model:
         with self.lock:
             self._require_weights("generate")
             self.reset()
-            self.timings = t = Timings()
+            self.timings = t = Timings(load_s=self.timings.load_s, warmup_s=self.timings.warmup_s)
             start = time.perf_counter()
             logits = self.eval(gen.prompt, logits="last")[0]
             t.prompt_tokens, t.prompt_s = len(gen.prompt), time.perf_counter() - start

@@ -35,6 +35,8 @@ def cmd_serve(args) -> int:
     load_kernel_files(getattr(args, "kernels", None) or [])  # --kernels: registered before the model loads
     model = load_model(path, model_params(args).with_options(progress=False))
     print(model.describe(), file=sys.stderr)
+    from ..models.warmup import warm_up
+    warm_up(model)  # the first request's prompt then holds no kernel compiling or set-up
     use_chat_template(model, args)
     engine = Engine(model, args.parallel, args.queue_size)
     api_key = args.api_key or config.value("TORCHGGML_API_KEY") or None
