@@ -69,7 +69,7 @@ def test_cli_run_chat(chat_model_path, capsys):
     assert main(["run", chat_model_path, "--chat", "-p", "Hi", "-n", "3", "--temp", "0"]) == 0
     out, err = capsys.readouterr()
     assert out == reply + "\n"  # the reply only: the prompt went through the template
-    assert "generation:" in err
+    assert "prompt eval time =" in err and "eval time        =     3 runs" in err
 
 
 def test_cli_run_chat_without_template_falls_back_to_chatml(capsys):
