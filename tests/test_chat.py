@@ -1,10 +1,10 @@
-"""Chat templates (torchggml.chat, Model.chat, `torchggml run --chat`) and the lazily built
+"""Chat templates (torchggml.text.chat, Model.chat, `torchggml run --chat`) and the lazily built
 tokenizer of a model."""
 from __future__ import annotations
 
 import pytest
 
-from torchggml.chat import ChatTemplateError, render_chat
+from torchggml.text.chat import ChatTemplateError, render_chat
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -44,7 +44,7 @@ def test_bad_templates_and_messages_raise(template, messages, match):
 
 @pytest.fixture(scope="module")
 def chat_model_path(tmp_path_factory):
-    from torchggml.gguf_writer.demo import DEMO_CONFIG, write_model
+    from torchggml.gguf.writer.demo import DEMO_CONFIG, write_model
     return write_model(tmp_path_factory.mktemp("chat") / "chat.gguf", DEMO_CONFIG, "F16",
                        chat_template=CHATML)
 
@@ -62,7 +62,7 @@ def test_model_chat_renders_then_generates(chat_model_path):
 
 def test_cli_run_chat(chat_model_path, capsys):
     from torchggml.models import load_model
-    from torchggml.models.cli_commands import main
+    from torchggml.cli.models import main
     model = load_model(chat_model_path, progress=False)
     reply = "".join(model.chat([{"role": "user", "content": "Hi"}], max_tokens=3, temperature=0.0))
     model.close()
@@ -75,8 +75,8 @@ def test_cli_run_chat(chat_model_path, capsys):
 def test_cli_run_chat_without_template_falls_back_to_chatml(capsys):
     """A file without tokenizer.chat_template chats in chatml, as llama.cpp falls back to, and
     says so."""
-    from torchggml.models.cli_commands import main
-    from torchggml.gguf_writer.demo import demo_model_path
+    from torchggml.cli.models import main
+    from torchggml.gguf.writer.demo import demo_model_path
     assert main(["run", demo_model_path(), "--chat", "-p", "Hi", "-n", "2", "--temp", "0"]) == 0
     assert "has no tokenizer.chat_template: using chatml, as llama.cpp does" in capsys.readouterr().err
 
@@ -88,13 +88,13 @@ def test_cli_run_chat_without_template_falls_back_to_chatml(capsys):
     (None, "{{ messages[0]['content'] }}", "custom", False),
 ])
 def test_choose_template(file_template, override, name, noted):
-    from torchggml.chat import choose_template
+    from torchggml.text.chat import choose_template
     chosen = choose_template(file_template, override)
     assert chosen.name == name and (chosen.note is not None) == noted
 
 
 def test_unknown_builtin_template_is_an_error_naming_the_choices():
-    from torchggml.chat import choose_template
+    from torchggml.text.chat import choose_template
     with pytest.raises(ChatTemplateError, match="unknown chat template 'zephyr'; choose one of chatml, gemma"):
         choose_template(None, "zephyr")
 
@@ -103,7 +103,7 @@ def test_run_and_serve_choose_the_same_template(chat_model_path):
     """run --chat (Model.chat) and serve (ServerState.chat_prompt) render the same prompt."""
     pytest.importorskip("fastapi")
     from torchggml.models import load_model
-    from torchggml.gguf_writer.demo import demo_model_path
+    from torchggml.gguf.writer.demo import demo_model_path
     from torchggml.server.app import ServerState
     from torchggml.server.protocol import ChatRequest
     for path in (chat_model_path, demo_model_path()):
@@ -119,8 +119,8 @@ def test_run_and_serve_choose_the_same_template(chat_model_path):
 
 def test_unknown_pre_tokenizer_model_still_evaluates_ids(tmp_path):
     from torchggml.models import load_model
-    from torchggml.gguf_writer.demo import DEMO_CONFIG, write_model
-    from torchggml.tokenizer import TokenizerError
+    from torchggml.gguf.writer.demo import DEMO_CONFIG, write_model
+    from torchggml.text.tokenizer import TokenizerError
     path = write_model(tmp_path / "odd.gguf", DEMO_CONFIG, "F16", tokenizer_pre="no-such-pre")
     model = load_model(path, progress=False)
     logits = model.eval([1, 5, 9])

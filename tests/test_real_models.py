@@ -165,7 +165,7 @@ def test_chat_prompt_as_llama_cpp_renders_the_files_template():
 @pytest.mark.parametrize("name", ["chatml", "gemma"])
 def test_builtin_chat_formats_equal_llama_cpps(name):
     """llama.cpp's built-in formats (llama_chat_apply_template), system message included."""
-    from torchggml.chat import BUILTIN_TEMPLATES, render_chat
+    from torchggml.text.chat import BUILTIN_TEMPLATES, render_chat
     chat = REFS["builtin_chat"]
     assert render_chat(BUILTIN_TEMPLATES[name], chat["messages"]) == chat[name]
 

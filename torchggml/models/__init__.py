@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib as _importlib
 
-# each name from its module on first use (PEP 562): importing torchggml.models.cli_commands,
+# each name from its module on first use (PEP 562): importing torchggml.cli.models,
 # the command line's parsing, imports neither torch nor the architectures
 _EXPORTS = {"ARCHS": ".archs", "Arch": ".builder", "GraphBuilder": ".builder", "Weights": ".builder",
             "HParams": ".hparams", "KVCache": ".kv_cache", "LoraAdapter": ".lora", "Model": ".model",

@@ -114,7 +114,7 @@ def compile_prompt_kernels() -> None:
     norms, swiglu), with the model graphs' argument types (F32 rows, the KV cache's F16 mask as
     uint16 bits, gate and up as separate tensors or halves of one), which a short prompt is too
     short to reach."""
-    from ..torch_backend.cpu.jit.loader import numba_available, op_kernels
+    from ..devices.cpu.jit.loader import numba_available, op_kernels
     if not numba_available():
         return
     import numpy as np

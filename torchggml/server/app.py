@@ -132,7 +132,7 @@ class ServerState:
     def chat_prompt(self, req: ChatRequest) -> tuple[list[int], list[str]]:
         """The prompt's token ids and extra stop strings (Model.chat_template and chat_stops:
         the file's template, else chatml as llama.cpp falls back to)."""
-        from ..chat import ChatTemplateError
+        from ..text.chat import ChatTemplateError
         tok = self.model.tokenizer
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         try:
@@ -170,7 +170,7 @@ class ServerState:
         metric("queue_waiting", "gauge", "requests' sequences waiting for a slot", [({}, e.n_waiting)])
         metric("sequences_active", "gauge", "sequences in slots", [({}, len(e.active))])
         metric("slots", "gauge", "parallel sequences (--parallel)", [({}, e.parallel)])
-        kv = m.kv
+        kv = m.memory
         used = kv.n_past if kv is not None else 0
         metric("kv_cache_used_cells", "gauge", "KV cache cells holding tokens", [({}, used)])
         metric("kv_cache_cells", "gauge", "KV cache size (n_ctx)", [({}, m.n_ctx)])
