@@ -32,7 +32,7 @@ PROMPTS = ["Hello world", "The capital of France is", " leading space, and  doub
            "Numbers 1234567 and 3.14159; émigré naïve 日本語 🙂", "def f(x):\n    return x**2  # squared"]
 GREEDY_PROMPTS = ["The capital of France is", "Once upon a time, there was a"]
 GREEDY_TOKENS = 12
-PPL_CTX = 128
+PPL_CTX = 256
 CHAT = [{"role": "system", "content": " Answer briefly. "}, {"role": "user", "content": "What is 2+2?"},
         {"role": "assistant", "content": "4"}, {"role": "user", "content": " And 3+3? "}]
 

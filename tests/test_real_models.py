@@ -24,7 +24,7 @@ DATA = Path(__file__).parent / "data" / "real_models"
 REFS = json.loads((DATA / "llama_cpp.json").read_text(encoding="utf-8"))
 SMOL, GEMMA = "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"
 MODELS = [SMOL, GEMMA]
-N_CTX = 128  # the perplexity windows' size too (REFS[...]["perplexity"]["n_ctx"])
+N_CTX = 256  # the perplexity windows' size too (REFS[...]["perplexity"]["n_ctx"])
 
 
 def _fetch_module():

@@ -289,7 +289,7 @@ def cmd_info(args) -> int:
 # ---------------------------------------------------------------- wiring
 
 def add_subcommands(subparsers) -> None:
-    from ..models.sampling import DEFAULTS
+    from ..models.sampling_params import DEFAULTS
     p = subparsers.add_parser("run", help="generate text from a GGUF model (no MODEL: the built-in demo)")
     p.add_argument("model", nargs="?", help="GGUF file (default: the built-in demo model)")
     p.add_argument("-p", "--prompt", default="Once upon a time", help="the prompt")
