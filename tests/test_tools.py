@@ -330,3 +330,35 @@ def test_version_and_help_import_nothing_heavy(argv):
     assert done.returncode == 0, done.stderr
     assert "imported: []" in done.stdout, done.stdout
     assert ("torchggml 0.1.0" in done.stdout) if argv == ["--version"] else ("usage: torchggml" in done.stdout)
+
+
+def test_compile_kernels_covers_every_block_type():
+    """compile-kernels' default file types reach every block type quantize writes (Q4_1 and
+    Q5_0 were left to compile silently during a real model's first prompt)."""
+    from torchggml.tools.compile_kernels import FILE_TYPES as COMPILED
+    from torchggml.tools.file_types import FILE_TYPE_IDS
+    blocks = {block for _, block in FILE_TYPE_IDS.values()} - {"F32"}
+    assert blocks <= {FILE_TYPE_IDS[f][1] for f in COMPILED}
+
+
+@pytest.mark.parametrize("threshold_s, noticed", [(0.0, True), (600.0, False)])
+def test_compile_notice_names_a_kernel_whose_compile_runs_long(threshold_s, noticed):
+    """A numba compile still running after the threshold gets one line naming the kernel and
+    why; a shorter one none (here a kernel of this test module stands for torchggml's)."""
+    numba = pytest.importorskip("numba")
+    import time
+    from torchggml.models.warmup import install, uninstall
+    stream = io.StringIO()
+    notice = install(threshold_s, package=__name__, stream=stream)
+    try:
+        @numba.njit(cache=False)
+        def scaled_sum(x):
+            return (x * 2.0).sum()
+        scaled_sum(np.ones(4))
+        time.sleep(0.2)  # the notice's timer thread prints
+    finally:
+        uninstall(notice)
+    text = stream.getvalue()
+    assert (f"compiling the CPU kernel {__name__.rsplit('.', 1)[-1]}." in text) == noticed, text
+    assert ("scaled_sum(array(float64, 1d, C))" in text) == noticed
+    assert ("first use with these argument types" in text) == noticed

@@ -75,7 +75,8 @@ def add_subcommands(subparsers) -> None:
 
     p = subparsers.add_parser("compile-kernels", help="compile the CPU's numba kernels now (after an install) "
                                                       "instead of during the first prompt")
-    p.add_argument("--types", metavar="TYPE[,TYPE...]", help="model file types (default: F16,Q8_0,Q4_0,Q4_K_M,Q5_K_M)")
+    from ..tools.compile_kernels import FILE_TYPES as COMPILED
+    p.add_argument("--types", metavar="TYPE[,TYPE...]", help=f"model file types (default: {','.join(COMPILED)})")
     p.set_defaults(func=cmd_compile_kernels)
 
     p = subparsers.add_parser("page-in", help="re-read model files into the page cache in 2 MiB folios, so that "

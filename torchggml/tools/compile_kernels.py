@@ -14,8 +14,9 @@ import sys
 import tempfile
 import time
 
-# the weight types models ship in; the K-quant mixes hold Q4_K/Q5_K and Q6_K, F16 the half GEMM
-FILE_TYPES = ("F16", "Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M")
+# a file type for every block type the CPU runs (the mixes' other layers add Q4_K, Q5_K, Q6_K)
+FILE_TYPES = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M",
+              "Q6_K", "IQ4_NL", "IQ4_XS")
 
 
 def compile_kernels(file_types=FILE_TYPES, log=None) -> float:
