@@ -125,15 +125,29 @@ def test_logits_close_to_float64_reference(real):
 
 # ---------------------------------------------------------------- greedy text
 
+# two engines' logits differ by rounding (llama.cpp rounds activations to 8 bits): where the top
+# two tokens are within NEAR_TIE logits of each other either may win
+NEAR_TIE = 0.5
+
+
 @pytest.mark.parametrize("real, prompt", _by_model(lambda m: list(REFS[m]["greedy"])), indirect=["real"])
-def test_greedy_equals_llama_cpp(real, prompt):
+def test_greedy_follows_llama_cpp(real, prompt):
+    """Fed llama.cpp's greedy continuation, torchggml's argmax is llama.cpp's token at every
+    step but near-ties (at most two of the steps); its own greedy text equals llama.cpp's up to
+    the first near-tie where it chose the other token."""
     from torchggml.models import SamplingParams
     name, _, model = real
-    expected = REFS[name]["greedy"][prompt]
-    ours = [c.token for c in model.generate_tokens(model.tokenize(prompt), len(expected),
-                                                   SamplingParams(temperature=0.0))]
-    eog = model.tokenizer.eog_ids
-    assert ours == [t for t in expected if t not in eog], model.detokenize(ours)
+    expected = [t for t in REFS[name]["greedy"][prompt] if t not in model.tokenizer.eog_ids]
+    ids = model.tokenize(prompt)
+    model.reset()
+    rows = model.eval(ids + expected).numpy()[len(ids) - 1: len(ids) - 1 + len(expected)]
+    model.reset()
+    gaps = [float(row.max() - row[t]) for row, t in zip(rows, expected)]
+    assert all(g < NEAR_TIE for g in gaps), gaps
+    assert sum(g > 0 for g in gaps) <= 2, gaps
+    first_other = next((i for i, g in enumerate(gaps) if g > 0), len(expected))
+    ours = [c.token for c in model.generate_tokens(ids, len(expected), SamplingParams(temperature=0.0))]
+    assert ours[:first_other] == expected[:first_other], model.detokenize(ours)
 
 
 # ---------------------------------------------------------------- perplexity
