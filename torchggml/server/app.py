@@ -35,12 +35,6 @@ from .protocol import APIError, ChatRequest, CompletionRequest, EmbeddingRequest
 from .tool_calls import ReplyStream, ToolFormat, tool_format
 from . import llama_endpoints, webui
 
-# llama.cpp's fallback when the GGUF has no tokenizer.chat_template
-CHATML_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
-                   " + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}"
-                   "{{ '<|im_start|>assistant\n' }}{% endif %}")
-CHATML_END = "<|im_end|>"
-
 # how often a waiting non-streaming handler checks that its client is still there
 DISCONNECT_POLL_S = 0.25
 # a text longer than slot_ctx x (the most characters one token covers) x this cannot fit (slack for
@@ -225,16 +219,13 @@ class ServerState:
         return self.prompt_ids(prompt, "messages", add_special=not has_bos, parse_special=True), stops
 
     def chat_text(self, req: ChatRequest) -> tuple[str, list[str]]:
-        """The chat prompt's text and extra stop strings (chatml's end marker when the file has
-        no template and no such token). With tools, the template gets them (or, for a template
+        """The chat prompt's text and extra stop strings (Model.chat_template and chat_stops: the
+        file's template, else chatml as llama.cpp falls back to, and its end of turn where the
+        vocabulary lacks it). With tools, the template gets them (or, for a template
         that cannot show them, a system message does: tool_calls.py's generic format)."""
         from ..text.chat import ChatTemplateError, render_chat
         tok = self.model.tokenizer
-        template, stops = tok.chat_template, []
-        if not template:
-            template = CHATML_TEMPLATE
-            if tok.text_to_token(CHATML_END) is None:
-                stops = [CHATML_END]
+        template, stops = self.model.chat_template().text, self.model.chat_stops()
         text = lambda i: tok.token_text(i) if i is not None else ""  # noqa: E731
         messages = [m.for_template() for m in req.messages]
         extra = {}
@@ -257,7 +248,7 @@ class ServerState:
         return prompt, stops
 
     def reply_format(self) -> ToolFormat:
-        return tool_format(self.model.tokenizer.chat_template or CHATML_TEMPLATE)
+        return tool_format(self.model.chat_template().text)
 
     def tool_grammar(self, req: ChatRequest) -> str | None:
         """The Lark grammar that holds the reply to a tool call where the request requires one (or
