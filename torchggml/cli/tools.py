@@ -8,19 +8,19 @@
 """
 from __future__ import annotations
 
-from .models import add_model_options, int_list, user_errors
+from .models import add_model_options, int_list, user_errors, model_params
 
 
 @user_errors
 def cmd_perplexity(args) -> int:
     from ..tools.perplexity import cmd_perplexity as run
-    return run(args)
+    return run(args, model_params(args))
 
 
 @user_errors
 def cmd_bench(args) -> int:
     from ..tools.bench import cmd_bench as run
-    return run(args)
+    return run(args, model_params(args))
 
 
 @user_errors

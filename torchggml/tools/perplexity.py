@@ -119,12 +119,12 @@ def perplexity(model, text: str, max_windows: int | None = None, progress=None) 
     return summarize(nlls, time.perf_counter() - start)
 
 
-def cmd_perplexity(args) -> int:
-    from ..cli.models import model_params
+def cmd_perplexity(args, params) -> int:
+    """The command, given its arguments and the ModelParams the CLI made of them."""
     from ..models import load_model
     with open(args.file, encoding="utf-8") as f:
         text = f.read()
-    params = model_params(args).with_options(n_ctx=args.ctx_size or 512, progress=False)
+    params = params.with_options(n_ctx=args.ctx_size or 512, progress=False)
     model = load_model(args.model, params)
     print(model.describe(), file=sys.stderr)
     print(f"perplexity: windows of {model.n_ctx} tokens, the second half of each scored", file=sys.stderr)
