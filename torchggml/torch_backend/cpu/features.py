@@ -80,6 +80,15 @@ def int8_gemm() -> bool:
     return available
 
 
+def int8_gemm_takes(kind: int) -> bool:
+    """Whether the int8 GEMM multiplies blocks of this in-place kind (their bytes: 34 Q8_0...):
+    where it runs (int8_gemm) and gains on this CPU (jit/gemm_ir.gains), or is asked for."""
+    if not int8_gemm():
+        return False
+    from .jit.gemm_ir import gains, gemm_isa
+    return _gemm_choice() == "int8" or gains(kind, gemm_isa())
+
+
 def default_path() -> str:
     from .jit.loader import numba_available
     return "fused" if numba_available() else "int4"

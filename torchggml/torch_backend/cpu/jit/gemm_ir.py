@@ -79,6 +79,14 @@ def tile_cols(isa: str) -> int:
     return TILE_COLS if isa == "avx512vnni" else 2
 
 
+def gains(kind: int, isa: str) -> bool:
+    """Whether the int8 GEMM beats dequantizing the weight for the float GEMM on this kind by
+    default: every kind but Q8_0 on AVX2, whose |q| and sign of q cost half as many instructions
+    again as the other kinds' products, which left it slower than the f32 GEMM (measured with
+    scripts/bench_int8_gemm.py; TORCHGGML_CPU_GEMM=int8 still runs it)."""
+    return not (kind == 34 and isa == "avx2")
+
+
 def kind_params(kind: int, isa: str) -> tuple[int, int, int]:
     """(group size, zero point, activation scale block) of a kind on an ISA: AVX2's vpmaddubsw
     sums pairs of u8 x s8 products in int16, which Q8_0's u = q + 128 would overflow, so there

@@ -40,7 +40,7 @@ import torch
 from ....tensor import Tensor, round_up
 from ....types import Type, type_traits
 from ....memory import byte_view
-from ..features import fastest_gemm_dtype, int8_gemm
+from ..features import fastest_gemm_dtype, int8_gemm_takes
 from ..jit.loader import BoundKernel, gemm_kernels, numba_available, quant_kernels, repack_kernels
 from .base import RepackBuffer, RepackBufferType, is_whole_contiguous
 from .decompose import DECOMPOSE, HAS_BIAS, decompose, group_size
@@ -389,7 +389,7 @@ def _plain_rows(m: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _takes_int8_gemm(p: _Packed) -> bool:
-    return p.blocks and p.n % PANEL_ROWS == 0 and int8_gemm()
+    return p.blocks and p.n % PANEL_ROWS == 0 and int8_gemm_takes(p.kind)
 
 
 def _matvec_max_rows(p: _Packed) -> int:
