@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torchggml as ggml  # noqa: E402  (first, as every entry point)
 import torch  # noqa: E402
-from torchggml.torch_backend.cpu.features import fastest_gemm_dtype  # noqa: E402
-from torchggml.torch_backend.cpu.jit.gemm_ir import gemm_isa  # noqa: E402
-from torchggml.torch_backend.cpu.jit.loader import set_numba_threads  # noqa: E402
-from torchggml.torch_backend.cpu.layouts import fused as layout  # noqa: E402
+from torchggml.devices.cpu.features import fastest_gemm_dtype  # noqa: E402
+from torchggml.devices.cpu.jit.gemm_ir import gemm_isa  # noqa: E402
+from torchggml.devices.cpu.jit.loader import set_numba_threads  # noqa: E402
+from torchggml.devices.cpu.layouts import fused as layout  # noqa: E402
 from bench_model import CPU_SECONDS, timed  # noqa: E402  (interleaved runs: a busy neighbour slows both alike)
 
 T = ggml.Type

@@ -1,4 +1,4 @@
-"""The CPU backend's thread policy (torch_backend/cpu/threads.py): each plan runs at the thread
+"""The CPU backend's thread policy (devices/cpu/threads.py): each plan runs at the thread
 count that has been fastest, trying its neighbours now and then and at once when the machine
 changes."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import torchggml as ggml
-from torchggml.torch_backend.cpu import threads
+from torchggml.devices.cpu import threads
 from test_cpu_quant import random_blocks
 
 

@@ -153,7 +153,7 @@ class Mix:
 
 def plan(path: str, ftype: str) -> list[tuple[str, Type, Type]]:
     """(tensor name, current type, new type) of every tensor, in file order."""
-    from ..gguf import open_gguf
+    from ..gguf.loader import open_gguf
     f = open_gguf(path)
     arch = f.arch
     n_layer = int(f.get(f"{arch}.block_count"))
