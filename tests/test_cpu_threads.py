@@ -58,6 +58,13 @@ def test_a_changed_machine_moves_the_count(name, before, after, then):
     assert counts[100 + settle + 1:].count(then) > 0.9 * len(counts[100 + settle + 1:])
 
 
+def test_a_new_plan_starts_at_the_count_the_machine_taught():
+    """A prompt's plan after decode moved to one thread starts there, not at n_threads."""
+    tuner = threads.ThreadTuner(2)
+    run(tuner, lambda i, n: 1.0 if n == 1 else 8.0, 20, key=1)
+    assert run(tuner, lambda i, n: 1.0 if n == 1 else 8.0, 3, key=2)[0] == 1
+
+
 def test_plans_are_timed_apart():
     """A prompt's plan and a decode step's keep their own times and counts."""
     tuner = threads.ThreadTuner(2)

@@ -9,16 +9,17 @@ workers make it worse: the scheduler counts their spinning as work). One thread 
 runs faster than all of them. So each plan (a decode step's graph, a prompt micro-batch's)
 keeps the time a compute took at the thread counts it has tried, runs at the fastest, and now
 and then tries a neighbouring count (one more, one less), at once when a compute took much
-longer than usual (the machine got busy), less often while the other count keeps losing. On a
-machine the process has to itself, all the threads win and the trials cost a compute in
-MAX_INTERVAL at most.
+longer than usual (the machine got busy), less often while the other count keeps losing. A new
+plan starts at the count the latest move chose (a prompt after decode has learnt the machine)
+and tries a neighbour right after its first timed compute. On a machine the process has to
+itself, all the threads win and the trials cost a compute in MAX_INTERVAL at most.
 """
 from __future__ import annotations
 
 from ... import config
 
 POLICY_ENV = "TORCHGGML_CPU_THREADS"
-WARMUP = 2          # a plan's first computes (compiling, first touches) are not timed
+WARMUP = 1          # a plan's first compute (compiling, first touches) is not timed
 MIN_INTERVAL = 8    # computes between trials of another count, doubled while trials lose
 MAX_INTERVAL = 256
 SLOWER = 1.5        # a compute this much slower than its count's usual time: try another at once
@@ -40,7 +41,7 @@ class _PlanTimes:
         self.times: dict[int, float] = {}  # count -> running average of a compute's seconds
         self.computes = 0
         self.interval = MIN_INTERVAL
-        self.next_trial = WARMUP + MIN_INTERVAL
+        self.next_trial = WARMUP + 2  # its first trial right after its first timed compute
         self.down = True                  # the next trial's direction
 
 
@@ -50,6 +51,7 @@ class ThreadTuner:
     def __init__(self, n_max: int):
         self.n_max = n_max
         self.plans: dict[int, _PlanTimes] = {}
+        self.last = n_max  # the count the latest move chose: a new plan starts there
 
     def choose(self, key: int) -> int:
         """The count the plan's next compute runs at."""
@@ -57,7 +59,7 @@ class ThreadTuner:
         if p is None:
             if len(self.plans) > 64:  # many plans seen (a changing graph): start over
                 self.plans.clear()
-            p = self.plans[key] = _PlanTimes(self.n_max)
+            p = self.plans[key] = _PlanTimes(self.last)
         p.computes += 1
         if p.computes < p.next_trial or self.n_max == 1 or p.n not in p.times:  # (nothing to compare yet)
             return p.n
@@ -73,7 +75,7 @@ class ThreadTuner:
         if n != p.n:  # a trial (its count's time now, not an older one): move where it won
             p.times[n] = seconds
             if seconds < p.times[p.n]:
-                p.n, p.interval = n, MIN_INTERVAL
+                p.n, p.interval, self.last = n, MIN_INTERVAL, n
             else:
                 p.interval = min(2 * p.interval, MAX_INTERVAL)
             p.next_trial = p.computes + p.interval
