@@ -7,8 +7,8 @@
 Per model, round after round, each condition in turn ("alone": nothing started by this script;
 "busy": `python -c "while True: pass"` pinned to --busy-core with taskset) and each setup in
 turn within it, every run a fresh process (scripts/bench_model.py --engine):
-  torchggml             the defaults (TORCHGGML_CPU_THREADS=adaptive)
-  torchggml fixed       TORCHGGML_CPU_THREADS=fixed (every compute on all threads: the policy before)
+  torchggml             the defaults (TORCHGGML_CPU_THREADS=adaptive, TORCHGGML_OMP_WAIT=auto)
+  torchggml fixed       TORCHGGML_CPU_THREADS=fixed, TORCHGGML_OMP_WAIT=default (the policy before)
   torchggml fixed+PASSIVE  the same with OMP_WAIT_POLICY=PASSIVE (the advice before)
   llama.cpp, llama.cpp PASSIVE  (when llama-cpp-python is installed)
 Figures: medians over the rounds of each run's median (pp: tokens/s of a P-token prompt; tg: of N
@@ -26,7 +26,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).with_name("bench_model.py")
 SETUPS = [("torchggml", "torchggml", {}),
-          ("torchggml fixed", "torchggml", {"TORCHGGML_CPU_THREADS": "fixed"}),
+          ("torchggml fixed", "torchggml", {"TORCHGGML_CPU_THREADS": "fixed", "TORCHGGML_OMP_WAIT": "default"}),
           ("torchggml fixed+PASSIVE", "torchggml", {"TORCHGGML_CPU_THREADS": "fixed", "OMP_WAIT_POLICY": "PASSIVE"}),
           ("llama.cpp", "llama.cpp", {}),
           ("llama.cpp PASSIVE", "llama.cpp", {"OMP_WAIT_POLICY": "PASSIVE"})]
@@ -35,7 +35,8 @@ SETUPS = [("torchggml", "torchggml", {}),
 def run(engine: str, env: dict, model: str, args) -> dict | None:
     cmd = [sys.executable, str(BENCH), "--engine", engine, model, "-p", str(args.n_prompt), "-n", str(args.n_gen),
            "-r", str(args.reps)] + (["-t", str(args.threads)] if args.threads else [])
-    base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "TORCHGGML_CPU_THREADS")}
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("OMP_WAIT_POLICY", "TORCHGGML_CPU_THREADS", "TORCHGGML_OMP_WAIT")}
     try:
         out = subprocess.run(cmd, env={**base, **env}, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                              timeout=args.timeout)

@@ -6,11 +6,12 @@ C names are mirrored by deleting `ggml_` (ggml_mul_mat -> ggml.mul_mat). The nam
 grouped by object as ggml.h, ggml-alloc.h, ggml-backend.h and ggml-cpu.h group them;
 docs/architecture.md describes the layers behind them.
 """
-# OpenMP's wait policy is left to the user (OMP_WAIT_POLICY, GOMP_SPINCOUNT), as torch and
-# llama.cpp leave it: the default (workers spin a while between parallel regions, then sleep)
-# is faster for decode and prompts on a machine the model has to itself. On a machine shared
-# with other busy processes the CPU backend runs each plan at the thread count that has been
-# fastest there (devices/cpu/threads.py, TORCHGGML_CPU_THREADS; docs/cpu.md).
+# OpenMP's wait policy is chosen before torch loads its runtime (openmp.py: PASSIVE when the
+# process starts on a busy machine, else the runtime's default); on a machine that gets busy
+# later, the CPU backend runs each plan at the thread count that has been fastest there
+# (devices/cpu/threads.py, TORCHGGML_CPU_THREADS; docs/cpu.md).
+from . import openmp as _openmp
+_openmp.apply()
 
 # ---------------------------------------------------------------- types and enums (ggml.h)
 from .types import (Type, TypeTraits, type_traits, type_name, type_size, blck_size, row_size,
