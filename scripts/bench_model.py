@@ -56,9 +56,14 @@ import subprocess
 import sys
 import time
 
-import torch
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+# a torchggml engine's process imports torchggml before torch, as a program using it does: it
+# chooses OpenMP's wait policy before torch loads the runtime (torchggml/openmp.py); llama.cpp's
+# runs under the environment's policy
+if "--engine" not in sys.argv or sys.argv[sys.argv.index("--engine") + 1:][:1] != ["llama.cpp"]:
+    import torchggml  # noqa: F401,E402
+
+import torch  # noqa: E402
 
 
 # shape -> (model config, types the demo generator writes (gguf's quantizer), types llama.cpp's

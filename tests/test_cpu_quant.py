@@ -131,7 +131,7 @@ def _needs_int8_gemm():
     pytest.importorskip("numba")
     from torchggml.devices.cpu.jit.gemm_ir import gemm_available
     if not gemm_available():
-        pytest.skip("the int8 GEMM needs a CPU with AVX512-VNNI (this one runs the float GEMM path instead)")
+        pytest.skip("the int8 GEMM needs a CPU with AVX2 or a VNNI on x86 (this one runs the float GEMM path instead)")
 
 
 def _rounded_as_vec_dot_type(qtype, x: torch.Tensor) -> torch.Tensor:
@@ -231,7 +231,76 @@ def test_int8_gemms_in_two_threads_at_once_equal_the_serial_ones():
     assert not mismatches
 
 
-GEMM_CHOICES = [  # (TORCHGGML_CPU_GEMM, whether the CPU has AVX512-VNNI, int8 GEMM on or the error)
+# the int8 GEMM compiled for other x86 byte dots (numba's target named, run in a subprocess on
+# this CPU, which must execute that code): (NUMBA_CPU_NAME, NUMBA_CPU_FEATURES, the ISA chosen,
+# the host features that run it). AVX-VNNI's 256-bit vpdpbusd runs here in its EVEX encoding
+# (AVX512-VNNI with VL: the same instruction; AVX-VNNI's VEX one needs a CPU that has it).
+OTHER_GEMM_TARGETS = [("haswell", "", "avx2", {"avx2"}),
+                      ("haswell", "+avx512vl,+avx512vnni", "vnni256", {"avx512vl", "avx512vnni"})]
+ISA_GEMM_CASES = [(qtype, 96, 768, 130) for qtype in sorted(layout.IN_PLACE_KINDS, key=int)] + [(T.Q8_0, 64, 512, 7)]
+_ISA_GEMM_SCRIPT = """
+import sys, numpy as np, torch
+from torchggml.devices.cpu.jit.gemm_ir import gemm_isa
+from torchggml.devices.cpu.layouts import fused as layout
+from torchggml.types import Type
+print(gemm_isa())
+data = np.load(sys.argv[1])
+outs = {}
+for name in data.files:
+    if name.startswith("x-"):
+        qtype, n = Type[name.split("-")[1]], name.split("-", 1)[1]
+        x = torch.from_numpy(data[name])
+        out = torch.empty(x.shape[0], data["w-" + n].shape[0])
+        layout._int8_gemm(layout._Packed.of_blocks(qtype, torch.from_numpy(data["w-" + n])), x, out)
+        outs[n] = out.numpy()
+np.savez(sys.argv[2], **outs)
+"""
+
+
+@pytest.mark.skipif(not any(a in __import__("platform").machine().lower() for a in ("x86", "amd64")),
+                    reason="x86 code generation targets")
+@pytest.mark.parametrize("name,features,isa,needs", OTHER_GEMM_TARGETS, ids=[t[2] for t in OTHER_GEMM_TARGETS])
+def test_int8_gemm_on_other_byte_dots_equals_avx512s(name, features, isa, needs, tmp_path):
+    """The AVX2 (vpmaddubsw + vpmaddwd, Q8_0 by sign) and AVX-VNNI (256-bit vpdpbusd) GEMMs give
+    the AVX512-VNNI GEMM's products bit for bit on the same blocks (integer dots are exact on
+    each; the float steps are the same in each lane), and where this CPU has no AVX512-VNNI, the
+    float64 product of the rounded activations, as test_int8_gemm_is_exact_on_rounded_activations."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    pytest.importorskip("numba")
+    from llvmlite import binding
+    from torchggml.devices.cpu.jit.gemm_ir import gemm_isa
+    host = {k for k, v in binding.get_host_cpu_features().items() if v}
+    if not needs <= host:
+        pytest.skip(f"this CPU cannot run code for {isa} (needs {', '.join(sorted(needs - host))})")
+    cases = {}
+    for qtype, n, k, m in ISA_GEMM_CASES:
+        key = f"{qtype.name}-{n}-{k}-{m}"
+        cases["w-" + key] = random_blocks(qtype, n, k, seed=n + k).numpy()
+        cases["x-" + key] = (torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 2).numpy()
+    np.savez(tmp_path / "in.npz", **cases)
+    env = {**os.environ, "NUMBA_CPU_NAME": name, "NUMBA_CPU_FEATURES": features,
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-c", _ISA_GEMM_SCRIPT, str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == [isa]
+    theirs = np.load(tmp_path / "out.npz")
+    for qtype, n, k, m in ISA_GEMM_CASES:
+        key = f"{qtype.name}-{n}-{k}-{m}"
+        x, blocks = torch.from_numpy(cases["x-" + key]), torch.from_numpy(cases["w-" + key])
+        if gemm_isa() == "avx512vnni":
+            ours = torch.empty(m, n)
+            layout._int8_gemm(layout._Packed.of_blocks(qtype, blocks), x, ours)
+            assert np.array_equal(theirs[key], ours.numpy()), key
+        want = _rounded_as_vec_dot_type(qtype, x) @ dequantize(qtype, blocks).double().T
+        torch.testing.assert_close(torch.from_numpy(theirs[key]).double(), want, rtol=1e-5,
+                                   atol=1e-5 * want.abs().max().item())
+
+
+GEMM_CHOICES = [  # (TORCHGGML_CPU_GEMM, whether the CPU has a byte dot (AVX2, VNNI), int8 GEMM on or the error)
     ("", True, True), ("", False, False), ("int8", True, True), ("int8", False, ValueError),
     ("bf16", True, False), ("f32", True, False), ("int4", True, ValueError),
 ]
@@ -249,6 +318,23 @@ def test_int8_gemm_is_chosen_by_features_and_environment(choice, vnni, expected,
             features.int8_gemm()
     else:
         assert features.int8_gemm() is expected
+
+
+# (TORCHGGML_CPU_GEMM, the byte dot, the kinds the int8 GEMM takes): all of them but Q8_0 on
+# AVX2 (the f32 GEMM is faster there) unless int8 is asked for
+KIND_CHOICES = [("", "avx512vnni", {34, 18, 144, 176, 210}), ("", "vnni256", {34, 18, 144, 176, 210}),
+                ("", "avx2", {18, 144, 176, 210}), ("int8", "avx2", {34, 18, 144, 176, 210}),
+                ("f32", "avx2", set()), ("", None, set())]
+
+
+@pytest.mark.parametrize("choice,isa,kinds", KIND_CHOICES)
+def test_int8_gemm_takes_the_kinds_it_gains_on(choice, isa, kinds, monkeypatch):
+    pytest.importorskip("numba")
+    from torchggml.devices.cpu import features
+    from torchggml.devices.cpu.jit import gemm_ir
+    monkeypatch.setenv("TORCHGGML_CPU_GEMM", choice)
+    monkeypatch.setattr(gemm_ir, "gemm_isa", lambda: isa)
+    assert {kind for kind in (34, 18, 144, 176, 210) if features.int8_gemm_takes(kind)} == kinds
 
 
 @pytest.mark.parametrize("qtype,where", [(T.Q4_0, "blocks"), (T.Q6_K, "blocks"), (T.Q5_K, "fused"), (T.Q4_1, "fused")],
@@ -403,7 +489,7 @@ def test_n_threads_reach_numba():
 
 QUANT_MODELS = [e for e in MANIFEST if e["weights"] not in ("F32", "F16")]
 # (model, path, prompt GEMM): the fused path's default GEMM (int8 for blocks in place where the
-# CPU has AVX512-VNNI) and its float GEMM for those blocks too
+# CPU has AVX2 or a VNNI) and its float GEMM for those blocks too
 GOLDEN_CASES = [(e, "fused", "") for e in QUANT_MODELS] + [
     (e, "fused", "bf16") for e in QUANT_MODELS if e["weights"] in ("Q4_0", "Q8_0", "Q4_K_M", "Q6_K")] + [
     (e, path, "") for e in QUANT_MODELS if e["weights"] in ("Q4_0", "Q8_0") for path in ("int4", "dequant")]

@@ -6,6 +6,13 @@ C names are mirrored by deleting `ggml_` (ggml_mul_mat -> ggml.mul_mat). The nam
 grouped by object as ggml.h, ggml-alloc.h, ggml-backend.h and ggml-cpu.h group them;
 docs/architecture.md describes the layers behind them.
 """
+# OpenMP's wait policy is chosen before torch loads its runtime (openmp.py: PASSIVE when the
+# process starts on a busy machine, else the runtime's default); on a machine that gets busy
+# later, the CPU backend runs each plan at the thread count that has been fastest there
+# (devices/cpu/threads.py, TORCHGGML_CPU_THREADS; docs/cpu.md).
+from . import openmp as _openmp
+_openmp.apply()
+
 # The names are imported on first use (PEP 562), all at once, from torchggml/_api.py: importing
 # torchggml, or a submodule such as torchggml.cli, does not import torch until a name is asked for.
 import builtins as _builtins

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import time
 
 import torch
 
@@ -21,6 +22,7 @@ from .fusion import fuse
 from .jit.loader import numba_available, set_numba_threads
 from .kernels import CPU_KERNELS
 from .native_plan import native_runs, native_runs_enabled
+from .threads import ThreadTuner, adaptive as adaptive_threads
 from .layouts.base import RepackBufferType, check_repacked_reads, reads_repacked_only_as_weight
 from .layouts.fused import FusedBufferType
 from .layouts.int4 import Int4BufferType
@@ -87,7 +89,8 @@ def threadpool_resume(threadpool: Threadpool) -> None:
 class CPUBackend(Backend):
     def __init__(self, device: "CPUDevice"):
         super().__init__(device, "CPU")
-        self.n_threads = torch.get_num_threads()
+        self.n_threads = self.active_threads = torch.get_num_threads()
+        self.tuner = ThreadTuner(self.n_threads) if adaptive_threads() else None
         self.abort_callback = None
         self.use_ref = False       # ggml_backend_cpu_set_use_ref: the reference kernels only
         self.threadpool = None
@@ -104,9 +107,14 @@ class CPUBackend(Backend):
 
     def set_n_threads(self, n_threads: int) -> None:
         self.n_threads = int(n_threads)
+        self.tuner = ThreadTuner(self.n_threads) if adaptive_threads() else None
+        self._use_threads(self.n_threads)
+
+    def _use_threads(self, n: int) -> None:
+        self.active_threads = n
         if numba_available():  # first: numba's OpenMP layer resets the shared OpenMP count
-            set_numba_threads(self.n_threads)
-        torch.set_num_threads(self.n_threads)
+            set_numba_threads(n)
+        torch.set_num_threads(n)
 
     def set_abort_callback(self, callback) -> None:
         self.abort_callback = callback
@@ -132,7 +140,15 @@ class CPUBackend(Backend):
         plan.check_alive(self.name)
         if plan.stale():
             self.graph_plan_update(plan, plan.graph)
-        return self._run(plan.calls)
+        if self.tuner is None:
+            return self._run(plan.calls)
+        n = self.tuner.choose(id(plan))  # threads.py: the fastest count on this machine now
+        if n != self.active_threads:
+            self._use_threads(n)
+        start = time.perf_counter()
+        status = self._run(plan.calls)
+        self.tuner.record(id(plan), n, time.perf_counter() - start)
+        return status
 
     def graph_compute(self, graph) -> Status:
         return self._run(self._compile(graph))

@@ -66,8 +66,9 @@ def fastest_gemm_dtype() -> torch.dtype:
 def int8_gemm() -> bool:
     """Whether prompts multiply Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weights (ggml's blocks in place) with the int8
     GEMM (jit/gemm_kernels.py, ggml's per-block scales; faster than the bf16 path):
-    where numba's target has AVX512-VNNI, unless TORCHGGML_CPU_GEMM=f32|bf16 asks for the float
-    GEMM (=int8 asks for it and fails without the instructions)."""
+    where numba's target has AVX512-VNNI, AVX-VNNI or AVX2 (jit/gemm_ir.gemm_isa), unless
+    TORCHGGML_CPU_GEMM=f32|bf16 asks for the float GEMM (=int8 asks for it and fails without
+    the instructions)."""
     choice = _gemm_choice()
     if choice in ("f32", "bf16"):
         return False
@@ -75,8 +76,17 @@ def int8_gemm() -> bool:
     from .jit.loader import numba_available
     available = numba_available() and gemm_available()
     if choice == "int8" and not available:
-        raise ValueError(f"{GEMM_ENV}=int8 needs numba and a CPU with AVX512-VNNI")
+        raise ValueError(f"{GEMM_ENV}=int8 needs numba and an x86 CPU with AVX2 (or AVX512-VNNI, AVX-VNNI)")
     return available
+
+
+def int8_gemm_takes(kind: int) -> bool:
+    """Whether the int8 GEMM multiplies blocks of this in-place kind (their bytes: 34 Q8_0...):
+    where it runs (int8_gemm) and gains on this CPU (jit/gemm_ir.gains), or is asked for."""
+    if not int8_gemm():
+        return False
+    from .jit.gemm_ir import gains, gemm_isa
+    return _gemm_choice() == "int8" or gains(kind, gemm_isa())
 
 
 def default_path() -> str:

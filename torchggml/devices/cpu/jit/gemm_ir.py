@@ -26,28 +26,77 @@ beside oneDNN's bf16 GEMM and the vpdpbusd peak: scripts/bench_cpu_peaks.py, doc
         block), xz int32 [cols, K/G] (minus ZERO times each group's sum of xq), xm f32
         [cols, K/32] (the scale times the sum of xq per 32; the K-quants' mins)
 
-Only where the CPU has AVX512-VNNI (gemm_available); elsewhere prompts keep the bf16/f32 GEMM.
+Where numba's target has AVX512-VNNI the vectors are 512 bits (16 rows); with AVX-VNNI's 256-bit
+vpdpbusd or AVX2 they are 256 bits (8 rows, gemm_isa), the panel's layout the same. AVX2 has no
+byte dot into int32: vpmaddubsw sums pairs of u8 x s8 products in int16, then vpmaddwd by ones
+sums those pairs into int32, as ggml's AVX2 kernels do; the values (u <= 63, |x| <= 127) cannot
+saturate the int16 pairs, except Q8_0's u = q + 128, so there Q8_0's panel holds q and the tile
+multiplies |q| by x with q's sign (vpabsb, vpsignb). Every path's integer dots are exact and its
+float steps the same per lane, so all give the same products bit for bit. Without AVX2 (or off
+x86) prompts keep the bf16/f32 GEMM.
 """
 from __future__ import annotations
 
 from .llvm_ir import (half_bits_to_float, k_quant_values, load_i8, nibble_values_at, q4_k_scales_and_mins_words,
                       q6_k_values, target_features)
 
-PANEL_ROWS = 32   # two 16-lane vectors of rows
-TILE_COLS = 4     # activation rows a tile multiplies (4 x 2 int and 4 x 2 float accumulators)
+PANEL_ROWS = 32   # two 16-lane vectors of rows (four 8-lane ones)
+TILE_COLS = 4     # activation rows an AVX-512 tile multiplies (4 x 2 int and 4 x 2 float accumulators)
 # kind -> (group size G, zero point ZERO: the u8 values are q + ZERO, the activations' scale
 # block: 32 values (Q8_0's rounding) or 256 (Q8_K's, the K-quants' vec_dot type in ggml))
 GEMM_KINDS = {34: (32, 128, 32), 18: (32, 8, 32), 144: (32, 0, 256), 176: (32, 0, 256), 210: (16, 32, 256)}
 BLOCK_VALUES = {34: 32, 18: 32, 144: 256, 176: 256, 210: 256}  # kind (a block's bytes) -> its values
 
 
-def gemm_available() -> bool:
-    """Whether numba's target has the 512-bit byte dot (AVX512-VNNI with AVX512-BW)."""
+def gemm_isa() -> str | None:
+    """The byte dot the GEMM runs on numba's target: "avx512vnni" (512-bit vpdpbusd, 16 rows a
+    vector), "vnni256" (256-bit vpdpbusd: AVX-VNNI, or AVX512-VNNI with VL but not BW), "avx2"
+    (vpmaddubsw + vpmaddwd over 256 bits, as ggml's AVX2 kernels), or None (the float GEMM)."""
     feats = target_features()
-    return "avx512vnni" in feats and "avx512bw" in feats and "avx512f" in feats
+    if {"avx512vnni", "avx512bw", "avx512f"} <= feats:
+        return "avx512vnni"
+    if "avxvnni" in feats or {"avx512vnni", "avx512vl"} <= feats:
+        return "vnni256"
+    if "avx2" in feats:
+        return "avx2"
+    return None
 
 
-def _gemm_intrinsics():
+def gemm_available() -> bool:
+    """Whether numba's target has a byte dot the GEMM runs on (gemm_isa)."""
+    return gemm_isa() is not None
+
+
+def vector_rows(isa: str) -> int:
+    """The panel rows one vector holds (its 32-bit lanes)."""
+    return 16 if isa == "avx512vnni" else 8
+
+
+def tile_cols(isa: str) -> int:
+    """Activation rows a tile multiplies: its int and float accumulators, TILE_COLS x
+    PANEL_ROWS / vector_rows each, fit the register file (32 vectors with AVX-512, 16 without)."""
+    return TILE_COLS if isa == "avx512vnni" else 2
+
+
+def gains(kind: int, isa: str) -> bool:
+    """Whether the int8 GEMM beats dequantizing the weight for the float GEMM on this kind by
+    default: every kind but Q8_0 on AVX2, whose |q| and sign of q cost half as many instructions
+    again as the other kinds' products, which left it slower than the f32 GEMM (measured with
+    scripts/bench_int8_gemm.py; TORCHGGML_CPU_GEMM=int8 still runs it)."""
+    return not (kind == 34 and isa == "avx2")
+
+
+def kind_params(kind: int, isa: str) -> tuple[int, int, int]:
+    """(group size, zero point, activation scale block) of a kind on an ISA: AVX2's vpmaddubsw
+    sums pairs of u8 x s8 products in int16, which Q8_0's u = q + 128 would overflow, so there
+    Q8_0's panel holds q itself (zero 0) and the tile multiplies |q| by x with q's sign, as
+    ggml's AVX2 kernels do."""
+    group, zero, scale_block = GEMM_KINDS[kind]
+    return (group, 0, scale_block) if kind == 34 and isa == "avx2" else (group, zero, scale_block)
+
+
+def _gemm_intrinsics(isa: str):
+    """(pack_rows, tile) for the ISA (gemm_isa)."""
     from llvmlite import ir
     from numba import types
     from numba.core import cgutils
@@ -55,7 +104,8 @@ def _gemm_intrinsics():
 
     i8, i16, i32, f32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
     vec = ir.VectorType
-    lanes = PANEL_ROWS // 16
+    width = vector_rows(isa)  # rows (int32 lanes) a vector holds
+    lanes = PANEL_ROWS // width  # vectors a panel's rows take
     FAST = ("fast",)
 
     def array(context, builder, sig, args, i):
@@ -113,9 +163,10 @@ def _gemm_intrinsics():
                 with cgutils.for_range(builder, builder.udiv(n_values, const(32))) as loop:
                     j = loop.index
                     at = builder.mul(j, const(k))
-                    if k == 34:  # q + 128: the sign bit flipped
-                        flip = ir.Constant(vec(i8, 32), [-128] * 32)
-                        us = [builder.xor(load_i8(builder, wp, builder.add(at, const(2)), 32), flip) for wp in wps]
+                    if k == 34:  # q + 128 (the sign bit flipped) or, with zero 0, q
+                        us = [load_i8(builder, wp, builder.add(at, const(2)), 32) for wp in wps]
+                        if kind_params(34, isa)[1]:
+                            us = [builder.xor(u, ir.Constant(vec(i8, 32), [-128] * 32)) for u in us]
                     else:
                         us = [nibble_values_at(builder, wp, builder.add(at, const(2))) for wp in wps]
                     store_values(us, builder.mul(j, const(32)))
@@ -161,8 +212,9 @@ def _gemm_intrinsics():
         if not (isinstance(cols, types.IntegerLiteral) and isinstance(kind, types.IntegerLiteral)):
             return None
         n_cols, k = cols.literal_value, kind.literal_value
-        group, zero, scale_block = GEMM_KINDS[k]
+        group, zero, scale_block = kind_params(k, isa)
         quads = group // 4
+        vi32, vf32 = vec(i32, width), vec(f32, width)
 
         def codegen(context, builder, sig, args):
             pp = builder.bitcast(array(context, builder, sig, args, 0).data, i8.as_pointer())
@@ -183,56 +235,55 @@ def _gemm_intrinsics():
             n_groups = builder.udiv(n_values, const(group))
             n_blocks = builder.udiv(n_values, const(32))
             n_scales = builder.udiv(n_values, const(scale_block))
-            dot = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec(i32, 16), [vec(i32, 16)] * 3),
-                                                 "llvm.x86.avx512.vpdpbusd.512")
-            zeros_f = ir.Constant(vec(f32, 16), [0.0] * 16)
+            dot = _byte_dot(builder, isa, width, signed_weights=k == 34 and not zero)
+            zeros_f = ir.Constant(vf32, [0.0] * width)
             accs = [[cgutils.alloca_once_value(builder, zeros_f) for _ in range(lanes)] for _ in range(n_cols)]
 
             def store_out():
                 for c in range(n_cols):
                     for r in range(lanes):
-                        at = builder.add(builder.mul(const(c), out_stride), const(64 * r))
-                        out_ptr = builder.bitcast(builder.gep(op, [at]), vec(f32, 16).as_pointer())
+                        at = builder.add(builder.mul(const(c), out_stride), const(4 * width * r))
+                        out_ptr = builder.bitcast(builder.gep(op, [at]), vf32.as_pointer())
                         builder.store(builder.load(accs[c][r]), out_ptr, align=4)
                 return context.get_dummy_value()
 
             def rows_vector(ptr, j, r):
-                at = builder.add(builder.mul(j, const(PANEL_ROWS)), const(16 * r))
-                return builder.load(builder.bitcast(builder.gep(ptr, [at]), vec(f32, 16).as_pointer()), align=4)
+                at = builder.add(builder.mul(j, const(PANEL_ROWS)), const(width * r))
+                return builder.load(builder.bitcast(builder.gep(ptr, [at]), vf32.as_pointer()), align=4)
 
             def group_ints(j):
-                """Group j's integer dots, [column][16 rows]."""
+                """Group j's integer dots, [column][vector of rows]."""
                 # the integer sums start at -ZERO * (the activations' group sum): the zero
                 # point's share, one broadcast load a row instead of a subtraction per vector
                 ints = []
                 for c in range(n_cols):
                     if zero:
                         z = builder.load(builder.gep(zp, [builder.add(builder.mul(const(c), n_groups), j)]))
-                        ints.append([splat(builder, z, 16)] * lanes)
+                        ints.append([splat(builder, z, width)] * lanes)
                     else:
-                        ints.append([ir.Constant(vec(i32, 16), [0] * 16)] * lanes)
+                        ints.append([ir.Constant(vi32, [0] * width)] * lanes)
                 for q in range(quads):
                     quad = builder.add(builder.mul(j, const(quads)), const(q))
                     weights = [builder.load(builder.bitcast(
-                        builder.gep(pp, [builder.add(builder.mul(quad, const(4 * PANEL_ROWS)), const(64 * r))]),
-                        vec(i32, 16).as_pointer()), align=1) for r in range(lanes)]
+                        builder.gep(pp, [builder.add(builder.mul(quad, const(4 * PANEL_ROWS)), const(4 * width * r))]),
+                        vi32.as_pointer()), align=1) for r in range(lanes)]
                     for c in range(n_cols):
                         at = builder.add(builder.mul(const(c), x_stride), builder.mul(quad, const(4)))
                         x4 = builder.load(builder.bitcast(builder.gep(xp, [at]), i32.as_pointer()), align=1)
-                        xs = splat(builder, x4, 16)
+                        xs = splat(builder, x4, width)
                         for r in range(lanes):
-                            ints[c][r] = builder.call(dot, [ints[c][r], weights[r], xs])
+                            ints[c][r] = dot(ints[c][r], weights[r], xs)
                 return ints
 
             def add_scaled(c, r, ints, scale):
-                term = builder.fmul(builder.sitofp(ints, vec(f32, 16)), scale, flags=FAST)
+                term = builder.fmul(builder.sitofp(ints, vf32), scale, flags=FAST)
                 builder.store(builder.fadd(builder.load(accs[c][r]), term, flags=FAST), accs[c][r])
 
             def dx_splat(c, block):
-                return splat(builder, builder.load(builder.gep(dp, [builder.add(builder.mul(const(c), n_scales), block)])), 16)
+                return splat(builder, builder.load(builder.gep(dp, [builder.add(builder.mul(const(c), n_scales), block)])), width)
 
             if k in (144, 176, 210):  # K-quants: sum_g sc_g (q_g . x_g) in integers over each super-block
-                zeros_i = ir.Constant(vec(i32, 16), [0] * 16)
+                zeros_i = ir.Constant(vi32, [0] * width)
                 totals = [[cgutils.alloca_once_value(builder, zeros_i) for _ in range(lanes)] for _ in range(n_cols)]
                 int_scales = builder.bitcast(sp, i32.as_pointer())
                 with cgutils.for_range(builder, n_scales) as outer:
@@ -244,8 +295,8 @@ def _gemm_intrinsics():
                         j = builder.add(builder.mul(sb, const(scale_block // group)), inner.index)
                         ints = group_ints(j)
                         sc = [builder.load(builder.bitcast(
-                            builder.gep(int_scales, [builder.add(builder.mul(j, const(PANEL_ROWS)), const(16 * r))]),
-                            vec(i32, 16).as_pointer()), align=4) for r in range(lanes)]
+                            builder.gep(int_scales, [builder.add(builder.mul(j, const(PANEL_ROWS)), const(width * r))]),
+                            vi32.as_pointer()), align=4) for r in range(lanes)]
                         for c in range(n_cols):
                             for r in range(lanes):
                                 builder.store(builder.add(builder.load(totals[c][r]), builder.mul(ints[c][r], sc[r])),
@@ -254,7 +305,7 @@ def _gemm_intrinsics():
                             row_mins = [rows_vector(mp, j, r) for r in range(lanes)]
                             for c in range(n_cols):
                                 xm_at = builder.add(builder.mul(const(c), n_blocks), j)
-                                xmc = splat(builder, builder.load(builder.gep(mxp, [xm_at])), 16)
+                                xmc = splat(builder, builder.load(builder.gep(mxp, [xm_at])), width)
                                 for r in range(lanes):
                                     acc = builder.fadd(builder.load(accs[c][r]), builder.fmul(row_mins[r], xmc, flags=FAST),
                                                        flags=FAST)
@@ -274,13 +325,13 @@ def _gemm_intrinsics():
                 row_mins = [rows_vector(mp, j, r) for r in range(lanes)] if k in (144, 176) else None
                 for c in range(n_cols):
                     dxc = builder.load(builder.gep(dp, [builder.add(builder.mul(const(c), n_scales), block)]))
-                    dxs = splat(builder, dxc, 16)
+                    dxs = splat(builder, dxc, width)
                     if row_mins is not None:
                         xm_at = builder.add(builder.mul(const(c), n_blocks), j)
-                        xmc = splat(builder, builder.load(builder.gep(mxp, [xm_at])), 16)
+                        xmc = splat(builder, builder.load(builder.gep(mxp, [xm_at])), width)
                     for r in range(lanes):
                         scale = builder.fmul(row_scales[r], dxs, flags=FAST)
-                        term = builder.fmul(builder.sitofp(ints[c][r], vec(f32, 16)), scale, flags=FAST)
+                        term = builder.fmul(builder.sitofp(ints[c][r], vf32), scale, flags=FAST)
                         acc = builder.fadd(builder.load(accs[c][r]), term, flags=FAST)
                         if row_mins is not None:
                             acc = builder.fadd(acc, builder.fmul(row_mins[r], xmc, flags=FAST), flags=FAST)
@@ -289,3 +340,34 @@ def _gemm_intrinsics():
         return types.none(panel, scales, mins, xq, dx, xz, xm, out, cols, kind), codegen
 
     return pack_rows, tile
+
+
+def _byte_dot(builder, isa: str, width: int, signed_weights: bool):
+    """dot(acc, w, x): acc (<width x i32>) plus, in each lane, the sum of its 4 byte products
+    w * x, w unsigned (signed where signed_weights: AVX2's Q8_0) and x signed, exact: vpdpbusd
+    (AVX512-VNNI, AVX-VNNI), else vpmaddubsw (pairs summed in int16: |w| <= 128 and |x| <= 127
+    cannot saturate) then vpmaddwd by ones (AVX2). Signed weights multiply |w| by x with w's
+    sign (vpabsb, vpsignb; w = 0 zeroes x)."""
+    from llvmlite import ir
+    from numba.core import cgutils
+    i8, i16, i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+    vec, module = ir.VectorType, builder.module
+    lanes, vb, vw = vec(i32, width), vec(i8, 4 * width), vec(i16, 2 * width)
+
+    def fn(name, ret, *args):
+        return cgutils.get_or_insert_function(module, ir.FunctionType(ret, list(args)), name)
+    if isa in ("avx512vnni", "vnni256"):
+        vpdpbusd = fn(f"llvm.x86.avx512.vpdpbusd.{32 * width}", lanes, lanes, lanes, lanes)
+        return lambda acc, w, x: builder.call(vpdpbusd, [acc, w, x])
+    maddubs = fn("llvm.x86.avx2.pmadd.ub.sw", vw, vb, vb)
+    maddwd = fn("llvm.x86.avx2.pmadd.wd", lanes, vw, vw)
+    sign = fn("llvm.x86.avx2.psign.b", vb, vb, vb)
+    absolute = fn("llvm.abs.v32i8", vb, vb, ir.IntType(1))
+    ones = ir.Constant(vw, [1] * (2 * width))
+
+    def dot(acc, w, x):
+        wb, xb = builder.bitcast(w, vb), builder.bitcast(x, vb)
+        if signed_weights:
+            wb, xb = builder.call(absolute, [wb, ir.Constant(ir.IntType(1), 0)]), builder.call(sign, [xb, wb])
+        return builder.add(acc, builder.call(maddwd, [builder.call(maddubs, [wb, xb]), ones]))
+    return dot

@@ -20,10 +20,12 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .gemm_ir import PANEL_ROWS, TILE_COLS, _gemm_intrinsics
+from .gemm_ir import PANEL_ROWS, _gemm_intrinsics, gemm_isa, tile_cols
 from .quant_kernels import NAN_BITS, has_non_finite
 
-pack_rows, tile = _gemm_intrinsics()
+ISA = gemm_isa() or "avx2"  # numba's cache keeps one build per target CPU, so these are constants
+TILE_COLS = tile_cols(ISA)
+pack_rows, tile = _gemm_intrinsics(ISA)
 
 
 @njit(fastmath=True, cache=True, nogil=True, inline="always")

@@ -787,9 +787,34 @@ def target_features() -> frozenset:
         from llvmlite import binding
     except ImportError:
         return frozenset()
-    if config.CPU_NAME:
-        return frozenset(f[1:] for f in (config.CPU_FEATURES or "").split(",") if f.startswith("+"))
-    return frozenset(k for k, v in binding.get_host_cpu_features().items() if v)
+    if not config.CPU_NAME or config.CPU_NAME == "host":
+        return frozenset(k for k, v in binding.get_host_cpu_features().items() if v)
+    # a named CPU: LLVM enables that CPU's features, then NUMBA_CPU_FEATURES' +f / -f
+    feats = set(CPU_NAME_FEATURES.get(config.CPU_NAME, ()))
+    for f in (config.CPU_FEATURES or "").split(","):
+        if f[:1] == "+":
+            feats.add(f[1:])
+        elif f[:1] == "-":
+            feats.discard(f[1:])
+    return frozenset(feats)
+
+
+# the features the kernels test of some CPUs numba may be told to compile for (NUMBA_CPU_NAME);
+# a name not here counts as baseline x86-64 (the kernels' generic code, right on any x86)
+_AVX2 = ("avx", "avx2", "fma", "f16c", "bmi2")
+_AVX512 = _AVX2 + ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd")
+CPU_NAME_FEATURES = {
+    **{name: _AVX2 for name in ("haswell", "broadwell", "skylake", "x86-64-v3", "znver1", "znver2", "znver3")},
+    **{name: _AVX2 + ("avxvnni",) for name in ("alderlake", "raptorlake", "meteorlake", "arrowlake", "lunarlake",
+                                               "gracemont", "sierraforest")},
+    **{name: _AVX512 for name in ("skylake-avx512", "x86-64-v4")},
+    **{name: _AVX512 + ("avx512vnni",) for name in ("cascadelake", "icelake-client", "icelake-server", "tigerlake",
+                                                     "rocketlake")},
+    **{name: _AVX512 + ("avx512vnni", "avx512bf16") for name in ("cooperlake", "znver4", "znver5")},
+    **{name: _AVX512 + ("avx512vnni", "avx512bf16", "avxvnni", "amx-int8") for name in ("sapphirerapids",
+                                                                                       "emeraldrapids",
+                                                                                       "graniterapids")},
+}
 
 
 @functools.lru_cache(maxsize=None)

@@ -7,7 +7,7 @@ types and cached on disk by numba.
     op_kernels()       decode's small nodes (op_kernels.py: norms, softmax, rope, copies...)
     repack_kernels()   ggml blocks to the fused layouts at load (repack_kernels.py)
     recurrent_kernels() the recurrent ops' scans (recurrent_kernels.py)
-    gemm_kernels()     the prompt's int8 GEMM over ggml's blocks (gemm_kernels.py, AVX512-VNNI)
+    gemm_kernels()     the prompt's int8 GEMM over ggml's blocks (gemm_kernels.py, AVX512-VNNI/AVX-VNNI/AVX2)
     plan_kernels()     runs of a plan's bound kernels in one native call (plan_kernels.py)
 
 Where numba's cache holds nothing for a module (the first use after an install), one line on

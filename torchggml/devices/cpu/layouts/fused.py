@@ -20,7 +20,7 @@ place (IN_PLACE_KINDS, block_product; ggml's sizes, nothing converted at load); 
 (3-D, for MUL_MAT_ID) and the other types are. Products: M < FUSED_MAX_ROWS rows of activations
 (BLOCK_MAX_ROWS for blocks in place, INT8_GEMM_MIN_ROWS where the int8 GEMM runs)
 run the fused matvec. Larger micro-batches of those blocks in place run the int8 GEMM with
-ggml's per-block scales where the CPU has AVX512-VNNI (_int8_gemm, jit/gemm_ir.py; faster than
+ggml's per-block scales where the CPU has AVX2 or a VNNI (_int8_gemm, jit/gemm_ir.py; faster than
 the bf16 path below: docs/benchmarks.md); the rest
 dequantize the weight once per call into the fastest float GEMM dtype and use torch's GEMM (for
 ggml's blocks in place, one LLVM vector loop a row, several times faster than the scalar loops
@@ -40,11 +40,11 @@ import torch
 from ....tensor import Tensor, round_up
 from ....types import Type, type_traits
 from ....storage import byte_view
-from ..features import fastest_gemm_dtype, int8_gemm
+from ..features import fastest_gemm_dtype, int8_gemm_takes
 from ..jit.loader import BoundKernel, gemm_kernels, numba_available, quant_kernels, repack_kernels
 from .base import RepackBuffer, RepackBufferType, is_whole_contiguous
 from .decompose import DECOMPOSE, HAS_BIAS, decompose, group_size
-from ..jit.gemm_ir import GEMM_KINDS, PANEL_ROWS
+from ..jit.gemm_ir import PANEL_ROWS, gemm_isa, kind_params
 
 ALIGN = 64
 # below this many activation rows the fused matvec wins; from it on dequantize + GEMM does
@@ -366,7 +366,7 @@ def _int8_gemm(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
     ggml's per-block scales (jit/gemm_ir.py)."""
     import numba
     m, k = rows.shape
-    group, zero, scale_block = GEMM_KINDS[p.kind]
+    group, zero, scale_block = kind_params(p.kind, gemm_isa())
     threads = numba.config.NUMBA_NUM_THREADS
     panels, scales, mins = _gemm_buffers(("panel", k), lambda: (
         np.empty((threads, k * PANEL_ROWS), np.uint8), np.empty((threads, (k // 16 + k // 256) * PANEL_ROWS), np.float32),
@@ -389,7 +389,7 @@ def _plain_rows(m: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _takes_int8_gemm(p: _Packed) -> bool:
-    return p.blocks and p.n % PANEL_ROWS == 0 and int8_gemm()
+    return p.blocks and p.n % PANEL_ROWS == 0 and int8_gemm_takes(p.kind)
 
 
 def _matvec_max_rows(p: _Packed) -> int:

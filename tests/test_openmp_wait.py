@@ -1,0 +1,45 @@
+"""OpenMP's wait policy chosen at import (torchggml/openmp.py): PASSIVE where the process starts on
+a busy machine, the runtime's default elsewhere, the user's own settings always kept."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchggml import openmp
+
+# (TORCHGGML_OMP_WAIT, the environment, 1-minute load, CPUs, runtime loaded, the policy set)
+CASES = [
+    ("", {}, 0.1, 2, False, None),                           # quiet: OpenMP's default
+    ("auto", {}, 1.0, 2, False, "PASSIVE"),                  # one busy program on two CPUs
+    ("", {}, 3.0, 16, False, None),                          # a few on sixteen
+    ("", {}, 12.0, 16, False, "PASSIVE"),
+    ("passive", {}, 0.0, 2, False, "PASSIVE"),
+    ("default", {}, 9.0, 2, False, None),
+    ("", {"OMP_WAIT_POLICY": "ACTIVE"}, 9.0, 2, False, None),  # the user's choice stands
+    ("passive", {"GOMP_SPINCOUNT": "10000"}, 9.0, 2, False, None),
+    ("", {}, 9.0, 2, True, None),                            # torch imported first: too late
+]
+
+
+@pytest.mark.parametrize("choice,environ,load,cpus,loaded,policy", CASES)
+def test_wait_policy(choice, environ, load, cpus, loaded, policy):
+    assert openmp.wait_policy(choice, environ, load, cpus, loaded) == policy
+
+
+def test_a_bad_choice_names_the_variable():
+    with pytest.raises(ValueError, match="TORCHGGML_OMP_WAIT"):
+        openmp.wait_policy("spin", {}, 0.0, 2, False)
+
+
+def test_import_sets_it_before_torch_loads():
+    """`import torchggml` in a fresh process with TORCHGGML_OMP_WAIT=passive: torch's OpenMP
+    runtime then reads OMP_WAIT_POLICY=PASSIVE."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env.update(TORCHGGML_OMP_WAIT="passive", PYTHONPATH=str(Path(__file__).parents[1]))
+    code = "import sys, os, torchggml; print(os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.stdout.split() == ["PASSIVE", "True"], out.stderr[-2000:]
