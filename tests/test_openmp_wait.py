@@ -36,10 +36,11 @@ def test_a_bad_choice_names_the_variable():
 
 
 def test_import_sets_it_before_torch_loads():
-    """`import torchggml` in a fresh process with TORCHGGML_OMP_WAIT=passive: torch's OpenMP
-    runtime then reads OMP_WAIT_POLICY=PASSIVE."""
+    """`import torchggml` in a fresh process with TORCHGGML_OMP_WAIT=passive sets the policy before
+    torch loads (the face loads torch on first use of a name): its OpenMP runtime reads PASSIVE."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     env.update(TORCHGGML_OMP_WAIT="passive", PYTHONPATH=str(Path(__file__).parents[1]))
-    code = "import sys, os, torchggml; print(os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules)"
+    code = ("import sys, os, torchggml; print(os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules); "
+            "torchggml.Type; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert out.stdout.split() == ["PASSIVE", "True"], out.stderr[-2000:]
+    assert out.stdout.split() == ["PASSIVE", "False", "True"], out.stderr[-2000:]
