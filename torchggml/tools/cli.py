@@ -68,6 +68,15 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("input", help="GGUF file (F32, F16, BF16 or quantized)")
     p.add_argument("output", help="the GGUF file to write")
     p.add_argument("type", metavar="TYPE", help=f"one of {', '.join(FILE_TYPES)}")
+    p.add_argument("nthreads", nargs="?", type=int, default=None, metavar="THREADS",
+                   help="threads (default: all cores)")
+    p.add_argument("--imatrix", metavar="FILE", help="importance matrix (llama.cpp's GGUF or .dat format)")
+    p.add_argument("--include-weights", action="append", metavar="NAME",
+                   help="use the imatrix only for tensors whose name contains NAME (repeatable)")
+    p.add_argument("--exclude-weights", action="append", metavar="NAME",
+                   help="do not use the imatrix for tensors whose name contains NAME (repeatable)")
+    p.add_argument("--allow-requantize", action="store_true",
+                   help="allow quantizing tensors that are already quantized (loses quality)")
     p.add_argument("-v", "--verbose", action="store_true", help="print every tensor's old and new type")
     p.set_defaults(func=cmd_quantize)
 

@@ -53,9 +53,17 @@ def _trunc_i8(v):
 
 # ------------------------------------------------------------------ scale searches (ggml-quants.c)
 
+@njit(cache=True, nogil=True, inline="always")
+def _clamped(v, lo, hi):
+    """nearest_int(v) clamped to [lo, hi], kept a float32 (integers are exact there)."""
+    r = F(v + MAGIC) - MAGIC
+    return lo if r < lo else hi if r > hi else r
+
+
 @njit(cache=True, nogil=True)
-def make_qx_quants(n, nmax, x, L, qw, use_qw):
-    """Symmetric quants L (int8, 0..2*nmax-1) and their scale; rmse_type 1 (weights x^2 or qw)."""
+def make_qx_quants(n, nmax, x, L, qw, use_qw, w):
+    """Symmetric quants L (int8, 0..2*nmax-1) and their scale; rmse_type 1 (weights x^2 or qw).
+    w: scratch of n floats (the weights)."""
     mx = F(0)
     amax = F(0)
     for i in range(n):
@@ -67,17 +75,18 @@ def make_qx_quants(n, nmax, x, L, qw, use_qw):
         for i in range(n):
             L[i] = 0
         return F(0)
+    for i in range(n):
+        w[i] = qw[i] if use_qw else x[i] * x[i]
     fnmax = F(nmax)
+    lo, hi = -fnmax, fnmax - F(1)
     iscale = -fnmax / mx
     sumlx = F(0)
     suml2 = F(0)
     for i in range(n):
-        l = min(max(nearest_int(iscale * x[i]), -nmax), nmax - 1)
-        L[i] = l + nmax
-        w = qw[i] if use_qw else x[i] * x[i]
-        fl = F(l)
-        sumlx += w * x[i] * fl
-        suml2 += w * fl * fl
+        fl = _clamped(iscale * x[i], lo, hi)
+        L[i] = np.int32(fl) + nmax
+        sumlx += w[i] * x[i] * fl
+        suml2 += w[i] * fl * fl
     scale = sumlx / suml2 if suml2 != 0 else F(0)
     best = scale * sumlx
     for step in range(-9, 10):
@@ -87,14 +96,12 @@ def make_qx_quants(n, nmax, x, L, qw, use_qw):
         sumlx = F(0)
         suml2 = F(0)
         for i in range(n):
-            l = min(max(nearest_int(iscale * x[i]), -nmax), nmax - 1)
-            w = qw[i] if use_qw else x[i] * x[i]
-            fl = F(l)
-            sumlx += w * x[i] * fl
-            suml2 += w * fl * fl
+            fl = _clamped(iscale * x[i], lo, hi)
+            sumlx += w[i] * x[i] * fl
+            suml2 += w[i] * fl * fl
         if suml2 > 0 and sumlx * sumlx > best * suml2:
             for i in range(n):
-                L[i] = nmax + min(max(nearest_int(iscale * x[i]), -nmax), nmax - 1)
+                L[i] = np.int32(_clamped(iscale * x[i], lo, hi)) + nmax
             scale = sumlx / suml2
             best = scale * sumlx
     return scale
@@ -173,10 +180,11 @@ def make_qkx_quants(n, nmax, x, weights, L, Laux, rmin, rdelta, nstep, use_mad):
     iscale = fnmax / (mx - mn)
     scale = F(1) / iscale
     best_error = F(0)
+    top = F(nmax)
     for i in range(n):
-        l = min(max(nearest_int(iscale * (x[i] - mn)), 0), nmax)
-        L[i] = l
-        diff = scale * F(l) + mn - x[i]
+        fl = _clamped(iscale * (x[i] - mn), F(0), top)
+        L[i] = np.int32(fl)
+        diff = scale * fl + mn - x[i]
         diff = abs(diff) if use_mad else diff * diff
         best_error += weights[i] * diff
     for step in range(nstep + 1):
@@ -185,10 +193,9 @@ def make_qkx_quants(n, nmax, x, weights, L, Laux, rmin, rdelta, nstep, use_mad):
         sum_l2 = F(0)
         sum_xl = F(0)
         for i in range(n):
-            l = min(max(nearest_int(iscale * (x[i] - mn)), 0), nmax)
-            Laux[i] = l
+            fl = _clamped(iscale * (x[i] - mn), F(0), top)
+            Laux[i] = np.int32(fl)
             w = weights[i]
-            fl = F(l)
             sum_l += w * fl
             sum_l2 += w * fl * fl
             sum_xl += w * fl * x[i]
@@ -353,13 +360,14 @@ def q4_0_row(x, qw, use_qw, out):
     L = np.empty(32, np.int32)
     weight = np.empty(32, np.float32)
     Ls = np.empty(32, np.int8)
+    wbuf = np.empty(32, np.float32)
     sigma2 = _row_sigma2(x) if use_qw else F(0)
     for b in range(x.shape[0] // 32):
         xb = x[32 * b:32 * b + 32]
         o = 18 * b
         if use_qw:
             _imatrix_weights(xb, qw[32 * b:32 * b + 32], sigma2, weight)
-            d = make_qx_quants(32, 8, xb, Ls, weight, True)
+            d = make_qx_quants(32, 8, xb, Ls, weight, True, wbuf)
             for j in range(32):
                 L[j] = Ls[j]
         else:
@@ -377,13 +385,14 @@ def q5_0_row(x, qw, use_qw, out):
     L = np.empty(32, np.int32)
     weight = np.empty(32, np.float32)
     Ls = np.empty(32, np.int8)
+    wbuf = np.empty(32, np.float32)
     sigma2 = _row_sigma2(x) if use_qw else F(0)
     for b in range(x.shape[0] // 32):
         xb = x[32 * b:32 * b + 32]
         o = 22 * b
         if use_qw:
             _imatrix_weights(xb, qw[32 * b:32 * b + 32], sigma2, weight)
-            d = make_qx_quants(32, 16, xb, Ls, weight, True)
+            d = make_qx_quants(32, 16, xb, Ls, weight, True, wbuf)
             for j in range(32):
                 L[j] = Ls[j]
         else:
@@ -520,6 +529,7 @@ def q3_k_row(x, qw, use_qw, out):
     scales = np.empty(16, np.float32)
     sw = np.empty(16, np.float32)
     Ls = np.empty(16, np.int8)
+    wbuf = np.empty(16, np.float32)
     lsc = np.zeros(16, np.int64)  # the 6-bit scales as stored, 0..63
     Lu = np.empty(256, np.int64)
     for b in range(x.shape[0] // 256):
@@ -537,8 +547,8 @@ def q3_k_row(x, qw, use_qw, out):
                 for l in range(16):
                     s += weight[l]
                 sw[j] = s
-                scales[j] = make_qx_quants(16, 4, xs, L[16 * j:16 * j + 16], weight, True)
-            d_block = make_qx_quants(16, 32, scales, Ls, sw, True)
+                scales[j] = make_qx_quants(16, 4, xs, L[16 * j:16 * j + 16], weight, True, wbuf)
+            d_block = make_qx_quants(16, 32, scales, Ls, sw, True, wbuf)
             for j in range(16):
                 lsc[j] = Ls[j]
         else:
@@ -714,6 +724,7 @@ def _q45_k_row(x, qw, use_qw, out, nmax, size):
 def q6_k_row(x, qw, use_qw, out):
     L = np.empty(256, np.int8)
     scales = np.empty(16, np.float32)
+    wbuf = np.empty(16, np.float32)
     for b in range(x.shape[0] // 256):
         xb = x[256 * b:256 * b + 256]
         o = 210 * b
@@ -721,7 +732,7 @@ def q6_k_row(x, qw, use_qw, out):
         max_abs = F(0)
         for j in range(16):
             scale = make_qx_quants(16, 32, xb[16 * j:16 * j + 16], L[16 * j:16 * j + 16],
-                                   qw[256 * b + 16 * j:256 * b + 16 * j + 16], use_qw)
+                                   qw[256 * b + 16 * j:256 * b + 16 * j + 16], use_qw, wbuf)
             scales[j] = scale
             if abs(scale) > max_abs:
                 max_abs = abs(scale)
