@@ -281,12 +281,15 @@ def _convert(t, old: Type, new: Type, ne: list[int], qw: np.ndarray | None) -> n
 
 def _as_float32(t: Type, raw: np.ndarray) -> np.ndarray:
     """Rows of type t (bytes) as float32; torch converts F16/BF16 on all threads."""
+    import warnings
     from ..quants import dequantize
     if t == Type.F32:
         return raw.view(np.float32)
-    if t == Type.F16:
-        return torch.from_numpy(raw.view(np.float16)).float().numpy()
-    return dequantize(t, torch.from_numpy(np.ascontiguousarray(raw))).numpy()
+    with warnings.catch_warnings():  # the file's read-only mapping: only read
+        warnings.simplefilter("ignore", UserWarning)
+        if t == Type.F16:
+            return torch.from_numpy(raw.view(np.float16)).float().numpy()
+        return dequantize(t, torch.from_numpy(raw)).numpy()
 
 
 def _row_bytes(t: Type, n: int) -> int:
