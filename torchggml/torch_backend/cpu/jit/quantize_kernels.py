@@ -63,7 +63,7 @@ def _clamped(v, lo, hi):
 @njit(cache=True, nogil=True)
 def make_qx_quants(n, nmax, x, L, qw, use_qw, w):
     """Symmetric quants L (int8, 0..2*nmax-1) and their scale; rmse_type 1 (weights x^2 or qw).
-    w: scratch of n floats (the weights)."""
+    w: scratch of 2n floats (the weights and the weights times x)."""
     mx = F(0)
     amax = F(0)
     for i in range(n):
@@ -75,8 +75,11 @@ def make_qx_quants(n, nmax, x, L, qw, use_qw, w):
         for i in range(n):
             L[i] = 0
         return F(0)
+    wx = w[n:2 * n]
+    w = w[:n]
     for i in range(n):
         w[i] = qw[i] if use_qw else x[i] * x[i]
+        wx[i] = w[i] * x[i]  # C's w*x[i]*l is (w*x[i])*l
     fnmax = F(nmax)
     lo, hi = -fnmax, fnmax - F(1)
     iscale = -fnmax / mx
@@ -85,7 +88,7 @@ def make_qx_quants(n, nmax, x, L, qw, use_qw, w):
     for i in range(n):
         fl = _clamped(iscale * x[i], lo, hi)
         L[i] = np.int32(fl) + nmax
-        sumlx += w[i] * x[i] * fl
+        sumlx += wx[i] * fl
         suml2 += w[i] * fl * fl
     scale = sumlx / suml2 if suml2 != 0 else F(0)
     best = scale * sumlx
@@ -97,7 +100,7 @@ def make_qx_quants(n, nmax, x, L, qw, use_qw, w):
         suml2 = F(0)
         for i in range(n):
             fl = _clamped(iscale * x[i], lo, hi)
-            sumlx += w[i] * x[i] * fl
+            sumlx += wx[i] * fl
             suml2 += w[i] * fl * fl
         if suml2 > 0 and sumlx * sumlx > best * suml2:
             for i in range(n):
@@ -360,7 +363,7 @@ def q4_0_row(x, qw, use_qw, out):
     L = np.empty(32, np.int32)
     weight = np.empty(32, np.float32)
     Ls = np.empty(32, np.int8)
-    wbuf = np.empty(32, np.float32)
+    wbuf = np.empty(64, np.float32)
     sigma2 = _row_sigma2(x) if use_qw else F(0)
     for b in range(x.shape[0] // 32):
         xb = x[32 * b:32 * b + 32]
@@ -385,7 +388,7 @@ def q5_0_row(x, qw, use_qw, out):
     L = np.empty(32, np.int32)
     weight = np.empty(32, np.float32)
     Ls = np.empty(32, np.int8)
-    wbuf = np.empty(32, np.float32)
+    wbuf = np.empty(64, np.float32)
     sigma2 = _row_sigma2(x) if use_qw else F(0)
     for b in range(x.shape[0] // 32):
         xb = x[32 * b:32 * b + 32]
@@ -529,7 +532,7 @@ def q3_k_row(x, qw, use_qw, out):
     scales = np.empty(16, np.float32)
     sw = np.empty(16, np.float32)
     Ls = np.empty(16, np.int8)
-    wbuf = np.empty(16, np.float32)
+    wbuf = np.empty(32, np.float32)
     lsc = np.zeros(16, np.int64)  # the 6-bit scales as stored, 0..63
     Lu = np.empty(256, np.int64)
     for b in range(x.shape[0] // 256):
@@ -724,7 +727,7 @@ def _q45_k_row(x, qw, use_qw, out, nmax, size):
 def q6_k_row(x, qw, use_qw, out):
     L = np.empty(256, np.int8)
     scales = np.empty(16, np.float32)
-    wbuf = np.empty(16, np.float32)
+    wbuf = np.empty(32, np.float32)
     for b in range(x.shape[0] // 256):
         xb = x[256 * b:256 * b + 256]
         o = 210 * b
