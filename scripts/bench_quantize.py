@@ -45,7 +45,7 @@ def llama_quantize(src: str, dst: str, ftype: str, threads: int, imatrix: str | 
             entries[i].name = keep[-1][0]
             entries[i].data = values.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
             entries[i].size = values.size
-        params.imatrix = ctypes.cast(entries, ctypes.c_void_p) if False else ctypes.pointer(entries[0])
+        params.imatrix = ctypes.cast(entries, type(params.imatrix))
     if llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params)) != 0:
         raise RuntimeError(f"llama_model_quantize failed for {ftype}")
 

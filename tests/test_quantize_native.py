@@ -104,6 +104,15 @@ def test_native_rejects_bad_input(call, match):
         call()
 
 
+@pytest.mark.parametrize("t", [Type.Q8_0, Type.Q4_K, Type.IQ4_XS], ids=lambda t: t.name)
+def test_native_float16_rows_equal_their_float32_values(t):
+    h = rows_of("edges", (4, 512)).astype(np.float16)
+    np.testing.assert_array_equal(quantize_native(t, h), quantize_native(t, h.astype(np.float32)))
+    h[2, 300] = np.inf
+    with pytest.raises(ValueError, match="non-finite value \\(inf at row 2, column 300\\)"):
+        quantize_native(t, h)
+
+
 def test_native_accepts_torch_and_leading_dims():
     x = rows_of("gauss", (6, 256)).reshape(2, 3, 256)
     got = quantize_native("Q4_K", torch.from_numpy(x))

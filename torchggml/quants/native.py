@@ -17,12 +17,12 @@ from ..types import Type, as_type, blck_size, row_size
 
 NATIVE_TYPES = (Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q2_K, Type.Q3_K, Type.Q4_K,
                 Type.Q5_K, Type.Q6_K, Type.IQ4_NL, Type.IQ4_XS)
-# below this the searches' float32 arithmetic leaves ggml's domain (nearest_int asserts |v| <= 2^22)
 _NO_IMATRIX = np.zeros(1, np.float32)
 
 
 def quantize_native(qtype, x, imatrix=None, out: np.ndarray | None = None) -> np.ndarray:
-    """x: float32-convertible [rows, n] (numpy or torch); imatrix: the mean squared activation of
+    """x: float32-convertible [rows, n] (numpy or torch; a float16 numpy array is converted in the
+    kernel, a row at a time); imatrix: the mean squared activation of
     each of the n columns (llama.cpp's importance matrix for this tensor), or None.
     Returns uint8 [rows, row_size(qtype, n)] (written into `out` when given)."""
     from ..torch_backend.cpu.jit.loader import quantize_kernels
@@ -30,16 +30,12 @@ def quantize_native(qtype, x, imatrix=None, out: np.ndarray | None = None) -> np
     if t not in NATIVE_TYPES:
         raise ValueError(f"quantize_native: no native quantizer for {t.name}; "
                          f"these have one: {', '.join(q.name for q in NATIVE_TYPES)}")
-    x = _as_f32_rows(x)
+    half = isinstance(x, np.ndarray) and x.dtype == np.float16
+    x = _as_rows(x) if half else _as_f32_rows(x)
     rows, n = x.shape
     if n % blck_size(t):
         raise ValueError(f"quantize_native({t.name}): row of {n} values is not a multiple of the block size "
                          f"{blck_size(t)}")
-    finite = np.isfinite(x)
-    if not finite.all():
-        r, c = np.argwhere(~finite)[0]
-        raise ValueError(f"quantize_native({t.name}): x has a non-finite value ({x[r, c]} at row {r}, "
-                         f"column {c}); block types cannot hold NaN or inf")
     qw = _NO_IMATRIX
     if imatrix is not None:
         qw = np.ascontiguousarray(_as_f32(imatrix).reshape(-1))
@@ -51,8 +47,16 @@ def quantize_native(qtype, x, imatrix=None, out: np.ndarray | None = None) -> np
     elif out.shape != (rows, row_size(t, n)) or out.dtype != np.uint8:
         raise ValueError(f"quantize_native({t.name}): out must be uint8 {(rows, row_size(t, n))}, "
                          f"got {out.dtype} {out.shape}")
-    if rows:
-        quantize_kernels().quantize_rows(int(t), x, qw, imatrix is not None, out)
+    bad = np.zeros(rows, np.uint8)
+    if rows and half:  # converted to float32 a row at a time, in the kernel
+        quantize_kernels().quantize_rows_f16(int(t), x.view(np.int16), qw, imatrix is not None, out, bad)
+    elif rows:
+        quantize_kernels().quantize_rows(int(t), x, qw, imatrix is not None, out, bad)
+    if bad.any():
+        r = int(np.argmax(bad))
+        c = int(np.argmax(~np.isfinite(x[r])))
+        raise ValueError(f"quantize_native({t.name}): x has a non-finite value ({x[r, c]} at row {r}, "
+                         f"column {c}); block types cannot hold NaN or inf")
     return out
 
 
@@ -63,7 +67,10 @@ def _as_f32(a) -> np.ndarray:
 
 
 def _as_f32_rows(x) -> np.ndarray:
-    x = _as_f32(x)
+    return _as_rows(_as_f32(x))
+
+
+def _as_rows(x: np.ndarray) -> np.ndarray:
     if x.ndim == 1:
         x = x.reshape(1, -1)
     if x.ndim != 2:

@@ -268,7 +268,7 @@ def _convert(t, old: Type, new: Type, ne: list[int], qw: np.ndarray | None) -> n
     step = max(1, min(rows_per_expert, CHUNK_BYTES // (4 * ne[0])))
     for r0 in range(0, n_rows, step):
         r1 = min(n_rows, r0 + step, (r0 // rows_per_expert + 1) * rows_per_expert)
-        values = _as_float32(old, raw[r0:r1])
+        values = raw[r0:r1].view(np.float16) if old == Type.F16 and new in NATIVE_TYPES else _as_float32(old, raw[r0:r1])
         if new in NATIVE_TYPES:
             expert = r0 // rows_per_expert
             quantize_native(new, values, None if qw is None else qw[expert * ne[0]:(expert + 1) * ne[0]],

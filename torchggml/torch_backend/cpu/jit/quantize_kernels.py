@@ -1,9 +1,12 @@
 """ggml's quantizers in native code, rows in parallel: what llama-quantize runs (ggml_quantize_chunk),
 bit for bit, with and without an importance matrix.
 
-    quantize_rows(kind, x, qw, use_qw, out)
+    quantize_rows(kind, x, qw, use_qw, out, bad)
         x float32 [rows, n]; qw float32 [n] the importance of each column (read when use_qw);
-        out uint8 [rows, row bytes] of the type `kind` (KIND in quants/native.py: ggml's type id)
+        out uint8 [rows, row bytes] of the type `kind` (ggml's type id); bad uint8 [rows] zeros:
+        a row holding NaN or inf is left unwritten and flagged there
+    quantize_rows_f16(kind, h, qw, use_qw, out, bad)
+        the same from float16 rows (their bits, int16 [rows, n]), converted a row at a time
 
 Semantics follow ggml-quants.c's quantize_<type> (the functions ggml_quantize_chunk dispatches to):
 without an importance matrix the K types and Q4_0..Q5_1 take their quantize_row_*_ref path, with
@@ -11,8 +14,7 @@ one the *_impl searches (make_qkx3_quants, make_qp_quants, make_qx_quants weight
 qw * sqrt(sigma2 + x^2)); IQ4_NL and IQ4_XS always search (ntry 7). Every sum is accumulated in
 float32 in C's order and every constant is a float32 (numba would widen a Python float or an int
 times a float32 to float64), with no fast-math, so each rounding is C's; nearest_int adds
-1.5 * 2^23 as ggml's does. Values beyond ggml's domain (|x / scale| > 2^22, NaN) are the caller's
-to refuse, as ggml asserts on them.
+1.5 * 2^23 as ggml's does. Rows with NaN or inf (which ggml's searches assert against) are flagged, not quantized.
 """
 import math
 
@@ -20,6 +22,9 @@ import numpy as np
 from numba import njit, prange
 
 from .halves import float_to_half_bits, round_to_half
+from .llvm_ir import _half_bits_intrinsic
+
+half_to_f32 = _half_bits_intrinsic()
 
 F = np.float32
 EPS = F(1e-15)  # ggml's GROUP_MAX_EPS: a group whose largest |x| is below quantizes to zero
@@ -932,7 +937,31 @@ def _quantize_row(kind, x, qw, use_qw, out):
         iq4_xs_row(x, qw, use_qw, out)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _finite(x):
+    for j in range(x.shape[0]):
+        if not np.isfinite(x[j]):
+            return False
+    return True
+
+
 @njit(parallel=True, cache=True, nogil=True)
-def quantize_rows(kind, x, qw, use_qw, out):
+def quantize_rows(kind, x, qw, use_qw, out, bad):
     for r in prange(x.shape[0]):
-        _quantize_row(kind, x[r], qw, use_qw, out[r])
+        if _finite(x[r]):
+            _quantize_row(kind, x[r], qw, use_qw, out[r])
+        else:
+            bad[r] = 1
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def quantize_rows_f16(kind, h, qw, use_qw, out, bad):
+    for r in prange(h.shape[0]):
+        x = np.empty(h.shape[1], np.float32)
+        hr = h[r]
+        for j in range(h.shape[1]):
+            x[j] = half_to_f32(hr[j])
+        if _finite(x):
+            _quantize_row(kind, x, qw, use_qw, out[r])
+        else:
+            bad[r] = 1
