@@ -34,6 +34,7 @@ def llama_quantize(src: str, dst: str, ftype: str, threads: int, imatrix: str | 
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = FILE_TYPES[ftype][0]
     params.nthread = threads
+    params.allow_requantize = True  # as torchggml's side (a quantized source is requantized by both)
     keep = []
     if imatrix:
         weights, _ = load_imatrix(imatrix)
@@ -98,8 +99,9 @@ def main(argv=None) -> int:
         src = generated_model(bench_config("1b"), "F16")
     numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
     torch.set_num_threads(args.threads)
-    for t in NATIVE_TYPES:  # compile (or load) the kernels before timing
-        quantize_native(t, np.ones((2, 256), np.float32))
+    for t in NATIVE_TYPES:  # compile (or load) the kernels before timing: float32 and float16 rows
+        for dtype in (np.float32, np.float16):
+            quantize_native(t, np.ones((2, 256), dtype))
     print(f"source: {src} ({os.path.getsize(src) / 2**30:.2f} GiB), {args.threads} threads"
           + (f", imatrix {args.imatrix}" if args.imatrix else ""))
     print(f"{'type':8s} {'llama.cpp s':>12s} {'torchggml s':>12s} {'ratio':>6s}  bytes")
