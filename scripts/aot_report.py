@@ -21,7 +21,7 @@ DEFAULT_TYPES = "Q4_0,Q4_K"
 
 def parse_types(text: str):
     from torchggml.types import Type
-    from triton_kernels import SUPPORTED_TYPES
+    from torchggml.devices.triton import SUPPORTED_TYPES
     if text == "all":
         return list(SUPPORTED_TYPES)
     try:
@@ -31,7 +31,7 @@ def parse_types(text: str):
 
 
 def _compile(job):
-    from triton_kernels import aot
+    from torchggml.devices.triton import aot
     spec, arch = job
     try:
         return aot.compile_spec(spec, arch), None
@@ -41,7 +41,7 @@ def _compile(job):
 
 def run(types, archs, jobs: int = 1, kernels=None, x_dtypes=("fp32", "bf16")):
     """(reports keyed by (spec, arch), compile errors); `kernels`: only these (names in aot.KERNELS)."""
-    from triton_kernels import aot
+    from torchggml.devices.triton import aot
     work = [(spec, arch) for spec in aot.specs(types, x_dtypes) for arch in archs
             if not kernels or spec.kernel in kernels]
     if jobs > 1:
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("aot_report: unset TRITON_INTERPRET (the interpreter has no compiler)", file=sys.stderr)
         return 2
-    from triton_kernels import aot
+    from torchggml.devices.triton import aot
     problem = aot.toolchain_problem()
     if problem:
         print(f"aot_report: cannot compile ahead of time here: {problem}", file=sys.stderr)

@@ -22,7 +22,7 @@ DATA = ROOT / "tests" / "data" / "archs"
 
 def main(argv=None) -> int:
     from torchggml.models import load_model
-    from torchggml.gguf_writer.tiny import CASES_BY_NAME, file_sha256, write_tiny_model
+    from torchggml.gguf.writer.tiny import CASES_BY_NAME, file_sha256, write_tiny_model
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="CPU")
     args = p.parse_args(argv)

@@ -90,7 +90,7 @@ OPS_PER_INSTRUCTION = {"fp32 FMA": 32, "int8 dot": 128}
 def peaks(threads: int) -> dict[str, float]:
     """GOP/s of each peak kernel on `threads` threads (one loop each)."""
     import numba
-    from torchggml.torch_backend.cpu.jit.gemm_ir import gemm_available
+    from torchggml.devices.cpu.jit.gemm_ir import gemm_available
     numba.set_num_threads(threads)
     result = {}
     for name, run in _peak_kernels().items():
@@ -108,9 +108,9 @@ def peaks(threads: int) -> dict[str, float]:
 def gemm_rates(m: int, k: int, n: int) -> dict[str, float]:
     """GOP/s of the prompt GEMMs at m x k x n (2 m k n ops)."""
     from torchggml.quants import quantize
-    from torchggml.torch_backend.cpu.features import int8_gemm
-    from torchggml.torch_backend.cpu.jit.loader import op_kernels
-    from torchggml.torch_backend.cpu.layouts import fused
+    from torchggml.devices.cpu.features import int8_gemm
+    from torchggml.devices.cpu.jit.loader import op_kernels
+    from torchggml.devices.cpu.layouts import fused
     from torchggml.types import Type
     ops = 2 * m * k * n / 1e9
     x = torch.randn(m, k)
@@ -133,7 +133,7 @@ def gemm_rates(m: int, k: int, n: int) -> dict[str, float]:
 
 def read_bandwidth() -> float:
     """GB/s of a sum over 1 GiB in huge pages (the best case of decode's weight reads)."""
-    from torchggml.memory import huge_page_storage
+    from torchggml.storage import huge_page_storage
     n = 1 << 30
     storage = huge_page_storage(n)
     data = (torch.empty(0, dtype=torch.float32).set_(storage) if storage is not None
@@ -148,7 +148,7 @@ BYTES_PER_WEIGHT = {"F16": 2.0, "Q8_0": 34 / 32, "Q6_K": 210 / 256, "Q4_K": 144 
 
 
 def main(argv=None) -> int:
-    from torchggml.torch_backend.cpu.features import cpu_features
+    from torchggml.devices.cpu.features import cpu_features
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("-t", "--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--shape", choices=sorted(SHAPES), default="1b")

@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torchggml as ggml  # noqa: E402  (first: it sets OpenMP's wait policy before torch loads)
 import torch  # noqa: E402
-from torchggml.torch_backend.cpu.features import cpu_features, cpu_path  # noqa: E402
-from torchggml.torch_backend.cpu import repack_buffer_type  # noqa: E402
+from torchggml.devices.cpu.features import cpu_features, cpu_path  # noqa: E402
+from torchggml.devices.cpu import repack_buffer_type  # noqa: E402
 from bench_model import timed  # noqa: E402  (interleaved runs: a busy neighbour slows all alike)
 
 T = ggml.Type

@@ -28,9 +28,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from torchggml.models import load_model  # noqa: E402
-from torchggml.torch_backend.cpu import CPUBackend  # noqa: E402
-from torchggml.torch_backend.cpu.kernels import CPU_KERNELS, LAYERS, bind_layers  # noqa: E402
-from torchggml.torch_backend.plan import compile_graph  # noqa: E402
+from torchggml.devices.cpu import CPUBackend  # noqa: E402
+from torchggml.devices.cpu.kernels import CPU_KERNELS, LAYERS, bind_layers  # noqa: E402
+from torchggml.devices.plan import compile_graph  # noqa: E402
 
 clock = time.thread_time
 
@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.model is None:
-        from torchggml.gguf_writer.demo import generated_model
+        from torchggml.gguf.writer.demo import generated_model
         args.model = generated_model()
     extra = {"n_ctx": args.n_ctx} if args.n_ctx else {}
     model = load_model(args.model, devices=["CPU"], n_threads=args.threads, progress=False, **extra)

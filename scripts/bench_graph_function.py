@@ -62,7 +62,7 @@ def small_case():
 
 
 def decode_case():
-    from torchggml.gguf_writer.demo import demo_model_path
+    from torchggml.gguf.writer.demo import demo_model_path
     model = ggml.load_model(demo_model_path(), n_ctx=256, progress=False)
     module = model.as_module()
     module(torch.tensor([1]))  # builds the graph function for one token

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
-"""Benchmark triton_kernels.mul_mat on a CUDA device.
+"""Benchmark torchggml.devices.triton.mul_mat on a CUDA device.
 
 For every type, weight shape (N, K) and batch M it times (CUDA events, median of --reps, L2
 flushed before every rep):
-  ours        triton_kernels.mul_mat (matvec for M <= 16, GEMM above)
-  dq+mm       triton_kernels.dequantize to bf16, then torch.matmul
+  ours        torchggml.devices.triton.mul_mat (matvec for M <= 16, GEMM above)
+  dq+mm       torchggml.devices.triton.dequantize to bf16, then torch.matmul
   torch       torchggml.quants.dequantize (vectorised torch) to float32 -> bf16, then torch.matmul
   bf16 mm     torch.matmul on bf16 weights of the same shape (the speed of light for big M)
 and reports bandwidth (weights + x + out bytes over time) as a fraction of the device's
@@ -65,7 +65,7 @@ def parse_types(text: str | None, supported) -> list:
         except ValueError as e:
             raise SystemExit(str(e)) from None
         if t not in supported:
-            raise SystemExit(f"type {t.name} is not supported by triton_kernels")
+            raise SystemExit(f"type {t.name} is not supported by torchggml.devices.triton")
         types.append(t)
     return types
 
@@ -182,7 +182,7 @@ def plot(rows: list[dict], path: str, device_name: str) -> None:
         ax.set_title(f"N={n}, K={k}")
         ax.grid(True, alpha=0.3)
     axes[0][-1].legend(fontsize=7, ncol=2)
-    fig.suptitle(f"triton_kernels.mul_mat on {device_name}")
+    fig.suptitle(f"torchggml.devices.triton.mul_mat on {device_name}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     print(f"wrote {path}", file=sys.stderr)
@@ -194,7 +194,7 @@ def main(argv=None) -> int:
         print("bench_kernels.py: no CUDA device found; these benchmarks time Triton kernels on a GPU "
               "and there is nothing to measure here.", file=sys.stderr)
         return 2
-    import triton_kernels as tk
+    import torchggml.devices.triton as tk
     types = parse_types(args.types, tk.SUPPORTED_TYPES)
     shapes = parse_shapes(args.shapes)
     ms = [int(m) for m in args.ms.split(",")]

@@ -73,7 +73,7 @@ SHAPES = {
 
 def bench_config(shape: str = "small"):
     from dataclasses import replace
-    from torchggml.gguf_writer.demo import DEMO_CONFIG
+    from torchggml.gguf.writer.demo import DEMO_CONFIG
     return replace(DEMO_CONFIG, **SHAPES[shape][0], n_vocab=32000, n_ctx=1024)
 
 
@@ -111,7 +111,7 @@ def _pad_vocab_to_target(demo) -> None:
 
 
 def bench_models(types, shape: str = "small") -> list[str]:
-    from torchggml.gguf_writer import demo
+    from torchggml.gguf.writer import demo
     _pad_vocab_to_target(demo)
     directory = os.path.join(demo.cache_dir(), "bench-padded-vocab")
     os.makedirs(directory, exist_ok=True)
@@ -130,7 +130,7 @@ def bench_models(types, shape: str = "small") -> list[str]:
 
 
 def cpu_header() -> str:
-    from torchggml.torch_backend.cpu.features import cpu_features, cpu_path, fastest_gemm_dtype, int8_gemm
+    from torchggml.devices.cpu.features import cpu_features, cpu_path, fastest_gemm_dtype, int8_gemm
     feats = cpu_features()
     flags = " ".join(k for k, v in feats.items() if v == "1")
     floats = str(fastest_gemm_dtype()).split('.')[-1]
@@ -416,7 +416,7 @@ def main(argv=None) -> int:
 
 
 def _n_vocab(path) -> int:
-    from torchggml.gguf import open_gguf
+    from torchggml.gguf.loader import open_gguf
     return open_gguf(path).tensor_info("token_embd.weight").ne[1]
 
 

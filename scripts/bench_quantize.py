@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     src = args.model
     if src is None:
         from bench_model import bench_config
-        from torchggml.gguf_writer.demo import generated_model
+        from torchggml.gguf.writer.demo import generated_model
         src = generated_model(bench_config("1b"), "F16")
     numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
     torch.set_num_threads(args.threads)

@@ -11,8 +11,8 @@ import argparse
 import torch
 
 import torchggml as ggml
-from torchggml.ops_cases.table import OpCase
-from torchggml.testing import time_case
+from torchggml.test_ops.cases.table import OpCase
+from torchggml.test_ops.runner import time_case
 
 T = ggml.Type
 
@@ -73,7 +73,7 @@ def main() -> None:
                    help="torch threads (1: a shared machine's second thread only waits for a core)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    from torchggml.torch_backend.cpu.jit.loader import set_numba_threads
+    from torchggml.devices.cpu.jit.loader import set_numba_threads
     set_numba_threads(args.threads)
     backend = ggml.backend_init_by_name(args.backend)
     n = args.seqs

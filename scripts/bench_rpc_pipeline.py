@@ -47,7 +47,7 @@ def run(model, tokens, n_prompt):
 
 
 def traffic(endpoints) -> int:
-    from torchggml.rpc.client import connection
+    from torchggml.devices.rpc.client import connection
     return sum(connection(e).bytes_sent + connection(e).bytes_received for e in endpoints)
 
 
@@ -60,7 +60,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="runs per setup; the best is reported")
     args = ap.parse_args()
     from torchggml.models import load_model
-    from torchggml.rpc import close_connection
+    from torchggml.devices.rpc import close_connection
     servers = [start_server(), start_server()]
     endpoints = [ep for _, ep in servers]
     rows = []

@@ -150,7 +150,7 @@ def main(argv=None) -> int:
     ap.add_argument("-t", "--threads", type=int, default=None)
     ap.add_argument("--llama-cpp", action="store_true", help="also run llama-cpp-python's server")
     args = ap.parse_args(argv)
-    from torchggml.gguf_writer.demo import demo_model_path
+    from torchggml.gguf.writer.demo import demo_model_path
     paths = args.models or [demo_model_path()]
     header = ("model", "server", "clients", "tokens", "tok/s", "x 1 stream", "TTFT p50/p99 ms", "ITL p50/p99 ms")
     rows = []

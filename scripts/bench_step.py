@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import torchggml as ggml  # noqa: E402
-from torchggml.testing import fill_input  # noqa: E402
+from torchggml.test_ops.runner import fill_input  # noqa: E402
 
 T = ggml.Type
 

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torchggml as ggml  # noqa: E402
-from torchggml.ops_cases.table import OpCase  # noqa: E402
-from torchggml.testing import time_case  # noqa: E402
+from torchggml.test_ops.cases.table import OpCase  # noqa: E402
+from torchggml.test_ops.runner import time_case  # noqa: E402
 
 T = ggml.Type
 

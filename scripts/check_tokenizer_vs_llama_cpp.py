@@ -21,9 +21,9 @@ import make_vocab_vectors as vectors  # noqa: E402
 
 
 def main() -> int:
-    from torchggml.gguf import open_gguf
-    from torchggml.tokenizer import Tokenizer
-    from torchggml.tokenizer_pre import PRE_TOKENIZERS
+    from torchggml.gguf.loader import open_gguf
+    from torchggml.text.tokenizer import Tokenizer
+    from torchggml.text.tokenizer_pre import PRE_TOKENIZERS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("vocab", type=Path)
     parser.add_argument("--all-pre", action="store_true",

@@ -60,7 +60,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # this checkout's torchggml, also when another one is installed
     sys.path.insert(0, str(ROOT))
-from torchggml.gguf_writer.rewrite import TYPES as _TYPES, serialize  # noqa: E402
+from torchggml.gguf.writer.rewrite import TYPES as _TYPES, serialize  # noqa: E402
 GOLDEN = Path(os.environ.get("TORCHGGML_GOLDEN", ROOT.parent / "shared" / "golden"))
 GOLDEN_SOURCES = ("llama-Q4_0.gguf", "llama-Q4_K_M.gguf", "llama-F16.gguf", "qwen2-F32.gguf", "qwen3-F16-tied.gguf")
 FAILURES = ("unclear-error", "crash", "hang", "over-memory", "nonfinite-table", "wrong-accept", "wrong-logits",
@@ -86,7 +86,7 @@ class Source:
 
     def __init__(self, path: Path):
         import gguf
-        from torchggml.gguf import _scan
+        from torchggml.gguf.loader import _scan
         self.path = path
         self.data = path.read_bytes()
         r = gguf.GGUFReader(path)
@@ -803,7 +803,7 @@ def vocab_model_path(vocab_name: str) -> Path:
     """A tiny llama model (Q8_0) with the vocabulary of a llama.cpp vocab file, written once to
     the cache: models with real tokenizers for the fuzzer."""
     from dataclasses import replace
-    from torchggml.gguf_writer.tiny import TinyCase, write_tiny_model
+    from torchggml.gguf.writer.tiny import TinyCase, write_tiny_model
     vocab = GOLDEN / "vocab" / vocab_name
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "torchggml" / "fuzz"
     path = cache / vocab_name.replace("ggml-vocab-", "model-")
@@ -828,7 +828,7 @@ def default_sources(vocab: bool = True) -> list[Path]:
     with vocab, tiny models carrying llama.cpp's SPM and GPT-2 vocabularies plus the vocabulary
     files themselves (tokenized only)."""
     paths = [GOLDEN / "models" / name for name in GOLDEN_SOURCES]
-    from torchggml.gguf_writer.demo import demo_model_path
+    from torchggml.gguf.writer.demo import demo_model_path
     paths = [p for p in paths if p.exists()] + [Path(demo_model_path())]
     if vocab:
         paths += [vocab_model_path(v) for v in VOCAB_MODELS if (GOLDEN / "vocab" / v).exists()]

@@ -28,8 +28,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from torchggml.rpc import protocol as P
-from torchggml.rpc.protocol import Cmd
+from torchggml.devices.rpc import protocol as P
+from torchggml.devices.rpc.protocol import Cmd
 
 CAPS = bytes(P.CONN_CAPS_SIZE)
 

@@ -1,4 +1,4 @@
-"""Regenerate llama.cpp's reference logits for the tiny models of torchggml/gguf_writer/tiny.py.
+"""Regenerate llama.cpp's reference logits for the tiny models of torchggml/gguf/writer/tiny.py.
 
     python scripts/gen_arch_logits.py [CASE ...]      # default: every case and weight type
 
@@ -40,7 +40,7 @@ def format_manifest(manifest: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from torchggml.gguf_writer.tiny import TINY_CASES, file_sha256, write_tiny_model
+    from torchggml.gguf.writer.tiny import TINY_CASES, file_sha256, write_tiny_model
     import llama_cpp
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("cases", nargs="*", help="case names (default: all)")

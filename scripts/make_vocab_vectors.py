@@ -47,7 +47,7 @@ def inputs() -> list[str]:
 
 
 def corpus() -> str:
-    from torchggml.gguf_writer.demo import CORPUS
+    from torchggml.gguf.writer.demo import CORPUS
     return "\n".join([CORPUS, *inputs()] * 3)
 
 
@@ -72,7 +72,7 @@ def _finish(w) -> None:
 
 
 def write_bpe(path: Path) -> None:
-    from torchggml.gguf_writer.demo import train_vocab
+    from torchggml.gguf.writer.demo import train_vocab
     v = train_vocab(3000, corpus())
     w = _writer(path, "gpt2", "gpt-2")
     w.add_token_list(v.tokens)
@@ -181,7 +181,7 @@ def write_t5(path: Path) -> None:
 
 
 def write_rwkv(path: Path, bpe: Path) -> None:
-    from torchggml.tokenizer import Tokenizer
+    from torchggml.text.tokenizer import Tokenizer
     tok = Tokenizer.from_gguf(bpe)
     seen, tokens = set(), []
     for raw in [bytes([b]) for b in range(256)] + [tok.token_to_piece_bytes(i) for i in range(tok.n_vocab)]:
@@ -197,7 +197,7 @@ def write_rwkv(path: Path, bpe: Path) -> None:
 
 def variants() -> dict[str, tuple[str, dict]]:
     """variant name -> (base file, metadata replaced)."""
-    from torchggml.tokenizer_pre import PRE_TOKENIZERS
+    from torchggml.text.tokenizer_pre import PRE_TOKENIZERS
     out = {}
     for name, pre in PRE_TOKENIZERS.items():
         base = "bpe.gguf" if pre.byte_encode else "spm-bpe.gguf"
@@ -215,7 +215,7 @@ def variants() -> dict[str, tuple[str, dict]]:
 def write_variant(base: Path, replace: dict, path: Path) -> None:
     """A copy of `base` with some metadata values replaced (strings only)."""
     import gguf
-    from torchggml.gguf import open_gguf
+    from torchggml.gguf.loader import open_gguf
     src = open_gguf(base)
     w = gguf.GGUFWriter(str(path), src.arch)
     for key in src.keys:

@@ -40,7 +40,7 @@ def llama_cpp_perplexity(path: str, text: str, n_ctx: int, n_threads: int = 2):
 
 
 def main(argv=None) -> int:
-    from torchggml.gguf_writer.demo import CORPUS, demo_model_path
+    from torchggml.gguf.writer.demo import CORPUS, demo_model_path
     from torchggml.models import load_model
     from torchggml.tools.perplexity import perplexity
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

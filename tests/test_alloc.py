@@ -13,8 +13,8 @@ import torch
 import torchggml as ggml
 from torchggml import alloc as A  # the planner's internals (_DynAlloc)
 from torchggml.enums import Op
-from torchggml.memory import TorchBufferType
-from torchggml.torch_backend.kernels import TORCH_KERNELS
+from torchggml.storage import TorchBufferType
+from torchggml.devices.kernels import TORCH_KERNELS
 
 F32, F16 = ggml.Type.F32, ggml.Type.F16
 NE = [8, 4]                      # the shape of every element-wise tensor below

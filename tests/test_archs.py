@@ -1,11 +1,10 @@
-"""Every architecture against llama.cpp: the tiny models of torchggml/gguf_writer/tiny.py, regenerated
+"""Every architecture against llama.cpp: the tiny models of torchggml/gguf/writer/tiny.py, regenerated
 here by the project's deterministic writer (their sha256 must equal the file llama.cpp ran) and
 compared with llama.cpp's logits in tests/data/archs (scripts/gen_arch_logits.py): in one batch
 and as a prompt followed by decode steps, with flash attention off and on."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -13,9 +12,9 @@ import pytest
 import torch
 
 from torchggml.models import load_model
-from torchggml.gguf_writer.tiny import CASES_BY_NAME, file_sha256, write_tiny_model
-from torchggml.gguf_writer.tiny_recurrent import RECURRENT_ARCHS
-from torchggml.torch_backend.cpu.features import cpu_path
+from torchggml.gguf.writer.tiny import CASES_BY_NAME, file_sha256, write_tiny_model
+from torchggml.gguf.writer.tiny_recurrent import RECURRENT_ARCHS
+from torchggml.devices.cpu.features import cpu_path
 
 DATA = Path(__file__).resolve().parent / "data" / "archs"
 MANIFEST = json.loads((DATA / "manifest.json").read_text())
@@ -95,11 +94,9 @@ def test_arch_matches_llama_cpp(key, flash_attn, model_dir):
 
 # the accelerator path (the SIM device's kernel table) for the pieces the CPU tests do not reach:
 # experts through mul_mat_id, windows and soft-capping. Quantized experts run the Triton kernels in
-# the interpreter (tens of seconds): only with TORCHGGML_SLOW_TESTS=1, as in test_models.py.
-SLOW = os.environ.get("TORCHGGML_SLOW_TESTS") == "1"
+# the interpreter (tens of seconds): marked slow (pytest --slow), as in test_models.py.
 SIM_KEYS = ["llama-moe-F32", "gpt-oss-F32", "gemma2-F32", "granitehybrid-F32", "qwen3next-F32", "rwkv7-F32",
-            *(pytest.param(k, marks=pytest.mark.skipif(not SLOW, reason="Triton interpreter: set TORCHGGML_SLOW_TESTS=1"))
-              for k in ("gpt-oss-MXFP4", "llama-moe-Q8_0"))]
+            *(pytest.param(k, marks=pytest.mark.slow) for k in ("gpt-oss-MXFP4", "llama-moe-Q8_0"))]
 
 
 @pytest.mark.parametrize("key", SIM_KEYS)

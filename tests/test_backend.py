@@ -12,8 +12,8 @@ import torch
 
 import torchggml as ggml
 from torchggml.quants import quantize
-from torchggml.torch_backend.kernels import TORCH_KERNELS
-from torchggml.torch_backend.kernels.gpu import GPU_KERNELS
+from torchggml.devices.kernels import TORCH_KERNELS
+from torchggml.devices.kernels.gpu import GPU_KERNELS
 
 T = ggml.Type
 
@@ -656,7 +656,7 @@ def test_cuda_host_buffers():
 @pytest.mark.parametrize("alignment", [32, 64, 128, 256, 4096])
 @pytest.mark.parametrize("size", [0, 1, 1000])
 def test_buffer_base_honours_the_buffer_type_alignment(alignment, size):
-    from torchggml.memory import TorchBufferType
+    from torchggml.storage import TorchBufferType
     buft = TorchBufferType("ALIGNED", None, "cpu", host=True, alignment=alignment)
     buf = buft.alloc_buffer(size)
     assert buf.get_base() % alignment == 0

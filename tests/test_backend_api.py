@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import torchggml as ggml
-from torchggml.backend.meta import meta_info
-from torchggml.torch_backend.cpu import CPUBackend
+from torchggml.devices.meta.meta import meta_info
+from torchggml.devices.cpu import CPUBackend
 
 T = ggml.Type
 S = ggml.SplitAxis

@@ -22,11 +22,11 @@ import pytest
 import torch
 
 import torchggml as ggml
-from torchggml.torch_backend.kernels import member_calls
+from torchggml.devices.kernels import member_calls
 from torchggml.enums import Op
-from torchggml.testing import all_cases, fill_input, random_values
-from torchggml.torch_backend.cpu import CPU_KERNELS
-from torchggml.torch_backend.kernels import attention as attention_kernels, matmul as matmul_kernels
+from torchggml.test_ops.runner import all_cases, fill_input, random_values
+from torchggml.devices.cpu import CPU_KERNELS
+from torchggml.devices.kernels import attention as attention_kernels, matmul as matmul_kernels
 
 T = ggml.Type
 R = ggml.RopeType

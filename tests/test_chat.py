@@ -1,10 +1,10 @@
-"""Chat templates (torchggml.chat, Model.chat, `torchggml run --chat`) and the lazily built
+"""Chat templates (torchggml.text.chat, Model.chat, `torchggml run --chat`) and the lazily built
 tokenizer of a model."""
 from __future__ import annotations
 
 import pytest
 
-from torchggml.chat import ChatTemplateError, render_chat
+from torchggml.text.chat import ChatTemplateError, render_chat
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -44,7 +44,7 @@ def test_bad_templates_and_messages_raise(template, messages, match):
 
 @pytest.fixture(scope="module")
 def chat_model_path(tmp_path_factory):
-    from torchggml.gguf_writer.demo import DEMO_CONFIG, write_model
+    from torchggml.gguf.writer.demo import DEMO_CONFIG, write_model
     return write_model(tmp_path_factory.mktemp("chat") / "chat.gguf", DEMO_CONFIG, "F16",
                        chat_template=CHATML)
 
@@ -62,7 +62,7 @@ def test_model_chat_renders_then_generates(chat_model_path):
 
 def test_cli_run_chat(chat_model_path, capsys):
     from torchggml.models import load_model
-    from torchggml.models.cli_commands import main
+    from torchggml.cli.models import main
     model = load_model(chat_model_path, progress=False)
     reply = "".join(model.chat([{"role": "user", "content": "Hi"}], max_tokens=3, temperature=0.0))
     model.close()
@@ -73,16 +73,16 @@ def test_cli_run_chat(chat_model_path, capsys):
 
 
 def test_cli_run_chat_without_template(capsys):
-    from torchggml.models.cli_commands import main
-    from torchggml.gguf_writer.demo import demo_model_path
+    from torchggml.cli.models import main
+    from torchggml.gguf.writer.demo import demo_model_path
     assert main(["run", demo_model_path(), "--chat", "-p", "Hi", "-n", "2"]) == 1
     assert "has no tokenizer.chat_template" in capsys.readouterr().err
 
 
 def test_unknown_pre_tokenizer_model_still_evaluates_ids(tmp_path):
     from torchggml.models import load_model
-    from torchggml.gguf_writer.demo import DEMO_CONFIG, write_model
-    from torchggml.tokenizer import TokenizerError
+    from torchggml.gguf.writer.demo import DEMO_CONFIG, write_model
+    from torchggml.text.tokenizer import TokenizerError
     path = write_model(tmp_path / "odd.gguf", DEMO_CONFIG, "F16", tokenizer_pre="no-such-pre")
     model = load_model(path, progress=False)
     logits = model.eval([1, 5, 9])

@@ -9,7 +9,7 @@ import torch
 
 import torchggml as ggml
 from torchggml.enums import Op
-from torchggml.memory import UnallocatedTensorError
+from torchggml.storage import UnallocatedTensorError
 
 T = ggml.Type
 F = ggml.TensorFlag

@@ -1,4 +1,4 @@
-"""The CPU's fused attention (torch_backend/cpu/fusion.py): MUL_MAT(K, Q) -> SOFT_MAX -> MUL_MAT(
+"""The CPU's fused attention (devices/cpu/fusion.py): MUL_MAT(K, Q) -> SOFT_MAX -> MUL_MAT(
 CONT(V^T), .) of a decode step becomes one call, equal to float64 attention, and fuses only
 when no one else reads its intermediate results."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import torchggml as ggml
-from torchggml.torch_backend.kernels import member_calls
+from torchggml.devices.kernels import member_calls
 
 pytest.importorskip("numba")
 
@@ -143,7 +143,7 @@ def test_attention_not_fused(options, monkeypatch):
 
 def test_a_split_view_counts_readers_in_the_whole_graph():
     """graph_view keeps its parent: a reader outside the view (another split) still counts."""
-    from torchggml.torch_backend.cpu.fusion import use_counts
+    from torchggml.devices.cpu.fusion import use_counts
     graph, _inputs, _out, _galloc = attention_graph(extra_reader=True)
     kq = next(n for n in graph.nodes if n.op == ggml.Op.MUL_MAT and n.src[0].type == T.F16)
     i = graph.nodes.index(kq)

@@ -1,4 +1,4 @@
-"""Native runs (torch_backend/cpu/native_plan.py): a CPU graph plan's consecutive bound numba
+"""Native runs (devices/cpu/native_plan.py): a CPU graph plan's consecutive bound numba
 kernels run in one native call compute exactly what the calls one by one compute, cover a
 decode step's kernels, and report a bad row index as the call would."""
 from __future__ import annotations
@@ -54,7 +54,7 @@ def test_native_runs_compute_what_the_calls_compute(name, options, monkeypatch):
 def test_a_decode_step_is_one_native_run(name):
     """Every call of a decode step's plan but the token embeddings' GET_ROWS of a float table
     runs in native runs; the first call is the embeddings', the rest one run."""
-    from torchggml.torch_backend.cpu.native_plan import NativeRun
+    from torchggml.devices.cpu.native_plan import NativeRun
     model = load_model(GOLDEN / _entry(name)["model"], progress=False)
     model.eval([1, 2, 3])
     model.eval([4])
@@ -82,7 +82,7 @@ def _set_rows_graph():
 
 
 def test_a_bad_row_index_in_a_native_run_raises_as_the_call_does():
-    from torchggml.torch_backend.cpu.native_plan import NativeRun
+    from torchggml.devices.cpu.native_plan import NativeRun
     graph, dst, rows, idx, out, _buf = _set_rows_graph()
     backend = ggml.backend_cpu_init()
     plan = ggml.backend_graph_plan_create(backend, graph)
@@ -102,7 +102,7 @@ def test_a_bad_row_index_in_a_native_run_raises_as_the_call_does():
 
 
 def test_native_runs_can_be_turned_off(monkeypatch):
-    from torchggml.torch_backend.cpu.native_plan import NativeRun
+    from torchggml.devices.cpu.native_plan import NativeRun
     monkeypatch.setenv("TORCHGGML_CPU_NATIVE_RUNS", "0")
     graph, *_ = _set_rows_graph()
     plan = ggml.backend_graph_plan_create(ggml.backend_cpu_init(), graph)
@@ -113,7 +113,7 @@ def test_every_native_kernel_is_a_kernel_with_those_arguments():
     """plan_kernels.OPS names kernels of the jit modules, each with as many arguments as its
     branch passes (a renamed kernel or argument list would otherwise leave runs unused)."""
     import inspect
-    from torchggml.torch_backend.cpu.jit.loader import plan_kernels
+    from torchggml.devices.cpu.jit.loader import plan_kernels
     kernels = plan_kernels()
     for name, types in kernels.OPS:
         fn = getattr(kernels, name)
@@ -126,7 +126,7 @@ def test_a_freed_buffer_read_inside_a_native_run_is_named():
     """The plan checks the buffers of every call a native run stands for, not only its last
     node's: the rows read by its first kernel lie in a buffer freed after the plan was made."""
     from torchggml.backend.buffer import BufferFreedError
-    from torchggml.torch_backend.cpu.native_plan import NativeRun
+    from torchggml.devices.cpu.native_plan import NativeRun
     cpu = ggml.backend_cpu_init()
     ctx_rows, ctx = ggml.init(no_alloc=True), ggml.init(no_alloc=True)
     rows = ggml.set_name(ggml.new_tensor_2d(ctx_rows, T.F32, 8, 2), "rows")
@@ -150,8 +150,8 @@ def test_a_freed_buffer_read_inside_a_native_run_is_named():
 
 FIRST_KERNEL = """
 import numpy as np
-from torchggml.torch_backend.cpu.jit.loader import BoundKernel, op_kernels
-from torchggml.torch_backend.cpu.native_plan import NativeRun
+from torchggml.devices.cpu.jit.loader import BoundKernel, op_kernels
+from torchggml.devices.cpu.native_plan import NativeRun
 ops = op_kernels()
 x = np.arange(16, dtype=np.float32).reshape(1, 1, 2, 8)
 normed, out = np.empty_like(x), np.empty_like(x)
@@ -183,7 +183,7 @@ def test_a_native_run_as_the_first_kernel_of_a_process():
 def test_the_abort_callback_is_asked_before_every_node_of_a_native_run():
     """ggml's CPU backend checks its abort callback between nodes: a plan whose nodes form one
     native run is asked before each (and stops at the first yes), not once for the run."""
-    from torchggml.torch_backend.cpu.native_plan import NativeRun
+    from torchggml.devices.cpu.native_plan import NativeRun
     graph, dst, rows, idx, out, _buf = _set_rows_graph()
     cpu = ggml.backend_cpu_init()
     plan = ggml.backend_graph_plan_create(cpu, graph)

@@ -1,4 +1,4 @@
-"""The CPU device's fast kernels for small nodes (torch_backend/cpu/fast_ops.py): which nodes they take,
+"""The CPU device's fast kernels for small nodes (devices/cpu/fast_ops.py): which nodes they take,
 that they fall back to the torch kernels for the rest, their errors, and the coalesced views of
 copies. Their values are checked by test_ops.py's cases against float64 references; the cases
 below make sure those cases do run the fast kernels."""
@@ -8,11 +8,12 @@ import torch
 
 import torchggml as ggml
 from torchggml.enums import Op
-from torchggml.testing import all_cases, prepared_case, check_case_against_reference
-from torchggml.torch_backend.cpu import CPU_KERNELS, fast_ops
-from torchggml.torch_backend.cpu.kernels import LAYERS
-from torchggml.torch_backend.cpu.jit.loader import BoundKernel
-from torchggml.torch_backend.kernels import TORCH_KERNELS
+from torchggml.test_ops.runner import all_cases, prepared_case, check_case_against_reference
+from torchggml.devices.cpu import CPU_KERNELS
+from torchggml.devices.cpu import fast_ops
+from torchggml.devices.cpu.kernels import LAYERS
+from torchggml.devices.cpu.jit.loader import BoundKernel
+from torchggml.devices.kernels import TORCH_KERNELS
 
 pytest.importorskip("numba")
 
@@ -114,7 +115,7 @@ def test_fast_entries_keep_the_torch_kernels_supports(op):
 
 
 def test_the_environment_can_turn_the_fast_kernels_off(cpu, monkeypatch):
-    from torchggml.torch_backend.kernels import compiled_nodes
+    from torchggml.devices.kernels import compiled_nodes
     case = _case("rms_norm(decode,ne=[1024, 1, 1, 1])")
     with prepared_case(case, cpu) as (graph, _, out):
         (fast, _), = compiled_nodes(graph.nodes, CPU_KERNELS, "CPU")
@@ -220,7 +221,7 @@ def test_a_zero_row_with_zero_eps_gives_nan_as_ggml(op, cpu):
 
 def test_exp_f32_is_within_one_ulp_and_keeps_the_special_values():
     import numpy as np
-    from torchggml.torch_backend.cpu.jit.loader import op_kernels
+    from torchggml.devices.cpu.jit.loader import op_kernels
     exp = op_kernels().exp_f32
     x = np.linspace(-87.0, 88.5, 301).astype(np.float32)
     ours = np.array([exp(v) for v in x], dtype=np.float64)
@@ -234,7 +235,7 @@ def test_exp_f32_is_within_one_ulp_and_keeps_the_special_values():
 
 def _outputs_both_ways(cpu, monkeypatch, build, values):
     """The node computed by the fast kernel and by the kernel under it, from the same inputs."""
-    from torchggml.torch_backend.kernels import compiled_nodes
+    from torchggml.devices.kernels import compiled_nodes
     ctx = ggml.init(no_alloc=True)
     buffer = None
     try:
@@ -283,7 +284,7 @@ F16_PRODUCTS = [  # (rows, N, K, chunk bytes): half GEMV, one chunk, several wit
 def test_f16_weight_products_match_float64(monkeypatch, m, n, k, chunk_bytes):
     """An F16 weight times f32 rows: in half for few rows, converted to f32 a chunk of weight
     rows at a time for micro-batches (exact f32 products)."""
-    from torchggml.torch_backend.cpu import products
+    from torchggml.devices.cpu import products
     monkeypatch.setattr(products, "CONVERT_CHUNK_BYTES", chunk_bytes)
     gen = torch.Generator().manual_seed(m + n)
     weight = torch.randn(n, k, generator=gen).half()
@@ -307,7 +308,7 @@ def test_f16_weight_numba_products_match_float64(m, n, k):
     """An F16 weight times f32 rows through the numba layer (half_matvec, half_gemm): the rows
     rounded to F16 as ggml's F16 vec_dot type rounds them, then float32 sums of exact products,
     the results not rounded."""
-    from torchggml.torch_backend.cpu.jit.loader import op_kernels
+    from torchggml.devices.cpu.jit.loader import op_kernels
     gen = torch.Generator().manual_seed(m * n + k)
     weight = torch.randn(n, k, generator=gen).half()
     rows = torch.randn(m, k, generator=gen)
@@ -325,7 +326,7 @@ THREADED = [("row_norm", "rms"), ("row_norm", "norm"), ("swiglu", "split"), ("sw
 
 @pytest.mark.parametrize("kernel,variant", THREADED, ids=[f"{k}-{v}" for k, v in THREADED])
 def test_threaded_kernels_equal_the_serial_ones(kernel, variant):
-    from torchggml.torch_backend.cpu.jit.loader import op_kernels
+    from torchggml.devices.cpu.jit.loader import op_kernels
     ops = op_kernels()
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 3, 5, 64)).astype(np.float32)

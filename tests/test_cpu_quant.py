@@ -1,4 +1,4 @@
-"""The CPU's fused quantized products (torch_backend/cpu/layouts/fused.py): every block type decomposed
+"""The CPU's fused quantized products (devices/cpu/layouts/fused.py): every block type decomposed
 exactly into (q, scale, bias); MUL_MAT with a weight in the fused repack buffer, and MUL_MAT_ID
 with experts there, against a float64 product of gguf's dequantized weight, per type and path
 (fused matvec for few rows, dequantize + GEMM in float32 or bf16 for micro-batches); path
@@ -13,11 +13,11 @@ from gguf import GGMLQuantizationType, quants as gguf_quants
 
 import torchggml as ggml
 from torchggml.quants import dequantize
-from torchggml.torch_backend.cpu import cpu_device, cpu_reg
-from torchggml.torch_backend.cpu.layouts import fused as layout
-from torchggml.torch_backend.cpu.layouts.decompose import DECOMPOSE, decompose
-from torchggml.torch_backend.cpu.features import PATHS, cpu_features, cpu_path
-from torchggml.torch_backend.cpu import repack_buffer_type
+from torchggml.devices.cpu import cpu_device, cpu_reg
+from torchggml.devices.cpu.layouts import fused as layout
+from torchggml.devices.cpu.layouts.decompose import DECOMPOSE, decompose
+from torchggml.devices.cpu.features import PATHS, cpu_features, cpu_path
+from torchggml.devices.cpu import repack_buffer_type
 from torchggml.types import type_traits
 
 from test_models import GOLDEN, MANIFEST, check_logits, eval_steps, needs_golden, sim_available
@@ -108,7 +108,7 @@ PRODUCT_CASES += [(qtype, 33, 512, m, "f32", "blocks") for qtype in layout.IN_PL
 @pytest.mark.parametrize("qtype,n,k,m,gemm,where", PRODUCT_CASES,
                          ids=[f"{c[0].name}-n{c[1]}-k{c[2]}-m{c[3]}-{c[4]}-{c[5]}" for c in PRODUCT_CASES])
 def test_fused_mul_mat_matches_float64(qtype, n, k, m, gemm, where, monkeypatch):
-    from torchggml.torch_backend.cpu.products import bind_block_product
+    from torchggml.devices.cpu.products import bind_block_product
     monkeypatch.setenv("TORCHGGML_CPU_GEMM", gemm)
     blocks = random_blocks(qtype, n, k, seed=n * k + m)
     w = dequantize(qtype, blocks).double()
@@ -129,7 +129,7 @@ def test_fused_mul_mat_matches_float64(qtype, n, k, m, gemm, where, monkeypatch)
 
 def _needs_int8_gemm():
     pytest.importorskip("numba")
-    from torchggml.torch_backend.cpu.jit.gemm_ir import gemm_available
+    from torchggml.devices.cpu.jit.gemm_ir import gemm_available
     if not gemm_available():
         pytest.skip("the int8 GEMM needs a CPU with AVX512-VNNI (this one runs the float GEMM path instead)")
 
@@ -143,7 +143,7 @@ def _rounded_as_vec_dot_type(qtype, x: torch.Tensor) -> torch.Tensor:
         d = g.abs().amax(-1, keepdim=True) / 127
         q = torch.where(d > 0, torch.round(g / torch.where(d > 0, d, 1)), 0)
         return (q.double() * d.double()).reshape(x.shape)
-    from torchggml.torch_backend.cpu.jit.loader import quant_kernels
+    from torchggml.devices.cpu.jit.loader import quant_kernels
     m, k = x.shape
     xq, xd, bsums = np.empty((m, k), np.int8), np.empty((m, k // 256), np.float32), np.empty((m, k // 16), np.int16)
     quant_kernels().quantize_rows_q8_k(x.numpy(), xq, xd, bsums)
@@ -164,7 +164,7 @@ def test_int8_gemm_is_exact_on_rounded_activations(qtype, n, k, m, monkeypatch):
     type (integer dots, ggml's scales), and so is as close to the exact product as llama.cpp's,
     and as the decode matvec's, which rounds alike."""
     _needs_int8_gemm()
-    from torchggml.torch_backend.cpu.products import bind_block_product
+    from torchggml.devices.cpu.products import bind_block_product
     monkeypatch.setenv("TORCHGGML_CPU_GEMM", "int8")
     blocks = random_blocks(qtype, n, k, seed=n + k + m)
     w = dequantize(qtype, blocks).double()
@@ -240,8 +240,8 @@ GEMM_CHOICES = [  # (TORCHGGML_CPU_GEMM, whether the CPU has AVX512-VNNI, int8 G
 @pytest.mark.parametrize("choice,vnni,expected", GEMM_CHOICES)
 def test_int8_gemm_is_chosen_by_features_and_environment(choice, vnni, expected, monkeypatch):
     pytest.importorskip("numba")
-    from torchggml.torch_backend.cpu import features
-    from torchggml.torch_backend.cpu.jit import gemm_ir
+    from torchggml.devices.cpu import features
+    from torchggml.devices.cpu.jit import gemm_ir
     monkeypatch.setenv("TORCHGGML_CPU_GEMM", choice)
     monkeypatch.setattr(gemm_ir, "gemm_available", lambda: vnni)
     if expected is ValueError:
@@ -359,7 +359,7 @@ def test_moe_model_split_over_sim_and_cpu_with_fused_experts(tmp_path, monkeypat
     entry = ARCHS[key]
     model = ggml.load_model(tiny_model_path(key, entry, tmp_path), n_ctx=entry["n_ctx"], progress=False,
                             devices=["SIM0", "CPU"])
-    experts = {name: t.buffer.name for name, t in model.weights.tensors.items() if "_exps." in name}
+    experts = {name: t.buffer.name for name, t in model.weight_buffers.tensors.items() if "_exps." in name}
     assert set(experts.values()) == {"SIM0", "CPU_REPACK"}, experts
     ref = np.load(DATA / entry["logits"])
     check(model.eval(entry["tokens"]), ref, entry, f"{key} on SIM0 + CPU")
@@ -416,12 +416,12 @@ def test_golden_models_on_each_path(entry, path, gemm, monkeypatch):
     monkeypatch.setenv("TORCHGGML_CPU_PATH", path)
     monkeypatch.setenv("TORCHGGML_CPU_GEMM", gemm)
     model = ggml.load_model(GOLDEN / entry["model"], devices=["CPU"], progress=False)
-    repacked = [t for t in model.weights.tensors.values() if t.buffer.name == "CPU_REPACK"]
+    repacked = [t for t in model.weight_buffers.tensors.values() if t.buffer.name == "CPU_REPACK"]
     if path == "fused":  # 2-D Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weights stay ggml blocks, multiplied in place
         assert not any(layout.is_in_place(t.type, t.ne) for t in repacked)
         assert bool(repacked) == any(not layout.is_in_place(t.type, t.ne) and t.type not in (T.F32, T.F16)
                                      and layout.supports_shape(t.type, t.ne) and name != "token_embd.weight"
-                                     for name, t in model.weights.tensors.items())
+                                     for name, t in model.weight_buffers.tensors.items())
     else:
         assert bool(repacked) == (path == "int4" and entry["weights"] == "Q4_0")
     check_logits(model.eval(entry["tokens"]), entry)
@@ -452,7 +452,7 @@ def test_half_bits_to_float_exact_for_every_half():
     arithmetic where it has none: the x86-64 target below): every one of the 65536 bit
     patterns, infinities and NaN included, gives numpy's float32."""
     from numba import njit
-    from torchggml.torch_backend.cpu.jit.llvm_ir import _half_bits_intrinsic
+    from torchggml.devices.cpu.jit.llvm_ir import _half_bits_intrinsic
     half_to_f32 = _half_bits_intrinsic()
 
     @njit
@@ -471,7 +471,7 @@ def test_float16_rounding_in_integer_steps_is_numpy_float16():
     midpoints to its neighbours (ties to even), points just off them, random float32 bits, and
     the overflow and subnormal edges, the bits and values of numpy's cast."""
     from numba import njit
-    from torchggml.torch_backend.cpu.jit.halves import float_to_half_bits, round_to_half
+    from torchggml.devices.cpu.jit.halves import float_to_half_bits, round_to_half
 
     @njit
     def rounded(x, bits, values):
@@ -525,7 +525,7 @@ def test_kernels_load_from_numba_disk_cache_in_a_new_process(tmp_path):
     from pathlib import Path
     script = (  # kernels that call other jitted code: the ones whose closures missed the cache
         "import numpy as np, torch\n"
-        "from torchggml.torch_backend.cpu.jit.loader import op_kernels, quant_kernels\n"
+        "from torchggml.devices.cpu.jit.loader import op_kernels, quant_kernels\n"
         "k, ops = quant_kernels(), op_kernels()\n"
         "q = np.ones((4, 64), np.int8); s = np.ones((4, 2), np.float32); xq = np.ones((1, 64), np.int8)\n"
         "xd = np.ones((1, 2), np.float32); rows = np.zeros(1, np.int64); out = np.empty((1, 4), np.float32)\n"
@@ -551,7 +551,7 @@ def test_a_changed_llvm_ir_drops_the_cached_kernels(tmp_path, monkeypatch):
     llvm_ir.py, so a stamp of that file beside the cache drops the cached kernels when it differs
     (an edited IR used to run the old compiled code until quant_kernels.py was touched)."""
     pytest.importorskip("numba")
-    from torchggml.torch_backend.cpu.jit import loader, quant_kernels
+    from torchggml.devices.cpu.jit import loader, quant_kernels
     flushed = []
     cache_type = type(quant_kernels.block_matvec._cache)
     monkeypatch.setattr(cache_type, "flush", lambda self: flushed.append(self))  # the real ones stay
@@ -571,7 +571,7 @@ def test_k_quant_activations_round_as_ggml_q8_k():
     included."""
     pytest.importorskip("numba")
     from torchggml.quants import quantize
-    from torchggml.torch_backend.cpu.jit.loader import quant_kernels
+    from torchggml.devices.cpu.jit.loader import quant_kernels
     x = torch.randn(3, 1024, generator=torch.Generator().manual_seed(3)) * 5
     x[1, 256:512] = 0
     xq, xd, bsums = np.empty((3, 1024), np.int8), np.empty((3, 4), np.float32), np.empty((3, 64), np.int16)
@@ -592,7 +592,7 @@ def test_k_quant_products_are_exact_on_the_rounded_activations(qtype):
     llama.cpp's logits)."""
     pytest.importorskip("numba")
     from torchggml.quants import quantize
-    from torchggml.torch_backend.cpu.jit.loader import quant_kernels
+    from torchggml.devices.cpu.jit.loader import quant_kernels
     kernels = quant_kernels()
     gen = torch.Generator().manual_seed(0)
     n, k, m = 64, 768, 3
@@ -615,7 +615,7 @@ def test_blocks_in_place_dequantize_bit_exact(qtype):
     """The prompt path's dequantize of ggml's blocks in place (one LLVM vector loop per row)
     equals the gguf package's dequantize bit for bit."""
     pytest.importorskip("numba")
-    from torchggml.torch_backend.cpu.jit.loader import quant_kernels
+    from torchggml.devices.cpu.jit.loader import quant_kernels
     n, k = 37, 512
     blocks = random_blocks(qtype, n, k, seed=int(qtype)).numpy().view(np.uint8).reshape(n, -1)
     out = np.full((n, k), np.nan, np.float32)

@@ -13,7 +13,7 @@ from torchggml.server.engine import Engine, Job, QueueFull
 
 @pytest.fixture(scope="module")
 def model():
-    from torchggml.gguf_writer.demo import demo_model_path
+    from torchggml.gguf.writer.demo import demo_model_path
     from torchggml.models import load_model
     m = load_model(demo_model_path(), n_ctx=256, n_batch=8, progress=False)
     yield m

@@ -12,8 +12,8 @@ import torch
 
 import torchggml as ggml
 from torchggml.backend.buffer import BufferUsage
-from torchggml.gguf import GGUFError, load_weights, open_gguf
-from torchggml.torch_backend.cpu import cpu_buffer_type
+from torchggml.gguf.loader import GGUFError, load_weights, open_gguf
+from torchggml.devices.cpu import cpu_buffer_type
 
 GOLDEN = Path(os.environ.get("TORCHGGML_GOLDEN", Path(__file__).resolve().parents[2] / "shared" / "golden"))
 pytestmark = pytest.mark.skipif(not (GOLDEN / "manifest.json").exists(), reason=f"golden data not found at {GOLDEN}")
@@ -189,11 +189,11 @@ def test_release_gives_back_a_tensors_mapped_pages(tmp_path):
 def test_repacked_weights_leave_no_mapped_copy(tmp_path):
     """Weights repacked at load give their pages of the file's mapping back: what stays mapped is
     the weights used in place (embeddings, norms)."""
-    from torchggml.gguf_writer.demo import DEMO_CONFIG, write_model
+    from torchggml.gguf.writer.demo import DEMO_CONFIG, write_model
     from torchggml.models import load_model
     path = write_model(tmp_path / "q41.gguf", DEMO_CONFIG, "Q4_1")  # repacked (Q8_0, Q4_0 stay in place)
     model = load_model(path, progress=False)
-    repacked = [n for n, t in model.weights.tensors.items() if not t.buffer.ggml_layout]
+    repacked = [n for n, t in model.weight_buffers.tensors.items() if not t.buffer.ggml_layout]
     assert repacked
     in_place = sum(info.nbytes for n, info in model.file.tensors.items() if n not in repacked)
     assert _mapped_kb(path) * 1024 <= in_place + 64 * 4096

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import torchggml as ggml
-from torchggml.backend.meta import meta_info, get_split_state
-from torchggml.backend.meta_split import split_evenly
-from torchggml.meta_testing import MetaCaseRunner, check_meta_case
-from torchggml.testing import all_cases
+from torchggml.devices.meta.meta import meta_info, get_split_state
+from torchggml.devices.meta.split import split_evenly
+from torchggml.test_ops.meta import MetaCaseRunner, check_meta_case
+from torchggml.test_ops.runner import all_cases
 
 S = ggml.SplitAxis
 
@@ -275,7 +275,7 @@ def test_half_weight_products_keep_float32_results(sims, wtype, n):
 
 # ---------------------------------------------------------------- golden models on Meta(SIM0,SIM1)
 
-from test_models import (MANIFEST, SLOW, check_logits, eval_steps, needs_golden,  # noqa: E402
+from test_models import (MANIFEST, check_logits, eval_steps, needs_golden,  # noqa: E402
                          rel_err, GOLDEN)
 from pathlib import Path  # noqa: E402
 
@@ -288,9 +288,7 @@ def meta_golden_cases():
     cases = []
     for entry in MANIFEST:
         w = entry["weights"]
-        marks = [] if w in ("F32", "F16") or SLOW else [
-            pytest.mark.skip(reason="quantized on SIM runs Triton in the interpreter (slow); "
-                                    "set TORCHGGML_SLOW_TESTS=1")]
+        marks = [] if w in ("F32", "F16") else [pytest.mark.slow]  # Triton in the interpreter
         for fa in (False, True):
             if fa and w not in ("F32",):
                 continue

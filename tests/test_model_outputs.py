@@ -66,7 +66,7 @@ def assert_same_logits(last: torch.Tensor, ref: torch.Tensor, weights: str, what
 
 
 def cache_contents(model) -> list[torch.Tensor]:
-    return [backend_tensor_get(t).clone() for t in model.kv.tensors()]
+    return [backend_tensor_get(t).clone() for t in model.memory.tensors()]
 
 
 def run(model, tokens, n_prompt: int, logits: str):
@@ -178,16 +178,16 @@ def test_the_head_runs_for_the_output_rows_only(n_prompt, n_batch, n_outputs):
     g = model._graph
     assert (g.n_tokens, g.n_outputs) == (n_prompt - (n_prompt - 1) // n_batch * n_batch, n_outputs)
     assert tuple(g.logits.ne[:2]) == (model.n_vocab, n_outputs)
-    last_down = model.w.layers[-1].ffn_down
+    last_down = model.weights.layers[-1].ffn_down
     products = {id(n.src[0]): n for n in g.graph.nodes if n.op == Op.MUL_MAT}
-    assert products[id(model.w.output)].ne[1] == n_outputs and products[id(last_down)].ne[1] == n_outputs
+    assert products[id(model.weights.output)].ne[1] == n_outputs and products[id(last_down)].ne[1] == n_outputs
     assert (g.out_ids is None) == (n_outputs == g.n_tokens)
     if n_batch < n_prompt:  # an earlier micro-batch: its graph for 0 outputs has no head
         empty = model.build_graph(model._ctx, n_batch, g.n_kv, n_outputs=0)
         assert empty.logits is None
         weights = {id(n.src[0]) for n in empty.graph.nodes if n.op == Op.MUL_MAT}
-        assert id(model.w.output) not in weights and id(last_down) not in weights
-        assert id(model.w.layers[-1].attn_k) in weights  # the last layer's K and V are still written
+        assert id(model.weights.output) not in weights and id(last_down) not in weights
+        assert id(model.weights.layers[-1].attn_k) in weights  # the last layer's K and V are still written
 
 
 @needs_golden
@@ -213,7 +213,7 @@ def test_non_finite_last_logits_raise_and_leave_the_cache_as_it_was():
     model.reset()
     model.eval(tokens[:4])
     want = model.eval(tokens[4:], logits="last")
-    norm = model.w.layers[0].attn_norm
+    norm = model.weights.layers[0].attn_norm
     saved = backend_tensor_get(norm).clone()
     model.reset()
     model.eval(tokens[:4])

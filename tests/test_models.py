@@ -24,9 +24,8 @@ MANIFEST = json.loads((GOLDEN / "manifest.json").read_text()) if HAVE_GOLDEN els
 MAX_ERR_FLOAT, MAX_ERR_QUANT, MIN_ARGMAX = 2e-3, 4e-2, 0.9
 # Quantized models on the SIM device run the Triton kernels in the interpreter: about a minute
 # per model. Q4_0 always runs there (the Triton path end to end); the other quantized models run
-# on SIM when TORCHGGML_SLOW_TESTS=1 (their kernels are covered by test_triton_kernels.py, and
-# all of them run on the CPU device); the float models always run on SIM.
-SLOW = os.environ.get("TORCHGGML_SLOW_TESTS") == "1"
+# on SIM with pytest --slow (their kernels are covered by test_triton_kernels.py, and all of them
+# run on the CPU device); the float models always run on SIM.
 ALWAYS_ON_SIM = {"Q4_0"}
 
 
@@ -83,9 +82,8 @@ def golden_cases():
         quantized = entry["weights"] not in ("F32", "F16")
         for device in ("CPU", "SIM0"):
             marks = []
-            if device == "SIM0" and quantized and not SLOW and entry["weights"] not in ALWAYS_ON_SIM:
-                marks = [pytest.mark.skip(reason="quantized on SIM runs Triton in the interpreter "
-                                                 "(slow); set TORCHGGML_SLOW_TESTS=1")]
+            if device == "SIM0" and quantized and entry["weights"] not in ALWAYS_ON_SIM:
+                marks = [pytest.mark.slow]  # Triton in the interpreter
             cases.append(pytest.param(entry, device, id=f"{Path(entry['model']).stem}-{device}", marks=marks))
     return cases
 
@@ -221,7 +219,7 @@ def test_vocab_only():
 
 @pytest.fixture(scope="module")
 def demo_path(tmp_path_factory):
-    from torchggml.gguf_writer.demo import demo_model_path
+    from torchggml.gguf.writer.demo import demo_model_path
     return demo_model_path(str(tmp_path_factory.mktemp("demo")))
 
 
@@ -269,11 +267,11 @@ def test_sampling_stays_within_top_k_and_top_p(top_k, top_p):
 def test_demo_architectures(tmp_path):
     """The demo writer's qwen2 (biases) and qwen3 (q/k norms, tied output) files load and run."""
     from dataclasses import replace
-    from torchggml.gguf_writer.demo import DEMO_CONFIG, write_model
+    from torchggml.gguf.writer.demo import DEMO_CONFIG, write_model
     for arch, tied in (("qwen2", False), ("qwen3", True)):
         cfg = replace(DEMO_CONFIG, arch=arch, n_layer=1, tied_output=tied)
         model = load_model(write_model(tmp_path / f"{arch}.gguf", cfg, "F16"))
-        assert model.hp.arch == arch and (model.w.output is model.w.token_embd) == tied
+        assert model.hp.arch == arch and (model.weights.output is model.weights.token_embd) == tied
         logits = model.eval(model.tokenize("hello"))
         assert torch.isfinite(logits).all()
 
@@ -282,7 +280,7 @@ def test_rope_scaling_and_frequency_factors(tmp_path):
     """rope_freqs.weight divides each pair's frequency: all 2s equal linear scaling by 2, which
     differs from no scaling; all 1s change nothing."""
     from dataclasses import replace
-    from torchggml.gguf_writer.demo import DEMO_CONFIG, write_model
+    from torchggml.gguf.writer.demo import DEMO_CONFIG, write_model
     cfg = replace(DEMO_CONFIG, n_layer=1)
     half = cfg.n_embd // cfg.n_head // 2
     files = {"plain": {}, "linear2": dict(rope_scaling_factor=2.0),
@@ -300,7 +298,7 @@ def test_rope_scaling_and_frequency_factors(tmp_path):
 # ---------------------------------------------------------------- the CLI commands
 
 def run_cli(*argv):
-    from torchggml.models.cli_commands import main
+    from torchggml.cli.models import main
     return main([str(a) for a in argv])
 
 
@@ -380,7 +378,7 @@ def test_one_device_is_one_split(device):
 
 def test_model_params_are_shared_and_checked():
     from torchggml.models import ModelParams
-    from torchggml.models.cli_commands import model_params
+    from torchggml.cli.models import model_params
     import argparse
     p = ModelParams().with_options(n_ctx=64, flash_attn=True)
     assert (p.n_ctx, p.flash_attn, p.n_batch) == (64, True, 512)
@@ -470,16 +468,39 @@ def test_eval_batch_equals_sequences_one_by_one():
         model.eval_batch([[1], [2]], seq_ids=[3, 3])
 
 
-def test_generate_batch_greedy_equals_generate(demo):
-    prompts = ["Once upon a time", "The scheduler cuts", "Numbers 0 1 2"]
-    batch = demo.generate_batch(prompts, max_tokens=5, temperature=0)
-    alone = ["".join(demo.generate(p, max_tokens=5, temperature=0)) for p in prompts]
+BATCH_PROMPTS = ["Once upon a time", "The scheduler cuts", "Numbers 0 1 2"]
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"}},
+          "required": ["n", "ok"]}
+
+
+@pytest.mark.parametrize("options", [
+    {},
+    {"repeat_penalty": 1.5, "frequency_penalty": 0.5, "presence_penalty": 0.3, "repeat_last_n": 8},
+    {"stop": ["e", " t"]},
+    {"schema": SCHEMA},
+], ids=["plain", "penalties", "stop", "json-schema"])
+def test_generate_batch_equals_generate(demo, options):
+    """One decode loop: generate_batch gives each sequence what generate gives it alone, with
+    every sampling option (temperature 0)."""
+    options = dict(options, temperature=0)
+    schema = options.pop("schema", None)
+    if schema is not None:
+        grammar = pytest.importorskip("torchggml.server.grammar")
+        vocab = grammar.Vocabulary(demo.tokenizer)
+        source = vocab.compile("json_schema", schema)
+        constraint = lambda: grammar.Constraint(vocab, source)  # noqa: E731
+    batch = demo.generate_batch(BATCH_PROMPTS, max_tokens=12, **options,
+                                constraints=[constraint() for _ in BATCH_PROMPTS] if schema else None)
+    alone = ["".join(demo.generate(p, max_tokens=12, **options, constraint=constraint() if schema else None))
+             for p in BATCH_PROMPTS]
     assert batch == alone and len(set(batch)) > 1
+    if schema is not None:
+        assert all(text.startswith('{"n":') for text in batch), batch  # the schema held every sequence
 
 
 def test_unsupported_architecture_is_named(tmp_path):
     import gguf
-    from torchggml.gguf import GGUFError
+    from torchggml.gguf.loader import GGUFError
     w = gguf.GGUFWriter(str(tmp_path / "x.gguf"), "rwkv9")
     w.add_tokenizer_model("none")
     w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
@@ -490,8 +511,8 @@ def test_unsupported_architecture_is_named(tmp_path):
 
 def test_unknown_rope_scaling_is_refused(tmp_path):
     """YaRN and LongRoPE load (tests/test_archs.py); a scaling llama.cpp does not know is refused."""
-    from torchggml.gguf import GGUFError
-    from torchggml.gguf_writer.tiny import TinyCase, write_tiny_model
+    from torchggml.gguf.loader import GGUFError
+    from torchggml.gguf.writer.tiny import TinyCase, write_tiny_model
     case = TinyCase("llama-dynamic", "llama", metadata=(("rope.scaling.type", "dynamic"), ("rope.scaling.factor", 2.0)))
     with pytest.raises(GGUFError, match="rope scaling 'dynamic' is not supported"):
         load_model(write_tiny_model(tmp_path / "x.gguf", case))

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from torchggml.gguf import GGUFError
+from torchggml.gguf.loader import GGUFError
 from torchggml.models import load_model
-from torchggml.gguf_writer.demo import DEMO_CONFIG, generated_model
+from torchggml.gguf.writer.demo import DEMO_CONFIG, generated_model
 from torchggml.models.module import QuantizedWeight
 
 TEXT = "Once upon a time there was a small program that wanted to run a language model"
@@ -68,15 +68,15 @@ def test_parameters_are_zero_copy_and_the_kv_cache_is_a_buffer(demo_path):
     model = fresh(demo_path)
     module = model.as_module()
     params = dict(module.named_parameters())
-    assert set(params) == set(model.weights.tensors)
+    assert set(params) == set(model.weight_buffers.tensors)
     from torchggml import to_torch
-    w = model.weights.tensors["blk.0.attn_q.weight"]
+    w = model.weight_buffers.tensors["blk.0.attn_q.weight"]
     assert params["blk.0.attn_q.weight"].data_ptr() == to_torch(w).data_ptr()
     assert not any(p.requires_grad for p in params.values())
     state = module.state_dict()
     assert "blk.3.ffn_down.weight" in state and not any(k.startswith("kv_cache") for k in state)
     buffers = dict(module.named_buffers())
-    assert buffers["kv_cache.cache_k_l0"].data_ptr() == to_torch(model.kv.k[0]).data_ptr()
+    assert buffers["kv_cache.cache_k_l0"].data_ptr() == to_torch(model.memory.k[0]).data_ptr()
 
 
 def test_quantized_weights_dequantize_on_access(demo_dir):
@@ -99,7 +99,7 @@ def test_lora_trains_beside_repacked_quantized_weights(demo_dir):
     as they are, the backward reads their values from the file through QuantizedWeight."""
     path = generated_model(DEMO_CONFIG, "Q4_1", directory=demo_dir)
     model = load_model(path, n_ctx=64, progress=False)
-    assert not model.weights.tensors["blk.0.attn_q.weight"].buffer.ggml_layout
+    assert not model.weight_buffers.tensors["blk.0.attn_q.weight"].buffer.ggml_layout
     model.add_lora(2, ["attn_q", "ffn_down"], seed=1)
     module = model.as_module()
     ids = model.tokenize(TEXT)

@@ -2,7 +2,7 @@
 import pytest
 
 import torchggml as ggml
-from torchggml.testing import all_cases, check_case_against_reference
+from torchggml.test_ops.runner import all_cases, check_case_against_reference
 
 CASES = all_cases()
 
@@ -21,7 +21,7 @@ def test_op_matches_float64_reference(case, cpu):
 def test_perf_mode_times_computes_and_counts_work(cpu):
     """`test-ops --mode perf`: time per compute of a planned graph, flops of products, bytes
     of element-wise ops."""
-    from torchggml.testing import time_case
+    from torchggml.test_ops.runner import time_case
     mm = next(c for c in CASES if c.op == "mul_mat" and "type_a=F32,type_b=F32,m=7,n=9,k=96" in c.desc)
     seconds, moved, flops = time_case(mm, cpu, min_seconds=0.01)
     assert seconds > 0 and flops == 2 * 7 * 9 * 96

@@ -7,9 +7,9 @@ import os
 import pytest
 
 import torchggml as ggml
-from torchggml.ops_cases.breadth import breadth_cases, sample_cases
-from torchggml.testing import check_case_against_reference
-from torchggml.test_ops import supported_on
+from torchggml.test_ops.cases.breadth import breadth_cases, sample_cases
+from torchggml.test_ops.runner import check_case_against_reference
+from torchggml.test_ops.command import supported_on
 
 CASES = list(breadth_cases()) if os.environ.get("TORCHGGML_TEST_OPS_FULL") else sample_cases()
 
@@ -30,9 +30,9 @@ def test_breadth_case_matches_float64_reference(case, cpu):
 def test_breadth_reaches_upstream_scale():
     """At least 15,000 single-op cases over the ops torchggml has, every op family of upstream's
     list that torchggml implements represented, and the fusion graphs upstream tests."""
-    from torchggml.ops_cases.breadth.fusion import FUSIONS
-    from torchggml.ops_cases.upstream_counts import UPSTREAM_CASES
-    from torchggml.test_ops import upstream_op
+    from torchggml.test_ops.cases.breadth.fusion import FUSIONS
+    from torchggml.test_ops.cases.upstream_counts import UPSTREAM_CASES
+    from torchggml.test_ops.command import upstream_op
     cases = breadth_cases()
     single = [c for c in cases if c.op not in FUSIONS]
     assert len(single) >= 15000

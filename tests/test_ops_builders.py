@@ -1,6 +1,6 @@
 """The vision/audio/diffusion and matrix-helper builders: shapes and op params as ggml.c sets
 them, bad input refused with a ValueError naming the op and the tensor, and op coverage against
-upstream's enums. (Values are checked against torch references in ops_cases/, run by test_ops.py.)"""
+upstream's enums. (Values are checked against torch references in test_ops/cases/, run by test_ops.py.)"""
 import json
 from pathlib import Path
 
@@ -8,7 +8,7 @@ import pytest
 
 import torchggml as ggml
 from torchggml.enums import Op, UnaryOp, VIEW_OPS
-from torchggml.torch_backend.kernels.reference import TORCH_KERNELS
+from torchggml.devices.kernels.reference import TORCH_KERNELS
 
 T = ggml.Type
 UPSTREAM = json.loads((Path(__file__).parent / "data" / "ggml_enums.json").read_text())
@@ -177,7 +177,7 @@ NEW_FAMILY_OPS = ["im2col", "conv_2d", "conv_2d_direct", "conv_transpose_2d", "c
 def test_new_ops_run_on_an_accelerator_table():
     """The accelerators' tables fall back to the torch kernels: a case of each new op on the
     simulated accelerator (the GPU table, non-host buffers) matches its float64 reference."""
-    from torchggml.testing import all_cases, check_case_against_reference
+    from torchggml.test_ops.runner import all_cases, check_case_against_reference
     sim = ggml.backend_init_by_name("SIM0")
     try:
         for op in NEW_FAMILY_OPS:

@@ -11,9 +11,9 @@ import os
 import pytest
 
 import torchggml as ggml
-from torchggml.testing import all_cases, check_case_against_reference
+from torchggml.test_ops.runner import all_cases, check_case_against_reference
 
-triton_kernels = pytest.importorskip("triton_kernels")
+triton_kernels = pytest.importorskip("torchggml.devices.triton")
 
 FULL_TABLE = os.environ.get("TORCHGGML_SIM_FULL_TABLE") == "1"
 HEAVY_WEIGHT_VALUES = 1 << 18
@@ -66,7 +66,7 @@ def sim():
 
 @pytest.fixture
 def triton_calls(monkeypatch):
-    """Counts calls of the triton_kernels entry points the GPU table binds."""
+    """Counts calls of the torchggml.devices.triton entry points the GPU table binds."""
     calls = dict.fromkeys(TRITON_OPS.values(), 0)
     for name in calls:
         real = getattr(triton_kernels, name)

@@ -1,16 +1,15 @@
-"""No module imports private names of the kernel modules (torch_backend/, quants/,
-triton_kernels/) from another package (`from ..kernels.x import _name`): kernel helpers that
+"""No module imports private names of the kernel modules (devices/, quants/) from another package (`from ..kernels.x import _name`): kernel helpers that
 other packages use are public in the module that defines them."""
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-KERNEL_PACKAGES = ("torchggml/torch_backend", "torchggml/quants", "triton_kernels")
+KERNEL_PACKAGES = ("torchggml/devices", "torchggml/quants")
 
 
 def _private_imports_across_packages() -> list[str]:
     found = []
-    for path in sorted([*(ROOT / "torchggml").rglob("*.py"), *(ROOT / "triton_kernels").rglob("*.py")]):
+    for path in sorted((ROOT / "torchggml").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if not (isinstance(node, ast.ImportFrom) and node.level):
                 continue
@@ -35,7 +34,6 @@ def test_no_private_names_imported_across_packages():
 def test_the_check_sees_a_private_import(tmp_path):
     pkg = tmp_path / "torchggml" / "sub"
     pkg.mkdir(parents=True)
-    (tmp_path / "triton_kernels").mkdir()
     (tmp_path / "torchggml" / "quants").mkdir()
     (tmp_path / "torchggml" / "quants" / "helpers.py").write_text("def _secret(): pass\n")
     (pkg / "user.py").write_text("from ..quants.helpers import _secret\n")

@@ -22,7 +22,7 @@ import torch
 
 import torchggml as ggml
 from torchggml.quants import dequantize, quantize, quantize_types
-from torchggml.testing import all_cases, check_case_against_reference
+from torchggml.test_ops.runner import all_cases, check_case_against_reference
 from torchggml.types import Type, type_traits
 
 from test_quants import ROUNDTRIP_RMSE

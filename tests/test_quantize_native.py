@@ -196,8 +196,8 @@ def test_include_exclude_weights(include, exclude, keep):
 
 def _demo_imatrix(tmp_path, scale_of=lambda name: 1.0):
     """An imatrix for every weight of the demo model with the right sizes."""
-    from torchggml.gguf import open_gguf
-    from torchggml.gguf_writer.demo import demo_model_path
+    from torchggml.gguf.loader import open_gguf
+    from torchggml.gguf.writer.demo import demo_model_path
     from torchggml.tools.imatrix import write_imatrix
     f = open_gguf(demo_model_path())
     rng = np.random.default_rng(3)
@@ -215,7 +215,7 @@ def test_quantize_with_imatrix_uses_each_tensors_slice(tmp_path):
     """Every tensor with an entry is quantized with it (the bytes of quantize_native with that
     entry), the others without; the metadata names the imatrix as llama-quantize's does."""
     import gguf
-    from torchggml.gguf_writer.demo import demo_model_path
+    from torchggml.gguf.writer.demo import demo_model_path
     from torchggml.tools.quantize import quantize_file
     imatrix, stats = _demo_imatrix(tmp_path)
     out = str(tmp_path / "q.gguf")
@@ -238,7 +238,7 @@ def test_quantize_with_imatrix_uses_each_tensors_slice(tmp_path):
 
 
 def test_quantize_refuses_an_imatrix_of_another_model(tmp_path):
-    from torchggml.gguf_writer.demo import demo_model_path
+    from torchggml.gguf.writer.demo import demo_model_path
     from torchggml.tools.imatrix import write_imatrix
     from torchggml.tools.quantize import quantize_file
     path = str(tmp_path / "other.gguf")
@@ -248,7 +248,7 @@ def test_quantize_refuses_an_imatrix_of_another_model(tmp_path):
 
 
 def test_quantize_refuses_requantize_without_the_flag(tmp_path):
-    from torchggml.gguf_writer.demo import demo_model_path
+    from torchggml.gguf.writer.demo import demo_model_path
     from torchggml.tools.quantize import quantize_file
     q8 = str(tmp_path / "q8.gguf")
     quantize_file(demo_model_path(), q8, "Q8_0")
@@ -260,7 +260,7 @@ def test_quantize_refuses_requantize_without_the_flag(tmp_path):
 def test_imatrix_collects_squares_of_activations(tmp_path):
     """On the demo model: an entry per blk.* product weight, n_ctx rows counted per chunk, the sums
     of x^2 of the activations entering it (attn_q/k/v share their input: equal sums)."""
-    from torchggml.gguf_writer.demo import CORPUS, demo_model_path
+    from torchggml.gguf.writer.demo import CORPUS, demo_model_path
     from torchggml.models import load_model
     from torchggml.tools.imatrix import collect
     from torchggml.models.params import ModelParams

@@ -1,5 +1,5 @@
 """The recurrent and hybrid memories (models/recurrent_state.py) on the tiny models of
-gguf_writer/tiny.py: micro-batched prompts leave the same states as one batch, sequences keep
+gguf/writer/tiny.py: micro-batched prompts leave the same states as one batch, sequences keep
 their own slots (reset, copy, several in one batch), equal-split micro-batches, clear errors."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from torchggml.backend.tensor_io import backend_tensor_get
-from torchggml.gguf_writer.tiny import CASES_BY_NAME, write_tiny_model
+from torchggml.gguf.writer.tiny import CASES_BY_NAME, write_tiny_model
 from torchggml.models import load_model
 from torchggml.models.kv_cache import KVCache
 from torchggml.models.recurrent_state import HybridMemory, RecurrentState
@@ -25,7 +25,7 @@ def paths(tmp_path_factory):
 
 def states(model, seq_id: int) -> torch.Tensor:
     """Every recurrent layer's r and s rows of one sequence, concatenated."""
-    rs = model.kv.recurrent
+    rs = model.memory.recurrent
     slot = rs.slot_of[seq_id]
     rows = [backend_tensor_get(t).reshape(t.ne[1], -1)[slot] for t in (*rs.r.values(), *rs.s.values())]
     return torch.cat(rows)
@@ -35,10 +35,10 @@ def states(model, seq_id: int) -> torch.Tensor:
                                         ("granitehybrid", HybridMemory), ("llama-moe", KVCache)])
 def test_model_picks_the_memory_of_its_architecture(paths, name, kind):
     model = load_model(paths[name], progress=False, n_ctx=64)
-    assert type(model.kv) is kind
+    assert type(model.memory) is kind
     if kind is HybridMemory:  # KV only on the attention layer (head_count_kv (0, 2, 0))
-        assert [t is not None for t in model.kv.kv.k] == [False, True, False]
-        assert sorted(model.kv.rs.s) == [0, 2]
+        assert [t is not None for t in model.memory.kv.k] == [False, True, False]
+        assert sorted(model.memory.rs.s) == [0, 2]
     model.close()
 
 
@@ -50,7 +50,7 @@ def test_micro_batches_leave_the_states_of_one_batch(paths, name):
     micro.eval(TOKENS[:7])
     micro.eval(TOKENS[7:])
     assert torch.allclose(states(one, 0), states(micro, 0), rtol=1e-5, atol=1e-6)
-    assert one.kv.seq_len(0) == micro.kv.seq_len(0) == len(TOKENS)
+    assert one.memory.seq_len(0) == micro.memory.seq_len(0) == len(TOKENS)
     one.close()
     micro.close()
 
@@ -64,7 +64,7 @@ def test_sequences_keep_their_own_states(paths):
     torch.testing.assert_close(both[0], alone, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(both[1], alone[:3], rtol=1e-4, atol=1e-5)
     model.reset(5)                                       # its slot zeroed and freed; 2 and 7 stay
-    assert sorted(model.kv.recurrent.slot_of) == [2, 7] and model.kv.seq_len(5) == 0
+    assert sorted(model.memory.recurrent.slot_of) == [2, 7] and model.memory.seq_len(5) == 0
     torch.testing.assert_close(model.eval(TOKENS[:6], seq_id=5), alone, rtol=1e-4, atol=1e-5)
     model.close()
 
@@ -74,10 +74,10 @@ def test_copy_continues_from_the_same_states(paths, name):
     """seq_cp: the recurrent states, and in a hybrid (or a transformer) the KV cells too."""
     model = load_model(paths[name], progress=False, n_ctx=64)
     model.eval(TOKENS[:8], seq_id=0)
-    model.kv.copy(0, 1)
-    if model.kv.recurrent is not None:
+    model.memory.copy(0, 1)
+    if model.memory.recurrent is not None:
         torch.testing.assert_close(states(model, 1), states(model, 0))
-    assert model.kv.seq_len(1) == model.kv.seq_len(0) == 8
+    assert model.memory.seq_len(1) == model.memory.seq_len(0) == 8
     a, b = model.eval(TOKENS[8:10], seq_id=0), model.eval(TOKENS[8:10], seq_id=1)
     torch.testing.assert_close(a, b)
     model.close()
@@ -110,7 +110,7 @@ def test_non_finite_logits_clear_the_sequences_the_call_wrote(paths):
     model.eval(TOKENS[:4], seq_id=0)
     model.eval(TOKENS[:5], seq_id=1)
     kept = states(model, 1)
-    norm = model.w.layers[0].attn_norm
+    norm = model.weights.layers[0].attn_norm
     saved = backend_tensor_get(norm).clone()
     backend_tensor_set(norm, torch.full_like(saved, float("nan")))
     try:
@@ -118,8 +118,8 @@ def test_non_finite_logits_clear_the_sequences_the_call_wrote(paths):
             model.eval(TOKENS[4:8], seq_id=0)
     finally:
         backend_tensor_set(norm, saved)
-    assert model.kv.seq_len(0) == 0 and 0 not in model.kv.recurrent.slot_of
-    assert model.kv.seq_len(1) == 5 and torch.equal(states(model, 1), kept)
+    assert model.memory.seq_len(0) == 0 and 0 not in model.memory.recurrent.slot_of
+    assert model.memory.seq_len(1) == 5 and torch.equal(states(model, 1), kept)
     fresh = load_model(paths["granitehybrid"], progress=False, n_ctx=64)
     torch.testing.assert_close(model.eval(TOKENS[:4], seq_id=0), fresh.eval(TOKENS[:4]))  # zeros again
     model.close()

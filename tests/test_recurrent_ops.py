@@ -1,5 +1,5 @@
 """The recurrent ops' builders reject bad shapes as ggml asserts them, with a ValueError naming the
-op and the tensor (their values are checked in tests/test_ops.py, ops_cases/recurrent.py)."""
+op and the tensor (their values are checked in tests/test_ops.py, test_ops/cases/recurrent.py)."""
 from __future__ import annotations
 
 import pytest

@@ -7,7 +7,7 @@ import torch
 
 import torchggml as ggml
 from torchggml.cli import main as cli_main
-from torchggml.testing import all_cases, prepared_case
+from torchggml.test_ops.runner import all_cases, prepared_case
 
 
 @pytest.fixture(autouse=True)
@@ -161,7 +161,7 @@ def test_a_plan_drops_a_removed_kernel_on_sim():
 def test_newest_registration_wins_and_supports_selects():
     ctx = ggml.init(no_alloc=True)
     _, _, out, _ = _add_graph(ctx)
-    from torchggml.torch_backend.kernels.registered import registered_entry
+    from torchggml.devices.kernels.registered import registered_entry
     first = ggml.register_kernel("ADD", lambda n: None, device="CUDA", name="first")
     second = ggml.register_kernel("ADD", lambda n: None, device="CUDA", name="second",
                                   supports=lambda n: n.ne[0] > 8)

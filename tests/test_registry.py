@@ -8,7 +8,7 @@ import torch
 
 import torchggml as ggml
 from torchggml import cli
-from torchggml.torch_backend.device import gpu_offload_op, op_batch_size
+from torchggml.devices.accelerator import gpu_offload_op, op_batch_size
 
 T = ggml.Type
 PLUGINS = Path(__file__).parent / "plugins"
@@ -172,7 +172,7 @@ def test_dev_for_torch_device():
 
 
 def test_cuda_reg_imports_without_cuda():
-    from torchggml.torch_backend.cuda import backend_reg
+    from torchggml.devices.cuda import backend_reg
     reg = backend_reg()
     assert (len(reg.get_devices()) if reg is not None else 0) == torch.cuda.device_count()
 
@@ -363,9 +363,9 @@ def test_cli_devices(capsys):
 
 
 def test_cli_test_ops_hands_its_arguments_to_the_testing_module(monkeypatch):
-    import torchggml.testing
+    import torchggml.test_ops.runner
     seen = []
-    monkeypatch.setattr(torchggml.testing, "main_test_ops", lambda args, cases=None: seen.append(args) or 3)
+    monkeypatch.setattr(torchggml.test_ops.runner, "main_test_ops", lambda args, cases=None: seen.append(args) or 3)
     assert cli.main(["test-ops", "-b", "SIM0", "-o", "MUL_MAT", "--mode", "perf"]) == 3
     assert (seen[0].backend, seen[0].op, seen[0].mode) == ("SIM0", "MUL_MAT", "perf")
     with pytest.raises(SystemExit):

@@ -26,8 +26,8 @@ import torch
 
 import torchggml as ggml
 from torchggml.backend.buffer import BufferFreedError
-from torchggml.gguf import GGUFError, _entry_nbytes, open_gguf
-from torchggml.gguf_header import _Cursor, _read_value, scan_header
+from torchggml.gguf.loader import GGUFError, _entry_nbytes, open_gguf
+from torchggml.gguf.reader import _Cursor, _read_value, scan_header
 from torchggml.models import load_model
 from torchggml.models.model import ModelClosedError, NonFiniteLogitsError
 
@@ -176,7 +176,7 @@ def _fresh_logits(model, *batches):
 
 @pytest.fixture(scope="module")
 def demo_model():
-    from torchggml.gguf_writer.demo import demo_model_path
+    from torchggml.gguf.writer.demo import demo_model_path
     model = load_model(demo_model_path(), n_ctx=64, progress=False)
     yield model
     model.close()
@@ -220,7 +220,7 @@ def test_reset_zeroes_the_cells_so_old_values_cannot_leak(golden_model):
     (want,) = _fresh_logits(m, TOKENS[:3])
     m.reset()
     m.eval(TOKENS)
-    for t in (*m.kv.k, *m.kv.v):  # NaN in every written cell, as a failed batch would leave them
+    for t in (*m.memory.k, *m.memory.v):  # NaN in every written cell, as a failed batch would leave them
         ggml.backend_tensor_memset(t, 0xFF, 0, len(TOKENS) * t.nb[1])
     m.reset()
     got = m.eval(TOKENS[:3])
@@ -231,7 +231,7 @@ def test_reset_zeroes_the_cells_so_old_values_cannot_leak(golden_model):
 def test_non_finite_logits_raise_and_leave_the_cache_as_it_was(golden_model):
     m = golden_model
     want = _fresh_logits(m, TOKENS[:4], TOKENS[4:])
-    norm = m.w.layers[0].attn_norm
+    norm = m.weights.layers[0].attn_norm
     saved = ggml.backend_tensor_get(norm).clone()
     m.reset()
     m.eval(TOKENS[:4])
@@ -371,7 +371,7 @@ def test_a_consistent_alignment_loads_the_same_model(tmp_path, alignment):
         assert np.array_equal(f.tensor_data(name), ref.tensor_data(name))
 
 
-from torchggml.gguf import _BLOCK_SCALES, check_tensor_values  # noqa: E402
+from torchggml.gguf.loader import _BLOCK_SCALES, check_tensor_values  # noqa: E402
 
 
 @pytest.mark.parametrize("qtype,offset,size", [(t, off, size) for t, fields in _BLOCK_SCALES.items()

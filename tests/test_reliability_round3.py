@@ -28,8 +28,8 @@ import pytest
 import torch
 
 import torchggml as ggml
-from torchggml.gguf import GGUFError
-from torchggml.gguf_writer.rewrite import header_parts, serialize
+from torchggml.gguf.loader import GGUFError
+from torchggml.gguf.writer.rewrite import header_parts, serialize
 from torchggml.models import load_model
 from torchggml.models.sequences import InterleavedSequenceError
 
@@ -133,7 +133,7 @@ def _source(name: str, tmp_path) -> Path:
         if not Q4_MODEL.exists():
             pytest.skip(f"golden models not found at {GOLDEN}")
         return Q4_MODEL
-    from torchggml.gguf_writer.tiny import write_tiny_model
+    from torchggml.gguf.writer.tiny import write_tiny_model
     return Path(write_tiny_model(tmp_path / f"{name}.gguf", name))
 
 
@@ -156,7 +156,7 @@ def test_a_rewritten_but_unchanged_file_still_loads(tmp_path):
 
 
 def test_vocabulary_only_load_refuses_an_unknown_architecture(tmp_path):
-    from torchggml.gguf_writer.demo import demo_model_path
+    from torchggml.gguf.writer.demo import demo_model_path
     path = _mutant(tmp_path, Path(demo_model_path()), _retype("general.architecture", "string", "llamaz"))
     with pytest.raises(GGUFError, match="architecture 'llamaz' is unknown"):
         load_model(path, vocab_only=True)
@@ -209,7 +209,7 @@ def test_graph_function_weights_set_after_creation_stay_set(param):
 
 @pytest.fixture(scope="module")
 def demo_model():
-    from torchggml.gguf_writer.demo import demo_model_path
+    from torchggml.gguf.writer.demo import demo_model_path
     model = load_model(demo_model_path(), n_ctx=64, progress=False)
     yield model
     model.close()
@@ -302,7 +302,7 @@ def test_bad_options_name_the_option(options, error, pattern):
 
 
 def test_a_kv_cache_too_large_names_n_ctx_and_the_bytes(tmp_path):
-    from torchggml.gguf_writer.demo import demo_model_path
+    from torchggml.gguf.writer.demo import demo_model_path
     with pytest.raises(MemoryError, match=r"KV cache: n_ctx=1073741824 needs 2199023255552 bytes"):
         load_model(demo_model_path(), n_ctx=2**30, progress=False)
 
@@ -421,7 +421,7 @@ def test_spm_merges_the_leftmost_pair_first_when_scores_tie():
     """llama.cpp's SPM merges the best-scoring adjacent pair, the leftmost on a tie. The ranked
     merge list that emulated it broke ties by token id instead: "aba" gave a, ba (found by the
     fuzzer: a vocabulary whose scores were all 0)."""
-    from torchggml.tokenizer import Tokenizer
+    from torchggml.text.tokenizer import Tokenizer
     texts = ["<unk>", "<s>", "</s>", "<0x0A>", "\u2581", "a", "b", "ba", "ab"]
     tok = Tokenizer.from_metadata({
         "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": texts,
@@ -434,7 +434,7 @@ def test_spm_merges_the_leftmost_pair_first_when_scores_tie():
 def test_a_wordpiece_vocabulary_with_byte_tokens_is_refused():
     """llama.cpp aborts loading such a vocabulary (it cannot turn a WordPiece byte token into its
     byte); it used to tokenize here (found by the fuzzer: an SPM vocabulary relabelled 'bert')."""
-    from torchggml.tokenizer import Tokenizer, TokenizerError
+    from torchggml.text.tokenizer import Tokenizer, TokenizerError
     texts = ["[PAD]", "<0x00>", "[UNK]", "[CLS]", "[SEP]", "hello"]
     with pytest.raises(TokenizerError, match=r"token 1 \('<0x00>'\) is a byte token, which a WordPiece"):
         Tokenizer.from_metadata({"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": texts,
@@ -453,7 +453,7 @@ BYTE_TOKENS = [  # (id, vocabulary model, byte token's text, the byte or the err
 def test_byte_tokens_render_as_llama_cpp_reads_them(model, text, want):
     """llama.cpp renders every token at load; a byte token under 3 bytes fails there
     (substr(3, 2)), so it must be refused here (found by the fuzzer: a BPE token retyped BYTE)."""
-    from torchggml.tokenizer import Tokenizer, TokenizerError
+    from torchggml.text.tokenizer import Tokenizer, TokenizerError
     metadata = {"tokenizer.ggml.model": model, "tokenizer.ggml.tokens": ["<unk>", text, "a"],
                 "tokenizer.ggml.token_type": np.array([2, 6, 1], np.int32), "tokenizer.ggml.merges": [],
                 "tokenizer.ggml.scores": np.zeros(3, np.float32)}
@@ -466,7 +466,7 @@ def test_byte_tokens_render_as_llama_cpp_reads_them(model, text, want):
 def test_merges_whose_parts_are_not_tokens_are_a_named_error():
     """`tokenizers` refused such merges with a bare Exception naming no file (found by the
     fuzzer: a token of the Llama 3 vocabulary renamed)."""
-    from torchggml.tokenizer import Tokenizer, TokenizerError
+    from torchggml.text.tokenizer import Tokenizer, TokenizerError
     tok = Tokenizer.from_metadata({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2",
                                    "tokenizer.ggml.tokens": ["a", "b", "ab", "xab"],
                                    "tokenizer.ggml.merges": ["a b", "x ab"]}, source="v.gguf")
@@ -476,7 +476,7 @@ def test_merges_whose_parts_are_not_tokens_are_a_named_error():
 
 def test_rwkv_text_no_token_covers_is_a_named_error_without_an_unknown_token():
     """It used to put None among the ids (a TypeError naming nothing; llama.cpp emits -1)."""
-    from torchggml.tokenizer import Tokenizer
+    from torchggml.text.tokenizer import Tokenizer
     tok = Tokenizer.from_metadata({"tokenizer.ggml.model": "rwkv", "tokenizer.ggml.tokens": ["a", "b"]},
                                   source="w.gguf")
     with pytest.raises(ValueError, match=r"w\.gguf: no token starts with byte 0x63 and the vocabulary has no unknown"):
@@ -486,7 +486,7 @@ def test_rwkv_text_no_token_covers_is_a_named_error_without_an_unknown_token():
 def test_rwkv_tokens_listed_twice_map_to_the_last_id():
     """llama.cpp's trie keeps the last id of a byte string listed twice ("\\," and "," are both
     ","); the first was kept here (found by the fuzzer: an SPM vocabulary relabelled 'rwkv')."""
-    from torchggml.tokenizer import Tokenizer
+    from torchggml.text.tokenizer import Tokenizer
     texts = ["<unk>", "a", "\\,", ",", "<"]
     tok = Tokenizer.from_metadata({"tokenizer.ggml.model": "rwkv", "tokenizer.ggml.tokens": texts,
                                    "tokenizer.ggml.unknown_token_id": 0})
@@ -497,7 +497,7 @@ def test_a_vocabulary_whose_bytes_are_not_tokens_is_not_rwkv():
     """llama.cpp's RWKV matcher loops without end (std::bad_alloc) on text starting with a byte
     that begins tokens but is not one itself; RWKV vocabularies list all 256 bytes, so such a
     vocabulary is refused by name (found by the fuzzer: an SPM vocabulary relabelled 'rwkv')."""
-    from torchggml.tokenizer import Tokenizer, TokenizerError
+    from torchggml.text.tokenizer import Tokenizer, TokenizerError
     tok = Tokenizer.from_metadata({"tokenizer.ggml.model": "rwkv", "tokenizer.ggml.tokens": ["<unk>", "<", "a", "bc"],
                                    "tokenizer.ggml.unknown_token_id": 0}, source="w.gguf")
     with pytest.raises(TokenizerError, match=r"^w\.gguf: not an RWKV vocabulary: byte 0x62 begins tokens"):
@@ -517,7 +517,7 @@ PROGRESS = [  # (wanted, bytes, on a terminal, TORCHGGML_PROGRESS, shown)
 
 @pytest.mark.parametrize("wanted,size,tty,env,shown", PROGRESS)
 def test_progress_bars_only_on_a_terminal_and_for_large_uploads(monkeypatch, wanted, size, tty, env, shown):
-    from torchggml.gguf import show_progress
+    from torchggml.gguf.loader import show_progress
 
     class Stream:
         def isatty(self):

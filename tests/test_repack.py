@@ -11,11 +11,11 @@ from gguf import GGMLQuantizationType, quants as gguf_quants
 
 import torchggml as ggml
 from torchggml.quants import quantize
-from torchggml.torch_backend.cpu import cpu_device, cpu_reg
-from torchggml.torch_backend.kernels import UnsupportedOpError
-from torchggml.torch_backend.cpu import repack_buffer_type
-from torchggml.torch_backend.cpu.layouts.base import RepackBuffer, RepackedTensorError
-from torchggml.torch_backend.cpu.layouts.int4 import repacked_views
+from torchggml.devices.cpu import cpu_device, cpu_reg
+from torchggml.devices.kernels import UnsupportedOpError
+from torchggml.devices.cpu import repack_buffer_type
+from torchggml.devices.cpu.layouts.base import RepackBuffer, RepackedTensorError
+from torchggml.devices.cpu.layouts.int4 import repacked_views
 
 from test_models import (GOLDEN, MANIFEST, check_logits, entry_named, eval_steps, needs_golden,
                          sim_available)
@@ -86,7 +86,7 @@ def test_repacked_mul_mat_matches_float64(qtype, n, k, m):
 
 def test_chunked_packing_equals_whole(monkeypatch):
     """Big weights are converted in row chunks: the layout must not depend on the chunking."""
-    from torchggml.torch_backend.cpu.layouts import int4 as repack
+    from torchggml.devices.cpu.layouts import int4 as repack
     n, k = 200, 64
     blocks, _ = quantized_weight(T.Q4_0, n, k, seed=1)
     packed = []
@@ -174,12 +174,12 @@ def load(entry, **options):
 def test_golden_models_with_and_without_repack(entry, repack, monkeypatch):
     monkeypatch.setenv("TORCHGGML_CPU_PATH", "int4")  # this file tests torch's int4 layout
     model = load(entry, devices=["CPU"], repack=repack)
-    placed = {name: t.buffer.name for name, t in model.weights.tensors.items()}
+    placed = {name: t.buffer.name for name, t in model.weight_buffers.tensors.items()}
     repacked = {name for name, buft in placed.items() if buft == "CPU_REPACK"}
     if repack:  # every supported projection, and nothing read by other ops
         assert "blk.0.attn_q.weight" in repacked
         assert not any(n.startswith("token_embd") or "norm" in n for n in repacked)
-        assert all(model.weights[n].type in (T.Q4_0, T.Q4_1, T.Q4_K) for n in repacked)
+        assert all(model.weight_buffers[n].type in (T.Q4_0, T.Q4_1, T.Q4_K) for n in repacked)
     else:
         assert not repacked
     check_logits(model.eval(entry["tokens"]), entry)
@@ -199,7 +199,7 @@ def test_mixed_placement_with_repacked_cpu_layers(path, monkeypatch):
     entry = entry_named("llama-Q4_0" if path == "int4" else "llama-Q4_1")
     model = load(entry, n_gpu_layers=1)  # CPU layer 0 (repacked), SIM0 layer 1 and the output
     assert model.sched is not None
-    assert model.weights["blk.0.attn_q.weight"].buffer.name == "CPU_REPACK"
-    assert model.weights["blk.1.attn_q.weight"].buffer.name != "CPU_REPACK"
+    assert model.weight_buffers["blk.0.attn_q.weight"].buffer.name == "CPU_REPACK"
+    assert model.weight_buffers["blk.1.attn_q.weight"].buffer.name != "CPU_REPACK"
     check_logits(model.eval(entry["tokens"]), entry)
     model.close()

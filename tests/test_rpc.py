@@ -19,12 +19,12 @@ import pytest
 import torch
 
 import torchggml as ggml
-from torchggml.rpc import (RPCServer, RPCServerGoneError, RPCError, backend_rpc_init, backend_rpc_add_server,
+from torchggml.devices.rpc import (RPCServer, RPCServerGoneError, RPCError, backend_rpc_init, backend_rpc_add_server,
                            backend_is_rpc, backend_rpc_buffer_type, backend_rpc_get_device_memory,
                            backend_rpc_reg, close_connection, close_server)
-from torchggml.rpc import protocol as P
-from torchggml.rpc.client import connection
-from torchggml.rpc.protocol import Cmd
+from torchggml.devices.rpc import protocol as P
+from torchggml.devices.rpc.client import connection
+from torchggml.devices.rpc.protocol import Cmd
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = Path(os.environ.get("TORCHGGML_GOLDEN", ROOT.parent / "shared" / "golden"))
@@ -349,7 +349,7 @@ def test_malformed_message_closes_only_that_connection(server, case, caplog):
     other = backend_rpc_init(server.endpoint, 0)  # another client, connected throughout
     s = _raw(server.endpoint, hello=case != "no HELLO first")
     handle, base = _alloc(s) if case != "no HELLO first" else (0, 0)
-    with caplog.at_level(logging.WARNING, logger="torchggml.rpc"):
+    with caplog.at_level(logging.WARNING, logger="torchggml.devices.rpc"):
         try:
             s.sendall(build(handle, base))
             s.shutdown(socket.SHUT_WR)
@@ -372,7 +372,7 @@ def test_connections_beyond_the_limit_are_refused(caplog):
     srv = RPCServer("127.0.0.1:0", ["CPU"], max_connections=2).start()
     try:
         held = [_raw(srv.endpoint), _raw(srv.endpoint)]
-        with caplog.at_level(logging.WARNING, logger="torchggml.rpc"):
+        with caplog.at_level(logging.WARNING, logger="torchggml.devices.rpc"):
             extra = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
             try:
                 assert extra.recv(1) == b""

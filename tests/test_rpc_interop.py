@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import torchggml as ggml
-from torchggml.rpc import RPCServer, backend_rpc_add_server, backend_rpc_init, close_server
-from torchggml.rpc.client import connection
+from torchggml.devices.rpc import RPCServer, backend_rpc_add_server, backend_rpc_init, close_server
+from torchggml.devices.rpc.client import connection
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = Path(os.environ.get("TORCHGGML_GOLDEN", ROOT.parent / "shared" / "golden"))

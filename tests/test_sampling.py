@@ -68,7 +68,7 @@ def test_stop_strings(stops, pieces, text, stopped):
 
 @pytest.fixture(scope="module")
 def demo():
-    from torchggml.gguf_writer.demo import demo_model_path
+    from torchggml.gguf.writer.demo import demo_model_path
     from torchggml.models import load_model
     m = load_model(demo_model_path())
     yield m
@@ -112,13 +112,13 @@ def test_embed_is_the_hidden_state_before_the_head(demo):
     logits = demo.eval(ids)
     demo.reset()
     hidden = demo.embed(ids, pooling="none")
-    head = to_torch(demo.w.output).float()  # [n_vocab, n_embd]
+    head = to_torch(demo.weights.output).float()  # [n_vocab, n_embd]
     assert torch.allclose(hidden @ head.T, logits, atol=1e-4, rtol=1e-4)
     assert torch.allclose(demo.embed(ids), hidden.mean(0), atol=1e-6)  # the file has no pooling type: mean
     assert torch.equal(demo.embed(ids, pooling="cls"), hidden[0]) and torch.equal(demo.embed(ids, pooling="last"), hidden[-1])
     demo.eval(ids[:3], seq_id=0)
     demo.embed(ids)  # another sequence: sequence 0 keeps its cells
-    assert demo.kv.seq_len(0) == 3 and demo.n_past == 3
+    assert demo.memory.seq_len(0) == 3 and demo.n_past == 3
     demo.reset()
     with pytest.raises(ValueError, match="pooling"):
         demo.embed(ids, pooling="max")

@@ -101,7 +101,7 @@ def server1():
 
 @pytest.fixture(scope="module")
 def demo():
-    from torchggml.gguf_writer.demo import demo_model_path
+    from torchggml.gguf.writer.demo import demo_model_path
     from torchggml.models import load_model
     m = load_model(demo_model_path())
     yield m

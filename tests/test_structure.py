@@ -34,7 +34,7 @@ def test_enum_ids_equal_upstream(enum):
 # ---------------------------------------------------------------- imports run down the layers
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("torchggml", "triton_kernels")
+PACKAGES = ("torchggml",)
 
 
 def _layers() -> list[tuple[str, list[str]]]:
@@ -155,7 +155,7 @@ def test_every_device_file_sits_in_the_devices_layer():
     modules = _module_files()
     devices = [i for i, (name, _) in enumerate(layers) if name == "devices"][0]
     for name in ("cpu", "cuda", "mps", "sim"):
-        assert _layer_of(modules[f"torchggml.torch_backend.{name}"], layers) == devices
+        assert _layer_of(modules[f"torchggml.devices.{name}"], layers) == devices
 
 
 # ---------------------------------------------------------------- no repeated code

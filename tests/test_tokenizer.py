@@ -1,4 +1,4 @@
-"""torchggml.tokenizer against llama.cpp's tokenizer test vectors.
+"""torchggml.text.tokenizer against llama.cpp's tokenizer test vectors.
 
 llama.cpp's ``models/ggml-vocab-NAME.gguf`` come with ``.inp`` (strings separated by lines
 ``__ggml_vocab_test__``) and ``.out`` (llama.cpp's ids, ``tokenize(text,
@@ -17,8 +17,8 @@ from pathlib import Path
 import gguf
 import pytest
 
-from torchggml.gguf import GGUFError, open_gguf
-from torchggml.tokenizer import PRE_TOKENIZERS, TokenAttr, Tokenizer, TokenizerError
+from torchggml.gguf.loader import GGUFError, open_gguf
+from torchggml.text.tokenizer import PRE_TOKENIZERS, TokenAttr, Tokenizer, TokenizerError
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(os.environ.get("TORCHGGML_GOLDEN", REPO / ".." / "shared" / "golden"))
@@ -247,7 +247,7 @@ def test_stream_decoder_holds_partial_characters(load, path, text):
 
 @pytest.mark.parametrize("name", ["bpe.gguf", "ugm.gguf", "spm-bpe.gguf"])
 def test_metadata_matches_gguf_package(name):
-    """The tokenizer reads through torchggml.gguf, whose metadata equals the gguf package's."""
+    """The tokenizer reads through torchggml.gguf.loader, whose metadata equals the gguf package's."""
     path = REPO / "tests" / "data" / "vocab" / "generated" / name
     reader = gguf.GGUFReader(path)
     ours = open_gguf(path)

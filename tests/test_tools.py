@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from torchggml.cli import main
-from torchggml.gguf import open_gguf
-from torchggml.gguf_writer.demo import CORPUS, DEMO_CONFIG, demo_model_path, generated_model
+from torchggml.gguf.loader import open_gguf
+from torchggml.gguf.writer.demo import CORPUS, DEMO_CONFIG, demo_model_path, generated_model
 from torchggml.tools.perplexity import score_window, summarize, windows
 from torchggml.tools.quantize import FILE_TYPES, plan, quantize_file
 from torchggml.types import Type
@@ -158,7 +158,7 @@ def test_quantize_rejects_unknown_types(tmp_path, capsys):
 FIRST_PROMPT_COMPILES = """
 import sys
 from numba.core import event
-from torchggml.gguf_writer.tiny import TinyCase, write_tiny_model
+from torchggml.gguf.writer.tiny import TinyCase, write_tiny_model
 from torchggml.models import load_model
 compiled = []
 class Listener(event.Listener):

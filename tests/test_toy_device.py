@@ -1,4 +1,4 @@
-"""A new device is one file: `torch_backend/toy.py` below (a generic accelerator on torch's cpu
+"""A new device is one file: `devices/toy.py` below (a generic accelerator on torch's cpu
 device type, with the torch reference kernels) is found by the registry with no edit anywhere
 else, and passes op cases, async data movement, events and the scheduler."""
 from __future__ import annotations
@@ -7,12 +7,12 @@ import pytest
 import torch
 
 import torchggml as ggml
-import torchggml.torch_backend
+import torchggml.devices
 from torchggml.backend import registry
-from torchggml.testing import all_cases, check_case_against_reference
+from torchggml.test_ops.runner import all_cases, check_case_against_reference
 
 TOY_FILE = '''"""TOY: a device made of this file alone."""
-from .device import AcceleratorDevice, AcceleratorReg
+from .accelerator import AcceleratorDevice, AcceleratorReg
 from .kernels import TORCH_KERNELS
 
 
@@ -29,16 +29,16 @@ def backend_reg():
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
-    """The registry as it is, plus torch_backend/toy.py (the package's path gains a folder
+    """The registry as it is, plus devices/toy.py (the package's path gains a folder
     holding the file; the registry rescans)."""
     folder = tmp_path_factory.mktemp("device_files")
     (folder / "toy.py").write_text(TOY_FILE)
     mp = pytest.MonkeyPatch()
-    mp.setattr(torchggml.torch_backend, "__path__", [*torchggml.torch_backend.__path__, str(folder)])
+    mp.setattr(torchggml.devices, "__path__", [*torchggml.devices.__path__, str(folder)])
     mp.setattr(registry, "_state", None)
     try:
         device = ggml.backend_dev_by_name("TOY0")
-        assert device is not None, "the registry did not find torch_backend/toy.py"
+        assert device is not None, "the registry did not find devices/toy.py"
         yield device
     finally:
         mp.undo()

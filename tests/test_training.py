@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 
 import torchggml as ggml
-from torchggml.ops_cases.rope import rope_ref
-from torchggml.ops_cases.table import OpCase
-from torchggml.ops_cases.values import uniform
-from torchggml.testing import check_grad
+from torchggml.test_ops.cases.rope import rope_ref
+from torchggml.test_ops.cases.table import OpCase
+from torchggml.test_ops.cases.values import uniform
+from torchggml.test_ops.runner import check_grad
 
 T = ggml.Type
 R = ggml.RopeType
@@ -598,7 +598,7 @@ def test_gradient_of_view_region_and_vision_ops_matches_finite_differences(cpu, 
 
 def test_every_training_op_has_a_builder_and_a_kernel():
     """Upstream's training ops (FLASH_ATTN_BACK aside: ggml aborts in its builder)."""
-    from torchggml.torch_backend.kernels.reference import TORCH_KERNELS
+    from torchggml.devices.kernels.reference import TORCH_KERNELS
     ops = {"REPEAT_BACK": "repeat_back", "SILU_BACK": "silu_back", "RMS_NORM_BACK": "rms_norm_back",
            "GET_ROWS_BACK": "get_rows_back", "SOFT_MAX_BACK": "soft_max_ext_back", "ROPE_BACK": "rope_ext_back",
            "CROSS_ENTROPY_LOSS": "cross_entropy_loss", "CROSS_ENTROPY_LOSS_BACK": "cross_entropy_loss_back",

@@ -1,4 +1,4 @@
-"""GPU readiness without a GPU: every Triton kernel and autotune config in triton_kernels/
+"""GPU readiness without a GPU: every Triton kernel and autotune config in torchggml.devices.triton/
 compiled ahead of time for sm_80 and sm_90 (triton.compile with an explicit GPUTarget and the
 ptxas of Triton's wheel), failing on a register spill or on shared memory over the
 architecture's limit (scripts/aot_report.py, in a process without TRITON_INTERPRET).
@@ -39,7 +39,7 @@ def test_every_kernel_and_config_compiles_for_sm80_and_sm90_without_spills():
 
 def test_specs_cover_every_autotune_config():
     """The AOT list holds each kernel's configs (after the wrappers' pruning) for each variant."""
-    code = ("from triton_kernels import aot, matmul, dequant; from torchggml.types import Type;"
+    code = ("from torchggml.devices.triton import aot, matmul, dequant; from torchggml.types import Type;"
             "s = aot.specs([Type.Q4_0]);"
             "n = lambda k: sum(1 for x in s if x.kernel == k);"
             "print(n('dequantize_rows'), n('matvec'), n('gemm'), n('mul_mat_id'),"

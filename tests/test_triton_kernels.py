@@ -1,4 +1,4 @@
-"""triton_kernels against gguf's numpy reference (dequantize, get_rows) and float64 math (mul_mat).
+"""torchggml.devices.triton against gguf's numpy reference (dequantize, get_rows) and float64 math (mul_mat).
 
 Runs on CUDA when there is a GPU, otherwise in Triton's CPU interpreter (TRITON_INTERPRET=1, set
 here before triton is imported). Shapes are tiny: the interpreter is slow.
@@ -32,7 +32,7 @@ needs_kernels = pytest.mark.skipif(
     STALE_TRITON, reason="triton was imported here without the interpreter; "
                          "test_in_fresh_process runs these tests")
 
-import triton_kernels as tk  # noqa: E402
+import torchggml.devices.triton as tk  # noqa: E402
 
 DEVICE = "cpu" if INTERPRET else "cuda"
 TYPES = list(tk.SUPPORTED_TYPES)

@@ -12,14 +12,14 @@ import pytest
 import torch
 
 import torchggml as ggml
-from torchggml.gguf import GGUFError, open_gguf
+from torchggml.gguf.loader import GGUFError, open_gguf
 from torchggml.models import load_model
 from torchggml.models.params import ModelParams
 
 
 @pytest.fixture(scope="module")
 def demo_path():
-    from torchggml.gguf_writer.demo import demo_model_path
+    from torchggml.gguf.writer.demo import demo_model_path
     return demo_model_path()
 
 
@@ -32,14 +32,14 @@ def test_weights_read_into_memory_give_the_same_logits(demo_path):
     mapped = load_model(demo_path, n_ctx=32, progress=False, use_mmap=True)
     read_in = load_model(demo_path, n_ctx=32, progress=False, use_mmap=False)
     try:
-        assert mapped.weights.cpu_read_in == 0 and "read into memory" not in mapped.describe()
+        assert mapped.weight_buffers.cpu_read_in == 0 and "read into memory" not in mapped.describe()
         total = sum(info.nbytes for info in read_in.file.tensors.values())
-        assert read_in.weights.cpu_read_in == total
+        assert read_in.weight_buffers.cpu_read_in == total
         assert f"{total / 2**20:.0f} MiB of CPU weights read into memory" in read_in.describe()
         # the weights' memory is no longer the file's mapping
         region = read_in.file.data_region()
         start, end = region.ctypes.data, region.ctypes.data + region.size
-        for t in read_in.weights.tensors.values():
+        for t in read_in.weight_buffers.tensors.values():
             assert not start <= t.data < end, t.name
         tokens = [1, 5, 9, 14]
         torch.testing.assert_close(_logits(read_in, tokens), _logits(mapped, tokens), rtol=0, atol=0)
@@ -51,7 +51,7 @@ def test_weights_read_into_memory_give_the_same_logits(demo_path):
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="/proc/self/smaps is Linux's")
 def test_smaps_fields_are_read_for_the_mapping_holding_an_address():
     """The huge-page probe's reader: a field of the mapping that holds an address."""
-    from torchggml.gguf import _smaps_field
+    from torchggml.gguf.loader import _smaps_field
     m = mmap.mmap(-1, 8 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     a = np.frombuffer(m, np.uint8)
     a[::4096] = 1  # every page touched: resident
@@ -95,7 +95,7 @@ def test_large_cpu_buffers_ask_for_huge_pages():
                         return line.split()[1:]
         assert "hg" in flags(big.get_base())
         big.clear(7)  # usable as any buffer
-        assert int(ggml.memory.byte_view(big, (8 << 20) - 1, 1)[0]) == 7
+        assert int(ggml.storage.byte_view(big, (8 << 20) - 1, 1)[0]) == 7
     finally:
         big.free()
 
@@ -103,7 +103,7 @@ def test_large_cpu_buffers_ask_for_huge_pages():
 @pytest.mark.parametrize("argv,want", [([], True), (["--no-mmap"], False)])
 def test_mmap_flags(argv, want):
     import argparse
-    from torchggml.models.cli_commands import add_model_options, model_params
+    from torchggml.cli.models import add_model_options, model_params
     p = argparse.ArgumentParser()
     add_model_options(p)
     assert model_params(p.parse_args(argv)).use_mmap is want
@@ -119,7 +119,7 @@ def test_page_in_keeps_the_file_and_reports_its_pages(demo_path, tmp_path, capsy
     huge pages): the bytes are the file's, and it says whether the file maps in huge pages
     before and after (a file this small never counts: fewer 2 MiB spans than probes)."""
     from torchggml.cli import main
-    from torchggml.gguf import page_in
+    from torchggml.gguf.loader import page_in
     path = tmp_path / "m.gguf"
     shutil.copy(demo_path, path)
     data = path.read_bytes()

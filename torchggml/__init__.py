@@ -108,8 +108,8 @@ from .backend.sched import (Sched, backend_sched_new, backend_sched_free, backen
 from .backend.sched_dot import backend_sched_graph_dump_dot
 
 # ---------------------------------------------------------------- the meta device (tensor parallel) and collectives
-from .backend.meta_split import SplitAxis, MetaSplitState, backend_meta_split_axis_name, UnsupportedSplitError
-from .backend.meta import (backend_meta_device, backend_dev_is_meta,
+from .devices.meta.split import SplitAxis, MetaSplitState, backend_meta_split_axis_name, UnsupportedSplitError
+from .devices.meta.meta import (backend_meta_device, backend_dev_is_meta,
                            get_split_state as backend_meta_get_split_state, backend_is_meta,
                            backend_buffer_is_meta, backend_buft_is_meta, backend_meta_n_backends,
                            backend_meta_simple_backend)
@@ -127,26 +127,26 @@ from .alloc import (backend_tensor_alloc, backend_view_init, backend_alloc_ctx_t
                     gallocr_alloc_graph, gallocr_get_buffer_size, op_can_inplace)
 
 # ---------------------------------------------------------------- the CPU (ggml-cpu.h) and other devices
-from .torch_backend.cpu import (backend_cpu_init, backend_cpu_buffer_type, backend_cpu_buffer_from_ptr,
+from .devices.cpu import (backend_cpu_init, backend_cpu_buffer_type, backend_cpu_buffer_from_ptr,
                                 backend_cpu_set_n_threads, backend_is_cpu, backend_cpu_set_threadpool,
                                 backend_cpu_set_use_ref, threadpool_new, threadpool_free,
                                 threadpool_get_n_threads, threadpool_pause, threadpool_resume)
-from .torch_backend.cuda import backend_cuda_init
-from .torch_backend.sim import backend_sim_init
+from .devices.cuda import backend_cuda_init
+from .devices.sim import backend_sim_init
 
 # ---------------------------------------------------------------- kernels from user code
-from .torch_backend.kernels.registered import (register_kernel, registered_kernels, load_kernel_files,
+from .devices.kernels.registered import (register_kernel, registered_kernels, load_kernel_files,
                                                KernelRegistration)
 
 # ---------------------------------------------------------------- remote devices (ggml-rpc.h)
-from .rpc import (backend_rpc_init, backend_is_rpc, backend_rpc_buffer_type, backend_rpc_get_device_memory,
+from .devices.rpc import (backend_rpc_init, backend_is_rpc, backend_rpc_buffer_type, backend_rpc_get_device_memory,
                   backend_rpc_start_server, backend_rpc_reg, backend_rpc_add_server, RPCServer,
                   RPCServerGoneError)
 
 # ---------------------------------------------------------------- errors
-from .memory import UnallocatedTensorError
-from .torch_backend.kernels import UnsupportedOpError
-from .torch_backend.stream import StreamError
+from .storage import UnallocatedTensorError
+from .devices.kernels import UnsupportedOpError
+from .devices.stream import StreamError
 
 # ---------------------------------------------------------------- reference quantization, models
 from . import quants  # ggml.quants.quantize / dequantize

@@ -476,7 +476,7 @@ def _reserve_impl(galloc: Gallocr, graph, node_buffer_ids, leaf_buffer_ids, no_a
 
 def _realloc_buffers(galloc: Gallocr, no_alloc: bool) -> bool:
     """(Re)allocate each buffer whose planned chunks outgrew it; smaller plans keep the buffer."""
-    from .backend_impl import BufferUsage
+    from .backend.impl import BufferUsage
     for i, dyn in enumerate(galloc.allocs):
         shared = next((j for j in range(i) if galloc.allocs[j] is dyn), None)
         if shared is not None:

@@ -403,7 +403,7 @@ def build_backward_expand(ctx, cgraph: CGraph, grad_accs=None) -> None:
 def graph_reset(cgraph: CGraph) -> None:
     """Before a training step: losses' gradient accumulators to 1, other accumulators and the
     AdamW moments to 0 (the tensors must have memory)."""
-    from .memory import tensor_view
+    from .storage import tensor_view
     if cgraph is None:
         return
     _grads_of(cgraph, "graph_reset")

@@ -76,7 +76,6 @@ VARIABLES = {v.name: v for v in (
     Variable("TORCHGGML_GOLDEN", "path", "../shared/golden", "tests and scripts: the golden reference data", _text),
     Variable("TORCHGGML_VOCAB_CACHE", "path", "~/.cache/torchggml/vocab", "tests and scripts: llama.cpp's "
              "vocabulary files (scripts/fetch_llama_vocab.py)", _text),
-    Variable("TORCHGGML_SLOW_TESTS", "bool", False, "tests: 1 runs the large tables too", _bool),
 )}
 
 _parsed: dict[tuple[str, str], object] = {}

@@ -1,7 +1,7 @@
 """Context: owns tensor metadata (ggml_init). With no_alloc=False it also owns a CPU memory pool."""
 from __future__ import annotations
 
-from .memory import TorchBufferType, tensor_view
+from .storage import TorchBufferType, tensor_view
 from .tensor import Tensor, MAX_DIMS, contiguous_strides, nbytes, round_up, set_name
 from .types import Type, as_type
 

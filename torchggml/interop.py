@@ -12,7 +12,7 @@ from .types import dtype_to_type, type_traits
 def to_torch(t: Tensor, raw: bool = False) -> torch.Tensor:
     """A zero-copy torch view of the tensor's memory on its device: shape reversed(ne) (trailing
     unit ggml dims dropped), strides from nb. Block types need raw=True (uint8 blocks per row)."""
-    from .memory import tensor_view
+    from .storage import tensor_view
     if type_traits(t.type).is_quantized and not raw:
         raise TypeError(f"to_torch: {t.describe()} is a block type; pass raw=True for its uint8 blocks "
                         f"or dequantize with torchggml.quants.dequantize")
@@ -24,8 +24,8 @@ def to_torch(t: Tensor, raw: bool = False) -> torch.Tensor:
 def from_torch(ctx, x: torch.Tensor, name: str | None = None) -> Tensor:
     """A ggml tensor whose memory is x's storage (no copy). x's dims map to ne reversed; its
     strides become nb, so non-contiguous views work as permuted ggml tensors."""
-    from .torch_backend import buffer_type_for_torch_device
-    from .memory import buffer_from_torch
+    from .devices import buffer_type_for_torch_device
+    from .storage import buffer_from_torch
     if x.dim() > 4:
         raise ValueError(f"from_torch: ggml tensors have at most 4 dims, got shape {tuple(x.shape)}")
     if x.requires_grad:

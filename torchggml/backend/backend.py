@@ -1,8 +1,8 @@
 """Backends: the mirrored functions (backend_*). They check arguments, call the Backend
-interface of backend_impl.py and apply ggml's fallbacks where an optional member is None."""
+interface of backend/impl.py and apply ggml's fallbacks where an optional member is None."""
 from __future__ import annotations
 
-from ..backend_impl import Backend
+from .impl import Backend
 from ..enums import Status
 
 

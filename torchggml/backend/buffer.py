@@ -1,8 +1,8 @@
 """Buffer types and buffers: the mirrored functions (backend_buft_*, backend_buffer_*). They
-check arguments and call the interfaces of backend_impl.py (BufferType, Buffer)."""
+check arguments and call the interfaces of backend/impl.py (BufferType, Buffer)."""
 from __future__ import annotations
 
-from ..backend_impl import Buffer, BufferFreedError, BufferType, BufferUsage, check_not_freed
+from .impl import Buffer, BufferFreedError, BufferType, BufferUsage, check_not_freed
 from ..enums import Status
 from ..tensor import Tensor
 

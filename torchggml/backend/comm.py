@@ -144,7 +144,7 @@ def comm_allreduce_tensor(comm: Comm, tensors) -> bool:
 
 def _group_allreduce(comm: Comm, tensors) -> None:
     import torch.distributed as dist
-    from ..memory import tensor_view
+    from ..storage import tensor_view
     backend_synchronize(comm.backends[0])
     view = tensor_view(tensors[0])
     flat = view.reshape(-1) if view.is_contiguous() else view.contiguous().reshape(-1)

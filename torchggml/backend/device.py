@@ -1,8 +1,8 @@
 """Devices and regs: the mirrored functions (backend_dev_*, backend_reg_*) over the Device and
-Reg interfaces of backend_impl.py."""
+Reg interfaces of backend/impl.py."""
 from __future__ import annotations
 
-from ..backend_impl import Device, DeviceCaps, DeviceProps, DeviceType, Event, Reg
+from .impl import Device, DeviceCaps, DeviceProps, DeviceType, Event, Reg
 
 __all__ = ["Device", "DeviceCaps", "DeviceProps", "DeviceType", "Event", "Reg"]  # with the functions below
 

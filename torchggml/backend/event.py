@@ -2,7 +2,7 @@
 the host wait for. A device without events (CPU) gives None from backend_event_new."""
 from __future__ import annotations
 
-from ..backend_impl import Event
+from .impl import Event
 
 
 def backend_event_new(device) -> Event | None:

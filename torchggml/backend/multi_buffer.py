@@ -3,7 +3,7 @@ weights spread over a few allocations. Tensors live in the member buffers; the m
 frees, clears and sets the usage of all of them at once."""
 from __future__ import annotations
 
-from ..backend_impl import Buffer, BufferUsage
+from .impl import Buffer, BufferUsage
 
 
 class MultiBuffer(Buffer):

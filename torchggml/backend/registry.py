@@ -1,7 +1,7 @@
 """The backend registry (ggml-backend-reg): regs and their devices, enumeration by index, name
 and type, backend initialisation, and plugins loaded from Python modules.
 
-Built-in regs come from the device files of the torch_backend package: every module there
+Built-in regs come from the device files of the devices package: every module there
 with a `backend_reg()` function is one, found by scanning the package (as upstream's registry
 finds backend libraries in a directory), so a new device is a new file. backend_reg() returns
 the reg, or None when its devices are absent; the module's REG_ORDER (default 50) orders them:
@@ -31,13 +31,13 @@ from pathlib import Path
 import torch
 
 from .. import config
-from ..backend_impl import Device, DeviceType, Reg
+from .impl import Device, DeviceType, Reg
 
 ENTRY_POINT_GROUP = "torchggml.backends"
 BACKEND_PATH_ENV = "TORCHGGML_BACKEND_PATH"
 
 
-DEVICE_PACKAGE = "torchggml.torch_backend"
+DEVICE_PACKAGE = "torchggml.devices"
 DEFAULT_REG_ORDER = 50
 
 
@@ -56,10 +56,11 @@ _state: _Registry | None = None
 
 
 def _device_files() -> list:
-    """The device modules of the torch_backend package (those with backend_reg()), in REG_ORDER."""
+    """The device modules of the devices package (those with backend_reg()), in REG_ORDER."""
     package = importlib.import_module(DEVICE_PACKAGE)
+    shared = set(getattr(package, "SHARED", ()))
     modules = [importlib.import_module(f"{DEVICE_PACKAGE}.{m.name}")
-               for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_")]
+               for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_") and m.name not in shared]
     files = [m for m in modules if callable(getattr(m, "backend_reg", None))]
     return sorted(files, key=lambda m: getattr(m, "REG_ORDER", DEFAULT_REG_ORDER))
 

@@ -135,7 +135,7 @@ def _get_whole(t: Tensor) -> torch.Tensor:
         t.buffer.get_tensor(t, raw, 0, nbytes(t))
         out = raw.view(tr.dtype if tr.dtype is not None else torch.uint8).reshape(shape)
     else:
-        from ..memory import tensor_view
+        from ..storage import tensor_view
         view = tensor_view(t)
         out = torch.empty(view.shape, dtype=view.dtype)
         out.copy_(view)
@@ -212,7 +212,7 @@ class BoundIO:
 def _host_view(t: Tensor):
     """A flat numpy view of t's values when they lie in host memory, contiguous, of a numpy
     dtype; else None."""
-    from ..memory import tensor_bytes
+    from ..storage import tensor_bytes
     from ..tensor import is_contiguous
     from ..types import type_traits
     buf = t.buffer

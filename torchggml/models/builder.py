@@ -17,7 +17,7 @@ import torch
 from .. import ops
 from ..backend.tensor_io import BoundIO
 from ..context import new_tensor_1d, new_tensor_2d, new_tensor_3d
-from ..gguf import GGUFError
+from ..gguf.loader import GGUFError
 from ..graph import CGraph, new_graph_custom, build_forward_expand
 from ..tensor import Tensor, set_name, set_input, set_output
 from ..types import Type
@@ -299,18 +299,18 @@ class GraphBuilder:
     With n_outputs == 0 (a micro-batch before the one holding the wanted token) the graph ends at
     the KV cache writes: only the cache is needed from it."""
 
-    def __init__(self, ctx, hp: HParams, kv: KVCache, n_tokens: int, n_kv: int, flash_attn: bool = False,
+    def __init__(self, ctx, hp: HParams, memory: Memory, n_tokens: int, n_kv: int, flash_attn: bool = False,
                  n_outputs: int | None = None, embeddings: bool = False, n_seqs: int = 1):
         n_outputs = n_tokens if n_outputs is None else int(n_outputs)
         if not 0 <= n_outputs <= n_tokens:
             raise ValueError(f"graph: n_outputs={n_outputs} must lie in [0, n_tokens={n_tokens}]")
         if n_seqs < 1 or n_tokens % n_seqs:
             raise ValueError(f"graph: n_tokens={n_tokens} must split evenly into n_seqs={n_seqs} sequences")
-        self.ctx, self.hp, self.kv = ctx, hp, kv
+        self.ctx, self.hp, self.memory = ctx, hp, memory
         # recurrent layers: the micro-batch as [n_seq_tokens, n_seqs], each sequence's state slot,
         # and the state writes (set_rows into the memory), which no later node reads
         self.n_seqs, self.n_seq_tokens = n_seqs, n_tokens // n_seqs
-        self.s_ids = self._input(Type.I32, n_seqs, name="inp_s_ids") if kv.recurrent is not None else None
+        self.s_ids = self._input(Type.I32, n_seqs, name="inp_s_ids") if memory.recurrent is not None else None
         self.state_writes: list[Tensor] = []
         self.n_tokens, self.n_kv, self.flash_attn, self.n_outputs = n_tokens, n_kv, flash_attn, n_outputs
         self.embeddings = embeddings  # output the final norm's hidden states instead of the logits
@@ -438,7 +438,7 @@ class GraphBuilder:
         hp, ctx, n = self.hp, self.ctx, self.n_tokens
         scale = hp.kq_scale if kq_scale is None else kq_scale
         mask = self.masks[hp.n_swa if hp.is_swa(il) else 0]
-        k_cells, v_cells = self.kv.store(ctx, il, k, v, self.kv_idx, self.n_kv)  # [head_dim, n_kv, n_head_kv]
+        k_cells, v_cells = self.memory.store(ctx, il, k, v, self.kv_idx, self.n_kv)  # [head_dim, n_kv, n_head_kv]
         self.cache_views += [k_cells, v_cells]
         q = ops.permute(ctx, q, 0, 2, 1, 3)                                     # [head_dim, n_tokens, n_head]
         if self.flash_attn:

@@ -10,22 +10,37 @@ one row of logits per step.
 
 finish_reason is OpenAI's: "stop" (an end-of-generation token, a stop string, or a grammar that
 is complete) or "length" (max_tokens, or the caller's `finish("length")` when the context is full).
-A constraint (a grammar, see torchggml.server.grammar) is any object with allowed() -> a bool
-mask [n_vocab] or None, accept(token) and is_complete(). ignore_eos (llama.cpp's, for benchmarks)
+A constraint (a grammar, e.g. torchggml.server.grammar's) is any object of the Constraint
+protocol below. ignore_eos (llama.cpp's, for benchmarks)
 never samples an end-of-generation token.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import torch
 
 from .sampling import Sampler, SamplingParams, StopStrings, TokenChoice
 
 
+class Constraint(Protocol):
+    """What the sampler asks of a grammar, each step: the tokens allowed next, the token taken,
+    and whether the text is complete (the generation then ends with "stop")."""
+
+    def allowed(self) -> torch.Tensor | None:
+        """A bool mask [n_vocab] of the tokens allowed next, or None: any token."""
+
+    def accept(self, token: int) -> None:
+        """The token sampled."""
+
+    def is_complete(self) -> bool:
+        """The text so far is a whole sentence of the grammar."""
+
+
 class Generation:
     def __init__(self, tokenizer, prompt: Sequence[int], params: SamplingParams | None = None,
-                 max_tokens: int = 128, stop: Sequence[str] = (), constraint=None, ignore_eos: bool = False):
+                 max_tokens: int = 128, stop: Sequence[str] = (), constraint: Constraint | None = None,
+                 ignore_eos: bool = False):
         self.tokenizer = tokenizer
         self.prompt = [int(t) for t in prompt]
         self.sampler = Sampler(params, history=self.prompt)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..gguf import GGUFFile, GGUFError
+from ..gguf.loader import GGUFFile, GGUFError
 
 # rope.scaling.type values llama.cpp knows
 ROPE_SCALINGS = ("none", "linear", "yarn", "longrope")

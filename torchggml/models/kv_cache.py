@@ -23,6 +23,7 @@ from ..context import Context, new_tensor_2d
 from ..ops import set_rows, view_3d, reshape_2d
 from ..tensor import Tensor, nbytes, round_up, set_name
 from ..types import Type, as_type, row_size, blck_size
+from .memory import Memory
 
 # llama.cpp's cache types (-ctk/-ctv), plus the K types and IQ4_XS, whose 256-value blocks
 # need a head size that is a multiple of 256
@@ -46,7 +47,7 @@ def kv_type_from_name(name) -> Type:
     return t
 
 
-class KVCache:
+class KVCache(Memory):
     """K and V tensors per layer. `bufts[il]` is the buffer type of layer il's cache (None: the
     layer has no attention, as a hybrid model's recurrent layers; its K and V are None)."""
 
@@ -95,9 +96,6 @@ class KVCache:
 
     def nbytes(self) -> int:
         return sum(b.size for b in self.buffers)
-
-    # the memory kinds' common face (recurrent_state.py): this one is attention only
-    recurrent = None
 
     def tensors(self) -> list[Tensor]:
         """The memory's tensors: every attention layer's K and V."""

@@ -4,10 +4,10 @@ layout such as the CPU's CPU_REPACK), then the weights themselves."""
 from __future__ import annotations
 
 from ..backend.device import Device
-from ..backend_impl import ExtraBufferType
-from ..gguf import load_weights
-from ..gguf_header import GGUFError
-from ..tokenizer import VOCAB_TYPES
+from ..backend.impl import ExtraBufferType
+from ..gguf.loader import load_weights
+from ..gguf.reader import GGUFError
+from ..text.tokenizer import VOCAB_TYPES
 from .arch_names import LLAMA_CPP_ARCHS
 from .archs import ARCHS, arch_for
 from .builder import bind_weights, is_matmul_weight, is_output_tensor, tensor_layer
@@ -34,7 +34,7 @@ def extra_buffer_types(device: Device) -> list:
 def add_rpc_servers(endpoints) -> list[Device]:
     """The devices of ggml RPC servers, registered (so that names such as "RPC0" find them)."""
     from ..backend.registry import backend_register
-    from ..rpc import backend_rpc_add_server
+    from ..devices.rpc import backend_rpc_add_server
     devices = []
     for endpoint in [endpoints] if isinstance(endpoints, str) else endpoints:
         reg = backend_rpc_add_server(endpoint)
@@ -47,7 +47,7 @@ def add_rpc_servers(endpoints) -> list[Device]:
 
 def load(path, params: ModelParams | None = None, **options) -> Model:
     """See torchggml.load_model."""
-    from ..gguf import open_gguf
+    from ..gguf.loader import open_gguf
     params = (params or ModelParams()).with_options(**options)
     file = open_gguf(path)  # the tokenizer is built from it on first use
     vocab = file.get("tokenizer.ggml.model")  # as llama.cpp, which needs it ("none": no vocabulary)

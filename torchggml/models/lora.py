@@ -25,7 +25,7 @@ from ..alloc import backend_alloc_ctx_tensors_from_buft
 from ..backend.tensor_io import backend_tensor_set
 from ..context import Context, new_tensor_2d
 from ..enums import Op, TensorFlag
-from ..gguf import GGUFError, open_gguf
+from ..gguf.loader import GGUFError, open_gguf
 from ..graph import build_forward_expand, graph_clear
 from ..interop import to_torch
 from ..tensor import Tensor, set_name, set_output
@@ -88,7 +88,7 @@ class LoraAdapter:
         if int(rank) <= 0:
             raise ValueError(f"add_lora: rank must be positive, got {rank}")
         rank = int(rank)
-        tensors = model.weights.tensors
+        tensors = model.weight_buffers.tensors
         names = _target_names(tensors, [targets] if isinstance(targets, str) else targets, is_matmul_weight)
         adapter = cls({n: tensors[n] for n in names}, model.hp.arch, float(rank if alpha is None else alpha))
         adapter._allocate({n: rank for n in names})
@@ -115,7 +115,7 @@ class LoraAdapter:
             if kind not in ("lora_a", "lora_b"):
                 raise GGUFError(f"{path}: LoRA tensor {tname!r} has an unexpected suffix")
             found.setdefault(base, {})[kind] = tname
-        tensors = model.weights.tensors
+        tensors = model.weight_buffers.tensors
         ranks = {}
         for base, kinds in found.items():
             if len(kinds) != 2:
@@ -141,7 +141,7 @@ class LoraAdapter:
         """The same adapters, values copied, on `model`'s weights (the same file loaded again,
         e.g. on another device)."""
         ranks = {n: b.ne[0] for n, (_, b) in self.pairs.items()}
-        adapter = LoraAdapter({n: model.weights.tensors[n] for n in self.pairs}, self.arch, self.alpha, self.scale)
+        adapter = LoraAdapter({n: model.weight_buffers.tensors[n] for n in self.pairs}, self.arch, self.alpha, self.scale)
         adapter._allocate(ranks)
         for (a, b), (a0, b0) in zip(adapter.pairs.values(), self.pairs.values()):
             with torch.no_grad():

@@ -44,7 +44,7 @@ the model as an argument and do not import this module back (no circle).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -55,7 +55,7 @@ from ..backend.device import DeviceType
 from ..backend.sched import (backend_sched_new, backend_sched_reserve, backend_sched_reset, backend_sched_free,
                              backend_sched_alloc_graph, backend_sched_graph_compute)
 from ..context import Context
-from ..gguf import GGUFFile
+from ..gguf.loader import GGUFFile
 from ..types import is_quantized
 from .builder import Arch, GraphBuilder, ModelGraph, bind_weights, graph_size
 from .hparams import HParams
@@ -64,9 +64,10 @@ from .lora import DEFAULT_TARGETS, LoraAdapter
 from .module import GGMLModule
 from .params import ModelParams
 from .placement import Placement, cpu_device, find_device
+from .batch_generator import BatchGenerator, Update
 from .generation import Generation
 from .recurrent_state import memory_for
-from .sampling import SamplingParams, TokenChoice, sample_token
+from .sampling import SamplingParams, TokenChoice
 from .sequences import ModelLock, SequenceGuard, token_id_array
 
 # the default KV cache size caps the model's training context (which can be 128k tokens)
@@ -107,7 +108,7 @@ class Model:
     """A loaded model. Use torchggml.load_model to make one."""
 
     def __init__(self, file: GGUFFile, tokenizer, params: ModelParams, arch: Arch | None = None,
-                 hp: HParams | None = None, weights=None, placement: Placement | None = None):
+                 hp: HParams | None = None, weight_buffers=None, placement: Placement | None = None):
         self.file = file
         self.path = file.path
         self._tokenizer = tokenizer  # None: read from the file on first use
@@ -126,8 +127,8 @@ class Model:
         self.loader = None
         if self.vocab_only:
             return
-        self.weights = weights
-        self.w = bind_weights(arch, weights.tensors, hp, file.path)
+        self.weight_buffers = weight_buffers  # gguf.loader.WeightBuffers: the tensors and their buffers
+        self.weights = bind_weights(arch, weight_buffers.tensors, hp, file.path)  # by llama.cpp name, checked
         self.placement = placement
         self.n_ctx = min(hp.n_ctx_train, DEFAULT_MAX_CTX) if not params.n_ctx else int(params.n_ctx)
         self.n_batch = int(params.n_batch)
@@ -137,8 +138,8 @@ class Model:
             raise ValueError(f"kv_type {params.kv_type!r} needs flash_attn=True: without flash attention the "
                              f"V cache is read transposed, which a block-quantized cache cannot do")
         # the memory the architecture asks for: a KV cache, recurrent states, or both (hybrid)
-        self.kv = memory_for(arch, hp, self.n_ctx, self.kv_type, [d.get_buffer_type() for d in placement.layers],
-                             int(params.n_seq_max))
+        self.memory = memory_for(arch, hp, self.n_ctx, self.kv_type, [d.get_buffer_type() for d in placement.layers],
+                                 int(params.n_seq_max))
         self.lora = None  # a LoraAdapter applied to every graph (add_lora / load_lora)
         self._setup_compute(params.n_threads)
 
@@ -174,8 +175,8 @@ class Model:
         included, with logits for n_outputs of the tokens (default all; see GraphBuilder), or
         with `embeddings` the output norm's hidden states instead of the logits; with recurrent
         layers the tokens are n_seqs sequences' equal shares, grouped by sequence."""
-        b = GraphBuilder(ctx, self.hp, self.kv, n_tokens, n_kv, self.flash_attn, n_outputs, embeddings, n_seqs)
-        g = b.finish(self.arch.build(b, self.w))
+        b = GraphBuilder(ctx, self.hp, self.memory, n_tokens, n_kv, self.flash_attn, n_outputs, embeddings, n_seqs)
+        g = b.finish(self.arch.build(b, self.weights))
         if self.lora is not None:
             replaced = self.lora.apply(ctx, g.graph)
             g.logits = replaced.get(id(g.logits), g.logits)
@@ -243,7 +244,7 @@ class Model:
     def n_past(self) -> int:
         """Tokens in the KV cache (of every sequence)."""
         self._require_weights("n_past")
-        return self.kv.n_past
+        return self.memory.n_past
 
     def _require_weights(self, what: str) -> None:
         if self.closed:
@@ -256,7 +257,7 @@ class Model:
         starts at position 0."""
         with self.lock:
             self._require_weights("reset")
-            self.kv.clear(seq_id)
+            self.memory.clear(seq_id)
             self.sequences.changed(None if seq_id is None else [int(seq_id)])
 
     def _token_ids(self, tokens) -> np.ndarray:
@@ -309,14 +310,14 @@ class Model:
             if pooling not in POOLING:
                 raise ValueError(f"embed: pooling={pooling!r}; choose one of {', '.join(POOLING)}")
             if seq_id is None:
-                seq_id = max(self.kv.seq_next, default=-1) + 1
-            if self.kv.seq_len(seq_id):
+                seq_id = max(self.memory.seq_next, default=-1) + 1
+            if self.memory.seq_len(seq_id):
                 raise ValueError(f"embed: sequence {seq_id} is in use")
             try:
                 hidden = self._eval_tokens(ids, np.full(ids.size, int(seq_id), dtype=np.int64),
                                            np.ones(ids.size, dtype=bool), embeddings=True)
             finally:
-                self.kv.clear(seq_id)
+                self.memory.clear(seq_id)
         if pooling == "mean":
             return hidden.mean(dim=0)
         return {"cls": hidden[0], "last": hidden[-1], "none": hidden}[pooling]
@@ -366,11 +367,11 @@ class Model:
         seqs = np.unique(seq_ids).tolist()
         self.sequences.check(seqs, held=self.lock.depth > 1)
         self.sequences.changed(seqs)  # a failed eval may have changed them too
-        whole = self.kv.plan(seq_ids)  # raises early when the cache cannot hold them all
+        whole = self.memory.plan(seq_ids)  # raises early when the cache cannot hold them all
         out = torch.empty(int(np.count_nonzero(outputs)), width)
-        before = self.kv.snapshot()
+        before = self.memory.snapshot()
         # micro-batches: runs of n_batch tokens, or (recurrent memory) equal shares of each sequence
-        ubatches = self.kv.ubatches(seq_ids, self.n_batch)
+        ubatches = self.memory.ubatches(seq_ids, self.n_batch)
         whole_batch = len(ubatches) == 1 and isinstance(ubatches[0], slice) and ubatches[0] == slice(0, ids.size)
         row_of = None if whole_batch else np.cumsum(outputs) - 1  # each output token's row of `out`
         for idx in ubatches:
@@ -385,36 +386,36 @@ class Model:
             if not np.isfinite(logits.numpy()).all():  # numpy: torch's check took ~60 µs a token
                 finite = torch.isfinite(logits).all(dim=1)
                 # the cells written may hold NaN: zero them so no later call can read them
-                self.kv.restore(before)
+                self.memory.restore(before)
                 bad = int(np.arange(ids.size)[idx][outputs[idx]][int((~finite).nonzero()[0])])
-                n_past = self.kv.seq_len(int(seq_ids[bad])) + int((seq_ids[:bad] == seq_ids[bad]).sum())
+                n_past = self.memory.seq_len(int(seq_ids[bad])) + int((seq_ids[:bad] == seq_ids[bad]).sum())
                 raise NonFiniteLogitsError(f"{self.path}: eval produced non-finite logits (first at token "
                                            f"{bad}, position {n_past}); the cache was restored to "
-                                           f"{self.kv.n_past} tokens")
+                                           f"{self.memory.n_past} tokens")
         return out
 
     def _eval_ubatch(self, ids: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray,
                      logits: torch.Tensor, embeddings: bool = False, batch=None) -> None:
         """One micro-batch (`batch`: the memory's plan for it, when made already); the rows of
         the tokens flagged in `outputs` are written to `logits`."""
-        batch = batch or self.kv.plan(seq_ids)
+        batch = batch or self.memory.plan(seq_ids)
         n_tokens, n_outputs = ids.size, logits.shape[0]
         g = self._graph_for(n_tokens, batch.n_kv, n_outputs, embeddings, batch.n_seqs)
         # the scheduler keeps user inputs in CPU memory and copies them where they are read
         g.io.set(g.tokens, ids)
         if g.positions is not None:
             g.io.set(g.positions, batch.positions)
-        self.kv.set_inputs(g, batch)  # the memory's inputs: cache cells and masks, state slots
+        self.memory.set_inputs(g, batch)  # the memory's inputs: cache cells and masks, state slots
         for tensor, values in g.position_inputs:
             g.io.set(tensor, values(torch.from_numpy(batch.positions)))
         if g.out_ids is not None:
             g.io.set(g.out_ids, np.flatnonzero(outputs))
-        self.kv.mark_written(batch)
+        self.memory.mark_written(batch)
         self.file.check_unchanged()  # a truncated file would fault (SIGBUS) in the weights' pages
         status = backend_sched_graph_compute(self.sched, g.graph)
         if int(status) != 0:
             raise RuntimeError(f"{self.path}: graph compute failed with status {status!r}")
-        self.kv.commit(batch)
+        self.memory.commit(batch)
         if n_outputs:
             g.io.get(g.logits, logits.numpy())
 
@@ -425,7 +426,7 @@ class Model:
         """The Tokenizer, built from the file's metadata on first use: a model whose
         tokenizer cannot be used (e.g. an unknown pre-tokenizer) still evaluates token ids."""
         if self._tokenizer is None:
-            from ..tokenizer import Tokenizer
+            from ..text.tokenizer import Tokenizer
             self._tokenizer = Tokenizer.from_gguf(self.file)
         return self._tokenizer
 
@@ -434,8 +435,8 @@ class Model:
 
     def chat_prompt(self, messages, add_generation_prompt: bool = True) -> str:
         """The prompt text for `messages` ([{"role": "user", "content": ...}, ...]), rendered
-        with the model's tokenizer.chat_template in a Jinja2 sandbox (torchggml.chat)."""
-        from ..chat import render_chat
+        with the model's tokenizer.chat_template in a Jinja2 sandbox (torchggml.text.chat)."""
+        from ..text.chat import render_chat
         tok = self.tokenizer
         text = lambda i: tok.token_text(i) if i is not None else ""
         return render_chat(tok.chat_template, messages, add_generation_prompt=add_generation_prompt,
@@ -453,91 +454,79 @@ class Model:
     def detokenize(self, ids: Iterable[int]) -> str:
         return self.tokenizer.detokenize(list(ids))
 
-    def generate(self, prompt, max_tokens: int = 128, temperature: float = 0.8, top_k: int = 40,
-                 top_p: float = 0.95, seed: int | None = None, *, stop: Sequence[str] = (),
+    def generate(self, prompt, max_tokens: int = 128, *, stop: Sequence[str] = (), constraint=None,
                  **sampling) -> Iterator[str]:
         """Stream the text of up to max_tokens sampled tokens after `prompt` (text, or token ids).
-        `sampling`: the other SamplingParams (min_p, repeat_penalty, frequency_penalty,
-        presence_penalty, repeat_last_n); `stop`: strings that end the text (not included).
-        The KV cache starts empty; generation stops at an end-of-generation token, a stop string
-        or a full cache. `self.timings` has the prompt and generation speeds afterwards. The model
-        is held (other threads wait) from the first item until the generator ends or is closed.
+        `sampling`: SamplingParams' fields (temperature, top_k, top_p, min_p, seed, the penalties;
+        their defaults are SamplingParams'); `stop`: strings that end the text (not included);
+        `constraint`: a grammar (generation.Constraint, e.g. torchggml.server.grammar's) that
+        masks the tokens allowed next. The KV cache starts empty and keeps the text afterwards;
+        generation stops at an end-of-generation token, a stop string, a complete grammar or a
+        full cache. `self.timings` has the prompt and generation speeds afterwards. The model is
+        held (other threads wait) from the first item until the generator ends or is closed.
         generate_tokens() gives the tokens with their log-probabilities instead of text."""
-        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, **sampling)
-        gen = self._generation(prompt, max_tokens, params, stop, "generate")
-        for text in self._run_generation(gen):
-            if text:
-                yield text
-        rest = gen.flush()
-        if rest:
-            yield rest
+        gen = self._generation(prompt, max_tokens, SamplingParams(**sampling), stop, constraint, "generate")
+        for update in self._run_generations([gen], "generate"):
+            for text in (update.text, update.rest):
+                if text:
+                    yield text
 
     def generate_tokens(self, prompt, max_tokens: int = 128, params: SamplingParams | None = None,
-                        stop: Sequence[str] = ()) -> Iterator[TokenChoice]:
+                        stop: Sequence[str] = (), constraint=None) -> Iterator[TokenChoice]:
         """As generate, but yield each sampled token as a TokenChoice (with params.logprobs set:
         its log-probability and the top alternatives')."""
-        gen = self._generation(prompt, max_tokens, params or SamplingParams(), stop, "generate_tokens")
-        for _ in self._run_generation(gen):
-            yield gen.choices[-1]
+        gen = self._generation(prompt, max_tokens, params or SamplingParams(), stop, constraint, "generate_tokens")
+        for update in self._run_generations([gen], "generate_tokens"):
+            yield from update.choices
 
-    def _generation(self, prompt, max_tokens, params, stop, what) -> Generation:
+    def generate_batch(self, prompts, max_tokens: int = 128, *, stop: Sequence[str] = (),
+                       constraints: Sequence | None = None, **sampling) -> list[str]:
+        """The text of up to max_tokens sampled tokens after each prompt (texts, or lists of token
+        ids), generated together by the loop generate uses (batch_generator.py): one batch per step
+        holding the next token of every sequence still going, prompts in chunks beside them. Every
+        option of generate applies to each sequence (`constraints`: one grammar per prompt, or
+        None); with a seed, sequence i draws from seed + i. Each sequence may use n_ctx / len(prompts)
+        cells. The KV cache starts empty."""
+        if constraints is not None and len(constraints) != len(prompts):
+            raise ValueError(f"generate_batch: {len(constraints)} constraints for {len(prompts)} prompts")
+        params = SamplingParams(**sampling)
+        gens = [self._generation(p, max_tokens, params if params.seed is None else replace(params, seed=params.seed + i),
+                                 stop, constraints[i] if constraints is not None else None, "generate_batch")
+                for i, p in enumerate(prompts)]
+        if not gens:
+            raise ValueError("generate_batch: give at least one prompt")
+        texts = [[] for _ in gens]
+        for update in self._run_generations(gens, "generate_batch"):
+            texts[update.seq.seq_id] += [update.text, update.rest]
+        return ["".join(t) for t in texts]
+
+    def _generation(self, prompt, max_tokens, params, stop, constraint, what) -> Generation:
         self._require_weights(what)
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
         if not ids:
             raise ValueError(f"{what}: the prompt has no tokens")
-        return Generation(self.tokenizer, ids, params, max_tokens, stop)
+        return Generation(self.tokenizer, ids, params, max_tokens, stop, constraint)
 
-    def _run_generation(self, gen: Generation) -> Iterator[str]:
-        """Run `gen` (see generation.py) on an empty cache, yielding the text of each token it keeps."""
+    def _run_generations(self, gens: list[Generation], what: str) -> Iterator[Update]:
+        """Run `gens` together on an empty cache (sequence i is gens[i]; each may use n_ctx / len(gens)
+        cells), yielding every step's updates; a sequence's own sampling error is raised."""
         with self.lock:
-            self._require_weights("generate")
+            self._require_weights(what)
             self.reset()
             self.timings = t = Timings()
+            batch = BatchGenerator(self, keep_finished=True)
+            seqs = [batch.add(gen, i, self.n_ctx // len(gens)) for i, gen in enumerate(gens)]
             start = time.perf_counter()
-            logits = self.eval(gen.prompt, logits="last")[0]
-            t.prompt_tokens, t.prompt_s = len(gen.prompt), time.perf_counter() - start
-            start = time.perf_counter()
-            while gen.finish_reason is None:
-                text = gen.step(logits)
-                if gen.n_generated > t.gen_tokens:
-                    t.gen_tokens += 1
-                    yield text
-                if gen.finish_reason is None and self.n_past >= self.n_ctx:
-                    gen.finish("length")
-                if gen.finish_reason is None:
-                    logits = self.eval([gen.last_token])[0]
-                t.gen_s = time.perf_counter() - start
-            t.gen_s = time.perf_counter() - start
-
-    def generate_batch(self, prompts, max_tokens: int = 128, temperature: float = 0.8, top_k: int = 40,
-                       top_p: float = 0.95, seed: int | None = None) -> list[str]:
-        """The text of up to max_tokens sampled tokens after each prompt (texts, or lists of token
-        ids), generated together: the prompts in one batch, then one batch per step holding the
-        next token of every sequence still going (a sequence stops at an end-of-generation
-        token). The KV cache starts empty."""
-        with self.lock:
-            self._require_weights("generate_batch")
-            return self._generate_batch(prompts, max_tokens, temperature, top_k, top_p, seed)
-
-    def _generate_batch(self, prompts, max_tokens, temperature, top_k, top_p, seed) -> list[str]:
-        ids = [self.tokenize(p) if isinstance(p, str) else [int(i) for i in p] for p in prompts]
-        if not ids or any(not p for p in ids):
-            raise ValueError("generate_batch: give at least one prompt, each with tokens")
-        gen = torch.Generator().manual_seed(seed if seed is not None else torch.seed() & 0xFFFFFFFF)
-        self.reset()
-        out: list[list[int]] = [[] for _ in ids]
-        live = list(range(len(ids)))
-        logits = [x[0] for x in self.eval_batch(ids, logits="last")]
-        for _ in range(max_tokens):
-            tokens = [sample_token(row, temperature, top_k, top_p, gen) for row in logits]
-            going = [(s, t) for s, t in zip(live, tokens) if not self.tokenizer.is_eog(t)]
-            for s, t in going:
-                out[s].append(t)
-            live = [s for s, _ in going]
-            if not live or self.n_past + len(live) > self.n_ctx:
-                break
-            logits = [x[0] for x in self.eval_batch([[out[s][-1]] for s in live], seq_ids=live)]
-        return [self.detokenize(o) for o in out]
+            while batch.active:
+                for update in batch.step():
+                    if update.error is not None:
+                        raise update.error
+                    t.gen_tokens += len(update.choices)
+                    yield update
+            end = time.perf_counter()
+            prompt_end = max(s.prompt_done_at or end for s in seqs)
+            t.prompt_tokens = sum(len(g.prompt) for g in gens)
+            t.prompt_s, t.gen_s = prompt_end - start, end - prompt_end
 
     # ------------------------------------------------------------ misc
 
@@ -554,7 +543,7 @@ class Model:
                 f"{self.placement.describe()}{self._weights_memory()}")
 
     def _weights_memory(self) -> str:
-        read_in = getattr(self.weights, "cpu_read_in", 0)
+        read_in = getattr(self.weight_buffers, "cpu_read_in", 0)
         return f"; {read_in / 2**20:.0f} MiB of CPU weights read into memory (not mapped)" if read_in else ""
 
     def close(self) -> None:
@@ -570,12 +559,12 @@ class Model:
 
     def _free_compute(self) -> None:
         backend_sched_free(self.sched)
-        for b in self.kv.buffers:
+        for b in self.memory.buffers:
             b.free()
         if self.lora is not None:
             self.lora.free()
-        self.weights.free()
+        self.weight_buffers.free()
         for b in self.backends:
             backend_free(b)
         # drop every tensor that views the freed memory, so the file's mapping can close
-        self._graph = self._ctx = self.w = self.weights = self.kv = self.sched = None
+        self._graph = self._ctx = self.weights = self.weight_buffers = self.memory = self.sched = None

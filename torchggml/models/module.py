@@ -106,12 +106,12 @@ class GGMLModule(torch.nn.Module):
         self._modules.clear()
         self._parameters.clear()
         self._buffers.clear()
-        for name, t in model.weights.tensors.items():
+        for name, t in model.weight_buffers.tensors.items():
             *path, leaf = name.split(".")
             param = torch.nn.Parameter(_weight_value(model, name, t), requires_grad=False)
             _container(self, path).register_parameter(leaf, param)
         cache = _container(self, ["kv_cache"])
-        for t in model.kv.tensors():  # K/V, or recurrent states
+        for t in model.memory.tensors():  # K/V, or recurrent states
             cache.register_buffer(t.name, to_torch(t), persistent=False)
         self._sync_lora()
 
@@ -165,7 +165,7 @@ class GGMLModule(torch.nn.Module):
     def _read_weight(self, t) -> torch.Tensor:
         """Float values of a weight the backward cannot read from memory (a repacked layout):
         its QuantizedWeight, which reads the file's blocks."""
-        name = next(n for n, w in self.model.weights.tensors.items() if w is t)
+        name = next(n for n, w in self.model.weight_buffers.tensors.items() if w is t)
         return self.get_parameter(name).dequantize()
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:

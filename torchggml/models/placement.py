@@ -12,7 +12,7 @@ log = logging.getLogger(__name__)
 
 
 def cpu_device() -> Device:
-    from ..torch_backend.cpu import cpu_device as _cpu
+    from ..devices.cpu import cpu_device as _cpu
     return _cpu()
 
 
@@ -47,7 +47,7 @@ def find_device(spec) -> Device:
 def gpu_devices() -> list[Device]:
     """The accelerators, remote (RPC) devices first as llama.cpp orders them (the first layers
     go to the network, the last to the local GPUs: fewer transfers)."""
-    from ..rpc import RPCDevice
+    from ..devices.rpc import RPCDevice
     gpus = [d for d in all_devices() if d.get_type() != DeviceType.CPU]
     return [d for d in gpus if isinstance(d, RPCDevice)] + [d for d in gpus if not isinstance(d, RPCDevice)]
 

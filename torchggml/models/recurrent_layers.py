@@ -65,7 +65,7 @@ def per_layer(keys: KeyReader, suffix: str, n_layer: int, default: int) -> list[
     value = keys.get_list(suffix)
     if isinstance(value, list):
         if len(value) != n_layer:
-            from ..gguf import GGUFError
+            from ..gguf.loader import GGUFError
             raise GGUFError(f"{keys.f.path}: {keys.arch}.{suffix} has {len(value)} entries for {n_layer} layers")
         return [int(v) for v in value]
     return [int(default)] * n_layer
@@ -115,7 +115,7 @@ def causal_conv(b: GraphBuilder, il: int, x: Tensor, weight: Tensor, bias: Tenso
     sequence's last d_conv - 1 inputs (layer il's r state, updated here).
     x [channels, n_seq_tokens, n_seqs] -> [channels, n_seq_tokens, n_seqs] (plus bias)."""
     ctx, d_conv, channels = b.ctx, weight.ne[0], weight.ne[1]
-    r = b.kv.recurrent.r[il]
+    r = b.memory.recurrent.r[il]
     prev = ops.reshape_3d(ctx, read_states(b, r), d_conv - 1, channels, b.n_seqs)
     conv_x = ops.concat(ctx, prev, ops.transpose(ctx, x), 0)       # [d_conv - 1 + n_t, channels, n_seqs]
     last = ops.view_3d(ctx, conv_x, d_conv - 1, channels, b.n_seqs, conv_x.nb[1], conv_x.nb[2],
@@ -131,7 +131,7 @@ def token_shift_load(b: GraphBuilder, il: int, count: int) -> list[Tensor]:
     """Layer il's r state as `count` rows [n_embd, 1, n_seqs]: the last normed input of each
     mixer (time mix, channel mix) of the sequence's previous micro-batch."""
     ctx, e = b.ctx, b.hp.n_embd
-    shift = ops.reshape_3d(ctx, read_states(b, b.kv.recurrent.r[il]), e, count, b.n_seqs)
+    shift = ops.reshape_3d(ctx, read_states(b, b.memory.recurrent.r[il]), e, count, b.n_seqs)
     return [ops.view_3d(ctx, shift, e, 1, b.n_seqs, shift.nb[1], shift.nb[2], i * e * shift.nb[0])
             for i in range(count)]
 
@@ -154,7 +154,7 @@ def token_shift_store(b: GraphBuilder, il: int, *xs: Tensor) -> None:
     rows = last_token(b, xs[0])
     for x in xs[1:]:
         rows = ops.concat(b.ctx, rows, last_token(b, x), 1)
-    write_states(b, b.kv.recurrent.r[il], rows)
+    write_states(b, b.memory.recurrent.r[il], rows)
 
 
 # ---------------------------------------------------------------- Mamba
@@ -213,7 +213,7 @@ def selective_scan(b: GraphBuilder, il: int, x: Tensor, dt: Tensor, A: Tensor, B
     """ssm_scan from layer il's s state (the sequences' slots, through ids), its final states
     written back; returns the scan's result (y first: [head_dim, n_head, n_seq_tokens, n_seqs])."""
     ctx, s = b.ctx, b.hp.ssm
-    states = b.kv.recurrent.s[il]
+    states = b.memory.recurrent.s[il]
     head_dim, n_head = x.ne[0], x.ne[1]
     all_states = ops.reshape_4d(ctx, states, s.d_state, head_dim, n_head, states.ne[1])
     out = ops.ssm_scan(ctx, all_states, x, dt, A, B, C, b.s_ids, 1)

@@ -29,6 +29,7 @@ from ..context import Context, new_tensor_2d
 from ..tensor import Tensor, set_name
 from ..types import Type
 from .kv_cache import KVCache, KVBatch, kv_type_from_name
+from .memory import Memory
 
 MEMORY_KINDS = ("kv", "recurrent", "hybrid")
 
@@ -52,7 +53,7 @@ class RSBatch:
         return len(self.seqs)
 
 
-class RecurrentState:
+class RecurrentState(Memory):
     """r and s state tensors of the recurrent layers (`layers`: the layer ids), n_seq_max slots
     each; `bufts[il]` is layer il's buffer type."""
 
@@ -80,8 +81,6 @@ class RecurrentState:
             backend_buffer_clear(buffer, 0)
             self.buffers.append(buffer)
         self._contexts = [ctx for _, ctx in ctxs.values()]
-
-    attention = None
 
     @property
     def recurrent(self) -> "RecurrentState":
@@ -221,7 +220,7 @@ class HybridBatch:
         return self.rs.n_seqs
 
 
-class HybridMemory:
+class HybridMemory(Memory):
     """A KV cache for the attention layers and recurrent states for the others (llama.cpp's
     llama-memory-hybrid): every sequence operation applies to both; micro-batches are split
     equally, as the recurrent layers need."""

@@ -68,6 +68,10 @@ class SamplingParams:
         return [f.name for f in fields(cls)]
 
 
+#: the sampling defaults, stated once (the CLI's and the server's options take theirs from here)
+DEFAULTS = SamplingParams()
+
+
 @dataclass
 class TokenChoice:
     """A sampled token; with SamplingParams.logprobs set, its log-probability and the `logprobs`
@@ -145,8 +149,9 @@ def _draw(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, mi
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def sample_token(logits: torch.Tensor, temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
-                 generator: torch.Generator | None = None, min_p: float = 0.0) -> int:
+def sample_token(logits: torch.Tensor, temperature: float = DEFAULTS.temperature, top_k: int = DEFAULTS.top_k,
+                 top_p: float = DEFAULTS.top_p, generator: torch.Generator | None = None,
+                 min_p: float = DEFAULTS.min_p) -> int:
     """Temperature, then top-k, then top-p (nucleus), then min-p sampling; greedy when temperature <= 0
     (the sampler's draw without penalties or logprobs)."""
     return _draw(logits.reshape(-1), temperature, top_k, top_p, min_p, generator)

@@ -12,7 +12,7 @@ fewer KV heads than devices, stays MIRRORED: every device computes it whole.
 """
 from __future__ import annotations
 
-from ..backend.meta_split import MetaSplitState, SplitAxis, split_evenly
+from ..devices.meta.split import MetaSplitState, SplitAxis, split_evenly
 from ..types import blck_size
 from .builder import tensor_layer
 from .hparams import HParams
@@ -92,7 +92,7 @@ class LlamaSplit:
 def tensor_parallel_device(file, hp: HParams, devices, kv_type, group=None):
     """The meta device over `devices` (names or Devices; this rank's with a process group)
     that splits this model's weights and caches."""
-    from ..backend.meta import backend_meta_device
+    from ..devices.meta.meta import backend_meta_device
     from ..backend.registry import backend_dev_by_name
     if isinstance(devices, str) and devices.lower() == "dist":
         devices, group = dist_devices()

@@ -138,7 +138,7 @@ class ServerState:
     def chat_prompt(self, req: ChatRequest) -> tuple[list[int], list[str]]:
         """The prompt's token ids and extra stop strings (chatml's end marker when the file has
         no template and no such token)."""
-        from ..chat import ChatTemplateError, render_chat
+        from ..text.chat import ChatTemplateError, render_chat
         tok = self.model.tokenizer
         template, stops = tok.chat_template, []
         if not template:
@@ -183,7 +183,7 @@ class ServerState:
         metric("queue_waiting", "gauge", "requests' sequences waiting for a slot", [({}, e.n_waiting)])
         metric("sequences_active", "gauge", "sequences in slots", [({}, len(e.active))])
         metric("slots", "gauge", "parallel sequences (--parallel)", [({}, e.parallel)])
-        kv = m.kv
+        kv = m.memory
         used = kv.n_past if kv is not None else 0
         metric("kv_cache_used_cells", "gauge", "KV cache cells holding tokens", [({}, used)])
         metric("kv_cache_cells", "gauge", "KV cache size (n_ctx)", [({}, m.n_ctx)])

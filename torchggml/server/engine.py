@@ -1,11 +1,11 @@
 """Continuous batching: one thread decodes every active sequence together on the model's unified KV
 cache, as llama-server's slots do.
 
-Each step builds one `Model.eval_batch` call (logits="last"): the next token of every decoding
-sequence, then prompt chunks of newly admitted sequences in the room left in the micro-batch
-(n_batch tokens in all), so a long prompt is processed in pieces beside running decodes instead
-of stalling them. Requests join between steps when a slot is free; a finished, failed or cancelled
-sequence leaves and `Model.reset(seq_id)` frees its cells. The KV cache is shared as llama.cpp
+Each step is one step of the decode loop Model.generate runs (models/batch_generator.py): one
+`Model.eval_batch` call with the next token of every decoding sequence, then prompt chunks of
+newly admitted sequences in the room left (n_batch tokens in all), then each sequence's sampling.
+Requests join between steps when a slot is free; a finished, failed or cancelled sequence leaves
+and its cells are freed. The KV cache is shared as llama.cpp
 shares it: each of the `parallel` slots may use n_ctx // parallel cells, so the cache never
 overflows; a sequence that reaches its slot's size ends with finish_reason "length".
 
@@ -13,8 +13,8 @@ Waiting requests sit in a bounded queue; past `max_queue` a submit raises QueueF
 answers 503). Events go back to the submitter through its `emit` callback, called on the engine
 thread: ("token", job, text, choices), ("done", job, text, None), ("error", job, message, None).
 
-With one slot every step is what Model.generate evaluates (the prompt in n_batch micro-batches,
-then one token a step, on cells from 0), so temperature 0 gives generate's tokens exactly.
+With one slot every step is what Model.generate evaluates, so temperature 0 gives generate's
+tokens exactly.
 """
 from __future__ import annotations
 
@@ -24,10 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
-
+from ..models.batch_generator import BatchGenerator, BatchSequence
 from ..models.generation import Generation
-from ..models.sampling import TokenChoice
 
 
 class QueueFull(RuntimeError):
@@ -44,17 +42,13 @@ class Job:
     index: int = 0                 # the choice (or input) index within its request
     cancelled: bool = False
     seq_id: int = -1
-    n_prompt_done: int = 0
+    seq: BatchSequence | None = None  # its place in the decode loop, once admitted
     submitted: float = field(default_factory=time.perf_counter)
     first_token: float | None = None
 
     def cancel(self) -> None:
         """Stop this sequence at the next step (a client that hung up); no more events."""
         self.cancelled = True
-
-    @property
-    def prefilling(self) -> bool:
-        return self.n_prompt_done < len(self.prompt)
 
 
 class Stats:
@@ -91,6 +85,7 @@ class Engine:
         if self.slot_ctx < 2:
             raise ValueError(f"n_ctx={model.n_ctx} is too small for {parallel} parallel sequences")
         self.stats = Stats()
+        self.batch = BatchGenerator(model)
         self.waiting: collections.deque[Job] = collections.deque()
         self.active: list[Job] = []
         self.free_slots = list(range(self.parallel))
@@ -146,11 +141,16 @@ class Engine:
                 self.stats.sequences_finished["cancelled"] += 1
                 continue
             job.seq_id = self.free_slots.pop(0)
+            if job.gen is not None:
+                job.seq = self.batch.add(job.gen, job.seq_id, self.slot_ctx, owner=job)
             self.active.append(job)
 
     def _release(self, job: Job, outcome: str) -> None:
         if job in self.active:
-            self.model.reset(job.seq_id)
+            if job.seq is None:
+                self.model.reset(job.seq_id)  # an embedding's cells
+            else:
+                self.batch.remove(job.seq)  # (nothing to do when the loop already let it go)
             with self._cond:
                 self.active.remove(job)
                 self.free_slots.append(job.seq_id)
@@ -162,58 +162,34 @@ class Engine:
             self._release(job, "cancelled")
         for job in [j for j in self.active if j.gen is None]:
             self._embed(job)
-        batch: list[tuple[Job, list[int]]] = []
-        budget = self.model.n_batch
-        for job in self.active:  # every decoding sequence's next token first
-            if not job.prefilling:
-                batch.append((job, [job.gen.last_token]))
-                budget -= 1
-        for job in self.active:  # then prompt chunks in the room left
-            if job.prefilling and budget > 0:
-                chunk = job.prompt[job.n_prompt_done: job.n_prompt_done + budget]
-                batch.append((job, chunk))
-                budget -= len(chunk)
-        if not batch:
+        if not self.batch.active:
             return
-        rows = self.model.eval_batch([tokens for _, tokens in batch], [j.seq_id for j, _ in batch], logits="last")
-        self.stats.steps += 1
-        self.stats.batch_tokens += sum(len(t) for _, t in batch)
-        n_decodes = sum(1 for j, _ in batch if not j.prefilling)
-        self.stats.mixed_steps += 0 < n_decodes < len(batch)
-        generated = 0
-        for (job, tokens), row in zip(batch, rows):
-            if job.prefilling:
-                job.n_prompt_done += len(tokens)
-                self.stats.prompt_tokens += len(tokens)
-                if job.prefilling:
-                    continue
+        n_decoding = sum(1 for s in self.batch.active if not s.prefilling)
+        updates = self.batch.step()
+        counts = self.batch.last
+        if counts.prompt_tokens or counts.decode_tokens:
+            self.stats.steps += 1
+            self.stats.batch_tokens += counts.prompt_tokens + counts.decode_tokens
+            self.stats.mixed_steps += n_decoding > 0 and counts.prompt_tokens > 0
+        self.stats.prompt_tokens += counts.prompt_tokens
+        for update in updates:
+            job = update.seq.owner
             if job.cancelled:
                 self._release(job, "cancelled")
                 continue
-            try:
-                generated += self._sample(job, row[0])
-            except Exception as e:  # this sequence's own failure (its grammar, its sampler): it alone ends
+            if update.error is not None:  # this sequence's own failure (its grammar, its sampler): it alone ends
                 self._release(job, "error")
-                job.emit(("error", job, f"{type(e).__name__}: {e}", None))
-        self.stats.generated_tokens += generated
-        self.stats.recent.append((time.perf_counter(), generated))
-
-    def _sample(self, job: Job, logits: torch.Tensor) -> int:
-        """One token for `job`; its events; its release when it ends. Returns the tokens kept."""
-        gen = job.gen
-        before = gen.n_generated
-        text = gen.step(logits) if gen.finish_reason is None else ""  # max_tokens 0: done at once
-        if gen.finish_reason is None and len(job.prompt) + gen.n_generated >= self.slot_ctx:
-            gen.finish("length")  # the slot's cells are used up
-        if job.first_token is None:
-            job.first_token = time.perf_counter()
-        new: list[TokenChoice] = gen.choices[before:]
-        if text or new:
-            job.emit(("token", job, text, new))
-        if gen.finish_reason is not None:
-            self._release(job, gen.finish_reason)
-            job.emit(("done", job, gen.flush(), None))
-        return len(new)
+                job.emit(("error", job, f"{type(update.error).__name__}: {update.error}", None))
+                continue
+            if job.first_token is None:
+                job.first_token = time.perf_counter()
+            if update.text or update.choices:
+                job.emit(("token", job, update.text, update.choices))
+            if update.finished:
+                self._release(job, job.gen.finish_reason)
+                job.emit(("done", job, update.rest, None))
+        self.stats.generated_tokens += counts.generated
+        self.stats.recent.append((time.perf_counter(), counts.generated))
 
     def _embed(self, job: Job) -> None:
         try:

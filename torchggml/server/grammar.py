@@ -38,7 +38,7 @@ class Vocabulary:
 
     def __init__(self, tokenizer):
         llg = _llguidance()
-        from ..tokenizer import TokenAttr
+        from ..text.tokenizer import TokenAttr
         self.n_vocab = tokenizer.n_vocab
         tokens = []
         for i in range(self.n_vocab):

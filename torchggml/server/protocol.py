@@ -10,6 +10,8 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
+from ..models.sampling import DEFAULTS
+
 Number = Union[StrictInt, StrictFloat]
 TokenIds = list[StrictInt]
 
@@ -53,14 +55,14 @@ class Sampling(BaseModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     n: StrictInt = Field(1, ge=1, le=16)
-    temperature: Number = Field(0.8, ge=0, le=2)
-    top_p: Number = Field(0.95, ge=0, le=1)
-    top_k: StrictInt = Field(40, ge=0)
-    min_p: Number = Field(0.05, ge=0, le=1)
-    repeat_penalty: Number = Field(1.0, gt=0)
-    repeat_last_n: StrictInt = Field(64, ge=-1)
-    frequency_penalty: Number = Field(0.0, ge=-2, le=2)
-    presence_penalty: Number = Field(0.0, ge=-2, le=2)
+    temperature: Number = Field(DEFAULTS.temperature, ge=0, le=2)
+    top_p: Number = Field(DEFAULTS.top_p, ge=0, le=1)
+    top_k: StrictInt = Field(DEFAULTS.top_k, ge=0)
+    min_p: Number = Field(0.05, ge=0, le=1)  # llama-server's default, not the library's
+    repeat_penalty: Number = Field(DEFAULTS.repeat_penalty, gt=0)
+    repeat_last_n: StrictInt = Field(DEFAULTS.repeat_last_n, ge=-1)
+    frequency_penalty: Number = Field(DEFAULTS.frequency_penalty, ge=-2, le=2)
+    presence_penalty: Number = Field(DEFAULTS.presence_penalty, ge=-2, le=2)
     seed: StrictInt | None = None
     stop: StrictStr | list[StrictStr] | None = None
     response_format: ResponseFormat | None = None

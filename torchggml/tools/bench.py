@@ -68,7 +68,7 @@ def markdown_table(header, rows) -> str:
 
 def cmd_bench(args) -> int:
     from ..models import load_model
-    from ..models.cli_commands import model_params
+    from ..cli.models import model_params
     tests = [("pp", n) for n in args.n_prompt if n > 0] + [("tg", n) for n in args.n_gen if n > 0]
     if not tests:
         print("bench: nothing to run (-p and -n are all 0)", file=sys.stderr)

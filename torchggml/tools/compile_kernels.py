@@ -21,7 +21,7 @@ FILE_TYPES = ("F16", "Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M")
 def compile_kernels(file_types=FILE_TYPES, log=None) -> float:
     """Run a prompt and a token of a small model in each of file_types on the CPU (compiling
     what is not cached); returns the CPU seconds it took."""
-    from ..gguf_writer.tiny import TinyCase, write_tiny_model
+    from ..gguf.writer.tiny import TinyCase, write_tiny_model
     from ..models import load_model
     from .quantize import quantize_file
     start = time.process_time()
@@ -50,7 +50,7 @@ def _compile_prompt_kernels() -> None:
     uint16 bits, gate and up as separate tensors or halves of one), which the small model's
     prompt is too short to reach."""
     import numpy as np
-    from ..torch_backend.cpu.jit.loader import op_kernels
+    from ..devices.cpu.jit.loader import op_kernels
     ops = op_kernels()
     x = np.zeros((1, 2, 2, 8), np.float32)
     padded = np.zeros((1, 1, 4, 8), np.uint16)
@@ -64,7 +64,7 @@ def _compile_prompt_kernels() -> None:
 
 
 def cmd_compile_kernels(args) -> int:
-    from ..torch_backend.cpu.jit.loader import numba_available
+    from ..devices.cpu.jit.loader import numba_available
     if not numba_available():
         print("numba is not installed: the CPU runs torch's kernels, nothing to compile", file=sys.stderr)
         return 0

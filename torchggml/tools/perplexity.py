@@ -90,7 +90,7 @@ def perplexity(model, text: str, max_windows: int | None = None, progress=None) 
 
 
 def cmd_perplexity(args) -> int:
-    from ..models.cli_commands import model_params
+    from ..cli.models import model_params
     from ..models import load_model
     with open(args.file, encoding="utf-8") as f:
         text = f.read()

@@ -180,7 +180,7 @@ def _mix(f, ftype: str, has_imatrix: bool) -> Mix:
 
 def plan(path: str, ftype: str, has_imatrix: bool = False) -> list[tuple[str, Type, Type]]:
     """(tensor name, current type, new type) of every tensor, in file order."""
-    from ..gguf import open_gguf
+    from ..gguf.loader import open_gguf
     f = open_gguf(path)
     mix = _mix(f, ftype, has_imatrix)
     out = [(name, Type(t.type), mix.type_for(name, list(t.ne), Type(t.type))) for name, t in f.tensors.items()]
@@ -417,7 +417,7 @@ def cmd_quantize(args) -> int:
         def progress(i, n):
             print(f"\rquantize: {i}/{n} tensors", end="" if i < n else "\n", file=sys.stderr, flush=True)
     if args.nthreads:
-        from ..torch_backend.cpu.jit.loader import set_numba_threads
+        from ..devices.cpu.jit.loader import set_numba_threads
         set_numba_threads(args.nthreads)
         torch.set_num_threads(args.nthreads)
     quantize_file(args.input, args.output, args.type, log, imatrix=args.imatrix,

@@ -20,14 +20,14 @@ import torch
 from ..enums import Op, GluOp, RopeType, VIEW_OPS
 from ..tensor import Tensor, get_op_params_f32, get_glu_op, get_unary_op, is_empty
 from ..types import Type, type_traits
-from ..torch_backend.kernels import UnsupportedOpError
-from ..torch_backend.kernels.attention import alibi_slopes, tile_reps
-from ..torch_backend.kernels.binary import tile
-from ..torch_backend.kernels.glu import GLU_ACTIVATIONS, swiglu_oai_torch
-from ..torch_backend.kernels.math import MATH_FUNCTIONS
-from ..torch_backend.kernels.rope import (rope_params, angle_constants, rope_angles, rotated_span,
+from ..devices.kernels import UnsupportedOpError
+from ..devices.kernels.attention import alibi_slopes, tile_reps
+from ..devices.kernels.binary import tile
+from ..devices.kernels.glu import GLU_ACTIVATIONS, swiglu_oai_torch
+from ..devices.kernels.math import MATH_FUNCTIONS
+from ..devices.kernels.rope import (rope_params, angle_constants, rope_angles, rotated_span,
                                           pair_halves)
-from ..torch_backend.kernels.unary import UNARY_FUNCTIONS
+from ..devices.kernels.unary import UNARY_FUNCTIONS
 
 _LOW_PRECISION = {Type.F16: torch.float16, Type.BF16: torch.bfloat16}
 
@@ -235,8 +235,8 @@ class GraphEvaluator:
         return v
 
     def _constant(self, t: Tensor) -> torch.Tensor:
-        from ..torch_backend.kernels.common import as_float
-        from ..memory import tensor_view
+        from ..devices.kernels.common import as_float
+        from ..storage import tensor_view
         buffer = t.buffer if t.view_src is None else t.view_src.buffer
         if not buffer.ggml_layout:
             if self.read_weight is None:

@@ -14,7 +14,7 @@ for _module in (llama, mistral3, qwen, gemma, phi3, gpt_oss, parallel, mamba, ja
 
 
 def arch_for(name: str, path: str = "model") -> Arch:
-    from ...gguf import GGUFError
+    from ...gguf.loader import GGUFError
     if name not in ARCHS:
         raise GGUFError(f"{path}: architecture {name!r} is not supported (supported: {', '.join(sorted(ARCHS))})")
     return ARCHS[name]

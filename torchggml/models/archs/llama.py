@@ -9,7 +9,7 @@ query temperature when an architecture built on this one sets hp.attn_temp_scale
 from __future__ import annotations
 
 from ...enums import RopeType
-from ...gguf import GGUFError
+from ...gguf.loader import GGUFError
 from ..builder import Arch, load_attention, load_ffn, load_moe
 
 

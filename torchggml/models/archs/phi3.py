@@ -29,7 +29,7 @@ class Phi3(Arch):
         hp = b.hp
         factors = w.rope_freqs
         if factors is None:
-            factors = w.rope_factors_long if b.kv.n_ctx > (hp.n_ctx_orig or hp.n_ctx_train) else w.rope_factors_short
+            factors = w.rope_factors_long if b.memory.n_ctx > (hp.n_ctx_orig or hp.n_ctx_train) else w.rope_factors_short
         x = b.embed(w.token_embd)
         for il, layer in enumerate(w.layers):
             x = b.add_attention(il, x, b.self_attention(il, b.norm(x, layer.attn_norm), layer, factors,

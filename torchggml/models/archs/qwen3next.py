@@ -117,7 +117,7 @@ class Qwen3Next(HybridArch):
         if hk != hv:  # each key head serves hv / hk consecutive value heads
             q, k = (ops.reshape_4d(ctx, ops.repeat_4d(ctx, ops.reshape_4d(ctx, t, dk, 1, hk, nt * ns), dk, hv // hk, hk,
                                                       nt * ns), dk, hv, nt, ns) for t in (q, k))
-        states = b.kv.recurrent.s[il]
+        states = b.memory.recurrent.s[il]
         state = ops.reshape_4d(ctx, read_states(b, states), dv, dv, hv, ns)
         out = ops.gated_delta_net(ctx, q, k, v, decay, beta, state, 1)
         n_out = dv * hv * nt * ns

@@ -96,7 +96,7 @@ class RWKV6(RecurrentArch):
         w = ops.mul_mat(ctx, layer.time_mix_decay_w2, ops.tanh(ctx, ops.mul_mat(ctx, layer.time_mix_decay_w1, xw)))
         w = ops.exp(ctx, ops.neg(ctx, ops.exp(ctx, ops.add(ctx, w, layer.time_mix_decay))))
         w = ops.reshape_3d(ctx, w, S, H, n)
-        states = b.kv.recurrent.s[il]
+        states = b.memory.recurrent.s[il]
         out = ops.rwkv_wkv6(ctx, k, v, r, layer.time_mix_first, w, read_states(b, states))
         write_states(b, states, ops.view_1d(ctx, out, e * S * b.n_seqs, e * n * 4))
         y = ops.norm(ctx, ops.reshape_3d(ctx, ops.view_1d(ctx, out, e * n, 0), S, H, n), 64e-5)  # per head

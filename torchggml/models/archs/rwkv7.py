@@ -68,7 +68,7 @@ class RWKV7(RWKV6):
         ka = ops.mul(ctx, k, layer.time_mix_k_a)
         k = ops.add(ctx, k, ops.sub(ctx, ops.mul(ctx, a, ka), ka))
         r, w, k, v, a = (ops.reshape_3d(ctx, t, S, H, n) for t in (r, w, k, v, a))
-        states = b.kv.recurrent.s[il]
+        states = b.memory.recurrent.s[il]
         out = ops.rwkv_wkv7(ctx, r, w, k, v, ops.neg(ctx, kk), ops.mul(ctx, kk, a), read_states(b, states))
         write_states(b, states, ops.view_1d(ctx, out, e * S * b.n_seqs, e * n * 4))
         y = ops.norm(ctx, ops.reshape_3d(ctx, ops.view_1d(ctx, out, e * n, 0), S, H, n), 64e-5)  # per head

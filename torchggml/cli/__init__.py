@@ -1,0 +1,222 @@
+"""The `torchggml` command.
+
+    torchggml devices                       regs and devices: type, memory, capabilities, features
+    torchggml test-ops [-b DEV] [-o OP] [-p REGEX] [-m test|grad|perf|support] [--full]
+                       [--list-ops] [--show-coverage] [--output console|csv] [--kernels FILE.py]
+                       [--roofline FILE.png]
+                                            test-backend-ops for this project (torchggml.test_ops.runner)
+    torchggml run / eval / info             models (torchggml/cli/models.py)
+    torchggml serve                         the OpenAI-compatible server (torchggml/server/)
+    torchggml perplexity / bench / quantize the tools (torchggml/tools/)
+    torchggml --version
+    torchggml rpc-server [--host H] [--port P] [--device DEV ...] [--cache DIR] [--threads N]
+                                            serve devices to ggml RPC clients (llama.cpp --rpc)
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.0f}"
+
+
+def _caps(caps) -> str:
+    flags = [("async", caps.async_), ("host_buffer", caps.host_buffer),
+             ("from_host_ptr", caps.buffer_from_host_ptr), ("events", caps.events)]
+    return ",".join(name for name, on in flags if on) or "-"
+
+
+def device_rows() -> list[tuple[str, ...]]:
+    """One row per device: reg, name, type, free MiB, total MiB, caps, description."""
+    import torchggml as ggml
+    rows = []
+    for r in range(ggml.backend_reg_count()):
+        reg = ggml.backend_reg_get(r)
+        for d in range(ggml.backend_reg_dev_count(reg)):
+            props = ggml.backend_dev_get_props(ggml.backend_reg_dev_get(reg, d))
+            rows.append((ggml.backend_reg_name(reg), props.name, props.type.name, _mib(props.memory_free),
+                         _mib(props.memory_total), _caps(props.caps), props.description))
+    return rows
+
+
+def meta_device_rows(specs) -> list[tuple[str, ...]]:
+    """Rows for meta devices: one per spec "DEV,DEV,..." (default: all accelerators when there
+    are two or more)."""
+    import torchggml as ggml
+    if not specs:
+        accel = [ggml.backend_dev_get(i) for i in range(ggml.backend_dev_count())]
+        accel = [d for d in accel if d.get_type() != ggml.DeviceType.CPU]
+        specs = [",".join(d.get_name() for d in accel)] if len(accel) >= 2 else []
+    rows = []
+    for spec in specs:
+        props = ggml.backend_dev_get_props(ggml.backend_meta_device([x for x in spec.split(",") if x]))
+        rows.append(("(meta)", props.name, props.type.name, _mib(props.memory_free),
+                     _mib(props.memory_total), _caps(props.caps), "tensor parallel over " + spec))
+    return rows
+
+
+def format_table(header, rows) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(header), line("-" * w for w in widths), *map(line, rows)])
+
+
+def cmd_devices(args) -> int:
+    import torchggml as ggml
+    if args.load_all:
+        ggml.backend_load_all()
+    for endpoint in (args.rpc or "").split(","):
+        if endpoint:
+            try:
+                ggml.backend_register(ggml.backend_rpc_add_server(endpoint))
+            except (ConnectionError, ValueError) as e:
+                print(f"torchggml devices: error: {e}", file=sys.stderr)
+                return 1
+    header = ("reg", "device", "type", "free MiB", "total MiB", "caps", "description")
+    rows = device_rows()
+    rows += meta_device_rows(args.meta)
+    print(format_table(header, rows))
+    print(f"\n{ggml.backend_reg_count()} regs, {len(rows)} devices")
+    for reg, features in reg_features():
+        print(f"{reg} features: {features}")
+    return 0
+
+
+def reg_features() -> list[tuple[str, str]]:
+    """(reg name, "NAME = value, ...") for each reg with ggml_backend_get_features (the CPU's:
+    its CPU features and the quantized product path chosen for them)."""
+    import torchggml as ggml
+    out = []
+    for r in range(ggml.backend_reg_count()):
+        reg = ggml.backend_reg_get(r)
+        get = reg.get_proc_address("ggml_backend_get_features")
+        if get is not None:
+            out.append((ggml.backend_reg_name(reg), ", ".join(f"{k} = {v}" for k, v in get().items())))
+    return out
+
+
+def cmd_test_ops(args) -> int:
+    from torchggml.test_ops.command import main  # the op-case table is large: import on demand
+    from torchggml.devices.kernels.registered import load_kernel_files
+    try:
+        load_kernel_files(args.kernels)
+    except (OSError, ValueError, RuntimeError) as e:
+        print(f"torchggml test-ops: error: {e}", file=sys.stderr)
+        return 2
+    return main(args)
+
+
+def add_case_options(p: argparse.ArgumentParser) -> None:
+    """test-ops options choosing cases and reporting (torchggml.test_ops.command)."""
+    p.add_argument("-p", "--params", metavar="REGEX", help="only cases whose name matches REGEX")
+    p.add_argument("--full", action="store_true",
+                   help="every case of upstream's breadth (default: a representative sample; "
+                        "also TORCHGGML_TEST_OPS_FULL=1)")
+    p.add_argument("--list-ops", action="store_true", help="list the ops and their case counts")
+    p.add_argument("--show-coverage", action="store_true",
+                   help="ops and cases per device against upstream's test-backend-ops")
+    p.add_argument("--output", choices=("console", "csv"), default="console", help="output format")
+
+
+def add_perf_options(p: argparse.ArgumentParser) -> None:
+    """test-ops options for kernel developers: registered kernels, timing, the roofline."""
+    from .models import add_kernels_option
+    add_kernels_option(p)
+    p.add_argument("--roofline", metavar="FILE.png",
+                   help="with -m perf: plot each timed case against the device's measured copy bandwidth "
+                        "and matmul peak (needs matplotlib: pip install torchggml[plot])")
+    p.add_argument("--min-seconds", type=float, default=0.2, metavar="S",
+                   help="with -m perf: time each case for at least S seconds (default 0.2)")
+
+
+def version_text() -> str:
+    """torchggml's version (the installed package's, else the source tree's), with torch's."""
+    from importlib import metadata
+    try:
+        version = metadata.version("torchggml")
+    except metadata.PackageNotFoundError:
+        version = "unknown (not installed)"
+    import torch
+    return f"torchggml {version} (torch {torch.__version__})"
+
+
+def cmd_rpc_server(args) -> int:
+    import logging
+    from torchggml.devices.rpc import RPCServer
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    devices = [d for spec in args.device or () for d in spec.split(",") if d] or None
+    try:
+        server = RPCServer(f"{args.host}:{args.port}", devices, args.cache, args.threads, args.max_connections)
+    except (ValueError, OSError) as e:
+        print(f"torchggml rpc-server: error: {e}", file=sys.stderr)
+        return 1
+    print(server.describe(), flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="torchggml", description="ggml's backend system on PyTorch")
+    parser.add_argument("--version", action="version", version=version_text())
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("devices", help="list regs and devices with type, memory and capabilities")
+    p.add_argument("--load-all", action="store_true",
+                   help="first load plugins (entry points and TORCHGGML_BACKEND_PATH)")
+    p.add_argument("--meta", action="append", metavar="DEV,DEV,...",
+                   help="also show the meta device over these devices (tensor parallel); "
+                        "default: over all accelerators when there are two or more")
+    p.add_argument("--rpc", metavar="HOST:PORT[,HOST:PORT...]", help="also list these RPC servers' devices")
+    p.set_defaults(func=cmd_devices)
+
+    p = sub.add_parser("test-ops", help="run the op cases on devices against the CPU reference")
+    p.add_argument("-b", "--backend", metavar="DEVICE", help="only this device (e.g. SIM0, CUDA0)")
+    p.add_argument("-o", "--op", metavar="OP", help="only this op (e.g. MUL_MAT)")
+    p.add_argument("-m", "--mode", choices=("test", "grad", "perf", "support"), default="test",
+                   help="test: compare with the CPU (the CPU with float64 references); grad: ggml's backward "
+                        "vs finite differences; perf: time per run; support: what each device supports")
+    add_case_options(p)
+    add_perf_options(p)
+    p.set_defaults(func=cmd_test_ops)
+
+    p = sub.add_parser("rpc-server", help="serve devices over ggml's RPC protocol (llama.cpp --rpc clients)")
+    p.add_argument("-H", "--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1; ggml's RPC has no authentication: "
+                        "never expose it to an open network)")
+    p.add_argument("-p", "--port", type=int, default=50052, help="port (default 50052, 0: any free port)")
+    p.add_argument("-d", "--device", action="append", metavar="DEV[,DEV...]",
+                   help="devices to serve, e.g. CPU, CUDA0, SIM0 (default: the first GPU, else the CPU)")
+    p.add_argument("-c", "--cache", metavar="DIR", help="keep weights in DIR so that clients need not resend them")
+    p.add_argument("-t", "--threads", type=int, help="CPU threads of the served backends")
+    p.add_argument("--max-connections", type=int, default=64, help="clients served at once (default 64)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log connections and commands' failures")
+    p.set_defaults(func=cmd_rpc_server)
+
+    from .models import add_subcommands as add_model_subcommands  # run, eval, info
+    add_model_subcommands(sub)
+    from .serve import add_subcommands as add_server_subcommands  # serve
+    add_server_subcommands(sub)
+    from .tools import add_subcommands as add_tool_subcommands  # perplexity, bench, quantize
+    add_tool_subcommands(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    finally:
+        from ..models.tensor_parallel import end_dist_group
+        end_dist_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,462 @@
+"""The `fused` path's layout (the default): weights stored as (q, scale, bias), multiplied by numba.
+
+At a repacked tensor's address (E matrices of N rows of K values, G values per group; E = ne[2]
+is the number of experts of a MUL_MAT_ID weight, 1 for MUL_MAT's):
+
+    q      int8 [E*N, K]      (4-bit types: uint8 [E*N, K/2], see below)
+    scale  f32  [E*N, K/G]    (64-byte aligned after q; Q4_0: its float16 bits as int16)
+    bias   f32  [E*N, K/G]    (only for types with an offset: Q4_1, Q5_1, Q2_K, Q4_K, Q5_K)
+
+so expert e's (q, scale, bias) is the slab of rows e*N .. e*N + N-1 of each.
+
+Every block type llama.cpp's CPU backend multiplies is written so at load (decompose.py), which
+costs 8 bits a weight plus the scales instead of 5.5-8.5: the price of loops LLVM vectorizes.
+The 4-bit types Q4_0, Q4_1 and Q4_K keep 4 bits, two to a byte (byte i of a 32-value group holds
+values i and i + 16): Q4_0's q + 8, which the kernels take back as ggml's do, and Q4_1's and
+Q4_K's q in [0, 15]. Decode streams these bytes once a token, so they bound its speed: Q4_0
+4.5 bits a weight (llama.cpp's size), Q8_0 9, Q4_K 6, Q6_K 8 (float32 scales per group). So the
+2-D weights of those four types are not stored here: the same kernels read their ggml blocks in
+place (IN_PLACE_KINDS, block_product; ggml's sizes, nothing converted at load); their experts
+(3-D, for MUL_MAT_ID) and the other types are. Products: M < FUSED_MAX_ROWS rows of activations
+(BLOCK_MAX_ROWS for blocks in place, INT8_GEMM_MIN_ROWS where the int8 GEMM runs)
+run the fused matvec. Larger micro-batches of those blocks in place run the int8 GEMM with
+ggml's per-block scales where the CPU has AVX512-VNNI (_int8_gemm, jit/gemm_ir.py: 480-600
+GOP/s for 128 rows by 5632x2048 on 2 Zen 4 threads, 1.35-1.55x the bf16 path below); the rest
+dequantize the weight once per call into the fastest float GEMM dtype and use torch's GEMM (for
+ggml's blocks in place, one LLVM vector loop a row: 1.6-1.8 ms for 5632x2048 on a Zen 4 core,
+~12% of the 128-row bf16 GEMM's 14.5 ms; the scalar loops it replaced took 6-15 ms). MUL_MAT_ID groups
+its (token, slot) pairs by expert and applies the same rule per expert: the experts with few rows
+share one matvec call over their slabs (activations quantized once), each expert with many
+rows is dequantized once for its GEMM; unused experts are not read.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+
+import numpy as np
+import torch
+
+from ....tensor import Tensor, round_up
+from ....types import Type, type_traits
+from ....storage import byte_view
+from ..features import fastest_gemm_dtype, int8_gemm
+from ..jit.loader import BoundKernel, gemm_kernels, numba_available, quant_kernels, repack_kernels
+from .base import RepackBuffer, RepackBufferType, is_whole_contiguous
+from .decompose import DECOMPOSE, HAS_BIAS, decompose, group_size
+from ..jit.gemm_ir import GEMM_KINDS, PANEL_ROWS
+
+ALIGN = 64
+# below this many activation rows the fused matvec wins; from it on dequantize + GEMM does
+FUSED_MAX_ROWS = 4
+# ggml's blocks in place: the matvec reads each weight row once for all activation rows and wins
+# up to ~10 rows (5632x2048 on 2 Zen 4 threads, M=8: Q4_0 1.46 ms against 2.03 dequantizing for
+# the GEMM, Q6_K 1.82 vs 1.94; M=12: 2.21 vs 2.19): batched decode of up to 9 sequences stays fused
+BLOCK_MAX_ROWS = 10
+# where the int8 GEMM runs (_int8_gemm), it wins from this many rows on (its panels cost about
+# what the matvec of 2-4 rows does: 5632x2048, 2 Zen 4 threads, M=6: 1.1-1.65 ms against 1.3-2.95)
+INT8_GEMM_MIN_ROWS = 6
+CONVERT_ROWS_VALUES = 1 << 22  # rows are decomposed this many values at a time at load
+
+
+# types whose activations ggml rounds to Q8_0/Q8_1 blocks, which store the scale in float16
+# (the K-quants and IQ4_XS use Q8_K: float32 scales). Rounding ours alike keeps MoE routers on
+# llama.cpp's choice: the llama-moe Q4_0 model's decode logits move 6.5e-2 from llama.cpp's
+# with float32 scales (one token's top-2 experts flip), 2.2e-2 with float16 ones.
+F16_ACTIVATION_SCALES = frozenset({Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.IQ4_NL,
+                                   Type.MXFP4})
+# 4-bit types stored two values to a byte, and whether the kernels subtract 8 (Q4_0's signed
+# values, as ggml's kernels do) or add the bias (Q4_1, Q4_K: q is already in [0, 15])
+NIBBLE_SIGNED = {Type.Q4_0: True, Type.Q4_1: False, Type.Q4_K: False}
+# Q6_K's values (q + 32 in [0, 63]) in 6 bits: 24 bytes per 32 values (kernels.matvec)
+SIX_BIT = frozenset({Type.Q6_K})
+# types whose group scale is stored as its block's float16 (int16 bits; exact): Q4_0 at 4.5 bits
+# a weight as llama.cpp (5 with float32 scales). The int8-stored types keep float32 scales:
+# their matvec is bound by arithmetic, not bytes, and converting a half per group made the Q8_0
+# matvec 30% slower (108 -> 142 us, 2816x1024, one Zen 4 core).
+HALF_SCALES = frozenset({Type.Q4_0})
+
+
+def _has_bias(qtype) -> bool:
+    return qtype in HAS_BIAS
+
+
+def _q_bytes(qtype, n_values: int) -> int:
+    return n_values // 2 if qtype in NIBBLE_SIGNED else n_values * 3 // 4 if qtype in SIX_BIT else n_values
+
+
+def _scale_bytes(qtype) -> int:
+    return 2 if qtype in HALF_SCALES else 4
+
+
+def supports_shape(qtype, ne) -> bool:
+    """A 2-D (MUL_MAT) or 3-D (MUL_MAT_ID experts) weight of a decomposed type."""
+    ne = list(ne) + [1] * (4 - len(ne))
+    return qtype in DECOMPOSE and ne[3] == 1 and ne[0] % group_size(qtype) == 0
+
+
+def _layout(t: Tensor) -> tuple[int, int, int, int, int, int]:
+    """(rows E*N, K, G, scale offset, bias offset, total bytes)."""
+    k, n = t.ne[0], t.ne[1] * t.ne[2]
+    g = group_size(t.type)
+    scale_at = round_up(_q_bytes(t.type, n * k), ALIGN)
+    bias_at = round_up(scale_at + n * (k // g) * _scale_bytes(t.type), ALIGN)
+    total = bias_at + (n * (k // g) * 4 if _has_bias(t.type) else 0)
+    return n, k, g, scale_at, bias_at, total
+
+
+def packed_views(t: Tensor):
+    """(q int8 [E*N, K] or nibbles uint8 [E*N, K/2], scale f32 [E*N, K/G] (int16 float16 bits for
+    HALF_SCALES types), bias f32 [E*N, K/G] or None) at t's address."""
+    n, k, g, scale_at, bias_at, total = _layout(t)
+    raw = byte_view(t.buffer, t.data - t.buffer.base, total)
+    q = raw[:_q_bytes(t.type, n * k)].view(n, -1)
+    if not (t.type in NIBBLE_SIGNED or t.type in SIX_BIT):
+        q = q.view(torch.int8)
+    scale_dtype = torch.int16 if t.type in HALF_SCALES else torch.float32
+    scale = raw[scale_at:scale_at + n * (k // g) * _scale_bytes(t.type)].view(scale_dtype).view(n, k // g)
+    bias = raw[bias_at:total].view(torch.float32).view(n, k // g) if _has_bias(t.type) else None
+    return q, scale, bias
+
+
+class FusedBufferType(RepackBufferType):
+    """CPU memory holding weights as (q, scale, bias) for the fused numba products."""
+
+    def supports_weight(self, qtype, ne) -> bool:
+        """The loader's question: 2-D Q8_0, Q4_0, Q4_K, Q5_K and Q6_K weights are multiplied in place instead
+        (is_in_place)."""
+        return supports_shape(qtype, ne) and not is_in_place(qtype, ne)
+
+    def supports_tensor(self, t: Tensor) -> bool:
+        return is_whole_contiguous(t) and supports_shape(t.type, t.ne)
+
+    def layout_nbytes(self, t: Tensor) -> int:
+        return _layout(t)[5]
+
+    def bind_product(self, t: Tensor):
+        """fn(rows [R, K] float, out [R, N] f32): out = rows @ t^T."""
+        return functools.partial(_product, _Packed.of(t))
+
+    def bind_expert_product(self, t: Tensor):
+        """fn(acts, pair_rows, pair_experts, out) for MUL_MAT_ID (kernels.matmul.bind_mul_mat_id)."""
+        return functools.partial(_expert_product, _Packed.of(t))
+
+
+class FusedBuffer(RepackBuffer):
+    def set_tensor(self, tensor: Tensor, data: torch.Tensor, offset: int, size: int) -> None:
+        self.check_whole_write(tensor, offset, size, f"contiguous 2-D or 3-D weights of types "
+                                                     f"{', '.join(sorted(t.name for t in DECOMPOSE))}")
+        q, scale, bias = packed_views(tensor)
+        blocks = data[:size].reshape(q.shape[0], -1).cpu()
+        if tensor.type in NATIVE_REPACK and numba_available():
+            _native_repack(tensor.type, blocks, q, scale, bias)
+        else:
+            _torch_repack(tensor.type, tensor.ne[0], blocks, q, scale, bias)
+
+
+# types whose blocks native code converts (jit/repack_kernels.py: every row once, in parallel)
+NATIVE_REPACK = frozenset({Type.Q8_0, Type.Q4_0, Type.Q4_K, Type.Q6_K})
+
+
+def _native_repack(qtype, blocks, q, scale, bias) -> None:
+    kernels = repack_kernels()
+    b = blocks.numpy()
+    if qtype == Type.Q8_0:
+        kernels.repack_q8_0(b, q.view(torch.uint8).numpy(), scale.numpy())
+    elif qtype == Type.Q4_0:
+        kernels.repack_q4_0(b, q.numpy(), scale.numpy().view(np.uint16))
+    elif qtype == Type.Q4_K:
+        kernels.repack_q4_k(b, q.numpy(), scale.numpy(), bias.numpy())
+    else:
+        kernels.repack_q6_k(b, q.numpy(), scale.numpy())
+
+
+def _torch_repack(qtype, k: int, blocks, q, scale, bias) -> None:
+    """The other types (and every type without numba): decompose.py in torch, rows in chunks."""
+    step = max(1, CONVERT_ROWS_VALUES // k)
+    for r0 in range(0, q.shape[0], step):  # chunks of rows bound the temporaries
+        pq, ps, pb = decompose(qtype, blocks[r0:r0 + step], k)
+        if qtype in NIBBLE_SIGNED:
+            pq = _as_nibbles(pq, -8 if NIBBLE_SIGNED[qtype] else 0)
+        elif qtype in SIX_BIT:
+            pq = _as_six_bits(pq)
+        q[r0:r0 + step].copy_(pq)
+        scale[r0:r0 + step].copy_(ps.half().view(torch.int16) if qtype in HALF_SCALES else ps)
+        if bias is not None:
+            bias[r0:r0 + step].copy_(pb)
+
+
+def _as_nibbles(q, offset: int):
+    """q [rows, K] in [offset, offset + 15] -> uint8 [rows, K/2] of u = q - offset, two a byte."""
+    u = (q.to(torch.int16) - offset).to(torch.uint8).view(q.shape[0], -1, 2, 16)
+    return (u[:, :, 0] | (u[:, :, 1] << 4)).reshape(q.shape[0], -1)
+
+
+def _as_six_bits(q):
+    """q [rows, K] in [-32, 31] -> uint8 [rows, 3K/4]: per 32 values u = q + 32, 16 bytes of low
+    nibbles (byte i: values i and i + 16) and 8 bytes of high bits (byte b: values b, b + 8,
+    b + 16, b + 24, two bits each)."""
+    u = (q.to(torch.int16) + 32).to(torch.uint8).view(q.shape[0], -1, 32)
+    low = (u[..., :16] & 15) | ((u[..., 16:] & 15) << 4)
+    high = (u >> 4).view(q.shape[0], -1, 4, 8)
+    high = high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6)
+    return torch.cat([low, high], dim=2).reshape(q.shape[0], -1)
+
+
+FusedBufferType.buffer_class = FusedBuffer
+
+
+_NO_BIAS = np.zeros((1, 1), np.float32)  # float32 keeps the kernels' arithmetic in float32
+
+
+class _Packed:
+    """A repacked weight's arrays as numpy (what numba takes), bound once; n rows per matrix."""
+
+    def __init__(self, qtype, q, scale, bias, n: int):
+        self.qtype, self.n = qtype, n
+        self.nibbles, self.six_bits = qtype in NIBBLE_SIGNED, qtype in SIX_BIT
+        self.signed = NIBBLE_SIGNED.get(qtype, False)
+        self.k = q.shape[1] * 2 if self.nibbles else q.shape[1] * 4 // 3 if self.six_bits else q.shape[1]
+        self.g = group_size(qtype)
+        # the matvec's kind (kernels.matvec)
+        self.kind = (-4 if self.signed else 4) if self.nibbles else 6 if self.six_bits else self.g
+        self.q, self.scale = q, scale
+        self.has_bias = bias is not None
+        self.bias = bias if bias is not None else _NO_BIAS  # unread without a bias
+
+    blocks = False  # q holds ggml's blocks in place (block_product)
+
+    @classmethod
+    def of(cls, t: Tensor) -> "_Packed":
+        q, scale, bias = (None if v is None else v.numpy() for v in packed_views(t))
+        return cls(t.type, q, scale, bias, t.ne[1])
+
+    @classmethod
+    def of_blocks(cls, qtype, raw: torch.Tensor) -> "_Packed":
+        """A 2-D weight's ggml blocks, uint8 [N, row bytes], of a type in IN_PLACE_KINDS."""
+        p = cls.__new__(cls)
+        p.qtype, p.n, p.q, p.blocks = qtype, raw.shape[0], raw.numpy(), True
+        p.kind, p.g = IN_PLACE_KINDS[qtype], group_size(qtype)
+        p.k = raw.shape[1] // p.kind * type_traits(qtype).blck_size
+        return p
+
+    def matrix(self, e: int) -> "_Packed":
+        """Expert e's slab (a view)."""
+        rows = slice(e * self.n, (e + 1) * self.n)
+        return _Packed(self.qtype, self.q[rows], self.scale[rows],
+                       self.bias[rows] if self.has_bias else None, self.n)
+
+
+_scratch = threading.local()
+
+# the GEMM dtypes a weight dequantizes into, and the numpy dtype the kernels write them as
+_KERNEL_DTYPES = {torch.float32: torch.float32, torch.bfloat16: torch.uint16}
+
+
+def _scratch_buffer(n_values: int, dtype: torch.dtype) -> torch.Tensor:
+    """A per-thread buffer of at least n_values of dtype (the dequantized micro-batch weight)."""
+    bufs = getattr(_scratch, "bufs", None)
+    if bufs is None:
+        bufs = _scratch.bufs = {}
+    buf = bufs.get(dtype)
+    if buf is None or buf.numel() < n_values:
+        buf = bufs[dtype] = torch.empty(n_values, dtype=dtype)
+    return buf[:n_values]
+
+
+def dequantized(p: _Packed, dtype: torch.dtype = torch.float32, start: int = 0, stop: int | None = None) -> torch.Tensor:
+    """The (one-matrix) weight's rows [start, stop) as [rows, K] of dtype (float32 or bfloat16,
+    rounded to nearest even), in a per-thread scratch buffer."""
+    stop = p.n if stop is None else stop
+    w = _scratch_buffer((stop - start) * p.k, _KERNEL_DTYPES[dtype]).view(stop - start, p.k)
+    kernels, rows = quant_kernels(), slice(start, stop)
+    if p.blocks:
+        kernels.dequantize_blocks(p.q[rows], p.kind, w.numpy())
+    elif p.six_bits:
+        kernels.dequantize_six_bits(p.q[rows], p.scale[rows], w.numpy())
+    elif p.nibbles:
+        kernels.dequantize_nibbles(p.q[rows], p.scale[rows], p.bias[rows] if p.has_bias else p.bias, p.has_bias,
+                                   p.signed, w.numpy())
+    else:
+        kernels.dequantize_rows(p.q[rows], p.scale[rows], p.bias[rows] if p.has_bias else p.bias, p.has_bias,
+                                w.numpy())
+    return w.view(dtype)
+
+
+# a micro-batch's weight is dequantized this many bytes of rows at a time, each chunk multiplied
+# while it is in the cache (as the F16 weights' chunks: products.CONVERT_CHUNK_BYTES)
+DEQUANT_CHUNK_BYTES = 4 << 20
+
+
+def _gemm(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
+    """out = rows @ W^T, rows and out in float32 or bfloat16; W dequantized once into that dtype,
+    a chunk of its rows at a time."""
+    chunk = max(16, DEQUANT_CHUNK_BYTES // (rows.element_size() * p.k))
+    if chunk >= p.n:
+        torch.mm(rows, dequantized(p, rows.dtype).T, out=out)
+        return
+    for start in range(0, p.n, chunk):
+        stop = min(p.n, start + chunk)
+        torch.mm(rows, dequantized(p, rows.dtype, start, stop).T, out=out[:, start:stop])
+
+
+def _matvec(p: _Packed, x: torch.Tensor, x_row: np.ndarray, w_row0: np.ndarray, out: torch.Tensor) -> None:
+    """out[i] = W[w_row0[i] : w_row0[i] + N] @ x[x_row[i]]: every x row quantized once to int8 per
+    group, as ggml's vec_dot_type (Q8_0) does, then the fused matvec."""
+    kernels = quant_kernels()
+    xf = x.float().contiguous().numpy()
+    xq = np.empty(xf.shape, np.int8)
+    if p.blocks and p.kind in Q8_K_KINDS:  # one scale per 256 and the sums of 16, as ggml
+        xd = np.empty((xf.shape[0], p.k // 256), np.float32)
+        xsum = np.empty((xf.shape[0], p.k // 16), np.int16)
+        kernels.quantize_rows_q8_k(xf, xq, xd, xsum)
+    else:
+        xd = np.empty((xf.shape[0], p.k // p.g), np.float32)
+        xsum = np.empty_like(xd)
+        kernels.quantize_rows(xf, p.g, xq, xd, xsum)
+    if p.qtype in F16_ACTIVATION_SCALES:
+        xd[:] = xd.astype(np.float16)
+    target = out if out.is_contiguous() else torch.empty(out.shape, dtype=torch.float32)
+    if p.blocks:
+        kernels.block_matvec(p.q, p.kind, w_row0, xq, xd, xsum, x_row, target.numpy())
+    else:
+        kernels.matvec(p.q, p.scale, p.bias, p.has_bias, p.kind, w_row0, xq, xd, xsum, x_row, target.numpy())
+    if target is not out:
+        out.copy_(target)
+
+
+def bound_block_matvec(qtype, raw: torch.Tensor, rows: torch.Tensor, out: torch.Tensor):
+    """A decode step's matvec of a Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weight's blocks raw (uint8 [N, row
+    bytes]) by float32 rows [M, K] into out [M, N] (both contiguous, M below the matvec's
+    limit; else None), bound once: numpy views of the fixed memory and the rounded activations'
+    buffers made here, so a call is one numba kernel (kernels.rows_block_matvec rounds the rows
+    and multiplies), not ~5 µs of torch and numpy calls around three (155 products a token on
+    a 1.1B model)."""
+    p = _Packed.of_blocks(qtype, raw)
+    if not (rows.dtype == torch.float32 and rows.is_contiguous() and out.is_contiguous()
+            and rows.shape[0] < _matvec_max_rows(p)):
+        return None
+    m, q8_k = rows.shape[0], p.kind in Q8_K_KINDS
+    x_row, w_row0 = _plain_rows(m)
+    xd = np.empty((m, p.k // (256 if q8_k else 32)), np.float32)
+    xsum = np.empty((m, 0 if q8_k else p.k // 32), np.float32)  # Q8_0's sums, or Q8_K's:
+    bsums = np.empty((m, p.k // 16 if q8_k else 0), np.int16)
+    args = (p.q, p.kind, rows.numpy(), np.empty(tuple(rows.shape), np.int8), xd, xsum, bsums, w_row0, x_row,
+            out.numpy())
+    return BoundKernel(quant_kernels().rows_block_matvec, *args)
+
+
+def _gemm_buffers(key: tuple, make):
+    """This Python thread's buffers for key, made once (a prompt's products reuse them)."""
+    bufs = getattr(_scratch, "gemm", None)
+    if bufs is None:
+        bufs = _scratch.gemm = {}
+    if key not in bufs:
+        if len(bufs) > 64:  # many shapes seen (varying micro-batch sizes): start over
+            bufs.clear()
+        bufs[key] = make()
+    return bufs[key]
+
+
+def _int8_gemm(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
+    """out = rows @ W^T for ggml's Q8_0/Q4_0/Q4_K/Q5_K/Q6_K blocks in place (N a multiple of
+    PANEL_ROWS): the rows rounded to int8 as the matvec rounds them (ggml's Q8_0, Q8_K for the
+    K-quants), the weight's rows laid
+    out PANEL_ROWS at a time into each thread's panel and multiplied by int8 dot products with
+    ggml's per-block scales (jit/gemm_ir.py)."""
+    import numba
+    m, k = rows.shape
+    group, zero, scale_block = GEMM_KINDS[p.kind]
+    threads = numba.config.NUMBA_NUM_THREADS
+    panels, scales, mins = _gemm_buffers(("panel", k), lambda: (
+        np.empty((threads, k * PANEL_ROWS), np.uint8), np.empty((threads, (k // 16 + k // 256) * PANEL_ROWS), np.float32),
+        np.empty((threads, k // 32 * PANEL_ROWS), np.float32)))
+    xq, dx, xz, xm = _gemm_buffers(("rows", m, k, group, scale_block), lambda: (
+        np.empty((m, k), np.int8), np.empty((m, k // scale_block), np.float32), np.empty((m, k // group), np.int32),
+        np.empty((m, k // 32), np.float32)))
+    kernels = gemm_kernels()
+    kernels.quantize_activations(rows.float().contiguous().numpy(), group, zero, scale_block, xq, dx, xz, xm)
+    target = out if out.is_contiguous() else torch.empty(out.shape, dtype=torch.float32)
+    kernels.panel_gemm(p.q, p.kind, xq, dx, xz, xm, target.numpy(), panels, scales, mins)
+    if target is not out:
+        out.copy_(target)
+
+
+@functools.lru_cache(maxsize=BLOCK_MAX_ROWS)
+def _plain_rows(m: int) -> tuple[np.ndarray, np.ndarray]:
+    """MUL_MAT's (x_row, w_row0): output row i reads activation row i and the one matrix."""
+    return np.arange(m, dtype=np.int64), np.zeros(m, dtype=np.int64)
+
+
+def _takes_int8_gemm(p: _Packed) -> bool:
+    return p.blocks and p.n % PANEL_ROWS == 0 and int8_gemm()
+
+
+def _matvec_max_rows(p: _Packed) -> int:
+    """The fused matvec takes fewer activation rows than this; the GEMMs the rest."""
+    return INT8_GEMM_MIN_ROWS if _takes_int8_gemm(p) else BLOCK_MAX_ROWS if p.blocks else FUSED_MAX_ROWS
+
+
+def _product(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
+    m = rows.shape[0]
+    if m < _matvec_max_rows(p):
+        _matvec(p, rows, *_plain_rows(m), out)
+    elif _takes_int8_gemm(p):
+        _int8_gemm(p, rows, out)
+    elif fastest_gemm_dtype() == torch.float32:
+        _gemm(p, rows.float(), out)
+    else:
+        part = torch.empty(m, p.n, dtype=fastest_gemm_dtype())
+        _gemm(p, rows.to(part.dtype), part)
+        out.copy_(part)
+
+
+# 2-D weights of these types are multiplied on ggml's blocks in place (kernels.block_matvec; the
+# row_dot kind is the block's bytes): the loader leaves them in the file's mapping (nothing to
+# convert at load, no second copy, and Q4_K, Q5_K and Q6_K read at their 4.5, 5.5 and 6.56 bits
+# a weight instead of 6, 8 and 8 here)
+IN_PLACE_KINDS = {Type.Q8_0: 34, Type.Q4_0: 18, Type.Q4_K: 144, Type.Q5_K: 176, Type.Q6_K: 210}
+# the in-place kinds whose activations are rounded as ggml's Q8_K (Q4_K, Q5_K, Q6_K: one scale per 256
+# values; their kernels sum a block's scaled groups as integers, as ggml's)
+Q8_K_KINDS = (144, 176, 210)
+
+
+def is_in_place(qtype, ne) -> bool:
+    ne = list(ne) + [1] * (4 - len(ne))
+    return qtype in IN_PLACE_KINDS and ne[2] == 1 and ne[3] == 1
+
+
+def block_product(qtype, raw: torch.Tensor):
+    """fn(rows [R, K] float, out [R, N] f32): out = rows @ W^T for a Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weight's ggml
+    blocks raw (uint8 [N, row bytes], rows contiguous), as the fused layout's product."""
+    return functools.partial(_product, _Packed.of_blocks(qtype, raw))
+
+
+def _expert_product(p: _Packed, acts: torch.Tensor, pair_rows: torch.Tensor, pair_experts: torch.Tensor,
+                    out: torch.Tensor) -> None:
+    """out[i] = expert pair_experts[i] @ acts[pair_rows[i]] for every (token, slot) pair i, grouped
+    by expert: the experts with few rows in one matvec over their slabs, each other used expert
+    dequantized once for a GEMM of its rows (gathered and converted once for all). The index
+    arithmetic runs in numpy: a decode step's MUL_MAT_ID costs a few numpy calls, not tens of
+    torch ops."""
+    experts, rows = pair_experts.numpy(), pair_rows.numpy()
+    order = np.argsort(experts, kind="stable")
+    few = np.bincount(experts)[experts[order]] < FUSED_MAX_ROWS
+    if few.any():
+        sel = order[few]  # ordered by expert: an expert's rows are read while in cache
+        x, x_row = acts, rows[sel]
+        if acts.shape[0] > sel.size:  # a prompt's few-row experts: quantize only their rows
+            needed, x_row = np.unique(x_row, return_inverse=True)
+            x = acts[torch.from_numpy(needed)]
+        part = torch.empty(sel.size, p.n, dtype=torch.float32)
+        _matvec(p, x, x_row, experts[sel] * p.n, part)
+        out.numpy()[sel] = part.numpy()
+    if not few.all():
+        sel = order[~few]
+        chosen = experts[sel]
+        starts = np.flatnonzero(np.diff(chosen, prepend=-1)).tolist() + [sel.size]
+        x = acts[torch.from_numpy(rows[sel])].to(fastest_gemm_dtype())
+        part = torch.empty(sel.size, p.n, dtype=x.dtype)
+        for start, stop in zip(starts[:-1], starts[1:]):
+            _gemm(p.matrix(int(chosen[start])), x[start:stop], part[start:stop])
+        out[torch.from_numpy(sel)] = part.float()
