@@ -18,6 +18,9 @@ from torchggml.quants.native import NATIVE_TYPES, quantize_native
 from torchggml.types import Type, row_size
 
 
+GGML_LIB = None  # the path of the libggml-base found
+
+
 def _ggml_base():
     """llama.cpp's libggml-base from the llama_cpp package (or the directory $LLAMA_CPP_LIB_DIR), or None."""
     lib_dir = os.environ.get("LLAMA_CPP_LIB_DIR")
@@ -30,6 +33,8 @@ def _ggml_base():
     libs = glob.glob(os.path.join(lib_dir, "libggml-base.*"))
     if not libs:
         return None
+    global GGML_LIB
+    GGML_LIB = libs[0]
     lib = ctypes.CDLL(libs[0])
     f = lib.ggml_quantize_chunk
     f.restype = ctypes.c_size_t
@@ -276,3 +281,91 @@ def test_imatrix_collects_squares_of_activations(tmp_path):
         assert sums.shape == (1, 768 if "ffn_down" in name else 256) and bool((sums > 0).all()), name
     q, k = collector.stats["blk.1.attn_q.weight"][0], collector.stats["blk.1.attn_k.weight"][0]
     torch.testing.assert_close(q, k, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------- against llama.cpp's files
+
+def _llama_cpp():
+    return pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the llama.cpp comparisons)")
+
+
+def _llama_quantize(src, dst, ftype, imatrix_weights=None):
+    """llama-quantize's llama_model_quantize, with the importance matrix passed as llama-quantize's
+    main passes the one it loaded."""
+    llama_cpp = _llama_cpp()
+    from torchggml.tools.quantize import FILE_TYPES
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = FILE_TYPES[ftype][0]
+    params.nthread = 2
+    keep = []
+    if imatrix_weights:
+        entries = (llama_cpp.llama_model_imatrix_data * (len(imatrix_weights) + 1))()
+        for i, (name, values) in enumerate(imatrix_weights.items()):
+            keep.append((name.encode(), np.ascontiguousarray(values, np.float32)))
+            entries[i].name = keep[-1][0]
+            entries[i].data = keep[-1][1].ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            entries[i].size = keep[-1][1].size
+        params.imatrix = ctypes.cast(entries, type(params.imatrix))
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) == 0
+
+
+@pytest.mark.parametrize("ftype", ["Q4_K_M", "IQ4_XS", "Q4_0", "Q3_K_S"])
+def test_quantize_with_imatrix_equals_llama_quantize(tmp_path, ftype):
+    """The whole file, byte for byte, with the same importance matrix given to llama-quantize
+    (except the quantize.imatrix.* keys, which llama-quantize's main adds, not the library)."""
+    from torchggml.gguf.writer.demo import demo_model_path
+    from torchggml.tools.quantize import load_imatrix, quantize_file
+    _llama_cpp()
+    imatrix, _ = _demo_imatrix(tmp_path, lambda name: 50.0 if "ffn_down" in name else 1.0)
+    weights, _ = load_imatrix(imatrix)
+    theirs = tmp_path / "theirs.gguf"
+    _llama_quantize(demo_model_path(), theirs, ftype, weights)
+    ours = tmp_path / "ours.gguf"
+    quantize_file(demo_model_path(), str(ours), ftype, imatrix=imatrix, imatrix_metadata=False)
+    assert ours.read_bytes() == theirs.read_bytes()
+
+
+def test_imatrix_file_reads_in_llama_cpps_gguf_reader(tmp_path):
+    """Our imatrix file through llama.cpp's own GGUF reader (libggml-base's gguf_*), checked as
+    common_imatrix_load checks it: the three keys with their types, F32 sums and counts per name."""
+    if GGML is None:
+        pytest.skip("llama-cpp-python (its libggml-base) is not installed")
+    from torchggml.tools.imatrix import write_imatrix
+    path = str(tmp_path / "m.gguf")
+    write_imatrix(path, _stats(), ["wiki.txt"], 3, 32)
+    lib = ctypes.CDLL(GGML_LIB)
+
+    class InitParams(ctypes.Structure):
+        _fields_ = [("no_alloc", ctypes.c_bool), ("ctx", ctypes.c_void_p)]
+
+    lib.gguf_init_from_file.restype = ctypes.c_void_p
+    lib.gguf_init_from_file.argtypes = [ctypes.c_char_p, InitParams]
+    for fn, res, args in [("gguf_find_key", ctypes.c_int64, [ctypes.c_void_p, ctypes.c_char_p]),
+                          ("gguf_get_kv_type", ctypes.c_int, [ctypes.c_void_p, ctypes.c_int64]),
+                          ("gguf_get_arr_type", ctypes.c_int, [ctypes.c_void_p, ctypes.c_int64]),
+                          ("gguf_get_arr_n", ctypes.c_size_t, [ctypes.c_void_p, ctypes.c_int64]),
+                          ("gguf_get_arr_str", ctypes.c_char_p, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t]),
+                          ("gguf_get_val_u32", ctypes.c_uint32, [ctypes.c_void_p, ctypes.c_int64]),
+                          ("gguf_get_val_str", ctypes.c_char_p, [ctypes.c_void_p, ctypes.c_int64]),
+                          ("gguf_get_n_tensors", ctypes.c_int64, [ctypes.c_void_p]),
+                          ("gguf_get_tensor_name", ctypes.c_char_p, [ctypes.c_void_p, ctypes.c_int64]),
+                          ("gguf_get_tensor_type", ctypes.c_int, [ctypes.c_void_p, ctypes.c_int64]),
+                          ("gguf_free", None, [ctypes.c_void_p])]:
+        getattr(lib, fn).restype = res
+        getattr(lib, fn).argtypes = args
+    ctx = lib.gguf_init_from_file(path.encode(), InitParams(True, None))
+    assert ctx, "llama.cpp's reader refused the file"
+    try:
+        GGUF_TYPE_UINT32, GGUF_TYPE_STRING, GGUF_TYPE_ARRAY = 4, 8, 9
+        key = lambda k: lib.gguf_find_key(ctx, k.encode())  # noqa: E731
+        assert lib.gguf_get_val_str(ctx, key("general.type")) == b"imatrix"
+        ds = key("imatrix.datasets")
+        assert lib.gguf_get_kv_type(ctx, ds) == GGUF_TYPE_ARRAY and lib.gguf_get_arr_type(ctx, ds) == GGUF_TYPE_STRING
+        assert [lib.gguf_get_arr_str(ctx, ds, i) for i in range(lib.gguf_get_arr_n(ctx, ds))] == [b"wiki.txt"]
+        for k, v in (("imatrix.chunk_count", 3), ("imatrix.chunk_size", 32)):
+            assert lib.gguf_get_kv_type(ctx, key(k)) == GGUF_TYPE_UINT32 and lib.gguf_get_val_u32(ctx, key(k)) == v
+        names = [lib.gguf_get_tensor_name(ctx, i).decode() for i in range(lib.gguf_get_n_tensors(ctx))]
+        assert sorted(names) == sorted(f"{n}.{s}" for n in _stats() for s in ("in_sum2", "counts"))
+        assert all(lib.gguf_get_tensor_type(ctx, i) == 0 for i in range(len(names)))  # GGML_TYPE_F32
+    finally:
+        lib.gguf_free(ctx)

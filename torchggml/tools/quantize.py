@@ -193,7 +193,8 @@ CHUNK_BYTES = 64 << 20  # float32 rows converted at once: the memory a tensor's 
 
 def quantize_file(src: str, dst: str, ftype: str, log=None, imatrix: str | None = None,
                   include: list[str] | None = None, exclude: list[str] | None = None,
-                  allow_requantize: bool = False, progress=None) -> list[tuple[str, Type, Type]]:
+                  allow_requantize: bool = False, progress=None,
+                  imatrix_metadata: bool = True) -> list[tuple[str, Type, Type]]:
     """Write `dst`: `src` with its tensors quantized as the file type's mix says, in llama-quantize's
     tensor order and metadata, tensor by tensor (one tensor's output and a bounded chunk of float32
     rows in memory). imatrix: llama.cpp's importance matrix file (GGUF or the older .dat), its
@@ -222,7 +223,7 @@ def quantize_file(src: str, dst: str, ftype: str, log=None, imatrix: str | None 
         writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)  # llama-quantize sets these two last, in this order
     writer.add_file_type(FILE_TYPES[ftype][0])
-    if weights:
+    if weights and imatrix_metadata:  # llama-quantize's main adds these (llama_model_quantize alone does not)
         writer.add_string("quantize.imatrix.file", imatrix)
         if imatrix_info["datasets"]:
             writer.add_string("quantize.imatrix.dataset", imatrix_info["datasets"][0])
