@@ -91,7 +91,7 @@ def main(argv=None) -> int:
         return 1
     import numba
     import torch
-    from torchggml.quants.native import NATIVE_TYPES, quantize_native
+    from torchggml.devices.cpu.quantize import NATIVE_TYPES, quantize_native
     src = args.model
     if src is None:
         from bench_model import bench_config

@@ -1,4 +1,4 @@
-"""The native quantizers (quants/native.py), the importance matrix files (tools/imatrix.py,
+"""The native quantizers (devices/cpu/quantize.py), the importance matrix files (tools/imatrix.py,
 tools/quantize.py's loaders) and quantize's imatrix options: bytes against llama.cpp's own
 ggml_quantize_chunk (through llama-cpp-python's libggml-base, skipped without it) and against the
 reference quantizers (torchggml.quants.quantize) where those are ggml_quantize_chunk's path."""
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from torchggml.quants import quantize
-from torchggml.quants.native import NATIVE_TYPES, quantize_native
+from torchggml.devices.cpu.quantize import NATIVE_TYPES, quantize_native
 from torchggml.types import Type, row_size
 
 

@@ -83,7 +83,7 @@ class Collector:
 
 def collect(model, text: str, max_chunks: int | None = None, process_output: bool = False, progress=None):
     """(Collector, perplexity result) over `text` in chunks of model.n_ctx tokens."""
-    from .perplexity import score_window, summarize, windows
+    from .perplexity import eval_window, score_window, summarize, windows
     from ..backend.sched import backend_sched_set_eval_callback
     tok = model.tokenizer
     tokens = model.tokenize(text, add_special=True)
@@ -95,11 +95,7 @@ def collect(model, text: str, max_chunks: int | None = None, process_output: boo
     backend_sched_set_eval_callback(model.sched, collector)
     try:
         for i, w in enumerate(ws):
-            with model.lock:
-                model.reset()
-                logits = model.eval(w)
-                model.reset()
-            nlls.append(score_window(logits, w))
+            nlls.append(score_window(eval_window(model, w), w))
             if progress is not None:
                 progress(i, len(ws), summarize(nlls).ppl, time.perf_counter() - start)
     finally:

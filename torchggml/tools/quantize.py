@@ -21,7 +21,7 @@ A file type (Q4_K_M, Q8_0, ...) names a default block type and, for the K mixes,
 With an importance matrix (--imatrix), llama.cpp's rules that depend on one apply too: IQ4_NL/
 IQ4_XS keep ffn_down at their type, Q4_0/Q5_0 give the first eighth's ffn_down Q4_1/Q5_1.
 Every tensor is read in chunks of rows as float32 (dequantized when it is quantized, which needs
---allow-requantize) and quantized by the native kernels (quants/native.py: ggml_quantize_chunk's
+--allow-requantize) and quantized by the native kernels (devices/cpu/quantize.py: ggml_quantize_chunk's
 bytes, with the tensor's importance-matrix slice) or, for the types they lack, the reference
 quantizers; the output is written tensor by tensor in llama-quantize's order (by layer, then
 name) with its metadata (the input's, general.quantization_version and general.file_type last,
@@ -261,7 +261,7 @@ def _convert(t, old: Type, new: Type, ne: list[int], qw: np.ndarray | None) -> n
     """One tensor's bytes as `new`, converted in chunks of rows (within one expert, whose rows
     share an importance-matrix slice)."""
     from ..quants import dequantize, quantize
-    from ..quants.native import NATIVE_TYPES, quantize_native
+    from ..devices.cpu.quantize import NATIVE_TYPES, quantize_native
     n_rows = int(np.prod(ne[1:], dtype=np.int64))
     rows_per_expert = ne[1] if len(ne) > 2 else n_rows
     raw = np.asarray(t.data).view(np.uint8).reshape(n_rows, _row_bytes(old, ne[0]))

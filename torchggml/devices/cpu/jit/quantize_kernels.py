@@ -65,10 +65,9 @@ def _clamped(v, lo, hi):
     return lo if r < lo else hi if r > hi else r
 
 
-@njit(cache=True, nogil=True)
-def make_qx_quants(n, nmax, x, L, qw, use_qw, w):
-    """Symmetric quants L (int8, 0..2*nmax-1) and their scale; rmse_type 1 (weights x^2 or qw).
-    w: scratch of 2n floats (the weights and the weights times x)."""
+@njit(cache=True, nogil=True, inline="always")
+def _signed_max_abs(x, n):
+    """(the value of largest magnitude, its magnitude) over x[:n], the first of equals."""
     mx = F(0)
     amax = F(0)
     for i in range(n):
@@ -76,6 +75,14 @@ def make_qx_quants(n, nmax, x, L, qw, use_qw, w):
         if ax > amax:
             amax = ax
             mx = x[i]
+    return mx, amax
+
+
+@njit(cache=True, nogil=True)
+def make_qx_quants(n, nmax, x, L, qw, use_qw, w):
+    """Symmetric quants L (int8, 0..2*nmax-1) and their scale; rmse_type 1 (weights x^2 or qw).
+    w: scratch of 2n floats (the weights and the weights times x)."""
+    mx, amax = _signed_max_abs(x, n)
     if amax < EPS:
         for i in range(n):
             L[i] = 0
@@ -118,13 +125,7 @@ def make_qx_quants(n, nmax, x, L, qw, use_qw, w):
 @njit(cache=True, nogil=True)
 def make_q3_quants(n, nmax, x, L):
     """Symmetric quants L (int8, 0..2*nmax-1) by coordinate descent (do_rmse), their scale."""
-    mx = F(0)
-    amax = F(0)
-    for i in range(n):
-        ax = abs(x[i])
-        if ax > amax:
-            amax = ax
-            mx = x[i]
+    mx, amax = _signed_max_abs(x, n)
     if amax < EPS:
         for i in range(n):
             L[i] = 0
@@ -291,18 +292,28 @@ def make_qp_quants(n, nmax, x, L, qw):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _row_sigma2(x):
-    """sum(x^2) / n over the row, in order (the legacy types' imatrix weighting)."""
+def _sum_sq(x):
+    """sum(x^2), in order."""
     s = F(0)
     for j in range(x.shape[0]):
         s += x[j] * x[j]
-    return s / F(x.shape[0])
+    return s
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _row_sigma2(x):
+    """sum(x^2) / n over the row (the legacy types' imatrix weighting)."""
+    return _sum_sq(x) / F(x.shape[0])
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _imatrix_weights(x, qw, sigma2, weight):
+    """weight = qw * sqrt(sigma2 + x^2); returns their sum, in order."""
+    s = F(0)
     for j in range(x.shape[0]):
         weight[j] = qw[j] * F(math.sqrt(sigma2 + x[j] * x[j]))
+        s += weight[j]
+    return s
 
 
 # ------------------------------------------------------------------ 32-value blocks
@@ -364,52 +375,33 @@ def _put_qh(out, at, L, nib):
 
 
 @njit(cache=True, nogil=True)
-def q4_0_row(x, qw, use_qw, out):
+def _q4_0_like(x, qw, use_qw, out, nmax, size):
+    """Q4_0 (nmax 8) and Q5_0 (nmax 16): d, then the quants (Q5_0: their fifth bits first)."""
     L = np.empty(32, np.int32)
     weight = np.empty(32, np.float32)
     Ls = np.empty(32, np.int8)
     wbuf = np.empty(64, np.float32)
     sigma2 = _row_sigma2(x) if use_qw else F(0)
+    top = 2 * nmax - 1
     for b in range(x.shape[0] // 32):
         xb = x[32 * b:32 * b + 32]
-        o = 18 * b
+        o = size * b
         if use_qw:
             _imatrix_weights(xb, qw[32 * b:32 * b + 32], sigma2, weight)
-            d = make_qx_quants(32, 8, xb, Ls, weight, True, wbuf)
+            d = make_qx_quants(32, nmax, xb, Ls, weight, True, wbuf)
             for j in range(32):
                 L[j] = Ls[j]
         else:
-            d = _signed_max(xb) / F(-8)
+            d = _signed_max(xb) / F(-nmax)
             inv = F(1) / d if d != 0 else F(0)
-            for j in range(32):
-                L[j] = min(15, _trunc_i8(xb[j] * inv + F(8.5)))
+            for j in range(32):  # C: MIN(top, (int8_t)(x*id + nmax + 0.5f)) stored in a uint8_t
+                L[j] = min(top, _trunc_i8(xb[j] * inv + (F(nmax) + F(0.5)))) & 0xFF
         _put_half(out, o, d)
-        for j in range(16):
-            out[o + 2 + j] = np.uint8((L[j] & 0xFF) | ((L[j + 16] << 4) & 0xFF))
-
-
-@njit(cache=True, nogil=True)
-def q5_0_row(x, qw, use_qw, out):
-    L = np.empty(32, np.int32)
-    weight = np.empty(32, np.float32)
-    Ls = np.empty(32, np.int8)
-    wbuf = np.empty(64, np.float32)
-    sigma2 = _row_sigma2(x) if use_qw else F(0)
-    for b in range(x.shape[0] // 32):
-        xb = x[32 * b:32 * b + 32]
-        o = 22 * b
-        if use_qw:
-            _imatrix_weights(xb, qw[32 * b:32 * b + 32], sigma2, weight)
-            d = make_qx_quants(32, 16, xb, Ls, weight, True, wbuf)
-            for j in range(32):
-                L[j] = Ls[j]
+        if nmax == 8:
+            for j in range(16):
+                out[o + 2 + j] = np.uint8((L[j] & 0xFF) | ((L[j + 16] << 4) & 0xFF))
         else:
-            d = _signed_max(xb) / F(-16)
-            inv = F(1) / d if d != 0 else F(0)
-            for j in range(32):
-                L[j] = min(31, _trunc_i8(xb[j] * inv + F(16.5))) & 0xFF
-        _put_half(out, o, d)
-        _put_qh(out, o + 2, L, o + 6)
+            _put_qh(out, o + 2, L, o + 6)
 
 
 @njit(cache=True, nogil=True)
@@ -471,17 +463,11 @@ def q2_k_row(x, qw, use_qw, out):
         xb = x[256 * b:256 * b + 256]
         o = 84 * b
         if use_qw:
-            sumx2 = F(0)
-            for j in range(256):
-                sumx2 += xb[j] * xb[j]
+            sumx2 = _sum_sq(xb)
             sigma2 = sumx2 / F(256)
             for j in range(16):
                 xs = xb[16 * j:16 * j + 16]
-                _imatrix_weights(xs, qw[256 * b + 16 * j:256 * b + 16 * j + 16], sigma2, weight)
-                s = F(0)
-                for l in range(16):
-                    s += weight[l]
-                sw[j] = s
+                sw[j] = _imatrix_weights(xs, qw[256 * b + 16 * j:256 * b + 16 * j + 16], sigma2, weight)
                 scales[j], mins[j] = make_qkx_quants(16, 3, xs, weight, L[16 * j:16 * j + 16], Laux,
                                                      F(-0.9), F(0.05), 36, False)
             dm = make_qp_quants(16, 15, scales, Ls, sw)
@@ -544,17 +530,11 @@ def q3_k_row(x, qw, use_qw, out):
         xb = x[256 * b:256 * b + 256]
         o = 110 * b
         if use_qw:
-            sumx2 = F(0)
-            for j in range(256):
-                sumx2 += xb[j] * xb[j]
+            sumx2 = _sum_sq(xb)
             sigma2 = F(2) * sumx2 / F(256)
             for j in range(16):
                 xs = xb[16 * j:16 * j + 16]
-                _imatrix_weights(xs, qw[256 * b + 16 * j:256 * b + 16 * j + 16], sigma2, weight)
-                s = F(0)
-                for l in range(16):
-                    s += weight[l]
-                sw[j] = s
+                sw[j] = _imatrix_weights(xs, qw[256 * b + 16 * j:256 * b + 16 * j + 16], sigma2, weight)
                 scales[j] = make_qx_quants(16, 4, xs, L[16 * j:16 * j + 16], weight, True, wbuf)
             d_block = make_qx_quants(16, 32, scales, Ls, sw, True, wbuf)
             for j in range(16):
@@ -646,17 +626,11 @@ def _q45_k_row(x, qw, use_qw, out, nmax, size):
         xb = x[256 * b:256 * b + 256]
         o = size * b
         if use_qw:
-            sum_x2 = F(0)
-            for j in range(256):
-                sum_x2 += xb[j] * xb[j]
+            sum_x2 = _sum_sq(xb)
             sigma2 = F(2) * sum_x2 / F(256)
             for j in range(8):
                 xs = xb[32 * j:32 * j + 32]
-                _imatrix_weights(xs, qw[256 * b + 32 * j:256 * b + 32 * j + 32], sigma2, weight)
-                s = F(0)
-                for l in range(32):
-                    s += weight[l]
-                sw[j] = s
+                sw[j] = _imatrix_weights(xs, qw[256 * b + 32 * j:256 * b + 32 * j + 32], sigma2, weight)
                 scales[j], mins[j] = make_qkx_quants(32, nmax, xs, weight, L[32 * j:32 * j + 32], Laux,
                                                      F(-0.9), F(0.05), 36, False)
             d_block = make_qp_quants(8, 63, scales, Ls, sw)
@@ -914,11 +888,11 @@ def _quantize_row(kind, x, qw, use_qw, out):
     if kind == Q8_0:
         q8_0_row(x, out)
     elif kind == Q4_0:
-        q4_0_row(x, qw, use_qw, out)
+        _q4_0_like(x, qw, use_qw, out, 8, 18)
     elif kind == Q4_1:
         _q4_1_like(x, qw, use_qw, out, 15, 20)
     elif kind == Q5_0:
-        q5_0_row(x, qw, use_qw, out)
+        _q4_0_like(x, qw, use_qw, out, 16, 22)
     elif kind == Q5_1:
         _q4_1_like(x, qw, use_qw, out, 31, 24)
     elif kind == Q2_K:

@@ -7,13 +7,13 @@ bit, with or without an importance matrix.
 This is ggml_quantize_chunk's behaviour (ggml-quants.c's quantize_<type>), not the reference
 quantize_row_*_ref that torchggml.quants.quantize follows: the two agree without an importance
 matrix except for IQ4_NL (ggml_quantize_chunk searches 15 scales a block, the reference one).
-The kernels are in devices/cpu/jit/quantize_kernels.py.
+The kernels are in jit/quantize_kernels.py.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..types import Type, as_type, blck_size, row_size
+from ...types import Type, as_type, blck_size, row_size
 
 NATIVE_TYPES = (Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q2_K, Type.Q3_K, Type.Q4_K,
                 Type.Q5_K, Type.Q6_K, Type.IQ4_NL, Type.IQ4_XS)
@@ -25,7 +25,7 @@ def quantize_native(qtype, x, imatrix=None, out: np.ndarray | None = None) -> np
     kernel, a row at a time); imatrix: the mean squared activation of
     each of the n columns (llama.cpp's importance matrix for this tensor), or None.
     Returns uint8 [rows, row_size(qtype, n)] (written into `out` when given)."""
-    from ..devices.cpu.jit.loader import quantize_kernels
+    from .jit.loader import quantize_kernels
     t = as_type(qtype)
     if t not in NATIVE_TYPES:
         raise ValueError(f"quantize_native: no native quantizer for {t.name}; "
