@@ -49,6 +49,7 @@ def main(argv=None) -> int:
     manifest_path = DATA / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     cases = [c for c in TINY_CASES if not args.cases or c.name in args.cases]
+    failed = []
     with tempfile.TemporaryDirectory() as tmp:
         for case in cases:
             for wtype in case.weight_types:
@@ -56,13 +57,18 @@ def main(argv=None) -> int:
                 model = write_tiny_model(Path(tmp) / f"{key}.gguf", case, wtype)
                 out = DATA / f"{key}.npy"
                 tokens = ",".join(map(str, case.tokens))
-                subprocess.run([sys.executable, "-c", CHILD, model, str(out), tokens], check=True)
+                if subprocess.run([sys.executable, "-c", CHILD, model, str(out), tokens]).returncode:
+                    failed.append(key)  # llama.cpp refused the file or failed: nothing recorded
+                    print(f"{key}: llama.cpp failed", file=sys.stderr)
+                    continue
                 manifest[key] = {"case": case.name, "arch": case.arch, "weights": wtype, "tokens": list(case.tokens),
                                  "sha256": file_sha256(model), "logits": out.name, "n_ctx": N_CTX,
                                  "llama_cpp_python": llama_cpp.__version__}
                 manifest_path.write_text(format_manifest(manifest))
                 print(f"{key}: {out.relative_to(ROOT)}", file=sys.stderr)
-    return 0
+    if failed:
+        print(f"llama.cpp failed on: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -83,8 +83,24 @@ OPTIONS = {"llama-moe-Q4_0": dict(repack=False)} if cpu_path() == "int4" else {}
 
 # attention-free architectures (mamba, rwkv) run the same graph either way: once is enough
 ATTENTION_FREE = {"mamba", "mamba2", "rwkv6", "rwkv7"}
+# these run each model with flash attention off and on; the others (issue 37's, whose attention is
+# the shared one) run float models without it and quantized ones with it, to keep the suite fast
+# (scripts/arch_table.py compares every model both ways)
+BOTH_FA = {"llama", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "phi3", "gpt-oss", "mistral3", "starcoder2",
+           "command-r", "jamba", "granitehybrid", "nemotron_h", "falcon-h1", "lfm2", "qwen3next"}
+
+
+def flash_attn_runs(key: str) -> tuple:
+    entry = MANIFEST[key]
+    if entry["arch"] in ATTENTION_FREE:
+        return (False,)
+    if entry["arch"] in BOTH_FA:
+        return (False, True)
+    return (entry["weights"] not in ("F32", "F16"),)
+
+
 ARCH_RUNS = [pytest.param(key, fa, id=f"{key}-{'fa' if fa else 'no-fa'}") for key in sorted(MANIFEST)
-             for fa in (False, True) if not (fa and MANIFEST[key]["arch"] in ATTENTION_FREE)]
+             for fa in flash_attn_runs(key)]
 
 
 @pytest.mark.parametrize("key, flash_attn", ARCH_RUNS)
@@ -109,10 +125,11 @@ def test_arch_on_simulated_accelerator(key, model_dir):
     eval_and_check(key, model_dir, devices=["SIM0"], flash_attn=True)
 
 
-@pytest.mark.parametrize("key", ["gemma2-F32", "mistral3-F32", "gpt-oss-F32"])
+@pytest.mark.parametrize("key", ["gemma2-F32", "mistral3-F32", "gpt-oss-F32", "bloom-F32", "llama4-F32", "qwen3vl-F32"])
 def test_module_forward_matches_eval(key, model_dir):
-    """Model.as_module() feeds every input the architecture's graph has (sliding-window masks,
-    the query temperature) and gives eval's logits."""
+    """Model.as_module() feeds every input the architecture's graph has (sliding-window and
+    chunked masks, ALiBi masks, the query temperature, multi-axis positions) and gives eval's
+    logits."""
     entry = MANIFEST[key]
     model = load_model(tiny_model_path(key, entry, model_dir), n_ctx=entry["n_ctx"], progress=False)
     tokens = torch.tensor(entry["tokens"])
@@ -147,3 +164,37 @@ def test_recurrent_two_sequences_in_one_batch(key, model_dir):
         err = rel_err(ours.numpy(), expected)
         assert err <= max_err, f"{key} piece {i}: relative L2 error {err:.2e} (max {max_err:.0e})"
     check(torch.cat([o for o, _ in pieces]), np.concatenate([e for _, e in pieces]), entry, f"{key} all pieces")
+
+
+@pytest.mark.parametrize("name, known", [("t5", True), ("rwkv9", False)])
+def test_unsupported_architecture_error_lists_the_supported(tmp_path, name, known):
+    """Loading an architecture without a graph here names it, says whether llama.cpp runs it, and
+    lists every supported one."""
+    import gguf
+    from torchggml.gguf.loader import GGUFError
+    from torchggml.models.archs import ARCHS
+    w = gguf.GGUFWriter(str(tmp_path / "x.gguf"), name)
+    w.add_tokenizer_model("none")
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    with pytest.raises(GGUFError, match=f"architecture '{name}' is not supported") as err:
+        load_model(tmp_path / "x.gguf")
+    message = str(err.value)
+    assert ("llama.cpp runs it" in message) == known
+    assert f"the {len(ARCHS)} supported: " in message
+    assert all(arch in message.split("supported: ")[1].split(", ") for arch in ARCHS)
+
+
+def test_mla_cache_holds_only_the_compressed_latent(model_dir):
+    """deepseek2's KV cache keeps one row of kv_lora_rank + rope values per token and layer (V is
+    read from it), not n_head keys and values: 40 F16 values here instead of 4 x (40 + 16)."""
+    key = "deepseek2-F32"
+    entry = MANIFEST[key]
+    model = load_model(tiny_model_path(key, entry, model_dir), n_ctx=entry["n_ctx"], progress=False)
+    hp, kv = model.hp, model.memory
+    assert kv.v_in_k and all(v is None for v in kv.v)
+    assert [list(k.ne[:2]) for k in kv.k] == [[hp.n_lora_kv + hp.n_rot, kv.n_ctx]] * hp.n_layer
+    assert kv.nbytes() >= hp.n_layer * kv.n_ctx * (hp.n_lora_kv + hp.n_rot) * 2
+    uncompressed = hp.n_layer * kv.n_ctx * hp.n_head * (hp.head_dim_k_mla + hp.head_dim_v_mla) * 2
+    assert kv.nbytes() < uncompressed / 3
+    model.close()

@@ -1,4 +1,4 @@
-"""The newest backend API: every function of ggml-backend.h mirrored (the README's 115/115), the
+"""The newest backend API: every function of ggml-backend.h mirrored (docs/devices.md's 115/115), the
 2-D set/get and their _async forms, graph_optimize called per split by the scheduler, the meta
 split state's repeats (nr), compare_graph_backend with test-node lists, the impl header's meta
 helpers, the CPU reg's set_use_ref and threadpool proc addresses, and split_buffer_type."""

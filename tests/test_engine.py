@@ -56,7 +56,8 @@ def test_prompts_join_beside_decodes_and_slots_are_reused(model):
         assert engine.stats.mixed_steps > 0  # prompt chunks ran beside the decode
         for job in (short, long, third):
             assert job.gen.finish_reason == "length" and out.text(job)
-        assert third.seq_id in (0, 1) and engine.free_slots == [0, 1] and model.n_past == 0
+        assert third.seq_id in (0, 1) and engine.free_slots == [0, 1]
+        assert model.n_past == sum(map(len, engine.slot_tokens.values()))  # idle slots keep their cells
     finally:
         engine.stop()
 
@@ -74,9 +75,44 @@ def test_cancel_and_queue_bound(model):
         running.cancel()
         assert out.done.wait(120)  # the waiting one ran once the cancelled one left
         assert waiting.gen.finish_reason == "length" and running.gen.n_generated < 200
-        assert engine.stats.sequences_finished["cancelled"] == 1 and model.n_past == 0
+        assert engine.stats.sequences_finished["cancelled"] == 1
+        assert model.n_past == len(engine.slot_tokens[0]) == len(waiting.prompt)  # the cancelled one's cells went
     finally:
         engine.stop()
+
+
+def _conversation(model, engine, turns, cache_prompt):
+    """Each turn's prompt is the last one, its reply and the next text: (replies, cached counts)."""
+    replies, cached, ids = [], [], []
+    for turn in turns:
+        ids = ids + turn
+        out = Collector(1)
+        job = Job(ids, out, Generation(model.tokenizer, ids, SamplingParams(temperature=0), 6),
+                  cache_prompt=cache_prompt)
+        engine.submit([job])
+        assert out.done.wait(120)
+        replies.append([c.token for c in job.gen.choices])
+        cached.append(job.n_cached)
+        ids = ids + [c.token for c in job.gen.choices]
+    return replies, cached
+
+
+def test_the_prompt_cache_reuses_a_slots_prefix_and_changes_no_token(model):
+    """Turn k's prompt holds turn k-1's: with the cache only the new tokens are evaluated, and the
+    replies equal those without it (temperature 0). (Recurrent and hybrid memories cannot drop a
+    tail, so they never reuse: tests/test_recurrent_memory.py.)"""
+    turns = [[5, 9, 13, 2, 7], [11, 4, 6], [8, 3, 10]]
+    results = {}
+    for cache_prompt in (True, False):
+        engine = Engine(model, parallel=2)
+        try:
+            results[cache_prompt] = _conversation(model, engine, turns, cache_prompt)
+        finally:
+            engine.stop()
+    (with_cache, cached), (without, none) = results[True], results[False]
+    assert with_cache == without and none == [0, 0, 0]
+    # turn k finds turn k-1's prompt (its reply is evaluated again: the cache changes no token)
+    assert cached == [0, 5, 5 + 6 + 3]
 
 
 def test_chat_prompt_uses_the_file_template_or_chatml(model, monkeypatch):

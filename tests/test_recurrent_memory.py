@@ -124,3 +124,17 @@ def test_non_finite_logits_clear_the_sequences_the_call_wrote(paths):
     torch.testing.assert_close(model.eval(TOKENS[:4], seq_id=0), fresh.eval(TOKENS[:4]))  # zeros again
     model.close()
     fresh.close()
+
+
+@pytest.mark.parametrize("name, kept", [("llama-moe", True), ("mamba2", False), ("granitehybrid", False)])
+def test_keep_prefix_where_the_memory_can_go_back(paths, name, kept):
+    """A KV cache drops a sequence's tail (the prompt cache's reuse); recurrent and hybrid
+    memories cannot, and say so by changing nothing."""
+    model = load_model(paths[name], n_ctx=64, progress=False)
+    model.eval(TOKENS[:8], seq_id=0)
+    assert model.keep_prefix(0, 3) is kept
+    assert model.memory.seq_len(0) == (3 if kept else 8)
+    if kept:  # position 3 is next: the same logits as a fresh evaluation of the 4 tokens
+        again = model.eval(TOKENS[3:4], seq_id=0)
+        model.reset()
+        assert torch.allclose(again, model.eval(TOKENS[:4], seq_id=0)[-1:], atol=1e-5)

@@ -8,9 +8,9 @@ docs/architecture.md describes the layers behind them.
 """
 # OpenMP's wait policy is left to the user (OMP_WAIT_POLICY, GOMP_SPINCOUNT), as torch and
 # llama.cpp leave it: the default (workers spin a while between parallel regions, then sleep)
-# is 1.5-2x faster for decode and prompts on a machine the model has to itself; on a machine
-# shared with other busy processes, OMP_WAIT_POLICY=PASSIVE avoids spinning workers holding
-# the cores (there decode ran up to 50x slower spinning). See the README's CPU section.
+# is faster for decode and prompts on a machine the model has to itself; on a machine shared
+# with other busy processes, OMP_WAIT_POLICY=PASSIVE avoids spinning workers holding the cores
+# (there spinning made decode many times slower). See docs/cpu.md, "Threads".
 
 # ---------------------------------------------------------------- types and enums (ggml.h)
 from .types import (Type, TypeTraits, type_traits, type_name, type_size, blck_size, row_size,
@@ -151,6 +151,7 @@ from .devices.stream import StreamError
 # ---------------------------------------------------------------- reference quantization, models
 from . import quants  # ggml.quants.quantize / dequantize
 from .models import load_model, Model
+from .mtmd import load_multimodal, Multimodal  # a text model with an mmproj: images in prompts
 
 # ---------------------------------------------------------------- PyTorch integration
 from .torch_integration import graph_function, GraphFunction

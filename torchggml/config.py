@@ -7,7 +7,7 @@ The code reads the environment only through `value` (or `text`, for a module tha
 text itself), which looks the variable up when it is used (so a program or a test may change
 it) and parses each distinct text once; an empty variable counts as unset, and a value that does
 not parse raises ValueError naming the variable and what it expects. `describe()` is the
-table README.md lists (`python -m torchggml.config` prints it); tests/test_reliability checks the
+table docs/environment.md lists (`python -m torchggml.config` prints it); tests/test_config.py checks the
 two agree and that no other module reads a TORCHGGML_ variable from os.environ.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _paths(text: str) -> list[str]:
 @dataclass(frozen=True)
 class Variable:
     name: str
-    type: str        # what the text is parsed as (README's column)
+    type: str        # what the text is parsed as (docs/environment.md's column)
     default: object  # the value when the variable is unset
     doc: str
     parse: Callable[[str], object]
@@ -105,7 +105,7 @@ def text(name: str) -> str:
 
 
 def describe() -> str:
-    """The table of variables, as README.md lists them."""
+    """The table of variables, as docs/environment.md lists them."""
     return "\n".join(f"| `{v.name}` | {v.type} | `{v.default!r}` | {v.doc} |" for v in VARIABLES.values())
 
 

@@ -119,9 +119,8 @@ def huge_page_storage(n: int) -> torch.UntypedStorage | None:
     """n bytes of anonymous memory that the kernel backs with transparent huge pages (mmap, then
     madvise MADV_HUGEPAGE before any page is touched), as a torch storage that keeps the mapping
     alive; None where the system has no MADV_HUGEPAGE. Why: a decode step streams every weight
-    once, and with 4 KiB pages the CPU's prefetchers stop at each page and the TLB misses:
-    a 5632x2048 Q4_0 matvec on 2 Zen 4 threads reads 31 GB/s from huge pages, 20 GB/s from
-    4 KiB ones (and 17-24 GB/s from the file's mapping)."""
+    once, and with 4 KiB pages the CPU's prefetchers stop at each page and the TLB misses
+    (docs/benchmarks.md, "Huge pages")."""
     import mmap
     if not hasattr(mmap, "MADV_HUGEPAGE"):
         return None
@@ -162,11 +161,12 @@ class TorchBufferType(BufferType):
         # Zero-size buffers still get a real (1-byte) storage so that base is a valid address.
         n = max(size, 1) + (self.alignment if self.alignment > 64 else 0)
         try:
-            storage = None
+            storage, zero_filled = None, False
             if self.pinned:
                 storage = torch.empty(n, dtype=torch.uint8, pin_memory=True).untyped_storage()
             elif self.huge_pages and n >= HUGE_PAGE_MIN_BYTES:
                 storage = huge_page_storage(n)
+                zero_filled = storage is not None  # anonymous pages: the kernel gives them zeroed
             if storage is None:
                 storage = torch.UntypedStorage(n, device=self.torch_device)
         except (RuntimeError, torch.OutOfMemoryError, OSError) as e:
@@ -174,11 +174,14 @@ class TorchBufferType(BufferType):
                               f"({size / 2**20:.1f} MiB) on {self.torch_device}: {e}") from None
         buffer = self.buffer_class(self, storage, size)
         buffer.base = round_up(buffer.base, self.alignment)
+        buffer.zero_filled = zero_filled
         return buffer
 
 
 class TorchBuffer(Buffer):
     """A buffer over a torch storage. `owner` keeps foreign memory (numpy arrays, mmaps) alive."""
+
+    zero_filled = False  # its bytes are known to be 0 (fresh anonymous pages): see alloc_buffer
 
     def __init__(self, buft: BufferType, storage: torch.UntypedStorage, size: int, owner=None):
         super().__init__(buft, size, storage.data_ptr())

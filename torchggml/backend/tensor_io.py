@@ -171,8 +171,7 @@ def backend_tensor_copy(src: Tensor, dst: Tensor) -> None:
 class BoundIO:
     """Values written into and read from the same tensors many times (a model's inputs and
     logits, every decode step): through numpy views of their memory, made once per tensor,
-    where backend_tensor_set/get check and view again at every call (~20 µs each on a cold
-    cache). Only host memory of a type numpy has, contiguous; other tensors (device memory,
+    where backend_tensor_set/get check and view again at every call. Only host memory of a type numpy has, contiguous; other tensors (device memory,
     block types) go through backend_tensor_set/get. Integer values must fit the tensor's type,
     as backend_tensor_set asks."""
 

@@ -10,6 +10,7 @@
     torchggml perplexity / bench / quantize the tools (torchggml/tools/)
     torchggml --version
     torchggml rpc-server [--host H] [--port P] [--device DEV ...] [--cache DIR] [--threads N]
+                         [--max-connections N] [--*-timeout S] [--client-memory SIZE]
                                             serve devices to ggml RPC clients (llama.cpp --rpc)
 """
 from __future__ import annotations
@@ -142,6 +143,22 @@ def version_text() -> str:
     return f"torchggml {version} (torch {torch.__version__})"
 
 
+def parse_size(text: str) -> int | None:
+    """--client-memory: "8G", "512M", "4096", "device" (-1: the server picks) or "none" (None)."""
+    text = str(text).strip().lower()
+    if text in ("device", "none"):
+        return -1 if text == "device" else None
+    scale = 1 << 10 * "kmgt".index(text[-1]) + 10 if text[-1:] in ("k", "m", "g", "t") else 1
+    digits = text[:-1] if scale > 1 else text
+    try:
+        value = float(digits)
+    except ValueError:
+        raise ValueError(f"--client-memory {text!r} is not a size (e.g. 8G, 512M, 4096, none)") from None
+    if value < 0:
+        raise ValueError(f"--client-memory {text!r} is negative")
+    return int(value * scale)
+
+
 def cmd_rpc_server(args) -> int:
     import logging
     from torchggml.devices.rpc import RPCServer
@@ -149,7 +166,9 @@ def cmd_rpc_server(args) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     devices = [d for spec in args.device or () for d in spec.split(",") if d] or None
     try:
-        server = RPCServer(f"{args.host}:{args.port}", devices, args.cache, args.threads, args.max_connections)
+        server = RPCServer(f"{args.host}:{args.port}", devices, args.cache, args.threads, args.max_connections,
+                           args.handshake_timeout, args.message_timeout, args.idle_timeout,
+                           parse_size(args.client_memory))
     except (ValueError, OSError) as e:
         print(f"torchggml rpc-server: error: {e}", file=sys.stderr)
         return 1
@@ -197,6 +216,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-c", "--cache", metavar="DIR", help="keep weights in DIR so that clients need not resend them")
     p.add_argument("-t", "--threads", type=int, help="CPU threads of the served backends")
     p.add_argument("--max-connections", type=int, default=64, help="clients served at once (default 64)")
+    p.add_argument("--handshake-timeout", type=float, default=10.0, metavar="S",
+                   help="seconds a new connection has to send HELLO (default 10; 0: no limit)")
+    p.add_argument("--message-timeout", type=float, default=30.0, metavar="S",
+                   help="seconds a message (or the reading of its answer) may stall (default 30; 0: no limit)")
+    p.add_argument("--idle-timeout", type=float, default=600.0, metavar="S",
+                   help="seconds between messages after which a connection without buffers is closed, and "
+                        "one with buffers when another client needs its slot (default 600; 0: never)")
+    p.add_argument("--client-memory", default="device", metavar="SIZE",
+                   help="bytes of buffers one connection may hold, e.g. 8G, 512M (default 'device': the "
+                        "largest served device's total memory; 'none': no quota)")
     p.add_argument("-v", "--verbose", action="store_true", help="log connections and commands' failures")
     p.set_defaults(func=cmd_rpc_server)
 

@@ -6,7 +6,7 @@ A device file (cuda.py, mps.py, sim.py, or a new one) subclasses AcceleratorDevi
 only what differs for its device type, and defines `backend_reg()`; the registry finds it.
 For a torch device type that needs nothing special, the whole file is:
 
-    from .device import AcceleratorDevice, AcceleratorReg
+    from .accelerator import AcceleratorDevice, AcceleratorReg
 
     class XPUDevice(AcceleratorDevice):
         torch_type = "xpu"

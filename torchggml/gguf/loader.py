@@ -280,8 +280,8 @@ class GGUFFile:
 
     def read_into(self, name: str, out: np.ndarray) -> None:
         """Read one tensor's bytes from the file into `out` (uint8, its size): the kernel copies
-        them from the page cache (several GB/s), where copying out of the mapping faults it in
-        a 4 KiB page at a time (~1 GB/s). GGUFError if the file ends early."""
+        them from the page cache, where copying out of the mapping faults it in a 4 KiB page at a
+        time (several times slower). GGUFError if the file ends early."""
         info = self.tensor_info(name)
         view, done = memoryview(out).cast("B"), 0
         while done < info.nbytes:  # reads return at most ~2 GiB

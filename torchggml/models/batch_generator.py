@@ -18,6 +18,11 @@ model (Model.generate holds its lock; the server's engine thread owns the model)
 
 A sequence may use `limit` cells of the unified KV cache (its prompt and generated tokens): it
 ends with finish_reason "length" when its next token would not fit.
+
+Speculative decoding (`draft`, see speculative.py): a decoding sequence's step holds its last
+token and up to n_draft drafted tokens, with the logits of every row; its Generation samples from
+those rows in order while each token equals the draft's, so one step may give several tokens, and
+the cells of the rejected drafts are dropped (memories that cannot drop cells do not draft).
 """
 from __future__ import annotations
 
@@ -65,21 +70,33 @@ class StepCounts:
     prompt_tokens: int = 0
     decode_tokens: int = 0
     generated: int = 0
+    drafted: int = 0   # draft tokens evaluated
+    accepted: int = 0  # of them, taken by the sampler
 
 
 class BatchGenerator:
-    def __init__(self, model, n_batch: int | None = None, keep_finished: bool = False):
+    def __init__(self, model, n_batch: int | None = None, keep_finished: bool = False, draft=None,
+                 n_draft: int = 8):
         """keep_finished: a finished sequence keeps its cells (Model.generate leaves the cache
-        holding the text, as llama.cpp's context does); otherwise they are freed."""
+        holding the text, as llama.cpp's context does); otherwise they are freed. draft: a
+        speculative.NgramDraft or ModelDraft (None: no drafting), proposing up to n_draft tokens."""
         self.model = model
         self.n_batch = int(n_batch or model.n_batch)
         self.keep_finished = keep_finished
+        self.draft = draft if model.memory.keep_prefix is not None else None
+        self.n_draft = int(n_draft)
         self.active: list[BatchSequence] = []
         self.last = StepCounts()
 
-    def add(self, gen: Generation, seq_id: int, limit: int | None = None, owner=None) -> BatchSequence:
-        """Start `gen` as memory sequence `seq_id` (whose cells the caller has cleared)."""
-        seq = BatchSequence(gen, int(seq_id), int(limit or self.model.n_ctx), owner=owner)
+    def add(self, gen: Generation, seq_id: int, limit: int | None = None, owner=None,
+            n_cached: int = 0) -> BatchSequence:
+        """Start `gen` as memory sequence `seq_id`, whose cells hold exactly the first n_cached
+        tokens of its prompt (a prompt cache's hit; 0: the caller cleared them)."""
+        if not 0 <= n_cached < max(len(gen.prompt), 1):
+            raise ValueError(f"n_cached={n_cached}: at least the prompt's last token must be evaluated "
+                             f"(the prompt has {len(gen.prompt)})")
+        seq = BatchSequence(gen, int(seq_id), int(limit or self.model.n_ctx), n_prompt_done=int(n_cached),
+                            owner=owner)
         self.active.append(seq)
         return seq
 
@@ -89,15 +106,19 @@ class BatchGenerator:
             self.active.remove(seq)
             if free:
                 self.model.reset(seq.seq_id)
+            if self.draft is not None:
+                self.draft.forget(seq.seq_id)
 
     def step(self) -> list[Update]:
         """Evaluate one batch and sample every sequence that reached its next token."""
         batch: list[tuple[BatchSequence, list[int]]] = []
+        drafts: dict[int, list[int]] = {}  # id(seq) -> its draft
         budget = self.n_batch
-        for seq in self.active:  # every decoding sequence's next token first
+        for seq in self.active:  # every decoding sequence's next token (and its draft) first
             if not seq.prefilling and seq.gen.finish_reason is None:
-                batch.append((seq, [seq.gen.last_token]))
-                budget -= 1
+                drafts[id(seq)] = draft = self._propose(seq, budget - 1)
+                batch.append((seq, [seq.gen.last_token] + draft))
+                budget -= 1 + len(draft)
         for seq in self.active:  # then prompt chunks in the room left
             if seq.prefilling and budget > 0:
                 chunk = seq.prompt[seq.n_prompt_done: seq.n_prompt_done + budget]
@@ -106,7 +127,8 @@ class BatchGenerator:
         self.last = counts = StepCounts()
         if not batch:
             return [self._finish(seq, "") for seq in list(self.active) if seq.gen.finish_reason is not None]
-        rows = self.model.eval_batch([tokens for _, tokens in batch], [s.seq_id for s, _ in batch], logits="last")
+        logits = ["all" if drafts.get(id(s)) else "last" for s, _ in batch]
+        rows = self.model.eval_batch([tokens for _, tokens in batch], [s.seq_id for s, _ in batch], logits=logits)
         updates = []
         for (seq, tokens), row in zip(batch, rows):
             if seq.prefilling:
@@ -116,20 +138,45 @@ class BatchGenerator:
                     continue
                 seq.prompt_done_at = time.perf_counter()
             else:
-                counts.decode_tokens += 1
-            updates.append(self._sample(seq, row[0]))
+                counts.decode_tokens += len(tokens)
+            updates.append(self._sample(seq, row, drafts.get(id(seq), [])))
         counts.generated = sum(len(u.choices) for u in updates)
         return updates
 
-    def _sample(self, seq: BatchSequence, logits) -> Update:
+    def _propose(self, seq: BatchSequence, room: int) -> list[int]:
+        """A draft for `seq` that fits its cell limit, its max_tokens and the batch's room."""
+        if self.draft is None:
+            return []
+        gen = seq.gen
+        k = min(self.n_draft, room, seq.limit - len(seq.prompt) - gen.n_generated,
+                gen.max_tokens - gen.n_generated - 1)
+        if k <= 0:
+            return []
+        return self.draft.propose(seq.seq_id, seq.prompt + [c.token for c in gen.choices], k)
+
+    def _sample(self, seq: BatchSequence, rows, draft: list[int]) -> Update:
+        """The sequence's tokens from its rows: one, or with a draft, as many as the sampler takes
+        equal to the draft's (and the one after); the rejected drafts' cells dropped."""
         gen = seq.gen
         before = gen.n_generated
+        text, accepted = "", 0
         try:
-            text = gen.step(logits) if gen.finish_reason is None else ""  # max_tokens 0: done at once
+            for i in range(len(draft) + 1):
+                if gen.finish_reason is not None:  # max_tokens 0: done at once
+                    break
+                text += gen.step(rows[i])
+                if gen.finish_reason is not None or i == len(draft) or gen.last_token != draft[i]:
+                    break
+                accepted += 1
         except Exception as e:  # this sequence's own failure (its grammar, its sampler): it alone ends
             gen.finish("error")
             self.remove(seq)
             return Update(seq, "", [], True, error=e)
+        if draft:
+            # the batch wrote the last token at position L and the draft after it: keep L + accepted
+            self.model.keep_prefix(seq.seq_id, self.model.memory.seq_len(seq.seq_id) - len(draft) + accepted)
+            self.last.drafted += len(draft)
+            self.last.accepted += accepted
         if gen.finish_reason is None and len(seq.prompt) + gen.n_generated > seq.limit:
             gen.finish("length")  # its next token has no cell left
         update = Update(seq, text, gen.choices[before:])

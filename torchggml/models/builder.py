@@ -152,15 +152,20 @@ def load_output(w: Weights, hp: HParams, head: str = "optional") -> None:
     out = None if head == "tied" else w.add("output", "output.weight", [e, hp.n_vocab], required=head == "required")
     if out is None:
         w.globals["output"] = w.token_embd
+    if biases is not None and "output" in biases:  # the head's bias (phi2)
+        w.add("output_b", "output.bias", [hp.n_vocab], required=biases["output"])
 
 
-def load_attention(L: LayerLoader, hp: HParams, qk_norm: bool = False, qk_norm_per_head: bool = False) -> None:
-    """attn_norm (optional bias); attn_q/k/v (or a fused attn_qkv) with optional biases; q/k norms
-    shared by the heads ([head_dim], required when qk_norm) or one per head ([head_dim, n_head],
-    optional, with qk_norm_per_head); attn_output with an optional bias."""
+def load_attention(L: LayerLoader, hp: HParams, qk_norm: bool = False, qk_norm_per_head: bool = False,
+                   qk_norm_full: bool = False, norm: bool = True) -> None:
+    """attn_norm (optional bias; none with norm=False); attn_q/k/v (or a fused attn_qkv) with
+    optional biases; q/k norms shared by the heads ([head_dim], required when qk_norm), one per
+    head ([head_dim, n_head], optional, with qk_norm_per_head) or over the whole projection
+    ([n_head * head_dim], required, with qk_norm_full: olmo2); attn_output with an optional bias."""
     q, k, v = hp.head_dim_k * hp.n_head, hp.n_embd_k_gqa, hp.n_embd_v_gqa
-    L.weight("attn_norm", [hp.n_embd])
-    L.bias("attn_norm", [hp.n_embd])
+    if norm:
+        L.weight("attn_norm", [hp.n_embd])
+        L.bias("attn_norm", [hp.n_embd])
     arch = L.w.arch
     if L.has("attn_qkv") and (arch is None or arch.biases is None or arch.fused_qkv):
         L.weight("attn_qkv", [hp.n_embd, q + k + v])
@@ -170,7 +175,10 @@ def load_attention(L: LayerLoader, hp: HParams, qk_norm: bool = False, qk_norm_p
             L.weight(name, [hp.n_embd, n])
             L.bias(name, [n])
     per_head = qk_norm_per_head
-    if qk_norm or per_head or arch is None or arch.biases is None:
+    if qk_norm_full:
+        L.weight("attn_q_norm", [q])
+        L.weight("attn_k_norm", [k])
+    elif qk_norm or per_head or arch is None or arch.biases is None:
         L.weight("attn_q_norm", [hp.head_dim_k] + [hp.n_head] * per_head, required=qk_norm)
         L.weight("attn_k_norm", [hp.head_dim_k] + [hp.n_head_kv] * per_head, required=qk_norm)
     L.weight("attn_output", [hp.head_dim_v * hp.n_head, hp.n_embd])
@@ -193,12 +201,16 @@ def load_ffn(L: LayerLoader, hp: HParams, gated: bool = True, n_ff: int | None =
 
 
 def load_moe(L: LayerLoader, hp: HParams, n_ff_exp: int | None = None, biases: bool = False,
-             norm: str = "ffn_norm") -> None:
-    """The FFN's input norm, the router ffn_gate_inp and the stacked experts
-    ffn_{gate,up,down}_exps (with their biases when asked)."""
+             norm: str | None = "ffn_norm", probs_bias: bool | None = None) -> None:
+    """The FFN's input norm (none when norm is None), the router ffn_gate_inp, the experts'
+    selection bias exp_probs_b.bias (read when probs_bias is not None; required when True) and
+    the stacked experts ffn_{gate,up,down}_exps (with their biases when asked)."""
     ff, e, n = n_ff_exp or hp.n_ff_exp or hp.n_ff, hp.n_embd, hp.n_expert
-    L.weight(norm, [e])
+    if norm is not None:
+        L.weight(norm, [e])
     L.weight("ffn_gate_inp", [e, n])
+    if probs_bias is not None:
+        L.w.add("ffn_exp_probs_b", f"blk.{L.il}.exp_probs_b.bias", [n], probs_bias, L.layer)
     L.weight("ffn_gate_exps", [e, ff, n])
     L.weight("ffn_up_exps", [e, ff, n])
     L.weight("ffn_down_exps", [ff, e, n])
@@ -266,7 +278,7 @@ def bind_weights(arch: Arch, tensors: dict, hp: HParams, path: str) -> Weights:
 @dataclass
 class ModelGraph:
     graph: CGraph
-    tokens: Tensor       # I32 [n_tokens]
+    tokens: Tensor | None  # I32 [n_tokens] (None: the graph reads input embeddings, `embd`)
     positions: Tensor | None  # I32 [n_tokens] (None: the graph reads no positions)
     kv_idx: Tensor | None     # I64 [n_tokens]: the cache cell of each token (None: no KV cache)
     masks: dict          # window (0: causal only) -> F16 [n_kv, n_tokens] mask input
@@ -280,6 +292,7 @@ class ModelGraph:
     n_seqs: int = 1         # sequences of the micro-batch (recurrent layers group tokens by them)
     s_ids: Tensor | None = None  # I32 [n_seqs]: the recurrent state slot of each sequence
     io: BoundIO = field(default_factory=BoundIO)  # its inputs and logits, written and read every step
+    embd: Tensor | None = None  # F32 [n_embd, n_tokens]: input embeddings instead of `tokens` (None then)
 
 
 def graph_size(hp: HParams) -> int:
@@ -297,10 +310,14 @@ class GraphBuilder:
     them. With n_outputs == n_tokens there is no selection (llama.cpp keeps an identity GET_ROWS to
     give pipeline parallelism one topology; our graphs are built per shape, so it would only copy).
     With n_outputs == 0 (a micro-batch before the one holding the wanted token) the graph ends at
-    the KV cache writes: only the cache is needed from it."""
+    the KV cache writes: only the cache is needed from it.
+
+    Input embeddings (from_embd, llama_batch.embd: an image's embeddings from its projector): the
+    graph reads F32 rows `inp_embd` [n_embd, n_tokens] in place of the token embedding lookup,
+    unscaled (llama.cpp scales only looked-up token embeddings, e.g. Gemma's sqrt(n_embd))."""
 
     def __init__(self, ctx, hp: HParams, memory: Memory, n_tokens: int, n_kv: int, flash_attn: bool = False,
-                 n_outputs: int | None = None, embeddings: bool = False, n_seqs: int = 1):
+                 n_outputs: int | None = None, embeddings: bool = False, n_seqs: int = 1, from_embd: bool = False):
         n_outputs = n_tokens if n_outputs is None else int(n_outputs)
         if not 0 <= n_outputs <= n_tokens:
             raise ValueError(f"graph: n_outputs={n_outputs} must lie in [0, n_tokens={n_tokens}]")
@@ -314,7 +331,8 @@ class GraphBuilder:
         self.state_writes: list[Tensor] = []
         self.n_tokens, self.n_kv, self.flash_attn, self.n_outputs = n_tokens, n_kv, flash_attn, n_outputs
         self.embeddings = embeddings  # output the final norm's hidden states instead of the logits
-        self.tokens = self._input(Type.I32, n_tokens, name="inp_tokens")
+        self.tokens = None if from_embd else self._input(Type.I32, n_tokens, name="inp_tokens")
+        self.inp_embd = self._input(Type.F32, hp.n_embd, n_tokens, name="inp_embd") if from_embd else None
         self.positions = self._input(Type.I32, n_tokens, name="inp_pos")
         self.kv_idx = self._input(Type.I64, n_tokens, name="inp_kv_idx")
         self.masks = {0: self._input(Type.F16, n_kv, n_tokens, name="inp_kq_mask")}
@@ -323,6 +341,7 @@ class GraphBuilder:
         self.position_inputs: list = []
         self.out_ids = self._input(Type.I32, n_outputs, name="inp_out_ids") if 0 < n_outputs < n_tokens else None
         self.cache_views: list[Tensor] = []  # every layer's K/V views on its cache writes
+        self._pos4: Tensor | None = None  # positions_4d, made on first use
 
     def _input(self, type, *ne, name):
         t = (new_tensor_1d if len(ne) == 1 else new_tensor_2d)(self.ctx, type, *ne)
@@ -348,7 +367,7 @@ class GraphBuilder:
         used = lambda t: t if t is not None and id(t) in graph.visited else None  # noqa: E731
         return ModelGraph(graph, self.tokens, used(self.positions), used(self.kv_idx), masks, logits,
                           position_inputs, self.n_tokens, self.n_kv, self.n_outputs, self.out_ids, self.embeddings,
-                          self.n_seqs, used(self.s_ids))
+                          self.n_seqs, used(self.s_ids), embd=self.inp_embd)
 
     def output_rows(self, il: int, *xs: Tensor) -> tuple[Tensor, ...]:
         """In the last layer (il), after attention: the rows of `xs` ([n, n_tokens] each: the
@@ -366,18 +385,24 @@ class GraphBuilder:
 
     # ------------------------------------------------------------ small pieces
 
-    def embed(self, tok_embd: Tensor, scale: float = 1.0) -> Tensor:
+    def embed(self, tok_embd: Tensor, scale: float = 1.0, pos_embd: Tensor | None = None) -> Tensor:
+        """The micro-batch's input rows [n_embd, n_tokens]: the tokens' embeddings (times scale),
+        plus the learned position embeddings of their positions when pos_embd [n_embd, n_ctx_train]
+        is given (gpt2, starcoder); or the input embeddings as given (from_embd)."""
+        if self.inp_embd is not None:
+            return self.inp_embd
         x = ops.get_rows(self.ctx, tok_embd, self.tokens)                 # [n_embd, n_tokens]
-        return x if scale == 1.0 else ops.scale(self.ctx, x, scale)
+        x = x if scale == 1.0 else ops.scale(self.ctx, x, scale)
+        return x if pos_embd is None else ops.add(self.ctx, x, ops.get_rows(self.ctx, pos_embd, self.positions))
 
-    def attn_temperature(self, scale: float, floor: int) -> Tensor:
+    def attn_temperature(self, scale: float, floor: int, offset: float = 0.0) -> Tensor:
         """Llama 4 / mistral3 query temperature per token, F32 [1, 1, n_tokens]:
-        1 + scale * log(floor(pos / floor) + 1)."""
+        1 + scale * log(floor((pos + offset) / floor) + 1)."""
         t = new_tensor_3d(self.ctx, Type.F32, 1, 1, self.n_tokens)
         set_name(t, "inp_attn_scale")
         set_input(t)
-        self.position_inputs.append(
-            (t, lambda pos: (1.0 + scale * torch.log(torch.floor(pos.double() / floor) + 1.0)).float().reshape(-1, 1, 1)))
+        self.position_inputs.append((t, lambda pos: (
+            1.0 + scale * torch.log(torch.floor((pos.double() + offset) / floor) + 1.0)).float().reshape(-1, 1, 1)))
         return t
 
     def norm(self, x: Tensor, weight: Tensor | None, bias: Tensor | None = None, rms: bool = True) -> Tensor:
@@ -394,47 +419,81 @@ class GraphBuilder:
     def add(self, a: Tensor, b: Tensor) -> Tensor:
         return ops.add(self.ctx, a, b)
 
+    def scale(self, x: Tensor, s: float) -> Tensor:
+        return x if s == 1.0 else ops.scale(self.ctx, x, s)
+
     def softcap(self, x: Tensor, cap: float) -> Tensor:
         """cap * tanh(x / cap)."""
         x = ops.tanh(self.ctx, ops.scale(self.ctx, x, 1.0 / cap))
         return ops.scale(self.ctx, x, cap)
 
-    def rope(self, x: Tensor, il: int, factors: Tensor | None = None) -> Tensor:
+    def positions_4d(self) -> Tensor:
+        """Multi-axis RoPE's positions, I32 [4 * n_tokens], for text tokens as llama.cpp gives
+        them: the position on the first three axes (time, height, width), 0 on the fourth."""
+        if self._pos4 is None:
+            self._pos4 = new_tensor_1d(self.ctx, Type.I32, 4 * self.n_tokens)
+            set_name(self._pos4, "inp_pos_4d")
+            set_input(self._pos4)
+            self.position_inputs.append(
+                (self._pos4, lambda pos: torch.cat([pos, pos, pos, torch.zeros_like(pos)]).to(torch.int32)))
+        return self._pos4
+
+    def rope(self, x: Tensor, il: int, factors: Tensor | None = None, yarn: bool = True) -> Tensor:
+        """Rotary embedding of layer il; multi-axis (rope_multi over positions_4d) when the
+        architecture sets hp.rope_sections (qwen2vl, qwen3vl: their rotary type MROPE / IMROPE).
+        yarn=False: without YaRN's extrapolation mix and attention factor (olmo2's windowed layers)."""
         hp = self.hp
         base, scale = hp.rope_base_scale(il)
+        ext, attn = (hp.yarn_ext_factor, hp.yarn_attn_factor) if yarn else (0.0, 1.0)
+        if hp.rope_sections:
+            return ops.rope_multi(self.ctx, x, self.positions_4d(), factors, hp.n_rot, list(hp.rope_sections),
+                                  hp.rope_type, hp.n_ctx_orig or hp.n_ctx_train, base, scale, ext, attn,
+                                  hp.yarn_beta_fast, hp.yarn_beta_slow)
         return ops.rope_ext(self.ctx, x, self.positions, factors, hp.n_rot, hp.rope_type, hp.n_ctx_orig or hp.n_ctx_train,
-                            base, scale, hp.yarn_ext_factor, hp.yarn_attn_factor, hp.yarn_beta_fast, hp.yarn_beta_slow)
+                            base, scale, ext, attn, hp.yarn_beta_fast, hp.yarn_beta_slow)
 
     # ------------------------------------------------------------ attention
 
-    def qkv(self, h: Tensor, layer: Layer, qk_rms: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+    def qkv(self, h: Tensor, layer: Layer, qk_rms: bool = True, qk_norms: bool = True) -> tuple[Tensor, Tensor, Tensor]:
         """Q [head_dim, n_head, n_tokens], K and V [head_dim, n_head_kv, n_tokens]: separate
-        projections, or one fused attn_qkv product split by views; biases and q/k norms (RMS, or
-        LayerNorm with qk_rms=False) when the layer has them."""
+        projections, or one fused attn_qkv product split by views; biases, hp.clamp_kqv, and q/k
+        norms (RMS, or LayerNorm with qk_rms=False; not here with qk_norms=False) when the layer
+        has them."""
         hp, ctx, n = self.hp, self.ctx, self.n_tokens
         dq, dk = hp.head_dim_k * hp.n_head, hp.n_embd_k_gqa
+        clamp = (lambda t: ops.clamp(ctx, t, -hp.clamp_kqv, hp.clamp_kqv)) if hp.clamp_kqv > 0 else (lambda t: t)
         if layer.attn_qkv is not None:
-            qkv = self.linear(h, layer.attn_qkv, layer.attn_qkv_b)         # [dq + dk + dv, n_tokens]
+            qkv = clamp(self.linear(h, layer.attn_qkv, layer.attn_qkv_b))  # [dq + dk + dv, n_tokens]
             es = qkv.nb[0]
             q = ops.view_3d(ctx, qkv, hp.head_dim_k, hp.n_head, n, hp.head_dim_k * es, qkv.nb[1], 0)
             k = ops.view_3d(ctx, qkv, hp.head_dim_k, hp.n_head_kv, n, hp.head_dim_k * es, qkv.nb[1], dq * es)
             v = ops.view_3d(ctx, qkv, hp.head_dim_v, hp.n_head_kv, n, hp.head_dim_v * es, qkv.nb[1], (dq + dk) * es)
             v = ops.cont(ctx, v)  # the cache writes whole rows
         else:
-            q = ops.reshape_3d(ctx, self.linear(h, layer.attn_q, layer.attn_q_b), hp.head_dim_k, hp.n_head, n)
-            k = ops.reshape_3d(ctx, self.linear(h, layer.attn_k, layer.attn_k_b), hp.head_dim_k, hp.n_head_kv, n)
-            v = ops.reshape_3d(ctx, self.linear(h, layer.attn_v, layer.attn_v_b), hp.head_dim_v, hp.n_head_kv, n)
-        if layer.attn_q_norm is not None:
-            q = self.norm(q, layer.attn_q_norm, rms=qk_rms)
-        if layer.attn_k_norm is not None:
-            k = self.norm(k, layer.attn_k_norm, rms=qk_rms)
-        return q, k, v
+            q = ops.reshape_3d(ctx, clamp(self.linear(h, layer.attn_q, layer.attn_q_b)), hp.head_dim_k, hp.n_head, n)
+            k = ops.reshape_3d(ctx, clamp(self.linear(h, layer.attn_k, layer.attn_k_b)), hp.head_dim_k, hp.n_head_kv, n)
+            v = ops.reshape_3d(ctx, clamp(self.linear(h, layer.attn_v, layer.attn_v_b)), hp.head_dim_v, hp.n_head_kv, n)
+        if not qk_norms:
+            return q, k, v
+        return self.qk_norm(q, layer.attn_q_norm, qk_rms), self.qk_norm(k, layer.attn_k_norm, qk_rms), v
+
+    def qk_norm(self, x: Tensor, weight: Tensor | None, rms: bool = True) -> Tensor:
+        """x [head_dim, n_heads, n_tokens] normed over each head, or over all the heads together
+        when the weight is as wide as they are (olmo2's q/k norms)."""
+        if weight is None:
+            return x
+        if weight.ne[0] == x.ne[0] or x.ne[1] == 1:
+            return self.norm(x, weight, rms=rms)
+        flat = ops.cont_2d(self.ctx, x, x.ne[0] * x.ne[1], x.ne[2])
+        return ops.reshape_3d(self.ctx, self.norm(flat, weight, rms=rms), x.ne[0], x.ne[1], x.ne[2])
 
     def attention(self, il: int, q: Tensor, k: Tensor, v: Tensor, wo: Tensor | None, wo_b: Tensor | None = None,
-                  kq_scale: float | None = None, sinks: Tensor | None = None) -> Tensor:
+                  kq_scale: float | None = None, sinks: Tensor | None = None, v_mla: Tensor | None = None) -> Tensor:
         """Store K and V in layer il's cache, attend over the first n_kv cells (the layer's sliding
-        window mask when it has one; soft-capped scores when hp.attn_softcap; per-head sink
-        logits), and project with wo: [n_embd, n_tokens] (wo None: the heads' outputs, unprojected)."""
+        window mask when it has one; soft-capped scores when hp.attn_softcap; ALiBi when
+        hp.max_alibi_bias; per-head sink logits), decompress each head's output with v_mla [head_dim_v, d, n_head] when given
+        (multi-head latent attention), and project with wo: [n_embd, n_tokens] (wo None: the
+        heads' outputs, unprojected)."""
         hp, ctx, n = self.hp, self.ctx, self.n_tokens
         scale = hp.kq_scale if kq_scale is None else kq_scale
         mask = self.masks[hp.n_swa if hp.is_swa(il) else 0]
@@ -442,30 +501,38 @@ class GraphBuilder:
         self.cache_views += [k_cells, v_cells]
         q = ops.permute(ctx, q, 0, 2, 1, 3)                                     # [head_dim, n_tokens, n_head]
         if self.flash_attn:
-            out = ops.flash_attn_ext(ctx, q, k_cells, v_cells, mask, scale, 0.0, hp.attn_softcap)
+            out = ops.flash_attn_ext(ctx, q, k_cells, v_cells, mask, scale, hp.max_alibi_bias, hp.attn_softcap)
             if sinks is not None:
                 ops.flash_attn_ext_add_sinks(out, sinks)
-            out = ops.reshape_2d(ctx, out, hp.head_dim_v * hp.n_head, n)         # out: [hd, n_head, n_tokens]
+            if v_mla is not None:                                               # out: [hd, n_head, n_tokens]
+                out = ops.mul_mat(ctx, v_mla, ops.permute(ctx, out, 0, 2, 1, 3))  # [d, n_tokens, n_head]
+                out = ops.cont(ctx, ops.permute(ctx, out, 0, 2, 1, 3))
+            out = ops.reshape_2d(ctx, out, out.ne[0] * hp.n_head, n)
         else:
             kq = ops.mul_mat(ctx, k_cells, q)                                   # [n_kv, n_tokens, n_head]
             if hp.attn_softcap:
                 kq = self.softcap(kq, hp.attn_softcap)
-            kq = ops.soft_max_ext(ctx, kq, mask, scale, 0.0)
+            kq = ops.soft_max_ext(ctx, kq, mask, scale, hp.max_alibi_bias)
             if sinks is not None:
                 ops.soft_max_add_sinks(kq, sinks)
             v_t = ops.cont(ctx, ops.permute(ctx, v_cells, 1, 0, 2, 3))           # [n_kv, head_dim, n_head_kv]
             out = ops.mul_mat(ctx, v_t, kq)                                     # [head_dim, n_tokens, n_head]
+            if v_mla is not None:
+                out = ops.mul_mat(ctx, v_mla, out)                              # [d, n_tokens, n_head]
             out = ops.permute(ctx, out, 0, 2, 1, 3)
-            out = ops.cont_2d(ctx, out, hp.head_dim_v * hp.n_head, n)
+            out = ops.cont_2d(ctx, out, out.ne[0] * hp.n_head, n)
         return out if wo is None else self.linear(out, wo, wo_b)
 
     def self_attention(self, il: int, h: Tensor, layer: Layer, rope_factors: Tensor | None = None,
-                       q_scale: float | Tensor | None = None, kq_scale: float | None = None) -> Tensor:
-        """The usual block: projections, q/k norms, rotary positions, attention, output projection.
-        q_scale multiplies Q after the rotation: a number (gemma's query_pre_attn_scalar) or a
-        per-token tensor (attn_temperature)."""
+                       q_scale: float | Tensor | None = None, kq_scale: float | None = None,
+                       rope: bool = True) -> Tensor:
+        """The usual block: projections, q/k norms, rotary positions (none with rope=False: the
+        NoPE layers of smollm3, cohere2...), attention, output projection. q_scale multiplies Q
+        after the rotation: a number (gemma's query_pre_attn_scalar) or a per-token tensor
+        (attn_temperature)."""
         q, k, v = self.qkv(h, layer)
-        q, k = self.rope(q, il, rope_factors), self.rope(k, il, rope_factors)
+        if rope:
+            q, k = self.rope(q, il, rope_factors), self.rope(k, il, rope_factors)
         if isinstance(q_scale, Tensor):
             q = ops.mul(self.ctx, q, q_scale)
         elif q_scale is not None:
@@ -475,10 +542,13 @@ class GraphBuilder:
     # ------------------------------------------------------------ feed-forward
 
     def activate(self, gate: Tensor | None, up: Tensor, act: str) -> Tensor:
-        """act(gate) * up (act(up) without a gate): silu, gelu, or gpt-oss's clamped swiglu_oai."""
+        """act(gate) * up (act(up) without a gate): silu, gelu, relu_sqr (ungated), or gpt-oss's
+        clamped swiglu_oai."""
         ctx = self.ctx
         if act == "swiglu_oai":
             return ops.swiglu_oai(ctx, gate, up, 1.702, 7.0)
+        if act == "relu_sqr" and gate is None:  # relu(x)^2 (arcee, nemotron)
+            return ops.sqr(ctx, ops.relu(ctx, up))
         if gate is None:
             return {"silu": ops.silu, "gelu": ops.gelu}[act](ctx, up)
         return {"silu": ops.swiglu_split, "gelu": ops.geglu_split}[act](ctx, gate, up)
@@ -496,16 +566,25 @@ class GraphBuilder:
         return self.linear(self.activate(gate, up, act), down_w, layer["ffn_down" + suffix + "_b"])
 
     def moe(self, x: Tensor, layer: Layer, act: str = "silu", norm_weights: bool = True,
-            gating: str = "softmax") -> Tensor:
+            gating: str = "softmax", w_scale: float = 0.0, weight_inputs: bool = False) -> Tensor:
         """Mixture of experts: the router's top n_expert_used experts per token run through
-        mul_mat_id, weighted by the router's probabilities (softmax over all experts, renormalised
-        over the chosen ones when norm_weights; gating "softmax_weight": softmax over the chosen
-        logits only, as gpt-oss does) and summed. x: [n_embd, n] (n: the rows after output_rows)."""
+        mul_mat_id, weighted by the router's probabilities (gating "softmax" over all experts or
+        "sigmoid" of each logit, renormalised over the chosen ones when norm_weights; gating
+        "softmax_weight": softmax over the chosen logits only, as gpt-oss does), times w_scale
+        (0: none), and summed. A layer's ffn_exp_probs_b (DeepSeek V3's selection bias) is added
+        to the probabilities for choosing the experts only. weight_inputs (llama4): the experts
+        are chosen by the raw logits and their weights multiply each expert's input instead of
+        its output. x: [n_embd, n] (n: the rows after output_rows)."""
         hp, ctx, n = self.hp, self.ctx, x.ne[1]
         n_exp, n_used = hp.n_expert, hp.n_expert_used
         logits = self.linear(x, layer.ffn_gate_inp, layer.ffn_gate_inp_b)    # [n_expert, n_tokens]
-        probs = ops.soft_max(ctx, logits) if gating == "softmax" else logits
-        selected = ops.argsort_top_k(ctx, probs, n_used)                      # I32 [n_used, n_tokens]
+        probs = {"softmax": ops.soft_max, "sigmoid": ops.sigmoid}.get(gating, lambda _, t: t)(ctx, logits)
+        choice = probs if layer.ffn_exp_probs_b is None else ops.add(ctx, probs, layer.ffn_exp_probs_b)
+        if hp.n_expert_groups > 1:
+            choice = self.expert_groups(choice)
+        if weight_inputs:
+            choice = logits
+        selected = ops.argsort_top_k(ctx, choice, n_used)                     # I32 [n_used, n_tokens]
         weights = ops.get_rows(ctx, ops.reshape_3d(ctx, probs, 1, n_exp, n), selected)  # [1, n_used, n_tokens]
         if gating == "softmax_weight":
             weights = ops.reshape_3d(ctx, ops.soft_max(ctx, ops.reshape_2d(ctx, weights, n_used, n)), 1, n_used, n)
@@ -513,7 +592,11 @@ class GraphBuilder:
             w2 = ops.reshape_2d(ctx, weights, n_used, n)
             total = ops.clamp(ctx, ops.sum_rows(ctx, w2), 6.103515625e-5, math.inf)
             weights = ops.reshape_3d(ctx, ops.div(ctx, w2, total), 1, n_used, n)
+        if w_scale not in (0.0, 1.0):
+            weights = ops.scale(ctx, weights, w_scale)
         xe = ops.reshape_3d(ctx, x, hp.n_embd, 1, n)
+        if weight_inputs:  # each chosen expert's input scaled by its weight: [n_embd, n_used, n]
+            xe = ops.mul(ctx, ops.repeat_4d(ctx, xe, hp.n_embd, n_used, n, 1), weights)
 
         def experts(name, inp):
             y = ops.mul_mat_id(ctx, layer[name], inp, selected)               # [rows, n_used, n_tokens]
@@ -523,12 +606,28 @@ class GraphBuilder:
         up = experts("ffn_up_exps", xe)
         gate = experts("ffn_gate_exps", xe) if layer.ffn_gate_exps is not None else None
         out = experts("ffn_down_exps", self.activate(gate, up, act))         # [n_embd, n_used, n_tokens]
-        out = ops.mul(ctx, out, weights)
+        if not weight_inputs:
+            out = ops.mul(ctx, out, weights)
         total = None
         for i in range(n_used):  # sum over the chosen experts: views of each slot, added
             part = ops.view_2d(ctx, out, hp.n_embd, n, out.nb[2], i * out.nb[1])
             total = part if total is None else ops.add(ctx, total, part)
         return total if n_used > 1 else ops.cont(ctx, total)
+
+    def expert_groups(self, choice: Tensor) -> Tensor:
+        """DeepSeek V3's grouped top-k: the experts in hp.n_expert_groups groups, each scored by
+        the sum of its two best experts' scores; only the n_group_used best groups keep their
+        scores, the others' experts get -inf (choice: [n_expert, n])."""
+        hp, ctx, n = self.hp, self.ctx, choice.ne[1]
+        n_groups, per = hp.n_expert_groups, hp.n_expert // hp.n_expert_groups
+        groups = ops.reshape_3d(ctx, choice, per, n_groups, n)                 # [per, n_groups, n]
+        top2 = ops.argsort_top_k(ctx, groups, 2)                               # I32 [2, n_groups, n]
+        top2 = ops.get_rows(ctx, ops.reshape_4d(ctx, groups, 1, per, n_groups, n), top2)  # [1, 2, n_groups, n]
+        scores = ops.sum_rows(ctx, ops.reshape_3d(ctx, top2, 2, n_groups, n))  # [1, n_groups, n]
+        kept = ops.argsort_top_k(ctx, ops.reshape_2d(ctx, scores, n_groups, n), hp.n_group_used)  # [used, n]
+        rows = ops.get_rows(ctx, groups, kept)                                 # [per, used, n]
+        masked = ops.set_rows(ctx, ops.fill(ctx, groups, -math.inf), rows, kept)
+        return ops.reshape_2d(ctx, masked, hp.n_expert, n)
 
     def shared_expert(self, x: Tensor, layer: Layer, act: str = "silu") -> Tensor:
         """qwen2moe's shared expert: an FFN scaled by sigmoid(ffn_gate_inp_shexp . x) per token."""
@@ -547,7 +646,7 @@ class GraphBuilder:
         normed = self.norm(x, w.output_norm, w.output_norm_b, rms)
         if self.embeddings:
             return normed
-        logits = self.linear(normed, w.output)  # [n_vocab, n_tokens]
+        logits = self.linear(normed, w.output, w.output_b)  # [n_vocab, n_tokens]
         if scale != 1.0:
             logits = ops.scale(self.ctx, logits, scale)
         return self.softcap(logits, softcap) if softcap else logits

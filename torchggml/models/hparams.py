@@ -36,14 +36,18 @@ class HParams:
     yarn_beta_fast: float = 32.0
     yarn_beta_slow: float = 1.0
     yarn_log_mul: float = 0.0
+    yarn_mscale: float = 1.0  # YaRN's mscale (deepseek2 may set it to yarn_log_mul, as llama.cpp)
     # mixture of experts
     n_expert: int = 0
     n_expert_used: int = 0
     n_ff_exp: int = 0
     n_ff_shexp: int = 0
+    n_expert_groups: int = 0  # grouped top-k routing (DeepSeek V3): the groups, and how many are kept
+    n_group_used: int = 0
     # sliding-window attention: the window and which layers use it (with their own rope base)
     n_swa: int = 0
     swa_layers: list[bool] = field(default_factory=list)
+    swa_chunked: bool = False  # windows are chunks of n_swa positions, not the last n_swa (llama4)
     rope_freq_base_swa: float = 10000.0
     rope_freq_scale_swa: float = 1.0
     # attention scale (0: 1/sqrt(head_dim_k)) and tanh soft-capping (0: off)
@@ -52,6 +56,9 @@ class HParams:
     logit_scale: float = 1.0      # command-r's output scale
     attn_softcap: float = 0.0
     final_softcap: float = 0.0
+    max_alibi_bias: float = 0.0  # ALiBi (bloom, mpt): the softmax's max_bias over -|p - p0| masks (0: off)
+    clamp_kqv: float = 0.0  # q, k and v clamped to [-c, c] after their projections (olmo; 0: off)
+    rope_sections: tuple = ()  # multi-axis RoPE: rotary pairs per axis (time, height, width, extra)
 
     @property
     def n_embd_k_gqa(self) -> int:
@@ -135,10 +142,18 @@ def read_hparams(f: GGUFFile, arch) -> HParams:
     )
     if hp.n_expert and not 0 < hp.n_expert_used <= hp.n_expert:
         raise GGUFError(f"{f.path}: {f.arch}.expert_used_count {hp.n_expert_used} must be in 1..{hp.n_expert}")
+    hp.n_expert_groups = int(get("expert_group_count", 0))
+    hp.n_group_used = int(get("expert_group_used_count", 0))
+    if hp.n_expert_groups > 1 and (hp.n_expert % hp.n_expert_groups or not 0 < hp.n_group_used < hp.n_expert_groups):
+        raise GGUFError(f"{f.path}: {f.arch}.expert_group_count {hp.n_expert_groups} / expert_group_used_count "
+                        f"{hp.n_group_used} do not split {hp.n_expert} experts")
     _read_rope_scaling(keys, hp)
     arch.read_hparams(hp, keys)
     _derive_yarn(hp)
     return hp
+
+
+INTEGER_TYPES = ("I8", "I16", "I32", "I64")
 
 
 def _vocab_size(f: GGUFFile) -> int:
@@ -148,6 +163,13 @@ def _vocab_size(f: GGUFFile) -> int:
     if len(embd.ne) < 2:
         raise GGUFError(f"{f.path}: tensor 'token_embd.weight' has shape {list(embd.ne)}, expected "
                         f"[n_embd, n_vocab]")
+    if embd.type.name in INTEGER_TYPES:  # llama.cpp cannot look rows up in them: refused at load
+        raise GGUFError(f"{f.path}: tensor 'token_embd.weight' has type {embd.type.name}; token embeddings must "
+                        f"be float or quantized")
+    model = f.get("tokenizer.ggml.model", None)
+    if model not in (None, "none", "no_vocab") and f.array_length("tokenizer.ggml.tokens") is None:
+        raise GGUFError(f"{f.path}: 'tokenizer.ggml.model' is {model!r} but the file has no token list "
+                        f"'tokenizer.ggml.tokens' (llama.cpp: cannot find tokenizer vocab)")
     sizes = {f"{f.arch}.vocab_size": f.get(f"{f.arch}.vocab_size", None),
              "tokenizer.ggml.tokens": f.array_length("tokenizer.ggml.tokens")}
     if all(n is None for n in sizes.values()):  # llama.cpp sizes token_embd by one of them
@@ -182,7 +204,8 @@ def _derive_yarn(hp: HParams) -> None:
             return 1.0 if scale <= 1.0 else 0.1 * m * math.log(scale) + 1.0
         scale = 1.0 / hp.rope_freq_scale
         log_mul = hp.yarn_log_mul
-        hp.yarn_attn_factor = mscale(scale, 1.0) / mscale(scale, log_mul) if log_mul else mscale(scale, 1.0)
+        hp.yarn_attn_factor = (mscale(scale, hp.yarn_mscale) / mscale(scale, log_mul) if log_mul
+                               else mscale(scale, hp.yarn_mscale))
         # rope_ext multiplies by the same mscale again when ext_factor != 0: cancel it here
         hp.yarn_attn_factor /= 1.0 + 0.1 * math.log(scale)
     hp.yarn_attn_factor *= rope_attn_factor

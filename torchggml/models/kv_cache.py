@@ -20,8 +20,8 @@ from ..alloc import backend_alloc_ctx_tensors_from_buft
 from ..backend.buffer import backend_buffer_clear
 from ..backend.tensor_io import backend_tensor_get, backend_tensor_memset, backend_tensor_set
 from ..context import Context, new_tensor_2d
-from ..ops import set_rows, view_3d, reshape_2d
-from ..tensor import Tensor, nbytes, round_up, set_name
+from ..ops import cont, set_rows, view_3d, reshape_2d
+from ..tensor import Tensor, is_contiguous, nbytes, round_up, set_name
 from ..types import Type, as_type, row_size, blck_size
 from .memory import Memory
 
@@ -52,7 +52,9 @@ class KVCache(Memory):
     layer has no attention, as a hybrid model's recurrent layers; its K and V are None)."""
 
     def __init__(self, n_layer: int, n_ctx: int, head_dim_k: int, head_dim_v: int, n_head_kv: int,
-                 kv_type: Type, bufts):
+                 kv_type: Type, bufts, v_in_k: bool = False):
+        """v_in_k: V is the first head_dim_v values of each K row, not stored apart (multi-head
+        latent attention: K holds the compressed latent and its rotary part, V the latent)."""
         if len(bufts) != n_layer:
             raise ValueError(f"KVCache: {len(bufts)} buffer types for {n_layer} layers")
         for head_dim in (head_dim_k, head_dim_v):
@@ -61,7 +63,16 @@ class KVCache(Memory):
                                  f"{kv_type.name}'s block size {blck_size(kv_type)}")
         self.n_ctx = n_ctx
         self.type = kv_type
+        # llama_set_causal_attn: False while a chunk whose tokens attend to each other both ways
+        # (a Gemma 3 image's embeddings) is evaluated
+        self.causal = True
         self.head_dim_k, self.head_dim_v, self.n_head_kv = head_dim_k, head_dim_v, n_head_kv
+        if v_in_k and (head_dim_v > head_dim_k or n_head_kv != 1):
+            raise ValueError(f"KVCache: V inside K needs one K/V head and head_dim_v {head_dim_v} <= head_dim_k "
+                             f"{head_dim_k}")
+        self.v_in_k = v_in_k
+        self.alibi = False  # masks hold -|p - p0| (set for ALiBi architectures)
+        self.chunked = False  # windowed layers attend within chunks of n_swa positions (llama4)
         self.k: list[Tensor] = []
         self.v: list[Tensor] = []
         self.buffers = []
@@ -73,7 +84,8 @@ class KVCache(Memory):
                 continue
             _, ctx = ctxs.setdefault(id(buft), (buft, Context(no_alloc=True)))
             self.k.append(set_name(new_tensor_2d(ctx, kv_type, head_dim_k * n_head_kv, n_ctx), f"cache_k_l{il}"))
-            self.v.append(set_name(new_tensor_2d(ctx, kv_type, head_dim_v * n_head_kv, n_ctx), f"cache_v_l{il}"))
+            self.v.append(None if v_in_k else
+                          set_name(new_tensor_2d(ctx, kv_type, head_dim_v * n_head_kv, n_ctx), f"cache_v_l{il}"))
         for buft, ctx in ctxs.values():
             try:
                 buffer = backend_alloc_ctx_tensors_from_buft(ctx, buft)
@@ -87,8 +99,8 @@ class KVCache(Memory):
             self.buffers.append(buffer)
         self._contexts = [ctx for _, ctx in ctxs.values()]
         # the cells' bookkeeping, after the cache itself so that a too large n_ctx fails there first
-        # numpy, not torch: a decode step's bookkeeping is a few small operations, each ~1 µs in
-        # numpy and ~10 in torch
+        # numpy, not torch: a decode step's bookkeeping is a few small operations, each cheaper
+        # in numpy than in torch
         self.cell_seq = np.full(n_ctx, -1, dtype=np.int64)  # -1: free
         self.cell_pos = np.zeros(n_ctx, dtype=np.int64)
         self.seq_next: dict[int, int] = {}  # the next position of each sequence
@@ -139,6 +151,16 @@ class KVCache(Memory):
             self.zero_cells(cells)
             self.cell_seq[cells] = -1
             self.seq_next.pop(int(seq_id), None)
+
+    def keep_prefix(self, seq_id: int, n: int) -> None:
+        """Sequence seq_id keeps its first n positions and forgets the rest (llama.cpp's seq_rm
+        from position n): the next token it evaluates is at position n."""
+        seq_id = int(seq_id)
+        cells = np.flatnonzero((self.cell_seq == seq_id) & (self.cell_pos >= n))
+        self.zero_cells(cells)
+        self.cell_seq[cells] = -1
+        if seq_id in self.seq_next:
+            self.seq_next[seq_id] = min(self.seq_next[seq_id], int(n))
 
     def copy(self, src: int, dst: int) -> None:
         """Sequence dst continues from sequence src's cells (llama.cpp's seq_cp): dst's own cells
@@ -222,36 +244,51 @@ class KVCache(Memory):
         p0 with p - p0 < n_swa, llama.cpp's standard window), -inf elsewhere."""
         seq, pos = self.cell_seq[:batch.n_kv].copy(), self.cell_pos[:batch.n_kv].copy()
         seq[batch.cells], pos[batch.cells] = batch.seq_ids, batch.positions  # this batch's own cells
-        return attention_mask(batch.positions, pos, n_swa, seq[None, :] == batch.seq_ids[:, None])
+        return attention_mask(batch.positions, pos, n_swa, seq[None, :] == batch.seq_ids[:, None], self.alibi,
+                              self.chunked, self.causal)
 
     def store(self, ctx, il: int, k_cur: Tensor, v_cur: Tensor, kv_idx: Tensor, n_kv: int):
         """Write this batch's K and V rows into cells kv_idx and return views of the first n_kv
         cells, K [head_dim_k, n_kv, n_head_kv] and V [head_dim_v, n_kv, n_head_kv]. The views
         are built on the set_rows results, so attention depends on the writes."""
         n_tokens = k_cur.ne[2]
+        k_cur, v_cur = (t if is_contiguous(t) else cont(ctx, t) for t in (k_cur, v_cur))  # views of a fused qkv
         k_rows = reshape_2d(ctx, k_cur, self.head_dim_k * self.n_head_kv, n_tokens)
-        v_rows = reshape_2d(ctx, v_cur, self.head_dim_v * self.n_head_kv, n_tokens)
         k_set = set_rows(ctx, self.k[il], k_rows, kv_idx)
+        if self.v_in_k:  # V: the start of each K row, written with it (v_cur is that part of k_cur)
+            return self._cells(ctx, k_set, self.head_dim_k, n_kv), self._cells(ctx, k_set, self.head_dim_v, n_kv)
+        v_rows = reshape_2d(ctx, v_cur, self.head_dim_v * self.n_head_kv, n_tokens)
         v_set = set_rows(ctx, self.v[il], v_rows, kv_idx)
         return self._cells(ctx, k_set, self.head_dim_k, n_kv), self._cells(ctx, v_set, self.head_dim_v, n_kv)
 
     def _cells(self, ctx, cache: Tensor, head_dim: int, n_kv: int) -> Tensor:
+        """[head_dim, n_kv, n_head_kv] of the cache's rows (head_dim may be shorter than a head:
+        the V inside K)."""
+        head_size = cache.ne[0] // self.n_head_kv
         return view_3d(ctx, cache, head_dim, n_kv, self.n_head_kv,
-                       cache.nb[1], row_size(self.type, head_dim), 0)
+                       cache.nb[1], row_size(self.type, head_size), 0)
 
 
 def attention_mask(token_pos: torch.Tensor, cell_pos: torch.Tensor, n_swa: int = 0,
-                   same_seq: torch.Tensor | None = None) -> torch.Tensor:
+                   same_seq: torch.Tensor | None = None, alibi: bool = False, chunked: bool = False,
+                   causal: bool = True) -> torch.Tensor:
     """F16 [n_tokens, n_cells]: 0 where a token at token_pos[i] may attend to the cell holding
-    position cell_pos[j] (a position up to its own, of its own sequence when same_seq is given;
-    with a sliding window n_swa only p - p0 < n_swa), -inf elsewhere."""
+    position cell_pos[j] (a position up to its own, any position when not causal; of its own
+    sequence when same_seq is given; with a sliding window n_swa only p - p0 < n_swa, or with
+    chunked windows only the positions of p's own chunk of n_swa: p0 >= p - p % n_swa), -inf
+    elsewhere. With alibi the visible cells hold -|p - p0| instead of 0: the softmax's max_bias
+    scales it per head (ALiBi)."""
     token_pos, cell_pos = np.asarray(token_pos), np.asarray(cell_pos)  # numpy: µs, not tens of µs
     p = token_pos[:, None]
-    visible = cell_pos[None, :] <= p
+    visible = cell_pos[None, :] <= p if causal else np.ones((p.size, cell_pos.size), dtype=bool)
     if same_seq is not None:
         visible &= np.asarray(same_seq)
-    if n_swa:
+    if n_swa and chunked:
+        visible &= cell_pos[None, :] >= p - p % n_swa
+    elif n_swa:
         visible &= p - cell_pos[None, :] < n_swa
+    if alibi:
+        return torch.from_numpy(np.where(visible, -np.abs(p - cell_pos[None, :]).astype(np.float16), _HIDDEN))
     return torch.from_numpy(np.where(visible, _VISIBLE, _HIDDEN))
 
 

@@ -24,6 +24,9 @@ class Memory(ABC):
     attention = None
     #: OPTIONAL, None: the recurrent part (a RecurrentState), where the kind has one
     recurrent = None
+    #: OPTIONAL, None: keep_prefix(seq_id, n), sequence seq_id keeps its first n positions and
+    #: forgets the rest (llama.cpp's seq_rm from n); None where a state cannot go back (recurrent)
+    keep_prefix = None
     #: the backend buffers that hold the memory's tensors
     buffers: list
 

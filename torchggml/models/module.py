@@ -152,11 +152,14 @@ class GGMLModule(torch.nn.Module):
             g = model.build_graph(ctx, n_tokens, n_kv)
             target = backend_sched_new(model.backends, None, graph_size(model.hp) * 2, False, True)
             params = model.lora.tensors() if model.lora is not None else []
-            inputs = [g.tokens, g.positions, g.kv_idx, *g.masks.values(), *(t for t, _ in g.position_inputs)]
+            # a graph without rotary positions (ALiBi, learned or multi-axis positions) reads no inp_pos
+            fn_positions = [g.positions] if g.positions is not None else []
+            inputs = [g.tokens, *fn_positions, g.kv_idx, *g.masks.values(), *(t for t, _ in g.position_inputs)]
             fn = graph_function(g.graph, inputs, [g.logits], target, params, read_weight=self._read_weight)
             fn.ctx = ctx  # the graph's tensors live as long as the function
             fn.windows = list(g.masks)  # the masks' sliding windows (0: causal), in input order
             fn.position_values = [values for _, values in g.position_inputs]
+            fn.reads_positions = bool(fn_positions)
             self._functions[key] = fn
             if len(self._functions) > self.MAX_GRAPHS:
                 self._functions.popitem(last=False)  # freed when no autograd graph needs it
@@ -189,10 +192,13 @@ class GGMLModule(torch.nn.Module):
         n_kv = min(model.n_ctx, -(-top // KV_PAD) * KV_PAD)
         fn = self._function(n, n_kv)
         pos = positions.cpu()
-        masks = [attention_mask(pos, torch.arange(n_kv), window) for window in fn.windows]
+        alibi = model.hp.max_alibi_bias > 0
+        masks = [attention_mask(pos, torch.arange(n_kv), window, alibi=alibi, chunked=model.hp.swa_chunked)
+                 for window in fn.windows]
         extra = [values(pos) for values in fn.position_values]
         pos32 = positions.to(torch.int32)
-        logits = fn(tokens.to(torch.int32), pos32, positions.to(torch.int64), *masks, *extra, params=self._lora_params)
+        pos_args = [pos32] if fn.reads_positions else []
+        logits = fn(tokens.to(torch.int32), *pos_args, positions.to(torch.int64), *masks, *extra, params=self._lora_params)
         return logits.reshape(n, model.n_vocab)
 
     # ------------------------------------------------------------ devices

@@ -65,9 +65,8 @@ class ModelParams:
         cache holds the file in 2 MiB folios, as Linux 6.x filesystems with large folios do for a
         file read whole; GGUFFile.maps_in_huge_pages tells). False: every CPU weight is read into
         CPU memory in huge pages, as llama.cpp's --no-mmap plus huge pages: a decode step, which
-        streams every weight, runs up to ~1.3x faster than from a mapping in 4 KiB pages, at the
-        cost of the first touch of that memory at load (0.1-2 s a GB, the machine's page fault
-        cost).
+        streams every weight, runs faster than from a mapping in 4 KiB pages, at the cost of
+        the first touch of that memory at load (the machine's page fault cost).
     check_tensors: check every weight's values (and quantized blocks' scales) for NaN/inf on
         load, as llama.cpp's --check-tensors: GGUFError naming the tensor (reads all weights).
     n_seq_max: sequences the recurrent state of recurrent and hybrid models holds at once (one

@@ -4,14 +4,25 @@ cache, as llama-server's slots do.
 Each step is one step of the decode loop Model.generate runs (models/batch_generator.py): one
 `Model.eval_batch` call with the next token of every decoding sequence, then prompt chunks of
 newly admitted sequences in the room left (n_batch tokens in all), then each sequence's sampling.
-Requests join between steps when a slot is free; a finished, failed or cancelled sequence leaves
-and its cells are freed. The KV cache is shared as llama.cpp
+Requests join between steps when a slot is free; a failed or cancelled sequence leaves and its
+cells are freed.
+
+Prompt cache (llama-server's cache_prompt, on by default): a slot keeps its prompt's cells after its
+request ends, and a new request goes to the free slot whose cells share the longest prefix with its
+prompt; only the rest of the prompt is evaluated (at least its last token, for the logits). The
+generated tokens' cells are not kept: a decode step's products round differently from a prompt
+batch's, so they are evaluated again with the next prompt, and the cache changes no token. A request with
+cache_prompt false, an embedding, and every request on a memory that cannot drop a sequence's tail
+(recurrent and hybrid models: their states hold no positions to go back to) start from cleared
+cells. The KV cache is shared as llama.cpp
 shares it: each of the `parallel` slots may use n_ctx // parallel cells, so the cache never
 overflows; a sequence that reaches its slot's size ends with finish_reason "length".
 
 Waiting requests sit in a bounded queue; past `max_queue` a submit raises QueueFull (the server
 answers 503). Events go back to the submitter through its `emit` callback, called on the engine
-thread: ("token", job, text, choices), ("done", job, text, None), ("error", job, message, None).
+thread: ("token", job, text, choices), ("done", job, text, None), ("error", job, message, status)
+(status 400 when the client's grammar failed, 500 otherwise). A job with a `deadline`
+(time.monotonic()) that passes ends with finish_reason "length".
 
 With one slot every step is what Model.generate evaluates, so temperature 0 gives generate's
 tokens exactly.
@@ -26,6 +37,7 @@ from typing import Callable
 
 from ..models.batch_generator import BatchGenerator, BatchSequence
 from ..models.generation import Generation
+from .grammar import GrammarError
 
 
 class QueueFull(RuntimeError):
@@ -40,11 +52,14 @@ class Job:
     gen: Generation | None = None
     pooling: str = "mean"
     index: int = 0                 # the choice (or input) index within its request
+    cache_prompt: bool = True      # reuse a slot's cells that hold a prefix of the prompt
+    n_cached: int = 0              # prompt tokens found in the slot's cells
     cancelled: bool = False
     seq_id: int = -1
     seq: BatchSequence | None = None  # its place in the decode loop, once admitted
     submitted: float = field(default_factory=time.perf_counter)
     first_token: float | None = None
+    deadline: float | None = None  # time.monotonic() past which the sequence ends ("length")
 
     def cancel(self) -> None:
         """Stop this sequence at the next step (a client that hung up); no more events."""
@@ -55,8 +70,11 @@ class Stats:
     """Counters for /metrics (written by the engine thread, read by the server)."""
 
     def __init__(self):
-        self.prompt_tokens = 0
+        self.prompt_tokens = 0         # evaluated (prompt cache hits excluded)
+        self.cached_prompt_tokens = 0  # found in a slot's cells, not evaluated again
         self.generated_tokens = 0
+        self.drafted_tokens = 0        # speculative decoding: draft tokens evaluated
+        self.accepted_tokens = 0       # and taken
         self.steps = 0
         self.batch_tokens = 0
         self.mixed_steps = 0        # steps that held prompt chunks beside running decodes
@@ -73,7 +91,7 @@ class Stats:
 
 
 class Engine:
-    def __init__(self, model, parallel: int = 1, max_queue: int = 64):
+    def __init__(self, model, parallel: int = 1, max_queue: int = 64, draft=None, n_draft: int = 16):
         if parallel < 1:
             raise ValueError(f"parallel={parallel} must be at least 1")
         if max_queue < 0:
@@ -85,7 +103,8 @@ class Engine:
         if self.slot_ctx < 2:
             raise ValueError(f"n_ctx={model.n_ctx} is too small for {parallel} parallel sequences")
         self.stats = Stats()
-        self.batch = BatchGenerator(model)
+        self.batch = BatchGenerator(model, keep_finished=True, draft=draft, n_draft=n_draft)
+        self.slot_tokens: dict[int, list[int]] = {}  # an idle slot -> the tokens its cells hold
         self.waiting: collections.deque[Job] = collections.deque()
         self.active: list[Job] = []
         self.free_slots = list(range(self.parallel))
@@ -120,6 +139,7 @@ class Engine:
     # ------------------------------------------------------------ the engine thread
 
     def _loop(self) -> None:
+        self.model.reset()  # the engine (its thread) owns the memory: no cells of earlier work
         while True:
             with self._cond:
                 while self._running and not self.waiting and not self.active:
@@ -132,7 +152,7 @@ class Engine:
             except Exception as e:  # a failed step fails its sequences, never the engine
                 for job in list(self.active):
                     self._release(job, "error")
-                    job.emit(("error", job, f"{type(e).__name__}: {e}", None))
+                    job.emit(("error", job, f"{type(e).__name__}: {e}", 500))
 
     def _admit(self) -> None:
         while self.free_slots and self.waiting:
@@ -140,17 +160,44 @@ class Engine:
             if job.cancelled:  # its client left while it waited
                 self.stats.sequences_finished["cancelled"] += 1
                 continue
-            job.seq_id = self.free_slots.pop(0)
+            job.seq_id = self._take_slot(job)
             if job.gen is not None:
-                job.seq = self.batch.add(job.gen, job.seq_id, self.slot_ctx, owner=job)
+                job.seq = self.batch.add(job.gen, job.seq_id, self.slot_ctx, owner=job, n_cached=job.n_cached)
+                self.stats.cached_prompt_tokens += job.n_cached
             self.active.append(job)
+
+    def _take_slot(self, job: Job) -> int:
+        """The free slot whose cells share the longest prefix with the job's prompt (the lowest
+        such slot); its cells keep that prefix, the rest is cleared."""
+        def common(slot: int) -> int:  # tokens of the slot's cells that begin the prompt
+            held, n = self.slot_tokens.get(slot, ()), 0
+            for a, b in zip(held, job.prompt):
+                if a != b:
+                    break
+                n += 1
+            return n
+        reuse = job.cache_prompt and job.gen is not None
+        slot = max(self.free_slots, key=lambda s: (common(s) if reuse else 0, -s))
+        self.free_slots.remove(slot)
+        n = min(common(slot), len(job.prompt) - 1) if reuse else 0
+        held = self.slot_tokens.pop(slot, None)
+        if held is not None and not (n > 0 and self.model.keep_prefix(slot, n)):
+            n = 0
+            self.model.reset(slot)
+        job.n_cached = n
+        return slot
 
     def _release(self, job: Job, outcome: str) -> None:
         if job in self.active:
-            if job.seq is None:
-                self.model.reset(job.seq_id)  # an embedding's cells
+            # a finished request's slot keeps its prompt's cells, where the memory can drop the rest
+            keep = (job.seq is not None and job.cache_prompt and outcome in ("stop", "length")
+                    and self.model.keep_prefix(job.seq_id, len(job.prompt)))
+            if job.seq is not None:
+                self.batch.remove(job.seq, free=not keep)  # (nothing to do when the loop let it go)
+            if keep:
+                self.slot_tokens[job.seq_id] = job.prompt
             else:
-                self.batch.remove(job.seq)  # (nothing to do when the loop already let it go)
+                self.model.reset(job.seq_id)
             with self._cond:
                 self.active.remove(job)
                 self.free_slots.append(job.seq_id)
@@ -160,6 +207,12 @@ class Engine:
     def _step(self) -> None:
         for job in [j for j in self.active if j.cancelled]:
             self._release(job, "cancelled")
+        now = time.monotonic()
+        for job in [j for j in self.active if j.gen is not None and j.deadline is not None and now >= j.deadline]:
+            job.gen.finish("length")  # --request-timeout: it ends as a sequence out of room does
+            rest = job.gen.flush()
+            self._release(job, "length")
+            job.emit(("done", job, rest, None))
         for job in [j for j in self.active if j.gen is None]:
             self._embed(job)
         if not self.batch.active:
@@ -172,6 +225,8 @@ class Engine:
             self.stats.batch_tokens += counts.prompt_tokens + counts.decode_tokens
             self.stats.mixed_steps += n_decoding > 0 and counts.prompt_tokens > 0
         self.stats.prompt_tokens += counts.prompt_tokens
+        self.stats.drafted_tokens += counts.drafted
+        self.stats.accepted_tokens += counts.accepted
         for update in updates:
             job = update.seq.owner
             if job.cancelled:
@@ -179,7 +234,8 @@ class Engine:
                 continue
             if update.error is not None:  # this sequence's own failure (its grammar, its sampler): it alone ends
                 self._release(job, "error")
-                job.emit(("error", job, f"{type(update.error).__name__}: {update.error}", None))
+                status = 400 if isinstance(update.error, GrammarError) else 500  # the client's grammar: 400
+                job.emit(("error", job, f"{type(update.error).__name__}: {update.error}", status))
                 continue
             if job.first_token is None:
                 job.first_token = time.perf_counter()
@@ -196,7 +252,7 @@ class Engine:
             vector = self.model.embed(job.prompt, pooling=job.pooling, seq_id=job.seq_id)
         except Exception as e:
             self._release(job, "error")
-            job.emit(("error", job, f"{type(e).__name__}: {e}", None))
+            job.emit(("error", job, f"{type(e).__name__}: {e}", 500))
             return
         self.stats.prompt_tokens += len(job.prompt)
         self._release(job, "embedding")

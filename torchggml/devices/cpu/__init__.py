@@ -1,6 +1,7 @@
-"""The CPU device, as a package; what runs an op on the CPU is kernels.py's table.
+"""The CPU device: numba kernels on ggml's blocks beside torch's, quantized weights in CPU_REPACK
+layouts; what runs an op on the CPU is kernels.py's table.
 
-    device.py      CPUDevice, CPUBackend, CPUReg and the C API's CPU functions
+    cpu.py         CPUDevice, CPUBackend, CPUReg and the C API's CPU functions
     kernels.py     CPU_KERNELS: each op's layers in order (numba, weight layout, torch reference)
     fast_ops.py    the numba layer for decode's small nodes
     products.py    the CPU's matrix products: a weight's layout product, torch's half GEMM

@@ -1,6 +1,6 @@
 """The CPU's numba layer for small nodes (decode steps): one numba call per node
 (jit/op_kernels.py) over numpy views of the node's memory bound when the plan is compiled,
-instead of several torch ops per node (each ~1-5 µs of dispatch, most of a decode node's time).
+instead of several torch ops per node (whose dispatch is most of a decode node's time).
 
 Each `bind_*` returns the node's bound call, or None where the fast kernel does not take the
 node (its types, its mode, a size past FAST_MAX_ELEMENTS where torch's threaded kernels pay, no
@@ -118,9 +118,13 @@ def bind_rope(node):
         p.n_pairs, p.n_dims, p.mode, p.sections, p.freq_base, p.freq_scale, p.ext_factor, p.n_ctx_orig,
         p.beta_fast, p.beta_slow, torch.device("cpu"))
     ramp = np.stack([yarn[0].numpy(), yarn[1].numpy()]) if yarn is not None else np.zeros((0, 0))
+    start, width = rotated_span(p, a.ne[0])
+    # the kernel rotates columns [start, start + width) with width // 2 frequency factors
+    if start < 0 or width < 0 or width % 2 or start + width > a.ne[0] or (factors is not None
+                                                                          and factors.ne[0] < width // 2):
+        return None
     vx, dst = view(a), view(node)
     in_place = dst.data_ptr() == vx.data_ptr() and dst.stride() == vx.stride()
-    start, width = rotated_span(p, a.ne[0])
     vf = as_numpy(view(factors)[0, 0, 0]) if factors is not None else _NO_F32
     return _call(op_kernels().rope, as_numpy(vx), as_numpy(dst), as_numpy(view(positions)[0, 0, 0]), vf,
                  inv_freq.numpy(), ramp, factors is not None, float(p.freq_scale),
@@ -155,7 +159,7 @@ BLOCK_KINDS = ("Q4_0", "Q8_0", "Q4_K", "Q6_K")
 
 def bind_get_block_rows(node):
     """Rows of a table in a block type the numba kernel decodes (the token embeddings): only the
-    requested rows, in one call (the torch dequantizers take ~100-300 µs for one row)."""
+    requested rows, in one call (the torch dequantizers' fixed cost dwarfs one row)."""
     a, ids = node.src[0], node.src[1]
     if (not numba_available() or a.type.name not in BLOCK_KINDS or node.type != Type.F32
             or nelements(node) > FAST_MAX_ELEMENTS):
@@ -169,8 +173,8 @@ def bind_get_block_rows(node):
 def coalesced(*views: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Views of the same shape with adjacent dims merged wherever every view's strides allow and
     unit dims dropped (at least 1-D): a permuted copy becomes the 2-D transpose it is. torch's
-    copy of the V cache's [1, 16, 64, 168] permute takes ~360 µs, of the same [1024, 168]
-    transpose ~80 µs (and ~330 µs again if unit dims with stride 0 pad it back to 4-D)."""
+    copy of the V cache's 4-D permute is several times slower than of the same 2-D transpose
+    (and slow again if unit dims with stride 0 pad it back to 4-D)."""
     dims = [d for d in range(views[0].dim()) if views[0].shape[d] != 1]
     shape, strides = [], [[] for _ in views]
     for d in reversed(dims):  # innermost first
@@ -202,8 +206,8 @@ def _torch_copy(src, dst, _node) -> None:
 
 def bind_copy(node):
     """Strided copies of the same shape (the transposes and permutes of attention), within or
-    between F32 and F16, over coalesced views: same-type transposes by numba in 8x8 blocks (the V
-    cache's 168x1024 F16: ~55 µs warm, torch's copy ~88), other small ones by numba's element
+    between F32 and F16, over coalesced views: same-type transposes by numba in 8x8 blocks (faster
+    than torch's copy on the V cache), other small ones by numba's element
     loop, larger ones by torch's copy; contiguous ones stay the generic kernel's copy (a memcpy)."""
     src = node.src[0]
     if not (src.type in _fast_types() and node.type in _fast_types()):
@@ -227,8 +231,8 @@ def bind_copy(node):
 
 _BINARY_CODES = {Op.ADD: 0, Op.SUB: 1, Op.MUL: 2, Op.DIV: 3}
 
-# element-wise ops past this many values stay torch's one vectorized op: a decode row (1024 F32:
-# ~5 vs ~9 µs in a decode step) gains, a prompt's 128 rows lose (MUL 49 vs 16 µs)
+# element-wise ops past this many values stay torch's one vectorized op: a decode row gains from
+# numba, a prompt's 128 rows lose (scripts/bench_decode_host.py)
 BINARY_MAX_ELEMENTS = 1 << 13
 
 
@@ -266,6 +270,17 @@ def flat_span(t: torch.Tensor) -> np.ndarray:
     it through their strides)."""
     span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
     return as_numpy(t.as_strided((span,), (1,)))
+
+
+def reads_within(flat: np.ndarray, dims, row: int) -> bool:
+    """A kernel reading flat[sum(i * stride) + r] for each (count, stride) of dims, i < count,
+    and r < row, stays within flat (the bound a binding checks before a kernel indexes a flat
+    span by sizes from other tensors: numba does not check indices)."""
+    if row <= 0 or any(count <= 0 for count, _ in dims):
+        return True
+    if any(stride < 0 for _, stride in dims):
+        return False
+    return sum((count - 1) * int(stride) for count, stride in dims) + row <= flat.shape[0]
 
 
 def bind_half_products(node):

@@ -54,7 +54,7 @@ def _gemm_choice() -> str:
 
 def fastest_gemm_dtype() -> torch.dtype:
     """The dtype prompt products dequantize into: bf16 where the CPU multiplies it natively
-    (AMX, AVX512-BF16: 2.5x float32's speed for a 128x1024x2816 product on a Zen 4), else
+    (AMX, AVX512-BF16: faster than float32), else
     float32 (AVX2's bf16/f16 GEMMs are slower than converting). TORCHGGML_CPU_GEMM=f32|bf16
     overrides."""
     choice = _gemm_choice()
@@ -65,7 +65,7 @@ def fastest_gemm_dtype() -> torch.dtype:
 
 def int8_gemm() -> bool:
     """Whether prompts multiply Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weights (ggml's blocks in place) with the int8
-    GEMM (jit/gemm_kernels.py, ggml's per-block scales: 1.35-1.55x the bf16 path on a Zen 4):
+    GEMM (jit/gemm_kernels.py, ggml's per-block scales; faster than the bf16 path):
     where numba's target has AVX512-VNNI, unless TORCHGGML_CPU_GEMM=f32|bf16 asks for the float
     GEMM (=int8 asks for it and fails without the instructions)."""
     choice = _gemm_choice()

@@ -5,7 +5,7 @@ becomes one kernel call at the last node, the others' calls dropped.
     attention   MUL_MAT(K, Q) -> SOFT_MAX(mask, scale) -> MUL_MAT(CONT(V^T), .): a decode
                 step's attention without flash_attn_ext (llama.cpp's default graph), one
                 numba call a layer (jit/op_kernels.decode_attention) instead of four nodes,
-                the V^T copy among them; per layer of the 1.1B model 102 -> ~15 µs.
+                the V^T copy among them.
 
 A pattern fuses only when each intermediate has one consumer in the whole graph (the scheduler's
 splits and the eval callback's ranges are views of it: a node another split or the callback
@@ -23,7 +23,7 @@ from ...enums import Op, TensorFlag, VIEW_OPS
 from ...tensor import get_op_params_f32, nbytes
 from ...types import Type
 from ..kernels.common import view
-from .fast_ops import as_numpy, flat_span
+from .fast_ops import as_numpy, flat_span, reads_within
 from .jit.loader import BoundKernel, numba_available, op_kernels
 
 # query rows per head the fused attention takes (decode, and batched decode's few tokens)
@@ -104,7 +104,9 @@ def _attention_pattern(kqv, counts, position):
 
 def _bind_attention(kqv, kq, probs, v_t):
     """The fused call, or None where the kernel does not take the nodes: F16 K and V, F32 Q and
-    output, a mask of one matrix (F32 or F16), no ALiBi or sinks, no dim 3, few query rows."""
+    output, a mask of one matrix (F32 or F16), no ALiBi or sinks, no dim 3, few query rows, and
+    nodes whose shapes are the pattern's (the kernel reads K, Q, the mask and V by sizes taken
+    from them; a graph from the wire may pair them otherwise: then the nodes run unfused)."""
     k, q, mask = kq.src[0], kq.src[1], probs.src[1]
     v = v_t.src[0]  # the permuted view of the V cells
     if v.op != Op.PERMUTE or v.view_src is None:
@@ -116,22 +118,39 @@ def _bind_attention(kqv, kq, probs, v_t):
         return None
     if mask is not None and (mask.type not in (Type.F32, Type.F16) or mask.ne[2] != 1 or mask.ne[3] != 1):
         return None
-    n_kv, n_tok, n_head = kq.ne[0], kq.ne[1], kq.ne[2]
-    n_head_kv, d_k, d_v = k.ne[2], k.ne[0], kqv.ne[0]
+    d_k, n_tok, n_head = q.ne[0], q.ne[1], q.ne[2]
+    n_kv, n_head_kv, d_v = k.ne[1], k.ne[2], v.ne[1]
     if (n_tok > ATTENTION_MAX_ROWS or any(t.ne[3] != 1 for t in (k, q, v, kqv)) or n_head % n_head_kv
-            or v.ne[2] != n_head_kv):
+            or not _pattern_shapes(kqv, kq, probs, v_t, k, v, mask, (d_k, n_kv, n_tok, n_head, n_head_kv, d_v))):
         return None
     vk, vv = view(k)[0], view(v)[0]              # [n_head_kv, n_kv, d_k]; the permuted V [n_head_kv, d_v, n_kv]
     vv = vv.transpose(1, 2)                       # back to the cells' [n_head_kv, n_kv, d_v]
     if vk.stride(2) != 1 or vv.stride(2) != 1 or min(vk.stride()) < 0 or min(vv.stride()) < 0:
         return None
+    k_span, v_span = flat_span(vk), flat_span(vv)
     strides = np.array([vk.stride(0), vk.stride(1), vv.stride(0), vv.stride(1)], dtype=np.int64)
+    # every K and V row the kernel reads lies in the spans (the views' own memory)
+    if not (reads_within(k_span, ((n_head_kv, strides[0]), (n_kv, strides[1])), d_k)
+            and reads_within(v_span, ((n_head_kv, strides[2]), (n_kv, strides[3])), d_v)):
+        return None
     vq = as_numpy(view(q)[0])                     # [n_head, n_tok, d_k]
     vm = as_numpy(view(mask)[0, 0]) if mask is not None else np.zeros((1, 1), np.float32)
     out = as_numpy(view(kqv)[0])                  # [n_head, n_tok, d_v]
     scratch = np.empty((n_head, n_tok, d_v), np.float32)
     kernel = op_kernels().decode_attention
-    args = (flat_span(vk), flat_span(vv), strides, int(n_kv), int(n_head_kv), vq, vm, mask is not None,
+    args = (k_span, v_span, strides, int(n_kv), int(n_head_kv), vq, vm, mask is not None,
             np.float32(get_op_params_f32(probs, 0)), scratch, out, numba.get_num_threads())
     return BoundKernel(kernel, *args)
 
+
+def _pattern_shapes(kqv, kq, probs, v_t, k, v, mask, sizes) -> bool:
+    """The nodes' shapes are those of decode attention over K [d_k, n_kv, n_head_kv], Q [d_k,
+    n_tok, n_head] and V^T's cells [n_kv, d_v, n_head_kv]: KQ and its softmax [n_kv, n_tok,
+    n_head], CONT(V^T) V^T's own shape (a CONT that reshapes is not a transpose), KQV [d_v,
+    n_tok, n_head], a mask of at least [n_kv, n_tok]."""
+    d_k, n_kv, n_tok, n_head, n_head_kv, d_v = sizes
+    scores = [n_kv, n_tok, n_head, 1]
+    return (list(k.ne) == [d_k, n_kv, n_head_kv, 1] and list(v.ne) == [n_kv, d_v, n_head_kv, 1]
+            and list(v_t.ne) == list(v.ne) and list(kq.ne) == scores and list(probs.ne) == scores
+            and list(kqv.ne) == [d_v, n_tok, n_head, 1]
+            and (mask is None or (mask.ne[0] >= n_kv and mask.ne[1] >= n_tok)))

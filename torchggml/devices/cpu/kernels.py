@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ...enums import Op
+from ..rpc.shapes import check_node
 from ..kernels import TORCH_KERNELS, KernelTable, binds
 from . import fast_ops, recurrent
 from .products import bind_block_product, bind_half_weight_product, bind_layout_experts, bind_layout_product
@@ -79,13 +80,17 @@ LAYERS.update({Op.SSM_SCAN: (numba(recurrent.bind_ssm_scan), TORCH), Op.RWKV_WKV
 
 def bind_layers(op: Op, layers, node):
     """The node's call from the first of `layers` that takes it (TORCH: the reference kernel,
-    bound where it binds)."""
+    bound where it binds). A node whose shape breaks ggml's rules for its sources goes to the
+    reference kernel: the others index the sources by the node's shape, unchecked."""
+    well_formed = None
     for layer in layers:
         if layer is TORCH:
             reference = TORCH_KERNELS.entries[op][0]
             binder = getattr(reference, "bind", None)
             return (binder(node) if binder is not None else None) or reference
-        if layer.enabled():
+        if well_formed is None:
+            well_formed = check_node(node) is None
+        if well_formed and layer.enabled():
             call = layer.bind(node)
             if call is not None:
                 return call

@@ -2,7 +2,7 @@
 
 A decode step's plan is ~20 bound kernels a layer (fast_ops, fusion, the block matvec: each a
 BoundKernel, a numba kernel and numpy views of fixed memory). Called one by one from Python
-each costs a dispatch, ~2 µs, and ~5 on the cold cache that streaming a token's weights leaves
+each costs a dispatch, more on the cold cache that streaming a token's weights leaves
 behind. Here every run of consecutive calls whose kernels and argument types jit/plan_kernels.OPS
 lists is encoded once, when the plan is made, as a program (the arrays by address and shape),
 and plan_kernels.run_program calls the same kernels with the same values from native code: a

@@ -17,14 +17,13 @@ from .jit.loader import numba_available
 from .layouts.base import is_repacked
 from .layouts.fused import block_product, bound_block_matvec, is_in_place
 
-# from this many rows on, F16 products convert the weight to f32: 128x1024x2816 takes 72 ms in
-# torch's half GEMM on AVX2 and 33 ms converting first (Zen 4: 50-85 ms vs 13-18 ms); below, the
-# half GEMV reads half the bytes. (bf16 would be faster on AVX512-BF16 but loses F16's precision:
+# from this many rows on, F16 products convert the weight to f32 (faster than torch's half GEMM
+# on AVX2 and Zen 4); below, the half GEMV reads half the bytes. (bf16 would be faster on AVX512-BF16 but loses F16's precision:
 # 5.6e-3 relative error on the F16 golden model, bound 2e-3.)
 HALF_CONVERT_ROWS = 16
 # the weight converts a chunk of rows at a time into a buffer of this size, which stays in the
-# cache for its GEMM: 128x2048x5632 on a Zen 4 core takes 32 ms, against 60 ms converting the
-# whole weight first (its f32 copy went to memory and came back) and 26-31 ms in bf16
+# cache for its GEMM: about twice as fast as converting the whole weight first (its f32 copy went
+# to memory and came back), close to bf16 (docs/benchmarks.md)
 CONVERT_CHUNK_BYTES = 2 << 20
 
 
@@ -65,7 +64,7 @@ def bind_block_product(node):
 
 def _times_half_cpu(weight_t, rows, out) -> None:
     """The CPU's F16/BF16 product: torch's half GEMM, many times faster than converting the
-    weight at every call (17x for a 4096x4096 F16 matvec on an AVX512-FP16 CPU). Unlike ggml
+    weight at every call. Unlike ggml
     (and the reference table) it rounds each result to the half type: on the F16 golden models
     this moves the error against llama.cpp from 4.9e-4 to 6.7e-4 (the bound is 2e-3)."""
     if weight_t.dtype == torch.float16 and rows.shape[0] >= HALF_CONVERT_ROWS:

@@ -27,6 +27,12 @@ def _call(fn, *args):
     return bound
 
 
+def _shaped(array, *dims) -> bool:
+    """array has these dims (None: any size); the scans index their inputs by one input's sizes,
+    unchecked, so a binding takes a node only when every input has the shape the scan reads."""
+    return array.ndim == len(dims) and all(d is None or n == d for n, d in zip(array.shape, dims))
+
+
 def bind_ssm_scan(node):
     if not numba_available():
         return None
@@ -38,8 +44,23 @@ def bind_ssm_scan(node):
     out = _flat(node)
     y = out[:nx].reshape(ns, nt, nh, dim)
     slots = out[nx:].reshape(get_op_params_i32(node, 0), ns, nh, dim, s_all.shape[3])
-    return _call(recurrent_kernels().ssm_scan, s_all, xs, _array(node.src[2])[0], _array(node.src[3])[0, 0],
-                 _array(node.src[4]), _array(node.src[5]), _array(node.src[6]).reshape(-1), y, slots)
+    dt, A, B, C = _array(node.src[2])[0], _array(node.src[3])[0, 0], _array(node.src[4]), _array(node.src[5])
+    ids = _array(node.src[6]).reshape(-1)
+    ng, ds = B.shape[2], s_all.shape[3]
+    if not (_shaped(s_all, None, nh, dim, ds) and _shaped(dt, ns, nt, nh) and _shaped(A, nh, None)
+            and A.shape[1] in (1, ds) and _shaped(B, ns, nt, ng, ds) and _shaped(C, ns, nt, ng, ds)
+            and ng and nh % ng == 0 and ids.shape[0] >= ns):
+        return None
+    scan = recurrent_kernels().ssm_scan
+
+    def bound(_node):
+        # the state slots are picked by the ids' values: data, checked at each call
+        used = ids[:ns]
+        if used.size and (used.min() < 0 or used.max() >= s_all.shape[0]):
+            raise IndexError(f"SSM_SCAN: a state id outside [0, {s_all.shape[0]}) in {node.src[6].describe()} "
+                             f"for {node.describe()}")
+        scan(s_all, xs, dt, A, B, C, ids, y, slots)
+    return bound
 
 
 def _by_sequence(t, n_seqs):
@@ -63,6 +84,8 @@ def bind_wkv6(node):
         return None
     n, state, y, new_state = _linear_attn_out(node, 5)
     k, v, r, w = (_by_sequence(node.src[i], n) for i in (0, 1, 2, 4))
+    if not all(_shaped(t, *k.shape) for t in (v, r, w, y)):
+        return None
     u = _array(node.src[3]).reshape(k.shape[2], k.shape[3])
     return _call(recurrent_kernels().rwkv_wkv6, k, v, r, u, w, state, y, new_state)
 
@@ -71,7 +94,10 @@ def bind_wkv7(node):
     if not numba_available():
         return None
     n, state, y, new_state = _linear_attn_out(node, 6)
-    return _call(recurrent_kernels().rwkv_wkv7, *(_by_sequence(node.src[i], n) for i in range(6)), state, y, new_state)
+    inputs = [_by_sequence(node.src[i], n) for i in range(6)]
+    if not all(_shaped(t, *inputs[2].shape) for t in inputs + [y]):
+        return None
+    return _call(recurrent_kernels().rwkv_wkv7, *inputs, state, y, new_state)
 
 
 def bind_gated_delta_net(node):
@@ -82,5 +108,10 @@ def bind_gated_delta_net(node):
     out = _flat(node)
     y = out[:ns * T * H * S].reshape(ns, T, H, S)
     slots = out[ns * T * H * S:].reshape(get_op_params_i32(node, 0), ns, H, S, S)
-    return _call(recurrent_kernels().gated_delta_net, _array(node.src[0]), _array(node.src[1]), v,
-                 _array(node.src[3]), _array(node.src[4]), _array(node.src[5]), y, slots, 1.0 / math.sqrt(S))
+    q, k, g, beta, state = (_array(node.src[i]) for i in (0, 1, 3, 4, 5))
+    nsq = q.shape[0]
+    if not (_shaped(q, None, T, None, S) and _shaped(k, *q.shape) and 0 < nsq <= ns and ns % nsq == 0
+            and q.shape[2] > 0 and _shaped(g, ns, T, H, None) and g.shape[3] in (1, S)
+            and _shaped(beta, ns, T, H, None) and beta.shape[3] >= 1 and _shaped(state, ns, H, S, S)):
+        return None
+    return _call(recurrent_kernels().gated_delta_net, q, k, v, g, beta, state, y, slots, 1.0 / math.sqrt(S))

@@ -185,7 +185,8 @@ class RPCBufferType(BufferType):
         rsp = conn.call(Cmd.ALLOC_BUFFER, P.ALLOC_BUFFER_REQ.pack(self.device_index, int(size)), response_size=16)
         handle, remote_size = P.ALLOC_BUFFER_RSP.unpack(rsp)
         if handle == 0:
-            raise MemoryError(f"{self.name}: the server could not allocate {size} bytes")
+            raise MemoryError(f"{self.name}: the server could not allocate {size} bytes (out of memory, or "
+                              f"past its per-client quota, --client-memory: its log says which)")
         base = P.U64.unpack(conn.call(Cmd.BUFFER_GET_BASE, P.U64.pack(handle), response_size=8))[0]
         return RPCBuffer(self, conn, handle, remote_size, base)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 from enum import IntEnum
 
 PROTO_MAJOR, PROTO_MINOR, PROTO_PATCH = 7, 0, 1
@@ -140,11 +141,19 @@ def graph_message_size(n_nodes: int, n_tensors: int) -> int:
 
 # ---------------------------------------------------------------- framing
 
-def recv_exact(sock: socket.socket, size: int, into: memoryview | None = None) -> memoryview:
-    """Exactly `size` bytes; EOFError when the peer closes first."""
+def recv_exact(sock: socket.socket, size: int, into: memoryview | None = None,
+               deadline: float | None = None) -> memoryview:
+    """Exactly `size` bytes; EOFError when the peer closes first. With `deadline` (monotonic
+    seconds) all of them must arrive before it (TimeoutError); else the socket's timeout bounds
+    each wait for more bytes."""
     buf = into if into is not None else memoryview(bytearray(size))
     got = 0
     while got < size:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{got} of {size} bytes before the deadline")
+            sock.settimeout(left)
         n = sock.recv_into(buf[got:size], size - got)
         if n == 0:
             raise EOFError(f"connection closed after {got} of {size} bytes")
@@ -164,6 +173,9 @@ def recv_growing(sock: socket.socket, size: int, chunk: int = 16 << 20) -> memor
     return memoryview(buf)
 
 
+SEND_CHUNK = 16 << 20  # a socket timeout bounds each chunk's write (sendall's covers the whole call)
+
+
 def _send(sock: socket.socket, header: bytes, parts) -> None:
     """header then the parts; small messages go out in one write (one TCP segment)."""
     if sum(memoryview(p).nbytes for p in parts) <= 4096:
@@ -171,7 +183,9 @@ def _send(sock: socket.socket, header: bytes, parts) -> None:
         return
     sock.sendall(header)
     for p in parts:
-        sock.sendall(p)
+        view = memoryview(p).cast("B")
+        for start in range(0, view.nbytes, SEND_CHUNK):
+            sock.sendall(view[start:start + SEND_CHUNK])
 
 
 def send_command(sock: socket.socket, cmd: int, *parts) -> None:

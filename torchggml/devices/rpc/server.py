@@ -11,8 +11,21 @@ ids must exist, buffer handles must belong to the session, every tensor's bytes
 [data, data + nbytes) must lie in its buffer, offsets and sizes of reads and writes in the
 tensor and the buffer, graph node and source ids must name tensors of the message, and every
 node must have memory, an op its device supports and, for the ops whose kernels index their
-sources by shape, the shape ggml's rules give it (shapes.py). A violation closes that connection with
-a logged reason ("torchggml.devices.rpc" logger); the server keeps serving the others.
+sources by shape, the shape ggml's rules give it (shapes.py); a view must lie where its source
+and offset put it. A violation closes that connection with a logged reason ("torchggml.devices.rpc"
+logger); the server keeps serving the others. (The kernels check what they read beyond that:
+a fused or specialised kernel whose inputs' views would not span its reads is not used.)
+
+Memory: a fresh buffer reads as zeros (never the server's earlier heap contents), and each
+connection may hold at most `client_memory` bytes of buffers (ALLOC_BUFFER answers upstream's
+"allocation failed" past it, with the reason logged).
+
+Time: HELLO must arrive within `handshake_timeout` seconds of connecting; once a message has
+begun, a pause of `message_timeout` seconds in its bytes (or in reading the answer) drops the
+connection; a connection idle for `idle_timeout` seconds between messages is dropped when it
+holds no buffers, and, when it holds some, only when the server is full and another client
+would be refused (llama.cpp's clients keep their connection, and their weights, between
+requests).
 
 ggml's RPC has no authentication: the server binds to 127.0.0.1 unless told otherwise and
 warns when bound to another address.
@@ -26,6 +39,7 @@ import os
 import socket
 import struct
 import threading
+import time
 import warnings
 from array import array
 from dataclasses import dataclass, field
@@ -36,6 +50,7 @@ import torch
 from ...backend.impl import Buffer
 from ...enums import Op, Status
 from ...graph import CGraph
+from ...storage import byte_view
 from ...tensor import Tensor, nbytes, are_same_layout, MAX_SRC
 from ...types import Type, type_traits
 from . import protocol as P
@@ -45,6 +60,8 @@ from .shapes import check_node
 log = logging.getLogger("torchggml.devices.rpc")
 
 MAX_GRAPH_NODES = 1 << 18      # a graph message naming more nodes is refused (llama.cpp's graphs: < 2^16)
+# seconds (None: no limit); see the module's docstring and docs/rpc.md
+HANDSHAKE_TIMEOUT, MESSAGE_TIMEOUT, IDLE_TIMEOUT = 10.0, 30.0, 600.0
 EXPOSED_WARNING = ("the RPC server is bound to {host}, not a loopback address: ggml's RPC has no "
                    "authentication, anyone who can reach {host}:{port} can read and write its memory. "
                    "Never expose it to an open network.")
@@ -66,6 +83,8 @@ class ServerStats:
     closed_by_peer: int = 0       # the client closed at a message boundary
     closed_violation: int = 0     # a malformed message, closed by the server with a reason
     closed_error: int = 0         # a command failed (a kernel raised...), closed with a reason
+    closed_timeout: int = 0       # no HELLO in time, a stalled message, or idle too long
+    refused_memory: int = 0       # ALLOC_BUFFER answered 0: out of memory or over the client's quota
     reasons: dict = field(default_factory=dict)
     commands: dict = field(default_factory=dict)  # command name -> how many were served
 
@@ -86,6 +105,9 @@ class Session:
         self.buffers: dict[int, Buffer] = {}
         self.graphs: dict[int, CGraph] = {}
         self.next_handle = 1
+        self.held = 0                      # bytes of this connection's buffers
+        self.idle_since: float | None = None  # waiting for the next message since (monotonic)
+        self.evicted = False               # closed by the server to make room (idle_timeout)
 
     # ---- the loop
     def serve(self) -> None:
@@ -94,6 +116,8 @@ class Session:
             self._hello()
             while True:
                 head = self._recv_head()
+                if head is None and self.evicted:
+                    raise ConnectionError("evicted")
                 if head is None:
                     stats.count("closed_by_peer")
                     log.info("RPC connection from %s closed by the client", self.peer)
@@ -102,7 +126,15 @@ class Session:
         except ProtocolViolation as e:
             stats.count("closed_violation", str(e))
             log.warning("RPC connection from %s closed: %s", self.peer, e)
-        except (EOFError, ConnectionError) as e:
+        except TimeoutError as e:
+            stats.count("closed_timeout", str(e))
+            log.warning("RPC connection from %s closed: %s", self.peer, e)
+        except (EOFError, ConnectionError, OSError) as e:
+            if self.evicted:
+                stats.count("closed_timeout", "idle, evicted for a new client")
+                log.warning("RPC connection from %s closed: idle for %s s while another client waited",
+                            self.peer, self.server.idle_timeout)
+                return
             stats.count("closed_violation", f"truncated message: {e}")
             log.warning("RPC connection from %s closed: truncated message (%s)", self.peer, e)
         except Exception as e:  # a command failed on the device: that client's graph, not the server
@@ -123,18 +155,34 @@ class Session:
             pass
 
     def _hello(self) -> None:
-        cmd = P.recv_exact(self.sock, 1)[0]
-        _require(cmd == Cmd.HELLO, "expected HELLO first, got command %d", cmd)
-        size = P.U64.unpack(P.recv_exact(self.sock, 8))[0]
-        _require(size == P.HELLO_REQ.size, "HELLO of %d bytes, protocol %d needs %d",
-                 size, P.PROTO_MAJOR, P.HELLO_REQ.size)
-        P.recv_exact(self.sock, size)  # the client's transport caps: TCP only here
+        timeout = self.server.handshake_timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            cmd = P.recv_exact(self.sock, 1, deadline=deadline)[0]
+            _require(cmd == Cmd.HELLO, "expected HELLO first, got command %d", cmd)
+            size = P.U64.unpack(P.recv_exact(self.sock, 8, deadline=deadline))[0]
+            _require(size == P.HELLO_REQ.size, "HELLO of %d bytes, protocol %d needs %d",
+                     size, P.PROTO_MAJOR, P.HELLO_REQ.size)
+            P.recv_exact(self.sock, size, deadline=deadline)  # the client's transport caps: TCP only here
+        except TimeoutError:
+            raise TimeoutError(f"no HELLO within {timeout} s of connecting") from None
+        self.sock.settimeout(self.server.message_timeout)
         P.send_response(self.sock, P.HELLO_RSP.pack(P.PROTO_MAJOR, P.PROTO_MINOR, P.PROTO_PATCH, 0,
                                                     bytes(P.CONN_CAPS_SIZE)))
 
     def _recv_head(self):
-        """(cmd, size) of the next request; None when the client closed between messages."""
-        first = self.sock.recv(1)
+        """(cmd, size) of the next request; None when the client closed between messages.
+        Waiting for it is idle time (idle_timeout); its bytes and the answer, message time."""
+        idle = self.server.idle_timeout
+        self.idle_since = time.monotonic()
+        self.sock.settimeout(None if self.buffers else idle)  # holders are evicted only to make room
+        try:
+            first = self.sock.recv(1)
+        except TimeoutError:
+            raise TimeoutError(f"idle for {idle} s without buffers") from None
+        finally:
+            self.idle_since = None
+        self.sock.settimeout(self.server.message_timeout)
         if not first:
             return None
         cmd = first[0]
@@ -223,17 +271,24 @@ class Session:
         device, size = P.ALLOC_BUFFER_REQ.unpack(payload)
         buft = self._default_buft(device)
         free, _ = self.server.backends[device].get_device().get_memory()
-        if size > free:  # an answer of 0 is upstream's "allocation failed"
-            log.info("RPC %s: ALLOC_BUFFER of %d bytes refused (%d free)", self.peer, size, free)
+        quota = self.server.client_memory
+        refused = (f"{free} bytes free" if size > free else
+                   f"this connection holds {self.held} bytes, its quota is {quota}"
+                   if quota is not None and self.held + size > quota else None)
+        if refused is None:
+            try:
+                buf = buft.alloc_buffer(size)
+            except MemoryError as e:
+                refused = str(e)
+        if refused is not None:  # an answer of 0 is upstream's "allocation failed"
+            self.server.stats.count("refused_memory")
+            log.warning("RPC %s: ALLOC_BUFFER of %d bytes refused (%s)", self.peer, size, refused)
             return P.ALLOC_BUFFER_RSP.pack(0, 0)
-        try:
-            buf = buft.alloc_buffer(size)
-        except MemoryError as e:
-            log.info("RPC %s: %s", self.peer, e)
-            return P.ALLOC_BUFFER_RSP.pack(0, 0)
+        zero_fresh(buf)
         handle = self.next_handle = self.next_handle + 1
         handle = (handle << 4) | 0xB  # never 0, and not an address a client could guess from the base
         self.buffers[handle] = buf
+        self.held += buf.size
         return P.ALLOC_BUFFER_RSP.pack(handle, buf.size)
 
     def cmd_buffer_get_base(self, payload):
@@ -243,6 +298,7 @@ class Session:
         handle = P.U64.unpack(payload)[0]
         buf = self.buffer(handle)
         self.graphs.clear()  # stored graphs may point into it
+        self.held -= buf.size
         buf.free()
         del self.buffers[handle]
 
@@ -371,6 +427,10 @@ class Session:
             if w.view_src:
                 _require(w.view_src in by_id, "tensor '%s': view source %#x is not in the graph", w.name, w.view_src)
                 t.view_src, t.view_offs = by_id[w.view_src], w.view_offs
+                src = t.view_src
+                _require(t.buffer is None or src.buffer is None
+                         or (t.buffer is src.buffer and t.data == src.data + t.view_offs),
+                         "view '%s' is not at its source '%s' + %d", w.name, src.name, t.view_offs)
         backend = self.server.backends[device]
         graph = CGraph(max(len(node_ids), 1))
         for nid in node_ids:
@@ -424,10 +484,13 @@ class RPCServer:
     """Serves `devices` (names or Device objects; default: the first GPU, else the CPU) at
     `endpoint` ("host:port"; port 0 picks a free one). `cache_dir` keeps weights sent with the
     cache flag, named by their FNV-1a hash, for SET_TENSOR_HASH. start() serves in a background
-    thread, serve_forever() in this one."""
+    thread, serve_forever() in this one. Timeouts are seconds (None or 0: none); `client_memory`
+    bytes a connection may hold (-1: the largest served device's total memory, None: no quota)."""
 
     def __init__(self, endpoint: str = f"127.0.0.1:{P.DEFAULT_PORT}", devices=None, cache_dir=None,
-                 n_threads: int | None = None, max_connections: int = 64):
+                 n_threads: int | None = None, max_connections: int = 64,
+                 handshake_timeout: float | None = HANDSHAKE_TIMEOUT, message_timeout: float | None = MESSAGE_TIMEOUT,
+                 idle_timeout: float | None = IDLE_TIMEOUT, client_memory: int | None = -1):
         from ...backend.device import backend_dev_init, backend_dev_backend_reg
         host, port = P.parse_endpoint(endpoint, listening=True)
         self.devices = _devices(devices)
@@ -442,6 +505,11 @@ class RPCServer:
         if self.cache_dir is not None:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
         self.max_connections = max_connections  # more at once are refused (each is a thread)
+        self.handshake_timeout, self.message_timeout, self.idle_timeout = (
+            t if t else None for t in (handshake_timeout, message_timeout, idle_timeout))
+        if client_memory == -1:
+            client_memory = max(d.get_memory()[1] for d in self.devices)
+        self.client_memory = client_memory
         self.lock = threading.RLock()
         self.stats = ServerStats()
         self.sessions: set[Session] = set()
@@ -461,7 +529,11 @@ class RPCServer:
     def describe(self) -> str:
         lines = [f"torchggml RPC server, protocol {P.PROTO_MAJOR}.{P.PROTO_MINOR}.{P.PROTO_PATCH}",
                  f"  endpoint    : {self.endpoint}",
-                 f"  local cache : {self.cache_dir or 'n/a'}", "  devices:"]
+                 f"  local cache : {self.cache_dir or 'n/a'}",
+                 f"  timeouts    : handshake {self.handshake_timeout} s, message {self.message_timeout} s, "
+                 f"idle {self.idle_timeout} s",
+                 f"  per client  : {'no quota' if self.client_memory is None else f'{self.client_memory >> 20} MiB'}",
+                 "  devices:"]
         for i, d in enumerate(self.devices):
             free, total = d.get_memory()
             lines.append(f"    {i}: {d.get_name()} {d.get_description()} ({total >> 20} MiB, {free >> 20} MiB free)")
@@ -503,6 +575,8 @@ class RPCServer:
             peer = f"{addr[0]}:{addr[1]}"
             self.stats.count("connections")
             if len(self.sessions) >= self.max_connections:
+                self._evict_idle()
+            if len(self.sessions) >= self.max_connections:
                 self.stats.count("closed_violation", "too many connections")
                 log.warning("RPC connection from %s refused: %d connections already", peer, len(self.sessions))
                 sock.close()
@@ -512,6 +586,23 @@ class RPCServer:
             self.sessions.add(session)
             threading.Thread(target=self._serve_one, args=(session,), daemon=True,
                              name=f"rpc-session-{peer}").start()
+
+    def _evict_idle(self) -> None:
+        """Make room for a new client: close the connection idle longest, if idle_timeout or more."""
+        if self.idle_timeout is None:
+            return
+        now = time.monotonic()
+        idle = [(now - s.idle_since, s) for s in list(self.sessions) if s.idle_since is not None]
+        idle = [(d, s) for d, s in idle if d >= self.idle_timeout]
+        if not idle:
+            return
+        _, session = max(idle, key=lambda x: x[0])
+        session.evicted = True
+        self.sessions.discard(session)
+        try:
+            session.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def start(self) -> "RPCServer":
         self._thread = threading.Thread(target=self.serve_forever, daemon=True, name=f"rpc-server-{self.port}")
@@ -539,6 +630,18 @@ class RPCServer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def zero_fresh(buf: Buffer) -> None:
+    """A new buffer's bytes set to 0 unless its memory is known to be (fresh anonymous pages): a
+    client must never read what the server's memory held before."""
+    if getattr(buf, "zero_filled", False):
+        return
+    storage = getattr(buf, "storage", None)
+    if storage is not None and storage.device.type == "cpu":  # the heap's few MiB at most (larger: mapped)
+        byte_view(buf, 0, buf.size).numpy().fill(0)  # one thread's memset: torch's fill_ wakes its pool
+    else:
+        buf.clear(0)
 
 
 def backend_rpc_start_server(endpoint: str, cache_dir: str | None = None, n_threads: int | None = None,

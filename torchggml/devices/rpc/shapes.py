@@ -1,7 +1,8 @@
-"""The server's shape check of graph nodes from the wire: ggml's shape rules (its asserts) for
-the ops whose kernels index their sources by the node's shape (the CPU's compiled kernels do
-not bounds-check), so that a graph whose nodes disagree with their sources is refused before
-it runs. `check_node(node)` returns why a node is malformed, or None.
+"""ggml's shape rules (its asserts) for the ops whose kernels index their sources by the node's
+shape (the CPU's compiled kernels do not bounds-check). The server refuses a graph from the
+wire whose nodes disagree with their sources before it runs; the CPU's kernel table gives such
+a node (built locally) only to the torch kernels, whose indexing is checked.
+`check_node(node)` returns why a node is malformed, or None.
 
 Not covered: values that index memory (GET_ROWS / SET_ROWS row ids) are data, checked by the
 kernels that read them, not here.
@@ -37,6 +38,16 @@ def _mul_mat(n: Tensor, a: Tensor, b: Tensor):
         return f"sources ne={_ne(a)} and {None if b is None else _ne(b)} cannot be multiplied"
     want = [a.ne[1], b.ne[1], b.ne[2], b.ne[3]]
     return None if _ne(n) == want else f"ne={_ne(n)}, the product is {want}"
+
+
+def _mul_mat_id(n: Tensor, a: Tensor, b: Tensor):
+    ids = n.src[2]
+    if (b is None or ids is None or ids.type != Type.I32 or a.ne[3] != 1 or b.ne[3] != 1 or ids.ne[2] != 1
+            or ids.ne[3] != 1 or ids.ne[1] != b.ne[2] or a.ne[0] != b.ne[0] or not b.ne[1] or ids.ne[0] % b.ne[1]):
+        return (f"experts ne={_ne(a)}, rows {None if b is None else _ne(b)} and ids "
+                f"{None if ids is None else _ne(ids)} do not fit")
+    want = [a.ne[1], ids.ne[0], b.ne[2], 1]
+    return None if _ne(n) == want else f"ne={_ne(n)}, the products are {want}"
 
 
 def _soft_max(n: Tensor, a: Tensor, mask: Tensor):
@@ -99,7 +110,7 @@ def _set_rows(n: Tensor, rows: Tensor, ids: Tensor):
 RULES = {
     Op.ADD: _binary, Op.SUB: _binary, Op.MUL: _binary, Op.DIV: _binary,
     Op.NORM: _same_shape, Op.RMS_NORM: _same_shape, Op.SCALE: _same_shape, Op.UNARY: _same_shape,
-    Op.MUL_MAT: _mul_mat, Op.SOFT_MAX: _soft_max, Op.ROPE: _rope, Op.GLU: _glu,
+    Op.MUL_MAT: _mul_mat, Op.MUL_MAT_ID: _mul_mat_id, Op.SOFT_MAX: _soft_max, Op.ROPE: _rope, Op.GLU: _glu,
     Op.CPY: _copy, Op.DUP: _copy, Op.CONT: _copy, Op.GET_ROWS: _get_rows, Op.SET_ROWS: _set_rows,
 }
 

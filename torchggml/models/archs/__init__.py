@@ -2,19 +2,27 @@
 from __future__ import annotations
 
 from ..builder import Arch
-from . import gemma, gpt_oss, llama, mistral3, parallel, phi3, qwen
+from . import (apertus, arcee, bailingmoe, bloom, cohere2, deepseek, deepseek2, dots1, ernie4_5, exaone,
+               exaone4, falcon, falcon_h1, gemma, glm4, glm4moe, gpt2, gpt_oss, gptneox, granite, hunyuan,
+               internlm2, jamba, lfm2, llama, llama4, maincoder, mamba, minimax_m2, mistral3, nemotron,
+               nemotron_h, olmo, olmo2, olmoe, orion, parallel, phi2, phi3, phimoe, qwen, qwen3next, qwen_vl,
+               rwkv6, rwkv7, seed_oss, smollm3, stablelm, xverse)
 
-ARCHS: dict[str, Arch] = {}
-from . import falcon_h1, jamba, lfm2, mamba, nemotron_h, qwen3next, rwkv6, rwkv7  # noqa: E402  (recurrent, hybrid)
-for _module in (llama, mistral3, qwen, gemma, phi3, gpt_oss, parallel, mamba, jamba, nemotron_h, falcon_h1, lfm2,
-                rwkv6, rwkv7, qwen3next):
-    for _arch in _module.ARCHS:
-        for _name in _arch.names:
-            ARCHS[_name] = _arch
+MODULES = (llama, mistral3, qwen, gemma, phi3, gpt_oss, parallel, mamba, jamba, nemotron_h, falcon_h1, lfm2,
+           rwkv6, rwkv7, qwen3next, granite, olmo2, smollm3, exaone4, cohere2, gpt2, phi2, gptneox, falcon,
+           stablelm, internlm2, seed_oss, apertus, ernie4_5, glm4, qwen_vl, olmoe, phimoe, hunyuan, xverse,
+           exaone, maincoder, orion, arcee, nemotron, olmo, glm4moe, deepseek, dots1, bailingmoe,
+           minimax_m2, deepseek2, bloom, llama4)
+ARCHS: dict[str, Arch] = {name: arch for module in MODULES for arch in module.ARCHS for name in arch.names}
 
 
 def arch_for(name: str, path: str = "model") -> Arch:
+    """The Arch of a `general.architecture`; an unsupported one is refused naming it and listing
+    the supported ones."""
     from ...gguf.loader import GGUFError
+    from ..arch_names import LLAMA_CPP_ARCHS
     if name not in ARCHS:
-        raise GGUFError(f"{path}: architecture {name!r} is not supported (supported: {', '.join(sorted(ARCHS))})")
+        known = " (llama.cpp runs it; torchggml does not yet)" if name in LLAMA_CPP_ARCHS else ""
+        raise GGUFError(f"{path}: architecture {name!r} is not supported{known}; the {len(ARCHS)} supported: "
+                        f"{', '.join(sorted(ARCHS))}")
     return ARCHS[name]

@@ -21,11 +21,16 @@ class Starcoder2(Arch):
         load_attention(L, hp)
         load_ffn(L, hp, gated=False)
 
+    rotary = True  # gpt2, bloom, mpt (built on this class): positions by other means
+
+    def embed(self, b, w):
+        return b.embed(w.token_embd)
+
     def build(self, b, w):
-        x = b.embed(w.token_embd)
+        x = self.embed(b, w)
         for il, layer in enumerate(w.layers):
             h = b.norm(x, layer.attn_norm, layer.attn_norm_b, rms=False)
-            x = b.add_attention(il, x, b.self_attention(il, h, layer))
+            x = b.add_attention(il, x, b.self_attention(il, h, layer, rope=self.rotary))
             h = b.norm(x, layer.ffn_norm, layer.ffn_norm_b, rms=False)
             x = b.add(x, b.ffn(h, layer, act="gelu"))
         return b.output(x, w, rms=False)

@@ -32,10 +32,13 @@ class Phi3(Arch):
             factors = w.rope_factors_long if b.memory.n_ctx > (hp.n_ctx_orig or hp.n_ctx_train) else w.rope_factors_short
         x = b.embed(w.token_embd)
         for il, layer in enumerate(w.layers):
-            x = b.add_attention(il, x, b.self_attention(il, b.norm(x, layer.attn_norm), layer, factors,
-                                                        q_scale=hp.kq_scale, kq_scale=1.0))
-            x = b.add(x, b.ffn(b.norm(x, layer.ffn_norm), layer))
+            x = b.add_attention(il, x, b.self_attention(il, b.norm(x, layer.attn_norm, layer.attn_norm_b), layer,
+                                                        factors, q_scale=hp.kq_scale, kq_scale=1.0))
+            x = b.add(x, self.ffn(b, b.norm(x, layer.ffn_norm, layer.ffn_norm_b), layer))
         return b.output(x, w)
+
+    def ffn(self, b, h, layer):
+        return b.ffn(h, layer)
 
 
 ARCHS = [Phi3()]

@@ -8,9 +8,8 @@ PANEL_ROWS rows in which one 16-lane vector holds 4 consecutive values of 16 row
 rows), so that one vpdpbusd multiplies 64 bytes of weights by 4 activation values broadcast to
 every lane, and a group's scales are applied once per 16 rows (a vector of the rows' scales),
 not once per row as in a row's dot product, and the K-quants' integer sub-scales multiply the
-groups' integer dots (vpmulld) with one float step per 256 values, as ggml's kernels: on 2 Zen
-4 threads 480-620 GOP/s for 128 rows by 5632x2048, 1.35-1.6x oneDNN's bf16 GEMM on the
-dequantized weight (55-70% of the vpdpbusd peak).
+groups' integer dots (vpmulld) with one float step per 256 values, as ggml's kernels (its rates
+beside oneDNN's bf16 GEMM and the vpdpbusd peak: scripts/bench_cpu_peaks.py, docs/benchmarks.md).
 
     pack_rows(w0, w1, w2, w3, panel, scales, mins, r0, kind)
         rows r0..r0+3 (r0 % 4 == 0) of a panel from four rows of ggml blocks (uint8 [row bytes];

@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 
 # CPU seconds numba takes to compile the kernels a quantized model's first prompt and token use
-# (a Q4_K_M model: 35 s on a Zen 4 core, 7 of them the prompt's int8 GEMM, 19 the decode step's
-# native run with the kernels it calls): the notice's estimate
+# (measured on a Q4_K_M model, most of it the prompt's int8 GEMM and the decode step's native run
+# with the kernels it calls): the notice's estimate
 COMPILE_SECONDS = 35
 _noticed = []  # the notice is printed once per process
 IR_FILES = ("llvm_ir.py", "gemm_ir.py", "halves.py")  # the LLVM IR and helpers the kernels inline

@@ -49,8 +49,8 @@ from .llvm_ir import HALF_LANES, _half_row_dot_intrinsic, native_half
 
 # copies walk the last two dims in tiles of this many rows x columns (transposes stay in cache)
 COPY_TILE = 32
-# transposes move blocks of this many rows and columns (measured on the V cache's 168x1024 F16:
-# 8x8 ~55 µs warm / ~100 µs cold, torch's copy ~88 / ~150 µs; 8x16 and 16x8 as slow as torch)
+# transposes move blocks of this many rows and columns (on the V cache's F16, 8x8 beat torch's
+# copy; 8x16 and 16x8 did not)
 TRANSPOSE_BLOCK = 8
 
 
@@ -147,7 +147,7 @@ jit = njit(cache=True, nogil=True, error_model="numpy")
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def exp_f32(x):
     """e^x in float32 within 1 ulp (Cody-Waite reduction, Cephes' polynomial), which LLVM
-    vectorizes where libm's expf stays a call per value (2816 values: ~5 vs ~28 µs); 0 for
+    vectorizes where libm's expf stays a call per value; 0 for
     -inf, inf past 88.7, NaN for NaN, subnormal results to ~7%."""
     xc = min(max(x, np.float32(-104.0)), np.float32(89.0))
     n = np.floor(xc * np.float32(1.44269504088896341) + np.float32(0.5))
@@ -253,7 +253,7 @@ def soft_max(x, out, mask, slopes, sinks, scale, has_mask, has_sinks):
 
 
 # the same over the rows split among the threads: a prompt's scores (32 heads x 128 tokens x 256
-# cells per layer: ~2.8 ms in torch's kernels)
+# cells per layer)
 @njit(cache=True, nogil=True, error_model="numpy", parallel=True)
 def soft_max_rows(x, out, mask, slopes, sinks, scale, has_mask, has_sinks):
     n3, n2, n1 = x.shape[0], x.shape[1], x.shape[2]
@@ -326,7 +326,7 @@ def copy(src, dst):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", parallel=True)
-def transpose(src, dst):  # the row blocks split over the threads (V^T of 256 x 1024: 78 -> 45 us)
+def transpose(src, dst):  # the row blocks split over the threads
     t = TRANSPOSE_BLOCK
     rows, cols = src.shape
     full_rows, full_cols = rows - rows % t, cols - cols % t
@@ -418,7 +418,7 @@ def _to_half(x, out):  # float32 values -> F16 bits (nearest even, as ggml's con
 
 
 # a vector sum, as ggml's; the heads (i2, i3) split over the threads: attention's KQ and KQV are
-# tens of microseconds a layer, and one thread left the other idle
+# large enough a layer that one thread left the other idle
 @njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"}, parallel=True)
 def half_products(a, a_strides, b, b_strides, out, k, r2, r3):
     sa3, sa2, sa1 = a_strides[0], a_strides[1], a_strides[2]
@@ -431,16 +431,16 @@ def half_products(a, a_strides, b, b_strides, out, k, r2, r3):
             row_b = b[b_row:b_row + k]
             for n in range(out.shape[3]):
                 # 1-D slices: indexing a and b by offsets within the loop kept LLVM from
-                # vectorizing it (~20x slower)
+                # vectorizing it
                 out[i3, i2, m, n] = _half_dot(a[a_base + n * sa1:a_base + n * sa1 + k], row_b)
 
 
 # a decode step's product by a 2-D F16 weight: one pass over the weight (the rows split over the
 # threads, each row's dot for every activation row while it is in L1); torch's half GEMV reads it
-# at ~2/3 of the bandwidth of the fused quantized kernels and rounds the results to F16. The
+# slower than the fused quantized kernels and rounds the results to F16. The
 # activations are rounded to F16 first, as ggml's F16 vec_dot type rounds them: the same
-# products as ggml's, and a row half the bytes beside the streamed weight (the 1.1B F16 model's
-# matrices streamed 10-13% faster than with float32 rows, ffn_down's 11 KiB rows most)
+# products as ggml's, and a row half the bytes beside the streamed weight (faster than float32
+# rows, ffn_down's long rows most)
 @njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"}, parallel=True)
 def half_matvec(w, x, out):
     xh = np.empty(x.shape, np.uint16)
@@ -462,8 +462,8 @@ def _rounded_to_half(x):  # float32 rows rounded to F16's precision (as float32)
 
 # a micro-batch's product by a 2-D F16 weight: tiles of 4 weight rows by 4 activation rows, 16
 # float32 sums that LLVM keeps in vector registers, the weight converted as it is read (no f32
-# copy of it): 180-210 GFLOP/s for 128 rows by 5632x2048 on 2 Zen 4 threads, against 105-130
-# for oneDNN's f32 GEMM over 2 MiB chunks of the converted weight
+# copy of it): faster than oneDNN's f32 GEMM over 2 MiB chunks of the converted weight
+# (scripts/bench_cpu_peaks.py)
 @njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"}, parallel=True)
 def half_gemm(w, x, out):
     x = _rounded_to_half(x)  # as half_matvec and ggml: products of F16 values

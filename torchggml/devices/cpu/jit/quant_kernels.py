@@ -22,14 +22,12 @@ MUL_MAT_ID's experts lie stacked) and activation row; MUL_MAT passes zeros and 0
 
 Their LLVM IR is in llvm_ir.py. Why this shape: numba types
 int8*int8 products as int64, so an integer dot written as a numba
-loop stays scalar (~2 GB/s). The row's dot product is instead one LLVM vector loop emitted by an
+loop stays scalar. The row's dot product is instead one LLVM vector loop emitted by an
 intrinsic (_row_dot_intrinsic) that keeps 8 float lanes across groups and multiplies bytes with
 the CPU's byte dot instruction, as ggml's SIMD kernels do: vpdpbusd on AVX512-VNNI/AVX-VNNI,
 vpmaddubsw + vpmaddwd on AVX2 (chosen from numba's target features), LLVM's own lowering of a
-widening multiply elsewhere (NEON sdot/smlal, SSE). One AVX-512 Zen 4 core, 2816x1024 matvec
-(thread CPU time): int8 groups of 32 / 4-bit / int8 groups of 16: 108 / 112 / 120 us, against
-204 / 260 / 373 us with a horizontal sum per group and 184 / 189 / 240 us with LLVM's widening
-multiply.
+widening multiply elsewhere (NEON sdot/smlal, SSE). It beat both a horizontal sum per group and
+LLVM's widening multiply (scripts/bench_cpu_quant.py).
 
 The kernels live at module level: numba's disk cache keys a function on its code and its
 closure, and a closure holding other jitted functions pickles differently in every process (a
@@ -273,7 +271,7 @@ def dequantize_rows(q, scale, bias, has_bias, out):
         _store_row(o, out[n])
 
 # packed rows dequantize in two passes: the values to bytes by the IR unpackers (LLVM vector
-# code; numba loops over bytes stayed scalar: 2816x1024 Q6_K 4.2 ms -> 0.9), then to float
+# code; numba loops over bytes stayed scalar), then to float
 @njit(fastmath=True, cache=True, nogil=True)
 def _scaled_bytes(u, offset, scale, bias, has_bias, o):
     """o[i] = (u[i] - offset) * scale[group] + bias[group]."""
@@ -289,7 +287,7 @@ def _scaled_bytes(u, offset, scale, bias, has_bias, o):
 def dequantize_nibbles(packed, scale, bias, has_bias, signed, out):
     offset = np.float32(8) if signed else np.float32(0)
     for n in prange(packed.shape[0]):
-        # the nibbles as bytes first, then one int -> float pass: 1.5x faster than
+        # the nibbles as bytes first, then one int -> float pass: faster than
         # converting each nibble where it is unpacked
         u = np.empty(out.shape[1], np.uint8)
         unpack_nibbles(packed[n], u)

@@ -20,11 +20,11 @@ place (IN_PLACE_KINDS, block_product; ggml's sizes, nothing converted at load); 
 (3-D, for MUL_MAT_ID) and the other types are. Products: M < FUSED_MAX_ROWS rows of activations
 (BLOCK_MAX_ROWS for blocks in place, INT8_GEMM_MIN_ROWS where the int8 GEMM runs)
 run the fused matvec. Larger micro-batches of those blocks in place run the int8 GEMM with
-ggml's per-block scales where the CPU has AVX512-VNNI (_int8_gemm, jit/gemm_ir.py: 480-600
-GOP/s for 128 rows by 5632x2048 on 2 Zen 4 threads, 1.35-1.55x the bf16 path below); the rest
+ggml's per-block scales where the CPU has AVX512-VNNI (_int8_gemm, jit/gemm_ir.py; faster than
+the bf16 path below: docs/benchmarks.md); the rest
 dequantize the weight once per call into the fastest float GEMM dtype and use torch's GEMM (for
-ggml's blocks in place, one LLVM vector loop a row: 1.6-1.8 ms for 5632x2048 on a Zen 4 core,
-~12% of the 128-row bf16 GEMM's 14.5 ms; the scalar loops it replaced took 6-15 ms). MUL_MAT_ID groups
+ggml's blocks in place, one LLVM vector loop a row, several times faster than the scalar loops
+it replaced). MUL_MAT_ID groups
 its (token, slot) pairs by expert and applies the same rule per expert: the experts with few rows
 share one matvec call over their slabs (activations quantized once), each expert with many
 rows is dequantized once for its GEMM; unused experts are not read.
@@ -50,11 +50,11 @@ ALIGN = 64
 # below this many activation rows the fused matvec wins; from it on dequantize + GEMM does
 FUSED_MAX_ROWS = 4
 # ggml's blocks in place: the matvec reads each weight row once for all activation rows and wins
-# up to ~10 rows (5632x2048 on 2 Zen 4 threads, M=8: Q4_0 1.46 ms against 2.03 dequantizing for
-# the GEMM, Q6_K 1.82 vs 1.94; M=12: 2.21 vs 2.19): batched decode of up to 9 sequences stays fused
+# up to ~10 rows against dequantizing for the GEMM (scripts/bench_cpu_quant.py): batched decode of
+# up to 9 sequences stays fused
 BLOCK_MAX_ROWS = 10
 # where the int8 GEMM runs (_int8_gemm), it wins from this many rows on (its panels cost about
-# what the matvec of 2-4 rows does: 5632x2048, 2 Zen 4 threads, M=6: 1.1-1.65 ms against 1.3-2.95)
+# what the matvec of 2-4 rows does)
 INT8_GEMM_MIN_ROWS = 6
 CONVERT_ROWS_VALUES = 1 << 22  # rows are decomposed this many values at a time at load
 
@@ -73,7 +73,7 @@ SIX_BIT = frozenset({Type.Q6_K})
 # types whose group scale is stored as its block's float16 (int16 bits; exact): Q4_0 at 4.5 bits
 # a weight as llama.cpp (5 with float32 scales). The int8-stored types keep float32 scales:
 # their matvec is bound by arithmetic, not bytes, and converting a half per group made the Q8_0
-# matvec 30% slower (108 -> 142 us, 2816x1024, one Zen 4 core).
+# matvec slower.
 HALF_SCALES = frozenset({Type.Q4_0})
 
 
@@ -330,8 +330,8 @@ def bound_block_matvec(qtype, raw: torch.Tensor, rows: torch.Tensor, out: torch.
     bytes]) by float32 rows [M, K] into out [M, N] (both contiguous, M below the matvec's
     limit; else None), bound once: numpy views of the fixed memory and the rounded activations'
     buffers made here, so a call is one numba kernel (kernels.rows_block_matvec rounds the rows
-    and multiplies), not ~5 µs of torch and numpy calls around three (155 products a token on
-    a 1.1B model)."""
+    and multiplies), not torch and numpy calls around three (155 products a token on a
+    1.1B model)."""
     p = _Packed.of_blocks(qtype, raw)
     if not (rows.dtype == torch.float32 and rows.is_contiguous() and out.is_contiguous()
             and rows.shape[0] < _matvec_max_rows(p)):

@@ -1,0 +1,61 @@
+"""The chat page at / in a real headless browser (Debian's chromium through Selenium): it loads,
+sends a message, and shows the streamed reply, which is the API's own reply at temperature 0."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the server extra is not installed")
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[test]')")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+if not (CHROMIUM and DRIVER):
+    pytest.skip("no chromium and chromedriver here (.ci/run installs Debian's chromium and chromium-driver)",
+                allow_module_level=True)
+
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+from test_server import KEY, Server  # noqa: E402
+
+SCREENSHOT = os.environ.get("TORCHGGML_WEBUI_SCREENSHOT")  # a path: the page's picture after the reply
+
+
+@pytest.fixture(scope="module")
+def browser():
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,700"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=DRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+def test_the_page_sends_a_message_and_shows_the_streamed_reply(browser):
+    server = Server("--parallel", "2", "--api-key", KEY)
+    try:
+        expected = server.client().chat.completions.create(
+            model=server.model_id, messages=[{"role": "user", "content": "Tell me about graphs"}],
+            max_tokens=12, temperature=0).choices[0].message.content
+        browser.get(server.url + "/")
+        assert browser.title == "torchggml chat"
+        for field, value in (("temperature", "0"), ("max_tokens", "12"), ("api_key", KEY)):
+            element = browser.find_element(By.ID, field)
+            browser.execute_script("arguments[0].value = arguments[1]; arguments[0].onchange()", element, value)
+        browser.find_element(By.ID, "input").send_keys("Tell me about graphs")
+        browser.find_element(By.ID, "send").click()
+        wait = WebDriverWait(browser, 120)
+        wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, ".message.assistant")) == 1
+                   and b.find_element(By.ID, "send").is_enabled())
+        reply = browser.find_element(By.CSS_SELECTOR, ".message.assistant .content").text
+        assert browser.find_elements(By.CSS_SELECTOR, ".message.assistant .error") == []
+        assert reply.strip() == expected.strip() and reply.strip()
+        titles = [li.text for li in browser.find_elements(By.CSS_SELECTOR, "#conversations li")]
+        assert titles == ["Tell me about graphs"]
+        if SCREENSHOT:
+            browser.save_screenshot(SCREENSHOT)
+    finally:
+        server.stop()
