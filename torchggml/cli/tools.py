@@ -2,7 +2,8 @@
 
     torchggml perplexity MODEL -f TEXT [-c 512] [--chunks N]   (llama-perplexity)
     torchggml bench MODEL [-p 512] [-n 128] [-r 5]             (llama-bench)
-    torchggml quantize IN OUT TYPE                             (llama-quantize)
+    torchggml quantize IN OUT TYPE [THREADS] [--imatrix FILE]  (llama-quantize)
+    torchggml imatrix MODEL -f TEXT [-o imatrix.gguf]          (llama-imatrix)
     torchggml compile-kernels [--types F16,Q4_K_M]             (the CPU kernels, ahead)
     torchggml page-in MODEL [MODEL...]                         (the file cached in 2 MiB pages)
 """
@@ -26,6 +27,12 @@ def cmd_bench(args) -> int:
 @user_errors
 def cmd_quantize(args) -> int:
     from ..tools.quantize import cmd_quantize as run
+    return run(args)
+
+
+@user_errors
+def cmd_imatrix(args) -> int:
+    from ..tools.imatrix import cmd_imatrix as run
     return run(args)
 
 
@@ -68,10 +75,26 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("input", help="GGUF file (F32, F16, BF16 or quantized)")
     p.add_argument("output", help="the GGUF file to write")
     p.add_argument("type", metavar="TYPE", help=f"one of {CHOICES}")
+    p.add_argument("nthreads", nargs="?", type=int, default=None, metavar="THREADS",
+                   help="threads (default: all cores)")
+    p.add_argument("--imatrix", metavar="FILE", help="importance matrix (llama.cpp's GGUF or .dat format)")
+    p.add_argument("--include-weights", action="append", metavar="NAME",
+                   help="use the imatrix only for tensors whose name contains NAME (repeatable)")
+    p.add_argument("--exclude-weights", action="append", metavar="NAME",
+                   help="do not use the imatrix for tensors whose name contains NAME (repeatable)")
     p.add_argument("--allow-requantize", action="store_true",
-                   help="allow converting tensors that are already quantized (llama-quantize's option)")
+                   help="allow quantizing tensors that are already quantized (loses quality)")
     p.add_argument("-v", "--verbose", action="store_true", help="print every tensor's old and new type")
     p.set_defaults(func=cmd_quantize)
+
+    p = subparsers.add_parser("imatrix", help="collect an importance matrix over a text, as llama-imatrix does")
+    p.add_argument("model", help="GGUF file")
+    p.add_argument("-f", "--file", required=True, metavar="TEXT", help="the text file")
+    p.add_argument("-o", "--output", default="imatrix.gguf", metavar="FILE", help="the imatrix to write (GGUF)")
+    p.add_argument("--chunks", type=int, default=None, metavar="N", help="process at most N chunks")
+    p.add_argument("--process-output", action="store_true", help="collect output.weight's activations too")
+    add_model_options(p)
+    p.set_defaults(func=cmd_imatrix)
 
     p = subparsers.add_parser("compile-kernels", help="compile the CPU's numba kernels now (after an install) "
                                                       "instead of during the first prompt")

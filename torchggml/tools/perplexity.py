@@ -101,6 +101,15 @@ def summarize(nlls: list[torch.Tensor], seconds: float = 0.0) -> PerplexityResul
     return PerplexityResult(ppl, err * ppl, len(nlls), count, running, seconds)
 
 
+def eval_window(model, w: list[int]) -> torch.Tensor:
+    """Every position's logits of one window, evaluated from an empty cache."""
+    with model.lock:
+        model.reset()
+        logits = model.eval(w)
+        model.reset()
+    return logits
+
+
 def perplexity(model, text: str, max_windows: int | None = None, progress=None) -> PerplexityResult:
     """llama-perplexity's number for `text` on `model`, windows of model.n_ctx tokens."""
     tok = model.tokenizer

@@ -18,10 +18,14 @@ A file type (Q4_K_M, Q8_0, ...) names a default block type and, for the K mixes,
   mixes);
 - a tensor whose rows do not split into its type's blocks falls back (Q4_K -> Q5_0, Q5_K ->
   Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K -> Q4_0, IQ4_XS -> IQ4_NL; F16 when that fails too).
-Every tensor is dequantized to float32 (torchggml.quants.dequantize) and quantized to its new
-type (torchggml.quants.quantize, bit-equal to llama.cpp's reference quantizers); the metadata is
-copied with general.file_type and general.quantization_version set. No importance matrix: the
-IQ1/IQ2/IQ3 mixes, which need one, are not offered.
+With an importance matrix (--imatrix), llama.cpp's rules that depend on one apply too: IQ4_NL/
+IQ4_XS keep ffn_down at their type, Q4_0/Q5_0 give the first eighth's ffn_down Q4_1/Q5_1.
+Every tensor is read in chunks of rows as float32 (dequantized when it is quantized, which needs
+--allow-requantize) and quantized by the native kernels (devices/cpu/quantize.py: ggml_quantize_chunk's
+bytes, with the tensor's importance-matrix slice) or, for the types they lack, the reference
+quantizers; the output is written tensor by tensor in llama-quantize's order (by layer, then
+name) with its metadata (the input's, general.quantization_version and general.file_type last,
+then quantize.imatrix.*), so that the file is byte for byte llama-quantize's.
 """
 from __future__ import annotations
 
@@ -77,9 +81,11 @@ def _category(name: str) -> str:
 class Mix:
     """The tensor types of one file type for one model (its layer count, GQA, experts, tying)."""
 
-    def __init__(self, ftype: str, arch: str, n_layer: int, n_gqa: int, n_expert: int, tied_output: bool):
+    def __init__(self, ftype: str, arch: str, n_layer: int, n_gqa: int, n_expert: int, tied_output: bool,
+                 has_imatrix: bool = False):
         self.ftype, self.default = ftype, FILE_TYPES[ftype][1]
         self.arch, self.n_layer, self.n_gqa, self.n_expert, self.tied = arch, n_layer, n_gqa, n_expert, tied_output
+        self.has_imatrix = has_imatrix
 
     def type_for(self, name: str, ne: list[int], current: Type) -> Type:
         if not is_quantizable(name, len(ne)):
@@ -129,12 +135,14 @@ class Mix:
             elif f == "Q4_K_M":
                 if more_bits(il, n):
                     t = Type.Q6_K
-            elif f in ("IQ4_NL", "IQ4_XS") and il < n // 8:
+            elif f in ("IQ4_NL", "IQ4_XS") and il < n // 8 and not self.has_imatrix:
                 t = Type.Q5_K
             elif f == "Q5_K_M" and more_bits(il, n):
                 t = Type.Q6_K
             elif f == "Q4_K_S" and il < n // 8:
                 t = Type.Q5_K
+            elif f in ("Q4_0", "Q5_0") and self.has_imatrix and il < n // 8:
+                t = Type.Q4_1 if f == "Q4_0" else Type.Q5_1  # llama.cpp's guard for the first ffn_down
         elif cat == "attn_output":
             k_mixes = ("Q2_K", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M", "IQ4_XS")
             if self.n_expert == 8:
@@ -145,17 +153,30 @@ class Mix:
         return t
 
 
-def plan(path: str, ftype: str) -> list[tuple[str, Type, Type]]:
-    """(tensor name, current type, new type) of every tensor, in file order."""
-    from ..gguf.loader import open_gguf
-    f = open_gguf(path)
+def tensor_order(names) -> list[str]:
+    """llama-quantize's order of the tensors in its output (llama_model_loader's weights_map):
+    by layer (tensors outside blk.N. first), then by name."""
+    def key(name):
+        m = re.match(r"blk\.(\d+)\.", name)
+        return (int(m.group(1)) if m else -1, name.encode())
+    return sorted(names, key=key)
+
+
+def _mix(f, ftype: str, has_imatrix: bool) -> Mix:
     arch = f.arch
     n_layer = int(f.get(f"{arch}.block_count"))
     n_head = f.get(f"{arch}.attention.head_count", 1)
     n_head_kv = f.get(f"{arch}.attention.head_count_kv", n_head)
     n_head, n_head_kv = (x[0] if isinstance(x, list) else x for x in (n_head, n_head_kv))
-    mix = Mix(file_type(ftype), arch, n_layer, max(1, int(n_head) // max(1, int(n_head_kv))),
-              int(f.get(f"{arch}.expert_count", 0)), "output.weight" not in f.tensors)
+    return Mix(file_type(ftype), arch, n_layer, max(1, int(n_head) // max(1, int(n_head_kv))),
+               int(f.get(f"{arch}.expert_count", 0)), "output.weight" not in f.tensors, has_imatrix)
+
+
+def plan(path: str, ftype: str, has_imatrix: bool = False) -> list[tuple[str, Type, Type]]:
+    """(tensor name, current type, new type) of every tensor, in file order."""
+    from ..gguf.loader import open_gguf
+    f = open_gguf(path)
+    mix = _mix(f, ftype, has_imatrix)
     out = [(name, Type(t.type), mix.type_for(name, list(t.ne), Type(t.type))) for name, t in f.tensors.items()]
     f.close()
     return out
@@ -172,51 +193,106 @@ def check_requantize(src: str, changes: list[tuple[str, Type, Type]]) -> None:
                              f"of the original F32/F16/BF16 file)")
 
 
-def quantize_file(src: str, dst: str, ftype: str, log=None, allow_requantize: bool = False
-                  ) -> list[tuple[str, Type, Type]]:
-    """Write `dst`: `src` with its tensors quantized as the file type's mix says (a quantized
-    tensor converted to another type only with allow_requantize, as llama-quantize)."""
+CHUNK_BYTES = 64 << 20  # float32 rows converted at once: the memory a tensor's quantization holds beyond its output
+
+
+def quantize_file(src: str, dst: str, ftype: str, log=None, imatrix: str | None = None,
+                  include: list[str] | None = None, exclude: list[str] | None = None,
+                  allow_requantize: bool = False, progress=None,
+                  imatrix_metadata: bool = True) -> list[tuple[str, Type, Type]]:
+    """Write `dst`: `src` with its tensors quantized as the file type's mix says, in llama-quantize's
+    tensor order and metadata, tensor by tensor (one tensor's output and a bounded chunk of float32
+    rows in memory). imatrix: llama.cpp's importance matrix file (GGUF or the older .dat), its
+    entries filtered by `include` / `exclude` (substrings of tensor names, as llama-quantize's
+    --include-weights / --exclude-weights)."""
     import gguf
-    from ..quants import dequantize, quantize
     ftype = file_type(ftype)
-    changes = plan(src, ftype)
-    if not allow_requantize:
-        check_requantize(src, changes)
-    types = {name: new for name, _, new in changes}
+    weights, imatrix_info = ({}, None) if imatrix is None else load_imatrix(imatrix)
+    weights = filter_imatrix(weights, include, exclude)
+    planned = plan(src, ftype, has_imatrix=bool(weights))
     reader = gguf.GGUFReader(src)
+    by_name = {t.name: t for t in reader.tensors}
+    if not allow_requantize:
+        check_requantize(src, planned)
+    types = {name: new for name, _, new in planned}
     arch = reader.get_field("general.architecture").contents()
     writer = gguf.GGUFWriter(dst, arch)
     for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name in ("general.architecture", "general.file_type",
-                                                             "general.quantization_version"):
+        if field.name.startswith("GGUF.") or field.name.startswith("split.") or field.name in (
+                "general.architecture", "general.file_type", "general.quantization_version"):
             continue
         sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)  # llama-quantize sets these two last, in this order
     writer.add_file_type(FILE_TYPES[ftype][0])
-    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    for t in reader.tensors:
-        new = types[t.name]
+    if weights and imatrix_metadata:  # llama-quantize's main adds these (llama_model_quantize alone does not)
+        writer.add_string("quantize.imatrix.file", imatrix)
+        if imatrix_info["datasets"]:
+            writer.add_string("quantize.imatrix.dataset", imatrix_info["datasets"][0])
+        writer.add_uint32("quantize.imatrix.entries_count", len(weights))
+        if imatrix_info["chunk_count"] > 0:
+            writer.add_uint32("quantize.imatrix.chunks_count", imatrix_info["chunk_count"])
+    order = tensor_order(by_name)
+    for name in order:
+        t, new = by_name[name], types[name]
         ne = [int(x) for x in t.shape]
-        old = Type(int(t.tensor_type))
-        if new == old:
-            data = np.asarray(t.data)
-        else:
-            raw = torch.from_numpy(np.array(t.data, copy=True).view(np.uint8).reshape(-1, _row_bytes(old, ne[0])))
-            values = dequantize(old, raw)
-            data = quantize(new, values).numpy()
         rows = list(reversed(ne[1:]))
-        if new in (Type.F32, Type.F16):
-            writer.add_tensor(t.name, data.view(np.float32 if new == Type.F32 else np.float16).reshape(rows + [ne[0]]))
-        else:  # bytes [..., row bytes]: gguf works out the values' shape from the type
-            writer.add_tensor(t.name, data.view(np.uint8).reshape(rows + [_row_bytes(new, ne[0])]),
-                              raw_dtype=gguf.GGMLQuantizationType(int(new)))
-        if log is not None:
-            log(f"{t.name:40s} {old.name:>6s} -> {new.name:6s} {'x'.join(map(str, ne))}")
+        writer.add_tensor_info(name, rows + [_row_bytes(new, ne[0])], np.dtype(np.uint8),
+                               _row_bytes(new, ne[0]) * int(np.prod(rows, dtype=np.int64)),
+                               raw_dtype=gguf.GGMLQuantizationType(int(new)))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
+    writer.write_ti_data_to_file()
+    for i, name in enumerate(order):
+        t, new = by_name[name], types[name]
+        old = Type(int(t.tensor_type))
+        ne = [int(x) for x in t.shape]
+        qw = _imatrix_for(weights, name, ne) if weights and new != old else None
+        data = np.asarray(t.data).view(np.uint8) if new == old else _convert(t, old, new, ne, qw)
+        writer.write_tensor_data(data.reshape(-1))
+        if log is not None:
+            log(f"[{i + 1:4d}/{len(order)}] {name:40s} {old.name:>6s} -> {new.name:6s} {'x'.join(map(str, ne))}"
+                + (" (imatrix)" if qw is not None else ""))
+        if progress is not None:
+            progress(i + 1, len(order))
     writer.close()
-    return [(name, None, new) for name, new in types.items()]
+    return [(name, Type(int(by_name[name].tensor_type)), types[name]) for name in order]
+
+
+def _convert(t, old: Type, new: Type, ne: list[int], qw: np.ndarray | None) -> np.ndarray:
+    """One tensor's bytes as `new`, converted in chunks of rows (within one expert, whose rows
+    share an importance-matrix slice)."""
+    from ..quants import dequantize, quantize
+    from ..devices.cpu.quantize import NATIVE_TYPES, quantize_native
+    n_rows = int(np.prod(ne[1:], dtype=np.int64))
+    rows_per_expert = ne[1] if len(ne) > 2 else n_rows
+    raw = np.asarray(t.data).view(np.uint8).reshape(n_rows, _row_bytes(old, ne[0]))
+    out = np.empty((n_rows, _row_bytes(new, ne[0])), dtype=np.uint8)
+    step = max(1, min(rows_per_expert, CHUNK_BYTES // (4 * ne[0])))
+    for r0 in range(0, n_rows, step):
+        r1 = min(n_rows, r0 + step, (r0 // rows_per_expert + 1) * rows_per_expert)
+        values = raw[r0:r1].view(np.float16) if old == Type.F16 and new in NATIVE_TYPES else _as_float32(old, raw[r0:r1])
+        if new in NATIVE_TYPES:
+            expert = r0 // rows_per_expert
+            quantize_native(new, values, None if qw is None else qw[expert * ne[0]:(expert + 1) * ne[0]],
+                            out=out[r0:r1])
+        else:
+            out[r0:r1] = quantize(new, torch.from_numpy(values)).numpy()
+        del values
+    return out
+
+
+def _as_float32(t: Type, raw: np.ndarray) -> np.ndarray:
+    """Rows of type t (bytes) as float32; torch converts F16/BF16 on all threads."""
+    import warnings
+    from ..quants import dequantize
+    if t == Type.F32:
+        return raw.view(np.float32)
+    with warnings.catch_warnings():  # the file's read-only mapping: only read
+        warnings.simplefilter("ignore", UserWarning)
+        if t == Type.F16:
+            return torch.from_numpy(raw.view(np.float16)).float().numpy()
+        return dequantize(t, torch.from_numpy(raw)).numpy()
 
 
 def _row_bytes(t: Type, n: int) -> int:
@@ -224,14 +300,132 @@ def _row_bytes(t: Type, n: int) -> int:
     return row_size(t, n)
 
 
+# ---------------------------------------------------------------- importance matrices
+
+def load_imatrix(path: str) -> tuple[dict[str, np.ndarray], dict]:
+    """llama.cpp's importance matrix: {tensor name: mean squared activation per column, float32
+    [n_per_row * n_expert]}, and {datasets, chunk_count, chunk_size}. Reads the GGUF format
+    (NAME.in_sum2 / NAME.counts per tensor; the mean is in_sum2 / count, 1 where no count) and
+    the older .dat one (sums already averaged per call, divided by the call count), as
+    llama-quantize's load_imatrix does."""
+    with open(path, "rb") as fh:
+        magic = fh.read(4)
+    if magic == b"GGUF":
+        return _load_imatrix_gguf(path)
+    return _load_imatrix_dat(path)
+
+
+def _load_imatrix_gguf(path: str):
+    import gguf
+    reader = gguf.GGUFReader(path)
+    fields = {f.name: f for f in reader.fields.values()}
+    info = {"datasets": list(fields["imatrix.datasets"].contents()) if "imatrix.datasets" in fields else [],
+            "chunk_count": int(fields["imatrix.chunk_count"].contents()) if "imatrix.chunk_count" in fields else 0,
+            "chunk_size": int(fields["imatrix.chunk_size"].contents()) if "imatrix.chunk_size" in fields else 0}
+    if not all(k in fields for k in ("imatrix.datasets", "imatrix.chunk_count", "imatrix.chunk_size")):
+        raise ValueError(f"imatrix {path}: missing imatrix metadata (imatrix.datasets, chunk_count, chunk_size)")
+    tensors = {t.name: t for t in reader.tensors}
+    out = {}
+    for tname, t in tensors.items():
+        if not tname.endswith(".in_sum2"):
+            continue
+        name = tname[:-len(".in_sum2")]
+        counts_t = tensors.get(name + ".counts")
+        if counts_t is None:
+            raise ValueError(f"imatrix {path}: {tname} has no {name}.counts")
+        if int(t.tensor_type) != 0 or int(counts_t.tensor_type) != 0:
+            raise ValueError(f"imatrix {path}: sums and counts of {name} must be F32")
+        sums = np.asarray(t.data, dtype=np.float32).reshape(-1)
+        counts = np.rint(np.asarray(counts_t.data, dtype=np.float64).reshape(-1))  # llama.cpp's lround
+        ne0 = sums.size // counts.size
+        values = np.ones_like(sums)
+        for j, c in enumerate(counts):
+            if c > 0:
+                values[j * ne0:(j + 1) * ne0] = sums[j * ne0:(j + 1) * ne0] / np.float32(c)
+        out[name] = values
+    if not out:
+        raise ValueError(f"imatrix {path}: no data (no *.in_sum2 tensors)")
+    return out, info
+
+
+def _load_imatrix_dat(path: str):
+    data = open(path, "rb").read()
+    pos = 0
+
+    def take(fmt: str):
+        nonlocal pos
+        import struct
+        size = struct.calcsize(fmt)
+        if pos + size > len(data):
+            raise ValueError(f"imatrix {path}: not a GGUF file and truncated as a .dat file at byte {pos}")
+        values = struct.unpack_from(fmt, data, pos)
+        pos += size
+        return values
+
+    (n_entries,) = take("<i")
+    if n_entries < 1:
+        raise ValueError(f"imatrix {path}: no data (neither a GGUF file nor a .dat file with entries)")
+    out = {}
+    for i in range(n_entries):
+        (length,) = take("<i")
+        name = data[pos:pos + length].decode("utf-8", "replace")
+        pos += length
+        ncall, nval = take("<ii")
+        if nval < 1:
+            raise ValueError(f"imatrix {path}: entry {i} ({name!r}) has {nval} values")
+        sums = np.frombuffer(data, dtype="<f4", count=nval, offset=pos).astype(np.float32)
+        pos += 4 * nval
+        out[name] = sums / np.float32(ncall) if ncall > 0 else sums.copy()
+    info = {"datasets": [], "chunk_count": 0, "chunk_size": 0}
+    if pos < len(data):
+        (info["chunk_count"],) = take("<i")
+        if pos < len(data):
+            (length,) = take("<i")
+            if length > 0:
+                info["datasets"].append(data[pos:pos + length].decode("utf-8", "replace"))
+    return out, info
+
+
+def filter_imatrix(weights: dict, include: list[str] | None, exclude: list[str] | None) -> dict:
+    """llama-quantize's --exclude-weights (drop entries whose name contains one) then
+    --include-weights (keep only entries whose name contains one)."""
+    if exclude:
+        weights = {k: v for k, v in weights.items() if not any(e in k for e in exclude)}
+    if include:
+        weights = {k: v for k, v in weights.items() if any(i in k for i in include)}
+    return weights
+
+
+def _imatrix_for(weights: dict, name: str, ne: list[int]) -> np.ndarray | None:
+    qw = weights.get(name)
+    if qw is None:
+        return None
+    want = ne[0] * (ne[2] if len(ne) > 2 else 1)
+    if qw.size != want:
+        if name == "token_embd.weight":  # llama-quantize ignores the embeddings' mismatch
+            return None
+        raise ValueError(f"quantize: the imatrix holds {qw.size} values for {name}, which needs {want} "
+                         f"(an importance matrix of another model?)")
+    if not np.isfinite(qw).all():
+        raise ValueError(f"quantize: the imatrix entry of {name} has a non-finite value")
+    return qw
+
+
 def cmd_quantize(args) -> int:
+    import os
     start = time.perf_counter()
     log = (lambda line: print(line, file=sys.stderr)) if args.verbose else None
-    ftype = file_type(args.type)
-    if ftype != args.type.upper():
-        print(f"quantize: {args.type} is an alias for {ftype}", file=sys.stderr)
-    quantize_file(args.input, args.output, ftype, log, args.allow_requantize)
-    import os
+    progress = None
+    if not args.verbose and sys.stderr.isatty():
+        def progress(i, n):
+            print(f"\rquantize: {i}/{n} tensors", end="" if i < n else "\n", file=sys.stderr, flush=True)
+    if args.nthreads:
+        from ..devices.cpu.jit.loader import set_numba_threads
+        set_numba_threads(args.nthreads)
+        torch.set_num_threads(args.nthreads)
+    quantize_file(args.input, args.output, args.type, log, imatrix=args.imatrix,
+                  include=args.include_weights, exclude=args.exclude_weights,
+                  allow_requantize=args.allow_requantize, progress=progress)
     size_in, size_out = os.path.getsize(args.input), os.path.getsize(args.output)
     print(f"{args.input} ({size_in / 2**20:.2f} MiB) -> {args.output} ({size_out / 2**20:.2f} MiB) as "
           f"{ftype} in {time.perf_counter() - start:.1f} s")

@@ -8,6 +8,7 @@ types and cached on disk by numba.
     repack_kernels()   ggml blocks to the fused layouts at load (repack_kernels.py)
     recurrent_kernels() the recurrent ops' scans (recurrent_kernels.py)
     gemm_kernels()     the prompt's int8 GEMM over ggml's blocks (gemm_kernels.py, AVX512-VNNI/AVX-VNNI/AVX2)
+    quantize_kernels() ggml's quantizers, rows in parallel (quantize_kernels.py: quantize_rows)
     plan_kernels()     runs of a plan's bound kernels in one native call (plan_kernels.py)
 
 Where numba's cache holds nothing for a module (the first use after an install), one line on
@@ -144,3 +145,8 @@ def plan_kernels():
 def gemm_kernels():
     """The prompt's int8 GEMM (gemm_kernels.py)."""
     return _load("gemm_kernels")
+
+
+def quantize_kernels():
+    """ggml's quantizers (quantize_kernels.py)."""
+    return _load("quantize_kernels")
