@@ -241,6 +241,7 @@ class Arch:
     biases: dict | None = None
     fused_qkv: bool = False   # a layer may hold attn_qkv instead of attn_q/k/v
     rope_freqs: bool | None = None  # Llama 3.1's rope_freqs.weight, optional (None: when biases is None)
+    encoder: bool = False  # hidden states only (Model.embed), no logits (bert...)
 
     def read_hparams(self, hp: HParams, keys: KeyReader) -> None:
         """Architecture-specific keys and defaults (sliding-window pattern, scales...)."""

@@ -59,6 +59,9 @@ class HParams:
     max_alibi_bias: float = 0.0  # ALiBi (bloom, mpt): the softmax's max_bias over -|p - p0| masks (0: off)
     clamp_kqv: float = 0.0  # q, k and v clamped to [-c, c] after their projections (olmo; 0: off)
     rope_sections: tuple = ()  # multi-axis RoPE: rotary pairs per axis (time, height, width, extra)
+    # encoders: attention over the whole sequence (attention.causal false), the classifier head's outputs
+    causal_attn: bool = True
+    n_cls_out: int = 1
 
     @property
     def n_embd_k_gqa(self) -> int:
@@ -147,6 +150,9 @@ def read_hparams(f: GGUFFile, arch) -> HParams:
     if hp.n_expert_groups > 1 and (hp.n_expert % hp.n_expert_groups or not 0 < hp.n_group_used < hp.n_expert_groups):
         raise GGUFError(f"{f.path}: {f.arch}.expert_group_count {hp.n_expert_groups} / expert_group_used_count "
                         f"{hp.n_group_used} do not split {hp.n_expert} experts")
+    hp.causal_attn = bool(get("attention.causal", True))
+    labels = keys.get_list("classifier.output_labels")
+    hp.n_cls_out = len(labels) if labels else 1
     _read_rope_scaling(keys, hp)
     arch.read_hparams(hp, keys)
     _derive_yarn(hp)

@@ -1,0 +1,57 @@
+"""The tensors of the tiny encoders (bert, nomic-bert, jina-bert-v2): seeded random weights with
+the shapes llama.cpp loads, scaled so activations stay O(1). Features: pos_embd (learned
+positions), qkv_bias, fused_qkv, gated (ffn_gate: nomic-bert's SwiGLU), fused_up (jina's
+[up | gate]), ffn_bias, cls (the dense classifier layer), cls_out (the score projection),
+norm_2 (jina's second attention norm), qk_norm (jina's LayerNorms on q and k)."""
+from __future__ import annotations
+
+import torch
+
+ENCODER_ARCHS = ("bert", "nomic-bert", "jina-bert-v2")
+N_TOKEN_TYPES = 2
+
+
+def encoder_tensors(case, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    f, e, ff, v = case.features, case.n_embd, case.n_ff, case.n_vocab
+    kv = case.head_dim * case.n_head_kv
+
+    def mat(*shape):
+        return torch.randn(*shape, generator=gen) / shape[-1] ** 0.5
+
+    def vec(n, mean=0.0, std=0.1):
+        return mean + std * torch.randn(n, generator=gen)
+
+    w = {"token_embd.weight": torch.randn(v, e, generator=gen),
+         "token_types.weight": torch.randn(N_TOKEN_TYPES, e, generator=gen) * 0.5,
+         "token_embd_norm.weight": vec(e, 1.0), "token_embd_norm.bias": vec(e)}
+    if "pos_embd" in f:
+        w["position_embd.weight"] = torch.randn(case.n_ctx, e, generator=gen) * 0.5
+    if "cls" in f:
+        w["cls.weight"], w["cls.bias"] = mat(e, e) * 2.0, vec(e)
+    if "cls_out" in f:
+        w["cls.output.weight"], w["cls.output.bias"] = mat(1, e), vec(1)
+    for il in range(case.n_layer):
+        p = f"blk.{il}."
+        if "fused_qkv" in f:
+            w[p + "attn_qkv.weight"] = mat(e + 2 * kv, e)
+        else:
+            w[p + "attn_q.weight"], w[p + "attn_k.weight"], w[p + "attn_v.weight"] = mat(e, e), mat(kv, e), mat(kv, e)
+        if "qkv_bias" in f:
+            w[p + "attn_q.bias"], w[p + "attn_k.bias"], w[p + "attn_v.bias"] = vec(e), vec(kv), vec(kv)
+        if "qk_norm" in f:
+            w[p + "attn_q_norm.weight"], w[p + "attn_q_norm.bias"] = vec(e, 1.0), vec(e)
+            w[p + "attn_k_norm.weight"], w[p + "attn_k_norm.bias"] = vec(kv, 1.0), vec(kv)
+        w[p + "attn_output.weight"] = mat(e, e)
+        if "ffn_bias" in f:
+            w[p + "attn_output.bias"] = vec(e)
+        w[p + "attn_output_norm.weight"], w[p + "attn_output_norm.bias"] = vec(e, 1.0), vec(e)
+        if "norm_2" in f:
+            w[p + "attn_norm_2.weight"], w[p + "attn_norm_2.bias"] = vec(e, 1.0), vec(e)
+        w[p + "ffn_up.weight"] = mat(2 * ff if "fused_up" in f else ff, e)
+        if "gated" in f:
+            w[p + "ffn_gate.weight"] = mat(ff, e)
+        w[p + "ffn_down.weight"] = mat(e, ff)
+        if "ffn_bias" in f:
+            w[p + "ffn_up.bias"], w[p + "ffn_down.bias"] = vec(w[p + "ffn_up.weight"].shape[0]), vec(e)
+        w[p + "layer_output_norm.weight"], w[p + "layer_output_norm.bias"] = vec(e, 1.0), vec(e)
+    return w

@@ -1,0 +1,143 @@
+"""BERT-style encoders (bert, nomic-bert, jina-bert-v2): attention over the whole sequence (the
+file's attention.causal is false), token + token-type (+ learned position) embeddings under a
+LayerNorm, and post-norm layers: x = norm(x + attention(x)), x = norm(x + ffn(x)). The result is
+the last layer's hidden states, pooled by Model.embed (none, mean, cls, last, or rank through the
+classifier head cls / cls.output); an encoder has no logits.
+
+- bert: learned position embeddings, biased q/k/v and an ungated GELU FFN.
+- nomic-bert: rotary positions (NeoX), one fused attn_qkv, a SwiGLU FFN without biases.
+- jina-bert-v2: ALiBi instead of positions (symmetric: -|p - p0|), optional LayerNorms on q and
+  k over all the heads, an optional second attention norm, a GEGLU FFN when ffn_up holds
+  [up | gate] (twice n_ff wide), an ungated GELU one otherwise.
+"""
+from __future__ import annotations
+
+import torch
+
+from ... import ops
+from ...interop import to_torch
+from ...quants import dequantize
+from ...types import type_traits
+from ...enums import RopeType
+from ...gguf.loader import GGUFError
+from ..builder import Arch, LayerLoader
+
+
+class Bert(Arch):
+    names = ("bert",)
+    encoder = True
+    fused_qkv = True
+    biases = {"attn_q": True, "attn_k": True, "attn_v": True, "attn_qkv": False, "attn_output": False,
+              "ffn_up": False, "ffn_down": False}
+    pos_embd = True      # learned position embeddings (position_embd.weight)
+    rotary = False
+    ffn_act = "gelu"
+    type_embd_required = False
+    cls_width = None     # the classifier's dense layer: [n_embd, n_embd] (None), or this many outputs
+
+    def read_hparams(self, hp, keys):
+        hp.n_token_types = int(keys.f.get("tokenizer.ggml.token_type_count", 0) or 0)
+
+    def load_weights(self, w, hp):
+        e = hp.n_embd
+        w.add("token_embd", "token_embd.weight", [e, hp.n_vocab])
+        if hp.n_token_types == 0 and not self.type_embd_required:
+            raise GGUFError(f"{w.path}: {hp.arch} needs tokenizer.ggml.token_type_count (the token types)")
+        w.add("type_embd", "token_types.weight", [e, hp.n_token_types], required=self.type_embd_required)
+        if self.pos_embd:
+            w.add("pos_embd", "position_embd.weight", [e, hp.n_ctx_train])
+        w.add("tok_norm", "token_embd_norm.weight", [e])
+        w.add("tok_norm_b", "token_embd_norm.bias", [e])
+        # the classifier head of rerankers (pooling rank): cls (dense + tanh), then cls.output
+        n_cls = self.cls_width or e
+        w.add("cls", "cls.weight", [e, n_cls], required=False)
+        w.add("cls_b", "cls.bias", [n_cls], required=False)
+        w.add("cls_out", "cls.output.weight", [n_cls, hp.n_cls_out], required=False)
+        w.add("cls_out_b", "cls.output.bias", [hp.n_cls_out], required=False)
+        for il in range(hp.n_layer):
+            L = LayerLoader(w, il)
+            self.load_layer(L, hp)
+            w.layers.append(L.layer)
+
+    def load_layer(self, L: LayerLoader, hp):
+        e, kv = hp.n_embd, hp.n_embd_k_gqa
+        if L.has("attn_qkv"):
+            L.weight("attn_qkv", [e, e + 2 * kv])
+            L.bias("attn_qkv", [e + 2 * kv])
+        else:
+            for name, n in (("attn_q", e), ("attn_k", kv), ("attn_v", kv)):
+                L.weight(name, [e, n])
+                L.bias(name, [n])
+        L.weight("attn_output", [e, e])
+        L.bias("attn_output", [e])
+        for norm in ("attn_output_norm", "layer_output_norm"):
+            L.weight(norm, [e])
+            L.bias(norm, [e], required=True)
+        self.load_ffn(L, hp)
+
+    def load_ffn(self, L, hp):
+        L.weight("ffn_up", [hp.n_embd, hp.n_ff])
+        L.bias("ffn_up", [hp.n_ff])
+        L.weight("ffn_down", [hp.n_ff, hp.n_embd])
+        L.bias("ffn_down", [hp.n_embd])
+
+    def embed(self, b, w):
+        x = b.embed(w.token_embd, pos_embd=w.pos_embd if self.pos_embd else None)
+        if w.type_embd is not None:  # every token of type 0 ("sentence A"), as llama.cpp
+            x = ops.add(b.ctx, x, ops.view_1d(b.ctx, w.type_embd, b.hp.n_embd, 0))
+        return b.norm(x, w.tok_norm, w.tok_norm_b, rms=False)
+
+    def qkv(self, b, il, h, layer):
+        q, k, v = b.qkv(h, layer, qk_norms=False)
+        if self.rotary:
+            q, k = b.rope(q, il), b.rope(k, il)
+        return q, k, v
+
+    def build(self, b, w):
+        if not b.embeddings:
+            raise ValueError(f"{b.hp.arch} is an encoder: it has no logits; use Model.embed")
+        x = self.embed(b, w)
+        for il, layer in enumerate(w.layers):
+            q, k, v = self.qkv(b, il, x, layer)
+            attn = b.attention(il, q, k, v, layer.attn_output, layer.attn_output_b)
+            attn, x = b.output_rows(il, attn, x)
+            h = b.norm(b.add(attn, x), layer.attn_output_norm, layer.attn_output_norm_b, rms=False)
+            if layer.attn_norm_2 is not None:
+                h = b.norm(b.add(h, x), layer.attn_norm_2, layer.attn_norm_2_b, rms=False)
+            y = b.add(b.ffn(h, layer, act=self.ffn_act), h)
+            x = b.norm(y, layer.layer_output_norm, layer.layer_output_norm_b, rms=False)
+        return x
+
+    def rank(self, w, pooled: torch.Tensor) -> torch.Tensor:
+        """The classifier head over pooled [n_embd] (llama.cpp's LLAMA_POOLING_TYPE_RANK): tanh of
+        the dense cls layer, then the cls.output projection, each where the file has it."""
+        if w.cls is None and w.cls_out is None:
+            raise ValueError(f"{w.path}: pooling 'rank' needs a classifier head (cls / cls.output tensors)")
+        x = pooled.float()
+        for weight, bias, act in ((w.cls, w.cls_b, torch.tanh), (w.cls_out, w.cls_out_b, None)):
+            if weight is not None:
+                x = float_weight(weight) @ x + (0 if bias is None else float_weight(bias))
+                x = x if act is None else act(x)
+        return x
+
+
+def float_weight(t) -> torch.Tensor:
+    """A weight's values as float32 on the CPU [rows, cols] (dequantized when it is a block type)."""
+    raw = type_traits(t.type).is_quantized
+    return dequantize(t.type, to_torch(t, raw=raw).cpu()).float()
+
+
+class NomicBert(Bert):
+    names = ("nomic-bert",)
+    rope_type = RopeType.NEOX
+    biases = {"attn_output": False}  # llama.cpp reads ffn biases of nomic-bert but never adds them: refused
+    pos_embd = False
+    rotary = True
+    ffn_act = "silu"
+
+    def load_ffn(self, L, hp):
+        super().load_ffn(L, hp)
+        L.weight("ffn_gate", [hp.n_embd, hp.n_ff])
+
+
+ARCHS = [Bert(), NomicBert()]
