@@ -283,6 +283,8 @@ TINY_CASES += [
           metadata=(("attention.causal", False), ("pooling_type", 4)), global_metadata=_ENC_TYPES),
     _case("nomic-bert", "nomic-bert", ["layernorm", "fused_qkv", "gated"], n_head_kv=4, metadata=_ENC,
           global_metadata=_ENC_TYPES),
+    _case("jina-bert-v2", "jina-bert-v2", ["layernorm", "qkv_bias", "ffn_bias", "fused_up", "qk_norm", "norm_2",
+                                           "cls"], n_head_kv=4, metadata=_ENC, global_metadata=_ENC_TYPES),
 ]
 
 CASES_BY_NAME = {c.name: c for c in TINY_CASES}

@@ -26,8 +26,9 @@ def encoder_tensors(case, gen: torch.Generator) -> dict[str, torch.Tensor]:
          "token_embd_norm.weight": vec(e, 1.0), "token_embd_norm.bias": vec(e)}
     if "pos_embd" in f:
         w["position_embd.weight"] = torch.randn(case.n_ctx, e, generator=gen) * 0.5
-    if "cls" in f:
-        w["cls.weight"], w["cls.bias"] = mat(e, e) * 2.0, vec(e)
+    if "cls" in f:  # jina's head has one output and no cls.output
+        n_cls = e if "cls_out" in f else 1
+        w["cls.weight"], w["cls.bias"] = mat(n_cls, e) * 2.0, vec(n_cls)
     if "cls_out" in f:
         w["cls.output.weight"], w["cls.output.bias"] = mat(1, e), vec(1)
     for il in range(case.n_layer):

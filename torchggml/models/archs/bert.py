@@ -89,9 +89,19 @@ class Bert(Arch):
 
     def qkv(self, b, il, h, layer):
         q, k, v = b.qkv(h, layer, qk_norms=False)
+        q, k = self.full_norm(b, q, layer.attn_q_norm, layer.attn_q_norm_b), \
+            self.full_norm(b, k, layer.attn_k_norm, layer.attn_k_norm_b)
         if self.rotary:
             q, k = b.rope(q, il), b.rope(k, il)
         return q, k, v
+
+    @staticmethod
+    def full_norm(b, x, weight, bias):
+        """A LayerNorm over all the heads of x [head_dim, n_heads, n_tokens] together (jina's q/k norms)."""
+        if weight is None:
+            return x
+        flat = ops.cont_2d(b.ctx, x, x.ne[0] * x.ne[1], x.ne[2])
+        return ops.reshape_3d(b.ctx, b.norm(flat, weight, bias, rms=False), x.ne[0], x.ne[1], x.ne[2])
 
     def build(self, b, w):
         if not b.embeddings:
@@ -140,4 +150,36 @@ class NomicBert(Bert):
         L.weight("ffn_gate", [hp.n_embd, hp.n_ff])
 
 
-ARCHS = [Bert(), NomicBert()]
+class JinaBertV2(Bert):
+    names = ("jina-bert-v2",)
+    biases = {"attn_q": False, "attn_k": False, "attn_v": False, "attn_output": True, "ffn_up": False,
+              "ffn_down": True}
+    pos_embd = False
+    type_embd_required = True
+    cls_width = 1        # jina's reranker head: one dense output under tanh, no cls.output
+
+    def read_hparams(self, hp, keys):
+        super().read_hparams(hp, keys)
+        hp.max_alibi_bias = 8.0
+
+    def load_layer(self, L, hp):
+        super().load_layer(L, hp)
+        e, kv = hp.n_embd, hp.n_embd_k_gqa
+        for name, n in (("attn_q_norm", e), ("attn_k_norm", kv)):
+            L.weight(name, [n], required=False)
+            L.w.add(name + "_b", f"blk.{L.il}.{name}.bias", [n], False, L.layer)
+        L.weight("attn_norm_2", [e], required=False)
+        L.w.add("attn_norm_2_b", f"blk.{L.il}.attn_norm_2.bias", [e], False, L.layer)
+
+    def load_ffn(self, L, hp):
+        """ffn_up [up | gate] twice n_ff wide (GEGLU), or n_ff wide with an optional ffn_gate."""
+        up = L.w.tensors.get(f"blk.{L.il}.ffn_up.weight")
+        n_up = up.ne[1] if up is not None and up.ne[1] == 2 * hp.n_ff else hp.n_ff
+        L.weight("ffn_up", [hp.n_embd, n_up])
+        L.bias("ffn_up", [n_up])
+        L.weight("ffn_gate", [hp.n_embd, hp.n_ff], required=False)
+        L.weight("ffn_down", [hp.n_ff, hp.n_embd])
+        L.bias("ffn_down", [hp.n_embd])
+
+
+ARCHS = [Bert(), NomicBert(), JinaBertV2()]
