@@ -91,3 +91,22 @@ def test_encoder_errors(call, match, tmp_path_factory):
     m = model_for("bert-F32", tmp_path_factory)
     with pytest.raises(ValueError, match=match):
         call(m)
+
+
+@pytest.mark.parametrize("key,status", [("bert-F32", 200), ("nomic-bert-F32", 200), ("bert-rerank-F32", 400)])
+def test_v1_embeddings(key, status, tmp_path_factory):
+    """/v1/embeddings serves an encoder's pooled, L2-normalized embeddings; a rank-pooled file is
+    refused (its scores are no OpenAI embedding), as llama.cpp's server refuses pooling none."""
+    TestClient = pytest.importorskip("fastapi.testclient", reason="the server extra is not installed").TestClient
+    from torchggml.server.app import ServerState, create_app
+    from torchggml.server.engine import Engine
+    m, tokens = model_for(key, tmp_path_factory), MANIFEST[key]["tokens"]
+    with TestClient(create_app(ServerState(m, Engine(m), "tiny"))) as client:
+        r = client.post("/v1/embeddings", json={"model": "tiny", "input": [tokens, tokens[:5]],
+                                                "encoding_format": "float"})
+    assert r.status_code == status, r.text
+    if status == 200:
+        for row, ids in zip(r.json()["data"], [tokens, tokens[:5]]):
+            assert torch.allclose(torch.tensor(row["embedding"]), m.embed(ids), atol=1e-5)
+    else:
+        assert "rank" in r.json()["error"]["message"]
