@@ -48,6 +48,7 @@ class HParams:
     n_swa: int = 0
     swa_layers: list[bool] = field(default_factory=list)
     swa_chunked: bool = False  # windows are chunks of n_swa positions, not the last n_swa (llama4)
+    swa_symmetric: bool = False  # windows reach n_swa // 2 positions both ways (modern-bert, non-causal)
     rope_freq_base_swa: float = 10000.0
     rope_freq_scale_swa: float = 1.0
     # attention scale (0: 1/sqrt(head_dim_k)) and tanh soft-capping (0: off)
@@ -62,6 +63,9 @@ class HParams:
     # encoders: attention over the whole sequence (attention.causal false), the classifier head's outputs
     causal_attn: bool = True
     n_cls_out: int = 1
+    n_token_types: int = 0      # tokenizer.ggml.token_type_count (bert's token_types rows)
+    ffn_act: str = "gelu"       # the FFN's activation where a file names it (modern-bert's hidden_activation)
+    pooling_type_cls: int = -1  # classifier.pooling_type: what the rank head pools (1 mean, else the first token)
 
     @property
     def n_embd_k_gqa(self) -> int:
@@ -153,6 +157,7 @@ def read_hparams(f: GGUFFile, arch) -> HParams:
     hp.causal_attn = bool(get("attention.causal", True))
     labels = keys.get_list("classifier.output_labels")
     hp.n_cls_out = len(labels) if labels else 1
+    hp.pooling_type_cls = int(get("classifier.pooling_type", -1))
     _read_rope_scaling(keys, hp)
     arch.read_hparams(hp, keys)
     _derive_yarn(hp)

@@ -77,7 +77,7 @@ DEFAULT_MAX_CTX = 4096
 # eval's `logits` choices: every token's, or only the last token's (of each sequence)
 LOGITS = ("all", "last")
 
-# embed's pooling of the hidden states (llama.cpp's pooling types, "rank" aside)
+# embed's pooling of the hidden states (llama.cpp's pooling types)
 POOLING = ("mean", "cls", "last", "none", "rank")
 
 
@@ -334,8 +334,8 @@ class Model:
         """The embedding of `tokens` (ids; a text is tokenized): the final hidden states (the
         output norm's, before the head; an encoder's last layer), pooled as llama.cpp pools them:
         "mean" over the tokens, "cls" (the first token's), "last", "none" (every token's,
-        [n_tokens, n_embd]) or "rank" (an encoder's classifier head over the first token: the
-        reranking scores, [n_cls_out]). pooling None: the file's {arch}.pooling_type, mean when it
+        [n_tokens, n_embd]) or "rank" (an encoder's classifier head over the first token or the mean,
+        as its classifier.pooling_type says: the reranking scores, [n_cls_out]). pooling None: the file's {arch}.pooling_type, mean when it
         has none. Each vector is normalized as llama.cpp's --embd-normalize: 2 (default)
         Euclidean, -1 none, 0 max-absolute scaled to the int16 range, 1 taxicab, p > 2 the
         p-norm; rank scores are never normalized. Float32. The tokens are evaluated as sequence
@@ -366,7 +366,7 @@ class Model:
             finally:
                 self.memory.clear(seq_id)
         if pooling == "rank":
-            return self.arch.rank(self.weights, hidden[0])
+            return self.arch.rank(self.weights, self.hp, hidden)
         pooled = hidden.mean(dim=0) if pooling == "mean" else {"cls": hidden[0], "last": hidden[-1],
                                                                "none": hidden}[pooling]
         return normalize_embeddings(pooled, normalize)

@@ -285,6 +285,8 @@ TINY_CASES += [
           global_metadata=_ENC_TYPES),
     _case("jina-bert-v2", "jina-bert-v2", ["layernorm", "qkv_bias", "ffn_bias", "fused_up", "qk_norm", "norm_2",
                                            "cls"], n_head_kv=4, metadata=_ENC, global_metadata=_ENC_TYPES),
+    _case("modern-bert", "modern-bert", ["layernorm", "cls", "cls_out"], n_layer=3, n_head_kv=4, metadata=_ENC + (
+        ("attention.sliding_window", 4), ("rope.freq_base_swa", 1000.0), ("rope.freq_base", 160000.0))),
 ]
 
 CASES_BY_NAME = {c.name: c for c in TINY_CASES}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-ENCODER_ARCHS = ("bert", "nomic-bert", "jina-bert-v2")
+ENCODER_ARCHS = ("bert", "nomic-bert", "jina-bert-v2", "modern-bert")
 N_TOKEN_TYPES = 2
 
 
@@ -21,6 +21,8 @@ def encoder_tensors(case, gen: torch.Generator) -> dict[str, torch.Tensor]:
     def vec(n, mean=0.0, std=0.1):
         return mean + std * torch.randn(n, generator=gen)
 
+    if case.arch == "modern-bert":
+        return modern_bert_tensors(case, mat, vec)
     w = {"token_embd.weight": torch.randn(v, e, generator=gen),
          "token_types.weight": torch.randn(N_TOKEN_TYPES, e, generator=gen) * 0.5,
          "token_embd_norm.weight": vec(e, 1.0), "token_embd_norm.bias": vec(e)}
@@ -55,4 +57,24 @@ def encoder_tensors(case, gen: torch.Generator) -> dict[str, torch.Tensor]:
         if "ffn_bias" in f:
             w[p + "ffn_up.bias"], w[p + "ffn_down.bias"] = vec(w[p + "ffn_up.weight"].shape[0]), vec(e)
         w[p + "layer_output_norm.weight"], w[p + "layer_output_norm.bias"] = vec(e, 1.0), vec(e)
+    return w
+
+
+def modern_bert_tensors(case, mat, vec) -> dict[str, torch.Tensor]:
+    """modern-bert: no biases, no token types; pre-norms (none before layer 0's attention), a fused
+    qkv and [gate | up], a final output_norm; the reranker head cls, cls.norm, cls.output."""
+    e, ff, f = case.n_embd, case.n_ff, case.features
+    w = {"token_embd.weight": mat(case.n_vocab, e) * e ** 0.5, "token_embd_norm.weight": vec(e, 1.0),
+         "output_norm.weight": vec(e, 1.0)}
+    for il in range(case.n_layer):
+        p = f"blk.{il}."
+        if il:
+            w[p + "attn_norm.weight"] = vec(e, 1.0)
+        w[p + "attn_qkv.weight"], w[p + "attn_output.weight"] = mat(3 * e, e), mat(e, e)
+        w[p + "ffn_norm.weight"] = vec(e, 1.0)
+        w[p + "ffn_up.weight"], w[p + "ffn_down.weight"] = mat(2 * ff, e), mat(e, ff)
+    if "cls" in f:
+        w["cls.weight"], w["cls.norm.weight"] = mat(e, e) * 2.0, vec(e, 1.0)
+    if "cls_out" in f:
+        w["cls.output.weight"], w["cls.output.bias"] = mat(1, e), vec(1)
     return w

@@ -21,6 +21,7 @@ from ...types import type_traits
 from ...enums import RopeType
 from ...gguf.loader import GGUFError
 from ..builder import Arch, LayerLoader
+from ..hparams import read_swa_pattern
 
 
 class Bert(Arch):
@@ -118,16 +119,22 @@ class Bert(Arch):
             x = b.norm(y, layer.layer_output_norm, layer.layer_output_norm_b, rms=False)
         return x
 
-    def rank(self, w, pooled: torch.Tensor) -> torch.Tensor:
-        """The classifier head over pooled [n_embd] (llama.cpp's LLAMA_POOLING_TYPE_RANK): tanh of
-        the dense cls layer, then the cls.output projection, each where the file has it."""
+    head_act = staticmethod(torch.tanh)  # the dense classifier layer's activation
+
+    def rank(self, w, hp, hidden: torch.Tensor) -> torch.Tensor:
+        """The classifier head (llama.cpp's LLAMA_POOLING_TYPE_RANK) over hidden [n_tokens, n_embd]
+        pooled by classifier.pooling_type (mean, or the first token): the dense cls layer and its
+        activation, the head norm cls.norm, then the cls.output projection, each where the file
+        has it."""
         if w.cls is None and w.cls_out is None:
             raise ValueError(f"{w.path}: pooling 'rank' needs a classifier head (cls / cls.output tensors)")
-        x = pooled.float()
-        for weight, bias, act in ((w.cls, w.cls_b, torch.tanh), (w.cls_out, w.cls_out_b, None)):
-            if weight is not None:
-                x = float_weight(weight) @ x + (0 if bias is None else float_weight(bias))
-                x = x if act is None else act(x)
+        x = (hidden.mean(dim=0) if hp.pooling_type_cls == 1 else hidden[0]).float()
+        if w.cls is not None:
+            x = self.head_act(float_weight(w.cls) @ x + (0 if w.cls_b is None else float_weight(w.cls_b)))
+            if w.cls_norm is not None:
+                x = torch.nn.functional.layer_norm(x, x.shape, float_weight(w.cls_norm), eps=hp.norm_eps)
+        if w.cls_out is not None:
+            x = float_weight(w.cls_out) @ x + (0 if w.cls_out_b is None else float_weight(w.cls_out_b))
         return x
 
 
@@ -182,4 +189,64 @@ class JinaBertV2(Bert):
         L.bias("ffn_down", [hp.n_embd])
 
 
-ARCHS = [Bert(), NomicBert(), JinaBertV2()]
+class ModernBert(Bert):
+    """modern-bert: pre-norm layers (LayerNorms without biases; none before layer 0's attention),
+    one fused attn_qkv, NeoX rotary positions, symmetric sliding windows on two layers of three
+    (the first dense; their own rope base), a GEGLU FFN from a fused [gate | up] (SwiGLU when
+    hidden_activation says silu), a final output_norm; its reranker head pools the mean by default
+    and applies GELU and the head norm cls.norm."""
+    names = ("modern-bert",)
+    rope_type = RopeType.NEOX
+    biases = {}
+    head_act = staticmethod(torch.nn.functional.gelu)
+
+    def read_hparams(self, hp, keys):
+        hp.n_swa = int(keys.get("attention.sliding_window", 0))
+        if hp.n_swa > 0:
+            hp.swa_symmetric = True
+            hp.rope_freq_base_swa = float(keys.get("rope.freq_base_swa", hp.rope_freq_base))
+            hp.rope_freq_scale_swa = hp.rope_freq_scale
+            pattern = keys.get_list("attention.sliding_window_pattern")
+            if isinstance(pattern, list):
+                read_swa_pattern(hp, keys, 3)
+            else:  # a period whose first layer is dense (llama.cpp's dense_first)
+                n = int(pattern) if pattern is not None else 3
+                hp.swa_layers = [n == 0 or il % n != 0 for il in range(hp.n_layer)]
+        act = str(keys.get("hidden_activation", "gelu")).lower()
+        hp.ffn_act = "silu" if act in ("silu", "swiglu") else "gelu"
+        if hp.pooling_type_cls == -1:  # files without a classifier pooling type pool the mean
+            hp.pooling_type_cls = 1
+
+    def load_weights(self, w, hp):
+        e = hp.n_embd
+        w.add("token_embd", "token_embd.weight", [e, hp.n_vocab])
+        w.add("tok_norm", "token_embd_norm.weight", [e])
+        w.add("output_norm", "output_norm.weight", [e])
+        w.add("cls", "cls.weight", [e, e], required=False)
+        w.add("cls_norm", "cls.norm.weight", [e], required=False)
+        w.add("cls_out", "cls.output.weight", [e, hp.n_cls_out], required=False)
+        w.add("cls_out_b", "cls.output.bias", [hp.n_cls_out], required=False)
+        for il in range(hp.n_layer):
+            L = LayerLoader(w, il)
+            L.weight("attn_norm", [e], required=il != 0)
+            L.weight("attn_qkv", [e, 3 * e])
+            L.weight("attn_output", [e, e])
+            L.weight("ffn_up", [e, 2 * hp.n_ff])
+            L.weight("ffn_down", [hp.n_ff, e])
+            L.weight("ffn_norm", [e])
+            w.layers.append(L.layer)
+
+    def build(self, b, w):
+        if not b.embeddings:
+            raise ValueError(f"{b.hp.arch} is an encoder: it has no logits; use Model.embed")
+        x = b.norm(b.embed(w.token_embd), w.tok_norm, rms=False)
+        for il, layer in enumerate(w.layers):
+            h = x if layer.attn_norm is None else b.norm(x, layer.attn_norm, rms=False)
+            q, k, v = b.qkv(h, layer, qk_norms=False)
+            q, k = b.rope(q, il), b.rope(k, il)
+            attn = b.add_attention(il, x, b.attention(il, q, k, v, layer.attn_output))
+            x = b.add(b.ffn(b.norm(attn, layer.ffn_norm, rms=False), layer, act=b.hp.ffn_act), attn)
+        return b.norm(x, w.output_norm, rms=False)
+
+
+ARCHS = [Bert(), NomicBert(), JinaBertV2(), ModernBert()]
