@@ -107,3 +107,26 @@ def test_a_forced_call_is_always_a_parsable_call(family, choice):
         return
     names = {name for name, _ in _calls(reply)}
     assert reply.tool_calls and names <= ({"get_weather"} if isinstance(choice, dict) else {"get_weather", "get_time"}), text
+
+
+@pytest.mark.parametrize("pieces, opened, reasoning, content", [
+    (["<th", "ink>weigh", " it</th", "ink>\n\nYes", "."], False, "weigh it", "Yes."),
+    (["weigh", " it</think>", "Yes."], True, "weigh it", "Yes."),
+    (["No ", "thinking."], False, "", "No thinking."),
+])
+def test_streamed_reasoning_is_split_as_it_comes(pieces, opened, reasoning, content):
+    from torchggml.server.tool_calls import ReplyStream
+    stream = ReplyStream(tool_format("{{ '<think>' }}"), tools=False, reasoning=True, opened_think=opened)
+    deltas = [d for piece in pieces for d in stream.push(piece)] + stream.finish()[0]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == reasoning
+    assert "".join(d.get("content", "") for d in deltas) == content
+
+
+def test_streamed_tool_calls_come_whole_at_the_end():
+    from torchggml.server.tool_calls import ReplyStream
+    stream = ReplyStream(tool_format(TEMPLATES["hermes"]), tools=True, reasoning=True)
+    text = 'Checking.\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    assert all(stream.push(c) == [] for c in text)
+    deltas, called = stream.finish()
+    assert called and deltas[0] == {"content": "Checking."}
+    assert deltas[1]["tool_calls"][0]["index"] == 0 and deltas[1]["tool_calls"][0]["function"]["name"] == "get_time"

@@ -151,6 +151,7 @@ from .devices.stream import StreamError
 # ---------------------------------------------------------------- reference quantization, models
 from . import quants  # ggml.quants.quantize / dequantize
 from .models import load_model, Model
+from .mtmd import load_multimodal, Multimodal  # a text model with an mmproj: images in prompts
 
 # ---------------------------------------------------------------- PyTorch integration
 from .torch_integration import graph_function, GraphFunction

@@ -1,6 +1,7 @@
 """The model subcommands of the `torchggml` command: run, eval, info.
 
     torchggml run [MODEL] -p PROMPT -n N [--chat] [--device DEV[,DEV...]] [--n-gpu-layers N]
+    torchggml run MODEL --mmproj MMPROJ --image X.jpg -p "Describe <__media__>"
     torchggml eval MODEL --tokens 1,2,3 [--chunks 48,1,1] --out logits.npy
     torchggml info MODEL
 
@@ -121,6 +122,8 @@ def cmd_run(args) -> int:
     out = sys.stdout if _main_rank() else io.StringIO()  # the other ranks generate the same text
     if args.logprobs is not None:
         return _run_logprobs(model, args, sampling, out)
+    if args.image or args.mmproj:
+        return _run_media(model, args, sampling, out)
     if args.chat:  # the prompt is a user message, formatted by the model's chat template
         stream = model.chat([{"role": "user", "content": args.prompt}], **sampling)
     else:
@@ -135,6 +138,27 @@ def cmd_run(args) -> int:
     print(f"prompt: {t.prompt_tokens} tokens in {t.prompt_s:.3f} s ({t.prompt_tps:.2f} tokens/s) | "
           f"generation: {t.gen_tokens} tokens in {t.gen_s:.3f} s ({t.gen_tps:.2f} tokens/s)", file=sys.stderr)
     model.close()
+    return 0
+
+
+def _run_media(model, args, sampling, out) -> int:
+    """run --mmproj F --image X: the prompt's <__media__> markers (none: the images first) replaced
+    by the images, encoded by the projector on the model's input device."""
+    if not (args.image and args.mmproj):
+        raise ValueError("--image needs --mmproj (the model's multimodal projector), and --mmproj an --image")
+    from ..mtmd import Multimodal, load_mmproj, media_prompt
+    mm = Multimodal(model, load_mmproj(args.mmproj, model.placement.input))
+    text = args.prompt
+    if args.chat:  # the template's own BOS text is dropped: the first part gets BOS as a token
+        text = model.chat_prompt([{"role": "user", "content": text}])
+        tok = model.tokenizer
+        bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
+        text = text[len(bos):] if bos and text.startswith(bos) else text
+    for piece in mm.generate(media_prompt(text, args.image), **sampling):
+        out.write(piece)
+        out.flush()
+    out.write("\n")
+    mm.close()
     return 0
 
 
@@ -262,6 +286,9 @@ def add_subcommands(subparsers) -> None:
                    help="print each token with its log-probability and the N most likely alternatives")
     p.add_argument("--chat", action="store_true",
                    help="send the prompt as a user message through the model's chat template")
+    p.add_argument("--mmproj", metavar="FILE", help="the model's multimodal projector (mmproj GGUF), for --image")
+    p.add_argument("--image", action="append", metavar="FILE",
+                   help="an image for the prompt's next <__media__> marker (repeatable; no marker: before the prompt)")
     add_model_options(p)
     p.set_defaults(func=cmd_run)
 

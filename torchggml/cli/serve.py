@@ -1,12 +1,17 @@
 """The `serve` subcommand:
 
     torchggml serve [MODEL] [--host 127.0.0.1] [--port 8080] [--parallel N] [--api-key KEY]
+                    [--timeout S] [--max-body-size BYTES] [--max-connections N] ...
                     [model options as `run`: -d, -ngl, -ts, -tp, -c, -b, -fa, -ctk, -t]
+
+The server listens at once and answers 503 "Loading model" until the model is loaded and warmed
+(llama-server's readiness); the model loads on a thread beside it.
 """
 from __future__ import annotations
 
 import os
 import sys
+import threading
 
 from .. import config
 from .models import add_model_options, user_errors, model_params
@@ -31,27 +36,60 @@ def cmd_serve(args) -> int:
         path = demo_model_path()
         print(f"no model given: serving the built-in demo model {path}", file=sys.stderr)
     from ..devices.kernels.registered import load_kernel_files
+    from ..server.http import protocol_with
+    from ..server.limits import Limits
+    for name in ("timeout", "header_timeout", "max_body_size", "max_connections"):
+        if getattr(args, name) <= 0:
+            raise ValueError(f"serve: --{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     load_kernel_files(getattr(args, "kernels", None) or [])  # --kernels: registered before the model loads
-    model = load_model(path, model_params(args).with_options(progress=False))
-    print(model.describe(), file=sys.stderr)
-    draft = None
-    if args.model_draft:
-        from ..models.speculative import ModelDraft
-        draft = ModelDraft(load_model(args.model_draft, model_params(args).with_options(progress=False)), model)
-    elif args.draft_ngram:
-        from ..models.speculative import NgramDraft
-        draft = NgramDraft()
-    engine = Engine(model, args.parallel, args.queue_size, draft=draft, n_draft=args.draft_max)
+    params = model_params(args).with_options(progress=False)
     api_key = args.api_key or config.value("TORCHGGML_API_KEY") or None
-    state = ServerState(model, engine, args.alias or os.path.basename(path), args.pooling)
-    app = create_app(state, api_key)
-    print(f"serving {state.model_id} on http://{args.host}:{args.port} ({args.parallel} parallel, "
-          f"{engine.slot_ctx} tokens of context each{', API key required' if api_key else ''})", file=sys.stderr)
+    state = ServerState(None, None, args.alias or os.path.basename(path), args.pooling,
+                        Limits(max_body_bytes=args.max_body_size), args.strict_model_name,
+                        args.request_timeout or None, args.reasoning_format)
+    app = create_app(state, api_key, args.timeout)
+    held = {}
+    failed = []
+
+    def load():
+        try:
+            held["model"] = model = load_model(path, params)
+            print(model.describe(), file=sys.stderr)
+            draft = None
+            if args.model_draft:
+                from ..models.speculative import ModelDraft
+                held["draft"] = draft_model = load_model(args.model_draft, params)
+                draft = ModelDraft(draft_model, model)
+            elif args.draft_ngram:
+                from ..models.speculative import NgramDraft
+                draft = NgramDraft()
+            held["engine"] = engine = Engine(model, args.parallel, args.queue_size, draft=draft,
+                                             n_draft=args.draft_max)
+            state.attach(model, engine)
+            state.warm_up()
+            print(f"serving {state.model_id} on http://{args.host}:{args.port} ({args.parallel} parallel, "
+                  f"{engine.slot_ctx} tokens of context each{', API key required' if api_key else ''})",
+                  file=sys.stderr)
+        except BaseException as e:  # the server cannot serve: stop it, and say why
+            failed.append(e)
+            server.should_exit = True
+
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=2,
+        http=protocol_with(args.header_timeout), timeout_keep_alive=args.keep_alive,
+        limit_concurrency=args.max_connections))
+    threading.Thread(target=load, name="torchggml-load", daemon=True).start()
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=2)
+        server.run()
     finally:
-        engine.stop()
-        model.close()
+        state.pool.shutdown(wait=False, cancel_futures=True)
+        if "engine" in held:
+            held["engine"].stop()
+        for name in ("model", "draft"):
+            if name in held:
+                held[name].close()
+    if failed:
+        raise failed[0]
     return 0
 
 
@@ -70,6 +108,24 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--pooling", choices=("mean", "cls", "last"), default=None,
                    help="embeddings' pooling (default: the file's pooling type, mean when it has none)")
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
+    p.add_argument("--reasoning-format", default="auto", choices=("auto", "none"),
+                   help="auto (default): a reasoning model's thinking (<think>, gpt-oss's analysis channel) "
+                        "as reasoning_content; none: left in content")
+    p.add_argument("--timeout", type=float, default=600.0, metavar="S",
+                   help="seconds a request body may take to arrive, and a client may leave a response unread "
+                        "(a stalled stream is cancelled); llama-server's read/write timeout (default 600)")
+    p.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
+                   help="seconds a connection has to send a request's headers (default 10)")
+    p.add_argument("--keep-alive", type=float, default=5.0, metavar="S",
+                   help="seconds an idle keep-alive connection stays open (default 5)")
+    p.add_argument("--request-timeout", type=float, default=0.0, metavar="S",
+                   help="seconds a sequence may generate; then it ends with finish_reason 'length' (default 0: none)")
+    p.add_argument("--max-body-size", type=int, default=8 << 20, metavar="BYTES",
+                   help="largest request body; larger ones are answered 413 (default 8 MiB)")
+    p.add_argument("--max-connections", type=int, default=256, metavar="N",
+                   help="open connections and requests at once; past it new requests get 503 (default 256)")
+    p.add_argument("--strict-model-name", action="store_true",
+                   help="answer 404 to a request naming another model (default: serve any name, as llama-server)")
     p.add_argument("-md", "--model-draft", default=None, metavar="FILE",
                    help="speculative decoding with this draft model (the same vocabulary)")
     p.add_argument("--draft-ngram", action="store_true",

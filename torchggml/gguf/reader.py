@@ -139,7 +139,9 @@ def _read_value(cur: _Cursor, type_id: int, what: str, depth: int = 0):
     if depth >= MAX_NESTING:
         cur.fail(what, f"arrays nested deeper than {MAX_NESTING}")
     item_type = cur.unpack("I", f"{what} (array item type)")
-    if item_type not in _FIXED and item_type not in (_STRING, _ARRAY):
+    if item_type == _ARRAY:  # llama.cpp's reader refuses them in any key ("has invalid GGUF type")
+        cur.fail(what, "an array of arrays: GGUF readers (llama.cpp's) do not accept nested arrays")
+    if item_type not in _FIXED and item_type != _STRING:
         cur.fail(what, f"unknown array item type id {item_type}")
     n = cur.count(f"{what} (array count)", _min_size(item_type))
     if item_type in _FIXED:
@@ -259,7 +261,7 @@ def _check_data_ranges(path: str, h: Header, file_size: int, type_check) -> None
 # get_key_or_arr) may instead be an int32/uint32 array with one item per layer, and for the keys
 # in _PER_LAYER_MAY_BE_ZERO an item may be 0 (a layer without that part) as long as one is not.
 HPARAM_RULES = {
-    "context_length": ("int", 1, 2**31 - 1),
+    "context_length": ("int", 0, 2**31 - 1),  # 0 loads in llama.cpp (a context size must then be given)
     "embedding_length": ("int", 1, 2**20),
     "block_count": ("int", 1, 2**16),
     "feed_forward_length": ("int", 0, 2**24),  # 0 in some mixture-of-experts models

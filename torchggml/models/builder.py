@@ -279,7 +279,7 @@ def bind_weights(arch: Arch, tensors: dict, hp: HParams, path: str) -> Weights:
 @dataclass
 class ModelGraph:
     graph: CGraph
-    tokens: Tensor       # I32 [n_tokens]
+    tokens: Tensor | None  # I32 [n_tokens] (None: the graph reads input embeddings, `embd`)
     positions: Tensor | None  # I32 [n_tokens] (None: the graph reads no positions)
     kv_idx: Tensor | None     # I64 [n_tokens]: the cache cell of each token (None: no KV cache)
     masks: dict          # window (0: causal only) -> F16 [n_kv, n_tokens] mask input
@@ -293,6 +293,7 @@ class ModelGraph:
     n_seqs: int = 1         # sequences of the micro-batch (recurrent layers group tokens by them)
     s_ids: Tensor | None = None  # I32 [n_seqs]: the recurrent state slot of each sequence
     io: BoundIO = field(default_factory=BoundIO)  # its inputs and logits, written and read every step
+    embd: Tensor | None = None  # F32 [n_embd, n_tokens]: input embeddings instead of `tokens` (None then)
 
 
 def graph_size(hp: HParams) -> int:
@@ -310,10 +311,14 @@ class GraphBuilder:
     them. With n_outputs == n_tokens there is no selection (llama.cpp keeps an identity GET_ROWS to
     give pipeline parallelism one topology; our graphs are built per shape, so it would only copy).
     With n_outputs == 0 (a micro-batch before the one holding the wanted token) the graph ends at
-    the KV cache writes: only the cache is needed from it."""
+    the KV cache writes: only the cache is needed from it.
+
+    Input embeddings (from_embd, llama_batch.embd: an image's embeddings from its projector): the
+    graph reads F32 rows `inp_embd` [n_embd, n_tokens] in place of the token embedding lookup,
+    unscaled (llama.cpp scales only looked-up token embeddings, e.g. Gemma's sqrt(n_embd))."""
 
     def __init__(self, ctx, hp: HParams, memory: Memory, n_tokens: int, n_kv: int, flash_attn: bool = False,
-                 n_outputs: int | None = None, embeddings: bool = False, n_seqs: int = 1):
+                 n_outputs: int | None = None, embeddings: bool = False, n_seqs: int = 1, from_embd: bool = False):
         n_outputs = n_tokens if n_outputs is None else int(n_outputs)
         if not 0 <= n_outputs <= n_tokens:
             raise ValueError(f"graph: n_outputs={n_outputs} must lie in [0, n_tokens={n_tokens}]")
@@ -327,7 +332,8 @@ class GraphBuilder:
         self.state_writes: list[Tensor] = []
         self.n_tokens, self.n_kv, self.flash_attn, self.n_outputs = n_tokens, n_kv, flash_attn, n_outputs
         self.embeddings = embeddings  # output the final norm's hidden states instead of the logits
-        self.tokens = self._input(Type.I32, n_tokens, name="inp_tokens")
+        self.tokens = None if from_embd else self._input(Type.I32, n_tokens, name="inp_tokens")
+        self.inp_embd = self._input(Type.F32, hp.n_embd, n_tokens, name="inp_embd") if from_embd else None
         self.positions = self._input(Type.I32, n_tokens, name="inp_pos")
         self.kv_idx = self._input(Type.I64, n_tokens, name="inp_kv_idx")
         self.masks = {0: self._input(Type.F16, n_kv, n_tokens, name="inp_kq_mask")}
@@ -362,7 +368,7 @@ class GraphBuilder:
         used = lambda t: t if t is not None and id(t) in graph.visited else None  # noqa: E731
         return ModelGraph(graph, self.tokens, used(self.positions), used(self.kv_idx), masks, logits,
                           position_inputs, self.n_tokens, self.n_kv, self.n_outputs, self.out_ids, self.embeddings,
-                          self.n_seqs, used(self.s_ids))
+                          self.n_seqs, used(self.s_ids), embd=self.inp_embd)
 
     def output_rows(self, il: int, *xs: Tensor) -> tuple[Tensor, ...]:
         """In the last layer (il), after attention: the rows of `xs` ([n, n_tokens] each: the
@@ -381,8 +387,11 @@ class GraphBuilder:
     # ------------------------------------------------------------ small pieces
 
     def embed(self, tok_embd: Tensor, scale: float = 1.0, pos_embd: Tensor | None = None) -> Tensor:
-        """The tokens' embeddings (times scale), plus the learned position embeddings of their
-        positions when pos_embd [n_embd, n_ctx_train] is given (gpt2, starcoder)."""
+        """The micro-batch's input rows [n_embd, n_tokens]: the tokens' embeddings (times scale),
+        plus the learned position embeddings of their positions when pos_embd [n_embd, n_ctx_train]
+        is given (gpt2, starcoder); or the input embeddings as given (from_embd)."""
+        if self.inp_embd is not None:
+            return self.inp_embd
         x = ops.get_rows(self.ctx, tok_embd, self.tokens)                 # [n_embd, n_tokens]
         x = x if scale == 1.0 else ops.scale(self.ctx, x, scale)
         return x if pos_embd is None else ops.add(self.ctx, x, ops.get_rows(self.ctx, pos_embd, self.positions))

@@ -164,6 +164,9 @@ def read_hparams(f: GGUFFile, arch) -> HParams:
     return hp
 
 
+INTEGER_TYPES = ("I8", "I16", "I32", "I64")
+
+
 def _vocab_size(f: GGUFFile) -> int:
     """n_vocab: token_embd's second dimension, which must match the file's vocabulary when it has
     one (llama.cpp sizes the embedding by the vocabulary and refuses any other shape)."""
@@ -171,6 +174,13 @@ def _vocab_size(f: GGUFFile) -> int:
     if len(embd.ne) < 2:
         raise GGUFError(f"{f.path}: tensor 'token_embd.weight' has shape {list(embd.ne)}, expected "
                         f"[n_embd, n_vocab]")
+    if embd.type.name in INTEGER_TYPES:  # llama.cpp cannot look rows up in them: refused at load
+        raise GGUFError(f"{f.path}: tensor 'token_embd.weight' has type {embd.type.name}; token embeddings must "
+                        f"be float or quantized")
+    model = f.get("tokenizer.ggml.model", None)
+    if model not in (None, "none", "no_vocab") and f.array_length("tokenizer.ggml.tokens") is None:
+        raise GGUFError(f"{f.path}: 'tokenizer.ggml.model' is {model!r} but the file has no token list "
+                        f"'tokenizer.ggml.tokens' (llama.cpp: cannot find tokenizer vocab)")
     sizes = {f"{f.arch}.vocab_size": f.get(f"{f.arch}.vocab_size", None),
              "tokenizer.ggml.tokens": f.array_length("tokenizer.ggml.tokens")}
     if all(n is None for n in sizes.values()):  # llama.cpp sizes token_embd by one of them

@@ -63,6 +63,9 @@ class KVCache(Memory):
                                  f"{kv_type.name}'s block size {blck_size(kv_type)}")
         self.n_ctx = n_ctx
         self.type = kv_type
+        # llama_set_causal_attn: False while a chunk whose tokens attend to each other both ways
+        # (a Gemma 3 image's embeddings) is evaluated, and always for encoders (attention.causal false)
+        self.causal = True
         self.head_dim_k, self.head_dim_v, self.n_head_kv = head_dim_k, head_dim_v, n_head_kv
         if v_in_k and (head_dim_v > head_dim_k or n_head_kv != 1):
             raise ValueError(f"KVCache: V inside K needs one K/V head and head_dim_v {head_dim_v} <= head_dim_k "
@@ -70,7 +73,6 @@ class KVCache(Memory):
         self.v_in_k = v_in_k
         self.alibi = False  # masks hold -|p - p0| (set for ALiBi architectures)
         self.chunked = False  # windowed layers attend within chunks of n_swa positions (llama4)
-        self.causal = True  # False (encoders): a token attends to every token of its sequence
         self.symmetric = False  # windowed layers see |p - p0| <= n_swa // 2 (modern-bert)
         self.k: list[Tensor] = []
         self.v: list[Tensor] = []
@@ -272,12 +274,11 @@ def attention_mask(token_pos: torch.Tensor, cell_pos: torch.Tensor, n_swa: int =
                    same_seq: torch.Tensor | None = None, alibi: bool = False, chunked: bool = False,
                    causal: bool = True, symmetric: bool = False) -> torch.Tensor:
     """F16 [n_tokens, n_cells]: 0 where a token at token_pos[i] may attend to the cell holding
-    position cell_pos[j] (a position up to its own, of its own sequence when same_seq is given;
-    with a sliding window n_swa only p - p0 < n_swa, or with chunked windows only the positions
-    of p's own chunk of n_swa: p0 >= p - p % n_swa), -inf elsewhere. With alibi the visible
-    cells hold -|p - p0| instead of 0: the softmax's max_bias scales it per head (ALiBi). With
-    causal False every position of the sequence is visible (encoders); a symmetric window keeps
-    |p - p0| <= n_swa // 2."""
+    position cell_pos[j] (a position up to its own, any position when not causal; of its own
+    sequence when same_seq is given; with a sliding window n_swa only p - p0 < n_swa, a
+    symmetric one |p - p0| <= n_swa // 2, or with chunked windows only the positions of p's own
+    chunk of n_swa: p0 >= p - p % n_swa), -inf elsewhere. With alibi the visible cells hold
+    -|p - p0| instead of 0: the softmax's max_bias scales it per head (ALiBi)."""
     token_pos, cell_pos = np.asarray(token_pos), np.asarray(cell_pos)  # numpy: µs, not tens of µs
     p = token_pos[:, None]
     visible = cell_pos[None, :] <= p if causal else np.ones((p.size, cell_pos.size), dtype=bool)

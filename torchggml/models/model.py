@@ -66,8 +66,9 @@ from .params import ModelParams
 from .placement import Placement, cpu_device, find_device
 from .batch_generator import BatchGenerator, Update
 from .generation import Generation
+from .prompt import EmbeddingChunk, is_parts, prompt_parts
 from .recurrent_state import memory_for
-from .sampling import SamplingParams, TokenChoice
+from .sampling import Sampler, SamplingParams, TokenChoice
 from .speculative import make_draft
 from .sequences import ModelLock, SequenceGuard, token_id_array
 
@@ -138,6 +139,7 @@ class Model:
         self.arch = arch
         self.hp = hp
         self.vocab_only = hp is None
+        self._prefix_parts: dict[int, list] = {}  # id(Generation) -> the parts its prompt evaluates first
         self.timings = Timings()
         self.closed = False
         # serializes eval/generate/reset/close (see the module doc); hold it (`with model.lock:`)
@@ -152,7 +154,8 @@ class Model:
         self.weight_buffers = weight_buffers  # gguf.loader.WeightBuffers: the tensors and their buffers
         self.weights = bind_weights(arch, weight_buffers.tensors, hp, file.path)  # by llama.cpp name, checked
         self.placement = placement
-        self.n_ctx = min(hp.n_ctx_train, DEFAULT_MAX_CTX) if not params.n_ctx else int(params.n_ctx)
+        # context_length 0 (unknown) loads as in llama.cpp: the context is then the default size
+        self.n_ctx = int(params.n_ctx) if params.n_ctx else min(hp.n_ctx_train or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
         self.n_batch = int(params.n_batch)
         self.flash_attn = bool(params.flash_attn)
         self.kv_type = kv_type_from_name(params.kv_type)
@@ -187,17 +190,19 @@ class Model:
             raise MemoryError(f"{self.path}: cannot allocate the compute buffers")
 
     def _build(self, n_tokens: int, n_kv: int, n_outputs: int | None = None, embeddings: bool = False,
-               n_seqs: int = 1) -> ModelGraph:
+               n_seqs: int = 1, from_embd: bool = False) -> ModelGraph:
         self._ctx = Context(no_alloc=True)
-        return self.build_graph(self._ctx, n_tokens, n_kv, n_outputs, embeddings, n_seqs)
+        return self.build_graph(self._ctx, n_tokens, n_kv, n_outputs, embeddings, n_seqs, from_embd)
 
     def build_graph(self, ctx: Context, n_tokens: int, n_kv: int, n_outputs: int | None = None,
-                    embeddings: bool = False, n_seqs: int = 1) -> ModelGraph:
+                    embeddings: bool = False, n_seqs: int = 1, from_embd: bool = False) -> ModelGraph:
         """The architecture's forward graph of n_tokens attending to n_kv cache cells, LoRA
         included, with logits for n_outputs of the tokens (default all; see GraphBuilder), or
         with `embeddings` the output norm's hidden states instead of the logits; with recurrent
-        layers the tokens are n_seqs sequences' equal shares, grouped by sequence."""
-        b = GraphBuilder(ctx, self.hp, self.memory, n_tokens, n_kv, self.flash_attn, n_outputs, embeddings, n_seqs)
+        layers the tokens are n_seqs sequences' equal shares, grouped by sequence; with from_embd
+        the graph reads input embeddings instead of token ids."""
+        b = GraphBuilder(ctx, self.hp, self.memory, n_tokens, n_kv, self.flash_attn, n_outputs, embeddings, n_seqs,
+                         from_embd)
         g = b.finish(self.arch.build(b, self.weights))
         if self.lora is not None:
             replaced = self.lora.apply(ctx, g.graph)
@@ -241,15 +246,15 @@ class Model:
         return adapter
 
     def _graph_for(self, n_tokens: int, n_kv: int, n_outputs: int, embeddings: bool = False,
-                   n_seqs: int = 1) -> ModelGraph:
-        """The allocated graph for this shape (n_tokens, n_kv, n_outputs, embeddings, n_seqs). When
-        the shape repeats (decode steps) the previous graph is reused as it is: its tensors keep
+                   n_seqs: int = 1, from_embd: bool = False) -> ModelGraph:
+        """The allocated graph for this shape (n_tokens, n_kv, n_outputs, embeddings, n_seqs, from_embd).
+        When the shape repeats (decode steps) the previous graph is reused as it is: its tensors keep
         their addresses, so only the inputs change."""
         g = self._graph
-        shape = (n_tokens, n_kv, n_outputs, embeddings, n_seqs)
-        if g is not None and (g.n_tokens, g.n_kv, g.n_outputs, g.embeddings, g.n_seqs) == shape:
+        shape = (n_tokens, n_kv, n_outputs, embeddings, n_seqs, from_embd)
+        if g is not None and (g.n_tokens, g.n_kv, g.n_outputs, g.embeddings, g.n_seqs, g.embd is not None) == shape:
             return g
-        g = self._graph = self._build(n_tokens, n_kv, n_outputs, embeddings, n_seqs)
+        g = self._graph = self._build(n_tokens, n_kv, n_outputs, embeddings, n_seqs, from_embd)
         backend_sched_reset(self.sched)
         if not backend_sched_alloc_graph(self.sched, g.graph):
             self._graph = None
@@ -317,6 +322,39 @@ class Model:
             ids = self._token_ids(tokens)
             outputs = self._output_flags([ids.size], logits, "eval")
             return self._eval_tokens(ids, np.full(ids.size, int(seq_id), dtype=np.int64), outputs)
+
+    def eval_embeddings(self, values: torch.Tensor, seq_id: int = 0, logits: str = "all",
+                        causal: bool = True) -> torch.Tensor:
+        """As eval, for input embeddings instead of token ids (llama_batch.embd): values float
+        [n_tokens, n_embd], e.g. an image's rows from its projector (torchggml.mtmd), each taking
+        one position after sequence seq_id's cached tokens. causal=False: the rows attend to each
+        other both ways (llama_set_causal_attn(false), as Gemma 3 reads an image); they are then
+        evaluated in one micro-batch, so at most n_batch of them."""
+        with self.lock:
+            self._require_weights("eval_embeddings")
+            values = torch.as_tensor(values)
+            if values.dim() != 2 or values.shape[1] != self.hp.n_embd or not values.is_floating_point():
+                raise ValueError(f"eval_embeddings: values must be float [n_tokens, {self.hp.n_embd}] "
+                                 f"(the model's n_embd), got {values.dtype} {list(values.shape)}")
+            n = int(values.shape[0])
+            if not causal:
+                if not hasattr(self.memory, "causal"):
+                    raise ValueError(f"eval_embeddings: causal=False needs a KV cache; {self.path}'s memory is "
+                                     f"{type(self.memory).__name__}")
+                if n > self.n_batch:
+                    raise ValueError(f"eval_embeddings: {n} non-causal rows must fit one micro-batch "
+                                     f"(n_batch={self.n_batch}); load the model with a larger n_batch")
+            outputs = self._output_flags([n], logits, "eval_embeddings")
+            values = values.detach().to("cpu", torch.float32).contiguous()
+            causal_before = getattr(self.memory, "causal", True)
+            if not causal:
+                self.memory.causal = False
+            try:
+                return self._eval_tokens(np.zeros(n, dtype=np.int32), np.full(n, int(seq_id), dtype=np.int64),
+                                         outputs, embd=values)
+            finally:
+                if not causal:
+                    self.memory.causal = causal_before
 
     def eval_batch(self, sequences, seq_ids: Sequence[int] | None = None,
                    logits: str | Sequence[str] = "all") -> list[torch.Tensor]:
@@ -411,10 +449,11 @@ class Model:
         return flags
 
     def _eval_tokens(self, ids: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray,
-                     embeddings: bool = False) -> torch.Tensor:
+                     embeddings: bool = False, embd: torch.Tensor | None = None) -> torch.Tensor:
         """The logits rows (with `embeddings`: the hidden-state rows) of the tokens flagged in
         `outputs`, in token order. ids int32, seq_ids int64, outputs bool: numpy arrays, whose small
-        operations cost a fraction of torch's (a decode step is a few dozen of them)."""
+        operations cost a fraction of torch's (a decode step is a few dozen of them).
+        embd: float32 [n_tokens, n_embd] input rows read instead of the ids (then unread)."""
         width = self.hp.n_embd if embeddings else self.n_vocab
         if ids.size == 0:
             return torch.empty(0, width)
@@ -431,11 +470,12 @@ class Model:
         for idx in ubatches:
             if whole_batch:  # one micro-batch in token order (a decode step): its plan is made, its rows are out's
                 logits = out
-                self._eval_ubatch(ids, seq_ids, outputs, logits, embeddings, whole)
+                self._eval_ubatch(ids, seq_ids, outputs, logits, embeddings, whole, embd)
             else:
                 flags_i = outputs[idx]
                 logits = torch.empty(int(np.count_nonzero(flags_i)), width)
-                self._eval_ubatch(ids[idx], seq_ids[idx], flags_i, logits, embeddings)
+                self._eval_ubatch(ids[idx], seq_ids[idx], flags_i, logits, embeddings,
+                                  embd=None if embd is None else embd[torch.as_tensor(np.arange(ids.size)[idx])])
                 out[torch.from_numpy(row_of[idx][flags_i])] = logits
             if not np.isfinite(logits.numpy()).all():  # numpy: cheaper than torch's check
                 finite = torch.isfinite(logits).all(dim=1)
@@ -449,14 +489,18 @@ class Model:
         return out
 
     def _eval_ubatch(self, ids: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray,
-                     logits: torch.Tensor, embeddings: bool = False, batch=None) -> None:
+                     logits: torch.Tensor, embeddings: bool = False, batch=None,
+                     embd: torch.Tensor | None = None) -> None:
         """One micro-batch (`batch`: the memory's plan for it, when made already); the rows of
-        the tokens flagged in `outputs` are written to `logits`."""
+        the tokens flagged in `outputs` are written to `logits`. embd: its input rows, if any."""
         batch = batch or self.memory.plan(seq_ids)
         n_tokens, n_outputs = ids.size, logits.shape[0]
-        g = self._graph_for(n_tokens, batch.n_kv, n_outputs, embeddings, batch.n_seqs)
+        g = self._graph_for(n_tokens, batch.n_kv, n_outputs, embeddings, batch.n_seqs, embd is not None)
         # the scheduler keeps user inputs in CPU memory and copies them where they are read
-        g.io.set(g.tokens, ids)
+        if g.embd is not None:
+            g.io.set(g.embd, embd)
+        else:
+            g.io.set(g.tokens, ids)
         if g.positions is not None:
             g.io.set(g.positions, batch.positions)
         self.memory.set_inputs(g, batch)  # the memory's inputs: cache cells and masks, state slots
@@ -510,8 +554,9 @@ class Model:
 
     def generate(self, prompt, max_tokens: int = 128, *, stop: Sequence[str] = (), constraint=None,
                  draft=None, n_draft: int = 8, **sampling) -> Iterator[str]:
-        """Stream the text of up to max_tokens sampled tokens after `prompt` (text, or token ids).
-        `sampling`: SamplingParams' fields (temperature, top_k, top_p, min_p, seed, the penalties;
+        """Stream the text of up to max_tokens sampled tokens after `prompt`: text, token ids, or a
+        list of parts (texts, token-id lists, EmbeddingChunks such as an image's, ending with text;
+        see prompt.py). `sampling`: SamplingParams' fields (temperature, top_k, top_p, min_p, seed, the penalties;
         their defaults are SamplingParams'); `stop`: strings that end the text (not included);
         `constraint`: a grammar (generation.Constraint, e.g. torchggml.server.grammar's) that
         masks the tokens allowed next; `draft`: speculative decoding, "ngram" (prompt lookup), a
@@ -556,23 +601,64 @@ class Model:
             texts[update.seq.seq_id] += [update.text, update.rest]
         return ["".join(t) for t in texts]
 
+    def _tokenize_part(self, text: str, first: bool) -> list[int]:
+        return self.tokenize(text, first, parse_special=True)
+
     def _generation(self, prompt, max_tokens, params, stop, constraint, what) -> Generation:
         self._require_weights(what)
+        if is_parts(prompt):
+            parts = prompt_parts(prompt, self._tokenize_part, what)
+            if any(isinstance(p, EmbeddingChunk) for p in parts):
+                return self._parts_generation(parts, max_tokens, params, stop, constraint, what)
+            prompt = np.concatenate(parts).tolist()
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
         if not ids:
             raise ValueError(f"{what}: the prompt has no tokens")
         return Generation(self.tokenizer, ids, params, max_tokens, stop, constraint)
+
+    def _parts_generation(self, parts, max_tokens, params, stop, constraint, what) -> Generation:
+        """A Generation whose prompt has embeddings: all but its last token are evaluated into the
+        cache first (`_prefix_parts`), the decode loop starts from that token. Its prompt ids hold 0
+        for each embedding row (cells only); the sampler's history is the text's tokens."""
+        if isinstance(parts[-1], EmbeddingChunk):
+            raise ValueError(f"{what}: a prompt with embeddings must end with text (its last token starts the "
+                             f"generation)")
+        ids = np.concatenate([p if isinstance(p, np.ndarray) else np.zeros(len(p), np.int32) for p in parts])
+        gen = Generation(self.tokenizer, ids.tolist(), params, max_tokens, stop, constraint)
+        gen.sampler = Sampler(params, history=[int(i) for p in parts if isinstance(p, np.ndarray) for i in p])
+        self._prefix_parts[id(gen)] = parts[:-1] + [parts[-1][:-1]]
+        return gen
+
+    def eval_parts(self, parts, seq_id: int = 0) -> torch.Tensor | None:
+        """Evaluate a prompt's parts in order (see prompt.py) after sequence seq_id's cached
+        tokens and return the last one's logits [1, n_vocab]."""
+        with self.lock:
+            self._require_weights("eval_parts")
+            logits = None
+            for p in prompt_parts(parts, self._tokenize_part, "eval_parts"):
+                if isinstance(p, EmbeddingChunk):
+                    logits = self.eval_embeddings(p.values, seq_id, logits="last", causal=p.causal)
+                else:
+                    logits = self.eval(p, seq_id, logits="last")
+            return logits
 
     def _run_generations(self, gens: list[Generation], what: str, draft=None, n_draft: int = 8) -> Iterator[Update]:
         """Run `gens` together on an empty cache (sequence i is gens[i]; each may use n_ctx / len(gens)
         cells), yielding every step's updates; a sequence's own sampling error is raised."""
         with self.lock:
             self._require_weights(what)
+            if draft is not None and any(id(g) in self._prefix_parts for g in gens):
+                raise ValueError(f"{what}: speculative decoding does not take prompts with embeddings")
             self.reset()
             self.timings = t = Timings()
             batch = BatchGenerator(self, keep_finished=True, draft=make_draft(draft, self), n_draft=n_draft)
-            seqs = [batch.add(gen, i, self.n_ctx // len(gens)) for i, gen in enumerate(gens)]
             start = time.perf_counter()
+            seqs = []
+            for i, gen in enumerate(gens):  # a prompt with embeddings: all but its last token first
+                prefix = self._prefix_parts.pop(id(gen), None)
+                if prefix is not None:
+                    self.eval_parts([p for p in prefix if len(p)], i)
+                seqs.append(batch.add(gen, i, self.n_ctx // len(gens), n_cached=len(gen.prompt) - 1 if prefix else 0))
             while batch.active:
                 updates = batch.step()
                 t.drafted += batch.last.drafted

@@ -16,6 +16,8 @@ start of one.
 """
 from __future__ import annotations
 
+import collections
+
 import math
 from dataclasses import dataclass, field, fields
 
@@ -160,12 +162,54 @@ def sample_token(logits: torch.Tensor, temperature: float = DEFAULTS.temperature
 class StopStrings:
     """Streamed text cut at the first of `stops`: push(text) returns the text that can be shown
     now (a tail that may begin a stop string is held back) and sets `stopped` when a stop string
-    appeared (the stop string and what follows are dropped, as OpenAI does); flush() the held tail."""
+    appeared (the stop string and what follows are dropped, as OpenAI does); flush() the held tail.
+
+    The stops are one Aho-Corasick automaton: a push scans the held tail and the new text once,
+    whatever the number of stops (the held tail is shorter than the longest stop)."""
 
     def __init__(self, stops=()):
         self.stops = [s for s in stops if s]
         self.held = ""
         self.stopped = False
+        self._goto: list[dict[str, int]] = [{}]  # trie: node -> char -> node
+        self._fail = [0]
+        self._depth = [0]
+        self._longest = [0]  # the longest stop ending at this node (0: none)
+        for stop in self.stops:
+            node = 0
+            for ch in stop:
+                if ch not in self._goto[node]:
+                    self._goto.append({})
+                    self._fail.append(0)
+                    self._depth.append(self._depth[node] + 1)
+                    self._longest.append(0)
+                    self._goto[node][ch] = len(self._goto) - 1
+                node = self._goto[node][ch]
+            self._longest[node] = len(stop)
+        queue = collections.deque(self._goto[0].values())
+        while queue:  # breadth first: a node's failure link is set before its children's
+            node = queue.popleft()
+            if not self._longest[node]:
+                self._longest[node] = self._longest[self._fail[node]]
+            for ch, child in self._goto[node].items():
+                f = self._fail[node]
+                while f and ch not in self._goto[f]:
+                    f = self._fail[f]
+                self._fail[child] = self._goto[f][ch] if node and ch in self._goto[f] else 0
+                queue.append(child)
+
+    def _scan(self, text: str) -> tuple[int, int]:
+        """(where the earliest-starting stop in `text` begins or -1, the longest suffix of `text`
+        that begins a stop)."""
+        node, cut = 0, -1
+        for i, ch in enumerate(text):
+            while node and ch not in self._goto[node]:
+                node = self._fail[node]
+            node = self._goto[node].get(ch, 0)
+            if self._longest[node]:
+                start = i + 1 - self._longest[node]
+                cut = start if cut < 0 else min(cut, start)
+        return cut, self._depth[node]
 
     def push(self, text: str) -> str:
         if self.stopped:
@@ -173,12 +217,10 @@ class StopStrings:
         if not self.stops:
             return text
         text = self.held + text
-        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
+        cut, keep = self._scan(text)
         if cut >= 0:
             self.stopped, self.held = True, ""
             return text[:cut]
-        keep = max((k for s in self.stops for k in range(1, min(len(s), len(text) + 1))
-                    if text.endswith(s[:k])), default=0)
         self.held = text[len(text) - keep:] if keep else ""
         return text[:len(text) - keep]
 

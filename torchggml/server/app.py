@@ -18,6 +18,7 @@ import json
 import time
 import uuid
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from fastapi import FastAPI, Request
@@ -29,7 +30,9 @@ from ..models.generation import Generation
 from ..models.sampling import SamplingParams
 from .engine import Engine, Job, QueueFull
 from .grammar import Constraint, GrammarError, Vocabulary
-from .protocol import APIError, ChatRequest, CompletionRequest, EmbeddingRequest, Sampling
+from .limits import Limits, check_body, check_raw, check_text, wrap_seed
+from .protocol import APIError, ChatRequest, CompletionRequest, EmbeddingRequest, NamedToolChoice, Sampling
+from .tool_calls import ReplyStream, ToolFormat, tool_format
 from . import webui
 
 # llama.cpp's fallback when the GGUF has no tokenizer.chat_template
@@ -40,17 +43,68 @@ CHATML_END = "<|im_end|>"
 
 # how often a waiting non-streaming handler checks that its client is still there
 DISCONNECT_POLL_S = 0.25
+# a text longer than slot_ctx x (the most characters one token covers) x this cannot fit (slack for
+# normalizers that shrink text); it is refused before tokenizing
+TEXT_SLACK = 4
+# llama-server's answer while the model loads
+LOADING = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
 
 
 class ServerState:
-    """What the endpoints share: the model, the engine, the served name, counters."""
+    """What the endpoints share: the model, the engine, the served name, the limits, counters.
 
-    def __init__(self, model, engine: Engine, model_id: str, pooling: str | None = None):
-        self.model, self.engine, self.model_id = model, engine, model_id
-        self.pooling = pooling or model.pooling_type
-        self.requests = Counter()  # (path, status) -> count
+    The server answers before the model is loaded: `model` and `engine` are None, and every endpoint
+    answers 503 "Loading model" until `attach` and `warm_up` have run (`ready`)."""
+
+    def __init__(self, model, engine: Engine | None, model_id: str, pooling: str | None = None,
+                 limits: Limits | None = None, strict_model: bool = False, request_timeout: float | None = None,
+                 reasoning_format: str = "auto"):
+        self.model_id, self.pooling_option = model_id, pooling
+        self.reasoning_format = reasoning_format   # "auto": thinking as reasoning_content; "none": left in content
+        self.limits = limits or Limits()
+        self.strict_model = strict_model           # unknown model names: 404 (default: served, as llama-server)
+        self.request_timeout = request_timeout     # seconds a sequence may run (None: no deadline)
+        self.requests = Counter()  # (route, status) -> count
         self.created = int(time.time())
         self._vocab: Vocabulary | None = None
+        # tokenization, template rendering, grammar compilation and body parsing: off the event loop
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchggml-prepare")
+        self.model = self.engine = None
+        self.ready = False
+        if model is not None:
+            self.attach(model, engine)
+            self.ready = True
+
+    def attach(self, model, engine: Engine) -> None:
+        self.model, self.engine = model, engine
+        self.pooling = self.pooling_option or model.pooling_type
+        tok = model.tokenizer
+        cover = max(max(len(tok.token_to_piece_bytes(i)), len(tok.token_text(i))) for i in range(model.n_vocab))
+        self.max_text_chars = engine.slot_ctx * max(cover, 1) * TEXT_SLACK
+
+    def warm_up(self) -> None:
+        """One short generation through the engine (kernels compiled, buffers planned) and the
+        grammar vocabulary, so that the first client does not pay for them; then ready."""
+        import threading
+        from ..models.sampling import SamplingParams as Params
+        done = threading.Event()
+        try:
+            ids = self.model.tokenize("Hello", add_special=True) or [0]
+            gen = Generation(self.model.tokenizer, ids, Params(temperature=0), 2)
+        except Exception:  # no usable tokenizer: nothing to warm (requests will say what is wrong)
+            gen = None
+        if gen is not None:  # an engine error ends the job too: warming is best effort
+            self.engine.submit([Job(ids, lambda event: event[0] in ("done", "error") and done.set(), gen)])
+            done.wait(600)
+        try:
+            self.vocab
+        except GrammarError:  # llguidance absent: grammars answer 400 when asked
+            pass
+        self.ready = True
+
+    async def run(self, fn, *args):
+        """fn(*args) on the preparation thread: the event loop keeps answering meanwhile."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     @property
     def vocab(self) -> Vocabulary:
@@ -61,21 +115,25 @@ class ServerState:
     # ------------------------------------------------------------ request checks
 
     def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.model_id:
-            raise APIError(404, f"The model '{name}' does not exist; this server serves '{self.model_id}'",
+        """Whatever name is asked is served (as llama-server); with strict_model another name is 404."""
+        if self.strict_model and name is not None and name != self.model_id:
+            raise APIError(404, f"The model '{name[:200]}' does not exist; this server serves '{self.model_id}'",
                            "model", "model_not_found")
 
     def prompt_ids(self, prompt, param: str = "prompt", add_special: bool = True, parse_special: bool = False) -> list[int]:
+        limit = self.engine.slot_ctx
         if isinstance(prompt, str):
+            check_text(prompt, self.max_text_chars, param, limit)
             ids = self.model.tokenize(prompt, add_special=add_special, parse_special=parse_special)
         else:
             ids = list(prompt)
-            bad = [t for t in ids if not 0 <= t < self.model.n_vocab]
-            if bad:
-                raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {self.model.n_vocab})", param)
+            if len(ids) < limit:
+                bad = [t for t in ids if not 0 <= t < self.model.n_vocab]
+                if bad:
+                    raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {self.model.n_vocab})",
+                                   param)
         if not ids:
             raise APIError(400, f"the {param} is empty", param)
-        limit = self.engine.slot_ctx
         if len(ids) >= limit:
             raise APIError(400, f"the {param} has {len(ids)} tokens; this server's context per sequence holds "
                                 f"{limit} (n_ctx {self.model.n_ctx} / {self.engine.parallel} parallel), prompt "
@@ -85,6 +143,12 @@ class ServerState:
     def constraint_source(self, req: Sampling) -> tuple[str, object] | None:
         if req.grammar is not None and req.response_format is not None and req.response_format.type != "text":
             raise APIError(400, "give either grammar or response_format, not both", "grammar")
+        tools = self.tool_grammar(req) if isinstance(req, ChatRequest) else None
+        if tools is not None:
+            if req.grammar is not None or (req.response_format is not None and req.response_format.type != "text"):
+                raise APIError(400, "a call the request requires (tool_choice) cannot also follow a grammar or "
+                                    "response_format", "tool_choice")
+            return "grammar", tools
         if req.grammar is not None:
             return "grammar", req.grammar
         rf = req.response_format
@@ -96,18 +160,27 @@ class ServerState:
             return "json_schema", rf.json_schema.schema_
         return "json_schema", rf.schema_ or {"type": "object"}
 
-    def jobs(self, req: Sampling, prompts: list[list[int]], max_tokens: int | None, logprobs: int | None,
-             stops: list[str], emit) -> list[Job]:
-        for name in ("logit_bias", "tools"):
+    def check_unsupported(self, req: Sampling) -> None:
+        for name in ("logit_bias",) + (() if isinstance(req, ChatRequest) else ("tools",)):
             if getattr(req, name) is not None:
                 raise APIError(400, f"{name} is not supported by this server", name)
+
+    def jobs(self, req: Sampling, prompts: list[list[int]], max_tokens: int | None, logprobs: int | None,
+             stops: list[str], emit) -> list[Job]:
         source = self.constraint_source(req)
         grammar = None
         if source is not None:
+            param = "grammar" if source[0] == "grammar" else "response_format"
             try:
                 grammar = self.vocab.compile(*source)
             except GrammarError as e:
-                raise APIError(400, str(e), "grammar" if source[0] == "grammar" else "response_format") from None
+                raise APIError(400, str(e), param) from None
+            try:  # before decoding: a grammar whose language is empty fails here
+                Constraint(self.vocab, grammar, json_bounds=source[0] == "json_schema").allowed()
+            except GrammarError as e:
+                raise APIError(400, f"the {param} can produce no string ({e})", param) from None
+        seed = wrap_seed(req.seed)
+        deadline = None if self.request_timeout is None else time.monotonic() + self.request_timeout
         jobs = []
         for p_index, ids in enumerate(prompts):
             for k in range(req.n):
@@ -115,17 +188,25 @@ class ServerState:
                     temperature=float(req.temperature), top_k=req.top_k, top_p=float(req.top_p),
                     min_p=float(req.min_p), repeat_penalty=float(req.repeat_penalty),
                     frequency_penalty=float(req.frequency_penalty), presence_penalty=float(req.presence_penalty),
-                    repeat_last_n=req.repeat_last_n, seed=None if req.seed is None else req.seed + k,
+                    repeat_last_n=req.repeat_last_n, seed=None if seed is None else wrap_seed(seed + k),
                     logprobs=logprobs)
                 limit = self.engine.slot_ctx - len(ids)
                 n = limit if max_tokens is None else min(max_tokens, limit)
-                constraint = Constraint(self.vocab, grammar) if grammar is not None else None
+                constraint = None
+                if grammar is not None:
+                    constraint = Constraint(self.vocab, grammar, json_bounds=source[0] == "json_schema")
                 gen = Generation(self.model.tokenizer, ids, params, n, stops, constraint, req.ignore_eos)
-                jobs.append(Job(ids, emit, gen, index=p_index * req.n + k, cache_prompt=req.cache_prompt))
+                jobs.append(Job(ids, emit, gen, index=p_index * req.n + k, cache_prompt=req.cache_prompt,
+                                deadline=deadline))
         return jobs
 
+    @property
+    def room(self) -> int:
+        """The sequences this server can ever hold at once: slots and queue."""
+        return self.engine.parallel + self.engine.max_queue
+
     def submit(self, jobs: list[Job]) -> None:
-        room = self.engine.parallel + self.engine.max_queue
+        room = self.room
         if len(jobs) > room:  # could never be accepted: not a matter of retrying later
             raise APIError(400, f"the request needs {len(jobs)} sequences (prompts x n); this server runs "
                                 f"{self.engine.parallel} and queues {self.engine.max_queue}", "n")
@@ -138,7 +219,8 @@ class ServerState:
 
     def chat_prompt(self, req: ChatRequest) -> tuple[list[int], list[str]]:
         """The prompt's token ids and extra stop strings (chatml's end marker when the file has
-        no template and no such token)."""
+        no template and no such token). With tools, the template gets them (or, for a template
+        that cannot show them, a system message does: tool_calls.py's generic format)."""
         from ..text.chat import ChatTemplateError, render_chat
         tok = self.model.tokenizer
         template, stops = tok.chat_template, []
@@ -147,14 +229,41 @@ class ServerState:
             if tok.text_to_token(CHATML_END) is None:
                 stops = [CHATML_END]
         text = lambda i: tok.token_text(i) if i is not None else ""  # noqa: E731
-        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        messages = [m.for_template() for m in req.messages]
+        extra = {}
+        if req.tools and req.tool_choice != "none":
+            tools = [t.model_dump(exclude_none=True) for t in req.tools]
+            system = tool_format(template).system_prompt(tools)
+            if system is None:  # the template lists the tools itself
+                extra["tools"] = tools
+            elif messages[0]["role"] == "system":
+                messages[0] = dict(messages[0], content=messages[0]["content"] + "\n\n" + system)
+            else:
+                messages.insert(0, {"role": "system", "content": system})
+        check_text("".join(m["content"] + m["role"] for m in messages), self.max_text_chars, "messages",
+                   self.engine.slot_ctx)
         try:
             prompt = render_chat(template, messages, bos_token=text(tok.bos_id), eos_token=text(tok.eos_id),
-                                 source=self.model_id)
+                                 source=self.model_id, **extra)
         except ChatTemplateError as e:
             raise APIError(400, str(e), "messages") from None
         has_bos = tok.bos_id is not None and prompt.startswith(tok.token_text(tok.bos_id))
         return self.prompt_ids(prompt, "messages", add_special=not has_bos, parse_special=True), stops
+
+    def reply_format(self) -> ToolFormat:
+        return tool_format(self.model.tokenizer.chat_template or CHATML_TEMPLATE)
+
+    def tool_grammar(self, req: ChatRequest) -> str | None:
+        """The Lark grammar that holds the reply to a tool call where the request requires one (or
+        the generic format's JSON), or None."""
+        if not req.tools or req.tool_choice == "none":
+            return None
+        tools = [t.model_dump(exclude_none=True) for t in req.tools]
+        choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedToolChoice) else (req.tool_choice or "auto")
+        try:
+            return self.reply_format().grammar(tools, choice)
+        except ValueError as e:
+            raise APIError(400, str(e), "tool_choice") from None
 
     # ------------------------------------------------------------ metrics
 
@@ -165,10 +274,10 @@ class ServerState:
         def metric(name, kind, help, samples):
             lines.extend([f"# HELP torchggml_{name} {help}", f"# TYPE torchggml_{name} {kind}"])
             for labels, value in samples:
-                label = "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else ""
+                label = "{" + ",".join(f'{k}="{_escape_label(v)}"' for k, v in labels.items()) + "}" if labels else ""
                 lines.append(f"torchggml_{name}{label} {value}")
 
-        metric("requests_total", "counter", "HTTP requests by path and status",
+        metric("requests_total", "counter", "HTTP requests by route (other: no such route) and status",
                [({"path": p, "status": st}, n) for (p, st), n in sorted(self.requests.items())])
         metric("prompt_tokens_total", "counter", "prompt tokens processed", [({}, s.prompt_tokens)])
         metric("draft_tokens_total", "counter", "speculative decoding: draft tokens evaluated", [({}, s.drafted_tokens)])
@@ -230,20 +339,66 @@ def chat_logprobs(tok, choices) -> dict:
                         for c in choices]}
 
 
+def _escape_label(value) -> str:
+    """A Prometheus label value: backslash, double quote and newline escaped."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def merge_deltas(deltas: list[dict]) -> dict:
+    """Deltas of one chunk as one: texts joined, tool calls listed."""
+    out: dict = {}
+    for d in deltas:
+        for key, value in d.items():
+            out[key] = out.get(key, [] if key == "tool_calls" else "") + value
+    return out
+
+
 def _sse(obj) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
-async def parse_body(request: Request, cls):
-    """The JSON body as `cls` (whatever the Content-Type, as llama-server); APIError 400 for
-    malformed JSON or a field of the wrong type or range, naming the field."""
-    raw = await request.body()
+async def read_body(request: Request, limit: int, timeout: float) -> bytes:
+    """The body, at most `limit` bytes (413 past it, before reading the rest) within `timeout`
+    seconds (408)."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise APIError(413, f"the body has {int(length)} bytes; this server accepts at most {limit} "
+                            "(--max-body-size)", None, "body_too_large")
+    chunks, size = [], 0
+
+    async def read():
+        nonlocal size
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise APIError(413, f"the body has more than {limit} bytes; this server accepts at most {limit} "
+                                    "(--max-body-size)", None, "body_too_large")
+            chunks.append(chunk)
+    try:
+        await asyncio.wait_for(read(), timeout)
+    except asyncio.TimeoutError:
+        raise APIError(408, f"the body was not received within {timeout:g} s (--timeout)", None,
+                       "request_timeout") from None
+    return b"".join(chunks)
+
+
+async def parse_body(request: Request, cls, state: "ServerState", timeout: float):
+    """The JSON body as `cls` (whatever the Content-Type, as llama-server), its size and counts
+    bounded (limits.py) before it is validated; APIError 400 for malformed JSON or a field of the
+    wrong type or range, naming the field. Parsing runs on the preparation thread."""
+    raw = await read_body(request, state.limits.max_body_bytes, timeout)
+    return await state.run(_validate, raw, cls, state)
+
+
+def _validate(raw: bytes, cls, state: "ServerState"):
+    check_raw(raw, state.limits)
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise APIError(400, f"malformed JSON body: {e}") from None
     if not isinstance(body, dict):
         raise APIError(400, f"the body must be a JSON object, got {type(body).__name__}")
+    check_body(body, raw, state.limits, state.room)
     try:
         return cls.model_validate(body)
     except ValidationError as e:
@@ -256,42 +411,65 @@ async def parse_body(request: Request, cls):
         raise APIError(400, f"{param or 'body'}: {reasons}{got}", param) from None
 
 
-OPEN_PATHS = ("/health", "/")  # no API key: liveness, and the chat page (its API calls carry the key)
+OPEN_PATHS = ("/health", "/")  # no API key: readiness, and the chat page (its API calls carry the key)
+
+
+class StalledClient(Exception):
+    """A client that did not take a response's bytes within the write timeout."""
 
 
 class AuthAndCount:
-    """Checks the API key (constant-time compare; /health and the chat page are open) and counts
-    responses by path and status for /metrics."""
+    """Checks the API key (constant-time compare; /health and the chat page are open), answers 503 while the model
+    loads, bounds each write to the client by `write_timeout` (a stream whose client stops reading
+    is cancelled: its jobs, listed in scope["torchggml.jobs"] by the handler, and its connection),
+    and counts responses by route and status for /metrics (a path no route serves counts as "other",
+    so that clients cannot grow the counters)."""
 
-    def __init__(self, app, state: ServerState, api_key: str | None):
-        self.app, self.state = app, state
+    def __init__(self, app, state: ServerState, api_key: str | None, routes: set[str], write_timeout: float):
+        self.app, self.state, self.routes, self.write_timeout = app, state, routes, write_timeout
         self.expected = f"Bearer {api_key}".encode() if api_key is not None else None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope["path"]
+        route = path if path in self.routes else "other"
         if self.expected is not None and path not in OPEN_PATHS:
             given = dict(scope.get("headers") or []).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
-                self.state.requests[(path, 401)] += 1
+                self.state.requests[(route, 401)] += 1
                 error = APIError(401, "Invalid or missing API key (Authorization: Bearer KEY)", None, "invalid_api_key")
                 return await JSONResponse(error.body(), status_code=401)(scope, receive, send)
+        if not self.state.ready:
+            self.state.requests[(route, 503)] += 1
+            return await JSONResponse(LOADING, status_code=503)(scope, receive, send)
         status = [500]
+        jobs = scope["torchggml.jobs"] = []
 
         async def send_and_note(message):
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
-            await send(message)
+            try:
+                await asyncio.wait_for(send(message), self.write_timeout)
+            except asyncio.TimeoutError:
+                for j in jobs:
+                    j.cancel()
+                raise StalledClient(f"the client took no data for {self.write_timeout:g} s (--timeout)") from None
         try:
             await self.app(scope, receive, send_and_note)
         finally:
-            self.state.requests[(path, status[0])] += 1
+            self.state.requests[(route, status[0])] += 1
 
 
 # ---------------------------------------------------------------- the app
 
-def create_app(state: ServerState, api_key: str | None = None):
+ROUTES = {"/", "/health", "/metrics"} | {f"{prefix}/{name}" for prefix in ("/v1", "")
+                                    for name in ("models", "completions", "chat/completions", "embeddings")}
+
+
+def create_app(state: ServerState, api_key: str | None = None, timeout: float = 600.0):
+    """The ASGI app; `timeout` (seconds, llama-server's --timeout): how long a request body may take
+    to arrive, and how long a client may leave a response's bytes unread."""
     app = FastAPI(title="torchggml", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = state
 
@@ -299,7 +477,7 @@ def create_app(state: ServerState, api_key: str | None = None):
         return JSONResponse(e.body(), status_code=e.status)
 
     # a plain ASGI middleware: Starlette's BaseHTTPMiddleware would hide client disconnects
-    app.add_middleware(AuthAndCount, state=state, api_key=api_key)
+    app.add_middleware(AuthAndCount, state=state, api_key=api_key, routes=ROUTES, write_timeout=timeout)
 
     @app.exception_handler(APIError)
     async def on_api_error(request, e: APIError):
@@ -307,18 +485,21 @@ def create_app(state: ServerState, api_key: str | None = None):
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request, e: StarletteHTTPException):
-        message = {404: f"no such endpoint: {request.method} {request.url.path}",
-                   405: f"method {request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
+        path = request.url.path[:200]
+        message = {404: f"no such endpoint: {request.method} {path}",
+                   405: f"method {request.method} is not allowed on {path}"}.get(e.status_code, str(e.detail))
         return error_response(APIError(e.status_code, message, None, None))
 
     @app.exception_handler(Exception)
     async def on_crash(request, e: Exception):
+        if isinstance(e, StalledClient):
+            raise e  # the connection is dropped: nothing can be sent to this client
         return error_response(APIError(500, f"{type(e).__name__}: {e}", type="server_error"))
 
     webui.register(app)
 
     @app.get("/health")
-    async def health():
+    async def health():  # readiness, as llama-server: 503 "Loading model" (the middleware) until warmed
         return {"status": "ok"}
 
     @app.get("/metrics")
@@ -344,12 +525,21 @@ def create_app(state: ServerState, api_key: str | None = None):
             except asyncio.TimeoutError:
                 pass
 
-    def start(jobs_for) -> tuple[asyncio.Queue, list[Job]]:
+    async def start(request: Request, jobs_for) -> tuple[asyncio.Queue, list[Job]]:
+        """The request's jobs, made on the preparation thread (grammars compiled, stop strings
+        indexed), then queued."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        jobs = jobs_for(lambda event: loop.call_soon_threadsafe(queue.put_nowait, event))
+        jobs = await state.run(jobs_for, lambda event: loop.call_soon_threadsafe(queue.put_nowait, event))
         state.submit(jobs)
+        request.scope.setdefault("torchggml.jobs", []).extend(jobs)
         return queue, jobs
+
+    def failure(payload, status) -> APIError:
+        """An engine error event as an APIError: the client's grammar (400) or the server (500)."""
+        if status == 400:
+            return APIError(400, payload, "grammar")
+        return APIError(500, payload, type="server_error")
 
     async def run_generation(request: Request, jobs: list[Job], queue, stream: bool, chunk_of, final_of,
                              include_usage: bool):
@@ -371,7 +561,7 @@ def create_app(state: ServerState, api_key: str | None = None):
                 if kind == "error":
                     for j in jobs:
                         j.cancel()
-                    raise APIError(500, payload, type="server_error")
+                    raise failure(payload, new)
                 texts[job.index] += payload
                 if kind == "token":
                     picked[job.index] += new
@@ -390,7 +580,7 @@ def create_app(state: ServerState, api_key: str | None = None):
                 while remaining:
                     kind, job, payload, new = await queue.get()
                     if kind == "error":
-                        yield _sse(APIError(500, payload, type="server_error").body())
+                        yield _sse(failure(payload, new).body())
                         return
                     if kind == "token":
                         yield _sse(chunk_of(job, payload, new, None))
@@ -408,15 +598,17 @@ def create_app(state: ServerState, api_key: str | None = None):
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     async def completions(request: Request):
-        req = await parse_body(request, CompletionRequest)
+        req = await parse_body(request, CompletionRequest, state, timeout)
         state.check_model(req.model)
         if req.suffix is not None:
             raise APIError(400, "suffix is not supported by this server", "suffix")
         tok = state.model.tokenizer
-        prompts = [state.prompt_ids(p) for p in req.prompts() or [[]]]
-        queue, jobs = start(lambda emit: state.jobs(req, prompts, req.max_tokens, req.logprobs, req.stops(), emit))
+        state.check_unsupported(req)
+        prompts = await state.run(lambda: [state.prompt_ids(p) for p in req.prompts() or [[]]])
+        queue, jobs = await start(request, lambda emit: state.jobs(req, prompts, req.max_tokens, req.logprobs,
+                                                                   req.stops(), emit))
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        echo = [tok.detokenize(p) if req.echo else "" for p in prompts]
+        echo = await state.run(lambda: [tok.detokenize(p) if req.echo else "" for p in prompts])
         offsets = [len(e) for e in echo for _ in range(req.n)]
 
         def head():
@@ -448,16 +640,24 @@ def create_app(state: ServerState, api_key: str | None = None):
                                     bool(req.stream_options and req.stream_options.include_usage))
 
     async def chat_completions(request: Request):
-        req = await parse_body(request, ChatRequest)
+        req = await parse_body(request, ChatRequest, state, timeout)
         state.check_model(req.model)
         tok = state.model.tokenizer
-        ids, extra_stops = state.chat_prompt(req)
+        state.check_unsupported(req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         if req.top_logprobs and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
-        queue, jobs = start(lambda emit: state.jobs(req, [ids], max_tokens, logprobs, req.stops() + extra_stops, emit))
+        ids, extra_stops = await state.run(state.chat_prompt, req)
+        queue, jobs = await start(request, lambda emit: state.jobs(req, [ids], max_tokens, logprobs,
+                                                                   req.stops() + extra_stops, emit))
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        # tool calls and reasoning: parsed from the reply by its template's family (tool_calls.py)
+        fmt = state.reply_format()
+        with_tools = bool(req.tools) and req.tool_choice != "none"
+        split = state.reasoning_format != "none"
+        opened = split and state.model.detokenize(ids[-4:]).rstrip().endswith("<think>")
+        streams = {j.index: ReplyStream(fmt, with_tools, split, opened) for j in jobs}
 
         def head():
             return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": state.model_id}
@@ -468,22 +668,39 @@ def create_app(state: ServerState, api_key: str | None = None):
             if text is None:
                 delta = {"role": "assistant", "content": ""}
             else:
-                delta = {"content": text} if text or finish is None else {}
+                stream = streams[job.index]
+                deltas = stream.push(text)
+                if finish is not None:
+                    last, called = stream.finish()
+                    deltas += last
+                    finish = "tool_calls" if called else finish
+                delta = merge_deltas(deltas)
             lp = chat_logprobs(tok, new) if logprobs is not None and new else None
             return head() | {"choices": [{"index": job.index, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
 
         def final_of(texts, picked, finishes, usage):
-            choices = [{"index": i, "message": {"role": "assistant", "content": text},
-                        "logprobs": chat_logprobs(tok, chosen) if logprobs is not None else None,
-                        "finish_reason": finish}
-                       for i, (text, chosen, finish) in enumerate(zip(texts, picked, finishes))]
+            choices = []
+            for i, (text, chosen, finish) in enumerate(zip(texts, picked, finishes)):
+                message = {"role": "assistant", "content": text}
+                if with_tools or split:
+                    reply = fmt.parse(text, opened) if (with_tools or fmt.think or opened or "<think>" in text
+                                                         or fmt.name == "harmony") else None
+                    if reply is not None:
+                        message["content"] = reply.content if (reply.content or not reply.tool_calls) else None
+                        if reply.reasoning is not None and split:
+                            message["reasoning_content"] = reply.reasoning
+                        if with_tools and reply.tool_calls:
+                            message["tool_calls"], finish = reply.tool_calls, "tool_calls"
+                choices.append({"index": i, "message": message,
+                                "logprobs": chat_logprobs(tok, chosen) if logprobs is not None else None,
+                                "finish_reason": finish})
             return head() | {"object": "chat.completion", "choices": choices, "usage": usage}
 
         return await run_generation(request, jobs, queue, req.stream, chunk_of, final_of,
                                     bool(req.stream_options and req.stream_options.include_usage))
 
     async def embeddings(request: Request):
-        req = await parse_body(request, EmbeddingRequest)
+        req = await parse_body(request, EmbeddingRequest, state, timeout)
         state.check_model(req.model)
         n_embd = state.model.hp.n_embd
         if state.pooling in ("none", "rank"):  # as llama.cpp: per-token states or scores are no OpenAI embedding
@@ -491,17 +708,18 @@ def create_app(state: ServerState, api_key: str | None = None):
                                 f"pooling (rank: its scores are the reranking endpoint's)", "input")
         if req.dimensions is not None and req.dimensions != n_embd:
             raise APIError(400, f"dimensions={req.dimensions}: this model's embeddings have {n_embd}", "dimensions")
-        inputs = [state.prompt_ids(p, "input") for p in req.inputs() or [[]]]
-        queue, jobs = start(lambda emit: [Job(ids, emit, None, state.pooling, index=i) for i, ids in enumerate(inputs)])
+        inputs = await state.run(lambda: [state.prompt_ids(p, "input") for p in req.inputs() or [[]]])
+        queue, jobs = await start(request, lambda emit: [Job(ids, emit, None, state.pooling, index=i)
+                                                         for i, ids in enumerate(inputs)])
         vectors: list = [None] * len(jobs)
         checked = [time.monotonic()]
         for _ in jobs:
             event = await next_event(queue, request, jobs, checked)
             if event is None:
                 return None
-            kind, job, payload, _ = event
+            kind, job, payload, status = event
             if kind == "error":
-                raise APIError(500, payload, type="server_error")
+                raise failure(payload, status)
             vectors[job.index] = torch.nn.functional.normalize(payload.float(), dim=-1)  # llama.cpp: L2
         data = []
         for i, v in enumerate(vectors):

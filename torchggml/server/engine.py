@@ -20,7 +20,9 @@ overflows; a sequence that reaches its slot's size ends with finish_reason "leng
 
 Waiting requests sit in a bounded queue; past `max_queue` a submit raises QueueFull (the server
 answers 503). Events go back to the submitter through its `emit` callback, called on the engine
-thread: ("token", job, text, choices), ("done", job, text, None), ("error", job, message, None).
+thread: ("token", job, text, choices), ("done", job, text, None), ("error", job, message, status)
+(status 400 when the client's grammar failed, 500 otherwise). A job with a `deadline`
+(time.monotonic()) that passes ends with finish_reason "length".
 
 With one slot every step is what Model.generate evaluates, so temperature 0 gives generate's
 tokens exactly.
@@ -35,6 +37,7 @@ from typing import Callable
 
 from ..models.batch_generator import BatchGenerator, BatchSequence
 from ..models.generation import Generation
+from .grammar import GrammarError
 
 
 class QueueFull(RuntimeError):
@@ -56,6 +59,7 @@ class Job:
     seq: BatchSequence | None = None  # its place in the decode loop, once admitted
     submitted: float = field(default_factory=time.perf_counter)
     first_token: float | None = None
+    deadline: float | None = None  # time.monotonic() past which the sequence ends ("length")
 
     def cancel(self) -> None:
         """Stop this sequence at the next step (a client that hung up); no more events."""
@@ -148,7 +152,7 @@ class Engine:
             except Exception as e:  # a failed step fails its sequences, never the engine
                 for job in list(self.active):
                     self._release(job, "error")
-                    job.emit(("error", job, f"{type(e).__name__}: {e}", None))
+                    job.emit(("error", job, f"{type(e).__name__}: {e}", 500))
 
     def _admit(self) -> None:
         while self.free_slots and self.waiting:
@@ -203,6 +207,12 @@ class Engine:
     def _step(self) -> None:
         for job in [j for j in self.active if j.cancelled]:
             self._release(job, "cancelled")
+        now = time.monotonic()
+        for job in [j for j in self.active if j.gen is not None and j.deadline is not None and now >= j.deadline]:
+            job.gen.finish("length")  # --request-timeout: it ends as a sequence out of room does
+            rest = job.gen.flush()
+            self._release(job, "length")
+            job.emit(("done", job, rest, None))
         for job in [j for j in self.active if j.gen is None]:
             self._embed(job)
         if not self.batch.active:
@@ -224,7 +234,8 @@ class Engine:
                 continue
             if update.error is not None:  # this sequence's own failure (its grammar, its sampler): it alone ends
                 self._release(job, "error")
-                job.emit(("error", job, f"{type(update.error).__name__}: {update.error}", None))
+                status = 400 if isinstance(update.error, GrammarError) else 500  # the client's grammar: 400
+                job.emit(("error", job, f"{type(update.error).__name__}: {update.error}", status))
                 continue
             if job.first_token is None:
                 job.first_token = time.perf_counter()
@@ -241,7 +252,7 @@ class Engine:
             vector = self.model.embed(job.prompt, pooling=job.pooling, seq_id=job.seq_id)
         except Exception as e:
             self._release(job, "error")
-            job.emit(("error", job, f"{type(e).__name__}: {e}", None))
+            job.emit(("error", job, f"{type(e).__name__}: {e}", 500))
             return
         self.stats.prompt_tokens += len(job.prompt)
         self._release(job, "embedding")

@@ -6,6 +6,8 @@ do; fields we know but do not implement are refused with 400 rather than silentl
 """
 from __future__ import annotations
 
+import json
+
 from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
@@ -16,15 +18,21 @@ Number = Union[StrictInt, StrictFloat]
 TokenIds = list[StrictInt]
 
 
+# an error message is cut to this many characters: a client's 10 MB grammar is not echoed back
+MAX_MESSAGE_CHARS = 1000
+
+
 class APIError(Exception):
     """An error answered as OpenAI does: {"error": {"message", "type", "param", "code"}}."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
                  type: str | None = None):
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = message[:MAX_MESSAGE_CHARS] + f"... ({len(message)} characters)"
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
-        self.type = type or {401: "authentication_error", 404: "invalid_request_error",
-                             503: "server_error"}.get(status, "invalid_request_error" if status < 500 else "server_error")
+        default = "invalid_request_error" if status < 500 else "server_error"
+        self.type = type or {401: "authentication_error", 408: "timeout_error"}.get(status, default)
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -99,11 +107,64 @@ class ContentPart(BaseModel):
     text: StrictStr | None = None
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: StrictStr
+    arguments: StrictStr | dict[str, Any] = "{}"
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    id: StrictStr | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Function(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: StrictStr = Field(min_length=1, max_length=256)
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: Function
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: dict[str, StrictStr]
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: StrictStr
     content: StrictStr | list[ContentPart] | None = None
     name: StrictStr | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: StrictStr | None = None     # a tool message: the call it answers
+
+    def for_template(self) -> dict:
+        """The message as chat templates read it (HF's convention: arguments as objects)."""
+        m = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            m["name"] = self.name
+        if self.tool_call_id is not None:
+            m["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            calls = []
+            for c in self.tool_calls:
+                args = c.function.arguments
+                if isinstance(args, str):
+                    try:
+                        args = json.loads(args)
+                    except json.JSONDecodeError:
+                        pass
+                calls.append({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}})
+            m["tool_calls"] = calls
+        return m
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -115,6 +176,9 @@ class Message(BaseModel):
 
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool = True
     max_tokens: StrictInt | None = Field(None, ge=0)
     max_completion_tokens: StrictInt | None = Field(None, ge=0)
     logprobs: StrictBool = False

@@ -291,3 +291,71 @@ def tool_format(template: str | None) -> ToolFormat:
     if "<|start_header_id|>" in t and ("<|python_tag|>" in t or "ipython" in t):
         return Llama3(t)
     return ToolFormat(t)
+
+
+class ReplyStream:
+    """One streamed choice's deltas (OpenAI's chat.completion.chunk `delta`s): with tools, the text
+    is held and parsed once the reply ends (content, then tool_calls); with reasoning split, the
+    <think> block streams as reasoning_content and the rest as content; otherwise text as it
+    comes."""
+
+    def __init__(self, fmt: ToolFormat, tools: bool, reasoning: bool, opened_think: bool = False):
+        self.fmt, self.tools, self.opened = fmt, tools, opened_think
+        self.reasoning = reasoning and (fmt.think or opened_think) and not isinstance(fmt, Harmony)
+        self.hold_all = tools or (reasoning and isinstance(fmt, Harmony))
+        self.text = ""      # everything so far
+        self.sent = 0       # characters of self.text already sent
+        self.in_think = opened_think
+
+    def push(self, piece: str) -> list[dict]:
+        self.text += piece
+        if self.hold_all:
+            return []
+        if not self.reasoning:
+            return self._flush_content()
+        out = []
+        while True:
+            rest = self.text[self.sent:]
+            if not self.in_think:
+                if self.sent == 0 and rest.lstrip().startswith("<think>"):
+                    self.sent += rest.index("<think>") + len("<think>")
+                    self.in_think = True
+                    continue
+                if self.sent == 0 and "<think>".startswith(rest.lstrip()) and rest.strip():
+                    return out  # may be the start of <think>
+                return out + self._flush_content()
+            end = rest.find("</think>")
+            if end >= 0:
+                if rest[:end]:
+                    out.append({"reasoning_content": rest[:end]})
+                self.sent += end + len("</think>")
+                self.in_think = False
+                # the answer's leading white space after the block is not content
+                while self.sent < len(self.text) and self.text[self.sent].isspace():
+                    self.sent += 1
+                continue
+            keep = next((k for k in range(min(len(rest), 8), 0, -1) if "</think>".startswith(rest[-k:])), 0)
+            if len(rest) - keep > 0:
+                out.append({"reasoning_content": rest[:len(rest) - keep]})
+                self.sent += len(rest) - keep
+            return out
+
+    def _flush_content(self) -> list[dict]:
+        rest = self.text[self.sent:]
+        self.sent = len(self.text)
+        return [{"content": rest}] if rest else []
+
+    def finish(self) -> tuple[list[dict], bool]:
+        """The last deltas, and whether the reply called tools."""
+        if self.hold_all:
+            reply = self.fmt.parse(self.text, self.opened)
+            out = [{"reasoning_content": reply.reasoning}] if reply.reasoning else []
+            if reply.content:
+                out.append({"content": reply.content})
+            if self.tools and reply.tool_calls:
+                out.append({"tool_calls": [dict(c, index=i) for i, c in enumerate(reply.tool_calls)]})
+            return out, bool(self.tools and reply.tool_calls)
+        rest = self.text[self.sent:]
+        self.sent = len(self.text)
+        key = "reasoning_content" if self.in_think else "content"
+        return ([{key: rest}] if rest else []), False

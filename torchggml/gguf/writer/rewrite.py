@@ -44,6 +44,8 @@ def _pack_value(type_name: str, value) -> bytes:
         return struct.pack("<I", 8) + _pack_string(value)
     if type_name.startswith("array["):
         item = type_name[6:-1]
+        if item.startswith("array["):  # each item: an array without its value type id
+            return struct.pack("<IIQ", 9, 9, len(value)) + b"".join(_pack_value(item, v)[4:] for v in value)
         if item == "string":
             return struct.pack("<IIQ", 9, 8, len(value)) + b"".join(_pack_string(v) for v in value)
         tid, code = TYPES[item]
