@@ -93,20 +93,71 @@ def test_encoder_errors(call, match, tmp_path_factory):
         call(m)
 
 
-@pytest.mark.parametrize("key,status", [("bert-F32", 200), ("nomic-bert-F32", 200), ("bert-rerank-F32", 400)])
-def test_v1_embeddings(key, status, tmp_path_factory):
-    """/v1/embeddings serves an encoder's pooled, L2-normalized embeddings; a rank-pooled file is
-    refused (its scores are no OpenAI embedding), as llama.cpp's server refuses pooling none."""
+WORDS = ["the", "graph", "runs", "on", "device", "scheduler", "cuts", "split"]
+TEXTS = ["The graph runs on a device, splits.", "the scheduler cuts the graph"]
+
+
+def with_wordpiece_vocab(path) -> str:
+    """The tiny model's file with a small WordPiece vocabulary (tokenizer.ggml.model "bert") in
+    place of none: llama.cpp's WPM layout, a word's first piece prefixed by U+2581."""
+    from torchggml.gguf.writer.rewrite import header_parts, serialize
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "\u2581.", "\u2581,"] + ["\u2581" + c for c in letters]
+    tokens += letters + ["\u2581" + w for w in WORDS]
+    tokens += [f"[unused{i}]" for i in range(256 - len(tokens))]
+    kvs, tensors, alignment, data = header_parts(path)
+    kvs = [kv for kv in kvs if kv[0] != "tokenizer.ggml.model"] + [
+        ["tokenizer.ggml.model", "string", "bert"], ["tokenizer.ggml.pre", "string", "default"],
+        ["tokenizer.ggml.tokens", "array[string]", tokens],
+        ["tokenizer.ggml.token_type", "array[int32]", [3] * 5 + [1] * (len(tokens) - 5)],
+        ["tokenizer.ggml.bos_token_id", "uint32", 2], ["tokenizer.ggml.eos_token_id", "uint32", 3],
+        ["tokenizer.ggml.unknown_token_id", "uint32", 1], ["tokenizer.ggml.padding_token_id", "uint32", 0],
+        ["tokenizer.ggml.seperator_token_id", "uint32", 3], ["tokenizer.ggml.mask_token_id", "uint32", 4]]
+    Path(path).write_bytes(serialize(kvs, tensors, alignment, data))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def served_models(tmp_path_factory):
+    """case -> the tiny encoder with a WordPiece vocabulary (the server tokenizes text)."""
+    d = tmp_path_factory.mktemp("served")
+    models = {case: load_model(with_wordpiece_vocab(write_tiny_model(d / f"{case}.gguf", case)), n_ctx=64, n_batch=64)
+              for case in ("bert", "nomic-bert", "bert-rerank")}
+    yield models
+    for m in models.values():
+        m.close()
+
+
+def test_wordpiece_tokens_equal_llama_cpp(served_models):
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (the oracle) is not installed")
+    m = served_models["bert"]
+    ref = llama_cpp.Llama(model_path=str(m.path), vocab_only=True, verbose=False)
+    for text in TEXTS:
+        assert m.tokenize(text) == ref.tokenize(text.encode())
+
+
+@pytest.mark.parametrize("case,status", [("bert", 200), ("nomic-bert", 200), ("bert-rerank", 400)])
+def test_v1_embeddings(case, status, served_models):
+    """/v1/embeddings serves an encoder's pooled, L2-normalized embeddings of texts and of token
+    ids; a rank-pooled file is refused (its scores are no OpenAI embedding), as llama.cpp's
+    server refuses pooling none."""
     TestClient = pytest.importorskip("fastapi.testclient", reason="the server extra is not installed").TestClient
     from torchggml.server.app import ServerState, create_app
     from torchggml.server.engine import Engine
-    m, tokens = model_for(key, tmp_path_factory), MANIFEST[key]["tokens"]
-    with TestClient(create_app(ServerState(m, Engine(m), "tiny"))) as client:
-        r = client.post("/v1/embeddings", json={"model": "tiny", "input": [tokens, tokens[:5]],
-                                                "encoding_format": "float"})
-    assert r.status_code == status, r.text
-    if status == 200:
-        for row, ids in zip(r.json()["data"], [tokens, tokens[:5]]):
-            assert torch.allclose(torch.tensor(row["embedding"]), m.embed(ids), atol=1e-5)
-    else:
-        assert "rank" in r.json()["error"]["message"]
+    m = served_models[case]
+    requests = (TEXTS, [[2, 59, 60, 3], [2, 61, 3]])  # texts, token ids
+    engine = Engine(m)
+    try:
+        with TestClient(create_app(ServerState(m, engine, "tiny"))) as client:
+            replies = [client.post("/v1/embeddings", json={"model": "tiny", "input": inputs, "encoding_format": "float"})
+                       for inputs in requests]
+    finally:
+        engine.stop()
+    for r, inputs in zip(replies, requests):
+        assert r.status_code == status, r.text
+        if status != 200:
+            assert "rank" in r.json()["error"]["message"]
+            continue
+        for row, x in zip(r.json()["data"], inputs):
+            ids = m.tokenize(x) if isinstance(x, str) else x
+            assert torch.allclose(torch.tensor(row["embedding"]), m.embed(ids, seq_id=99), atol=1e-5)
