@@ -45,7 +45,10 @@ def test_embeddings_equal_llama_cpp(key, pooling, tmp_path_factory):
     ref = np.load(DATA / entry["embeddings"])[pooling]
     ours = m.embed(entry["tokens"], pooling=pooling, normalize=-1).numpy()
     assert ours.shape == ref.shape
-    err = float(np.linalg.norm(ours - ref) / np.linalg.norm(ref))
+    # rank scores are logits: their error counts against max(|score|, 1) (a score near 0 is a
+    # sum that cancels, where llama.cpp's F16 K/V cache alone moves it by ~1e-3)
+    scale = max(float(np.linalg.norm(ref)), 1.0) if pooling == "rank" else float(np.linalg.norm(ref))
+    err = float(np.linalg.norm(ours - ref)) / scale
     assert err <= MAX_ERR[entry["weights"]], f"{key} {pooling}: relative L2 error {err:.2e}"
 
 

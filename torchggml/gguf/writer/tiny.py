@@ -285,8 +285,11 @@ TINY_CASES += [
           global_metadata=_ENC_TYPES),
     _case("jina-bert-v2", "jina-bert-v2", ["layernorm", "qkv_bias", "ffn_bias", "fused_up", "qk_norm", "norm_2",
                                            "cls"], n_head_kv=4, metadata=_ENC, global_metadata=_ENC_TYPES),
-    _case("modern-bert", "modern-bert", ["layernorm", "cls", "cls_out"], n_layer=3, n_head_kv=4, metadata=_ENC + (
+    _case("modern-bert", "modern-bert", ["layernorm", "fused_qkv", "fused_up", "cls", "cls_out"], n_layer=3, n_head_kv=4, metadata=_ENC + (
         ("attention.sliding_window", 4), ("rope.freq_base_swa", 1000.0), ("rope.freq_base", 160000.0))),
+    _case("neo-bert", "neo-bert", ["fused_qkv", "fused_up", "cls", "cls_out"],
+          metadata=(("attention.causal", False), ("pooling_type", 2))),
+    _case("eurobert", "eurobert", [], metadata=_ENC),
 ]
 
 CASES_BY_NAME = {c.name: c for c in TINY_CASES}

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-ENCODER_ARCHS = ("bert", "nomic-bert", "jina-bert-v2", "modern-bert")
+ENCODER_ARCHS = ("bert", "nomic-bert", "jina-bert-v2", "modern-bert", "neo-bert", "eurobert")
+PRENORM_ARCHS = ("modern-bert", "neo-bert", "eurobert")
 N_TOKEN_TYPES = 2
 
 
@@ -21,8 +22,8 @@ def encoder_tensors(case, gen: torch.Generator) -> dict[str, torch.Tensor]:
     def vec(n, mean=0.0, std=0.1):
         return mean + std * torch.randn(n, generator=gen)
 
-    if case.arch == "modern-bert":
-        return modern_bert_tensors(case, mat, vec)
+    if case.arch in PRENORM_ARCHS:
+        return prenorm_tensors(case, mat, vec)
     w = {"token_embd.weight": torch.randn(v, e, generator=gen),
          "token_types.weight": torch.randn(N_TOKEN_TYPES, e, generator=gen) * 0.5,
          "token_embd_norm.weight": vec(e, 1.0), "token_embd_norm.bias": vec(e)}
@@ -60,21 +61,34 @@ def encoder_tensors(case, gen: torch.Generator) -> dict[str, torch.Tensor]:
     return w
 
 
-def modern_bert_tensors(case, mat, vec) -> dict[str, torch.Tensor]:
-    """modern-bert: no biases, no token types; pre-norms (none before layer 0's attention), a fused
-    qkv and [gate | up], a final output_norm; the reranker head cls, cls.norm, cls.output."""
-    e, ff, f = case.n_embd, case.n_ff, case.features
-    w = {"token_embd.weight": mat(case.n_vocab, e) * e ** 0.5, "token_embd_norm.weight": vec(e, 1.0),
-         "output_norm.weight": vec(e, 1.0)}
+def prenorm_tensors(case, mat, vec) -> dict[str, torch.Tensor]:
+    """The pre-norm encoders (modern-bert, neo-bert, eurobert): no biases, no token types; a
+    fused qkv (or q/k/v apart: eurobert) and [gate | up] (or ffn_gate apart: eurobert), a final
+    norm; modern-bert's token-embedding norm, no attention norm before its layer 0, and its
+    reranker head cls, cls.norm, cls.output; neo-bert's cls (+ bias), cls.output."""
+    e, ff, f, kv = case.n_embd, case.n_ff, case.features, case.head_dim * case.n_head_kv
+    modern = case.arch == "modern-bert"
+    w = {"token_embd.weight": mat(case.n_vocab, e) * e ** 0.5}
+    if modern:
+        w["token_embd_norm.weight"] = vec(e, 1.0)
+    w["enc.output_norm.weight" if case.arch == "neo-bert" else "output_norm.weight"] = vec(e, 1.0)
     for il in range(case.n_layer):
         p = f"blk.{il}."
-        if il:
+        if il or not modern:
             w[p + "attn_norm.weight"] = vec(e, 1.0)
-        w[p + "attn_qkv.weight"], w[p + "attn_output.weight"] = mat(3 * e, e), mat(e, e)
+        if "fused_qkv" in f:
+            w[p + "attn_qkv.weight"] = mat(e + 2 * kv, e)
+        else:
+            w[p + "attn_q.weight"], w[p + "attn_k.weight"], w[p + "attn_v.weight"] = mat(e, e), mat(kv, e), mat(kv, e)
+        w[p + "attn_output.weight"] = mat(e, e)
         w[p + "ffn_norm.weight"] = vec(e, 1.0)
-        w[p + "ffn_up.weight"], w[p + "ffn_down.weight"] = mat(2 * ff, e), mat(e, ff)
+        w[p + "ffn_up.weight"] = mat(2 * ff if "fused_up" in f else ff, e)
+        if "fused_up" not in f:
+            w[p + "ffn_gate.weight"] = mat(ff, e)
+        w[p + "ffn_down.weight"] = mat(e, ff)
     if "cls" in f:
-        w["cls.weight"], w["cls.norm.weight"] = mat(e, e) * 2.0, vec(e, 1.0)
+        w["cls.weight"] = mat(e, e) * 2.0
+        w["cls.norm.weight" if modern else "cls.bias"] = vec(e, 1.0 if modern else 0.0)
     if "cls_out" in f:
         w["cls.output.weight"], w["cls.output.bias"] = mat(1, e), vec(1)
     return w

@@ -189,15 +189,78 @@ class JinaBertV2(Bert):
         L.bias("ffn_down", [hp.n_embd])
 
 
-class ModernBert(Bert):
-    """modern-bert: pre-norm layers (LayerNorms without biases; none before layer 0's attention),
-    one fused attn_qkv, NeoX rotary positions, symmetric sliding windows on two layers of three
-    (the first dense; their own rope base), a GEGLU FFN from a fused [gate | up] (SwiGLU when
-    hidden_activation says silu), a final output_norm; its reranker head pools the mean by default
-    and applies GELU and the head norm cls.norm."""
+class PreNormEncoder(Bert):
+    """The pre-norm encoders (modern-bert, neo-bert, eurobert): x += attention(norm(x)),
+    x += ffn(norm(x)), a final norm; rotary positions, no biases, no token types. The FFN is a
+    fused [gate | up] (GEGLU or SwiGLU) or separate gate and up projections."""
+    biases = {}
+    rms = True               # RMS norms (LayerNorms without bias when False)
+    tok_norm = None          # a norm on the token embeddings (its tensor's name)
+    out_norm = "output_norm"
+    first_attn_norm = True   # layer 0 has an attention norm (modern-bert's is optional)
+    fused_up = True          # ffn_up holds [gate | up]; else ffn_gate and ffn_up apart
+    ffn_act = "silu"
+
+    def read_hparams(self, hp, keys):
+        hp.ffn_act = self.ffn_act
+
+    def load_weights(self, w, hp):
+        e = hp.n_embd
+        w.add("token_embd", "token_embd.weight", [e, hp.n_vocab])
+        if self.tok_norm:
+            w.add("tok_norm", f"{self.tok_norm}.weight", [e])
+        w.add("output_norm", f"{self.out_norm}.weight", [e])
+        self.load_head(w, hp)
+        for il in range(hp.n_layer):
+            L = LayerLoader(w, il)
+            L.weight("attn_norm", [e], required=self.first_attn_norm or il != 0)
+            if L.has("attn_qkv") or not self.fused_qkv_optional:
+                L.weight("attn_qkv", [e, e + 2 * hp.n_embd_k_gqa])
+            else:
+                for name, n in (("attn_q", e), ("attn_k", hp.n_embd_k_gqa), ("attn_v", hp.n_embd_v_gqa)):
+                    L.weight(name, [e, n])
+            L.weight("attn_output", [e, e])
+            L.weight("ffn_norm", [e])
+            L.weight("ffn_up", [e, 2 * hp.n_ff if self.fused_up else hp.n_ff])
+            if not self.fused_up:
+                L.weight("ffn_gate", [e, hp.n_ff])
+            L.weight("ffn_down", [hp.n_ff, e])
+            w.layers.append(L.layer)
+
+    fused_qkv_optional = False  # attn_q/k/v apart are accepted too (eurobert)
+
+    def load_head(self, w, hp):
+        e = hp.n_embd
+        w.add("cls", "cls.weight", [e, e], required=False)
+        w.add("cls_b", "cls.bias", [e], required=False)
+        w.add("cls_out", "cls.output.weight", [e, hp.n_cls_out], required=False)
+        w.add("cls_out_b", "cls.output.bias", [hp.n_cls_out], required=False)
+
+    def build(self, b, w):
+        if not b.embeddings:
+            raise ValueError(f"{b.hp.arch} is an encoder: it has no logits; use Model.embed")
+        x = b.embed(w.token_embd)
+        if w.tok_norm is not None:
+            x = b.norm(x, w.tok_norm, rms=self.rms)
+        for il, layer in enumerate(w.layers):
+            h = x if layer.attn_norm is None else b.norm(x, layer.attn_norm, rms=self.rms)
+            q, k, v = b.qkv(h, layer, qk_norms=False)
+            q, k = b.rope(q, il), b.rope(k, il)
+            attn = b.add_attention(il, x, b.attention(il, q, k, v, layer.attn_output))
+            x = b.add(b.ffn(b.norm(attn, layer.ffn_norm, rms=self.rms), layer, act=b.hp.ffn_act), attn)
+        return b.norm(x, w.output_norm, rms=self.rms)
+
+
+class ModernBert(PreNormEncoder):
+    """modern-bert: LayerNorms without biases (on the token embeddings too; none before layer 0's
+    attention), NeoX rotary positions, symmetric sliding windows on two layers of three (the
+    first dense; their own rope base), GEGLU (SwiGLU when hidden_activation says silu); its
+    reranker head pools the mean by default and applies GELU and the head norm cls.norm."""
     names = ("modern-bert",)
     rope_type = RopeType.NEOX
-    biases = {}
+    rms = False
+    tok_norm = "token_embd_norm"
+    first_attn_norm = False
     head_act = staticmethod(torch.nn.functional.gelu)
 
     def read_hparams(self, hp, keys):
@@ -218,35 +281,36 @@ class ModernBert(Bert):
             hp.pooling_type_cls = 1
 
     def load_weights(self, w, hp):
+        if hp.n_embd_k_gqa != hp.n_embd:
+            raise GGUFError(f"{w.path}: modern-bert needs as many K/V heads as heads ({hp.n_head_kv} of {hp.n_head})")
+        super().load_weights(w, hp)
+
+    def load_head(self, w, hp):
         e = hp.n_embd
-        w.add("token_embd", "token_embd.weight", [e, hp.n_vocab])
-        w.add("tok_norm", "token_embd_norm.weight", [e])
-        w.add("output_norm", "output_norm.weight", [e])
         w.add("cls", "cls.weight", [e, e], required=False)
         w.add("cls_norm", "cls.norm.weight", [e], required=False)
         w.add("cls_out", "cls.output.weight", [e, hp.n_cls_out], required=False)
         w.add("cls_out_b", "cls.output.bias", [hp.n_cls_out], required=False)
-        for il in range(hp.n_layer):
-            L = LayerLoader(w, il)
-            L.weight("attn_norm", [e], required=il != 0)
-            L.weight("attn_qkv", [e, 3 * e])
-            L.weight("attn_output", [e, e])
-            L.weight("ffn_up", [e, 2 * hp.n_ff])
-            L.weight("ffn_down", [hp.n_ff, e])
-            L.weight("ffn_norm", [e])
-            w.layers.append(L.layer)
-
-    def build(self, b, w):
-        if not b.embeddings:
-            raise ValueError(f"{b.hp.arch} is an encoder: it has no logits; use Model.embed")
-        x = b.norm(b.embed(w.token_embd), w.tok_norm, rms=False)
-        for il, layer in enumerate(w.layers):
-            h = x if layer.attn_norm is None else b.norm(x, layer.attn_norm, rms=False)
-            q, k, v = b.qkv(h, layer, qk_norms=False)
-            q, k = b.rope(q, il), b.rope(k, il)
-            attn = b.add_attention(il, x, b.attention(il, q, k, v, layer.attn_output))
-            x = b.add(b.ffn(b.norm(attn, layer.ffn_norm, rms=False), layer, act=b.hp.ffn_act), attn)
-        return b.norm(x, w.output_norm, rms=False)
 
 
-ARCHS = [Bert(), NomicBert(), JinaBertV2(), ModernBert()]
+class NeoBert(PreNormEncoder):
+    """neo-bert: RMS pre-norms, normal rotary positions, one fused attn_qkv, SwiGLU from a fused
+    [gate | up], the final norm enc.output_norm; a tanh reranker head (cls, cls.output)."""
+    names = ("neo-bert",)
+    rope_type = RopeType.NORMAL
+    out_norm = "enc.output_norm"
+
+
+class EuroBert(PreNormEncoder):
+    """eurobert: llama's layer without the causal mask: RMS pre-norms, NeoX rotary positions,
+    q/k/v apart (or fused), a SwiGLU FFN with its own gate; no classifier head."""
+    names = ("eurobert",)
+    rope_type = RopeType.NEOX
+    fused_up = False
+    fused_qkv_optional = True
+
+    def load_head(self, w, hp):
+        pass
+
+
+ARCHS = [Bert(), NomicBert(), JinaBertV2(), ModernBert(), NeoBert(), EuroBert()]
