@@ -30,3 +30,33 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+# ---------------------------------------------------------------- shared fixtures
+
+@pytest.fixture(scope="session")
+def golden() -> Path:
+    """The golden data folder (GGUF models with llama.cpp's logits, vocabularies)."""
+    return Path(os.environ["TORCHGGML_GOLDEN"])
+
+
+@pytest.fixture(scope="session")
+def demo_path() -> str:
+    """The built-in demo model's file (seeded weights, written once into the cache)."""
+    from torchggml.gguf.writer.demo import demo_model_path
+    return demo_model_path()
+
+
+@pytest.fixture(scope="module")
+def demo(demo_path):
+    """The demo model, loaded once per test module (a module that changes its options loads its own)."""
+    from torchggml.models import load_model
+    model = load_model(demo_path, progress=False)
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="session")
+def llama_cpp():
+    """llama-cpp-python (the llama.cpp oracle), or the test skips saying it is absent."""
+    return pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the llama.cpp comparisons)")

@@ -718,3 +718,31 @@ def test_bound_io_writes_what_backend_tensor_set_writes(values, ttype):
     out = np.empty_like(ggml.to_torch(a).numpy())
     io.get(b, out)
     assert np.array_equal(out, ggml.to_torch(a).numpy())
+
+
+def _f32_tensor(n=4):
+    ctx = ggml.init()
+    return ggml.new_tensor_1d(ctx, T.F32, n)
+
+
+SETS = [  # (id, tensor type, data, expected values or (error, pattern))
+    ("float64-into-f32", T.F32, np.arange(4, dtype=np.float64), [0.0, 1.0, 2.0, 3.0]),
+    ("float16-into-f32", T.F32, torch.arange(4, dtype=torch.float16), [0.0, 1.0, 2.0, 3.0]),
+    ("int64-into-i32", T.I32, torch.tensor([1, -2, 3, 4]), [1, -2, 3, 4]),
+    ("float-into-i32", T.I32, torch.tensor([1.5, 2.0, 3.0, 4.0]), (TypeError, r"is torch\.int32; torch\.float32 data")),
+    ("int-into-f32", T.F32, torch.arange(4, dtype=torch.int32), (TypeError, r"torch\.int32 data would change")),
+    ("too-large-for-i32", T.I32, torch.tensor([2**40, 0, 0, 0]), (ValueError, r"must fit in torch\.int32")),
+    ("floats-into-q8_0", T.Q8_0, torch.zeros(32), (TypeError, r"holds Q8_0 blocks: give its raw bytes")),
+]
+
+
+@pytest.mark.parametrize("type_,data,want", [c[1:] for c in SETS], ids=[c[0] for c in SETS])
+def test_tensor_set_converts_or_refuses_other_dtypes(type_, data, want):
+    ctx = ggml.init()
+    t = ggml.new_tensor_1d(ctx, type_, 32 if type_ == T.Q8_0 else 4)
+    if isinstance(want, tuple):
+        with pytest.raises(want[0], match=want[1]):
+            ggml.backend_tensor_set(t, data)
+    else:
+        ggml.backend_tensor_set(t, data)
+        assert ggml.backend_tensor_get(t).tolist() == want

@@ -538,3 +538,13 @@ def test_unsupported_op_names_op_and_device(cpu, build, op):
     ggml.build_forward_expand(g, out)
     with pytest.raises(ggml.UnsupportedOpError, match=f"op {op} is not supported on CPU"):
         ggml.backend_graph_compute(cpu, g)
+
+
+def test_a_graph_with_a_cycle_is_refused_naming_the_tensor():
+    ctx = ggml.init(no_alloc=True)
+    a = ggml.new_tensor_1d(ctx, T.F32, 4)
+    b = ggml.set_name(ggml.add(ctx, a, a), "b")
+    c = ggml.set_name(ggml.mul(ctx, b, b), "c")
+    b.src[1] = c  # edited by hand: c -> b -> c
+    with pytest.raises(ValueError, match=r"cycle: tensor 'c'.*depends on itself"):
+        ggml.build_forward_expand(ggml.new_graph(ctx), c)

@@ -315,7 +315,7 @@ def test_eval_embeddings_equals_token_lookup(text_model):
 ])
 def test_attention_mask_non_causal(causal, expect):
     same = np.array([[True, True, True, False]] * 3)
-    mask = attention_mask(np.array([0, 1, 2]), np.array([0, 1, 2, 3]), 0, same, causal)
+    mask = attention_mask(np.array([0, 1, 2]), np.array([0, 1, 2, 3]), 0, same, causal=causal)
     assert np.array_equal(mask.float().numpy(), np.array(expect, dtype=np.float32))
 
 

@@ -16,6 +16,8 @@ import torch
 from torchggml.quants import dequantize, dequantize_types, quantize, quantize_types
 from torchggml.quants.tables import table
 from torchggml.types import Type, type_traits
+import math
+import torchggml as ggml
 
 GGUF_TYPES = {t for t in Type if t.name in gguf.GGMLQuantizationType.__members__}
 
@@ -448,3 +450,11 @@ BAD_CALLS = [
 def test_bad_input_raises(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf], ids=["nan", "inf"])
+def test_quantize_refuses_non_finite_values(value):
+    x = torch.ones(2, 32)
+    x[1, 5] = value
+    with pytest.raises(ValueError, match=r"quantize\(Q4_0\): x has a non-finite value .* at index \(1, 5\)"):
+        ggml.quants.quantize("Q4_0", x)

@@ -339,3 +339,107 @@ def test_sched_debug_prints_the_assignment_table(backends, monkeypatch, capsys):
     assert re.search(r"node #  0 \( +MUL_MAT\): +mm0 .*\[ SIM0 +1\.wgt0\]", err)
     assert re.search(r"SIM0#x#0 \( +0K\) \[ SIM0 +4\.cpy\]", err)  # mm0 reads the copy of x
     assert re.search(r"UNARY.*\[ SIM0 +2\.sup\]", err)  # spread by the expansion sweeps
+
+
+def _reserve_then_alloc(sched, graph):
+    assert ggml.backend_sched_reserve(sched, graph)
+
+
+def _split_then_alloc(sched, graph):
+    ggml.backend_sched_split_graph(sched, graph)
+    ggml.backend_sched_reset(sched)
+
+
+def _compute_then_reset(sched, graph):
+    assert ggml.backend_sched_alloc_graph(sched, graph)
+    assert ggml.backend_sched_graph_compute(sched, graph) == ggml.Status.SUCCESS
+    ggml.backend_sched_reset(sched)
+
+
+@pytest.mark.parametrize("before", [_reserve_then_alloc, _split_then_alloc, _compute_then_reset],
+                         ids=["reserve", "split_graph", "compute+reset"])
+@pytest.mark.parametrize("parallel", [False, True])
+def test_reused_graph_computes_correctly_and_keeps_its_sources(backends, before, parallel):
+    sim0, sim1, cpu = backends
+    ws = [w for k, b in enumerate(backends) for w in make_weights(b, [(16, 16)], seed=k)[2]]
+    sched = ggml.backend_sched_new([sim0, sim1, cpu], parallel=parallel)
+    _, graph, x, out = mlp_graph(ws)
+    sources = [list(n.src) for n in graph.nodes]
+    before(sched, graph)
+    for step in range(6):
+        xv = torch.rand(4, 16) * 2 - 1
+        got = run_sched(sched, graph, x, out, xv)
+        assert ggml.backend_sched_get_n_splits(sched) == 3
+        torch.testing.assert_close(got, reference(ws, xv), rtol=1e-5, atol=1e-5)
+        assert [list(n.src) for n in graph.nodes] == sources  # the caller's graph is intact
+        if step % 2:
+            # computing the allocated graph again, without a new alloc, reads the copies again
+            # (inputs are set before every compute: the allocator may reuse their memory)
+            ggml.backend_tensor_set(x, xv)
+            assert ggml.backend_sched_graph_compute(sched, graph) == ggml.Status.SUCCESS
+            torch.testing.assert_close(ggml.backend_tensor_get(out), got)
+        ggml.backend_sched_reset(sched)
+
+
+def test_double_alloc_says_how_to_allocate_again(backends):
+    sim0, _, cpu = backends
+    _, _, ws = make_weights(sim0, [(16, 16)])
+    sched = ggml.backend_sched_new([sim0, cpu])
+    _, graph, _, _ = mlp_graph(ws)
+    assert ggml.backend_sched_alloc_graph(sched, graph)
+    with pytest.raises(RuntimeError, match=r"already allocated: compute it, or call backend_sched_reset "
+                                           r"before allocating a graph \(the same one included\) again"):
+        ggml.backend_sched_alloc_graph(sched, graph)
+
+
+ACTIONS = ["alloc+compute", "async+sync", "recompute", "reset", "reserve", "split_graph"]
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_stress_same_graph_split_reset_reserved_and_recomputed(backends, parallel):
+    """Random graphs over CPU+SIM0+SIM1, each driven through a random sequence of scheduler
+    calls on the same graph object; every result equals the CPU-only run."""
+    sim0, sim1, cpu = backends
+    weights = [make_weights(b, [(16, 16)] * 3, seed=k)[2] for k, b in enumerate(backends)]
+    cpu_weights = [make_weights(cpu, [(16, 16)] * 3, seed=k)[2] for k in range(3)]
+    sched = ggml.backend_sched_new([sim0, sim1, cpu], parallel=parallel)
+    ref_sched = ggml.backend_sched_new([cpu])
+    rng = random.Random(77 + parallel)
+    checked = multi_split = 0
+    for _ in range(8):
+        n_tokens = rng.choice([1, 3, 8])
+        graph, x, out, ref_graph, ref_x, ref_out = random_graph_pair(rng, weights, cpu_weights, n_tokens)
+        sources = [list(n.src) for n in graph.nodes]
+        allocated = False
+        for _ in range(10):
+            action = rng.choice(ACTIONS)
+            if action in ("reset", "reserve", "split_graph"):
+                ggml.backend_sched_reset(sched)
+                allocated = False
+                if action == "reserve":
+                    assert ggml.backend_sched_reserve(sched, graph)
+                elif action == "split_graph":
+                    ggml.backend_sched_split_graph(sched, graph)
+                    ggml.backend_sched_reset(sched)
+                assert [list(n.src) for n in graph.nodes] == sources
+                continue
+            if action != "recompute" or not allocated:  # recompute: the allocated graph again
+                ggml.backend_sched_reset(sched)
+                assert ggml.backend_sched_alloc_graph(sched, graph)
+                allocated = True
+            xv = torch.rand(n_tokens, 16) * 2 - 1
+            ggml.backend_tensor_set(x, xv)
+            if action == "async+sync":
+                assert ggml.backend_sched_graph_compute_async(sched, graph) == ggml.Status.SUCCESS
+                ggml.backend_sched_synchronize(sched)
+            else:
+                assert ggml.backend_sched_graph_compute(sched, graph) == ggml.Status.SUCCESS
+            expected = run_sched(ref_sched, ref_graph, ref_x, ref_out, xv)
+            ggml.backend_sched_reset(ref_sched)
+            torch.testing.assert_close(ggml.backend_tensor_get(out).reshape(expected.shape), expected,
+                                       rtol=1e-5, atol=1e-5)
+            assert [list(n.src) for n in graph.nodes] == sources
+            checked += 1
+            multi_split += ggml.backend_sched_get_n_splits(sched) > 1
+        ggml.backend_sched_reset(sched)
+    assert checked >= 30 and multi_split >= 10, (checked, multi_split)

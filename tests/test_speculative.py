@@ -10,19 +10,6 @@ from torchggml.models.speculative import ModelDraft, NgramDraft, make_draft
 REPEATING = "Once upon a time there was a graph. Once upon a time there was a graph. Once upon"
 
 
-@pytest.fixture(scope="module")
-def demo_path():
-    from torchggml.gguf.writer.demo import demo_model_path
-    return demo_model_path()
-
-
-@pytest.fixture(scope="module")
-def demo(demo_path):
-    m = load_model(demo_path, progress=False)
-    yield m
-    m.close()
-
-
 @pytest.mark.parametrize("context, k, n_max, want", [
     ([1, 2, 3, 9, 1, 2, 3], 2, 3, [9, 1]),            # the 3-token tail seen before
     ([1, 2, 3, 9, 5, 2, 3], 3, 3, [9, 5, 2]),         # only a 2-token tail matches

@@ -19,6 +19,7 @@ import pytest
 
 from torchggml.gguf.loader import GGUFError, open_gguf
 from torchggml.text.tokenizer import PRE_TOKENIZERS, TokenAttr, Tokenizer, TokenizerError
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(os.environ.get("TORCHGGML_GOLDEN", REPO / ".." / "shared" / "golden"))
@@ -412,3 +413,91 @@ def test_generated_vectors_match_llama_cpp(base, replace, texts, results):
         g["text"] = tok.detokenize(want["ids"])
     wrong = [(text, g, want) for text, g, want in zip(texts, got, results) if g != want]
     assert not wrong, f"{len(wrong)}/{len(texts)} strings differ, first: {wrong[0]!r}"
+
+
+def test_spm_merges_the_leftmost_pair_first_when_scores_tie():
+    """llama.cpp's SPM merges the best-scoring adjacent pair, the leftmost on a tie. The ranked
+    merge list that emulated it broke ties by token id instead: "aba" gave a, ba (found by the
+    fuzzer: a vocabulary whose scores were all 0)."""
+    from torchggml.text.tokenizer import Tokenizer
+    texts = ["<unk>", "<s>", "</s>", "<0x0A>", "\u2581", "a", "b", "ba", "ab"]
+    tok = Tokenizer.from_metadata({
+        "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": texts,
+        "tokenizer.ggml.scores": np.zeros(len(texts), np.float32),
+        "tokenizer.ggml.token_type": np.array([2, 3, 3, 6, 1, 1, 1, 1, 1], np.int32),
+        "tokenizer.ggml.add_bos_token": False})
+    assert [texts[i] for i in tok.tokenize("aba")] == ["\u2581", "ab", "a"]
+
+
+def test_a_wordpiece_vocabulary_with_byte_tokens_is_refused():
+    """llama.cpp aborts loading such a vocabulary (it cannot turn a WordPiece byte token into its
+    byte); it used to tokenize here (found by the fuzzer: an SPM vocabulary relabelled 'bert')."""
+    from torchggml.text.tokenizer import Tokenizer, TokenizerError
+    texts = ["[PAD]", "<0x00>", "[UNK]", "[CLS]", "[SEP]", "hello"]
+    with pytest.raises(TokenizerError, match=r"token 1 \('<0x00>'\) is a byte token, which a WordPiece"):
+        Tokenizer.from_metadata({"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": texts,
+                                 "tokenizer.ggml.token_type": np.array([3, 6, 2, 3, 3, 1], np.int32)}).tokenize("hello")
+
+
+BYTE_TOKENS = [  # (id, vocabulary model, byte token's text, the byte or the error llama.cpp gives)
+    ("spm", "llama", "<0x41>", b"A"),
+    ("bpe-gemma-style", "gpt2", "<0x0A>", b"\n"),
+    ("malformed-reads-as-strtol", "llama", "<0xZZ>", b"\x00"),  # strtol("ZZ", 16) = 0
+    ("bpe-too-short", "gpt2", "\u012c", r"v\.gguf: token 1 \('\u012c'\) is a byte token but not of the form"),
+]
+
+
+@pytest.mark.parametrize("model,text,want", [c[1:] for c in BYTE_TOKENS], ids=[c[0] for c in BYTE_TOKENS])
+def test_byte_tokens_render_as_llama_cpp_reads_them(model, text, want):
+    """llama.cpp renders every token at load; a byte token under 3 bytes fails there
+    (substr(3, 2)), so it must be refused here (found by the fuzzer: a BPE token retyped BYTE)."""
+    from torchggml.text.tokenizer import Tokenizer, TokenizerError
+    metadata = {"tokenizer.ggml.model": model, "tokenizer.ggml.tokens": ["<unk>", text, "a"],
+                "tokenizer.ggml.token_type": np.array([2, 6, 1], np.int32), "tokenizer.ggml.merges": [],
+                "tokenizer.ggml.scores": np.zeros(3, np.float32)}
+    if isinstance(want, str):
+        with pytest.raises(TokenizerError, match=want):
+            Tokenizer.from_metadata(metadata, source="v.gguf")
+    else:
+        assert Tokenizer.from_metadata(metadata, source="v.gguf").token_to_piece_bytes(1) == want
+
+
+def test_merges_whose_parts_are_not_tokens_are_a_named_error():
+    """`tokenizers` refused such merges with a bare Exception naming no file (found by the
+    fuzzer: a token of the Llama 3 vocabulary renamed)."""
+    from torchggml.text.tokenizer import Tokenizer, TokenizerError
+    tok = Tokenizer.from_metadata({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2",
+                                   "tokenizer.ggml.tokens": ["a", "b", "ab", "xab"],
+                                   "tokenizer.ggml.merges": ["a b", "x ab"]}, source="v.gguf")
+    with pytest.raises(TokenizerError, match=r"v\.gguf: tokenizer\.ggml\.merges do not fit the vocabulary"):
+        tok.tokenize("ab")
+
+
+def test_rwkv_text_no_token_covers_is_a_named_error_without_an_unknown_token():
+    """It used to put None among the ids (a TypeError naming nothing; llama.cpp emits -1)."""
+    from torchggml.text.tokenizer import Tokenizer
+    tok = Tokenizer.from_metadata({"tokenizer.ggml.model": "rwkv", "tokenizer.ggml.tokens": ["a", "b"]},
+                                  source="w.gguf")
+    with pytest.raises(ValueError, match=r"w\.gguf: no token starts with byte 0x63 and the vocabulary has no unknown"):
+        tok.tokenize("abc")
+
+
+def test_rwkv_tokens_listed_twice_map_to_the_last_id():
+    """llama.cpp's trie keeps the last id of a byte string listed twice ("\\," and "," are both
+    ","); the first was kept here (found by the fuzzer: an SPM vocabulary relabelled 'rwkv')."""
+    from torchggml.text.tokenizer import Tokenizer
+    texts = ["<unk>", "a", "\\,", ",", "<"]
+    tok = Tokenizer.from_metadata({"tokenizer.ggml.model": "rwkv", "tokenizer.ggml.tokens": texts,
+                                   "tokenizer.ggml.unknown_token_id": 0})
+    assert tok.tokenize("a,") == [1, 3]
+
+
+def test_a_vocabulary_whose_bytes_are_not_tokens_is_not_rwkv():
+    """llama.cpp's RWKV matcher loops without end (std::bad_alloc) on text starting with a byte
+    that begins tokens but is not one itself; RWKV vocabularies list all 256 bytes, so such a
+    vocabulary is refused by name (found by the fuzzer: an SPM vocabulary relabelled 'rwkv')."""
+    from torchggml.text.tokenizer import Tokenizer, TokenizerError
+    tok = Tokenizer.from_metadata({"tokenizer.ggml.model": "rwkv", "tokenizer.ggml.tokens": ["<unk>", "<", "a", "bc"],
+                                   "tokenizer.ggml.unknown_token_id": 0}, source="w.gguf")
+    with pytest.raises(TokenizerError, match=r"^w\.gguf: not an RWKV vocabulary: byte 0x62 begins tokens"):
+        tok.tokenize("a")

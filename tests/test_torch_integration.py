@@ -431,3 +431,47 @@ def test_cuda_backends_take_the_callers_stream():
     expected = fn.reference(xv.cpu())
     assert all(o.device.type == "cuda" and torch.allclose(o.cpu(), expected, atol=1e-5) for o in outs)
     ggml.backend_synchronize(backend)
+
+
+T = ggml.Type
+
+
+def _two_layer_function(param: bool):
+    ctx = ggml.init(no_alloc=True)
+    x = ggml.new_tensor_2d(ctx, T.F32, 64, 8)
+    ggml.set_input(x)
+    w1, w2 = ggml.new_tensor_2d(ctx, T.F32, 64, 64), ggml.new_tensor_2d(ctx, T.F32, 64, 64)
+    if param:
+        ggml.set_param(w1)
+        ggml.set_param(w2)
+    h = ggml.silu(ctx, ggml.mul_mat(ctx, w1, x))
+    h = ggml.silu(ctx, ggml.mul_mat(ctx, w2, h))
+    y = ggml.mul_mat(ctx, w1, h)
+    ggml.set_output(y)
+    graph = ggml.new_graph(ctx)
+    ggml.build_forward_expand(graph, y)
+    return ggml.graph_function(graph, [x], [y], ggml.backend_cpu_init()), w1, w2
+
+
+@pytest.mark.parametrize("param", [False, True], ids=["weights", "trainable"])
+def test_graph_function_weights_set_after_creation_stay_set(param):
+    """The weights had no memory: they used to share the compute memory, so the first call was
+    right and the next ones read intermediate results (max error 2.6-5.1)."""
+    f, w1, w2 = _two_layer_function(param)
+    gen = torch.Generator().manual_seed(0)
+    W1, W2 = torch.randn(64, 64, generator=gen) / 8, torch.randn(64, 64, generator=gen) / 8
+    ggml.backend_tensor_set(w1, W1)
+    ggml.backend_tensor_set(w2, W2)
+    x = torch.randn(8, 64, generator=gen, dtype=torch.float64)
+    W1d, W2d = W1.double().requires_grad_(param), W2.double().requires_grad_(param)
+    silu = torch.nn.functional.silu
+    want = silu(silu(x @ W1d.T) @ W2d.T) @ W1d.T
+    for _ in range(3):
+        torch.testing.assert_close(f(x.float()).double(), want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(f.reference(x).double(), want, rtol=1e-6, atol=1e-6)
+    if param:
+        f(x.float()).sum().backward()
+        grads = torch.autograd.grad(want.sum(), [W1d, W2d])
+        for p, g in zip(f.parameters(), grads):
+            torch.testing.assert_close(p.grad.double(), g, rtol=1e-3, atol=1e-3)
+    f.free()

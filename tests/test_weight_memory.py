@@ -17,12 +17,6 @@ from torchggml.models import load_model
 from torchggml.models.params import ModelParams
 
 
-@pytest.fixture(scope="module")
-def demo_path():
-    from torchggml.gguf.writer.demo import demo_model_path
-    return demo_model_path()
-
-
 def _logits(model, tokens):
     model.reset()
     return model.eval(tokens)

@@ -7,7 +7,7 @@ The code reads the environment only through `value` (or `text`, for a module tha
 text itself), which looks the variable up when it is used (so a program or a test may change
 it) and parses each distinct text once; an empty variable counts as unset, and a value that does
 not parse raises ValueError naming the variable and what it expects. `describe()` is the
-table docs/environment.md lists (`python -m torchggml.config` prints it); tests/test_reliability checks the
+table docs/environment.md lists (`python -m torchggml.config` prints it); tests/test_config.py checks the
 two agree and that no other module reads a TORCHGGML_ variable from os.environ.
 """
 from __future__ import annotations
