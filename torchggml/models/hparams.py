@@ -63,6 +63,7 @@ class HParams:
     # encoders: attention over the whole sequence (attention.causal false), the classifier head's outputs
     causal_attn: bool = True
     n_cls_out: int = 1
+    moe_every_n_layers: int = 0  # nomic-bert-moe: layers il with il % n == 1 have experts (0: none)
     n_token_types: int = 0      # tokenizer.ggml.token_type_count (bert's token_types rows)
     ffn_act: str = "gelu"       # the FFN's activation where a file names it (modern-bert's hidden_activation)
     pooling_type_cls: int = -1  # classifier.pooling_type: what the rank head pools (1 mean, else the first token)

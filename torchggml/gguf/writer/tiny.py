@@ -283,6 +283,9 @@ TINY_CASES += [
           metadata=(("attention.causal", False), ("pooling_type", 4)), global_metadata=_ENC_TYPES),
     _case("nomic-bert", "nomic-bert", ["layernorm", "fused_qkv", "gated"], n_head_kv=4, metadata=_ENC,
           global_metadata=_ENC_TYPES),
+    _case("nomic-bert-moe", "nomic-bert-moe", ["layernorm", "fused_qkv", "ffn_bias", "moe"], n_head_kv=4,
+          n_expert=4, n_expert_used=2, metadata=_ENC + (("moe_every_n_layers", 2),),
+          global_metadata=_ENC_TYPES),
     _case("jina-bert-v2", "jina-bert-v2", ["layernorm", "qkv_bias", "ffn_bias", "fused_up", "qk_norm", "norm_2",
                                            "cls"], n_head_kv=4, metadata=_ENC, global_metadata=_ENC_TYPES),
     _case("modern-bert", "modern-bert", ["layernorm", "fused_qkv", "fused_up", "cls", "cls_out"], n_layer=3, n_head_kv=4, metadata=_ENC + (

@@ -1,13 +1,13 @@
 """The tensors of the tiny encoders (bert, nomic-bert, jina-bert-v2): seeded random weights with
 the shapes llama.cpp loads, scaled so activations stay O(1). Features: pos_embd (learned
-positions), qkv_bias, fused_qkv, gated (ffn_gate: nomic-bert's SwiGLU), fused_up (jina's
+positions), qkv_bias, fused_qkv, moe (experts on the layers il % moe_every_n_layers == 1), gated (ffn_gate: nomic-bert's SwiGLU), fused_up (jina's
 [up | gate]), ffn_bias, cls (the dense classifier layer), cls_out (the score projection),
 norm_2 (jina's second attention norm), qk_norm (jina's LayerNorms on q and k)."""
 from __future__ import annotations
 
 import torch
 
-ENCODER_ARCHS = ("bert", "nomic-bert", "jina-bert-v2", "modern-bert", "neo-bert", "eurobert")
+ENCODER_ARCHS = ("bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "modern-bert", "neo-bert", "eurobert")
 PRENORM_ARCHS = ("modern-bert", "neo-bert", "eurobert")
 N_TOKEN_TYPES = 2
 
@@ -51,6 +51,12 @@ def encoder_tensors(case, gen: torch.Generator) -> dict[str, torch.Tensor]:
         w[p + "attn_output_norm.weight"], w[p + "attn_output_norm.bias"] = vec(e, 1.0), vec(e)
         if "norm_2" in f:
             w[p + "attn_norm_2.weight"], w[p + "attn_norm_2.bias"] = vec(e, 1.0), vec(e)
+        if "moe" in f and il % int(dict(case.metadata)["moe_every_n_layers"]) == 1:
+            n = case.n_expert
+            w[p + "ffn_up_exps.weight"], w[p + "ffn_down_exps.weight"] = mat(n, ff, e), mat(n, e, ff)
+            w[p + "ffn_gate_inp.weight"] = mat(n, e) * 4.0  # a router with clear preferences
+            w[p + "layer_output_norm.weight"], w[p + "layer_output_norm.bias"] = vec(e, 1.0), vec(e)
+            continue
         w[p + "ffn_up.weight"] = mat(2 * ff if "fused_up" in f else ff, e)
         if "gated" in f:
             w[p + "ffn_gate.weight"] = mat(ff, e)

@@ -6,6 +6,7 @@ classifier head cls / cls.output); an encoder has no logits.
 
 - bert: learned position embeddings, biased q/k/v and an ungated GELU FFN.
 - nomic-bert: rotary positions (NeoX), one fused attn_qkv, a SwiGLU FFN without biases.
+- nomic-bert-moe: nomic-bert's attention, bert's FFN, every n-th layer's FFN a mixture of experts.
 - jina-bert-v2: ALiBi instead of positions (symmetric: -|p - p0|), optional LayerNorms on q and
   k over all the heads, an optional second attention norm, a GEGLU FFN when ffn_up holds
   [up | gate] (twice n_ff wide), an ungated GELU one otherwise.
@@ -96,6 +97,9 @@ class Bert(Arch):
             q, k = b.rope(q, il), b.rope(k, il)
         return q, k, v
 
+    def ffn(self, b, h, layer):
+        return b.ffn(h, layer, act=self.ffn_act)
+
     @staticmethod
     def full_norm(b, x, weight, bias):
         """A LayerNorm over all the heads of x [head_dim, n_heads, n_tokens] together (jina's q/k norms)."""
@@ -115,7 +119,7 @@ class Bert(Arch):
             h = b.norm(b.add(attn, x), layer.attn_output_norm, layer.attn_output_norm_b, rms=False)
             if layer.attn_norm_2 is not None:
                 h = b.norm(b.add(h, x), layer.attn_norm_2, layer.attn_norm_2_b, rms=False)
-            y = b.add(b.ffn(h, layer, act=self.ffn_act), h)
+            y = b.add(self.ffn(b, h, layer), h)
             x = b.norm(y, layer.layer_output_norm, layer.layer_output_norm_b, rms=False)
         return x
 
@@ -155,6 +159,38 @@ class NomicBert(Bert):
     def load_ffn(self, L, hp):
         super().load_ffn(L, hp)
         L.weight("ffn_gate", [hp.n_embd, hp.n_ff])
+
+
+class NomicBertMoe(Bert):
+    """nomic-bert-moe: nomic-bert's rotary attention with bert's ungated GELU FFN (biases), and
+    every moe_every_n_layers-th layer (il % n == 1) a mixture of ungated GELU experts: softmax
+    router, weights not renormalised (llama.cpp reads no expert_weights_scale for it)."""
+    names = ("nomic-bert-moe",)
+    rope_type = RopeType.NEOX
+    biases = {"attn_qkv": False, "attn_output": False, "ffn_up": False, "ffn_down": False}
+    pos_embd = False
+    rotary = True
+
+    def read_hparams(self, hp, keys):
+        super().read_hparams(hp, keys)
+        hp.moe_every_n_layers = int(keys.get("moe_every_n_layers", 0))
+
+    @staticmethod
+    def is_moe(hp, il: int) -> bool:
+        return hp.moe_every_n_layers > 0 and il % hp.moe_every_n_layers == 1
+
+    def load_ffn(self, L, hp):
+        if not self.is_moe(hp, L.il):
+            return super().load_ffn(L, hp)
+        e, ff, n = hp.n_embd, hp.n_ff, hp.n_expert
+        L.weight("ffn_up_exps", [e, ff, n])
+        L.weight("ffn_down_exps", [ff, e, n])
+        L.weight("ffn_gate_inp", [e, n])
+
+    def ffn(self, b, h, layer):
+        if layer.ffn_gate_inp is None:
+            return super().ffn(b, h, layer)
+        return b.moe(h, layer, act="gelu", norm_weights=False)
 
 
 class JinaBertV2(Bert):
@@ -313,4 +349,4 @@ class EuroBert(PreNormEncoder):
         pass
 
 
-ARCHS = [Bert(), NomicBert(), JinaBertV2(), ModernBert(), NeoBert(), EuroBert()]
+ARCHS = [Bert(), NomicBert(), NomicBertMoe(), JinaBertV2(), ModernBert(), NeoBert(), EuroBert()]
