@@ -283,6 +283,8 @@ TINY_CASES += [
           metadata=(("attention.causal", False), ("pooling_type", 4)), global_metadata=_ENC_TYPES),
     _case("nomic-bert", "nomic-bert", ["layernorm", "fused_qkv", "gated"], n_head_kv=4, metadata=_ENC,
           global_metadata=_ENC_TYPES),
+    _case("jina-bert-v3", "jina-bert-v3", ["layernorm", "qkv_bias", "ffn_bias"], n_head_kv=4, metadata=_ENC,
+          global_metadata=_ENC_TYPES),
     _case("nomic-bert-moe", "nomic-bert-moe", ["layernorm", "fused_qkv", "ffn_bias", "moe"], n_head_kv=4,
           n_expert=4, n_expert_used=2, metadata=_ENC + (("moe_every_n_layers", 2),),
           global_metadata=_ENC_TYPES),

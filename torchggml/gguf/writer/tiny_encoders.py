@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-ENCODER_ARCHS = ("bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "modern-bert", "neo-bert", "eurobert")
+ENCODER_ARCHS = ("bert", "jina-bert-v3", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "modern-bert", "neo-bert", "eurobert")
 PRENORM_ARCHS = ("modern-bert", "neo-bert", "eurobert")
 N_TOKEN_TYPES = 2
 

@@ -6,6 +6,7 @@ classifier head cls / cls.output); an encoder has no logits.
 
 - bert: learned position embeddings, biased q/k/v and an ungated GELU FFN.
 - nomic-bert: rotary positions (NeoX), one fused attn_qkv, a SwiGLU FFN without biases.
+- jina-bert-v3: bert's layer with NeoX rotary positions instead of learned ones.
 - nomic-bert-moe: nomic-bert's attention, bert's FFN, every n-th layer's FFN a mixture of experts.
 - jina-bert-v2: ALiBi instead of positions (symmetric: -|p - p0|), optional LayerNorms on q and
   k over all the heads, an optional second attention norm, a GEGLU FFN when ffn_up holds
@@ -29,8 +30,8 @@ class Bert(Arch):
     names = ("bert",)
     encoder = True
     fused_qkv = True
-    biases = {"attn_q": True, "attn_k": True, "attn_v": True, "attn_qkv": False, "attn_output": False,
-              "ffn_up": False, "ffn_down": False}
+    biases = {"attn_q": False, "attn_k": False, "attn_v": False, "attn_qkv": False, "attn_output": False,
+              "ffn_up": False, "ffn_down": False}  # each optional, as llama.cpp loads them
     pos_embd = True      # learned position embeddings (position_embd.weight)
     rotary = False
     ffn_act = "gelu"
@@ -159,6 +160,15 @@ class NomicBert(Bert):
     def load_ffn(self, L, hp):
         super().load_ffn(L, hp)
         L.weight("ffn_gate", [hp.n_embd, hp.n_ff])
+
+
+class JinaBertV3(Bert):
+    """jina-bert-v3 (XLM-RoBERTa with rotary positions): bert's layer, NeoX rotary positions
+    instead of learned ones."""
+    names = ("jina-bert-v3",)
+    rope_type = RopeType.NEOX
+    pos_embd = False
+    rotary = True
 
 
 class NomicBertMoe(Bert):
@@ -349,4 +359,4 @@ class EuroBert(PreNormEncoder):
         pass
 
 
-ARCHS = [Bert(), NomicBert(), NomicBertMoe(), JinaBertV2(), ModernBert(), NeoBert(), EuroBert()]
+ARCHS = [Bert(), JinaBertV3(), NomicBert(), NomicBertMoe(), JinaBertV2(), ModernBert(), NeoBert(), EuroBert()]
