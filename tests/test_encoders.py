@@ -164,3 +164,16 @@ def test_v1_embeddings(case, status, served_models):
         for row, x in zip(r.json()["data"], inputs):
             ids = m.tokenize(x) if isinstance(x, str) else x
             assert torch.allclose(torch.tensor(row["embedding"]), m.embed(ids, seq_id=99), atol=1e-5)
+
+
+@pytest.mark.parametrize("n_swa,causal,visible", [
+    (0, False, [[1, 1, 1, 1, 1]] * 5),                          # an encoder: the whole sequence
+    (4, False, [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1], [0, 0, 1, 1, 1]]),  # |p - p0| <= 2
+    (2, False, [[1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [0, 1, 1, 1, 0], [0, 0, 1, 1, 1], [0, 0, 0, 1, 1]]),  # |p - p0| <= 1
+])
+def test_symmetric_window_mask(n_swa, causal, visible):
+    """modern-bert's windows, as llama.cpp's LLAMA_SWA_TYPE_SYMMETRIC: |p - p0| <= n_swa / 2."""
+    from torchggml.models.kv_cache import attention_mask
+    pos = np.arange(5)
+    mask = attention_mask(pos, pos, n_swa, None, causal=causal, symmetric=True)
+    assert (mask.numpy() == 0).astype(int).tolist() == visible
