@@ -69,14 +69,52 @@ def test_cli_run_chat(chat_model_path, capsys):
     assert main(["run", chat_model_path, "--chat", "-p", "Hi", "-n", "3", "--temp", "0"]) == 0
     out, err = capsys.readouterr()
     assert out == reply + "\n"  # the reply only: the prompt went through the template
-    assert "generation:" in err
+    assert "prompt eval time =" in err and "eval time        =     3 runs" in err
 
 
-def test_cli_run_chat_without_template(capsys):
+def test_cli_run_chat_without_template_falls_back_to_chatml(capsys):
+    """A file without tokenizer.chat_template chats in chatml, as llama.cpp falls back to, and
+    says so."""
     from torchggml.cli.models import main
     from torchggml.gguf.writer.demo import demo_model_path
-    assert main(["run", demo_model_path(), "--chat", "-p", "Hi", "-n", "2"]) == 1
-    assert "has no tokenizer.chat_template" in capsys.readouterr().err
+    assert main(["run", demo_model_path(), "--chat", "-p", "Hi", "-n", "2", "--temp", "0"]) == 0
+    assert "has no tokenizer.chat_template: using chatml, as llama.cpp does" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("file_template, override, name, noted", [
+    (CHATML, None, "file", False),          # the file's own
+    (None, None, "chatml", True),           # llama.cpp's fallback, said
+    (CHATML, "gemma", "gemma", False),      # --chat-template NAME wins
+    (None, "{{ messages[0]['content'] }}", "custom", False),
+])
+def test_choose_template(file_template, override, name, noted):
+    from torchggml.text.chat import choose_template
+    chosen = choose_template(file_template, override)
+    assert chosen.name == name and (chosen.note is not None) == noted
+
+
+def test_unknown_builtin_template_is_an_error_naming_the_choices():
+    from torchggml.text.chat import choose_template
+    with pytest.raises(ChatTemplateError, match="unknown chat template 'zephyr'; choose one of chatml, gemma"):
+        choose_template(None, "zephyr")
+
+
+def test_run_and_serve_choose_the_same_template(chat_model_path):
+    """run --chat (Model.chat) and serve (ServerState.chat_prompt) render the same prompt."""
+    pytest.importorskip("fastapi")
+    from torchggml.models import load_model
+    from torchggml.gguf.writer.demo import demo_model_path
+    from torchggml.server.app import ServerState
+    from torchggml.server.protocol import ChatRequest
+    for path in (chat_model_path, demo_model_path()):
+        model = load_model(path, progress=False)
+        engine = type("Engine", (), {"slot_ctx": model.n_ctx})()  # only the context size is asked
+        state = ServerState(model, engine, model_id="m")
+        ids, stops = state.chat_prompt(ChatRequest(messages=[{"role": "user", "content": "Hi"}]))
+        prompt = model.chat_prompt([{"role": "user", "content": "Hi"}])
+        assert ids == model.tokenize(prompt, add_special=True, parse_special=True)
+        assert stops == model.chat_stops()
+        model.close()
 
 
 def test_unknown_pre_tokenizer_model_still_evaluates_ids(tmp_path):

@@ -404,3 +404,22 @@ def test_a_two_turn_function_call_with_the_openai_client(server1):
     chunks = list(stream)
     calls = [tc for ch in chunks for tc in (ch.choices[0].delta.tool_calls or [])] if chunks else []
     assert calls and calls[0].function.name == "get_weather" and chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_llama_server_endpoints(server, demo):
+    """/tokenize, /detokenize, /apply-template, /props and /slots answer as llama-server's do."""
+    url, text = server.url, "Once upon a time"
+    status, got = http(url + "/tokenize", json.dumps({"content": text}), KEY)
+    assert status == 200 and got["tokens"] == demo.tokenize(text, add_special=False, parse_special=True)
+    status, pieces = http(url + "/tokenize", json.dumps({"content": text, "with_pieces": True}), KEY)
+    assert [p["id"] for p in pieces["tokens"]] == got["tokens"]
+    assert "".join(p["piece"] for p in pieces["tokens"] if isinstance(p["piece"], str)) == text
+    assert http(url + "/detokenize", json.dumps({"tokens": got["tokens"]}), KEY) == (200, {"content": text})
+    assert http(url + "/detokenize", json.dumps({"tokens": [10**9]}), KEY)[0] == 400
+    status, applied = http(url + "/apply-template", json.dumps({"messages": [{"role": "user", "content": "Hi"}]}), KEY)
+    assert status == 200 and applied["prompt"] == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    status, props = http(url + "/props", key=KEY)
+    assert status == 200 and props["total_slots"] == 4 and props["default_generation_settings"]["params"]["top_k"] == 40
+    status, slots = http(url + "/slots", key=KEY)
+    assert status == 200 and [s["id"] for s in slots] == [0, 1, 2, 3]
+    assert http(url + "/props")[0] == 401  # the API key holds here too

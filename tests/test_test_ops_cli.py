@@ -3,6 +3,8 @@ and CSV output, through the command's own parser."""
 import csv
 import io
 
+import pytest
+
 from torchggml.cli import build_parser
 
 
@@ -49,7 +51,26 @@ def test_show_coverage_compares_with_upstream(capsys):
 def test_support_mode_without_a_backend_lists_every_device(capsys):
     """No -b: every registered device is tested (this crashed naming a missing registry function)."""
     from torchggml.backend import registry
-    rc, out = run(capsys, "-m", "support", "-o", "concat", "-p", "type=f32")
+    rc, out = run(capsys, "-m", "support", "-o", "concat", "-p", "type=F32")
     assert rc == 0
     names = [registry.backend_dev_get(i).get_name() for i in range(registry.backend_dev_count())]
     assert all(f"Testing {name} (support)" in out for name in names)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-o", "BOGUS"], "unknown op 'bogus'; choose from "),
+    (["-o", "add,NOPE"], "unknown op 'nope'; choose from "),
+    (["-b", "CUDA7", "-o", "add"], "no device 'CUDA7' here; choose from "),
+    (["-b", "SIM9", "-o", "add"], "no device 'SIM9' here; choose from "),
+    (["-o", "add", "-p", "no-such-case"], "-p 'no-such-case' matches no case of add"),
+    (["-p", "(["], "-p '([' is not a regular expression"),
+])
+def test_selections_that_select_nothing_are_one_line_errors(capsys, argv, message):
+    """Was: "0/0 passed" and exit 0 for -o BOGUS, a traceback for -b CUDA0 without CUDA, "0/0" for a
+    -p that matched nothing (as the support test above did with type=f32)."""
+    args = build_parser().parse_args(["test-ops", *argv])
+    assert args.func(args) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("torchggml test-ops: error: ") and message in lines[0], lines

@@ -44,6 +44,60 @@ def test_perplexity_windows_and_scoring():
     assert summarize([nll, nll]).ppl == pytest.approx(200.0)
 
 
+def test_perplexity_scores_a_micro_batch_at_a_time():
+    """perplexity evaluates each window n_batch tokens at a time and scores each piece's logits
+    as it goes (the first half asks for none but its last): no window's full logits are held,
+    and the figures equal score_window's over the whole window's logits."""
+    from torchggml.models import load_model
+    from torchggml.tools.perplexity import perplexity
+    model = load_model(demo_model_path(), n_ctx=64, n_batch=16, progress=False)
+    text = CORPUS * 2
+    rows = []
+    eval_once = model.eval
+
+    def eval_recording(tokens, seq_id=0, logits="all"):
+        out = eval_once(tokens, seq_id, logits)
+        rows.append(out.shape[0])
+        return out
+
+    try:
+        model.eval = eval_recording
+        ours = perplexity(model, text, max_windows=2)
+        model.eval = eval_once
+        nlls = []
+        for w in windows(model.tokenize(text), 64, model.tokenizer.bos_id)[:2]:
+            model.reset()
+            nlls.append(score_window(model.eval(w), w))
+        model.reset()
+    finally:
+        model.close()
+    assert max(rows) == 16 and rows.count(1) == 2 * 2  # pieces of n_batch; the first half's: the last row only
+    assert ours.ppl == pytest.approx(summarize(nlls).ppl, rel=1e-9)
+
+
+def test_eval_all_writes_each_micro_batch_into_the_result():
+    """eval(logits="all") over several micro-batches: each one's logits are copied once, into
+    the returned tensor (was: into a micro-batch tensor, then again into the result)."""
+    from torchggml.models import load_model
+    model = load_model(demo_model_path(), n_ctx=64, n_batch=8, progress=False)
+    targets = []
+    ubatch_once = model._eval_ubatch
+
+    def ubatch_recording(ids, seq_ids, outputs, logits, *args, **kwargs):
+        targets.append(logits.untyped_storage().data_ptr())
+        return ubatch_once(ids, seq_ids, outputs, logits, *args, **kwargs)
+
+    try:
+        expected = model.eval(list(range(1, 21)))
+        model.reset()
+        model._eval_ubatch = ubatch_recording
+        got = model.eval(list(range(1, 21)))
+    finally:
+        model.close()
+    assert len(targets) == 3 and set(targets) == {got.untyped_storage().data_ptr()}
+    assert torch.equal(got, expected)
+
+
 def test_perplexity_matches_llama_cpp():
     _llama_cpp()
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
@@ -150,9 +204,41 @@ def test_quantize_file_equals_llama_quantize(tmp_path):
 
 def test_quantize_rejects_unknown_types(tmp_path, capsys):
     assert main(["quantize", demo_model_path(), str(tmp_path / "x.gguf"), "Q7_K"]) == 1
-    assert "unknown type 'Q7_K'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "unknown type 'Q7_K'; choose one of F32, F16" in err and "Q4_K (alias for Q4_K_M)" in err
+    assert len(err.strip().splitlines()) == 1
     with pytest.raises(ValueError, match="unknown type"):
         quantize_file(demo_model_path(), tmp_path / "x.gguf", "nope")
+
+
+def test_quantize_names_the_alias_it_takes(tmp_path, capsys):
+    """llama-quantize lists Q4_K as "alias for Q4_K_M": accepted, and said."""
+    with redirect_stdout(io.StringIO()):
+        assert main(["quantize", demo_model_path(), str(tmp_path / "x.gguf"), "q4_k"]) == 0
+    assert "q4_k is an alias for Q4_K_M" in capsys.readouterr().err
+    assert open_gguf(tmp_path / "x.gguf").get("general.file_type") == FILE_TYPES["Q4_K_M"][0]
+
+
+@pytest.fixture(scope="module")
+def q4_0_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("requant") / "q4_0.gguf"
+    quantize_file(demo_model_path(), path, "Q4_0")
+    return path
+
+
+@pytest.mark.parametrize("flags, rc", [([], 1), (["--allow-requantize"], 0)])
+def test_requantizing_needs_allow_requantize(q4_0_file, tmp_path, capsys, flags, rc):
+    """As llama-quantize: a quantized tensor converted again only with --allow-requantize; no
+    file is written without it."""
+    out = tmp_path / "q8_0.gguf"
+    with redirect_stdout(io.StringIO()):
+        assert main(["quantize", str(q4_0_file), str(out), "Q8_0", *flags]) == rc
+    err = capsys.readouterr().err
+    if rc:
+        assert re.search(r"is already Q4_0: requantizing from type Q4_0 is disabled \(--allow-requantize", err)
+        assert not out.exists()
+    else:
+        assert open_gguf(out).get("general.file_type") == FILE_TYPES["Q8_0"][0]
 
 
 FIRST_PROMPT_COMPILES = """
@@ -197,3 +283,82 @@ def test_compile_kernels_leaves_nothing_for_the_first_prompt(tmp_path):
     assert later.returncode == 0, later.stderr
     assert "compiled: []" in later.stdout, later.stdout
     assert "compiling CPU kernels" not in later.stderr
+
+
+def _subcommand_parsers():
+    from torchggml.cli import build_parser
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    return sorted(sub.choices.items())
+
+
+@pytest.mark.parametrize("name, parser", _subcommand_parsers())
+def test_help_shows_every_default(name, parser):
+    """Each option whose default is a value (not None, not a flag) says it in --help."""
+    import argparse
+    text = parser.format_help()
+    options = text[text.index("\noptions:"):]  # past the usage line
+    for action in parser._actions:
+        if (action.option_strings and action.default not in (None, False, [], argparse.SUPPRESS)
+                and not isinstance(action, argparse._StoreConstAction)):
+            # the option's entry: from its name to the next line that starts another option
+            start = options.index("\n  " + action.option_strings[0])
+            entry = re.split(r"\n  -", options[start + 3:])[0]
+            assert "default" in entry, f"{name} {action.option_strings[-1]}: no default in --help"
+
+
+HEAVY_MODULES = ("torch", "numpy", "numba", "triton", "fastapi", "uvicorn", "jinja2")
+IMPORTS_OF = """
+import sys
+from torchggml.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print("imported:", sorted(m for m in {heavy!r} if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["run", "--help"], ["serve", "--help"],
+                                  ["quantize", "--help"], ["test-ops", "--help"], ["perplexity", "--help"]])
+def test_version_and_help_import_nothing_heavy(argv):
+    """--version and --help parse and print without torch, numba, triton or the server stack
+    (importing torch alone took seconds of CPU before every command)."""
+    import subprocess
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, "-c", IMPORTS_OF.format(heavy=HEAVY_MODULES), *argv],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "imported: []" in done.stdout, done.stdout
+    assert ("torchggml 0.1.0" in done.stdout) if argv == ["--version"] else ("usage: torchggml" in done.stdout)
+
+
+def test_compile_kernels_covers_every_block_type():
+    """compile-kernels' default file types reach every block type quantize writes (Q4_1 and
+    Q5_0 were left to compile silently during a real model's first prompt)."""
+    from torchggml.tools.compile_kernels import FILE_TYPES as COMPILED
+    from torchggml.tools.file_types import FILE_TYPE_IDS
+    blocks = {block for _, block in FILE_TYPE_IDS.values()} - {"F32"}
+    assert blocks <= {FILE_TYPE_IDS[f][1] for f in COMPILED}
+
+
+@pytest.mark.parametrize("threshold_s, noticed", [(0.0, True), (600.0, False)])
+def test_compile_notice_names_a_kernel_whose_compile_runs_long(threshold_s, noticed):
+    """A numba compile still running after the threshold gets one line naming the kernel and
+    why; a shorter one none (here a kernel of this test module stands for torchggml's)."""
+    numba = pytest.importorskip("numba")
+    import time
+    from torchggml.models.warmup import install, uninstall
+    stream = io.StringIO()
+    notice = install(threshold_s, package=__name__, stream=stream)
+    try:
+        @numba.njit(cache=False)
+        def scaled_sum(x):
+            return (x * 2.0).sum()
+        scaled_sum(np.ones(4))
+        time.sleep(0.2)  # the notice's timer thread prints
+    finally:
+        uninstall(notice)
+    text = stream.getvalue()
+    assert (f"compiling the CPU kernel {__name__.rsplit('.', 1)[-1]}." in text) == noticed, text
+    assert ("scaled_sum(array(float64, 1d, C))" in text) == noticed
+    assert ("first use with these argument types" in text) == noticed

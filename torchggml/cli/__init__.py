@@ -139,8 +139,11 @@ def version_text() -> str:
         version = metadata.version("torchggml")
     except metadata.PackageNotFoundError:
         version = "unknown (not installed)"
-    import torch
-    return f"torchggml {version} (torch {torch.__version__})"
+    try:  # torch's installed version, without importing torch
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = "not installed"
+    return f"torchggml {version} (torch {torch_version})"
 
 
 def parse_size(text: str) -> int | None:
@@ -182,9 +185,40 @@ def cmd_rpc_server(args) -> int:
     return 0
 
 
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Every option's default in its help, unless the help already says it (or there is none)."""
+
+    def _get_help_string(self, action):
+        help = action.help or ""
+        if (action.default not in (None, False, [], argparse.SUPPRESS) and "default" not in help
+                and action.option_strings and not isinstance(action, argparse._StoreConstAction)):
+            default = ",".join(map(str, action.default)) if isinstance(action.default, list) else action.default
+            help += f" (default: {default})"
+        return help
+
+
+class VersionAction(argparse.Action):
+    """--version: the version_text, looked up only when asked for."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit()
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser with DefaultsFormatter; its subcommands' parsers are Parsers too."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="torchggml", description="ggml's backend system on PyTorch")
-    parser.add_argument("--version", action="version", version=version_text())
+    parser = Parser(prog="torchggml", description="ggml's backend system on PyTorch")
+    parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("devices", help="list regs and devices with type, memory and capabilities")
@@ -243,8 +277,9 @@ def main(argv=None) -> int:
     try:
         return args.func(args)
     finally:
-        from ..models.tensor_parallel import end_dist_group
-        end_dist_group()
+        if "torchggml.models.tensor_parallel" in sys.modules:  # only a command that used it has a group to end
+            from ..models.tensor_parallel import end_dist_group
+            end_dist_group()
 
 
 if __name__ == "__main__":

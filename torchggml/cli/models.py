@@ -78,6 +78,22 @@ def add_kernels_option(p: argparse.ArgumentParser) -> None:
                         "torchggml.register_kernel (repeatable)")
 
 
+def add_chat_template_option(p: argparse.ArgumentParser) -> None:
+    from ..text.chat import BUILTIN_TEMPLATES
+    p.add_argument("--chat-template", metavar="NAME|JINJA", default=None,
+                   help=f"chat format: {', '.join(BUILTIN_TEMPLATES)} or a Jinja template (default: the file's "
+                        f"tokenizer.chat_template, else chatml as llama.cpp)")
+
+
+def use_chat_template(model, args) -> None:
+    """Set the model's chat format from --chat-template and say on stderr which one is used
+    when it is not the file's own."""
+    model.chat_template_override = getattr(args, "chat_template", None)
+    chosen = model.chat_template()
+    if chosen.note:
+        print(f"torchggml {args.command}: {chosen.note}", file=sys.stderr)
+
+
 def model_params(args) -> "ModelParams":
     """The ModelParams the model options of `add_model_options` give."""
     from ..models.params import ModelParams
@@ -95,11 +111,39 @@ def _main_rank() -> bool:
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
-def _load(args, path: str):
+def _load(args, path: str, **options):
+    """The model, loaded and (unless --no-warmup) warmed up as llama.cpp does: its kernels
+    compiled, its backends set up, so that the first prompt's time is its own."""
     from ..models import load_model
+    from ..models.warmup import warm_up
     from ..devices.kernels.registered import load_kernel_files
     load_kernel_files(getattr(args, "kernels", None) or [])
-    return load_model(path, model_params(args))
+    start = time.perf_counter()
+    model = load_model(path, model_params(args).with_options(**options))
+    model.timings.load_s = time.perf_counter() - start
+    if getattr(args, "warmup", True):
+        model.timings.warmup_s = warm_up(model)
+    return model
+
+
+def perf_text(t) -> str:
+    """The timings as llama.cpp's llama_perf_context_print gives them: load (the warm-up within
+    it), prompt eval, eval (the generated tokens), total."""
+    def rate(n, s, unit):
+        return (f"{n:5d} {unit} in {s * 1e3:10.2f} ms ({s * 1e3 / n:8.2f} ms per token, {n / s:8.2f} tokens per second)"
+                if n and s else f"{n:5d} {unit}")
+    return "\n".join([
+        f"load time        = {(t.load_s + t.warmup_s) * 1e3:10.2f} ms (warm-up {t.warmup_s * 1e3:.2f} ms: kernels "
+        f"compiled or loaded, backends set up)",
+        f"prompt eval time = {rate(t.prompt_tokens, t.prompt_s, 'tokens')}",
+        f"eval time        = {rate(t.gen_tokens, t.gen_s, 'runs  ')}",
+        f"total time       = {(t.load_s + t.warmup_s + t.prompt_s + t.gen_s) * 1e3:10.2f} ms"])
+
+
+def add_warmup_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-warmup", dest="warmup", action="store_false",
+                   help="skip the warm-up run after loading (then the first prompt's time holds the kernels' "
+                        "compiling or loading and the backends' set-up)")
 
 
 # ---------------------------------------------------------------- run
@@ -125,6 +169,7 @@ def cmd_run(args) -> int:
     if args.image or args.mmproj:
         return _run_media(model, args, sampling, out)
     if args.chat:  # the prompt is a user message, formatted by the model's chat template
+        use_chat_template(model, args)
         stream = model.chat([{"role": "user", "content": args.prompt}], **sampling)
     else:
         stream = model.generate(model.tokenize(args.prompt), **sampling)
@@ -134,9 +179,7 @@ def cmd_run(args) -> int:
         out.write(text)
         out.flush()
     out.write("\n")
-    t = model.timings
-    print(f"prompt: {t.prompt_tokens} tokens in {t.prompt_s:.3f} s ({t.prompt_tps:.2f} tokens/s) | "
-          f"generation: {t.gen_tokens} tokens in {t.gen_s:.3f} s ({t.gen_tps:.2f} tokens/s)", file=sys.stderr)
+    print(perf_text(model.timings), file=sys.stderr)
     model.close()
     return 0
 
@@ -168,6 +211,9 @@ def _run_logprobs(model, args, sampling, out) -> int:
     from ..models.sampling import SamplingParams
     max_tokens, stop = sampling.pop("max_tokens"), sampling.pop("stop")
     params = SamplingParams(logprobs=args.logprobs, **sampling)
+    if args.chat:
+        use_chat_template(model, args)
+        stop = list(stop) + model.chat_stops()
     prompt = model.chat_prompt([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
     piece = lambda t: repr(model.tokenizer.token_to_piece(t))  # noqa: E731
     for c in model.generate_tokens(model.tokenize(prompt, parse_special=args.chat), max_tokens, params, stop):
@@ -267,25 +313,27 @@ def cmd_info(args) -> int:
 # ---------------------------------------------------------------- wiring
 
 def add_subcommands(subparsers) -> None:
-    from ..models.sampling import DEFAULTS
+    from ..models.sampling_params import DEFAULTS
     p = subparsers.add_parser("run", help="generate text from a GGUF model (no MODEL: the built-in demo)")
     p.add_argument("model", nargs="?", help="GGUF file (default: the built-in demo model)")
     p.add_argument("-p", "--prompt", default="Once upon a time", help="the prompt")
     p.add_argument("-n", "--n-predict", type=int, default=64, metavar="N", help="tokens to generate")
     p.add_argument("--temp", type=float, default=DEFAULTS.temperature, help="temperature (0: greedy)")
-    p.add_argument("--top-k", type=int, default=DEFAULTS.top_k)
-    p.add_argument("--top-p", type=float, default=DEFAULTS.top_p)
-    p.add_argument("-s", "--seed", type=int, default=None)
+    p.add_argument("--top-k", type=int, default=DEFAULTS.top_k, help="sample from the K most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=DEFAULTS.top_p, help="nucleus sampling's probability mass (1: off)")
+    p.add_argument("-s", "--seed", type=int, default=None, help="sampling seed (default: a random one)")
     p.add_argument("--min-p", type=float, default=DEFAULTS.min_p, help="drop tokens below min_p x the top probability")
     p.add_argument("--repeat-penalty", type=float, default=DEFAULTS.repeat_penalty, help="llama.cpp's repetition penalty (1: off)")
     p.add_argument("--repeat-last-n", type=int, default=DEFAULTS.repeat_last_n, help="tokens the penalties look back at (-1: all)")
-    p.add_argument("--frequency-penalty", type=float, default=DEFAULTS.frequency_penalty)
-    p.add_argument("--presence-penalty", type=float, default=DEFAULTS.presence_penalty)
+    p.add_argument("--frequency-penalty", type=float, default=DEFAULTS.frequency_penalty, help="subtracted per earlier occurrence")
+    p.add_argument("--presence-penalty", type=float, default=DEFAULTS.presence_penalty, help="subtracted once a token occurred")
     p.add_argument("--stop", action="append", metavar="TEXT", help="stop at this text (repeatable)")
     p.add_argument("--logprobs", type=int, default=None, metavar="N",
                    help="print each token with its log-probability and the N most likely alternatives")
     p.add_argument("--chat", action="store_true",
                    help="send the prompt as a user message through the model's chat template")
+    add_chat_template_option(p)
+    add_warmup_option(p)
     p.add_argument("--mmproj", metavar="FILE", help="the model's multimodal projector (mmproj GGUF), for --image")
     p.add_argument("--image", action="append", metavar="FILE",
                    help="an image for the prompt's next <__media__> marker (repeatable; no marker: before the prompt)")

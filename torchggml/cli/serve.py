@@ -14,7 +14,8 @@ import sys
 import threading
 
 from .. import config
-from .models import add_model_options, user_errors, model_params
+from .models import (add_chat_template_option, add_model_options, model_params, use_chat_template,
+                     user_errors)
 
 
 @user_errors
@@ -55,6 +56,7 @@ def cmd_serve(args) -> int:
         try:
             held["model"] = model = load_model(path, params)
             print(model.describe(), file=sys.stderr)
+            use_chat_template(model, args)
             draft = None
             if args.model_draft:
                 from ..models.speculative import ModelDraft
@@ -66,6 +68,8 @@ def cmd_serve(args) -> int:
             held["engine"] = engine = Engine(model, args.parallel, args.queue_size, draft=draft,
                                              n_draft=args.draft_max)
             state.attach(model, engine)
+            from ..models.warmup import install as notice_compiles
+            notice_compiles()  # a line for each kernel whose compiling runs past a second
             state.warm_up()
             print(f"serving {state.model_id} on http://{args.host}:{args.port} ({args.parallel} parallel, "
                   f"{engine.slot_ctx} tokens of context each{', API key required' if api_key else ''})",
@@ -97,7 +101,7 @@ def add_subcommands(subparsers) -> None:
     p = subparsers.add_parser("serve", help="an OpenAI-compatible HTTP server (no MODEL: the built-in demo)")
     p.add_argument("model", nargs="?", help="GGUF file (default: the built-in demo model)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--port", type=int, default=8080, help="port to listen on")
     p.add_argument("-np", "--parallel", type=int, default=1, metavar="N",
                    help="sequences decoded together (slots; each gets n_ctx / N tokens of context)")
     p.add_argument("--queue-size", type=int, default=64, metavar="N",
@@ -107,7 +111,9 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--alias", default=None, metavar="NAME", help="the model's name in the API (default: file name)")
     p.add_argument("--pooling", choices=("mean", "cls", "last"), default=None,
                    help="embeddings' pooling (default: the file's pooling type, mean when it has none)")
-    p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
+    p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
+                   help="the HTTP server's log level")
+    add_chat_template_option(p)
     p.add_argument("--reasoning-format", default="auto", choices=("auto", "none"),
                    help="auto (default): a reasoning model's thinking (<think>, gpt-oss's analysis channel) "
                         "as reasoning_content; none: left in content")

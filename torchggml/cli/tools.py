@@ -8,19 +8,19 @@
 """
 from __future__ import annotations
 
-from .models import add_model_options, int_list, user_errors
+from .models import add_model_options, int_list, user_errors, model_params
 
 
 @user_errors
 def cmd_perplexity(args) -> int:
     from ..tools.perplexity import cmd_perplexity as run
-    return run(args)
+    return run(args, model_params(args))
 
 
 @user_errors
 def cmd_bench(args) -> int:
     from ..tools.bench import cmd_bench as run
-    return run(args)
+    return run(args, model_params(args))
 
 
 @user_errors
@@ -58,22 +58,25 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("model", help="GGUF file")
     p.add_argument("-p", "--n-prompt", type=int_list, default=[512], metavar="N[,N...]", help="prompt sizes (0: none)")
     p.add_argument("-n", "--n-gen", type=int_list, default=[128], metavar="N[,N...]", help="generation lengths (0: none)")
-    p.add_argument("-r", "--repetitions", type=int, default=5, metavar="N")
-    p.add_argument("--no-warmup", action="store_true")
+    p.add_argument("-r", "--repetitions", type=int, default=5, metavar="N", help="runs of each test")
+    p.add_argument("--no-warmup", action="store_true", help="time the first run too")
     add_model_options(p)
     p.set_defaults(func=cmd_bench)
 
-    from ..tools.quantize import FILE_TYPES
+    from ..tools.file_types import CHOICES
     p = subparsers.add_parser("quantize", help="quantize a GGUF file with llama-quantize's types and mixes")
     p.add_argument("input", help="GGUF file (F32, F16, BF16 or quantized)")
     p.add_argument("output", help="the GGUF file to write")
-    p.add_argument("type", metavar="TYPE", help=f"one of {', '.join(FILE_TYPES)}")
+    p.add_argument("type", metavar="TYPE", help=f"one of {CHOICES}")
+    p.add_argument("--allow-requantize", action="store_true",
+                   help="allow converting tensors that are already quantized (llama-quantize's option)")
     p.add_argument("-v", "--verbose", action="store_true", help="print every tensor's old and new type")
     p.set_defaults(func=cmd_quantize)
 
     p = subparsers.add_parser("compile-kernels", help="compile the CPU's numba kernels now (after an install) "
                                                       "instead of during the first prompt")
-    p.add_argument("--types", metavar="TYPE[,TYPE...]", help="model file types (default: F16,Q8_0,Q4_0,Q4_K_M,Q5_K_M)")
+    from ..tools.compile_kernels import FILE_TYPES as COMPILED
+    p.add_argument("--types", metavar="TYPE[,TYPE...]", help=f"model file types (default: {','.join(COMPILED)})")
     p.set_defaults(func=cmd_compile_kernels)
 
     p = subparsers.add_parser("page-in", help="re-read model files into the page cache in 2 MiB folios, so that "

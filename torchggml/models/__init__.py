@@ -2,24 +2,33 @@
 qwen2, qwen3, their MoE variants, ...) with a KV cache and generation."""
 from __future__ import annotations
 
-from .archs import ARCHS
-from .builder import Arch, GraphBuilder, Weights
-from .hparams import HParams
-from .kv_cache import KVCache
-from .lora import LoraAdapter
-from .model import Model, Timings
-from .placement import Placement, plan_placement, find_device
-from .generation import Generation
-from .sampling import Sampler, SamplingParams, StopStrings, TokenChoice, sample_token
-from .module import GGMLModule, QuantizedWeight
-from .params import ModelParams
+import importlib as _importlib
+
+# each name from its module on first use (PEP 562): importing torchggml.cli.models,
+# the command line's parsing, imports neither torch nor the architectures
+_EXPORTS = {"ARCHS": ".archs", "Arch": ".builder", "GraphBuilder": ".builder", "Weights": ".builder",
+            "HParams": ".hparams", "KVCache": ".kv_cache", "LoraAdapter": ".lora", "Model": ".model",
+            "Timings": ".model", "Placement": ".placement", "plan_placement": ".placement",
+            "find_device": ".placement", "Generation": ".generation", "Sampler": ".sampling",
+            "SamplingParams": ".sampling", "StopStrings": ".sampling", "TokenChoice": ".sampling",
+            "sample_token": ".sampling", "GGMLModule": ".module", "QuantizedWeight": ".module",
+            "ModelParams": ".params"}
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = ["load_model", "Model", "ModelParams", "Placement", "Timings", "HParams", "Arch", "GraphBuilder",
            "Weights", "KVCache", "ARCHS", "plan_placement", "sample_token", "find_device", "LoraAdapter",
            "GGMLModule", "QuantizedWeight", "SamplingParams", "Sampler", "StopStrings", "TokenChoice", "Generation"]
 
 
-def load_model(path, params: ModelParams | None = None, **options) -> Model:
+def load_model(path, params: "ModelParams | None" = None, **options) -> "Model":
     """Load a GGUF model. `params` (a ModelParams) and/or its fields as keywords, e.g.
     load_model(path, devices=["CUDA0"], n_ctx=2048, flash_attn=True); see ModelParams for
     each option."""

@@ -111,12 +111,17 @@ class NonFiniteLogitsError(FloatingPointError):
 
 @dataclass
 class Timings:
+    """llama_perf_context_print's figures: the prompt's tokens and time, the generated tokens
+    and their time; load_s and warmup_s (set by whoever loaded and warmed the model up: the
+    command line) are the one-time costs the prompt's figure does not hold."""
     prompt_tokens: int = 0
     prompt_s: float = 0.0
     gen_tokens: int = 0
     gen_s: float = 0.0
     drafted: int = 0   # speculative decoding: draft tokens evaluated
     accepted: int = 0  # and taken
+    load_s: float = 0.0
+    warmup_s: float = 0.0
 
     @property
     def prompt_tps(self) -> float:
@@ -135,6 +140,7 @@ class Model:
         self.file = file
         self.path = file.path
         self._tokenizer = tokenizer  # None: read from the file on first use
+        self.chat_template_override: str | None = None  # a built-in name or Jinja (chat_template)
         self.params = params
         self.arch = arch
         self.hp = hp
@@ -471,6 +477,12 @@ class Model:
             if whole_batch:  # one micro-batch in token order (a decode step): its plan is made, its rows are out's
                 logits = out
                 self._eval_ubatch(ids, seq_ids, outputs, logits, embeddings, whole, embd)
+            elif isinstance(idx, slice):  # a run of tokens in order: its rows are a run of out's, written there
+                flags_i = outputs[idx]
+                first = int(row_of[idx.start]) + 1 - int(outputs[idx.start])  # outputs before the run
+                logits = out[first: first + int(np.count_nonzero(flags_i))]
+                self._eval_ubatch(ids[idx], seq_ids[idx], flags_i, logits, embeddings,
+                                  embd=None if embd is None else embd[idx])
             else:
                 flags_i = outputs[idx]
                 logits = torch.empty(int(np.count_nonzero(flags_i)), width)
@@ -531,14 +543,27 @@ class Model:
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         return self.tokenizer.tokenize(text, add_special, parse_special)
 
+    def chat_template(self, override: str | None = None):
+        """The ChatTemplate (torchggml.text.chat) this model's chats use: `override` (a built-in name
+        such as "gemma", or Jinja), else self.chat_template_override, else the file's
+        tokenizer.chat_template, else chatml as llama.cpp falls back to (its `note` says so)."""
+        from ..text.chat import choose_template
+        return choose_template(self.tokenizer.chat_template, override or self.chat_template_override, self.path)
+
     def chat_prompt(self, messages, add_generation_prompt: bool = True) -> str:
         """The prompt text for `messages` ([{"role": "user", "content": ...}, ...]), rendered
-        with the model's tokenizer.chat_template in a Jinja2 sandbox (torchggml.text.chat)."""
+        with chat_template() in a Jinja2 sandbox (torchggml.text.chat)."""
         from ..text.chat import render_chat
         tok = self.tokenizer
         text = lambda i: tok.token_text(i) if i is not None else ""
-        return render_chat(tok.chat_template, messages, add_generation_prompt=add_generation_prompt,
+        return render_chat(self.chat_template().text, messages, add_generation_prompt=add_generation_prompt,
                            bos_token=text(tok.bos_id), eos_token=text(tok.eos_id), source=self.path)
+
+    def chat_stops(self) -> list[str]:
+        """Stop strings a chat needs beyond the end-of-generation tokens: a built-in format's
+        end of turn where the vocabulary has no such token."""
+        end = self.chat_template().turn_end
+        return [end] if end and self.tokenizer.text_to_token(end) is None else []
 
     def chat(self, messages, **generate_args) -> Iterator[str]:
         """Stream the assistant's reply to `messages` (see chat_prompt); `generate_args` as
@@ -547,6 +572,7 @@ class Model:
         prompt = self.chat_prompt(messages)
         tok = self.tokenizer
         has_bos = tok.bos_id is not None and prompt.startswith(tok.token_text(tok.bos_id))
+        generate_args["stop"] = list(generate_args.get("stop") or ()) + self.chat_stops()
         return self.generate(self.tokenize(prompt, add_special=not has_bos, parse_special=True), **generate_args)
 
     def detokenize(self, ids: Iterable[int]) -> str:
@@ -650,7 +676,7 @@ class Model:
             if draft is not None and any(id(g) in self._prefix_parts for g in gens):
                 raise ValueError(f"{what}: speculative decoding does not take prompts with embeddings")
             self.reset()
-            self.timings = t = Timings()
+            self.timings = t = Timings(load_s=self.timings.load_s, warmup_s=self.timings.warmup_s)
             batch = BatchGenerator(self, keep_finished=True, draft=make_draft(draft, self), n_draft=n_draft)
             start = time.perf_counter()
             seqs = []

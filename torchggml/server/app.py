@@ -33,13 +33,7 @@ from .grammar import Constraint, GrammarError, Vocabulary
 from .limits import Limits, check_body, check_raw, check_text, wrap_seed
 from .protocol import APIError, ChatRequest, CompletionRequest, EmbeddingRequest, NamedToolChoice, Sampling
 from .tool_calls import ReplyStream, ToolFormat, tool_format
-from . import webui
-
-# llama.cpp's fallback when the GGUF has no tokenizer.chat_template
-CHATML_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
-                   " + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}"
-                   "{{ '<|im_start|>assistant\n' }}{% endif %}")
-CHATML_END = "<|im_end|>"
+from . import llama_endpoints, webui
 
 # how often a waiting non-streaming handler checks that its client is still there
 DISCONNECT_POLL_S = 0.25
@@ -218,16 +212,20 @@ class ServerState:
     # ------------------------------------------------------------ chat
 
     def chat_prompt(self, req: ChatRequest) -> tuple[list[int], list[str]]:
-        """The prompt's token ids and extra stop strings (chatml's end marker when the file has
-        no template and no such token). With tools, the template gets them (or, for a template
+        """The prompt's token ids and extra stop strings (see chat_text)."""
+        prompt, stops = self.chat_text(req)
+        tok = self.model.tokenizer
+        has_bos = tok.bos_id is not None and prompt.startswith(tok.token_text(tok.bos_id))
+        return self.prompt_ids(prompt, "messages", add_special=not has_bos, parse_special=True), stops
+
+    def chat_text(self, req: ChatRequest) -> tuple[str, list[str]]:
+        """The chat prompt's text and extra stop strings (Model.chat_template and chat_stops: the
+        file's template, else chatml as llama.cpp falls back to, and its end of turn where the
+        vocabulary lacks it). With tools, the template gets them (or, for a template
         that cannot show them, a system message does: tool_calls.py's generic format)."""
         from ..text.chat import ChatTemplateError, render_chat
         tok = self.model.tokenizer
-        template, stops = tok.chat_template, []
-        if not template:
-            template = CHATML_TEMPLATE
-            if tok.text_to_token(CHATML_END) is None:
-                stops = [CHATML_END]
+        template, stops = self.model.chat_template().text, self.model.chat_stops()
         text = lambda i: tok.token_text(i) if i is not None else ""  # noqa: E731
         messages = [m.for_template() for m in req.messages]
         extra = {}
@@ -247,11 +245,10 @@ class ServerState:
                                  source=self.model_id, **extra)
         except ChatTemplateError as e:
             raise APIError(400, str(e), "messages") from None
-        has_bos = tok.bos_id is not None and prompt.startswith(tok.token_text(tok.bos_id))
-        return self.prompt_ids(prompt, "messages", add_special=not has_bos, parse_special=True), stops
+        return prompt, stops
 
     def reply_format(self) -> ToolFormat:
-        return tool_format(self.model.tokenizer.chat_template or CHATML_TEMPLATE)
+        return tool_format(self.model.chat_template().text)
 
     def tool_grammar(self, req: ChatRequest) -> str | None:
         """The Lark grammar that holds the reply to a tool call where the request requires one (or
@@ -463,8 +460,8 @@ class AuthAndCount:
 
 # ---------------------------------------------------------------- the app
 
-ROUTES = {"/", "/health", "/metrics"} | {f"{prefix}/{name}" for prefix in ("/v1", "")
-                                    for name in ("models", "completions", "chat/completions", "embeddings")}
+ROUTES = {"/", "/health", "/metrics"} | llama_endpoints.ROUTES | {
+    f"{prefix}/{name}" for prefix in ("/v1", "") for name in ("models", "completions", "chat/completions", "embeddings")}
 
 
 def create_app(state: ServerState, api_key: str | None = None, timeout: float = 600.0):
@@ -497,6 +494,7 @@ def create_app(state: ServerState, api_key: str | None = None, timeout: float = 
         return error_response(APIError(500, f"{type(e).__name__}: {e}", type="server_error"))
 
     webui.register(app)
+    llama_endpoints.register(app, state, parse_body, timeout)
 
     @app.get("/health")
     async def health():  # readiness, as llama-server: 503 "Loading model" (the middleware) until warmed

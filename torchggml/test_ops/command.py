@@ -29,13 +29,37 @@ def select_cases(args) -> list[OpCase]:
     cases += list(breadth_cases()) if full_requested(args) else sample_cases()
     op = getattr(args, "op", None)
     if op:
-        wanted = {o.strip().lower() for o in op.split(",")}
+        wanted = {o.strip().lower() for o in op.split(",") if o.strip()}
+        names = {c.op for c in cases} | {upstream_op(c) for c in cases}
+        unknown = sorted(wanted - {n.lower() for n in names})
+        if unknown:
+            raise SelectionError(f"unknown op {', '.join(map(repr, unknown))}; choose from "
+                                 f"{', '.join(sorted(names, key=str.upper))}")
         cases = [c for c in cases if c.op.lower() in wanted or upstream_op(c).lower() in wanted]
     pattern = getattr(args, "params", None)
     if pattern:
-        rx = re.compile(pattern)
+        try:
+            rx = re.compile(pattern)
+        except re.error as e:
+            raise SelectionError(f"-p {pattern!r} is not a regular expression: {e}") from None
         cases = [c for c in cases if rx.search(c.name)]
+        if not cases:
+            raise SelectionError(f"-p {pattern!r} matches no case{' of ' + op if op else ''} (--list-ops, "
+                                 f"or -m support, shows the cases)")
     return cases
+
+
+class SelectionError(ValueError):
+    """An -o, -p or -b that selects nothing: one line, a non-zero exit."""
+
+
+def check_device(args) -> None:
+    """-b names a registered device, else SelectionError listing them."""
+    from ..backend import registry
+    name = getattr(args, "backend", None)
+    if name and registry.backend_dev_by_name(name) is None:
+        names = [registry.backend_dev_get(i).get_name() for i in range(registry.backend_dev_count())]
+        raise SelectionError(f"no device {name!r} here; choose from {', '.join(names)} (`torchggml devices`)")
 
 
 # ---------------------------------------------------------------- what a case tests, in upstream's words
@@ -118,7 +142,12 @@ class Report:
 def main(args) -> int:
     """`torchggml test-ops`: select the cases, run the mode asked for."""
     from .runner import main_test_ops
-    cases = select_cases(args)
+    try:
+        check_device(args)
+        cases = select_cases(args)
+    except SelectionError as e:
+        print(f"torchggml test-ops: error: {e}", file=sys.stderr)
+        return 2
     handled = handle(args, cases)
     return handled if handled is not None else main_test_ops(args, cases) or 0
 

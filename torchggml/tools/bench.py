@@ -66,15 +66,15 @@ def markdown_table(header, rows) -> str:
     return "\n".join([line(header), line("-" * w for w in widths), *map(line, rows)])
 
 
-def cmd_bench(args) -> int:
+def cmd_bench(args, params) -> int:
+    """The command, given its arguments and the ModelParams the CLI made of them."""
     from ..models import load_model
-    from ..cli.models import model_params
     tests = [("pp", n) for n in args.n_prompt if n > 0] + [("tg", n) for n in args.n_gen if n > 0]
     if not tests:
         print("bench: nothing to run (-p and -n are all 0)", file=sys.stderr)
         return 2
     need = max(n for _, n in tests)
-    params = model_params(args).with_options(progress=False, n_ctx=max(args.ctx_size or 0, need))
+    params = params.with_options(progress=False, n_ctx=max(args.ctx_size or 0, need))
     model = load_model(args.model, params)
     label, size, n_params = model_label(model)
     backend = ",".join(sorted({d.get_name() for d in model.placement.devices}))

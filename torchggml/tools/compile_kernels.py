@@ -14,8 +14,9 @@ import sys
 import tempfile
 import time
 
-# the weight types models ship in; the K-quant mixes hold Q4_K/Q5_K and Q6_K, F16 the half GEMM
-FILE_TYPES = ("F16", "Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M")
+# a file type for every block type the CPU runs (the mixes' other layers add Q4_K, Q5_K, Q6_K)
+FILE_TYPES = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M",
+              "Q6_K", "IQ4_NL", "IQ4_XS")
 
 
 def compile_kernels(file_types=FILE_TYPES, log=None) -> float:
@@ -23,6 +24,7 @@ def compile_kernels(file_types=FILE_TYPES, log=None) -> float:
     what is not cached); returns the CPU seconds it took."""
     from ..gguf.writer.tiny import TinyCase, write_tiny_model
     from ..models import load_model
+    from ..models.warmup import compile_prompt_kernels
     from .quantize import quantize_file
     start = time.process_time()
     # a llama (the common graph), rows of 256 values for the K-quants
@@ -40,27 +42,8 @@ def compile_kernels(file_types=FILE_TYPES, log=None) -> float:
                 model.close()
             if log:
                 log(f"  {file_type}: {time.process_time() - start:.1f} CPU s")
-    _compile_prompt_kernels()
+    compile_prompt_kernels()
     return time.process_time() - start
-
-
-def _compile_prompt_kernels() -> None:
-    """The threaded kernels a real prompt's nodes take past the small-node limit (softmax,
-    norms, swiglu), with the model graphs' argument types (F32 rows, the KV cache's F16 mask as
-    uint16 bits, gate and up as separate tensors or halves of one), which the small model's
-    prompt is too short to reach."""
-    import numpy as np
-    from ..devices.cpu.jit.loader import op_kernels
-    ops = op_kernels()
-    x = np.zeros((1, 2, 2, 8), np.float32)
-    padded = np.zeros((1, 1, 4, 8), np.uint16)
-    for mask in (padded[:, :, :2], padded[:, :, :2].copy()):  # the mask's padded rows cut or not
-        ops.soft_max_rows(x, np.empty_like(x), mask, np.ones(2, np.float32), np.zeros(1, np.float32),
-                          np.float32(1.0), True, False)
-    ops.row_norm_rows(x, np.empty_like(x), np.float32(1e-5), True)
-    both = np.zeros((1, 2, 2, 16), np.float32)
-    for a, g in ((x, x), (both[..., :8], both[..., 8:])):
-        ops.swiglu_rows(a, g, np.empty_like(x))
 
 
 def cmd_compile_kernels(args) -> int:

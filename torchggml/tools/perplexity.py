@@ -8,7 +8,8 @@ every scored token has at least n_ctx / 2 tokens of context. PPL = exp(mean nega
 log-likelihood); the ± is llama.cpp's: the standard error of the mean NLL, times PPL.
 
 `windows(tokens, n_ctx, bos)` and `score_window(logits, tokens)` are the method; `perplexity`
-runs it on a Model. scripts/perplexity_vs_llama_cpp.py runs the same windows through
+runs it on a Model, a micro-batch (n_batch tokens) at a time (window_nll): memory holds one
+micro-batch's logits, not a window's (a 262k vocabulary's 2048-token window is 2 GiB of them). scripts/perplexity_vs_llama_cpp.py runs the same windows through
 llama-cpp-python's logits to compare the two on the same file.
 """
 from __future__ import annotations
@@ -47,14 +48,44 @@ def windows(tokens: list[int], n_ctx: int, bos: int | None) -> list[list[int]]:
     return out
 
 
+SCORE_ROWS = 64  # rows turned to float64 at a time: a 262k vocabulary's row is 2 MiB in float64
+
+
+def score_rows(logits: torch.Tensor, targets: list[int]) -> torch.Tensor:
+    """-log p(target) for each row of logits [n, n_vocab], in float64 (a few rows at a time, so
+    that the float64 copy stays small)."""
+    out = []
+    for i in range(0, len(targets), SCORE_ROWS):
+        rows = logits[i: i + SCORE_ROWS].double()
+        t = torch.tensor(targets[i: i + SCORE_ROWS], dtype=torch.int64)
+        out.append(-torch.log_softmax(rows, dim=-1).gather(1, t[:, None])[:, 0])
+    return torch.cat(out) if out else torch.empty(0, dtype=torch.float64)
+
+
 def score_window(logits: torch.Tensor, window: list[int]) -> torch.Tensor:
     """The negative log-likelihoods of the second half of a window: logits [n_ctx, n_vocab] (every
     position's), rows first .. n_ctx-2 scored against the next token. float64 [n_ctx - 1 - first]."""
     n_ctx = len(window)
     first = n_ctx // 2
-    rows = logits[first: n_ctx - 1].double()
-    targets = torch.tensor(window[first + 1: n_ctx], dtype=torch.int64)
-    return -torch.log_softmax(rows, dim=-1).gather(1, targets[:, None])[:, 0]
+    return score_rows(logits[first: n_ctx - 1], window[first + 1: n_ctx])
+
+
+def window_nll(model, window: list[int], step: int) -> torch.Tensor:
+    """score_window's numbers for `window` on `model` (from an empty cache), evaluated `step`
+    tokens at a time: each piece's logits are scored and dropped before the next is evaluated,
+    and the first half, which is not scored, asks for no logits but its last."""
+    n_ctx, first = len(window), len(window) // 2
+    nlls = []
+    for start in range(0, n_ctx, step):
+        end = min(start + step, n_ctx)
+        if end <= first:
+            model.eval(window[start:end], logits="last")
+            continue
+        logits = model.eval(window[start:end])
+        lo, hi = max(first, start), min(end, n_ctx - 1)  # rows lo..hi-1 predict tokens lo+1..hi
+        nlls.append(score_rows(logits[lo - start: hi - start], window[lo + 1: hi + 1]))
+        del logits
+    return torch.cat(nlls)
 
 
 def summarize(nlls: list[torch.Tensor], seconds: float = 0.0) -> PerplexityResult:
@@ -81,20 +112,19 @@ def perplexity(model, text: str, max_windows: int | None = None, progress=None) 
     for i, w in enumerate(ws):
         with model.lock:
             model.reset()
-            logits = model.eval(w)
+            nlls.append(window_nll(model, w, model.n_batch))
             model.reset()
-        nlls.append(score_window(logits, w))
         if progress is not None:
             progress(i, len(ws), summarize(nlls).ppl)
     return summarize(nlls, time.perf_counter() - start)
 
 
-def cmd_perplexity(args) -> int:
-    from ..cli.models import model_params
+def cmd_perplexity(args, params) -> int:
+    """The command, given its arguments and the ModelParams the CLI made of them."""
     from ..models import load_model
     with open(args.file, encoding="utf-8") as f:
         text = f.read()
-    params = model_params(args).with_options(n_ctx=args.ctx_size or 512, progress=False)
+    params = params.with_options(n_ctx=args.ctx_size or 512, progress=False)
     model = load_model(args.model, params)
     print(model.describe(), file=sys.stderr)
     print(f"perplexity: windows of {model.n_ctx} tokens, the second half of each scored", file=sys.stderr)

@@ -34,16 +34,10 @@ import torch
 
 from ..types import Type, blck_size
 
+from .file_types import ALIASES, CHOICES, FILE_TYPE_IDS
+
 # file type -> (id as llama.cpp numbers it, default block type)
-FILE_TYPES = {
-    "F32": (0, Type.F32), "F16": (1, Type.F16), "BF16": (32, Type.BF16),
-    "Q4_0": (2, Type.Q4_0), "Q4_1": (3, Type.Q4_1), "Q5_0": (8, Type.Q5_0), "Q5_1": (9, Type.Q5_1),
-    "Q8_0": (7, Type.Q8_0),
-    "Q2_K": (10, Type.Q2_K), "Q3_K_S": (11, Type.Q3_K), "Q3_K_M": (12, Type.Q3_K), "Q3_K_L": (13, Type.Q3_K),
-    "Q4_K_S": (14, Type.Q4_K), "Q4_K_M": (15, Type.Q4_K), "Q5_K_S": (16, Type.Q5_K), "Q5_K_M": (17, Type.Q5_K),
-    "Q6_K": (18, Type.Q6_K), "IQ4_NL": (25, Type.IQ4_NL), "IQ4_XS": (30, Type.IQ4_XS),
-}
-ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}  # as llama-quantize accepts them
+FILE_TYPES = {name: (ftype_id, Type[block]) for name, (ftype_id, block) in FILE_TYPE_IDS.items()}
 
 FALLBACK = {Type.Q2_K: Type.Q4_0, Type.Q3_K: Type.Q4_0, Type.Q4_K: Type.Q5_0, Type.Q5_K: Type.Q5_1,
             Type.Q6_K: Type.Q8_0, Type.IQ4_XS: Type.IQ4_NL}
@@ -53,7 +47,7 @@ def file_type(name: str) -> str:
     key = name.upper()
     key = ALIASES.get(key, key)
     if key not in FILE_TYPES:
-        raise ValueError(f"quantize: unknown type {name!r}; choose one of {', '.join(FILE_TYPES)}")
+        raise ValueError(f"quantize: unknown type {name!r}; choose one of {CHOICES}")
     return key
 
 
@@ -167,12 +161,28 @@ def plan(path: str, ftype: str) -> list[tuple[str, Type, Type]]:
     return out
 
 
-def quantize_file(src: str, dst: str, ftype: str, log=None) -> list[tuple[str, Type, Type]]:
-    """Write `dst`: `src` with its tensors quantized as the file type's mix says."""
+def check_requantize(src: str, changes: list[tuple[str, Type, Type]]) -> None:
+    """As llama-quantize: converting a tensor that is already quantized loses quality twice
+    over, so it needs --allow-requantize."""
+    from ..types import is_quantized
+    for name, old, new in changes:
+        if new != old and is_quantized(old):
+            raise ValueError(f"quantize: {src}: {name} is already {old.name}: requantizing from type {old.name} is "
+                             f"disabled (--allow-requantize to do it anyway; quality drops below a quantization "
+                             f"of the original F32/F16/BF16 file)")
+
+
+def quantize_file(src: str, dst: str, ftype: str, log=None, allow_requantize: bool = False
+                  ) -> list[tuple[str, Type, Type]]:
+    """Write `dst`: `src` with its tensors quantized as the file type's mix says (a quantized
+    tensor converted to another type only with allow_requantize, as llama-quantize)."""
     import gguf
     from ..quants import dequantize, quantize
     ftype = file_type(ftype)
-    types = {name: new for name, _, new in plan(src, ftype)}
+    changes = plan(src, ftype)
+    if not allow_requantize:
+        check_requantize(src, changes)
+    types = {name: new for name, _, new in changes}
     reader = gguf.GGUFReader(src)
     arch = reader.get_field("general.architecture").contents()
     writer = gguf.GGUFWriter(dst, arch)
@@ -217,9 +227,12 @@ def _row_bytes(t: Type, n: int) -> int:
 def cmd_quantize(args) -> int:
     start = time.perf_counter()
     log = (lambda line: print(line, file=sys.stderr)) if args.verbose else None
-    quantize_file(args.input, args.output, args.type, log)
+    ftype = file_type(args.type)
+    if ftype != args.type.upper():
+        print(f"quantize: {args.type} is an alias for {ftype}", file=sys.stderr)
+    quantize_file(args.input, args.output, ftype, log, args.allow_requantize)
     import os
     size_in, size_out = os.path.getsize(args.input), os.path.getsize(args.output)
     print(f"{args.input} ({size_in / 2**20:.2f} MiB) -> {args.output} ({size_out / 2**20:.2f} MiB) as "
-          f"{file_type(args.type)} in {time.perf_counter() - start:.1f} s")
+          f"{ftype} in {time.perf_counter() - start:.1f} s")
     return 0
