@@ -68,7 +68,7 @@ def poolings(case) -> list[str]:
 
 def main(argv=None) -> int:
     from torchggml.gguf.writer.tiny import TINY_CASES, file_sha256, write_tiny_model
-    from torchggml.gguf.writer.tiny_encoders import ENCODER_ARCHS
+    from torchggml.models.archs import ARCHS
     import llama_cpp
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("cases", nargs="*", help="case names (default: every encoder case)")
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     DATA.mkdir(parents=True, exist_ok=True)
     manifest_path = DATA / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    cases = [c for c in TINY_CASES if c.arch in ENCODER_ARCHS and (not args.cases or c.name in args.cases)]
+    cases = [c for c in TINY_CASES if ARCHS[c.arch].encoder and (not args.cases or c.name in args.cases)]
     failed = []
     with tempfile.TemporaryDirectory() as tmp:
         for case in cases:

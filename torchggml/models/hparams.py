@@ -64,6 +64,8 @@ class HParams:
     causal_attn: bool = True
     n_cls_out: int = 1
     moe_every_n_layers: int = 0  # nomic-bert-moe: layers il with il % n == 1 have experts (0: none)
+    dense_2_out: int = 0        # gemma-embedding's projections of the pooled vectors: dense_2's outputs,
+    dense_3_in: int = 0         # dense_3's inputs (0: none)
     n_token_types: int = 0      # tokenizer.ggml.token_type_count (bert's token_types rows)
     ffn_act: str = "gelu"       # the FFN's activation where a file names it (modern-bert's hidden_activation)
     pooling_type_cls: int = -1  # classifier.pooling_type: what the rank head pools (1 mean, else the first token)

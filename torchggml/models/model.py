@@ -413,7 +413,7 @@ class Model:
             return self.arch.rank(self.weights, self.hp, hidden)
         pooled = hidden.mean(dim=0) if pooling == "mean" else {"cls": hidden[0], "last": hidden[-1],
                                                                "none": hidden}[pooling]
-        return normalize_embeddings(pooled, normalize)
+        return normalize_embeddings(self.arch.project_pooled(self.weights, pooled), normalize)
 
     @property
     def pooling_type(self) -> str:

@@ -283,6 +283,10 @@ TINY_CASES += [
           metadata=(("attention.causal", False), ("pooling_type", 4)), global_metadata=_ENC_TYPES),
     _case("nomic-bert", "nomic-bert", ["layernorm", "fused_qkv", "gated"], n_head_kv=4, metadata=_ENC,
           global_metadata=_ENC_TYPES),
+    _case("gemma-embedding", "gemma-embedding", ["qk_norm", "post_norms", "tied", "dense_out"], n_layer=3, metadata=(
+        ("attention.sliding_window", 4), ("attention.sliding_window_pattern", (True, False, True)),
+        ("rope.freq_base_swa", 1000.0), ("pooling_type", 1), ("dense_2_feat_in", 64), ("dense_2_feat_out", 128),
+        ("dense_3_feat_in", 128), ("dense_3_feat_out", 64))),
     _case("jina-bert-v3", "jina-bert-v3", ["layernorm", "qkv_bias", "ffn_bias"], n_head_kv=4, metadata=_ENC,
           global_metadata=_ENC_TYPES),
     _case("nomic-bert-moe", "nomic-bert-moe", ["layernorm", "fused_qkv", "ffn_bias", "moe"], n_head_kv=4,
@@ -411,6 +415,9 @@ def _tensors(case: TinyCase, gen: torch.Generator) -> dict[str, np.ndarray]:
         w["output.weight"] = mat(v, e)
     if "head_bias" in f:
         w["output.bias"] = vec(v)
+    if "dense_out" in f:  # gemma-embedding's projections of the pooled vectors
+        w["dense_2.weight"] = mat(2 * e, e)
+        w["dense_3.weight"] = mat(e, 2 * e)
     return {k: t.float().numpy() for k, t in w.items()}
 
 
