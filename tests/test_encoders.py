@@ -177,3 +177,22 @@ def test_symmetric_window_mask(n_swa, causal, visible):
     pos = np.arange(5)
     mask = attention_mask(pos, pos, n_swa, None, causal=causal, symmetric=True)
     assert (mask.numpy() == 0).astype(int).tolist() == visible
+
+
+def _without_key(path, key: str) -> str:
+    from torchggml.gguf.writer.rewrite import header_parts, serialize
+    kvs, tensors, alignment, data = header_parts(path)
+    Path(path).write_bytes(serialize([kv for kv in kvs if kv[0] != key], tensors, alignment, data))
+    return str(path)
+
+
+@pytest.mark.parametrize("case,key,match", [
+    ("bert", "tokenizer.ggml.token_type_count", "token_type_count"),
+    ("gemma-embedding", "gemma-embedding.attention.sliding_window", "sliding_window"),
+])
+def test_load_errors(case, key, match, tmp_path):
+    """A file without a key the encoder needs is refused naming it (llama.cpp refuses it too)."""
+    from torchggml.gguf.loader import GGUFError
+    path = _without_key(write_tiny_model(tmp_path / f"{case}.gguf", case), key)
+    with pytest.raises(GGUFError, match=match):
+        load_model(path)

@@ -1,16 +1,19 @@
-"""BERT-style encoders (bert, nomic-bert, jina-bert-v2): attention over the whole sequence (the
-file's attention.causal is false), token + token-type (+ learned position) embeddings under a
-LayerNorm, and post-norm layers: x = norm(x + attention(x)), x = norm(x + ffn(x)). The result is
-the last layer's hidden states, pooled by Model.embed (none, mean, cls, last, or rank through the
-classifier head cls / cls.output); an encoder has no logits.
+"""BERT-style encoders: attention over the whole sequence (the file's attention.causal is false).
+The result is the last layer's hidden states, pooled by Model.embed (none, mean, cls, last, or
+rank through the classifier head cls / cls.output); an encoder has no logits.
 
-- bert: learned position embeddings, biased q/k/v and an ungated GELU FFN.
+`Bert`: token + token-type (+ learned position) embeddings under a LayerNorm, and post-norm
+layers: x = norm(x + attention(x)), x = norm(x + ffn(x)).
+- bert: learned position embeddings, optional biases, an ungated GELU FFN.
 - nomic-bert: rotary positions (NeoX), one fused attn_qkv, a SwiGLU FFN without biases.
 - jina-bert-v3: bert's layer with NeoX rotary positions instead of learned ones.
 - nomic-bert-moe: nomic-bert's attention, bert's FFN, every n-th layer's FFN a mixture of experts.
 - jina-bert-v2: ALiBi instead of positions (symmetric: -|p - p0|), optional LayerNorms on q and
   k over all the heads, an optional second attention norm, a GEGLU FFN when ffn_up holds
   [up | gate] (twice n_ff wide), an ungated GELU one otherwise.
+
+`PreNormEncoder`: x += attention(norm(x)), x += ffn(norm(x)), a final norm (modern-bert,
+neo-bert, eurobert; see their classes).
 """
 from __future__ import annotations
 
