@@ -20,14 +20,16 @@ sys.path.insert(0, str(ROOT))
 README = ROOT / "README.md"
 BEGIN, END = "<!-- support:begin -->", "<!-- support:end -->"
 
-MEMORY = {"kv": "KV cache", "recurrent": "recurrent states", "hybrid": "KV cache + recurrent states (hybrid)"}
+MEMORY = {"kv": "KV cache", "recurrent": "recurrent states", "hybrid": "KV cache + recurrent states (hybrid)",
+          "encoder": "none kept (encoders: the whole input per call, embeddings and rerank scores)"}
 
 
 def architectures() -> list[str]:
     from torchggml.models.archs import ARCHS
     by_kind: dict[str, list[str]] = {}
     for name, arch in ARCHS.items():
-        by_kind.setdefault(getattr(arch, "memory", "kv"), []).append(f"`{name}`")
+        kind = "encoder" if arch.encoder else getattr(arch, "memory", "kv")
+        by_kind.setdefault(kind, []).append(f"`{name}`")
     rows = ["| memory | architectures (`general.architecture`) |", "| --- | --- |"]
     rows += [f"| {MEMORY[kind]} | {', '.join(names)} |" for kind, names in by_kind.items()]
     return rows

@@ -111,11 +111,14 @@ def test_embed_is_the_hidden_state_before_the_head(demo):
     demo.reset()
     logits = demo.eval(ids)
     demo.reset()
-    hidden = demo.embed(ids, pooling="none")
+    hidden = demo.embed(ids, pooling="none", normalize=-1)
     head = to_torch(demo.weights.output).float()  # [n_vocab, n_embd]
     assert torch.allclose(hidden @ head.T, logits, atol=1e-4, rtol=1e-4)
-    assert torch.allclose(demo.embed(ids), hidden.mean(0), atol=1e-6)  # the file has no pooling type: mean
-    assert torch.equal(demo.embed(ids, pooling="cls"), hidden[0]) and torch.equal(demo.embed(ids, pooling="last"), hidden[-1])
+    assert torch.allclose(demo.embed(ids, normalize=-1), hidden.mean(0), atol=1e-6)  # no pooling type: mean
+    assert torch.equal(demo.embed(ids, pooling="cls", normalize=-1), hidden[0])
+    assert torch.equal(demo.embed(ids, pooling="last", normalize=-1), hidden[-1])
+    unit = hidden.mean(0).double() / hidden.mean(0).double().norm()  # default: L2, as --embd-normalize 2
+    assert torch.allclose(demo.embed(ids), unit.float(), atol=1e-6)
     demo.eval(ids[:3], seq_id=0)
     demo.embed(ids)  # another sequence: sequence 0 keeps its cells
     assert demo.memory.seq_len(0) == 3 and demo.n_past == 3

@@ -241,6 +241,12 @@ class Arch:
     biases: dict | None = None
     fused_qkv: bool = False   # a layer may hold attn_qkv instead of attn_q/k/v
     rope_freqs: bool | None = None  # Llama 3.1's rope_freqs.weight, optional (None: when biases is None)
+    encoder: bool = False  # hidden states only (Model.embed), no logits (bert...)
+
+    def project_pooled(self, w: "Weights", x):
+        """Model.embed's pooled vectors (each token's with pooling none) after the architecture's
+        projections (gemma-embedding's dense_2 / dense_3); x itself for most."""
+        return x
 
     def read_hparams(self, hp: HParams, keys: KeyReader) -> None:
         """Architecture-specific keys and defaults (sliding-window pattern, scales...)."""

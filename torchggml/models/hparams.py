@@ -48,6 +48,7 @@ class HParams:
     n_swa: int = 0
     swa_layers: list[bool] = field(default_factory=list)
     swa_chunked: bool = False  # windows are chunks of n_swa positions, not the last n_swa (llama4)
+    swa_symmetric: bool = False  # windows reach n_swa // 2 positions both ways (modern-bert, non-causal)
     rope_freq_base_swa: float = 10000.0
     rope_freq_scale_swa: float = 1.0
     # attention scale (0: 1/sqrt(head_dim_k)) and tanh soft-capping (0: off)
@@ -59,6 +60,15 @@ class HParams:
     max_alibi_bias: float = 0.0  # ALiBi (bloom, mpt): the softmax's max_bias over -|p - p0| masks (0: off)
     clamp_kqv: float = 0.0  # q, k and v clamped to [-c, c] after their projections (olmo; 0: off)
     rope_sections: tuple = ()  # multi-axis RoPE: rotary pairs per axis (time, height, width, extra)
+    # encoders: attention over the whole sequence (attention.causal false), the classifier head's outputs
+    causal_attn: bool = True
+    n_cls_out: int = 1
+    moe_every_n_layers: int = 0  # nomic-bert-moe: layers il with il % n == 1 have experts (0: none)
+    dense_2_out: int = 0        # gemma-embedding's projections of the pooled vectors: dense_2's outputs,
+    dense_3_in: int = 0         # dense_3's inputs (0: none)
+    n_token_types: int = 0      # tokenizer.ggml.token_type_count (bert's token_types rows)
+    ffn_act: str = "gelu"       # the FFN's activation where a file names it (modern-bert's hidden_activation)
+    pooling_type_cls: int = -1  # classifier.pooling_type: what the rank head pools (1 mean, else the first token)
 
     @property
     def n_embd_k_gqa(self) -> int:
@@ -147,6 +157,10 @@ def read_hparams(f: GGUFFile, arch) -> HParams:
     if hp.n_expert_groups > 1 and (hp.n_expert % hp.n_expert_groups or not 0 < hp.n_group_used < hp.n_expert_groups):
         raise GGUFError(f"{f.path}: {f.arch}.expert_group_count {hp.n_expert_groups} / expert_group_used_count "
                         f"{hp.n_group_used} do not split {hp.n_expert} experts")
+    hp.causal_attn = bool(get("attention.causal", True))
+    labels = keys.get_list("classifier.output_labels")
+    hp.n_cls_out = len(labels) if labels else 1
+    hp.pooling_type_cls = int(get("classifier.pooling_type", -1))
     _read_rope_scaling(keys, hp)
     arch.read_hparams(hp, keys)
     _derive_yarn(hp)

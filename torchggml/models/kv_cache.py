@@ -64,7 +64,7 @@ class KVCache(Memory):
         self.n_ctx = n_ctx
         self.type = kv_type
         # llama_set_causal_attn: False while a chunk whose tokens attend to each other both ways
-        # (a Gemma 3 image's embeddings) is evaluated
+        # (a Gemma 3 image's embeddings) is evaluated, and always for encoders (attention.causal false)
         self.causal = True
         self.head_dim_k, self.head_dim_v, self.n_head_kv = head_dim_k, head_dim_v, n_head_kv
         if v_in_k and (head_dim_v > head_dim_k or n_head_kv != 1):
@@ -73,6 +73,7 @@ class KVCache(Memory):
         self.v_in_k = v_in_k
         self.alibi = False  # masks hold -|p - p0| (set for ALiBi architectures)
         self.chunked = False  # windowed layers attend within chunks of n_swa positions (llama4)
+        self.symmetric = False  # windowed layers see |p - p0| <= n_swa // 2 (modern-bert)
         self.k: list[Tensor] = []
         self.v: list[Tensor] = []
         self.buffers = []
@@ -245,7 +246,7 @@ class KVCache(Memory):
         seq, pos = self.cell_seq[:batch.n_kv].copy(), self.cell_pos[:batch.n_kv].copy()
         seq[batch.cells], pos[batch.cells] = batch.seq_ids, batch.positions  # this batch's own cells
         return attention_mask(batch.positions, pos, n_swa, seq[None, :] == batch.seq_ids[:, None], self.alibi,
-                              self.chunked, self.causal)
+                              self.chunked, self.causal, self.symmetric)
 
     def store(self, ctx, il: int, k_cur: Tensor, v_cur: Tensor, kv_idx: Tensor, n_kv: int):
         """Write this batch's K and V rows into cells kv_idx and return views of the first n_kv
@@ -271,19 +272,21 @@ class KVCache(Memory):
 
 def attention_mask(token_pos: torch.Tensor, cell_pos: torch.Tensor, n_swa: int = 0,
                    same_seq: torch.Tensor | None = None, alibi: bool = False, chunked: bool = False,
-                   causal: bool = True) -> torch.Tensor:
+                   causal: bool = True, symmetric: bool = False) -> torch.Tensor:
     """F16 [n_tokens, n_cells]: 0 where a token at token_pos[i] may attend to the cell holding
     position cell_pos[j] (a position up to its own, any position when not causal; of its own
-    sequence when same_seq is given; with a sliding window n_swa only p - p0 < n_swa, or with
-    chunked windows only the positions of p's own chunk of n_swa: p0 >= p - p % n_swa), -inf
-    elsewhere. With alibi the visible cells hold -|p - p0| instead of 0: the softmax's max_bias
-    scales it per head (ALiBi)."""
+    sequence when same_seq is given; with a sliding window n_swa only p - p0 < n_swa, a
+    symmetric one |p - p0| <= n_swa // 2, or with chunked windows only the positions of p's own
+    chunk of n_swa: p0 >= p - p % n_swa), -inf elsewhere. With alibi the visible cells hold
+    -|p - p0| instead of 0: the softmax's max_bias scales it per head (ALiBi)."""
     token_pos, cell_pos = np.asarray(token_pos), np.asarray(cell_pos)  # numpy: µs, not tens of µs
     p = token_pos[:, None]
     visible = cell_pos[None, :] <= p if causal else np.ones((p.size, cell_pos.size), dtype=bool)
     if same_seq is not None:
         visible &= np.asarray(same_seq)
-    if n_swa and chunked:
+    if n_swa and symmetric:
+        visible &= np.abs(p - cell_pos[None, :]) <= n_swa // 2
+    elif n_swa and chunked:
         visible &= cell_pos[None, :] >= p - p % n_swa
     elif n_swa:
         visible &= p - cell_pos[None, :] < n_swa

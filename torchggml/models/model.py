@@ -78,8 +78,27 @@ DEFAULT_MAX_CTX = 4096
 # eval's `logits` choices: every token's, or only the last token's (of each sequence)
 LOGITS = ("all", "last")
 
-# embed's pooling of the hidden states (llama.cpp's pooling types, "rank" aside)
-POOLING = ("mean", "cls", "last", "none")
+# embed's pooling of the hidden states (llama.cpp's pooling types)
+POOLING = ("mean", "cls", "last", "none", "rank")
+
+
+def normalize_embeddings(x: torch.Tensor, norm: int) -> torch.Tensor:
+    """Each row of x (or the vector x) divided by its norm, as llama.cpp's common_embd_normalize:
+    -1 none, 0 max-absolute / 32760 (the int16 range), 2 Euclidean, other p the p-norm (1:
+    taxicab), in float64; a zero vector stays zero."""
+    if norm == -1:
+        return x
+    xd = x.double()
+    if norm == 0:
+        total = xd.abs().amax(dim=-1, keepdim=True) / 32760.0
+    elif norm == 2:
+        total = xd.pow(2).sum(dim=-1, keepdim=True).sqrt()
+    elif norm >= 1:
+        total = xd.abs().pow(norm).sum(dim=-1, keepdim=True).pow(1.0 / norm)
+    else:
+        raise ValueError(f"embed: normalize={norm}; choose -1 (none), 0 (max-absolute), 1 (taxicab), 2 (Euclidean) "
+                         f"or p > 2 (p-norm)")
+    return torch.where(total > 0, xd / total.clamp_min(1e-300), torch.zeros_like(xd)).float()
 
 
 class ModelClosedError(RuntimeError):
@@ -172,7 +191,7 @@ class Model:
         self._ctx: Context | None = None
         self.sched = backend_sched_new(self.backends, None, graph_size(self.hp), False, True)
         # plan the compute buffers for the largest micro-batch once, as llama.cpp does
-        worst = self._build(min(self.n_batch, self.n_ctx), self.n_ctx)
+        worst = self._build(min(self.n_batch, self.n_ctx), self.n_ctx, embeddings=self.arch.encoder)
         if not backend_sched_reserve(self.sched, worst.graph):
             raise MemoryError(f"{self.path}: cannot allocate the compute buffers")
 
@@ -354,13 +373,19 @@ class Model:
             self._require_weights("eval_batch")
             return self._eval_batch(sequences, seq_ids, logits)
 
-    def embed(self, tokens, pooling: str | None = None, seq_id: int | None = None) -> torch.Tensor:
-        """The embedding of `tokens` (ids; a text is tokenized): the output norm's hidden states
-        (before the head), pooled as llama.cpp pools them: "mean" over the tokens, "cls" (the
-        first token's), "last", or "none" (every token's, [n_tokens, n_embd]). pooling None: the
-        file's {arch}.pooling_type, mean when it has none. Float32, not normalized. The tokens are
-        evaluated as sequence seq_id (default: one no other sequence uses), whose cells are freed
-        afterwards, so other sequences in the cache are left as they were."""
+    def embed(self, tokens, pooling: str | None = None, seq_id: int | None = None,
+              normalize: int = 2) -> torch.Tensor:
+        """The embedding of `tokens` (ids; a text is tokenized): the final hidden states (the
+        output norm's, before the head; an encoder's last layer), pooled as llama.cpp pools them:
+        "mean" over the tokens, "cls" (the first token's), "last", "none" (every token's,
+        [n_tokens, n_embd]) or "rank" (an encoder's classifier head over the first token or the mean,
+        as its classifier.pooling_type says: the reranking scores, [n_cls_out]). pooling None: the file's {arch}.pooling_type, mean when it
+        has none. Each vector is normalized as llama.cpp's --embd-normalize: 2 (default)
+        Euclidean, -1 none, 0 max-absolute scaled to the int16 range, 1 taxicab, p > 2 the
+        p-norm; rank scores are never normalized. Float32. The tokens are evaluated as sequence
+        seq_id (default: one no other sequence uses), whose cells are freed afterwards, so other
+        sequences in the cache are left as they were; an encoder (non-causal attention) takes them
+        in one micro-batch, so at most n_batch tokens."""
         with self.lock:
             self._require_weights("embed")
             ids = self._token_ids(self.tokenize(tokens) if isinstance(tokens, str) else tokens)
@@ -369,6 +394,12 @@ class Model:
             pooling = self.pooling_type if pooling is None else pooling
             if pooling not in POOLING:
                 raise ValueError(f"embed: pooling={pooling!r}; choose one of {', '.join(POOLING)}")
+            if pooling == "rank" and not hasattr(self.arch, "rank"):
+                raise ValueError(f"embed: pooling 'rank' needs an encoder with a classifier head; {self.hp.arch} "
+                                 f"has none")
+            if not self.hp.causal_attn and ids.size > self.n_batch:
+                raise ValueError(f"embed: {ids.size} tokens do not fit one micro-batch of n_batch={self.n_batch}; "
+                                 f"an encoder attends over the whole input (load it with a larger n_batch)")
             if seq_id is None:
                 seq_id = max(self.memory.seq_next, default=-1) + 1
             if self.memory.seq_len(seq_id):
@@ -378,15 +409,18 @@ class Model:
                                            np.ones(ids.size, dtype=bool), embeddings=True)
             finally:
                 self.memory.clear(seq_id)
-        if pooling == "mean":
-            return hidden.mean(dim=0)
-        return {"cls": hidden[0], "last": hidden[-1], "none": hidden}[pooling]
+        if pooling == "rank":
+            return self.arch.rank(self.weights, self.hp, hidden)
+        pooled = hidden.mean(dim=0) if pooling == "mean" else {"cls": hidden[0], "last": hidden[-1],
+                                                               "none": hidden}[pooling]
+        return normalize_embeddings(self.arch.project_pooled(self.weights, pooled), normalize)
 
     @property
     def pooling_type(self) -> str:
-        """The file's {arch}.pooling_type as a name of POOLING (mean when absent or unspecified)."""
+        """The file's {arch}.pooling_type as a name of POOLING (llama.cpp's enum: 0 none, 1 mean,
+        2 cls, 3 last, 4 rank); mean when absent or unspecified."""
         value = self.file.get(f"{self.file.arch}.pooling_type", None)
-        return {2: "cls", 3: "last"}.get(value, "mean")
+        return {0: "none", 2: "cls", 3: "last", 4: "rank"}.get(value, "mean")
 
     def _eval_batch(self, sequences, seq_ids, logits) -> list[torch.Tensor]:
         seq_ids = list(range(len(sequences))) if seq_ids is None else [int(s) for s in seq_ids]

@@ -308,7 +308,8 @@ def memory_for(arch, hp, n_ctx: int, kv_type, bufts, n_seq_max: int):
     if kind == "kv":
         kv = KVCache(hp.n_layer, n_ctx, hp.head_dim_k, hp.head_dim_v, hp.n_head_kv, kv_type, bufts,
                      v_in_k=getattr(arch, "v_in_k", False))
-        kv.alibi, kv.chunked = hp.max_alibi_bias > 0, hp.swa_chunked
+        kv.alibi, kv.chunked, kv.causal = hp.max_alibi_bias > 0, hp.swa_chunked, hp.causal_attn
+        kv.symmetric = hp.swa_symmetric
         return kv
     recurrent = [il for il in range(hp.n_layer) if arch.is_recurrent(hp, il)]
     rs = RecurrentState(recurrent, arch.n_embd_r(hp), arch.n_embd_s(hp), n_seq_max, bufts)

@@ -701,6 +701,9 @@ def create_app(state: ServerState, api_key: str | None = None, timeout: float = 
         req = await parse_body(request, EmbeddingRequest, state, timeout)
         state.check_model(req.model)
         n_embd = state.model.hp.n_embd
+        if state.pooling in ("none", "rank"):  # as llama.cpp: per-token states or scores are no OpenAI embedding
+            raise APIError(400, f"pooling {state.pooling!r} is not OpenAI compatible: serve the model with another "
+                                f"pooling (rank: its scores are the reranking endpoint's)", "input")
         if req.dimensions is not None and req.dimensions != n_embd:
             raise APIError(400, f"dimensions={req.dimensions}: this model's embeddings have {n_embd}", "dimensions")
         inputs = await state.run(lambda: [state.prompt_ids(p, "input") for p in req.inputs() or [[]]])

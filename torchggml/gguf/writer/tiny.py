@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .demo import write_tensors
-from . import tiny_recurrent
+from . import tiny_encoders, tiny_recurrent
 
 TINY_SEED = 20241123
 
@@ -272,6 +272,35 @@ TINY_CASES += [
         ("attention.value_residual_mix_lora_rank", 32), ("attention.gate_lora_rank", 32), ("token_shift_count", 2))),
 ]
 
+# encoders (tiny_encoders.py): non-causal attention, no output head; golden data are llama.cpp's
+# embeddings per pooling (scripts/gen_encoder_embeddings.py, tests/test_encoders.py)
+_ENC = (("attention.causal", False), ("pooling_type", 1))
+_ENC_TYPES = (("tokenizer.ggml.token_type_count", tiny_encoders.N_TOKEN_TYPES),)
+TINY_CASES += [
+    _case("bert", "bert", ["layernorm", "pos_embd", "qkv_bias", "ffn_bias"], n_head_kv=4, metadata=_ENC,
+          global_metadata=_ENC_TYPES),
+    _case("bert-rerank", "bert", ["layernorm", "pos_embd", "qkv_bias", "ffn_bias", "cls", "cls_out"], n_head_kv=4,
+          metadata=(("attention.causal", False), ("pooling_type", 4)), global_metadata=_ENC_TYPES),
+    _case("nomic-bert", "nomic-bert", ["layernorm", "fused_qkv", "gated"], n_head_kv=4, metadata=_ENC,
+          global_metadata=_ENC_TYPES),
+    _case("gemma-embedding", "gemma-embedding", ["qk_norm", "post_norms", "tied", "dense_out"], n_layer=3, metadata=(
+        ("attention.sliding_window", 4), ("attention.sliding_window_pattern", (True, False, True)),
+        ("rope.freq_base_swa", 1000.0), ("pooling_type", 1), ("dense_2_feat_in", 64), ("dense_2_feat_out", 128),
+        ("dense_3_feat_in", 128), ("dense_3_feat_out", 64))),
+    _case("jina-bert-v3", "jina-bert-v3", ["layernorm", "qkv_bias", "ffn_bias"], n_head_kv=4, metadata=_ENC,
+          global_metadata=_ENC_TYPES),
+    _case("nomic-bert-moe", "nomic-bert-moe", ["layernorm", "fused_qkv", "ffn_bias", "moe"], n_head_kv=4,
+          n_expert=4, n_expert_used=2, metadata=_ENC + (("moe_every_n_layers", 2),),
+          global_metadata=_ENC_TYPES),
+    _case("jina-bert-v2", "jina-bert-v2", ["layernorm", "qkv_bias", "ffn_bias", "fused_up", "qk_norm", "norm_2",
+                                           "cls"], n_head_kv=4, metadata=_ENC, global_metadata=_ENC_TYPES),
+    _case("modern-bert", "modern-bert", ["layernorm", "fused_qkv", "fused_up", "cls", "cls_out"], n_layer=3, n_head_kv=4, metadata=_ENC + (
+        ("attention.sliding_window", 4), ("rope.freq_base_swa", 1000.0), ("rope.freq_base", 160000.0))),
+    _case("neo-bert", "neo-bert", ["fused_qkv", "fused_up", "cls", "cls_out"],
+          metadata=(("attention.causal", False), ("pooling_type", 2))),
+    _case("eurobert", "eurobert", [], metadata=_ENC),
+]
+
 CASES_BY_NAME = {c.name: c for c in TINY_CASES}
 
 
@@ -279,6 +308,8 @@ def _tensors(case: TinyCase, gen: torch.Generator) -> dict[str, np.ndarray]:
     """Weights (numpy, torch order) with scales that keep activations O(1)."""
     if case.arch in tiny_recurrent.RECURRENT_ARCHS:
         return {k: t.float().numpy() for k, t in tiny_recurrent.recurrent_tensors(case, gen).items()}
+    if case.arch in tiny_encoders.ENCODER_ARCHS:
+        return {k: t.float().numpy() for k, t in tiny_encoders.encoder_tensors(case, gen).items()}
     f = case.features
     e, hd, v = case.n_embd, case.head_dim, case.n_vocab
     q_dim, kv_dim = hd * case.n_head, hd * case.n_head_kv
@@ -384,6 +415,9 @@ def _tensors(case: TinyCase, gen: torch.Generator) -> dict[str, np.ndarray]:
         w["output.weight"] = mat(v, e)
     if "head_bias" in f:
         w["output.bias"] = vec(v)
+    if "dense_out" in f:  # gemma-embedding's projections of the pooled vectors
+        w["dense_2.weight"] = mat(2 * e, e)
+        w["dense_3.weight"] = mat(e, 2 * e)
     return {k: t.float().numpy() for k, t in w.items()}
 
 
@@ -428,6 +462,7 @@ def write_tiny_model(path, case: TinyCase | str, weight_type: str = "F32") -> st
     recurrent = case.arch in tiny_recurrent.RECURRENT_ARCHS
     write_tensors(w, _tensors(case, gen), qtype,
                   keep_f32=lambda name, data: name.endswith((".bias", "_norm.weight")) or (mxfp4 and data.ndim != 3)
+                  or name == "token_types.weight"  # added as a row to F32 states (converters keep it F32)
                   or ("router_f32" in case.features and name.endswith("ffn_gate_inp.weight"))
                   or (recurrent and tiny_recurrent.keep_f32(name, data)))
     return path
