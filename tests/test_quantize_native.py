@@ -257,7 +257,7 @@ def test_quantize_refuses_requantize_without_the_flag(tmp_path):
     from torchggml.tools.quantize import quantize_file
     q8 = str(tmp_path / "q8.gguf")
     quantize_file(demo_model_path(), q8, "Q8_0")
-    with pytest.raises(ValueError, match="is already Q8_0: requantizing .* --allow-requantize"):
+    with pytest.raises(ValueError, match="is already Q8_0: requantizing .*--allow-requantize"):
         quantize_file(q8, str(tmp_path / "q4.gguf"), "Q4_0")
     quantize_file(q8, str(tmp_path / "q4.gguf"), "Q4_0", allow_requantize=True)
 

@@ -33,7 +33,7 @@ def cmd_quantize(args) -> int:
 @user_errors
 def cmd_imatrix(args) -> int:
     from ..tools.imatrix import cmd_imatrix as run
-    return run(args)
+    return run(args, model_params(args))
 
 
 @user_errors

@@ -223,7 +223,10 @@ class GGUFFile:
     def __del__(self):
         fd = getattr(self, "_fd", None)
         if fd is not None:
-            os.close(fd)
+            try:
+                os.close(fd)
+            except (AttributeError, OSError):  # at interpreter exit the os module may be gone already
+                pass
 
     def _stat_identity(self) -> tuple[int, int]:
         st = os.fstat(self._fd)

@@ -122,14 +122,10 @@ def write_imatrix(path: str, stats: dict, datasets: list[str], chunk_count: int,
     writer.close()
 
 
-def cmd_imatrix(args) -> int:
-    from ..models import load_model
-    from ..models.cli_commands import model_params
-    with open(args.file, encoding="utf-8") as f:
-        text = f.read()
-    params = model_params(args).with_options(n_ctx=args.ctx_size or 512, progress=False)
-    model = load_model(args.model, params)
-    print(model.describe(), file=sys.stderr)
+def cmd_imatrix(args, params) -> int:
+    """The command, given its arguments and the ModelParams the CLI made of them."""
+    from .perplexity import model_and_text
+    model, text = model_and_text(args, params)
 
     def progress(i, n, ppl, seconds):
         print(f"\rimatrix: chunk {i + 1}/{n}, PPL {ppl:.4f}, {seconds / (i + 1):.1f} s a chunk",

@@ -128,14 +128,20 @@ def perplexity(model, text: str, max_windows: int | None = None, progress=None) 
     return summarize(nlls, time.perf_counter() - start)
 
 
-def cmd_perplexity(args, params) -> int:
-    """The command, given its arguments and the ModelParams the CLI made of them."""
+def model_and_text(args, params):
+    """The model (windows of -c tokens, 512 by default) and the text of -f, for the commands
+    that run a model over a text (perplexity, imatrix)."""
     from ..models import load_model
     with open(args.file, encoding="utf-8") as f:
         text = f.read()
-    params = params.with_options(n_ctx=args.ctx_size or 512, progress=False)
-    model = load_model(args.model, params)
+    model = load_model(args.model, params.with_options(n_ctx=args.ctx_size or 512, progress=False))
     print(model.describe(), file=sys.stderr)
+    return model, text
+
+
+def cmd_perplexity(args, params) -> int:
+    """The command, given its arguments and the ModelParams the CLI made of them."""
+    model, text = model_and_text(args, params)
     print(f"perplexity: windows of {model.n_ctx} tokens, the second half of each scored", file=sys.stderr)
 
     def progress(i, n, ppl):

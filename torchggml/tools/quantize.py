@@ -415,6 +415,9 @@ def cmd_quantize(args) -> int:
     import os
     start = time.perf_counter()
     log = (lambda line: print(line, file=sys.stderr)) if args.verbose else None
+    ftype = file_type(args.type)
+    if ftype != args.type.upper():
+        print(f"quantize: {args.type} is an alias for {ftype}", file=sys.stderr)
     progress = None
     if not args.verbose and sys.stderr.isatty():
         def progress(i, n):
@@ -423,7 +426,7 @@ def cmd_quantize(args) -> int:
         from ..devices.cpu.jit.loader import set_numba_threads
         set_numba_threads(args.nthreads)
         torch.set_num_threads(args.nthreads)
-    quantize_file(args.input, args.output, args.type, log, imatrix=args.imatrix,
+    quantize_file(args.input, args.output, ftype, log, imatrix=args.imatrix,
                   include=args.include_weights, exclude=args.exclude_weights,
                   allow_requantize=args.allow_requantize, progress=progress)
     size_in, size_out = os.path.getsize(args.input), os.path.getsize(args.output)
