@@ -439,8 +439,9 @@ class Model:
         """Bool per token of the concatenated sequences: is its logits row computed
         (llama.cpp's batch.logits)? Every token for "all", each sequence's last for "last"; a
         list gives each sequence its own choice."""
-        choices = [logits] * len(lengths) if isinstance(logits, str) else list(logits)
-        if len(choices) != len(lengths) or any(c not in LOGITS for c in choices):
+        choices = [logits] * len(lengths) if isinstance(logits, str) else (
+            list(logits) if isinstance(logits, (list, tuple)) else None)
+        if choices is None or len(choices) != len(lengths) or any(c not in LOGITS for c in choices):
             raise ValueError(f"{what}: logits={logits!r}; choose 'all' (every token's logits) or 'last' "
                              f"(only the last token's), or one of them per sequence")
         if all(c == "all" for c in choices):
