@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -274,12 +275,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    rc = 1
     try:
-        return args.func(args)
+        rc = args.func(args)
+        return rc
     finally:
         if "torchggml.models.tensor_parallel" in sys.modules:  # only a command that used it has a group to end
             from ..models.tensor_parallel import end_dist_group
-            end_dist_group()
+            if end_dist_group():
+                # a torchrun rank that started its process group leaves at once: destructors that run
+                # at interpreter exit can still meet gloo's threads and abort the rank
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(rc if isinstance(rc, int) else 1)
 
 
 if __name__ == "__main__":

@@ -112,18 +112,20 @@ def tensor_parallel_device(file, hp: HParams, devices, kv_type, group=None):
 _owned_group = False  # dist_devices initialised the process group (so end_dist_group ends it)
 
 
-def end_dist_group() -> None:
+def end_dist_group() -> bool:
     """Ends the process group dist_devices initialised, after every rank reached this point: a
     rank that exits while gloo's threads still serve its peers aborts ("terminate called without
-    an active exception"). A group the caller initialised is left to the caller."""
+    an active exception"). A group the caller initialised is left to the caller. True when it
+    ended one."""
     global _owned_group
     if not _owned_group:
-        return
+        return False
     import torch.distributed as dist
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
     _owned_group = False
+    return True
 
 
 def dist_devices():
