@@ -100,6 +100,9 @@ PRODUCT_CASES += [(qtype, 5, 224, m, "f32", "fused") for qtype in TYPES if type_
 # Q8_0, Q4_0, Q4_K and Q6_K weights also multiplied on their ggml blocks in host memory (where models leave them)
 PRODUCT_CASES += [(qtype, n, k, m, gemm, "blocks") for qtype, n, k, m, gemm, _ in PRODUCT_CASES
                   if qtype in layout.IN_PLACE_KINDS]
+# MUL_MAT's fused matvec takes up to FUSED_MATMUL_MAX_ROWS rows (a batched decode step)
+PRODUCT_CASES += [(qtype, 33, 512, m, "f32", "fused") for qtype in TYPES
+                  for m in (layout.FUSED_MATMUL_MAX_ROWS - 1, layout.FUSED_MATMUL_MAX_ROWS)]
 # blocks in place keep the matvec up to BLOCK_MAX_ROWS rows
 PRODUCT_CASES += [(qtype, 33, 512, m, "f32", "blocks") for qtype in layout.IN_PLACE_KINDS
                   for m in (layout.BLOCK_MAX_ROWS - 1, layout.BLOCK_MAX_ROWS)]
@@ -121,10 +124,39 @@ def test_fused_mul_mat_matches_float64(qtype, n, k, m, gemm, where, monkeypatch)
     ggml.backend_tensor_set(b, x)
     assert ggml.backend_graph_compute(ggml.backend_cpu_init(), graph) == ggml.Status.SUCCESS
     ours = torch.as_tensor(ggml.backend_tensor_get(node)).reshape(m, n).double()
-    # int8 activations (m < FUSED_MAX_ROWS) and bf16 GEMMs round like llama.cpp: its bound
-    fused_rows = layout.BLOCK_MAX_ROWS if where == "blocks" else layout.FUSED_MAX_ROWS
+    # int8 activations (m < FUSED_MATMUL_MAX_ROWS) and bf16 GEMMs round like llama.cpp: its bound
+    fused_rows = layout.BLOCK_MAX_ROWS if where == "blocks" else layout.FUSED_MATMUL_MAX_ROWS
     bound = 1e-9 if gemm == "f32" and m >= fused_rows else 5e-4
     assert nmse(ours.numpy(), (x.double() @ w.T).numpy()) < bound
+
+
+# a batched decode step's rows: the matvec takes them quant_kernels.ROWS at a time (7 and 15: a
+# remainder of 3 rows one at a time); the blocks' rows above INT8_GEMM_MIN_ROWS called directly
+ROWS_CASES = [(qtype, where, m) for where, types in (("fused", TYPES), ("blocks", sorted(layout.IN_PLACE_KINDS, key=int)))
+              for qtype in types for m in (4, 7, 15)]
+
+
+@pytest.mark.parametrize("qtype,where,m", ROWS_CASES, ids=[f"{c[0].name}-{c[1]}-m{c[2]}" for c in ROWS_CASES])
+def test_matvec_of_many_rows_equals_each_row_alone(qtype, where, m):
+    """Bit for bit, so a sequence's tokens do not depend on the batch it decodes in."""
+    pytest.importorskip("numba")
+    n, k = 9, 512
+    blocks = random_blocks(qtype, n, k, seed=m)
+    x = torch.rand(m, k, generator=torch.Generator().manual_seed(m)) * 2 - 1
+    if where == "blocks":
+        packed = layout._Packed.of_blocks(qtype, blocks)
+    else:
+        a, _b, _node, _graph, _bufs = weight_graph(qtype, n, k, 1, repack_buffer_type("fused"))
+        ggml.backend_tensor_set(a, blocks.numpy())
+        packed = layout._Packed.of(a)
+    together = torch.empty(m, n)
+    layout._matvec(packed, x, *layout._plain_rows(m), together)
+    for i in range(m):
+        alone = torch.empty(1, n)
+        layout._matvec(packed, x[i:i + 1], *layout._plain_rows(1), alone)
+        assert torch.equal(together[i], alone[0]), (i, (together[i] - alone[0]).abs().max().item())
+    if where == "fused":  # MUL_MAT's dispatch keeps these rows on the matvec
+        assert m < layout._matvec_max_rows(packed)
 
 
 def _needs_int8_gemm():
@@ -594,11 +626,13 @@ def test_fused_kernels_on_other_x86_targets(target):
                           str(Path(__file__).with_name("test_cpu_native_runs.py")),
                           str(Path(__file__).with_name("test_cpu_ops.py")),
                           "-k", f"(test_fused_mul_mat_matches_float64 and {cases}) or half_bits or float16_rounding"
+                                " or (many_rows_equals and m7 and (Q4_0 or Q4_1 or Q8_0 or Q4_K or Q6_K))"
                                 " or bad_row_index_in_a_native_run or (f16_weight_numba_products and 83)"],
                          env=env, cwd=Path(__file__).parent, capture_output=True, text=True, timeout=300)
     # each type fused and on its blocks in place, the half conversions, a native run (its program
-    # compiled for the target with every kernel it calls), an F16 row dot with a remainder
-    assert out.returncode == 0 and "14 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+    # compiled for the target with every kernel it calls), an F16 row dot with a remainder, rows
+    # four at a time (fused and in place)
+    assert out.returncode == 0 and "23 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
 
 
 def test_kernels_load_from_numba_disk_cache_in_a_new_process(tmp_path):

@@ -17,9 +17,9 @@ Q4_K's q in [0, 15]. Decode streams these bytes once a token, so they bound its 
 4.5 bits a weight (llama.cpp's size), Q8_0 9, Q4_K 6, Q6_K 8 (float32 scales per group). So the
 2-D weights of those four types are not stored here: the same kernels read their ggml blocks in
 place (IN_PLACE_KINDS, block_product; ggml's sizes, nothing converted at load); their experts
-(3-D, for MUL_MAT_ID) and the other types are. Products: M < FUSED_MAX_ROWS rows of activations
-(BLOCK_MAX_ROWS for blocks in place, INT8_GEMM_MIN_ROWS where the int8 GEMM runs)
-run the fused matvec. Larger micro-batches of those blocks in place run the int8 GEMM with
+(3-D, for MUL_MAT_ID) and the other types are. Products: M < FUSED_MATMUL_MAX_ROWS rows of
+activations (BLOCK_MAX_ROWS for blocks in place, INT8_GEMM_MIN_ROWS where the int8 GEMM runs)
+run the fused matvec, four rows at a time for each weight row it reads (a batched decode step). Larger micro-batches of those blocks in place run the int8 GEMM with
 ggml's per-block scales where the CPU has AVX2 or a VNNI (_int8_gemm, jit/gemm_ir.py; faster than
 the bf16 path below: docs/benchmarks.md); the rest
 dequantize the weight once per call into the fastest float GEMM dtype and use torch's GEMM (for
@@ -47,8 +47,14 @@ from .decompose import DECOMPOSE, HAS_BIAS, decompose, group_size
 from ..jit.gemm_ir import PANEL_ROWS, gemm_isa, kind_params
 
 ALIGN = 64
-# below this many activation rows the fused matvec wins; from it on dequantize + GEMM does
+# MUL_MAT_ID's experts: one with fewer rows than this goes through the fused matvec (its rows
+# one at a time), one with more is dequantized for a GEMM
 FUSED_MAX_ROWS = 4
+# MUL_MAT's rows go through the matvec quant_kernels.ROWS at a time (rows_dot: each weight row
+# loaded and unpacked once for them), which beats dequantizing the weight for the GEMM below this
+# many rows (scripts/bench_cpu_quant.py --rows): a batched decode step of up to 15 sequences
+# reads each weight once, in place
+FUSED_MATMUL_MAX_ROWS = 16
 # ggml's blocks in place: the matvec reads each weight row once for all activation rows and wins
 # up to ~10 rows against dequantizing for the GEMM (scripts/bench_cpu_quant.py): batched decode of
 # up to 9 sequences stays fused
@@ -382,7 +388,7 @@ def _int8_gemm(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
         out.copy_(target)
 
 
-@functools.lru_cache(maxsize=BLOCK_MAX_ROWS)
+@functools.lru_cache(maxsize=FUSED_MATMUL_MAX_ROWS)
 def _plain_rows(m: int) -> tuple[np.ndarray, np.ndarray]:
     """MUL_MAT's (x_row, w_row0): output row i reads activation row i and the one matrix."""
     return np.arange(m, dtype=np.int64), np.zeros(m, dtype=np.int64)
@@ -394,7 +400,7 @@ def _takes_int8_gemm(p: _Packed) -> bool:
 
 def _matvec_max_rows(p: _Packed) -> int:
     """The fused matvec takes fewer activation rows than this; the GEMMs the rest."""
-    return INT8_GEMM_MIN_ROWS if _takes_int8_gemm(p) else BLOCK_MAX_ROWS if p.blocks else FUSED_MAX_ROWS
+    return INT8_GEMM_MIN_ROWS if _takes_int8_gemm(p) else BLOCK_MAX_ROWS if p.blocks else FUSED_MATMUL_MAX_ROWS
 
 
 def _product(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
