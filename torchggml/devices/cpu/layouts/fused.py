@@ -51,10 +51,11 @@ ALIGN = 64
 # one at a time), one with more is dequantized for a GEMM
 FUSED_MAX_ROWS = 4
 # MUL_MAT's rows go through the matvec quant_kernels.ROWS at a time (rows_dot: each weight row
-# loaded and unpacked once for them), which beats dequantizing the weight for the GEMM below this
-# many rows (scripts/bench_cpu_quant.py --rows): a batched decode step of up to 15 sequences
-# reads each weight once, in place
-FUSED_MATMUL_MAX_ROWS = 16
+# loaded and unpacked once for them); dequantizing the weight for the GEMM catches up at 16 to 24
+# rows by type (12 for Q2_K) with the weight in the cache, later where it streams from memory
+# (scripts/bench_cpu_quant.py --rows): a batched decode step of up to 16 sequences reads each
+# weight once, in place
+FUSED_MATMUL_MAX_ROWS = 17
 # ggml's blocks in place: the matvec reads each weight row once for all activation rows and wins
 # up to ~10 rows against dequantizing for the GEMM (scripts/bench_cpu_quant.py): batched decode of
 # up to 9 sequences stays fused
