@@ -11,7 +11,7 @@ used expert dequantized at every call), medians of alternating runs, and their r
                                       [--rows 1,2,4,8,16 [--rows-only]]
 
 --rows: a batched decode step's products, M activation rows (one a sequence) for each M given,
-the M's runs interleaved: us per product and its cost against M = 1 (M for a path that reads
+the M's runs interleaved, the best of each: us per product and its cost against M = 1 (M for a path that reads
 the weight again for each row, about 1 for one that reads it once for all rows).
 
 Each product runs through a ggml graph on the CPU backend (the kernel, its binding and one
@@ -127,14 +127,14 @@ def moe_table(args, buft, backend) -> None:
 
 def rows_table(args, buft, backend) -> None:
     ms = [int(m) for m in args.rows.split(",")]
-    print(f"\nM rows through one product ({args.n}x{args.k}), medians of {args.reps} interleaved runs: "
+    print(f"\nM rows through one product ({args.n}x{args.k}), best of {args.reps} interleaved runs: "
           f"us, and the ratio to M = {ms[0]}")
     print(f"{'type':8s} " + " ".join(f"{f'M={m} us':>9s}" for m in ms) + "  " + " ".join(f"{f'x{m}':>6s}" for m in ms[1:]))
     for name in filter(None, (args.types + ",F16,BF16").split(",")):
         qtype = T[name]
         use = buft if buft is not None and buft.supports_weight(qtype, [args.k, args.n]) else None
         products = [Product(qtype, args.n, args.k, m, use, backend) for m in ms]
-        times = [statistics.median(t) for t in timed(args.reps, *products)]
+        times = [min(t) for t in timed(args.reps, *products)]  # the least disturbed run of each
         for product in products:
             product.free()
         print(f"{name:8s} " + " ".join(f"{t * 1e6:9.0f}" for t in times) + "  "

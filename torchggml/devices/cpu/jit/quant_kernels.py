@@ -6,6 +6,8 @@ quant_kernels() (loader.py) holds:
     block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out) / dequantize_blocks(blocks, kind, out)
         the same over ggml's Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K blocks in place (no repacking; the
         dequantize is llvm_ir's blocks_to_float, a vector loop per row, bit-exact with ggml's)
+    (both take MUL_MAT's rows ROWS at a time: llvm_ir's rows_dot, each weight row unpacked once
+    for them, the same results as one row at a time)
     rows_block_matvec(blocks, kind, x, xq, xd, xsum, bsums, w_row0, x_row, out)
         block_matvec with float32 rows x, rounded to int8 in the same call (decode's products)
     quantize_rows(x, g, xq, xd, xsum)                  activations to int8 per group of g
