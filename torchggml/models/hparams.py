@@ -42,6 +42,7 @@ class HParams:
     n_expert_used: int = 0
     n_ff_exp: int = 0
     n_ff_shexp: int = 0
+    n_layer_nextn: int = 0  # prediction blocks after the n_layer blocks, skipped (not loaded) as llama.cpp
     n_expert_groups: int = 0  # grouped top-k routing (DeepSeek V3): the groups, and how many are kept
     n_group_used: int = 0
     # sliding-window attention: the window and which layers use it (with their own rope base)

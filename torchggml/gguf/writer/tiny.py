@@ -272,6 +272,17 @@ TINY_CASES += [
         ("attention.value_residual_mix_lora_rank", 32), ("attention.gate_lora_rank", 32), ("token_shift_count", 2))),
 ]
 
+# issue 37, second round: Qwen3.5 (tiny_recurrent.py): 2 key heads for 4 value heads (tiled), interleaved
+# multi-axis RoPE; qwen35 with a skipped prediction block (nextn), qwen35moe's layers by attention.recurrent_layers
+_GDN = (("ssm.conv_kernel", 4), ("ssm.state_size", 16), ("ssm.group_count", 2), ("ssm.time_step_rank", 4),
+        ("ssm.inner_size", 64), ("rope.dimension_sections", (3, 3, 2, 0)))
+TINY_CASES += [
+    _case("qwen35", "qwen35", n_layer=4, metadata=_GDN + (("full_attention_interval", 2), ("nextn_predict_layers", 1))),
+    _case("qwen35moe", "qwen35moe", ["router_f32"], n_layer=3, n_expert=4, n_expert_used=2, metadata=_GDN + (
+        ("attention.recurrent_layers", (True, False, True)), ("expert_feed_forward_length", 64),
+        ("expert_shared_feed_forward_length", 64))),
+]
+
 # encoders (tiny_encoders.py): non-causal attention, no output head; golden data are llama.cpp's
 # embeddings per pooling (scripts/gen_encoder_embeddings.py, tests/test_encoders.py)
 _ENC = (("attention.causal", False), ("pooling_type", 1))
