@@ -281,6 +281,10 @@ TINY_CASES += [
     _case("qwen35moe", "qwen35moe", ["router_f32"], n_layer=3, n_expert=4, n_expert_used=2, metadata=_GDN + (
         ("attention.recurrent_layers", (True, False, True)), ("expert_feed_forward_length", 64),
         ("expert_shared_feed_forward_length", 64))),
+    # LFM2-MoE: a dense first layer, then sigmoid-routed experts with the selection bias
+    _case("lfm2moe", "lfm2moe", ["moe", "probs_bias", "router_f32"], n_layer=3, n_expert=4, n_expert_used=2,
+          metadata=(("shortconv.l_cache", 3), ("attention.head_count_kv", (0, 2, 0)), ("leading_dense_block_count", 1),
+                    ("expert_feed_forward_length", 64), ("expert_gating_func", 2))),
 ]
 
 # encoders (tiny_encoders.py): non-causal attention, no output head; golden data are llama.cpp's

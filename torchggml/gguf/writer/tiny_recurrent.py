@@ -14,7 +14,7 @@ import torch
 
 RECURRENT_ARCHS = ("mamba", "mamba2", "jamba", "granitehybrid", "nemotron_h", "falcon-h1", "lfm2", "rwkv6", "rwkv7",
                    "qwen3next")
-RECURRENT_ARCHS += ("qwen35", "qwen35moe")  # issue 37, second round
+RECURRENT_ARCHS += ("qwen35", "qwen35moe", "lfm2moe")  # issue 37, second round
 
 # written as F32 whatever the weight type (the ops read them as F32; llama.cpp's quantizer keeps
 # them too): convolutions, decays, skip weights, norms
@@ -75,9 +75,9 @@ def recurrent_tensors(case, gen: torch.Generator) -> dict[str, torch.Tensor]:
             w[p + "attn_k.weight"] = mat(hd * n_kv, e)
             w[p + "attn_v.weight"] = mat(hd * n_kv, e)
             w[p + "attn_output.weight"] = mat(e, hd * case.n_head)
-        if "a" in kind and case.arch == "lfm2":
+        if "a" in kind and case.arch in ("lfm2", "lfm2moe"):
             w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = vec(hd, 1.0), vec(hd, 1.0)
-        if "m" in kind and case.arch == "lfm2":
+        if "m" in kind and case.arch in ("lfm2", "lfm2moe"):
             l_cache = meta["shortconv.l_cache"]
             w[p + "shortconv.conv.weight"] = mat(e, l_cache)
             w[p + "shortconv.in_proj.weight"] = mat(3 * e, e)
@@ -94,8 +94,10 @@ def recurrent_tensors(case, gen: torch.Generator) -> dict[str, torch.Tensor]:
                 w[p + "ffn_up.weight"], w[p + "ffn_down.weight"] = mat(n_ff, e), mat(e, n_ff)
         elif case.arch not in ("mamba", "mamba2"):
             w[p + ("ffn_norm" if case.arch == "falcon-h1" else "ffn_norm.weight")] = vec(e, 1.0)
-            if "moe" in f or ("moe_odd" in f and il % 2):
-                n, ff = case.n_expert, case.n_ff
+            if ("moe" in f and il >= meta.get("leading_dense_block_count", 0)) or ("moe_odd" in f and il % 2):
+                n, ff = case.n_expert, meta.get("expert_feed_forward_length", case.n_ff)
+                if "probs_bias" in f:
+                    w[p + "exp_probs_b.bias"] = vec(n, 0.0, 0.05)
                 w[p + "ffn_gate_inp.weight"] = mat(n, e) * 4.0
                 w[p + "ffn_gate_exps.weight"] = mat(n, ff, e)
                 w[p + "ffn_up_exps.weight"] = mat(n, ff, e)
@@ -107,7 +109,7 @@ def recurrent_tensors(case, gen: torch.Generator) -> dict[str, torch.Tensor]:
             else:
                 w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"] = mat(case.n_ff, e), mat(case.n_ff, e)
                 w[p + "ffn_down.weight"] = mat(e, case.n_ff)
-    w["token_embd_norm.weight" if case.arch == "lfm2" else "output_norm.weight"] = vec(e, 1.0)
+    w["token_embd_norm.weight" if case.arch in ("lfm2", "lfm2moe") else "output_norm.weight"] = vec(e, 1.0)
     w["output.weight"] = mat(v, e)
     return w
 
