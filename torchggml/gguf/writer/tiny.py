@@ -281,6 +281,14 @@ TINY_CASES += [
     _case("qwen35moe", "qwen35moe", ["router_f32"], n_layer=3, n_expert=4, n_expert_used=2, metadata=_GDN + (
         ("attention.recurrent_layers", (True, False, True)), ("expert_feed_forward_length", 64),
         ("expert_shared_feed_forward_length", 64))),
+    # Ling 2: fused q/k/v, q/k norms, partial rotary, a dense first layer, sigmoid routing with the selection bias
+    # over 4 groups of 2 experts, 2 kept; one shared expert of its own width; a skipped prediction block
+    _case("bailingmoe2", "bailingmoe2", ["fused_qkv", "qk_norm", "moe", "shexp", "shexp_ungated", "probs_bias",
+                                         "router_f32"], n_layer=4, n_expert=8, n_expert_used=2, metadata=_PARTIAL + (
+        ("leading_dense_block_count", 1), ("expert_feed_forward_length", 64), ("expert_shared_count", 1),
+        ("expert_shared_feed_forward_length", 32), ("expert_weights_norm", True), ("expert_weights_scale", 2.5),
+        ("expert_gating_func", 2), ("expert_group_count", 4), ("expert_group_used_count", 2),
+        ("nextn_predict_layers", 1))),
     # LFM2-MoE: a dense first layer, then sigmoid-routed experts with the selection bias
     _case("lfm2moe", "lfm2moe", ["moe", "probs_bias", "router_f32"], n_layer=3, n_expert=4, n_expert_used=2,
           metadata=(("shortconv.l_cache", 3), ("attention.head_count_kv", (0, 2, 0)), ("leading_dense_block_count", 1),
@@ -415,6 +423,10 @@ def _tensors(case: TinyCase, gen: torch.Generator) -> dict[str, np.ndarray]:
                 w[p + "ffn_up.bias"], w[p + "ffn_down.bias"] = vec(case.n_ff), vec(e)
         if "post_norms" in f:
             w[p + "post_ffw_norm.weight"] = vec(e, 1.0)
+        if il >= case.n_layer - int(meta.get("nextn_predict_layers", 0)):  # a prediction block (skipped)
+            w[p + "nextn.eh_proj.weight"] = mat(e, 2 * e)
+            w[p + "nextn.enorm.weight"], w[p + "nextn.hnorm.weight"] = vec(e, 1.0), vec(e, 1.0)
+            w[p + "layer_output_norm.weight"] = vec(e, 1.0)
     if "rope_factors" in f:
         w["rope_factors_long.weight"] = 1.0 + torch.rand(hd // 2, generator=gen) * 3.0
         w["rope_factors_short.weight"] = 1.0 + torch.rand(hd // 2, generator=gen) * 0.5

@@ -33,16 +33,17 @@ def read_routing(hp, keys, default_gating: int | None, shared: bool = True) -> N
     hp.expert_gating = GATING_FUNCS[gating]
 
 
-def load_routed_ffn(L, hp, norm="ffn_norm", probs_bias=False) -> None:
+def load_routed_ffn(L, hp, norm="ffn_norm", probs_bias=False, n_ff_shexp=0) -> None:
     """A dense SwiGLU in the leading layers, else the experts (with their selection bias,
-    required when probs_bias) and the shared experts (n_expert_shared experts wide)."""
+    required when probs_bias) and the shared experts (n_expert_shared experts of n_ff_shexp,
+    or of the routed experts' width, wide)."""
     if L.il < hp.n_layer_dense_lead:
         L.weight(norm, [hp.n_embd])
         return load_ffn(L, hp, norm=False)
     n_ff_exp = hp.n_ff_exp or hp.n_ff // hp.n_expert_used
     load_moe(L, hp, n_ff_exp, norm=norm, probs_bias=probs_bias)
     if hp.n_expert_shared:
-        load_shared_expert(L, hp, n_ff_exp * hp.n_expert_shared, gate_inp=False)
+        load_shared_expert(L, hp, (n_ff_shexp or n_ff_exp) * hp.n_expert_shared, gate_inp=False)
 
 
 def skip_nextn_layers(hp, keys) -> None:
