@@ -185,16 +185,18 @@ def test_unsupported_architecture_error_lists_the_supported(tmp_path, name, know
     assert all(arch in message.split("supported: ")[1].split(", ") for arch in ARCHS)
 
 
-def test_mla_cache_holds_only_the_compressed_latent(model_dir):
-    """deepseek2's KV cache keeps one row of kv_lora_rank + rope values per token and layer (V is
-    read from it), not n_head keys and values: 40 F16 values here instead of 4 x (40 + 16)."""
-    key = "deepseek2-F32"
+@pytest.mark.parametrize("key", ["deepseek2-F32", "kimi-linear-F32"])
+def test_mla_cache_holds_only_the_compressed_latent(key, model_dir):
+    """An MLA layer's KV cache keeps one row of kv_lora_rank + rope values per token (V is read
+    from it), not n_head keys and values: 40 F16 values here instead of 4 x (40 + 16). Kimi-Linear's
+    KDA layers have no cache rows."""
     entry = MANIFEST[key]
     model = load_model(tiny_model_path(key, entry, model_dir), n_ctx=entry["n_ctx"], progress=False)
-    hp, kv = model.hp, model.memory
-    assert kv.v_in_k and all(v is None for v in kv.v)
-    assert [list(k.ne[:2]) for k in kv.k] == [[hp.n_lora_kv + hp.n_rot, kv.n_ctx]] * hp.n_layer
-    assert kv.nbytes() >= hp.n_layer * kv.n_ctx * (hp.n_lora_kv + hp.n_rot) * 2
-    uncompressed = hp.n_layer * kv.n_ctx * hp.n_head * (hp.head_dim_k_mla + hp.head_dim_v_mla) * 2
+    hp, kv = model.hp, model.memory.attention
+    mla = [il for il in range(hp.n_layer) if kv.k[il] is not None]
+    assert kv.v_in_k and all(v is None for v in kv.v) and mla
+    assert [list(kv.k[il].ne[:2]) for il in mla] == [[hp.n_lora_kv + hp.n_rot, kv.n_ctx]] * len(mla)
+    assert kv.nbytes() >= len(mla) * kv.n_ctx * (hp.n_lora_kv + hp.n_rot) * 2
+    uncompressed = len(mla) * kv.n_ctx * hp.n_head * (hp.head_dim_k_mla + hp.head_dim_v_mla) * 2
     assert kv.nbytes() < uncompressed / 3
     model.close()

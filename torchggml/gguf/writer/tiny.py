@@ -289,6 +289,16 @@ TINY_CASES += [
         ("expert_shared_feed_forward_length", 32), ("expert_weights_norm", True), ("expert_weights_scale", 2.5),
         ("expert_gating_func", 2), ("expert_group_count", 4), ("expert_group_used_count", 2),
         ("nextn_predict_layers", 1))),
+    # Kimi-Linear: KDA layers (kda.head_dim 16, short convolutions of 4) around an MLA layer without
+    # rotary positions (cache: kv_lora_rank 32 + 8 shared key values); a dense first layer, then sigmoid-routed
+    # experts with the selection bias and a shared expert, scaled
+    _case("kimi-linear", "kimi-linear", ["router_f32"], n_layer=3, n_expert=4, n_expert_used=2, metadata=(
+        ("attention.head_count_kv", (0, 1, 0)), ("ssm.conv_kernel", 4), ("kda.head_dim", 16),
+        ("attention.kv_lora_rank", 32), ("attention.key_length_mla", 40), ("attention.value_length_mla", 16),
+        ("rope.dimension_count", 8), ("attention.key_length", 40), ("attention.value_length", 32),
+        ("leading_dense_block_count", 1),
+        ("expert_feed_forward_length", 32), ("expert_shared_count", 1), ("expert_weights_scale", 2.5),
+        ("expert_gating_func", 2))),
     # LFM2-MoE: a dense first layer, then sigmoid-routed experts with the selection bias
     _case("lfm2moe", "lfm2moe", ["moe", "probs_bias", "router_f32"], n_layer=3, n_expert=4, n_expert_used=2,
           metadata=(("shortconv.l_cache", 3), ("attention.head_count_kv", (0, 2, 0)), ("leading_dense_block_count", 1),

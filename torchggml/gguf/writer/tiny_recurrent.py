@@ -14,7 +14,7 @@ import torch
 
 RECURRENT_ARCHS = ("mamba", "mamba2", "jamba", "granitehybrid", "nemotron_h", "falcon-h1", "lfm2", "rwkv6", "rwkv7",
                    "qwen3next")
-RECURRENT_ARCHS += ("qwen35", "qwen35moe", "lfm2moe")  # issue 37, second round
+RECURRENT_ARCHS += ("qwen35", "qwen35moe", "lfm2moe", "kimi-linear")  # issue 37, second round
 
 # written as F32 whatever the weight type (the ops read them as F32; llama.cpp's quantizer keeps
 # them too): convolutions, decays, skip weights, norms
@@ -62,8 +62,8 @@ def recurrent_tensors(case, gen: torch.Generator) -> dict[str, torch.Tensor]:
         return mean + std * torch.randn(n, generator=gen)
 
     w = {"token_embd.weight": torch.randn(v, e, generator=gen)}
-    if case.arch in ("rwkv6", "rwkv7", "qwen3next", "qwen35", "qwen35moe"):
-        own = {"rwkv6": _rwkv6, "rwkv7": _rwkv7}.get(case.arch, _qwen3next)
+    if case.arch in ("rwkv6", "rwkv7", "qwen3next", "qwen35", "qwen35moe", "kimi-linear"):
+        own = {"rwkv6": _rwkv6, "rwkv7": _rwkv7, "kimi-linear": _kimi_linear}.get(case.arch, _qwen3next)
         return {**w, **own(case, meta, mat, vec, gen)}
     for il, kind in enumerate(layer_kinds(case)):
         p = f"blk.{il}."
@@ -253,6 +253,52 @@ def _qwen3next(case, meta, mat, vec, gen):
         w[p + "ffn_gate_inp_shexp.weight"] = vec(e, 0.0, 0.5)
         w[p + "ffn_gate_shexp.weight"], w[p + "ffn_up_shexp.weight"] = mat(sh, e), mat(sh, e)
         w[p + "ffn_down_shexp.weight"] = mat(e, sh)
+    w["output_norm.weight"] = vec(e, 1.0)
+    w["output.weight"] = mat(case.n_vocab, e)
+    return w
+
+
+def _kimi_linear(case, meta, mat, vec, gen):
+    """KDA layers (head_count_kv 0) and MLA layers (no query compression), a dense first layer, then
+    sigmoid-routed experts with the selection bias and one shared expert."""
+    e, nh, n_exp = case.n_embd, case.n_head, case.n_expert
+    hd, d_conv = meta["kda.head_dim"], meta["ssm.conv_kernel"]
+    d = hd * nh
+    lora, rot = meta["attention.kv_lora_rank"], meta["rope.dimension_count"]
+    k_mla, v_mla = meta["attention.key_length_mla"], meta["attention.value_length_mla"]
+    ff = meta["expert_feed_forward_length"]
+    w = {}
+    for il in range(case.n_layer):
+        p = f"blk.{il}."
+        w[p + "attn_norm.weight"], w[p + "ffn_norm.weight"] = vec(e, 1.0), vec(e, 1.0)
+        if meta["attention.head_count_kv"][il] == 0:
+            for x in "qkv":
+                w[p + f"ssm_conv1d_{x}.weight"] = mat(1, d, 1, d_conv)  # ggml ne [d_conv, 1, d, 1]
+                w[p + f"attn_{x}.weight"] = mat(d, e)
+            w[p + "ssm_f_a.weight"], w[p + "ssm_f_b.weight"] = mat(hd, e), mat(d, hd)
+            w[p + "ssm_beta.weight"] = mat(nh, e)
+            w[p + "ssm_a"] = -torch.exp(torch.rand(1, 1, nh, 1, generator=gen) * 2.0 - 1.0)
+            w[p + "ssm_dt.bias"] = vec(d, 1.0, 0.5)
+            w[p + "ssm_g_a.weight"], w[p + "ssm_g_b.weight"] = mat(hd, e), mat(d, hd)
+            w[p + "ssm_norm.weight"] = vec(hd, 1.0)
+            w[p + "attn_output.weight"] = mat(e, d)
+        else:
+            w[p + "attn_q.weight"] = mat(nh * k_mla, e)
+            w[p + "attn_kv_a_norm.weight"] = vec(lora, 1.0)
+            w[p + "attn_kv_a_mqa.weight"] = mat(lora + rot, e)
+            w[p + "attn_k_b.weight"] = mat(nh, lora, k_mla - rot)
+            w[p + "attn_v_b.weight"] = mat(nh, v_mla, lora)
+            w[p + "attn_output.weight"] = mat(e, nh * v_mla)
+        if il < meta["leading_dense_block_count"]:
+            w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"] = mat(case.n_ff, e), mat(case.n_ff, e)
+            w[p + "ffn_down.weight"] = mat(e, case.n_ff)
+            continue
+        w[p + "ffn_gate_inp.weight"] = mat(n_exp, e) * 4.0
+        w[p + "exp_probs_b.bias"] = vec(n_exp, 0.0, 0.05)
+        w[p + "ffn_gate_exps.weight"], w[p + "ffn_up_exps.weight"] = mat(n_exp, ff, e), mat(n_exp, ff, e)
+        w[p + "ffn_down_exps.weight"] = mat(n_exp, e, ff)
+        w[p + "ffn_gate_shexp.weight"], w[p + "ffn_up_shexp.weight"] = mat(ff, e), mat(ff, e)
+        w[p + "ffn_down_shexp.weight"] = mat(e, ff)
     w["output_norm.weight"] = vec(e, 1.0)
     w["output.weight"] = mat(case.n_vocab, e)
     return w

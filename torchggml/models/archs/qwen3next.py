@@ -14,7 +14,7 @@ from ... import ops
 from ...enums import RopeType
 from ...gguf.loader import GGUFError
 from ..builder import load_moe, load_shared_expert
-from ..recurrent_layers import HybridArch, causal_conv, read_ssm, read_states, write_states
+from ..recurrent_layers import HybridArch, causal_conv, delta_rule, read_ssm
 from .glm4moe import skip_nextn_layers, skip_nextn_tensors
 
 
@@ -33,12 +33,6 @@ def read_gdn_layers(hp, keys) -> None:
     else:
         interval = int(keys.get("full_attention_interval", 4))
         hp.recurrent_layers = [(il + 1) % interval != 0 for il in range(hp.n_layer)]
-
-
-def l2_normed(ctx, x, eps: float):
-    """llama.cpp's delta-net L2 norm: rms_norm(x, eps / n) / sqrt(n) = x / sqrt(sum(x^2) + eps)."""
-    n = x.ne[0]
-    return ops.scale(ctx, ops.rms_norm(ctx, x, eps / n), n ** -0.5)
 
 
 class Qwen3Next(HybridArch):
@@ -156,17 +150,13 @@ class Qwen3Next(HybridArch):
         q = ops.view_4d(ctx, conv, dk, hk, nt, ns, dk * 4, row, row * nt, 0)
         k = ops.view_4d(ctx, conv, dk, hk, nt, ns, dk * 4, row, row * nt, dk * hk * 4)
         v = ops.view_4d(ctx, conv, dv, hv, nt, ns, dv * 4, row, row * nt, 2 * dk * hk * 4)
-        q, k = l2_normed(ctx, q, hp.norm_eps), l2_normed(ctx, k, hp.norm_eps)
         if hk != hv and not self.tiled_heads:  # each key head serves hv / hk consecutive value heads
             # (tiled: the op reads key head h % hk itself)
-            q, k = (ops.reshape_4d(ctx, ops.repeat_4d(ctx, ops.reshape_4d(ctx, t, dk, 1, hk, nt * ns), dk, hv // hk, hk,
-                                                      nt * ns), dk, hv, nt, ns) for t in (q, k))
-        states = b.memory.recurrent.s[il]
-        state = ops.reshape_4d(ctx, read_states(b, states), dv, dv, hv, ns)
-        out = ops.gated_delta_net(ctx, q, k, v, decay, beta, state, 1)
-        n_out = dv * hv * nt * ns
-        write_states(b, states, ops.view_1d(ctx, out, states.ne[0] * ns, n_out * 4))
-        y = ops.view_4d(ctx, out, dv, hv, nt, ns, dv * 4, dv * hv * 4, dv * hv * nt * 4, 0)
+            def repeated(t):
+                t = ops.reshape_4d(ctx, ops.cont(ctx, t), dk, 1, hk, nt * ns)
+                return ops.reshape_4d(ctx, ops.repeat_4d(ctx, t, dk, hv // hk, hk, nt * ns), dk, hv, nt, ns)
+            q, k = repeated(q), repeated(k)
+        y = delta_rule(b, il, q, k, v, decay, beta)
         y = ops.mul(ctx, b.norm(y, layer.ssm_norm), ops.silu(ctx, z))
         y = b.linear(ops.reshape_3d(ctx, y, dv * hv, nt, ns), layer.ssm_out)
         return ops.reshape_2d(ctx, y, hp.n_embd, b.n_tokens)
