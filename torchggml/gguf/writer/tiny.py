@@ -305,6 +305,14 @@ TINY_CASES += [
                     ("expert_feed_forward_length", 64), ("expert_gating_func", 2))),
 ]
 
+# MiniCPM3: low-rank q and kv (kv_lora_rank 32, q_lora_rank 32), keys of 16 nope + 8 rotary values, values of
+# 16; LongRoPE factors (the long ones: the tests' context exceeds the original 32)
+TINY_CASES += [
+    _case("minicpm3", "minicpm3", ["mla_kv_b", "rope_factors"], n_head_kv=4, metadata=(
+        ("attention.q_lora_rank", 32), ("attention.kv_lora_rank", 32), ("attention.key_length", 24),
+        ("attention.value_length", 16), ("rope.dimension_count", 8), ("rope.scaling.original_context_length", 32))),
+]
+
 # encoders (tiny_encoders.py): non-causal attention, no output head; golden data are llama.cpp's
 # embeddings per pooling (scripts/gen_encoder_embeddings.py, tests/test_encoders.py)
 _ENC = (("attention.causal", False), ("pooling_type", 1))
@@ -363,7 +371,16 @@ def _tensors(case: TinyCase, gen: torch.Generator) -> dict[str, np.ndarray]:
                 w[p + "attn_norm.bias"] = vec(e)
         if "norm_2" in f:  # falcon 40B's second attention norm
             w[p + "attn_norm_2.weight"], w[p + "attn_norm_2.bias"] = vec(e, 1.0), vec(e)
-        if "mla" in f:  # multi-head latent attention (deepseek2)
+        if "mla_kv_b" in f:  # low-rank attention decompressed by attn_kv_b (minicpm3)
+            n_h, lora_q, lora_kv = case.n_head, int(meta["attention.q_lora_rank"]), int(meta["attention.kv_lora_rank"])
+            dk, dv, rot = (int(meta[key]) for key in ("attention.key_length", "attention.value_length",
+                                                      "rope.dimension_count"))
+            w[p + "attn_q_a_norm.weight"], w[p + "attn_kv_a_norm.weight"] = vec(lora_q, 1.0), vec(lora_kv, 1.0)
+            w[p + "attn_q_a.weight"], w[p + "attn_q_b.weight"] = mat(lora_q, e), mat(n_h * dk, lora_q)
+            w[p + "attn_kv_a_mqa.weight"] = mat(lora_kv + rot, e)
+            w[p + "attn_kv_b.weight"] = mat(n_h * (dk - rot + dv), lora_kv)
+            w[p + "attn_output.weight"] = mat(e, n_h * dv)
+        elif "mla" in f:  # multi-head latent attention (deepseek2)
             n_h, lora_q, lora_kv = case.n_head, int(meta["attention.q_lora_rank"]), int(meta["attention.kv_lora_rank"])
             k_mla, v_mla, rot = (int(meta[k]) for k in ("attention.key_length_mla", "attention.value_length_mla",
                                                            "rope.dimension_count"))
@@ -390,7 +407,7 @@ def _tensors(case: TinyCase, gen: torch.Generator) -> dict[str, np.ndarray]:
             w[p + "attn_k_norm.weight"] = vec(hd * case.n_head_kv, 1.0).reshape(case.n_head_kv, hd)
         if "qk_norm_full" in f:  # over all the heads together (olmo2)
             w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = vec(q_dim, 1.0), vec(kv_dim, 1.0)
-        if "mla" not in f:
+        if "mla" not in f and "mla_kv_b" not in f:
             w[p + "attn_output.weight"] = mat(e, q_dim)
         if "out_bias" in f:
             w[p + "attn_output.bias"] = vec(e)
@@ -438,8 +455,9 @@ def _tensors(case: TinyCase, gen: torch.Generator) -> dict[str, np.ndarray]:
             w[p + "nextn.enorm.weight"], w[p + "nextn.hnorm.weight"] = vec(e, 1.0), vec(e, 1.0)
             w[p + "layer_output_norm.weight"] = vec(e, 1.0)
     if "rope_factors" in f:
-        w["rope_factors_long.weight"] = 1.0 + torch.rand(hd // 2, generator=gen) * 3.0
-        w["rope_factors_short.weight"] = 1.0 + torch.rand(hd // 2, generator=gen) * 0.5
+        n_rot = int(meta.get("rope.dimension_count", hd))
+        w["rope_factors_long.weight"] = 1.0 + torch.rand(n_rot // 2, generator=gen) * 3.0
+        w["rope_factors_short.weight"] = 1.0 + torch.rand(n_rot // 2, generator=gen) * 0.5
     if "tok_norm" in f:
         w["token_embd_norm.weight"], w["token_embd_norm.bias"] = vec(e, 1.0), vec(e)
     if "pos_embd" in f:

@@ -48,13 +48,22 @@ def read_mla(hp, keys) -> None:
                         f"the file has {hp.n_head_kv} heads of {hp.head_dim_k} / {hp.head_dim_v}")
 
 
+def load_low_rank_query(L, hp, head_dim: int) -> None:
+    """The query's low-rank pair: attn_q_a to q_lora_rank values, RMS-normed, attn_q_b to the heads."""
+    L.weight("attn_q_a_norm", [hp.n_lora_q])
+    L.weight("attn_q_a", [hp.n_embd, hp.n_lora_q])
+    L.weight("attn_q_b", [hp.n_lora_q, hp.n_head * head_dim])
+
+
+def low_rank_query(b, x, layer):
+    return b.linear(b.norm(b.linear(x, layer.attn_q_a), layer.attn_q_a_norm), layer.attn_q_b)
+
+
 def load_mla(L, hp) -> None:
     """The MLA projections (the query's low-rank pair, or attn_q)."""
     e, nh, k_mla, v_mla = hp.n_embd, hp.n_head, hp.head_dim_k_mla, hp.head_dim_v_mla
     if hp.n_lora_q:
-        L.weight("attn_q_a_norm", [hp.n_lora_q])
-        L.weight("attn_q_a", [e, hp.n_lora_q])
-        L.weight("attn_q_b", [hp.n_lora_q, nh * k_mla])
+        load_low_rank_query(L, hp, k_mla)
     else:
         L.weight("attn_q", [e, nh * k_mla])
     L.weight("attn_kv_a_norm", [hp.n_lora_kv])
@@ -70,10 +79,7 @@ def mla_attention(b, il, x, layer, kq_scale: float, q_temp=None, rope: bool = Tr
     are shared by the heads but not rotated)."""
     hp, ctx, n = b.hp, b.ctx, b.n_tokens
     r, nope, lora = hp.n_rot, hp.head_dim_k_mla - hp.n_rot, hp.n_lora_kv
-    if layer.attn_q_a is not None:
-        q = b.linear(b.norm(b.linear(x, layer.attn_q_a), layer.attn_q_a_norm), layer.attn_q_b)
-    else:
-        q = b.linear(x, layer.attn_q)
+    q = low_rank_query(b, x, layer) if layer.attn_q_a is not None else b.linear(x, layer.attn_q)
     q = ops.reshape_3d(ctx, q, hp.head_dim_k_mla, hp.n_head, n)
     kv = b.linear(x, layer.attn_kv_a_mqa)                                   # [lora + r, n]
     latent = ops.view_2d(ctx, kv, lora, n, kv.nb[1], 0)
