@@ -112,6 +112,7 @@ def test_arch_matches_llama_cpp(key, flash_attn, model_dir):
 # experts through mul_mat_id, windows and soft-capping. Quantized experts run the Triton kernels in
 # the interpreter (tens of seconds): marked slow (pytest --slow), as in test_models.py.
 SIM_KEYS = ["llama-moe-F32", "gpt-oss-F32", "gemma2-F32", "granitehybrid-F32", "qwen3next-F32", "rwkv7-F32",
+            "kimi-linear-F32",  # KDA: the delta rule with a vector gate
             *(pytest.param(k, marks=pytest.mark.slow) for k in ("gpt-oss-MXFP4", "llama-moe-Q8_0"))]
 
 

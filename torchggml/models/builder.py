@@ -275,6 +275,8 @@ def bind_weights(arch: Arch, tensors: dict, hp: HParams, path: str) -> Weights:
     loaded Tensors after)."""
     w = Weights(tensors, path, arch)
     arch.load_weights(w, hp)
+    if hp.n_layer_nextn:  # the skipped prediction blocks' tensors count as read (llama.cpp's TENSOR_SKIP)
+        w.used.update(n for n in w.tensors if (tensor_layer(n) or 0) >= hp.n_layer)
     w.check_all_used()
     return w
 

@@ -371,25 +371,21 @@ def _tensors(case: TinyCase, gen: torch.Generator) -> dict[str, np.ndarray]:
                 w[p + "attn_norm.bias"] = vec(e)
         if "norm_2" in f:  # falcon 40B's second attention norm
             w[p + "attn_norm_2.weight"], w[p + "attn_norm_2.bias"] = vec(e, 1.0), vec(e)
-        if "mla_kv_b" in f:  # low-rank attention decompressed by attn_kv_b (minicpm3)
+        if f & {"mla", "mla_kv_b"}:  # low-rank query and latent: multi-head latent attention (deepseek2), or
+            # the latent decompressed by attn_kv_b before the cache (minicpm3)
             n_h, lora_q, lora_kv = case.n_head, int(meta["attention.q_lora_rank"]), int(meta["attention.kv_lora_rank"])
-            dk, dv, rot = (int(meta[key]) for key in ("attention.key_length", "attention.value_length",
-                                                      "rope.dimension_count"))
+            widths = ("key_length_mla", "value_length_mla") if "mla" in f else ("key_length", "value_length")
+            dk, dv = (int(meta["attention." + key]) for key in widths)
+            rot = int(meta["rope.dimension_count"])
             w[p + "attn_q_a_norm.weight"], w[p + "attn_kv_a_norm.weight"] = vec(lora_q, 1.0), vec(lora_kv, 1.0)
             w[p + "attn_q_a.weight"], w[p + "attn_q_b.weight"] = mat(lora_q, e), mat(n_h * dk, lora_q)
             w[p + "attn_kv_a_mqa.weight"] = mat(lora_kv + rot, e)
-            w[p + "attn_kv_b.weight"] = mat(n_h * (dk - rot + dv), lora_kv)
+            if "mla" in f:
+                w[p + "attn_k_b.weight"] = mat(n_h, lora_kv, dk - rot)
+                w[p + "attn_v_b.weight"] = mat(n_h, dv, lora_kv)
+            else:
+                w[p + "attn_kv_b.weight"] = mat(n_h * (dk - rot + dv), lora_kv)
             w[p + "attn_output.weight"] = mat(e, n_h * dv)
-        elif "mla" in f:  # multi-head latent attention (deepseek2)
-            n_h, lora_q, lora_kv = case.n_head, int(meta["attention.q_lora_rank"]), int(meta["attention.kv_lora_rank"])
-            k_mla, v_mla, rot = (int(meta[k]) for k in ("attention.key_length_mla", "attention.value_length_mla",
-                                                           "rope.dimension_count"))
-            w[p + "attn_q_a_norm.weight"], w[p + "attn_kv_a_norm.weight"] = vec(lora_q, 1.0), vec(lora_kv, 1.0)
-            w[p + "attn_q_a.weight"], w[p + "attn_q_b.weight"] = mat(lora_q, e), mat(n_h * k_mla, lora_q)
-            w[p + "attn_kv_a_mqa.weight"] = mat(lora_kv + rot, e)
-            w[p + "attn_k_b.weight"] = mat(n_h, lora_kv, k_mla - rot)
-            w[p + "attn_v_b.weight"] = mat(n_h, v_mla, lora_kv)
-            w[p + "attn_output.weight"] = mat(e, n_h * v_mla)
         elif "fused_qkv" in f:
             w[p + "attn_qkv.weight"] = mat(q_dim + 2 * kv_dim, e)
             if "qkv_fused_bias" in f:
@@ -407,7 +403,7 @@ def _tensors(case: TinyCase, gen: torch.Generator) -> dict[str, np.ndarray]:
             w[p + "attn_k_norm.weight"] = vec(hd * case.n_head_kv, 1.0).reshape(case.n_head_kv, hd)
         if "qk_norm_full" in f:  # over all the heads together (olmo2)
             w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = vec(q_dim, 1.0), vec(kv_dim, 1.0)
-        if "mla" not in f and "mla_kv_b" not in f:
+        if not f & {"mla", "mla_kv_b"}:
             w[p + "attn_output.weight"] = mat(e, q_dim)
         if "out_bias" in f:
             w[p + "attn_output.bias"] = vec(e)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ...enums import RopeType
 from ..builder import load_attention
-from .glm4moe import RoutedDense, load_routed_ffn, read_routing, skip_nextn_layers, skip_nextn_tensors
+from .glm4moe import RoutedDense, load_routed_ffn, read_routing, skip_nextn_layers
 
 
 class BailingMoe2(RoutedDense):
@@ -22,10 +22,6 @@ class BailingMoe2(RoutedDense):
     def read_hparams(self, hp, keys):
         read_routing(hp, keys, default_gating=None)
         skip_nextn_layers(hp, keys)
-
-    def load_weights(self, w, hp):
-        super().load_weights(w, hp)
-        skip_nextn_tensors(w, hp)
 
     def load_layer(self, L, hp):
         load_attention(L, hp, qk_norm=True)

@@ -25,7 +25,7 @@ from ... import ops
 from ...enums import RopeType
 from ...gguf.loader import GGUFError
 from ..builder import Arch
-from .glm4moe import load_routed_ffn, read_routing, routed_ffn, skip_nextn_layers, skip_nextn_tensors
+from .glm4moe import load_routed_ffn, read_routing, routed_ffn, skip_nextn_layers
 
 
 def read_mla(hp, keys) -> None:
@@ -119,10 +119,6 @@ class DeepSeek2(Arch):
         hp.attn_temp_length = int(keys.get("attention.temperature_length", 0))
         if hp.attn_temp_scale and not hp.attn_temp_length:
             raise GGUFError(f"{path}: {keys.arch}.attention.temperature_scale needs attention.temperature_length")
-
-    def load_weights(self, w, hp):
-        super().load_weights(w, hp)
-        skip_nextn_tensors(w, hp)
 
     def load_layer(self, L, hp):
         L.weight("attn_norm", [hp.n_embd])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ...enums import RopeType
 from ...gguf.loader import GGUFError
-from ..builder import Arch, load_attention, load_ffn, load_moe, load_shared_expert, tensor_layer
+from ..builder import Arch, load_attention, load_ffn, load_moe, load_shared_expert
 from .dense import Dense
 
 # llama.cpp's llama_expert_gating_func_type
@@ -56,11 +56,6 @@ def skip_nextn_layers(hp, keys) -> None:
     hp.n_layer -= hp.n_layer_nextn
 
 
-def skip_nextn_tensors(w, hp) -> None:
-    """The tensors of the skipped prediction blocks count as read (llama.cpp's TENSOR_SKIP)."""
-    w.used.update(n for n in w.tensors if (tensor_layer(n) or 0) >= hp.n_layer)
-
-
 class RoutedDense(Dense):
     """A pre-norm layer whose FFN is `load_routed_ffn` / `routed_ffn` (dots1, bailingmoe)."""
 
@@ -96,10 +91,6 @@ class Glm4Moe(Arch):
         if sections and sections[0] > 0 and sections[1] > 0:
             hp.rope_sections, hp.rope_type = tuple(int(s) for s in sections[:4]), int(RopeType.MROPE)
         skip_nextn_layers(hp, keys)
-
-    def load_weights(self, w, hp):
-        super().load_weights(w, hp)
-        skip_nextn_tensors(w, hp)
 
     def load_layer(self, L, hp):
         load_attention(L, hp)

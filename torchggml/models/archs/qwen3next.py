@@ -15,7 +15,7 @@ from ...enums import RopeType
 from ...gguf.loader import GGUFError
 from ..builder import load_moe, load_shared_expert
 from ..recurrent_layers import HybridArch, causal_conv, delta_rule, read_ssm
-from .glm4moe import skip_nextn_layers, skip_nextn_tensors
+from .glm4moe import skip_nextn_layers
 
 
 def read_gdn_layers(hp, keys) -> None:
@@ -44,10 +44,6 @@ class Qwen3Next(HybridArch):
     def read_hparams(self, hp, keys):
         read_ssm(hp, keys, mamba2=True)
         read_gdn_layers(hp, keys)
-
-    def load_weights(self, w, hp):
-        super().load_weights(w, hp)
-        skip_nextn_tensors(w, hp)
 
     def is_recurrent(self, hp, il):
         return hp.recurrent_layers[il]
