@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 
 from ... import ops
-from ..builder import LayerLoader, load_output
 from ..recurrent_layers import HybridArch, causal_conv, delta_rule, per_layer
 from .deepseek2 import load_mla, mla_attention, read_mla
 from .glm4moe import load_routed_ffn, read_routing, routed_ffn
@@ -25,6 +24,7 @@ from .glm4moe import load_routed_ffn, read_routing, routed_ffn
 
 class KimiLinear(HybridArch):
     names = ("kimi-linear",)
+    output_head = "required"
     biases = {}
     v_in_k = True  # the MLA layers' cache, as deepseek2's
     per_layer_keys = ("attention.head_count_kv",)
@@ -42,13 +42,6 @@ class KimiLinear(HybridArch):
 
     def n_embd_s(self, hp):
         return hp.head_dim_kda * hp.head_dim_kda * hp.n_head
-
-    def load_weights(self, w, hp):
-        load_output(w, hp, "required")
-        for il in range(hp.n_layer):
-            L = LayerLoader(w, il)
-            self.load_layer(L, hp)
-            w.layers.append(L.layer)
 
     def load_layer(self, L, hp):
         e, hd, d = hp.n_embd, hp.head_dim_kda, hp.head_dim_kda * hp.n_head
