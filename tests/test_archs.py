@@ -204,3 +204,31 @@ def test_mla_cache_holds_only_the_compressed_latent(key, model_dir):
     uncompressed = len(mla) * kv.n_ctx * hp.n_head * (hp.head_dim_k_mla + hp.head_dim_v_mla) * 2
     assert kv.nbytes() < uncompressed / 3
     model.close()
+
+
+
+# the later architectures' files with a key wrong or missing (value None: the key removed): a
+# one-line error naming it
+BAD_KEYS = [
+    ("qwen35moe-recurrent-layers", "qwen35moe", "attention.recurrent_layers", ("array[bool]", [True, False]),
+     "attention.recurrent_layers has 2 entries for 3 blocks"),
+    ("qwen35-sections", "qwen35", "rope.dimension_sections", None, "rope.dimension_sections' is missing"),
+    ("bailingmoe2-nextn", "bailingmoe2", "nextn_predict_layers", ("uint32", 4),
+     "nextn_predict_layers 4 must be below block_count 4"),
+    ("lfm2moe-gating", "lfm2moe", "expert_gating_func", None, "lfm2moe.expert_gating_func. is missing"),
+    ("kimi-linear-kda", "kimi-linear", "kda.head_dim", None, "kimi-linear.kda.head_dim. is missing"),
+    ("minicpm3-q-lora", "minicpm3", "attention.q_lora_rank", None, "minicpm3.attention.q_lora_rank. is missing"),
+]
+
+
+@pytest.mark.parametrize("case, key, value, pattern", [c[1:] for c in BAD_KEYS], ids=[c[0] for c in BAD_KEYS])
+def test_bad_keys_are_named(tmp_path, case, key, value, pattern):
+    from torchggml.gguf.loader import GGUFError
+    from torchggml.gguf.writer.rewrite import header_parts, serialize
+    path = Path(write_tiny_model(tmp_path / "x.gguf", case))
+    kvs, tensors, alignment, data = header_parts(path)
+    key = f"{CASES_BY_NAME[case].arch}.{key}"
+    kvs = [kv for kv in kvs if kv[0] != key] + ([[key, *value]] if value else [])
+    path.write_bytes(serialize(kvs, tensors, alignment, data))
+    with pytest.raises(GGUFError, match=pattern):
+        load_model(path, progress=False)
