@@ -109,8 +109,9 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' (also $TORCHGGML_API_KEY)")
     p.add_argument("--alias", default=None, metavar="NAME", help="the model's name in the API (default: file name)")
-    p.add_argument("--pooling", choices=("mean", "cls", "last"), default=None,
-                   help="embeddings' pooling (default: the file's pooling type, mean when it has none)")
+    p.add_argument("--pooling", choices=("mean", "cls", "last", "rank"), default=None,
+                   help="embeddings' pooling (default: the file's pooling type, mean when it has none); rank: "
+                        "a reranker's classifier head, for /v1/rerank")
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
                    help="the HTTP server's log level")
     add_chat_template_option(p)

@@ -6,7 +6,7 @@ and the server (torchggml.server), so a request gives the same tokens through ev
     choice = sampler.sample(logits_row)               # TokenChoice: token, logprob, top
     sampler.accept(choice.token)
 
-The chain, in order: repeat/frequency/presence penalties (llama.cpp's penalties sampler, over
+The chain, in order: logit biases (llama.cpp's logit-bias sampler), repeat/frequency/presence penalties (llama.cpp's penalties sampler, over
 the last repeat_last_n tokens), an allowed-token mask (a grammar's), temperature, top-k, top-p,
 min-p, then a draw; temperature <= 0 takes the most likely allowed token. Log-probabilities (the
 OpenAI `logprobs`) are those of the model: log-softmax of the raw logits, before any of the chain.
@@ -60,7 +60,7 @@ class Sampler:
             if p.logprobs:
                 values, ids = torch.topk(logprobs, min(p.logprobs, logprobs.numel()))
                 choice.top = [(int(i), float(v)) for i, v in zip(ids, values)]
-        work = self._penalized(logits)
+        work = self._penalized(self._biased(logits))
         if allowed is not None:
             if not bool(allowed.any()):
                 raise ValueError("sampling: the grammar allows no token here")
@@ -69,6 +69,13 @@ class Sampler:
         if p.logprobs is not None:
             choice.logprob = float(logprobs[choice.token])
         return choice
+
+    def _biased(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.params.logit_bias:
+            return logits
+        ids = torch.tensor([t for t, _ in self.params.logit_bias], dtype=torch.int64)
+        bias = torch.tensor([b for _, b in self.params.logit_bias], dtype=torch.float64)
+        return logits.double().index_add(0, ids, bias)  # a token listed twice gets both
 
     def _penalized(self, logits: torch.Tensor) -> torch.Tensor:
         p = self.params

@@ -19,6 +19,8 @@ import time
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from fastapi import FastAPI, Request
@@ -33,7 +35,7 @@ from .grammar import Constraint, GrammarError, Vocabulary
 from .limits import Limits, check_body, check_raw, check_text, wrap_seed
 from .protocol import APIError, ChatRequest, CompletionRequest, EmbeddingRequest, NamedToolChoice, Sampling
 from .tool_calls import ReplyStream, ToolFormat, tool_format
-from . import llama_endpoints, webui
+from . import llama_endpoints, rerank, webui
 
 # how often a waiting non-streaming handler checks that its client is still there
 DISCONNECT_POLL_S = 0.25
@@ -354,6 +356,29 @@ def _sse(obj) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
+def event_stream(lines) -> StreamingResponse:
+    """A server-sent events response of `lines` (an async iterator of SSE text)."""
+    return StreamingResponse(lines, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def sse_response(chunks, done: str | None = None) -> StreamingResponse:
+    """Chunks (an async iterator of dicts) as "data: {json}" events, then `done`; an APIError among
+    them is sent as its error body and ends the stream."""
+    async def lines():
+        try:
+            async for chunk in chunks:
+                if isinstance(chunk, APIError):
+                    yield _sse(chunk.body())
+                    return
+                yield _sse(chunk)
+            if done is not None:
+                yield done
+        finally:
+            await chunks.aclose()
+    return event_stream(lines())
+
+
 async def read_body(request: Request, limit: int, timeout: float) -> bytes:
     """The body, at most `limit` bytes (413 past it, before reading the rest) within `timeout`
     seconds (408)."""
@@ -408,6 +433,19 @@ def _validate(raw: bytes, cls, state: "ServerState"):
         raise APIError(400, f"{param or 'body'}: {reasons}{got}", param) from None
 
 
+@dataclass(frozen=True)
+class Serving:
+    """What create_app gives the endpoint modules: parse_body(request, cls) -> the validated body;
+    start(request, jobs_for) -> (queue, jobs) queued; run_generation(...) (see create_app);
+    chat(request, ChatRequest) -> OpenAI's chat.completion, or its chunks when the request streams;
+    pooled(request, inputs, pooling) -> each input's pooled states (None: the client hung up)."""
+    parse_body: Callable
+    start: Callable
+    run_generation: Callable
+    chat: Callable
+    pooled: Callable
+
+
 OPEN_PATHS = ("/health", "/")  # no API key: readiness, and the chat page (its API calls carry the key)
 
 
@@ -460,7 +498,9 @@ class AuthAndCount:
 
 # ---------------------------------------------------------------- the app
 
-ROUTES = {"/", "/health", "/metrics"} | llama_endpoints.ROUTES | {
+# the endpoints with their protocol in a module of their own: module.ROUTES, module.register(app, state, serving)
+ENDPOINTS = (rerank,)
+ROUTES = {"/", "/health", "/metrics"} | llama_endpoints.ROUTES | set().union(*(m.ROUTES for m in ENDPOINTS)) | {
     f"{prefix}/{name}" for prefix in ("/v1", "") for name in ("models", "completions", "chat/completions", "embeddings")}
 
 
@@ -540,9 +580,11 @@ def create_app(state: ServerState, api_key: str | None = None, timeout: float = 
         return APIError(500, payload, type="server_error")
 
     async def run_generation(request: Request, jobs: list[Job], queue, stream: bool, chunk_of, final_of,
-                             include_usage: bool):
+                             include_usage: bool, raw: bool = False):
         """Collect (or stream) the jobs' events. chunk_of(job, text, choices, finish) -> a streamed
-        chunk; final_of(texts, choices, finishes, usage) -> the whole answer."""
+        chunk; final_of(texts, choices, finishes, usage) -> the whole answer. A stream is an SSE
+        response, or with `raw` the chunks themselves (an async iterator of dicts, an APIError where
+        the generation failed) for an endpoint that answers in another protocol."""
         n_prompt = sum(len(j.prompt) for j in jobs)
 
         def usage():
@@ -568,32 +610,30 @@ def create_app(state: ServerState, api_key: str | None = None, timeout: float = 
                     remaining -= 1
             return final_of(texts, picked, finishes, usage())
 
-        async def events():
+        async def chunks():
             try:
                 for j in jobs:
                     first = chunk_of(j, None, [], None)  # the opening chunk (chat: the role)
                     if first is not None:
-                        yield _sse(first)
+                        yield first
                 remaining = len(jobs)
                 while remaining:
                     kind, job, payload, new = await queue.get()
                     if kind == "error":
-                        yield _sse(failure(payload, new).body())
+                        yield failure(payload, new)
                         return
                     if kind == "token":
-                        yield _sse(chunk_of(job, payload, new, None))
+                        yield chunk_of(job, payload, new, None)
                     else:
                         remaining -= 1
-                        yield _sse(chunk_of(job, payload, [], job.gen.finish_reason))
+                        yield chunk_of(job, payload, [], job.gen.finish_reason)
                 if include_usage:
-                    yield _sse(chunk_of(None, None, [], None) | {"choices": [], "usage": usage()})
-                yield "data: [DONE]\n\n"
-            finally:  # also when the client hung up: Starlette closes this generator
+                    yield chunk_of(None, None, [], None) | {"choices": [], "usage": usage()}
+            finally:  # also when the client hung up: Starlette closes the stream
                 for j in jobs:
                     j.cancel()
 
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return chunks() if raw else sse_response(chunks(), done="data: [DONE]\n\n")
 
     async def completions(request: Request):
         req = await parse_body(request, CompletionRequest, state, timeout)
@@ -639,6 +679,12 @@ def create_app(state: ServerState, api_key: str | None = None, timeout: float = 
 
     async def chat_completions(request: Request):
         req = await parse_body(request, ChatRequest, state, timeout)
+        result = await chat_run(request, req)
+        return sse_response(result, done="data: [DONE]\n\n") if req.stream else result
+
+    async def chat_run(request: Request, req: ChatRequest):
+        """A chat request's answer: OpenAI's chat.completion, or (req.stream) its chunks as an
+        async iterator (run_generation's raw stream) for the endpoint to send in its protocol."""
         state.check_model(req.model)
         tok = state.model.tokenizer
         state.check_unsupported(req)
@@ -695,7 +741,23 @@ def create_app(state: ServerState, api_key: str | None = None, timeout: float = 
             return head() | {"object": "chat.completion", "choices": choices, "usage": usage}
 
         return await run_generation(request, jobs, queue, req.stream, chunk_of, final_of,
-                                    bool(req.stream_options and req.stream_options.include_usage))
+                                    bool(req.stream_options and req.stream_options.include_usage), raw=True)
+
+    async def pooled(request: Request, inputs: list[list[int]], pooling: str) -> list | None:
+        """The pooled hidden states of each input (token ids), in order; None when the client hung up."""
+        queue, jobs = await start(request, lambda emit: [Job(ids, emit, None, pooling, index=i)
+                                                         for i, ids in enumerate(inputs)])
+        vectors: list = [None] * len(jobs)
+        checked = [time.monotonic()]
+        for _ in jobs:
+            event = await next_event(queue, request, jobs, checked)
+            if event is None:
+                return None
+            kind, job, payload, status = event
+            if kind == "error":
+                raise failure(payload, status)
+            vectors[job.index] = payload
+        return vectors
 
     async def embeddings(request: Request):
         req = await parse_body(request, EmbeddingRequest, state, timeout)
@@ -707,20 +769,12 @@ def create_app(state: ServerState, api_key: str | None = None, timeout: float = 
         if req.dimensions is not None and req.dimensions != n_embd:
             raise APIError(400, f"dimensions={req.dimensions}: this model's embeddings have {n_embd}", "dimensions")
         inputs = await state.run(lambda: [state.prompt_ids(p, "input") for p in req.inputs() or [[]]])
-        queue, jobs = await start(request, lambda emit: [Job(ids, emit, None, state.pooling, index=i)
-                                                         for i, ids in enumerate(inputs)])
-        vectors: list = [None] * len(jobs)
-        checked = [time.monotonic()]
-        for _ in jobs:
-            event = await next_event(queue, request, jobs, checked)
-            if event is None:
-                return None
-            kind, job, payload, status = event
-            if kind == "error":
-                raise failure(payload, status)
-            vectors[job.index] = torch.nn.functional.normalize(payload.float(), dim=-1)  # llama.cpp: L2
+        vectors = await pooled(request, inputs, state.pooling)
+        if vectors is None:
+            return None
         data = []
         for i, v in enumerate(vectors):
+            v = torch.nn.functional.normalize(v.float(), dim=-1)  # llama.cpp: L2
             if req.encoding_format == "base64":
                 value = base64.b64encode(v.numpy().astype("<f4").tobytes()).decode()
             else:
@@ -730,6 +784,10 @@ def create_app(state: ServerState, api_key: str | None = None, timeout: float = 
         return {"object": "list", "data": data, "model": state.model_id,
                 "usage": {"prompt_tokens": n, "total_tokens": n}}
 
+    serving = Serving(parse_body=lambda request, cls: parse_body(request, cls, state, timeout), start=start,
+                      run_generation=run_generation, chat=chat_run, pooled=pooled)
+    for module in ENDPOINTS:
+        module.register(app, state, serving)
     for prefix in ("/v1", ""):
         app.add_api_route(f"{prefix}/models", models, methods=["GET"])
         app.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
