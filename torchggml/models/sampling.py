@@ -123,7 +123,8 @@ def sample_token(logits: torch.Tensor, temperature: float = DEFAULTS.temperature
 class StopStrings:
     """Streamed text cut at the first of `stops`: push(text) returns the text that can be shown
     now (a tail that may begin a stop string is held back) and sets `stopped` when a stop string
-    appeared (the stop string and what follows are dropped, as OpenAI does); flush() the held tail.
+    appeared (the stop string and what follows are dropped, as OpenAI does; `word` is the one found);
+    flush() the held tail.
 
     The stops are one Aho-Corasick automaton: a push scans the held tail and the new text once,
     whatever the number of stops (the held tail is shorter than the longest stop)."""
@@ -132,6 +133,7 @@ class StopStrings:
         self.stops = [s for s in stops if s]
         self.held = ""
         self.stopped = False
+        self.word: str | None = None
         self._goto: list[dict[str, int]] = [{}]  # trie: node -> char -> node
         self._fail = [0]
         self._depth = [0]
@@ -181,6 +183,7 @@ class StopStrings:
         cut, keep = self._scan(text)
         if cut >= 0:
             self.stopped, self.held = True, ""
+            self.word = max((s for s in self.stops if text.startswith(s, cut)), key=len)
             return text[:cut]
         self.held = text[len(text) - keep:] if keep else ""
         return text[:len(text) - keep]

@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -33,9 +33,11 @@ from ..models.sampling import SamplingParams
 from .engine import Engine, Job, QueueFull
 from .grammar import Constraint, GrammarError, Vocabulary
 from .limits import Limits, check_body, check_raw, check_text, wrap_seed
-from .protocol import APIError, ChatRequest, CompletionRequest, EmbeddingRequest, NamedToolChoice, Sampling
+from .protocol import (APIError, ChatRequest, CompletionRequest, EmbeddingRequest, NamedToolChoice, Sampling,
+                       logit_bias_pairs)
 from .tool_calls import ReplyStream, ToolFormat, tool_format
-from . import llama_endpoints, rerank, webui
+from . import completion, llama_endpoints, rerank, webui
+from .sse import sse_response
 
 # how often a waiting non-streaming handler checks that its client is still there
 DISCONNECT_POLL_S = 0.25
@@ -157,9 +159,8 @@ class ServerState:
         return "json_schema", rf.schema_ or {"type": "object"}
 
     def check_unsupported(self, req: Sampling) -> None:
-        for name in ("logit_bias",) + (() if isinstance(req, ChatRequest) else ("tools",)):
-            if getattr(req, name) is not None:
-                raise APIError(400, f"{name} is not supported by this server", name)
+        if not isinstance(req, ChatRequest) and req.tools is not None:
+            raise APIError(400, "tools is not supported by this server", "tools")
 
     def jobs(self, req: Sampling, prompts: list[list[int]], max_tokens: int | None, logprobs: int | None,
              stops: list[str], emit) -> list[Job]:
@@ -176,6 +177,7 @@ class ServerState:
             except GrammarError as e:
                 raise APIError(400, f"the {param} can produce no string ({e})", param) from None
         seed = wrap_seed(req.seed)
+        bias = logit_bias_pairs(req.logit_bias, self.model)
         deadline = None if self.request_timeout is None else time.monotonic() + self.request_timeout
         jobs = []
         for p_index, ids in enumerate(prompts):
@@ -185,7 +187,7 @@ class ServerState:
                     min_p=float(req.min_p), repeat_penalty=float(req.repeat_penalty),
                     frequency_penalty=float(req.frequency_penalty), presence_penalty=float(req.presence_penalty),
                     repeat_last_n=req.repeat_last_n, seed=None if seed is None else wrap_seed(seed + k),
-                    logprobs=logprobs)
+                    logprobs=logprobs, logit_bias=bias)
                 limit = self.engine.slot_ctx - len(ids)
                 n = limit if max_tokens is None else min(max_tokens, limit)
                 constraint = None
@@ -352,33 +354,6 @@ def merge_deltas(deltas: list[dict]) -> dict:
     return out
 
 
-def _sse(obj) -> str:
-    return f"data: {json.dumps(obj)}\n\n"
-
-
-def event_stream(lines) -> StreamingResponse:
-    """A server-sent events response of `lines` (an async iterator of SSE text)."""
-    return StreamingResponse(lines, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-
-def sse_response(chunks, done: str | None = None) -> StreamingResponse:
-    """Chunks (an async iterator of dicts) as "data: {json}" events, then `done`; an APIError among
-    them is sent as its error body and ends the stream."""
-    async def lines():
-        try:
-            async for chunk in chunks:
-                if isinstance(chunk, APIError):
-                    yield _sse(chunk.body())
-                    return
-                yield _sse(chunk)
-            if done is not None:
-                yield done
-        finally:
-            await chunks.aclose()
-    return event_stream(lines())
-
-
 async def read_body(request: Request, limit: int, timeout: float) -> bytes:
     """The body, at most `limit` bytes (413 past it, before reading the rest) within `timeout`
     seconds (408)."""
@@ -499,7 +474,7 @@ class AuthAndCount:
 # ---------------------------------------------------------------- the app
 
 # the endpoints with their protocol in a module of their own: module.ROUTES, module.register(app, state, serving)
-ENDPOINTS = (rerank,)
+ENDPOINTS = (rerank, completion)
 ROUTES = {"/", "/health", "/metrics"} | llama_endpoints.ROUTES | set().union(*(m.ROUTES for m in ENDPOINTS)) | {
     f"{prefix}/{name}" for prefix in ("/v1", "") for name in ("models", "completions", "chat/completions", "embeddings")}
 
