@@ -64,7 +64,7 @@ def llama_cpp():
 
 
 @contextlib.contextmanager
-def serving(model, model_id: str = "tiny", parallel: int = 1, **state_options):
+def serving(model, model_id: str = "tiny", parallel: int = 1, api_key: str | None = None, **state_options):
     """`model` served in this process (fastapi's TestClient: an httpx client, also for the openai
     and anthropic SDKs as their http_client); the engine stopped afterwards."""
     testclient = pytest.importorskip("fastapi.testclient", reason="the server extra is not installed")
@@ -72,7 +72,7 @@ def serving(model, model_id: str = "tiny", parallel: int = 1, **state_options):
     from torchggml.server.engine import Engine
     engine = Engine(model, parallel)
     try:
-        with testclient.TestClient(create_app(ServerState(model, engine, model_id, **state_options))) as client:
+        with testclient.TestClient(create_app(ServerState(model, engine, model_id, **state_options), api_key)) as client:
             yield client
     finally:
         engine.stop()

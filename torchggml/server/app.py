@@ -36,7 +36,7 @@ from .limits import Limits, check_body, check_raw, check_text, wrap_seed
 from .protocol import (APIError, ChatRequest, CompletionRequest, EmbeddingRequest, NamedToolChoice, Sampling,
                        logit_bias_pairs)
 from .tool_calls import ReplyStream, ToolFormat, tool_format
-from . import completion, llama_endpoints, rerank, webui
+from . import anthropic, completion, llama_endpoints, rerank, webui
 from .sse import sse_response
 
 # how often a waiting non-streaming handler checks that its client is still there
@@ -445,10 +445,14 @@ class AuthAndCount:
         path = scope["path"]
         route = path if path in self.routes else "other"
         if self.expected is not None and path not in OPEN_PATHS:
-            given = dict(scope.get("headers") or []).get(b"authorization", b"")
+            headers = dict(scope.get("headers") or [])
+            given = headers.get(b"authorization", b"")
+            if not given and b"x-api-key" in headers:  # Anthropic's clients send the key in X-Api-Key
+                given = b"Bearer " + headers[b"x-api-key"]
             if not hmac.compare_digest(given, self.expected):
                 self.state.requests[(route, 401)] += 1
-                error = APIError(401, "Invalid or missing API key (Authorization: Bearer KEY)", None, "invalid_api_key")
+                error = APIError(401, "Invalid or missing API key (Authorization: Bearer KEY, or X-Api-Key: KEY)", None,
+                                 "invalid_api_key")
                 return await JSONResponse(error.body(), status_code=401)(scope, receive, send)
         if not self.state.ready:
             self.state.requests[(route, 503)] += 1
@@ -474,7 +478,7 @@ class AuthAndCount:
 # ---------------------------------------------------------------- the app
 
 # the endpoints with their protocol in a module of their own: module.ROUTES, module.register(app, state, serving)
-ENDPOINTS = (rerank, completion)
+ENDPOINTS = (rerank, completion, anthropic)
 ROUTES = {"/", "/health", "/metrics"} | llama_endpoints.ROUTES | set().union(*(m.ROUTES for m in ENDPOINTS)) | {
     f"{prefix}/{name}" for prefix in ("/v1", "") for name in ("models", "completions", "chat/completions", "embeddings")}
 
