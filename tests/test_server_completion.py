@@ -150,3 +150,77 @@ BAD = [  # (path, body, param, the message's words)
 def test_bad_input(served, path, body, param, words):
     r = served[0].post(path, json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == param and words in r.json()["error"]["message"], r.text
+
+
+# ---------------------------------------------------------------- /infill
+
+@pytest.fixture(scope="module")
+def fim(tmp_path_factory):
+    """The demo with Qwen's FIM tokens (tests/test_tokenizer.py's fim_vocab), n_batch 64 so that
+    the prefix and suffix are cut; served, and a reference copy."""
+    from test_tokenizer import fim_vocab
+    path = fim_vocab(tmp_path_factory.mktemp("fim") / "fim.gguf", "texts")
+    model, reference = (load_model(path, n_batch=64, progress=False) for _ in range(2))
+    with serving(model) as client:
+        yield client, reference
+    model.close()
+    reference.close()
+
+
+def _laid_out(ref, prefix, suffix, prompt="", extra=(), n_predict=0):
+    """format_infill by hand for n_batch 64, n_ctx 512: prefix <= 48 tokens, suffix <= 14 - prompt."""
+    f, t = ref.tokenizer.fim_ids, (lambda s: ref.tokenize(s, add_special=False))
+    ex = [f["rep"]] + t("myproject\n")
+    for name, text in extra:
+        ex += [f["sep"]] + t(name + "\n") + t(text)
+    ex += [f["sep"]] + t("filename\n")
+    p = ref.tokenize(prompt, add_special=False, parse_special=True)
+    keep = min(len(ex), max(0, 512 - 64 - 2 * n_predict))
+    return (ex[len(ex) - keep:] + [ref.tokenizer.bos_id, f["pre"]] + t(prefix)[-48:] + p + [f["suf"]]
+            + t(suffix)[:max(0, 14 - len(p))] + [f["mid"]])
+
+
+INFILL = [  # (body beyond n_predict and temperature, what _laid_out is given)
+    ({"input_prefix": "def f(x):\n    ", "input_suffix": "\n    return y\n"},
+     dict(prefix="def f(x):\n    ", suffix="\n    return y\n")),
+    ({"input_prefix": "the graph " * 40, "input_suffix": "runs on " * 20, "prompt": "y ="},
+     dict(prefix="the graph " * 40, suffix="runs on " * 20, prompt="y =")),
+    ({"input_prefix": "a", "input_suffix": "b", "input_extra": [{"filename": "u.py", "text": "x = 1"}, {"text": "z"}]},
+     dict(prefix="a", suffix="b", extra=[("u.py", "x = 1"), ("tmp", "z")])),
+]
+
+
+@pytest.mark.parametrize("body,layout", INFILL)
+def test_infill_is_format_infill_then_generate(fim, body, layout):
+    client, ref = fim
+    ids = _laid_out(ref, n_predict=5, **layout)
+    r = post(client, "/infill", {**body, "n_predict": 5, "temperature": 0, "return_tokens": True})
+    assert r["tokens_evaluated"] == len(ids) and r["prompt"] == ref.detokenize(ids)
+    assert r["content"] == "".join(ref.generate(ids, max_tokens=5, temperature=0))
+
+
+def test_infill_streams_as_completion(fim):
+    client, _ = fim
+    body = {"input_prefix": "def f(x):", "input_suffix": "return y", "n_predict": 5, "temperature": 0}
+    with client.stream("POST", "/infill", json=dict(body, stream=True)) as r:
+        chunks = [json.loads(line[len("data: "):]) for line in r.iter_lines() if line]
+    assert "".join(c["content"] for c in chunks) == post(client, "/infill", body)["content"] and chunks[-1]["stop"]
+
+
+INFILL_BAD = [  # (body, status, param)
+    ({"input_suffix": "b"}, 400, "input_prefix"),
+    ({"input_prefix": "a"}, 400, "input_suffix"),
+    ({"input_prefix": "a", "input_suffix": "b", "input_extra": [{"filename": "x"}]}, 400, "input_extra"),
+    ({"input_prefix": "a", "input_suffix": "b", "prompt": 5}, 400, "prompt"),
+]
+
+
+@pytest.mark.parametrize("body,status,param", INFILL_BAD)
+def test_infill_bad_input(fim, body, status, param):
+    r = fim[0].post("/infill", json=body)
+    assert r.status_code == status and r.json()["error"]["param"] == param, r.text
+
+
+def test_infill_without_fim_tokens_is_501(served):
+    r = served[0].post("/infill", json={"input_prefix": "a", "input_suffix": "b"})
+    assert r.status_code == 501 and "no FIM prefix, suffix, middle token" in r.json()["error"]["message"], r.text

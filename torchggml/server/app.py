@@ -36,7 +36,7 @@ from .limits import Limits, check_body, check_raw, check_text, wrap_seed
 from .protocol import (APIError, ChatRequest, CompletionRequest, EmbeddingRequest, NamedToolChoice, Sampling,
                        logit_bias_pairs)
 from .tool_calls import ReplyStream, ToolFormat, tool_format
-from . import anthropic, completion, llama_endpoints, rerank, responses, webui
+from . import anthropic, completion, infill, llama_endpoints, rerank, responses, webui
 from .sse import sse_response
 
 # how often a waiting non-streaming handler checks that its client is still there
@@ -478,7 +478,7 @@ class AuthAndCount:
 # ---------------------------------------------------------------- the app
 
 # the endpoints with their protocol in a module of their own: module.ROUTES, module.register(app, state, serving)
-ENDPOINTS = (rerank, completion, anthropic, responses)
+ENDPOINTS = (rerank, completion, infill, anthropic, responses)
 ROUTES = {"/", "/health", "/metrics"} | llama_endpoints.ROUTES | set().union(*(m.ROUTES for m in ENDPOINTS)) | {
     f"{prefix}/{name}" for prefix in ("/v1", "") for name in ("models", "completions", "chat/completions", "embeddings")}
 
