@@ -64,15 +64,20 @@ def llama_cpp():
 
 
 @contextlib.contextmanager
-def serving(model, model_id: str = "tiny", parallel: int = 1, api_key: str | None = None, **state_options):
+def serving(model, model_id: str = "tiny", parallel: int = 1, api_key: str | None = None, loras=(), **state_options):
     """`model` served in this process (fastapi's TestClient: an httpx client, also for the openai
-    and anthropic SDKs as their http_client); the engine stopped afterwards."""
+    and anthropic SDKs as their http_client), with LoRA adapters `loras` ((path, scale) as serve
+    --lora-scaled); the engine stopped afterwards."""
     testclient = pytest.importorskip("fastapi.testclient", reason="the server extra is not installed")
     from torchggml.server.app import ServerState, create_app
     from torchggml.server.engine import Engine
     engine = Engine(model, parallel)
+    state = ServerState(model, engine, model_id, **state_options)
+    if loras:
+        from torchggml.server.lora_adapters import load_adapters
+        state.lora_paths, state.lora_scales = load_adapters(model, engine, list(loras)), engine.lora
     try:
-        with testclient.TestClient(create_app(ServerState(model, engine, model_id, **state_options), api_key)) as client:
+        with testclient.TestClient(create_app(state, api_key)) as client:
             yield client
     finally:
         engine.stop()

@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
-from pydantic import ValidationError
+from pydantic import RootModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..models.generation import Generation
@@ -36,7 +36,8 @@ from .limits import Limits, check_body, check_raw, check_text, wrap_seed
 from .protocol import (APIError, ChatRequest, CompletionRequest, EmbeddingRequest, NamedToolChoice, Sampling,
                        logit_bias_pairs)
 from .tool_calls import ReplyStream, ToolFormat, tool_format
-from . import anthropic, completion, infill, llama_endpoints, rerank, responses, webui
+from . import anthropic, completion, infill, llama_endpoints, lora_adapters, rerank, responses, webui
+from .lora_adapters import scales_of
 from .sse import sse_response
 
 # how often a waiting non-streaming handler checks that its client is still there
@@ -68,6 +69,8 @@ class ServerState:
         # tokenization, template rendering, grammar compilation and body parsing: off the event loop
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchggml-prepare")
         self.model = self.engine = None
+        self.lora_paths: list[str] = []          # serve --lora: the adapters (lora_adapters.py)
+        self.lora_scales: tuple[float, ...] = ()  # their scales for requests without a lora field
         self.ready = False
         if model is not None:
             self.attach(model, engine)
@@ -178,6 +181,12 @@ class ServerState:
                 raise APIError(400, f"the {param} can produce no string ({e})", param) from None
         seed = wrap_seed(req.seed)
         bias = logit_bias_pairs(req.logit_bias, self.model)
+        if req.id_slot >= self.engine.parallel:
+            raise APIError(400, f"id_slot {req.id_slot}: this server has slots 0..{self.engine.parallel - 1} "
+                                "(--parallel)", "id_slot")
+        id_slot = req.id_slot
+        lora = None if req.lora is None else scales_of(req.lora, len(self.lora_paths), "lora")
+        lora = lora if self.lora_paths else None  # (no adapters: an empty list asks nothing)
         deadline = None if self.request_timeout is None else time.monotonic() + self.request_timeout
         jobs = []
         for p_index, ids in enumerate(prompts):
@@ -195,7 +204,7 @@ class ServerState:
                     constraint = Constraint(self.vocab, grammar, json_bounds=source[0] == "json_schema")
                 gen = Generation(self.model.tokenizer, ids, params, n, stops, constraint, req.ignore_eos)
                 jobs.append(Job(ids, emit, gen, index=p_index * req.n + k, cache_prompt=req.cache_prompt,
-                                deadline=deadline))
+                                deadline=deadline, id_slot=id_slot, lora=lora))
         return jobs
 
     @property
@@ -204,6 +213,9 @@ class ServerState:
         return self.engine.parallel + self.engine.max_queue
 
     def submit(self, jobs: list[Job]) -> None:
+        if self.lora_paths:  # a request without its own LoRA scales runs with the server's of now
+            for job in jobs:
+                job.lora = self.lora_scales if job.lora is None else job.lora
         room = self.room
         if len(jobs) > room:  # could never be accepted: not a matter of retrying later
             raise APIError(400, f"the request needs {len(jobs)} sequences (prompts x n); this server runs "
@@ -393,9 +405,12 @@ def _validate(raw: bytes, cls, state: "ServerState"):
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise APIError(400, f"malformed JSON body: {e}") from None
-    if not isinstance(body, dict):
+    if isinstance(cls, type) and issubclass(cls, RootModel):  # a body that is a list (/lora-adapters)
+        pass
+    elif not isinstance(body, dict):
         raise APIError(400, f"the body must be a JSON object, got {type(body).__name__}")
-    check_body(body, raw, state.limits, state.room)
+    else:
+        check_body(body, raw, state.limits, state.room)
     try:
         return cls.model_validate(body)
     except ValidationError as e:
@@ -478,7 +493,7 @@ class AuthAndCount:
 # ---------------------------------------------------------------- the app
 
 # the endpoints with their protocol in a module of their own: module.ROUTES, module.register(app, state, serving)
-ENDPOINTS = (rerank, completion, infill, anthropic, responses)
+ENDPOINTS = (rerank, completion, infill, anthropic, responses, lora_adapters)
 ROUTES = {"/", "/health", "/metrics"} | llama_endpoints.ROUTES | set().union(*(m.ROUTES for m in ENDPOINTS)) | {
     f"{prefix}/{name}" for prefix in ("/v1", "") for name in ("models", "completions", "chat/completions", "embeddings")}
 

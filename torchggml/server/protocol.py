@@ -56,6 +56,13 @@ class ResponseFormat(BaseModel):
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")  # llama.cpp's json_object + schema
 
 
+class LoraScale(BaseModel):
+    """One adapter's scale (llama-server's lora entries; lora_adapters.py)."""
+    model_config = ConfigDict(strict=True, extra="ignore")
+    id: StrictInt
+    scale: Number
+
+
 class Sampling(BaseModel):
     """The sampling fields both completion kinds share (defaults: llama-server's)."""
     model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
@@ -78,6 +85,8 @@ class Sampling(BaseModel):
     grammar: StrictStr | None = None
     ignore_eos: StrictBool = False
     cache_prompt: StrictBool = True  # llama-server's: reuse a slot's cells holding a prefix of the prompt
+    id_slot: StrictInt = Field(-1, ge=-1)  # llama-server's: the slot to run in (-1: any)
+    lora: list[LoraScale] | None = None    # llama-server's: this request's LoRA scales (lora_adapters.py)
     user: StrictStr | None = None
     # OpenAI's {"token id": bias}, llama.cpp's [[id or text, bias]] (false: banned): see logit_bias_pairs
     logit_bias: dict[str, Any] | list[Any] | None = None
