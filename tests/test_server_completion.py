@@ -212,6 +212,8 @@ INFILL_BAD = [  # (body, status, param)
     ({"input_prefix": "a"}, 400, "input_suffix"),
     ({"input_prefix": "a", "input_suffix": "b", "input_extra": [{"filename": "x"}]}, 400, "input_extra"),
     ({"input_prefix": "a", "input_suffix": "b", "prompt": 5}, 400, "prompt"),
+    ({"input_prefix": "a " * 100_000, "input_suffix": "b"}, 400, "input_prefix"),   # refused before tokenizing
+    ({"input_prefix": "a", "input_suffix": "b", "input_extra": [{"text": "c " * 100_000}]}, 400, "input_extra[0]"),
 ]
 
 

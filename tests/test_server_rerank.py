@@ -75,6 +75,9 @@ BAD = [  # (body, status, param)
     ({"query": QUERY, "documents": [1, 2]}, 400, "documents"),
     ({"query": QUERY, "documents": DOCS, "top_n": -1}, 400, "top_n"),
     ({"query": QUERY, "documents": ["graph " * 80]}, 400, "documents[0]"),
+    ({"query": QUERY, "documents": ["graph " * 100_000]}, 400, "documents[0]"),    # refused before tokenizing
+    ({"query": "q " * 100_000, "documents": DOCS}, 400, "query"),
+    ({"query": QUERY, "documents": ["a"] * 100}, 400, "documents"),                # more than slots + queue
 ]
 
 

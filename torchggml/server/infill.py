@@ -21,6 +21,7 @@ from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from .completion import NativeRequest, complete
+from .limits import check_text
 from .protocol import APIError
 
 ROUTES = {"/infill"}
@@ -49,6 +50,14 @@ def check_fim(tokenizer) -> dict:
         raise APIError(501, f"infill is not supported by this model: its vocabulary has no FIM {names} token "
                             f"(tokenizer.ggml.fim_{missing[0]}_token_id)", None, "not_supported", "not_supported_error")
     return fim
+
+
+def check_texts(state, req: InfillRequest) -> None:
+    """Each text is bounded before it is tokenized: none may be longer than a slot's context can hold."""
+    texts = [("input_prefix", req.input_prefix), ("input_suffix", req.input_suffix), ("prompt", req.prompt)]
+    texts += [(f"input_extra[{i}]", c.filename + c.text) for i, c in enumerate(req.input_extra)]
+    for param, text in texts:
+        check_text(text, state.max_text_chars, param, state.engine.slot_ctx)
 
 
 def infill_tokens(model, req: InfillRequest, n_ctx: int) -> list[int]:
@@ -82,5 +91,6 @@ def register(app, state, serving) -> None:
     async def infill(request: Request):
         check_fim(state.model.tokenizer)  # before the body: as llama-server, the model's answer comes first
         req = await serving.parse_body(request, InfillRequest)
+        check_texts(state, req)
         ids = await state.run(lambda: state.prompt_ids(infill_tokens(state.model, req, state.engine.slot_ctx)))
         return await complete(request, state, serving, req, [ids])

@@ -20,6 +20,7 @@ from __future__ import annotations
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
+from .limits import check_text
 from .protocol import APIError
 
 ROUTES = {f"{prefix}/{name}" for prefix in ("/v1", "") for name in ("rerank", "reranking")}
@@ -80,9 +81,15 @@ def register(app, state, serving) -> None:
         docs = req.docs()
         model = state.model
 
+        if len(docs) > state.room:  # before any tokenizing: these could never run at once
+            raise APIError(400, f"the request has {len(docs)} documents; this server holds {state.room} sequences "
+                                "(--parallel + --queue-size)", "documents")
+
         def prompts():
+            check_text(req.query, state.max_text_chars, "query", state.engine.slot_ctx)
             out = []
             for i, doc in enumerate(docs):
+                check_text(doc, state.max_text_chars, f"documents[{i}]", state.engine.slot_ctx)
                 ids = state.prompt_ids(pair_tokens(model, req.query, doc), f"documents[{i}]")
                 if not model.hp.causal_attn and len(ids) > model.n_batch:
                     raise APIError(400, f"documents[{i}] with the query is {len(ids)} tokens; this encoder takes "
