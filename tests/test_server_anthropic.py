@@ -113,3 +113,52 @@ BAD = [  # (body, the message's words)
 def test_bad_input(served, body, words):
     r = served[0].post("/v1/messages", json=body)
     assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+
+
+def _events(chunks, job_prompt=(1, 2, 3)):
+    """message_events over these OpenAI chunks: the (event, data) pairs it sends."""
+    import asyncio
+    import json
+    from types import SimpleNamespace
+    from torchggml.server.anthropic import message_events
+
+    async def source():
+        for c in chunks:
+            yield c
+    request = SimpleNamespace(scope={"torchggml.jobs": [SimpleNamespace(prompt=list(job_prompt), gen=None)]})
+
+    async def run():
+        return [text async for text in message_events(source(), request, "m", "msg_1")]
+    out = []
+    for text in asyncio.run(run()):
+        for block in filter(None, text.split("\n\n")):
+            event, data = block.split("\n")
+            out.append((event[len("event: "):], json.loads(data[len("data: "):])))
+    return out
+
+
+def _chunk(delta=None, finish=None, usage=None):
+    if usage is not None:
+        return {"choices": [], "usage": usage}
+    return {"choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish}]}
+
+
+def test_stream_blocks_thinking_text_and_tool_use():
+    """A reasoning model's reply that calls a tool: a thinking block, a text block, a tool_use
+    block (its input as one input_json_delta), each started and stopped in order."""
+    call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    events = _events([_chunk({"role": "assistant", "content": ""}), _chunk({"reasoning_content": "hm"}),
+                      _chunk({"reasoning_content": "m"}), _chunk({"content": "ok"}),
+                      _chunk({"tool_calls": [call]}, "tool_calls"),
+                      _chunk(usage={"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8})])
+    kinds = [(e, d.get("index"), (d.get("content_block") or d.get("delta") or {}).get("type")) for e, d in events]
+    assert kinds == [("message_start", None, None),
+                     ("content_block_start", 0, "thinking"), ("content_block_delta", 0, "thinking_delta"),
+                     ("content_block_delta", 0, "thinking_delta"), ("content_block_stop", 0, None),
+                     ("content_block_start", 1, "text"), ("content_block_delta", 1, "text_delta"),
+                     ("content_block_stop", 1, None),
+                     ("content_block_start", 2, "tool_use"), ("content_block_delta", 2, "input_json_delta"),
+                     ("content_block_stop", 2, None), ("message_delta", None, None), ("message_stop", None, None)]
+    assert events[0][1]["message"]["usage"]["input_tokens"] == 3
+    assert events[-2][1]["delta"]["stop_reason"] == "tool_use" and events[-2][1]["usage"]["output_tokens"] == 5
+    assert events[9][1]["delta"]["partial_json"] == '{"a": 1}' and events[8][1]["content_block"]["name"] == "f"

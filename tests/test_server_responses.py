@@ -106,3 +106,38 @@ BAD = [  # (body, param, the message's words)
 def test_bad_input(served, body, param, words):
     r = served[0].post("/v1/responses", json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == param and words in r.json()["error"]["message"], r.text
+
+
+def test_stream_items_reasoning_text_and_call():
+    """A reasoning model's reply that calls a function: a reasoning item, a message item, a
+    function_call item, each added and done, then response.completed with all three."""
+    import asyncio
+    import json as json_
+    from torchggml.server.responses import ResponsesRequest, response_events
+
+    call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    chunks = [{"choices": [{"index": 0, "delta": d, "finish_reason": f}]} for d, f in (
+        ({"role": "assistant", "content": ""}, None), ({"reasoning_content": "hm"}, None), ({"content": "ok"}, None),
+        ({"tool_calls": [call]}, "tool_calls"))]
+    chunks.append({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}})
+
+    async def source():
+        for c in chunks:
+            yield c
+
+    async def run():
+        state = type("S", (), {"model_id": "m"})()
+        return [t async for t in response_events(source(), ResponsesRequest(input="x"), state, "resp_1", 0)]
+    events = [json_.loads(b.split("\n")[1][len("data: "):]) for t in asyncio.run(run()) for b in filter(None, t.split("\n\n"))]
+    kinds = [e["type"] for e in events]
+    assert kinds == ["response.created", "response.in_progress",
+                     "response.output_item.added", "response.content_part.added", "response.reasoning_text.delta",
+                     "response.reasoning_text.done", "response.content_part.done", "response.output_item.done",
+                     "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+                     "response.output_text.done", "response.content_part.done", "response.output_item.done",
+                     "response.output_item.added", "response.function_call_arguments.delta",
+                     "response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+    final = events[-1]["response"]
+    assert [o["type"] for o in final["output"]] == ["reasoning", "message", "function_call"]
+    assert final["output"][1]["content"][0]["text"] == "ok" and final["output"][2]["arguments"] == '{"a": 1}'
+    assert final["usage"]["output_tokens"] == 5 and [e["sequence_number"] for e in events] == list(range(len(events)))
