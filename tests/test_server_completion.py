@@ -66,6 +66,20 @@ def test_n_probs_are_the_models_log_probabilities(served):
     assert "".join(p["token"] for p in probs) == r["content"]
 
 
+def test_n_probs_equal_llama_cpps(served, demo_path, llama_cpp):
+    """The first step's n_probs against llama.cpp's logits for the same prompt (llama-cpp-python)."""
+    client, ref = served
+    ids = ref.tokenize(PROMPT, parse_special=True)
+    llm = llama_cpp.Llama(model_path=demo_path, n_ctx=64, logits_all=True, verbose=False)
+    llm.eval(ids)
+    expect = torch.log_softmax(torch.tensor(llm.scores[len(ids) - 1], dtype=torch.float64), -1)
+    top = torch.topk(expect, 4)
+    got = post(client, "/completion", {"prompt": ids, "n_predict": 1, "temperature": 0, "n_probs": 4})
+    first = got["completion_probabilities"][0]["top_logprobs"]
+    assert [t["id"] for t in first] == top.indices.tolist()
+    assert [t["logprob"] for t in first] == pytest.approx(top.values.tolist(), abs=2e-3)
+
+
 def test_stream_is_the_whole_answer_without_done(served):
     client, _ = served
     body = {"prompt": PROMPT, "n_predict": 6, "temperature": 0, "n_probs": 2, "stream": True}
