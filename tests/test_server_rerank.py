@@ -4,6 +4,12 @@ pairs laid out as llama.cpp's format_prompt_rerank, scores equal to Model.embed'
 not rank is answered 501 saying why."""
 from __future__ import annotations
 
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 
@@ -57,6 +63,25 @@ def test_rerank_scores_are_model_embeds_sorted(reranker, path, extra, n, with_do
         assert ("document" in x) == with_docs and (not with_docs or x["document"] == {"text": DOCS[x["index"]]})
     n_tokens = sum(len(pair_tokens(m, QUERY, d)) for d in DOCS)
     assert body["usage"] == {"prompt_tokens": n_tokens, "total_tokens": n_tokens} and body["object"] == "list"
+
+
+def test_rerank_scores_equal_llama_cpps(reranker, llama_cpp, tmp_path):
+    """Each pair's score against llama.cpp's rank pooling of the same tokens
+    (scripts/gen_encoder_embeddings.py's child: llama_get_embeddings_seq, pooling_type rank)."""
+    spec = importlib.util.spec_from_file_location("gen", Path(__file__).parents[1] / "scripts" / "gen_encoder_embeddings.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    client, m = reranker
+    scores = {x["index"]: x["relevance_score"]
+              for x in client.post("/v1/rerank", json={"query": QUERY, "documents": DOCS}).json()["results"]}
+    for i, doc in enumerate(DOCS):
+        out = tmp_path / f"{i}.npz"
+        ids = ",".join(map(str, pair_tokens(m, QUERY, doc)))
+        run = subprocess.run([sys.executable, "-c", gen.CHILD, str(m.path), str(out), ids, "rank=4"],
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr[-2000:]
+        ref = float(np.load(out)["rank"][0])
+        assert abs(scores[i] - ref) <= 2e-3 * max(abs(ref), 1.0), (doc, scores[i], ref)
 
 
 def test_tei_shape(reranker):
