@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from conftest import serving
 from test_encoders import with_wordpiece_vocab
