@@ -3,11 +3,17 @@
     /v1/models  /v1/completions  /v1/chat/completions  /v1/embeddings  (also without /v1)
     /health  /metrics (Prometheus text)
 
+and, each with its protocol in a module of its own (ENDPOINTS, registered with a Serving): llama-server's
+/completion (completion.py), /infill (infill.py), /v1/rerank (rerank.py), /lora-adapters
+(lora_adapters.py), Anthropic's /v1/messages (anthropic.py) and OpenAI's /v1/responses
+(responses.py); /tokenize, /detokenize, /apply-template, /props, /slots (llama_endpoints.py); the
+chat page (webui.py).
+
 Requests are checked before anything runs; every bad input is an OpenAI-style JSON error with a
 4xx status (engine failures are 500, a full queue 503). Streaming answers are server-sent events
 ("data: {chunk}" ... "data: [DONE]"); a client that hangs up cancels its sequences (the stream's
 generator is closed, or a waiting non-streaming handler sees the disconnect). With an API key every
-endpoint but /health wants "Authorization: Bearer KEY", compared in constant time.
+endpoint but /health wants "Authorization: Bearer KEY" (or "X-Api-Key: KEY"), compared in constant time.
 """
 from __future__ import annotations
 
