@@ -81,10 +81,11 @@ def test_stop_sequence(served):
     assert m.stop_reason == "stop_sequence" and m.stop_sequence == word
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_a_two_turn_tool_use(served, stream):
+@pytest.mark.parametrize("stream,choice", [(False, {"type": "any"}), (True, {"type": "any"}),
+                                           (False, {"type": "tool", "name": "get_weather"})])
+def test_a_two_turn_tool_use(served, stream, choice):
     _, client = served
-    args = dict(model="tiny", max_tokens=64, extra_body=GREEDY, tools=[WEATHER], tool_choice={"type": "any"})
+    args = dict(model="tiny", max_tokens=64, extra_body=GREEDY, tools=[WEATHER], tool_choice=choice)
     if stream:
         with client.messages.stream(messages=ASK, **args) as s:
             first = s.get_final_message()
