@@ -73,6 +73,13 @@ def cmd_serve(args) -> int:
                 print(f"{args.mmproj}: projector {mm.mmproj.projector}", file=sys.stderr)
             held["engine"] = engine = Engine(model, args.parallel, args.queue_size, draft=draft,
                                              n_draft=args.draft_max)
+            loras = [(path, 1.0) for path in args.lora or []] + [(p, float(x)) for p, x in args.lora_scaled or []]
+            if loras:
+                from ..server.lora_adapters import load_adapters
+                if args.lora_init_without_apply:
+                    loras = [(path, 0.0) for path, _ in loras]
+                state.lora_paths = load_adapters(model, engine, loras)
+                state.lora_scales = engine.lora
             state.attach(model, engine, mm)
             from ..models.warmup import install as notice_compiles
             notice_compiles()  # a line for each kernel whose compiling runs past a second
@@ -118,8 +125,9 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' (also $TORCHGGML_API_KEY)")
     p.add_argument("--alias", default=None, metavar="NAME", help="the model's name in the API (default: file name)")
-    p.add_argument("--pooling", choices=("mean", "cls", "last"), default=None,
-                   help="embeddings' pooling (default: the file's pooling type, mean when it has none)")
+    p.add_argument("--pooling", choices=("mean", "cls", "last", "rank"), default=None,
+                   help="embeddings' pooling (default: the file's pooling type, mean when it has none); rank: "
+                        "a reranker's classifier head, for /v1/rerank")
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
                    help="the HTTP server's log level")
     add_chat_template_option(p)
@@ -141,6 +149,13 @@ def add_subcommands(subparsers) -> None:
                    help="open connections and requests at once; past it new requests get 503 (default 256)")
     p.add_argument("--strict-model-name", action="store_true",
                    help="answer 404 to a request naming another model (default: serve any name, as llama-server)")
+    p.add_argument("--lora", action="append", metavar="FILE",
+                   help="a LoRA adapter (GGUF, llama.cpp's format) at scale 1; repeat for several; their scales: "
+                        "POST /lora-adapters, or a request's lora field")
+    p.add_argument("--lora-scaled", action="append", nargs=2, metavar=("FILE", "SCALE"),
+                   help="a LoRA adapter at this scale")
+    p.add_argument("--lora-init-without-apply", action="store_true",
+                   help="load the adapters at scale 0 (apply them later: POST /lora-adapters)")
     p.add_argument("--mmproj", default=None, metavar="FILE",
                    help="the model's multimodal projector (mmproj GGUF): image_url and input_audio parts in chats")
     p.add_argument("--media-path", default=None, metavar="DIR",

@@ -24,6 +24,10 @@ thread: ("token", job, text, choices), ("done", job, text, None), ("error", job,
 (status 400 when the client's grammar failed, 500 otherwise). A job with a `deadline`
 (time.monotonic()) that passes ends with finish_reason "length".
 
+A job may name its slot (id_slot: it waits while that slot is busy) and its LoRA scales: sequences
+with other scales than the running ones wait until those end (they are not batched together, as
+in llama-server); then the scales change (the server's set_lora) and the slots' cells are cleared.
+
 With one slot every step is what Model.generate evaluates, so temperature 0 gives generate's
 tokens exactly.
 """
@@ -60,6 +64,8 @@ class Job:
     submitted: float = field(default_factory=time.perf_counter)
     first_token: float | None = None
     deadline: float | None = None  # time.monotonic() past which the sequence ends ("length")
+    id_slot: int = -1              # the slot it must run in (-1: any), llama-server's id_slot
+    lora: tuple | None = None      # the LoRA scales it runs with (None: whatever the model has)
 
     def cancel(self) -> None:
         """Stop this sequence at the next step (a client that hung up); no more events."""
@@ -108,6 +114,8 @@ class Engine:
         self.waiting: collections.deque[Job] = collections.deque()
         self.active: list[Job] = []
         self.free_slots = list(range(self.parallel))
+        self.lora: tuple | None = None   # the model's LoRA scales now, and how to change them (the server's)
+        self.set_lora: Callable[[tuple], None] | None = None
         self._cond = threading.Condition()
         self._running = True
         self._thread = threading.Thread(target=self._loop, name="torchggml-engine", daemon=True)
@@ -155,16 +163,39 @@ class Engine:
                     job.emit(("error", job, f"{type(e).__name__}: {e}", 500))
 
     def _admit(self) -> None:
+        held = []  # jobs left waiting, in their order
         while self.free_slots and self.waiting:
             job = self.waiting.popleft()
             if job.cancelled:  # its client left while it waited
                 self.stats.sequences_finished["cancelled"] += 1
                 continue
+            if job.id_slot >= 0 and job.id_slot not in self.free_slots:
+                held.append(job)  # its slot is busy
+                continue
+            if job.lora is not None and job.lora != self.lora:
+                if self.active:  # other LoRA scales: not batched with the running sequences (as llama-server)
+                    held.append(job)
+                    break
+                try:
+                    self._use_lora(job.lora)
+                except Exception as e:  # the adapters could not be set: this request fails, not the engine
+                    job.emit(("error", job, f"{type(e).__name__}: {e}", 500))
+                    continue
             job.seq_id = self._take_slot(job)
             if job.gen is not None:
                 job.seq = self.batch.add(job.gen, job.seq_id, self.slot_ctx, owner=job, n_cached=job.n_cached)
                 self.stats.cached_prompt_tokens += job.n_cached
             self.active.append(job)
+        self.waiting.extendleft(reversed(held))
+
+    def _use_lora(self, scales: tuple) -> None:
+        """Give the model these LoRA scales (set_lora, the server's); the slots' cells, computed with
+        the others, are cleared."""
+        self.set_lora(scales)
+        for slot in list(self.slot_tokens):
+            self.model.reset(slot)
+        self.slot_tokens.clear()
+        self.lora = scales
 
     def _take_slot(self, job: Job) -> int:
         """The free slot whose cells share the longest prefix with the job's prompt (the lowest
@@ -177,7 +208,7 @@ class Engine:
                 n += 1
             return n
         reuse = job.cache_prompt and job.gen is not None
-        slot = max(self.free_slots, key=lambda s: (common(s) if reuse else 0, -s))
+        slot = job.id_slot if job.id_slot >= 0 else max(self.free_slots, key=lambda s: (common(s) if reuse else 0, -s))
         self.free_slots.remove(slot)
         n = min(common(slot), len(job.prompt) - 1) if reuse else 0
         held = self.slot_tokens.pop(slot, None)
