@@ -8,6 +8,7 @@ encoder graph's input `inp_raw` through the scheduler's eval callback, at the pa
 convolution's IM2COL node). Flash attention off on both sides (F32 attention).
 
     PYTHONPATH=$PWD python scripts/gen_mtmd_golden.py            # writes tests/data/mtmd
+    PYTHONPATH=$PWD python scripts/gen_mtmd_golden.py --only internvl   # one case, the others kept
     PYTHONPATH=$PWD python scripts/gen_mtmd_golden.py --compare IMAGE.jpg SOUND.mp3   # ours vs libmtmd
 
 --compare also runs torchggml on the same image and prints each type's relative L2 error, and
@@ -176,11 +177,16 @@ class LibMtmd:
         self.L.llama_model_free(self.model)
 
 
-def generate(directory: Path) -> None:
+def generate(directory: Path, only: list[str] | None = None) -> None:
+    """Every case's golden data, or only the named cases' (the others' kept)."""
     DATA.mkdir(parents=True, exist_ok=True)
     text = write_tiny_text_model(directory / "text-gemma3.gguf")
     manifest = {"prompt": PROMPT, "text_model_sha256": sha256(text), "image": "synthetic_image()", "cases": {}}
+    if only:
+        manifest["cases"] = json.loads((DATA / "manifest.json").read_text())["cases"]
     for case in MMPROJ_CASES:
+        if only and case.name not in only:
+            continue
         rgb = synthetic_audio() if case.n_mel else synthetic_image()
         for wt in WEIGHT_TYPES:
             key = f"{case.name}-{wt}"
@@ -210,7 +216,7 @@ def generate(directory: Path) -> None:
     (DATA / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
 
-def compare(directory: Path, media: list[str]) -> None:
+def compare(directory: Path, media: list[str], only: list[str] | None = None) -> None:
     """Ours vs libmtmd on real files: images given Pillow's RGB to both (and Pillow's decode vs
     stb_image's), audio given libmtmd's own decode (miniaudio; no decoder is needed here)."""
     import torch
@@ -220,7 +226,7 @@ def compare(directory: Path, media: list[str]) -> None:
     sound = next((m for m in media if m.endswith((".mp3", ".wav", ".flac"))), None)
     rgb = load_image(image) if image else None
     for case in MMPROJ_CASES:
-        if (case.n_mel and sound is None) or (not case.n_mel and image is None):
+        if (case.n_mel and sound is None) or (not case.n_mel and image is None) or (only and case.name not in only):
             continue
         for wt in WEIGHT_TYPES:
             path = str(write_tiny_mmproj(directory / f"mmproj-{case.name}-{wt}.gguf", case, wt))
@@ -266,12 +272,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--compare", metavar="FILE", nargs="+",
                     help="compare ours with libmtmd on these files instead (an image and/or an mp3/wav)")
+    ap.add_argument("--only", metavar="CASE", nargs="+", help="only these cases (golden data: the others kept)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         if args.compare:
-            compare(Path(d), args.compare)
+            compare(Path(d), args.compare, args.only)
         else:
-            generate(Path(d))
+            generate(Path(d), args.only)
 
 
 if __name__ == "__main__":

@@ -98,6 +98,7 @@ def text_model(files):
     ("qwen2vl", "qwen2vl_merger", 2, "bicubic"),
     ("qwen25vl", "qwen2.5vl_merger", 2, "bicubic"),
     ("pixtral", "pixtral", 2, "bicubic"),
+    ("internvl", "internvl", 2, "bicubic"),
 ])
 def test_load_hparams(files, name, projector, n_merge, algo):
     mm = load_mmproj(files[f"{name}-F32"])
@@ -125,7 +126,7 @@ def _mmproj_with(path, **keys):
 
 
 @pytest.mark.parametrize("projector, words", [
-    ("internvl", "a type llama.cpp knows, not yet supported here"),
+    ("kimivl", "a type llama.cpp knows, not yet supported here"),
     ("qwen3vl_merger", "a type llama.cpp knows, not yet supported here"),
     ("no-such-projector", "unknown to llama.cpp too"),
 ])
@@ -180,6 +181,38 @@ def test_dynamic_size(w, h, align, lo, hi, expect):
         beta = math.sqrt(lo / (h * w))
         wb, hb = math.ceil(w * beta / align) * align, math.ceil(h * beta / align) * align
     assert dynamic_size(w, h, align, lo, hi) == (wb, hb) == expect
+
+
+@pytest.mark.parametrize("lo, hi, expect", [
+    (1, 6, [(1, 1), (1, 2), (1, 3), (1, 4), (1, 5), (1, 6), (2, 1), (2, 2), (2, 3), (3, 1), (3, 2), (4, 1),
+            (5, 1), (6, 1)]),
+    (2, 4, [(2, 2)]),   # clip.cpp's loops: a from lo, and b from lo too
+])
+def test_internvl_candidates(lo, hi, expect):
+    from torchggml.mtmd.loader import internvl_candidates
+    assert internvl_candidates(10, lo, hi) == tuple((10 * a, 10 * b) for a, b in expect)
+
+
+@pytest.mark.parametrize("size, expect", [
+    ((100, 75), (128, 128)),    # every candidate that keeps all 7500 pixels, the least wasteful
+    ((640, 488), (192, 128)),   # none keeps them all: the one keeping most (3 x 2)
+    ((200, 40), (256, 64)),     # wide: 4 x 1
+])
+def test_best_resolution(size, expect):
+    from torchggml.mtmd.loader import internvl_candidates
+    from torchggml.mtmd.preprocess import best_resolution
+    assert best_resolution(*size, internvl_candidates(64, 1, 6)) == expect
+
+
+def test_internvl_tiles(files):
+    """Slices row by row, then the overview (libmtmd's order); a small image is the overview alone."""
+    mm = load_mmproj(files["internvl-F32"])
+    pre = preprocess(synthetic_image(), "internvl", mm.vision)
+    assert [(t.kind, t.row, t.col) for t in pre.tiles] == \
+        [("slice", 0, 0), ("slice", 0, 1), ("slice", 1, 0), ("slice", 1, 1), ("overview", 0, 0)]
+    assert pre.grid == (2, 2)
+    assert [t.kind for t in preprocess(synthetic_image(64, 40), "internvl", mm.vision).tiles] == ["overview"]
+    mm.close()
 
 
 def test_image_sources_agree(tmp_path):

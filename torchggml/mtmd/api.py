@@ -8,7 +8,7 @@ A prompt is a list of parts: texts, token-id lists, images (`Image(path | bytes 
 uint8 array)`, or a PIL image directly) and audio (`Audio(wav path | float samples)`). Each image becomes what libmtmd's tokenizer makes of it:
 the projector's marker texts around its embeddings (gemma3: <start_of_image> ... <end_of_image>,
 read non-causally), idefics3's tiles with their row/column markers, slices first and the
-overview last."""
+overview last, InternVL's slices and overview between <img> and </img>."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -120,6 +120,8 @@ class Multimodal:
                     parts.append(ids("\n"))
             return parts + [ids("\n\n", "<fake_token_around_image>", "<global-img>"), chunk(rows[0]),
                             ids("<fake_token_around_image>")]
+        if self.mmproj.projector == "internvl":  # the slices, then the overview, each a chunk
+            return ["<img>", *(chunk(r) for r in rows), "</img>"]
         if self.mmproj.projector == "pixtral":
             return [chunk(rows[0]), "[IMG_END]"]
         return [chunk(rows[0])]

@@ -18,7 +18,8 @@ from ..models.placement import cpu_device, find_device
 from ..tensor import Tensor
 
 # projector types torchggml encodes (one graph module each; see encoders.py)
-SUPPORTED_PROJECTORS = ("gemma3", "idefics3", "mlp", "qwen2vl_merger", "qwen2.5vl_merger", "pixtral", "qwen2a")
+SUPPORTED_PROJECTORS = ("gemma3", "idefics3", "mlp", "qwen2vl_merger", "qwen2.5vl_merger", "pixtral", "qwen2a",
+                        "internvl")
 AUDIO_PROJECTORS = frozenset({"qwen2a"})
 
 # every type clip.cpp's projector table names, for the error that tells "unknown" from "not yet"
@@ -68,6 +69,14 @@ class VisionHParams(EncoderHParams):
     min_pixels: int = 0          # dynamic-size projectors (qwen2vl): the resized image's pixel range
     max_pixels: int = 0
     n_wa_pattern: int = 0        # qwen2.5vl: every n-th layer attends fully, the others by window
+    # LLaVA-UHD slicing (internvl, LLaVA 1.6): the refined image's candidate sizes (w, h), and how the
+    # overview (ov) and the refined image (rf) are resized (clip.cpp's image_*_ov / image_*_rf)
+    res_candidates: tuple[tuple[int, int], ...] = ()
+    resize_algo_ov: str = "bicubic"
+    resize_pad_ov: str = "none"
+    resize_algo_rf: str = "bicubic"
+    resize_pad_rf: str = "ceil"
+    pad_color_rf: tuple[int, int, int] = (0, 0, 0)
 
 
 @dataclass
@@ -164,9 +173,22 @@ def read_vision_hparams(file: GGUFFile, projector: str) -> VisionHParams:
         hp.n_merge, hp.resize_algo = int(key("spatial_merge_size", 1)), "bicubic"
         area = (hp.patch_size * hp.n_merge) ** 2  # llama.cpp's token limits: 8 to 1024 tokens
         hp.min_pixels, hp.max_pixels = 8 * area, 1024 * area
+    elif projector == "internvl":
+        hp.n_merge = int(scale_factor or 1)
+        lo, hi = int(key("preproc_min_tiles", 1)), int(key("preproc_max_tiles", 12))
+        if not 1 <= lo <= hi:
+            raise GGUFError(f"{file.path}: internvl tiles: preproc_min_tiles {lo}, preproc_max_tiles {hi}")
+        hp.res_candidates = internvl_candidates(hp.image_size, lo, hi)
     if hp.image_size % hp.patch_size:
         raise GGUFError(f"{file.path}: image_size {hp.image_size} is not a multiple of patch_size {hp.patch_size}")
     return hp
+
+
+def internvl_candidates(size: int, lo: int, hi: int) -> tuple[tuple[int, int], ...]:
+    """InternVL's tile grids a x b with lo <= a * b <= hi, as (width, height) in pixels, in
+    clip.cpp's order (a ascending, then b)."""
+    return tuple((a * size, b * size) for a in range(lo, hi + 1)
+                 for b in range(max((lo + a - 1) // a, lo), min(hi // a, hi) + 1))
 
 
 @dataclass

@@ -13,7 +13,11 @@ An image becomes one or more `Tile`s, each a float32 [3, H, W] tensor the encode
 - dynamic size (qwen2vl, pixtral): the aspect ratio kept, each side a multiple of patch x merge, the
   pixel count within the projector's token limits (transformers' smart_resize), letterboxed;
 - idefics3: resized so the longest edge is preproc_image_size, then up to a multiple of
-  image_size and cut into image_size tiles row by row, after an overview of the whole image."""
+  image_size and cut into image_size tiles row by row, after an overview of the whole image;
+- LLaVA-UHD slicing with candidate grids (internvl): an image larger than image_size is
+  letterboxed into the candidate size that keeps most of its pixels (then wastes least) and cut
+  into image_size tiles row by row; the overview is the whole image stretched to image_size.
+  InternVL's tiles come slices first, the overview last (libmtmd's order)."""
 from __future__ import annotations
 
 import io
@@ -121,6 +125,10 @@ def preprocess(image, projector: str, hp: VisionHParams, device=None) -> Preproc
         return PreprocessedImage([Tile(norm(letterbox(rgb, n, n, hp.resize_algo, hp.resize_pad, hp.pad_color)))], size)
     if projector == "idefics3":
         return _idefics3(rgb, hp, norm, size)
+    if projector == "internvl":
+        pre = slice_by_candidates(rgb, hp, norm, size)
+        pre.tiles = pre.tiles[1:] + pre.tiles[:1]
+        return pre
     if projector in ("qwen2vl_merger", "qwen2.5vl_merger", "pixtral"):
         w, h = dynamic_size(size[0], size[1], hp.patch_size * hp.n_merge, hp.min_pixels, hp.max_pixels)
         return PreprocessedImage([Tile(norm(letterbox(rgb, w, h, hp.resize_algo, hp.resize_pad, hp.pad_color)))], size)
@@ -164,3 +172,31 @@ def _idefics3(rgb: np.ndarray, hp: VisionHParams, norm, size) -> PreprocessedIma
         for x in range(gx):
             tiles.append(Tile(norm(refined[y * tile:(y + 1) * tile, x * tile:(x + 1) * tile]), "slice", y, x))
     return PreprocessedImage(tiles, size, (gx, gy))
+
+
+def best_resolution(width: int, height: int, candidates) -> tuple[int, int]:
+    """The candidate (w, h) that keeps most of the image's pixels once the image is scaled into it
+    (aspect kept, sides truncated), then wastes least (llava-uhd's select_best_resolution)."""
+    best, best_kept, best_waste = None, 0, None
+    for cw, ch in candidates:
+        scale = min(np.float32(cw) / np.float32(width), np.float32(ch) / np.float32(height))
+        kept = min(int(np.float32(width) * scale) * int(np.float32(height) * scale), width * height)
+        waste = cw * ch - kept
+        if kept > best_kept or (kept == best_kept and waste < best_waste):
+            best, best_kept, best_waste = (cw, ch), kept, waste
+    return best
+
+
+def slice_by_candidates(rgb: np.ndarray, hp: VisionHParams, norm, size) -> PreprocessedImage:
+    """The overview, then (for an image larger than image_size) the image_size slices of the
+    refined image, row by row (mtmd-image.cpp's llava_uhd preprocessor with resolution candidates)."""
+    n, (w0, h0) = hp.image_size, size
+    tiles = [Tile(norm(letterbox(rgb, n, n, hp.resize_algo_ov, hp.resize_pad_ov, hp.pad_color)), "overview")]
+    if w0 <= n and h0 <= n:
+        return PreprocessedImage(tiles, size)
+    rw, rh = best_resolution(w0, h0, hp.res_candidates)
+    refined = letterbox(rgb, rw, rh, hp.resize_algo_rf, hp.resize_pad_rf, hp.pad_color_rf)
+    for y in range(0, rh, n):
+        for x in range(0, rw, n):
+            tiles.append(Tile(norm(refined[y:y + n, x:x + n]), "slice", y // n, x // n))
+    return PreprocessedImage(tiles, size, (rw // n, rh // n))

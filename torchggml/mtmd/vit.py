@@ -79,13 +79,16 @@ def ffn(ctx, mm: MMProj, il: int, x: Tensor, prefix: str = "v") -> Tensor:
 def vit(ctx, mm: MMProj, x: Tensor, n_layer: int | None = None, post_norm: bool = True, rms: bool = False,
         rope=None, mask=None, after_pre_norm=None, prefix: str = "v", before_post_norm=None) -> Tensor:
     """The pre-norm ViT over patch rows x [n_embd, n_pos] (position embeddings already added):
-    the optional pre-norm, n_layer blocks (default all), the optional post-norm; LayerNorms, or
+    the optional pre-norm, n_layer blocks (default all, each with optional layer scales), the optional post-norm; LayerNorms, or
     RMS norms with `rms`; `rope` as for attention; mask(il): layer il's attention mask or None;
     after_pre_norm(x): a reordering of the rows before the first block; before_post_norm(x): a step
     after the last block (audio's pooling); prefix as for attention."""
     hp = mm.hparams(prefix)
     opt = lambda name: mm.tensor(name, required=False)  # noqa: E731
     norm = lambda x, name: layer_norm(ctx, x, opt(name + ".weight"), opt(name + ".bias"), hp.eps, rms)  # noqa: E731
+    def scale(x, name):  # the optional layer scale (InternViT's ls1 / ls2)
+        w = opt(name + ".weight")
+        return x if w is None else ops.mul(ctx, x, w)
     if opt(f"{prefix}.pre_ln.weight") is not None:
         x = norm(x, f"{prefix}.pre_ln")
     if after_pre_norm is not None:
@@ -93,8 +96,8 @@ def vit(ctx, mm: MMProj, x: Tensor, n_layer: int | None = None, post_norm: bool 
     for il in range(hp.n_layer if n_layer is None else n_layer):
         pre = f"{prefix}.blk.{il}."
         m = None if mask is None else mask(il)
-        x = ops.add(ctx, attention(ctx, mm, il, norm(x, pre + "ln1"), m, rope=rope, prefix=prefix), x)
-        x = ops.add(ctx, x, ffn(ctx, mm, il, norm(x, pre + "ln2"), prefix=prefix))
+        x = ops.add(ctx, scale(attention(ctx, mm, il, norm(x, pre + "ln1"), m, rope=rope, prefix=prefix), pre + "ls1"), x)
+        x = ops.add(ctx, x, scale(ffn(ctx, mm, il, norm(x, pre + "ln2"), prefix=prefix), pre + "ls2"))
     if before_post_norm is not None:
         x = before_post_norm(x)
     if post_norm and opt(f"{prefix}.post_ln.weight") is not None:

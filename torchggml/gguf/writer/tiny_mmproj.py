@@ -56,6 +56,7 @@ MMPROJ_CASES = [
     MMProjCase("qwen2a", "qwen2a", n_mel=16, eps=1e-5),
     MMProjCase("mlp", "mlp", act="quick", mean=(0.48145466, 0.4578275, 0.40821073),
                std=(0.26862954, 0.26130258, 0.27577711), eps=1e-5),
+    MMProjCase("internvl", "internvl", merge=2, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)),
 ]
 MMPROJ_BY_NAME = {c.name: c for c in MMPROJ_CASES}
 
@@ -78,9 +79,11 @@ def _vision_tensors(case: MMProjCase, gen: torch.Generator) -> dict[str, torch.T
         w["v.pre_ln.weight"] = vec(e, 1.0)
     else:
         w["v.patch_embd.bias"] = vec(e)
-        w["v.position_embd.weight"] = 0.5 * torch.randn(n_patches + (case.projector == "mlp"), e, generator=gen)
-    if case.projector == "mlp":  # CLIP: a class token and a pre-norm
+        with_cls = case.projector in ("mlp", "internvl")
+        w["v.position_embd.weight"] = 0.5 * torch.randn(n_patches + with_cls, e, generator=gen)
+    if case.projector in ("mlp", "internvl"):  # CLIP and InternViT: a class token
         w["v.class_embd"] = torch.randn(e, generator=gen)
+    if case.projector == "mlp":  # CLIP's pre-norm
         w["v.pre_ln.weight"], w["v.pre_ln.bias"] = vec(e, 1.0), vec(e)
     for il in range(case.n_layer):
         b = f"v.blk.{il}."
@@ -102,6 +105,8 @@ def _vision_tensors(case: MMProjCase, gen: torch.Generator) -> dict[str, torch.T
             w[b + name + ".weight"], w[b + name + ".bias"] = vec(e, 1.0), vec(e)
         w[b + "ffn_up.weight"], w[b + "ffn_up.bias"] = mat(case.n_ff, e), vec(case.n_ff)
         w[b + "ffn_down.weight"], w[b + "ffn_down.bias"] = mat(e, case.n_ff), vec(e)
+        if case.projector == "internvl":  # InternViT's layer scales
+            w[b + "ls1.weight"], w[b + "ls2.weight"] = vec(e, 0.5), vec(e, 0.5)
     return w
 
 
@@ -137,6 +142,14 @@ def _projector_tensors(case: MMProjCase, gen: torch.Generator) -> dict[str, torc
                 "mm.2.weight": torch.randn(t, t, generator=gen) / t ** 0.5,
                 "mm.2.bias": 0.1 * torch.randn(t, generator=gen),
                 "v.token_embd.img_break": torch.randn(t, generator=gen)}
+    if case.projector == "internvl":  # mlp1: LayerNorm -> Linear -> GELU -> Linear
+        k = e * case.merge ** 2
+        return {"mm.model.mlp.0.weight": 1.0 + 0.1 * torch.randn(k, generator=gen),
+                "mm.model.mlp.0.bias": 0.1 * torch.randn(k, generator=gen),
+                "mm.model.mlp.1.weight": torch.randn(t, k, generator=gen) / k ** 0.5,
+                "mm.model.mlp.1.bias": 0.1 * torch.randn(t, generator=gen),
+                "mm.model.mlp.3.weight": torch.randn(t, t, generator=gen) / t ** 0.5,
+                "mm.model.mlp.3.bias": 0.1 * torch.randn(t, generator=gen)}
     if case.projector == "mlp":  # LLaVA 1.5: mm.0 -> gelu -> mm.2, no post-norm
         return {"mm.0.weight": torch.randn(t, e, generator=gen) / e ** 0.5,
                 "mm.0.bias": 0.1 * torch.randn(t, generator=gen),
@@ -203,6 +216,8 @@ def write_tiny_mmproj(path, case: MMProjCase | str, weight_type: str = "F32") ->
         keys["clip.vision.preproc_image_size"] = case.longest_edge
     if case.projector == "qwen2.5vl_merger":  # window attention in layer 0, full in layer 1
         keys["clip.vision.n_wa_pattern"] = 2
+    if case.projector == "internvl":  # at most 6 tiles (a 2 x 2 grid for the golden image)
+        keys["clip.vision.preproc_max_tiles"] = 6
     if case.act in ("gelu", "silu"):
         keys[f"clip.use_{case.act}"] = True
     for key, value in keys.items():
