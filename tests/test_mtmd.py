@@ -99,6 +99,7 @@ def text_model(files):
     ("qwen25vl", "qwen2.5vl_merger", 2, "bicubic"),
     ("pixtral", "pixtral", 2, "bicubic"),
     ("internvl", "internvl", 2, "bicubic"),
+    ("lfm2", "lfm2", 2, "bilinear"),
 ])
 def test_load_hparams(files, name, projector, n_merge, algo):
     mm = load_mmproj(files[f"{name}-F32"])
@@ -212,6 +213,31 @@ def test_internvl_tiles(files):
         [("slice", 0, 0), ("slice", 0, 1), ("slice", 1, 0), ("slice", 1, 1), ("overview", 0, 0)]
     assert pre.grid == (2, 2)
     assert [t.kind for t in preprocess(synthetic_image(64, 40), "internvl", mm.vision).tiles] == ["overview"]
+    mm.close()
+
+
+@pytest.mark.parametrize("size, expect", [
+    ((640, 488), (3, 2)),     # libmtmd's grid for test-1.jpeg
+    ((1000, 500), (2, 1)),    # aspect 2 exactly: (4, 2) ties, but the image covers under half of it
+    ((2000, 1000), (4, 2)),   # the same tie, the image over half of (4, 2)'s area
+    ((500, 2000), (1, 4)),
+])
+def test_lfm2_grid(size, expect):
+    from torchggml.mtmd.preprocess import lfm2_grid
+    assert lfm2_grid(*size) == expect
+
+
+@pytest.mark.parametrize("size, tile", [
+    ((640, 488), True),
+    ((100, 75), False),
+    ((360, 360), False),      # 22.5 merged patches a side round half to even: 352^2 is within 2 x 256 tokens
+    ((376, 376), True),
+])
+def test_lfm2_should_tile(files, size, tile):
+    from torchggml.mtmd.preprocess import lfm2_should_tile
+    mm = load_mmproj(files["lfm2-F32"])
+    assert (mm.vision.min_pixels, mm.vision.max_pixels) == (64 * 256, 256 * 256)
+    assert lfm2_should_tile(*size, mm.vision) is tile
     mm.close()
 
 

@@ -8,7 +8,8 @@ A prompt is a list of parts: texts, token-id lists, images (`Image(path | bytes 
 uint8 array)`, or a PIL image directly) and audio (`Audio(wav path | float samples)`). Each image becomes what libmtmd's tokenizer makes of it:
 the projector's marker texts around its embeddings (gemma3: <start_of_image> ... <end_of_image>,
 read non-causally), idefics3's tiles with their row/column markers, slices first and the
-overview last, InternVL's slices and overview between <img> and </img>."""
+overview last, InternVL's slices and overview between <img> and </img>, LFM2-VL's tiles
+(<|img_row_i_col_j|>) and thumbnail between <|image_start|> and <|image_end|>."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -122,6 +123,13 @@ class Multimodal:
                             ids("<fake_token_around_image>")]
         if self.mmproj.projector == "internvl":  # the slices, then the overview, each a chunk
             return ["<img>", *(chunk(r) for r in rows), "</img>"]
+        if self.mmproj.projector == "lfm2":  # tiles with their <|img_row_i_col_j|> markers, the thumbnail last
+            if pre.grid == (0, 0):
+                return ["<|image_start|>", chunk(rows[0]), "<|image_end|>"]
+            gx, parts = pre.grid[0], ["<|image_start|>"]
+            for i, r in enumerate(rows[:-1]):
+                parts += [f"<|img_row_{i // gx + 1}_col_{i % gx + 1}|>", chunk(r)]
+            return parts + [self.lookup_token("<|img_thumbnail|>"), chunk(rows[-1]), "<|image_end|>"]
         if self.mmproj.projector == "pixtral":
             return [chunk(rows[0]), "[IMG_END]"]
         return [chunk(rows[0])]

@@ -19,7 +19,7 @@ from ..tensor import Tensor
 
 # projector types torchggml encodes (one graph module each; see encoders.py)
 SUPPORTED_PROJECTORS = ("gemma3", "idefics3", "mlp", "qwen2vl_merger", "qwen2.5vl_merger", "pixtral", "qwen2a",
-                        "internvl")
+                        "internvl", "lfm2")
 AUDIO_PROJECTORS = frozenset({"qwen2a"})
 
 # every type clip.cpp's projector table names, for the error that tells "unknown" from "not yet"
@@ -179,6 +179,11 @@ def read_vision_hparams(file: GGUFFile, projector: str) -> VisionHParams:
         if not 1 <= lo <= hi:
             raise GGUFError(f"{file.path}: internvl tiles: preproc_min_tiles {lo}, preproc_max_tiles {hi}")
         hp.res_candidates = internvl_candidates(hp.image_size, lo, hi)
+    elif projector == "lfm2":
+        hp.n_merge, hp.resize_algo = int(scale_factor or 1), "bilinear"
+        hp.resize_algo_ov = hp.resize_algo_rf = "bilinear"
+        area = (hp.patch_size * hp.n_merge) ** 2  # LFM2-VL's processor: 64 to 256 tokens
+        hp.min_pixels, hp.max_pixels = 64 * area, 256 * area
     if hp.image_size % hp.patch_size:
         raise GGUFError(f"{file.path}: image_size {hp.image_size} is not a multiple of patch_size {hp.patch_size}")
     return hp

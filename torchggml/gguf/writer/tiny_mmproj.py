@@ -57,6 +57,7 @@ MMPROJ_CASES = [
     MMProjCase("mlp", "mlp", act="quick", mean=(0.48145466, 0.4578275, 0.40821073),
                std=(0.26862954, 0.26130258, 0.27577711), eps=1e-5),
     MMProjCase("internvl", "internvl", merge=2, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)),
+    MMProjCase("lfm2", "lfm2", merge=2),
 ]
 MMPROJ_BY_NAME = {c.name: c for c in MMPROJ_CASES}
 
@@ -150,6 +151,16 @@ def _projector_tensors(case: MMProjCase, gen: torch.Generator) -> dict[str, torc
                 "mm.model.mlp.1.bias": 0.1 * torch.randn(t, generator=gen),
                 "mm.model.mlp.3.weight": torch.randn(t, t, generator=gen) / t ** 0.5,
                 "mm.model.mlp.3.bias": 0.1 * torch.randn(t, generator=gen)}
+    if case.projector == "lfm2":  # post-norm, pixel unshuffle, input LayerNorm, mm.1 -> gelu -> mm.2
+        k = e * case.merge ** 2
+        return {"v.post_ln.weight": 1.0 + 0.1 * torch.randn(e, generator=gen),
+                "v.post_ln.bias": 0.1 * torch.randn(e, generator=gen),
+                "mm.input_norm.weight": 1.0 + 0.1 * torch.randn(k, generator=gen),
+                "mm.input_norm.bias": 0.1 * torch.randn(k, generator=gen),
+                "mm.1.weight": torch.randn(t, k, generator=gen) / k ** 0.5,
+                "mm.1.bias": 0.1 * torch.randn(t, generator=gen),
+                "mm.2.weight": torch.randn(t, t, generator=gen) / t ** 0.5,
+                "mm.2.bias": 0.1 * torch.randn(t, generator=gen)}
     if case.projector == "mlp":  # LLaVA 1.5: mm.0 -> gelu -> mm.2, no post-norm
         return {"mm.0.weight": torch.randn(t, e, generator=gen) / e ** 0.5,
                 "mm.0.bias": 0.1 * torch.randn(t, generator=gen),
