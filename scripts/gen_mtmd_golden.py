@@ -29,7 +29,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from torchggml.gguf.writer.tiny_mmproj import MMPROJ_CASES, write_tiny_mmproj, write_tiny_text_model  # noqa: E402
+from torchggml.gguf.writer.tiny_mmproj import (MMPROJ_CASES, TEXT_ARCH, write_tiny_mmproj,  # noqa: E402
+                                               write_tiny_text_model)
 
 DATA = ROOT / "tests" / "data" / "mtmd"
 PROMPT = "Look: <__media__> What is it?"
@@ -86,7 +87,7 @@ class LibMtmd:
         self.ctx = M.mtmd_init_from_file(mmproj_path.encode(), self.model, cp)
         if not self.ctx:
             raise RuntimeError(f"libmtmd could not load {mmproj_path}")
-        self.n_embd = llama_cpp.llama_model_n_embd(self.model)
+        self.n_embd = llama_cpp.llama_model_n_embd_inp(self.model)  # Qwen3-VL's rows: with deepstack slices
         self.n_ctx = n_ctx
 
     def _eval_callback(self, tensor, ask, user_data) -> bool:
@@ -182,6 +183,10 @@ def generate(directory: Path, only: list[str] | None = None) -> None:
     DATA.mkdir(parents=True, exist_ok=True)
     text = write_tiny_text_model(directory / "text-gemma3.gguf")
     manifest = {"prompt": PROMPT, "text_model_sha256": sha256(text), "image": "synthetic_image()", "cases": {}}
+    texts = {"gemma3": text}
+    for arch in set(TEXT_ARCH.values()):
+        texts[arch] = write_tiny_text_model(directory / f"text-{arch}.gguf", arch=arch)
+        manifest[f"text_model_{arch}_sha256"] = sha256(texts[arch])
     if only:
         manifest["cases"] = json.loads((DATA / "manifest.json").read_text())["cases"]
     for case in MMPROJ_CASES:
@@ -194,17 +199,16 @@ def generate(directory: Path, only: list[str] | None = None) -> None:
             # llama.cpp's pixtral graph makes its [IMG_BREAK] rows as scale(uninitialised, 0) + img_break:
             # NaN wherever the reused compute memory held NaN or inf. Such runs are retried.
             for attempt in range(8):
-                lib = LibMtmd(text, str(path))
+                lib = LibMtmd(texts[TEXT_ARCH.get(case.name, "gemma3")], str(path))
                 chunks, _ = lib.chunks(rgb)
                 arrays = {f"chunk{i}_{kind}": a for i, (kind, a) in enumerate(chunks)}
                 if wt == "F32":  # the pixels (audio: the mel chunks) do not depend on the weights
                     arrays.update({f"pixels{i}": x for i, x in enumerate(lib.pixels)})
                 entry = {"case": case.name, "weights": wt, "sha256": sha256(path),
+                         "text": TEXT_ARCH.get(case.name, "gemma3"),
                          "chunks": [kind for kind, _ in chunks], "nan_runs_retried": attempt}
-                # the text model is a gemma3: Qwen2-VL's images need an M-RoPE text model, so no logits
-                if case.projector not in ("qwen2vl_merger", "qwen2.5vl_merger"):
-                    arrays["logits"] = lib.logits_after(rgb)
-                    entry["logits"] = True
+                arrays["logits"] = lib.logits_after(rgb)
+                entry["logits"] = True
                 lib.close()
                 if all(np.isfinite(a).all() for a in arrays.values()):
                     break
@@ -221,7 +225,8 @@ def compare(directory: Path, media: list[str], only: list[str] | None = None) ->
     stb_image's), audio given libmtmd's own decode (miniaudio; no decoder is needed here)."""
     import torch
     from torchggml.mtmd import Encoder, load_image, load_mmproj, log_mel, preprocess
-    text = write_tiny_text_model(directory / "text-gemma3.gguf")
+    texts = {arch: write_tiny_text_model(directory / f"text-{arch}.gguf", arch=arch)
+             for arch in {"gemma3", *TEXT_ARCH.values()}}
     image = next((m for m in media if not m.endswith((".mp3", ".wav", ".flac"))), None)
     sound = next((m for m in media if m.endswith((".mp3", ".wav", ".flac"))), None)
     rgb = load_image(image) if image else None
@@ -230,7 +235,7 @@ def compare(directory: Path, media: list[str], only: list[str] | None = None) ->
             continue
         for wt in WEIGHT_TYPES:
             path = str(write_tiny_mmproj(directory / f"mmproj-{case.name}-{wt}.gguf", case, wt))
-            lib = LibMtmd(text, path)
+            lib = LibMtmd(texts[TEXT_ARCH.get(case.name, "gemma3")], path)
             if case.n_mel:
                 samples = lib.decode_file(sound)
                 theirs = [a for kind, a in lib.chunks(samples)[0] if kind == "audio"]

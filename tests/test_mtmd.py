@@ -6,6 +6,7 @@ libmtmd's. Also: the loader's keys and errors, preprocessing, and Model's embedd
 from __future__ import annotations
 
 import hashlib
+import inspect
 import io
 import json
 import math
@@ -74,7 +75,9 @@ def rel_err(ours, ref) -> float:
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("mtmd")
-    paths = {"text": Path(write_tiny_text_model(d / "text-gemma3.gguf"))}
+    paths = {"text": Path(write_tiny_text_model(d / "text-gemma3.gguf")),
+             **{f"text-{arch}": Path(write_tiny_text_model(d / f"text-{arch}.gguf", arch=arch))
+                for arch in ("qwen2vl", "qwen3vl")}}
     for name in MMPROJ_BY_NAME:
         for wt in ("F32", "Q8_0"):
             paths[f"{name}-{wt}"] = Path(write_tiny_mmproj(d / f"mmproj-{name}-{wt}.gguf", name, wt))
@@ -84,6 +87,20 @@ def files(tmp_path_factory):
 @pytest.fixture(scope="module")
 def text_model(files):
     model = load_model(files["text"], progress=False)
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def qwen2vl_text_model(files):
+    model = load_model(files["text-qwen2vl"], progress=False)
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def qwen3vl_text_model(files):
+    model = load_model(files["text-qwen3vl"], progress=False)
     yield model
     model.close()
 
@@ -128,7 +145,7 @@ def _mmproj_with(path, **keys):
 
 @pytest.mark.parametrize("projector, words", [
     ("kimivl", "a type llama.cpp knows, not yet supported here"),
-    ("qwen3vl_merger", "a type llama.cpp knows, not yet supported here"),
+    ("glm4v", "a type llama.cpp knows, not yet supported here"),
     ("no-such-projector", "unknown to llama.cpp too"),
 ])
 def test_unsupported_projector_one_line(tmp_path, projector, words):
@@ -313,11 +330,18 @@ def test_embeddings_vs_libmtmd(files, key):
 
 @needs_golden
 @pytest.mark.parametrize("key", [k for k in GOLDEN if "logits" in MANIFEST["cases"][k]])
-def test_prompt_layout_and_logits_vs_libmtmd(files, text_model, key):
+def test_prompt_layout_and_logits_vs_libmtmd(files, request, key):
     """[text, image or audio, text] through Multimodal: the text chunks' token ids equal
-    libmtmd's, and the logits after the prompt llama.cpp's (Gemma 3 reads its image non-causally)."""
-    assert sha256(files["text"]) == MANIFEST["text_model_sha256"]
+    libmtmd's, and the logits after the prompt llama.cpp's (Gemma 3 reads its image non-causally;
+    Qwen3-VL's text model places the image in 2-D M-RoPE positions and adds its deepstack slices)."""
     entry, ref = MANIFEST["cases"][key], np.load(DATA / f"{key}.npz")
+    arch = entry.get("text", "gemma3")
+    if arch == "gemma3":
+        assert sha256(files["text"]) == MANIFEST["text_model_sha256"]
+        text_model = request.getfixturevalue("text_model")
+    else:
+        assert sha256(files[f"text-{arch}"]) == MANIFEST[f"text_model_{arch}_sha256"]
+        text_model = request.getfixturevalue(f"{arch}_text_model")
     mm = Multimodal(text_model, load_mmproj(files[key]))
     before, after = MANIFEST["prompt"].split("<__media__>")
     media = Audio(synthetic_audio()) if is_audio(key) else Image(synthetic_image())
@@ -419,6 +443,40 @@ def test_generate_with_embeddings(text_model):
         assert choices == []
     else:
         assert choices[0].token == first
+
+
+def test_mrope_image_positions(qwen3vl_text_model, monkeypatch):
+    """An image of 3 x 2 tokens after 4 text tokens: rotary positions (4, 4 + row, 4 + column, 0);
+    the text after it continues at 4 + max(3, 2) = 7, as llama.cpp's M-RoPE images; a prefix cut
+    before the image forgets the jump, one after it keeps it."""
+    m = qwen3vl_text_model
+    m.reset()
+    m.eval([1, 50, 60, 70])
+    rows = torch.randn(6, m.hp.n_embd_inp, generator=torch.Generator().manual_seed(2))
+    seen, real = [], m._eval_ubatch
+
+    def spy(*args, **kwargs):  # the rotary positions the micro-batch is given
+        seen.append(inspect.signature(real).bind(*args, **kwargs).arguments["rope4"])
+        return real(*args, **kwargs)
+    monkeypatch.setattr(m, "_eval_ubatch", spy)
+    m.eval_embeddings(rows, grid=(3, 2))
+    monkeypatch.undo()
+    assert seen[0].tolist() == [[4] * 6, [4, 4, 4, 5, 5, 5], [4, 5, 6, 4, 5, 6], [0] * 6]
+    kv = m.memory
+    assert kv.seq_len(0) == 10
+    assert kv.rope_positions(np.array([0, 0]), np.array([10, 11], np.int32)).tolist() == [7, 8]
+    kv.keep_prefix(0, 10)
+    assert kv.rope_positions(np.array([0]), np.array([10], np.int32)).tolist() == [7]
+    kv.keep_prefix(0, 6)
+    assert kv.rope_positions(np.array([0]), np.array([6], np.int32)).tolist() == [6]
+    m.reset()
+
+
+@pytest.mark.parametrize("grid, message", [((4, 2), "grid 4x2 is not the 6 rows given")])
+def test_mrope_grid_must_match(qwen3vl_text_model, grid, message):
+    qwen3vl_text_model.reset()
+    with pytest.raises(ValueError, match=message):
+        qwen3vl_text_model.eval_embeddings(torch.zeros(6, qwen3vl_text_model.hp.n_embd_inp), grid=grid)
 
 
 def test_mmproj_width_must_match(files, text_model, tmp_path):

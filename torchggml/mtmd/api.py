@@ -9,7 +9,8 @@ uint8 array)`, or a PIL image directly) and audio (`Audio(wav path | float sampl
 the projector's marker texts around its embeddings (gemma3: <start_of_image> ... <end_of_image>,
 read non-causally), idefics3's tiles with their row/column markers, slices first and the
 overview last, InternVL's slices and overview between <img> and </img>, LFM2-VL's tiles
-(<|img_row_i_col_j|>) and thumbnail between <|image_start|> and <|image_end|>."""
+(<|img_row_i_col_j|>) and thumbnail between <|image_start|> and <|image_end|>, Qwen-VL's image
+between <|vision_start|> and <|vision_end|> at 2-D positions (its merged patch grid)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,6 +25,9 @@ from .preprocess import PreprocessedImage, preprocess
 
 # the non-causal projectors (mtmd_decode_use_non_causal)
 NON_CAUSAL = frozenset({"gemma3"})
+
+# the projectors whose images take M-RoPE positions in the text model (mtmd_decode_use_mrope)
+MROPE = frozenset({"qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger"})
 
 # where an image goes in a text prompt (libmtmd's default media marker)
 MEDIA_MARKER = "<__media__>"
@@ -72,9 +76,9 @@ class Multimodal:
     """A Model and an MMProj whose projector outputs the model's embedding width."""
 
     def __init__(self, model, mmproj: MMProj, n_threads: int | None = None):
-        if mmproj.n_embd_text != model.hp.n_embd:
+        if mmproj.n_embd_text != model.hp.n_embd_inp:
             raise ValueError(f"{mmproj.path}: the projector outputs {mmproj.n_embd_text}-wide embeddings but "
-                             f"{model.path} has n_embd {model.hp.n_embd}")
+                             f"{model.path} has n_embd {model.hp.n_embd_inp}")
         self.model, self.mmproj = model, mmproj
         self.encoder = Encoder(mmproj, n_threads)
         self._by_piece: dict[str, int] | None = None
@@ -130,6 +134,10 @@ class Multimodal:
             for i, r in enumerate(rows[:-1]):
                 parts += [f"<|img_row_{i // gx + 1}_col_{i % gx + 1}|>", chunk(r)]
             return parts + [self.lookup_token("<|img_thumbnail|>"), chunk(rows[-1]), "<|image_end|>"]
+        if self.mmproj.projector in MROPE:  # the merged patch grid: the text model's 2-D positions
+            tile, side = pre.tiles[0].pixels, self.mmproj.vision.patch_size * self.mmproj.vision.n_merge
+            grid = (int(tile.shape[2]) // side, int(tile.shape[1]) // side)
+            return ["<|vision_start|>", EmbeddingChunk(rows[0], True, grid), "<|vision_end|>"]
         if self.mmproj.projector == "pixtral":
             return [chunk(rows[0]), "[IMG_END]"]
         return [chunk(rows[0])]

@@ -19,7 +19,7 @@ from ..tensor import Tensor
 
 # projector types torchggml encodes (one graph module each; see encoders.py)
 SUPPORTED_PROJECTORS = ("gemma3", "idefics3", "mlp", "qwen2vl_merger", "qwen2.5vl_merger", "pixtral", "qwen2a",
-                        "internvl", "lfm2")
+                        "internvl", "lfm2", "qwen3vl_merger")
 AUDIO_PROJECTORS = frozenset({"qwen2a"})
 
 # every type clip.cpp's projector table names, for the error that tells "unknown" from "not yet"
@@ -161,7 +161,7 @@ def read_vision_hparams(file: GGUFFile, projector: str) -> VisionHParams:
             raise UnsupportedProjectorError(f"{file.path}: projector 'mlp' with image_grid_pinpoints (LLaVA 1.6 "
                                             f"slicing) is not supported yet; LLaVA 1.5 files are")
         hp.pad_color = (122, 116, 104)
-    elif projector in ("qwen2vl_merger", "qwen2.5vl_merger"):
+    elif projector in ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger"):
         hp.n_merge, hp.resize_algo = int(key("spatial_merge_size", 2)), "bicubic"
         # Qwen2.5-VL must say its window pattern (clip.cpp requires the key); Qwen2-VL may
         hp.n_wa_pattern = int(key("n_wa_pattern") if projector == "qwen2.5vl_merger" else key("n_wa_pattern", 0))
@@ -220,8 +220,11 @@ class MMProj:
 
     @property
     def n_embd_text(self) -> int:
-        """The width of the embeddings the projector outputs (the text model's n_embd)."""
-        return (self.vision or self.audio).projection_dim
+        """The width of the embeddings the projector outputs (the text model's input width: its
+        n_embd, times 1 + the deepstack layers for Qwen3-VL)."""
+        n_deepstack = sum(1 for il in range(self.vision.n_layer)
+                          if self.weights.get(f"v.deepstack.{il}.fc2.weight") is not None) if self.vision else 0
+        return (self.vision or self.audio).projection_dim * (1 + n_deepstack)
 
     def close(self) -> None:
         self.weights.free()

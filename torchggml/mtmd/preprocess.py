@@ -134,7 +134,7 @@ def preprocess(image, projector: str, hp: VisionHParams, device=None) -> Preproc
         return pre
     if projector == "lfm2":
         return _lfm2(rgb, hp, norm, size)
-    if projector in ("qwen2vl_merger", "qwen2.5vl_merger", "pixtral"):
+    if projector in ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger", "pixtral"):
         w, h = dynamic_size(size[0], size[1], hp.patch_size * hp.n_merge, hp.min_pixels, hp.max_pixels)
         return PreprocessedImage([Tile(norm(letterbox(rgb, w, h, hp.resize_algo, hp.resize_pad, hp.pad_color)))], size)
     raise ValueError(f"preprocess: no preprocessing for projector {projector!r}")

@@ -58,6 +58,7 @@ MMPROJ_CASES = [
                std=(0.26862954, 0.26130258, 0.27577711), eps=1e-5),
     MMProjCase("internvl", "internvl", merge=2, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)),
     MMProjCase("lfm2", "lfm2", merge=2),
+    MMProjCase("qwen3vl", "qwen3vl_merger", mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)),
 ]
 MMPROJ_BY_NAME = {c.name: c for c in MMPROJ_CASES}
 
@@ -74,8 +75,11 @@ def _vision_tensors(case: MMProjCase, gen: torch.Generator) -> dict[str, torch.T
         return mean + std * torch.randn(n, generator=gen)
 
     w = {"v.patch_embd.weight": torch.randn(e, 3, p, p, generator=gen) / (3 * p * p) ** 0.5}
-    if case.projector in ("qwen2vl_merger", "qwen2.5vl_merger"):  # a second frame's convolution, M-RoPE
+    if case.projector in ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger"):  # a second frame's conv, M-RoPE
         w["v.patch_embd.weight.1"] = torch.randn(e, 3, p, p, generator=gen) / (3 * p * p) ** 0.5
+        if case.projector == "qwen3vl_merger":  # a patch bias, learned positions on a square grid
+            w["v.patch_embd.bias"] = vec(e)
+            w["v.position_embd.weight"] = 0.5 * torch.randn(n_patches, e, generator=gen)
     elif case.projector == "pixtral":  # 2-D RoPE, RMS norms without biases, gated FFN
         w["v.pre_ln.weight"] = vec(e, 1.0)
     else:
@@ -100,8 +104,10 @@ def _vision_tensors(case: MMProjCase, gen: torch.Generator) -> dict[str, torch.T
             if biased:
                 w[b + "ffn_gate.bias"], w[b + "ffn_up.bias"], w[b + "ffn_down.bias"] = vec(case.n_ff), vec(case.n_ff), vec(e)
             continue
-        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            w[b + name + ".weight"], w[b + name + ".bias"] = mat(e, e), vec(e)
+        names = ("attn_qkv", "attn_out") if case.projector == "qwen3vl_merger" else ("attn_q", "attn_k", "attn_v", "attn_out")
+        for name in names:  # Qwen3-VL: one fused q/k/v projection
+            rows = 3 * e if name == "attn_qkv" else e
+            w[b + name + ".weight"], w[b + name + ".bias"] = mat(rows, e), vec(rows)
         for name in ("ln1", "ln2"):
             w[b + name + ".weight"], w[b + name + ".bias"] = vec(e, 1.0), vec(e)
         w[b + "ffn_up.weight"], w[b + "ffn_up.bias"] = mat(case.n_ff, e), vec(case.n_ff)
@@ -124,11 +130,18 @@ def _projector_tensors(case: MMProjCase, gen: torch.Generator) -> dict[str, torc
         return {"v.post_ln.weight": 1.0 + 0.1 * torch.randn(e, generator=gen),
                 "v.post_ln.bias": 0.1 * torch.randn(e, generator=gen),
                 "mm.model.fc.weight": torch.randn(t, k, generator=gen) / k ** 0.5}
-    if case.projector in ("qwen2vl_merger", "qwen2.5vl_merger"):  # post-norm (ln_q), 2 x 2 -> mm.0 -> gelu -> mm.2
+    if case.projector in ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger"):  # post-norm, 2 x 2 -> mm.0 -> gelu -> mm.2
         k = 4 * e
         norm = {"v.post_ln.weight": 1.0 + 0.1 * torch.randn(e, generator=gen)}
-        if case.projector == "qwen2vl_merger":  # LayerNorm; Qwen2.5-VL's RMS norm has no bias
+        if case.projector != "qwen2.5vl_merger":  # LayerNorm; Qwen2.5-VL's RMS norm has no bias
             norm["v.post_ln.bias"] = 0.1 * torch.randn(e, generator=gen)
+        if case.projector == "qwen3vl_merger":  # layer 0's deepstack merger: LayerNorm -> fc1 -> gelu -> fc2
+            norm.update({"v.deepstack.0.norm.weight": 1.0 + 0.1 * torch.randn(k, generator=gen),
+                         "v.deepstack.0.norm.bias": 0.1 * torch.randn(k, generator=gen),
+                         "v.deepstack.0.fc1.weight": torch.randn(k, k, generator=gen) / k ** 0.5,
+                         "v.deepstack.0.fc1.bias": 0.1 * torch.randn(k, generator=gen),
+                         "v.deepstack.0.fc2.weight": torch.randn(t, k, generator=gen) / k ** 0.5,
+                         "v.deepstack.0.fc2.bias": 0.1 * torch.randn(t, generator=gen)})
         return {**norm,
                 "mm.0.weight": torch.randn(k, k, generator=gen) / k ** 0.5,
                 "mm.0.bias": 0.1 * torch.randn(k, generator=gen),
@@ -255,15 +268,23 @@ def _write_audio(w, case: MMProjCase, gen: torch.Generator, qtype) -> None:
                   keep_f32=lambda name, data: name.startswith(("a.conv1d", "a.position_embd")) or name.endswith(".bias"))
 
 
-def write_tiny_text_model(path, n_embd: int = 64) -> str:
-    """The tiny gemma3 text model (tiny.py's recipe, width n_embd) with a byte-level BPE
+# the text models the projectors' cases pair with: gemma3 (no M-RoPE) unless named here
+TEXT_ARCH = {"qwen2vl": "qwen2vl", "qwen25vl": "qwen2vl", "qwen3vl": "qwen3vl"}
+# extra text-model metadata by architecture: Qwen3-VL's input rows carry one deepstack slice
+TEXT_METADATA = {"qwen3vl": {"n_deepstack_layers": 1}}
+
+
+def write_tiny_text_model(path, n_embd: int = 64, arch: str = "gemma3") -> str:
+    """The tiny text model of tiny.py's recipe for `arch` (width n_embd) with a byte-level BPE
     vocabulary ending in the MEDIA_TOKENS (control tokens), which libmtmd needs to tokenize."""
     import gguf
     vocab = train_vocab(320)
     # "\n\n" as one token (GPT-2's bytes): idefics3's layout looks it up by its text
     tokens = vocab.tokens + ["\u010a\u010a"] + list(MEDIA_TOKENS)
     types = vocab.types + [1] + [3] * len(MEDIA_TOKENS)
-    case = replace(CASES_BY_NAME["gemma3"], name="gemma3-mtmd", n_vocab=len(tokens), n_embd=n_embd, n_ctx=1024)
+    base = CASES_BY_NAME[arch]
+    case = replace(base, name=f"{arch}-mtmd", n_vocab=len(tokens), n_embd=n_embd, n_ctx=1024,
+                   metadata=tuple(base.metadata) + tuple(TEXT_METADATA.get(arch, {}).items()))
     gen = torch.Generator().manual_seed(TINY_SEED + sum(map(ord, case.name)))
     path = os.fspath(path)
     w = gguf.GGUFWriter(path, case.arch)
