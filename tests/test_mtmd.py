@@ -222,14 +222,25 @@ def test_best_resolution(size, expect):
     assert best_resolution(*size, internvl_candidates(64, 1, 6)) == expect
 
 
-def test_internvl_tiles(files):
+@pytest.mark.parametrize("name", ["internvl", "llava16"])
+def test_slices_then_overview(files, name):
     """Slices row by row, then the overview (libmtmd's order); a small image is the overview alone."""
-    mm = load_mmproj(files["internvl-F32"])
-    pre = preprocess(synthetic_image(), "internvl", mm.vision)
+    mm = load_mmproj(files[f"{name}-F32"])
+    pre = preprocess(synthetic_image(), mm.projector, mm.vision)
     assert [(t.kind, t.row, t.col) for t in pre.tiles] == \
         [("slice", 0, 0), ("slice", 0, 1), ("slice", 1, 0), ("slice", 1, 1), ("overview", 0, 0)]
     assert pre.grid == (2, 2)
-    assert [t.kind for t in preprocess(synthetic_image(64, 40), "internvl", mm.vision).tiles] == ["overview"]
+    assert [t.kind for t in preprocess(synthetic_image(64, 40), mm.projector, mm.vision).tiles] == ["overview"]
+    mm.close()
+
+
+def test_llava16_pinpoints(files):
+    mm = load_mmproj(files["llava16-F32"])
+    assert mm.vision.res_candidates == ((64, 128), (128, 64), (128, 128), (192, 64))
+    assert (mm.vision.resize_pad_ov, mm.vision.resize_pad_rf, mm.vision.pad_color_rf) == ("none", "ceil", (0, 0, 0))
+    mm.close()
+    mm = load_mmproj(files["mlp-F32"])
+    assert mm.vision.res_candidates == ()
     mm.close()
 
 

@@ -157,9 +157,15 @@ def read_vision_hparams(file: GGUFFile, projector: str) -> VisionHParams:
         hp.n_merge, hp.resize_algo = int(scale_factor or 1), "lanczos"
         hp.image_longest_edge = int(key("preproc_image_size", 0))
     elif projector == "mlp":
-        if file.get("clip.vision.image_grid_pinpoints", None):
-            raise UnsupportedProjectorError(f"{file.path}: projector 'mlp' with image_grid_pinpoints (LLaVA 1.6 "
-                                            f"slicing) is not supported yet; LLaVA 1.5 files are")
+        if key("feature_layer", None) is not None:
+            raise UnsupportedProjectorError(f"{file.path}: projector 'mlp' with clip.vision.feature_layer (several "
+                                            f"layers' features) is not supported yet")
+        pinpoints = [int(v) for v in key("image_grid_pinpoints", [])]
+        if len(pinpoints) % 2:
+            raise GGUFError(f"{file.path}: clip.vision.image_grid_pinpoints has an odd number of values ({len(pinpoints)})")
+        # LLaVA 1.6: LLaVA-UHD slicing over the pinpoints (the overview stretched, the refined image
+        # letterboxed on black, both bicubic: clip.cpp's defaults then); LLaVA 1.5: letterboxed on grey
+        hp.res_candidates = tuple(zip(pinpoints[0::2], pinpoints[1::2]))
         hp.pad_color = (122, 116, 104)
     elif projector in ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger"):
         hp.n_merge, hp.resize_algo = int(key("spatial_merge_size", 2)), "bicubic"

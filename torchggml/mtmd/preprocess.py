@@ -14,10 +14,10 @@ An image becomes one or more `Tile`s, each a float32 [3, H, W] tensor the encode
   pixel count within the projector's token limits (transformers' smart_resize), letterboxed;
 - idefics3: resized so the longest edge is preproc_image_size, then up to a multiple of
   image_size and cut into image_size tiles row by row, after an overview of the whole image;
-- LLaVA-UHD slicing with candidate grids (internvl): an image larger than image_size is
+- LLaVA-UHD slicing with candidate sizes (internvl's tile grids, LLaVA 1.6's pinpoints): an image larger than image_size is
   letterboxed into the candidate size that keeps most of its pixels (then wastes least) and cut
   into image_size tiles row by row; the overview is the whole image stretched to image_size.
-  InternVL's tiles come slices first, the overview last (libmtmd's order);
+  the slices come first, the overview last (libmtmd's order for both);
 - lfm2 (LFM2-VL): the aspect kept within 64..256 tokens (as dynamic size, stretched); an image
   above twice the token limit is also cut into 512 x 512 tiles on the grid of 2..10 tiles whose
   aspect is closest, letterboxed, the resized whole image (the thumbnail) after them."""
@@ -123,15 +123,15 @@ def preprocess(image, projector: str, hp: VisionHParams, device=None) -> Preproc
     rgb = load_image(image)
     size = (rgb.shape[1], rgb.shape[0])
     norm = lambda u8: normalize(u8, hp.image_mean, hp.image_std, device)  # noqa: E731
+    if projector in ("internvl", "mlp") and hp.res_candidates:  # the slices, then the overview
+        pre = slice_by_candidates(rgb, hp, norm, size)
+        pre.tiles = pre.tiles[1:] + pre.tiles[:1]
+        return pre
     if projector in ("gemma3", "mlp"):
         n = hp.image_size
         return PreprocessedImage([Tile(norm(letterbox(rgb, n, n, hp.resize_algo, hp.resize_pad, hp.pad_color)))], size)
     if projector == "idefics3":
         return _idefics3(rgb, hp, norm, size)
-    if projector == "internvl":
-        pre = slice_by_candidates(rgb, hp, norm, size)
-        pre.tiles = pre.tiles[1:] + pre.tiles[:1]
-        return pre
     if projector == "lfm2":
         return _lfm2(rgb, hp, norm, size)
     if projector in ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger", "pixtral"):

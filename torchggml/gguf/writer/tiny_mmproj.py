@@ -42,6 +42,7 @@ class MMProjCase:
     mean: tuple = (0.5, 0.5, 0.5)
     std: tuple = (0.5, 0.5, 0.5)
     n_mel: int = 0               # an audio encoder (whisper's) with this many mel bins instead of a ViT
+    pinpoints: tuple = ()        # clip.vision.image_grid_pinpoints (LLaVA 1.6's slicing), flat (w, h) pairs
 
 
 MMPROJ_CASES = [
@@ -56,6 +57,9 @@ MMPROJ_CASES = [
     MMProjCase("qwen2a", "qwen2a", n_mel=16, eps=1e-5),
     MMProjCase("mlp", "mlp", act="quick", mean=(0.48145466, 0.4578275, 0.40821073),
                std=(0.26862954, 0.26130258, 0.27577711), eps=1e-5),
+    # LLaVA 1.6: the LLaVA 1.5 encoder with pinpoints (a 2 x 2 grid of 64-pixel slices for the golden image)
+    MMProjCase("llava16", "mlp", act="quick", mean=(0.48145466, 0.4578275, 0.40821073),
+               std=(0.26862954, 0.26130258, 0.27577711), eps=1e-5, pinpoints=(64, 128, 128, 64, 128, 128, 192, 64)),
     MMProjCase("internvl", "internvl", merge=2, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)),
     MMProjCase("lfm2", "lfm2", merge=2),
     MMProjCase("qwen3vl", "qwen3vl_merger", mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)),
@@ -240,6 +244,8 @@ def write_tiny_mmproj(path, case: MMProjCase | str, weight_type: str = "F32") ->
         keys["clip.vision.preproc_image_size"] = case.longest_edge
     if case.projector == "qwen2.5vl_merger":  # window attention in layer 0, full in layer 1
         keys["clip.vision.n_wa_pattern"] = 2
+    if case.pinpoints:
+        keys["clip.vision.image_grid_pinpoints"] = [int(v) for v in case.pinpoints]
     if case.projector == "internvl":  # at most 6 tiles (a 2 x 2 grid for the golden image)
         keys["clip.vision.preproc_max_tiles"] = 6
     if case.act in ("gelu", "silu"):
