@@ -583,6 +583,41 @@ def test_load_audio_errors(tmp_path, make, message):
         load_audio(make(tmp_path / "a.wav"))
 
 
+@pytest.mark.parametrize("name, stack, n_tokens", [("qwen2a", 1, 750), ("ultravox", 4, 375), ("voxtral", 5, 150)])
+def test_audio_stack_factor(files, name, stack, n_tokens):
+    """A 30 s chunk's 1500 encoder frames: qwen2a and voxtral pool pairs; ultravox and voxtral
+    stack `stack` frames as one row."""
+    mm = load_mmproj(files[f"{name}-F32"])
+    assert mm.audio.stack_factor == stack
+    enc = Encoder(mm)
+    assert enc.encode_mel(torch.zeros(16, 3000)).shape == (n_tokens, 64)
+    enc.close()
+    mm.close()
+
+
+def test_stack_frames_pads_the_last_row():
+    """7 frames of 2 stacked by 3: rows of 6, the last row's missing frames zeros (llama.cpp's build_stack)."""
+    import torchggml as ggml
+    from torchggml.context import Context, new_tensor_2d
+    from torchggml.graph import build_forward_expand, new_graph
+    from torchggml.mtmd.whisper import stack_frames
+    from torchggml.types import Type
+    ctx = Context(no_alloc=True)
+    x = new_tensor_2d(ctx, Type.F32, 2, 7)
+    out = stack_frames(ctx, x, 3)
+    graph = new_graph(ctx)
+    build_forward_expand(graph, out)
+    cpu = ggml.backend_cpu_init()
+    buffer = ggml.backend_alloc_ctx_tensors(ctx, cpu)
+    ggml.backend_tensor_set(x, torch.arange(14, dtype=torch.float32))
+    ggml.backend_graph_compute(cpu, graph)
+    assert out.ne[:2] == [6, 3]
+    expect = torch.cat([torch.arange(14, dtype=torch.float32), torch.zeros(4)]).reshape(3, 6)
+    assert torch.equal(ggml.backend_tensor_get(out).reshape(3, 6), expect)
+    ggml.backend_buffer_free(buffer)
+    ggml.backend_free(cpu)
+
+
 def test_audio_hparams_and_chunks(files):
     mm = load_mmproj(files["qwen2a-F32"])
     assert mm.vision is None and mm.projector == "qwen2a" and mm.n_embd_text == 64

@@ -26,6 +26,9 @@ from .preprocess import PreprocessedImage, preprocess
 # the non-causal projectors (mtmd_decode_use_non_causal)
 NON_CAUSAL = frozenset({"gemma3"})
 
+# the texts libmtmd puts around an audio clip's chunks
+AUDIO_MARKERS = {"qwen2a": ("<|audio_bos|>", "<|audio_eos|>"), "voxtral": ("[BEGIN_AUDIO]", ""), "ultravox": ("", "")}
+
 # the projectors whose images take M-RoPE positions in the text model (mtmd_decode_use_mrope)
 MROPE = frozenset({"qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger"})
 
@@ -95,11 +98,13 @@ class Multimodal:
 
     def audio_parts(self, audio: Audio) -> list:
         """The prompt parts for one audio clip: its 30-second chunks' embeddings between the
-        projector's markers (Qwen2-Audio: <|audio_bos|> ... <|audio_eos|>), as libmtmd makes them."""
+        projector's markers (Qwen2-Audio: <|audio_bos|> ... <|audio_eos|>; Voxtral: [BEGIN_AUDIO] before;
+        Ultravox: none), as libmtmd makes them."""
         if self.mmproj.audio is None:
             raise ValueError(f"{self.mmproj.path}: projector {self.mmproj.projector} has no audio encoder")
         mels = log_mel(load_audio(audio.source, self.mmproj.audio.sample_rate), self.mmproj.audio)
-        return ["<|audio_bos|>", *(EmbeddingChunk(self.encoder.encode_mel(m)) for m in mels), "<|audio_eos|>"]
+        begin, end = AUDIO_MARKERS[self.mmproj.projector]
+        return [begin, *(EmbeddingChunk(self.encoder.encode_mel(m)) for m in mels), end]
 
     def preprocess(self, image) -> PreprocessedImage:
         return preprocess(image.source if isinstance(image, Image) else image, self.mmproj.projector,

@@ -19,8 +19,8 @@ from ..tensor import Tensor
 
 # projector types torchggml encodes (one graph module each; see encoders.py)
 SUPPORTED_PROJECTORS = ("gemma3", "idefics3", "mlp", "qwen2vl_merger", "qwen2.5vl_merger", "pixtral", "qwen2a",
-                        "internvl", "lfm2", "qwen3vl_merger")
-AUDIO_PROJECTORS = frozenset({"qwen2a"})
+                        "internvl", "lfm2", "qwen3vl_merger", "ultravox", "voxtral")
+AUDIO_PROJECTORS = frozenset({"qwen2a", "ultravox", "voxtral"})
 
 # every type clip.cpp's projector table names, for the error that tells "unknown" from "not yet"
 LLAMA_CPP_PROJECTORS = frozenset((
@@ -89,6 +89,7 @@ class AudioHParams(EncoderHParams):
     window: int = 400
     hop: int = 160
     chunk_frames: int = 3000     # 30 s: the encoder reads one chunk of mel frames at a time
+    stack_factor: int = 1        # ultravox, voxtral: encoder frames stacked as one projector row
 
 
 def _key_reader(file: GGUFFile, section: str):
@@ -114,7 +115,10 @@ def _encoder_hparams(key) -> dict:
 
 def read_audio_hparams(file: GGUFFile, projector: str) -> AudioHParams:
     key = _key_reader(file, "audio")
-    return AudioHParams(**_encoder_hparams(key), n_mel=int(key("num_mel_bins")))
+    stack = int(key("projector.stack_factor")) if projector in ("ultravox", "voxtral") else 1
+    if stack < 1:
+        raise GGUFError(f"{file.path}: clip.audio.projector.stack_factor is {stack}")
+    return AudioHParams(**_encoder_hparams(key), n_mel=int(key("num_mel_bins")), stack_factor=stack)
 
 
 def _projector_type(file: GGUFFile) -> str:

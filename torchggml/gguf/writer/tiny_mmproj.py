@@ -35,7 +35,7 @@ class MMProjCase:
     n_ff: int = 96
     n_layer: int = 2
     n_embd_text: int = 64
-    merge: int = 0               # clip.vision.projector.scale_factor (0: not written)
+    merge: int = 0               # clip.vision.projector.scale_factor (audio: clip.audio.projector.stack_factor)
     longest_edge: int = 0        # clip.vision.preproc_image_size (0: not written)
     act: str = "gelu"            # clip.use_gelu / use_silu / neither (gelu_quick)
     eps: float = 1e-6
@@ -55,6 +55,10 @@ MMPROJ_CASES = [
                std=(0.26862954, 0.26130258, 0.27577711)),
     MMProjCase("pixtral", "pixtral", act="silu", eps=1e-5, merge=2),
     MMProjCase("qwen2a", "qwen2a", n_mel=16, eps=1e-5),
+    # stack factors dividing the 1500 (ultravox) and 750 (voxtral) encoder frames of a 30 s chunk:
+    # libmtmd's token count assumes so (it stops on "Invalid number of output tokens" otherwise)
+    MMProjCase("ultravox", "ultravox", n_mel=16, eps=1e-5, merge=4),
+    MMProjCase("voxtral", "voxtral", n_mel=16, eps=1e-5, merge=5),
     MMProjCase("mlp", "mlp", act="quick", mean=(0.48145466, 0.4578275, 0.40821073),
                std=(0.26862954, 0.26130258, 0.27577711), eps=1e-5),
     # LLaVA 1.6: the LLaVA 1.5 encoder with pinpoints (a 2 x 2 grid of 64-pixel slices for the golden image)
@@ -213,7 +217,14 @@ def _audio_tensors(case: MMProjCase, gen: torch.Generator) -> dict[str, torch.Te
         w[b + "ffn_up.weight"], w[b + "ffn_up.bias"] = mat(n_ff, e), vec(n_ff)
         w[b + "ffn_down.weight"], w[b + "ffn_down.bias"] = mat(e, n_ff), vec(e)
     w["a.post_ln.weight"], w["a.post_ln.bias"] = vec(e, 1.0), vec(e)
-    w["mm.a.fc.weight"], w["mm.a.fc.bias"] = mat(t, e), vec(t)
+    k = e * case.merge  # stacked frames
+    if case.projector == "qwen2a":
+        w["mm.a.fc.weight"], w["mm.a.fc.bias"] = mat(t, e), vec(t)
+    elif case.projector == "ultravox":  # RMS norm, mlp.1 -> SwiGLU (halves of 2 * hidden) -> RMS norm -> mlp.2
+        w["mm.a.norm_pre.weight"], w["mm.a.mlp.1.weight"] = vec(k, 1.0), mat(2 * n_ff, k)
+        w["mm.a.norm_mid.weight"], w["mm.a.mlp.2.weight"] = vec(n_ff, 1.0), mat(t, n_ff)
+    elif case.projector == "voxtral":  # mlp.1 -> erf GELU -> mlp.2, no biases
+        w["mm.a.mlp.1.weight"], w["mm.a.mlp.2.weight"] = mat(t, k), mat(t, t)
     return w
 
 
@@ -267,6 +278,8 @@ def _write_audio(w, case: MMProjCase, gen: torch.Generator, qtype) -> None:
             "clip.audio.block_count": case.n_layer, "clip.audio.projection_dim": case.n_embd_text,
             "clip.audio.attention.head_count": case.n_head, "clip.audio.attention.layer_norm_epsilon": case.eps,
             "clip.audio.num_mel_bins": case.n_mel}
+    if case.merge:
+        keys["clip.audio.projector.stack_factor"] = case.merge
     for key, value in keys.items():
         _add_key(w, key, value)
     tensors = _audio_tensors(case, gen)
