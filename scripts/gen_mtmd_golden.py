@@ -178,6 +178,33 @@ class LibMtmd:
         self.L.llama_model_free(self.model)
 
 
+def wav_44k(path) -> Path:
+    """Two tones and noise, 0.5 s at 44.1 kHz, as a 16-bit PCM WAV (standard library: the same bytes anywhere)."""
+    import wave
+    t = np.arange(44100 // 2) / 44100.0
+    rng = np.random.default_rng(7)
+    x = 0.3 * np.sin(2 * np.pi * 440 * t) + 0.2 * np.sin(2 * np.pi * 1234 * t) + 0.05 * rng.normal(size=t.size)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(44100)
+        w.writeframes((np.clip(x, -1, 1) * 32767).astype(np.int16).tobytes())
+    return Path(path)
+
+
+def generate_decode(directory: Path) -> None:
+    """libmtmd's decode (miniaudio: dr_wav / dr_mp3, resampled to 16 kHz) of a 44.1 kHz WAV and of
+    the same sound as an mp3 (written by libsndfile, kept in tests/data/mtmd/tone-44k.mp3)."""
+    import soundfile
+    wav = wav_44k(directory / "tone-44k.wav")
+    x, rate = soundfile.read(wav, dtype="float32")
+    soundfile.write(DATA / "tone-44k.mp3", x, rate, format="MP3")
+    lib = LibMtmd(write_tiny_text_model(directory / "text-gemma3.gguf"),
+                  str(write_tiny_mmproj(directory / "mmproj-qwen2a.gguf", "qwen2a")))
+    np.savez_compressed(DATA / "decode.npz", wav=lib.decode_file(wav), mp3=lib.decode_file(DATA / "tone-44k.mp3"))
+    lib.close()
+
+
 def generate(directory: Path, only: list[str] | None = None) -> None:
     """Every case's golden data, or only the named cases' (the others' kept)."""
     DATA.mkdir(parents=True, exist_ok=True)
@@ -189,6 +216,8 @@ def generate(directory: Path, only: list[str] | None = None) -> None:
         manifest[f"text_model_{arch}_sha256"] = sha256(texts[arch])
     if only:
         manifest["cases"] = json.loads((DATA / "manifest.json").read_text())["cases"]
+    if not only or "decode" in only:
+        generate_decode(directory)
     for case in MMPROJ_CASES:
         if only and case.name not in only:
             continue
@@ -239,6 +268,16 @@ def compare(directory: Path, media: list[str], only: list[str] | None = None) ->
             if case.n_mel:
                 samples = lib.decode_file(sound)
                 theirs = [a for kind, a in lib.chunks(samples)[0] if kind == "audio"]
+                if wt == "F32":  # our decode (soundfile, miniaudio's resampling) against libmtmd's
+                    from torchggml.mtmd import load_audio
+                    mine = load_audio(sound)
+                    n = min(mine.size, samples.size)
+                    probe = load_mmproj(path)
+                    mel_diff = max(float((a - b).abs().max())
+                                   for a, b in zip(log_mel(mine, probe.audio), log_mel(samples, probe.audio)))
+                    probe.close()
+                    print(f"{case.name:9s} decode {sound}: {mine.size} samples (libmtmd {samples.size}), max abs "
+                          f"difference {float(np.abs(mine[:n] - samples[:n]).max()):.3g}; mel {mel_diff:.3g}")
             else:
                 theirs = [a for kind, a in lib.chunks(rgb)[0] if kind == "image"]
                 if case.name == "gemma3" and wt == "F32":

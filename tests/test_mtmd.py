@@ -33,6 +33,7 @@ from torchggml.mtmd.preprocess import dynamic_size, letterbox  # noqa: E402
 DATA = Path(__file__).resolve().parent / "data" / "mtmd"
 MANIFEST = json.loads((DATA / "manifest.json").read_text()) if (DATA / "manifest.json").exists() else None
 MAX_ERR_FLOAT, MAX_ERR_QUANT = 2e-3, 4e-2
+MP3_MAX_SAMPLE_DIFF, MP3_MAX_MEL_DIFF = 1e-4, 1e-3  # two mp3 decoders' rounding (measured 1.7e-5, 6.6e-5)
 
 
 def synthetic_image(width: int = 100, height: int = 75, seed: int = 7) -> np.ndarray:
@@ -574,7 +575,7 @@ def test_load_audio_wav(tmp_path, channels):
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda p: _wav(p, synthetic_audio(0.1), rate=44100), "44100 Hz; the encoder needs 16000 Hz"),
+    (lambda p: _wav(p, synthetic_audio(0.1), width=1), "8-bit PCM; 16 or 32-bit PCM WAV files are read"),
     (lambda p: (p.write_bytes(b"RIFF....not a wav"), p)[1], "not a WAV file"),
 ])
 def test_load_audio_errors(tmp_path, make, message):
@@ -616,6 +617,55 @@ def test_stack_frames_pads_the_last_row():
     assert torch.equal(ggml.backend_tensor_get(out).reshape(3, 6), expect)
     ggml.backend_buffer_free(buffer)
     ggml.backend_free(cpu)
+
+
+def wav_44k(path):
+    """The 44.1 kHz WAV of scripts/gen_mtmd_golden.py (kept equal: libmtmd decoded it)."""
+    import wave
+    t = np.arange(44100 // 2) / 44100.0
+    rng = np.random.default_rng(7)
+    x = 0.3 * np.sin(2 * np.pi * 440 * t) + 0.2 * np.sin(2 * np.pi * 1234 * t) + 0.05 * rng.normal(size=t.size)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(44100)
+        w.writeframes((np.clip(x, -1, 1) * 32767).astype(np.int16).tobytes())
+    return path
+
+
+@needs_golden
+def test_resampling_is_miniaudios(tmp_path):
+    """A 44.1 kHz WAV resampled to 16 kHz equals libmtmd's decode (miniaudio's linear resampler)
+    sample for sample."""
+    from torchggml.mtmd import load_audio
+    ours, theirs = load_audio(wav_44k(tmp_path / "a.wav")), np.load(DATA / "decode.npz")["wav"]
+    assert ours.shape == theirs.shape and np.array_equal(ours, theirs)
+
+
+@needs_golden
+def test_mp3_decoding_vs_libmtmd(files):
+    """An mp3 (44.1 kHz) through soundfile (libsndfile's mpg123) and our resampler, against
+    libmtmd's (dr_mp3 and miniaudio's resampler): the decoders differ by float rounding."""
+    soundfile = pytest.importorskip("soundfile", reason="the audio extra (soundfile) is not installed")
+    if "MP3" not in soundfile.available_formats():
+        pytest.skip(f"libsndfile {soundfile.__libsndfile_version__} reads no mp3 (1.1 or newer does)")
+    from torchggml.mtmd import load_audio
+    ours, theirs = load_audio(DATA / "tone-44k.mp3"), np.load(DATA / "decode.npz")["mp3"]
+    assert ours.shape == theirs.shape
+    assert float(np.abs(ours - theirs).max()) <= MP3_MAX_SAMPLE_DIFF
+    mm = load_mmproj(files["qwen2a-F32"])
+    mel_ours, mel_theirs = log_mel(ours, mm.audio), log_mel(theirs, mm.audio)
+    assert max(float((a - b).abs().max()) for a, b in zip(mel_ours, mel_theirs)) <= MP3_MAX_MEL_DIFF
+    mm.close()
+
+
+@pytest.mark.parametrize("n, rate_in, rate_out, n_out", [(441, 44100, 16000, 160), (1000, 48000, 16000, 333),
+                                                         (100, 8000, 16000, 200), (50, 16000, 16000, 50)])
+def test_resample_lengths(n, rate_in, rate_out, n_out):
+    """floor(n * rate_out / rate_in) samples, the first the filter's zero state (miniaudio's)."""
+    from torchggml.mtmd.audio import resample
+    y = resample(np.ones(n, np.float32), rate_in, rate_out)
+    assert y.size == n_out and (rate_in == rate_out or y[0] == 0.0)
 
 
 def test_audio_hparams_and_chunks(files):
