@@ -14,6 +14,7 @@ miniaudio decoder does (its linear resampler: a 4th-order Butterworth low-pass a
 Nyquist frequency, two float32 biquads, then linear interpolation)."""
 from __future__ import annotations
 
+import io
 import math
 import os
 import struct
@@ -28,41 +29,46 @@ from .loader import AudioHParams
 
 def load_audio(source, sample_rate: int = 16000) -> np.ndarray:
     """Mono float32 samples at `sample_rate` from a float array / tensor (taken as at that rate),
-    a WAV file, or another audio file soundfile reads."""
+    or an audio file (a path or its bytes): WAV, or another format soundfile reads."""
     if isinstance(source, torch.Tensor):
         source = source.detach().cpu().numpy()
     if isinstance(source, np.ndarray):
         if source.ndim != 1 or not np.issubdtype(source.dtype, np.floating):
             raise ValueError(f"audio array: expected float mono samples [n], got {source.dtype} {list(source.shape)}")
         return source.astype(np.float32)
-    name = os.fspath(source)
-    with open(name, "rb") as f:
-        is_wav = f.read(4) == b"RIFF"
-    x, rate = _read_wav(name) if is_wav else _read_soundfile(name)
+    is_bytes = isinstance(source, (bytes, bytearray))
+    name = "audio bytes" if is_bytes else os.fspath(source)
+    if is_bytes:
+        head = bytes(source[:4])
+    else:
+        with open(name, "rb") as f:
+            head = f.read(4)
+    data = io.BytesIO(source) if is_bytes else name
+    x, rate = _read_wav(data, name) if head == b"RIFF" else _read_soundfile(data, name)
     return x if rate == sample_rate else resample(x, rate, sample_rate)
 
 
-def _read_wav(name: str) -> tuple[np.ndarray, int]:
+def _read_wav(data, name: str) -> tuple[np.ndarray, int]:
     try:
-        with wave.open(name, "rb") as w:
+        with wave.open(data, "rb") as w:
             rate, channels, width, n = w.getframerate(), w.getnchannels(), w.getsampwidth(), w.getnframes()
-            data = w.readframes(n)
+            frames = w.readframes(n)
     except (wave.Error, EOFError, struct.error) as e:
         raise ValueError(f"{name}: not a WAV file the standard library can read ({e})") from None
     if width not in (2, 4):
         raise ValueError(f"{name}: {8 * width}-bit PCM; 16 or 32-bit PCM WAV files are read")
-    x = np.frombuffer(data, dtype=np.int16 if width == 2 else np.int32).astype(np.float32)
+    x = np.frombuffer(frames, dtype=np.int16 if width == 2 else np.int32).astype(np.float32)
     x /= 32768.0 if width == 2 else 2147483648.0
     return x.reshape(-1, channels).mean(axis=1, dtype=np.float32), rate
 
 
-def _read_soundfile(name: str) -> tuple[np.ndarray, int]:
+def _read_soundfile(data, name: str) -> tuple[np.ndarray, int]:
     try:
         import soundfile
     except ImportError:
         raise ImportError(f"{name}: audio other than WAV needs soundfile: pip install 'torchggml[audio]'") from None
     try:
-        x, rate = soundfile.read(name, dtype="float32", always_2d=True)
+        x, rate = soundfile.read(data, dtype="float32", always_2d=True)
     except (soundfile.LibsndfileError, RuntimeError, TypeError) as e:
         raise ValueError(f"{name}: not an audio file libsndfile {soundfile.__libsndfile_version__} can read "
                          f"({e})") from None
