@@ -105,6 +105,7 @@ class KVCache(Memory):
         self.cell_seq = np.full(n_ctx, -1, dtype=np.int64)  # -1: free
         self.cell_pos = np.zeros(n_ctx, dtype=np.int64)
         self.seq_next: dict[int, int] = {}  # the next position of each sequence
+        self.rope_jumps: dict[int, list[tuple[int, int]]] = {}  # sequence -> (from position, rotary shift)
         self.written = np.zeros(n_ctx, dtype=bool)  # cells written since they were last zeroed
 
     def nbytes(self) -> int:
@@ -147,11 +148,13 @@ class KVCache(Memory):
             self.zero_cells(np.flatnonzero(self.written))
             self.cell_seq.fill(-1)
             self.seq_next.clear()
+            self.rope_jumps.clear()
         else:
             cells = np.flatnonzero(self.cell_seq == int(seq_id))
             self.zero_cells(cells)
             self.cell_seq[cells] = -1
             self.seq_next.pop(int(seq_id), None)
+            self.rope_jumps.pop(int(seq_id), None)
 
     def keep_prefix(self, seq_id: int, n: int) -> None:
         """Sequence seq_id keeps its first n positions and forgets the rest (llama.cpp's seq_rm
@@ -162,6 +165,8 @@ class KVCache(Memory):
         self.cell_seq[cells] = -1
         if seq_id in self.seq_next:
             self.seq_next[seq_id] = min(self.seq_next[seq_id], int(n))
+        if seq_id in self.rope_jumps:
+            self.rope_jumps[seq_id] = [(at, d) for at, d in self.rope_jumps[seq_id] if at <= n]
 
     def copy(self, src: int, dst: int) -> None:
         """Sequence dst continues from sequence src's cells (llama.cpp's seq_cp): dst's own cells
@@ -184,6 +189,23 @@ class KVCache(Memory):
         self.written[targets] = True
         if src in self.seq_next:
             self.seq_next[dst] = self.seq_next[src]
+        if src in self.rope_jumps:
+            self.rope_jumps[dst] = list(self.rope_jumps[src])
+
+    def add_rope_jump(self, seq_id: int, at: int, delta: int) -> None:
+        """Tokens of seq_id from position `at` on rotate at their position + delta (and earlier jumps)."""
+        self.rope_jumps.setdefault(int(seq_id), []).append((int(at), int(delta)))
+
+    def rope_positions(self, seq_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """The rotary positions (int32) of tokens at `positions` of sequences `seq_ids`."""
+        if not self.rope_jumps:
+            return positions
+        out = positions.astype(np.int64)
+        for s, jumps in self.rope_jumps.items():
+            mine = seq_ids == s
+            for at, delta in jumps:
+                out[mine & (positions >= at)] += delta
+        return out.astype(np.int32)
 
     def zero_cells(self, cells: np.ndarray) -> None:
         """Zero these cells of every layer's K and V (one memset per run of consecutive cells)."""

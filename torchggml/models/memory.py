@@ -27,6 +27,10 @@ class Memory(ABC):
     #: OPTIONAL, None: keep_prefix(seq_id, n), sequence seq_id keeps its first n positions and
     #: forgets the rest (llama.cpp's seq_rm from n); None where a state cannot go back (recurrent)
     keep_prefix = None
+    #: OPTIONAL, None: rope_positions(seq_ids, positions), the rotary positions of tokens at these
+    #: positions: theirs plus the jumps add_rope_jump(seq_id, at, delta) recorded (an M-RoPE image
+    #: takes max(width, height) rotary positions for its width x height tokens); None: the same
+    rope_positions = None
     #: the backend buffers that hold the memory's tensors
     buffers: list
 
