@@ -304,6 +304,7 @@ class ModelGraph:
     s_ids: Tensor | None = None  # I32 [n_seqs]: the recurrent state slot of each sequence
     io: BoundIO = field(default_factory=BoundIO)  # its inputs and logits, written and read every step
     embd: Tensor | None = None  # F32 [n_embd, n_tokens]: input embeddings instead of `tokens` (None then)
+    sched: object = None        # the scheduler it is allocated on (None: the model's own)
 
 
 def graph_size(hp: HParams) -> int:

@@ -43,6 +43,7 @@ the model as an argument and do not import this module back (no circle).
 """
 from __future__ import annotations
 
+import collections
 import time
 from dataclasses import dataclass, replace
 from typing import Iterable, Iterator, Sequence
@@ -77,6 +78,10 @@ DEFAULT_MAX_CTX = 4096
 
 # eval's `logits` choices: every token's, or only the last token's (of each sequence)
 LOGITS = ("all", "last")
+# micro-batches of at most this many tokens keep their graphs built, for the last SMALL_GRAPHS
+# shapes (Model._graph_for)
+SMALL_GRAPH_TOKENS = 16
+SMALL_GRAPHS = 4
 
 # embed's pooling of the hidden states (llama.cpp's pooling types)
 POOLING = ("mean", "cls", "last", "none", "rank")
@@ -187,6 +192,8 @@ class Model:
                 if hasattr(b, "set_n_threads"):
                     b.set_n_threads(n_threads)
         self._graph: ModelGraph | None = None
+        self._small_graphs: collections.OrderedDict[tuple, ModelGraph] = collections.OrderedDict()
+        self.last_graph: ModelGraph | None = None  # the graph of the last micro-batch (for inspection)
         self._ctx: Context | None = None
         self.sched = backend_sched_new(self.backends, None, graph_size(self.hp), False, True)
         # plan the compute buffers for the largest micro-batch once, as llama.cpp does
@@ -248,23 +255,49 @@ class Model:
             self.lora.free()
         self.lora = adapter
         self._graph = None  # the next eval builds (and allocates) a graph with the adapter
+        self._free_small_graphs()
         return adapter
 
     def _graph_for(self, n_tokens: int, n_kv: int, n_outputs: int, embeddings: bool = False,
                    n_seqs: int = 1, from_embd: bool = False) -> ModelGraph:
         """The allocated graph for this shape (n_tokens, n_kv, n_outputs, embeddings, n_seqs, from_embd).
         When the shape repeats (decode steps) the previous graph is reused as it is: its tensors keep
-        their addresses, so only the inputs change."""
-        g = self._graph
+        their addresses, so only the inputs change. Graphs of a few tokens (SMALL_GRAPH_TOKENS) stay
+        built, each on its own scheduler, for the last SMALL_GRAPHS shapes: a loop that alternates
+        shapes (a draft model's catch-up and single steps, the server's steps as sequences come
+        and go) reuses them instead of building and planning them again."""
         shape = (n_tokens, n_kv, n_outputs, embeddings, n_seqs, from_embd)
+        if n_tokens <= SMALL_GRAPH_TOKENS and self.sched.callback_eval is None:
+            return self._small_graph(shape)
+        g = self._graph
         if g is not None and (g.n_tokens, g.n_kv, g.n_outputs, g.embeddings, g.n_seqs, g.embd is not None) == shape:
             return g
-        g = self._graph = self._build(n_tokens, n_kv, n_outputs, embeddings, n_seqs, from_embd)
+        g = self._graph = self._build(*shape)
         backend_sched_reset(self.sched)
         if not backend_sched_alloc_graph(self.sched, g.graph):
             self._graph = None
             raise MemoryError(f"{self.path}: cannot allocate the graph for {n_tokens} tokens")
         return g
+
+    def _small_graph(self, shape: tuple) -> ModelGraph:
+        g = self._small_graphs.get(shape)
+        if g is not None:
+            self._small_graphs.move_to_end(shape)
+            return g
+        g = self._build(*shape)
+        g.sched = backend_sched_new(self.backends, None, graph_size(self.hp), False, True)
+        if not backend_sched_alloc_graph(g.sched, g.graph):
+            backend_sched_free(g.sched)
+            raise MemoryError(f"{self.path}: cannot allocate the graph for {shape[0]} tokens")
+        self._small_graphs[shape] = g
+        if len(self._small_graphs) > SMALL_GRAPHS:
+            backend_sched_free(self._small_graphs.popitem(last=False)[1].sched)
+        return g
+
+    def _free_small_graphs(self) -> None:
+        for g in self._small_graphs.values():
+            backend_sched_free(g.sched)
+        self._small_graphs.clear()
 
     # ------------------------------------------------------------ evaluation
 
@@ -529,7 +562,8 @@ class Model:
         rope4: its multi-axis rotary positions [4, n_tokens], if given."""
         batch = batch or self.memory.plan(seq_ids)
         n_tokens, n_outputs = ids.size, logits.shape[0]
-        g = self._graph_for(n_tokens, batch.n_kv, n_outputs, embeddings, batch.n_seqs, embd is not None)
+        g = self.last_graph = self._graph_for(n_tokens, batch.n_kv, n_outputs, embeddings, batch.n_seqs,
+                                              embd is not None)
         # the scheduler keeps user inputs in CPU memory and copies them where they are read
         if g.embd is not None:
             g.io.set(g.embd, embd)
@@ -550,7 +584,7 @@ class Model:
             g.io.set(g.out_ids, np.flatnonzero(outputs))
         self.memory.mark_written(batch)
         self.file.check_unchanged()  # a truncated file would fault (SIGBUS) in the weights' pages
-        status = backend_sched_graph_compute(self.sched, g.graph)
+        status = backend_sched_graph_compute(g.sched or self.sched, g.graph)
         if int(status) != 0:
             raise RuntimeError(f"{self.path}: graph compute failed with status {status!r}")
         self.memory.commit(batch)
@@ -755,6 +789,7 @@ class Model:
             self.file.close()
 
     def _free_compute(self) -> None:
+        self._free_small_graphs()
         backend_sched_free(self.sched)
         for b in self.memory.buffers:
             b.free()
@@ -764,4 +799,4 @@ class Model:
         for b in self.backends:
             backend_free(b)
         # drop every tensor that views the freed memory, so the file's mapping can close
-        self._graph = self._ctx = self.weights = self.weight_buffers = self.memory = self.sched = None
+        self._graph = self.last_graph = self._ctx = self.weights = self.weight_buffers = self.memory = self.sched = None
