@@ -364,3 +364,45 @@ def test_recurrent_and_hybrid_slots_never_reuse_and_cannot_be_saved(model, other
         finally:
             engine.stop()
     assert replies[True] == replies[False]
+
+
+# ---------------------------------------------------------------- the host-memory prompt cache
+
+class _Cells:
+    def __init__(self, n):
+        self.n = n
+
+    def nbytes(self):
+        return 100 * self.n
+
+
+@pytest.mark.parametrize("limit, adds, kept", [
+    (10_000, [[1, 2, 3], [4, 5]], [[1, 2, 3], [4, 5]]),
+    (10_000, [[1, 2], [1, 2, 3]], [[1, 2, 3]]),              # an entry it extends is dropped
+    (10_000, [[1, 2, 3], [1, 2]], [[1, 2, 3]]),              # one that an entry holds is not stored
+    (700, [[1, 2, 3], [4, 5, 6], [7]], [[4, 5, 6], [7]]),    # least recently used out past the limit
+    (300, [[1, 2, 3, 4]], []),                               # larger than the whole limit: not kept
+])
+def test_the_host_cache_keeps_what_fits_least_recently_used_out(limit, adds, kept):
+    from torchggml.server.prompt_cache import PromptCache
+    cache = PromptCache(limit)
+    for tokens in adds:
+        cache.add(tokens, _Cells(len(tokens)))
+    assert [e.tokens for e in cache.entries.values()] == kept and cache.nbytes <= limit
+
+
+@pytest.mark.parametrize("prompt, n, tokens_left", [
+    ([1, 2, 3, 9], 3, [[4, 5, 6]]),      # a whole entry goes back to a slot: it leaves the cache
+    ([1, 2, 8], 2, [[4, 5, 6], [1, 2, 3]]),  # a part of one: it stays, most recently used
+    ([9], 0, [[1, 2, 3], [4, 5, 6]]),    # nothing shared
+])
+def test_the_host_cache_gives_the_longest_prefix(prompt, n, tokens_left):
+    from torchggml.server.prompt_cache import PromptCache
+    cache = PromptCache(10_000)
+    for tokens in ([1, 2, 3], [4, 5, 6]):
+        cache.add(tokens, _Cells(len(tokens)))
+    entry, got = cache.best(prompt)
+    assert got == n
+    if entry is not None:
+        cache.take(entry, got)
+    assert [e.tokens for e in cache.entries.values()] == tokens_left

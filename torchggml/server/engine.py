@@ -17,8 +17,8 @@ cache never overflows and no running request is cut short by another; one that c
 
 Prompt cache (llama-server's cache_prompt, on by default): a slot keeps its prompt's cells after its
 request ends, and a new request goes to the free slot whose cells share the longest prefix with its
-prompt (the least recently used among equals); only the rest of the prompt is evaluated (at least
-its last token, for the logits). The generated tokens' cells are not kept: a decode step's products
+prompt (among equals an empty slot, else the least recently used); only the rest of the prompt is
+evaluated (at least its last token, for the logits). The generated tokens' cells are not kept: a decode step's products
 round differently from a prompt batch's, so they are evaluated again with the next prompt, and the
 cache changes no token. Idle slots' cells are given up when a running request needs the room
 (least recently used first) or when the slot is taken for another prompt; with a host-memory
@@ -242,14 +242,15 @@ class Engine:
             self.active.append(job)
 
     def _take_slot(self, job: Job) -> int:
-        """The free slot whose cells share the longest prefix with the job's prompt (the least
-        recently used among equals), holding that prefix, or a longer one from the host-memory
+        """The free slot whose cells share the longest prefix with the job's prompt (an empty one,
+        else the least recently used, among equals), holding that prefix, or a longer one from the host-memory
         cache; the rest is given up, and idle slots' cells too where the job needs the room."""
         reuse = job.cache_prompt and job.gen is not None and self.model.memory.keep_prefix is not None
         limit = len(job.prompt) - 1  # the prompt's last token is always evaluated, for its logits
         common = {s: min(common_prefix(self.slot_tokens.get(s, ()), job.prompt), limit) if reuse else 0
                   for s in self.free_slots}
-        slot = max(self.free_slots, key=lambda s: (common[s], -self.last_used.get(s, -1), -s))
+        # the longest prefix; among equals an empty slot, then the least recently used
+        slot = max(self.free_slots, key=lambda s: (common[s], s not in self.slot_tokens, -self.last_used.get(s, -1), -s))
         self.free_slots.remove(slot)
         n = common[slot]
         entry, n_ram = self.prompt_cache.best(job.prompt) if reuse and self.prompt_cache else (None, 0)
