@@ -192,6 +192,9 @@ class Engine:
             self._running = False
             self._cond.notify()
         self._thread.join(timeout=30)
+        for _, _, done in self.actions:  # slot actions that never got their slot
+            done.set_exception(SlotError(503, "the server is stopping"))
+        self.actions = []
 
     @property
     def n_waiting(self) -> int:
@@ -250,7 +253,8 @@ class Engine:
         common = {s: min(common_prefix(self.slot_tokens.get(s, ()), job.prompt), limit) if reuse else 0
                   for s in self.free_slots}
         # the longest prefix; among equals an empty slot, then the least recently used
-        slot = max(self.free_slots, key=lambda s: (common[s], s not in self.slot_tokens, -self.last_used.get(s, -1), -s))
+        slot = max(self.free_slots,
+                   key=lambda s: (common[s], s not in self.slot_tokens, -self.last_used.get(s, -1), -s))
         self.free_slots.remove(slot)
         n = common[slot]
         entry, n_ram = self.prompt_cache.best(job.prompt) if reuse and self.prompt_cache else (None, 0)
@@ -277,15 +281,19 @@ class Engine:
         if self.prompt_cache is not None and self.prompt_cache.wants(tokens):
             self.prompt_cache.add(tokens, self.model.save_seq(slot))
 
-    def _make_room(self, cells: int, keep: int) -> None:
-        """Free idle slots' cells (least recently used first, never slot `keep`'s) until `cells`
-        more are free beside what the running jobs may still write."""
+    def _room(self) -> int:
+        """Free cells beyond those the running jobs may still write (their reservations' rest)."""
         kv = self.model.memory.attention
-        if kv is None:
-            return
         owed = sum(max(j.need - self.model.memory.seq_len(j.seq_id), 0) for j in self.active)
+        return int(np.count_nonzero(kv.cell_seq < 0)) - owed
+
+    def _make_room(self, cells: int, keep: int) -> None:
+        """Free idle slots' cells (least recently used first, never slot `keep`'s) until the room
+        holds `cells`."""
+        if self.model.memory.attention is None:
+            return
         for slot in sorted((s for s in self.slot_tokens if s != keep), key=lambda s: self.last_used.get(s, -1)):
-            if int(np.count_nonzero(kv.cell_seq < 0)) >= owed + cells:
+            if self._room() >= cells:
                 return
             self._stash(slot, self.slot_tokens.pop(slot))
             self.model.reset(slot)
@@ -330,12 +338,9 @@ class Engine:
         self.slot_tokens.pop(slot, None)
         self.model.reset(slot)
         self._make_room(len(tokens), keep=slot)
-        kv = self.model.memory.attention
-        free = int(np.count_nonzero(kv.cell_seq < 0))
-        owed = sum(max(j.need - self.model.memory.seq_len(j.seq_id), 0) for j in self.active)
-        if free - owed < len(tokens):
+        if self._room() < len(tokens):
             raise SlotError(503, f"Unable to restore slot: {len(tokens)} cells are needed and the running requests "
-                                 f"leave {max(free - owed, 0)} of n_ctx {self.model.n_ctx}; retry later")
+                                 f"leave {max(self._room(), 0)} of n_ctx {self.model.n_ctx}; retry later")
         self.model.load_seq(slot, cells)
         if tokens:
             self.slot_tokens[slot] = tokens

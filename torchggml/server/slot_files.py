@@ -99,7 +99,8 @@ def read(path: str, model) -> tuple[list[int], SeqCells, int]:
         raise SlotFileError(f"slot file {name!r}: token id {bad[0]} is outside the vocabulary [0, {model.n_vocab})")
     rows = []
     for w in widths:
-        part = bytearray(raw[pos: pos + n * w])
-        rows.append(torch.frombuffer(part, dtype=torch.uint8).reshape(n, w) if part else torch.empty((0, w), dtype=torch.uint8))
+        part = bytearray(raw[pos: pos + n * w])  # (frombuffer refuses an empty buffer)
+        rows.append(torch.frombuffer(part, dtype=torch.uint8).reshape(n, w) if part
+                    else torch.empty((0, w), dtype=torch.uint8))
         pos += n * w
     return tokens, SeqCells(n, rows), len(raw)
