@@ -300,6 +300,8 @@ BAD = [  # (what, path, body, status, param)
     ("prompt and max_tokens longer than the context", "/v1/completions",
      '{"prompt": "x", "max_tokens": 600}', 400, "max_tokens"),
     ("unsupported logit_bias", "/v1/completions", '{"prompt": "x", "logit_bias": {"1": 5}}', 400, "logit_bias"),
+    ("image without --mmproj", "/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}), 400, "messages"),
     ("unknown endpoint", "/v1/nothing", '{}', 404, None),
     ("wrong method", "/v1/completions", None, 405, None),
 ]
