@@ -88,7 +88,7 @@ def register(app, state, parse_body, timeout: float) -> None:
     @app.post("/apply-template")
     async def apply_template(request: Request):
         req = await parse_body(request, ChatRequest, state, timeout)
-        prompt, _ = await state.run(state.chat_text, req)
+        prompt = (await state.run(state.chat_text, req))[0]  # (its stop strings and media are not asked)
         return {"prompt": prompt}
 
     @app.get("/props")
