@@ -406,3 +406,24 @@ def test_the_host_cache_gives_the_longest_prefix(prompt, n, tokens_left):
     if entry is not None:
         cache.take(entry, got)
     assert [e.tokens for e in cache.entries.values()] == tokens_left
+
+
+def test_a_failure_while_taking_a_slot_fails_that_request_only(model, monkeypatch):
+    """Copying a host-cache entry back fails: that request gets the error, its slot is cleared and
+    the engine serves the next request."""
+    engine = Engine(model, parallel=1, cache_ram=1 << 20)
+    try:
+        _run(engine, [_gen_job(model, CONVERSATIONS[0], None)])
+        _run(engine, [_gen_job(model, CONVERSATIONS[1], None)])  # the first prompt goes to the host cache
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("no room")
+        monkeypatch.setattr(model, "load_seq", broken)
+        out = Collector(1)
+        engine.submit([_gen_job(model, CONVERSATIONS[0] + NEXT_TURN, out)])
+        assert out.done.wait(60) and out.events[-1][0] == "error" and "no room" in out.events[-1][2]
+        monkeypatch.undo()
+        assert engine.free_slots == [0] and not engine.slot_tokens
+        assert _run(engine, [_gen_job(model, CONVERSATIONS[2], None)])[0]
+    finally:
+        engine.stop()

@@ -238,16 +238,25 @@ class Engine:
             if sum(j.need for j in self.active) + job.need > self.model.n_ctx:
                 break  # it waits for cells (and the ones behind it with it: first come, first served)
             self.waiting.popleft()
-            job.seq_id = self._take_slot(job)
-            if job.gen is not None:
-                job.seq = self.batch.add(job.gen, job.seq_id, job.need, owner=job, n_cached=job.n_cached)
-                self.stats.cached_prompt_tokens += job.n_cached
             self.active.append(job)
+            try:
+                job.seq_id = self._take_slot(job)
+                if job.gen is not None:
+                    job.seq = self.batch.add(job.gen, job.seq_id, job.need, owner=job, n_cached=job.n_cached)
+                    self.stats.cached_prompt_tokens += job.n_cached
+            except Exception as e:  # noqa: BLE001 - this job fails (its slot cleared), the engine goes on
+                if job.seq_id >= 0:
+                    self.slot_tokens.pop(job.seq_id, None)
+                    self._release(job, "error")
+                else:
+                    self.active.remove(job)
+                job.emit(("error", job, f"{type(e).__name__}: {e}", 500))
 
     def _take_slot(self, job: Job) -> int:
         """The free slot whose cells share the longest prefix with the job's prompt (an empty one,
-        else the least recently used, among equals), holding that prefix, or a longer one from the host-memory
-        cache; the rest is given up, and idle slots' cells too where the job needs the room."""
+        else the least recently used, among equals), holding that prefix, or a longer one from the
+        host-memory cache; the rest is given up, and idle slots' cells too where the job needs the
+        room."""
         reuse = job.cache_prompt and job.gen is not None and self.model.memory.keep_prefix is not None
         limit = len(job.prompt) - 1  # the prompt's last token is always evaluated, for its logits
         common = {s: min(common_prefix(self.slot_tokens.get(s, ()), job.prompt), limit) if reuse else 0
@@ -256,6 +265,7 @@ class Engine:
         slot = max(self.free_slots,
                    key=lambda s: (common[s], s not in self.slot_tokens, -self.last_used.get(s, -1), -s))
         self.free_slots.remove(slot)
+        job.seq_id = slot
         n = common[slot]
         entry, n_ram = self.prompt_cache.best(job.prompt) if reuse and self.prompt_cache else (None, 0)
         n_ram = min(n_ram, limit)
