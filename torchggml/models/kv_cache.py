@@ -207,6 +207,45 @@ class KVCache(Memory):
                 out[mine & (positions >= at)] += delta
         return out.astype(np.int32)
 
+    def save_seq(self, seq_id: int) -> "SeqCells":
+        """A host copy of sequence seq_id's cells: its K and V rows in position order. Its
+        positions must run 0..n-1 (a prompt's cells, as the server's slots hold)."""
+        cells = np.flatnonzero(self.cell_seq == int(seq_id))
+        cells = cells[np.argsort(self.cell_pos[cells], kind="stable")]
+        n = int(cells.size)
+        if not np.array_equal(self.cell_pos[cells], np.arange(n)):
+            raise ValueError(f"sequence {seq_id}'s cells do not hold positions 0..{n - 1}: they cannot be saved")
+        rows = []
+        for t in self.tensors():
+            out = torch.empty((n, t.nb[1]), dtype=torch.uint8)
+            for src, dst in _runs(cells):
+                backend_tensor_get(t, out[dst], src.start * t.nb[1], (src.stop - src.start) * t.nb[1])
+            rows.append(out)
+        return SeqCells(n, rows)
+
+    def load_seq(self, seq_id: int, saved: "SeqCells", n: int | None = None) -> None:
+        """Sequence seq_id holds the first n positions of `saved` (all when n is None), in free
+        cells: its own cells are cleared first; ValueError when too few cells are free."""
+        n = saved.n if n is None else int(n)
+        if not 0 <= n <= saved.n:
+            raise ValueError(f"load_seq: {n} positions asked of a saved sequence of {saved.n}")
+        widths = [t.nb[1] for t in self.tensors()]
+        if [r.shape[1] for r in saved.rows] != widths:
+            raise ValueError(f"load_seq: the saved rows are {[r.shape[1] for r in saved.rows]} bytes wide, this "
+                             f"cache's are {widths}")
+        self.clear(seq_id)
+        free = np.flatnonzero(self.cell_seq < 0)
+        if free.size < n:
+            raise ValueError(f"the KV cache is full: {n} cells are needed, {free.size} are free")
+        cells = free[:n]
+        for t, rows in zip(self.tensors(), saved.rows):
+            for dst, src in _runs(cells):
+                backend_tensor_set(t, rows[src], dst.start * t.nb[1], (dst.stop - dst.start) * t.nb[1])
+        self.cell_seq[cells], self.cell_pos[cells] = int(seq_id), np.arange(n)
+        self.written[cells] = True
+        if n:
+            self.seq_next[int(seq_id)] = n
+
     def zero_cells(self, cells: np.ndarray) -> None:
         """Zero these cells of every layer's K and V (one memset per run of consecutive cells)."""
         cells = np.unique(np.asarray(cells, dtype=np.int64))
@@ -319,6 +358,27 @@ def attention_mask(token_pos: torch.Tensor, cell_pos: torch.Tensor, n_swa: int =
 
 # 0-d arrays: np.where with these takes half the time it takes with numpy scalars
 _VISIBLE, _HIDDEN = np.zeros((), np.float16), np.full((), -np.inf, np.float16)
+
+
+def _runs(cells: np.ndarray):
+    """(cell slice, index slice) for each run of consecutive cells in `cells`."""
+    breaks = np.flatnonzero(np.diff(cells) != 1) + 1
+    start = 0
+    for end in [*breaks.tolist(), int(cells.size)]:
+        if end > start:
+            yield slice(int(cells[start]), int(cells[end - 1]) + 1), slice(start, end)
+        start = end
+
+
+@dataclass
+class SeqCells:
+    """A sequence's cells copied to host memory (KVCache.save_seq): n positions, and per cache
+    tensor (KVCache.tensors() order) its rows as uint8 [n, row bytes]."""
+    n: int
+    rows: list
+
+    def nbytes(self) -> int:
+        return sum(r.numel() for r in self.rows)
 
 
 @dataclass

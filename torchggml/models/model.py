@@ -336,6 +336,25 @@ class Model:
             self.sequences.changed([int(seq_id)])
             return True
 
+    def save_seq(self, seq_id: int):
+        """A host copy of sequence seq_id's cells (a KVCache's SeqCells), for load_seq; ValueError
+        where the memory has none to copy (recurrent states)."""
+        with self.lock:
+            self._require_weights("save_seq")
+            if self.memory.save_seq is None:
+                raise ValueError(f"{self.path}: its {type(self.memory).__name__} cannot copy a sequence's state out")
+            return self.memory.save_seq(seq_id)
+
+    def load_seq(self, seq_id: int, saved, n: int | None = None) -> None:
+        """Sequence seq_id holds the first n positions (all: None) of a save_seq copy; the next
+        token it evaluates is at position n."""
+        with self.lock:
+            self._require_weights("load_seq")
+            if self.memory.load_seq is None:
+                raise ValueError(f"{self.path}: its {type(self.memory).__name__} cannot load a sequence's state")
+            self.memory.load_seq(seq_id, saved, n)
+            self.sequences.changed([int(seq_id)])
+
     def _token_ids(self, tokens) -> np.ndarray:
         """The ids as int32, the graph's input type (checked here against the vocabulary, so
         writing them needs no range check)."""

@@ -64,11 +64,12 @@ class ServerState:
 
     def __init__(self, model, engine: Engine | None, model_id: str, pooling: str | None = None,
                  limits: Limits | None = None, strict_model: bool = False, request_timeout: float | None = None,
-                 reasoning_format: str = "auto", media_path: str | None = None):
+                 reasoning_format: str = "auto", media_path: str | None = None, slot_save_path: str | None = None):
         self.model_id, self.pooling_option = model_id, pooling
         self.mm = None                             # a torchggml.mtmd.Multimodal: images and audio in chats
         self.media_path = media_path               # file:// media URLs name files in this folder (media.py)
         self.reasoning_format = reasoning_format   # "auto": thinking as reasoning_content; "none": left in content
+        self.slot_save_path = slot_save_path       # slot files' folder (None: slot actions answer 501)
         self.limits = limits or Limits()
         self.strict_model = strict_model           # unknown model names: 404 (default: served, as llama-server)
         self.request_timeout = request_timeout     # seconds a sequence may run (None: no deadline)
@@ -145,9 +146,8 @@ class ServerState:
         if not ids:
             raise APIError(400, f"the {param} is empty", param)
         if len(ids) >= limit:
-            raise APIError(400, f"the {param} has {len(ids)} tokens; this server's context per sequence holds "
-                                f"{limit} (n_ctx {self.model.n_ctx} / {self.engine.parallel} parallel), prompt "
-                                f"and completion together", param, "context_length_exceeded")
+            raise APIError(400, f"the {param} has {len(ids)} tokens; this server's context (n_ctx) holds {limit}, "
+                                f"prompt and completion together", param, "context_length_exceeded")
         return ids
 
     def constraint_source(self, req: Sampling) -> tuple[str, object] | None:
@@ -209,8 +209,13 @@ class ServerState:
                     repeat_last_n=req.repeat_last_n, seed=None if seed is None else wrap_seed(seed + k),
                     logprobs=logprobs, logit_bias=bias)
                 media = is_parts(ids)
-                limit = self.engine.slot_ctx - (sum(len(p) for p in ids) if media else len(ids))
-                n = limit if max_tokens is None else min(max_tokens, limit)
+                n_prompt = sum(len(p) for p in ids) if media else len(ids)
+                limit = self.engine.slot_ctx - n_prompt
+                if max_tokens is not None and max_tokens > limit:  # it could never be admitted
+                    raise APIError(400, f"the prompt ({n_prompt} tokens) and max_tokens ({max_tokens}) need "
+                                        f"{n_prompt + max_tokens} tokens, more than this server's context (n_ctx "
+                                        f"{self.engine.slot_ctx})", "max_tokens", "context_length_exceeded")
+                n = limit if max_tokens is None else max_tokens
                 constraint = None
                 if grammar is not None:
                     constraint = Constraint(self.vocab, grammar, json_bounds=source[0] == "json_schema")
@@ -350,6 +355,17 @@ class ServerState:
                [({}, s.accepted_tokens / s.drafted_tokens if s.drafted_tokens else 0.0)])
         metric("prompt_tokens_cached_total", "counter", "prompt tokens found in a slot's cells (prompt cache)",
                [({}, s.cached_prompt_tokens)])
+        pc = e.prompt_cache
+        if pc is not None:
+            metric("prompt_cache_bytes", "gauge", "host-memory prompt cache: bytes held (--cache-ram)", [({}, pc.nbytes)])
+            metric("prompt_cache_entries", "gauge", "host-memory prompt cache: prompts held", [({}, len(pc.entries))])
+            metric("prompt_cache_stored_total", "counter", "host-memory prompt cache: prompts stored", [({}, pc.stored)])
+            metric("prompt_cache_evicted_total", "counter", "host-memory prompt cache: prompts dropped for room",
+                   [({}, pc.evicted)])
+            metric("prompt_cache_hits_total", "counter", "host-memory prompt cache: prefixes copied back to a slot",
+                   [({}, pc.hits)])
+            metric("prompt_cache_restored_tokens_total", "counter", "host-memory prompt cache: tokens copied back",
+                   [({}, pc.restored_tokens)])
         metric("generated_tokens_total", "counter", "tokens generated", [({}, s.generated_tokens)])
         metric("tokens_per_second", "gauge", "tokens generated per second over the last 10 s",
                [({}, f"{s.tokens_per_second():.3f}")])
@@ -360,7 +376,7 @@ class ServerState:
                [({}, s.mixed_steps)])
         metric("sequences_finished_total", "counter", "sequences ended, by reason",
                [({"reason": r}, n) for r, n in sorted(s.sequences_finished.items())])
-        metric("queue_waiting", "gauge", "requests' sequences waiting for a slot", [({}, e.n_waiting)])
+        metric("queue_waiting", "gauge", "requests' sequences waiting for a slot or for cells", [({}, e.n_waiting)])
         metric("sequences_active", "gauge", "sequences in slots", [({}, len(e.active))])
         metric("slots", "gauge", "parallel sequences (--parallel)", [({}, e.parallel)])
         kv = m.memory
