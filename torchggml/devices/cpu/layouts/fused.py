@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 
 import numpy as np
 import torch
@@ -442,6 +443,25 @@ IN_PLACE_KINDS = {Type.Q8_0: 34, Type.Q4_0: 18, Type.Q4_K: 144, Type.Q5_K: 176, 
 # the in-place kinds whose activations are rounded as ggml's Q8_K (Q4_K, Q5_K, Q6_K: one scale per 256
 # values; their kernels sum a block's scaled groups as integers, as ggml's)
 Q8_K_KINDS = (144, 176, 210)
+
+
+_converted = weakref.WeakKeyDictionary()  # weight Tensor -> its converted _Packed (while the weight lives)
+
+
+def converted(t: Tensor, raw: torch.Tensor) -> _Packed:
+    """A 2-D weight's ggml blocks raw (uint8 [N, row bytes]) of a type not multiplied in place,
+    converted to the fused layout once for t's lifetime (its products' plans share the copy):
+    the blocks stay where they are for the other ops that read them (GET_ROWS of a tied
+    embedding), at the price of a second copy of the weight."""
+    p = _converted.get(t)
+    if p is None:
+        p = _converted[t] = packed_blocks(t.type, raw)
+    return p
+
+
+def converted_product(t: Tensor, raw: torch.Tensor):
+    """fn(rows, out) for t's MUL_MAT on its converted copy (converted)."""
+    return functools.partial(_product, converted(t, raw))
 
 
 def packed_blocks(qtype, raw: torch.Tensor) -> _Packed:
