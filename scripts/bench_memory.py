@@ -6,7 +6,7 @@
                                    [--llama-perplexity PATH]
 
 rows: `torchggml --version`; `torchggml run MODEL -n 1` (a cached model to its first token);
-`torchggml perplexity MODEL -c N` on tests/data/real_models/text.txt; and, when a
+`torchggml perplexity MODEL -c N` on tests/data/real_models/text.txt repeated to 4 windows; and, when a
 llama-perplexity binary is given or on PATH (build that target alone from llama.cpp's tree:
 `cmake --build BUILD --target llama-perplexity`), the same perplexity by llama.cpp, same
 windows, same threads. The engines run with their bytecode cached, as bench_model.py's
@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 
 from bench_model import engine_env
 
@@ -55,14 +56,18 @@ def main(argv=None) -> int:
     if not os.path.exists("/usr/bin/time"):
         print("needs /usr/bin/time (apt-get install time)", file=sys.stderr)
         return 2
+    # the text repeated to 4 windows of -c tokens (it holds ~1400 tokens), the same file for both
+    text = os.path.join(tempfile.mkdtemp(prefix="bench-memory-"), "text.txt")
+    with open(TEXT) as f, open(text, "w") as out:
+        out.write(f.read() * (4 * args.ctx_size // 1400 + 1))
     me = [sys.executable, "-m", "torchggml"]
     rows = [("torchggml --version", me + ["--version"]),
             ("torchggml run -n 1", me + ["run", args.run_model, "-p", "Hello", "-n", "1", "--temp", "0",
                                          "-t", str(args.threads)]),
-            (f"torchggml perplexity -c {args.ctx_size}", me + ["perplexity", args.ppl_model, "-f", TEXT,
+            (f"torchggml perplexity -c {args.ctx_size}", me + ["perplexity", args.ppl_model, "-f", text,
                                                                "-c", str(args.ctx_size), "-t", str(args.threads)])]
     if args.llama_perplexity:
-        rows.append((f"llama-perplexity -c {args.ctx_size}", [args.llama_perplexity, "-m", args.ppl_model, "-f", TEXT,
+        rows.append((f"llama-perplexity -c {args.ctx_size}", [args.llama_perplexity, "-m", args.ppl_model, "-f", text,
                                                               "-c", str(args.ctx_size), "-t", str(args.threads)]))
     else:
         print("no llama-perplexity binary (--llama-perplexity PATH): its row is left out", file=sys.stderr)

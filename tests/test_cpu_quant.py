@@ -339,10 +339,11 @@ def test_int8_gemm_is_chosen_by_features_and_environment(choice, vnni, expected,
 
 
 # (TORCHGGML_CPU_GEMM, the byte dot, the kinds the int8 GEMM takes): all of them but Q8_0 on
-# AVX2 (the f32 GEMM is faster there) unless int8 is asked for
+# AVX2 (the f32 GEMM is faster there) and the fused layout's kinds (the float GEMM is more
+# accurate on the real models) unless int8 is asked for
 KIND_CHOICES = [("", "avx512vnni", {34, 18, 144, 176, 210}), ("", "vnni256", {34, 18, 144, 176, 210}),
-                ("", "avx2", {18, 144, 176, 210}), ("int8", "avx2", {34, 18, 144, 176, 210}),
-                ("f32", "avx2", set()), ("", None, set())]
+                ("", "avx2", {18, 144, 176, 210}), ("int8", "avx2", {34, 18, 144, 176, 210, 4, 32, 33, 16, 17}),
+                ("int8", "avx512vnni", {34, 18, 144, 176, 210, 4, 32, 33, 16, 17}), ("f32", "avx2", set()), ("", None, set())]
 
 
 @pytest.mark.parametrize("choice,isa,kinds", KIND_CHOICES)
@@ -352,7 +353,7 @@ def test_int8_gemm_takes_the_kinds_it_gains_on(choice, isa, kinds, monkeypatch):
     from torchggml.devices.cpu.jit import gemm_ir
     monkeypatch.setenv("TORCHGGML_CPU_GEMM", choice)
     monkeypatch.setattr(gemm_ir, "gemm_isa", lambda: isa)
-    assert {kind for kind in (34, 18, 144, 176, 210) if features.int8_gemm_takes(kind)} == kinds
+    assert {kind for kind in (34, 18, 144, 176, 210, 4, 32, 33, 16, 17) if features.int8_gemm_takes(kind)} == kinds
 
 
 @pytest.mark.parametrize("qtype,where", [(T.Q4_0, "blocks"), (T.Q6_K, "blocks"), (T.Q5_K, "fused"), (T.Q4_1, "fused")],
