@@ -1,0 +1,72 @@
+"""The tensors of the tiny Gemma 4 / Gemma 3n models (tiny.py's cases whose architecture is in
+GEMMA_ARCHS): seeded random weights with the shapes llama.cpp loads for them, their layers of
+several shapes read from the case's keys (windowed layers' head size, KV heads and FFN width per
+layer, layers sharing an earlier layer's KV cache, per-layer token embeddings).
+
+Features: "moe" puts experts (beside the dense FFN) on the dense-attention layers, "v_is_k"
+leaves attn_v out of them (V is K, as Gemma 4's full-attention layers with attention_k_eq_v).
+"""
+from __future__ import annotations
+
+import torch
+
+GEMMA_ARCHS = ("gemma4",)
+
+
+def _per_layer(meta: dict, key: str, default, n: int) -> list:
+    value = meta.get(key, default)
+    return list(value) if isinstance(value, tuple) else [value] * n
+
+
+def gemma_tensors(case, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    meta, n_layer, e, f = dict(case.metadata), case.n_layer, case.n_embd, case.features
+
+    def mat(*shape):
+        return torch.randn(*shape, generator=gen) / shape[-1] ** 0.5
+
+    def vec(n, mean=0.0, std=0.1):
+        return mean + std * torch.randn(n, generator=gen)
+
+    swa = [bool(v) for v in meta["attention.sliding_window_pattern"]]
+    n_kv = _per_layer(meta, "attention.head_count_kv", case.n_head_kv, n_layer)
+    n_ff = _per_layer(meta, "feed_forward_length", case.n_ff, n_layer)
+    n_layer_kv = n_layer - int(meta.get("attention.shared_kv_layers", 0))
+    npl = int(meta.get("embedding_length_per_layer_input", 0))
+    w = {"token_embd.weight": torch.randn(case.n_vocab, e, generator=gen)}
+    if npl:
+        w["per_layer_token_embd.weight"] = torch.randn(case.n_vocab, npl * n_layer, generator=gen)
+        w["per_layer_model_proj.weight"] = mat(npl * n_layer, e)
+        w["per_layer_proj_norm.weight"] = vec(npl, 1.0)
+    w["rope_freqs.weight"] = 1.0 + torch.rand(case.head_dim // 2, generator=gen) * 3.0
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        hd = int(meta["attention.key_length_swa"]) if swa[il] else case.head_dim
+        w[p + "attn_norm.weight"] = vec(e, 1.0)
+        w[p + "attn_q.weight"] = mat(hd * case.n_head, e)
+        w[p + "attn_q_norm.weight"] = vec(hd, 1.0)
+        if il < n_layer_kv:
+            w[p + "attn_k.weight"] = mat(hd * n_kv[il], e)
+            w[p + "attn_k_norm.weight"] = vec(hd, 1.0)
+            if swa[il] or "v_is_k" not in f:
+                w[p + "attn_v.weight"] = mat(hd * n_kv[il], e)
+        w[p + "attn_output.weight"] = mat(e, hd * case.n_head)
+        w[p + "post_attention_norm.weight"] = vec(e, 1.0)
+        w[p + "layer_output_scale.weight"] = 0.5 + torch.rand(1, generator=gen)
+        w[p + "ffn_norm.weight"] = vec(e, 1.0)
+        w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"] = mat(n_ff[il], e), mat(n_ff[il], e)
+        w[p + "ffn_down.weight"] = mat(e, n_ff[il])
+        w[p + "post_ffw_norm.weight"] = vec(e, 1.0)
+        if "moe" in f and not swa[il]:
+            n, ff = case.n_expert, int(meta["expert_feed_forward_length"])
+            w[p + "ffn_gate_inp.weight"] = mat(n, e) * 4.0
+            w[p + "ffn_gate_inp.scale"] = vec(e, 1.0)
+            for name in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"):
+                w[p + name + ".weight"] = vec(e, 1.0)
+            w[p + "ffn_gate_exps.weight"], w[p + "ffn_up_exps.weight"] = mat(n, ff, e), mat(n, ff, e)
+            w[p + "ffn_down_exps.weight"] = mat(n, e, ff)
+            w[p + "ffn_down_exps.scale"] = 0.5 + torch.rand(n, generator=gen)
+        if npl:
+            w[p + "inp_gate.weight"], w[p + "proj.weight"] = mat(npl, e), mat(e, npl)
+            w[p + "post_norm.weight"] = vec(e, 1.0)
+    w["output_norm.weight"] = vec(e, 1.0)
+    return w
