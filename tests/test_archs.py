@@ -245,13 +245,16 @@ def test_encoder_decoder_errors(key, call, match, model_dir):
     model.close()
 
 
-def test_gemma4_cache_per_layer_shape_and_shared_layers(model_dir):
+@pytest.mark.parametrize("key, widths", [
+    ("gemma4-F32", [16 * 2, 16 * 2, 32 * 1, None, None]),
+    ("gemma3n-F32", [16 * 2] * 20 + [None, None]),
+])
+def test_cache_per_layer_shape_and_shared_layers(key, widths, model_dir):
     """gemma4's windowed and dense layers keep K/V rows of their own width (head size x KV heads),
-    and the layers sharing an earlier layer's KV cache keep none."""
-    key = "gemma4-F32"
+    and the layers sharing an earlier layer's KV cache (gemma4's last shared_kv_layers, gemma3n's
+    from layer 20 on) keep none."""
     entry = MANIFEST[key]
     model = load_model(tiny_model_path(key, entry, model_dir), n_ctx=entry["n_ctx"], progress=False)
-    widths = [None if k is None else k.ne[0] for k in model.memory.k]
-    assert widths == [16 * 2, 16 * 2, 32 * 1, None, None]
+    assert [None if k is None else k.ne[0] for k in model.memory.k] == widths
     assert [None if v is None else v.ne[0] for v in model.memory.v] == widths
     model.close()

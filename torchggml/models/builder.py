@@ -307,7 +307,7 @@ class ModelGraph:
 
 
 def graph_size(hp: HParams) -> int:
-    per_layer = 64 + (4 * hp.n_expert_used + 32 if hp.n_expert else 0)
+    per_layer = hp.nodes_per_layer + (4 * hp.n_expert_used + 32 if hp.n_expert else 0)
     return max(1024, per_layer * hp.n_layer + 256)
 
 

@@ -78,6 +78,7 @@ class HParams:
     n_head_kv_layers: list[int] = field(default_factory=list)
     n_layer_kv: int = 0
     n_embd_per_layer: int = 0   # per-layer token embeddings' width (gemma3n, gemma4; 0: none)
+    nodes_per_layer: int = 64   # the graph's size per layer (gemma3n's AltUp layers need more)
 
     @property
     def n_embd_k_gqa(self) -> int:

@@ -313,6 +313,12 @@ TINY_CASES += [
         ("attention.shared_kv_layers", 2), ("embedding_length_per_layer_input", 32),
         ("expert_feed_forward_length", 32), ("rope.freq_base", 1000000.0), ("rope.freq_base_swa", 10000.0),
         ("final_logit_softcapping", 30.0))),
+    # 22 layers: llama.cpp's gemma3n keeps a KV cache in the first 20 only (layer 20 reads 18's, 21
+    # reads 19's); activation sparsity in the first 10
+    _case("gemma3n", "gemma3n", [], n_layer=22, metadata=(
+        ("attention.sliding_window", 4), ("attention.sliding_window_pattern", tuple(
+            il % 5 != 4 and il != 21 for il in range(22))), ("rope.freq_base_swa", 10000.0),
+        ("rope.freq_base", 1000000.0))),
 ]
 
 # T5 (tiny_t5.py): the encoder reads the first 8 tokens, the decoder the other 12 (the first is
@@ -501,6 +507,7 @@ def write_tiny_model(path, case: TinyCase | str, weight_type: str = "F32", vocab
                   keep_f32=lambda name, data: name.endswith((".bias", "_norm.weight")) or (mxfp4 and data.ndim != 3)
                   or name == "token_types.weight"  # added as a row to F32 states (converters keep it F32)
                   or name.endswith("attn_rel_b.weight")  # T5's bias rows: one per bucket, n_head wide
+                  or name.endswith(("altup_correct_coef.weight", "altup_predict_coef.weight"))  # rows of 4
                   or ("router_f32" in case.features and name.endswith("ffn_gate_inp.weight"))
                   or (recurrent and tiny_recurrent.keep_f32(name, data)))
     return path

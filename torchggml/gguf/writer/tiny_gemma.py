@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-GEMMA_ARCHS = ("gemma4",)
+GEMMA_ARCHS = ("gemma4", "gemma3n")
 
 
 def _per_layer(meta: dict, key: str, default, n: int) -> list:
@@ -19,6 +19,8 @@ def _per_layer(meta: dict, key: str, default, n: int) -> list:
 
 
 def gemma_tensors(case, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    if case.arch == "gemma3n":
+        return gemma3n_tensors(case, gen)
     meta, n_layer, e, f = dict(case.metadata), case.n_layer, case.n_embd, case.features
 
     def mat(*shape):
@@ -69,4 +71,40 @@ def gemma_tensors(case, gen: torch.Generator) -> dict[str, torch.Tensor]:
             w[p + "inp_gate.weight"], w[p + "proj.weight"] = mat(npl, e), mat(e, npl)
             w[p + "post_norm.weight"] = vec(e, 1.0)
     w["output_norm.weight"] = vec(e, 1.0)
+    return w
+
+
+def gemma3n_tensors(case, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """gemma3n's tensors: llama.cpp fixes 4 AltUp streams, LAuReL rank 64 and per-layer embeddings
+    of 256 values; AltUp's coefficients are small, so the streams stay close to the active one."""
+    from ...models.archs.gemma3n import LAUREL_RANK, N_ALTUP, N_EMBD_ALTUP
+    e, n_layer, ff, hd = case.n_embd, case.n_layer, case.n_ff, case.head_dim
+    q, kv = hd * case.n_head, hd * case.n_head_kv
+
+    def mat(*shape):
+        return torch.randn(*shape, generator=gen) / shape[-1] ** 0.5
+
+    def vec(n, mean=0.0, std=0.1):
+        return mean + std * torch.randn(n, generator=gen)
+
+    w = {"token_embd.weight": torch.randn(case.n_vocab, e, generator=gen),
+         "altup_proj.weight": mat(N_ALTUP - 1, e, e), "altup_unembd_proj.weight": mat(N_ALTUP - 1, e, e),
+         "per_layer_token_embd.weight": torch.randn(case.n_vocab, N_EMBD_ALTUP * n_layer, generator=gen),
+         "per_layer_model_proj.weight": mat(N_EMBD_ALTUP * n_layer, e),
+         "per_layer_proj_norm.weight": vec(N_EMBD_ALTUP, 1.0), "output_norm.weight": vec(e, 1.0)}
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        for name in ("attn_norm", "ffn_norm", "altup_router_norm", "altup_correct_scale"):
+            w[p + name + ".weight"] = vec(e, 1.0)
+        for name in ("post_attention_norm", "post_ffw_norm", "post_norm", "laurel_post_norm"):
+            w[p + name + ".weight"] = vec(e, 0.3, 0.03)  # small branches: 22 random layers stay tame
+        w[p + "attn_q.weight"], w[p + "attn_k.weight"], w[p + "attn_v.weight"] = mat(q, e), mat(kv, e), mat(kv, e)
+        w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = vec(hd, 1.0), vec(hd, 1.0)
+        w[p + "attn_output.weight"] = mat(e, q)
+        w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"], w[p + "ffn_down.weight"] = mat(ff, e), mat(ff, e), mat(e, ff)
+        w[p + "inp_gate.weight"], w[p + "proj.weight"] = mat(N_EMBD_ALTUP, e), mat(e, N_EMBD_ALTUP)
+        w[p + "altup_correct_coef.weight"] = vec(N_ALTUP * N_ALTUP, 0.0, 0.1).reshape(N_ALTUP, N_ALTUP)
+        w[p + "altup_predict_coef.weight"] = vec(N_ALTUP ** 3, 0.0, 0.1).reshape(N_ALTUP * N_ALTUP, N_ALTUP)
+        w[p + "altup_router.weight"] = mat(N_ALTUP, e)
+        w[p + "laurel_l.weight"], w[p + "laurel_r.weight"] = mat(LAUREL_RANK, e), mat(e, LAUREL_RANK)
     return w

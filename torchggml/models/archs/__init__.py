@@ -13,9 +13,9 @@ MODULES = (llama, mistral3, qwen, gemma, phi3, gpt_oss, parallel, mamba, jamba, 
            stablelm, internlm2, seed_oss, apertus, ernie4_5, glm4, qwen_vl, olmoe, phimoe, hunyuan, xverse,
            exaone, maincoder, orion, arcee, nemotron, olmo, glm4moe, deepseek, dots1, bailingmoe,
            minimax_m2, deepseek2, bloom, llama4, bert, gemma_embedding)
-# Gemma 4 and T5 (encoder-decoder)
-from . import gemma4, t5  # noqa: E402
-MODULES += (gemma4, t5)
+# Gemma 4, T5 (encoder-decoder), Gemma 3n
+from . import gemma3n, gemma4, t5  # noqa: E402
+MODULES += (gemma4, t5, gemma3n)
 ARCHS: dict[str, Arch] = {name: arch for module in MODULES for arch in module.ARCHS for name in arch.names}
 
 

@@ -84,10 +84,11 @@ def per_layer_inputs(b, w, x):
     return ops.cont(ctx, ops.permute(ctx, out, 0, 2, 1, 3))
 
 
-def per_layer_slice(b, inputs, il: int):
-    """Layer il's [n_embd_per_layer, n_tokens] of per_layer_inputs (the output rows in the last layer)."""
+def per_layer_slice(b, inputs, il: int, rows: bool = True):
+    """Layer il's [n_embd_per_layer, n_tokens] of per_layer_inputs (with rows, only the output
+    rows in the last layer: gemma4 selects them there, gemma3n after its last layer)."""
     view = ops.view_2d(b.ctx, inputs, inputs.ne[0], inputs.ne[1], inputs.nb[1], il * inputs.nb[2])
-    return b.output_rows(il, view)[0]
+    return b.output_rows(il, view)[0] if rows else view
 
 
 class Gemma4(Arch):
