@@ -232,10 +232,16 @@ def test_t5_generate_encodes_the_prompt_and_decodes_from_the_start_token(tmp_pat
     model.close()
 
 
+def serve(model):
+    from torchggml.server.app import ServerState
+    return ServerState(model, None, model.hp.arch)
+
+
 @pytest.mark.parametrize("key, call, match", [
     ("t5-F32", lambda m: m.eval([0]), "call Model.encode first"),
     ("t5-F32", lambda m: m.encode([]), "the encoder takes 1 to n_batch"),
     ("gemma4-F32", lambda m: m.encode([1, 2]), "is not an encoder-decoder model"),
+    ("t5-F32", lambda m: serve(m), "encoder-decoder model; the server does not run those"),
 ])
 def test_encoder_decoder_errors(key, call, match, model_dir):
     entry = MANIFEST[key]
