@@ -11,6 +11,9 @@ from __future__ import annotations
 import torch
 
 GEMMA_ARCHS = ("gemma4", "gemma3n")
+# gemma3n's sizes that llama.cpp fixes rather than reads (as models/archs/gemma3n.py): AltUp
+# streams, LAuReL rank, per-layer embedding width
+N_ALTUP, LAUREL_RANK, N_EMBD_ALTUP = 4, 64, 256
 
 
 def _per_layer(meta: dict, key: str, default, n: int) -> list:
@@ -77,7 +80,6 @@ def gemma_tensors(case, gen: torch.Generator) -> dict[str, torch.Tensor]:
 def gemma3n_tensors(case, gen: torch.Generator) -> dict[str, torch.Tensor]:
     """gemma3n's tensors: llama.cpp fixes 4 AltUp streams, LAuReL rank 64 and per-layer embeddings
     of 256 values; AltUp's coefficients are small, so the streams stay close to the active one."""
-    from ...models.archs.gemma3n import LAUREL_RANK, N_ALTUP, N_EMBD_ALTUP
     e, n_layer, ff, hd = case.n_embd, case.n_layer, case.n_ff, case.head_dim
     q, kv = hd * case.n_head, hd * case.n_head_kv
 
