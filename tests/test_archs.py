@@ -118,6 +118,7 @@ def test_arch_matches_llama_cpp(key, flash_attn, model_dir):
 # experts through mul_mat_id, windows and soft-capping. Quantized experts run the Triton kernels in
 # the interpreter (tens of seconds): marked slow (pytest --slow), as in test_models.py.
 SIM_KEYS = ["llama-moe-F32", "gpt-oss-F32", "gemma2-F32", "granitehybrid-F32", "qwen3next-F32", "rwkv7-F32",
+            "kimi-linear-F32",  # KDA: the delta rule with a vector gate
             *(pytest.param(k, marks=pytest.mark.slow) for k in ("gpt-oss-MXFP4", "llama-moe-Q8_0"))]
 
 
@@ -151,7 +152,10 @@ def test_module_forward_matches_eval(key, model_dir):
 # extended by decode steps, reset(3) while sequence 1 goes on, and sequence 3 again from zero
 # states: every piece must give llama.cpp's single-sequence logits (relative L2 per piece; argmax
 # agreement over all the pieces' rows, as one piece of 4-9 rows is too few for it)
-RECURRENT_KEYS = sorted(k for k, e in MANIFEST.items() if e["arch"] in RECURRENT_ARCHS)
+# (the quantized models of the later hybrids go under --slow: their F32 models check the same bookkeeping)
+LATER_HYBRIDS = {"qwen35", "qwen35moe", "lfm2moe", "kimi-linear"}
+RECURRENT_KEYS = [pytest.param(k, marks=pytest.mark.slow) if e["arch"] in LATER_HYBRIDS and e["weights"] != "F32" else k
+                  for k, e in sorted(MANIFEST.items()) if e["arch"] in RECURRENT_ARCHS]
 
 
 @pytest.mark.parametrize("key", RECURRENT_KEYS)
@@ -192,17 +196,19 @@ def test_unsupported_architecture_error_lists_the_supported(tmp_path, name, know
     assert all(arch in message.split("supported: ")[1].split(", ") for arch in ARCHS)
 
 
-def test_mla_cache_holds_only_the_compressed_latent(model_dir):
-    """deepseek2's KV cache keeps one row of kv_lora_rank + rope values per token and layer (V is
-    read from it), not n_head keys and values: 40 F16 values here instead of 4 x (40 + 16)."""
-    key = "deepseek2-F32"
+@pytest.mark.parametrize("key", ["deepseek2-F32", "kimi-linear-F32"])
+def test_mla_cache_holds_only_the_compressed_latent(key, model_dir):
+    """An MLA layer's KV cache keeps one row of kv_lora_rank + rope values per token (V is read
+    from it), not n_head keys and values: 40 F16 values here instead of 4 x (40 + 16). Kimi-Linear's
+    KDA layers have no cache rows."""
     entry = MANIFEST[key]
     model = load_model(tiny_model_path(key, entry, model_dir), n_ctx=entry["n_ctx"], progress=False)
-    hp, kv = model.hp, model.memory
-    assert kv.v_in_k and all(v is None for v in kv.v)
-    assert [list(k.ne[:2]) for k in kv.k] == [[hp.n_lora_kv + hp.n_rot, kv.n_ctx]] * hp.n_layer
-    assert kv.nbytes() >= hp.n_layer * kv.n_ctx * (hp.n_lora_kv + hp.n_rot) * 2
-    uncompressed = hp.n_layer * kv.n_ctx * hp.n_head * (hp.head_dim_k_mla + hp.head_dim_v_mla) * 2
+    hp, kv = model.hp, model.memory.attention
+    mla = [il for il in range(hp.n_layer) if kv.k[il] is not None]
+    assert kv.v_in_k and all(v is None for v in kv.v) and mla
+    assert [list(kv.k[il].ne[:2]) for il in mla] == [[hp.n_lora_kv + hp.n_rot, kv.n_ctx]] * len(mla)
+    assert kv.nbytes() >= len(mla) * kv.n_ctx * (hp.n_lora_kv + hp.n_rot) * 2
+    uncompressed = len(mla) * kv.n_ctx * hp.n_head * (hp.head_dim_k_mla + hp.head_dim_v_mla) * 2
     assert kv.nbytes() < uncompressed / 3
     model.close()
 
@@ -264,3 +270,29 @@ def test_cache_per_layer_shape_and_shared_layers(key, widths, model_dir):
     assert [None if k is None else k.ne[0] for k in model.memory.k] == widths
     assert [None if v is None else v.ne[0] for v in model.memory.v] == widths
     model.close()
+
+# the later architectures' files with a key wrong or missing (value None: the key removed): a
+# one-line error naming it
+BAD_KEYS = [
+    ("qwen35moe-recurrent-layers", "qwen35moe", "attention.recurrent_layers", ("array[bool]", [True, False]),
+     "attention.recurrent_layers has 2 entries for 3 blocks"),
+    ("qwen35-sections", "qwen35", "rope.dimension_sections", None, "rope.dimension_sections' is missing"),
+    ("bailingmoe2-nextn", "bailingmoe2", "nextn_predict_layers", ("uint32", 4),
+     "nextn_predict_layers 4 must be below block_count 4"),
+    ("lfm2moe-gating", "lfm2moe", "expert_gating_func", None, "lfm2moe.expert_gating_func. is missing"),
+    ("kimi-linear-kda", "kimi-linear", "kda.head_dim", None, "kimi-linear.kda.head_dim. is missing"),
+    ("minicpm3-q-lora", "minicpm3", "attention.q_lora_rank", None, "minicpm3.attention.q_lora_rank. is missing"),
+]
+
+
+@pytest.mark.parametrize("case, key, value, pattern", [c[1:] for c in BAD_KEYS], ids=[c[0] for c in BAD_KEYS])
+def test_bad_keys_are_named(tmp_path, case, key, value, pattern):
+    from torchggml.gguf.loader import GGUFError
+    from torchggml.gguf.writer.rewrite import header_parts, serialize
+    path = Path(write_tiny_model(tmp_path / "x.gguf", case))
+    kvs, tensors, alignment, data = header_parts(path)
+    key = f"{CASES_BY_NAME[case].arch}.{key}"
+    kvs = [kv for kv in kvs if kv[0] != key] + ([[key, *value]] if value else [])
+    path.write_bytes(serialize(kvs, tensors, alignment, data))
+    with pytest.raises(GGUFError, match=pattern):
+        load_model(path, progress=False)

@@ -180,7 +180,7 @@ def test_the_head_runs_for_the_output_rows_only(n_prompt, n_batch, n_outputs):
     model = cached_model(GOLDEN / entry["model"], n_batch=n_batch)
     model.reset()
     model.eval(entry["tokens"][:n_prompt], logits="last")
-    g = model._graph
+    g = model.last_graph
     assert (g.n_tokens, g.n_outputs) == (n_prompt - (n_prompt - 1) // n_batch * n_batch, n_outputs)
     assert tuple(g.logits.ne[:2]) == (model.n_vocab, n_outputs)
     last_down = model.weights.layers[-1].ffn_down

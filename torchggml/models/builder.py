@@ -276,11 +276,16 @@ def bind_weights(arch: Arch, tensors: dict, hp: HParams, path: str) -> Weights:
     loaded Tensors after)."""
     w = Weights(tensors, path, arch)
     arch.load_weights(w, hp)
+    if hp.n_layer_nextn:  # the skipped prediction blocks' tensors count as read (llama.cpp's TENSOR_SKIP)
+        w.used.update(n for n in w.tensors if (tensor_layer(n) or 0) >= hp.n_layer)
     w.check_all_used()
     return w
 
 
 # ---------------------------------------------------------------- the graph
+
+POSITIONS_4D = "inp_pos_4d"  # the graph input of multi-axis RoPE positions (positions_4d)
+
 
 @dataclass
 class ModelGraph:
@@ -304,6 +309,7 @@ class ModelGraph:
     # encoder's output F32 [n_embd, n_cross] the decoder's cross-attention reads (None: none)
     buckets: tuple | None = None
     cross: Tensor | None = None
+    sched: object = None        # the scheduler it is allocated on (None: the model's own)
 
 
 def graph_size(hp: HParams) -> int:
@@ -344,7 +350,7 @@ class GraphBuilder:
         self.n_tokens, self.n_kv, self.flash_attn, self.n_outputs = n_tokens, n_kv, flash_attn, n_outputs
         self.embeddings = embeddings  # output the final norm's hidden states instead of the logits
         self.tokens = None if from_embd else self._input(Type.I32, n_tokens, name="inp_tokens")
-        self.inp_embd = self._input(Type.F32, hp.n_embd, n_tokens, name="inp_embd") if from_embd else None
+        self.inp_embd = self._input(Type.F32, hp.n_embd_inp, n_tokens, name="inp_embd") if from_embd else None
         self.positions = self._input(Type.I32, n_tokens, name="inp_pos")
         self.kv_idx = self._input(Type.I64, n_tokens, name="inp_kv_idx")
         self.masks = {0: self._input(Type.F16, n_kv, n_tokens, name="inp_kq_mask")}
@@ -406,10 +412,26 @@ class GraphBuilder:
         plus the learned position embeddings of their positions when pos_embd [n_embd, n_ctx_train]
         is given (gpt2, starcoder); or the input embeddings as given (from_embd)."""
         if self.inp_embd is not None:
-            return self.inp_embd
+            return self.embd_slice(0)
         x = ops.get_rows(self.ctx, tok_embd, self.tokens)                 # [n_embd, n_tokens]
         x = x if scale == 1.0 else ops.scale(self.ctx, x, scale)
         return x if pos_embd is None else ops.add(self.ctx, x, ops.get_rows(self.ctx, pos_embd, self.positions))
+
+    def embd_slice(self, i: int) -> Tensor:
+        """Slice i [n_embd, n_tokens] of the input embedding rows (0: the embeddings; i > 0: qwen3vl's
+        i-th deepstack slice)."""
+        e = self.hp.n_embd
+        if self.hp.n_deepstack == 0:
+            return self.inp_embd
+        return ops.view_2d(self.ctx, self.inp_embd, e, self.n_tokens, self.inp_embd.nb[1], i * e * self.inp_embd.nb[0])
+
+    def deepstack(self, il: int, x: Tensor) -> Tensor:
+        """x after layer il plus the input rows' deepstack slice il + 1 (qwen3vl: for input
+        embeddings of the first n_deepstack layers; token ids carry none)."""
+        if self.inp_embd is None or il >= self.hp.n_deepstack:
+            return x
+        (ds,) = self.output_rows(il, self.embd_slice(il + 1))  # the last layer keeps the output rows only
+        return self.add(x, ds)
 
     def attn_temperature(self, scale: float, floor: int, offset: float = 0.0) -> Tensor:
         """Llama 4 / mistral3 query temperature per token, F32 [1, 1, n_tokens]:
@@ -468,7 +490,7 @@ class GraphBuilder:
         them: the position on the first three axes (time, height, width), 0 on the fourth."""
         if self._pos4 is None:
             self._pos4 = new_tensor_1d(self.ctx, Type.I32, 4 * self.n_tokens)
-            set_name(self._pos4, "inp_pos_4d")
+            set_name(self._pos4, POSITIONS_4D)
             set_input(self._pos4)
             self.position_inputs.append(
                 (self._pos4, lambda pos: torch.cat([pos, pos, pos, torch.zeros_like(pos)]).to(torch.int32)))

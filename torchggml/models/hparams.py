@@ -42,6 +42,7 @@ class HParams:
     n_expert_used: int = 0
     n_ff_exp: int = 0
     n_ff_shexp: int = 0
+    n_layer_nextn: int = 0  # prediction blocks after the n_layer blocks, skipped (not loaded) as llama.cpp
     n_expert_groups: int = 0  # grouped top-k routing (DeepSeek V3): the groups, and how many are kept
     n_group_used: int = 0
     # sliding-window attention: the window and which layers use it (with their own rope base)
@@ -60,6 +61,7 @@ class HParams:
     max_alibi_bias: float = 0.0  # ALiBi (bloom, mpt): the softmax's max_bias over -|p - p0| masks (0: off)
     clamp_kqv: float = 0.0  # q, k and v clamped to [-c, c] after their projections (olmo; 0: off)
     rope_sections: tuple = ()  # multi-axis RoPE: rotary pairs per axis (time, height, width, extra)
+    n_deepstack: int = 0  # qwen3vl: input rows carry this many more n_embd slices, added after the first layers
     # encoders: attention over the whole sequence (attention.causal false), the classifier head's outputs
     causal_attn: bool = True
     n_cls_out: int = 1
@@ -79,6 +81,11 @@ class HParams:
     n_layer_kv: int = 0
     n_embd_per_layer: int = 0   # per-layer token embeddings' width (gemma3n, gemma4; 0: none)
     nodes_per_layer: int = 64   # the graph's size per layer (gemma3n's AltUp layers need more)
+
+    @property
+    def n_embd_inp(self) -> int:
+        """The width of input embedding rows (llama.cpp's n_embd_inp): n_embd, and qwen3vl's deepstack slices."""
+        return self.n_embd * (1 + self.n_deepstack)
 
     @property
     def n_embd_k_gqa(self) -> int:

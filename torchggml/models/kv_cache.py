@@ -108,6 +108,7 @@ class KVCache(Memory):
         self.cell_seq = np.full(n_ctx, -1, dtype=np.int64)  # -1: free
         self.cell_pos = np.zeros(n_ctx, dtype=np.int64)
         self.seq_next: dict[int, int] = {}  # the next position of each sequence
+        self.rope_jumps: dict[int, list[tuple[int, int]]] = {}  # sequence -> (from position, rotary shift)
         self.written = np.zeros(n_ctx, dtype=bool)  # cells written since they were last zeroed
 
     def nbytes(self) -> int:
@@ -153,11 +154,13 @@ class KVCache(Memory):
             self.zero_cells(np.flatnonzero(self.written))
             self.cell_seq.fill(-1)
             self.seq_next.clear()
+            self.rope_jumps.clear()
         else:
             cells = np.flatnonzero(self.cell_seq == int(seq_id))
             self.zero_cells(cells)
             self.cell_seq[cells] = -1
             self.seq_next.pop(int(seq_id), None)
+            self.rope_jumps.pop(int(seq_id), None)
 
     def keep_prefix(self, seq_id: int, n: int) -> None:
         """Sequence seq_id keeps its first n positions and forgets the rest (llama.cpp's seq_rm
@@ -168,6 +171,8 @@ class KVCache(Memory):
         self.cell_seq[cells] = -1
         if seq_id in self.seq_next:
             self.seq_next[seq_id] = min(self.seq_next[seq_id], int(n))
+        if seq_id in self.rope_jumps:
+            self.rope_jumps[seq_id] = [(at, d) for at, d in self.rope_jumps[seq_id] if at <= n]
 
     def copy(self, src: int, dst: int) -> None:
         """Sequence dst continues from sequence src's cells (llama.cpp's seq_cp): dst's own cells
@@ -190,6 +195,62 @@ class KVCache(Memory):
         self.written[targets] = True
         if src in self.seq_next:
             self.seq_next[dst] = self.seq_next[src]
+        if src in self.rope_jumps:
+            self.rope_jumps[dst] = list(self.rope_jumps[src])
+
+    def add_rope_jump(self, seq_id: int, at: int, delta: int) -> None:
+        """Tokens of seq_id from position `at` on rotate at their position + delta (and earlier jumps)."""
+        self.rope_jumps.setdefault(int(seq_id), []).append((int(at), int(delta)))
+
+    def rope_positions(self, seq_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """The rotary positions (int32) of tokens at `positions` of sequences `seq_ids`."""
+        if not self.rope_jumps:
+            return positions
+        out = positions.astype(np.int64)
+        for s, jumps in self.rope_jumps.items():
+            mine = seq_ids == s
+            for at, delta in jumps:
+                out[mine & (positions >= at)] += delta
+        return out.astype(np.int32)
+
+    def save_seq(self, seq_id: int) -> "SeqCells":
+        """A host copy of sequence seq_id's cells: its K and V rows in position order. Its
+        positions must run 0..n-1 (a prompt's cells, as the server's slots hold)."""
+        cells = np.flatnonzero(self.cell_seq == int(seq_id))
+        cells = cells[np.argsort(self.cell_pos[cells], kind="stable")]
+        n = int(cells.size)
+        if not np.array_equal(self.cell_pos[cells], np.arange(n)):
+            raise ValueError(f"sequence {seq_id}'s cells do not hold positions 0..{n - 1}: they cannot be saved")
+        rows = []
+        for t in self.tensors():
+            out = torch.empty((n, t.nb[1]), dtype=torch.uint8)
+            for src, dst in _runs(cells):
+                backend_tensor_get(t, out[dst], src.start * t.nb[1], (src.stop - src.start) * t.nb[1])
+            rows.append(out)
+        return SeqCells(n, rows)
+
+    def load_seq(self, seq_id: int, saved: "SeqCells", n: int | None = None) -> None:
+        """Sequence seq_id holds the first n positions of `saved` (all when n is None), in free
+        cells: its own cells are cleared first; ValueError when too few cells are free."""
+        n = saved.n if n is None else int(n)
+        if not 0 <= n <= saved.n:
+            raise ValueError(f"load_seq: {n} positions asked of a saved sequence of {saved.n}")
+        widths = [t.nb[1] for t in self.tensors()]
+        if [r.shape[1] for r in saved.rows] != widths:
+            raise ValueError(f"load_seq: the saved rows are {[r.shape[1] for r in saved.rows]} bytes wide, this "
+                             f"cache's are {widths}")
+        self.clear(seq_id)
+        free = np.flatnonzero(self.cell_seq < 0)
+        if free.size < n:
+            raise ValueError(f"the KV cache is full: {n} cells are needed, {free.size} are free")
+        cells = free[:n]
+        for t, rows in zip(self.tensors(), saved.rows):
+            for dst, src in _runs(cells):
+                backend_tensor_set(t, rows[src], dst.start * t.nb[1], (dst.stop - dst.start) * t.nb[1])
+        self.cell_seq[cells], self.cell_pos[cells] = int(seq_id), np.arange(n)
+        self.written[cells] = True
+        if n:
+            self.seq_next[int(seq_id)] = n
 
     def zero_cells(self, cells: np.ndarray) -> None:
         """Zero these cells of every layer's K and V (one memset per run of consecutive cells)."""
@@ -332,6 +393,27 @@ def relative_position_buckets(key_pos, query_pos, n_buckets: int, bidirectional:
 
 # 0-d arrays: np.where with these takes half the time it takes with numpy scalars
 _VISIBLE, _HIDDEN = np.zeros((), np.float16), np.full((), -np.inf, np.float16)
+
+
+def _runs(cells: np.ndarray):
+    """(cell slice, index slice) for each run of consecutive cells in `cells`."""
+    breaks = np.flatnonzero(np.diff(cells) != 1) + 1
+    start = 0
+    for end in [*breaks.tolist(), int(cells.size)]:
+        if end > start:
+            yield slice(int(cells[start]), int(cells[end - 1]) + 1), slice(start, end)
+        start = end
+
+
+@dataclass
+class SeqCells:
+    """A sequence's cells copied to host memory (KVCache.save_seq): n positions, and per cache
+    tensor (KVCache.tensors() order) its rows as uint8 [n, row bytes]."""
+    n: int
+    rows: list
+
+    def nbytes(self) -> int:
+        return sum(r.numel() for r in self.rows)
 
 
 @dataclass

@@ -317,5 +317,6 @@ def memory_for(arch, hp, n_ctx: int, kv_type, bufts, n_seq_max: int):
     if kind == "recurrent":
         return rs
     attn_bufts = [buft if arch.has_attention(hp, il) else None for il, buft in enumerate(bufts)]
-    kv = KVCache(hp.n_layer, n_ctx, hp.head_dim_k, hp.head_dim_v, hp.n_head_kv, kv_type, attn_bufts)
+    kv = KVCache(hp.n_layer, n_ctx, hp.head_dim_k, hp.head_dim_v, hp.n_head_kv, kv_type, attn_bufts,
+                 v_in_k=getattr(arch, "v_in_k", False))
     return HybridMemory(kv, rs)

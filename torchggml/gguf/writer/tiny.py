@@ -273,6 +273,47 @@ TINY_CASES += [
         ("attention.value_residual_mix_lora_rank", 32), ("attention.gate_lora_rank", 32), ("token_shift_count", 2))),
 ]
 
+# issue 37, second round: Qwen3.5 (tiny_recurrent.py): 2 key heads for 4 value heads (tiled), interleaved
+# multi-axis RoPE; qwen35 with a skipped prediction block (nextn), qwen35moe's layers by attention.recurrent_layers
+_GDN = (("ssm.conv_kernel", 4), ("ssm.state_size", 16), ("ssm.group_count", 2), ("ssm.time_step_rank", 4),
+        ("ssm.inner_size", 64), ("rope.dimension_sections", (3, 3, 2, 0)))
+TINY_CASES += [
+    _case("qwen35", "qwen35", n_layer=4, metadata=_GDN + (("full_attention_interval", 2), ("nextn_predict_layers", 1))),
+    _case("qwen35moe", "qwen35moe", ["router_f32"], n_layer=3, n_expert=4, n_expert_used=2, metadata=_GDN + (
+        ("attention.recurrent_layers", (True, False, True)), ("expert_feed_forward_length", 64),
+        ("expert_shared_feed_forward_length", 64))),
+    # Ling 2: fused q/k/v, q/k norms, partial rotary, a dense first layer, sigmoid routing with the selection bias
+    # over 4 groups of 2 experts, 2 kept; one shared expert of its own width; a skipped prediction block
+    _case("bailingmoe2", "bailingmoe2", ["fused_qkv", "qk_norm", "moe", "shexp", "shexp_ungated", "probs_bias",
+                                         "router_f32"], n_layer=4, n_expert=8, n_expert_used=2, metadata=_PARTIAL + (
+        ("leading_dense_block_count", 1), ("expert_feed_forward_length", 64), ("expert_shared_count", 1),
+        ("expert_shared_feed_forward_length", 32), ("expert_weights_norm", True), ("expert_weights_scale", 2.5),
+        ("expert_gating_func", 2), ("expert_group_count", 4), ("expert_group_used_count", 2),
+        ("nextn_predict_layers", 1))),
+    # Kimi-Linear: KDA layers (kda.head_dim 16, short convolutions of 4) around an MLA layer without
+    # rotary positions (cache: kv_lora_rank 32 + 8 shared key values); a dense first layer, then sigmoid-routed
+    # experts with the selection bias and a shared expert, scaled
+    _case("kimi-linear", "kimi-linear", ["router_f32"], n_layer=3, n_expert=4, n_expert_used=2, metadata=(
+        ("attention.head_count_kv", (0, 1, 0)), ("ssm.conv_kernel", 4), ("kda.head_dim", 16),
+        ("attention.kv_lora_rank", 32), ("attention.key_length_mla", 40), ("attention.value_length_mla", 16),
+        ("rope.dimension_count", 8), ("attention.key_length", 40), ("attention.value_length", 32),
+        ("leading_dense_block_count", 1),
+        ("expert_feed_forward_length", 32), ("expert_shared_count", 1), ("expert_weights_scale", 2.5),
+        ("expert_gating_func", 2))),
+    # LFM2-MoE: a dense first layer, then sigmoid-routed experts with the selection bias
+    _case("lfm2moe", "lfm2moe", ["moe", "probs_bias", "router_f32"], n_layer=3, n_expert=4, n_expert_used=2,
+          metadata=(("shortconv.l_cache", 3), ("attention.head_count_kv", (0, 2, 0)), ("leading_dense_block_count", 1),
+                    ("expert_feed_forward_length", 64), ("expert_gating_func", 2))),
+]
+
+# MiniCPM3: low-rank q and kv (kv_lora_rank 32, q_lora_rank 32), keys of 16 nope + 8 rotary values, values of
+# 16; LongRoPE factors (the long ones: the tests' context exceeds the original 32)
+TINY_CASES += [
+    _case("minicpm3", "minicpm3", ["mla_kv_b", "rope_factors"], n_head_kv=4, metadata=(
+        ("attention.q_lora_rank", 32), ("attention.kv_lora_rank", 32), ("attention.key_length", 24),
+        ("attention.value_length", 16), ("rope.dimension_count", 8), ("rope.scaling.original_context_length", 32))),
+]
+
 # encoders (tiny_encoders.py): non-causal attention, no output head; golden data are llama.cpp's
 # embeddings per pooling (scripts/gen_encoder_embeddings.py, tests/test_encoders.py)
 _ENC = (("attention.causal", False), ("pooling_type", 1))
@@ -367,16 +408,21 @@ def _tensors(case: TinyCase, gen: torch.Generator) -> dict[str, np.ndarray]:
                 w[p + "attn_norm.bias"] = vec(e)
         if "norm_2" in f:  # falcon 40B's second attention norm
             w[p + "attn_norm_2.weight"], w[p + "attn_norm_2.bias"] = vec(e, 1.0), vec(e)
-        if "mla" in f:  # multi-head latent attention (deepseek2)
+        if f & {"mla", "mla_kv_b"}:  # low-rank query and latent: multi-head latent attention (deepseek2), or
+            # the latent decompressed by attn_kv_b before the cache (minicpm3)
             n_h, lora_q, lora_kv = case.n_head, int(meta["attention.q_lora_rank"]), int(meta["attention.kv_lora_rank"])
-            k_mla, v_mla, rot = (int(meta[k]) for k in ("attention.key_length_mla", "attention.value_length_mla",
-                                                           "rope.dimension_count"))
+            widths = ("key_length_mla", "value_length_mla") if "mla" in f else ("key_length", "value_length")
+            dk, dv = (int(meta["attention." + key]) for key in widths)
+            rot = int(meta["rope.dimension_count"])
             w[p + "attn_q_a_norm.weight"], w[p + "attn_kv_a_norm.weight"] = vec(lora_q, 1.0), vec(lora_kv, 1.0)
-            w[p + "attn_q_a.weight"], w[p + "attn_q_b.weight"] = mat(lora_q, e), mat(n_h * k_mla, lora_q)
+            w[p + "attn_q_a.weight"], w[p + "attn_q_b.weight"] = mat(lora_q, e), mat(n_h * dk, lora_q)
             w[p + "attn_kv_a_mqa.weight"] = mat(lora_kv + rot, e)
-            w[p + "attn_k_b.weight"] = mat(n_h, lora_kv, k_mla - rot)
-            w[p + "attn_v_b.weight"] = mat(n_h, v_mla, lora_kv)
-            w[p + "attn_output.weight"] = mat(e, n_h * v_mla)
+            if "mla" in f:
+                w[p + "attn_k_b.weight"] = mat(n_h, lora_kv, dk - rot)
+                w[p + "attn_v_b.weight"] = mat(n_h, dv, lora_kv)
+            else:
+                w[p + "attn_kv_b.weight"] = mat(n_h * (dk - rot + dv), lora_kv)
+            w[p + "attn_output.weight"] = mat(e, n_h * dv)
         elif "fused_qkv" in f:
             w[p + "attn_qkv.weight"] = mat(q_dim + 2 * kv_dim, e)
             if "qkv_fused_bias" in f:
@@ -394,7 +440,7 @@ def _tensors(case: TinyCase, gen: torch.Generator) -> dict[str, np.ndarray]:
             w[p + "attn_k_norm.weight"] = vec(hd * case.n_head_kv, 1.0).reshape(case.n_head_kv, hd)
         if "qk_norm_full" in f:  # over all the heads together (olmo2)
             w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = vec(q_dim, 1.0), vec(kv_dim, 1.0)
-        if "mla" not in f:
+        if not f & {"mla", "mla_kv_b"}:
             w[p + "attn_output.weight"] = mat(e, q_dim)
         if "out_bias" in f:
             w[p + "attn_output.bias"] = vec(e)
@@ -437,9 +483,14 @@ def _tensors(case: TinyCase, gen: torch.Generator) -> dict[str, np.ndarray]:
                 w[p + "ffn_up.bias"], w[p + "ffn_down.bias"] = vec(case.n_ff), vec(e)
         if "post_norms" in f:
             w[p + "post_ffw_norm.weight"] = vec(e, 1.0)
+        if il >= case.n_layer - int(meta.get("nextn_predict_layers", 0)):  # a prediction block (skipped)
+            w[p + "nextn.eh_proj.weight"] = mat(e, 2 * e)
+            w[p + "nextn.enorm.weight"], w[p + "nextn.hnorm.weight"] = vec(e, 1.0), vec(e, 1.0)
+            w[p + "layer_output_norm.weight"] = vec(e, 1.0)
     if "rope_factors" in f:
-        w["rope_factors_long.weight"] = 1.0 + torch.rand(hd // 2, generator=gen) * 3.0
-        w["rope_factors_short.weight"] = 1.0 + torch.rand(hd // 2, generator=gen) * 0.5
+        n_rot = int(meta.get("rope.dimension_count", hd))
+        w["rope_factors_long.weight"] = 1.0 + torch.rand(n_rot // 2, generator=gen) * 3.0
+        w["rope_factors_short.weight"] = 1.0 + torch.rand(n_rot // 2, generator=gen) * 0.5
     if "tok_norm" in f:
         w["token_embd_norm.weight"], w["token_embd_norm.bias"] = vec(e, 1.0), vec(e)
     if "pos_embd" in f:
