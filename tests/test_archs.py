@@ -59,16 +59,22 @@ def check(ours: torch.Tensor, ref: np.ndarray, entry: dict, what: str) -> None:
 
 
 def eval_and_check(key: str, model_dir: Path, **options) -> None:
-    """One batch, then (after reset) a prompt followed by single-token decode steps."""
+    """One batch, then (after reset) a prompt followed by single-token decode steps. An
+    encoder-decoder model (t5) first encodes the case's first n_encoder tokens; the decoder reads
+    the others."""
     entry = MANIFEST[key]
     case = CASES_BY_NAME[entry["case"]]
     ref = np.load(DATA / entry["logits"])
     model = load_model(tiny_model_path(key, entry, model_dir), n_ctx=entry["n_ctx"], progress=False, **options)
     assert model.hp.arch == entry["arch"]
     tokens = entry["tokens"]
+    if case.n_encoder:
+        model.encode(tokens[:case.n_encoder])
+        tokens = tokens[case.n_encoder:]
     check(model.eval(tokens), ref, entry, f"{key} one batch")
     model.reset()
-    steps = [model.eval(tokens[:case.n_prompt])] + [model.eval([t]) for t in tokens[case.n_prompt:]]
+    n_prompt = case.n_prompt - case.n_encoder
+    steps = [model.eval(tokens[:n_prompt])] + [model.eval([t]) for t in tokens[n_prompt:]]
     check(torch.cat(steps), ref, entry, f"{key} prompt + decode steps")
     model.close()
 
@@ -126,7 +132,8 @@ def test_arch_on_simulated_accelerator(key, model_dir):
     eval_and_check(key, model_dir, devices=["SIM0"], flash_attn=True)
 
 
-@pytest.mark.parametrize("key", ["gemma2-F32", "mistral3-F32", "gpt-oss-F32", "bloom-F32", "llama4-F32", "qwen3vl-F32"])
+@pytest.mark.parametrize("key", ["gemma2-F32", "mistral3-F32", "gpt-oss-F32", "bloom-F32", "llama4-F32", "qwen3vl-F32",
+                                 "gemma4-F32"])
 def test_module_forward_matches_eval(key, model_dir):
     """Model.as_module() feeds every input the architecture's graph has (sliding-window and
     chunked masks, ALiBi masks, the query temperature, multi-axis positions) and gives eval's
@@ -170,7 +177,7 @@ def test_recurrent_two_sequences_in_one_batch(key, model_dir):
     check(torch.cat([o for o, _ in pieces]), np.concatenate([e for _, e in pieces]), entry, f"{key} all pieces")
 
 
-@pytest.mark.parametrize("name, known", [("t5", True), ("rwkv9", False)])
+@pytest.mark.parametrize("name, known", [("plamo", True), ("rwkv9", False)])
 def test_unsupported_architecture_error_lists_the_supported(tmp_path, name, known):
     """Loading an architecture without a graph here names it, says whether llama.cpp runs it, and
     lists every supported one."""
@@ -206,6 +213,63 @@ def test_mla_cache_holds_only_the_compressed_latent(key, model_dir):
     model.close()
 
 
+# encoder-decoder (t5): Model.generate encodes the prompt once and runs the decoder from the file's
+# decoder start token, its cross-attention reading the encoder's output at every step
+def test_t5_generate_encodes_the_prompt_and_decodes_from_the_start_token(tmp_path):
+    from dataclasses import replace
+    from torchggml.gguf.writer.demo import train_vocab
+    from torchggml.models.sampling_params import SamplingParams
+    vocab = train_vocab(258)
+    case = replace(CASES_BY_NAME["t5"], n_vocab=len(vocab.tokens))
+    model = load_model(write_tiny_model(tmp_path / "t5.gguf", case, vocab=vocab), n_ctx=64, progress=False)
+    prompt = [5, 40, 77, 100, 3]
+    generated = [c.token for c in model.generate_tokens(prompt, max_tokens=4, params=SamplingParams(temperature=0))]
+    # the same greedy steps by hand: encode, then the decoder from decoder_start_token_id (0)
+    model.reset()
+    model.encode(prompt)
+    token, expected = model.decoder_start_token(), []
+    assert token == 0
+    for _ in range(len(generated)):
+        token = int(model.eval([token])[0].argmax())
+        expected.append(token)
+    assert generated == expected
+    with pytest.raises(ValueError, match="one prompt at a time"):
+        model.generate_batch([prompt, prompt], max_tokens=2)
+    model.close()
+
+
+def serve(model):
+    from torchggml.server.app import ServerState
+    return ServerState(model, None, model.hp.arch)
+
+
+@pytest.mark.parametrize("key, call, match", [
+    ("t5-F32", lambda m: m.eval([0]), "call Model.encode first"),
+    ("t5-F32", lambda m: m.encode([]), "the encoder takes 1 to n_batch"),
+    ("gemma4-F32", lambda m: m.encode([1, 2]), "is not an encoder-decoder model"),
+    ("t5-F32", lambda m: serve(m), "encoder-decoder model; the server does not run those"),
+])
+def test_encoder_decoder_errors(key, call, match, model_dir):
+    entry = MANIFEST[key]
+    model = load_model(tiny_model_path(key, entry, model_dir), n_ctx=entry["n_ctx"], progress=False)
+    with pytest.raises(ValueError, match=match):
+        call(model)
+    model.close()
+
+
+@pytest.mark.parametrize("key, widths", [
+    ("gemma4-F32", [16 * 2, 16 * 2, 32 * 1, None, None]),
+    ("gemma3n-F32", [16 * 2] * 20 + [None, None]),
+])
+def test_cache_per_layer_shape_and_shared_layers(key, widths, model_dir):
+    """gemma4's windowed and dense layers keep K/V rows of their own width (head size x KV heads),
+    and the layers sharing an earlier layer's KV cache (gemma4's last shared_kv_layers, gemma3n's
+    from layer 20 on) keep none."""
+    entry = MANIFEST[key]
+    model = load_model(tiny_model_path(key, entry, model_dir), n_ctx=entry["n_ctx"], progress=False)
+    assert [None if k is None else k.ne[0] for k in model.memory.k] == widths
+    assert [None if v is None else v.ne[0] for v in model.memory.v] == widths
+    model.close()
 
 # the later architectures' files with a key wrong or missing (value None: the key removed): a
 # one-line error naming it

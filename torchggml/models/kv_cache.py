@@ -52,12 +52,15 @@ class KVCache(Memory):
     layer has no attention, as a hybrid model's recurrent layers; its K and V are None)."""
 
     def __init__(self, n_layer: int, n_ctx: int, head_dim_k: int, head_dim_v: int, n_head_kv: int,
-                 kv_type: Type, bufts, v_in_k: bool = False):
+                 kv_type: Type, bufts, v_in_k: bool = False, layer_dims: list | None = None):
         """v_in_k: V is the first head_dim_v values of each K row, not stored apart (multi-head
-        latent attention: K holds the compressed latent and its rotary part, V the latent)."""
+        latent attention: K holds the compressed latent and its rotary part, V the latent).
+        layer_dims: (head_dim_k, head_dim_v, n_head_kv) of each layer where they differ between
+        layers (gemma4's windowed and dense layers); head_dim_k... otherwise."""
         if len(bufts) != n_layer:
             raise ValueError(f"KVCache: {len(bufts)} buffer types for {n_layer} layers")
-        for head_dim in (head_dim_k, head_dim_v):
+        layer_dims = layer_dims or [(head_dim_k, head_dim_v, n_head_kv)] * n_layer
+        for head_dim in {d for dims in layer_dims for d in dims[:2]}:
             if head_dim % blck_size(kv_type):
                 raise ValueError(f"KVCache: head size {head_dim} is not a multiple of "
                                  f"{kv_type.name}'s block size {blck_size(kv_type)}")
@@ -78,15 +81,15 @@ class KVCache(Memory):
         self.v: list[Tensor] = []
         self.buffers = []
         ctxs: dict[int, tuple[object, Context]] = {}
-        for il, buft in enumerate(bufts):
+        for il, (buft, (dk, dv, n_kv_heads)) in enumerate(zip(bufts, layer_dims)):
             if buft is None:
                 self.k.append(None)
                 self.v.append(None)
                 continue
             _, ctx = ctxs.setdefault(id(buft), (buft, Context(no_alloc=True)))
-            self.k.append(set_name(new_tensor_2d(ctx, kv_type, head_dim_k * n_head_kv, n_ctx), f"cache_k_l{il}"))
+            self.k.append(set_name(new_tensor_2d(ctx, kv_type, dk * n_kv_heads, n_ctx), f"cache_k_l{il}"))
             self.v.append(None if v_in_k else
-                          set_name(new_tensor_2d(ctx, kv_type, head_dim_v * n_head_kv, n_ctx), f"cache_v_l{il}"))
+                          set_name(new_tensor_2d(ctx, kv_type, dv * n_kv_heads, n_ctx), f"cache_v_l{il}"))
         for buft, ctx in ctxs.values():
             try:
                 buffer = backend_alloc_ctx_tensors_from_buft(ctx, buft)
@@ -131,6 +134,9 @@ class KVCache(Memory):
             g.io.set(g.kv_idx, batch.cells)
         for window, mask in g.masks.items():
             g.io.set(mask, self.mask(batch, window))
+        if g.buckets is not None:
+            tensor, n_buckets, bidirectional = g.buckets
+            g.io.set(tensor, self.relative_buckets(batch, n_buckets, bidirectional))
 
     @property
     def n_past(self) -> int:
@@ -309,25 +315,32 @@ class KVCache(Memory):
         return attention_mask(batch.positions, pos, n_swa, seq[None, :] == batch.seq_ids[:, None], self.alibi,
                               self.chunked, self.causal, self.symmetric)
 
+    def relative_buckets(self, batch: "KVBatch", n_buckets: int, bidirectional: bool) -> np.ndarray:
+        """I32 [n_tokens, n_kv]: T5's bucket of each cell's position relative to each token's."""
+        pos = self.cell_pos[:batch.n_kv].copy()
+        pos[batch.cells] = batch.positions
+        return relative_position_buckets(pos, batch.positions, n_buckets, bidirectional)
+
     def store(self, ctx, il: int, k_cur: Tensor, v_cur: Tensor, kv_idx: Tensor, n_kv: int):
         """Write this batch's K and V rows into cells kv_idx and return views of the first n_kv
         cells, K [head_dim_k, n_kv, n_head_kv] and V [head_dim_v, n_kv, n_head_kv]. The views
         are built on the set_rows results, so attention depends on the writes."""
-        n_tokens = k_cur.ne[2]
+        n_tokens, n_head_kv = k_cur.ne[2], k_cur.ne[1]
         k_cur, v_cur = (t if is_contiguous(t) else cont(ctx, t) for t in (k_cur, v_cur))  # views of a fused qkv
-        k_rows = reshape_2d(ctx, k_cur, self.head_dim_k * self.n_head_kv, n_tokens)
+        k_rows = reshape_2d(ctx, k_cur, k_cur.ne[0] * n_head_kv, n_tokens)
         k_set = set_rows(ctx, self.k[il], k_rows, kv_idx)
+        k_cells = self._cells(ctx, k_set, k_cur.ne[0], n_kv, n_head_kv)
         if self.v_in_k:  # V: the start of each K row, written with it (v_cur is that part of k_cur)
-            return self._cells(ctx, k_set, self.head_dim_k, n_kv), self._cells(ctx, k_set, self.head_dim_v, n_kv)
-        v_rows = reshape_2d(ctx, v_cur, self.head_dim_v * self.n_head_kv, n_tokens)
+            return k_cells, self._cells(ctx, k_set, self.head_dim_v, n_kv, n_head_kv)
+        v_rows = reshape_2d(ctx, v_cur, v_cur.ne[0] * n_head_kv, n_tokens)
         v_set = set_rows(ctx, self.v[il], v_rows, kv_idx)
-        return self._cells(ctx, k_set, self.head_dim_k, n_kv), self._cells(ctx, v_set, self.head_dim_v, n_kv)
+        return k_cells, self._cells(ctx, v_set, v_cur.ne[0], n_kv, n_head_kv)
 
-    def _cells(self, ctx, cache: Tensor, head_dim: int, n_kv: int) -> Tensor:
+    def _cells(self, ctx, cache: Tensor, head_dim: int, n_kv: int, n_head_kv: int) -> Tensor:
         """[head_dim, n_kv, n_head_kv] of the cache's rows (head_dim may be shorter than a head:
         the V inside K)."""
-        head_size = cache.ne[0] // self.n_head_kv
-        return view_3d(ctx, cache, head_dim, n_kv, self.n_head_kv,
+        head_size = cache.ne[0] // n_head_kv
+        return view_3d(ctx, cache, head_dim, n_kv, n_head_kv,
                        cache.nb[1], row_size(self.type, head_size), 0)
 
 
@@ -354,6 +367,28 @@ def attention_mask(token_pos: torch.Tensor, cell_pos: torch.Tensor, n_swa: int =
     if alibi:
         return torch.from_numpy(np.where(visible, -np.abs(p - cell_pos[None, :]).astype(np.float16), _HIDDEN))
     return torch.from_numpy(np.where(visible, _VISIBLE, _HIDDEN))
+
+
+def relative_position_buckets(key_pos, query_pos, n_buckets: int, bidirectional: bool,
+                              max_distance: int = 128) -> np.ndarray:
+    """I32 [n_queries, n_keys]: T5's relative position bucket of key_pos[j] - query_pos[i], as
+    llama.cpp's llama_relative_position_bucket computes it (its float32 log included): exact
+    below n_buckets / 2 (half of the buckets per direction when bidirectional), logarithmic up
+    to max_distance, the last bucket beyond."""
+    rel = np.asarray(key_pos, np.int64)[None, :] - np.asarray(query_pos, np.int64)[:, None]
+    bucket = np.zeros(rel.shape, np.int64)
+    if bidirectional:
+        n_buckets //= 2
+        bucket += (rel > 0) * n_buckets
+        rel = np.abs(rel)
+    else:
+        rel = -np.minimum(rel, 0)
+    exact = n_buckets // 2
+    with np.errstate(divide="ignore"):
+        log = np.log((rel / exact).astype(np.float32)) * np.float32(n_buckets - exact)
+    large = np.floor((exact + log.astype(np.float64) / np.log(max_distance / exact)).astype(np.float32))
+    large = np.minimum(np.where(rel < exact, 0, large), n_buckets - 1).astype(np.int64)
+    return (bucket + np.where(rel < exact, rel, large)).astype(np.int32)
 
 
 # 0-d arrays: np.where with these takes half the time it takes with numpy scalars

@@ -176,6 +176,9 @@ class Model:
         self.memory = memory_for(arch, hp, self.n_ctx, self.kv_type, [d.get_buffer_type() for d in placement.layers],
                                  int(params.n_seq_max))
         self.lora = None  # a LoraAdapter applied to every graph (add_lora / load_lora)
+        # an encoder-decoder model's (T5) encoder output [n, n_embd] (Model.encode), which the
+        # decoder's cross-attention reads; kept until the next encode
+        self.cross: torch.Tensor | None = None
         self._setup_compute(params.n_threads)
 
     # ------------------------------------------------------------ compute setup
@@ -197,24 +200,27 @@ class Model:
         self._ctx: Context | None = None
         self.sched = backend_sched_new(self.backends, None, graph_size(self.hp), False, True)
         # plan the compute buffers for the largest micro-batch once, as llama.cpp does
-        worst = self._build(min(self.n_batch, self.n_ctx), self.n_ctx, embeddings=self.arch.encoder)
+        n_cross = min(self.n_batch, self.n_ctx) if getattr(self.arch, "encoder_decoder", False) else 0
+        worst = self._build(min(self.n_batch, self.n_ctx), self.n_ctx, embeddings=self.arch.encoder, n_cross=n_cross)
         if not backend_sched_reserve(self.sched, worst.graph):
             raise MemoryError(f"{self.path}: cannot allocate the compute buffers")
 
     def _build(self, n_tokens: int, n_kv: int, n_outputs: int | None = None, embeddings: bool = False,
-               n_seqs: int = 1, from_embd: bool = False) -> ModelGraph:
+               n_seqs: int = 1, from_embd: bool = False, n_cross: int = 0) -> ModelGraph:
         self._ctx = Context(no_alloc=True)
-        return self.build_graph(self._ctx, n_tokens, n_kv, n_outputs, embeddings, n_seqs, from_embd)
+        return self.build_graph(self._ctx, n_tokens, n_kv, n_outputs, embeddings, n_seqs, from_embd, n_cross)
 
     def build_graph(self, ctx: Context, n_tokens: int, n_kv: int, n_outputs: int | None = None,
-                    embeddings: bool = False, n_seqs: int = 1, from_embd: bool = False) -> ModelGraph:
+                    embeddings: bool = False, n_seqs: int = 1, from_embd: bool = False,
+                    n_cross: int = 0) -> ModelGraph:
         """The architecture's forward graph of n_tokens attending to n_kv cache cells, LoRA
         included, with logits for n_outputs of the tokens (default all; see GraphBuilder), or
         with `embeddings` the output norm's hidden states instead of the logits; with recurrent
         layers the tokens are n_seqs sequences' equal shares, grouped by sequence; with from_embd
-        the graph reads input embeddings instead of token ids."""
+        the graph reads input embeddings instead of token ids; n_cross: the encoder output rows
+        an encoder-decoder model's decoder reads (Model.encode)."""
         b = GraphBuilder(ctx, self.hp, self.memory, n_tokens, n_kv, self.flash_attn, n_outputs, embeddings, n_seqs,
-                         from_embd)
+                         from_embd, n_cross)
         g = b.finish(self.arch.build(b, self.weights))
         if self.lora is not None:
             replaced = self.lora.apply(ctx, g.graph)
@@ -259,18 +265,20 @@ class Model:
         return adapter
 
     def _graph_for(self, n_tokens: int, n_kv: int, n_outputs: int, embeddings: bool = False,
-                   n_seqs: int = 1, from_embd: bool = False) -> ModelGraph:
-        """The allocated graph for this shape (n_tokens, n_kv, n_outputs, embeddings, n_seqs, from_embd).
-        When the shape repeats (decode steps) the previous graph is reused as it is: its tensors keep
-        their addresses, so only the inputs change. Graphs of a few tokens (SMALL_GRAPH_TOKENS) stay
+                   n_seqs: int = 1, from_embd: bool = False, n_cross: int = 0) -> ModelGraph:
+        """The allocated graph for this shape (n_tokens, n_kv, n_outputs, embeddings, n_seqs, from_embd,
+        n_cross: the encoder output rows a T5 decoder reads). When the shape repeats (decode steps)
+        the previous graph is reused as it is: its tensors keep their addresses, so only the inputs
+        change. Graphs of a few tokens (SMALL_GRAPH_TOKENS) stay
         built, each on its own scheduler, for the last SMALL_GRAPHS shapes: a loop that alternates
         shapes (a draft model's catch-up and single steps, the server's steps as sequences come
         and go) reuses them instead of building and planning them again."""
-        shape = (n_tokens, n_kv, n_outputs, embeddings, n_seqs, from_embd)
+        shape = (n_tokens, n_kv, n_outputs, embeddings, n_seqs, from_embd, n_cross)
         if n_tokens <= SMALL_GRAPH_TOKENS and self.sched.callback_eval is None:
             return self._small_graph(shape)
         g = self._graph
-        if g is not None and (g.n_tokens, g.n_kv, g.n_outputs, g.embeddings, g.n_seqs, g.embd is not None) == shape:
+        if g is not None and (g.n_tokens, g.n_kv, g.n_outputs, g.embeddings, g.n_seqs, g.embd is not None,
+                              0 if g.cross is None else g.cross.ne[1]) == shape:
             return g
         g = self._graph = self._build(*shape)
         backend_sched_reset(self.sched)
@@ -484,6 +492,40 @@ class Model:
                                                                "none": hidden}[pooling]
         return normalize_embeddings(self.arch.project_pooled(self.weights, pooled), normalize)
 
+    def encode(self, tokens) -> torch.Tensor:
+        """Run an encoder-decoder model's encoder (T5) over `tokens` (ids; a text is tokenized),
+        as llama_encode: the tokens attend to each other both ways, in one micro-batch (at most
+        n_batch of them). Returns the encoder's output [n_tokens, n_embd], float32, and keeps it
+        for the decoder's cross-attention: eval / generate then run the decoder over it. The KV
+        cache's sequences are left as they were."""
+        with self.lock:
+            self._require_weights("encode")
+            if not getattr(self.arch, "encoder_decoder", False):
+                raise ValueError(f"encode: {self.hp.arch} is not an encoder-decoder model")
+            ids = self._token_ids(self.tokenize(tokens) if isinstance(tokens, str) else tokens)
+            if not 0 < ids.size <= self.n_batch:
+                raise ValueError(f"encode: {ids.size} tokens; the encoder takes 1 to n_batch={self.n_batch} "
+                                 f"(load the model with a larger n_batch)")
+            seq_id = max(self.memory.seq_next, default=-1) + 1
+            causal, self.memory.causal = self.memory.causal, False
+            try:
+                self.cross = self._eval_tokens(ids, np.full(ids.size, seq_id, dtype=np.int64),
+                                               np.ones(ids.size, dtype=bool), embeddings=True)
+            finally:
+                self.memory.causal = causal
+                self.memory.clear(seq_id)
+            return self.cross
+
+    def decoder_start_token(self) -> int:
+        """The decoder's first token: the file's decoder_start_token_id, else BOS (as llama.cpp's
+        examples choose it)."""
+        start = getattr(self.hp, "dec_start_token_id", -1)
+        if start < 0:
+            start = self.tokenizer.bos_id
+        if start is None or start < 0:
+            raise ValueError(f"{self.path}: no decoder start token (decoder_start_token_id, or a BOS token)")
+        return int(start)
+
     @property
     def pooling_type(self) -> str:
         """The file's {arch}.pooling_type as a name of POOLING (llama.cpp's enum: 0 none, 1 mean,
@@ -581,9 +623,12 @@ class Model:
         rope4: its multi-axis rotary positions [4, n_tokens], if given."""
         batch = batch or self.memory.plan(seq_ids)
         n_tokens, n_outputs = ids.size, logits.shape[0]
+        cross = self.cross if getattr(self.arch, "encoder_decoder", False) and not embeddings else None
         g = self.last_graph = self._graph_for(n_tokens, batch.n_kv, n_outputs, embeddings, batch.n_seqs,
-                                              embd is not None)
+                                              embd is not None, 0 if cross is None else cross.shape[0])
         # the scheduler keeps user inputs in CPU memory and copies them where they are read
+        if g.cross is not None:
+            g.io.set(g.cross, cross)
         if g.embd is not None:
             g.io.set(g.embd, embd)
         else:
@@ -695,6 +740,9 @@ class Model:
         option of generate applies to each sequence (`constraints`: one grammar per prompt, or
         None); with a seed, sequence i draws from seed + i. Each sequence may use n_ctx / len(prompts)
         cells. The KV cache starts empty."""
+        if getattr(self.arch, "encoder_decoder", False) and len(prompts) != 1:
+            raise ValueError(f"generate_batch: {self.hp.arch} is an encoder-decoder model: one prompt at a time "
+                             f"(its decoder reads one encoder output)")
         if constraints is not None and len(constraints) != len(prompts):
             raise ValueError(f"generate_batch: {len(constraints)} constraints for {len(prompts)} prompts")
         params = SamplingParams(**sampling)
@@ -735,6 +783,9 @@ class Model:
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
         if not ids:
             raise ValueError(f"{what}: the prompt has no tokens")
+        if getattr(self.arch, "encoder_decoder", False):  # T5: the prompt is the encoder's input
+            self.encode(ids)
+            ids = [self.decoder_start_token()]
         return Generation(self.tokenizer, ids, params, max_tokens, stop, constraint, ignore_eos)
 
     def eval_parts(self, parts, seq_id: int = 0) -> torch.Tensor | None:

@@ -87,6 +87,9 @@ class ServerState:
             self.ready = True
 
     def attach(self, model, engine: Engine, mm=None) -> None:
+        if getattr(model.arch, "encoder_decoder", False):  # its decoder reads one encoded prompt at a time
+            raise ValueError(f"{model.path}: {model.hp.arch} is an encoder-decoder model; the server does not run "
+                             f"those (use Model.generate)")
         self.model, self.engine, self.mm = model, engine, mm
         self.pooling = self.pooling_option or model.pooling_type
         tok = model.tokenizer

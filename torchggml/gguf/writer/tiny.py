@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .demo import write_tensors
-from . import tiny_encoders, tiny_recurrent
+from .demo import add_vocab, write_tensors
+from . import tiny_encoders, tiny_gemma, tiny_recurrent, tiny_t5
 
 TINY_SEED = 20241123
 
@@ -42,6 +42,7 @@ class TinyCase:
     weight_types: tuple = ("F32", "Q8_0")
     tokens: tuple = (1, 17, 200, 3, 77, 129, 45, 12, 0, 255, 64, 9, 128, 31, 250, 6, 99, 180, 2, 51)
     n_prompt: int = 14            # decode-step tests: this many in one call, then one at a time
+    n_encoder: int = 0            # encoder-decoder (t5): the first n_encoder tokens are the encoder's input
 
 
 def _case(name, arch, features=(), **kw):
@@ -342,6 +343,38 @@ TINY_CASES += [
     _case("eurobert", "eurobert", [], metadata=_ENC),
 ]
 
+# Gemma 4 / Gemma 3n (tiny_gemma.py): windowed layers with their own head size, KV heads and FFN
+# width per layer, the last two layers reusing the KV cache of the last windowed and dense ones,
+# per-layer token embeddings; gemma4's dense layers have experts beside their FFN and V = K
+TINY_CASES += [
+    _case("gemma4", "gemma4", ["moe", "v_is_k"], n_layer=5, head_dim=32, n_expert=4, n_expert_used=2, metadata=(
+        ("attention.sliding_window", 4), ("attention.sliding_window_pattern", (True, True, False, True, False)),
+        ("attention.key_length_swa", 16), ("attention.value_length_swa", 16), ("rope.dimension_count_swa", 16),
+        ("attention.head_count_kv", (2, 2, 1, 2, 1)), ("feed_forward_length", (128, 128, 96, 256, 256)),
+        ("attention.shared_kv_layers", 2), ("embedding_length_per_layer_input", 32),
+        ("expert_feed_forward_length", 32), ("rope.freq_base", 1000000.0), ("rope.freq_base_swa", 10000.0),
+        ("final_logit_softcapping", 30.0))),
+    # 22 layers: llama.cpp's gemma3n keeps a KV cache in the first 20 only (layer 20 reads 18's, 21
+    # reads 19's); activation sparsity in the first 10
+    _case("gemma3n", "gemma3n", [], n_layer=22, metadata=(
+        ("attention.sliding_window", 4), ("attention.sliding_window_pattern", tuple(
+            il % 5 != 4 and il != 21 for il in range(22))), ("rope.freq_base_swa", 10000.0),
+        ("rope.freq_base", 1000000.0))),
+]
+
+# T5 (tiny_t5.py): the encoder reads the first 8 tokens, the decoder the other 12 (the first is
+# the decoder start token 0); 16 relative position buckets, so both the exact and the logarithmic
+# buckets occur; flan-T5's gated FFN, and T5's ReLU MLP with a tied head. The gated model is F32
+# only: its Q8_0 logits differ from llama.cpp's by 2.5% (encoder and decoder compound the
+# activation rounding) and two rows whose top two logits are within 0.035 swap their argmax
+_T5 = (("attention.relative_buckets_count", 16), ("decoder_start_token_id", 0))
+TINY_CASES += [
+    _case("t5", "t5", ["gated"], n_head_kv=4, n_encoder=8, weight_types=("F32",), metadata=_T5),
+    _case("t5-relu", "t5", ["tied"], n_head_kv=4, n_encoder=8, metadata=_T5),
+    _case("t5encoder", "t5encoder", ["gated", "tied"], n_head_kv=4, metadata=(
+        ("attention.relative_buckets_count", 16), ("pooling_type", 1))),
+]
+
 CASES_BY_NAME = {c.name: c for c in TINY_CASES}
 
 
@@ -351,6 +384,10 @@ def _tensors(case: TinyCase, gen: torch.Generator) -> dict[str, np.ndarray]:
         return {k: t.float().numpy() for k, t in tiny_recurrent.recurrent_tensors(case, gen).items()}
     if case.arch in tiny_encoders.ENCODER_ARCHS:
         return {k: t.float().numpy() for k, t in tiny_encoders.encoder_tensors(case, gen).items()}
+    if case.arch in tiny_gemma.GEMMA_ARCHS:
+        return {k: t.float().numpy() for k, t in tiny_gemma.gemma_tensors(case, gen).items()}
+    if case.arch in tiny_t5.T5_ARCHS:
+        return {k: t.float().numpy() for k, t in tiny_t5.t5_tensors(case, gen).items()}
     f = case.features
     e, hd, v = case.n_embd, case.head_dim, case.n_vocab
     q_dim, kv_dim = hd * case.n_head, hd * case.n_head_kv
@@ -485,9 +522,10 @@ def _add_key(writer, key: str, value) -> None:
         writer.add_array(key, list(value))
 
 
-def write_tiny_model(path, case: TinyCase | str, weight_type: str = "F32") -> str:
+def write_tiny_model(path, case: TinyCase | str, weight_type: str = "F32", vocab=None) -> str:
     """Write `case` with 2-D and 3-D weights stored as weight_type (F32, F16, or a type
-    gguf.quants can quantize); norms (per-head ones too), biases, sinks and rope factors stay F32."""
+    gguf.quants can quantize); norms (per-head ones too), biases, sinks and rope factors stay F32.
+    vocab: a demo.Vocab of case.n_vocab tokens to write as its tokenizer (default: none, ids only)."""
     import gguf
     case = CASES_BY_NAME[case] if isinstance(case, str) else case
     qtype = gguf.GGMLQuantizationType[weight_type.upper()]
@@ -508,12 +546,19 @@ def write_tiny_model(path, case: TinyCase | str, weight_type: str = "F32") -> st
         _add_key(w, f"{a}.{key}", value)
     for key, value in case.global_metadata:
         _add_key(w, key, value)
-    w.add_tokenizer_model("none")
+    if vocab is None:
+        w.add_tokenizer_model("none")
+    elif len(vocab.tokens) != case.n_vocab:
+        raise ValueError(f"write_tiny_model: a vocabulary of {len(vocab.tokens)} tokens for {case.n_vocab}")
+    else:
+        add_vocab(w, vocab)
     mxfp4 = qtype == gguf.GGMLQuantizationType.MXFP4
     recurrent = case.arch in tiny_recurrent.RECURRENT_ARCHS
     write_tensors(w, _tensors(case, gen), qtype,
                   keep_f32=lambda name, data: name.endswith((".bias", "_norm.weight")) or (mxfp4 and data.ndim != 3)
                   or name == "token_types.weight"  # added as a row to F32 states (converters keep it F32)
+                  or name.endswith("attn_rel_b.weight")  # T5's bias rows: one per bucket, n_head wide
+                  or name.endswith(("altup_correct_coef.weight", "altup_predict_coef.weight"))  # rows of 4
                   or ("router_f32" in case.features and name.endswith("ffn_gate_inp.weight"))
                   or (recurrent and tiny_recurrent.keep_f32(name, data)))
     return path
