@@ -14,8 +14,11 @@ import pytest
 import torch
 
 from torchggml.quants import quantize
-from torchggml.devices.cpu.quantize import NATIVE_TYPES, quantize_native
+from torchggml.devices.cpu.quantize import NATIVE_TYPES, NEEDS_IMATRIX, quantize_native
 from torchggml.types import Type, row_size
+
+GRID_TYPES = (Type.IQ2_XXS, Type.IQ2_XS, Type.IQ2_S, Type.IQ3_XXS, Type.IQ3_S)
+BLOCK_TYPES = tuple(t for t in NATIVE_TYPES if t not in GRID_TYPES)
 
 
 GGML_LIB = None  # the path of the libggml-base found
@@ -78,7 +81,7 @@ SHAPES = [(4, 256), (3, 512), (2, 2048)]
 @pytest.mark.parametrize("imatrix", [False, True], ids=["plain", "imatrix"])
 @pytest.mark.parametrize("kind", ["gauss", "edges", "heavy"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("t", NATIVE_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", BLOCK_TYPES, ids=lambda t: t.name)
 def test_native_equals_ggml_quantize_chunk(t, shape, kind, imatrix):
     x = rows_of(kind, shape)
     qw = np.random.default_rng(1).uniform(0, 4, shape[1]).astype(np.float32) if imatrix else None
@@ -90,14 +93,15 @@ def test_native_equals_ggml_quantize_chunk(t, shape, kind, imatrix):
 # the reference quantizers follow quantize_row_*_ref, which is ggml_quantize_chunk's path without an
 # importance matrix for all of these but IQ4_NL (there quantize_iq4_nl searches 15 scales a block)
 @pytest.mark.parametrize("kind", ["gauss", "edges"])
-@pytest.mark.parametrize("t", [t for t in NATIVE_TYPES if t != Type.IQ4_NL], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [t for t in BLOCK_TYPES if t != Type.IQ4_NL], ids=lambda t: t.name)
 def test_native_equals_reference_quantizers(t, kind):
     x = rows_of(kind, (4, 512))
     np.testing.assert_array_equal(quantize_native(t, x), quantize(t, torch.from_numpy(x)).numpy())
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: quantize_native(Type.IQ2_XS, np.zeros((1, 256), np.float32)), "no native quantizer for IQ2_XS"),
+    (lambda: quantize_native(Type.TQ2_0, np.zeros((1, 256), np.float32)), "no native quantizer for TQ2_0"),
+    (lambda: quantize_native(Type.IQ2_XS, np.zeros((1, 256), np.float32)), "IQ2_XS needs an importance matrix"),
     (lambda: quantize_native(Type.Q4_K, np.zeros((1, 100), np.float32)), "not a multiple of the block size 256"),
     (lambda: quantize_native(Type.Q8_0, np.array([[np.nan] * 32], np.float32)), "non-finite value .* row 0"),
     (lambda: quantize_native(Type.Q4_K, np.zeros((1, 256), np.float32), np.ones(128)), "128 values for rows of 256"),
@@ -109,7 +113,34 @@ def test_native_rejects_bad_input(call, match):
         call()
 
 
-@pytest.mark.parametrize("t", [Type.Q8_0, Type.Q4_K, Type.IQ4_XS], ids=lambda t: t.name)
+# the IQ grid types (ggml's grid searches with their neighbour tables): one shape, every kind of row
+@needs_ggml
+@pytest.mark.parametrize("imatrix", [False, True], ids=["plain", "imatrix"])
+@pytest.mark.parametrize("kind", ["gauss", "edges", "heavy"])
+@pytest.mark.parametrize("t", GRID_TYPES, ids=lambda t: t.name)
+def test_native_grid_types_equal_ggml_quantize_chunk(t, kind, imatrix):
+    if not imatrix and t in NEEDS_IMATRIX:
+        pytest.skip(f"ggml's {t.name} quantizer asserts an importance matrix (the refusal is tested below)")
+    x = rows_of(kind, (3, 512))
+    qw = np.random.default_rng(1).uniform(0, 4, 512).astype(np.float32) if imatrix else None
+    if imatrix:
+        qw[:7] = 0
+    np.testing.assert_array_equal(quantize_native(t, x, qw), ggml_quantize(t, x, qw))
+
+
+# relative RMS error of gguf's dequantization of the blocks on Gaussian rows: no llama.cpp needed
+@pytest.mark.parametrize("t, bound", [(Type.IQ2_XXS, 0.40), (Type.IQ2_XS, 0.35), (Type.IQ2_S, 0.30),
+                                      (Type.IQ3_XXS, 0.22), (Type.IQ3_S, 0.20)], ids=lambda v: getattr(v, "name", ""))
+def test_native_grid_types_dequantize_near_their_rows(t, bound):
+    import gguf
+    x = rows_of("gauss", (4, 512))
+    q = quantize_native(t, x, np.ones(512, np.float32))
+    back = gguf.quants.dequantize(q, gguf.GGMLQuantizationType(int(t))).reshape(x.shape)
+    err = np.sqrt(((back - x) ** 2).sum(1) / (x ** 2).sum(1))
+    assert err.max() < bound, err
+
+
+@pytest.mark.parametrize("t", [Type.Q8_0, Type.Q4_K, Type.IQ4_XS, Type.IQ3_S], ids=lambda t: t.name)
 def test_native_float16_rows_equal_their_float32_values(t):
     h = rows_of("edges", (4, 512)).astype(np.float16)
     np.testing.assert_array_equal(quantize_native(t, h), quantize_native(t, h.astype(np.float32)))
