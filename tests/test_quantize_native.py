@@ -17,7 +17,7 @@ from torchggml.quants import quantize
 from torchggml.devices.cpu.quantize import NATIVE_TYPES, NEEDS_IMATRIX, quantize_native
 from torchggml.types import Type, row_size
 
-GRID_TYPES = (Type.IQ2_XXS, Type.IQ2_XS, Type.IQ2_S, Type.IQ3_XXS, Type.IQ3_S)
+GRID_TYPES = (Type.IQ2_XXS, Type.IQ2_XS, Type.IQ2_S, Type.IQ3_XXS, Type.IQ3_S, Type.IQ1_S, Type.IQ1_M)
 BLOCK_TYPES = tuple(t for t in NATIVE_TYPES if t not in GRID_TYPES)
 
 
@@ -130,7 +130,8 @@ def test_native_grid_types_equal_ggml_quantize_chunk(t, kind, imatrix):
 
 # relative RMS error of gguf's dequantization of the blocks on Gaussian rows: no llama.cpp needed
 @pytest.mark.parametrize("t, bound", [(Type.IQ2_XXS, 0.40), (Type.IQ2_XS, 0.35), (Type.IQ2_S, 0.30),
-                                      (Type.IQ3_XXS, 0.22), (Type.IQ3_S, 0.20)], ids=lambda v: getattr(v, "name", ""))
+                                      (Type.IQ3_XXS, 0.22), (Type.IQ3_S, 0.20),
+                                      (Type.IQ1_S, 0.55), (Type.IQ1_M, 0.50)], ids=lambda v: getattr(v, "name", ""))
 def test_native_grid_types_dequantize_near_their_rows(t, bound):
     import gguf
     x = rows_of("gauss", (4, 512))

@@ -20,14 +20,14 @@ from ...types import Type, as_type, blck_size, row_size
 
 NATIVE_TYPES = (Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q2_K, Type.Q3_K, Type.Q4_K,
                 Type.Q5_K, Type.Q6_K, Type.IQ4_NL, Type.IQ4_XS,
-                Type.IQ2_XXS, Type.IQ2_XS, Type.IQ2_S, Type.IQ3_XXS, Type.IQ3_S)
+                Type.IQ2_XXS, Type.IQ2_XS, Type.IQ2_S, Type.IQ3_XXS, Type.IQ3_S, Type.IQ1_S, Type.IQ1_M)
 # ggml's quantizers of these assert an importance matrix (ggml_quantize_requires_imatrix)
 NEEDS_IMATRIX = (Type.IQ2_XXS, Type.IQ2_XS, Type.IQ1_S)
 # per grid type: (its grid's table name, bits between levels in a key, key space, nwant: how many
 # of the nearest distinct distances give a point off the grid its neighbours)
 _GRIDS = {Type.IQ2_XXS: ("iq2xxs", 2, 43692, 2), Type.IQ2_XS: ("iq2xs", 2, 43692, 2),
           Type.IQ2_S: ("iq2s", 2, 43692, 1), Type.IQ3_XXS: ("iq3xxs", 3, 4096, 2),
-          Type.IQ3_S: ("iq3s", 3, 4096, 3)}
+          Type.IQ3_S: ("iq3s", 3, 4096, 3), Type.IQ1_S: ("iq1s", 2, 43692, 3), Type.IQ1_M: ("iq1s", 2, 43692, 3)}
 _NO_IMATRIX = np.zeros(1, np.float32)
 
 

@@ -1,5 +1,5 @@
 """ggml's IQ grid quantizers in native code, rows in parallel: IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
-IQ3_S, bit for bit as ggml-quants.c's quantize_<type> (what ggml_quantize_chunk runs).
+IQ3_S, IQ1_S, IQ1_M, bit for bit as ggml-quants.c's quantize_<type> (what ggml_quantize_chunk runs).
 
     build_grid_tables(grid, shift, kmap_size, nwant) -> (kmap, neighbours)
         the search tables iq2xs_init_impl / iq3xs_init_impl build from a grid
@@ -19,9 +19,10 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from .halves import float_to_half_bits
 from .quantize_kernels import EPS, F, _finite, _put_half, half_to_f32, make_qp_quants, nearest_int
 
-IQ2_XXS, IQ2_XS, IQ3_XXS, IQ3_S, IQ2_S = 16, 17, 18, 21, 22
+IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ3_S, IQ2_S, IQ1_M = 16, 17, 18, 19, 21, 22, 29
 FLT_MAX = F(3.4028234663852886e38)
 EPS_IQ3_XXS = F(1e-8)  # ggml's GROUP_MAX_EPS_IQ3_XXS and GROUP_MAX_EPS_IQ2_S
 
@@ -454,6 +455,284 @@ def iq3_row(x, qw, use_qw, out, grid, kmap, neighbours, is_s):
                 out[o + 66 + 4 * ib + 3] |= l << 4
 
 
+# ------------------------------------------------------------------ IQ1_S / IQ1_M
+
+@njit(cache=True, nogil=True, inline="always")
+def _iq1_values(minus):
+    """The three values of a level, shifted by -delta (minus) or +delta."""
+    if minus:
+        return np.array([-1.125, -0.125, 0.875], F)
+    return np.array([-0.875, 0.125, 1.125], F)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _iq1_neighbour(neighbours, at, grid, xb, o, weight, scale, xx, L):
+    """The neighbour whose values xx[l] at `scale` are nearest xb[o:o+8] under the weights."""
+    best = FLT_MAX
+    gi = -1
+    for j in range(1, neighbours[at] + 1):
+        g = neighbours[at + j]
+        d2 = F(0)
+        for i in range(8):
+            diff = scale * xx[(grid[g, i] - 1) // 2] - xb[o + i]
+            d2 += weight[o + i] * diff * diff
+        if d2 < best:
+            best = d2
+            gi = g
+    for i in range(8):
+        L[o + i] = (grid[gi, i] - 1) // 2
+    return gi
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _abs_max(xb):
+    m = abs(xb[0])
+    for i in range(1, xb.shape[0]):
+        m = m if m > abs(xb[i]) else abs(xb[i])
+    return m
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _levels_of_split(order, i1, i2, L):
+    """Levels 0 / 1 / 2 of the values below i1, between, from i2 on (in sorted order)."""
+    for j in range(order.shape[0]):
+        L[order[j]] = 0 if j < i1 else 1 if j < i2 else 2
+
+
+@njit(cache=True, nogil=True)
+def iq1_s_row(x, qw, out, grid, kmap, neighbours):
+    """50 bytes a block: d, 32 low index bytes, 8 uint16 of 4x3 high index bits, a 3-bit scale
+    and the delta's sign; groups of 32, split exhaustively into three levels (sorted values)."""
+    xp, xm = _iq1_values(False), _iq1_values(True)
+    weight = np.empty(32, F)
+    sumx = np.zeros(33, F)
+    sumw = np.zeros(33, F)
+    L = np.zeros(32, np.int32)
+    index = np.zeros(4, np.int64)
+    scales = np.zeros(8, F)
+    shifts = np.zeros(8, np.int64)
+    for b in range(x.shape[0] // 256):
+        xbl = x[256 * b:256 * b + 256]
+        o = 50 * b
+        out[o:o + 50] = 0
+        sigma2 = _sigma2(xbl, F(2))
+        max_scale = F(0)
+        for ib in range(8):
+            xb = xbl[32 * ib:32 * ib + 32]
+            for i in range(32):
+                weight[i] = qw[256 * b + 32 * ib + i] * F(math.sqrt(sigma2 + xb[i] * xb[i]))
+            mx = _abs_max(xb)
+            scales[ib] = 0
+            shifts[ib] = 1
+            if mx < F(1e-12):
+                continue
+            order = np.argsort(xb, kind="mergesort")  # glibc's qsort: a stable merge sort
+            for j in range(32):
+                i = order[j]
+                sumx[j + 1] = sumx[j] + weight[i] * xb[i]
+                sumw[j + 1] = sumw[j] + weight[i]
+            best = -FLT_MAX
+            scale = mx
+            b1, b2, shift = -1, -1, 0
+            for i1 in range(33):
+                for i2 in range(i1, 33):
+                    for sgn in (1, -1):
+                        xx = xp if sgn == 1 else xm
+                        sumqx = (sumx[i1] - sumx[0]) * xx[0] + (sumx[i2] - sumx[i1]) * xx[1] + (sumx[32] - sumx[i2]) * xx[2]
+                        sumq2 = ((sumw[i1] - sumw[0]) * xx[0] * xx[0] + (sumw[i2] - sumw[i1]) * xx[1] * xx[1]
+                                 + (sumw[32] - sumw[i2]) * xx[2] * xx[2])
+                        if sumq2 > 0 and sumqx * sumqx > best * sumq2:
+                            scale = sumqx / sumq2
+                            best = scale * sumqx
+                            b1, b2, shift = i1, i2, sgn
+            if b1 < 0 or b2 < 0 or shift == 0:
+                continue
+            _levels_of_split(order, b1, b2, L)
+            if scale < 0:
+                for j in range(32):
+                    L[j] = 2 - L[j]
+                scale = -scale
+                shift = -shift
+            xx = xp if shift == 1 else xm
+            on = True
+            for k in range(4):
+                gi = np.int64(kmap[_key(L, 8 * k, 8, 2)])
+                if gi < 0:
+                    on = False
+                    gi = _iq1_neighbour(neighbours, -gi - 1, grid, xb, 8 * k, weight, scale, xx, L)
+                index[k] = gi
+            if not on:
+                sumqx = F(0)
+                sumq2 = F(0)
+                for k in range(4):
+                    for j in range(8):
+                        w = weight[8 * k + j]
+                        q = xx[(grid[index[k], j] - 1) // 2]
+                        sumqx += w * q * xb[8 * k + j]
+                        sumq2 += w * q * q
+                if sumqx > 0 and sumq2 > 0:
+                    scale = sumqx / sumq2
+            h = 0
+            for k in range(4):
+                out[o + 2 + 4 * ib + k] = np.uint8(index[k] & 255)
+                h |= (index[k] >> 8) << (3 * k)
+            out[o + 34 + 2 * ib] = np.uint8(h & 0xFF)
+            out[o + 35 + 2 * ib] = np.uint8(h >> 8)
+            scales[ib] = scale
+            shifts[ib] = shift
+            max_scale = max_scale if max_scale > scale else scale
+        if max_scale == 0:
+            continue
+        d = max_scale / F(15)
+        _put_half(out, o, d * F(1.125))
+        inv = F(1) / d
+        for ib in range(8):
+            l = min(max(nearest_int(F(0.5) * (inv * scales[ib] - F(1))), 0), 7)
+            if shifts[ib] == -1:
+                l |= 8
+            out[o + 35 + 2 * ib] |= np.uint8(l << 4)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _iq1m_values(bk, k, xp, xm):
+    """The values of group k (0, 1) of a block of 16 whose shift pair is bk (+,+ / +,- / -,+ / -,-)."""
+    if k == 0:
+        return xp if bk < 2 else xm
+    return xp if bk % 2 == 0 else xm
+
+
+@njit(cache=True, nogil=True)
+def iq1_m_row(x, qw, use_qw, out, grid, kmap, neighbours):
+    """56 bytes a block: 32 low index bytes, 16 bytes of two 3-bit high index parts and delta
+    signs, 4 uint16 of 3-bit scales carrying the float16 d's nibbles on top; groups of 16."""
+    xp, xm = _iq1_values(False), _iq1_values(True)
+    weight = np.empty(16, F)
+    waux = np.empty(16, F)
+    px = np.zeros((2, 17), F)
+    pw = np.zeros((2, 17), F)
+    L = np.zeros(16, np.int32)
+    index = np.zeros(2, np.int64)
+    scales = np.zeros(16, F)
+    shifts = np.zeros(16, np.int64)
+    sc = np.zeros(4, np.int64)
+    masks = (0x00, 0x80, 0x08, 0x88)
+    cp1, cp2 = xp[0] * xp[0] - xp[1] * xp[1], xp[1] * xp[1] - xp[2] * xp[2]
+    cm1, cm2 = xm[0] * xm[0] - xm[1] * xm[1], xm[1] * xm[1] - xm[2] * xm[2]
+    p2, m2 = xp[2], xm[2]
+    qxp = np.zeros(2, F)
+    qxm = np.zeros(2, F)
+    q2p = np.zeros(2, F)
+    q2m = np.zeros(2, F)
+    sumqx = np.zeros(4, F)
+    sumq2 = np.zeros(4, F)
+    for b in range(x.shape[0] // 256):
+        xbl = x[256 * b:256 * b + 256]
+        o = 56 * b
+        out[o:o + 56] = 0
+        sigma2 = _sigma2(xbl, F(2))
+        max_scale = F(0)
+        for ib in range(16):
+            xb = xbl[16 * ib:16 * ib + 16]
+            _weights(xb, qw, 256 * b + 16 * ib, use_qw, sigma2, F(0), weight, waux)
+            mx = _abs_max(xb)
+            scales[ib] = 0
+            shifts[ib] = 0
+            if mx < F(1e-7):
+                continue
+            order = np.argsort(xb, kind="mergesort")
+            for j in range(16):
+                i = order[j]
+                h = 0 if i < 8 else 1
+                px[h, j + 1] = px[h, j] + weight[i] * xb[i]
+                px[1 - h, j + 1] = px[1 - h, j]
+                pw[h, j + 1] = pw[h, j] + weight[i]
+                pw[1 - h, j + 1] = pw[1 - h, j]
+            best = -FLT_MAX
+            scale = mx
+            b1, b2, bk = -1, -1, -1
+            for i1 in range(17):
+                for i2 in range(i1, 17):
+                    for h in range(2):
+                        sx = px[h, i1] + px[h, i2]
+                        qxp[h] = px[h, 16] * p2 - sx
+                        qxm[h] = px[h, 16] * m2 - sx
+                        q2p[h] = pw[h, 16] * p2 * p2 + pw[h, i1] * cp1 + pw[h, i2] * cp2
+                        q2m[h] = pw[h, 16] * m2 * m2 + pw[h, i1] * cm1 + pw[h, i2] * cm2
+                    sumqx[0], sumqx[1], sumqx[2], sumqx[3] = qxp[0] + qxp[1], qxp[0] + qxm[1], qxm[0] + qxp[1], qxm[0] + qxm[1]
+                    sumq2[0], sumq2[1], sumq2[2], sumq2[3] = q2p[0] + q2p[1], q2p[0] + q2m[1], q2m[0] + q2p[1], q2m[0] + q2m[1]
+                    for k in range(4):
+                        if sumq2[k] > 0 and sumqx[k] * sumqx[k] > best * sumq2[k]:
+                            scale = sumqx[k] / sumq2[k]
+                            best = scale * sumqx[k]
+                            b1, b2, bk = i1, i2, k
+            if b1 < 0 or b2 < 0 or bk < 0:
+                continue
+            _levels_of_split(order, b1, b2, L)
+            if scale < 0:
+                for j in range(16):
+                    L[j] = 2 - L[j]
+                scale = -scale
+                bk = 3 - bk
+            on = True
+            for k in range(2):
+                gi = np.int64(kmap[_key(L, 8 * k, 8, 2)])
+                if gi < 0:
+                    on = False
+                    gi = _iq1_neighbour(neighbours, -gi - 1, grid, xb, 8 * k, weight, scale,
+                                        _iq1m_values(bk, k, xp, xm), L)
+                index[k] = gi
+            if not on:
+                sqx = F(0)
+                sq2 = F(0)
+                for k in range(2):
+                    xx = _iq1m_values(bk, k, xp, xm)
+                    for j in range(8):
+                        w = weight[8 * k + j]
+                        q = xx[(grid[index[k], j] - 1) // 2]
+                        sqx += w * q * xb[8 * k + j]
+                        sq2 += w * q * q
+                if sqx > 0 and sq2 > 0:
+                    scale = sqx / sq2
+            out[o + 2 * ib] = np.uint8(index[0] & 255)
+            out[o + 2 * ib + 1] = np.uint8(index[1] & 255)
+            out[o + 32 + ib] = np.uint8((index[0] >> 8) | ((index[1] >> 8) << 4))
+            scales[ib] = scale
+            shifts[ib] = bk
+            max_scale = max_scale if max_scale > scale else scale
+        if max_scale == 0:
+            continue
+        d = max_scale / F(15)
+        inv = F(1) / d
+        sqx = F(0)
+        sq2 = F(0)
+        sc[:] = 0
+        for ib in range(16):
+            l = min(max(nearest_int(F(0.5) * (inv * scales[ib] - F(1))), 0), 7)
+            sc[ib // 4] |= l << (3 * (ib % 4))
+            out[o + 32 + ib] |= np.uint8(masks[shifts[ib]])
+            xb = xbl[16 * ib:16 * ib + 16]
+            _weights(xb, qw, 256 * b + 16 * ib, use_qw, sigma2, F(0), weight, waux)
+            qh = np.int64(out[o + 32 + ib])
+            for k in range(2):
+                xx = _iq1m_values(shifts[ib], k, xp, xm)
+                gi = np.int64(out[o + 2 * ib + k]) + ((qh << (8 - 4 * k)) & 0x700)
+                for j in range(8):
+                    w = weight[8 * k + j]
+                    q = xx[(grid[gi, j] - 1) // 2] * F(2 * l + 1)
+                    sqx += w * q * xb[8 * k + j]
+                    sq2 += w * q * q
+        if sq2 > 0:
+            d = sqx / sq2
+        s = np.int64(float_to_half_bits(d * F(1.1125)))
+        sc[0] |= (s & 0x000F) << 12
+        sc[1] |= (s & 0x00F0) << 8
+        sc[2] |= (s & 0x0F00) << 4
+        sc[3] |= s & 0xF000
+        for i in range(4):
+            out[o + 48 + 2 * i] = np.uint8(sc[i] & 0xFF)
+            out[o + 49 + 2 * i] = np.uint8((sc[i] >> 8) & 0xFF)
+
+
 # ------------------------------------------------------------------ the entry points
 
 @njit(cache=True, nogil=True)
@@ -468,6 +747,10 @@ def _grid_row(kind, x, qw, use_qw, grid, kmap, neighbours, out):
         iq3_row(x, qw, use_qw, out, grid, kmap, neighbours, False)
     elif kind == IQ3_S:
         iq3_row(x, qw, use_qw, out, grid, kmap, neighbours, True)
+    elif kind == IQ1_S:
+        iq1_s_row(x, qw, out, grid, kmap, neighbours)
+    elif kind == IQ1_M:
+        iq1_m_row(x, qw, use_qw, out, grid, kmap, neighbours)
 
 
 @njit(parallel=True, cache=True, nogil=True)
