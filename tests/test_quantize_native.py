@@ -284,6 +284,17 @@ def test_quantize_refuses_an_imatrix_of_another_model(tmp_path):
         quantize_file(demo_model_path(), str(tmp_path / "q.gguf"), "Q4_K_M", imatrix=path)
 
 
+def test_quantize_refuses_an_imatrix_naming_no_tensor_of_the_model(tmp_path):
+    from torchggml.gguf.writer.demo import demo_model_path
+    from torchggml.tools.imatrix import write_imatrix
+    from torchggml.tools.quantize import quantize_file
+    path = str(tmp_path / "other.gguf")
+    write_imatrix(path, {"model.layers.0.q_proj.weight": [torch.ones(1, 256), torch.tensor([1])]}, ["x"], 1, 512)
+    with pytest.raises(ValueError, match="no imatrix entry names a tensor of .* another model.*q_proj"):
+        quantize_file(demo_model_path(), str(tmp_path / "q.gguf"), "Q4_K_M", imatrix=path)
+    assert not (tmp_path / "q.gguf").exists()
+
+
 def test_quantize_refuses_requantize_without_the_flag(tmp_path):
     from torchggml.gguf.writer.demo import demo_model_path
     from torchggml.tools.quantize import quantize_file
@@ -341,7 +352,7 @@ def _llama_quantize(src, dst, ftype, imatrix_weights=None):
     assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) == 0
 
 
-@pytest.mark.parametrize("ftype", ["Q4_K_M", "IQ4_XS", "Q4_0", "Q3_K_S"])
+@pytest.mark.parametrize("ftype", ["Q4_K_M", "IQ4_XS", "Q4_0", "Q3_K_S", "IQ2_XS", "IQ3_S", "IQ2_M", "IQ1_M"])
 def test_quantize_with_imatrix_equals_llama_quantize(tmp_path, ftype):
     """The whole file, byte for byte, with the same importance matrix given to llama-quantize
     (except the quantize.imatrix.* keys, which llama-quantize's main adds, not the library)."""
