@@ -400,9 +400,44 @@ def test_media_prompt(text, n, expect):
     assert shown == expect
 
 
+@pytest.mark.parametrize("content, text, n_media", [
+    ("plain", "plain", 0),
+    ([{"type": "text", "text": "a "}, {"type": "image", "image": "x.png"}, " b"], "a <__media__> b", 1),
+    ([Image("x.png"), Audio(np.zeros(4, np.float32))], "<__media__><__media__>", 2),
+    ([PILImage.new("RGB", (4, 4)), {"type": "audio", "audio": "a.wav"}], "<__media__><__media__>", 2),
+])
+def test_split_media(content, text, n_media):
+    from torchggml.mtmd import split_media
+    messages, media = split_media([{"role": "user", "content": content}])
+    assert messages == [{"role": "user", "content": text}] and len(media) == n_media
+    assert all(isinstance(m, (Image, Audio)) or isinstance(m, PILImage.Image) for m in media)
+
+
+def test_split_media_bad_part():
+    from torchggml.mtmd import split_media
+    with pytest.raises(ValueError, match=r"messages\[0\]: a content part must be text, an image or audio"):
+        split_media([{"role": "user", "content": [{"type": "video", "video": "v.mp4"}]}])
+
+
+def test_chat_with_image_equals_generate(files, text_model):
+    """Multimodal.chat renders the template with the media marker where the image is, and
+    generates over those parts: the same tokens as generate on the parts built by hand."""
+    mm = Multimodal(text_model, load_mmproj(files["gemma3-F32"]))
+    messages = [{"role": "user", "content": ["Look: ", {"type": "image", "image": synthetic_image()}, " ok?"]}]
+    by_chat = "".join(mm.chat(messages, max_tokens=4, temperature=0))
+    prompt = text_model.chat_prompt([{"role": "user", "content": "Look: <__media__> ok?"}])
+    from torchggml.mtmd import media_prompt
+    parts = media_prompt(prompt, [Image(synthetic_image())])
+    parts[0] = text_model.tokenize(parts[0], add_special=True, parse_special=True)
+    by_hand = "".join(mm.generate(parts, max_tokens=4, temperature=0, stop=text_model.chat_stops()))
+    assert by_chat == by_hand
+    mm.encoder.close()
+    mm.mmproj.close()
+
+
 def test_media_prompt_count_mismatch():
     from torchggml.mtmd import media_prompt
-    with pytest.raises(ValueError, match="2 <__media__> markers for 1 images"):
+    with pytest.raises(ValueError, match="2 <__media__> markers for 1 images or audio clips"):
         media_prompt("<__media__> and <__media__>", ["a.png"])
 
 

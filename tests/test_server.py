@@ -292,6 +292,8 @@ BAD = [  # (what, path, body, status, param)
      400, "response_format"),
     ("invalid grammar", "/v1/completions", '{"prompt": "x", "grammar": "root ::= ("}', 400, "grammar"),
     ("unsupported logit_bias", "/v1/completions", '{"prompt": "x", "logit_bias": {"1": 5}}', 400, "logit_bias"),
+    ("image without --mmproj", "/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}), 400, "messages"),
     ("unknown endpoint", "/v1/nothing", '{}', 404, None),
     ("wrong method", "/v1/completions", None, 405, None),
 ]

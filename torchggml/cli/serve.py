@@ -2,6 +2,7 @@
 
     torchggml serve [MODEL] [--host 127.0.0.1] [--port 8080] [--parallel N] [--api-key KEY]
                     [--timeout S] [--max-body-size BYTES] [--max-connections N] ...
+                    [--mmproj FILE [--media-path DIR]]
                     [model options as `run`: -d, -ngl, -ts, -tp, -c, -b, -fa, -ctk, -t]
 
 The server listens at once and answers 503 "Loading model" until the model is loaded and warmed
@@ -47,7 +48,7 @@ def cmd_serve(args) -> int:
     api_key = args.api_key or config.value("TORCHGGML_API_KEY") or None
     state = ServerState(None, None, args.alias or os.path.basename(path), args.pooling,
                         Limits(max_body_bytes=args.max_body_size), args.strict_model_name,
-                        args.request_timeout or None, args.reasoning_format)
+                        args.request_timeout or None, args.reasoning_format, args.media_path)
     app = create_app(state, api_key, args.timeout)
     held = {}
     failed = []
@@ -65,9 +66,14 @@ def cmd_serve(args) -> int:
             elif args.draft_ngram:
                 from ..models.speculative import NgramDraft
                 draft = NgramDraft()
+            mm = None
+            if args.mmproj:  # images and audio in chat messages: the projector on the model's input device
+                from ..mtmd import Multimodal, load_mmproj
+                held["mm"] = mm = Multimodal(model, load_mmproj(args.mmproj, model.placement.input))
+                print(f"{args.mmproj}: projector {mm.mmproj.projector}", file=sys.stderr)
             held["engine"] = engine = Engine(model, args.parallel, args.queue_size, draft=draft,
                                              n_draft=args.draft_max)
-            state.attach(model, engine)
+            state.attach(model, engine, mm)
             from ..models.warmup import install as notice_compiles
             notice_compiles()  # a line for each kernel whose compiling runs past a second
             state.warm_up()
@@ -89,6 +95,9 @@ def cmd_serve(args) -> int:
         state.pool.shutdown(wait=False, cancel_futures=True)
         if "engine" in held:
             held["engine"].stop()
+        if "mm" in held:  # (closes its model too)
+            held.pop("mm").close()
+            held.pop("model")
         for name in ("model", "draft"):
             if name in held:
                 held[name].close()
@@ -132,6 +141,10 @@ def add_subcommands(subparsers) -> None:
                    help="open connections and requests at once; past it new requests get 503 (default 256)")
     p.add_argument("--strict-model-name", action="store_true",
                    help="answer 404 to a request naming another model (default: serve any name, as llama-server)")
+    p.add_argument("--mmproj", default=None, metavar="FILE",
+                   help="the model's multimodal projector (mmproj GGUF): image_url and input_audio parts in chats")
+    p.add_argument("--media-path", default=None, metavar="DIR",
+                   help="file:// media URLs may name files in this folder (default: none allowed)")
     p.add_argument("-md", "--model-draft", default=None, metavar="FILE",
                    help="speculative decoding with this draft model (the same vocabulary)")
     p.add_argument("--draft-ngram", action="store_true",

@@ -91,7 +91,13 @@ class BatchGenerator:
     def add(self, gen: Generation, seq_id: int, limit: int | None = None, owner=None,
             n_cached: int = 0) -> BatchSequence:
         """Start `gen` as memory sequence `seq_id`, whose cells hold exactly the first n_cached
-        tokens of its prompt (a prompt cache's hit; 0: the caller cleared them)."""
+        tokens of its prompt (a prompt cache's hit; 0: the caller cleared them). A prompt with
+        embeddings (gen.prefix) is evaluated here up to its last token, on cleared cells."""
+        if gen.prefix is not None:
+            if n_cached:
+                raise ValueError("a prompt with embeddings starts on cleared cells (n_cached must be 0)")
+            self.model.eval_parts(gen.prefix, seq_id)
+            n_cached = len(gen.prompt) - 1
         if not 0 <= n_cached < max(len(gen.prompt), 1):
             raise ValueError(f"n_cached={n_cached}: at least the prompt's last token must be evaluated "
                              f"(the prompt has {len(gen.prompt)})")
@@ -144,8 +150,9 @@ class BatchGenerator:
         return updates
 
     def _propose(self, seq: BatchSequence, room: int) -> list[int]:
-        """A draft for `seq` that fits its cell limit, its max_tokens and the batch's room."""
-        if self.draft is None:
+        """A draft for `seq` that fits its cell limit, its max_tokens and the batch's room (none
+        for a prompt with embeddings: its ids hold no text to look up)."""
+        if self.draft is None or seq.gen.prefix is not None:
             return []
         gen = seq.gen
         k = min(self.n_draft, room, seq.limit - len(seq.prompt) - gen.n_generated,

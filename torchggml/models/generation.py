@@ -51,6 +51,9 @@ class Generation:
         self.stops = StopStrings(stop)
         self.choices: list[TokenChoice] = []  # the generated tokens (end-of-generation excluded)
         self.finish_reason: str | None = None if self.max_tokens > 0 else "length"
+        # a prompt with embeddings (an image's rows): the parts that fill the cache before the decode
+        # loop starts from the prompt's last token (prompt ids hold 0 for each embedding row)
+        self.prefix: list | None = None
 
     @property
     def last_token(self) -> int:

@@ -145,7 +145,6 @@ class Model:
         self.arch = arch
         self.hp = hp
         self.vocab_only = hp is None
-        self._prefix_parts: dict[int, list] = {}  # id(Generation) -> the parts its prompt evaluates first
         self.timings = Timings()
         self.closed = False
         # serializes eval/generate/reset/close (see the module doc); hold it (`with model.lock:`)
@@ -593,7 +592,7 @@ class Model:
         full cache. `self.timings` has the prompt and generation speeds afterwards. The model is
         held (other threads wait) from the first item until the generator ends or is closed.
         generate_tokens() gives the tokens with their log-probabilities instead of text."""
-        gen = self._generation(prompt, max_tokens, SamplingParams(**sampling), stop, constraint, "generate")
+        gen = self.generation(prompt, max_tokens, SamplingParams(**sampling), stop, constraint, what="generate")
         for update in self._run_generations([gen], "generate", draft, n_draft):
             for text in (update.text, update.rest):
                 if text:
@@ -603,7 +602,7 @@ class Model:
                         stop: Sequence[str] = (), constraint=None) -> Iterator[TokenChoice]:
         """As generate, but yield each sampled token as a TokenChoice (with params.logprobs set:
         its log-probability and the top alternatives')."""
-        gen = self._generation(prompt, max_tokens, params or SamplingParams(), stop, constraint, "generate_tokens")
+        gen = self.generation(prompt, max_tokens, params, stop, constraint, what="generate_tokens")
         for update in self._run_generations([gen], "generate_tokens"):
             yield from update.choices
 
@@ -618,8 +617,8 @@ class Model:
         if constraints is not None and len(constraints) != len(prompts):
             raise ValueError(f"generate_batch: {len(constraints)} constraints for {len(prompts)} prompts")
         params = SamplingParams(**sampling)
-        gens = [self._generation(p, max_tokens, params if params.seed is None else replace(params, seed=params.seed + i),
-                                 stop, constraints[i] if constraints is not None else None, "generate_batch")
+        gens = [self.generation(p, max_tokens, params if params.seed is None else replace(params, seed=params.seed + i),
+                                stop, constraints[i] if constraints is not None else None, what="generate_batch")
                 for i, p in enumerate(prompts)]
         if not gens:
             raise ValueError("generate_batch: give at least one prompt")
@@ -631,30 +630,31 @@ class Model:
     def _tokenize_part(self, text: str, first: bool) -> list[int]:
         return self.tokenize(text, first, parse_special=True)
 
-    def _generation(self, prompt, max_tokens, params, stop, constraint, what) -> Generation:
+    def generation(self, prompt, max_tokens: int = 128, params: SamplingParams | None = None,
+                   stop: Sequence[str] = (), constraint=None, ignore_eos: bool = False,
+                   what: str = "generation") -> Generation:
+        """A Generation of `prompt` (text, token ids, or parts: see generate) for the decode loop
+        (BatchGenerator). A prompt with embeddings gets its `prefix`: the parts the loop evaluates
+        into the cache before it starts from the prompt's last token; its prompt ids hold 0 for each
+        embedding row (cells only), and the sampler's history is the text's tokens."""
         self._require_weights(what)
+        params = params or SamplingParams()
         if is_parts(prompt):
             parts = prompt_parts(prompt, self._tokenize_part, what)
             if any(isinstance(p, EmbeddingChunk) for p in parts):
-                return self._parts_generation(parts, max_tokens, params, stop, constraint, what)
+                if isinstance(parts[-1], EmbeddingChunk):
+                    raise ValueError(f"{what}: a prompt with embeddings must end with text (its last token starts "
+                                     f"the generation)")
+                ids = np.concatenate([p if isinstance(p, np.ndarray) else np.zeros(len(p), np.int32) for p in parts])
+                gen = Generation(self.tokenizer, ids.tolist(), params, max_tokens, stop, constraint, ignore_eos)
+                gen.sampler = Sampler(params, history=[int(i) for p in parts if isinstance(p, np.ndarray) for i in p])
+                gen.prefix = parts[:-1] + [parts[-1][:-1]]
+                return gen
             prompt = np.concatenate(parts).tolist()
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
         if not ids:
             raise ValueError(f"{what}: the prompt has no tokens")
-        return Generation(self.tokenizer, ids, params, max_tokens, stop, constraint)
-
-    def _parts_generation(self, parts, max_tokens, params, stop, constraint, what) -> Generation:
-        """A Generation whose prompt has embeddings: all but its last token are evaluated into the
-        cache first (`_prefix_parts`), the decode loop starts from that token. Its prompt ids hold 0
-        for each embedding row (cells only); the sampler's history is the text's tokens."""
-        if isinstance(parts[-1], EmbeddingChunk):
-            raise ValueError(f"{what}: a prompt with embeddings must end with text (its last token starts the "
-                             f"generation)")
-        ids = np.concatenate([p if isinstance(p, np.ndarray) else np.zeros(len(p), np.int32) for p in parts])
-        gen = Generation(self.tokenizer, ids.tolist(), params, max_tokens, stop, constraint)
-        gen.sampler = Sampler(params, history=[int(i) for p in parts if isinstance(p, np.ndarray) for i in p])
-        self._prefix_parts[id(gen)] = parts[:-1] + [parts[-1][:-1]]
-        return gen
+        return Generation(self.tokenizer, ids, params, max_tokens, stop, constraint, ignore_eos)
 
     def eval_parts(self, parts, seq_id: int = 0) -> torch.Tensor | None:
         """Evaluate a prompt's parts in order (see prompt.py) after sequence seq_id's cached
@@ -674,18 +674,15 @@ class Model:
         cells), yielding every step's updates; a sequence's own sampling error is raised."""
         with self.lock:
             self._require_weights(what)
-            if draft is not None and any(id(g) in self._prefix_parts for g in gens):
+            if draft is not None and any(g.prefix is not None for g in gens):
                 raise ValueError(f"{what}: speculative decoding does not take prompts with embeddings")
             self.reset()
             self.timings = t = Timings(load_s=self.timings.load_s, warmup_s=self.timings.warmup_s)
             batch = BatchGenerator(self, keep_finished=True, draft=make_draft(draft, self), n_draft=n_draft)
             start = time.perf_counter()
             seqs = []
-            for i, gen in enumerate(gens):  # a prompt with embeddings: all but its last token first
-                prefix = self._prefix_parts.pop(id(gen), None)
-                if prefix is not None:
-                    self.eval_parts([p for p in prefix if len(p)], i)
-                seqs.append(batch.add(gen, i, self.n_ctx // len(gens), n_cached=len(gen.prompt) - 1 if prefix else 0))
+            for i, gen in enumerate(gens):
+                seqs.append(batch.add(gen, i, self.n_ctx // len(gens)))
             while batch.active:
                 updates = batch.step()
                 t.drafted += batch.last.drafted

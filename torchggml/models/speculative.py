@@ -40,6 +40,11 @@ class NgramDraft:
         pass
 
 
+# catching up by at most this many tokens goes token by token: the model keeps one graph per shape,
+# and a catch-up of 2 tokens between single-token drafts would rebuild it twice a step
+SINGLE_STEPS = 4
+
+
 class ModelDraft:
     """A draft model run greedily on its own memory, one sequence per target sequence (same ids);
     its cells follow the context (the prefix it shares with what it last drafted is kept)."""
@@ -69,7 +74,12 @@ class ModelDraft:
         if k <= 0:
             self.held[seq_id] = context[:common]
             return draft
-        logits = m.eval(context[common:], seq_id=seq_id, logits="last")[0]
+        new = context[common:]
+        if len(new) <= SINGLE_STEPS:  # one token at a time: the draft model keeps its one decode graph
+            for token in new:
+                logits = m.eval([token], seq_id=seq_id, logits="last")[0]
+        else:  # (a prompt: one batch)
+            logits = m.eval(new, seq_id=seq_id, logits="last")[0]
         while True:
             draft.append(int(logits.argmax()))
             if len(draft) == k:

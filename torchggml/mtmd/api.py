@@ -52,19 +52,56 @@ def _is_image(part) -> bool:
     return isinstance(part, PILImage.Image)
 
 
-def media_prompt(text: str, images: list) -> list:
-    """A text with a MEDIA_MARKER per image as prompt parts (no marker: the images first, as
-    llama.cpp's mtmd-cli puts them). ValueError when the counts differ."""
+def media_prompt(text: str, media: list) -> list:
+    """A text with a MEDIA_MARKER per image or audio clip as prompt parts (no marker: the media
+    first, as llama.cpp's mtmd-cli puts them). ValueError when the counts differ."""
     n = text.count(MEDIA_MARKER)
     if n == 0:
-        text = MEDIA_MARKER * len(images) + text
-    elif n != len(images):
-        raise ValueError(f"the prompt has {n} {MEDIA_MARKER} markers for {len(images)} images")
+        text = MEDIA_MARKER * len(media) + text
+    elif n != len(media):
+        raise ValueError(f"the prompt has {n} {MEDIA_MARKER} markers for {len(media)} images or audio clips")
     pieces = text.split(MEDIA_MARKER)
     parts = [pieces[0]]
-    for image, piece in zip(images, pieces[1:]):
-        parts += [image if isinstance(image, Image) else Image(image), piece]
+    for item, piece in zip(media, pieces[1:]):
+        parts += [item if isinstance(item, (Image, Audio)) else Image(item), piece]
     return [p for p in parts if not (isinstance(p, str) and not p)]
+
+
+def _content_media(part, where: str):
+    """A message's content part as text (str) or media (Image / Audio)."""
+    if isinstance(part, str):
+        return part
+    if isinstance(part, (Image, Audio)) or _is_image(part):
+        return part
+    if isinstance(part, dict):
+        kind = part.get("type")
+        if kind == "text":
+            return str(part.get("text") or "")
+        if kind in ("image", "audio") and kind in part:
+            return Image(part[kind]) if kind == "image" else Audio(part[kind])
+    raise ValueError(f"{where}: a content part must be text, an image or audio ({{'type': 'text' | 'image' | "
+                     f"'audio', ...}}, Image(...), Audio(...)), got {str(part)[:80]}")
+
+
+def split_media(messages) -> tuple[list[dict], list]:
+    """Chat messages whose content may list images and audio, as a chat template reads them:
+    each media part becomes MEDIA_MARKER in its message's text (as llama-server does); and the
+    media, in order."""
+    out, media = [], []
+    for i, m in enumerate(messages):
+        content = m.get("content")
+        if isinstance(content, (list, tuple)):
+            text = ""
+            for part in content:
+                item = _content_media(part, f"messages[{i}]")
+                if isinstance(item, str):
+                    text += item
+                else:
+                    text += MEDIA_MARKER
+                    media.append(item)
+            m = dict(m, content=text)
+        out.append(m)
+    return out, media
 
 
 class Multimodal:
@@ -132,6 +169,25 @@ class Multimodal:
         for p in prompt:
             out += self.audio_parts(p) if isinstance(p, Audio) else self.image_parts(p) if _is_image(p) else [p]
         return out
+
+    def chat_parts(self, messages) -> list:
+        """The prompt parts of a chat whose messages may hold images and audio (see split_media):
+        the model's chat template rendered, its BOS once, each media marker replaced by the media."""
+        messages, media = split_media(messages)
+        text = self.model.chat_prompt(messages)
+        tok = self.model.tokenizer
+        has_bos = tok.bos_id is not None and text.startswith(tok.token_text(tok.bos_id))
+        parts = media_prompt(text, media) if media else [text]
+        if isinstance(parts[0], str):  # the first text: BOS unless the template wrote it, as Model.chat
+            parts[0] = self.model.tokenize(parts[0], add_special=not has_bos, parse_special=True)
+        return parts
+
+    def chat(self, messages, **generate_args):
+        """Stream the assistant's reply to `messages`, whose content may list images and audio
+        (paths, bytes, PIL images, arrays: {"type": "image", "image": ...}, {"type": "audio",
+        "audio": ...}, Image(...), Audio(...)); generate_args as Model.generate's."""
+        generate_args["stop"] = list(generate_args.get("stop") or ()) + self.model.chat_stops()
+        return self.generate(self.chat_parts(messages), **generate_args)
 
     def generate(self, prompt, **generate_args):
         """Model.generate over the prompt's parts, images encoded."""

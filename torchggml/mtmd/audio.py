@@ -11,6 +11,7 @@ Decoding: float arrays (mono, 16 kHz), or WAV files (PCM 16/32-bit, any channel 
 through the standard library; other formats and rates: decode and resample first."""
 from __future__ import annotations
 
+import io
 import math
 import os
 import struct
@@ -23,16 +24,18 @@ from .loader import AudioHParams
 
 
 def load_audio(source, sample_rate: int = 16000) -> np.ndarray:
-    """Mono float32 samples from a float array / tensor, or a WAV file at `sample_rate`."""
+    """Mono float32 samples from a float array / tensor, or a WAV file (a path or its bytes) at
+    `sample_rate`."""
     if isinstance(source, torch.Tensor):
         source = source.detach().cpu().numpy()
     if isinstance(source, np.ndarray):
         if source.ndim != 1 or not np.issubdtype(source.dtype, np.floating):
             raise ValueError(f"audio array: expected float mono samples [n], got {source.dtype} {list(source.shape)}")
         return source.astype(np.float32)
-    name = os.fspath(source)
+    is_bytes = isinstance(source, (bytes, bytearray))
+    name = "audio bytes" if is_bytes else os.fspath(source)
     try:
-        with wave.open(name, "rb") as w:
+        with wave.open(io.BytesIO(source) if is_bytes else name, "rb") as w:
             rate, channels, width, n = w.getframerate(), w.getnchannels(), w.getsampwidth(), w.getnframes()
             data = w.readframes(n)
     except (wave.Error, EOFError, struct.error) as e:

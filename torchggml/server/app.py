@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..models.generation import Generation
+from ..models.prompt import is_parts
 from ..models.sampling import SamplingParams
 from .engine import Engine, Job, QueueFull
 from .grammar import Constraint, GrammarError, Vocabulary
@@ -52,8 +53,10 @@ class ServerState:
 
     def __init__(self, model, engine: Engine | None, model_id: str, pooling: str | None = None,
                  limits: Limits | None = None, strict_model: bool = False, request_timeout: float | None = None,
-                 reasoning_format: str = "auto"):
+                 reasoning_format: str = "auto", media_path: str | None = None):
         self.model_id, self.pooling_option = model_id, pooling
+        self.mm = None                             # a torchggml.mtmd.Multimodal: images and audio in chats
+        self.media_path = media_path               # file:// media URLs name files in this folder (media.py)
         self.reasoning_format = reasoning_format   # "auto": thinking as reasoning_content; "none": left in content
         self.limits = limits or Limits()
         self.strict_model = strict_model           # unknown model names: 404 (default: served, as llama-server)
@@ -69,8 +72,8 @@ class ServerState:
             self.attach(model, engine)
             self.ready = True
 
-    def attach(self, model, engine: Engine) -> None:
-        self.model, self.engine = model, engine
+    def attach(self, model, engine: Engine, mm=None) -> None:
+        self.model, self.engine, self.mm = model, engine, mm
         self.pooling = self.pooling_option or model.pooling_type
         tok = model.tokenizer
         cover = max(max(len(tok.token_to_piece_bytes(i)), len(tok.token_text(i))) for i in range(model.n_vocab))
@@ -159,8 +162,10 @@ class ServerState:
             if getattr(req, name) is not None:
                 raise APIError(400, f"{name} is not supported by this server", name)
 
-    def jobs(self, req: Sampling, prompts: list[list[int]], max_tokens: int | None, logprobs: int | None,
+    def jobs(self, req: Sampling, prompts: list, max_tokens: int | None, logprobs: int | None,
              stops: list[str], emit) -> list[Job]:
+        """A Job per prompt and choice; a prompt is token ids, or parts with media (chat_prompt):
+        those are evaluated when their slot starts and never kept in the prompt cache."""
         source = self.constraint_source(req)
         grammar = None
         if source is not None:
@@ -184,14 +189,18 @@ class ServerState:
                     frequency_penalty=float(req.frequency_penalty), presence_penalty=float(req.presence_penalty),
                     repeat_last_n=req.repeat_last_n, seed=None if seed is None else wrap_seed(seed + k),
                     logprobs=logprobs)
-                limit = self.engine.slot_ctx - len(ids)
+                media = is_parts(ids)
+                limit = self.engine.slot_ctx - (sum(len(p) for p in ids) if media else len(ids))
                 n = limit if max_tokens is None else min(max_tokens, limit)
                 constraint = None
                 if grammar is not None:
                     constraint = Constraint(self.vocab, grammar, json_bounds=source[0] == "json_schema")
-                gen = Generation(self.model.tokenizer, ids, params, n, stops, constraint, req.ignore_eos)
-                jobs.append(Job(ids, emit, gen, index=p_index * req.n + k, cache_prompt=req.cache_prompt,
-                                deadline=deadline))
+                if media:
+                    gen = self.model.generation(ids, n, params, stops, constraint, req.ignore_eos, what="messages")
+                else:
+                    gen = Generation(self.model.tokenizer, ids, params, n, stops, constraint, req.ignore_eos)
+                jobs.append(Job(gen.prompt, emit, gen, index=p_index * req.n + k,
+                                cache_prompt=req.cache_prompt and not media, deadline=deadline))
         return jobs
 
     @property
@@ -211,23 +220,57 @@ class ServerState:
 
     # ------------------------------------------------------------ chat
 
-    def chat_prompt(self, req: ChatRequest) -> tuple[list[int], list[str]]:
-        """The prompt's token ids and extra stop strings (see chat_text)."""
-        prompt, stops = self.chat_text(req)
+    def chat_prompt(self, req: ChatRequest) -> tuple[list, list[str]]:
+        """The prompt's token ids (with images or audio: its parts, the media encoded) and extra
+        stop strings (see chat_text)."""
+        prompt, stops, media = self.chat_text(req)
         tok = self.model.tokenizer
         has_bos = tok.bos_id is not None and prompt.startswith(tok.token_text(tok.bos_id))
-        return self.prompt_ids(prompt, "messages", add_special=not has_bos, parse_special=True), stops
+        if not media:
+            return self.prompt_ids(prompt, "messages", add_special=not has_bos, parse_special=True), stops
+        from ..models.prompt import prompt_parts
+        from ..mtmd import media_prompt
+        parts = media_prompt(prompt, media)
+        if isinstance(parts[0], str):
+            parts[0] = self.model.tokenize(parts[0], add_special=not has_bos, parse_special=True)
+        try:
+            parts = prompt_parts(self.mm.parts(parts), lambda text, first: self.model.tokenize(
+                text, add_special=False, parse_special=True), "messages")
+        except ValueError as e:  # an image or audio clip that cannot be decoded
+            raise APIError(400, f"messages: {e}", "messages") from None
+        n = sum(len(p) for p in parts)
+        if n >= self.engine.slot_ctx:
+            raise APIError(400, f"the messages have {n} tokens with their media; this server's context per sequence "
+                                f"holds {self.engine.slot_ctx}, prompt and completion together", "messages",
+                           "context_length_exceeded")
+        return parts, stops
 
-    def chat_text(self, req: ChatRequest) -> tuple[str, list[str]]:
+    def template_messages(self, req: ChatRequest) -> tuple[list[dict], list]:
+        """The messages as the chat template reads them, and their images and audio (each one's
+        place a media marker in its message's text)."""
+        messages, media = [], []
+        for i, m in enumerate(req.messages):
+            if not m.has_media or self.mm is None:  # (text() says that media needs --mmproj)
+                messages.append(m.for_template())
+                continue
+            from ..mtmd import split_media
+            from .media import resolve_content
+            (text,), items = split_media([{"content": resolve_content(m.content, self.mm, self.media_path, f"messages[{i}]")}])
+            messages.append(m.for_template(text["content"]))
+            media += items
+        return messages, media
+
+    def chat_text(self, req: ChatRequest) -> tuple[str, list[str], list]:
         """The chat prompt's text and extra stop strings (Model.chat_template and chat_stops: the
         file's template, else chatml as llama.cpp falls back to, and its end of turn where the
-        vocabulary lacks it). With tools, the template gets them (or, for a template
-        that cannot show them, a system message does: tool_calls.py's generic format)."""
+        vocabulary lacks it), and the media its markers stand for. With tools, the template gets
+        them (or, for a template that cannot show them, a system message does: tool_calls.py's
+        generic format)."""
         from ..text.chat import ChatTemplateError, render_chat
         tok = self.model.tokenizer
         template, stops = self.model.chat_template().text, self.model.chat_stops()
         text = lambda i: tok.token_text(i) if i is not None else ""  # noqa: E731
-        messages = [m.for_template() for m in req.messages]
+        messages, media = self.template_messages(req)
         extra = {}
         if req.tools and req.tool_choice != "none":
             tools = [t.model_dump(exclude_none=True) for t in req.tools]
@@ -245,7 +288,7 @@ class ServerState:
                                  source=self.model_id, **extra)
         except ChatTemplateError as e:
             raise APIError(400, str(e), "messages") from None
-        return prompt, stops
+        return prompt, stops, media
 
     def reply_format(self) -> ToolFormat:
         return tool_format(self.model.chat_template().text)
@@ -654,7 +697,8 @@ def create_app(state: ServerState, api_key: str | None = None, timeout: float = 
         fmt = state.reply_format()
         with_tools = bool(req.tools) and req.tool_choice != "none"
         split = state.reasoning_format != "none"
-        opened = split and state.model.detokenize(ids[-4:]).rstrip().endswith("<think>")
+        tail = ids[-1] if is_parts(ids) else ids  # (a prompt with media ends with text)
+        opened = split and state.model.detokenize(list(tail[-4:])).rstrip().endswith("<think>")
         streams = {j.index: ReplyStream(fmt, with_tools, split, opened) for j in jobs}
 
         def head():

@@ -105,6 +105,8 @@ class ContentPart(BaseModel):
     model_config = ConfigDict(extra="ignore")
     type: StrictStr
     text: StrictStr | None = None
+    image_url: StrictStr | dict[str, Any] | None = None   # {"url": data:, file://, http(s)://} (media.py)
+    input_audio: dict[str, Any] | None = None            # {"data": base64, "format": "wav"}
 
 
 class FunctionCall(BaseModel):
@@ -146,9 +148,14 @@ class Message(BaseModel):
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: StrictStr | None = None     # a tool message: the call it answers
 
-    def for_template(self) -> dict:
-        """The message as chat templates read it (HF's convention: arguments as objects)."""
-        m = {"role": self.role, "content": self.text()}
+    @property
+    def has_media(self) -> bool:
+        return isinstance(self.content, list) and any(p.type != "text" for p in self.content)
+
+    def for_template(self, content: str | None = None) -> dict:
+        """The message as chat templates read it (HF's convention: arguments as objects); `content`:
+        its text with media markers, for a message with images or audio."""
+        m = {"role": self.role, "content": self.text() if content is None else content}
         if self.name is not None:
             m["name"] = self.name
         if self.tool_call_id is not None:
@@ -168,8 +175,10 @@ class Message(BaseModel):
 
     def text(self) -> str:
         if isinstance(self.content, list):
-            if any(p.type != "text" for p in self.content):
-                raise APIError(400, "only text content parts are supported", "messages")
+            if self.has_media:
+                kinds = sorted({p.type for p in self.content if p.type != "text"})
+                raise APIError(400, f"{'/'.join(kinds)} content is not supported: this server has no multimodal "
+                                    f"projector (start it with --mmproj FILE)", "messages")
             return "".join(p.text or "" for p in self.content)
         return self.content or ""
 
