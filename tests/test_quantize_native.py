@@ -332,26 +332,6 @@ def _llama_cpp():
     return pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the llama.cpp comparisons)")
 
 
-def _llama_quantize(src, dst, ftype, imatrix_weights=None):
-    """llama-quantize's llama_model_quantize, with the importance matrix passed as llama-quantize's
-    main passes the one it loaded."""
-    llama_cpp = _llama_cpp()
-    from torchggml.tools.quantize import FILE_TYPES
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = FILE_TYPES[ftype][0]
-    params.nthread = 2
-    keep = []
-    if imatrix_weights:
-        entries = (llama_cpp.llama_model_imatrix_data * (len(imatrix_weights) + 1))()
-        for i, (name, values) in enumerate(imatrix_weights.items()):
-            keep.append((name.encode(), np.ascontiguousarray(values, np.float32)))
-            entries[i].name = keep[-1][0]
-            entries[i].data = keep[-1][1].ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-            entries[i].size = keep[-1][1].size
-        params.imatrix = ctypes.cast(entries, type(params.imatrix))
-    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) == 0
-
-
 @pytest.mark.parametrize("ftype", ["Q4_K_M", "IQ4_XS", "Q4_0", "Q3_K_S", "IQ2_XS", "IQ3_S", "IQ2_M", "IQ1_M"])
 def test_quantize_with_imatrix_equals_llama_quantize(tmp_path, ftype):
     """The whole file, byte for byte, with the same importance matrix given to llama-quantize
@@ -362,7 +342,8 @@ def test_quantize_with_imatrix_equals_llama_quantize(tmp_path, ftype):
     imatrix, _ = _demo_imatrix(tmp_path, lambda name: 50.0 if "ffn_down" in name else 1.0)
     weights, _ = load_imatrix(imatrix)
     theirs = tmp_path / "theirs.gguf"
-    _llama_quantize(demo_model_path(), theirs, ftype, weights)
+    from test_tools import _llama_quantize
+    _llama_quantize(demo_model_path(), theirs, ftype, imatrix=weights)
     ours = tmp_path / "ours.gguf"
     quantize_file(demo_model_path(), str(ours), ftype, imatrix=imatrix, imatrix_metadata=False)
     assert ours.read_bytes() == theirs.read_bytes()
