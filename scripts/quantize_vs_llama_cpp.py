@@ -131,6 +131,8 @@ def main(argv=None) -> int:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--llama-imatrix", help="llama.cpp's llama-imatrix binary (for --must-show)")
     ap.add_argument("--must-show", action="store_true")
+    ap.add_argument("--no-ppl", action="store_true", help="time and bytes only")
+    ap.add_argument("--imatrix", help="an importance matrix of the (one) source to use instead of collecting one")
     args = ap.parse_args(argv)
     import numba
     import torch
@@ -146,12 +148,15 @@ def main(argv=None) -> int:
                 if name != "1b":
                     must_show(src, args.file, args.ctx, args.threads, args.llama_imatrix, work)
                 continue
-            imatrix = os.path.join(work, "imatrix.gguf")
-            if name == "1b":  # random weights: an imatrix of their activations on a short text is as good
+            imatrix = args.imatrix or os.path.join(work, "imatrix.gguf")
+            if args.imatrix:
+                pass
+            elif name == "1b":  # random weights: an imatrix of their activations on a short text is as good
                 torchggml_imatrix_small(src, args.file, imatrix)
             else:
                 torchggml_imatrix(src, args.file, args.ctx, imatrix)
-            compare_types(src, types, None if name == "1b" else args.file, args.ctx, args.threads, work, imatrix)
+            compare_types(src, types, None if name == "1b" or args.no_ppl else args.file, args.ctx, args.threads, work,
+                          imatrix)
     return 0
 
 
