@@ -86,7 +86,8 @@ def compare_types(src: str, types, text_path: str | None, n_ctx: int, threads: i
     for i, ftype in enumerate(types):
         ours, theirs = os.path.join(work, f"ours-{ftype}.gguf"), os.path.join(work, f"theirs-{ftype}.gguf")
         runs = [("llama", lambda: llama_quantize(src, theirs, ftype, threads, imatrix)),
-                ("torchggml", lambda: quantize_file(src, ours, ftype, imatrix=imatrix, allow_requantize=True))]
+                ("torchggml", lambda: quantize_file(src, ours, ftype, imatrix=imatrix, allow_requantize=True,
+                                                 imatrix_metadata=False))]  # llama_model_quantize adds none
         seconds = {}
         for name, run in (runs if i % 2 == 0 else runs[::-1]):
             start = time.perf_counter()
