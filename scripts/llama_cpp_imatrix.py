@@ -4,8 +4,8 @@ where llama-imatrix is not built): llama.cpp evaluates the text (its tokenizer, 
 kernels) and the scheduler's eval callback (llama_context_params.cb_eval) hands each MUL_MAT's
 activations to the accumulation llama-imatrix does (tools/imatrix/imatrix.cpp's collect_imatrix):
 products with a blk.* weight over 16 or more F32 rows, sum of x^2 per input column, a count of rows
-per weight. Chunks as llama-imatrix: n_ctx tokens each, the first replaced by BOS, each from an empty
-cache. Written in llama.cpp's imatrix GGUF format (torchggml.tools.imatrix.write_imatrix).
+per weight. Chunks as llama-imatrix: n_ctx tokens each, the first replaced by BOS where the
+vocabulary adds one, each from an empty cache. Written in llama.cpp's imatrix GGUF format (torchggml.tools.imatrix.write_imatrix).
 
     PYTHONPATH=. python scripts/llama_cpp_imatrix.py MODEL.gguf -f TEXT -o imatrix.gguf [-c 128] [-t 2]
 """
@@ -90,12 +90,14 @@ def collect(model_path: str, text: str, n_ctx: int, threads: int = 2):
                               logits_all=True, verbose=False)  # as llama-imatrix: every row through every layer
     finally:
         low.llama_context_default_params = default
-    tokens = llm.tokenize(text.encode(), add_bos=True, special=False)
-    bos = llm.token_bos()
+    # as llama-imatrix: BOS (first in each chunk) only where the vocabulary asks for it
+    add_bos = bool(llama_cpp.llama_vocab_get_add_bos(llama_cpp.llama_model_get_vocab(llm.model)))
+    tokens = llm.tokenize(text.encode(), add_bos=add_bos, special=True)
     n_chunks = len(tokens) // n_ctx
     for c in range(n_chunks):
         chunk = list(tokens[c * n_ctx:(c + 1) * n_ctx])
-        chunk[0] = bos
+        if add_bos:
+            chunk[0] = llm.token_bos()
         llm.reset()
         llm.eval(chunk)
     llm.close()
