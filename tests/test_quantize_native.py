@@ -114,13 +114,14 @@ def test_native_rejects_bad_input(call, match):
 
 
 # the IQ grid types (ggml's grid searches with their neighbour tables): one shape, every kind of row
+# (ggml's IQ2_XXS, IQ2_XS and IQ1_S quantizers assert an importance matrix: no plain case; the
+# refusal is tested in test_native_rejects_bad_input)
 @needs_ggml
-@pytest.mark.parametrize("imatrix", [False, True], ids=["plain", "imatrix"])
 @pytest.mark.parametrize("kind", ["gauss", "edges", "heavy"])
-@pytest.mark.parametrize("t", GRID_TYPES, ids=lambda t: t.name)
-def test_native_grid_types_equal_ggml_quantize_chunk(t, kind, imatrix):
-    if not imatrix and t in NEEDS_IMATRIX:
-        pytest.skip(f"ggml's {t.name} quantizer asserts an importance matrix (the refusal is tested below)")
+@pytest.mark.parametrize("t, imatrix", [(t, im) for t in GRID_TYPES for im in (False, True)
+                                        if im or t not in NEEDS_IMATRIX],
+                         ids=lambda v: v.name if isinstance(v, Type) else ("imatrix" if v else "plain"))
+def test_native_grid_types_equal_ggml_quantize_chunk(t, imatrix, kind):
     x = rows_of(kind, (3, 512))
     qw = np.random.default_rng(1).uniform(0, 4, 512).astype(np.float32) if imatrix else None
     if imatrix:
