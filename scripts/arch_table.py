@@ -48,10 +48,12 @@ def main(argv=None) -> int:
             ref = np.load(DATA / e["logits"])
             for fa in (False, True):
                 model = load_model(path, devices=[args.device], n_ctx=e["n_ctx"], flash_attn=fa, progress=False)
-                batch = model.eval(e["tokens"]).numpy()
+                t, n_prompt = e["tokens"][case.n_encoder:], case.n_prompt - case.n_encoder
+                if case.n_encoder:  # encoder-decoder (t5): the decoder reads the encoded first tokens
+                    model.encode(e["tokens"][:case.n_encoder])
+                batch = model.eval(t).numpy()
                 model.reset()
-                t = e["tokens"]
-                steps = torch.cat([model.eval(t[:case.n_prompt])] + [model.eval([x]) for x in t[case.n_prompt:]]).numpy()
+                steps = torch.cat([model.eval(t[:n_prompt])] + [model.eval([x]) for x in t[n_prompt:]]).numpy()
                 model.close()
                 errs = [np.linalg.norm(o - ref) / np.linalg.norm(ref) for o in (batch, steps)]
                 agree = [(o.argmax(1) == ref.argmax(1)).mean() for o in (batch, steps)]

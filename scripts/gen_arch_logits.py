@@ -4,7 +4,9 @@
 
 For each case and weight type: write the model (deterministic writer) into a temporary
 directory, evaluate its tokens in one batch with llama-cpp-python (CPU, 2 threads, default F16
-KV cache, no flash attention, logits_all) and write tests/data/archs/<case>-<type>.npy; the
+KV cache, no flash attention, logits_all) and write tests/data/archs/<case>-<type>.npy (an
+encoder-decoder case, t5: its first n_encoder tokens through llama_encode, the others through
+llama_decode, whose logits are written); the
 manifest tests/data/archs/manifest.json records the tokens and the model file's sha256, so the
 tests know they regenerated the same file. Each model runs in a child process (llama.cpp's
 threads stay out of this one).
@@ -32,6 +34,27 @@ llm.eval(tokens)
 np.save(out, np.array(llm.scores[: len(tokens)], dtype=np.float32))
 """ % N_CTX
 
+# encoder-decoder models (t5): llama_encode over the first n_encoder tokens, then llama_decode
+ENCODER_DECODER_CHILD = """
+import sys, numpy as np, llama_cpp
+path, out, tokens, n_enc = sys.argv[1], sys.argv[2], [int(t) for t in sys.argv[3].split(",")], int(sys.argv[4])
+llm = llama_cpp.Llama(model_path=path, n_ctx=%d, n_batch=64, n_ubatch=64, n_threads=2, logits_all=True,
+                      flash_attn=False, verbose=False)
+ctx, n_vocab = llm._ctx.ctx, llm.n_vocab()
+batch = llama_cpp.llama_batch_init(64, 0, 1)
+def run(fn, part, logits):
+    batch.n_tokens = len(part)
+    for i, t in enumerate(part):
+        batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = t, i, 1, logits
+        batch.seq_id[i][0] = 0
+    if fn(ctx, batch) != 0:
+        sys.exit(f"{fn.__name__} failed")
+run(llama_cpp.llama_encode, tokens[:n_enc], False)
+run(llama_cpp.llama_decode, tokens[n_enc:], True)
+np.save(out, np.array([np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i), shape=(n_vocab,))
+                       for i in range(len(tokens) - n_enc)], dtype=np.float32))
+""" % N_CTX
+
 
 def format_manifest(manifest: dict) -> str:
     """One line per model, sorted."""
@@ -57,7 +80,9 @@ def main(argv=None) -> int:
                 model = write_tiny_model(Path(tmp) / f"{key}.gguf", case, wtype)
                 out = DATA / f"{key}.npy"
                 tokens = ",".join(map(str, case.tokens))
-                if subprocess.run([sys.executable, "-c", CHILD, model, str(out), tokens]).returncode:
+                child = [CHILD] if not case.n_encoder else [ENCODER_DECODER_CHILD]
+                extra = [str(case.n_encoder)] if case.n_encoder else []
+                if subprocess.run([sys.executable, "-c", *child, model, str(out), tokens, *extra]).returncode:
                     failed.append(key)  # llama.cpp refused the file or failed: nothing recorded
                     print(f"{key}: llama.cpp failed", file=sys.stderr)
                     continue

@@ -5,7 +5,7 @@
 For each encoder case and weight type: write the model (deterministic writer) into a temporary
 directory and, for each pooling llama.cpp has (none, mean, cls, last; rank where the case has a
 classifier head), evaluate its tokens in one batch through llama-cpp-python's low-level API
-(embeddings on, that pooling type, CPU, 2 threads) and keep llama_get_embeddings_ith (none) or
+(llama_decode, or llama_encode for a model without a decoder, t5encoder; embeddings on, that pooling type, CPU, 2 threads) and keep llama_get_embeddings_ith (none) or
 llama_get_embeddings_seq (the others), unnormalized, in tests/data/encoders/<case>-<type>.npz;
 tests/data/encoders/manifest.json records the tokens and the model file's sha256. Each model runs
 in a child process (llama.cpp's threads stay out of this one).
@@ -44,7 +44,9 @@ for item in poolings.split(","):
         batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = t, i, 1, True
         batch.seq_id[i][0] = 0
     batch.n_tokens = n
-    assert L.llama_decode(ctx, batch) == 0, name
+    # an encoder without a decoder (t5encoder) runs through llama_encode, as llama-embedding does
+    run = L.llama_decode if L.llama_model_has_decoder(model) else L.llama_encode
+    assert run(ctx, batch) == 0, name
     if name == "none":
         rows = [np.ctypeslib.as_array(L.llama_get_embeddings_ith(ctx, i), shape=(n_embd,)).copy() for i in range(n)]
         result[name] = np.stack(rows)

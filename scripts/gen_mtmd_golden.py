@@ -8,6 +8,7 @@ encoder graph's input `inp_raw` through the scheduler's eval callback, at the pa
 convolution's IM2COL node). Flash attention off on both sides (F32 attention).
 
     PYTHONPATH=$PWD python scripts/gen_mtmd_golden.py            # writes tests/data/mtmd
+    PYTHONPATH=$PWD python scripts/gen_mtmd_golden.py --only internvl   # one case, the others kept
     PYTHONPATH=$PWD python scripts/gen_mtmd_golden.py --compare IMAGE.jpg SOUND.mp3   # ours vs libmtmd
 
 --compare also runs torchggml on the same image and prints each type's relative L2 error, and
@@ -28,7 +29,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from torchggml.gguf.writer.tiny_mmproj import MMPROJ_CASES, write_tiny_mmproj, write_tiny_text_model  # noqa: E402
+from torchggml.gguf.writer.tiny_mmproj import (MMPROJ_CASES, TEXT_ARCH, write_tiny_mmproj,  # noqa: E402
+                                               write_tiny_text_model)
 
 DATA = ROOT / "tests" / "data" / "mtmd"
 PROMPT = "Look: <__media__> What is it?"
@@ -85,7 +87,7 @@ class LibMtmd:
         self.ctx = M.mtmd_init_from_file(mmproj_path.encode(), self.model, cp)
         if not self.ctx:
             raise RuntimeError(f"libmtmd could not load {mmproj_path}")
-        self.n_embd = llama_cpp.llama_model_n_embd(self.model)
+        self.n_embd = llama_cpp.llama_model_n_embd_inp(self.model)  # Qwen3-VL's rows: with deepstack slices
         self.n_ctx = n_ctx
 
     def _eval_callback(self, tensor, ask, user_data) -> bool:
@@ -176,11 +178,49 @@ class LibMtmd:
         self.L.llama_model_free(self.model)
 
 
-def generate(directory: Path) -> None:
+def wav_44k(path) -> Path:
+    """Two tones and noise, 0.5 s at 44.1 kHz, as a 16-bit PCM WAV (standard library: the same bytes anywhere)."""
+    import wave
+    t = np.arange(44100 // 2) / 44100.0
+    rng = np.random.default_rng(7)
+    x = 0.3 * np.sin(2 * np.pi * 440 * t) + 0.2 * np.sin(2 * np.pi * 1234 * t) + 0.05 * rng.normal(size=t.size)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(44100)
+        w.writeframes((np.clip(x, -1, 1) * 32767).astype(np.int16).tobytes())
+    return Path(path)
+
+
+def generate_decode(directory: Path) -> None:
+    """libmtmd's decode (miniaudio: dr_wav / dr_mp3, resampled to 16 kHz) of a 44.1 kHz WAV and of
+    the same sound as an mp3 (written by libsndfile, kept in tests/data/mtmd/tone-44k.mp3)."""
+    import soundfile
+    wav = wav_44k(directory / "tone-44k.wav")
+    x, rate = soundfile.read(wav, dtype="float32")
+    soundfile.write(DATA / "tone-44k.mp3", x, rate, format="MP3")
+    lib = LibMtmd(write_tiny_text_model(directory / "text-gemma3.gguf"),
+                  str(write_tiny_mmproj(directory / "mmproj-qwen2a.gguf", "qwen2a")))
+    np.savez_compressed(DATA / "decode.npz", wav=lib.decode_file(wav), mp3=lib.decode_file(DATA / "tone-44k.mp3"))
+    lib.close()
+
+
+def generate(directory: Path, only: list[str] | None = None) -> None:
+    """Every case's golden data, or only the named cases' (the others' kept)."""
     DATA.mkdir(parents=True, exist_ok=True)
     text = write_tiny_text_model(directory / "text-gemma3.gguf")
     manifest = {"prompt": PROMPT, "text_model_sha256": sha256(text), "image": "synthetic_image()", "cases": {}}
+    texts = {"gemma3": text}
+    for arch in set(TEXT_ARCH.values()):
+        texts[arch] = write_tiny_text_model(directory / f"text-{arch}.gguf", arch=arch)
+        manifest[f"text_model_{arch}_sha256"] = sha256(texts[arch])
+    if only:
+        manifest["cases"] = json.loads((DATA / "manifest.json").read_text())["cases"]
+    if not only or "decode" in only:
+        generate_decode(directory)
     for case in MMPROJ_CASES:
+        if only and case.name not in only:
+            continue
         rgb = synthetic_audio() if case.n_mel else synthetic_image()
         for wt in WEIGHT_TYPES:
             key = f"{case.name}-{wt}"
@@ -188,17 +228,16 @@ def generate(directory: Path) -> None:
             # llama.cpp's pixtral graph makes its [IMG_BREAK] rows as scale(uninitialised, 0) + img_break:
             # NaN wherever the reused compute memory held NaN or inf. Such runs are retried.
             for attempt in range(8):
-                lib = LibMtmd(text, str(path))
+                lib = LibMtmd(texts[TEXT_ARCH.get(case.name, "gemma3")], str(path))
                 chunks, _ = lib.chunks(rgb)
                 arrays = {f"chunk{i}_{kind}": a for i, (kind, a) in enumerate(chunks)}
                 if wt == "F32":  # the pixels (audio: the mel chunks) do not depend on the weights
                     arrays.update({f"pixels{i}": x for i, x in enumerate(lib.pixels)})
                 entry = {"case": case.name, "weights": wt, "sha256": sha256(path),
+                         "text": TEXT_ARCH.get(case.name, "gemma3"),
                          "chunks": [kind for kind, _ in chunks], "nan_runs_retried": attempt}
-                # the text model is a gemma3: Qwen2-VL's images need an M-RoPE text model, so no logits
-                if case.projector not in ("qwen2vl_merger", "qwen2.5vl_merger"):
-                    arrays["logits"] = lib.logits_after(rgb)
-                    entry["logits"] = True
+                arrays["logits"] = lib.logits_after(rgb)
+                entry["logits"] = True
                 lib.close()
                 if all(np.isfinite(a).all() for a in arrays.values()):
                     break
@@ -210,24 +249,35 @@ def generate(directory: Path) -> None:
     (DATA / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
 
-def compare(directory: Path, media: list[str]) -> None:
+def compare(directory: Path, media: list[str], only: list[str] | None = None) -> None:
     """Ours vs libmtmd on real files: images given Pillow's RGB to both (and Pillow's decode vs
     stb_image's), audio given libmtmd's own decode (miniaudio; no decoder is needed here)."""
     import torch
     from torchggml.mtmd import Encoder, load_image, load_mmproj, log_mel, preprocess
-    text = write_tiny_text_model(directory / "text-gemma3.gguf")
+    texts = {arch: write_tiny_text_model(directory / f"text-{arch}.gguf", arch=arch)
+             for arch in {"gemma3", *TEXT_ARCH.values()}}
     image = next((m for m in media if not m.endswith((".mp3", ".wav", ".flac"))), None)
     sound = next((m for m in media if m.endswith((".mp3", ".wav", ".flac"))), None)
     rgb = load_image(image) if image else None
     for case in MMPROJ_CASES:
-        if (case.n_mel and sound is None) or (not case.n_mel and image is None):
+        if (case.n_mel and sound is None) or (not case.n_mel and image is None) or (only and case.name not in only):
             continue
         for wt in WEIGHT_TYPES:
             path = str(write_tiny_mmproj(directory / f"mmproj-{case.name}-{wt}.gguf", case, wt))
-            lib = LibMtmd(text, path)
+            lib = LibMtmd(texts[TEXT_ARCH.get(case.name, "gemma3")], path)
             if case.n_mel:
                 samples = lib.decode_file(sound)
                 theirs = [a for kind, a in lib.chunks(samples)[0] if kind == "audio"]
+                if wt == "F32":  # our decode (soundfile, miniaudio's resampling) against libmtmd's
+                    from torchggml.mtmd import load_audio
+                    mine = load_audio(sound)
+                    n = min(mine.size, samples.size)
+                    probe = load_mmproj(path)
+                    mel_diff = max(float((a - b).abs().max())
+                                   for a, b in zip(log_mel(mine, probe.audio), log_mel(samples, probe.audio)))
+                    probe.close()
+                    print(f"{case.name:9s} decode {sound}: {mine.size} samples (libmtmd {samples.size}), max abs "
+                          f"difference {float(np.abs(mine[:n] - samples[:n]).max()):.3g}; mel {mel_diff:.3g}")
             else:
                 theirs = [a for kind, a in lib.chunks(rgb)[0] if kind == "image"]
                 if case.name == "gemma3" and wt == "F32":
@@ -266,12 +316,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--compare", metavar="FILE", nargs="+",
                     help="compare ours with libmtmd on these files instead (an image and/or an mp3/wav)")
+    ap.add_argument("--only", metavar="CASE", nargs="+", help="only these cases (golden data: the others kept)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         if args.compare:
-            compare(Path(d), args.compare)
+            compare(Path(d), args.compare, args.only)
         else:
-            generate(Path(d))
+            generate(Path(d), args.only)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Test session set-up: two simulated accelerators and Triton's CPU interpreter, so every
 multi-device and kernel path runs on a machine without a GPU. Set before torchggml or triton
 is imported by any test module."""
+import contextlib
 import os
 from pathlib import Path
 
@@ -60,3 +61,23 @@ def demo(demo_path):
 def llama_cpp():
     """llama-cpp-python (the llama.cpp oracle), or the test skips saying it is absent."""
     return pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the llama.cpp comparisons)")
+
+
+@contextlib.contextmanager
+def serving(model, model_id: str = "tiny", parallel: int = 1, api_key: str | None = None, loras=(), **state_options):
+    """`model` served in this process (fastapi's TestClient: an httpx client, also for the openai
+    and anthropic SDKs as their http_client), with LoRA adapters `loras` ((path, scale) as serve
+    --lora-scaled); the engine stopped afterwards."""
+    testclient = pytest.importorskip("fastapi.testclient", reason="the server extra is not installed")
+    from torchggml.server.app import ServerState, create_app
+    from torchggml.server.engine import Engine
+    engine = Engine(model, parallel)
+    state = ServerState(model, engine, model_id, **state_options)
+    if loras:
+        from torchggml.server.lora_adapters import load_adapters
+        state.lora_paths, state.lora_scales = load_adapters(model, engine, list(loras)), engine.lora
+    try:
+        with testclient.TestClient(create_app(state, api_key)) as client:
+            yield client
+    finally:
+        engine.stop()

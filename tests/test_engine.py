@@ -2,13 +2,15 @@
 freed and reused, cancellation, the queue bound."""
 from __future__ import annotations
 
+import os
 import threading
+import time
 
 import pytest
 
 from torchggml.models.generation import Generation
 from torchggml.models.sampling import SamplingParams
-from torchggml.server.engine import Engine, Job, QueueFull
+from torchggml.server.engine import Engine, Job, QueueFull, SlotError
 
 
 @pytest.fixture(scope="module")
@@ -131,5 +133,297 @@ def test_chat_prompt_uses_the_file_template_or_chatml(model, monkeypatch):
         monkeypatch.setattr(tok, "chat_template", "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{% endfor %}")
         ids, stops = state.chat_prompt(req)
         assert ids == model.tokenize("[user] Hi", parse_special=True) and stops == []
+    finally:
+        engine.stop()
+
+
+# ---------------------------------------------------------------- slots over one unified cache
+
+def _gen_job(model, ids, emit, max_tokens=6, cache_prompt=True, tokenizer=None, ignore_eos=False):
+    gen = Generation(tokenizer or model.tokenizer, ids, SamplingParams(temperature=0), max_tokens,
+                     ignore_eos=ignore_eos)
+    return Job(list(ids), emit, gen, cache_prompt=cache_prompt)
+
+
+def _run(engine, jobs):
+    """Submit the jobs together and wait for them: their generated tokens."""
+    out = Collector(len(jobs))
+    for j in jobs:
+        j.emit = out
+    engine.submit(jobs)
+    assert out.done.wait(120)
+    assert all(e[0] != "error" for e in out.events), [e for e in out.events if e[0] == "error"]
+    return [[c.token for c in j.gen.choices] for j in jobs]
+
+
+CONVERSATIONS = [[5, 9, 13, 2, 7, 21], [30, 4, 6, 8], [17, 17, 3, 40, 41, 42, 43], [60, 61]]
+NEXT_TURN = [11, 4, 6]
+
+
+def _second_turns(first_prompts, first_replies):
+    return [p + r + NEXT_TURN for p, r in zip(first_prompts, first_replies)]
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    """Each conversation's two replies, every prompt evaluated whole, one sequence at a time."""
+    engine = Engine(model, parallel=1)
+    try:
+        first = [_run(engine, [_gen_job(model, p, None, cache_prompt=False)])[0] for p in CONVERSATIONS]
+        second = [_run(engine, [_gen_job(model, p, None, cache_prompt=False)])[0]
+                  for p in _second_turns(CONVERSATIONS, first)]
+    finally:
+        engine.stop()
+    return first, second
+
+
+@pytest.mark.parametrize("parallel, cache_ram, concurrent", [
+    (1, 0, False), (4, 0, False), (1, 1 << 20, False), (4, 1 << 20, False),
+    (4, 0, True), (1, 1 << 20, True), (4, 1 << 20, True)])
+def test_conversations_with_the_caches_give_the_same_replies(model, reference, parallel, cache_ram, concurrent):
+    """Four conversations' two turns, one after another or submitted together: each reply equals the
+    reference's (temperature 0). Turn 2 finds turn 1's prompt in a slot or, where one slot cannot hold
+    four, in the host-memory cache; without it, one slot keeps only the last prompt."""
+    first_ref, second_ref = reference
+    engine = Engine(model, parallel=parallel, cache_ram=cache_ram)
+    try:
+        batches = [[p] for p in CONVERSATIONS] if not concurrent else [CONVERSATIONS]
+        first = [r for b in batches for r in _run(engine, [_gen_job(model, p, None) for p in b])]
+        jobs = [_gen_job(model, p, None) for p in _second_turns(CONVERSATIONS, first)]
+        second = [r for b in ([jobs] if concurrent else [[j] for j in jobs]) for r in _run(engine, b)]
+        assert (first, second) == (first_ref, second_ref)
+        cached = [j.n_cached for j in jobs]
+        if parallel == 4 or cache_ram:
+            assert cached == [len(p) for p in CONVERSATIONS]
+        else:  # one slot, no host cache: only the last first turn is still there
+            assert cached[:-1] == [0, 0, 0] and cached[-1] in (0, len(CONVERSATIONS[-1]))
+        if cache_ram and parallel == 1:  # each second turn found its first in the host cache
+            assert engine.prompt_cache.hits == 4 and engine.prompt_cache.restored_tokens == sum(cached)
+        assert engine.stats.cached_prompt_tokens == sum(cached)
+    finally:
+        engine.stop()
+
+
+def test_a_slot_may_use_the_whole_context(model):
+    """With 4 slots over 256 cells a request may hold far more than 256 / 4 of them."""
+    engine = Engine(model, parallel=4)
+    try:
+        job = _gen_job(model, list(range(3, 150)), None, max_tokens=60, ignore_eos=True)
+        _run(engine, [job])
+        assert job.gen.n_generated == 60 and job.gen.finish_reason == "length"
+    finally:
+        engine.stop()
+
+
+def test_a_request_that_does_not_fit_now_waits_for_the_cells(model):
+    """Two requests that each reserve more than half the cells run one after the other, and one behind
+    them waits its turn (first come, first served), though slots are free."""
+    engine = Engine(model, parallel=4)
+    try:
+        times = {}
+        out = Collector(3)
+
+        def emit(event):
+            times.setdefault((event[1], event[0]), time.perf_counter())
+            out(event)
+        jobs = [_gen_job(model, list(range(3, 123)), emit, max_tokens=10, ignore_eos=True),
+                _gen_job(model, list(range(4, 124)), emit, max_tokens=10, ignore_eos=True),
+                _gen_job(model, [60, 61], emit, max_tokens=4, ignore_eos=True)]
+        engine.submit(jobs)
+        assert out.done.wait(120)
+        assert times[(jobs[1], "token")] > times[(jobs[0], "done")]
+        assert times[(jobs[2], "token")] > times[(jobs[0], "done")]
+        assert all(j.gen.n_generated == j.gen.max_tokens for j in jobs)
+    finally:
+        engine.stop()
+
+
+def test_a_request_that_can_never_fit_is_refused(model):
+    engine = Engine(model, parallel=4)
+    try:
+        with pytest.raises(ValueError, match=r"needs 257 cells .* n_ctx=256"):
+            engine.submit([_gen_job(model, [5, 9, 13], None, max_tokens=254)])
+    finally:
+        engine.stop()
+
+
+# ---------------------------------------------------------------- slot files
+
+def _action(engine, slot, action, path=None):
+    return engine.slot_action(slot, action, path).result(timeout=60)
+
+
+@pytest.mark.parametrize("parallel, into", [(1, 0), (4, 0), (4, 3)])
+def test_a_restored_slot_serves_a_prompt_cache_hit(model, reference, tmp_path, parallel, into):
+    """Save a slot to a file, erase it, restore it (into another slot too): the next turn finds the
+    prompt there and replies as without any cache."""
+    first_ref, second_ref = reference
+    engine = Engine(model, parallel=parallel)
+    try:
+        job = _gen_job(model, CONVERSATIONS[0], None)
+        _run(engine, [job])
+        path = str(tmp_path / "conv.slot")
+        saved = _action(engine, job.seq_id, "save", path)
+        assert saved["n_saved"] == len(CONVERSATIONS[0]) and saved["n_written"] == os.path.getsize(path)
+        assert saved["filename"] == "conv.slot" and saved["timings"]["save_ms"] >= 0
+        assert _action(engine, job.seq_id, "erase") == {"id_slot": job.seq_id, "n_erased": len(CONVERSATIONS[0])}
+        assert model.n_past == 0
+        restored = _action(engine, into, "restore", path)
+        assert (restored["n_restored"], restored["n_read"]) == (len(CONVERSATIONS[0]), saved["n_written"])
+        second = _gen_job(model, _second_turns(CONVERSATIONS[:1], first_ref[:1])[0], None)
+        assert _run(engine, [second]) == [second_ref[0]]
+        assert second.seq_id == into and second.n_cached == len(CONVERSATIONS[0])
+    finally:
+        engine.stop()
+
+
+@pytest.fixture(scope="module")
+def other_model(tmp_path_factory):
+    from torchggml.gguf.writer.tiny import write_tiny_model
+    from torchggml.models import load_model
+    names = ("llama-moe", "mamba2", "granitehybrid")
+    d = tmp_path_factory.mktemp("tiny")
+    models = {n: load_model(write_tiny_model(d / f"{n}.gguf", n), n_ctx=64, progress=False) for n in names}
+    yield models
+    for m in models.values():
+        m.close()
+
+
+def _damage(path, how):
+    data = open(path, "rb").read()
+    if how == "truncated":
+        data = data[:-5]
+    elif how == "not a slot file":
+        data = b"GGUF" + data[4:]
+    elif how == "header":
+        data = data[:12] + b"[" + data[13:]
+    open(path, "wb").write(data)
+
+
+@pytest.mark.parametrize("how, message", [
+    ("truncated", "is truncated or damaged"), ("not a slot file", "is not a torchggml slot file"),
+    ("header", "its header is damaged"), ("missing", "does not exist"),
+    ("another model", r"was saved from another model or cache type \(differs in n_vocab, row_bytes, fingerprint\): "
+                      r"llama f16 cache, fingerprint \w{12}; this server: llama f16")])
+def test_a_slot_file_that_does_not_belong_is_refused(model, other_model, tmp_path, how, message):
+    engine = Engine(model, parallel=2)
+    other = Engine(other_model["llama-moe"], parallel=1) if how == "another model" else engine
+    try:
+        _run(engine, [_gen_job(model, CONVERSATIONS[1], None)])
+        path = str(tmp_path / "s.slot")
+        _action(engine, 0, "save", path)
+        if how == "missing":
+            os.remove(path)
+        elif how != "another model":
+            _damage(path, how)
+        with pytest.raises(SlotError, match="Unable to restore slot: .*" + message) as e:
+            _action(other, 1 if other is engine else 0, "restore", path)
+        assert e.value.status == 400
+    finally:
+        engine.stop()
+        if other is not engine:
+            other.stop()
+
+
+@pytest.mark.parametrize("slot, action, status, message", [
+    (4, "save", 400, "Invalid slot ID 4"), (-1, "erase", 400, "Invalid slot ID"),
+    (0, "bogus", 400, "Invalid action 'bogus'")])
+def test_slot_action_errors(model, slot, action, status, message):
+    engine = Engine(model, parallel=4)
+    try:
+        with pytest.raises(SlotError, match=message) as e:
+            engine.slot_action(slot, action, "/nonexistent/x")
+        assert e.value.status == status
+    finally:
+        engine.stop()
+
+
+# ---------------------------------------------------------------- recurrent and hybrid memories
+
+@pytest.mark.parametrize("name", ["mamba2", "granitehybrid"])
+def test_recurrent_and_hybrid_slots_never_reuse_and_cannot_be_saved(model, other_model, name, tmp_path):
+    """Their states cannot go back to a prompt's end: turn 2 is evaluated whole (and replies as it
+    does alone), the host cache stays empty, and save/restore answer 501 saying why."""
+    m = other_model[name]
+    first = [5, 9, 13, 2]
+    replies = {}
+    for cache in (True, False):
+        engine = Engine(m, parallel=2, cache_ram=1 << 20)
+        try:
+            one = _gen_job(m, first, None, tokenizer=model.tokenizer, cache_prompt=cache)
+            _run(engine, [one])
+            two = _gen_job(m, first + [c.token for c in one.gen.choices] + NEXT_TURN, None,
+                           tokenizer=model.tokenizer, cache_prompt=cache)
+            replies[cache] = _run(engine, [two])
+            assert two.n_cached == 0 and not engine.prompt_cache.entries
+            for action in ("save", "restore"):
+                with pytest.raises(SlotError, match=f"slot {action} needs a KV cache") as e:
+                    engine.slot_action(0, action, str(tmp_path / "x"))
+                assert e.value.status == 501
+            assert _action(engine, 0, "erase")["n_erased"] == 0
+        finally:
+            engine.stop()
+    assert replies[True] == replies[False]
+
+
+# ---------------------------------------------------------------- the host-memory prompt cache
+
+class _Cells:
+    def __init__(self, n):
+        self.n = n
+
+    def nbytes(self):
+        return 100 * self.n
+
+
+@pytest.mark.parametrize("limit, adds, kept", [
+    (10_000, [[1, 2, 3], [4, 5]], [[1, 2, 3], [4, 5]]),
+    (10_000, [[1, 2], [1, 2, 3]], [[1, 2, 3]]),              # an entry it extends is dropped
+    (10_000, [[1, 2, 3], [1, 2]], [[1, 2, 3]]),              # one that an entry holds is not stored
+    (700, [[1, 2, 3], [4, 5, 6], [7]], [[4, 5, 6], [7]]),    # least recently used out past the limit
+    (300, [[1, 2, 3, 4]], []),                               # larger than the whole limit: not kept
+])
+def test_the_host_cache_keeps_what_fits_least_recently_used_out(limit, adds, kept):
+    from torchggml.server.prompt_cache import PromptCache
+    cache = PromptCache(limit)
+    for tokens in adds:
+        cache.add(tokens, _Cells(len(tokens)))
+    assert [e.tokens for e in cache.entries.values()] == kept and cache.nbytes <= limit
+
+
+@pytest.mark.parametrize("prompt, n, tokens_left", [
+    ([1, 2, 3, 9], 3, [[4, 5, 6]]),      # a whole entry goes back to a slot: it leaves the cache
+    ([1, 2, 8], 2, [[4, 5, 6], [1, 2, 3]]),  # a part of one: it stays, most recently used
+    ([9], 0, [[1, 2, 3], [4, 5, 6]]),    # nothing shared
+])
+def test_the_host_cache_gives_the_longest_prefix(prompt, n, tokens_left):
+    from torchggml.server.prompt_cache import PromptCache
+    cache = PromptCache(10_000)
+    for tokens in ([1, 2, 3], [4, 5, 6]):
+        cache.add(tokens, _Cells(len(tokens)))
+    entry, got = cache.best(prompt)
+    assert got == n
+    if entry is not None:
+        cache.take(entry, got)
+    assert [e.tokens for e in cache.entries.values()] == tokens_left
+
+
+def test_a_failure_while_taking_a_slot_fails_that_request_only(model, monkeypatch):
+    """Copying a host-cache entry back fails: that request gets the error, its slot is cleared and
+    the engine serves the next request."""
+    engine = Engine(model, parallel=1, cache_ram=1 << 20)
+    try:
+        _run(engine, [_gen_job(model, CONVERSATIONS[0], None)])
+        _run(engine, [_gen_job(model, CONVERSATIONS[1], None)])  # the first prompt goes to the host cache
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("no room")
+        monkeypatch.setattr(model, "load_seq", broken)
+        out = Collector(1)
+        engine.submit([_gen_job(model, CONVERSATIONS[0] + NEXT_TURN, out)])
+        assert out.done.wait(60) and out.events[-1][0] == "error" and "no room" in out.events[-1][2]
+        monkeypatch.undo()
+        assert engine.free_slots == [0] and not engine.slot_tokens
+        assert _run(engine, [_gen_job(model, CONVERSATIONS[2], None)])[0]
     finally:
         engine.stop()

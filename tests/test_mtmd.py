@@ -6,6 +6,7 @@ libmtmd's. Also: the loader's keys and errors, preprocessing, and Model's embedd
 from __future__ import annotations
 
 import hashlib
+import inspect
 import io
 import json
 import math
@@ -32,6 +33,7 @@ from torchggml.mtmd.preprocess import dynamic_size, letterbox  # noqa: E402
 DATA = Path(__file__).resolve().parent / "data" / "mtmd"
 MANIFEST = json.loads((DATA / "manifest.json").read_text()) if (DATA / "manifest.json").exists() else None
 MAX_ERR_FLOAT, MAX_ERR_QUANT = 2e-3, 4e-2
+MP3_MAX_SAMPLE_DIFF, MP3_MAX_MEL_DIFF = 1e-4, 1e-3  # two mp3 decoders' rounding (measured 1.7e-5, 6.6e-5)
 
 
 def synthetic_image(width: int = 100, height: int = 75, seed: int = 7) -> np.ndarray:
@@ -74,7 +76,9 @@ def rel_err(ours, ref) -> float:
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("mtmd")
-    paths = {"text": Path(write_tiny_text_model(d / "text-gemma3.gguf"))}
+    paths = {"text": Path(write_tiny_text_model(d / "text-gemma3.gguf")),
+             **{f"text-{arch}": Path(write_tiny_text_model(d / f"text-{arch}.gguf", arch=arch))
+                for arch in ("qwen2vl", "qwen3vl")}}
     for name in MMPROJ_BY_NAME:
         for wt in ("F32", "Q8_0"):
             paths[f"{name}-{wt}"] = Path(write_tiny_mmproj(d / f"mmproj-{name}-{wt}.gguf", name, wt))
@@ -84,6 +88,20 @@ def files(tmp_path_factory):
 @pytest.fixture(scope="module")
 def text_model(files):
     model = load_model(files["text"], progress=False)
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def qwen2vl_text_model(files):
+    model = load_model(files["text-qwen2vl"], progress=False)
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def qwen3vl_text_model(files):
+    model = load_model(files["text-qwen3vl"], progress=False)
     yield model
     model.close()
 
@@ -98,6 +116,8 @@ def text_model(files):
     ("qwen2vl", "qwen2vl_merger", 2, "bicubic"),
     ("qwen25vl", "qwen2.5vl_merger", 2, "bicubic"),
     ("pixtral", "pixtral", 2, "bicubic"),
+    ("internvl", "internvl", 2, "bicubic"),
+    ("lfm2", "lfm2", 2, "bilinear"),
 ])
 def test_load_hparams(files, name, projector, n_merge, algo):
     mm = load_mmproj(files[f"{name}-F32"])
@@ -125,8 +145,8 @@ def _mmproj_with(path, **keys):
 
 
 @pytest.mark.parametrize("projector, words", [
-    ("internvl", "a type llama.cpp knows, not yet supported here"),
-    ("qwen3vl_merger", "a type llama.cpp knows, not yet supported here"),
+    ("kimivl", "a type llama.cpp knows, not yet supported here"),
+    ("glm4v", "a type llama.cpp knows, not yet supported here"),
     ("no-such-projector", "unknown to llama.cpp too"),
 ])
 def test_unsupported_projector_one_line(tmp_path, projector, words):
@@ -180,6 +200,74 @@ def test_dynamic_size(w, h, align, lo, hi, expect):
         beta = math.sqrt(lo / (h * w))
         wb, hb = math.ceil(w * beta / align) * align, math.ceil(h * beta / align) * align
     assert dynamic_size(w, h, align, lo, hi) == (wb, hb) == expect
+
+
+@pytest.mark.parametrize("lo, hi, expect", [
+    (1, 6, [(1, 1), (1, 2), (1, 3), (1, 4), (1, 5), (1, 6), (2, 1), (2, 2), (2, 3), (3, 1), (3, 2), (4, 1),
+            (5, 1), (6, 1)]),
+    (2, 4, [(2, 2)]),   # clip.cpp's loops: a from lo, and b from lo too
+])
+def test_internvl_candidates(lo, hi, expect):
+    from torchggml.mtmd.loader import internvl_candidates
+    assert internvl_candidates(10, lo, hi) == tuple((10 * a, 10 * b) for a, b in expect)
+
+
+@pytest.mark.parametrize("size, expect", [
+    ((100, 75), (128, 128)),    # every candidate that keeps all 7500 pixels, the least wasteful
+    ((640, 488), (192, 128)),   # none keeps them all: the one keeping most (3 x 2)
+    ((200, 40), (256, 64)),     # wide: 4 x 1
+])
+def test_best_resolution(size, expect):
+    from torchggml.mtmd.loader import internvl_candidates
+    from torchggml.mtmd.preprocess import best_resolution
+    assert best_resolution(*size, internvl_candidates(64, 1, 6)) == expect
+
+
+@pytest.mark.parametrize("name", ["internvl", "llava16"])
+def test_slices_then_overview(files, name):
+    """Slices row by row, then the overview (libmtmd's order); a small image is the overview alone."""
+    mm = load_mmproj(files[f"{name}-F32"])
+    pre = preprocess(synthetic_image(), mm.projector, mm.vision)
+    assert [(t.kind, t.row, t.col) for t in pre.tiles] == \
+        [("slice", 0, 0), ("slice", 0, 1), ("slice", 1, 0), ("slice", 1, 1), ("overview", 0, 0)]
+    assert pre.grid == (2, 2)
+    assert [t.kind for t in preprocess(synthetic_image(64, 40), mm.projector, mm.vision).tiles] == ["overview"]
+    mm.close()
+
+
+def test_llava16_pinpoints(files):
+    mm = load_mmproj(files["llava16-F32"])
+    assert mm.vision.res_candidates == ((64, 128), (128, 64), (128, 128), (192, 64))
+    assert (mm.vision.resize_pad_ov, mm.vision.resize_pad_rf, mm.vision.pad_color_rf) == ("none", "ceil", (0, 0, 0))
+    mm.close()
+    mm = load_mmproj(files["mlp-F32"])
+    assert mm.vision.res_candidates == ()
+    mm.close()
+
+
+@pytest.mark.parametrize("size, expect", [
+    ((640, 488), (3, 2)),     # libmtmd's grid for test-1.jpeg
+    ((1000, 500), (2, 1)),    # aspect 2 exactly: (4, 2) ties, but the image covers under half of it
+    ((2000, 1000), (4, 2)),   # the same tie, the image over half of (4, 2)'s area
+    ((500, 2000), (1, 4)),
+])
+def test_lfm2_grid(size, expect):
+    from torchggml.mtmd.preprocess import lfm2_grid
+    assert lfm2_grid(*size) == expect
+
+
+@pytest.mark.parametrize("size, tile", [
+    ((640, 488), True),
+    ((100, 75), False),
+    ((360, 360), False),      # 22.5 merged patches a side round half to even: 352^2 is within 2 x 256 tokens
+    ((376, 376), True),
+])
+def test_lfm2_should_tile(files, size, tile):
+    from torchggml.mtmd.preprocess import lfm2_should_tile
+    mm = load_mmproj(files["lfm2-F32"])
+    assert (mm.vision.min_pixels, mm.vision.max_pixels) == (64 * 256, 256 * 256)
+    assert lfm2_should_tile(*size, mm.vision) is tile
+    mm.close()
 
 
 def test_image_sources_agree(tmp_path):
@@ -254,11 +342,18 @@ def test_embeddings_vs_libmtmd(files, key):
 
 @needs_golden
 @pytest.mark.parametrize("key", [k for k in GOLDEN if "logits" in MANIFEST["cases"][k]])
-def test_prompt_layout_and_logits_vs_libmtmd(files, text_model, key):
+def test_prompt_layout_and_logits_vs_libmtmd(files, request, key):
     """[text, image or audio, text] through Multimodal: the text chunks' token ids equal
-    libmtmd's, and the logits after the prompt llama.cpp's (Gemma 3 reads its image non-causally)."""
-    assert sha256(files["text"]) == MANIFEST["text_model_sha256"]
+    libmtmd's, and the logits after the prompt llama.cpp's (Gemma 3 reads its image non-causally;
+    Qwen3-VL's text model places the image in 2-D M-RoPE positions and adds its deepstack slices)."""
     entry, ref = MANIFEST["cases"][key], np.load(DATA / f"{key}.npz")
+    arch = entry.get("text", "gemma3")
+    if arch == "gemma3":
+        assert sha256(files["text"]) == MANIFEST["text_model_sha256"]
+        text_model = request.getfixturevalue("text_model")
+    else:
+        assert sha256(files[f"text-{arch}"]) == MANIFEST[f"text_model_{arch}_sha256"]
+        text_model = request.getfixturevalue(f"{arch}_text_model")
     mm = Multimodal(text_model, load_mmproj(files[key]))
     before, after = MANIFEST["prompt"].split("<__media__>")
     media = Audio(synthetic_audio()) if is_audio(key) else Image(synthetic_image())
@@ -360,6 +455,40 @@ def test_generate_with_embeddings(text_model):
         assert choices == []
     else:
         assert choices[0].token == first
+
+
+def test_mrope_image_positions(qwen3vl_text_model, monkeypatch):
+    """An image of 3 x 2 tokens after 4 text tokens: rotary positions (4, 4 + row, 4 + column, 0);
+    the text after it continues at 4 + max(3, 2) = 7, as llama.cpp's M-RoPE images; a prefix cut
+    before the image forgets the jump, one after it keeps it."""
+    m = qwen3vl_text_model
+    m.reset()
+    m.eval([1, 50, 60, 70])
+    rows = torch.randn(6, m.hp.n_embd_inp, generator=torch.Generator().manual_seed(2))
+    seen, real = [], m._eval_ubatch
+
+    def spy(*args, **kwargs):  # the rotary positions the micro-batch is given
+        seen.append(inspect.signature(real).bind(*args, **kwargs).arguments["rope4"])
+        return real(*args, **kwargs)
+    monkeypatch.setattr(m, "_eval_ubatch", spy)
+    m.eval_embeddings(rows, grid=(3, 2))
+    monkeypatch.undo()
+    assert seen[0].tolist() == [[4] * 6, [4, 4, 4, 5, 5, 5], [4, 5, 6, 4, 5, 6], [0] * 6]
+    kv = m.memory
+    assert kv.seq_len(0) == 10
+    assert kv.rope_positions(np.array([0, 0]), np.array([10, 11], np.int32)).tolist() == [7, 8]
+    kv.keep_prefix(0, 10)
+    assert kv.rope_positions(np.array([0]), np.array([10], np.int32)).tolist() == [7]
+    kv.keep_prefix(0, 6)
+    assert kv.rope_positions(np.array([0]), np.array([6], np.int32)).tolist() == [6]
+    m.reset()
+
+
+@pytest.mark.parametrize("grid, message", [((4, 2), "grid 4x2 is not the 6 rows given")])
+def test_mrope_grid_must_match(qwen3vl_text_model, grid, message):
+    qwen3vl_text_model.reset()
+    with pytest.raises(ValueError, match=message):
+        qwen3vl_text_model.eval_embeddings(torch.zeros(6, qwen3vl_text_model.hp.n_embd_inp), grid=grid)
 
 
 def test_mmproj_width_must_match(files, text_model, tmp_path):
@@ -481,13 +610,97 @@ def test_load_audio_wav(tmp_path, channels):
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda p: _wav(p, synthetic_audio(0.1), rate=44100), "44100 Hz; the encoder needs 16000 Hz"),
+    (lambda p: _wav(p, synthetic_audio(0.1), width=1), "8-bit PCM; 16 or 32-bit PCM WAV files are read"),
     (lambda p: (p.write_bytes(b"RIFF....not a wav"), p)[1], "not a WAV file"),
 ])
 def test_load_audio_errors(tmp_path, make, message):
     from torchggml.mtmd import load_audio
     with pytest.raises(ValueError, match=message):
         load_audio(make(tmp_path / "a.wav"))
+
+
+@pytest.mark.parametrize("name, stack, n_tokens", [("qwen2a", 1, 750), ("ultravox", 4, 375), ("voxtral", 5, 150)])
+def test_audio_stack_factor(files, name, stack, n_tokens):
+    """A 30 s chunk's 1500 encoder frames: qwen2a and voxtral pool pairs; ultravox and voxtral
+    stack `stack` frames as one row."""
+    mm = load_mmproj(files[f"{name}-F32"])
+    assert mm.audio.stack_factor == stack
+    enc = Encoder(mm)
+    assert enc.encode_mel(torch.zeros(16, 3000)).shape == (n_tokens, 64)
+    enc.close()
+    mm.close()
+
+
+def test_stack_frames_pads_the_last_row():
+    """7 frames of 2 stacked by 3: rows of 6, the last row's missing frames zeros (llama.cpp's build_stack)."""
+    import torchggml as ggml
+    from torchggml.context import Context, new_tensor_2d
+    from torchggml.graph import build_forward_expand, new_graph
+    from torchggml.mtmd.whisper import stack_frames
+    from torchggml.types import Type
+    ctx = Context(no_alloc=True)
+    x = new_tensor_2d(ctx, Type.F32, 2, 7)
+    out = stack_frames(ctx, x, 3)
+    graph = new_graph(ctx)
+    build_forward_expand(graph, out)
+    cpu = ggml.backend_cpu_init()
+    buffer = ggml.backend_alloc_ctx_tensors(ctx, cpu)
+    ggml.backend_tensor_set(x, torch.arange(14, dtype=torch.float32))
+    ggml.backend_graph_compute(cpu, graph)
+    assert out.ne[:2] == [6, 3]
+    expect = torch.cat([torch.arange(14, dtype=torch.float32), torch.zeros(4)]).reshape(3, 6)
+    assert torch.equal(ggml.backend_tensor_get(out).reshape(3, 6), expect)
+    ggml.backend_buffer_free(buffer)
+    ggml.backend_free(cpu)
+
+
+def wav_44k(path):
+    """The 44.1 kHz WAV of scripts/gen_mtmd_golden.py (kept equal: libmtmd decoded it)."""
+    import wave
+    t = np.arange(44100 // 2) / 44100.0
+    rng = np.random.default_rng(7)
+    x = 0.3 * np.sin(2 * np.pi * 440 * t) + 0.2 * np.sin(2 * np.pi * 1234 * t) + 0.05 * rng.normal(size=t.size)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(44100)
+        w.writeframes((np.clip(x, -1, 1) * 32767).astype(np.int16).tobytes())
+    return path
+
+
+@needs_golden
+def test_resampling_is_miniaudios(tmp_path):
+    """A 44.1 kHz WAV resampled to 16 kHz equals libmtmd's decode (miniaudio's linear resampler)
+    sample for sample."""
+    from torchggml.mtmd import load_audio
+    ours, theirs = load_audio(wav_44k(tmp_path / "a.wav")), np.load(DATA / "decode.npz")["wav"]
+    assert ours.shape == theirs.shape and np.array_equal(ours, theirs)
+
+
+@needs_golden
+def test_mp3_decoding_vs_libmtmd(files):
+    """An mp3 (44.1 kHz) through soundfile (libsndfile's mpg123) and our resampler, against
+    libmtmd's (dr_mp3 and miniaudio's resampler): the decoders differ by float rounding."""
+    soundfile = pytest.importorskip("soundfile", reason="the audio extra (soundfile) is not installed")
+    if "MP3" not in soundfile.available_formats():
+        pytest.skip(f"libsndfile {soundfile.__libsndfile_version__} reads no mp3 (1.1 or newer does)")
+    from torchggml.mtmd import load_audio
+    ours, theirs = load_audio(DATA / "tone-44k.mp3"), np.load(DATA / "decode.npz")["mp3"]
+    assert ours.shape == theirs.shape
+    assert float(np.abs(ours - theirs).max()) <= MP3_MAX_SAMPLE_DIFF
+    mm = load_mmproj(files["qwen2a-F32"])
+    mel_ours, mel_theirs = log_mel(ours, mm.audio), log_mel(theirs, mm.audio)
+    assert max(float((a - b).abs().max()) for a, b in zip(mel_ours, mel_theirs)) <= MP3_MAX_MEL_DIFF
+    mm.close()
+
+
+@pytest.mark.parametrize("n, rate_in, rate_out, n_out", [(441, 44100, 16000, 160), (1000, 48000, 16000, 333),
+                                                         (100, 8000, 16000, 200), (50, 16000, 16000, 50)])
+def test_resample_lengths(n, rate_in, rate_out, n_out):
+    """floor(n * rate_out / rate_in) samples, the first the filter's zero state (miniaudio's)."""
+    from torchggml.mtmd.audio import resample
+    y = resample(np.ones(n, np.float32), rate_in, rate_out)
+    assert y.size == n_out and (rate_in == rate_out or y[0] == 0.0)
 
 
 def test_audio_hparams_and_chunks(files):

@@ -125,3 +125,33 @@ def test_embed_is_the_hidden_state_before_the_head(demo):
     demo.reset()
     with pytest.raises(ValueError, match="pooling"):
         demo.embed(ids, pooling="max")
+
+
+LOGITS = [2.0, 1.0, 0.5, -1.0]
+BIAS = [  # (logit_bias, the greedy token)
+    ((), 0),
+    (((0, -math.inf),), 1),             # banned (false in a request)
+    (((0, -math.inf), (1, -math.inf)), 2),
+    (((3, 3.5),), 3),                   # -1 + 3.5 > 2
+    (((3, 1.5), (3, 1.6)), 3),          # a token listed twice gets both biases
+    (((2, 1.0),), 0),                   # 1.5 < 2
+]
+
+
+@pytest.mark.parametrize("bias,token", BIAS)
+def test_logit_bias_is_added_before_the_chain(bias, token):
+    """llama.cpp's logit-bias sampler: added to the logits first (the greedy pick moves), while the
+    reported log-probabilities stay the model's own."""
+    logits = torch.tensor(LOGITS)
+    choice = Sampler(SamplingParams(temperature=0, logit_bias=bias, logprobs=1)).sample(logits)
+    assert choice.token == token
+    assert choice.logprob == pytest.approx(float(torch.log_softmax(logits.double(), -1)[token]))
+    drawn = {Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, logit_bias=bias, seed=s)).sample(logits).token
+             for s in range(40)}
+    assert not drawn & {t for t, b in bias if b == -math.inf}
+
+
+@pytest.mark.parametrize("bias", [((0, math.nan),), ((0, math.inf),)])
+def test_logit_bias_must_be_finite_or_a_ban(bias):
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias=bias)

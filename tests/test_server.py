@@ -86,8 +86,14 @@ def http(url: str, body: bytes | str | None = None, key: str | None = None, meth
 
 
 @pytest.fixture(scope="module")
-def server():
-    s = Server("--parallel", "4", "--queue-size", "32", "--api-key", KEY)
+def slot_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("slots")
+
+
+@pytest.fixture(scope="module")
+def server(slot_dir):
+    s = Server("--parallel", "4", "--queue-size", "32", "--api-key", KEY, "--slot-save-path", str(slot_dir),
+               "--cache-ram", "16")
     yield s
     s.stop()
 
@@ -291,7 +297,10 @@ BAD = [  # (what, path, body, status, param)
      '{"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "bogus"}}}}',
      400, "response_format"),
     ("invalid grammar", "/v1/completions", '{"prompt": "x", "grammar": "root ::= ("}', 400, "grammar"),
-    ("unsupported logit_bias", "/v1/completions", '{"prompt": "x", "logit_bias": {"1": 5}}', 400, "logit_bias"),
+    ("logit_bias id outside the vocabulary", "/v1/completions", '{"prompt": "x", "logit_bias": {"99999": 5}}', 400,
+     "logit_bias"),
+    ("prompt and max_tokens longer than the context", "/v1/completions",
+     '{"prompt": "x", "max_tokens": 600}', 400, "max_tokens"),
     ("image without --mmproj", "/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}), 400, "messages"),
     ("unknown endpoint", "/v1/nothing", '{}', 404, None),
@@ -425,3 +434,47 @@ def test_llama_server_endpoints(server, demo):
     status, slots = http(url + "/slots", key=KEY)
     assert status == 200 and [s["id"] for s in slots] == [0, 1, 2, 3]
     assert http(url + "/props")[0] == 401  # the API key holds here too
+
+
+SLOT_ERRORS = [  # (what, path, body, status, message)
+    ("path traversal", "/slots/0?action=save", {"filename": "../x.slot"}, 400, "Invalid filename"),
+    ("a folder in the name", "/slots/0?action=restore", {"filename": "a/b"}, 400, "Invalid filename"),
+    ("a dot name", "/slots/0?action=save", {"filename": ".."}, 400, "Invalid filename"),
+    ("no filename", "/slots/0?action=save", {}, 400, "filename"),
+    ("an absent file", "/slots/0?action=restore", {"filename": "nothing.slot"}, 400, "does not exist"),
+    ("no such slot", "/slots/7?action=erase", {}, 400, "Invalid slot ID 7"),
+    ("no such action", "/slots/0?action=keep", {}, 400, "Invalid action 'keep'"),
+]
+
+
+@pytest.mark.parametrize("what,path,body,status,message", SLOT_ERRORS, ids=[e[0] for e in SLOT_ERRORS])
+def test_slot_action_errors(server, what, path, body, status, message):
+    code, answer = http(server.url + path, json.dumps(body), KEY)
+    assert code == status and message in answer["error"]["message"], answer
+
+
+def test_slot_save_restore_and_erase_as_llama_server(server, slot_dir, server1):
+    """A slot saved to a file, erased and restored answers the next turn from its cells: the reply
+    is the one without the cache. Without --slot-save-path the actions answer 501."""
+    c, url = server.client(), server.url
+    for slot in range(4):  # no cached prompt anywhere: the next request's slot is the one that holds one
+        assert http(url + f"/slots/{slot}?action=erase", "{}", KEY)[0] == 200
+    prompt = "Slots keep their prompts in files"
+    c.completions.create(model=server.model_id, prompt=prompt, max_tokens=4, temperature=0)
+    slot = next(s["id"] for s in http(url + "/slots", key=KEY)[1] if s["n_prompt_tokens_cached"])
+    status, saved = http(url + f"/slots/{slot}?action=save", json.dumps({"filename": "a.slot"}), KEY)
+    assert status == 200 and saved["n_saved"] > 0 and saved["n_written"] == (slot_dir / "a.slot").stat().st_size
+    assert set(saved) == {"id_slot", "filename", "n_saved", "n_written", "timings"}
+    status, erased = http(url + f"/slots/{slot}?action=erase", "{}", KEY)
+    assert status == 200 and erased == {"id_slot": slot, "n_erased": saved["n_saved"]}
+    status, restored = http(url + "/slots/3?action=restore", json.dumps({"filename": "a.slot"}), KEY)
+    assert status == 200 and (restored["n_restored"], restored["n_read"]) == (saved["n_saved"], saved["n_written"])
+    before = server.metrics()["torchggml_prompt_tokens_cached_total"]
+    longer = prompt + " and read them back"
+    hit = c.completions.create(model=server.model_id, prompt=longer, max_tokens=6, temperature=0)
+    assert server.metrics()["torchggml_prompt_tokens_cached_total"] - before == saved["n_saved"]
+    fresh = c.completions.create(model=server.model_id, prompt=longer, max_tokens=6, temperature=0,
+                                 extra_body={"cache_prompt": False})
+    assert hit.choices[0].text == fresh.choices[0].text
+    code, answer = http(server1.url + "/slots/0?action=save", json.dumps({"filename": "a.slot"}), KEY)
+    assert code == 501 and "--slot-save-path" in answer["error"]["message"]

@@ -501,3 +501,44 @@ def test_a_vocabulary_whose_bytes_are_not_tokens_is_not_rwkv():
                                    "tokenizer.ggml.unknown_token_id": 0}, source="w.gguf")
     with pytest.raises(TokenizerError, match=r"^w\.gguf: not an RWKV vocabulary: byte 0x62 begins tokens"):
         tok.tokenize("a")
+
+
+FIM_TEXTS = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|fim_repo|>", "<|file_sep|>"]
+FIM_KEYS = ["fim_pre_token_id", "suffix_token_id", "fim_mid_token_id", "fim_pad_token_id", "fim_rep_token_id",
+            "fim_sep_token_id"]  # suffix_token_id: llama.cpp's deprecated key, still read
+
+
+def fim_vocab(out, how: str, source: str | None = None) -> str:
+    """The demo model's file with FIM tokens in its last six ids: found by their texts (how
+    "texts", Qwen's), or named by metadata keys on other texts (how "keys"); "none": as it is."""
+    from torchggml.gguf.writer.demo import demo_model_path
+    from torchggml.gguf.writer.rewrite import header_parts, serialize
+    kvs, tensors, alignment, data = header_parts(source or demo_model_path())
+    if how != "none":
+        values = {k: v for k, _, v in kvs}
+        tokens, types = list(values["tokenizer.ggml.tokens"]), list(values["tokenizer.ggml.token_type"])
+        first = len(tokens) - len(FIM_TEXTS)
+        gone = set(tokens[first:])
+        names = FIM_TEXTS if how == "texts" else [f"<X{i}>" for i in range(len(FIM_TEXTS))]
+        tokens[first:], types[first:] = names, [3] * len(names)
+        merges = [m for m in values["tokenizer.ggml.merges"] if m.replace(" ", "") not in gone]
+        replaced = {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": merges}
+        kvs = [[k, t, replaced.get(k, v)] for k, t, v in kvs]
+        if how == "keys":
+            kvs += [[f"tokenizer.ggml.{key}", "uint32", first + i] for i, key in enumerate(FIM_KEYS)]
+    Path(out).write_bytes(serialize(kvs, tensors, alignment, data))
+    return str(out)
+
+
+@pytest.mark.parametrize("how", ["texts", "keys", "none"])
+def test_fim_tokens_are_llama_cpps(how, tmp_path):
+    """Tokenizer.fim_ids: the FIM tokens llama.cpp's vocabulary finds (by key, else by text)."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (the oracle) is not installed")
+    path = fim_vocab(tmp_path / f"fim-{how}.gguf", how)
+    ref = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+    vocab = llama_cpp.llama_model_get_vocab(ref.model)
+    expect = {name: getattr(llama_cpp, f"llama_vocab_fim_{name}")(vocab) for name in ("pre", "suf", "mid", "pad",
+                                                                                        "rep", "sep")}
+    got = Tokenizer.from_gguf(path).fim_ids
+    assert {k: -1 if v is None else v for k, v in got.items()} == expect
+    assert (how == "none") == (got["pre"] is None)

@@ -1,6 +1,7 @@
 """The `serve` subcommand:
 
     torchggml serve [MODEL] [--host 127.0.0.1] [--port 8080] [--parallel N] [--api-key KEY]
+                    [--cache-ram MIB] [--slot-save-path DIR]
                     [--timeout S] [--max-body-size BYTES] [--max-connections N] ...
                     [--mmproj FILE [--media-path DIR]]
                     [model options as `run`: -d, -ngl, -ts, -tp, -c, -b, -fa, -ctk, -t]
@@ -44,11 +45,19 @@ def cmd_serve(args) -> int:
         if getattr(args, name) <= 0:
             raise ValueError(f"serve: --{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     load_kernel_files(getattr(args, "kernels", None) or [])  # --kernels: registered before the model loads
-    params = model_params(args).with_options(progress=False)
+    if args.parallel < 1:
+        raise ValueError(f"serve: --parallel must be at least 1, got {args.parallel}")
+    if args.cache_ram < 0:
+        raise ValueError(f"serve: --cache-ram must not be negative, got {args.cache_ram}")
+    if args.slot_save_path is not None and not os.path.isdir(args.slot_save_path):
+        raise ValueError(f"serve: --slot-save-path {args.slot_save_path!r} is not a directory")
+    # recurrent and hybrid models keep one state per slot
+    params = model_params(args).with_options(progress=False, n_seq_max=args.parallel)
     api_key = args.api_key or config.value("TORCHGGML_API_KEY") or None
     state = ServerState(None, None, args.alias or os.path.basename(path), args.pooling,
                         Limits(max_body_bytes=args.max_body_size), args.strict_model_name,
-                        args.request_timeout or None, args.reasoning_format, args.media_path)
+                        args.request_timeout or None, args.reasoning_format, args.media_path,
+                        slot_save_path=args.slot_save_path)
     app = create_app(state, api_key, args.timeout)
     held = {}
     failed = []
@@ -72,13 +81,20 @@ def cmd_serve(args) -> int:
                 held["mm"] = mm = Multimodal(model, load_mmproj(args.mmproj, model.placement.input))
                 print(f"{args.mmproj}: projector {mm.mmproj.projector}", file=sys.stderr)
             held["engine"] = engine = Engine(model, args.parallel, args.queue_size, draft=draft,
-                                             n_draft=args.draft_max)
+                                             n_draft=args.draft_max, cache_ram=args.cache_ram << 20)
+            loras = [(path, 1.0) for path in args.lora or []] + [(p, float(x)) for p, x in args.lora_scaled or []]
+            if loras:
+                from ..server.lora_adapters import load_adapters
+                if args.lora_init_without_apply:
+                    loras = [(path, 0.0) for path, _ in loras]
+                state.lora_paths = load_adapters(model, engine, loras)
+                state.lora_scales = engine.lora
             state.attach(model, engine, mm)
             from ..models.warmup import install as notice_compiles
             notice_compiles()  # a line for each kernel whose compiling runs past a second
             state.warm_up()
-            print(f"serving {state.model_id} on http://{args.host}:{args.port} ({args.parallel} parallel, "
-                  f"{engine.slot_ctx} tokens of context each{', API key required' if api_key else ''})",
+            print(f"serving {state.model_id} on http://{args.host}:{args.port} ({args.parallel} slots over one "
+                  f"context of {engine.slot_ctx} tokens{', API key required' if api_key else ''})",
                   file=sys.stderr)
         except BaseException as e:  # the server cannot serve: stop it, and say why
             failed.append(e)
@@ -111,15 +127,22 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("model", nargs="?", help="GGUF file (default: the built-in demo model)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on")
-    p.add_argument("-np", "--parallel", type=int, default=1, metavar="N",
-                   help="sequences decoded together (slots; each gets n_ctx / N tokens of context)")
+    p.add_argument("-np", "--parallel", type=int, default=4, metavar="N",
+                   help="slots: sequences decoded together over one KV cache of n_ctx cells, which any of them "
+                        "may fill while the others are idle (default 4, as llama-server)")
+    p.add_argument("-cram", "--cache-ram", type=int, default=8192, metavar="MIB",
+                   help="host-memory prompt cache: prompts whose cells a slot gave up are kept with their KV cells, "
+                        "up to MIB mebibytes (default 8192, as llama-server; 0: none)")
+    p.add_argument("--slot-save-path", default=None, metavar="DIR",
+                   help="folder for POST /slots/{id}?action=save|restore files (default: slot actions off)")
     p.add_argument("--queue-size", type=int, default=64, metavar="N",
                    help="requests' sequences that may wait for a slot; more are refused with 503")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' (also $TORCHGGML_API_KEY)")
     p.add_argument("--alias", default=None, metavar="NAME", help="the model's name in the API (default: file name)")
-    p.add_argument("--pooling", choices=("mean", "cls", "last"), default=None,
-                   help="embeddings' pooling (default: the file's pooling type, mean when it has none)")
+    p.add_argument("--pooling", choices=("mean", "cls", "last", "rank"), default=None,
+                   help="embeddings' pooling (default: the file's pooling type, mean when it has none); rank: "
+                        "a reranker's classifier head, for /v1/rerank")
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
                    help="the HTTP server's log level")
     add_chat_template_option(p)
@@ -141,6 +164,13 @@ def add_subcommands(subparsers) -> None:
                    help="open connections and requests at once; past it new requests get 503 (default 256)")
     p.add_argument("--strict-model-name", action="store_true",
                    help="answer 404 to a request naming another model (default: serve any name, as llama-server)")
+    p.add_argument("--lora", action="append", metavar="FILE",
+                   help="a LoRA adapter (GGUF, llama.cpp's format) at scale 1; repeat for several; their scales: "
+                        "POST /lora-adapters, or a request's lora field")
+    p.add_argument("--lora-scaled", action="append", nargs=2, metavar=("FILE", "SCALE"),
+                   help="a LoRA adapter at this scale")
+    p.add_argument("--lora-init-without-apply", action="store_true",
+                   help="load the adapters at scale 0 (apply them later: POST /lora-adapters)")
     p.add_argument("--mmproj", default=None, metavar="FILE",
                    help="the model's multimodal projector (mmproj GGUF): image_url and input_audio parts in chats")
     p.add_argument("--media-path", default=None, metavar="DIR",

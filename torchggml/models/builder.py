@@ -22,7 +22,7 @@ from ..graph import CGraph, new_graph_custom, build_forward_expand
 from ..tensor import Tensor, set_name, set_input, set_output
 from ..types import Type
 from .hparams import HParams, KeyReader
-from .kv_cache import KVCache
+from .kv_cache import KVCache, relative_position_buckets
 
 
 # ---------------------------------------------------------------- weights
@@ -101,11 +101,12 @@ class LayerLoader:
         return f"blk.{self.il}.{name}.weight" in self.w.tensors
 
 
-_LAYER_RE = re.compile(r"^blk\.(\d+)\.")
+_LAYER_RE = re.compile(r"^(?:enc\.|dec\.)?blk\.(\d+)\.")  # enc./dec.: T5's encoder and decoder layers
 
 
 def tensor_layer(name: str) -> int | None:
-    """The layer a weight belongs to ("blk.3.attn_q.weight" -> 3), None for the others."""
+    """The layer a weight belongs to ("blk.3.attn_q.weight", "enc.blk.3.attn_q.weight" -> 3), None for
+    the others."""
     m = _LAYER_RE.match(name)
     return int(m.group(1)) if m else None
 
@@ -275,11 +276,16 @@ def bind_weights(arch: Arch, tensors: dict, hp: HParams, path: str) -> Weights:
     loaded Tensors after)."""
     w = Weights(tensors, path, arch)
     arch.load_weights(w, hp)
+    if hp.n_layer_nextn:  # the skipped prediction blocks' tensors count as read (llama.cpp's TENSOR_SKIP)
+        w.used.update(n for n in w.tensors if (tensor_layer(n) or 0) >= hp.n_layer)
     w.check_all_used()
     return w
 
 
 # ---------------------------------------------------------------- the graph
+
+POSITIONS_4D = "inp_pos_4d"  # the graph input of multi-axis RoPE positions (positions_4d)
+
 
 @dataclass
 class ModelGraph:
@@ -299,10 +305,15 @@ class ModelGraph:
     s_ids: Tensor | None = None  # I32 [n_seqs]: the recurrent state slot of each sequence
     io: BoundIO = field(default_factory=BoundIO)  # its inputs and logits, written and read every step
     embd: Tensor | None = None  # F32 [n_embd, n_tokens]: input embeddings instead of `tokens` (None then)
+    # T5: I32 [n_kv, n_tokens] relative position buckets with (n_buckets, bidirectional), and the
+    # encoder's output F32 [n_embd, n_cross] the decoder's cross-attention reads (None: none)
+    buckets: tuple | None = None
+    cross: Tensor | None = None
+    sched: object = None        # the scheduler it is allocated on (None: the model's own)
 
 
 def graph_size(hp: HParams) -> int:
-    per_layer = 64 + (4 * hp.n_expert_used + 32 if hp.n_expert else 0)
+    per_layer = hp.nodes_per_layer + (4 * hp.n_expert_used + 32 if hp.n_expert else 0)
     return max(1024, per_layer * hp.n_layer + 256)
 
 
@@ -323,7 +334,8 @@ class GraphBuilder:
     unscaled (llama.cpp scales only looked-up token embeddings, e.g. Gemma's sqrt(n_embd))."""
 
     def __init__(self, ctx, hp: HParams, memory: Memory, n_tokens: int, n_kv: int, flash_attn: bool = False,
-                 n_outputs: int | None = None, embeddings: bool = False, n_seqs: int = 1, from_embd: bool = False):
+                 n_outputs: int | None = None, embeddings: bool = False, n_seqs: int = 1, from_embd: bool = False,
+                 n_cross: int = 0):
         n_outputs = n_tokens if n_outputs is None else int(n_outputs)
         if not 0 <= n_outputs <= n_tokens:
             raise ValueError(f"graph: n_outputs={n_outputs} must lie in [0, n_tokens={n_tokens}]")
@@ -338,7 +350,7 @@ class GraphBuilder:
         self.n_tokens, self.n_kv, self.flash_attn, self.n_outputs = n_tokens, n_kv, flash_attn, n_outputs
         self.embeddings = embeddings  # output the final norm's hidden states instead of the logits
         self.tokens = None if from_embd else self._input(Type.I32, n_tokens, name="inp_tokens")
-        self.inp_embd = self._input(Type.F32, hp.n_embd, n_tokens, name="inp_embd") if from_embd else None
+        self.inp_embd = self._input(Type.F32, hp.n_embd_inp, n_tokens, name="inp_embd") if from_embd else None
         self.positions = self._input(Type.I32, n_tokens, name="inp_pos")
         self.kv_idx = self._input(Type.I64, n_tokens, name="inp_kv_idx")
         self.masks = {0: self._input(Type.F16, n_kv, n_tokens, name="inp_kq_mask")}
@@ -347,7 +359,10 @@ class GraphBuilder:
         self.position_inputs: list = []
         self.out_ids = self._input(Type.I32, n_outputs, name="inp_out_ids") if 0 < n_outputs < n_tokens else None
         self.cache_views: list[Tensor] = []  # every layer's K/V views on its cache writes
+        self.layer_cells: dict[int, tuple[Tensor, Tensor]] = {}  # layer -> its K/V views (shared KV reads them)
         self._pos4: Tensor | None = None  # positions_4d, made on first use
+        self.buckets: tuple | None = None  # relative_bias's input, made on first use
+        self.cross = self._input(Type.F32, hp.n_embd, n_cross, name="inp_cross_embd") if n_cross else None
 
     def _input(self, type, *ne, name):
         t = (new_tensor_1d if len(ne) == 1 else new_tensor_2d)(self.ctx, type, *ne)
@@ -371,9 +386,10 @@ class GraphBuilder:
         masks = {w: m for w, m in self.masks.items() if id(m) in graph.visited}
         position_inputs = [(t, fn) for t, fn in self.position_inputs if id(t) in graph.visited]
         used = lambda t: t if t is not None and id(t) in graph.visited else None  # noqa: E731
+        buckets = self.buckets if self.buckets is not None and id(self.buckets[0]) in graph.visited else None
         return ModelGraph(graph, self.tokens, used(self.positions), used(self.kv_idx), masks, logits,
                           position_inputs, self.n_tokens, self.n_kv, self.n_outputs, self.out_ids, self.embeddings,
-                          self.n_seqs, used(self.s_ids), embd=self.inp_embd)
+                          self.n_seqs, used(self.s_ids), embd=self.inp_embd, buckets=buckets, cross=used(self.cross))
 
     def output_rows(self, il: int, *xs: Tensor) -> tuple[Tensor, ...]:
         """In the last layer (il), after attention: the rows of `xs` ([n, n_tokens] each: the
@@ -396,10 +412,26 @@ class GraphBuilder:
         plus the learned position embeddings of their positions when pos_embd [n_embd, n_ctx_train]
         is given (gpt2, starcoder); or the input embeddings as given (from_embd)."""
         if self.inp_embd is not None:
-            return self.inp_embd
+            return self.embd_slice(0)
         x = ops.get_rows(self.ctx, tok_embd, self.tokens)                 # [n_embd, n_tokens]
         x = x if scale == 1.0 else ops.scale(self.ctx, x, scale)
         return x if pos_embd is None else ops.add(self.ctx, x, ops.get_rows(self.ctx, pos_embd, self.positions))
+
+    def embd_slice(self, i: int) -> Tensor:
+        """Slice i [n_embd, n_tokens] of the input embedding rows (0: the embeddings; i > 0: qwen3vl's
+        i-th deepstack slice)."""
+        e = self.hp.n_embd
+        if self.hp.n_deepstack == 0:
+            return self.inp_embd
+        return ops.view_2d(self.ctx, self.inp_embd, e, self.n_tokens, self.inp_embd.nb[1], i * e * self.inp_embd.nb[0])
+
+    def deepstack(self, il: int, x: Tensor) -> Tensor:
+        """x after layer il plus the input rows' deepstack slice il + 1 (qwen3vl: for input
+        embeddings of the first n_deepstack layers; token ids carry none)."""
+        if self.inp_embd is None or il >= self.hp.n_deepstack:
+            return x
+        (ds,) = self.output_rows(il, self.embd_slice(il + 1))  # the last layer keeps the output rows only
+        return self.add(x, ds)
 
     def attn_temperature(self, scale: float, floor: int, offset: float = 0.0) -> Tensor:
         """Llama 4 / mistral3 query temperature per token, F32 [1, 1, n_tokens]:
@@ -410,6 +442,26 @@ class GraphBuilder:
         self.position_inputs.append((t, lambda pos: (
             1.0 + scale * torch.log(torch.floor((pos.double() + offset) / floor) + 1.0)).float().reshape(-1, 1, 1)))
         return t
+
+    def relative_bias(self, rel_b: Tensor, n_buckets: int, bidirectional: bool, cached: bool = True) -> Tensor:
+        """T5's relative position bias [n_keys, n_tokens, n_head]: rel_b [n_head, n_buckets] rows
+        looked up by the bucket of each (key, token) pair's distance: the keys are the first n_kv
+        cache cells (an I32 input the memory fills, KVCache.relative_buckets), or with cached=False
+        the micro-batch's own tokens (an input from their positions: the encoder's)."""
+        ctx = self.ctx
+        if not cached:
+            t = self._input(Type.I32, self.n_tokens, self.n_tokens, name="inp_pos_bucket_enc")
+            self.position_inputs.append((t, lambda pos: torch.from_numpy(
+                relative_position_buckets(pos.numpy(), pos.numpy(), n_buckets, bidirectional))))
+        elif self.buckets is None:
+            t = new_tensor_2d(ctx, Type.I32, self.n_kv, self.n_tokens)
+            set_name(t, "inp_pos_bucket")
+            set_input(t)
+            self.buckets = (t, n_buckets, bidirectional)
+        t = t if not cached else self.buckets[0]
+        bias = ops.get_rows(ctx, rel_b, ops.reshape_1d(ctx, t, t.ne[0] * t.ne[1]))  # [n_head, n_kv * n_tokens]
+        bias = ops.reshape_3d(ctx, bias, bias.ne[0], t.ne[0], t.ne[1])
+        return ops.cont(ctx, ops.permute(ctx, bias, 2, 0, 1, 3))
 
     def norm(self, x: Tensor, weight: Tensor | None, bias: Tensor | None = None, rms: bool = True) -> Tensor:
         """RMS norm (or LayerNorm with rms=False) times the weight, plus the bias."""
@@ -438,7 +490,7 @@ class GraphBuilder:
         them: the position on the first three axes (time, height, width), 0 on the fourth."""
         if self._pos4 is None:
             self._pos4 = new_tensor_1d(self.ctx, Type.I32, 4 * self.n_tokens)
-            set_name(self._pos4, "inp_pos_4d")
+            set_name(self._pos4, POSITIONS_4D)
             set_input(self._pos4)
             self.position_inputs.append(
                 (self._pos4, lambda pos: torch.cat([pos, pos, pos, torch.zeros_like(pos)]).to(torch.int32)))
@@ -455,7 +507,7 @@ class GraphBuilder:
             return ops.rope_multi(self.ctx, x, self.positions_4d(), factors, hp.n_rot, list(hp.rope_sections),
                                   hp.rope_type, hp.n_ctx_orig or hp.n_ctx_train, base, scale, ext, attn,
                                   hp.yarn_beta_fast, hp.yarn_beta_slow)
-        return ops.rope_ext(self.ctx, x, self.positions, factors, hp.n_rot, hp.rope_type, hp.n_ctx_orig or hp.n_ctx_train,
+        return ops.rope_ext(self.ctx, x, self.positions, factors, hp.layer_n_rot(il), hp.rope_type, hp.n_ctx_orig or hp.n_ctx_train,
                             base, scale, ext, attn, hp.yarn_beta_fast, hp.yarn_beta_slow)
 
     # ------------------------------------------------------------ attention
@@ -494,30 +546,49 @@ class GraphBuilder:
         return ops.reshape_3d(self.ctx, self.norm(flat, weight, rms=rms), x.ne[0], x.ne[1], x.ne[2])
 
     def attention(self, il: int, q: Tensor, k: Tensor, v: Tensor, wo: Tensor | None, wo_b: Tensor | None = None,
-                  kq_scale: float | None = None, sinks: Tensor | None = None, v_mla: Tensor | None = None) -> Tensor:
-        """Store K and V in layer il's cache, attend over the first n_kv cells (the layer's sliding
+                  kq_scale: float | None = None, sinks: Tensor | None = None, v_mla: Tensor | None = None,
+                  kv_from: int | None = None, kq_b: Tensor | None = None) -> Tensor:
+        """Store K and V in layer il's cache (or, with kv_from, read layer kv_from's cells, written
+        earlier in this graph, and k, v are None: shared KV), attend over the first n_kv cells (the layer's sliding
         window mask when it has one; soft-capped scores when hp.attn_softcap; ALiBi when
         hp.max_alibi_bias; per-head sink logits), decompress each head's output with v_mla [head_dim_v, d, n_head] when given
         (multi-head latent attention), and project with wo: [n_embd, n_tokens] (wo None: the
         heads' outputs, unprojected)."""
-        hp, ctx, n = self.hp, self.ctx, self.n_tokens
+        hp, ctx = self.hp, self.ctx
         scale = hp.kq_scale if kq_scale is None else kq_scale
         mask = self.masks[hp.n_swa if hp.is_swa(il) else 0]
-        k_cells, v_cells = self.memory.store(ctx, il, k, v, self.kv_idx, self.n_kv)  # [head_dim, n_kv, n_head_kv]
-        self.cache_views += [k_cells, v_cells]
+        if kv_from is not None:
+            k_cells, v_cells = self.layer_cells[kv_from]
+        else:
+            k_cells, v_cells = self.memory.store(ctx, il, k, v, self.kv_idx, self.n_kv)  # [head_dim, n_kv, n_head_kv]
+            self.cache_views += [k_cells, v_cells]
+            self.layer_cells[il] = k_cells, v_cells
+        out = self.attend(q, k_cells, v_cells, mask, scale, sinks, v_mla, kq_b)
+        return out if wo is None else self.linear(out, wo, wo_b)
+
+    def attend(self, q: Tensor, k_cells: Tensor, v_cells: Tensor, mask: Tensor | None, scale: float,
+               sinks: Tensor | None = None, v_mla: Tensor | None = None, kq_b: Tensor | None = None) -> Tensor:
+        """softmax(scale q k^T (soft-capped) + kq_b + mask) v per head, [head_dim_v * n_head, n_tokens]:
+        q [head_dim, n_head, n_tokens], k_cells / v_cells [head_dim, n_kv, n_head_kv]; kq_b
+        [n_kv, n_tokens, n_head] (T5's relative position bias) always takes the path without
+        flash attention, as llama.cpp."""
+        hp, ctx, n = self.hp, self.ctx, q.ne[2]
+        n_head = q.ne[1]
         q = ops.permute(ctx, q, 0, 2, 1, 3)                                     # [head_dim, n_tokens, n_head]
-        if self.flash_attn:
+        if self.flash_attn and kq_b is None:
             out = ops.flash_attn_ext(ctx, q, k_cells, v_cells, mask, scale, hp.max_alibi_bias, hp.attn_softcap)
             if sinks is not None:
                 ops.flash_attn_ext_add_sinks(out, sinks)
             if v_mla is not None:                                               # out: [hd, n_head, n_tokens]
                 out = ops.mul_mat(ctx, v_mla, ops.permute(ctx, out, 0, 2, 1, 3))  # [d, n_tokens, n_head]
                 out = ops.cont(ctx, ops.permute(ctx, out, 0, 2, 1, 3))
-            out = ops.reshape_2d(ctx, out, out.ne[0] * hp.n_head, n)
+            out = ops.reshape_2d(ctx, out, out.ne[0] * n_head, n)
         else:
             kq = ops.mul_mat(ctx, k_cells, q)                                   # [n_kv, n_tokens, n_head]
             if hp.attn_softcap:
                 kq = self.softcap(kq, hp.attn_softcap)
+            if kq_b is not None:
+                kq = ops.add(ctx, kq, kq_b)
             kq = ops.soft_max_ext(ctx, kq, mask, scale, hp.max_alibi_bias)
             if sinks is not None:
                 ops.soft_max_add_sinks(kq, sinks)
@@ -526,8 +597,8 @@ class GraphBuilder:
             if v_mla is not None:
                 out = ops.mul_mat(ctx, v_mla, out)                              # [d, n_tokens, n_head]
             out = ops.permute(ctx, out, 0, 2, 1, 3)
-            out = ops.cont_2d(ctx, out, out.ne[0] * hp.n_head, n)
-        return out if wo is None else self.linear(out, wo, wo_b)
+            out = ops.cont_2d(ctx, out, out.ne[0] * n_head, n)
+        return out
 
     def self_attention(self, il: int, h: Tensor, layer: Layer, rope_factors: Tensor | None = None,
                        q_scale: float | Tensor | None = None, kq_scale: float | None = None,
@@ -572,7 +643,8 @@ class GraphBuilder:
         return self.linear(self.activate(gate, up, act), down_w, layer["ffn_down" + suffix + "_b"])
 
     def moe(self, x: Tensor, layer: Layer, act: str = "silu", norm_weights: bool = True,
-            gating: str = "softmax", w_scale: float = 0.0, weight_inputs: bool = False) -> Tensor:
+            gating: str = "softmax", w_scale: float = 0.0, weight_inputs: bool = False,
+            logits: Tensor | None = None) -> Tensor:
         """Mixture of experts: the router's top n_expert_used experts per token run through
         mul_mat_id, weighted by the router's probabilities (gating "softmax" over all experts or
         "sigmoid" of each logit, renormalised over the chosen ones when norm_weights; gating
@@ -580,10 +652,13 @@ class GraphBuilder:
         (0: none), and summed. A layer's ffn_exp_probs_b (DeepSeek V3's selection bias) is added
         to the probabilities for choosing the experts only. weight_inputs (llama4): the experts
         are chosen by the raw logits and their weights multiply each expert's input instead of
-        its output. x: [n_embd, n] (n: the rows after output_rows)."""
+        its output. logits: the router's [n_expert, n] when the architecture computes them itself
+        (gemma4). An expert matrix's per-expert scale (ffn_down_exps_s) multiplies its products.
+        x: [n_embd, n] (n: the rows after output_rows)."""
         hp, ctx, n = self.hp, self.ctx, x.ne[1]
         n_exp, n_used = hp.n_expert, hp.n_expert_used
-        logits = self.linear(x, layer.ffn_gate_inp, layer.ffn_gate_inp_b)    # [n_expert, n_tokens]
+        if logits is None:
+            logits = self.linear(x, layer.ffn_gate_inp, layer.ffn_gate_inp_b)  # [n_expert, n_tokens]
         probs = {"softmax": ops.soft_max, "sigmoid": ops.sigmoid}.get(gating, lambda _, t: t)(ctx, logits)
         choice = probs if layer.ffn_exp_probs_b is None else ops.add(ctx, probs, layer.ffn_exp_probs_b)
         if hp.n_expert_groups > 1:
@@ -606,6 +681,9 @@ class GraphBuilder:
 
         def experts(name, inp):
             y = ops.mul_mat_id(ctx, layer[name], inp, selected)               # [rows, n_used, n_tokens]
+            if layer[name + "_s"] is not None:  # [n_expert]: each chosen expert's scale
+                scales = ops.repeat_4d(ctx, ops.reshape_3d(ctx, layer[name + "_s"], 1, n_exp, 1), 1, n_exp, n, 1)
+                y = ops.mul(ctx, y, ops.get_rows(ctx, scales, selected))
             bias = layer[name + "_b"]
             return y if bias is None else ops.add_id(ctx, y, bias, selected)
 

@@ -42,6 +42,7 @@ class HParams:
     n_expert_used: int = 0
     n_ff_exp: int = 0
     n_ff_shexp: int = 0
+    n_layer_nextn: int = 0  # prediction blocks after the n_layer blocks, skipped (not loaded) as llama.cpp
     n_expert_groups: int = 0  # grouped top-k routing (DeepSeek V3): the groups, and how many are kept
     n_group_used: int = 0
     # sliding-window attention: the window and which layers use it (with their own rope base)
@@ -60,6 +61,7 @@ class HParams:
     max_alibi_bias: float = 0.0  # ALiBi (bloom, mpt): the softmax's max_bias over -|p - p0| masks (0: off)
     clamp_kqv: float = 0.0  # q, k and v clamped to [-c, c] after their projections (olmo; 0: off)
     rope_sections: tuple = ()  # multi-axis RoPE: rotary pairs per axis (time, height, width, extra)
+    n_deepstack: int = 0  # qwen3vl: input rows carry this many more n_embd slices, added after the first layers
     # encoders: attention over the whole sequence (attention.causal false), the classifier head's outputs
     causal_attn: bool = True
     n_cls_out: int = 1
@@ -69,6 +71,21 @@ class HParams:
     n_token_types: int = 0      # tokenizer.ggml.token_type_count (bert's token_types rows)
     ffn_act: str = "gelu"       # the FFN's activation where a file names it (modern-bert's hidden_activation)
     pooling_type_cls: int = -1  # classifier.pooling_type: what the rank head pools (1 mean, else the first token)
+    # layers of several shapes (gemma4, gemma3n): the windowed layers' head sizes and rotary
+    # dimensions (0: the dense layers'), the KV heads of each layer (empty: n_head_kv), and the
+    # layers with a KV cache of their own: the first n_layer_kv (0: all; the others reuse one)
+    head_dim_k_swa: int = 0
+    head_dim_v_swa: int = 0
+    n_rot_swa: int = 0
+    n_head_kv_layers: list[int] = field(default_factory=list)
+    n_layer_kv: int = 0
+    n_embd_per_layer: int = 0   # per-layer token embeddings' width (gemma3n, gemma4; 0: none)
+    nodes_per_layer: int = 64   # the graph's size per layer (gemma3n's AltUp layers need more)
+
+    @property
+    def n_embd_inp(self) -> int:
+        """The width of input embedding rows (llama.cpp's n_embd_inp): n_embd, and qwen3vl's deepstack slices."""
+        return self.n_embd * (1 + self.n_deepstack)
 
     @property
     def n_embd_k_gqa(self) -> int:
@@ -84,6 +101,26 @@ class HParams:
 
     def is_swa(self, il: int) -> bool:
         return bool(self.swa_layers) and self.swa_layers[il]
+
+    def head_dims(self, il: int) -> tuple[int, int]:
+        """Layer il's (head_dim_k, head_dim_v)."""
+        if self.head_dim_k_swa and self.is_swa(il):
+            return self.head_dim_k_swa, self.head_dim_v_swa
+        return self.head_dim_k, self.head_dim_v
+
+    def layer_n_rot(self, il: int) -> int:
+        return self.n_rot_swa if self.n_rot_swa and self.is_swa(il) else self.n_rot
+
+    def layer_n_head_kv(self, il: int) -> int:
+        return self.n_head_kv_layers[il] if self.n_head_kv_layers else self.n_head_kv
+
+    def kv_dims(self, il: int) -> tuple[int, int, int]:
+        """Layer il's KV cache rows: (head_dim_k, head_dim_v, n_head_kv)."""
+        return (*self.head_dims(il), self.layer_n_head_kv(il))
+
+    def has_kv(self, il: int) -> bool:
+        """Whether layer il stores K and V of its own (llama.cpp's has_kv)."""
+        return not self.n_layer_kv or il < self.n_layer_kv
 
     def set_swa_pattern(self, n_pattern: int) -> None:
         """llama.cpp's pattern: of every n_pattern layers the last one is dense, the rest slide

@@ -52,12 +52,15 @@ class KVCache(Memory):
     layer has no attention, as a hybrid model's recurrent layers; its K and V are None)."""
 
     def __init__(self, n_layer: int, n_ctx: int, head_dim_k: int, head_dim_v: int, n_head_kv: int,
-                 kv_type: Type, bufts, v_in_k: bool = False):
+                 kv_type: Type, bufts, v_in_k: bool = False, layer_dims: list | None = None):
         """v_in_k: V is the first head_dim_v values of each K row, not stored apart (multi-head
-        latent attention: K holds the compressed latent and its rotary part, V the latent)."""
+        latent attention: K holds the compressed latent and its rotary part, V the latent).
+        layer_dims: (head_dim_k, head_dim_v, n_head_kv) of each layer where they differ between
+        layers (gemma4's windowed and dense layers); head_dim_k... otherwise."""
         if len(bufts) != n_layer:
             raise ValueError(f"KVCache: {len(bufts)} buffer types for {n_layer} layers")
-        for head_dim in (head_dim_k, head_dim_v):
+        layer_dims = layer_dims or [(head_dim_k, head_dim_v, n_head_kv)] * n_layer
+        for head_dim in {d for dims in layer_dims for d in dims[:2]}:
             if head_dim % blck_size(kv_type):
                 raise ValueError(f"KVCache: head size {head_dim} is not a multiple of "
                                  f"{kv_type.name}'s block size {blck_size(kv_type)}")
@@ -78,15 +81,15 @@ class KVCache(Memory):
         self.v: list[Tensor] = []
         self.buffers = []
         ctxs: dict[int, tuple[object, Context]] = {}
-        for il, buft in enumerate(bufts):
+        for il, (buft, (dk, dv, n_kv_heads)) in enumerate(zip(bufts, layer_dims)):
             if buft is None:
                 self.k.append(None)
                 self.v.append(None)
                 continue
             _, ctx = ctxs.setdefault(id(buft), (buft, Context(no_alloc=True)))
-            self.k.append(set_name(new_tensor_2d(ctx, kv_type, head_dim_k * n_head_kv, n_ctx), f"cache_k_l{il}"))
+            self.k.append(set_name(new_tensor_2d(ctx, kv_type, dk * n_kv_heads, n_ctx), f"cache_k_l{il}"))
             self.v.append(None if v_in_k else
-                          set_name(new_tensor_2d(ctx, kv_type, head_dim_v * n_head_kv, n_ctx), f"cache_v_l{il}"))
+                          set_name(new_tensor_2d(ctx, kv_type, dv * n_kv_heads, n_ctx), f"cache_v_l{il}"))
         for buft, ctx in ctxs.values():
             try:
                 buffer = backend_alloc_ctx_tensors_from_buft(ctx, buft)
@@ -105,6 +108,7 @@ class KVCache(Memory):
         self.cell_seq = np.full(n_ctx, -1, dtype=np.int64)  # -1: free
         self.cell_pos = np.zeros(n_ctx, dtype=np.int64)
         self.seq_next: dict[int, int] = {}  # the next position of each sequence
+        self.rope_jumps: dict[int, list[tuple[int, int]]] = {}  # sequence -> (from position, rotary shift)
         self.written = np.zeros(n_ctx, dtype=bool)  # cells written since they were last zeroed
 
     def nbytes(self) -> int:
@@ -130,6 +134,9 @@ class KVCache(Memory):
             g.io.set(g.kv_idx, batch.cells)
         for window, mask in g.masks.items():
             g.io.set(mask, self.mask(batch, window))
+        if g.buckets is not None:
+            tensor, n_buckets, bidirectional = g.buckets
+            g.io.set(tensor, self.relative_buckets(batch, n_buckets, bidirectional))
 
     @property
     def n_past(self) -> int:
@@ -147,11 +154,13 @@ class KVCache(Memory):
             self.zero_cells(np.flatnonzero(self.written))
             self.cell_seq.fill(-1)
             self.seq_next.clear()
+            self.rope_jumps.clear()
         else:
             cells = np.flatnonzero(self.cell_seq == int(seq_id))
             self.zero_cells(cells)
             self.cell_seq[cells] = -1
             self.seq_next.pop(int(seq_id), None)
+            self.rope_jumps.pop(int(seq_id), None)
 
     def keep_prefix(self, seq_id: int, n: int) -> None:
         """Sequence seq_id keeps its first n positions and forgets the rest (llama.cpp's seq_rm
@@ -162,6 +171,8 @@ class KVCache(Memory):
         self.cell_seq[cells] = -1
         if seq_id in self.seq_next:
             self.seq_next[seq_id] = min(self.seq_next[seq_id], int(n))
+        if seq_id in self.rope_jumps:
+            self.rope_jumps[seq_id] = [(at, d) for at, d in self.rope_jumps[seq_id] if at <= n]
 
     def copy(self, src: int, dst: int) -> None:
         """Sequence dst continues from sequence src's cells (llama.cpp's seq_cp): dst's own cells
@@ -184,6 +195,62 @@ class KVCache(Memory):
         self.written[targets] = True
         if src in self.seq_next:
             self.seq_next[dst] = self.seq_next[src]
+        if src in self.rope_jumps:
+            self.rope_jumps[dst] = list(self.rope_jumps[src])
+
+    def add_rope_jump(self, seq_id: int, at: int, delta: int) -> None:
+        """Tokens of seq_id from position `at` on rotate at their position + delta (and earlier jumps)."""
+        self.rope_jumps.setdefault(int(seq_id), []).append((int(at), int(delta)))
+
+    def rope_positions(self, seq_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """The rotary positions (int32) of tokens at `positions` of sequences `seq_ids`."""
+        if not self.rope_jumps:
+            return positions
+        out = positions.astype(np.int64)
+        for s, jumps in self.rope_jumps.items():
+            mine = seq_ids == s
+            for at, delta in jumps:
+                out[mine & (positions >= at)] += delta
+        return out.astype(np.int32)
+
+    def save_seq(self, seq_id: int) -> "SeqCells":
+        """A host copy of sequence seq_id's cells: its K and V rows in position order. Its
+        positions must run 0..n-1 (a prompt's cells, as the server's slots hold)."""
+        cells = np.flatnonzero(self.cell_seq == int(seq_id))
+        cells = cells[np.argsort(self.cell_pos[cells], kind="stable")]
+        n = int(cells.size)
+        if not np.array_equal(self.cell_pos[cells], np.arange(n)):
+            raise ValueError(f"sequence {seq_id}'s cells do not hold positions 0..{n - 1}: they cannot be saved")
+        rows = []
+        for t in self.tensors():
+            out = torch.empty((n, t.nb[1]), dtype=torch.uint8)
+            for src, dst in _runs(cells):
+                backend_tensor_get(t, out[dst], src.start * t.nb[1], (src.stop - src.start) * t.nb[1])
+            rows.append(out)
+        return SeqCells(n, rows)
+
+    def load_seq(self, seq_id: int, saved: "SeqCells", n: int | None = None) -> None:
+        """Sequence seq_id holds the first n positions of `saved` (all when n is None), in free
+        cells: its own cells are cleared first; ValueError when too few cells are free."""
+        n = saved.n if n is None else int(n)
+        if not 0 <= n <= saved.n:
+            raise ValueError(f"load_seq: {n} positions asked of a saved sequence of {saved.n}")
+        widths = [t.nb[1] for t in self.tensors()]
+        if [r.shape[1] for r in saved.rows] != widths:
+            raise ValueError(f"load_seq: the saved rows are {[r.shape[1] for r in saved.rows]} bytes wide, this "
+                             f"cache's are {widths}")
+        self.clear(seq_id)
+        free = np.flatnonzero(self.cell_seq < 0)
+        if free.size < n:
+            raise ValueError(f"the KV cache is full: {n} cells are needed, {free.size} are free")
+        cells = free[:n]
+        for t, rows in zip(self.tensors(), saved.rows):
+            for dst, src in _runs(cells):
+                backend_tensor_set(t, rows[src], dst.start * t.nb[1], (dst.stop - dst.start) * t.nb[1])
+        self.cell_seq[cells], self.cell_pos[cells] = int(seq_id), np.arange(n)
+        self.written[cells] = True
+        if n:
+            self.seq_next[int(seq_id)] = n
 
     def zero_cells(self, cells: np.ndarray) -> None:
         """Zero these cells of every layer's K and V (one memset per run of consecutive cells)."""
@@ -248,25 +315,32 @@ class KVCache(Memory):
         return attention_mask(batch.positions, pos, n_swa, seq[None, :] == batch.seq_ids[:, None], self.alibi,
                               self.chunked, self.causal, self.symmetric)
 
+    def relative_buckets(self, batch: "KVBatch", n_buckets: int, bidirectional: bool) -> np.ndarray:
+        """I32 [n_tokens, n_kv]: T5's bucket of each cell's position relative to each token's."""
+        pos = self.cell_pos[:batch.n_kv].copy()
+        pos[batch.cells] = batch.positions
+        return relative_position_buckets(pos, batch.positions, n_buckets, bidirectional)
+
     def store(self, ctx, il: int, k_cur: Tensor, v_cur: Tensor, kv_idx: Tensor, n_kv: int):
         """Write this batch's K and V rows into cells kv_idx and return views of the first n_kv
         cells, K [head_dim_k, n_kv, n_head_kv] and V [head_dim_v, n_kv, n_head_kv]. The views
         are built on the set_rows results, so attention depends on the writes."""
-        n_tokens = k_cur.ne[2]
+        n_tokens, n_head_kv = k_cur.ne[2], k_cur.ne[1]
         k_cur, v_cur = (t if is_contiguous(t) else cont(ctx, t) for t in (k_cur, v_cur))  # views of a fused qkv
-        k_rows = reshape_2d(ctx, k_cur, self.head_dim_k * self.n_head_kv, n_tokens)
+        k_rows = reshape_2d(ctx, k_cur, k_cur.ne[0] * n_head_kv, n_tokens)
         k_set = set_rows(ctx, self.k[il], k_rows, kv_idx)
+        k_cells = self._cells(ctx, k_set, k_cur.ne[0], n_kv, n_head_kv)
         if self.v_in_k:  # V: the start of each K row, written with it (v_cur is that part of k_cur)
-            return self._cells(ctx, k_set, self.head_dim_k, n_kv), self._cells(ctx, k_set, self.head_dim_v, n_kv)
-        v_rows = reshape_2d(ctx, v_cur, self.head_dim_v * self.n_head_kv, n_tokens)
+            return k_cells, self._cells(ctx, k_set, self.head_dim_v, n_kv, n_head_kv)
+        v_rows = reshape_2d(ctx, v_cur, v_cur.ne[0] * n_head_kv, n_tokens)
         v_set = set_rows(ctx, self.v[il], v_rows, kv_idx)
-        return self._cells(ctx, k_set, self.head_dim_k, n_kv), self._cells(ctx, v_set, self.head_dim_v, n_kv)
+        return k_cells, self._cells(ctx, v_set, v_cur.ne[0], n_kv, n_head_kv)
 
-    def _cells(self, ctx, cache: Tensor, head_dim: int, n_kv: int) -> Tensor:
+    def _cells(self, ctx, cache: Tensor, head_dim: int, n_kv: int, n_head_kv: int) -> Tensor:
         """[head_dim, n_kv, n_head_kv] of the cache's rows (head_dim may be shorter than a head:
         the V inside K)."""
-        head_size = cache.ne[0] // self.n_head_kv
-        return view_3d(ctx, cache, head_dim, n_kv, self.n_head_kv,
+        head_size = cache.ne[0] // n_head_kv
+        return view_3d(ctx, cache, head_dim, n_kv, n_head_kv,
                        cache.nb[1], row_size(self.type, head_size), 0)
 
 
@@ -295,8 +369,51 @@ def attention_mask(token_pos: torch.Tensor, cell_pos: torch.Tensor, n_swa: int =
     return torch.from_numpy(np.where(visible, _VISIBLE, _HIDDEN))
 
 
+def relative_position_buckets(key_pos, query_pos, n_buckets: int, bidirectional: bool,
+                              max_distance: int = 128) -> np.ndarray:
+    """I32 [n_queries, n_keys]: T5's relative position bucket of key_pos[j] - query_pos[i], as
+    llama.cpp's llama_relative_position_bucket computes it (its float32 log included): exact
+    below n_buckets / 2 (half of the buckets per direction when bidirectional), logarithmic up
+    to max_distance, the last bucket beyond."""
+    rel = np.asarray(key_pos, np.int64)[None, :] - np.asarray(query_pos, np.int64)[:, None]
+    bucket = np.zeros(rel.shape, np.int64)
+    if bidirectional:
+        n_buckets //= 2
+        bucket += (rel > 0) * n_buckets
+        rel = np.abs(rel)
+    else:
+        rel = -np.minimum(rel, 0)
+    exact = n_buckets // 2
+    with np.errstate(divide="ignore"):
+        log = np.log((rel / exact).astype(np.float32)) * np.float32(n_buckets - exact)
+    large = np.floor((exact + log.astype(np.float64) / np.log(max_distance / exact)).astype(np.float32))
+    large = np.minimum(np.where(rel < exact, 0, large), n_buckets - 1).astype(np.int64)
+    return (bucket + np.where(rel < exact, rel, large)).astype(np.int32)
+
+
 # 0-d arrays: np.where with these takes half the time it takes with numpy scalars
 _VISIBLE, _HIDDEN = np.zeros((), np.float16), np.full((), -np.inf, np.float16)
+
+
+def _runs(cells: np.ndarray):
+    """(cell slice, index slice) for each run of consecutive cells in `cells`."""
+    breaks = np.flatnonzero(np.diff(cells) != 1) + 1
+    start = 0
+    for end in [*breaks.tolist(), int(cells.size)]:
+        if end > start:
+            yield slice(int(cells[start]), int(cells[end - 1]) + 1), slice(start, end)
+        start = end
+
+
+@dataclass
+class SeqCells:
+    """A sequence's cells copied to host memory (KVCache.save_seq): n positions, and per cache
+    tensor (KVCache.tensors() order) its rows as uint8 [n, row bytes]."""
+    n: int
+    rows: list
+
+    def nbytes(self) -> int:
+        return sum(r.numel() for r in self.rows)
 
 
 @dataclass

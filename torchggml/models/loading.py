@@ -96,7 +96,9 @@ def load(path, params: ModelParams | None = None, **options) -> Model:
         return device.get_buffer_type()
 
     # use_mmap=False: every CPU weight read into CPU memory (huge pages) instead of mapped
-    weights = load_weights(file, buft_of, progress=params.progress, check_values=params.check_tensors,
+    # the skipped prediction blocks' tensors stay in the file (llama.cpp's TENSOR_SKIP)
+    names = [n for n in file.tensors if not hp.n_layer_nextn or (tensor_layer(n) or 0) < hp.n_layer]
+    weights = load_weights(file, buft_of, names, progress=params.progress, check_values=params.check_tensors,
                            copy=None if params.use_mmap else (lambda name: True))
     model = Model(file, None, params, arch, hp, weights, placement)
     model.loader = load

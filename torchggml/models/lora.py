@@ -222,3 +222,37 @@ class LoraAdapter:
             b.free()
         self.buffers.clear()
         self.pairs.clear()
+
+
+class LoraSet:
+    """Several adapters on one model, each with its own scale (llama-server's --lora list): every
+    adapter whose scale is not 0 adds its products to the graph. Model.set_lora takes it as it
+    takes one adapter; after set_scales, set_lora again so that the next graph is built anew."""
+
+    def __init__(self, adapters):
+        self.adapters = list(adapters)
+
+    @property
+    def scales(self) -> tuple[float, ...]:
+        return tuple(a.scale for a in self.adapters)
+
+    def set_scales(self, scales) -> None:
+        if len(scales) != len(self.adapters):
+            raise ValueError(f"LoraSet: {len(scales)} scales for {len(self.adapters)} adapters")
+        for adapter, scale in zip(self.adapters, scales):
+            adapter.scale = float(scale)
+
+    def apply(self, ctx, graph) -> dict[int, Tensor]:
+        replaced: dict[int, Tensor] = {}
+        for adapter in self.adapters:
+            if adapter.scale:
+                for key, value in adapter.apply(ctx, graph).items():
+                    replaced.setdefault(key, value)  # the first adapter's sum is the outermost
+        return replaced
+
+    def copy_for(self, model) -> "LoraSet":
+        return LoraSet(a.copy_for(model) for a in self.adapters)
+
+    def free(self) -> None:
+        for adapter in self.adapters:
+            adapter.free()

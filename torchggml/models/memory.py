@@ -27,6 +27,15 @@ class Memory(ABC):
     #: OPTIONAL, None: keep_prefix(seq_id, n), sequence seq_id keeps its first n positions and
     #: forgets the rest (llama.cpp's seq_rm from n); None where a state cannot go back (recurrent)
     keep_prefix = None
+    #: OPTIONAL, None: rope_positions(seq_ids, positions), the rotary positions of tokens at these
+    #: positions: theirs plus the jumps add_rope_jump(seq_id, at, delta) recorded (an M-RoPE image
+    #: takes max(width, height) rotary positions for its width x height tokens); None: the same
+    rope_positions = None
+    #: OPTIONAL, None: save_seq(seq_id) -> SeqCells, a copy of sequence seq_id's cells in host
+    #: memory, and load_seq(seq_id, cells, n) putting the first n back (llama.cpp's
+    #: state_seq_get/set_data); None where a sequence has no cells to copy (recurrent states)
+    save_seq = None
+    load_seq = None
     #: the backend buffers that hold the memory's tensors
     buffers: list
 

@@ -43,6 +43,7 @@ the model as an argument and do not import this module back (no circle).
 """
 from __future__ import annotations
 
+import collections
 import time
 from dataclasses import dataclass, replace
 from typing import Iterable, Iterator, Sequence
@@ -57,7 +58,7 @@ from ..backend.sched import (backend_sched_new, backend_sched_reserve, backend_s
 from ..context import Context
 from ..gguf.loader import GGUFFile
 from ..types import is_quantized
-from .builder import Arch, GraphBuilder, ModelGraph, bind_weights, graph_size
+from .builder import POSITIONS_4D, Arch, GraphBuilder, ModelGraph, bind_weights, graph_size
 from .hparams import HParams
 from .kv_cache import kv_type_from_name
 from .lora import DEFAULT_TARGETS, LoraAdapter
@@ -77,6 +78,10 @@ DEFAULT_MAX_CTX = 4096
 
 # eval's `logits` choices: every token's, or only the last token's (of each sequence)
 LOGITS = ("all", "last")
+# micro-batches of at most this many tokens keep their graphs built, for the last SMALL_GRAPHS
+# shapes (Model._graph_for)
+SMALL_GRAPH_TOKENS = 16
+SMALL_GRAPHS = 4
 
 # embed's pooling of the hidden states (llama.cpp's pooling types)
 POOLING = ("mean", "cls", "last", "none", "rank")
@@ -171,6 +176,9 @@ class Model:
         self.memory = memory_for(arch, hp, self.n_ctx, self.kv_type, [d.get_buffer_type() for d in placement.layers],
                                  int(params.n_seq_max))
         self.lora = None  # a LoraAdapter applied to every graph (add_lora / load_lora)
+        # an encoder-decoder model's (T5) encoder output [n, n_embd] (Model.encode), which the
+        # decoder's cross-attention reads; kept until the next encode
+        self.cross: torch.Tensor | None = None
         self._setup_compute(params.n_threads)
 
     # ------------------------------------------------------------ compute setup
@@ -187,27 +195,32 @@ class Model:
                 if hasattr(b, "set_n_threads"):
                     b.set_n_threads(n_threads)
         self._graph: ModelGraph | None = None
+        self._small_graphs: collections.OrderedDict[tuple, ModelGraph] = collections.OrderedDict()
+        self.last_graph: ModelGraph | None = None  # the graph of the last micro-batch (for inspection)
         self._ctx: Context | None = None
         self.sched = backend_sched_new(self.backends, None, graph_size(self.hp), False, True)
         # plan the compute buffers for the largest micro-batch once, as llama.cpp does
-        worst = self._build(min(self.n_batch, self.n_ctx), self.n_ctx, embeddings=self.arch.encoder)
+        n_cross = min(self.n_batch, self.n_ctx) if getattr(self.arch, "encoder_decoder", False) else 0
+        worst = self._build(min(self.n_batch, self.n_ctx), self.n_ctx, embeddings=self.arch.encoder, n_cross=n_cross)
         if not backend_sched_reserve(self.sched, worst.graph):
             raise MemoryError(f"{self.path}: cannot allocate the compute buffers")
 
     def _build(self, n_tokens: int, n_kv: int, n_outputs: int | None = None, embeddings: bool = False,
-               n_seqs: int = 1, from_embd: bool = False) -> ModelGraph:
+               n_seqs: int = 1, from_embd: bool = False, n_cross: int = 0) -> ModelGraph:
         self._ctx = Context(no_alloc=True)
-        return self.build_graph(self._ctx, n_tokens, n_kv, n_outputs, embeddings, n_seqs, from_embd)
+        return self.build_graph(self._ctx, n_tokens, n_kv, n_outputs, embeddings, n_seqs, from_embd, n_cross)
 
     def build_graph(self, ctx: Context, n_tokens: int, n_kv: int, n_outputs: int | None = None,
-                    embeddings: bool = False, n_seqs: int = 1, from_embd: bool = False) -> ModelGraph:
+                    embeddings: bool = False, n_seqs: int = 1, from_embd: bool = False,
+                    n_cross: int = 0) -> ModelGraph:
         """The architecture's forward graph of n_tokens attending to n_kv cache cells, LoRA
         included, with logits for n_outputs of the tokens (default all; see GraphBuilder), or
         with `embeddings` the output norm's hidden states instead of the logits; with recurrent
         layers the tokens are n_seqs sequences' equal shares, grouped by sequence; with from_embd
-        the graph reads input embeddings instead of token ids."""
+        the graph reads input embeddings instead of token ids; n_cross: the encoder output rows
+        an encoder-decoder model's decoder reads (Model.encode)."""
         b = GraphBuilder(ctx, self.hp, self.memory, n_tokens, n_kv, self.flash_attn, n_outputs, embeddings, n_seqs,
-                         from_embd)
+                         from_embd, n_cross)
         g = b.finish(self.arch.build(b, self.weights))
         if self.lora is not None:
             replaced = self.lora.apply(ctx, g.graph)
@@ -248,23 +261,51 @@ class Model:
             self.lora.free()
         self.lora = adapter
         self._graph = None  # the next eval builds (and allocates) a graph with the adapter
+        self._free_small_graphs()
         return adapter
 
     def _graph_for(self, n_tokens: int, n_kv: int, n_outputs: int, embeddings: bool = False,
-                   n_seqs: int = 1, from_embd: bool = False) -> ModelGraph:
-        """The allocated graph for this shape (n_tokens, n_kv, n_outputs, embeddings, n_seqs, from_embd).
-        When the shape repeats (decode steps) the previous graph is reused as it is: its tensors keep
-        their addresses, so only the inputs change."""
+                   n_seqs: int = 1, from_embd: bool = False, n_cross: int = 0) -> ModelGraph:
+        """The allocated graph for this shape (n_tokens, n_kv, n_outputs, embeddings, n_seqs, from_embd,
+        n_cross: the encoder output rows a T5 decoder reads). When the shape repeats (decode steps)
+        the previous graph is reused as it is: its tensors keep their addresses, so only the inputs
+        change. Graphs of a few tokens (SMALL_GRAPH_TOKENS) stay
+        built, each on its own scheduler, for the last SMALL_GRAPHS shapes: a loop that alternates
+        shapes (a draft model's catch-up and single steps, the server's steps as sequences come
+        and go) reuses them instead of building and planning them again."""
+        shape = (n_tokens, n_kv, n_outputs, embeddings, n_seqs, from_embd, n_cross)
+        if n_tokens <= SMALL_GRAPH_TOKENS and self.sched.callback_eval is None:
+            return self._small_graph(shape)
         g = self._graph
-        shape = (n_tokens, n_kv, n_outputs, embeddings, n_seqs, from_embd)
-        if g is not None and (g.n_tokens, g.n_kv, g.n_outputs, g.embeddings, g.n_seqs, g.embd is not None) == shape:
+        if g is not None and (g.n_tokens, g.n_kv, g.n_outputs, g.embeddings, g.n_seqs, g.embd is not None,
+                              0 if g.cross is None else g.cross.ne[1]) == shape:
             return g
-        g = self._graph = self._build(n_tokens, n_kv, n_outputs, embeddings, n_seqs, from_embd)
+        g = self._graph = self._build(*shape)
         backend_sched_reset(self.sched)
         if not backend_sched_alloc_graph(self.sched, g.graph):
             self._graph = None
             raise MemoryError(f"{self.path}: cannot allocate the graph for {n_tokens} tokens")
         return g
+
+    def _small_graph(self, shape: tuple) -> ModelGraph:
+        g = self._small_graphs.get(shape)
+        if g is not None:
+            self._small_graphs.move_to_end(shape)
+            return g
+        g = self._build(*shape)
+        g.sched = backend_sched_new(self.backends, None, graph_size(self.hp), False, True)
+        if not backend_sched_alloc_graph(g.sched, g.graph):
+            backend_sched_free(g.sched)
+            raise MemoryError(f"{self.path}: cannot allocate the graph for {shape[0]} tokens")
+        self._small_graphs[shape] = g
+        if len(self._small_graphs) > SMALL_GRAPHS:
+            backend_sched_free(self._small_graphs.popitem(last=False)[1].sched)
+        return g
+
+    def _free_small_graphs(self) -> None:
+        for g in self._small_graphs.values():
+            backend_sched_free(g.sched)
+        self._small_graphs.clear()
 
     # ------------------------------------------------------------ evaluation
 
@@ -303,6 +344,25 @@ class Model:
             self.sequences.changed([int(seq_id)])
             return True
 
+    def save_seq(self, seq_id: int):
+        """A host copy of sequence seq_id's cells (a KVCache's SeqCells), for load_seq; ValueError
+        where the memory has none to copy (recurrent states)."""
+        with self.lock:
+            self._require_weights("save_seq")
+            if self.memory.save_seq is None:
+                raise ValueError(f"{self.path}: its {type(self.memory).__name__} cannot copy a sequence's state out")
+            return self.memory.save_seq(seq_id)
+
+    def load_seq(self, seq_id: int, saved, n: int | None = None) -> None:
+        """Sequence seq_id holds the first n positions (all: None) of a save_seq copy; the next
+        token it evaluates is at position n."""
+        with self.lock:
+            self._require_weights("load_seq")
+            if self.memory.load_seq is None:
+                raise ValueError(f"{self.path}: its {type(self.memory).__name__} cannot load a sequence's state")
+            self.memory.load_seq(seq_id, saved, n)
+            self.sequences.changed([int(seq_id)])
+
     def _token_ids(self, tokens) -> np.ndarray:
         """The ids as int32, the graph's input type (checked here against the vocabulary, so
         writing them needs no range check)."""
@@ -329,19 +389,34 @@ class Model:
             return self._eval_tokens(ids, np.full(ids.size, int(seq_id), dtype=np.int64), outputs)
 
     def eval_embeddings(self, values: torch.Tensor, seq_id: int = 0, logits: str = "all",
-                        causal: bool = True) -> torch.Tensor:
+                        causal: bool = True, grid: tuple[int, int] | None = None) -> torch.Tensor:
         """As eval, for input embeddings instead of token ids (llama_batch.embd): values float
         [n_tokens, n_embd], e.g. an image's rows from its projector (torchggml.mtmd), each taking
         one position after sequence seq_id's cached tokens. causal=False: the rows attend to each
         other both ways (llama_set_causal_attn(false), as Gemma 3 reads an image); they are then
-        evaluated in one micro-batch, so at most n_batch of them."""
+        evaluated in one micro-batch, so at most n_batch of them. Rows are n_embd wide (qwen3vl:
+        n_embd_inp, with its deepstack slices). grid=(width, height): the rows are an image's
+        width x height tokens in row order; a multi-axis RoPE model (qwen2vl, qwen3vl) rotates
+        them at (p, p + row, p + column, 0) from the sequence's next rotary position p, and the tokens
+        after them start max(width, height) positions on, as llama.cpp's M-RoPE images do."""
         with self.lock:
             self._require_weights("eval_embeddings")
             values = torch.as_tensor(values)
-            if values.dim() != 2 or values.shape[1] != self.hp.n_embd or not values.is_floating_point():
-                raise ValueError(f"eval_embeddings: values must be float [n_tokens, {self.hp.n_embd}] "
-                                 f"(the model's n_embd), got {values.dtype} {list(values.shape)}")
+            width = self.hp.n_embd_inp
+            if values.dim() != 2 or values.shape[1] != width or not values.is_floating_point():
+                raise ValueError(f"eval_embeddings: values must be float [n_tokens, {width}] "
+                                 f"(the model's input width), got {values.dtype} {list(values.shape)}")
             n = int(values.shape[0])
+            rope4, jump = None, None
+            if grid is not None and self.hp.rope_sections:
+                gx, gy = (int(v) for v in grid)
+                if gx * gy != n:
+                    raise ValueError(f"eval_embeddings: grid {gx}x{gy} is not the {n} rows given")
+                start = self.memory.seq_len(seq_id)
+                p = int(self.memory.rope_positions(np.array([seq_id]), np.array([start], np.int32))[0])
+                i = np.arange(n)
+                rope4 = np.stack([np.full(n, p), p + i // gx, p + i % gx, np.zeros(n, np.int64)]).astype(np.int32)
+                jump = (start + n, max(gx, gy) - n)
             if not causal:
                 if not hasattr(self.memory, "causal"):
                     raise ValueError(f"eval_embeddings: causal=False needs a KV cache; {self.path}'s memory is "
@@ -355,8 +430,11 @@ class Model:
             if not causal:
                 self.memory.causal = False
             try:
-                return self._eval_tokens(np.zeros(n, dtype=np.int32), np.full(n, int(seq_id), dtype=np.int64),
-                                         outputs, embd=values)
+                out = self._eval_tokens(np.zeros(n, dtype=np.int32), np.full(n, int(seq_id), dtype=np.int64),
+                                        outputs, embd=values, rope4=rope4)
+                if jump is not None:
+                    self.memory.add_rope_jump(seq_id, *jump)
+                return out
             finally:
                 if not causal:
                     self.memory.causal = causal_before
@@ -414,6 +492,40 @@ class Model:
                                                                "none": hidden}[pooling]
         return normalize_embeddings(self.arch.project_pooled(self.weights, pooled), normalize)
 
+    def encode(self, tokens) -> torch.Tensor:
+        """Run an encoder-decoder model's encoder (T5) over `tokens` (ids; a text is tokenized),
+        as llama_encode: the tokens attend to each other both ways, in one micro-batch (at most
+        n_batch of them). Returns the encoder's output [n_tokens, n_embd], float32, and keeps it
+        for the decoder's cross-attention: eval / generate then run the decoder over it. The KV
+        cache's sequences are left as they were."""
+        with self.lock:
+            self._require_weights("encode")
+            if not getattr(self.arch, "encoder_decoder", False):
+                raise ValueError(f"encode: {self.hp.arch} is not an encoder-decoder model")
+            ids = self._token_ids(self.tokenize(tokens) if isinstance(tokens, str) else tokens)
+            if not 0 < ids.size <= self.n_batch:
+                raise ValueError(f"encode: {ids.size} tokens; the encoder takes 1 to n_batch={self.n_batch} "
+                                 f"(load the model with a larger n_batch)")
+            seq_id = max(self.memory.seq_next, default=-1) + 1
+            causal, self.memory.causal = self.memory.causal, False
+            try:
+                self.cross = self._eval_tokens(ids, np.full(ids.size, seq_id, dtype=np.int64),
+                                               np.ones(ids.size, dtype=bool), embeddings=True)
+            finally:
+                self.memory.causal = causal
+                self.memory.clear(seq_id)
+            return self.cross
+
+    def decoder_start_token(self) -> int:
+        """The decoder's first token: the file's decoder_start_token_id, else BOS (as llama.cpp's
+        examples choose it)."""
+        start = getattr(self.hp, "dec_start_token_id", -1)
+        if start < 0:
+            start = self.tokenizer.bos_id
+        if start is None or start < 0:
+            raise ValueError(f"{self.path}: no decoder start token (decoder_start_token_id, or a BOS token)")
+        return int(start)
+
     @property
     def pooling_type(self) -> str:
         """The file's {arch}.pooling_type as a name of POOLING (llama.cpp's enum: 0 none, 1 mean,
@@ -455,11 +567,13 @@ class Model:
         return flags
 
     def _eval_tokens(self, ids: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray,
-                     embeddings: bool = False, embd: torch.Tensor | None = None) -> torch.Tensor:
+                     embeddings: bool = False, embd: torch.Tensor | None = None,
+                     rope4: np.ndarray | None = None) -> torch.Tensor:
         """The logits rows (with `embeddings`: the hidden-state rows) of the tokens flagged in
         `outputs`, in token order. ids int32, seq_ids int64, outputs bool: numpy arrays, whose small
         operations cost a fraction of torch's (a decode step is a few dozen of them).
-        embd: float32 [n_tokens, n_embd] input rows read instead of the ids (then unread)."""
+        embd: float32 [n_tokens, n_embd] input rows read instead of the ids (then unread).
+        rope4: int32 [4, n_tokens] multi-axis rotary positions in place of the tokens' own."""
         width = self.hp.n_embd if embeddings else self.n_vocab
         if ids.size == 0:
             return torch.empty(0, width)
@@ -476,13 +590,14 @@ class Model:
         for idx in ubatches:
             if whole_batch:  # one micro-batch in token order (a decode step): its plan is made, its rows are out's
                 logits = out
-                self._eval_ubatch(ids, seq_ids, outputs, logits, embeddings, whole, embd)
+                self._eval_ubatch(ids, seq_ids, outputs, logits, embeddings, whole, embd, rope4)
             elif isinstance(idx, slice):  # a run of tokens in order: its rows are a run of out's, written there
                 flags_i = outputs[idx]
                 first = int(row_of[idx.start]) + 1 - int(outputs[idx.start])  # outputs before the run
                 logits = out[first: first + int(np.count_nonzero(flags_i))]
                 self._eval_ubatch(ids[idx], seq_ids[idx], flags_i, logits, embeddings,
-                                  embd=None if embd is None else embd[idx])
+                                  embd=None if embd is None else embd[idx],
+                                  rope4=None if rope4 is None else rope4[:, idx])
             else:
                 flags_i = outputs[idx]
                 logits = torch.empty(int(np.count_nonzero(flags_i)), width)
@@ -502,13 +617,18 @@ class Model:
 
     def _eval_ubatch(self, ids: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray,
                      logits: torch.Tensor, embeddings: bool = False, batch=None,
-                     embd: torch.Tensor | None = None) -> None:
+                     embd: torch.Tensor | None = None, rope4: np.ndarray | None = None) -> None:
         """One micro-batch (`batch`: the memory's plan for it, when made already); the rows of
-        the tokens flagged in `outputs` are written to `logits`. embd: its input rows, if any."""
+        the tokens flagged in `outputs` are written to `logits`. embd: its input rows, if any;
+        rope4: its multi-axis rotary positions [4, n_tokens], if given."""
         batch = batch or self.memory.plan(seq_ids)
         n_tokens, n_outputs = ids.size, logits.shape[0]
-        g = self._graph_for(n_tokens, batch.n_kv, n_outputs, embeddings, batch.n_seqs, embd is not None)
+        cross = self.cross if getattr(self.arch, "encoder_decoder", False) and not embeddings else None
+        g = self.last_graph = self._graph_for(n_tokens, batch.n_kv, n_outputs, embeddings, batch.n_seqs,
+                                              embd is not None, 0 if cross is None else cross.shape[0])
         # the scheduler keeps user inputs in CPU memory and copies them where they are read
+        if g.cross is not None:
+            g.io.set(g.cross, cross)
         if g.embd is not None:
             g.io.set(g.embd, embd)
         else:
@@ -516,13 +636,19 @@ class Model:
         if g.positions is not None:
             g.io.set(g.positions, batch.positions)
         self.memory.set_inputs(g, batch)  # the memory's inputs: cache cells and masks, state slots
+        positions = batch.positions
+        if self.memory.rope_positions is not None:  # M-RoPE images take fewer positions than tokens
+            positions = self.memory.rope_positions(batch.seq_ids, positions)
         for tensor, values in g.position_inputs:
-            g.io.set(tensor, values(torch.from_numpy(batch.positions)))
+            if rope4 is not None and tensor.name == POSITIONS_4D:
+                g.io.set(tensor, torch.from_numpy(np.ascontiguousarray(rope4).reshape(-1)))
+            else:
+                g.io.set(tensor, values(torch.from_numpy(positions)))
         if g.out_ids is not None:
             g.io.set(g.out_ids, np.flatnonzero(outputs))
         self.memory.mark_written(batch)
         self.file.check_unchanged()  # a truncated file would fault (SIGBUS) in the weights' pages
-        status = backend_sched_graph_compute(self.sched, g.graph)
+        status = backend_sched_graph_compute(g.sched or self.sched, g.graph)
         if int(status) != 0:
             raise RuntimeError(f"{self.path}: graph compute failed with status {status!r}")
         self.memory.commit(batch)
@@ -614,6 +740,9 @@ class Model:
         option of generate applies to each sequence (`constraints`: one grammar per prompt, or
         None); with a seed, sequence i draws from seed + i. Each sequence may use n_ctx / len(prompts)
         cells. The KV cache starts empty."""
+        if getattr(self.arch, "encoder_decoder", False) and len(prompts) != 1:
+            raise ValueError(f"generate_batch: {self.hp.arch} is an encoder-decoder model: one prompt at a time "
+                             f"(its decoder reads one encoder output)")
         if constraints is not None and len(constraints) != len(prompts):
             raise ValueError(f"generate_batch: {len(constraints)} constraints for {len(prompts)} prompts")
         params = SamplingParams(**sampling)
@@ -654,6 +783,9 @@ class Model:
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
         if not ids:
             raise ValueError(f"{what}: the prompt has no tokens")
+        if getattr(self.arch, "encoder_decoder", False):  # T5: the prompt is the encoder's input
+            self.encode(ids)
+            ids = [self.decoder_start_token()]
         return Generation(self.tokenizer, ids, params, max_tokens, stop, constraint, ignore_eos)
 
     def eval_parts(self, parts, seq_id: int = 0) -> torch.Tensor | None:
@@ -664,7 +796,7 @@ class Model:
             logits = None
             for p in prompt_parts(parts, self._tokenize_part, "eval_parts"):
                 if isinstance(p, EmbeddingChunk):
-                    logits = self.eval_embeddings(p.values, seq_id, logits="last", causal=p.causal)
+                    logits = self.eval_embeddings(p.values, seq_id, logits="last", causal=p.causal, grid=p.grid)
                 else:
                     logits = self.eval(p, seq_id, logits="last")
             return logits
@@ -727,6 +859,7 @@ class Model:
             self.file.close()
 
     def _free_compute(self) -> None:
+        self._free_small_graphs()
         backend_sched_free(self.sched)
         for b in self.memory.buffers:
             b.free()
@@ -736,4 +869,4 @@ class Model:
         for b in self.backends:
             backend_free(b)
         # drop every tensor that views the freed memory, so the file's mapping can close
-        self._graph = self._ctx = self.weights = self.weight_buffers = self.memory = self.sched = None
+        self._graph = self.last_graph = self._ctx = self.weights = self.weight_buffers = self.memory = self.sched = None

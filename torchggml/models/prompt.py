@@ -15,9 +15,11 @@ import torch
 @dataclass
 class EmbeddingChunk:
     """Input embeddings taking one position each: float [n_tokens, n_embd]. causal=False: the
-    rows attend to each other both ways (Gemma 3 reads an image so)."""
+    rows attend to each other both ways (Gemma 3 reads an image so). grid=(width, height): an
+    image's tokens in row order, which a multi-axis RoPE model places in 2-D (Model.eval_embeddings)."""
     values: torch.Tensor
     causal: bool = True
+    grid: tuple[int, int] | None = None
 
     def __len__(self) -> int:
         return int(self.values.shape[0])

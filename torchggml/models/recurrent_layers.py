@@ -125,6 +125,29 @@ def causal_conv(b: GraphBuilder, il: int, x: Tensor, weight: Tensor, bias: Tenso
     return out if bias is None else ops.add(ctx, out, bias)
 
 
+# ---------------------------------------------------------------- the gated delta rule
+
+def l2_normed(ctx, x: Tensor, eps: float) -> Tensor:
+    """llama.cpp's delta-net L2 norm: rms_norm(x, eps / n) / sqrt(n) = x / sqrt(sum(x^2) + eps)."""
+    n = x.ne[0]
+    return ops.scale(ctx, ops.rms_norm(ctx, x, eps / n), n ** -0.5)
+
+
+def delta_rule(b: GraphBuilder, il: int, q: Tensor, k: Tensor, v: Tensor, decay: Tensor, beta: Tensor) -> Tensor:
+    """The gated delta rule over layer il's s state (read for the micro-batch's sequences, the
+    final one written back), q and k L2-normed here: q, k [dk, hk, nt, ns] (value head h reads key
+    head h % hk), v [dv, hv, nt, ns], decay [1 or dk, hv, nt, ns] (log; a vector per key value
+    with Kimi's KDA), beta [1, hv, nt, ns]. The output [dv, hv, nt, ns]."""
+    ctx, eps = b.ctx, b.hp.norm_eps
+    dv, hv, nt, ns = v.ne
+    states = b.memory.recurrent.s[il]
+    state = ops.reshape_4d(ctx, read_states(b, states), dv, dv, hv, ns)
+    out = ops.gated_delta_net(ctx, l2_normed(ctx, q, eps), l2_normed(ctx, k, eps), v, decay, beta, state, 1)
+    n_out = dv * hv * nt * ns
+    write_states(b, states, ops.view_1d(ctx, out, states.ne[0] * ns, n_out * 4))
+    return ops.view_4d(ctx, out, dv, hv, nt, ns, dv * 4, dv * hv * 4, dv * hv * nt * 4, 0)
+
+
 # ---------------------------------------------------------------- RWKV's token shift
 
 def token_shift_load(b: GraphBuilder, il: int, count: int) -> list[Tensor]:

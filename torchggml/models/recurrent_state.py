@@ -306,8 +306,9 @@ def memory_for(arch, hp, n_ctx: int, kv_type, bufts, n_seq_max: int):
         raise ValueError(f"{hp.arch}: unknown memory kind {kind!r} (one of {MEMORY_KINDS})")
     kv_type = kv_type_from_name(kv_type) if isinstance(kv_type, str) else kv_type
     if kind == "kv":
+        bufts = [buft if hp.has_kv(il) else None for il, buft in enumerate(bufts)]  # shared KV: none
         kv = KVCache(hp.n_layer, n_ctx, hp.head_dim_k, hp.head_dim_v, hp.n_head_kv, kv_type, bufts,
-                     v_in_k=getattr(arch, "v_in_k", False))
+                     v_in_k=getattr(arch, "v_in_k", False), layer_dims=[hp.kv_dims(il) for il in range(hp.n_layer)])
         kv.alibi, kv.chunked, kv.causal = hp.max_alibi_bias > 0, hp.swa_chunked, hp.causal_attn
         kv.symmetric = hp.swa_symmetric
         return kv
@@ -316,5 +317,6 @@ def memory_for(arch, hp, n_ctx: int, kv_type, bufts, n_seq_max: int):
     if kind == "recurrent":
         return rs
     attn_bufts = [buft if arch.has_attention(hp, il) else None for il, buft in enumerate(bufts)]
-    kv = KVCache(hp.n_layer, n_ctx, hp.head_dim_k, hp.head_dim_v, hp.n_head_kv, kv_type, attn_bufts)
+    kv = KVCache(hp.n_layer, n_ctx, hp.head_dim_k, hp.head_dim_v, hp.n_head_kv, kv_type, attn_bufts,
+                 v_in_k=getattr(arch, "v_in_k", False))
     return HybridMemory(kv, rs)

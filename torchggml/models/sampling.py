@@ -6,7 +6,7 @@ and the server (torchggml.server), so a request gives the same tokens through ev
     choice = sampler.sample(logits_row)               # TokenChoice: token, logprob, top
     sampler.accept(choice.token)
 
-The chain, in order: repeat/frequency/presence penalties (llama.cpp's penalties sampler, over
+The chain, in order: logit biases (llama.cpp's logit-bias sampler), repeat/frequency/presence penalties (llama.cpp's penalties sampler, over
 the last repeat_last_n tokens), an allowed-token mask (a grammar's), temperature, top-k, top-p,
 min-p, then a draw; temperature <= 0 takes the most likely allowed token. Log-probabilities (the
 OpenAI `logprobs`) are those of the model: log-softmax of the raw logits, before any of the chain.
@@ -60,7 +60,7 @@ class Sampler:
             if p.logprobs:
                 values, ids = torch.topk(logprobs, min(p.logprobs, logprobs.numel()))
                 choice.top = [(int(i), float(v)) for i, v in zip(ids, values)]
-        work = self._penalized(logits)
+        work = self._penalized(self._biased(logits))
         if allowed is not None:
             if not bool(allowed.any()):
                 raise ValueError("sampling: the grammar allows no token here")
@@ -69,6 +69,13 @@ class Sampler:
         if p.logprobs is not None:
             choice.logprob = float(logprobs[choice.token])
         return choice
+
+    def _biased(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.params.logit_bias:
+            return logits
+        ids = torch.tensor([t for t, _ in self.params.logit_bias], dtype=torch.int64)
+        bias = torch.tensor([b for _, b in self.params.logit_bias], dtype=torch.float64)
+        return logits.double().index_add(0, ids, bias)  # a token listed twice gets both
 
     def _penalized(self, logits: torch.Tensor) -> torch.Tensor:
         p = self.params
@@ -116,7 +123,8 @@ def sample_token(logits: torch.Tensor, temperature: float = DEFAULTS.temperature
 class StopStrings:
     """Streamed text cut at the first of `stops`: push(text) returns the text that can be shown
     now (a tail that may begin a stop string is held back) and sets `stopped` when a stop string
-    appeared (the stop string and what follows are dropped, as OpenAI does); flush() the held tail.
+    appeared (the stop string and what follows are dropped, as OpenAI does; `word` is the one found);
+    flush() the held tail.
 
     The stops are one Aho-Corasick automaton: a push scans the held tail and the new text once,
     whatever the number of stops (the held tail is shorter than the longest stop)."""
@@ -125,6 +133,7 @@ class StopStrings:
         self.stops = [s for s in stops if s]
         self.held = ""
         self.stopped = False
+        self.word: str | None = None
         self._goto: list[dict[str, int]] = [{}]  # trie: node -> char -> node
         self._fail = [0]
         self._depth = [0]
@@ -174,6 +183,7 @@ class StopStrings:
         cut, keep = self._scan(text)
         if cut >= 0:
             self.stopped, self.held = True, ""
+            self.word = max((s for s in self.stops if text.startswith(s, cut)), key=len)
             return text[:cut]
         self.held = text[len(text) - keep:] if keep else ""
         return text[:len(text) - keep]

@@ -17,7 +17,9 @@ class SamplingParams:
     when negative). frequency_penalty / presence_penalty: OpenAI's (0: off): a recent token's logit
     less count * frequency_penalty + presence_penalty. repeat_last_n: how many recent tokens the
     penalties look at (-1: all). seed: the draw's generator (None: random). logprobs: None, or how
-    many alternatives (0..20) to report beside each token's own log-probability."""
+    many alternatives (0..20) to report beside each token's own log-probability. logit_bias:
+    (token id, bias) pairs added to the logits before the chain (-inf bans the token), as
+    llama.cpp's logit-bias sampler; the reported log-probabilities are the raw logits'."""
     temperature: float = 0.8
     top_k: int = 40
     top_p: float = 0.95
@@ -28,6 +30,7 @@ class SamplingParams:
     repeat_last_n: int = 64
     seed: int | None = None
     logprobs: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self):
         checks = [("temperature", self.temperature >= 0),
@@ -36,10 +39,12 @@ class SamplingParams:
                   ("frequency_penalty", -2 <= self.frequency_penalty <= 2),
                   ("presence_penalty", -2 <= self.presence_penalty <= 2),
                   ("repeat_last_n", self.repeat_last_n >= -1),
-                  ("logprobs", self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS)]
+                  ("logprobs", self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS),
+                  ("logit_bias", all(not math.isnan(b) and b != math.inf for _, b in self.logit_bias))]
         ranges = {"temperature": ">= 0", "top_k": ">= 0", "top_p": "in [0, 1]", "min_p": "in [0, 1]",
                   "repeat_penalty": "> 0", "frequency_penalty": "in [-2, 2]", "presence_penalty": "in [-2, 2]",
-                  "repeat_last_n": ">= -1", "logprobs": f"in [0, {MAX_TOP_LOGPROBS}]"}
+                  "repeat_last_n": ">= -1", "logprobs": f"in [0, {MAX_TOP_LOGPROBS}]",
+                  "logit_bias": "finite biases (or -inf: banned)"}
         for name, ok in checks:
             value = getattr(self, name)
             if isinstance(value, float) and math.isnan(value):

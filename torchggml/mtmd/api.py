@@ -8,7 +8,9 @@ A prompt is a list of parts: texts, token-id lists, images (`Image(path | bytes 
 uint8 array)`, or a PIL image directly) and audio (`Audio(wav path | float samples)`). Each image becomes what libmtmd's tokenizer makes of it:
 the projector's marker texts around its embeddings (gemma3: <start_of_image> ... <end_of_image>,
 read non-causally), idefics3's tiles with their row/column markers, slices first and the
-overview last."""
+overview last, InternVL's slices and overview between <img> and </img>, LFM2-VL's tiles
+(<|img_row_i_col_j|>) and thumbnail between <|image_start|> and <|image_end|>, Qwen-VL's image
+between <|vision_start|> and <|vision_end|> at 2-D positions (its merged patch grid)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,6 +25,12 @@ from .preprocess import PreprocessedImage, preprocess
 
 # the non-causal projectors (mtmd_decode_use_non_causal)
 NON_CAUSAL = frozenset({"gemma3"})
+
+# the texts libmtmd puts around an audio clip's chunks
+AUDIO_MARKERS = {"qwen2a": ("<|audio_bos|>", "<|audio_eos|>"), "voxtral": ("[BEGIN_AUDIO]", ""), "ultravox": ("", "")}
+
+# the projectors whose images take M-RoPE positions in the text model (mtmd_decode_use_mrope)
+MROPE = frozenset({"qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger"})
 
 # where an image goes in a text prompt (libmtmd's default media marker)
 MEDIA_MARKER = "<__media__>"
@@ -108,9 +116,9 @@ class Multimodal:
     """A Model and an MMProj whose projector outputs the model's embedding width."""
 
     def __init__(self, model, mmproj: MMProj, n_threads: int | None = None):
-        if mmproj.n_embd_text != model.hp.n_embd:
+        if mmproj.n_embd_text != model.hp.n_embd_inp:
             raise ValueError(f"{mmproj.path}: the projector outputs {mmproj.n_embd_text}-wide embeddings but "
-                             f"{model.path} has n_embd {model.hp.n_embd}")
+                             f"{model.path} has n_embd {model.hp.n_embd_inp}")
         self.model, self.mmproj = model, mmproj
         self.encoder = Encoder(mmproj, n_threads)
         self._by_piece: dict[str, int] | None = None
@@ -127,11 +135,13 @@ class Multimodal:
 
     def audio_parts(self, audio: Audio) -> list:
         """The prompt parts for one audio clip: its 30-second chunks' embeddings between the
-        projector's markers (Qwen2-Audio: <|audio_bos|> ... <|audio_eos|>), as libmtmd makes them."""
+        projector's markers (Qwen2-Audio: <|audio_bos|> ... <|audio_eos|>; Voxtral: [BEGIN_AUDIO] before;
+        Ultravox: none), as libmtmd makes them."""
         if self.mmproj.audio is None:
             raise ValueError(f"{self.mmproj.path}: projector {self.mmproj.projector} has no audio encoder")
         mels = log_mel(load_audio(audio.source, self.mmproj.audio.sample_rate), self.mmproj.audio)
-        return ["<|audio_bos|>", *(EmbeddingChunk(self.encoder.encode_mel(m)) for m in mels), "<|audio_eos|>"]
+        begin, end = AUDIO_MARKERS[self.mmproj.projector]
+        return [begin, *(EmbeddingChunk(self.encoder.encode_mel(m)) for m in mels), end]
 
     def preprocess(self, image) -> PreprocessedImage:
         return preprocess(image.source if isinstance(image, Image) else image, self.mmproj.projector,
@@ -157,6 +167,21 @@ class Multimodal:
                     parts.append(ids("\n"))
             return parts + [ids("\n\n", "<fake_token_around_image>", "<global-img>"), chunk(rows[0]),
                             ids("<fake_token_around_image>")]
+        if self.mmproj.projector == "internvl":  # the slices, then the overview, each a chunk
+            return ["<img>", *(chunk(r) for r in rows), "</img>"]
+        if self.mmproj.projector == "mlp":  # LLaVA 1.6's slices and overview, no markers (LLaVA 1.5: one tile)
+            return [chunk(r) for r in rows]
+        if self.mmproj.projector == "lfm2":  # tiles with their <|img_row_i_col_j|> markers, the thumbnail last
+            if pre.grid == (0, 0):
+                return ["<|image_start|>", chunk(rows[0]), "<|image_end|>"]
+            gx, parts = pre.grid[0], ["<|image_start|>"]
+            for i, r in enumerate(rows[:-1]):
+                parts += [f"<|img_row_{i // gx + 1}_col_{i % gx + 1}|>", chunk(r)]
+            return parts + [self.lookup_token("<|img_thumbnail|>"), chunk(rows[-1]), "<|image_end|>"]
+        if self.mmproj.projector in MROPE:  # the merged patch grid: the text model's 2-D positions
+            tile, side = pre.tiles[0].pixels, self.mmproj.vision.patch_size * self.mmproj.vision.n_merge
+            grid = (int(tile.shape[2]) // side, int(tile.shape[1]) // side)
+            return ["<|vision_start|>", EmbeddingChunk(rows[0], True, grid), "<|vision_end|>"]
         if self.mmproj.projector == "pixtral":
             return [chunk(rows[0]), "[IMG_END]"]
         return [chunk(rows[0])]

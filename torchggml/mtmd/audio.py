@@ -7,8 +7,11 @@ frame of 400 samples (hop 160) is weighted by a periodic Hann window, its power 
 log10'd with a floor of 2^-24; the whole spectrogram is clamped to its maximum - 8 and mapped by
 (x + 4) / 4. Chunks are the full 3000-frame windows (the silence makes at least one).
 
-Decoding: float arrays (mono, 16 kHz), or WAV files (PCM 16/32-bit, any channel count, 16 kHz)
-through the standard library; other formats and rates: decode and resample first."""
+Decoding: float arrays (mono, 16 kHz); WAV files (PCM 16/32-bit) through the standard library;
+other files (mp3, flac, ogg...) through soundfile (the optional extra `audio`: libsndfile 1.1 or
+newer reads mp3). Channels are averaged, and any other rate is resampled to 16 kHz as llama.cpp's
+miniaudio decoder does (its linear resampler: a 4th-order Butterworth low-pass at the lower
+Nyquist frequency, two float32 biquads, then linear interpolation)."""
 from __future__ import annotations
 
 import io
@@ -16,6 +19,7 @@ import math
 import os
 import struct
 import wave
+from math import gcd
 
 import numpy as np
 import torch
@@ -24,8 +28,8 @@ from .loader import AudioHParams
 
 
 def load_audio(source, sample_rate: int = 16000) -> np.ndarray:
-    """Mono float32 samples from a float array / tensor, or a WAV file (a path or its bytes) at
-    `sample_rate`."""
+    """Mono float32 samples at `sample_rate` from a float array / tensor (taken as at that rate),
+    or an audio file (a path or its bytes): WAV, or another format soundfile reads."""
     if isinstance(source, torch.Tensor):
         source = source.detach().cpu().numpy()
     if isinstance(source, np.ndarray):
@@ -34,19 +38,94 @@ def load_audio(source, sample_rate: int = 16000) -> np.ndarray:
         return source.astype(np.float32)
     is_bytes = isinstance(source, (bytes, bytearray))
     name = "audio bytes" if is_bytes else os.fspath(source)
+    if is_bytes:
+        head = bytes(source[:4])
+    else:
+        with open(name, "rb") as f:
+            head = f.read(4)
+    data = io.BytesIO(source) if is_bytes else name
+    x, rate = _read_wav(data, name) if head == b"RIFF" else _read_soundfile(data, name)
+    return x if rate == sample_rate else resample(x, rate, sample_rate)
+
+
+def _read_wav(data, name: str) -> tuple[np.ndarray, int]:
     try:
-        with wave.open(io.BytesIO(source) if is_bytes else name, "rb") as w:
+        with wave.open(data, "rb") as w:
             rate, channels, width, n = w.getframerate(), w.getnchannels(), w.getsampwidth(), w.getnframes()
-            data = w.readframes(n)
+            frames = w.readframes(n)
     except (wave.Error, EOFError, struct.error) as e:
         raise ValueError(f"{name}: not a WAV file the standard library can read ({e})") from None
-    if rate != sample_rate:
-        raise ValueError(f"{name}: {rate} Hz; the encoder needs {sample_rate} Hz (resample it first)")
     if width not in (2, 4):
         raise ValueError(f"{name}: {8 * width}-bit PCM; 16 or 32-bit PCM WAV files are read")
-    x = np.frombuffer(data, dtype=np.int16 if width == 2 else np.int32).astype(np.float32)
+    x = np.frombuffer(frames, dtype=np.int16 if width == 2 else np.int32).astype(np.float32)
     x /= 32768.0 if width == 2 else 2147483648.0
-    return x.reshape(-1, channels).mean(axis=1, dtype=np.float32)
+    return x.reshape(-1, channels).mean(axis=1, dtype=np.float32), rate
+
+
+def _read_soundfile(data, name: str) -> tuple[np.ndarray, int]:
+    try:
+        import soundfile
+    except ImportError:
+        raise ImportError(f"{name}: audio other than WAV needs soundfile: pip install 'torchggml[audio]'") from None
+    try:
+        x, rate = soundfile.read(data, dtype="float32", always_2d=True)
+    except (soundfile.LibsndfileError, RuntimeError, TypeError) as e:
+        raise ValueError(f"{name}: not an audio file libsndfile {soundfile.__libsndfile_version__} can read "
+                         f"({e})") from None
+    return x.mean(axis=1, dtype=np.float32), int(rate)
+
+
+_BIQUAD = None  # the compiled float32 biquad (numba, compiled on first use)
+
+
+def _biquad_f32(x: np.ndarray, b0, b1, b2, a1, a2) -> np.ndarray:
+    """A biquad in float32, transposed direct form II (miniaudio's ma_biquad)."""
+    global _BIQUAD
+    if _BIQUAD is None:
+        import numba
+
+        @numba.njit(cache=True)
+        def run(x, b0, b1, b2, a1, a2):
+            y = np.empty_like(x)
+            r1 = np.float32(0.0)
+            r2 = np.float32(0.0)
+            for i in range(x.size):
+                v = x[i]
+                out = b0 * v + r1
+                r1 = b1 * v - a1 * out + r2
+                r2 = b2 * v - a2 * out
+                y[i] = out
+            return y
+        _BIQUAD = run
+    f = np.float32
+    return _BIQUAD(x, f(b0), f(b1), f(b2), f(a1), f(a2))
+
+
+def resample(x: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:
+    """float32 samples from rate_in to rate_out as miniaudio's linear resampler: the rates reduced
+    by their gcd, a 4th-order Butterworth low-pass (cut-off at the lower rate's Nyquist
+    frequency) over the input, then each output sample interpolated between the two input
+    samples before its time (the first output is the filter's zero state)."""
+    g = gcd(rate_in, rate_out)
+    rin, rout = rate_in // g, rate_out // g
+    y = np.ascontiguousarray(x, dtype=np.float32)
+    if rin == rout:
+        return y.copy()
+    fs, fc = max(rin, rout), min(rin, rout) * 0.5
+    w = 2 * math.pi * fc / fs
+    s, c = math.sin(w), math.cos(w)
+    for k in range(2):  # two biquads, q of the 4th-order Butterworth's pole pairs
+        q = 1 / (2 * math.cos((1 + 2 * k) * math.pi / 8))
+        a = s / (2 * q)
+        a0 = 1 + a
+        y = _biquad_f32(y, (1 - c) / 2 / a0, (1 - c) / a0, (1 - c) / 2 / a0, -2 * c / a0, (1 - a) / a0)
+    n_out = y.size * rout // rin
+    t = np.arange(n_out, dtype=np.int64) * rin       # output k's time, in input samples times rout
+    n = 1 + t // rout                                 # inputs loaded: x1 = y[n - 1], x0 = y[n - 2]
+    frac = (t % rout).astype(np.float32) / np.float32(rout)
+    padded = np.concatenate([np.zeros(1, np.float32), y, np.zeros(1, np.float32)])
+    x0, x1 = padded[np.minimum(n - 1, y.size)], padded[np.minimum(n, y.size + 1)]
+    return (x0 + (x1 - x0) * frac).astype(np.float32)
 
 
 def mel_filterbank(n_mel: int, n_fft: int, sample_rate: int) -> torch.Tensor:

@@ -18,8 +18,9 @@ from ..models.placement import cpu_device, find_device
 from ..tensor import Tensor
 
 # projector types torchggml encodes (one graph module each; see encoders.py)
-SUPPORTED_PROJECTORS = ("gemma3", "idefics3", "mlp", "qwen2vl_merger", "qwen2.5vl_merger", "pixtral", "qwen2a")
-AUDIO_PROJECTORS = frozenset({"qwen2a"})
+SUPPORTED_PROJECTORS = ("gemma3", "idefics3", "mlp", "qwen2vl_merger", "qwen2.5vl_merger", "pixtral", "qwen2a",
+                        "internvl", "lfm2", "qwen3vl_merger", "ultravox", "voxtral")
+AUDIO_PROJECTORS = frozenset({"qwen2a", "ultravox", "voxtral"})
 
 # every type clip.cpp's projector table names, for the error that tells "unknown" from "not yet"
 LLAMA_CPP_PROJECTORS = frozenset((
@@ -68,6 +69,14 @@ class VisionHParams(EncoderHParams):
     min_pixels: int = 0          # dynamic-size projectors (qwen2vl): the resized image's pixel range
     max_pixels: int = 0
     n_wa_pattern: int = 0        # qwen2.5vl: every n-th layer attends fully, the others by window
+    # LLaVA-UHD slicing (internvl, LLaVA 1.6): the refined image's candidate sizes (w, h), and how the
+    # overview (ov) and the refined image (rf) are resized (clip.cpp's image_*_ov / image_*_rf)
+    res_candidates: tuple[tuple[int, int], ...] = ()
+    resize_algo_ov: str = "bicubic"
+    resize_pad_ov: str = "none"
+    resize_algo_rf: str = "bicubic"
+    resize_pad_rf: str = "ceil"
+    pad_color_rf: tuple[int, int, int] = (0, 0, 0)
 
 
 @dataclass
@@ -80,6 +89,7 @@ class AudioHParams(EncoderHParams):
     window: int = 400
     hop: int = 160
     chunk_frames: int = 3000     # 30 s: the encoder reads one chunk of mel frames at a time
+    stack_factor: int = 1        # ultravox, voxtral: encoder frames stacked as one projector row
 
 
 def _key_reader(file: GGUFFile, section: str):
@@ -105,7 +115,10 @@ def _encoder_hparams(key) -> dict:
 
 def read_audio_hparams(file: GGUFFile, projector: str) -> AudioHParams:
     key = _key_reader(file, "audio")
-    return AudioHParams(**_encoder_hparams(key), n_mel=int(key("num_mel_bins")))
+    stack = int(key("projector.stack_factor")) if projector in ("ultravox", "voxtral") else 1
+    if stack < 1:
+        raise GGUFError(f"{file.path}: clip.audio.projector.stack_factor is {stack}")
+    return AudioHParams(**_encoder_hparams(key), n_mel=int(key("num_mel_bins")), stack_factor=stack)
 
 
 def _projector_type(file: GGUFFile) -> str:
@@ -148,11 +161,17 @@ def read_vision_hparams(file: GGUFFile, projector: str) -> VisionHParams:
         hp.n_merge, hp.resize_algo = int(scale_factor or 1), "lanczos"
         hp.image_longest_edge = int(key("preproc_image_size", 0))
     elif projector == "mlp":
-        if file.get("clip.vision.image_grid_pinpoints", None):
-            raise UnsupportedProjectorError(f"{file.path}: projector 'mlp' with image_grid_pinpoints (LLaVA 1.6 "
-                                            f"slicing) is not supported yet; LLaVA 1.5 files are")
+        if key("feature_layer", None) is not None:
+            raise UnsupportedProjectorError(f"{file.path}: projector 'mlp' with clip.vision.feature_layer (several "
+                                            f"layers' features) is not supported yet")
+        pinpoints = [int(v) for v in key("image_grid_pinpoints", [])]
+        if len(pinpoints) % 2:
+            raise GGUFError(f"{file.path}: clip.vision.image_grid_pinpoints has an odd number of values ({len(pinpoints)})")
+        # LLaVA 1.6: LLaVA-UHD slicing over the pinpoints (the overview stretched, the refined image
+        # letterboxed on black, both bicubic: clip.cpp's defaults then); LLaVA 1.5: letterboxed on grey
+        hp.res_candidates = tuple(zip(pinpoints[0::2], pinpoints[1::2]))
         hp.pad_color = (122, 116, 104)
-    elif projector in ("qwen2vl_merger", "qwen2.5vl_merger"):
+    elif projector in ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger"):
         hp.n_merge, hp.resize_algo = int(key("spatial_merge_size", 2)), "bicubic"
         # Qwen2.5-VL must say its window pattern (clip.cpp requires the key); Qwen2-VL may
         hp.n_wa_pattern = int(key("n_wa_pattern") if projector == "qwen2.5vl_merger" else key("n_wa_pattern", 0))
@@ -164,9 +183,27 @@ def read_vision_hparams(file: GGUFFile, projector: str) -> VisionHParams:
         hp.n_merge, hp.resize_algo = int(key("spatial_merge_size", 1)), "bicubic"
         area = (hp.patch_size * hp.n_merge) ** 2  # llama.cpp's token limits: 8 to 1024 tokens
         hp.min_pixels, hp.max_pixels = 8 * area, 1024 * area
+    elif projector == "internvl":
+        hp.n_merge = int(scale_factor or 1)
+        lo, hi = int(key("preproc_min_tiles", 1)), int(key("preproc_max_tiles", 12))
+        if not 1 <= lo <= hi:
+            raise GGUFError(f"{file.path}: internvl tiles: preproc_min_tiles {lo}, preproc_max_tiles {hi}")
+        hp.res_candidates = internvl_candidates(hp.image_size, lo, hi)
+    elif projector == "lfm2":
+        hp.n_merge, hp.resize_algo = int(scale_factor or 1), "bilinear"
+        hp.resize_algo_ov = hp.resize_algo_rf = "bilinear"
+        area = (hp.patch_size * hp.n_merge) ** 2  # LFM2-VL's processor: 64 to 256 tokens
+        hp.min_pixels, hp.max_pixels = 64 * area, 256 * area
     if hp.image_size % hp.patch_size:
         raise GGUFError(f"{file.path}: image_size {hp.image_size} is not a multiple of patch_size {hp.patch_size}")
     return hp
+
+
+def internvl_candidates(size: int, lo: int, hi: int) -> tuple[tuple[int, int], ...]:
+    """InternVL's tile grids a x b with lo <= a * b <= hi, as (width, height) in pixels, in
+    clip.cpp's order (a ascending, then b)."""
+    return tuple((a * size, b * size) for a in range(lo, hi + 1)
+                 for b in range(max((lo + a - 1) // a, lo), min(hi // a, hi) + 1))
 
 
 @dataclass
@@ -193,8 +230,11 @@ class MMProj:
 
     @property
     def n_embd_text(self) -> int:
-        """The width of the embeddings the projector outputs (the text model's n_embd)."""
-        return (self.vision or self.audio).projection_dim
+        """The width of the embeddings the projector outputs (the text model's input width: its
+        n_embd, times 1 + the deepstack layers for Qwen3-VL)."""
+        n_deepstack = sum(1 for il in range(self.vision.n_layer)
+                          if self.weights.get(f"v.deepstack.{il}.fc2.weight") is not None) if self.vision else 0
+        return (self.vision or self.audio).projection_dim * (1 + n_deepstack)
 
     def close(self) -> None:
         self.weights.free()

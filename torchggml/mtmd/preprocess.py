@@ -13,7 +13,14 @@ An image becomes one or more `Tile`s, each a float32 [3, H, W] tensor the encode
 - dynamic size (qwen2vl, pixtral): the aspect ratio kept, each side a multiple of patch x merge, the
   pixel count within the projector's token limits (transformers' smart_resize), letterboxed;
 - idefics3: resized so the longest edge is preproc_image_size, then up to a multiple of
-  image_size and cut into image_size tiles row by row, after an overview of the whole image."""
+  image_size and cut into image_size tiles row by row, after an overview of the whole image;
+- LLaVA-UHD slicing with candidate sizes (internvl's tile grids, LLaVA 1.6's pinpoints): an image larger than image_size is
+  letterboxed into the candidate size that keeps most of its pixels (then wastes least) and cut
+  into image_size tiles row by row; the overview is the whole image stretched to image_size.
+  the slices come first, the overview last (libmtmd's order for both);
+- lfm2 (LFM2-VL): the aspect kept within 64..256 tokens (as dynamic size, stretched); an image
+  above twice the token limit is also cut into 512 x 512 tiles on the grid of 2..10 tiles whose
+  aspect is closest, letterboxed, the resized whole image (the thumbnail) after them."""
 from __future__ import annotations
 
 import io
@@ -116,12 +123,18 @@ def preprocess(image, projector: str, hp: VisionHParams, device=None) -> Preproc
     rgb = load_image(image)
     size = (rgb.shape[1], rgb.shape[0])
     norm = lambda u8: normalize(u8, hp.image_mean, hp.image_std, device)  # noqa: E731
+    if projector in ("internvl", "mlp") and hp.res_candidates:  # the slices, then the overview
+        pre = slice_by_candidates(rgb, hp, norm, size)
+        pre.tiles = pre.tiles[1:] + pre.tiles[:1]
+        return pre
     if projector in ("gemma3", "mlp"):
         n = hp.image_size
         return PreprocessedImage([Tile(norm(letterbox(rgb, n, n, hp.resize_algo, hp.resize_pad, hp.pad_color)))], size)
     if projector == "idefics3":
         return _idefics3(rgb, hp, norm, size)
-    if projector in ("qwen2vl_merger", "qwen2.5vl_merger", "pixtral"):
+    if projector == "lfm2":
+        return _lfm2(rgb, hp, norm, size)
+    if projector in ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger", "pixtral"):
         w, h = dynamic_size(size[0], size[1], hp.patch_size * hp.n_merge, hp.min_pixels, hp.max_pixels)
         return PreprocessedImage([Tile(norm(letterbox(rgb, w, h, hp.resize_algo, hp.resize_pad, hp.pad_color)))], size)
     raise ValueError(f"preprocess: no preprocessing for projector {projector!r}")
@@ -164,3 +177,81 @@ def _idefics3(rgb: np.ndarray, hp: VisionHParams, norm, size) -> PreprocessedIma
         for x in range(gx):
             tiles.append(Tile(norm(refined[y * tile:(y + 1) * tile, x * tile:(x + 1) * tile]), "slice", y, x))
     return PreprocessedImage(tiles, size, (gx, gy))
+
+
+def best_resolution(width: int, height: int, candidates) -> tuple[int, int]:
+    """The candidate (w, h) that keeps most of the image's pixels once the image is scaled into it
+    (aspect kept, sides truncated), then wastes least (llava-uhd's select_best_resolution)."""
+    best, best_kept, best_waste = None, 0, None
+    for cw, ch in candidates:
+        scale = min(np.float32(cw) / np.float32(width), np.float32(ch) / np.float32(height))
+        kept = min(int(np.float32(width) * scale) * int(np.float32(height) * scale), width * height)
+        waste = cw * ch - kept
+        if kept > best_kept or (kept == best_kept and waste < best_waste):
+            best, best_kept, best_waste = (cw, ch), kept, waste
+    return best
+
+
+def slice_by_candidates(rgb: np.ndarray, hp: VisionHParams, norm, size) -> PreprocessedImage:
+    """The overview, then (for an image larger than image_size) the image_size slices of the
+    refined image, row by row (mtmd-image.cpp's llava_uhd preprocessor with resolution candidates)."""
+    n, (w0, h0) = hp.image_size, size
+    tiles = [Tile(norm(letterbox(rgb, n, n, hp.resize_algo_ov, hp.resize_pad_ov, hp.pad_color)), "overview")]
+    if w0 <= n and h0 <= n:
+        return PreprocessedImage(tiles, size)
+    rw, rh = best_resolution(w0, h0, hp.res_candidates)
+    refined = letterbox(rgb, rw, rh, hp.resize_algo_rf, hp.resize_pad_rf, hp.pad_color_rf)
+    for y in range(0, rh, n):
+        for x in range(0, rw, n):
+            tiles.append(Tile(norm(refined[y:y + n, x:x + n]), "slice", y // n, x // n))
+    return PreprocessedImage(tiles, size, (rw // n, rh // n))
+
+
+# LFM2-VL's processor constants (llama.cpp's mtmd_image_preprocessor_lfm2)
+LFM2_TILE, LFM2_MIN_TILES, LFM2_MAX_TILES, LFM2_TOLERANCE = 512, 2, 10, 2.0
+
+
+def lfm2_should_tile(width: int, height: int, hp: VisionHParams) -> bool:
+    """Whether the image, rounded to the merged patch size (half to even, in double), exceeds twice
+    the token limit."""
+    align = hp.patch_size * hp.n_merge
+    w_bar = max(hp.patch_size, int(np.rint(width / align)) * align)
+    h_bar = max(hp.patch_size, int(np.rint(height / align)) * align)
+    return float(h_bar) * float(w_bar) > hp.max_pixels * LFM2_TOLERANCE
+
+
+def lfm2_grid(width: int, height: int) -> tuple[int, int]:
+    """The (columns, rows) grid of 2..10 tiles whose aspect is closest to the image's; on a tie,
+    the later grid (more tiles) when the image covers over half its area (float32, as the C++)."""
+    grids = []
+    for n in range(LFM2_MIN_TILES, LFM2_MAX_TILES + 1):
+        for w in range(1, n + 1):
+            for h in range(1, n + 1):
+                if LFM2_MIN_TILES <= w * h <= LFM2_MAX_TILES and (w, h) not in grids:
+                    grids.append((w, h))
+    grids.sort(key=lambda g: g[0] * g[1])  # by area (std::sort's order within one area is not kept;
+    # it matters only where two grids of one area tie in aspect distance)
+    f32 = np.float32
+    aspect, area = f32(width) / f32(height), f32(width * height)
+    best, best_diff = (1, 1), f32(np.finfo(np.float32).max)
+    for w, h in grids:
+        diff = abs(aspect - f32(w) / f32(h))
+        if diff < best_diff:
+            best, best_diff = (w, h), diff
+        elif diff == best_diff and area > f32(0.5) * f32(LFM2_TILE * LFM2_TILE * w * h):
+            best = (w, h)
+    return best
+
+
+def _lfm2(rgb: np.ndarray, hp: VisionHParams, norm, size) -> PreprocessedImage:
+    (w0, h0), align = size, hp.patch_size * hp.n_merge
+    ov_w, ov_h = dynamic_size(w0, h0, align, hp.min_pixels, hp.max_pixels)
+    overview = norm(letterbox(rgb, ov_w, ov_h, hp.resize_algo_ov, hp.resize_pad_ov, hp.pad_color))
+    if not lfm2_should_tile(w0, h0, hp):
+        return PreprocessedImage([Tile(overview)], size)
+    gx, gy = lfm2_grid(w0, h0)
+    n = LFM2_TILE
+    refined = letterbox(rgb, gx * n, gy * n, hp.resize_algo_rf, hp.resize_pad_rf, hp.pad_color_rf)
+    tiles = [Tile(norm(refined[y * n:(y + 1) * n, x * n:(x + 1) * n]), "slice", y, x)
+             for y in range(gy) for x in range(gx)]
+    return PreprocessedImage(tiles + [Tile(overview, "overview")], size, (gx, gy))

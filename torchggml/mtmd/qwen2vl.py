@@ -67,28 +67,46 @@ def positions(px: int, py: int, idx: np.ndarray | None = None) -> np.ndarray:
     return pos
 
 
-def build(ctx, mm: MMProj, image: Tensor, inputs: list) -> Tensor:
-    """[W, H, 3, 1] pixels (multiples of 2 patches) -> [n_embd_text, n_patches / 4] embeddings."""
-    hp, p = mm.vision, mm.vision.patch_size
-    px, py, e = image.ne[0] // p, image.ne[1] // p, hp.n_embd
+def block_patches(ctx, mm: MMProj, image: Tensor) -> tuple[Tensor, int, int]:
+    """The two frames' patch convolutions of a still image, summed, as rows [n_embd, px * py] in
+    2 x 2 block order; and px, py (the patches a side, even)."""
+    p = mm.vision.patch_size
+    px, py = image.ne[0] // p, image.ne[1] // p
     if px % 2 or py % 2:
         raise ValueError(f"{mm.path}: {mm.projector} needs an even number of patches per side, got {px}x{py}")
     conv = lambda name: ops.conv_2d(ctx, mm.tensor(name), image, p, p, 0, 0, 1, 1)  # noqa: E731
-    x = ops.add(ctx, conv("v.patch_embd.weight"), conv("v.patch_embd.weight.1"))   # [px, py, e, 1]
-    # rows in 2 x 2 block order: [e, px, py] -> pairs of columns -> pairs of rows
-    x = ops.cont_4d(ctx, ops.permute(ctx, x, 1, 2, 0, 3), e * 2, px // 2, py, 1)
+    x = ops.add(ctx, conv("v.patch_embd.weight"), conv("v.patch_embd.weight.1"))  # [px, py, n_embd, 1]
+    return block_order(ctx, ops.permute(ctx, x, 1, 2, 0, 3), px, py), px, py
+
+
+def block_order(ctx, x: Tensor, px: int, py: int) -> Tensor:
+    """Patch rows [e, px, py] (any strides) -> [e, px * py] in 2 x 2 block order: pairs of
+    columns, then pairs of rows."""
+    e = x.ne[0]
+    x = ops.cont_4d(ctx, x, e * 2, px // 2, py, 1)
     x = ops.permute(ctx, ops.reshape_4d(ctx, x, e * 2, px // 2, 2, py // 2), 0, 2, 1, 3)
-    x = ops.reshape_2d(ctx, ops.cont_3d(ctx, x, e, px * py, 1), e, px * py)
+    return ops.reshape_2d(ctx, ops.cont_3d(ctx, x, e, px * py, 1), e, px * py)
+
+
+def vision_rope(ctx, inputs: list, px: int, py: int, d: int, idx: np.ndarray | None = None):
+    """rope(q or k): vision M-RoPE over each patch's (row, column) in block order."""
+    pos = _input(ctx, inputs, "positions", positions(px, py, idx))
+    return lambda t: ops.rope_multi(ctx, t, pos, None, d // 2, [d // 4] * 4, int(RopeType.VISION),
+                                    32768, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
+
+
+def build(ctx, mm: MMProj, image: Tensor, inputs: list) -> Tensor:
+    """[W, H, 3, 1] pixels (multiples of 2 patches) -> [n_embd_text, n_patches / 4] embeddings."""
+    hp, p = mm.vision, mm.vision.patch_size
+    e = hp.n_embd
+    x, px, py = block_patches(ctx, mm, image)
     n_blocks = px * py // 4
     windowed = hp.n_wa_pattern > 0
     if windowed:
         idx, inv, mask = windows(px // 2, py // 2, WINDOW_PIXELS // p // 2)
         inv_t, idx_t = _input(ctx, inputs, "inv_window_idx", inv), _input(ctx, inputs, "window_idx", idx)
         mask_t = _input(ctx, inputs, "window_mask", mask, Type.F32)
-    pos = _input(ctx, inputs, "positions", positions(px, py, idx if windowed else None))
-    d = hp.d_head
-    rope = lambda t: ops.rope_multi(ctx, t, pos, None, d // 2, [d // 4] * 4, int(RopeType.VISION),  # noqa: E731
-                                    32768, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
+    rope = vision_rope(ctx, inputs, px, py, hp.d_head, idx if windowed else None)
     if windowed:  # the 2 x 2 blocks in window order; full attention every n_wa_pattern-th layer
         regroup = lambda t: ops.reshape_2d(ctx, ops.get_rows(ctx, ops.reshape_2d(ctx, t, e * 4, n_blocks), inv_t),  # noqa: E731
                                            e, px * py)

@@ -7,6 +7,8 @@ Attention is the non-flash path clip.cpp takes with flash attention off (mul_mat
 mul_mat, all F32)."""
 from __future__ import annotations
 
+import math
+
 from .. import ops
 from ..tensor import Tensor
 from .loader import MMProj
@@ -44,9 +46,16 @@ def attention(ctx, mm: MMProj, il: int, x: Tensor, mask: Tensor | None = None, r
     hp, pre = mm.hparams(prefix), f"{prefix}.blk.{il}."
     t = lambda name: mm.tensor(pre + name, required=False)  # noqa: E731
     n_pos, d = x.ne[1], hp.d_head
-    q = ops.reshape_3d(ctx, linear(ctx, x, t("attn_q.weight"), t("attn_q.bias")), d, hp.n_head, n_pos)
-    k = ops.reshape_3d(ctx, linear(ctx, x, t("attn_k.weight"), t("attn_k.bias")), d, hp.n_head_kv, n_pos)
-    v = ops.reshape_3d(ctx, linear(ctx, x, t("attn_v.weight"), t("attn_v.bias")), d, hp.n_head_kv, n_pos)
+    qkv_w = t("attn_qkv.weight")
+    if qkv_w is not None:  # one fused projection (Qwen3-VL): q, k and v as views of its rows
+        qkv = linear(ctx, x, qkv_w, t("attn_qkv.bias"))
+        part = lambda i: ops.view_3d(ctx, qkv, d, hp.n_head, n_pos, d * qkv.nb[0], qkv.nb[1],  # noqa: E731
+                                     i * hp.n_head * d * qkv.nb[0])
+        q, k, v = part(0), part(1), part(2)
+    else:
+        q = ops.reshape_3d(ctx, linear(ctx, x, t("attn_q.weight"), t("attn_q.bias")), d, hp.n_head, n_pos)
+        k = ops.reshape_3d(ctx, linear(ctx, x, t("attn_k.weight"), t("attn_k.bias")), d, hp.n_head_kv, n_pos)
+        v = ops.reshape_3d(ctx, linear(ctx, x, t("attn_v.weight"), t("attn_v.bias")), d, hp.n_head_kv, n_pos)
     if rope is not None:
         q, k = rope(q), rope(k)
     q = ops.permute(ctx, q, 0, 2, 1, 3)                        # [d, n_pos, n_head]
@@ -77,15 +86,20 @@ def ffn(ctx, mm: MMProj, il: int, x: Tensor, prefix: str = "v") -> Tensor:
 
 
 def vit(ctx, mm: MMProj, x: Tensor, n_layer: int | None = None, post_norm: bool = True, rms: bool = False,
-        rope=None, mask=None, after_pre_norm=None, prefix: str = "v", before_post_norm=None) -> Tensor:
+        rope=None, mask=None, after_pre_norm=None, prefix: str = "v", before_post_norm=None,
+        layer_out=None) -> Tensor:
     """The pre-norm ViT over patch rows x [n_embd, n_pos] (position embeddings already added):
-    the optional pre-norm, n_layer blocks (default all), the optional post-norm; LayerNorms, or
+    the optional pre-norm, n_layer blocks (default all, each with optional layer scales), the optional post-norm; LayerNorms, or
     RMS norms with `rms`; `rope` as for attention; mask(il): layer il's attention mask or None;
     after_pre_norm(x): a reordering of the rows before the first block; before_post_norm(x): a step
-    after the last block (audio's pooling); prefix as for attention."""
+    after the last block (audio's pooling); layer_out(il, x): sees each block's output (Qwen3-VL's
+    deepstack); prefix as for attention."""
     hp = mm.hparams(prefix)
     opt = lambda name: mm.tensor(name, required=False)  # noqa: E731
     norm = lambda x, name: layer_norm(ctx, x, opt(name + ".weight"), opt(name + ".bias"), hp.eps, rms)  # noqa: E731
+    def scale(x, name):  # the optional layer scale (InternViT's ls1 / ls2)
+        w = opt(name + ".weight")
+        return x if w is None else ops.mul(ctx, x, w)
     if opt(f"{prefix}.pre_ln.weight") is not None:
         x = norm(x, f"{prefix}.pre_ln")
     if after_pre_norm is not None:
@@ -93,8 +107,10 @@ def vit(ctx, mm: MMProj, x: Tensor, n_layer: int | None = None, post_norm: bool 
     for il in range(hp.n_layer if n_layer is None else n_layer):
         pre = f"{prefix}.blk.{il}."
         m = None if mask is None else mask(il)
-        x = ops.add(ctx, attention(ctx, mm, il, norm(x, pre + "ln1"), m, rope=rope, prefix=prefix), x)
-        x = ops.add(ctx, x, ffn(ctx, mm, il, norm(x, pre + "ln2"), prefix=prefix))
+        x = ops.add(ctx, scale(attention(ctx, mm, il, norm(x, pre + "ln1"), m, rope=rope, prefix=prefix), pre + "ls1"), x)
+        x = ops.add(ctx, x, scale(ffn(ctx, mm, il, norm(x, pre + "ln2"), prefix=prefix), pre + "ls2"))
+        if layer_out is not None:
+            layer_out(il, x)
     if before_post_norm is not None:
         x = before_post_norm(x)
     if post_norm and opt(f"{prefix}.post_ln.weight") is not None:
@@ -124,3 +140,14 @@ def pixel_shuffle(ctx, x: Tensor, width: int, height: int, factor: int) -> Tenso
     x = ops.cont_3d(ctx, x, n_embd * factor * factor, height // factor, width // factor)
     x = ops.permute(ctx, x, 0, 2, 1, 3)
     return ops.cont_2d(ctx, x, x.ne[0], x.ne[1] * x.ne[2])
+
+
+def resized_positions(ctx, pos: Tensor, width: int, height: int, mode: int) -> Tensor:
+    """The square grid of learned position rows [n_embd, side^2] resampled to [n_embd, width * height]
+    by interpolate `mode` (clip.cpp's resize_position_embeddings); unchanged when the sizes agree."""
+    n_embd, side = pos.ne[0], math.isqrt(pos.ne[1])
+    if width == side and height == side:
+        return pos
+    x = ops.permute(ctx, ops.reshape_3d(ctx, pos, n_embd, side, side), 2, 0, 1, 3)   # [side, side, n_embd]
+    x = ops.interpolate(ctx, x, width, height, n_embd, 1, mode)
+    return ops.cont_2d(ctx, ops.permute(ctx, x, 1, 2, 0, 3), n_embd, width * height)

@@ -3,11 +3,17 @@
     /v1/models  /v1/completions  /v1/chat/completions  /v1/embeddings  (also without /v1)
     /health  /metrics (Prometheus text)
 
+and, each with its protocol in a module of its own (ENDPOINTS, registered with a Serving): llama-server's
+/completion (completion.py), /infill (infill.py), /v1/rerank (rerank.py), /lora-adapters
+(lora_adapters.py), Anthropic's /v1/messages (anthropic.py) and OpenAI's /v1/responses
+(responses.py); /tokenize, /detokenize, /apply-template, /props, /slots (llama_endpoints.py); the
+chat page (webui.py).
+
 Requests are checked before anything runs; every bad input is an OpenAI-style JSON error with a
 4xx status (engine failures are 500, a full queue 503). Streaming answers are server-sent events
 ("data: {chunk}" ... "data: [DONE]"); a client that hangs up cancels its sequences (the stream's
 generator is closed, or a waiting non-streaming handler sees the disconnect). With an API key every
-endpoint but /health wants "Authorization: Bearer KEY", compared in constant time.
+endpoint but /health wants "Authorization: Bearer KEY" (or "X-Api-Key: KEY"), compared in constant time.
 """
 from __future__ import annotations
 
@@ -19,11 +25,13 @@ import time
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import ValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import RootModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..models.generation import Generation
@@ -32,9 +40,12 @@ from ..models.sampling import SamplingParams
 from .engine import Engine, Job, QueueFull
 from .grammar import Constraint, GrammarError, Vocabulary
 from .limits import Limits, check_body, check_raw, check_text, wrap_seed
-from .protocol import APIError, ChatRequest, CompletionRequest, EmbeddingRequest, NamedToolChoice, Sampling
+from .protocol import (APIError, ChatRequest, CompletionRequest, EmbeddingRequest, NamedToolChoice, Sampling,
+                       logit_bias_pairs)
 from .tool_calls import ReplyStream, ToolFormat, tool_format
-from . import llama_endpoints, webui
+from . import anthropic, completion, infill, llama_endpoints, lora_adapters, rerank, responses, webui
+from .lora_adapters import scales_of
+from .sse import sse_response
 
 # how often a waiting non-streaming handler checks that its client is still there
 DISCONNECT_POLL_S = 0.25
@@ -53,11 +64,12 @@ class ServerState:
 
     def __init__(self, model, engine: Engine | None, model_id: str, pooling: str | None = None,
                  limits: Limits | None = None, strict_model: bool = False, request_timeout: float | None = None,
-                 reasoning_format: str = "auto", media_path: str | None = None):
+                 reasoning_format: str = "auto", media_path: str | None = None, slot_save_path: str | None = None):
         self.model_id, self.pooling_option = model_id, pooling
         self.mm = None                             # a torchggml.mtmd.Multimodal: images and audio in chats
         self.media_path = media_path               # file:// media URLs name files in this folder (media.py)
         self.reasoning_format = reasoning_format   # "auto": thinking as reasoning_content; "none": left in content
+        self.slot_save_path = slot_save_path       # slot files' folder (None: slot actions answer 501)
         self.limits = limits or Limits()
         self.strict_model = strict_model           # unknown model names: 404 (default: served, as llama-server)
         self.request_timeout = request_timeout     # seconds a sequence may run (None: no deadline)
@@ -67,12 +79,17 @@ class ServerState:
         # tokenization, template rendering, grammar compilation and body parsing: off the event loop
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchggml-prepare")
         self.model = self.engine = None
+        self.lora_paths: list[str] = []          # serve --lora: the adapters (lora_adapters.py)
+        self.lora_scales: tuple[float, ...] = ()  # their scales for requests without a lora field
         self.ready = False
         if model is not None:
             self.attach(model, engine)
             self.ready = True
 
     def attach(self, model, engine: Engine, mm=None) -> None:
+        if getattr(model.arch, "encoder_decoder", False):  # its decoder reads one encoded prompt at a time
+            raise ValueError(f"{model.path}: {model.hp.arch} is an encoder-decoder model; the server does not run "
+                             f"those (use Model.generate)")
         self.model, self.engine, self.mm = model, engine, mm
         self.pooling = self.pooling_option or model.pooling_type
         tok = model.tokenizer
@@ -132,9 +149,8 @@ class ServerState:
         if not ids:
             raise APIError(400, f"the {param} is empty", param)
         if len(ids) >= limit:
-            raise APIError(400, f"the {param} has {len(ids)} tokens; this server's context per sequence holds "
-                                f"{limit} (n_ctx {self.model.n_ctx} / {self.engine.parallel} parallel), prompt "
-                                f"and completion together", param, "context_length_exceeded")
+            raise APIError(400, f"the {param} has {len(ids)} tokens; this server's context (n_ctx) holds {limit}, "
+                                f"prompt and completion together", param, "context_length_exceeded")
         return ids
 
     def constraint_source(self, req: Sampling) -> tuple[str, object] | None:
@@ -158,9 +174,8 @@ class ServerState:
         return "json_schema", rf.schema_ or {"type": "object"}
 
     def check_unsupported(self, req: Sampling) -> None:
-        for name in ("logit_bias",) + (() if isinstance(req, ChatRequest) else ("tools",)):
-            if getattr(req, name) is not None:
-                raise APIError(400, f"{name} is not supported by this server", name)
+        if not isinstance(req, ChatRequest) and req.tools is not None:
+            raise APIError(400, "tools is not supported by this server", "tools")
 
     def jobs(self, req: Sampling, prompts: list, max_tokens: int | None, logprobs: int | None,
              stops: list[str], emit) -> list[Job]:
@@ -179,6 +194,13 @@ class ServerState:
             except GrammarError as e:
                 raise APIError(400, f"the {param} can produce no string ({e})", param) from None
         seed = wrap_seed(req.seed)
+        bias = logit_bias_pairs(req.logit_bias, self.model)
+        if req.id_slot >= self.engine.parallel:
+            raise APIError(400, f"id_slot {req.id_slot}: this server has slots 0..{self.engine.parallel - 1} "
+                                "(--parallel)", "id_slot")
+        id_slot = req.id_slot
+        lora = None if req.lora is None else scales_of(req.lora, len(self.lora_paths), "lora")
+        lora = lora if self.lora_paths else None  # (no adapters: an empty list asks nothing)
         deadline = None if self.request_timeout is None else time.monotonic() + self.request_timeout
         jobs = []
         for p_index, ids in enumerate(prompts):
@@ -188,10 +210,15 @@ class ServerState:
                     min_p=float(req.min_p), repeat_penalty=float(req.repeat_penalty),
                     frequency_penalty=float(req.frequency_penalty), presence_penalty=float(req.presence_penalty),
                     repeat_last_n=req.repeat_last_n, seed=None if seed is None else wrap_seed(seed + k),
-                    logprobs=logprobs)
+                    logprobs=logprobs, logit_bias=bias)
                 media = is_parts(ids)
-                limit = self.engine.slot_ctx - (sum(len(p) for p in ids) if media else len(ids))
-                n = limit if max_tokens is None else min(max_tokens, limit)
+                n_prompt = sum(len(p) for p in ids) if media else len(ids)
+                limit = self.engine.slot_ctx - n_prompt
+                if max_tokens is not None and max_tokens > limit:  # it could never be admitted
+                    raise APIError(400, f"the prompt ({n_prompt} tokens) and max_tokens ({max_tokens}) need "
+                                        f"{n_prompt + max_tokens} tokens, more than this server's context (n_ctx "
+                                        f"{self.engine.slot_ctx})", "max_tokens", "context_length_exceeded")
+                n = limit if max_tokens is None else max_tokens
                 constraint = None
                 if grammar is not None:
                     constraint = Constraint(self.vocab, grammar, json_bounds=source[0] == "json_schema")
@@ -200,7 +227,8 @@ class ServerState:
                 else:
                     gen = Generation(self.model.tokenizer, ids, params, n, stops, constraint, req.ignore_eos)
                 jobs.append(Job(gen.prompt, emit, gen, index=p_index * req.n + k,
-                                cache_prompt=req.cache_prompt and not media, deadline=deadline))
+                                cache_prompt=req.cache_prompt and not media, deadline=deadline, id_slot=id_slot,
+                                lora=lora))
         return jobs
 
     @property
@@ -209,6 +237,9 @@ class ServerState:
         return self.engine.parallel + self.engine.max_queue
 
     def submit(self, jobs: list[Job]) -> None:
+        if self.lora_paths:  # a request without its own LoRA scales runs with the server's of now
+            for job in jobs:
+                job.lora = self.lora_scales if job.lora is None else job.lora
         room = self.room
         if len(jobs) > room:  # could never be accepted: not a matter of retrying later
             raise APIError(400, f"the request needs {len(jobs)} sequences (prompts x n); this server runs "
@@ -327,6 +358,17 @@ class ServerState:
                [({}, s.accepted_tokens / s.drafted_tokens if s.drafted_tokens else 0.0)])
         metric("prompt_tokens_cached_total", "counter", "prompt tokens found in a slot's cells (prompt cache)",
                [({}, s.cached_prompt_tokens)])
+        pc = e.prompt_cache
+        if pc is not None:
+            metric("prompt_cache_bytes", "gauge", "host-memory prompt cache: bytes held (--cache-ram)", [({}, pc.nbytes)])
+            metric("prompt_cache_entries", "gauge", "host-memory prompt cache: prompts held", [({}, len(pc.entries))])
+            metric("prompt_cache_stored_total", "counter", "host-memory prompt cache: prompts stored", [({}, pc.stored)])
+            metric("prompt_cache_evicted_total", "counter", "host-memory prompt cache: prompts dropped for room",
+                   [({}, pc.evicted)])
+            metric("prompt_cache_hits_total", "counter", "host-memory prompt cache: prefixes copied back to a slot",
+                   [({}, pc.hits)])
+            metric("prompt_cache_restored_tokens_total", "counter", "host-memory prompt cache: tokens copied back",
+                   [({}, pc.restored_tokens)])
         metric("generated_tokens_total", "counter", "tokens generated", [({}, s.generated_tokens)])
         metric("tokens_per_second", "gauge", "tokens generated per second over the last 10 s",
                [({}, f"{s.tokens_per_second():.3f}")])
@@ -337,7 +379,7 @@ class ServerState:
                [({}, s.mixed_steps)])
         metric("sequences_finished_total", "counter", "sequences ended, by reason",
                [({"reason": r}, n) for r, n in sorted(s.sequences_finished.items())])
-        metric("queue_waiting", "gauge", "requests' sequences waiting for a slot", [({}, e.n_waiting)])
+        metric("queue_waiting", "gauge", "requests' sequences waiting for a slot or for cells", [({}, e.n_waiting)])
         metric("sequences_active", "gauge", "sequences in slots", [({}, len(e.active))])
         metric("slots", "gauge", "parallel sequences (--parallel)", [({}, e.parallel)])
         kv = m.memory
@@ -393,10 +435,6 @@ def merge_deltas(deltas: list[dict]) -> dict:
     return out
 
 
-def _sse(obj) -> str:
-    return f"data: {json.dumps(obj)}\n\n"
-
-
 async def read_body(request: Request, limit: int, timeout: float) -> bytes:
     """The body, at most `limit` bytes (413 past it, before reading the rest) within `timeout`
     seconds (408)."""
@@ -436,9 +474,12 @@ def _validate(raw: bytes, cls, state: "ServerState"):
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise APIError(400, f"malformed JSON body: {e}") from None
-    if not isinstance(body, dict):
+    if isinstance(cls, type) and issubclass(cls, RootModel):  # a body that is a list (/lora-adapters)
+        pass
+    elif not isinstance(body, dict):
         raise APIError(400, f"the body must be a JSON object, got {type(body).__name__}")
-    check_body(body, raw, state.limits, state.room)
+    else:
+        check_body(body, raw, state.limits, state.room)
     try:
         return cls.model_validate(body)
     except ValidationError as e:
@@ -449,6 +490,19 @@ def _validate(raw: bytes, cls, state: "ServerState"):
         reasons = " or ".join(dict.fromkeys(err["msg"] for err in same))
         got = f" (got {json.dumps(same[0]['input'])[:80]})" if param and "input" in same[0] else ""
         raise APIError(400, f"{param or 'body'}: {reasons}{got}", param) from None
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What create_app gives the endpoint modules: parse_body(request, cls) -> the validated body;
+    start(request, jobs_for) -> (queue, jobs) queued; run_generation(...) (see create_app);
+    chat(request, ChatRequest) -> OpenAI's chat.completion, or its chunks when the request streams;
+    pooled(request, inputs, pooling) -> each input's pooled states (None: the client hung up)."""
+    parse_body: Callable
+    start: Callable
+    run_generation: Callable
+    chat: Callable
+    pooled: Callable
 
 
 OPEN_PATHS = ("/health", "/")  # no API key: readiness, and the chat page (its API calls carry the key)
@@ -475,10 +529,14 @@ class AuthAndCount:
         path = scope["path"]
         route = path if path in self.routes else "other"
         if self.expected is not None and path not in OPEN_PATHS:
-            given = dict(scope.get("headers") or []).get(b"authorization", b"")
+            headers = dict(scope.get("headers") or [])
+            given = headers.get(b"authorization", b"")
+            if not given and b"x-api-key" in headers:  # Anthropic's clients send the key in X-Api-Key
+                given = b"Bearer " + headers[b"x-api-key"]
             if not hmac.compare_digest(given, self.expected):
                 self.state.requests[(route, 401)] += 1
-                error = APIError(401, "Invalid or missing API key (Authorization: Bearer KEY)", None, "invalid_api_key")
+                error = APIError(401, "Invalid or missing API key (Authorization: Bearer KEY, or X-Api-Key: KEY)", None,
+                                 "invalid_api_key")
                 return await JSONResponse(error.body(), status_code=401)(scope, receive, send)
         if not self.state.ready:
             self.state.requests[(route, 503)] += 1
@@ -503,7 +561,9 @@ class AuthAndCount:
 
 # ---------------------------------------------------------------- the app
 
-ROUTES = {"/", "/health", "/metrics"} | llama_endpoints.ROUTES | {
+# the endpoints with their protocol in a module of their own: module.ROUTES, module.register(app, state, serving)
+ENDPOINTS = (rerank, completion, infill, anthropic, responses, lora_adapters)
+ROUTES = {"/", "/health", "/metrics"} | llama_endpoints.ROUTES | set().union(*(m.ROUTES for m in ENDPOINTS)) | {
     f"{prefix}/{name}" for prefix in ("/v1", "") for name in ("models", "completions", "chat/completions", "embeddings")}
 
 
@@ -583,9 +643,11 @@ def create_app(state: ServerState, api_key: str | None = None, timeout: float = 
         return APIError(500, payload, type="server_error")
 
     async def run_generation(request: Request, jobs: list[Job], queue, stream: bool, chunk_of, final_of,
-                             include_usage: bool):
+                             include_usage: bool, raw: bool = False):
         """Collect (or stream) the jobs' events. chunk_of(job, text, choices, finish) -> a streamed
-        chunk; final_of(texts, choices, finishes, usage) -> the whole answer."""
+        chunk; final_of(texts, choices, finishes, usage) -> the whole answer. A stream is an SSE
+        response, or with `raw` the chunks themselves (an async iterator of dicts, an APIError where
+        the generation failed) for an endpoint that answers in another protocol."""
         n_prompt = sum(len(j.prompt) for j in jobs)
 
         def usage():
@@ -611,32 +673,30 @@ def create_app(state: ServerState, api_key: str | None = None, timeout: float = 
                     remaining -= 1
             return final_of(texts, picked, finishes, usage())
 
-        async def events():
+        async def chunks():
             try:
                 for j in jobs:
                     first = chunk_of(j, None, [], None)  # the opening chunk (chat: the role)
                     if first is not None:
-                        yield _sse(first)
+                        yield first
                 remaining = len(jobs)
                 while remaining:
                     kind, job, payload, new = await queue.get()
                     if kind == "error":
-                        yield _sse(failure(payload, new).body())
+                        yield failure(payload, new)
                         return
                     if kind == "token":
-                        yield _sse(chunk_of(job, payload, new, None))
+                        yield chunk_of(job, payload, new, None)
                     else:
                         remaining -= 1
-                        yield _sse(chunk_of(job, payload, [], job.gen.finish_reason))
+                        yield chunk_of(job, payload, [], job.gen.finish_reason)
                 if include_usage:
-                    yield _sse(chunk_of(None, None, [], None) | {"choices": [], "usage": usage()})
-                yield "data: [DONE]\n\n"
-            finally:  # also when the client hung up: Starlette closes this generator
+                    yield chunk_of(None, None, [], None) | {"choices": [], "usage": usage()}
+            finally:  # also when the client hung up: Starlette closes the stream
                 for j in jobs:
                     j.cancel()
 
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return chunks() if raw else sse_response(chunks(), done="data: [DONE]\n\n")
 
     async def completions(request: Request):
         req = await parse_body(request, CompletionRequest, state, timeout)
@@ -682,6 +742,12 @@ def create_app(state: ServerState, api_key: str | None = None, timeout: float = 
 
     async def chat_completions(request: Request):
         req = await parse_body(request, ChatRequest, state, timeout)
+        result = await chat_run(request, req)
+        return sse_response(result, done="data: [DONE]\n\n") if req.stream else result
+
+    async def chat_run(request: Request, req: ChatRequest):
+        """A chat request's answer: OpenAI's chat.completion, or (req.stream) its chunks as an
+        async iterator (run_generation's raw stream) for the endpoint to send in its protocol."""
         state.check_model(req.model)
         tok = state.model.tokenizer
         state.check_unsupported(req)
@@ -739,7 +805,23 @@ def create_app(state: ServerState, api_key: str | None = None, timeout: float = 
             return head() | {"object": "chat.completion", "choices": choices, "usage": usage}
 
         return await run_generation(request, jobs, queue, req.stream, chunk_of, final_of,
-                                    bool(req.stream_options and req.stream_options.include_usage))
+                                    bool(req.stream_options and req.stream_options.include_usage), raw=True)
+
+    async def pooled(request: Request, inputs: list[list[int]], pooling: str) -> list | None:
+        """The pooled hidden states of each input (token ids), in order; None when the client hung up."""
+        queue, jobs = await start(request, lambda emit: [Job(ids, emit, None, pooling, index=i)
+                                                         for i, ids in enumerate(inputs)])
+        vectors: list = [None] * len(jobs)
+        checked = [time.monotonic()]
+        for _ in jobs:
+            event = await next_event(queue, request, jobs, checked)
+            if event is None:
+                return None
+            kind, job, payload, status = event
+            if kind == "error":
+                raise failure(payload, status)
+            vectors[job.index] = payload
+        return vectors
 
     async def embeddings(request: Request):
         req = await parse_body(request, EmbeddingRequest, state, timeout)
@@ -751,20 +833,12 @@ def create_app(state: ServerState, api_key: str | None = None, timeout: float = 
         if req.dimensions is not None and req.dimensions != n_embd:
             raise APIError(400, f"dimensions={req.dimensions}: this model's embeddings have {n_embd}", "dimensions")
         inputs = await state.run(lambda: [state.prompt_ids(p, "input") for p in req.inputs() or [[]]])
-        queue, jobs = await start(request, lambda emit: [Job(ids, emit, None, state.pooling, index=i)
-                                                         for i, ids in enumerate(inputs)])
-        vectors: list = [None] * len(jobs)
-        checked = [time.monotonic()]
-        for _ in jobs:
-            event = await next_event(queue, request, jobs, checked)
-            if event is None:
-                return None
-            kind, job, payload, status = event
-            if kind == "error":
-                raise failure(payload, status)
-            vectors[job.index] = torch.nn.functional.normalize(payload.float(), dim=-1)  # llama.cpp: L2
+        vectors = await pooled(request, inputs, state.pooling)
+        if vectors is None:
+            return None
         data = []
         for i, v in enumerate(vectors):
+            v = torch.nn.functional.normalize(v.float(), dim=-1)  # llama.cpp: L2
             if req.encoding_format == "base64":
                 value = base64.b64encode(v.numpy().astype("<f4").tobytes()).decode()
             else:
@@ -774,6 +848,10 @@ def create_app(state: ServerState, api_key: str | None = None, timeout: float = 
         return {"object": "list", "data": data, "model": state.model_id,
                 "usage": {"prompt_tokens": n, "total_tokens": n}}
 
+    serving = Serving(parse_body=lambda request, cls: parse_body(request, cls, state, timeout), start=start,
+                      run_generation=run_generation, chat=chat_run, pooled=pooled)
+    for module in ENDPOINTS:
+        module.register(app, state, serving)
     for prefix in ("/v1", ""):
         app.add_api_route(f"{prefix}/models", models, methods=["GET"])
         app.add_api_route(f"{prefix}/completions", completions, methods=["POST"])

@@ -7,16 +7,29 @@ newly admitted sequences in the room left (n_batch tokens in all), then each seq
 Requests join between steps when a slot is free; a failed or cancelled sequence leaves and its
 cells are freed.
 
+Slots (llama-server's, 4 by default) share ONE KV cache of n_ctx cells, as llama-server's unified
+cache: any slot may use the whole context while the others are idle. Each running request reserves
+the cells it may ever need, its prompt and max_tokens (a request without max_tokens may fill the
+context: it reserves all of it), and is admitted only when the reservations of the running ones
+leave room for it; otherwise it waits, first come first served, until cells are freed. So the
+cache never overflows and no running request is cut short by another; one that can never fit
+(prompt + max_tokens > n_ctx) is refused by the server before it queues.
+
 Prompt cache (llama-server's cache_prompt, on by default): a slot keeps its prompt's cells after its
 request ends, and a new request goes to the free slot whose cells share the longest prefix with its
-prompt; only the rest of the prompt is evaluated (at least its last token, for the logits). The
-generated tokens' cells are not kept: a decode step's products round differently from a prompt
-batch's, so they are evaluated again with the next prompt, and the cache changes no token. A request with
-cache_prompt false, an embedding, and every request on a memory that cannot drop a sequence's tail
-(recurrent and hybrid models: their states hold no positions to go back to) start from cleared
-cells. The KV cache is shared as llama.cpp
-shares it: each of the `parallel` slots may use n_ctx // parallel cells, so the cache never
-overflows; a sequence that reaches its slot's size ends with finish_reason "length".
+prompt (among equals an empty slot, else the least recently used); only the rest of the prompt is
+evaluated (at least its last token, for the logits). The generated tokens' cells are not kept: a decode step's products
+round differently from a prompt batch's, so they are evaluated again with the next prompt, and the
+cache changes no token. Idle slots' cells are given up when a running request needs the room
+(least recently used first) or when the slot is taken for another prompt; with a host-memory
+prompt cache (`cache_ram` bytes, llama-server's --cache-ram; prompt_cache.py) the prompt and a copy
+of its cells go there first, and a request whose prompt shares a longer prefix with an entry than
+with any idle slot gets that prefix copied back. A request with cache_prompt false, an embedding,
+and every request on a memory that cannot drop a sequence's tail (recurrent and hybrid models:
+their states hold no positions to go back to) start from cleared cells.
+
+Slot actions (llama-server's /slots/{id}?action=save|restore|erase; slot_files.py) run on the
+engine thread between steps, once their slot is idle.
 
 Waiting requests sit in a bounded queue; past `max_queue` a submit raises QueueFull (the server
 answers 503). Events go back to the submitter through its `emit` callback, called on the engine
@@ -24,20 +37,30 @@ thread: ("token", job, text, choices), ("done", job, text, None), ("error", job,
 (status 400 when the client's grammar failed, 500 otherwise). A job with a `deadline`
 (time.monotonic()) that passes ends with finish_reason "length".
 
+A job may name its slot (id_slot: it waits while that slot is busy) and its LoRA scales: sequences
+with other scales than the running ones wait until those end (they are not batched together, as
+in llama-server); then the scales change (the server's set_lora) and the slots' cells are cleared.
+
 With one slot every step is what Model.generate evaluates, so temperature 0 gives generate's
 tokens exactly.
 """
 from __future__ import annotations
 
 import collections
+import os
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
 from ..models.batch_generator import BatchGenerator, BatchSequence
 from ..models.generation import Generation
+from . import slot_files
 from .grammar import GrammarError
+from .prompt_cache import PromptCache, common_prefix
 
 
 class QueueFull(RuntimeError):
@@ -60,6 +83,13 @@ class Job:
     submitted: float = field(default_factory=time.perf_counter)
     first_token: float | None = None
     deadline: float | None = None  # time.monotonic() past which the sequence ends ("length")
+    id_slot: int = -1              # the slot it must run in (-1: any), llama-server's id_slot
+    lora: tuple | None = None      # the LoRA scales it runs with (None: whatever the model has)
+
+    @property
+    def need(self) -> int:
+        """The cells it may ever use: its prompt and max_tokens (an embedding: its input)."""
+        return len(self.prompt) + (self.gen.max_tokens if self.gen is not None else 0)
 
     def cancel(self) -> None:
         """Stop this sequence at the next step (a client that hung up); no more events."""
@@ -90,8 +120,18 @@ class Stats:
         return sum(n for _, n in recent[1:]) / span if span > 0 else 0.0
 
 
+class SlotError(RuntimeError):
+    """A slot action that failed: the HTTP status and the reason."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
 class Engine:
-    def __init__(self, model, parallel: int = 1, max_queue: int = 64, draft=None, n_draft: int = 16):
+    def __init__(self, model, parallel: int = 4, max_queue: int = 64, draft=None, n_draft: int = 16,
+                 cache_ram: int = 0):
+        """parallel: slots; cache_ram: bytes of the host-memory prompt cache (0: none)."""
         if parallel < 1:
             raise ValueError(f"parallel={parallel} must be at least 1")
         if max_queue < 0:
@@ -99,15 +139,21 @@ class Engine:
         self.model = model
         self.parallel = int(parallel)
         self.max_queue = int(max_queue)
-        self.slot_ctx = model.n_ctx // self.parallel
+        self.slot_ctx = model.n_ctx  # one unified cache: any slot may use all of it
         if self.slot_ctx < 2:
-            raise ValueError(f"n_ctx={model.n_ctx} is too small for {parallel} parallel sequences")
+            raise ValueError(f"n_ctx={model.n_ctx} is too small to serve")
         self.stats = Stats()
         self.batch = BatchGenerator(model, keep_finished=True, draft=draft, n_draft=n_draft)
         self.slot_tokens: dict[int, list[int]] = {}  # an idle slot -> the tokens its cells hold
+        self.last_used: dict[int, int] = {}           # slot -> when it was last released (a count)
+        self._uses = 0
+        self.prompt_cache = PromptCache(cache_ram) if cache_ram else None
         self.waiting: collections.deque[Job] = collections.deque()
         self.active: list[Job] = []
         self.free_slots = list(range(self.parallel))
+        self.lora: tuple | None = None   # the model's LoRA scales now, and how to change them (the server's)
+        self.set_lora: Callable[[tuple], None] | None = None
+        self.actions: list[tuple[int, Callable, Future]] = []  # slot actions waiting for their slot
         self._cond = threading.Condition()
         self._running = True
         self._thread = threading.Thread(target=self._loop, name="torchggml-engine", daemon=True)
@@ -117,6 +163,10 @@ class Engine:
 
     def submit(self, jobs: list[Job]) -> None:
         """Queue the jobs of one request (all or none); QueueFull past the bound."""
+        too_big = [j for j in jobs if j.need > self.model.n_ctx]
+        if too_big:
+            raise ValueError(f"a sequence needs {too_big[0].need} cells (its prompt and max_tokens), more than "
+                             f"the context's n_ctx={self.model.n_ctx}")
         with self._cond:
             if not self._running:
                 raise RuntimeError("the engine was stopped")
@@ -126,11 +176,33 @@ class Engine:
             self.waiting.extend(jobs)
             self._cond.notify()
 
+    def slot_action(self, slot: int, action: str, path: str | None = None) -> Future:
+        """Save, restore or erase a slot's prompt cache (llama-server's /slots/{id}?action=...) once
+        the slot is idle: a Future of llama-server's JSON reply, or of a SlotError."""
+        if not 0 <= slot < self.parallel:
+            raise SlotError(400, f"Invalid slot ID {slot}: this server has slots 0..{self.parallel - 1}")
+        run = {"save": self._save_slot, "restore": self._restore_slot, "erase": self._erase_slot}.get(action)
+        if run is None:
+            raise SlotError(400, f"Invalid action {action!r}: one of save, restore, erase")
+        if action != "erase" and self.model.memory.save_seq is None:
+            raise SlotError(501, f"slot {action} needs a KV cache: this model's memory is "
+                                 f"{type(self.model.memory).__name__} (recurrent and hybrid slots keep no prompt)")
+        done = Future()
+        with self._cond:
+            if not self._running:
+                raise RuntimeError("the engine was stopped")
+            self.actions.append((slot, lambda: run(slot, path), done))
+            self._cond.notify()
+        return done
+
     def stop(self) -> None:
         with self._cond:
             self._running = False
             self._cond.notify()
         self._thread.join(timeout=30)
+        for _, _, done in self.actions:  # slot actions that never got their slot
+            done.set_exception(SlotError(503, "the server is stopping"))
+        self.actions = []
 
     @property
     def n_waiting(self) -> int:
@@ -142,11 +214,20 @@ class Engine:
         self.model.reset()  # the engine (its thread) owns the memory: no cells of earlier work
         while True:
             with self._cond:
-                while self._running and not self.waiting and not self.active:
+                while self._running and not self.waiting and not self.active and not self.actions:
                     self._cond.wait()
                 if not self._running:
                     break
                 self._admit()
+                ready = [a for a in self.actions if a[0] in self.free_slots]
+                self.actions = [a for a in self.actions if a[0] not in self.free_slots]
+            for _, run, done in ready:
+                try:
+                    done.set_result(run())
+                except SlotError as e:
+                    done.set_exception(e)
+                except Exception as e:  # noqa: BLE001 - the client hears why, the engine goes on
+                    done.set_exception(SlotError(500, f"{type(e).__name__}: {e}"))
             try:
                 self._step()
             except Exception as e:  # a failed step fails its sequences, never the engine
@@ -155,37 +236,111 @@ class Engine:
                     job.emit(("error", job, f"{type(e).__name__}: {e}", 500))
 
     def _admit(self) -> None:
+        """Start waiting jobs, in order, while a slot is free and the reservations leave room; a job
+        for a busy slot (id_slot) waits without holding back the jobs behind it."""
+        held = []  # jobs waiting for their busy slot, in their order
         while self.free_slots and self.waiting:
-            job = self.waiting.popleft()
+            job = self.waiting[0]
             if job.cancelled:  # its client left while it waited
+                self.waiting.popleft()
                 self.stats.sequences_finished["cancelled"] += 1
                 continue
-            job.seq_id = self._take_slot(job)
-            if job.gen is not None:
-                job.seq = self.batch.add(job.gen, job.seq_id, self.slot_ctx, owner=job, n_cached=job.n_cached)
-                self.stats.cached_prompt_tokens += job.n_cached
+            if job.id_slot >= 0 and job.id_slot not in self.free_slots:
+                held.append(self.waiting.popleft())  # its slot is busy
+                continue
+            if sum(j.need for j in self.active) + job.need > self.model.n_ctx:
+                break  # it waits for cells (and the ones behind it with it: first come, first served)
+            if job.lora is not None and job.lora != self.lora:
+                if self.active:  # other LoRA scales: not batched with the running sequences (as llama-server)
+                    break
+                try:
+                    self._use_lora(job.lora)
+                except Exception as e:  # the adapters could not be set: this request fails, not the engine
+                    self.waiting.popleft()
+                    job.emit(("error", job, f"{type(e).__name__}: {e}", 500))
+                    continue
+            self.waiting.popleft()
             self.active.append(job)
+            try:
+                job.seq_id = self._take_slot(job)
+                if job.gen is not None:
+                    job.seq = self.batch.add(job.gen, job.seq_id, job.need, owner=job, n_cached=job.n_cached)
+                    self.stats.cached_prompt_tokens += job.n_cached
+            except Exception as e:  # noqa: BLE001 - this job fails (its slot cleared), the engine goes on
+                if job.seq_id >= 0:
+                    self.slot_tokens.pop(job.seq_id, None)
+                    self._release(job, "error")
+                else:
+                    self.active.remove(job)
+                job.emit(("error", job, f"{type(e).__name__}: {e}", 500))
+        self.waiting.extendleft(reversed(held))
+
+    def _use_lora(self, scales: tuple) -> None:
+        """Give the model these LoRA scales (set_lora, the server's); the cached prompts, computed
+        with the others, are dropped."""
+        self.set_lora(scales)
+        for slot in list(self.slot_tokens):
+            self.model.reset(slot)
+        self.slot_tokens.clear()
+        if self.prompt_cache is not None:
+            self.prompt_cache.clear()
+        self.lora = scales
 
     def _take_slot(self, job: Job) -> int:
-        """The free slot whose cells share the longest prefix with the job's prompt (the lowest
-        such slot); its cells keep that prefix, the rest is cleared."""
-        def common(slot: int) -> int:  # tokens of the slot's cells that begin the prompt
-            held, n = self.slot_tokens.get(slot, ()), 0
-            for a, b in zip(held, job.prompt):
-                if a != b:
-                    break
-                n += 1
-            return n
-        reuse = job.cache_prompt and job.gen is not None
-        slot = max(self.free_slots, key=lambda s: (common(s) if reuse else 0, -s))
+        """The free slot whose cells share the longest prefix with the job's prompt (an empty one,
+        else the least recently used, among equals; the asked one with id_slot), holding that
+        prefix, or a longer one from the host-memory cache; the rest is given up, and idle slots'
+        cells too where the job needs the room."""
+        reuse = job.cache_prompt and job.gen is not None and self.model.memory.keep_prefix is not None
+        limit = len(job.prompt) - 1  # the prompt's last token is always evaluated, for its logits
+        common = {s: min(common_prefix(self.slot_tokens.get(s, ()), job.prompt), limit) if reuse else 0
+                  for s in self.free_slots}
+        # the longest prefix; among equals an empty slot, then the least recently used
+        slot = job.id_slot if job.id_slot >= 0 else max(
+            self.free_slots, key=lambda s: (common[s], s not in self.slot_tokens, -self.last_used.get(s, -1), -s))
         self.free_slots.remove(slot)
-        n = min(common(slot), len(job.prompt) - 1) if reuse else 0
-        held = self.slot_tokens.pop(slot, None)
-        if held is not None and not (n > 0 and self.model.keep_prefix(slot, n)):
+        job.seq_id = slot
+        n = common[slot]
+        entry, n_ram = self.prompt_cache.best(job.prompt) if reuse and self.prompt_cache else (None, 0)
+        n_ram = min(n_ram, limit)
+        if n_ram > n:
+            n = 0
+        held = self.slot_tokens.get(slot)
+        if held is not None and n < len(held):
+            self._stash(slot, held)
+        self.slot_tokens.pop(slot, None)
+        if n == 0 or not self.model.keep_prefix(slot, n):
             n = 0
             self.model.reset(slot)
+        self._make_room(job.need - n, keep=slot)
+        if n_ram > n:
+            self.model.load_seq(slot, entry.cells, n_ram)
+            self.prompt_cache.take(entry, n_ram)
+            n = n_ram
         job.n_cached = n
         return slot
+
+    def _stash(self, slot: int, tokens: list[int]) -> None:
+        """Put an idle slot's prompt and a copy of its cells in the host-memory cache (if on)."""
+        if self.prompt_cache is not None and self.prompt_cache.wants(tokens):
+            self.prompt_cache.add(tokens, self.model.save_seq(slot))
+
+    def _room(self) -> int:
+        """Free cells beyond those the running jobs may still write (their reservations' rest)."""
+        kv = self.model.memory.attention
+        owed = sum(max(j.need - self.model.memory.seq_len(j.seq_id), 0) for j in self.active)
+        return int(np.count_nonzero(kv.cell_seq < 0)) - owed
+
+    def _make_room(self, cells: int, keep: int) -> None:
+        """Free idle slots' cells (least recently used first, never slot `keep`'s) until the room
+        holds `cells`."""
+        if self.model.memory.attention is None:
+            return
+        for slot in sorted((s for s in self.slot_tokens if s != keep), key=lambda s: self.last_used.get(s, -1)):
+            if self._room() >= cells:
+                return
+            self._stash(slot, self.slot_tokens.pop(slot))
+            self.model.reset(slot)
 
     def _release(self, job: Job, outcome: str) -> None:
         if job in self.active:
@@ -198,11 +353,50 @@ class Engine:
                 self.slot_tokens[job.seq_id] = job.prompt
             else:
                 self.model.reset(job.seq_id)
+            self._uses += 1
+            self.last_used[job.seq_id] = self._uses
             with self._cond:
                 self.active.remove(job)
                 self.free_slots.append(job.seq_id)
                 self.free_slots.sort()
             self.stats.sequences_finished[outcome] += 1
+
+    # ------------------------------------------------------------ slot actions (engine thread, slot idle)
+
+    def _save_slot(self, slot: int, path: str) -> dict:
+        start = time.perf_counter()
+        tokens = self.slot_tokens.get(slot, [])
+        n_bytes = slot_files.write(path, self.model, tokens, self.model.save_seq(slot))
+        return {"id_slot": slot, "filename": os.path.basename(path), "n_saved": len(tokens), "n_written": n_bytes,
+                "timings": {"save_ms": (time.perf_counter() - start) * 1e3}}
+
+    def _restore_slot(self, slot: int, path: str) -> dict:
+        start = time.perf_counter()
+        try:
+            tokens, cells, n_bytes = slot_files.read(path, self.model)
+        except slot_files.SlotFileError as e:
+            raise SlotError(400, f"Unable to restore slot: {e}") from None
+        if len(tokens) >= self.model.n_ctx:
+            raise SlotError(400, f"Unable to restore slot: its {len(tokens)} tokens do not fit the context "
+                                 f"(n_ctx {self.model.n_ctx})")
+        self.slot_tokens.pop(slot, None)
+        self.model.reset(slot)
+        self._make_room(len(tokens), keep=slot)
+        if self._room() < len(tokens):
+            raise SlotError(503, f"Unable to restore slot: {len(tokens)} cells are needed and the running requests "
+                                 f"leave {max(self._room(), 0)} of n_ctx {self.model.n_ctx}; retry later")
+        self.model.load_seq(slot, cells)
+        if tokens:
+            self.slot_tokens[slot] = tokens
+        self._uses += 1
+        self.last_used[slot] = self._uses
+        return {"id_slot": slot, "filename": os.path.basename(path), "n_restored": len(tokens), "n_read": n_bytes,
+                "timings": {"restore_ms": (time.perf_counter() - start) * 1e3}}
+
+    def _erase_slot(self, slot: int, path=None) -> dict:
+        n = len(self.slot_tokens.pop(slot, ()))
+        self.model.reset(slot)
+        return {"id_slot": slot, "n_erased": n}
 
     def _step(self) -> None:
         for job in [j for j in self.active if j.cancelled]:

@@ -111,7 +111,7 @@ def check_text(text: str, max_chars: int, param: str, limit_tokens: int) -> None
     max_chars / limit_tokens characters): refused without tokenizing it."""
     if len(text) > max_chars:
         raise APIError(400, f"the {param} has {len(text)} characters, more than {limit_tokens} tokens can hold "
-                            f"(this server's context per sequence)", param, "context_length_exceeded")
+                            f"(this server's context)", param, "context_length_exceeded")
 
 
 def wrap_seed(seed: int | None) -> int | None:

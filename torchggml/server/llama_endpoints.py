@@ -7,16 +7,24 @@
     POST /apply-template  {"messages": [...], "tools": [...]} -> {"prompt": str} (the chat prompt's text)
     GET  /props           the model, its chat template, n_ctx, the slots and the default sampling
     GET  /slots           each slot: its id, context, whether it is busy, the prompt tokens it holds
+    POST /slots/{id}?action=save|restore  {"filename": str}  (--slot-save-path DIR: files in DIR)
+                          -> {"id_slot", "filename", "n_saved", "n_written", "timings": {"save_ms"}}
+                          or {"id_slot", "filename", "n_restored", "n_read", "timings": {"restore_ms"}}
+    POST /slots/{id}?action=erase   -> {"id_slot", "n_erased"}
 """
 from __future__ import annotations
+
+import asyncio
+import os
 
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from ..models.sampling import DEFAULTS
+from .engine import SlotError
 from .protocol import APIError, ChatRequest
 
-ROUTES = {"/tokenize", "/detokenize", "/apply-template", "/props", "/slots"}
+ROUTES = {"/tokenize", "/detokenize", "/apply-template", "/props", "/slots"}  # (+ /slots/{id}: "other")
 
 
 class TokenizeRequest(BaseModel):
@@ -25,6 +33,23 @@ class TokenizeRequest(BaseModel):
     add_special: StrictBool = False
     parse_special: StrictBool = True
     with_pieces: StrictBool = False
+
+
+class SlotFileRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    filename: StrictStr
+
+
+def slot_file_path(folder: str, filename: str) -> str:
+    """The path of `filename` in the slot folder; a name that is not a plain file name (a path, "..",
+    control characters, over 255 bytes) is refused, as llama-server's fs_validate_filename does."""
+    bad = (not filename or len(filename.encode()) > 255 or filename in (".", "..") or filename != filename.strip()
+           or any(c in filename for c in "/\\:") or any(ord(c) < 32 or ord(c) == 127 for c in filename))
+    path = os.path.join(folder, filename)
+    if bad or os.path.dirname(os.path.abspath(path)) != os.path.abspath(folder):
+        raise APIError(400, f"Invalid filename {filename[:80]!r}: a plain file name in the slot folder is expected",
+                       "filename")
+    return path
 
 
 class DetokenizeRequest(BaseModel):
@@ -63,7 +88,7 @@ def register(app, state, parse_body, timeout: float) -> None:
     @app.post("/apply-template")
     async def apply_template(request: Request):
         req = await parse_body(request, ChatRequest, state, timeout)
-        prompt, _ = await state.run(state.chat_text, req)
+        prompt = (await state.run(state.chat_text, req))[0]  # (text, stops, media)
         return {"prompt": prompt}
 
     @app.get("/props")
@@ -86,6 +111,21 @@ def register(app, state, parse_body, timeout: float) -> None:
                  "n_prompt_tokens_cached": len(engine.slot_tokens.get(slot, ())),
                  "n_decoded": busy[slot].gen.n_generated if slot in busy and busy[slot].gen else 0}
                 for slot in range(engine.parallel)]
+
+    @app.post("/slots/{id_slot}")
+    async def slot_action(id_slot: int, request: Request, action: str = ""):
+        if state.slot_save_path is None:
+            raise APIError(501, "This server does not support slots action. Start it with `--slot-save-path`",
+                           None, None, "not_supported_error")
+        path = None
+        if action in ("save", "restore"):
+            req = await parse_body(request, SlotFileRequest, state, timeout)
+            path = slot_file_path(state.slot_save_path, req.filename)
+        try:
+            future = state.engine.slot_action(id_slot, action, path)
+            return await asyncio.wrap_future(future)
+        except SlotError as e:
+            raise APIError(e.status, str(e), None, None, "not_supported_error" if e.status == 501 else None) from None
 
 
 def _text(model, token_id) -> str:

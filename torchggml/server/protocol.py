@@ -7,6 +7,7 @@ do; fields we know but do not implement are refused with 400 rather than silentl
 from __future__ import annotations
 
 import json
+import math
 
 from typing import Any, Literal, Union
 
@@ -55,6 +56,13 @@ class ResponseFormat(BaseModel):
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")  # llama.cpp's json_object + schema
 
 
+class LoraScale(BaseModel):
+    """One adapter's scale (llama-server's lora entries; lora_adapters.py)."""
+    model_config = ConfigDict(strict=True, extra="ignore")
+    id: StrictInt
+    scale: Number
+
+
 class Sampling(BaseModel):
     """The sampling fields both completion kinds share (defaults: llama-server's)."""
     model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
@@ -77,9 +85,12 @@ class Sampling(BaseModel):
     grammar: StrictStr | None = None
     ignore_eos: StrictBool = False
     cache_prompt: StrictBool = True  # llama-server's: reuse a slot's cells holding a prefix of the prompt
+    id_slot: StrictInt = Field(-1, ge=-1)  # llama-server's: the slot to run in (-1: any)
+    lora: list[LoraScale] | None = None    # llama-server's: this request's LoRA scales (lora_adapters.py)
     user: StrictStr | None = None
+    # OpenAI's {"token id": bias}, llama.cpp's [[id or text, bias]] (false: banned): see logit_bias_pairs
+    logit_bias: dict[str, Any] | list[Any] | None = None
     # known, not implemented: refused (400) rather than ignored
-    logit_bias: dict[str, Any] | None = None
     tools: list[Any] | None = None
 
     def stops(self) -> list[str]:
@@ -207,3 +218,37 @@ class EmbeddingRequest(BaseModel):
         if isinstance(p, str) or (p and all(isinstance(x, int) for x in p)):
             return [p]
         return list(p)
+
+
+def logit_bias_pairs(value, model) -> tuple[tuple[int, float], ...]:
+    """A request's logit_bias as (token id, bias) pairs, read as llama-server reads it: an object
+    {"token id" or "text": bias} (OpenAI's) or a list of [token id or text, bias] pairs; a text
+    stands for each of its tokens; a bias of false bans the token (-inf). Unlike llama-server,
+    an id outside the vocabulary or a malformed entry is a 400 naming it, never skipped."""
+    if value is None:
+        return ()
+    entries = list(value.items()) if isinstance(value, dict) else value
+    pairs = []
+    for i, entry in enumerate(entries):
+        where = f"logit_bias[{json.dumps(entry[0]) if isinstance(value, dict) else i}]"
+        if not isinstance(value, dict) and (not isinstance(entry, list) or len(entry) != 2):
+            raise APIError(400, f"{where}: each entry must be a pair [token id or text, bias]", "logit_bias")
+        key, bias = entry
+        if bias is False:
+            bias = -math.inf
+        elif isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
+            raise APIError(400, f"{where}: the bias must be a finite number or false, got {json.dumps(bias)}",
+                           "logit_bias")
+        if isinstance(key, str) and isinstance(value, dict) and key.lstrip("-").isdigit():
+            key = int(key)
+        if isinstance(key, bool) or not isinstance(key, (int, str)):
+            raise APIError(400, f"{where}: a token is an id or a text, got {json.dumps(key)}", "logit_bias")
+        if isinstance(key, int):
+            if not 0 <= key < model.n_vocab:
+                raise APIError(400, f"{where}: token id {key} is outside the vocabulary [0, {model.n_vocab})",
+                               "logit_bias")
+            ids = [key]
+        else:
+            ids = model.tokenize(key, add_special=False)
+        pairs += [(t, float(bias)) for t in ids]
+    return tuple(pairs)

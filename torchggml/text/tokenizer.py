@@ -144,6 +144,16 @@ _FIM_END_TOKENS = {  # metadata key -> texts
     "fim_rep_token_id": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
     "fim_sep_token_id": ("<|file_sep|>",),
 }
+# the fill-in-the-middle tokens that do not end generation: metadata keys (the deprecated one
+# second) -> texts, as llama.cpp finds them
+_FIM_TOKENS = {
+    "pre": (("fim_pre_token_id", "prefix_token_id"), ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>",
+            "<\uff5cfim\u2581begin\uff5c>", "<PRE>", "\u2581<PRE>", "<|code_prefix|>", "<|prefix|>")),
+    "suf": (("fim_suf_token_id", "suffix_token_id"), ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>",
+            "<\uff5cfim\u2581hole\uff5c>", "<SUF>", "\u2581<SUF>", "<|code_suffix|>", "<|suffix|>")),
+    "mid": (("fim_mid_token_id", "middle_token_id"), ("<|fim_middle|>", "<fim-middle>", "<fim_middle>",
+            "<\uff5cfim\u2581end\uff5c>", "<MID>", "\u2581<MID>", "<|code_middle|>", "<|middle|>")),
+}
 _ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
 _EOG_TEXTS = frozenset({
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
@@ -161,7 +171,8 @@ class Tokenizer:
     NONE), ``pre`` (the PreTokenizer or None), ``n_vocab``, ``bos_id``, ``eos_id``, ``eot_id``,
     ``eom_id``, ``unk_id``, ``sep_id``, ``pad_id``, ``mask_id`` (None where absent),
     ``add_bos``, ``add_eos``, ``add_sep``, ``add_space_prefix``, ``clean_spaces`` (detokenize
-    cleans " ," etc.), ``eog_ids``, ``chat_template`` (tokenizer.chat_template or None).
+    cleans " ," etc.), ``eog_ids``, ``fim_ids`` (the fill-in-the-middle tokens by name: pre, suf,
+    mid, pad, rep, sep; None where absent), ``chat_template`` (tokenizer.chat_template or None).
     """
 
     def __init__(self, metadata: Mapping[str, Any], source: str = "metadata"):
@@ -180,6 +191,7 @@ class Tokenizer:
         self.add_bos = self.add_eos = self.add_sep = self.add_space_prefix = self.clean_spaces = False
         self.escape_whitespaces = False
         self.eog_ids: frozenset[int] = frozenset()
+        self.fim_ids: dict[str, int | None] = {}  # pre, suf, mid, pad, rep, sep: the FIM tokens (None: absent)
         self.chat_template = metadata.get("tokenizer.chat_template")
         self._metadata = metadata
         self._encoder = None
@@ -337,6 +349,14 @@ class Tokenizer:
                 fim_id = self._first_token(texts)
                 found.add(fim_id)
             eog.add(fim_id)
+            self.fim_ids[key.split("_")[1]] = fim_id
+        for name, (keys, texts) in _FIM_TOKENS.items():
+            given = [_int_or_none(metadata.get(f"tokenizer.ggml.{key}")) for key in keys]
+            fim_id = next((i for i in given if i is not None and 0 <= i < self.n_vocab), None)
+            if fim_id is None:
+                fim_id = self._first_token(texts)
+                found.add(fim_id)
+            self.fim_ids[name] = fim_id
         for token_id in (found | eog) - {None}:
             self._attrs[token_id] |= TokenAttr.CONTROL
         for text in _ALWAYS_RENDERED:  # gpt-oss's channel tokens

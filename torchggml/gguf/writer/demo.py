@@ -89,6 +89,18 @@ def train_vocab(n_vocab: int, corpus: str = CORPUS) -> Vocab:
     return Vocab(tokens, types, merges, tokens.index("<s>"), tokens.index("</s>"))
 
 
+def add_vocab(writer, vocab: Vocab, tokenizer_pre: str = "gpt-2") -> None:
+    """The vocabulary's tokenizer keys (byte-level BPE, BOS added)."""
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(tokenizer_pre)
+    writer.add_token_list(vocab.tokens)
+    writer.add_token_types(vocab.types)
+    writer.add_token_merges(vocab.merges)
+    writer.add_bos_token_id(vocab.bos_id)
+    writer.add_eos_token_id(vocab.eos_id)
+    writer.add_add_bos_token(True)
+
+
 # ---------------------------------------------------------------- weights and file
 
 def output_row_scales(vocab: Vocab) -> np.ndarray:
@@ -177,14 +189,7 @@ def write_model(path, cfg: ModelConfig = DEMO_CONFIG, weight_type: str = "F32", 
     w.add_layer_norm_rms_eps(cfg.rms_eps)
     w.add_rope_freq_base(cfg.rope_freq_base)
     w.add_vocab_size(n_vocab)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(tokenizer_pre)
-    w.add_token_list(vocab.tokens)
-    w.add_token_types(vocab.types)
-    w.add_token_merges(vocab.merges)
-    w.add_bos_token_id(vocab.bos_id)
-    w.add_eos_token_id(vocab.eos_id)
-    w.add_add_bos_token(True)
+    add_vocab(w, vocab, tokenizer_pre)
     if chat_template:
         w.add_chat_template(chat_template)
     if rope_scaling_factor is not None:

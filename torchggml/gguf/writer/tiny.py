@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .demo import write_tensors
-from . import tiny_encoders, tiny_recurrent
+from .demo import add_vocab, write_tensors
+from . import tiny_encoders, tiny_gemma, tiny_recurrent, tiny_t5
 
 TINY_SEED = 20241123
 
@@ -42,6 +42,7 @@ class TinyCase:
     weight_types: tuple = ("F32", "Q8_0")
     tokens: tuple = (1, 17, 200, 3, 77, 129, 45, 12, 0, 255, 64, 9, 128, 31, 250, 6, 99, 180, 2, 51)
     n_prompt: int = 14            # decode-step tests: this many in one call, then one at a time
+    n_encoder: int = 0            # encoder-decoder (t5): the first n_encoder tokens are the encoder's input
 
 
 def _case(name, arch, features=(), **kw):
@@ -272,6 +273,47 @@ TINY_CASES += [
         ("attention.value_residual_mix_lora_rank", 32), ("attention.gate_lora_rank", 32), ("token_shift_count", 2))),
 ]
 
+# issue 37, second round: Qwen3.5 (tiny_recurrent.py): 2 key heads for 4 value heads (tiled), interleaved
+# multi-axis RoPE; qwen35 with a skipped prediction block (nextn), qwen35moe's layers by attention.recurrent_layers
+_GDN = (("ssm.conv_kernel", 4), ("ssm.state_size", 16), ("ssm.group_count", 2), ("ssm.time_step_rank", 4),
+        ("ssm.inner_size", 64), ("rope.dimension_sections", (3, 3, 2, 0)))
+TINY_CASES += [
+    _case("qwen35", "qwen35", n_layer=4, metadata=_GDN + (("full_attention_interval", 2), ("nextn_predict_layers", 1))),
+    _case("qwen35moe", "qwen35moe", ["router_f32"], n_layer=3, n_expert=4, n_expert_used=2, metadata=_GDN + (
+        ("attention.recurrent_layers", (True, False, True)), ("expert_feed_forward_length", 64),
+        ("expert_shared_feed_forward_length", 64))),
+    # Ling 2: fused q/k/v, q/k norms, partial rotary, a dense first layer, sigmoid routing with the selection bias
+    # over 4 groups of 2 experts, 2 kept; one shared expert of its own width; a skipped prediction block
+    _case("bailingmoe2", "bailingmoe2", ["fused_qkv", "qk_norm", "moe", "shexp", "shexp_ungated", "probs_bias",
+                                         "router_f32"], n_layer=4, n_expert=8, n_expert_used=2, metadata=_PARTIAL + (
+        ("leading_dense_block_count", 1), ("expert_feed_forward_length", 64), ("expert_shared_count", 1),
+        ("expert_shared_feed_forward_length", 32), ("expert_weights_norm", True), ("expert_weights_scale", 2.5),
+        ("expert_gating_func", 2), ("expert_group_count", 4), ("expert_group_used_count", 2),
+        ("nextn_predict_layers", 1))),
+    # Kimi-Linear: KDA layers (kda.head_dim 16, short convolutions of 4) around an MLA layer without
+    # rotary positions (cache: kv_lora_rank 32 + 8 shared key values); a dense first layer, then sigmoid-routed
+    # experts with the selection bias and a shared expert, scaled
+    _case("kimi-linear", "kimi-linear", ["router_f32"], n_layer=3, n_expert=4, n_expert_used=2, metadata=(
+        ("attention.head_count_kv", (0, 1, 0)), ("ssm.conv_kernel", 4), ("kda.head_dim", 16),
+        ("attention.kv_lora_rank", 32), ("attention.key_length_mla", 40), ("attention.value_length_mla", 16),
+        ("rope.dimension_count", 8), ("attention.key_length", 40), ("attention.value_length", 32),
+        ("leading_dense_block_count", 1),
+        ("expert_feed_forward_length", 32), ("expert_shared_count", 1), ("expert_weights_scale", 2.5),
+        ("expert_gating_func", 2))),
+    # LFM2-MoE: a dense first layer, then sigmoid-routed experts with the selection bias
+    _case("lfm2moe", "lfm2moe", ["moe", "probs_bias", "router_f32"], n_layer=3, n_expert=4, n_expert_used=2,
+          metadata=(("shortconv.l_cache", 3), ("attention.head_count_kv", (0, 2, 0)), ("leading_dense_block_count", 1),
+                    ("expert_feed_forward_length", 64), ("expert_gating_func", 2))),
+]
+
+# MiniCPM3: low-rank q and kv (kv_lora_rank 32, q_lora_rank 32), keys of 16 nope + 8 rotary values, values of
+# 16; LongRoPE factors (the long ones: the tests' context exceeds the original 32)
+TINY_CASES += [
+    _case("minicpm3", "minicpm3", ["mla_kv_b", "rope_factors"], n_head_kv=4, metadata=(
+        ("attention.q_lora_rank", 32), ("attention.kv_lora_rank", 32), ("attention.key_length", 24),
+        ("attention.value_length", 16), ("rope.dimension_count", 8), ("rope.scaling.original_context_length", 32))),
+]
+
 # encoders (tiny_encoders.py): non-causal attention, no output head; golden data are llama.cpp's
 # embeddings per pooling (scripts/gen_encoder_embeddings.py, tests/test_encoders.py)
 _ENC = (("attention.causal", False), ("pooling_type", 1))
@@ -301,6 +343,38 @@ TINY_CASES += [
     _case("eurobert", "eurobert", [], metadata=_ENC),
 ]
 
+# Gemma 4 / Gemma 3n (tiny_gemma.py): windowed layers with their own head size, KV heads and FFN
+# width per layer, the last two layers reusing the KV cache of the last windowed and dense ones,
+# per-layer token embeddings; gemma4's dense layers have experts beside their FFN and V = K
+TINY_CASES += [
+    _case("gemma4", "gemma4", ["moe", "v_is_k"], n_layer=5, head_dim=32, n_expert=4, n_expert_used=2, metadata=(
+        ("attention.sliding_window", 4), ("attention.sliding_window_pattern", (True, True, False, True, False)),
+        ("attention.key_length_swa", 16), ("attention.value_length_swa", 16), ("rope.dimension_count_swa", 16),
+        ("attention.head_count_kv", (2, 2, 1, 2, 1)), ("feed_forward_length", (128, 128, 96, 256, 256)),
+        ("attention.shared_kv_layers", 2), ("embedding_length_per_layer_input", 32),
+        ("expert_feed_forward_length", 32), ("rope.freq_base", 1000000.0), ("rope.freq_base_swa", 10000.0),
+        ("final_logit_softcapping", 30.0))),
+    # 22 layers: llama.cpp's gemma3n keeps a KV cache in the first 20 only (layer 20 reads 18's, 21
+    # reads 19's); activation sparsity in the first 10
+    _case("gemma3n", "gemma3n", [], n_layer=22, metadata=(
+        ("attention.sliding_window", 4), ("attention.sliding_window_pattern", tuple(
+            il % 5 != 4 and il != 21 for il in range(22))), ("rope.freq_base_swa", 10000.0),
+        ("rope.freq_base", 1000000.0))),
+]
+
+# T5 (tiny_t5.py): the encoder reads the first 8 tokens, the decoder the other 12 (the first is
+# the decoder start token 0); 16 relative position buckets, so both the exact and the logarithmic
+# buckets occur; flan-T5's gated FFN, and T5's ReLU MLP with a tied head. The gated model is F32
+# only: its Q8_0 logits differ from llama.cpp's by 2.5% (encoder and decoder compound the
+# activation rounding) and two rows whose top two logits are within 0.035 swap their argmax
+_T5 = (("attention.relative_buckets_count", 16), ("decoder_start_token_id", 0))
+TINY_CASES += [
+    _case("t5", "t5", ["gated"], n_head_kv=4, n_encoder=8, weight_types=("F32",), metadata=_T5),
+    _case("t5-relu", "t5", ["tied"], n_head_kv=4, n_encoder=8, metadata=_T5),
+    _case("t5encoder", "t5encoder", ["gated", "tied"], n_head_kv=4, metadata=(
+        ("attention.relative_buckets_count", 16), ("pooling_type", 1))),
+]
+
 CASES_BY_NAME = {c.name: c for c in TINY_CASES}
 
 
@@ -310,6 +384,10 @@ def _tensors(case: TinyCase, gen: torch.Generator) -> dict[str, np.ndarray]:
         return {k: t.float().numpy() for k, t in tiny_recurrent.recurrent_tensors(case, gen).items()}
     if case.arch in tiny_encoders.ENCODER_ARCHS:
         return {k: t.float().numpy() for k, t in tiny_encoders.encoder_tensors(case, gen).items()}
+    if case.arch in tiny_gemma.GEMMA_ARCHS:
+        return {k: t.float().numpy() for k, t in tiny_gemma.gemma_tensors(case, gen).items()}
+    if case.arch in tiny_t5.T5_ARCHS:
+        return {k: t.float().numpy() for k, t in tiny_t5.t5_tensors(case, gen).items()}
     f = case.features
     e, hd, v = case.n_embd, case.head_dim, case.n_vocab
     q_dim, kv_dim = hd * case.n_head, hd * case.n_head_kv
@@ -330,16 +408,21 @@ def _tensors(case: TinyCase, gen: torch.Generator) -> dict[str, np.ndarray]:
                 w[p + "attn_norm.bias"] = vec(e)
         if "norm_2" in f:  # falcon 40B's second attention norm
             w[p + "attn_norm_2.weight"], w[p + "attn_norm_2.bias"] = vec(e, 1.0), vec(e)
-        if "mla" in f:  # multi-head latent attention (deepseek2)
+        if f & {"mla", "mla_kv_b"}:  # low-rank query and latent: multi-head latent attention (deepseek2), or
+            # the latent decompressed by attn_kv_b before the cache (minicpm3)
             n_h, lora_q, lora_kv = case.n_head, int(meta["attention.q_lora_rank"]), int(meta["attention.kv_lora_rank"])
-            k_mla, v_mla, rot = (int(meta[k]) for k in ("attention.key_length_mla", "attention.value_length_mla",
-                                                           "rope.dimension_count"))
+            widths = ("key_length_mla", "value_length_mla") if "mla" in f else ("key_length", "value_length")
+            dk, dv = (int(meta["attention." + key]) for key in widths)
+            rot = int(meta["rope.dimension_count"])
             w[p + "attn_q_a_norm.weight"], w[p + "attn_kv_a_norm.weight"] = vec(lora_q, 1.0), vec(lora_kv, 1.0)
-            w[p + "attn_q_a.weight"], w[p + "attn_q_b.weight"] = mat(lora_q, e), mat(n_h * k_mla, lora_q)
+            w[p + "attn_q_a.weight"], w[p + "attn_q_b.weight"] = mat(lora_q, e), mat(n_h * dk, lora_q)
             w[p + "attn_kv_a_mqa.weight"] = mat(lora_kv + rot, e)
-            w[p + "attn_k_b.weight"] = mat(n_h, lora_kv, k_mla - rot)
-            w[p + "attn_v_b.weight"] = mat(n_h, v_mla, lora_kv)
-            w[p + "attn_output.weight"] = mat(e, n_h * v_mla)
+            if "mla" in f:
+                w[p + "attn_k_b.weight"] = mat(n_h, lora_kv, dk - rot)
+                w[p + "attn_v_b.weight"] = mat(n_h, dv, lora_kv)
+            else:
+                w[p + "attn_kv_b.weight"] = mat(n_h * (dk - rot + dv), lora_kv)
+            w[p + "attn_output.weight"] = mat(e, n_h * dv)
         elif "fused_qkv" in f:
             w[p + "attn_qkv.weight"] = mat(q_dim + 2 * kv_dim, e)
             if "qkv_fused_bias" in f:
@@ -357,7 +440,7 @@ def _tensors(case: TinyCase, gen: torch.Generator) -> dict[str, np.ndarray]:
             w[p + "attn_k_norm.weight"] = vec(hd * case.n_head_kv, 1.0).reshape(case.n_head_kv, hd)
         if "qk_norm_full" in f:  # over all the heads together (olmo2)
             w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = vec(q_dim, 1.0), vec(kv_dim, 1.0)
-        if "mla" not in f:
+        if not f & {"mla", "mla_kv_b"}:
             w[p + "attn_output.weight"] = mat(e, q_dim)
         if "out_bias" in f:
             w[p + "attn_output.bias"] = vec(e)
@@ -400,9 +483,14 @@ def _tensors(case: TinyCase, gen: torch.Generator) -> dict[str, np.ndarray]:
                 w[p + "ffn_up.bias"], w[p + "ffn_down.bias"] = vec(case.n_ff), vec(e)
         if "post_norms" in f:
             w[p + "post_ffw_norm.weight"] = vec(e, 1.0)
+        if il >= case.n_layer - int(meta.get("nextn_predict_layers", 0)):  # a prediction block (skipped)
+            w[p + "nextn.eh_proj.weight"] = mat(e, 2 * e)
+            w[p + "nextn.enorm.weight"], w[p + "nextn.hnorm.weight"] = vec(e, 1.0), vec(e, 1.0)
+            w[p + "layer_output_norm.weight"] = vec(e, 1.0)
     if "rope_factors" in f:
-        w["rope_factors_long.weight"] = 1.0 + torch.rand(hd // 2, generator=gen) * 3.0
-        w["rope_factors_short.weight"] = 1.0 + torch.rand(hd // 2, generator=gen) * 0.5
+        n_rot = int(meta.get("rope.dimension_count", hd))
+        w["rope_factors_long.weight"] = 1.0 + torch.rand(n_rot // 2, generator=gen) * 3.0
+        w["rope_factors_short.weight"] = 1.0 + torch.rand(n_rot // 2, generator=gen) * 0.5
     if "tok_norm" in f:
         w["token_embd_norm.weight"], w["token_embd_norm.bias"] = vec(e, 1.0), vec(e)
     if "pos_embd" in f:
@@ -434,9 +522,10 @@ def _add_key(writer, key: str, value) -> None:
         writer.add_array(key, list(value))
 
 
-def write_tiny_model(path, case: TinyCase | str, weight_type: str = "F32") -> str:
+def write_tiny_model(path, case: TinyCase | str, weight_type: str = "F32", vocab=None) -> str:
     """Write `case` with 2-D and 3-D weights stored as weight_type (F32, F16, or a type
-    gguf.quants can quantize); norms (per-head ones too), biases, sinks and rope factors stay F32."""
+    gguf.quants can quantize); norms (per-head ones too), biases, sinks and rope factors stay F32.
+    vocab: a demo.Vocab of case.n_vocab tokens to write as its tokenizer (default: none, ids only)."""
     import gguf
     case = CASES_BY_NAME[case] if isinstance(case, str) else case
     qtype = gguf.GGMLQuantizationType[weight_type.upper()]
@@ -457,12 +546,19 @@ def write_tiny_model(path, case: TinyCase | str, weight_type: str = "F32") -> st
         _add_key(w, f"{a}.{key}", value)
     for key, value in case.global_metadata:
         _add_key(w, key, value)
-    w.add_tokenizer_model("none")
+    if vocab is None:
+        w.add_tokenizer_model("none")
+    elif len(vocab.tokens) != case.n_vocab:
+        raise ValueError(f"write_tiny_model: a vocabulary of {len(vocab.tokens)} tokens for {case.n_vocab}")
+    else:
+        add_vocab(w, vocab)
     mxfp4 = qtype == gguf.GGMLQuantizationType.MXFP4
     recurrent = case.arch in tiny_recurrent.RECURRENT_ARCHS
     write_tensors(w, _tensors(case, gen), qtype,
                   keep_f32=lambda name, data: name.endswith((".bias", "_norm.weight")) or (mxfp4 and data.ndim != 3)
                   or name == "token_types.weight"  # added as a row to F32 states (converters keep it F32)
+                  or name.endswith("attn_rel_b.weight")  # T5's bias rows: one per bucket, n_head wide
+                  or name.endswith(("altup_correct_coef.weight", "altup_predict_coef.weight"))  # rows of 4
                   or ("router_f32" in case.features and name.endswith("ffn_gate_inp.weight"))
                   or (recurrent and tiny_recurrent.keep_f32(name, data)))
     return path

@@ -35,13 +35,14 @@ class MMProjCase:
     n_ff: int = 96
     n_layer: int = 2
     n_embd_text: int = 64
-    merge: int = 0               # clip.vision.projector.scale_factor (0: not written)
+    merge: int = 0               # clip.vision.projector.scale_factor (audio: clip.audio.projector.stack_factor)
     longest_edge: int = 0        # clip.vision.preproc_image_size (0: not written)
     act: str = "gelu"            # clip.use_gelu / use_silu / neither (gelu_quick)
     eps: float = 1e-6
     mean: tuple = (0.5, 0.5, 0.5)
     std: tuple = (0.5, 0.5, 0.5)
     n_mel: int = 0               # an audio encoder (whisper's) with this many mel bins instead of a ViT
+    pinpoints: tuple = ()        # clip.vision.image_grid_pinpoints (LLaVA 1.6's slicing), flat (w, h) pairs
 
 
 MMPROJ_CASES = [
@@ -54,8 +55,18 @@ MMPROJ_CASES = [
                std=(0.26862954, 0.26130258, 0.27577711)),
     MMProjCase("pixtral", "pixtral", act="silu", eps=1e-5, merge=2),
     MMProjCase("qwen2a", "qwen2a", n_mel=16, eps=1e-5),
+    # stack factors dividing the 1500 (ultravox) and 750 (voxtral) encoder frames of a 30 s chunk:
+    # libmtmd's token count assumes so (it stops on "Invalid number of output tokens" otherwise)
+    MMProjCase("ultravox", "ultravox", n_mel=16, eps=1e-5, merge=4),
+    MMProjCase("voxtral", "voxtral", n_mel=16, eps=1e-5, merge=5),
     MMProjCase("mlp", "mlp", act="quick", mean=(0.48145466, 0.4578275, 0.40821073),
                std=(0.26862954, 0.26130258, 0.27577711), eps=1e-5),
+    # LLaVA 1.6: the LLaVA 1.5 encoder with pinpoints (a 2 x 2 grid of 64-pixel slices for the golden image)
+    MMProjCase("llava16", "mlp", act="quick", mean=(0.48145466, 0.4578275, 0.40821073),
+               std=(0.26862954, 0.26130258, 0.27577711), eps=1e-5, pinpoints=(64, 128, 128, 64, 128, 128, 192, 64)),
+    MMProjCase("internvl", "internvl", merge=2, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)),
+    MMProjCase("lfm2", "lfm2", merge=2),
+    MMProjCase("qwen3vl", "qwen3vl_merger", mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)),
 ]
 MMPROJ_BY_NAME = {c.name: c for c in MMPROJ_CASES}
 
@@ -72,15 +83,20 @@ def _vision_tensors(case: MMProjCase, gen: torch.Generator) -> dict[str, torch.T
         return mean + std * torch.randn(n, generator=gen)
 
     w = {"v.patch_embd.weight": torch.randn(e, 3, p, p, generator=gen) / (3 * p * p) ** 0.5}
-    if case.projector in ("qwen2vl_merger", "qwen2.5vl_merger"):  # a second frame's convolution, M-RoPE
+    if case.projector in ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger"):  # a second frame's conv, M-RoPE
         w["v.patch_embd.weight.1"] = torch.randn(e, 3, p, p, generator=gen) / (3 * p * p) ** 0.5
+        if case.projector == "qwen3vl_merger":  # a patch bias, learned positions on a square grid
+            w["v.patch_embd.bias"] = vec(e)
+            w["v.position_embd.weight"] = 0.5 * torch.randn(n_patches, e, generator=gen)
     elif case.projector == "pixtral":  # 2-D RoPE, RMS norms without biases, gated FFN
         w["v.pre_ln.weight"] = vec(e, 1.0)
     else:
         w["v.patch_embd.bias"] = vec(e)
-        w["v.position_embd.weight"] = 0.5 * torch.randn(n_patches + (case.projector == "mlp"), e, generator=gen)
-    if case.projector == "mlp":  # CLIP: a class token and a pre-norm
+        with_cls = case.projector in ("mlp", "internvl")
+        w["v.position_embd.weight"] = 0.5 * torch.randn(n_patches + with_cls, e, generator=gen)
+    if case.projector in ("mlp", "internvl"):  # CLIP and InternViT: a class token
         w["v.class_embd"] = torch.randn(e, generator=gen)
+    if case.projector == "mlp":  # CLIP's pre-norm
         w["v.pre_ln.weight"], w["v.pre_ln.bias"] = vec(e, 1.0), vec(e)
     for il in range(case.n_layer):
         b = f"v.blk.{il}."
@@ -96,12 +112,16 @@ def _vision_tensors(case: MMProjCase, gen: torch.Generator) -> dict[str, torch.T
             if biased:
                 w[b + "ffn_gate.bias"], w[b + "ffn_up.bias"], w[b + "ffn_down.bias"] = vec(case.n_ff), vec(case.n_ff), vec(e)
             continue
-        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            w[b + name + ".weight"], w[b + name + ".bias"] = mat(e, e), vec(e)
+        names = ("attn_qkv", "attn_out") if case.projector == "qwen3vl_merger" else ("attn_q", "attn_k", "attn_v", "attn_out")
+        for name in names:  # Qwen3-VL: one fused q/k/v projection
+            rows = 3 * e if name == "attn_qkv" else e
+            w[b + name + ".weight"], w[b + name + ".bias"] = mat(rows, e), vec(rows)
         for name in ("ln1", "ln2"):
             w[b + name + ".weight"], w[b + name + ".bias"] = vec(e, 1.0), vec(e)
         w[b + "ffn_up.weight"], w[b + "ffn_up.bias"] = mat(case.n_ff, e), vec(case.n_ff)
         w[b + "ffn_down.weight"], w[b + "ffn_down.bias"] = mat(e, case.n_ff), vec(e)
+        if case.projector == "internvl":  # InternViT's layer scales
+            w[b + "ls1.weight"], w[b + "ls2.weight"] = vec(e, 0.5), vec(e, 0.5)
     return w
 
 
@@ -118,11 +138,18 @@ def _projector_tensors(case: MMProjCase, gen: torch.Generator) -> dict[str, torc
         return {"v.post_ln.weight": 1.0 + 0.1 * torch.randn(e, generator=gen),
                 "v.post_ln.bias": 0.1 * torch.randn(e, generator=gen),
                 "mm.model.fc.weight": torch.randn(t, k, generator=gen) / k ** 0.5}
-    if case.projector in ("qwen2vl_merger", "qwen2.5vl_merger"):  # post-norm (ln_q), 2 x 2 -> mm.0 -> gelu -> mm.2
+    if case.projector in ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger"):  # post-norm, 2 x 2 -> mm.0 -> gelu -> mm.2
         k = 4 * e
         norm = {"v.post_ln.weight": 1.0 + 0.1 * torch.randn(e, generator=gen)}
-        if case.projector == "qwen2vl_merger":  # LayerNorm; Qwen2.5-VL's RMS norm has no bias
+        if case.projector != "qwen2.5vl_merger":  # LayerNorm; Qwen2.5-VL's RMS norm has no bias
             norm["v.post_ln.bias"] = 0.1 * torch.randn(e, generator=gen)
+        if case.projector == "qwen3vl_merger":  # layer 0's deepstack merger: LayerNorm -> fc1 -> gelu -> fc2
+            norm.update({"v.deepstack.0.norm.weight": 1.0 + 0.1 * torch.randn(k, generator=gen),
+                         "v.deepstack.0.norm.bias": 0.1 * torch.randn(k, generator=gen),
+                         "v.deepstack.0.fc1.weight": torch.randn(k, k, generator=gen) / k ** 0.5,
+                         "v.deepstack.0.fc1.bias": 0.1 * torch.randn(k, generator=gen),
+                         "v.deepstack.0.fc2.weight": torch.randn(t, k, generator=gen) / k ** 0.5,
+                         "v.deepstack.0.fc2.bias": 0.1 * torch.randn(t, generator=gen)})
         return {**norm,
                 "mm.0.weight": torch.randn(k, k, generator=gen) / k ** 0.5,
                 "mm.0.bias": 0.1 * torch.randn(k, generator=gen),
@@ -137,6 +164,24 @@ def _projector_tensors(case: MMProjCase, gen: torch.Generator) -> dict[str, torc
                 "mm.2.weight": torch.randn(t, t, generator=gen) / t ** 0.5,
                 "mm.2.bias": 0.1 * torch.randn(t, generator=gen),
                 "v.token_embd.img_break": torch.randn(t, generator=gen)}
+    if case.projector == "internvl":  # mlp1: LayerNorm -> Linear -> GELU -> Linear
+        k = e * case.merge ** 2
+        return {"mm.model.mlp.0.weight": 1.0 + 0.1 * torch.randn(k, generator=gen),
+                "mm.model.mlp.0.bias": 0.1 * torch.randn(k, generator=gen),
+                "mm.model.mlp.1.weight": torch.randn(t, k, generator=gen) / k ** 0.5,
+                "mm.model.mlp.1.bias": 0.1 * torch.randn(t, generator=gen),
+                "mm.model.mlp.3.weight": torch.randn(t, t, generator=gen) / t ** 0.5,
+                "mm.model.mlp.3.bias": 0.1 * torch.randn(t, generator=gen)}
+    if case.projector == "lfm2":  # post-norm, pixel unshuffle, input LayerNorm, mm.1 -> gelu -> mm.2
+        k = e * case.merge ** 2
+        return {"v.post_ln.weight": 1.0 + 0.1 * torch.randn(e, generator=gen),
+                "v.post_ln.bias": 0.1 * torch.randn(e, generator=gen),
+                "mm.input_norm.weight": 1.0 + 0.1 * torch.randn(k, generator=gen),
+                "mm.input_norm.bias": 0.1 * torch.randn(k, generator=gen),
+                "mm.1.weight": torch.randn(t, k, generator=gen) / k ** 0.5,
+                "mm.1.bias": 0.1 * torch.randn(t, generator=gen),
+                "mm.2.weight": torch.randn(t, t, generator=gen) / t ** 0.5,
+                "mm.2.bias": 0.1 * torch.randn(t, generator=gen)}
     if case.projector == "mlp":  # LLaVA 1.5: mm.0 -> gelu -> mm.2, no post-norm
         return {"mm.0.weight": torch.randn(t, e, generator=gen) / e ** 0.5,
                 "mm.0.bias": 0.1 * torch.randn(t, generator=gen),
@@ -172,7 +217,14 @@ def _audio_tensors(case: MMProjCase, gen: torch.Generator) -> dict[str, torch.Te
         w[b + "ffn_up.weight"], w[b + "ffn_up.bias"] = mat(n_ff, e), vec(n_ff)
         w[b + "ffn_down.weight"], w[b + "ffn_down.bias"] = mat(e, n_ff), vec(e)
     w["a.post_ln.weight"], w["a.post_ln.bias"] = vec(e, 1.0), vec(e)
-    w["mm.a.fc.weight"], w["mm.a.fc.bias"] = mat(t, e), vec(t)
+    k = e * case.merge  # stacked frames
+    if case.projector == "qwen2a":
+        w["mm.a.fc.weight"], w["mm.a.fc.bias"] = mat(t, e), vec(t)
+    elif case.projector == "ultravox":  # RMS norm, mlp.1 -> SwiGLU (halves of 2 * hidden) -> RMS norm -> mlp.2
+        w["mm.a.norm_pre.weight"], w["mm.a.mlp.1.weight"] = vec(k, 1.0), mat(2 * n_ff, k)
+        w["mm.a.norm_mid.weight"], w["mm.a.mlp.2.weight"] = vec(n_ff, 1.0), mat(t, n_ff)
+    elif case.projector == "voxtral":  # mlp.1 -> erf GELU -> mlp.2, no biases
+        w["mm.a.mlp.1.weight"], w["mm.a.mlp.2.weight"] = mat(t, k), mat(t, t)
     return w
 
 
@@ -203,6 +255,10 @@ def write_tiny_mmproj(path, case: MMProjCase | str, weight_type: str = "F32") ->
         keys["clip.vision.preproc_image_size"] = case.longest_edge
     if case.projector == "qwen2.5vl_merger":  # window attention in layer 0, full in layer 1
         keys["clip.vision.n_wa_pattern"] = 2
+    if case.pinpoints:
+        keys["clip.vision.image_grid_pinpoints"] = [int(v) for v in case.pinpoints]
+    if case.projector == "internvl":  # at most 6 tiles (a 2 x 2 grid for the golden image)
+        keys["clip.vision.preproc_max_tiles"] = 6
     if case.act in ("gelu", "silu"):
         keys[f"clip.use_{case.act}"] = True
     for key, value in keys.items():
@@ -222,6 +278,8 @@ def _write_audio(w, case: MMProjCase, gen: torch.Generator, qtype) -> None:
             "clip.audio.block_count": case.n_layer, "clip.audio.projection_dim": case.n_embd_text,
             "clip.audio.attention.head_count": case.n_head, "clip.audio.attention.layer_norm_epsilon": case.eps,
             "clip.audio.num_mel_bins": case.n_mel}
+    if case.merge:
+        keys["clip.audio.projector.stack_factor"] = case.merge
     for key, value in keys.items():
         _add_key(w, key, value)
     tensors = _audio_tensors(case, gen)
@@ -229,15 +287,23 @@ def _write_audio(w, case: MMProjCase, gen: torch.Generator, qtype) -> None:
                   keep_f32=lambda name, data: name.startswith(("a.conv1d", "a.position_embd")) or name.endswith(".bias"))
 
 
-def write_tiny_text_model(path, n_embd: int = 64) -> str:
-    """The tiny gemma3 text model (tiny.py's recipe, width n_embd) with a byte-level BPE
+# the text models the projectors' cases pair with: gemma3 (no M-RoPE) unless named here
+TEXT_ARCH = {"qwen2vl": "qwen2vl", "qwen25vl": "qwen2vl", "qwen3vl": "qwen3vl"}
+# extra text-model metadata by architecture: Qwen3-VL's input rows carry one deepstack slice
+TEXT_METADATA = {"qwen3vl": {"n_deepstack_layers": 1}}
+
+
+def write_tiny_text_model(path, n_embd: int = 64, arch: str = "gemma3") -> str:
+    """The tiny text model of tiny.py's recipe for `arch` (width n_embd) with a byte-level BPE
     vocabulary ending in the MEDIA_TOKENS (control tokens), which libmtmd needs to tokenize."""
     import gguf
     vocab = train_vocab(320)
     # "\n\n" as one token (GPT-2's bytes): idefics3's layout looks it up by its text
     tokens = vocab.tokens + ["\u010a\u010a"] + list(MEDIA_TOKENS)
     types = vocab.types + [1] + [3] * len(MEDIA_TOKENS)
-    case = replace(CASES_BY_NAME["gemma3"], name="gemma3-mtmd", n_vocab=len(tokens), n_embd=n_embd, n_ctx=1024)
+    base = CASES_BY_NAME[arch]
+    case = replace(base, name=f"{arch}-mtmd", n_vocab=len(tokens), n_embd=n_embd, n_ctx=1024,
+                   metadata=tuple(base.metadata) + tuple(TEXT_METADATA.get(arch, {}).items()))
     gen = torch.Generator().manual_seed(TINY_SEED + sum(map(ord, case.name)))
     path = os.fspath(path)
     w = gguf.GGUFWriter(path, case.arch)

@@ -14,6 +14,7 @@ import torch
 
 RECURRENT_ARCHS = ("mamba", "mamba2", "jamba", "granitehybrid", "nemotron_h", "falcon-h1", "lfm2", "rwkv6", "rwkv7",
                    "qwen3next")
+RECURRENT_ARCHS += ("qwen35", "qwen35moe", "lfm2moe", "kimi-linear")  # issue 37, second round
 
 # written as F32 whatever the weight type (the ops read them as F32; llama.cpp's quantizer keeps
 # them too): convolutions, decays, skip weights, norms
@@ -61,8 +62,8 @@ def recurrent_tensors(case, gen: torch.Generator) -> dict[str, torch.Tensor]:
         return mean + std * torch.randn(n, generator=gen)
 
     w = {"token_embd.weight": torch.randn(v, e, generator=gen)}
-    if case.arch in ("rwkv6", "rwkv7", "qwen3next"):
-        own = {"rwkv6": _rwkv6, "rwkv7": _rwkv7, "qwen3next": _qwen3next}[case.arch]
+    if case.arch in ("rwkv6", "rwkv7", "qwen3next", "qwen35", "qwen35moe", "kimi-linear"):
+        own = {"rwkv6": _rwkv6, "rwkv7": _rwkv7, "kimi-linear": _kimi_linear}.get(case.arch, _qwen3next)
         return {**w, **own(case, meta, mat, vec, gen)}
     for il, kind in enumerate(layer_kinds(case)):
         p = f"blk.{il}."
@@ -74,9 +75,9 @@ def recurrent_tensors(case, gen: torch.Generator) -> dict[str, torch.Tensor]:
             w[p + "attn_k.weight"] = mat(hd * n_kv, e)
             w[p + "attn_v.weight"] = mat(hd * n_kv, e)
             w[p + "attn_output.weight"] = mat(e, hd * case.n_head)
-        if "a" in kind and case.arch == "lfm2":
+        if "a" in kind and case.arch in ("lfm2", "lfm2moe"):
             w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = vec(hd, 1.0), vec(hd, 1.0)
-        if "m" in kind and case.arch == "lfm2":
+        if "m" in kind and case.arch in ("lfm2", "lfm2moe"):
             l_cache = meta["shortconv.l_cache"]
             w[p + "shortconv.conv.weight"] = mat(e, l_cache)
             w[p + "shortconv.in_proj.weight"] = mat(3 * e, e)
@@ -93,8 +94,10 @@ def recurrent_tensors(case, gen: torch.Generator) -> dict[str, torch.Tensor]:
                 w[p + "ffn_up.weight"], w[p + "ffn_down.weight"] = mat(n_ff, e), mat(e, n_ff)
         elif case.arch not in ("mamba", "mamba2"):
             w[p + ("ffn_norm" if case.arch == "falcon-h1" else "ffn_norm.weight")] = vec(e, 1.0)
-            if "moe" in f or ("moe_odd" in f and il % 2):
-                n, ff = case.n_expert, case.n_ff
+            if ("moe" in f and il >= meta.get("leading_dense_block_count", 0)) or ("moe_odd" in f and il % 2):
+                n, ff = case.n_expert, meta.get("expert_feed_forward_length", case.n_ff)
+                if "probs_bias" in f:
+                    w[p + "exp_probs_b.bias"] = vec(n, 0.0, 0.05)
                 w[p + "ffn_gate_inp.weight"] = mat(n, e) * 4.0
                 w[p + "ffn_gate_exps.weight"] = mat(n, ff, e)
                 w[p + "ffn_up_exps.weight"] = mat(n, ff, e)
@@ -106,7 +109,7 @@ def recurrent_tensors(case, gen: torch.Generator) -> dict[str, torch.Tensor]:
             else:
                 w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"] = mat(case.n_ff, e), mat(case.n_ff, e)
                 w[p + "ffn_down.weight"] = mat(e, case.n_ff)
-    w["token_embd_norm.weight" if case.arch == "lfm2" else "output_norm.weight"] = vec(e, 1.0)
+    w["token_embd_norm.weight" if case.arch in ("lfm2", "lfm2moe") else "output_norm.weight"] = vec(e, 1.0)
     w["output.weight"] = mat(v, e)
     return w
 
@@ -202,17 +205,25 @@ def _rwkv7(case, meta, mat, vec, gen):
 
 
 def _qwen3next(case, meta, mat, vec, gen):
+    """qwen3next, and Qwen3.5's qwen35 (dense FFNs) and qwen35moe: separate ssm_beta / ssm_alpha;
+    the last nextn_predict_layers blocks are full-attention prediction blocks (nextn.* tensors)."""
     e, hd, n_exp = case.n_embd, case.head_dim, case.n_expert
     dk, hk, hv = meta["ssm.state_size"], meta["ssm.group_count"], meta["ssm.time_step_rank"]
     d_conv = meta["ssm.conv_kernel"]
     value_dim = meta["ssm.inner_size"]
     conv = 2 * dk * hk + value_dim
-    ff, sh = meta["expert_feed_forward_length"], meta["expert_shared_feed_forward_length"]
+    ff, sh = meta.get("expert_feed_forward_length"), meta.get("expert_shared_feed_forward_length")
+    n_trunk = case.n_layer - meta.get("nextn_predict_layers", 0)
+    recurrent = meta.get("attention.recurrent_layers") or [
+        il < n_trunk and (il + 1) % meta["full_attention_interval"] != 0 for il in range(case.n_layer)]
     w = {}
     for il in range(case.n_layer):
         p = f"blk.{il}."
         w[p + "attn_norm.weight"], w[p + "post_attention_norm.weight"] = vec(e, 1.0), vec(e, 1.0)
-        if (il + 1) % meta["full_attention_interval"]:
+        if il >= n_trunk:  # a prediction block: the previous hidden state and the next token's embedding
+            w[p + "nextn.eh_proj.weight"] = mat(e, 2 * e)
+            w[p + "nextn.enorm.weight"], w[p + "nextn.hnorm.weight"] = vec(e, 1.0), vec(e, 1.0)
+        if recurrent[il]:
             if "legacy_qkvz" in case.features:  # one ssm_in: [q | k | v | z] per key head
                 w[p + "ssm_in.weight"] = mat(conv + value_dim, e)
             else:
@@ -221,7 +232,10 @@ def _qwen3next(case, meta, mat, vec, gen):
             w[p + "ssm_conv1d.weight"] = mat(conv, d_conv)
             w[p + "ssm_dt.bias"] = vec(hv, 1.0, 0.5)
             w[p + "ssm_a"] = -torch.exp(torch.rand(hv, generator=gen) * 2.0 - 1.0)
-            w[p + "ssm_ba.weight"] = mat(2 * hv, e)
+            if case.arch == "qwen3next":
+                w[p + "ssm_ba.weight"] = mat(2 * hv, e)
+            else:
+                w[p + "ssm_beta.weight"], w[p + "ssm_alpha.weight"] = mat(hv, e), mat(hv, e)
             w[p + "ssm_norm.weight"] = vec(dk, 1.0)
             w[p + "ssm_out.weight"] = mat(e, value_dim)
         else:
@@ -229,12 +243,62 @@ def _qwen3next(case, meta, mat, vec, gen):
             w[p + "attn_k.weight"], w[p + "attn_v.weight"] = mat(hd * case.n_head_kv, e), mat(hd * case.n_head_kv, e)
             w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = vec(hd, 1.0), vec(hd, 1.0)
             w[p + "attn_output.weight"] = mat(e, hd * case.n_head)
+        if case.arch == "qwen35":
+            w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"] = mat(case.n_ff, e), mat(case.n_ff, e)
+            w[p + "ffn_down.weight"] = mat(e, case.n_ff)
+            continue
         w[p + "ffn_gate_inp.weight"] = mat(n_exp, e) * 4.0
         w[p + "ffn_gate_exps.weight"], w[p + "ffn_up_exps.weight"] = mat(n_exp, ff, e), mat(n_exp, ff, e)
         w[p + "ffn_down_exps.weight"] = mat(n_exp, e, ff)
         w[p + "ffn_gate_inp_shexp.weight"] = vec(e, 0.0, 0.5)
         w[p + "ffn_gate_shexp.weight"], w[p + "ffn_up_shexp.weight"] = mat(sh, e), mat(sh, e)
         w[p + "ffn_down_shexp.weight"] = mat(e, sh)
+    w["output_norm.weight"] = vec(e, 1.0)
+    w["output.weight"] = mat(case.n_vocab, e)
+    return w
+
+
+def _kimi_linear(case, meta, mat, vec, gen):
+    """KDA layers (head_count_kv 0) and MLA layers (no query compression), a dense first layer, then
+    sigmoid-routed experts with the selection bias and one shared expert."""
+    e, nh, n_exp = case.n_embd, case.n_head, case.n_expert
+    hd, d_conv = meta["kda.head_dim"], meta["ssm.conv_kernel"]
+    d = hd * nh
+    lora, rot = meta["attention.kv_lora_rank"], meta["rope.dimension_count"]
+    k_mla, v_mla = meta["attention.key_length_mla"], meta["attention.value_length_mla"]
+    ff = meta["expert_feed_forward_length"]
+    w = {}
+    for il in range(case.n_layer):
+        p = f"blk.{il}."
+        w[p + "attn_norm.weight"], w[p + "ffn_norm.weight"] = vec(e, 1.0), vec(e, 1.0)
+        if meta["attention.head_count_kv"][il] == 0:
+            for x in "qkv":
+                w[p + f"ssm_conv1d_{x}.weight"] = mat(1, d, 1, d_conv)  # ggml ne [d_conv, 1, d, 1]
+                w[p + f"attn_{x}.weight"] = mat(d, e)
+            w[p + "ssm_f_a.weight"], w[p + "ssm_f_b.weight"] = mat(hd, e), mat(d, hd)
+            w[p + "ssm_beta.weight"] = mat(nh, e)
+            w[p + "ssm_a"] = -torch.exp(torch.rand(1, 1, nh, 1, generator=gen) * 2.0 - 1.0)
+            w[p + "ssm_dt.bias"] = vec(d, 1.0, 0.5)
+            w[p + "ssm_g_a.weight"], w[p + "ssm_g_b.weight"] = mat(hd, e), mat(d, hd)
+            w[p + "ssm_norm.weight"] = vec(hd, 1.0)
+            w[p + "attn_output.weight"] = mat(e, d)
+        else:
+            w[p + "attn_q.weight"] = mat(nh * k_mla, e)
+            w[p + "attn_kv_a_norm.weight"] = vec(lora, 1.0)
+            w[p + "attn_kv_a_mqa.weight"] = mat(lora + rot, e)
+            w[p + "attn_k_b.weight"] = mat(nh, lora, k_mla - rot)
+            w[p + "attn_v_b.weight"] = mat(nh, v_mla, lora)
+            w[p + "attn_output.weight"] = mat(e, nh * v_mla)
+        if il < meta["leading_dense_block_count"]:
+            w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"] = mat(case.n_ff, e), mat(case.n_ff, e)
+            w[p + "ffn_down.weight"] = mat(e, case.n_ff)
+            continue
+        w[p + "ffn_gate_inp.weight"] = mat(n_exp, e) * 4.0
+        w[p + "exp_probs_b.bias"] = vec(n_exp, 0.0, 0.05)
+        w[p + "ffn_gate_exps.weight"], w[p + "ffn_up_exps.weight"] = mat(n_exp, ff, e), mat(n_exp, ff, e)
+        w[p + "ffn_down_exps.weight"] = mat(n_exp, e, ff)
+        w[p + "ffn_gate_shexp.weight"], w[p + "ffn_up_shexp.weight"] = mat(ff, e), mat(ff, e)
+        w[p + "ffn_down_shexp.weight"] = mat(e, ff)
     w["output_norm.weight"] = vec(e, 1.0)
     w["output.weight"] = mat(case.n_vocab, e)
     return w

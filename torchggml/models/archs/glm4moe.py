@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ...enums import RopeType
 from ...gguf.loader import GGUFError
-from ..builder import Arch, load_attention, load_ffn, load_moe, load_shared_expert, tensor_layer
+from ..builder import Arch, load_attention, load_ffn, load_moe, load_shared_expert
 from .dense import Dense
 
 # llama.cpp's llama_expert_gating_func_type
@@ -33,16 +33,17 @@ def read_routing(hp, keys, default_gating: int | None, shared: bool = True) -> N
     hp.expert_gating = GATING_FUNCS[gating]
 
 
-def load_routed_ffn(L, hp, norm="ffn_norm", probs_bias=False) -> None:
+def load_routed_ffn(L, hp, norm="ffn_norm", probs_bias=False, n_ff_shexp=0) -> None:
     """A dense SwiGLU in the leading layers, else the experts (with their selection bias,
-    required when probs_bias) and the shared experts (n_expert_shared experts wide)."""
+    required when probs_bias) and the shared experts (n_expert_shared experts of n_ff_shexp,
+    or of the routed experts' width, wide)."""
     if L.il < hp.n_layer_dense_lead:
         L.weight(norm, [hp.n_embd])
         return load_ffn(L, hp, norm=False)
     n_ff_exp = hp.n_ff_exp or hp.n_ff // hp.n_expert_used
     load_moe(L, hp, n_ff_exp, norm=norm, probs_bias=probs_bias)
     if hp.n_expert_shared:
-        load_shared_expert(L, hp, n_ff_exp * hp.n_expert_shared, gate_inp=False)
+        load_shared_expert(L, hp, (n_ff_shexp or n_ff_exp) * hp.n_expert_shared, gate_inp=False)
 
 
 def skip_nextn_layers(hp, keys) -> None:
@@ -53,11 +54,6 @@ def skip_nextn_layers(hp, keys) -> None:
         raise GGUFError(f"{keys.f.path}: {keys.arch}.nextn_predict_layers {hp.n_layer_nextn} must be below "
                         f"block_count {hp.n_layer}")
     hp.n_layer -= hp.n_layer_nextn
-
-
-def skip_nextn_tensors(w, hp) -> None:
-    """The tensors of the skipped prediction blocks count as read (llama.cpp's TENSOR_SKIP)."""
-    w.used.update(n for n in w.tensors if (tensor_layer(n) or 0) >= hp.n_layer)
 
 
 class RoutedDense(Dense):
@@ -95,10 +91,6 @@ class Glm4Moe(Arch):
         if sections and sections[0] > 0 and sections[1] > 0:
             hp.rope_sections, hp.rope_type = tuple(int(s) for s in sections[:4]), int(RopeType.MROPE)
         skip_nextn_layers(hp, keys)
-
-    def load_weights(self, w, hp):
-        super().load_weights(w, hp)
-        skip_nextn_tensors(w, hp)
 
     def load_layer(self, L, hp):
         load_attention(L, hp)

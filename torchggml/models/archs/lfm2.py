@@ -52,7 +52,13 @@ class LFM2(HybridArch):
             L.weight("shortconv.out_proj", [e, e])
         else:
             load_attention(L, hp, qk_norm=True)
+        self.load_ffn(L, hp)
+
+    def load_ffn(self, L, hp):
         load_ffn(L, hp)
+
+    def ffn(self, b, h, layer):
+        return b.ffn(h, layer)
 
     def shortconv(self, b, il, h, layer):
         ctx, e = b.ctx, b.hp.n_embd
@@ -69,7 +75,7 @@ class LFM2(HybridArch):
             h = b.norm(x, layer.attn_norm)
             h = self.shortconv(b, il, h, layer) if self.is_recurrent(b.hp, il) else b.self_attention(il, h, layer)
             x = b.add_attention(il, x, h)
-            x = b.add(x, b.ffn(b.norm(x, layer.ffn_norm), layer))
+            x = b.add(x, self.ffn(b, b.norm(x, layer.ffn_norm), layer))
         return b.output(x, w)
 
 

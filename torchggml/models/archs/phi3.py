@@ -10,6 +10,21 @@ from ...enums import RopeType
 from ..builder import Arch, load_attention, load_ffn
 
 
+def load_rope_factors(w, hp) -> None:
+    """LongRoPE's optional per-pair factors, shared by the layers."""
+    for name in ("rope_factors_long", "rope_factors_short"):
+        w.add(name, f"{name}.weight", [hp.n_rot // 2], required=False)
+
+
+def rope_factors(b, w):
+    """rope_freqs, else LongRoPE's long factors when the context exceeds the original one, else
+    the short ones (llama.cpp's get_rope_factors)."""
+    hp = b.hp
+    if w.rope_freqs is not None:
+        return w.rope_freqs
+    return w.rope_factors_long if b.memory.n_ctx > (hp.n_ctx_orig or hp.n_ctx_train) else w.rope_factors_short
+
+
 class Phi3(Arch):
     names = ("phi3",)
     rope_type = RopeType.NEOX
@@ -18,18 +33,14 @@ class Phi3(Arch):
 
     def load_weights(self, w, hp):
         super().load_weights(w, hp)
-        for name in ("rope_factors_long", "rope_factors_short"):
-            w.add(name, f"{name}.weight", [hp.n_rot // 2], required=False)
+        load_rope_factors(w, hp)
 
     def load_layer(self, L, hp):
         load_attention(L, hp)
         load_ffn(L, hp, gated=False, n_ff_up=2 * hp.n_ff)
 
     def build(self, b, w):
-        hp = b.hp
-        factors = w.rope_freqs
-        if factors is None:
-            factors = w.rope_factors_long if b.memory.n_ctx > (hp.n_ctx_orig or hp.n_ctx_train) else w.rope_factors_short
+        hp, factors = b.hp, rope_factors(b, w)
         x = b.embed(w.token_embd)
         for il, layer in enumerate(w.layers):
             x = b.add_attention(il, x, b.self_attention(il, b.norm(x, layer.attn_norm, layer.attn_norm_b), layer,

@@ -28,7 +28,7 @@ class Qwen2(Arch):
         x = b.embed(w.token_embd)
         for il, layer in enumerate(w.layers):
             x = b.add_attention(il, x, b.self_attention(il, b.norm(x, layer.attn_norm), layer))
-            x = b.add(x, self.ffn(b, b.norm(x, layer.ffn_norm), layer))
+            x = b.deepstack(il, b.add(x, self.ffn(b, b.norm(x, layer.ffn_norm), layer)))
         return b.output(x, w)
 
 

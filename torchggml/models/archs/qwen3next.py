@@ -12,24 +12,38 @@ from __future__ import annotations
 
 from ... import ops
 from ...enums import RopeType
+from ...gguf.loader import GGUFError
 from ..builder import load_moe, load_shared_expert
-from ..recurrent_layers import HybridArch, causal_conv, read_ssm, read_states, write_states
+from ..recurrent_layers import HybridArch, causal_conv, delta_rule, read_ssm
+from .glm4moe import skip_nextn_layers
 
 
-def l2_normed(ctx, x, eps: float):
-    """llama.cpp's delta-net L2 norm: rms_norm(x, eps / n) / sqrt(n) = x / sqrt(sum(x^2) + eps)."""
-    n = x.ne[0]
-    return ops.scale(ctx, ops.rms_norm(ctx, x, eps / n), n ** -0.5)
+def read_gdn_layers(hp, keys) -> None:
+    """Which layers are linear attention: attention.recurrent_layers (one flag per block, the
+    prediction blocks' included), else all but every full_attention_interval-th; the last
+    nextn_predict_layers blocks (multi-token prediction) are skipped, as llama.cpp does."""
+    n_all = hp.n_layer
+    skip_nextn_layers(hp, keys)
+    flags = keys.get_list("attention.recurrent_layers")
+    if isinstance(flags, list):
+        if len(flags) != n_all:
+            raise GGUFError(f"{keys.f.path}: {keys.arch}.attention.recurrent_layers has {len(flags)} entries "
+                            f"for {n_all} blocks")
+        hp.recurrent_layers = [bool(f) for f in flags[:hp.n_layer]]
+    else:
+        interval = int(keys.get("full_attention_interval", 4))
+        hp.recurrent_layers = [(il + 1) % interval != 0 for il in range(hp.n_layer)]
 
 
 class Qwen3Next(HybridArch):
     names = ("qwen3next",)
     rope_type = RopeType.NEOX
 
+    tiled_heads = False  # value head h reads key head h // (hv / hk); qwen35: h % hk
+
     def read_hparams(self, hp, keys):
         read_ssm(hp, keys, mamba2=True)
-        interval = int(keys.get("full_attention_interval", 4))
-        hp.recurrent_layers = [(il + 1) % interval != 0 for il in range(hp.n_layer)]
+        read_gdn_layers(hp, keys)
 
     def is_recurrent(self, hp, il):
         return hp.recurrent_layers[il]
@@ -51,7 +65,7 @@ class Qwen3Next(HybridArch):
             L.weight("ssm_conv1d", [s.d_conv, s.conv_channels])
             L.bias("ssm_dt", [s.dt_rank], required=True)
             L.w.add("ssm_a", f"blk.{L.il}.ssm_a", [s.dt_rank], True, L.layer)
-            L.weight("ssm_ba", [e, 2 * s.dt_rank])
+            self.load_gates(L, hp)
             L.weight("ssm_norm", [s.d_state])
             L.weight("ssm_out", [value_dim, e])
         else:
@@ -62,8 +76,30 @@ class Qwen3Next(HybridArch):
             L.weight("attn_q_norm", [hp.head_dim_k])
             L.weight("attn_k_norm", [hp.head_dim_k])
             L.weight("attn_output", [q, e])
-        load_moe(L, hp, norm="post_attention_norm")
+        self.load_ffn(L, hp)
+
+    def load_gates(self, L, hp):
+        """beta and alpha's projection: one [beta | alpha] per key head."""
+        L.weight("ssm_ba", [hp.n_embd, 2 * hp.ssm.dt_rank])
+
+    def gates(self, b, h, layer):
+        """beta [1, hv, nt, ns] (sigmoid applied) and alpha [hv, nt, ns] (before dt_bias) of the
+        micro-batch's tokens."""
+        ctx, hk, hv = b.ctx, b.hp.ssm.n_group, b.hp.ssm.dt_rank
+        nt, ns = b.n_seq_tokens, b.n_seqs
+        ba = ops.reshape_4d(ctx, b.linear(h, layer.ssm_ba), 2 * hv // hk, hk, nt, ns)
+        beta = ops.view_4d(ctx, ba, hv // hk, hk, nt, ns, ba.nb[1], ba.nb[2], ba.nb[3], 0)
+        alpha = ops.view_4d(ctx, ba, hv // hk, hk, nt, ns, ba.nb[1], ba.nb[2], ba.nb[3], hv // hk * ba.nb[0])
+        beta = ops.reshape_4d(ctx, ops.sigmoid(ctx, ops.cont(ctx, beta)), 1, hv, nt, ns)
+        return beta, ops.cont_3d(ctx, alpha, hv, nt, ns)
+
+    def load_ffn(self, L, hp):
+        """The experts and the sigmoid-gated shared expert (post_attention_norm is their input norm)."""
+        load_moe(L, hp, hp.n_ff_exp or hp.n_ff // hp.n_expert_used, norm=None)
         load_shared_expert(L, hp, hp.n_ff_shexp or hp.n_ff)
+
+    def ffn(self, b, h, layer):
+        return b.add(b.moe(h, layer), b.shared_expert(h, layer))
 
     def gated_attention(self, b, il, h, layer):
         ctx, hp, n = b.ctx, b.hp, b.n_tokens
@@ -102,27 +138,21 @@ class Qwen3Next(HybridArch):
         dv = s.d_inner // hv
         qkv, z = self.qkvz(b, h, layer)
         z = ops.reshape_4d(ctx, z, dv, hv, nt, ns)
-        ba = ops.reshape_4d(ctx, b.linear(h, layer.ssm_ba), 2 * hv // hk, hk, nt, ns)
-        beta = ops.view_4d(ctx, ba, hv // hk, hk, nt, ns, ba.nb[1], ba.nb[2], ba.nb[3], 0)
-        alpha = ops.view_4d(ctx, ba, hv // hk, hk, nt, ns, ba.nb[1], ba.nb[2], ba.nb[3], hv // hk * ba.nb[0])
-        beta = ops.reshape_4d(ctx, ops.sigmoid(ctx, ops.cont(ctx, beta)), 1, hv, nt, ns)
-        alpha = ops.add(ctx, ops.cont_3d(ctx, alpha, hv, nt, ns), layer.ssm_dt_b)
+        beta, alpha = self.gates(b, h, layer)
+        alpha = ops.add(ctx, alpha, layer.ssm_dt_b)
         decay = ops.reshape_4d(ctx, ops.mul(ctx, ops.softplus(ctx, alpha), layer.ssm_a), 1, hv, nt, ns)
         conv = ops.silu(ctx, causal_conv(b, il, qkv, layer.ssm_conv1d, None))     # [conv_channels, nt, ns]
         row = conv.nb[1]
         q = ops.view_4d(ctx, conv, dk, hk, nt, ns, dk * 4, row, row * nt, 0)
         k = ops.view_4d(ctx, conv, dk, hk, nt, ns, dk * 4, row, row * nt, dk * hk * 4)
         v = ops.view_4d(ctx, conv, dv, hv, nt, ns, dv * 4, row, row * nt, 2 * dk * hk * 4)
-        q, k = l2_normed(ctx, q, hp.norm_eps), l2_normed(ctx, k, hp.norm_eps)
-        if hk != hv:  # each key head serves hv / hk consecutive value heads
-            q, k = (ops.reshape_4d(ctx, ops.repeat_4d(ctx, ops.reshape_4d(ctx, t, dk, 1, hk, nt * ns), dk, hv // hk, hk,
-                                                      nt * ns), dk, hv, nt, ns) for t in (q, k))
-        states = b.memory.recurrent.s[il]
-        state = ops.reshape_4d(ctx, read_states(b, states), dv, dv, hv, ns)
-        out = ops.gated_delta_net(ctx, q, k, v, decay, beta, state, 1)
-        n_out = dv * hv * nt * ns
-        write_states(b, states, ops.view_1d(ctx, out, states.ne[0] * ns, n_out * 4))
-        y = ops.view_4d(ctx, out, dv, hv, nt, ns, dv * 4, dv * hv * 4, dv * hv * nt * 4, 0)
+        if hk != hv and not self.tiled_heads:  # each key head serves hv / hk consecutive value heads
+            # (tiled: the op reads key head h % hk itself)
+            def repeated(t):
+                t = ops.reshape_4d(ctx, ops.cont(ctx, t), dk, 1, hk, nt * ns)
+                return ops.reshape_4d(ctx, ops.repeat_4d(ctx, t, dk, hv // hk, hk, nt * ns), dk, hv, nt, ns)
+            q, k = repeated(q), repeated(k)
+        y = delta_rule(b, il, q, k, v, decay, beta)
         y = ops.mul(ctx, b.norm(y, layer.ssm_norm), ops.silu(ctx, z))
         y = b.linear(ops.reshape_3d(ctx, y, dv * hv, nt, ns), layer.ssm_out)
         return ops.reshape_2d(ctx, y, hp.n_embd, b.n_tokens)
@@ -133,8 +163,7 @@ class Qwen3Next(HybridArch):
             h = b.norm(x, layer.attn_norm)
             mixer = self.linear_attention if self.is_recurrent(b.hp, il) else self.gated_attention
             x = b.add_attention(il, x, mixer(b, il, h, layer))
-            h = b.norm(x, layer.post_attention_norm)
-            x = b.add(x, b.add(b.moe(h, layer), b.shared_expert(h, layer)))
+            x = b.add(x, self.ffn(b, b.norm(x, layer.post_attention_norm), layer))
         return b.output(x, w)
 
 

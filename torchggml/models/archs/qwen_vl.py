@@ -1,8 +1,10 @@
 """The text side of Qwen's vision-language models: qwen2vl (qwen2's layer: q/k/v biases),
 qwen3vl (qwen3's: per-head q/k RMS norms) and qwen3vlmoe (qwen3moe's), with multi-axis rotary
 embedding over rope.dimension_sections (MROPE; qwen3vl's interleaved, IMROPE). For text tokens the three axes
-carry the token's position and the fourth 0, as llama.cpp feeds them; qwen3vl's deepstack
-inputs are zero for text tokens, so they add nothing.
+carry the token's position and the fourth 0, as llama.cpp feeds them (an image's rows their own
+(time, row, column) positions: Model.eval_embeddings with grid). qwen3vl's input embedding rows
+carry n_deepstack_layers more slices, added to the first layers' outputs (Arch.build's
+b.deepstack); token ids carry none.
 """
 from __future__ import annotations
 
@@ -29,24 +31,23 @@ class Qwen2VL(Qwen2):
         read_sections(hp, keys)
 
 
-class Qwen3VL(Qwen3):
+class Qwen3VLText:
+    """qwen3vl's and qwen3vlmoe's: interleaved multi-axis RoPE, fused q/k/v, deepstack slices."""
+    rope_type = ROPE_TYPE_IMROPE
+    biases = {"attn_q": False, "attn_k": False, "attn_v": False, "attn_qkv": False}
+    fused_qkv = True
+
+    def read_hparams(self, hp, keys):
+        read_sections(hp, keys)
+        hp.n_deepstack = int(keys.get("n_deepstack_layers", 0))
+
+
+class Qwen3VL(Qwen3VLText, Qwen3):
     names = ("qwen3vl",)
-    rope_type = ROPE_TYPE_IMROPE
-    biases = {"attn_q": False, "attn_k": False, "attn_v": False, "attn_qkv": False}
-    fused_qkv = True
-
-    def read_hparams(self, hp, keys):
-        read_sections(hp, keys)
 
 
-class Qwen3VLMoe(Qwen3Moe):
+class Qwen3VLMoe(Qwen3VLText, Qwen3Moe):
     names = ("qwen3vlmoe",)
-    rope_type = ROPE_TYPE_IMROPE
-    biases = {"attn_q": False, "attn_k": False, "attn_v": False, "attn_qkv": False}
-    fused_qkv = True
-
-    def read_hparams(self, hp, keys):
-        read_sections(hp, keys)
 
 
 ARCHS = [Qwen2VL(), Qwen3VL(), Qwen3VLMoe()]

@@ -1,0 +1,319 @@
+"""POST /v1/responses (also /responses): OpenAI's Responses API, text and function tools, as
+llama-server serves it: the request becomes a chat request and the chat path answers.
+
+    {"input": str | [items], "instructions": str, "max_output_tokens": int, "tools": [{"type":
+     "function", "name", "description", "parameters"}], "tool_choice", "stream", "text": {"format"}}
+    -> {"id": "resp_...", "object": "response", "status": "completed" | "incomplete", "output": [
+        {"type": "reasoning", ...}, {"type": "message", "content": [{"type": "output_text", "text"}]},
+        {"type": "function_call", "call_id", "name", "arguments"}], "usage": {...}}
+
+Input items: messages ({"role": "user" | "system" | "developer" | "assistant", "content": str or
+input_text / output_text parts}), function_call items (the assistant's earlier calls) and
+function_call_output items (their results, as tool messages); earlier reasoning items are dropped.
+instructions is a system message first. previous_response_id is refused (nothing is stored).
+A reply cut by max_output_tokens is "incomplete" (incomplete_details.reason "max_output_tokens").
+
+A stream sends response.created, response.in_progress, then per output item
+response.output_item.added, its parts (response.content_part.added, response.output_text.delta ...
+.done, response.content_part.done; a function call's response.function_call_arguments.delta and
+.done; reasoning's response.reasoning_text.delta and .done), response.output_item.done, and
+response.completed (or response.incomplete) with the whole response; each event has its
+sequence_number. A failure mid-stream is an `error` event.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from fastapi import Request
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+
+from .protocol import APIError, ChatRequest, Number
+from .sse import event_stream, sse
+
+ROUTES = {"/v1/responses", "/responses"}
+
+
+class Part(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: StrictStr
+    text: StrictStr | None = None
+
+
+class Item(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: StrictStr = "message"
+    role: StrictStr | None = None
+    content: StrictStr | list[Part] | None = None
+    call_id: StrictStr | None = None      # function_call, function_call_output
+    name: StrictStr | None = None
+    arguments: StrictStr | None = None
+    output: StrictStr | list[Part] | None = None
+
+
+class FunctionTool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    name: StrictStr = Field(min_length=1, max_length=256)
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class TextFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    name: StrictStr | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+
+
+class TextOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    format: TextFormat = Field(default_factory=TextFormat)
+
+
+class ResponsesRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    model: StrictStr | None = None
+    input: StrictStr | list[Item]
+    instructions: StrictStr | None = None
+    max_output_tokens: StrictInt | None = Field(None, ge=0)
+    temperature: Number | None = Field(None, ge=0, le=2)
+    top_p: Number | None = Field(None, ge=0, le=1)
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: StrictBool = True
+    stream: StrictBool = False
+    text: TextOptions | None = None
+    previous_response_id: StrictStr | None = None
+    seed: StrictInt | None = None
+
+
+def _text(content, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    for p in content:
+        if p.type not in ("input_text", "output_text", "text"):
+            raise APIError(400, f"{where}: a {p.type!r} part is not supported (input_text, output_text)", "input")
+    return "".join(p.text or "" for p in content)
+
+
+def chat_messages(req: ResponsesRequest) -> list[dict]:
+    out = [{"role": "system", "content": req.instructions}] if req.instructions is not None else []
+    items = [Item(role="user", content=req.input)] if isinstance(req.input, str) else req.input
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        if item.type == "message":
+            if item.role not in ("user", "system", "developer", "assistant"):
+                raise APIError(400, f"{where}: role {item.role!r} must be user, system, developer or assistant", "input")
+            out.append({"role": "system" if item.role == "developer" else item.role,
+                        "content": _text(item.content, where)})
+        elif item.type == "function_call":
+            if not (item.call_id and item.name and item.arguments is not None):
+                raise APIError(400, f"{where}: a function_call item needs call_id, name and arguments", "input")
+            call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
+            if out and out[-1]["role"] == "assistant":  # calls of one turn go together
+                out[-1].setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif item.type == "function_call_output":
+            if not item.call_id or item.output is None:
+                raise APIError(400, f"{where}: a function_call_output item needs call_id and output", "input")
+            out.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output, where)})
+        elif item.type != "reasoning":  # earlier reasoning is not shown to the model again
+            raise APIError(400, f"{where}: item type {item.type!r} is not supported (message, function_call, "
+                                "function_call_output, reasoning)", "input")
+    if not out:
+        raise APIError(400, "input is empty", "input")
+    return out
+
+
+def chat_request(req: ResponsesRequest) -> ChatRequest:
+    if req.previous_response_id is not None:
+        raise APIError(400, "previous_response_id is not supported: this server stores no responses; send the "
+                            "conversation as input items", "previous_response_id")
+    body: dict = {"messages": chat_messages(req), "stream": req.stream, "max_tokens": req.max_output_tokens,
+                  "parallel_tool_calls": req.parallel_tool_calls}
+    if req.stream:
+        body["stream_options"] = {"include_usage": True}
+    for name in ("model", "temperature", "top_p", "seed"):
+        if getattr(req, name) is not None:
+            body[name] = getattr(req, name)
+    if req.tools:
+        body["tools"] = [{"type": "function", "function": t.model_dump(exclude_none=True, exclude={"type", "strict"})}
+                         for t in req.tools]
+    choice = req.tool_choice
+    if isinstance(choice, dict):
+        if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
+            raise APIError(400, 'tool_choice: an object must be {"type": "function", "name": ...}', "tool_choice")
+        choice = {"type": "function", "function": {"name": choice["name"]}}
+    if choice is not None:
+        body["tool_choice"] = choice
+    fmt = req.text.format if req.text is not None else None
+    if fmt is not None and fmt.type != "text":
+        body["response_format"] = ({"type": "json_object"} if fmt.type == "json_object" else
+                                   {"type": "json_schema", "json_schema": {"name": fmt.name or "response",
+                                                                           "schema": fmt.schema_ or {}}})
+    try:
+        return ChatRequest.model_validate(body)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise APIError(400, f"{'.'.join(map(str, err.get('loc', ())))}: {err['msg']}", "input") from None
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def reasoning_item(text: str, rid: str) -> dict:
+    return {"type": "reasoning", "id": rid, "summary": [], "status": "completed",
+            "content": [{"type": "reasoning_text", "text": text}]}
+
+
+def text_part(text: str) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def message_item(text: str, mid: str, status: str = "completed") -> dict:
+    return {"type": "message", "id": mid, "role": "assistant", "status": status,
+            "content": [text_part(text)] if status == "completed" else []}
+
+
+def call_item(call: dict, status: str = "completed") -> dict:
+    return {"type": "function_call", "id": "fc_" + call["id"], "call_id": call["id"], "status": status,
+            "name": call["function"]["name"], "arguments": call["function"]["arguments"] if status == "completed" else ""}
+
+
+def response_object(req: ResponsesRequest, state, rid: str, created: int, output: list, status: str,
+                    usage: dict | None) -> dict:
+    out = {"id": rid, "object": "response", "created_at": created, "status": status, "model": req.model or state.model_id,
+           "output": output, "error": None,
+           "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+           "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+           "parallel_tool_calls": req.parallel_tool_calls, "tool_choice": req.tool_choice or "auto",
+           "tools": [t.model_dump(exclude_none=True) for t in req.tools or []], "temperature": req.temperature,
+           "top_p": req.top_p, "metadata": {}, "text": {"format": {"type": "text"}}, "usage": None}
+    if usage is not None:
+        out["usage"] = {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
+                        "total_tokens": usage["total_tokens"], "input_tokens_details": {"cached_tokens": 0},
+                        "output_tokens_details": {"reasoning_tokens": 0}}
+    return out
+
+
+def _status(finish: str | None) -> str:
+    return "incomplete" if finish == "length" else "completed"
+
+
+def output_of(message: dict) -> list[dict]:
+    out = []
+    if message.get("reasoning_content"):
+        out.append(reasoning_item(message["reasoning_content"], _id("rs")))
+    if message.get("content"):
+        out.append(message_item(message["content"], _id("msg")))
+    out += [call_item(c) for c in message.get("tool_calls") or []]
+    return out
+
+
+async def response_events(chunks, req: ResponsesRequest, state, rid: str, created: int):
+    """OpenAI chat chunks as the Responses API's stream events."""
+    seq = [0]
+    output: list[dict] = []
+    open_item: dict = {}   # the item being streamed: its kind, id, index, text so far
+    finish = None
+
+    def event(kind: str, **fields) -> str:
+        seq[0] += 1
+        return sse({"type": kind, "sequence_number": seq[0] - 1, **fields}, kind)
+
+    def start(kind: str) -> str:
+        text = close()
+        iid = _id("rs" if kind == "reasoning" else "msg")
+        open_item.update(kind=kind, id=iid, index=len(output), text="")
+        item = reasoning_item("", iid) if kind == "reasoning" else message_item("", iid, "in_progress")
+        item["status"] = "in_progress"
+        item["content"] = []
+        output.append(item)
+        part = {"type": "reasoning_text", "text": ""} if kind == "reasoning" else text_part("")
+        return (text + event("response.output_item.added", output_index=open_item["index"], item=item)
+                + event("response.content_part.added", item_id=iid, output_index=open_item["index"],
+                        content_index=0, part=part))
+
+    def close() -> str:
+        if not open_item:
+            return ""
+        kind, iid, index, text = open_item["kind"], open_item["id"], open_item["index"], open_item["text"]
+        open_item.clear()
+        if kind == "reasoning":
+            item, part = reasoning_item(text, iid), {"type": "reasoning_text", "text": text}
+            done = event("response.reasoning_text.done", item_id=iid, output_index=index, content_index=0, text=text)
+        else:
+            item, part = message_item(text, iid), text_part(text)
+            done = event("response.output_text.done", item_id=iid, output_index=index, content_index=0, text=text,
+                         logprobs=[])
+        output[index] = item
+        return (done + event("response.content_part.done", item_id=iid, output_index=index, content_index=0,
+                             part=part)
+                + event("response.output_item.done", output_index=index, item=item))
+
+    def delta(text: str) -> str:
+        open_item["text"] += text
+        kind = "response.reasoning_text.delta" if open_item["kind"] == "reasoning" else "response.output_text.delta"
+        extra = {} if open_item["kind"] == "reasoning" else {"logprobs": []}
+        return event(kind, item_id=open_item["id"], output_index=open_item["index"], content_index=0, delta=text,
+                     **extra)
+
+    try:
+        yield event("response.created", response=response_object(req, state, rid, created, [], "in_progress", None))
+        yield event("response.in_progress", response=response_object(req, state, rid, created, [], "in_progress", None))
+        async for chunk in chunks:
+            if isinstance(chunk, APIError):
+                yield event("error", code=chunk.code, message=chunk.message, param=chunk.param)
+                return
+            if chunk.get("usage") is not None and not chunk["choices"]:
+                yield close()
+                status = _status(finish)
+                whole = response_object(req, state, rid, created, output, status, chunk["usage"])
+                yield event(f"response.{status}", response=whole)
+                continue
+            choice = chunk["choices"][0]
+            d = choice["delta"]
+            if d.get("reasoning_content"):
+                if open_item.get("kind") != "reasoning":
+                    yield start("reasoning")
+                yield delta(d["reasoning_content"])
+            if d.get("content"):
+                if open_item.get("kind") != "message":
+                    yield start("message")
+                yield delta(d["content"])
+            for call in d.get("tool_calls") or []:
+                yield close()
+                index = len(output)
+                output.append(call_item(call))
+                iid, args = output[-1]["id"], call["function"]["arguments"]
+                yield event("response.output_item.added", output_index=index, item=call_item(call, "in_progress"))
+                yield event("response.function_call_arguments.delta", item_id=iid, output_index=index, delta=args)
+                yield event("response.function_call_arguments.done", item_id=iid, output_index=index, arguments=args)
+                yield event("response.output_item.done", output_index=index, item=output[-1])
+            if choice.get("finish_reason"):
+                finish = choice["finish_reason"]
+    finally:
+        await chunks.aclose()
+
+
+def register(app, state, serving) -> None:
+    async def responses(request: Request):
+        req = await serving.parse_body(request, ResponsesRequest)
+        chat = await state.run(chat_request, req)
+        answer = await serving.chat(request, chat)
+        if answer is None:
+            return None
+        rid, created = _id("resp"), int(time.time())
+        if req.stream:
+            return event_stream(response_events(answer, req, state, rid, created))
+        choice = answer["choices"][0]
+        return response_object(req, state, rid, created, output_of(choice["message"]),
+                               _status(choice["finish_reason"]), answer["usage"])
+
+    for path in sorted(ROUTES):
+        app.add_api_route(path, responses, methods=["POST"])
