@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit, prange
 
 from .halves import float_to_half_bits
-from .quantize_kernels import EPS, F, _finite, _put_half, half_to_f32, make_qp_quants, nearest_int
+from .quantize_kernels import EPS, F, _finite, _put_half, half_row, make_qp_quants, nearest_int
 
 IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ3_S, IQ2_S, IQ1_M = 16, 17, 18, 19, 21, 22, 29
 FLT_MAX = F(3.4028234663852886e38)
@@ -765,10 +765,7 @@ def quantize_grid_rows(kind, x, qw, use_qw, grid, kmap, neighbours, out, bad):
 @njit(parallel=True, cache=True, nogil=True)
 def quantize_grid_rows_f16(kind, h, qw, use_qw, grid, kmap, neighbours, out, bad):
     for r in prange(h.shape[0]):
-        x = np.empty(h.shape[1], np.float32)
-        hr = h[r]
-        for j in range(h.shape[1]):
-            x[j] = half_to_f32(hr[j])
+        x = half_row(h[r])
         if _finite(x):
             _grid_row(kind, x, qw, use_qw, grid, kmap, neighbours, out[r])
         else:
