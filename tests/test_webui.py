@@ -97,5 +97,7 @@ def test_the_page_sends_an_attached_image(browser, tmp_path):
         visible = lambda text: "".join(ch for ch in text if ch.isprintable()).strip()  # noqa: E731 (as the page shows it)
         assert visible(reply) == visible(expected)
         assert browser.find_elements(By.CSS_SELECTOR, ".message.user img")  # the picture in the conversation
+        if SCREENSHOT:
+            browser.save_screenshot(SCREENSHOT.replace(".png", "-image.png"))
     finally:
         server.stop()
