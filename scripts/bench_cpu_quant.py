@@ -8,6 +8,11 @@ used expert dequantized at every call), medians of alternating runs, and their r
 
     python scripts/bench_cpu_quant.py [--n 2816] [--k 1024] [-t THREADS] [--types Q8_0,Q4_0,...]
                                       [--moe-types Q8_0,...] [--experts 8] [--used 2]
+                                      [--rows 1,2,4,8,16 [--rows-only]]
+
+--rows: a batched decode step's products, M activation rows (one a sequence) for each M given,
+the M's runs interleaved, the best of each: us per product and its cost against M = 1 (M for a path that reads
+the weight again for each row, about 1 for one that reads it once for all rows).
 
 Each product runs through a ggml graph on the CPU backend (the kernel, its binding and one
 node's dispatch), best of several runs; copy bandwidth is a 256 MiB torch copy (read + write).
@@ -120,6 +125,22 @@ def moe_table(args, buft, backend) -> None:
             print(f"{name:8s} {tokens:6d} {fused * 1e3:9.2f} {old * 1e3:9.2f} {old / fused:7.1f}x", flush=True)
 
 
+def rows_table(args, buft, backend) -> None:
+    ms = [int(m) for m in args.rows.split(",")]
+    print(f"\nM rows through one product ({args.n}x{args.k}), best of {args.reps} interleaved runs: "
+          f"us, and the ratio to M = {ms[0]}")
+    print(f"{'type':8s} " + " ".join(f"{f'M={m} us':>9s}" for m in ms) + "  " + " ".join(f"{f'x{m}':>6s}" for m in ms[1:]))
+    for name in filter(None, (args.types + ",F16,BF16").split(",")):
+        qtype = T[name]
+        use = buft if buft is not None and buft.supports_weight(qtype, [args.k, args.n]) else None
+        products = [Product(qtype, args.n, args.k, m, use, backend) for m in ms]
+        times = [min(t) for t in timed(args.reps, *products)]  # the least disturbed run of each
+        for product in products:
+            product.free()
+        print(f"{name:8s} " + " ".join(f"{t * 1e6:9.0f}" for t in times) + "  "
+              + " ".join(f"{t / times[0]:6.2f}" for t in times[1:]), flush=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=2816)
@@ -130,6 +151,8 @@ def main(argv=None) -> int:
     p.add_argument("--moe-types", default="Q8_0,Q4_0,Q4_K,Q6_K,MXFP4", help="MUL_MAT_ID types ('' for none)")
     p.add_argument("--experts", type=int, default=8)
     p.add_argument("--used", type=int, default=2)
+    p.add_argument("--rows", default="", help="a rows table for these M (e.g. 1,2,4,8,16)")
+    p.add_argument("--rows-only", action="store_true", help="only the rows table")
     args = p.parse_args(argv)
     backend = ggml.backend_cpu_init()
     ggml.backend_cpu_set_n_threads(backend, args.threads)
@@ -138,6 +161,10 @@ def main(argv=None) -> int:
     buft = repack_buffer_type()
     print(f"CPU {cpu_features()['CPU_CAPABILITY']} ({feats}), path {path}, {args.threads} threads, "
           f"weight {args.n}x{args.k}")
+    if args.rows:
+        rows_table(args, buft, backend)
+        if args.rows_only:
+            return 0
     print(f"copy bandwidth: {copy_bandwidth():.1f} GB/s (read + write)")
     print(f"{'type':8s} {'stored MB':>9s} {'M=1 us':>8s} {'M=1 GB/s':>9s} {'M=128 ms':>9s}")
     for name in filter(None, args.types.split(",")):

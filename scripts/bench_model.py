@@ -3,6 +3,16 @@
 
     python scripts/bench_model.py [MODEL.gguf ...] [-p 128] [-n 32] [-t THREADS] [--device CPU]
     python scripts/bench_model.py --shape 1b [--types F16,Q4_K_M]
+    python scripts/bench_model.py REAL.gguf --types Q5_0,IQ4_XS --conditions quiet,busy
+
+--types with MODEL files: each file as it is, then the first one requantized by llama.cpp's
+quantizer (llama_model_quantize, allow_requantize and pure: `llama-quantize --allow-requantize --pure`) to
+each type, once, into $TORCHGGML_CACHE/requantized (rows that are not a multiple of 256 take
+llama.cpp's fallback type for the K-quants and IQ4_XS, as llama-quantize writes them).
+--conditions quiet,busy runs every model on the quiet machine, then with a competing busy
+process (a spinning Python loop pinned to the last core, taskset's -c) for the whole run of
+both engines (--busy: that condition only); the summary's "busy/quiet" is decode busy over
+decode quiet, per engine.
 
 With no MODEL it generates (once, in the cache directory, $TORCHGGML_CACHE or ~/.cache/torchggml)
 llama models with the demo generator's seeded weights, of one of two shapes (--shape):
@@ -46,6 +56,7 @@ its calls unless OMP_WAIT_POLICY=PASSIVE, which can only slow torchggml's calls 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
@@ -134,12 +145,65 @@ def bench_models(types, shape: str = "small") -> list[str]:
     return paths
 
 
+def requantized(src: str, type_name: str) -> str:
+    """src requantized by llama.cpp to type_name (a llama_ftype's name: Q5_0, Q2_K, IQ4_XS...),
+    cached under the cache directory."""
+    import ctypes
+    import llama_cpp
+    from torchggml.gguf.writer.demo import cache_dir
+    directory = os.path.join(cache_dir(), "requantized")
+    os.makedirs(directory, exist_ok=True)
+    dst = os.path.join(directory, f"{os.path.splitext(os.path.basename(src))[0]}.to-{type_name}.gguf")
+    if not os.path.exists(dst):
+        print(f"requantizing {os.path.basename(src)} to {type_name} (once, cached)...", file=sys.stderr)
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{type_name}", None) or \
+            getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{type_name}_M")  # Q3_K: Q3_K_M, pure: all Q3_K
+        params.allow_requantize = True
+        params.pure = True  # every tensor of that type, not the mix, but where its rows need a fallback
+        params.nthread = torch.get_num_threads()
+        if llama_cpp.llama_model_quantize(src.encode(), (dst + ".part").encode(), ctypes.byref(params)) != 0:
+            raise RuntimeError(f"llama.cpp could not requantize {src} to {type_name}")
+        os.replace(dst + ".part", dst)
+    return dst
+
+
+class BusyCore:
+    """A competing busy process for the duration of a `with`: a spinning Python loop pinned to
+    the machine's last core (another program's work on one of the cores both engines use)."""
+
+    def __enter__(self):
+        core = max(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        # it spins until this process ends (its parent changes), however this one ends
+        self.proc = subprocess.Popen([sys.executable, "-c", "import os\nparent = os.getppid()\nwhile os.getppid() == parent: pass"])
+        if core is not None:
+            os.sched_setaffinity(self.proc.pid, {core})
+        self.core = core
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.kill()
+        self.proc.wait()
+
+
+def weight_types(path: str) -> str:
+    """The file's quantized weight types, most weights first (e.g. "Q5_0 64%, Q8_0 ...")."""
+    from collections import Counter
+    from torchggml.gguf.loader import open_gguf
+    counts = Counter()
+    for info in open_gguf(path).tensors.values():
+        if len(info.ne) >= 2 and info.ne[1] > 1:
+            counts[info.type.name] += info.n_elements
+    total = sum(counts.values())
+    return " ".join(f"{name} {100 * n / total:.0f}%" for name, n in counts.most_common())
+
+
 def cpu_header() -> str:
     from torchggml.devices.cpu.features import cpu_features, cpu_path, fastest_gemm_dtype, int8_gemm
     feats = cpu_features()
     flags = " ".join(k for k, v in feats.items() if v == "1")
     floats = str(fastest_gemm_dtype()).split('.')[-1]
-    gemm = f"int8 (Q8_0/Q4_0/Q4_K/Q5_K/Q6_K), else {floats}" if int8_gemm() else floats
+    gemm = f"int8 (every block type's 2-D weights), else {floats}" if int8_gemm() else floats
     return f"CPU: {feats['CPU_CAPABILITY']} ({flags}); torchggml CPU path: {cpu_path()}, prompt GEMM in {gemm}"
 
 
@@ -315,6 +379,16 @@ def bench_paired(path, args, n_vocab: int) -> dict:
 OMP_POLICY = os.environ.get("OMP_WAIT_POLICY", "unset (OpenMP's default)")
 
 
+def engine_env() -> dict:
+    """The engines' environment: Python's bytecode cached (under the cache directory, not beside
+    the sources) even where PYTHONDONTWRITEBYTECODE is set, so that torchggml's load is timed
+    as an installed package's (pip compiles its modules at install), not compiling its sources."""
+    from torchggml.gguf.writer.demo import cache_dir
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.setdefault("PYTHONPYCACHEPREFIX", os.path.join(cache_dir(), "pycache"))
+    return env
+
+
 def run_engine(engine: str, path: str, args) -> dict:
     """One engine on one model in a fresh process: llama.cpp's OpenMP threads keep spinning after
     each call and would steal the cores from torch if both ran in one process."""
@@ -330,7 +404,7 @@ def run_engine(engine: str, path: str, args) -> dict:
         cmd.append("--no-mmap")
     if args.pp_all:
         cmd.append("--pp-all")
-    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=engine_env())
     if out.returncode != 0:
         raise RuntimeError(f"{engine} on {path} failed (exit code {out.returncode})")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -341,7 +415,11 @@ def main(argv=None) -> int:
     p.add_argument("models", nargs="*", help="GGUF files (default: generated ~168M models, see --types)")
     p.add_argument("--shape", choices=sorted(SHAPES), default="small",
                    help="generated models' shape: small (~168M) or 1b (TinyLlama-1.1B's)")
-    p.add_argument("--types", default=None, help="generated models' weight types (default: the shape's)")
+    p.add_argument("--types", default=None, help="generated models' weight types (default: the shape's); with "
+                   "MODEL files, the types each is also requantized to (llama.cpp's quantizer, cached)")
+    p.add_argument("--conditions", default=None, help="quiet, busy or quiet,busy: the machine as it is, and/or "
+                   "with a competing busy process pinned to one core (default: quiet)")
+    p.add_argument("--busy", action="store_true", help="the busy condition only (--conditions busy)")
     p.add_argument("-p", "--n-prompt", type=int, default=128, help="prompt tokens for pp (default 128)")
     p.add_argument("-n", "--n-gen", type=int, default=32, help="generated tokens for tg (default 32)")
     p.add_argument("-r", "--reps", type=int, default=3, help="repetitions (the median is reported)")
@@ -374,6 +452,11 @@ def main(argv=None) -> int:
         return 0
     types = args.types.split(",") if args.types else default_types(args.shape)
     models = args.models or bench_models(types, args.shape)
+    if args.models and args.types:
+        models = list(args.models) + [requantized(args.models[0], t) for t in types]
+    conditions = (args.conditions or ("busy" if args.busy else "quiet")).split(",")
+    if set(conditions) - {"quiet", "busy"}:
+        p.error(f"--conditions {args.conditions}: expected quiet, busy or quiet,busy")
     with_llama = not args.no_llama_cpp and llama_cpp_available()
     if not with_llama and not args.no_llama_cpp:
         print("llama-cpp-python is not installed: torchggml only (pip install llama-cpp-python)", file=sys.stderr)
@@ -384,12 +467,19 @@ def main(argv=None) -> int:
              (f" {'llama.cpp':>14s} {'ratio':>6s}" if with_llama else "")
     print(header)
     print("-" * len(header))
-    for path in models:
+    summary = {}
+    for path, condition in [(path, c) for path in models for c in conditions]:
         # the engines alternate, round after round: a machine whose speed drifts (shared hosts,
         # clocks) moves both alike, and each figure is the median over the rounds
-        rounds = [(run_engine("torchggml", path, args), run_engine("llama.cpp", path, args) if with_llama else None)
-                  for _ in range(args.rounds)]
+        with BusyCore() if condition == "busy" else contextlib.nullcontext() as busy:
+            if busy is not None:
+                print(f"{os.path.basename(path)}: with a busy process on core {busy.core} (pid {busy.proc.pid})")
+            rounds = [(run_engine("torchggml", path, args), run_engine("llama.cpp", path, args) if with_llama else None)
+                      for _ in range(args.rounds)]
         ours = rounds[0][0]
+        summary[path, condition] = {test: (statistics.median(r[0][test] for r in rounds),
+                                           statistics.median(r[1][test] for r in rounds) if with_llama else None)
+                                    for test in ("pp", "tg", "load", "rss")}
         for test, label, unit in (("pp", f"pp{args.n_prompt}", "t/s"), ("tg", f"tg{args.n_gen}", "t/s"),
                                   ("pp_cpu", "pp cpu", "t/c"), ("tg_cpu", "tg cpu", "t/c"),
                                   ("load", "load", "s"), ("load_cpu", "load cpu", "s"), ("rss", "RSS", "MB"),
@@ -417,7 +507,26 @@ def main(argv=None) -> int:
         print(f"  {ours['desc']}")
         if args.profile:
             print(ours["profile"])
+    if with_llama and len(summary) > 1:
+        print_summary(summary, models, conditions, args)
     return 0
+
+
+def print_summary(summary: dict, models, conditions, args) -> None:
+    """One markdown row a model: torchggml / llama.cpp and their ratio, per test and condition."""
+    ratio = lambda pair: f"{pair[0]:.3g} / {pair[1]:.3g} ({pair[0] / pair[1]:.2f}x)"  # noqa: E731
+    head = ["file", "weights", f"pp{args.n_prompt} t/s", f"tg{args.n_gen} t/s", "load s", "RSS MB"]
+    if "busy" in conditions:
+        head += [f"busy pp{args.n_prompt}", f"busy tg{args.n_gen}", "busy/quiet tg (ours, theirs)"]
+    print("\n| " + " | ".join(head) + " |\n|" + " --- |" * len(head))
+    for path in models:
+        quiet, busy = summary.get((path, "quiet")), summary.get((path, "busy"))
+        row = [os.path.basename(path), weight_types(path)]
+        row += [ratio(quiet[test]) for test in ("pp", "tg", "load", "rss")] if quiet else ["-"] * 4
+        if busy:
+            row += [ratio(busy["pp"]), ratio(busy["tg"])]
+            row.append(f"{busy['tg'][0] / quiet['tg'][0]:.2f}, {busy['tg'][1] / quiet['tg'][1]:.2f}" if quiet else "-")
+        print("| " + " | ".join(row) + " |")
 
 
 def _n_vocab(path) -> int:

@@ -61,8 +61,9 @@ def _gpu_path(t, triton_types) -> str:
 def weight_types() -> list[str]:
     """One row per combination of paths, its types in ggml's order."""
     from torchggml.devices.triton._common import SUPPORTED_TYPES
+    from torchggml.devices.cpu.quantize import NATIVE_TYPES
     from torchggml.quants import dequantize_types, quantize_types
-    quantizable = set(quantize_types())
+    quantizable = set(quantize_types()) | set(NATIVE_TYPES)  # what `torchggml quantize` writes
     rows: dict[tuple, list[str]] = {}
     for t in dequantize_types():
         key = ("yes" if t in quantizable else "-", _cpu_path(t), _gpu_path(t, SUPPORTED_TYPES))

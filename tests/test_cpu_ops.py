@@ -58,7 +58,7 @@ TAKEN = [
     ("cpy(F32->F32)", False),  # contiguous: the generic memcpy
     ("swiglu(split,decode ne0=2816)", True),
     ("swiglu(fused,swapped)", True),
-    ("geglu(fused,type=F32)", False),
+    ("geglu(fused,type=F32)", True),
     ("add(type=F32,ne_a=[32, 4, 3, 2],ne_b=[16, 2, 3, 1])", True),  # b tiled
     ("div(type=F16,ne_a=[33, 5, 1, 1],ne_b=[1, 5, 1, 1])", True),
     ("mul(non-contiguous a, broadcast b)", True),
@@ -345,6 +345,7 @@ def test_f16_weight_numba_products_match_float64(m, n, k):
 
 # the threaded kernels (a prompt's rows over the threads) run each row as the serial ones do
 THREADED = [("row_norm", "rms"), ("row_norm", "norm"), ("swiglu", "split"), ("swiglu", "fused halves"),
+            ("geglu", "split"), ("geglu", "fused halves"),
             ("soft_max", "f16 mask"), ("soft_max", "no mask")]
 
 
@@ -358,11 +359,11 @@ def test_threaded_kernels_equal_the_serial_ones(kernel, variant):
     if kernel == "row_norm":
         for fn, out in ((ops.row_norm, serial), (ops.row_norm_rows, threaded)):
             fn(x, out, np.float32(1e-6), variant == "rms")
-    elif kernel == "swiglu":
+    elif kernel in ("swiglu", "geglu"):
         both = rng.standard_normal((2, 3, 5, 128)).astype(np.float32)
         a, g = (both[..., :64], both[..., 64:]) if variant == "fused halves" else (x, x[::-1].copy())
-        for fn, out in ((ops.swiglu, serial), (ops.swiglu_rows, threaded)):
-            fn(a, g, out)
+        for fn, out in ((ops.glu, serial), (ops.glu_rows, threaded)):
+            fn(a, g, out, kernel == "geglu")
     else:
         padded = np.zeros((1, 1, 8, 64), np.float16)
         padded[..., 40:] = -np.inf

@@ -100,6 +100,12 @@ PRODUCT_CASES += [(qtype, 5, 224, m, "f32", "fused") for qtype in TYPES if type_
 # Q8_0, Q4_0, Q4_K and Q6_K weights also multiplied on their ggml blocks in host memory (where models leave them)
 PRODUCT_CASES += [(qtype, n, k, m, gemm, "blocks") for qtype, n, k, m, gemm, _ in PRODUCT_CASES
                   if qtype in layout.IN_PLACE_KINDS]
+# MUL_MAT's fused matvec takes up to FUSED_MATMUL_MAX_ROWS rows (a batched decode step)
+PRODUCT_CASES += [(qtype, 33, 512, m, "f32", "fused") for qtype in TYPES
+                  for m in (layout.FUSED_MATMUL_MAX_ROWS - 1, layout.FUSED_MATMUL_MAX_ROWS)]
+# 2-D weights of the other types in host memory (a tied embedding, which GET_ROWS reads too):
+# converted once to the fused layout when their product is bound
+PRODUCT_CASES += [(qtype, 33, 512, m, "f32", "blocks") for qtype in (T.Q4_1, T.Q5_0, T.Q3_K, T.IQ4_NL) for m in (1, 40)]
 # blocks in place keep the matvec up to BLOCK_MAX_ROWS rows
 PRODUCT_CASES += [(qtype, 33, 512, m, "f32", "blocks") for qtype in layout.IN_PLACE_KINDS
                   for m in (layout.BLOCK_MAX_ROWS - 1, layout.BLOCK_MAX_ROWS)]
@@ -121,10 +127,40 @@ def test_fused_mul_mat_matches_float64(qtype, n, k, m, gemm, where, monkeypatch)
     ggml.backend_tensor_set(b, x)
     assert ggml.backend_graph_compute(ggml.backend_cpu_init(), graph) == ggml.Status.SUCCESS
     ours = torch.as_tensor(ggml.backend_tensor_get(node)).reshape(m, n).double()
-    # int8 activations (m < FUSED_MAX_ROWS) and bf16 GEMMs round like llama.cpp: its bound
-    fused_rows = layout.BLOCK_MAX_ROWS if where == "blocks" else layout.FUSED_MAX_ROWS
+    # int8 activations (m < FUSED_MATMUL_MAX_ROWS) and bf16 GEMMs round like llama.cpp: its bound
+    in_place = where == "blocks" and qtype in layout.IN_PLACE_KINDS
+    fused_rows = layout.BLOCK_MAX_ROWS if in_place else layout.FUSED_MATMUL_MAX_ROWS
     bound = 1e-9 if gemm == "f32" and m >= fused_rows else 5e-4
     assert nmse(ours.numpy(), (x.double() @ w.T).numpy()) < bound
+
+
+# a batched decode step's rows: the matvec takes them quant_kernels.ROWS at a time (7: a
+# remainder of 3 rows one at a time); the blocks' rows above INT8_GEMM_MIN_ROWS called directly
+ROWS_CASES = [(qtype, where, m) for where, types in (("fused", TYPES), ("blocks", sorted(layout.IN_PLACE_KINDS, key=int)))
+              for qtype in types for m in (4, 7, 16)]
+
+
+@pytest.mark.parametrize("qtype,where,m", ROWS_CASES, ids=[f"{c[0].name}-{c[1]}-m{c[2]}" for c in ROWS_CASES])
+def test_matvec_of_many_rows_equals_each_row_alone(qtype, where, m):
+    """Bit for bit, so a sequence's tokens do not depend on the batch it decodes in."""
+    pytest.importorskip("numba")
+    n, k = 9, 512
+    blocks = random_blocks(qtype, n, k, seed=m)
+    x = torch.rand(m, k, generator=torch.Generator().manual_seed(m)) * 2 - 1
+    if where == "blocks":
+        packed = layout._Packed.of_blocks(qtype, blocks)
+    else:
+        a, _b, _node, _graph, _bufs = weight_graph(qtype, n, k, 1, repack_buffer_type("fused"))
+        ggml.backend_tensor_set(a, blocks.numpy())
+        packed = layout._Packed.of(a)
+    together = torch.empty(m, n)
+    layout._matvec(packed, x, *layout._plain_rows(m), together)
+    for i in range(m):
+        alone = torch.empty(1, n)
+        layout._matvec(packed, x[i:i + 1], *layout._plain_rows(1), alone)
+        assert torch.equal(together[i], alone[0]), (i, (together[i] - alone[0]).abs().max().item())
+    if where == "fused":  # MUL_MAT's dispatch keeps these rows on the matvec
+        assert m < layout._matvec_max_rows(packed)
 
 
 def _needs_int8_gemm():
@@ -136,9 +172,10 @@ def _needs_int8_gemm():
 
 def _rounded_as_vec_dot_type(qtype, x: torch.Tensor) -> torch.Tensor:
     """x [M, K] rounded as ggml's vec_dot type for qtype rounds it, float64: Q8_0 per 32 values
-    (d = max|x| / 127, q = round(x / d)) for Q8_0/Q4_0, Q8_K per 256 for the K-quants (the
-    matvec's own rounding, which test_k_quant_activations_round_as_ggml_q8_k checks)."""
-    if qtype in (T.Q8_0, T.Q4_0):
+    (d = max|x| / 127, q = round(x / d)) for Q8_0/Q4_0 and the types of the fused layout, Q8_K
+    per 256 for the K-quants' blocks (the matvec's own rounding, which
+    test_k_quant_activations_round_as_ggml_q8_k checks)."""
+    if qtype not in (T.Q4_K, T.Q5_K, T.Q6_K):
         g = x.reshape(x.shape[0], -1, 32)
         d = g.abs().amax(-1, keepdim=True) / 127
         q = torch.where(d > 0, torch.round(g / torch.where(d > 0, d, 1)), 0)
@@ -150,27 +187,36 @@ def _rounded_as_vec_dot_type(qtype, x: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy((xq.reshape(m, -1, 256) * xd.astype(np.float64)[:, :, None]).reshape(m, k))
 
 
-# (type, N, K, M): N a multiple of the panel's 32 rows; M past INT8_GEMM_MIN_ROWS, a tile of 4
-# and a remainder, and a prompt's micro-batch; K of one 256-value block, and several
-INT8_GEMM_CASES = [(qtype, n, k, m) for qtype in sorted(layout.IN_PLACE_KINDS, key=int)
+# the types whose 2-D weights live in the fused layout and multiply on its int8 GEMM kinds
+LAYOUT_GEMM_TYPES = [T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS, T.MXFP4]
+# (type, N, K, M, where): N a multiple of the panel's 32 rows; M past INT8_GEMM_MIN_ROWS, a tile
+# of 4 and a remainder, and a prompt's micro-batch; K of one 256-value block, and several; ggml's
+# blocks in place, and the fused layout's rows
+INT8_GEMM_CASES = [(qtype, n, k, m, "blocks") for qtype in sorted(layout.IN_PLACE_KINDS, key=int)
                    for n, k, m in ((32, 256, 6), (64, 512, 7), (96, 768, 130))]
+INT8_GEMM_CASES += [(qtype, n, k, m, "fused") for qtype in LAYOUT_GEMM_TYPES
+                    for n, k, m in ((32, 256, 6), (96, 768, 130))]
 
 
-@pytest.mark.parametrize("qtype,n,k,m", INT8_GEMM_CASES,
-                         ids=[f"{c[0].name}-n{c[1]}-k{c[2]}-m{c[3]}" for c in INT8_GEMM_CASES])
-def test_int8_gemm_is_exact_on_rounded_activations(qtype, n, k, m, monkeypatch):
-    """A micro-batch times ggml's blocks in place on the int8 GEMM (TORCHGGML_CPU_GEMM=int8) equals
-    the float64 product of gguf's dequantized weight and the activations rounded as ggml's vec_dot
-    type (integer dots, ggml's scales), and so is as close to the exact product as llama.cpp's,
-    and as the decode matvec's, which rounds alike."""
+@pytest.mark.parametrize("qtype,n,k,m,where", INT8_GEMM_CASES,
+                         ids=[f"{c[0].name}-n{c[1]}-k{c[2]}-m{c[3]}-{c[4]}" for c in INT8_GEMM_CASES])
+def test_int8_gemm_is_exact_on_rounded_activations(qtype, n, k, m, where, monkeypatch):
+    """A micro-batch times ggml's blocks in place, or the fused layout's rows, on the int8 GEMM
+    (TORCHGGML_CPU_GEMM=int8) equals the float64 product of gguf's dequantized weight and the
+    activations rounded as the matvec rounds them (integer dots, the blocks' scales), and so is
+    as close to the exact product as llama.cpp's, and as the decode matvec's."""
     _needs_int8_gemm()
     from torchggml.devices.cpu.products import bind_block_product
     monkeypatch.setenv("TORCHGGML_CPU_GEMM", "int8")
     blocks = random_blocks(qtype, n, k, seed=n + k + m)
     w = dequantize(qtype, blocks).double()
-    a, b, node, graph, _bufs = weight_graph(qtype, n, k, m, ggml.backend_cpu_buffer_type())
+    buft = repack_buffer_type("fused") if where == "fused" else ggml.backend_cpu_buffer_type()
+    a, b, node, graph, _bufs = weight_graph(qtype, n, k, m, buft)
     ggml.backend_tensor_set(a, blocks.numpy())
-    assert bind_block_product(node) is not None
+    if where == "blocks":
+        assert bind_block_product(node) is not None
+    else:
+        assert layout._takes_int8_gemm(layout._Packed.of(a))
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 2
     ggml.backend_tensor_set(b, x)
     assert ggml.backend_graph_compute(ggml.backend_cpu_init(), graph) == ggml.Status.SUCCESS
@@ -238,6 +284,7 @@ def test_int8_gemms_in_two_threads_at_once_equal_the_serial_ones():
 OTHER_GEMM_TARGETS = [("haswell", "", "avx2", {"avx2"}),
                       ("haswell", "+avx512vl,+avx512vnni", "vnni256", {"avx512vl", "avx512vnni"})]
 ISA_GEMM_CASES = [(qtype, 96, 768, 130) for qtype in sorted(layout.IN_PLACE_KINDS, key=int)] + [(T.Q8_0, 64, 512, 7)]
+ISA_GEMM_CASES += [(qtype, 64, 512, 7) for qtype in (T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K)]
 _ISA_GEMM_SCRIPT = """
 import sys, numpy as np, torch
 from torchggml.devices.cpu.jit.gemm_ir import gemm_isa
@@ -251,7 +298,7 @@ for name in data.files:
         qtype, n = Type[name.split("-")[1]], name.split("-", 1)[1]
         x = torch.from_numpy(data[name])
         out = torch.empty(x.shape[0], data["w-" + n].shape[0])
-        layout._int8_gemm(layout._Packed.of_blocks(qtype, torch.from_numpy(data["w-" + n])), x, out)
+        layout._int8_gemm(layout.packed_blocks(qtype, torch.from_numpy(data["w-" + n])), x, out)
         outs[n] = out.numpy()
 np.savez(sys.argv[2], **outs)
 """
@@ -262,9 +309,10 @@ np.savez(sys.argv[2], **outs)
 @pytest.mark.parametrize("name,features,isa,needs", OTHER_GEMM_TARGETS, ids=[t[2] for t in OTHER_GEMM_TARGETS])
 def test_int8_gemm_on_other_byte_dots_equals_avx512s(name, features, isa, needs, tmp_path):
     """The AVX2 (vpmaddubsw + vpmaddwd, Q8_0 by sign) and AVX-VNNI (256-bit vpdpbusd) GEMMs give
-    the AVX512-VNNI GEMM's products bit for bit on the same blocks (integer dots are exact on
-    each; the float steps are the same in each lane), and where this CPU has no AVX512-VNNI, the
-    float64 product of the rounded activations, as test_int8_gemm_is_exact_on_rounded_activations."""
+    the AVX512-VNNI GEMM's products bit for bit on the same blocks in place (integer dots are
+    exact on each; the float steps are the same in each lane; the fused layout's kinds within
+    float32 rounding: LLVM orders a bias kind's float sums by the code's shape), and the float64
+    product of the rounded activations, as test_int8_gemm_is_exact_on_rounded_activations."""
     import os
     import subprocess
     import sys
@@ -293,8 +341,11 @@ def test_int8_gemm_on_other_byte_dots_equals_avx512s(name, features, isa, needs,
         x, blocks = torch.from_numpy(cases["x-" + key]), torch.from_numpy(cases["w-" + key])
         if gemm_isa() == "avx512vnni":
             ours = torch.empty(m, n)
-            layout._int8_gemm(layout._Packed.of_blocks(qtype, blocks), x, ours)
-            assert np.array_equal(theirs[key], ours.numpy()), key
+            layout._int8_gemm(layout.packed_blocks(qtype, blocks), x, ours)
+            if qtype in layout.IN_PLACE_KINDS:
+                assert np.array_equal(theirs[key], ours.numpy()), key
+            else:  # the fused layout's kinds: the same integer dots, their float sums may round apart
+                np.testing.assert_allclose(theirs[key], ours.numpy(), rtol=1e-5, atol=1e-5 * np.abs(ours.numpy()).max())
         want = _rounded_as_vec_dot_type(qtype, x) @ dequantize(qtype, blocks).double().T
         torch.testing.assert_close(torch.from_numpy(theirs[key]).double(), want, rtol=1e-5,
                                    atol=1e-5 * want.abs().max().item())
@@ -321,10 +372,11 @@ def test_int8_gemm_is_chosen_by_features_and_environment(choice, vnni, expected,
 
 
 # (TORCHGGML_CPU_GEMM, the byte dot, the kinds the int8 GEMM takes): all of them but Q8_0 on
-# AVX2 (the f32 GEMM is faster there) unless int8 is asked for
+# AVX2 (the f32 GEMM is faster there) and the fused layout's kinds (the float GEMM is more
+# accurate on the real models) unless int8 is asked for
 KIND_CHOICES = [("", "avx512vnni", {34, 18, 144, 176, 210}), ("", "vnni256", {34, 18, 144, 176, 210}),
-                ("", "avx2", {18, 144, 176, 210}), ("int8", "avx2", {34, 18, 144, 176, 210}),
-                ("f32", "avx2", set()), ("", None, set())]
+                ("", "avx2", {18, 144, 176, 210}), ("int8", "avx2", {34, 18, 144, 176, 210, 4, 32, 33, 16, 17}),
+                ("int8", "avx512vnni", {34, 18, 144, 176, 210, 4, 32, 33, 16, 17}), ("f32", "avx2", set()), ("", None, set())]
 
 
 @pytest.mark.parametrize("choice,isa,kinds", KIND_CHOICES)
@@ -334,7 +386,7 @@ def test_int8_gemm_takes_the_kinds_it_gains_on(choice, isa, kinds, monkeypatch):
     from torchggml.devices.cpu.jit import gemm_ir
     monkeypatch.setenv("TORCHGGML_CPU_GEMM", choice)
     monkeypatch.setattr(gemm_ir, "gemm_isa", lambda: isa)
-    assert {kind for kind in (34, 18, 144, 176, 210) if features.int8_gemm_takes(kind)} == kinds
+    assert {kind for kind in (34, 18, 144, 176, 210, 4, 32, 33, 16, 17) if features.int8_gemm_takes(kind)} == kinds
 
 
 @pytest.mark.parametrize("qtype,where", [(T.Q4_0, "blocks"), (T.Q6_K, "blocks"), (T.Q5_K, "fused"), (T.Q4_1, "fused")],
@@ -594,11 +646,13 @@ def test_fused_kernels_on_other_x86_targets(target):
                           str(Path(__file__).with_name("test_cpu_native_runs.py")),
                           str(Path(__file__).with_name("test_cpu_ops.py")),
                           "-k", f"(test_fused_mul_mat_matches_float64 and {cases}) or half_bits or float16_rounding"
+                                " or (many_rows_equals and m7 and (Q4_0 or Q4_1 or Q8_0 or Q4_K or Q6_K))"
                                 " or bad_row_index_in_a_native_run or (f16_weight_numba_products and 83)"],
                          env=env, cwd=Path(__file__).parent, capture_output=True, text=True, timeout=300)
     # each type fused and on its blocks in place, the half conversions, a native run (its program
-    # compiled for the target with every kernel it calls), an F16 row dot with a remainder
-    assert out.returncode == 0 and "14 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+    # compiled for the target with every kernel it calls), an F16 row dot with a remainder, rows
+    # four at a time (fused and in place)
+    assert out.returncode == 0 and "23 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
 
 
 def test_kernels_load_from_numba_disk_cache_in_a_new_process(tmp_path):
@@ -616,9 +670,9 @@ def test_kernels_load_from_numba_disk_cache_in_a_new_process(tmp_path):
         "q = np.ones((4, 64), np.int8); s = np.ones((4, 2), np.float32); xq = np.ones((1, 64), np.int8)\n"
         "xd = np.ones((1, 2), np.float32); rows = np.zeros(1, np.int64); out = np.empty((1, 4), np.float32)\n"
         "k.matvec(q, s, s, False, 32, rows, xq, xd, xd, rows, out)\n"
-        "x = np.ones((1, 1, 1, 8), np.float32); ops.swiglu(x, x, x.copy())\n"
-        "print(sum(f.stats.cache_misses.get(s, 0) for f in (k.matvec, ops.swiglu) for s in f.signatures),\n"
-        "      sum(f.stats.cache_hits.get(s, 0) for f in (k.matvec, ops.swiglu) for s in f.signatures))\n")
+        "x = np.ones((1, 1, 1, 8), np.float32); ops.glu(x, x, x.copy(), False)\n"
+        "print(sum(f.stats.cache_misses.get(s, 0) for f in (k.matvec, ops.glu) for s in f.signatures),\n"
+        "      sum(f.stats.cache_hits.get(s, 0) for f in (k.matvec, ops.glu) for s in f.signatures))\n")
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
     run = lambda: subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,  # noqa: E731
                                  cwd=Path(__file__).parents[1], env=env)

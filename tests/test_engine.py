@@ -137,6 +137,25 @@ def test_chat_prompt_uses_the_file_template_or_chatml(model, monkeypatch):
         engine.stop()
 
 
+@pytest.mark.parametrize("n_seqs", [1, 4])
+def test_a_decode_step_of_n_sequences_is_one_micro_batch_of_n_rows(model, monkeypatch, n_seqs):
+    """The decode loop's step evaluates every decoding sequence's next token in one graph
+    computation (so each weight is read once for all of them), not one a sequence."""
+    from torchggml.models.batch_generator import BatchGenerator
+    model.reset()
+    batch = BatchGenerator(model)
+    for i in range(n_seqs):
+        ids = model.tokenize(f"Once {i}")
+        batch.add(Generation(model.tokenizer, ids, SamplingParams(temperature=0), 4), i, model.n_ctx // n_seqs)
+    while any(seq.prefilling for seq in batch.active):
+        batch.step()
+    micro_batches = []
+    real = model._eval_ubatch
+    monkeypatch.setattr(model, "_eval_ubatch", lambda ids, *a, **k: (micro_batches.append(len(ids)), real(ids, *a, **k))[1])
+    updates = batch.step()
+    assert micro_batches == [n_seqs] and len(updates) == n_seqs
+
+
 # ---------------------------------------------------------------- slots over one unified cache
 
 def _gen_job(model, ids, emit, max_tokens=6, cache_prompt=True, tokenizer=None, ignore_eos=False):

@@ -14,8 +14,11 @@ import pytest
 import torch
 
 from torchggml.quants import quantize
-from torchggml.devices.cpu.quantize import NATIVE_TYPES, quantize_native
+from torchggml.devices.cpu.quantize import NATIVE_TYPES, NEEDS_IMATRIX, quantize_native
 from torchggml.types import Type, row_size
+
+GRID_TYPES = (Type.IQ2_XXS, Type.IQ2_XS, Type.IQ2_S, Type.IQ3_XXS, Type.IQ3_S, Type.IQ1_S, Type.IQ1_M)
+BLOCK_TYPES = tuple(t for t in NATIVE_TYPES if t not in GRID_TYPES)
 
 
 GGML_LIB = None  # the path of the libggml-base found
@@ -78,7 +81,7 @@ SHAPES = [(4, 256), (3, 512), (2, 2048)]
 @pytest.mark.parametrize("imatrix", [False, True], ids=["plain", "imatrix"])
 @pytest.mark.parametrize("kind", ["gauss", "edges", "heavy"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("t", NATIVE_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", BLOCK_TYPES, ids=lambda t: t.name)
 def test_native_equals_ggml_quantize_chunk(t, shape, kind, imatrix):
     x = rows_of(kind, shape)
     qw = np.random.default_rng(1).uniform(0, 4, shape[1]).astype(np.float32) if imatrix else None
@@ -90,14 +93,15 @@ def test_native_equals_ggml_quantize_chunk(t, shape, kind, imatrix):
 # the reference quantizers follow quantize_row_*_ref, which is ggml_quantize_chunk's path without an
 # importance matrix for all of these but IQ4_NL (there quantize_iq4_nl searches 15 scales a block)
 @pytest.mark.parametrize("kind", ["gauss", "edges"])
-@pytest.mark.parametrize("t", [t for t in NATIVE_TYPES if t != Type.IQ4_NL], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [t for t in BLOCK_TYPES if t != Type.IQ4_NL], ids=lambda t: t.name)
 def test_native_equals_reference_quantizers(t, kind):
     x = rows_of(kind, (4, 512))
     np.testing.assert_array_equal(quantize_native(t, x), quantize(t, torch.from_numpy(x)).numpy())
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: quantize_native(Type.IQ2_XS, np.zeros((1, 256), np.float32)), "no native quantizer for IQ2_XS"),
+    (lambda: quantize_native(Type.TQ2_0, np.zeros((1, 256), np.float32)), "no native quantizer for TQ2_0"),
+    (lambda: quantize_native(Type.IQ2_XS, np.zeros((1, 256), np.float32)), "IQ2_XS needs an importance matrix"),
     (lambda: quantize_native(Type.Q4_K, np.zeros((1, 100), np.float32)), "not a multiple of the block size 256"),
     (lambda: quantize_native(Type.Q8_0, np.array([[np.nan] * 32], np.float32)), "non-finite value .* row 0"),
     (lambda: quantize_native(Type.Q4_K, np.zeros((1, 256), np.float32), np.ones(128)), "128 values for rows of 256"),
@@ -109,7 +113,36 @@ def test_native_rejects_bad_input(call, match):
         call()
 
 
-@pytest.mark.parametrize("t", [Type.Q8_0, Type.Q4_K, Type.IQ4_XS], ids=lambda t: t.name)
+# the IQ grid types (ggml's grid searches with their neighbour tables): one shape, every kind of row
+# (ggml's IQ2_XXS, IQ2_XS and IQ1_S quantizers assert an importance matrix: no plain case; the
+# refusal is tested in test_native_rejects_bad_input)
+@needs_ggml
+@pytest.mark.parametrize("kind", ["gauss", "edges", "heavy"])
+@pytest.mark.parametrize("t, imatrix", [(t, im) for t in GRID_TYPES for im in (False, True)
+                                        if im or t not in NEEDS_IMATRIX],
+                         ids=lambda v: v.name if isinstance(v, Type) else ("imatrix" if v else "plain"))
+def test_native_grid_types_equal_ggml_quantize_chunk(t, imatrix, kind):
+    x = rows_of(kind, (3, 512))
+    qw = np.random.default_rng(1).uniform(0, 4, 512).astype(np.float32) if imatrix else None
+    if imatrix:
+        qw[:7] = 0
+    np.testing.assert_array_equal(quantize_native(t, x, qw), ggml_quantize(t, x, qw))
+
+
+# relative RMS error of gguf's dequantization of the blocks on Gaussian rows: no llama.cpp needed
+@pytest.mark.parametrize("t, bound", [(Type.IQ2_XXS, 0.40), (Type.IQ2_XS, 0.35), (Type.IQ2_S, 0.30),
+                                      (Type.IQ3_XXS, 0.22), (Type.IQ3_S, 0.20),
+                                      (Type.IQ1_S, 0.55), (Type.IQ1_M, 0.50)], ids=lambda v: getattr(v, "name", ""))
+def test_native_grid_types_dequantize_near_their_rows(t, bound):
+    import gguf
+    x = rows_of("gauss", (4, 512))
+    q = quantize_native(t, x, np.ones(512, np.float32))
+    back = gguf.quants.dequantize(q, gguf.GGMLQuantizationType(int(t))).reshape(x.shape)
+    err = np.sqrt(((back - x) ** 2).sum(1) / (x ** 2).sum(1))
+    assert err.max() < bound, err
+
+
+@pytest.mark.parametrize("t", [Type.Q8_0, Type.Q4_K, Type.IQ4_XS, Type.IQ3_S], ids=lambda t: t.name)
 def test_native_float16_rows_equal_their_float32_values(t):
     h = rows_of("edges", (4, 512)).astype(np.float16)
     np.testing.assert_array_equal(quantize_native(t, h), quantize_native(t, h.astype(np.float32)))
@@ -252,6 +285,17 @@ def test_quantize_refuses_an_imatrix_of_another_model(tmp_path):
         quantize_file(demo_model_path(), str(tmp_path / "q.gguf"), "Q4_K_M", imatrix=path)
 
 
+def test_quantize_refuses_an_imatrix_naming_no_tensor_of_the_model(tmp_path):
+    from torchggml.gguf.writer.demo import demo_model_path
+    from torchggml.tools.imatrix import write_imatrix
+    from torchggml.tools.quantize import quantize_file
+    path = str(tmp_path / "other.gguf")
+    write_imatrix(path, {"model.layers.0.q_proj.weight": [torch.ones(1, 256), torch.tensor([1])]}, ["x"], 1, 512)
+    with pytest.raises(ValueError, match="no imatrix entry names a tensor of .* another model.*q_proj"):
+        quantize_file(demo_model_path(), str(tmp_path / "q.gguf"), "Q4_K_M", imatrix=path)
+    assert not (tmp_path / "q.gguf").exists()
+
+
 def test_quantize_refuses_requantize_without_the_flag(tmp_path):
     from torchggml.gguf.writer.demo import demo_model_path
     from torchggml.tools.quantize import quantize_file
@@ -289,27 +333,7 @@ def _llama_cpp():
     return pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the llama.cpp comparisons)")
 
 
-def _llama_quantize(src, dst, ftype, imatrix_weights=None):
-    """llama-quantize's llama_model_quantize, with the importance matrix passed as llama-quantize's
-    main passes the one it loaded."""
-    llama_cpp = _llama_cpp()
-    from torchggml.tools.quantize import FILE_TYPES
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = FILE_TYPES[ftype][0]
-    params.nthread = 2
-    keep = []
-    if imatrix_weights:
-        entries = (llama_cpp.llama_model_imatrix_data * (len(imatrix_weights) + 1))()
-        for i, (name, values) in enumerate(imatrix_weights.items()):
-            keep.append((name.encode(), np.ascontiguousarray(values, np.float32)))
-            entries[i].name = keep[-1][0]
-            entries[i].data = keep[-1][1].ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-            entries[i].size = keep[-1][1].size
-        params.imatrix = ctypes.cast(entries, type(params.imatrix))
-    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) == 0
-
-
-@pytest.mark.parametrize("ftype", ["Q4_K_M", "IQ4_XS", "Q4_0", "Q3_K_S"])
+@pytest.mark.parametrize("ftype", ["Q4_K_M", "IQ4_XS", "Q4_0", "Q3_K_S", "IQ2_XS", "IQ3_S", "IQ2_M", "IQ1_M"])
 def test_quantize_with_imatrix_equals_llama_quantize(tmp_path, ftype):
     """The whole file, byte for byte, with the same importance matrix given to llama-quantize
     (except the quantize.imatrix.* keys, which llama-quantize's main adds, not the library)."""
@@ -319,7 +343,8 @@ def test_quantize_with_imatrix_equals_llama_quantize(tmp_path, ftype):
     imatrix, _ = _demo_imatrix(tmp_path, lambda name: 50.0 if "ffn_down" in name else 1.0)
     weights, _ = load_imatrix(imatrix)
     theirs = tmp_path / "theirs.gguf"
-    _llama_quantize(demo_model_path(), theirs, ftype, weights)
+    from test_tools import _llama_quantize
+    _llama_quantize(demo_model_path(), theirs, ftype, imatrix=weights)
     ours = tmp_path / "ours.gguf"
     quantize_file(demo_model_path(), str(ours), ftype, imatrix=imatrix, imatrix_metadata=False)
     assert ours.read_bytes() == theirs.read_bytes()

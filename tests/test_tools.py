@@ -157,10 +157,35 @@ def test_q4_k_m_mix_on_the_demo():
     assert types["output.weight"] == Type.Q6_K and types["token_embd.weight"] == Type.Q4_K
 
 
-def _llama_quantize(src, dst, ftype: str):
+def _llama_quantize(src, dst, ftype: str, imatrix=None, output_type=None, embedding_type=None, patterns=(),
+                    pure=False, quantize_output=True):
+    """llama_model_quantize with llama-quantize's options in its params struct (imatrix: {name:
+    values} passed as llama-quantize's main passes the one it loaded)."""
     llama_cpp = _llama_cpp()
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = FILE_TYPES[ftype][0]
+    params.pure, params.quantize_output_tensor = pure, quantize_output
+    if output_type is not None:
+        params.output_tensor_type = int(output_type)
+    if embedding_type is not None:
+        params.token_embedding_type = int(embedding_type)
+    keep = []
+    if imatrix:
+        entries = (llama_cpp.llama_model_imatrix_data * (len(imatrix) + 1))()
+        for i, (name, values) in enumerate(imatrix.items()):
+            keep.append((name.encode(), np.ascontiguousarray(values, np.float32)))
+            entries[i].name = keep[-1][0]
+            entries[i].data = keep[-1][1].ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            entries[i].size = keep[-1][1].size
+        params.imatrix = ctypes.cast(entries, type(params.imatrix))
+    if patterns:
+        overrides = (llama_cpp.llama_model_tensor_override * (len(patterns) + 1))()
+        for i, (pattern, t) in enumerate(patterns):
+            keep.append(pattern.encode())
+            overrides[i].pattern = keep[-1]
+            overrides[i].type = int(t)
+        overrides[len(patterns)].pattern = None
+        params.tt_overrides = ctypes.cast(overrides, type(params.tt_overrides))
     assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) == 0
 
 
@@ -177,6 +202,72 @@ def test_mix_matches_llama_quantize(tmp_path, ftype):
     theirs = {name: Type(t.type) for name, t in open_gguf(dst).tensors.items()}
     ours = {name: new for name, _, new in plan(src, ftype)}
     assert ours == theirs
+
+
+def _ones_imatrix(src):
+    """An importance matrix of ones for every blk.* weight (the mixes' imatrix rules apply)."""
+    f = open_gguf(src)
+    weights = {name: np.ones(t.ne[0], np.float32) for name, t in f.tensors.items()
+               if name.startswith("blk.") and name.endswith(".weight") and len(t.ne) >= 2 and "norm" not in name}
+    f.close()
+    return weights
+
+
+# the IQ mixes (which llama-quantize writes only with an importance matrix) and Q2_K_S, IQ3_XS, IQ3_M
+@pytest.mark.parametrize("ftype", ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ1_S", "IQ1_M", "IQ3_XXS", "IQ3_XS",
+                                   "IQ3_S", "IQ3_M", "Q2_K_S"])
+def test_iq_mix_matches_llama_quantize(tmp_path, ftype):
+    src = generated_model(MIX_MODEL, "F32")
+    dst = tmp_path / f"{ftype}.gguf"
+    _llama_quantize(src, dst, ftype, imatrix=_ones_imatrix(src))
+    theirs = {name: Type(t.type) for name, t in open_gguf(dst).tensors.items()}
+    assert {name: new for name, _, new in plan(src, ftype, has_imatrix=True)} == theirs
+
+
+# llama-quantize's per-tensor options, planned as llama_model_quantize plans them
+@pytest.mark.parametrize("ftype, options", [
+    ("Q4_K_M", {"output_type": Type.Q8_0, "embedding_type": Type.Q4_0}),
+    ("Q4_K_M", {"patterns": [("attn_(q|k)", Type.Q8_0), ("blk\\.[0-3]\\.ffn_down", Type.Q5_0), ("ffn", Type.Q4_1)]}),
+    ("Q3_K_M", {"pure": True}),
+    ("Q3_K_M", {"pure": True, "patterns": [("attn_v", Type.Q6_K)]}),
+    ("Q5_K_M", {"quantize_output": False}),
+    ("IQ4_XS", {"output_type": Type.IQ4_NL, "embedding_type": Type.F16, "patterns": [("output", Type.Q8_0)]}),
+], ids=["output-embedding", "tensor-types", "pure", "pure-tensor-type", "leave-output", "iq4_xs-all"])
+def test_quantize_options_match_llama_quantize(tmp_path, ftype, options):
+    src = generated_model(MIX_MODEL, "F32")
+    dst = tmp_path / "theirs.gguf"
+    _llama_quantize(src, dst, ftype, **options)
+    theirs = {name: Type(t.type) for name, t in open_gguf(dst).tensors.items()}
+    assert {name: new for name, _, new in plan(src, ftype, **options)} == theirs
+
+
+def test_quantize_dry_run_writes_nothing(tmp_path):
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(["quantize", demo_model_path(), str(tmp_path / "x.gguf"), "Q4_K_M", "--dry-run",
+                     "--tensor-type", "attn_q=q8_0", "--output-tensor-type", "f16"]) == 0
+    lines = out.getvalue().splitlines()
+    assert not (tmp_path / "x.gguf").exists()
+    assert any(re.match(r"blk\.0\.attn_q\.weight +F32 -> Q8_0$", line) for line in lines)
+    assert any(re.match(r"output\.weight +F32 -> F16$", line) for line in lines)
+    assert re.match(r"dry run: [\d.]+ MiB of tensors -> [\d.]+ MiB as Q4_K_M \(nothing written\)", lines[-1])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["Q7_K"], "unknown type 'Q7_K'; choose one of"),
+    (["Q4_K_M", "--output-tensor-type", "q9_9"], "unknown --output-tensor-type 'q9_9'; choose one of F32"),
+    (["Q4_K_M", "--tensor-type", "attn_q"], "--tensor-type 'attn_q': expected PATTERN=TYPE"),
+    (["Q4_K_M", "--tensor-type", "attn_q=q3"], "unknown type in --tensor-type 'attn_q=q3' 'q3'"),
+    (["Q4_K_M", "--tensor-type", "attn_(q=q8_0"], "bad regular expression"),
+    (["IQ2_XS"], "blk.0.attn_q.weight would be IQ2_XS, which needs an importance matrix (no --imatrix given"),
+    (["Q4_K_M", "--include-weights", "a", "--exclude-weights", "b"], "cannot be used together"),
+])
+def test_quantize_bad_options_are_one_line_errors(tmp_path, capsys, argv, message):
+    with redirect_stdout(io.StringIO()):
+        assert main(["quantize", demo_model_path(), str(tmp_path / "x.gguf"), *argv]) == 1
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "x.gguf").exists()
 
 
 def test_quantize_file_equals_llama_quantize(tmp_path):

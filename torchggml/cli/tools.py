@@ -84,6 +84,15 @@ def add_subcommands(subparsers) -> None:
                    help="do not use the imatrix for tensors whose name contains NAME (repeatable)")
     p.add_argument("--allow-requantize", action="store_true",
                    help="allow quantizing tensors that are already quantized (loses quality)")
+    p.add_argument("--output-tensor-type", metavar="TYPE", help="this ggml type for output.weight")
+    p.add_argument("--token-embedding-type", metavar="TYPE", help="this ggml type for token_embd.weight")
+    p.add_argument("--tensor-type", action="append", metavar="PATTERN=TYPE",
+                   help="tensors whose name matches the regular expression PATTERN get TYPE (repeatable; "
+                        "the first match wins)")
+    p.add_argument("--pure", action="store_true", help="no mix: every quantized tensor gets the default type")
+    p.add_argument("--leave-output-tensor", action="store_true", help="leave output.weight as it is")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print each tensor's planned type and the resulting size; write nothing")
     p.add_argument("-v", "--verbose", action="store_true", help="print every tensor's old and new type")
     p.set_defaults(func=cmd_quantize)
 

@@ -94,22 +94,25 @@ class Sampler:
 
 def _draw(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float,
           generator: torch.Generator | None) -> int:
-    """Temperature, then top-k, top-p (nucleus) and min-p, then a draw; greedy when temperature <= 0."""
+    """Temperature, then top-k, top-p (nucleus) and min-p, then a draw; greedy when temperature <= 0.
+    With top-k the later steps and the draw run over the k candidates only (as llama.cpp's
+    sampler chain), not the whole vocabulary."""
     if temperature <= 0:
         return int(torch.argmax(logits))
     logits = logits.double() / temperature
+    ids = None  # the candidates' token ids (None: every token is a candidate)
     if 0 < top_k < logits.numel():
-        kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, -math.inf)
+        logits, ids = torch.topk(logits, top_k)  # (sorted, highest first)
     probs = torch.softmax(logits, dim=-1)
     if 0 < top_p < 1:
-        sorted_p, order = torch.sort(probs, descending=True)
+        sorted_p, order = (probs, torch.arange(probs.numel())) if ids is not None else torch.sort(probs, descending=True)
         # keep the smallest prefix whose mass reaches top_p (always at least one token)
         keep = torch.cumsum(sorted_p, 0) - sorted_p < top_p
         probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
     if min_p > 0:
         probs = probs.masked_fill(probs < min_p * probs.max(), 0.0)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    k = int(torch.multinomial(probs, 1, generator=generator))
+    return k if ids is None else int(ids[k])
 
 
 def sample_token(logits: torch.Tensor, temperature: float = DEFAULTS.temperature, top_k: int = DEFAULTS.top_k,

@@ -127,4 +127,4 @@ def compile_prompt_kernels() -> None:
     ops.row_norm_rows(x, np.empty_like(x), np.float32(1e-5), True)
     both = np.zeros((1, 2, 2, 16), np.float32)
     for a, g in ((x, x), (both[..., :8], both[..., 8:])):
-        ops.swiglu_rows(a, g, np.empty_like(x))
+        ops.glu_rows(a, g, np.empty_like(x), False)

@@ -16,7 +16,7 @@ import time
 
 # a file type for every block type the CPU runs (the mixes' other layers add Q4_K, Q5_K, Q6_K)
 FILE_TYPES = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M",
-              "Q6_K", "IQ4_NL", "IQ4_XS")
+              "Q6_K", "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_M", "IQ2_XS", "IQ2_XXS", "IQ1_M", "IQ1_S")
 
 
 def compile_kernels(file_types=FILE_TYPES, log=None) -> float:
@@ -31,9 +31,10 @@ def compile_kernels(file_types=FILE_TYPES, log=None) -> float:
     case = TinyCase("compile-kernels", "llama", n_embd=256, head_dim=64, n_ff=512)
     with tempfile.TemporaryDirectory(prefix="torchggml-compile-") as tmp:
         source = write_tiny_model(os.path.join(tmp, "F32.gguf"), case, "F32")
+        imatrix = _ones_imatrix(source, os.path.join(tmp, "imatrix.gguf"))  # the IQ grid types need one
         for file_type in file_types:
             path = os.path.join(tmp, f"{file_type}.gguf")
-            quantize_file(source, path, file_type)
+            quantize_file(source, path, file_type, imatrix=imatrix)
             model = load_model(path, n_ctx=64, n_batch=32, progress=False, devices=["CPU"])
             try:
                 model.eval(list(range(1, 17)))  # a micro-batch: dequantize + GEMM
@@ -44,6 +45,19 @@ def compile_kernels(file_types=FILE_TYPES, log=None) -> float:
                 log(f"  {file_type}: {time.process_time() - start:.1f} CPU s")
     compile_prompt_kernels()
     return time.process_time() - start
+
+
+def _ones_imatrix(source: str, path: str) -> str:
+    """An importance matrix of ones for every matrix of the model (the quantizers' weighted path)."""
+    import torch
+    from ..gguf.loader import open_gguf
+    from .imatrix import write_imatrix
+    f = open_gguf(source)
+    stats = {name: [torch.ones(1, t.ne[0]), torch.tensor([1])] for name, t in f.tensors.items()
+             if name.startswith("blk.") and len(t.ne) >= 2 and "norm" not in name}
+    f.close()
+    write_imatrix(path, stats, ["ones"], 1, 1)
+    return path
 
 
 def cmd_compile_kernels(args) -> int:

@@ -44,7 +44,14 @@ from .file_types import ALIASES, CHOICES, FILE_TYPE_IDS
 FILE_TYPES = {name: (ftype_id, Type[block]) for name, (ftype_id, block) in FILE_TYPE_IDS.items()}
 
 FALLBACK = {Type.Q2_K: Type.Q4_0, Type.Q3_K: Type.Q4_0, Type.Q4_K: Type.Q5_0, Type.Q5_K: Type.Q5_1,
-            Type.Q6_K: Type.Q8_0, Type.IQ4_XS: Type.IQ4_NL}
+            Type.Q6_K: Type.Q8_0, Type.IQ4_XS: Type.IQ4_NL, Type.TQ1_0: Type.Q4_0, Type.TQ2_0: Type.Q4_0,
+            **{t: Type.IQ4_NL for t in (Type.IQ1_S, Type.IQ1_M, Type.IQ2_XXS, Type.IQ2_XS, Type.IQ2_S,
+                                        Type.IQ3_XXS, Type.IQ3_S)}}
+# the mixes of 2 bits and below share their rules (llama-quant.cpp)
+LOW_BIT_MIXES = ("IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M")
+# llama-quantize refuses these target types without an importance matrix (but for the embeddings
+# and output.weight), and Q2_K in a Q2_K_S file
+IMATRIX_TYPES = (Type.IQ3_XXS, Type.IQ2_XXS, Type.IQ2_XS, Type.IQ2_S, Type.IQ1_M, Type.IQ1_S)
 
 
 def file_type(name: str) -> str:
@@ -53,6 +60,29 @@ def file_type(name: str) -> str:
     if key not in FILE_TYPES:
         raise ValueError(f"quantize: unknown type {name!r}; choose one of {CHOICES}")
     return key
+
+
+def block_type(name: str, what: str = "type") -> Type:
+    """A ggml type by its name (case-insensitive), as llama-quantize's --output-tensor-type,
+    --token-embedding-type and --tensor-type take it."""
+    try:
+        return Type[name.upper()]
+    except KeyError:
+        raise ValueError(f"quantize: unknown {what} {name!r}; choose one of "
+                         f"{', '.join(t.name for t in Type)}") from None
+
+
+def tensor_type_option(text: str) -> tuple[str, Type]:
+    """--tensor-type PATTERN=TYPE: the pattern lower-cased (a regular expression searched in
+    tensor names, as llama-quantize's std::regex_search) and the type."""
+    pattern, sep, name = text.partition("=")
+    if not sep or not pattern or not name:
+        raise ValueError(f"quantize: --tensor-type {text!r}: expected PATTERN=TYPE (e.g. attn_q=q8_0)")
+    try:
+        re.compile(pattern.lower())
+    except re.error as e:
+        raise ValueError(f"quantize: --tensor-type {text!r}: bad regular expression: {e}") from None
+    return pattern.lower(), block_type(name, f"type in --tensor-type {text!r}")
 
 
 def more_bits(i: int, n: int) -> bool:
@@ -72,47 +102,99 @@ def _category(name: str) -> str:
         return "token_embd"
     # attn_qkv and attn_kv_b follow attn_v's rules (llama.cpp tests attn_v-like tensors first)
     for key, cat in (("attn_qkv.weight", "attn_v"), ("attn_kv_b.weight", "attn_v"), ("attn_v.weight", "attn_v"),
-                     ("attn_k.weight", "attn_k"), ("attn_output.weight", "attn_output"), ("ffn_down", "ffn_down")):
+                     ("attn_k.weight", "attn_k"), ("attn_q.weight", "attn_q"), ("attn_output.weight", "attn_output"),
+                     ("ffn_up", "ffn_up"), ("ffn_gate", "ffn_gate"), ("ffn_down", "ffn_down")):
         if key in name:
             return cat
     return "other"
 
 
 class Mix:
-    """The tensor types of one file type for one model (its layer count, GQA, experts, tying)."""
+    """The tensor types of one file type for one model (its layer count, GQA, experts, tying)
+    and llama-quantize's per-tensor options: output_type / embedding_type (--output-tensor-type,
+    --token-embedding-type), patterns [(regex, type)] (--tensor-type), pure (--pure: the default
+    type everywhere but where an option says), quantize_output (False: --leave-output-tensor)."""
 
     def __init__(self, ftype: str, arch: str, n_layer: int, n_gqa: int, n_expert: int, tied_output: bool,
-                 has_imatrix: bool = False):
+                 has_imatrix: bool = False, output_type: Type | None = None, embedding_type: Type | None = None,
+                 patterns=(), pure: bool = False, quantize_output: bool = True):
         self.ftype, self.default = ftype, FILE_TYPES[ftype][1]
         self.arch, self.n_layer, self.n_gqa, self.n_expert, self.tied = arch, n_layer, n_gqa, n_expert, tied_output
         self.has_imatrix = has_imatrix
+        self.output_type, self.embedding_type = output_type, embedding_type
+        self.patterns = [(re.compile(p), t) for p, t in patterns]
+        self.pure, self.quantize_output = pure, quantize_output
 
     def type_for(self, name: str, ne: list[int], current: Type) -> Type:
-        if not is_quantizable(name, len(ne)):
+        """llama_tensor_get_type: the options, then the mix's rules, then the fallback for rows
+        that do not split into the type's blocks."""
+        if not is_quantizable(name, len(ne)) or (name == "output.weight" and not self.quantize_output):
             return current
+        cat = _category(name)
+        if self.embedding_type is not None and cat == "token_embd":
+            return self.embedding_type
+        if self.output_type is not None and cat == "output":
+            return self.output_type
         t = self.default
-        if self.default not in (Type.F32, Type.F16, Type.BF16):
+        if t in (Type.F32, Type.F16, Type.BF16):
+            return t
+        manual = next((pt for p, pt in self.patterns if p.search(name)), None)
+        if manual is not None:
+            t = manual
+        elif not self.pure:
             t = self._mixed(name, ne, t)
+        if ne[0] % blck_size(t):
+            t = FALLBACK.get(t, t)
             if ne[0] % blck_size(t):
-                t = FALLBACK.get(t, t)
-                if ne[0] % blck_size(t):
-                    t = Type.F16
+                t = Type.F16
         return t
 
     def _mixed(self, name: str, ne: list[int], t: Type) -> Type:
         f, cat = self.ftype, _category(name)
         m = re.match(r"blk\.(\d+)\.", name)
         il, n = (int(m.group(1)) if m else 0), self.n_layer
+        gqa, n_exp = self.n_gqa, self.n_expert
         if cat == "output" or (cat == "token_embd" and self.tied):
-            return Type.Q8_0 if ne[0] % blck_size(t) else t if t == Type.Q8_0 else Type.Q6_K
+            if self.output_type is not None:
+                return self.output_type
+            if ne[0] % blck_size(t):
+                return Type.Q8_0
+            if f in LOW_BIT_MIXES or f == "IQ3_XXS":
+                return Type.Q5_K
+            return t if t == Type.Q8_0 else Type.Q6_K
+        if cat == "token_embd":
+            if f in ("IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ1_M"):
+                return Type.Q2_K
+            return Type.IQ3_S if f in ("IQ2_S", "IQ2_M", "IQ3_XXS") else t
+        if f in LOW_BIT_MIXES:
+            s_or_m = f in ("IQ2_S", "IQ2_M")
+            if cat == "attn_v":
+                return Type.Q4_K if gqa >= 4 or n_exp >= 4 else Type.IQ3_S if s_or_m else Type.Q2_K
+            if cat == "attn_k" and n_exp == 8:
+                return Type.Q4_K
+            if cat == "ffn_down" and il < n // 8:
+                return Type.IQ3_S if s_or_m else Type.Q2_K
+            if cat == "attn_output":
+                if n_exp == 8:
+                    return Type.Q5_K
+                return Type.IQ2_XXS if f in ("IQ1_S", "IQ1_M") else Type.IQ3_S if s_or_m else t
+            return t
         if cat == "attn_v":
             if f == "Q2_K":
-                t = Type.Q4_K if self.n_gqa >= 4 else Type.Q3_K
+                t = Type.Q4_K if gqa >= 4 else Type.Q3_K
+            elif f == "Q2_K_S" and gqa >= 4:
+                t = Type.Q4_K
+            elif f == "IQ3_XXS":
+                t = Type.Q4_K if gqa >= 4 else Type.IQ3_XXS if self.has_imatrix else Type.IQ3_S
+            elif f in ("IQ3_XS", "IQ3_S") and gqa >= 4:
+                t = Type.Q4_K
+            elif f == "IQ3_M":
+                t = Type.Q4_K
             elif f == "Q3_K_M":
                 t = Type.Q5_K if il < 2 else Type.Q4_K
             elif f == "Q3_K_L":
                 t = Type.Q5_K
-            elif f in ("IQ4_NL", "IQ4_XS") and self.n_gqa >= 4:
+            elif f in ("IQ4_NL", "IQ4_XS") and gqa >= 4:
                 t = Type.Q5_K
             elif f in ("Q4_K_M", "Q5_K_M") and more_bits(il, n):
                 t = Type.Q6_K
@@ -120,16 +202,27 @@ class Mix:
                 t = Type.Q5_K
             if self.arch == "llama" and n == 80 and t in (Type.Q3_K, Type.Q4_K):
                 t = Type.Q5_K  # llama.cpp's 70B rule
-            if self.n_expert == 8:
+            if n_exp == 8:
                 t = Type.Q8_0
-        elif cat == "attn_k":
-            if self.n_expert == 8:
+        elif cat in ("attn_k", "attn_q"):
+            if cat == "attn_k" and n_exp == 8:
                 t = Type.Q8_0
+            elif f == "IQ3_XS":
+                t = Type.IQ3_XXS
+            elif f == "IQ3_XXS":
+                t = Type.IQ2_S
         elif cat == "ffn_down":
             if f == "Q2_K":
                 t = Type.Q3_K
+            elif f == "Q2_K_S":
+                if il < n // 8:
+                    t = Type.Q4_K
+            elif f == "IQ3_XXS" and not self.has_imatrix:
+                t = Type.Q4_K if il < n // 8 else Type.Q3_K
             elif f == "Q3_K_M":
                 t = Type.Q5_K if il < n // 16 else Type.Q4_K
+            elif f == "IQ3_M" and (il < n // 8 or (n_exp == 8 and more_bits(il, n))):
+                t = Type.Q4_K
             elif f == "Q3_K_L":
                 t = Type.Q5_K
             elif f == "Q4_K_M":
@@ -144,12 +237,16 @@ class Mix:
             elif f in ("Q4_0", "Q5_0") and self.has_imatrix and il < n // 8:
                 t = Type.Q4_1 if f == "Q4_0" else Type.Q5_1  # llama.cpp's guard for the first ffn_down
         elif cat == "attn_output":
-            k_mixes = ("Q2_K", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M", "IQ4_XS")
-            if self.n_expert == 8:
-                if f in k_mixes:
+            if n_exp == 8:
+                if f in ("Q2_K", "IQ3_XS", "IQ3_XXS", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M", "IQ3_S",
+                         "IQ3_M", "IQ4_XS"):
                     t = Type.Q5_K
             else:
-                t = {"Q2_K": Type.Q3_K, "Q3_K_M": Type.Q4_K, "Q3_K_L": Type.Q5_K}.get(f, t)
+                t = {"Q2_K": Type.Q3_K, "IQ3_XXS": Type.IQ3_S, "Q3_K_M": Type.Q4_K, "Q3_K_L": Type.Q5_K,
+                     "IQ3_M": Type.Q4_K}.get(f, t)
+        elif cat in ("ffn_gate", "ffn_up"):
+            if f == "IQ3_XS" and n // 8 <= il < 7 * n // 8:
+                t = Type.IQ3_XXS
         return t
 
 
@@ -162,24 +259,48 @@ def tensor_order(names) -> list[str]:
     return sorted(names, key=key)
 
 
-def _mix(f, ftype: str, has_imatrix: bool) -> Mix:
+def _mix(f, ftype: str, has_imatrix: bool, options: dict) -> Mix:
     arch = f.arch
     n_layer = int(f.get(f"{arch}.block_count"))
     n_head = f.get(f"{arch}.attention.head_count", 1)
     n_head_kv = f.get(f"{arch}.attention.head_count_kv", n_head)
     n_head, n_head_kv = (x[0] if isinstance(x, list) else x for x in (n_head, n_head_kv))
     return Mix(file_type(ftype), arch, n_layer, max(1, int(n_head) // max(1, int(n_head_kv))),
-               int(f.get(f"{arch}.expert_count", 0)), "output.weight" not in f.tensors, has_imatrix)
+               int(f.get(f"{arch}.expert_count", 0)), "output.weight" not in f.tensors, has_imatrix, **options)
 
 
-def plan(path: str, ftype: str, has_imatrix: bool = False) -> list[tuple[str, Type, Type]]:
-    """(tensor name, current type, new type) of every tensor, in file order."""
+def plan(path: str, ftype: str, has_imatrix: bool = False, **options) -> list[tuple[str, Type, Type]]:
+    """(tensor name, current type, new type) of every tensor, in file order. options: Mix's
+    (output_type, embedding_type, patterns, pure, quantize_output)."""
     from ..gguf.loader import open_gguf
     f = open_gguf(path)
-    mix = _mix(f, ftype, has_imatrix)
+    mix = _mix(f, ftype, has_imatrix, options)
     out = [(name, Type(t.type), mix.type_for(name, list(t.ne), Type(t.type))) for name, t in f.tensors.items()]
     f.close()
     return out
+
+
+def planned_bytes(path: str, planned: list[tuple[str, Type, Type]]) -> tuple[int, int]:
+    """(bytes of the tensors' data now, after quantizing as planned)."""
+    from ..gguf.loader import open_gguf
+    f = open_gguf(path)
+    sizes = {name: (int(np.prod(t.ne[1:], dtype=np.int64)), int(t.ne[0])) for name, t in f.tensors.items()}
+    f.close()
+    before = sum(rows * _row_bytes(old, n) for name, old, _ in planned for rows, n in [sizes[name]])
+    after = sum(rows * _row_bytes(new, n) for name, _, new in planned for rows, n in [sizes[name]])
+    return before, after
+
+
+def check_imatrix_needed(ftype: str, changes, weights: dict) -> None:
+    """As llama-quantize: the lowest-bit types are refused without an importance matrix entry
+    for the tensor (token_embd and output.weight excepted)."""
+    for name, old, new in changes:
+        if new == old or name in ("token_embd.weight", "output.weight"):
+            continue
+        if (new in IMATRIX_TYPES or (new == Type.Q2_K and ftype == "Q2_K_S")) and name not in weights:
+            what = "no --imatrix given" if not weights else "the imatrix has no entry for it"
+            raise ValueError(f"quantize: {name} would be {new.name}, which needs an importance matrix ({what}; "
+                             f"collect one with `torchggml imatrix`)")
 
 
 def check_requantize(src: str, changes: list[tuple[str, Type, Type]]) -> None:
@@ -199,21 +320,27 @@ CHUNK_BYTES = 64 << 20  # float32 rows converted at once: the memory a tensor's 
 def quantize_file(src: str, dst: str, ftype: str, log=None, imatrix: str | None = None,
                   include: list[str] | None = None, exclude: list[str] | None = None,
                   allow_requantize: bool = False, progress=None,
-                  imatrix_metadata: bool = True) -> list[tuple[str, Type, Type]]:
+                  imatrix_metadata: bool = True, dry_run: bool = False, **options) -> list[tuple[str, Type, Type]]:
     """Write `dst`: `src` with its tensors quantized as the file type's mix says, in llama-quantize's
     tensor order and metadata, tensor by tensor (one tensor's output and a bounded chunk of float32
     rows in memory). imatrix: llama.cpp's importance matrix file (GGUF or the older .dat), its
     entries filtered by `include` / `exclude` (substrings of tensor names, as llama-quantize's
-    --include-weights / --exclude-weights)."""
+    --include-weights / --exclude-weights). options: the per-tensor options (Mix's). dry_run:
+    check and plan only (nothing written); the plan is returned either way."""
     import gguf
     ftype = file_type(ftype)
     weights, imatrix_info = ({}, None) if imatrix is None else load_imatrix(imatrix)
     weights = filter_imatrix(weights, include, exclude)
-    planned = plan(src, ftype, has_imatrix=bool(weights))
-    reader = gguf.GGUFReader(src)
-    by_name = {t.name: t for t in reader.tensors}
+    planned = plan(src, ftype, has_imatrix=bool(weights), **options)
     if not allow_requantize:
         check_requantize(src, planned)
+    check_imatrix_fits(src, weights)
+    if not dry_run:
+        check_imatrix_needed(ftype, planned, weights)
+    if dry_run:
+        return planned
+    reader = gguf.GGUFReader(src)
+    by_name = {t.name: t for t in reader.tensors}
     types = {name: new for name, _, new in planned}
     arch = reader.get_field("general.architecture").contents()
     writer = gguf.GGUFWriter(dst, arch)
@@ -254,7 +381,7 @@ def quantize_file(src: str, dst: str, ftype: str, log=None, imatrix: str | None 
             log(f"[{i + 1:4d}/{len(order)}] {name:40s} {old.name:>6s} -> {new.name:6s} {'x'.join(map(str, ne))}"
                 + (" (imatrix)" if qw is not None else ""))
         if progress is not None:
-            progress(i + 1, len(order))
+            progress(i + 1, len(order), name)
     writer.close()
     return [(name, Type(int(by_name[name].tensor_type)), types[name]) for name in order]
 
@@ -396,6 +523,24 @@ def filter_imatrix(weights: dict, include: list[str] | None, exclude: list[str] 
     return weights
 
 
+def check_imatrix_fits(src: str, weights: dict) -> None:
+    """Every imatrix entry the model has a tensor for holds that tensor's row length (times its
+    experts), before anything is written: an importance matrix of another model fails here."""
+    if not weights:
+        return
+    from ..gguf.loader import open_gguf
+    f = open_gguf(src)
+    try:
+        for name, t in f.tensors.items():
+            if name in weights:
+                _imatrix_for(weights, name, [int(x) for x in t.ne])
+        if not any(name in f.tensors for name in weights):
+            raise ValueError(f"quantize: no imatrix entry names a tensor of {src} (an importance matrix of "
+                             f"another model?), e.g. {next(iter(weights))}")
+    finally:
+        f.close()
+
+
 def _imatrix_for(weights: dict, name: str, ne: list[int]) -> np.ndarray | None:
     qw = weights.get(name)
     if qw is None:
@@ -411,6 +556,22 @@ def _imatrix_for(weights: dict, name: str, ne: list[int]) -> np.ndarray | None:
     return qw
 
 
+def options_of(args) -> dict:
+    """Mix's options from the command line's."""
+    return {"output_type": None if args.output_tensor_type is None
+            else block_type(args.output_tensor_type, "--output-tensor-type"),
+            "embedding_type": None if args.token_embedding_type is None
+            else block_type(args.token_embedding_type, "--token-embedding-type"),
+            "patterns": [tensor_type_option(o) for o in args.tensor_type or ()],
+            "pure": args.pure, "quantize_output": not args.leave_output_tensor}
+
+
+def _bar(i: int, n: int, name: str) -> None:
+    filled = 30 * i // max(1, n)
+    print(f"\rquantize: [{'#' * filled}{'.' * (30 - filled)}] {i}/{n} {name[:40]:40s}", end="" if i < n else "\n",
+          file=sys.stderr, flush=True)
+
+
 def cmd_quantize(args) -> int:
     import os
     start = time.perf_counter()
@@ -418,17 +579,30 @@ def cmd_quantize(args) -> int:
     ftype = file_type(args.type)
     if ftype != args.type.upper():
         print(f"quantize: {args.type} is an alias for {ftype}", file=sys.stderr)
+    if args.include_weights and args.exclude_weights:
+        raise ValueError("quantize: --include-weights and --exclude-weights cannot be used together (as llama-quantize)")
+    options = options_of(args)
+    if args.dry_run:
+        planned = quantize_file(args.input, args.output, ftype, imatrix=args.imatrix, include=args.include_weights,
+                                exclude=args.exclude_weights, allow_requantize=args.allow_requantize, dry_run=True,
+                                **options)
+        sizes = dict(zip((n for n, _, _ in planned), range(len(planned))))
+        for name in tensor_order(sizes):
+            _, old, new = planned[sizes[name]]
+            print(f"{name:48s} {old.name:>7s} -> {new.name}")
+        before, after = planned_bytes(args.input, planned)
+        print(f"dry run: {before / 2**20:.2f} MiB of tensors -> {after / 2**20:.2f} MiB as {ftype} (nothing written)")
+        return 0
     progress = None
     if not args.verbose and sys.stderr.isatty():
-        def progress(i, n):
-            print(f"\rquantize: {i}/{n} tensors", end="" if i < n else "\n", file=sys.stderr, flush=True)
+        progress = _bar
     if args.nthreads:
         from ..devices.cpu.jit.loader import set_numba_threads
         set_numba_threads(args.nthreads)
         torch.set_num_threads(args.nthreads)
     quantize_file(args.input, args.output, ftype, log, imatrix=args.imatrix,
                   include=args.include_weights, exclude=args.exclude_weights,
-                  allow_requantize=args.allow_requantize, progress=progress)
+                  allow_requantize=args.allow_requantize, progress=progress, **options)
     size_in, size_out = os.path.getsize(args.input), os.path.getsize(args.output)
     print(f"{args.input} ({size_in / 2**20:.2f} MiB) -> {args.output} ({size_out / 2**20:.2f} MiB) as "
           f"{ftype} in {time.perf_counter() - start:.1f} s")

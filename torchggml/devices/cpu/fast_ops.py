@@ -255,12 +255,13 @@ def bind_binary(node):
 # ---------------------------------------------------------------- GLU
 
 def bind_glu(node):
+    """SWIGLU, and GEGLU (gemma's; torch's GELU took several passes over a prompt's rows)."""
     size = _size_class(node, node.src[0], node.src[1])
-    if get_glu_op(node) != GluOp.SWIGLU or size is None:
+    if get_glu_op(node) not in (GluOp.SWIGLU, GluOp.GEGLU) or size is None:
         return None
     vx, vg = glu_halves(node)
-    kernel = op_kernels().swiglu_rows if size == "large" else op_kernels().swiglu
-    return _call(kernel, as_numpy(vx), as_numpy(vg), _float_view(node))
+    kernel = op_kernels().glu_rows if size == "large" else op_kernels().glu
+    return _call(kernel, as_numpy(vx), as_numpy(vg), _float_view(node), get_glu_op(node) == GluOp.GEGLU)
 
 
 # ---------------------------------------------------------------- MUL_MAT (attention's, F16)

@@ -15,7 +15,7 @@ from ..kernels.matmul import bind_mul_mat, bind_mul_mat_id
 from .features import cpu_path
 from .jit.loader import numba_available
 from .layouts.base import is_repacked
-from .layouts.fused import block_product, bound_block_matvec, is_in_place
+from .layouts.fused import block_product, bound_block_matvec, converted_product, is_in_place, supports_shape
 
 # from this many rows on, F16 products convert the weight to f32 (faster than torch's half GEMM
 # on AVX2 and Zen 4); below, the half GEMV reads half the bytes. (bf16 would be faster on AVX512-BF16 but loses F16's precision:
@@ -46,14 +46,20 @@ def bind_layout_experts(node):
 
 def bind_block_product(node):
     """MUL_MAT of a 2-D Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weight in host memory (left there by the loader, or loaded
-    without repacking) on the fused path: the fused kernels read its ggml blocks in place."""
+    without repacking) on the fused path: the fused kernels read its ggml blocks in place. A 2-D
+    weight of another block type there (a tied embedding, which GET_ROWS reads too, so it is not
+    repacked at load) is converted once to the fused layout (layouts/fused.converted_product)."""
     a = node.src[0]
-    if (cpu_path() != "fused" or not is_in_place(a.type, a.ne) or is_repacked(a) or not numba_available()
+    if (cpu_path() != "fused" or is_repacked(a) or not numba_available()
             or a.nb[0] != type_traits(a.type).type_size):
         return None
     raw = view(a)[0, 0]
     if raw.stride(1) != 1:
         return None
+    if not is_in_place(a.type, a.ne):
+        if a.ne[2] != 1 or a.ne[3] != 1 or not supports_shape(a.type, a.ne) or not raw.is_contiguous():
+            return None
+        return bind_mul_mat(node, lambda weight: converted_product(a, raw))
     b = node.src[1]
     if b.ne[2] == 1 and b.ne[3] == 1:  # a decode step's rows: the matvec bound once
         bound = bound_block_matvec(a.type, raw, view(b)[0, 0], view(node)[0, 0])

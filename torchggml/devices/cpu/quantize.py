@@ -7,17 +7,43 @@ bit, with or without an importance matrix.
 This is ggml_quantize_chunk's behaviour (ggml-quants.c's quantize_<type>), not the reference
 quantize_row_*_ref that torchggml.quants.quantize follows: the two agree without an importance
 matrix except for IQ4_NL (ggml_quantize_chunk searches 15 scales a block, the reference one).
-The kernels are in jit/quantize_kernels.py.
+The kernels are in jit/quantize_kernels.py, the IQ grid types' in jit/grid_quantize_kernels.py
+(their search tables built here from the grids, as ggml's iq2xs_init_impl / iq3xs_init_impl do).
 """
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
 from ...types import Type, as_type, blck_size, row_size
 
 NATIVE_TYPES = (Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q2_K, Type.Q3_K, Type.Q4_K,
-                Type.Q5_K, Type.Q6_K, Type.IQ4_NL, Type.IQ4_XS)
+                Type.Q5_K, Type.Q6_K, Type.IQ4_NL, Type.IQ4_XS,
+                Type.IQ2_XXS, Type.IQ2_XS, Type.IQ2_S, Type.IQ3_XXS, Type.IQ3_S, Type.IQ1_S, Type.IQ1_M)
+# ggml's quantizers of these assert an importance matrix (ggml_quantize_requires_imatrix)
+NEEDS_IMATRIX = (Type.IQ2_XXS, Type.IQ2_XS, Type.IQ1_S)
+# per grid type: (its grid's table name, bits between levels in a key, key space, nwant: how many
+# of the nearest distinct distances give a point off the grid its neighbours)
+_GRIDS = {Type.IQ2_XXS: ("iq2xxs", 2, 43692, 2), Type.IQ2_XS: ("iq2xs", 2, 43692, 2),
+          Type.IQ2_S: ("iq2s", 2, 43692, 1), Type.IQ3_XXS: ("iq3xxs", 3, 4096, 2),
+          Type.IQ3_S: ("iq3s", 3, 4096, 3), Type.IQ1_S: ("iq1s", 2, 43692, 3), Type.IQ1_M: ("iq1s", 2, 43692, 3)}
 _NO_IMATRIX = np.zeros(1, np.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def grid_tables(t: Type):
+    """(grid positions int8 [G, D], kmap, neighbours) of an IQ grid type: each grid value's rank
+    among the grid's distinct values is its level l, held as 2l+1."""
+    from ...quants.tables import table
+    from .jit.loader import quantize_kernels  # noqa: F401  (the loader's compile notice)
+    from .jit import grid_quantize_kernels as k
+    name, shift, kmap_size, nwant = _GRIDS[t]
+    values = table(name, "cpu").numpy()
+    levels = np.unique(values)
+    grid = (2 * np.searchsorted(levels, values) + 1).astype(np.int8)
+    kmap, neighbours = k.build_grid_tables(grid, shift, kmap_size, nwant)
+    return grid, kmap, neighbours
 
 
 def quantize_native(qtype, x, imatrix=None, out: np.ndarray | None = None) -> np.ndarray:
@@ -36,6 +62,9 @@ def quantize_native(qtype, x, imatrix=None, out: np.ndarray | None = None) -> np
     if n % blck_size(t):
         raise ValueError(f"quantize_native({t.name}): row of {n} values is not a multiple of the block size "
                          f"{blck_size(t)}")
+    if imatrix is None and t in NEEDS_IMATRIX:
+        raise ValueError(f"quantize_native({t.name}): {t.name} needs an importance matrix (imatrix), "
+                         f"as ggml's quantizer does")
     qw = _NO_IMATRIX
     if imatrix is not None:
         qw = np.ascontiguousarray(_as_f32(imatrix).reshape(-1))
@@ -48,7 +77,11 @@ def quantize_native(qtype, x, imatrix=None, out: np.ndarray | None = None) -> np
         raise ValueError(f"quantize_native({t.name}): out must be uint8 {(rows, row_size(t, n))}, "
                          f"got {out.dtype} {out.shape}")
     bad = np.zeros(rows, np.uint8)
-    if rows and half:  # converted to float32 a row at a time, in the kernel
+    if rows and t in _GRIDS:
+        from .jit import grid_quantize_kernels as k
+        run = k.quantize_grid_rows_f16 if half else k.quantize_grid_rows
+        run(int(t), x.view(np.int16) if half else x, qw, imatrix is not None, *grid_tables(t), out, bad)
+    elif rows and half:  # converted to float32 a row at a time, in the kernel
         quantize_kernels().quantize_rows_f16(int(t), x.view(np.int16), qw, imatrix is not None, out, bad)
     elif rows:
         quantize_kernels().quantize_rows(int(t), x, qw, imatrix is not None, out, bad)

@@ -20,11 +20,12 @@ beside oneDNN's bf16 GEMM and the vpdpbusd peak: scripts/bench_cpu_peaks.py, doc
         -dmin * m_j at mins[j * PANEL_ROWS + r]
     tile(panel, scales, mins, xq, dx, xz, xm, out, cols, kind)
         out[c, :PANEL_ROWS] = sum_j scales[j, :] dx[c, j G / B] (sum_{k in j} u[k, :] xq[c, k]
-        + xz[c, j]) (+ sum_j mins[j, :] xm[c, j] for Q4_K and Q5_K; the K-quants' groups summed
+        + xz[c, j]) (+ sum_j mins[j, :] xm[c, j] for the kinds with a bias: Q4_K, Q5_K and
+        the layout's BIAS_KINDS; the K-quants' groups summed
         as integers times their sc over each super-block, then times d dx), c < cols (a compile-time
         1..TILE_COLS); xq int8 [cols, K], dx f32 [cols, K/B] (B the kind's activation scale
         block), xz int32 [cols, K/G] (minus ZERO times each group's sum of xq), xm f32
-        [cols, K/32] (the scale times the sum of xq per 32; the K-quants' mins)
+        [cols, K/G] (the scale times the sum of xq per group, for the biases)
 
 Where numba's target has AVX512-VNNI the vectors are 512 bits (16 rows); with AVX-VNNI's 256-bit
 vpdpbusd or AVX2 they are 256 bits (8 rows, gemm_isa), the panel's layout the same. AVX2 has no
@@ -44,8 +45,15 @@ PANEL_ROWS = 32   # two 16-lane vectors of rows (four 8-lane ones)
 TILE_COLS = 4     # activation rows an AVX-512 tile multiplies (4 x 2 int and 4 x 2 float accumulators)
 # kind -> (group size G, zero point ZERO: the u8 values are q + ZERO, the activations' scale
 # block: 32 values (Q8_0's rounding) or 256 (Q8_K's, the K-quants' vec_dot type in ggml))
-GEMM_KINDS = {34: (32, 128, 32), 18: (32, 8, 32), 144: (32, 0, 256), 176: (32, 0, 256), 210: (16, 32, 256)}
+GEMM_KINDS = {34: (32, 128, 32), 18: (32, 8, 32), 144: (32, 0, 256), 176: (32, 0, 256), 210: (16, 32, 256),
+              32: (32, 128, 32), 33: (32, 128, 32), 16: (16, 128, 32), 17: (16, 128, 32), 4: (32, 0, 32)}
 BLOCK_VALUES = {34: 32, 18: 32, 144: 256, 176: 256, 210: 256}  # kind (a block's bytes) -> its values
+# the fused layout's rows (layouts/fused.py: q, float32 group scales, float32 biases), packed by
+# gemm_kernels.pack_layout_rows, not by pack_rows: int8 q in groups of 32 (32, 33 with a bias)
+# or 16 (16, 17), and Q4_1's nibbles with its bias (4). Their activations round as Q8_0 per 32.
+LAYOUT_KINDS = (32, 33, 16, 17, 4)
+INT8_KINDS = (34, 32, 33, 16, 17)  # weights of any int8 value: u = q + 128 (q itself on AVX2)
+BIAS_KINDS = (144, 176, 33, 17, 4)  # a float offset per group (the mins): times the activations' group sums
 
 
 def gemm_isa() -> str | None:
@@ -80,19 +88,24 @@ def tile_cols(isa: str) -> int:
 
 def gains(kind: int, isa: str) -> bool:
     """Whether the int8 GEMM beats dequantizing the weight for the float GEMM on this kind by
-    default: every kind but Q8_0 on AVX2, whose |q| and sign of q cost half as many instructions
-    again as the other kinds' products, which left it slower than the f32 GEMM (measured with
-    scripts/bench_int8_gemm.py; TORCHGGML_CPU_GEMM=int8 still runs it)."""
-    return not (kind == 34 and isa == "avx2")
+    default: every kind but the int8 ones (Q8_0's, the fused layout's int8 q) on AVX2, whose |q|
+    and sign of q cost half as many instructions again as the other kinds' products, which left
+    Q8_0 slower than the f32 GEMM (measured with scripts/bench_int8_gemm.py;
+    TORCHGGML_CPU_GEMM=int8 still runs it). The fused layout's kinds stay on the float GEMM unless
+    asked for: their activations rounded to int8 moved Gemma 3 270M's logits (Q5_0) from 0.037
+    to 0.052 of a float64 reference (llama.cpp's 0.044) and SmolLM2's (Q4_1) from 0.017 to
+    0.031, and flipped one of SmolLM2's greedy tokens from llama.cpp's by 0.67 logits
+    (tests/test_real_models.py), where the float GEMM keeps them closer than llama.cpp's."""
+    return not (kind in INT8_KINDS and isa == "avx2") and kind not in LAYOUT_KINDS
 
 
 def kind_params(kind: int, isa: str) -> tuple[int, int, int]:
     """(group size, zero point, activation scale block) of a kind on an ISA: AVX2's vpmaddubsw
-    sums pairs of u8 x s8 products in int16, which Q8_0's u = q + 128 would overflow, so there
-    Q8_0's panel holds q itself (zero 0) and the tile multiplies |q| by x with q's sign, as
-    ggml's AVX2 kernels do."""
+    sums pairs of u8 x s8 products in int16, which an int8 kind's u = q + 128 would overflow, so
+    there its panel holds q itself (zero 0) and the tile multiplies |q| by x with q's sign, as
+    ggml's AVX2 kernels do for Q8_0."""
     group, zero, scale_block = GEMM_KINDS[kind]
-    return (group, 0, scale_block) if kind == 34 and isa == "avx2" else (group, zero, scale_block)
+    return (group, 0, scale_block) if kind in INT8_KINDS and isa == "avx2" else (group, zero, scale_block)
 
 
 def _gemm_intrinsics(isa: str):
@@ -233,9 +246,8 @@ def _gemm_intrinsics(isa: str):
             x_stride = builder.extract_value(xa.strides, 0)
             out_stride = builder.extract_value(oa.strides, 0)
             n_groups = builder.udiv(n_values, const(group))
-            n_blocks = builder.udiv(n_values, const(32))
             n_scales = builder.udiv(n_values, const(scale_block))
-            dot = _byte_dot(builder, isa, width, signed_weights=k == 34 and not zero)
+            dot = _byte_dot(builder, isa, width, signed_weights=k in INT8_KINDS and not zero)
             zeros_f = ir.Constant(vf32, [0.0] * width)
             accs = [[cgutils.alloca_once_value(builder, zeros_f) for _ in range(lanes)] for _ in range(n_cols)]
 
@@ -304,7 +316,7 @@ def _gemm_intrinsics(isa: str):
                         if k != 210:  # the mins: -dmin m_g times the activations' sums, in float
                             row_mins = [rows_vector(mp, j, r) for r in range(lanes)]
                             for c in range(n_cols):
-                                xm_at = builder.add(builder.mul(const(c), n_blocks), j)
+                                xm_at = builder.add(builder.mul(const(c), n_groups), j)
                                 xmc = splat(builder, builder.load(builder.gep(mxp, [xm_at])), width)
                                 for r in range(lanes):
                                     acc = builder.fadd(builder.load(accs[c][r]), builder.fmul(row_mins[r], xmc, flags=FAST),
@@ -322,12 +334,12 @@ def _gemm_intrinsics(isa: str):
                 ints = group_ints(j)
                 block = builder.udiv(j, const(scale_block // group))
                 row_scales = [rows_vector(sp, j, r) for r in range(lanes)]
-                row_mins = [rows_vector(mp, j, r) for r in range(lanes)] if k in (144, 176) else None
+                row_mins = [rows_vector(mp, j, r) for r in range(lanes)] if k in BIAS_KINDS else None
                 for c in range(n_cols):
                     dxc = builder.load(builder.gep(dp, [builder.add(builder.mul(const(c), n_scales), block)]))
                     dxs = splat(builder, dxc, width)
                     if row_mins is not None:
-                        xm_at = builder.add(builder.mul(const(c), n_blocks), j)
+                        xm_at = builder.add(builder.mul(const(c), n_groups), j)
                         xmc = splat(builder, builder.load(builder.gep(mxp, [xm_at])), width)
                     for r in range(lanes):
                         scale = builder.fmul(row_scales[r], dxs, flags=FAST)

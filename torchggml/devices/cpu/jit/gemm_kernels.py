@@ -1,17 +1,23 @@
-"""The prompt's int8 GEMM over ggml's Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K blocks in place, compiled by numba
-(the IR of its panels and tiles: gemm_ir.py; loader.gemm_kernels() loads this module).
+"""The prompt's int8 GEMM over ggml's Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K blocks in place, and over the
+fused layout's rows of the other types (Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4),
+compiled by numba (the IR of its panels and tiles: gemm_ir.py; loader.gemm_kernels() loads this
+module).
 
     quantize_activations(x, group, zero, scale_block, xq, dx, xz, xm)
         x f32 [M, K] -> xq int8 [M, K] rounded as ggml's vec_dot types round them: per 32 values
         as Q8_0 (scale_block 32: Q8_0, Q4_0 weights), per 256 as Q8_K (256: the K-quants, as
         their matvec, so a prompt and a decode step round alike); dx f32 [M, K/scale_block]
         the scales (NaN for a block that holds an infinity or a NaN), xz int32 [M, K/group]
-        minus zero times each group's sum of q, xm f32 [M, K/32] the scale times each 32's sum
-        of q (rows over the threads)
+        minus zero times each group's sum of q, xm f32 [M, K/group] the scale times each
+        group's sum of q (rows over the threads)
     panel_gemm(blocks, kind, xq, dx, xz, xm, out, panels, scales, mins)
         out[m, n] = sum_k W[n, k] x[m, k] for blocks uint8 [N, row bytes] (N a multiple of
         PANEL_ROWS); panels/scales/mins: one work area per numba thread (layouts/fused.py's
         _int8_gemm makes them)
+    layout_panel_gemm(words, scale, bias, kind, xq, dx, xz, xm, out, panels, scales, mins)
+        the same for the fused layout's rows (gemm_ir.LAYOUT_KINDS): words uint32 [N, K/4] its
+        int8 q (or [N, K/8]: Q4_1's nibbles) 4 bytes a word, scale and bias f32 [N, K/G] (bias
+        unread for kinds without one), panels uint32 (the tile reads their bytes)
 
 Each thread takes PANEL_ROWS weight rows at a time: it lays them out as a panel (pack_rows) in
 its work area, which stays in its cache while the tiles multiply it by every activation row.
@@ -20,12 +26,14 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .gemm_ir import PANEL_ROWS, _gemm_intrinsics, gemm_isa, tile_cols
+from .gemm_ir import PANEL_ROWS, _gemm_intrinsics, gemm_isa, kind_params, tile_cols
 from .quant_kernels import NAN_BITS, has_non_finite
 
 ISA = gemm_isa() or "avx2"  # numba's cache keeps one build per target CPU, so these are constants
 TILE_COLS = tile_cols(ISA)
 pack_rows, tile = _gemm_intrinsics(ISA)
+# the int8 layout kinds' panels hold u = q + 128 (q with its sign bit flipped), or q on AVX2
+FLIP = np.uint32(0x80808080) if kind_params(32, ISA)[1] else np.uint32(0)
 
 
 @njit(fastmath=True, cache=True, nogil=True, inline="always")
@@ -72,19 +80,12 @@ def quantize_activations(x, group, zero, scale_block, xq, dx, xz, xm):
                 _round_q8_0(x[m], xq[m], dx[m], b)
             else:
                 _round_q8_k(x[m], xq[m], dx[m], b)
-        for b in range(k // 32):
+        for j in range(k // group):
             total = 0
-            half_total = 0
-            for i in range(32 * b, 32 * b + 32):
+            for i in range(group * j, group * j + group):
                 total += np.int32(xq[m, i])
-                if i < 32 * b + 16:
-                    half_total += np.int32(xq[m, i])
-            xm[m, b] = dx[m, b * 32 // scale_block] * np.float32(total)
-            if group == 32:
-                xz[m, b] = -zero * total
-            else:  # groups of 16
-                xz[m, 2 * b] = -zero * half_total
-                xz[m, 2 * b + 1] = -zero * (total - half_total)
+            xm[m, j] = dx[m, j * group // scale_block] * np.float32(total)
+            xz[m, j] = -zero * total
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -141,3 +142,65 @@ def panel_gemm(blocks, kind, xq, dx, xz, xm, out, panels, scales, mins):
         n0 = p * PANEL_ROWS
         _pack(blocks, n0, kind, panels[t], scales[t], mins[t])
         _tiles(kind, panels[t], scales[t], mins[t], xq, dx, xz, xm, out[:, n0:n0 + PANEL_ROWS])
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _pack_layout(words, scale, bias, n0, kind, panel, scales, mins):
+    """A panel of the fused layout's rows n0..n0+PANEL_ROWS-1 (panel uint32 [K/4 * PANEL_ROWS]):
+    quad i of row r (4 values, one word) at panel[i * PANEL_ROWS + r], group j's scale and bias
+    at [j * PANEL_ROWS + r]. Q4_1's byte b of a group holds values b (low nibble) and b + 16."""
+    for r in range(PANEL_ROWS):
+        w = words[n0 + r]
+        if kind == 4:
+            for j in range(w.shape[0] // 4):
+                for t in range(4):
+                    word = w[4 * j + t]
+                    panel[(8 * j + t) * PANEL_ROWS + r] = word & np.uint32(0x0F0F0F0F)
+                    panel[(8 * j + 4 + t) * PANEL_ROWS + r] = (word >> np.uint32(4)) & np.uint32(0x0F0F0F0F)
+        else:
+            for i in range(w.shape[0]):
+                panel[i * PANEL_ROWS + r] = w[i] ^ FLIP
+        for j in range(scale.shape[1]):
+            scales[j * PANEL_ROWS + r] = scale[n0 + r, j]
+            if kind == 33 or kind == 17 or kind == 4:
+                mins[j * PANEL_ROWS + r] = bias[n0 + r, j]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _layout_tiles(kind, panel, scales, mins, xq, dx, xz, xm, out):
+    """_tiles for the layout kinds."""
+    m_rows = xq.shape[0]
+    full = m_rows - m_rows % TILE_COLS
+    for c in range(0, full, TILE_COLS):
+        e = c + TILE_COLS
+        if kind == 32:
+            tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], TILE_COLS, 32)
+        elif kind == 33:
+            tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], TILE_COLS, 33)
+        elif kind == 16:
+            tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], TILE_COLS, 16)
+        elif kind == 17:
+            tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], TILE_COLS, 17)
+        else:
+            tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], TILE_COLS, 4)
+    for c in range(full, m_rows):
+        e = c + 1
+        if kind == 32:
+            tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], 1, 32)
+        elif kind == 33:
+            tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], 1, 33)
+        elif kind == 16:
+            tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], 1, 16)
+        elif kind == 17:
+            tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], 1, 17)
+        else:
+            tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], 1, 4)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def layout_panel_gemm(words, scale, bias, kind, xq, dx, xz, xm, out, panels, scales, mins):
+    for p in prange(words.shape[0] // PANEL_ROWS):
+        t = numba.get_thread_id()
+        n0 = p * PANEL_ROWS
+        _pack_layout(words, scale, bias, n0, kind, panels[t], scales[t], mins[t])
+        _layout_tiles(kind, panels[t], scales[t], mins[t], xq, dx, xz, xm, out[:, n0:n0 + PANEL_ROWS])

@@ -167,54 +167,93 @@ def _row_dot_intrinsic():
 
         def codegen(context, builder, sig, args):
             wp = builder.bitcast(data_ptr(context, builder, sig.args[0], args[0]), i8.as_pointer())
-            xp = data_ptr(context, builder, sig.args[1], args[1])
-            sp = data_ptr(context, builder, sig.args[2], args[2])
-            dp = data_ptr(context, builder, sig.args[3], args[3])
+            row = tuple(data_ptr(context, builder, sig.args[i], args[i]) for i in (1, 2, 3))
             n_groups = context.make_array(sig.args[3])(context, builder, args[3]).shape  # xd's: K / G
             n_groups = builder.extract_value(n_groups, 0)  # K / 256 for the K-quants' blocks
-            if k in (144, 176):
-                return k_blocks_dot(builder, wp, xp, sp, dp, n_groups, k)
-            if k == 210:
-                return q6_k_blocks_dot(builder, wp, xp, sp, dp, n_groups)
-            if k in (16, 6):  # groups in pairs (K-quant rows hold an even number of 16-value groups)
-                n_groups = builder.lshr(n_groups, ir.Constant(n_groups.type, 1))
-
-            def term(j):
-                """Group j's <8 x float> contribution: its integer products times its scale."""
-                ints = group_products(builder, wp, xp, j, k)
-                undef8 = ir.Constant(vec(f32, 8), ir.Undefined)
-                if k in (16, 6):  # [s(2j)] * 4 ++ [s(2j+1)] * 4
-                    j0 = builder.shl(j, ir.Constant(j.type, 1))
-                    s8 = builder.insert_element(undef8, group_scales(builder, sp, dp, j0, half_scales), ir.Constant(i32, 0))
-                    s8 = builder.insert_element(s8, group_scales(builder, sp, dp, builder.add(j0, ir.Constant(j.type, 1)),
-                                                                 half_scales), ir.Constant(i32, 1))
-                    s8 = builder.shuffle_vector(s8, s8, ir.Constant(vec(i32, 8), [0, 0, 0, 0, 1, 1, 1, 1]))
-                else:
-                    sj = (block_scales(builder, wp, dp, j, k) if k in BLOCK_KINDS
-                          else group_scales(builder, sp, dp, j, half_scales))
-                    s8 = builder.insert_element(undef8, sj, ir.Constant(i32, 0))
-                    s8 = builder.shuffle_vector(s8, s8, ir.Constant(vec(i32, 8), [0] * 8))
-                return builder.fmul(builder.sitofp(ints, vec(f32, 8)), s8, flags=("fast",))
-
-            if k == 18:
-                return q4_0_pairs_dot(builder, wp, xp, sp, dp, n_groups)
-            if k == 34:
-                return blocks_sum_terms(builder, wp, dp, n_groups, k, lambda j: group_products(builder, wp, xp, j, k))
-            return sum_terms(builder, term, n_groups)
+            return dot_rows(builder, wp, [row], n_groups, k, half_scales)[0]
         return types.float32(w, x, scale, xd, kind), codegen
 
-    def blocks_sum_terms(builder, wp, dp, n, block_bytes, ints_of):
-        """sum_terms for blocks that begin with their float16 d (Q8_0, Q4_0): the scales
+    @intrinsic
+    def rows_dot(typingctx, w, wscale, x, xs, xd, m0, kind, count):
+        """row_dot of one weight row w by `count` activation rows m0 .. m0 + count - 1 at once
+        (count a literal): x int8 [X, K], xd [X, K/G] their scales, xs [X, *] their sums for
+        the block kinds (row_dot's `scale`; Q8_0 reads none: pass xd), wscale the weight row's
+        group scales for the other kinds (the block kinds read theirs from w: pass any 1-D
+        array). The weight's loads and unpacking are the same for every row: LLVM keeps one of
+        each, so the weight row is unpacked once for the rows. Each row's sums are added in
+        row_dot's order: the same results, bit for bit. A tuple of count float32."""
+        if not (isinstance(kind, types.IntegerLiteral) and isinstance(count, types.IntegerLiteral)):
+            return None
+        k, n_rows = kind.literal_value, count.literal_value
+        half_scales = wscale.dtype == types.int16
+        out_type = types.UniTuple(types.float32, n_rows)
+
+        def codegen(context, builder, sig, args):
+            wp = builder.bitcast(data_ptr(context, builder, sig.args[0], args[0]), i8.as_pointer())
+            wsp = data_ptr(context, builder, sig.args[1], args[1])
+
+            def row_of(i, m):
+                """Row m of the 2-D argument i, as a pointer to its elements."""
+                arr = context.make_array(sig.args[i])(context, builder, args[i])
+                at = builder.mul(m, builder.extract_value(arr.strides, 0))
+                base = builder.bitcast(arr.data, i8.as_pointer())
+                return builder.bitcast(builder.gep(base, [at]), arr.data.type)
+            rows = []
+            for r in range(n_rows):
+                m = builder.add(args[5], ir.Constant(args[5].type, r))
+                rows.append((row_of(2, m), row_of(3, m) if k in BLOCK_KINDS else wsp, row_of(4, m)))
+            xd_shape = context.make_array(sig.args[4])(context, builder, args[4]).shape
+            sums = dot_rows(builder, wp, rows, builder.extract_value(xd_shape, 1), k, half_scales)
+            return context.make_tuple(builder, out_type, sums)
+        return out_type(w, wscale, x, xs, xd, m0, kind, count), codegen
+
+    def dot_rows(builder, wp, rows, n_groups, k, half_scales):
+        """The dot products of the weight row at wp with each activation row of rows, (x, scale,
+        xd) pointers as row_dot's arguments, as a list of float32 values."""
+        if k in (144, 176):
+            return k_blocks_dot(builder, wp, rows, n_groups, k)
+        if k == 210:
+            return q6_k_blocks_dot(builder, wp, rows, n_groups)
+        if k == 18:
+            return q4_0_pairs_dot(builder, wp, rows, n_groups)
+        if k == 34:
+            return blocks_sum_terms(builder, wp, rows, n_groups, k,
+                                    lambda j, row: group_products(builder, wp, row[0], j, k))
+        if k in (16, 6):  # groups in pairs (K-quant rows hold an even number of 16-value groups)
+            n_groups = builder.lshr(n_groups, ir.Constant(n_groups.type, 1))
+
+        def term(j, row):
+            """Group j's <8 x float> contribution: its integer products times its scale."""
+            xp, sp, dp = row
+            ints = group_products(builder, wp, xp, j, k)
+            undef8 = ir.Constant(vec(f32, 8), ir.Undefined)
+            if k in (16, 6):  # [s(2j)] * 4 ++ [s(2j+1)] * 4
+                j0 = builder.shl(j, ir.Constant(j.type, 1))
+                s8 = builder.insert_element(undef8, group_scales(builder, sp, dp, j0, half_scales), ir.Constant(i32, 0))
+                s8 = builder.insert_element(s8, group_scales(builder, sp, dp, builder.add(j0, ir.Constant(j.type, 1)),
+                                                             half_scales), ir.Constant(i32, 1))
+                s8 = builder.shuffle_vector(s8, s8, ir.Constant(vec(i32, 8), [0, 0, 0, 0, 1, 1, 1, 1]))
+            else:
+                sj = (block_scales(builder, wp, dp, j, k) if k in BLOCK_KINDS
+                      else group_scales(builder, sp, dp, j, half_scales))
+                s8 = builder.insert_element(undef8, sj, ir.Constant(i32, 0))
+                s8 = builder.shuffle_vector(s8, s8, ir.Constant(vec(i32, 8), [0] * 8))
+            return builder.fmul(builder.sitofp(ints, vec(f32, 8)), s8, flags=("fast",))
+        return sum_terms_rows(builder, term, n_groups, rows)
+
+    def blocks_sum_terms(builder, wp, rows, n, block_bytes, ints_of):
+        """sum_terms_rows for blocks that begin with their float16 d (Q8_0): the scales
         d_j xd_j of ACCUMULATORS blocks converted and multiplied as one vector."""
         u = ACCUMULATORS
-        accs = [cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8)) for _ in range(u)]
+        accs = [[cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8)) for _ in range(u)]
+                for _ in rows]
 
         def scale_bits(j):
             at = builder.gep(wp, [builder.mul(j, ir.Constant(j.type, block_bytes))])
             return builder.load(builder.bitcast(at, i16.as_pointer()), align=1)
 
-        def add(acc, j, s8):
-            term = builder.fmul(builder.sitofp(ints_of(j), vec(f32, 8)), s8, flags=("fast",))
+        def add(acc, j, row, s8):
+            term = builder.fmul(builder.sitofp(ints_of(j, row), vec(f32, 8)), s8, flags=("fast",))
             builder.store(builder.fadd(builder.load(acc), term, flags=("fast",)), acc)
         with cgutils.for_range(builder, builder.udiv(n, ir.Constant(n.type, u))) as loop:
             base = builder.mul(loop.index, ir.Constant(n.type, u))
@@ -228,22 +267,21 @@ def _row_dot_intrinsic():
                 d = ir.Constant(vec(f32, u), ir.Undefined)
                 for a, j in enumerate(blocks):
                     d = builder.insert_element(d, half_bits_to_float(builder, scale_bits(j)), ir.Constant(i32, a))
-            xd = builder.load(builder.bitcast(builder.gep(dp, [base]), vec(f32, u).as_pointer()), align=4)
-            scales = builder.fmul(d, xd, flags=("fast",))
-            for a, j in enumerate(blocks):
-                add(accs[a], j, builder.shuffle_vector(scales, scales, ir.Constant(vec(i32, 8), [a] * 8)))
+            for row, row_accs in zip(rows, accs):
+                xd = builder.load(builder.bitcast(builder.gep(row[2], [base]), vec(f32, u).as_pointer()), align=4)
+                scales = builder.fmul(d, xd, flags=("fast",))
+                for a, j in enumerate(blocks):
+                    add(row_accs[a], j, row, builder.shuffle_vector(scales, scales, ir.Constant(vec(i32, 8), [a] * 8)))
         tail = builder.mul(builder.udiv(n, ir.Constant(n.type, u)), ir.Constant(n.type, u))
         with cgutils.for_range(builder, builder.sub(n, tail)) as loop:
             j = builder.add(tail, loop.index)
-            sj = builder.fmul(half_bits_to_float(builder, scale_bits(j)), builder.load(builder.gep(dp, [j])))
-            s8 = builder.insert_element(ir.Constant(vec(f32, 8), ir.Undefined), sj, ir.Constant(i32, 0))
-            add(accs[0], j, builder.shuffle_vector(s8, s8, ir.Constant(vec(i32, 8), [0] * 8)))
-        total = builder.load(accs[0])
-        for acc in accs[1:]:
-            total = builder.fadd(total, builder.load(acc), flags=("fast",))
-        return reduce_sum(builder, total)
+            for row, row_accs in zip(rows, accs):
+                sj = builder.fmul(half_bits_to_float(builder, scale_bits(j)), builder.load(builder.gep(row[2], [j])))
+                s8 = builder.insert_element(ir.Constant(vec(f32, 8), ir.Undefined), sj, ir.Constant(i32, 0))
+                add(row_accs[0], j, row, builder.shuffle_vector(s8, s8, ir.Constant(vec(i32, 8), [0] * 8)))
+        return [sum_accumulators(builder, row_accs) for row_accs in accs]
 
-    def q4_0_pairs_dot(builder, wp, xp, minusp, dp, n_blocks):
+    def q4_0_pairs_dot(builder, wp, rows, n_blocks):
         """A row of ggml's Q4_0 blocks in place (18 bytes: float16 d, 16 bytes of nibbles, byte i
         value i low and value i + 16 high) times the activations, two blocks a vector: the 32
         bytes of blocks 2p and 2p + 1 side by side hold both blocks' values 0-15 in their low
@@ -253,13 +291,15 @@ def _row_dot_intrinsic():
         (pair_activations: values 0-15 of both blocks, then 16-31 of both; an odd last block as
         it is); minusp: int32 per pair, 8 lanes of 2 S (S a block's sum of x: sum (u - 8) x =
         sum u x - 8 S exactly, in integers), 8 lanes of S for an odd last block; xd the blocks'
-        activation scales. The scales d_j xd_j are taken 8 blocks at a time as one vector."""
-        minus = builder.bitcast(minusp, i32.as_pointer())
+        activation scales. The scales d_j xd_j are taken 8 blocks at a time as one vector.
+        rows: each activation row's (xp, minusp, dp)."""
         const = lambda v: ir.Constant(n_blocks.type, v)  # noqa: E731
         n_pairs = builder.lshr(n_blocks, const(1))
-        accs = [cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8)) for _ in range(ACCUMULATORS)]
+        accs = [[cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8)) for _ in range(ACCUMULATORS)]
+                for _ in rows]
 
-        def pair_ints(p):
+        def pair_ints(p, row):
+            xp, minus = row[0], builder.bitcast(row[1], i32.as_pointer())
             at = builder.mul(p, const(36))
             packed = builder.shuffle_vector(load_i8(builder, wp, builder.add(at, const(2)), 16),
                                             load_i8(builder, wp, builder.add(at, const(20)), 16),
@@ -277,8 +317,8 @@ def _row_dot_intrinsic():
             at = builder.gep(wp, [builder.mul(j, const(18))])
             return builder.load(builder.bitcast(at, i16.as_pointer()), align=1)
 
-        def add(acc, p, s8):
-            term = builder.fmul(builder.sitofp(pair_ints(p), vec(f32, 8)), s8, flags=("fast",))
+        def add(acc, p, row, s8):
+            term = builder.fmul(builder.sitofp(pair_ints(p, row), vec(f32, 8)), s8, flags=("fast",))
             builder.store(builder.fadd(builder.load(acc), term, flags=("fast",)), acc)
 
         per = ACCUMULATORS  # pairs an iteration: 2 * per blocks' scales as one vector
@@ -298,37 +338,40 @@ def _row_dot_intrinsic():
             for lane, quad in enumerate(quads):
                 packed = builder.insert_element(packed, quad, ir.Constant(i32, lane))
             bits = builder.bitcast(packed, vec(i16, 2 * per))
-            xd = builder.load(builder.bitcast(builder.gep(dp, [block0]), vec(f32, 2 * per).as_pointer()), align=4)
-            scales = builder.fmul(halves_to_float(builder, bits), xd, flags=("fast",))
-            for q in range(per):
-                add(accs[q], builder.add(builder.mul(loop.index, const(per)), const(q)),
-                    lane_pairs(builder, scales, 2 * q))
+            d = halves_to_float(builder, bits)
+            for row, row_accs in zip(rows, accs):
+                xd = builder.load(builder.bitcast(builder.gep(row[2], [block0]), vec(f32, 2 * per).as_pointer()), align=4)
+                scales = builder.fmul(d, xd, flags=("fast",))
+                for q in range(per):
+                    add(row_accs[q], builder.add(builder.mul(loop.index, const(per)), const(q)), row,
+                        lane_pairs(builder, scales, 2 * q))
 
-        def scale_of(j):
-            return builder.fmul(half_bits_to_float(builder, d_bits(j)), builder.load(builder.gep(dp, [j])))
+        def scale_of(j, row):
+            return builder.fmul(half_bits_to_float(builder, d_bits(j)), builder.load(builder.gep(row[2], [j])))
 
         done = builder.mul(builder.udiv(n_pairs, const(per)), const(per))
         with cgutils.for_range(builder, builder.sub(n_pairs, done)) as loop:
             p = builder.add(done, loop.index)
-            s2 = ir.Constant(vec(f32, 8), ir.Undefined)
-            s2 = builder.insert_element(s2, scale_of(builder.shl(p, const(1))), ir.Constant(i32, 0))
-            s2 = builder.insert_element(s2, scale_of(builder.add(builder.shl(p, const(1)), const(1))), ir.Constant(i32, 1))
-            add(accs[0], p, builder.shuffle_vector(s2, s2, ir.Constant(vec(i32, 8), [0] * 4 + [1] * 4)))
+            for row, row_accs in zip(rows, accs):
+                s2 = ir.Constant(vec(f32, 8), ir.Undefined)
+                s2 = builder.insert_element(s2, scale_of(builder.shl(p, const(1)), row), ir.Constant(i32, 0))
+                s2 = builder.insert_element(s2, scale_of(builder.add(builder.shl(p, const(1)), const(1)), row),
+                                            ir.Constant(i32, 1))
+                add(row_accs[0], p, row, builder.shuffle_vector(s2, s2, ir.Constant(vec(i32, 8), [0] * 4 + [1] * 4)))
         with cgutils.if_unlikely(builder, builder.trunc(n_blocks, ir.IntType(1))):  # an odd last block
             j = builder.sub(n_blocks, const(1))
-            xv = load_i8(builder, xp, builder.mul(j, const(32)), 32)
-            ints = nibble_products(builder, nibble_values_at(builder, wp, builder.add(builder.mul(j, const(18)), const(2))),
-                                   xv, False)
-            sub = builder.load(builder.bitcast(builder.gep(minus, [builder.mul(n_pairs, const(8))]),
-                                               vec(i32, 8).as_pointer()), align=4)
-            sj = builder.insert_element(ir.Constant(vec(f32, 8), ir.Undefined), scale_of(j), ir.Constant(i32, 0))
-            term = builder.fmul(builder.sitofp(builder.sub(ints, sub), vec(f32, 8)),
-                                builder.shuffle_vector(sj, sj, ir.Constant(vec(i32, 8), [0] * 8)), flags=("fast",))
-            builder.store(builder.fadd(builder.load(accs[0]), term, flags=("fast",)), accs[0])
-        total = builder.load(accs[0])
-        for acc in accs[1:]:
-            total = builder.fadd(total, builder.load(acc), flags=("fast",))
-        return reduce_sum(builder, total)
+            u = nibble_values_at(builder, wp, builder.add(builder.mul(j, const(18)), const(2)))
+            for row, row_accs in zip(rows, accs):
+                xv = load_i8(builder, row[0], builder.mul(j, const(32)), 32)
+                ints = nibble_products(builder, u, xv, False)
+                minus = builder.bitcast(row[1], i32.as_pointer())
+                sub = builder.load(builder.bitcast(builder.gep(minus, [builder.mul(n_pairs, const(8))]),
+                                                   vec(i32, 8).as_pointer()), align=4)
+                sj = builder.insert_element(ir.Constant(vec(f32, 8), ir.Undefined), scale_of(j, row), ir.Constant(i32, 0))
+                term = builder.fmul(builder.sitofp(builder.sub(ints, sub), vec(f32, 8)),
+                                    builder.shuffle_vector(sj, sj, ir.Constant(vec(i32, 8), [0] * 8)), flags=("fast",))
+                builder.store(builder.fadd(builder.load(row_accs[0]), term, flags=("fast",)), row_accs[0])
+        return [sum_accumulators(builder, row_accs) for row_accs in accs]
 
     def lane_pairs(builder, v8, lane):
         """<8 x float> [v8[lane]] * 4 + [v8[lane + 1]] * 4: one vpermps on AVX2."""
@@ -357,15 +400,14 @@ def _row_dot_intrinsic():
         one = builder.insert_element(ir.Constant(vec(f32, n), ir.Undefined), x, ir.Constant(i32, 0))
         return builder.shuffle_vector(one, one, ir.Constant(vec(i32, n), [0] * n))
 
-    def k_blocks_dot(builder, wp, xp, sump, dp, n_blocks, block_bytes):
+    def k_blocks_dot(builder, wp, rows, n_blocks, block_bytes):
         """A row of ggml's Q4_K blocks in place (144 bytes per 256 values: float16 d and dmin,
         12 bytes of 6-bit scales and mins, 128 bytes of nibbles, each 32 bytes holding sub-block
         2p in the low nibbles and 2p + 1 in the high), or Q5_K's (176 bytes: the same and 32
         bytes of fifth bits, k_quant_values) times activations rounded as ggml's Q8_K
         (one scale xd a block of 256, sump: int16 sums of each 16 values), as ggml's kernels:
         per block, the integers sum_g sc_g (q_g . x_g) and sum_g m_g S_g exactly, then
-        xd (d ints - dmin mins)."""
-        sums = builder.bitcast(sump, i16.as_pointer())
+        xd (d ints - dmin mins). rows: each activation row's (xp, sump, dp)."""
         const = lambda v: ir.Constant(n_blocks.type, v)  # noqa: E731
         pick = lambda v, lanes: builder.shuffle_vector(v, v, ir.Constant(vec(i32, len(lanes)), lanes))  # noqa: E731
 
@@ -373,7 +415,8 @@ def _row_dot_intrinsic():
             return half_bits_to_float(builder, builder.load(builder.bitcast(builder.gep(wp, [at]), i16.as_pointer()),
                                                             align=1))
 
-        def block_term(b):
+        def block_term(b, row):
+            xp, sums, dp = row[0], builder.bitcast(row[1], i16.as_pointer()), row[2]
             base = builder.mul(b, const(block_bytes))
             scales_mins = q4_k_scales_and_mins_words(builder, wp, builder.add(base, const(4)))  # <16 x i16>
             sc16 = pick(scales_mins, list(range(8)) * 2)  # the 8 scales in both halves (vpshufb's lanes)
@@ -395,22 +438,22 @@ def _row_dot_intrinsic():
             return builder.fsub(builder.fmul(builder.sitofp(ints, vec(f32, 8)), splat_f32(builder, d, 8), flags=("fast",)),
                                 builder.fmul(builder.sitofp(mins, vec(f32, 8)), splat_f32(builder, dmin, 8), flags=("fast",)),
                                 flags=("fast",))
-        return sum_terms(builder, block_term, n_blocks)  # each block's term from its exact integer sums
+        return sum_terms_rows(builder, block_term, n_blocks, rows)  # each block's term from its exact integer sums
 
-    def q6_k_blocks_dot(builder, wp, xp, sump, dp, n_blocks):
+    def q6_k_blocks_dot(builder, wp, rows, n_blocks):
         """A row of ggml's Q6_K blocks in place (210 bytes per 256 values: 128 bytes of low
         nibbles, 64 of high bit pairs, 16 int8 scales, float16 d; value h*128 + l has its low
         nibble in byte h*64 + l % 64 (high half for l >= 64) and its top bits in byte
         h*32 + l % 32, bits 2 (l // 32)) times activations rounded as ggml's Q8_K (one scale xd
         a block, sump: int16 sums of each 16 values), as ggml's kernels: per block the integer
         sum_g sc_g ((u_g - 32) . x_g) = sum_g sc_g (u_g . x_g) - 32 sum_g sc_g S_g, exactly,
-        then d xd times it."""
-        sums = builder.bitcast(sump, i16.as_pointer())
+        then d xd times it. rows: each activation row's (xp, sump, dp)."""
         const = lambda v: ir.Constant(n_blocks.type, v)  # noqa: E731
         pick = lambda v, lanes: builder.shuffle_vector(v, v, ir.Constant(vec(i32, len(lanes)), lanes))  # noqa: E731
         c8 = lambda v: ir.Constant(vec(i8, 32), [v] * 32)  # noqa: E731
 
-        def block_term(b):
+        def block_term(b, row):
+            xp, sums, dp = row[0], builder.bitcast(row[1], i16.as_pointer()), row[2]
             base = builder.mul(b, const(210))
             at = lambda off: builder.add(base, const(off))  # noqa: E731
             sc16 = builder.sext(load_i8(builder, wp, at(192), 16), vec(i16, 16))
@@ -433,7 +476,7 @@ def _row_dot_intrinsic():
                                                          align=1))
             scale = builder.fmul(d, builder.load(builder.gep(dp, [b])))
             return builder.fmul(builder.sitofp(ints, vec(f32, 8)), splat_f32(builder, scale, 8), flags=("fast",))
-        return sum_terms(builder, block_term, n_blocks)  # each block's term from its exact integer sums
+        return sum_terms_rows(builder, block_term, n_blocks, rows)  # each block's term from its exact integer sums
 
     def scaled_byte_dot(builder, u, xv, sc16, acc):
         """acc (<8 x i32>, or None: zeros) plus the products of 32 unsigned bytes u (< 64) and 32
@@ -569,7 +612,7 @@ def _row_dot_intrinsic():
             return context.get_dummy_value()
         return types.none(w, o, kind), codegen
 
-    return row_dot, make_unpack(nibble_values), make_unpack(six_bit_values), blocks_to_float
+    return row_dot, rows_dot, make_unpack(nibble_values), make_unpack(six_bit_values), blocks_to_float
 
 
 # ---------------------------------------------------------------- float sums in IR
@@ -591,20 +634,35 @@ def sum_terms(builder, term, n, lanes=8):
     """reduce(sum_{j<n} term(j)) over ACCUMULATORS independent <lanes x float> sums: one sum
     would wait on the adder's latency every group (~4.5 cycles a group on Zen 4, whatever
     the group's bytes), several overlap it."""
+    return sum_terms_rows(builder, lambda j, _row: term(j), n, [None], lanes)[0]
+
+
+def sum_terms_rows(builder, term, n, rows, lanes=8):
+    """sum_terms of term(j, row) for each of rows, in one loop: each row's sums are added in
+    sum_terms's order (the same result, bit for bit), and what term reads of the weight, the
+    same for every row, LLVM computes once."""
     from llvmlite import ir
     from numba.core import cgutils
     u, f32 = ACCUMULATORS, ir.FloatType()
-    accs = [cgutils.alloca_once_value(builder, ir.Constant(vec(f32, lanes), [0.0] * lanes)) for _ in range(u)]
+    accs = [[cgutils.alloca_once_value(builder, ir.Constant(vec(f32, lanes), [0.0] * lanes)) for _ in range(u)]
+            for _ in rows]
 
-    def add(acc, j):
-        builder.store(builder.fadd(builder.load(acc), term(j), flags=("fast",)), acc)
+    def add(acc, j, row):
+        builder.store(builder.fadd(builder.load(acc), term(j, row), flags=("fast",)), acc)
     with cgutils.for_range(builder, builder.udiv(n, ir.Constant(n.type, u))) as loop:
         base = builder.mul(loop.index, ir.Constant(n.type, u))
-        for a, acc in enumerate(accs):
-            add(acc, builder.add(base, ir.Constant(n.type, a)))
+        for a in range(u):
+            for row, row_accs in zip(rows, accs):
+                add(row_accs[a], builder.add(base, ir.Constant(n.type, a)), row)
     tail = builder.mul(builder.udiv(n, ir.Constant(n.type, u)), ir.Constant(n.type, u))
     with cgutils.for_range(builder, builder.sub(n, tail)) as loop:
-        add(accs[0], builder.add(tail, loop.index))
+        for row, row_accs in zip(rows, accs):
+            add(row_accs[0], builder.add(tail, loop.index), row)
+    return [sum_accumulators(builder, row_accs) for row_accs in accs]
+
+
+def sum_accumulators(builder, accs):
+    """The sum of the lanes of the <lanes x float> sums accs hold (allocas), added in order."""
     total = builder.load(accs[0])
     for acc in accs[1:]:
         total = builder.fadd(total, builder.load(acc), flags=("fast",))

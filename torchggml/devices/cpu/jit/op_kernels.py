@@ -16,7 +16,7 @@ division (x / 0 is inf or NaN, as in ggml, not a ZeroDivisionError).
          interleaved, copy_rest)                     NORMAL / NEOX rotation
     set_rows(rows, idx, dst) -> first bad index position or -1
     copy(src, dst)                                   same shape, element by element, tiled
-    swiglu(x, gate, out)                             silu(x) * gate (swiglu_rows: threaded)
+    glu(x, gate, out, gelu)                          silu(x) * gate, or GEGLU's gelu(x) * gate (glu_rows: threaded)
     binary(a, b, out, op)                            a + - * / b (op 0..3), b tiled over a
     transpose(src, dst)                              dst[c, r] = src[r, c], 2-D, any element type
     get_block_rows(table, ids, out, kind) -> first bad index position or -1
@@ -375,29 +375,35 @@ def binary(a, b, out, op):
                 binary_row(a[i3, i2, i1], row_b, out[i3, i2, i1], op)
 
 
+# GEGLU's GELU, ggml's tanh form: 0.5 v (1 + tanh(y)) = v / (1 + e^(-2y)), y = C v (1 + A v^2)
+GELU_2C = np.float32(2 * math.sqrt(2 / math.pi))
+GELU_A = np.float32(0.044715)
+
+
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _swiglu_row(xr, gr, orow):
+def _glu_row(xr, gr, orow, gelu):
     one = np.float32(1.0)
     for i0 in range(orow.shape[0]):
         v = load(xr[i0])
-        orow[i0] = store_as(v / (one + exp_f32(-v)) * load(gr[i0]), orow)
+        z = -GELU_2C * v * (one + GELU_A * v * v) if gelu else -v
+        orow[i0] = store_as(v / (one + exp_f32(z)) * load(gr[i0]), orow)
 
 
 @jit
-def swiglu(x, gate, out):
+def glu(x, gate, out, gelu):
     for i3 in range(out.shape[0]):
         for i2 in range(out.shape[1]):
             for i1 in range(out.shape[2]):
-                _swiglu_row(x[i3, i2, i1], gate[i3, i2, i1], out[i3, i2, i1])
+                _glu_row(x[i3, i2, i1], gate[i3, i2, i1], out[i3, i2, i1], gelu)
 
 
 # the same over the rows split among the threads (a prompt's rows)
 @njit(cache=True, nogil=True, error_model="numpy", parallel=True)
-def swiglu_rows(x, gate, out):
+def glu_rows(x, gate, out, gelu):
     n3, n2, n1 = out.shape[0], out.shape[1], out.shape[2]
     for r in prange(n3 * n2 * n1):
         i3, i2, i1 = r // (n2 * n1), (r // n1) % n2, r % n1
-        _swiglu_row(x[i3, i2, i1], gate[i3, i2, i1], out[i3, i2, i1])
+        _glu_row(x[i3, i2, i1], gate[i3, i2, i1], out[i3, i2, i1], gelu)
 
 
 half_row_dot = _half_row_dot_intrinsic()

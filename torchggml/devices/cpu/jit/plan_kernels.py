@@ -15,7 +15,7 @@ import numpy as np
 from numba import carray, get_num_threads, njit, types
 from numba.extending import intrinsic
 
-from .op_kernels import binary, copy, decode_attention, half_matvec, rope, row_norm, set_rows, swiglu
+from .op_kernels import binary, copy, decode_attention, glu, half_matvec, rope, row_norm, set_rows
 from .quant_kernels import rows_block_matvec
 
 # (kernel name, argument types): an array as dtype/ndim, "i" an int, "b" a bool, "f4"/"f8" a
@@ -29,7 +29,7 @@ OPS = (
     ("rope", "f4/4 f4/4 i4/1 f4/1 f8/1 f8/2 b f8 f8 i i b b"),
     ("decode_attention", "u2/1 u2/1 i8/1 i i f4/3 u2/2 b f4 f4/3 f4/3 i"),
     ("copy", "f4/4 f4/4"),
-    ("swiglu", "f4/4 f4/4 f4/4"),
+    ("glu", "f4/4 f4/4 f4/4 b"),
 )
 # Only the types of a decode step with the default F16 KV cache: each branch compiles when the
 # program does (a first use after an install: ~4 s for an attention variant), and the other
@@ -165,5 +165,5 @@ def run_program(a, program, floats, status):
         elif op == 7:
             copy(f4_4(a, p[1]), f4_4(a, p[2]))
         elif op == 8:
-            swiglu(f4_4(a, p[1]), f4_4(a, p[2]), f4_4(a, p[3]))
+            glu(f4_4(a, p[1]), f4_4(a, p[2]), f4_4(a, p[3]), p[4] != 0)
     return -1

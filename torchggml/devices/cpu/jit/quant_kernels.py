@@ -6,6 +6,8 @@ quant_kernels() (loader.py) holds:
     block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out) / dequantize_blocks(blocks, kind, out)
         the same over ggml's Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K blocks in place (no repacking; the
         dequantize is llvm_ir's blocks_to_float, a vector loop per row, bit-exact with ggml's)
+    (both take MUL_MAT's rows ROWS at a time: llvm_ir's rows_dot, each weight row unpacked once
+    for them, the same results as one row at a time)
     rows_block_matvec(blocks, kind, x, xq, xd, xsum, bsums, w_row0, x_row, out)
         block_matvec with float32 rows x, rounded to int8 in the same call (decode's products)
     quantize_rows(x, g, xq, xd, xsum)                  activations to int8 per group of g
@@ -40,7 +42,10 @@ from .halves import round_to_half
 from .llvm_ir import _half_bits_intrinsic, _row_dot_intrinsic, _row_output_helpers
 
 
-row_dot, unpack_nibbles, unpack_six, blocks_to_float = _row_dot_intrinsic()
+row_dot, rows_dot, unpack_nibbles, unpack_six, blocks_to_float = _row_dot_intrinsic()
+# MUL_MAT's activation rows a weight row is multiplied by in one rows_dot (its bytes loaded and
+# unpacked once for them); the last M % ROWS rows go one at a time
+ROWS = 4
 _float_row, _store_row = _row_output_helpers()
 half_to_f32 = _half_bits_intrinsic()
 
@@ -134,14 +139,47 @@ def quantize_rows_q8_k(x, xq, xd, bsums):
             xd[m, b] = np.float32(1) / iscale
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _plain(w_row0, x_row):
+    """Whether output row i reads activation row i and the first matrix (MUL_MAT's rows)."""
+    for i in range(x_row.shape[0]):
+        if w_row0[i] != 0 or x_row[i] != i:
+            return False
+    return True
+
+
+@njit(fastmath=True, cache=True, nogil=True, inline="always")
+def _rows_of_four(q, scale, kind, xq, xd, m):
+    """rows_dot of the fused kinds' weight row (q, scale) by activation rows m .. m + ROWS - 1."""
+    if kind == 32:
+        return rows_dot(q, scale, xq, xd, xd, m, 32, ROWS)
+    if kind == 16:
+        return rows_dot(q, scale, xq, xd, xd, m, 16, ROWS)
+    if kind == 6:
+        return rows_dot(q, scale, xq, xd, xd, m, 6, ROWS)
+    if kind == 4:
+        return rows_dot(q, scale, xq, xd, xd, m, 4, ROWS)
+    return rows_dot(q, scale, xq, xd, xd, m, -4, ROWS)
+
+
 @njit(fastmath=True, parallel=True, cache=True, nogil=True)
 def matvec(q, scale, bias, has_bias, kind, w_row0, xq, xd, xsum, x_row, out):
     """out[i, n] = row w_row0[i] + n of W times activation row x_row[i]. kind: 32 or 16 for int8
     weights [rows, K] in groups of that size, 4 for 4-bit ones packed [rows, K/2] (byte i of a
     32-value group: value i low nibble, value i + 16 high), -4 for the same minus 8 (Q4_0), 6
-    for Q6_K's 6-bit values (24 bytes per 32, see six_bit_values); W = q*scale (+ bias)."""
+    for Q6_K's 6-bit values (24 bytes per 32, see six_bit_values); W = q*scale (+ bias).
+    MUL_MAT's rows (plain) go ROWS at a time through rows_dot."""
+    plain = _plain(w_row0, x_row)
+    blocked = out.shape[0] // ROWS * ROWS if plain else 0
     for n in prange(out.shape[1]):
-        for m in range(out.shape[0]):
+        for m0 in range(0, blocked, ROWS):
+            dots = _rows_of_four(q[n], scale[n], kind, xq, xd, m0)
+            for i in range(ROWS):
+                acc = dots[i]
+                if has_bias:
+                    acc += _bias_dot(bias[n], xsum[m0 + i])
+                out[m0 + i, n] = acc
+        for m in range(blocked, out.shape[0]):
             r, x = w_row0[m] + n, x_row[m]
             if kind == 32:  # row_dot's kind is a compile-time constant: one branch each
                 acc = row_dot(q[r], xq[x], scale[r], xd[x], 32)
@@ -191,19 +229,39 @@ def pair_activations(xq, xp, minus):
                 minus[x, 8 * (n_blocks // 2) + lane] = total
 
 
+@njit(fastmath=True, cache=True, nogil=True, inline="always")
+def _block_rows_of_four(w, kind, xp, sums, xsum, xd, m):
+    """rows_dot of a row of ggml's blocks w by activation rows m .. m + ROWS - 1."""
+    if kind == 34:
+        return rows_dot(w, xd[0], xp, xd, xd, m, 34, ROWS)
+    if kind == 18:
+        return rows_dot(w, xd[0], xp, sums, xd, m, 18, ROWS)
+    if kind == 144:
+        return rows_dot(w, xd[0], xp, xsum, xd, m, 144, ROWS)
+    if kind == 176:
+        return rows_dot(w, xd[0], xp, xsum, xd, m, 176, ROWS)
+    return rows_dot(w, xd[0], xp, xsum, xd, m, 210, ROWS)
+
+
 @njit(fastmath=True, parallel=True, cache=True, nogil=True)
 def block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out):
     """matvec over ggml's blocks in place (blocks uint8 [rows, row bytes]): kind 34 for Q8_0,
     18 for Q4_0 (xq, xd from quantize_rows, groups of 32), 144 for Q4_K, 176 for Q5_K, 210 for Q6_K (xq, xd,
-    xsum from quantize_rows_q8_k) (llvm_ir.BLOCK_KINDS; the scales and mins are read from the blocks)."""
+    xsum from quantize_rows_q8_k) (llvm_ir.BLOCK_KINDS; the scales and mins are read from the blocks).
+    MUL_MAT's rows (plain) go ROWS at a time through rows_dot."""
     # Q4_0: the activations in its pair order and its minus 8 terms, once per activation row
     n_x, k = xq.shape
     xp = np.empty_like(xq) if kind == 18 else xq
     sums = np.empty((n_x, 8 * ((k // 32 + 1) // 2) if kind == 18 else 0), np.int32)
     if kind == 18:
         pair_activations(xq, xp, sums)
+    blocked = out.shape[0] // ROWS * ROWS if _plain(w_row0, x_row) else 0
     for n in prange(out.shape[1]):
-        for m in range(out.shape[0]):
+        for m0 in range(0, blocked, ROWS):
+            dots = _block_rows_of_four(blocks[n], kind, xp, sums, xsum, xd, m0)
+            for i in range(ROWS):
+                out[m0 + i, n] = dots[i]
+        for m in range(blocked, out.shape[0]):
             r, x = w_row0[m] + n, x_row[m]
             if kind == 34:
                 out[m, n] = row_dot(blocks[r], xp[x], xd[x], xd[x], 34)

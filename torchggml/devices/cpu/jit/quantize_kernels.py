@@ -928,13 +928,19 @@ def quantize_rows(kind, x, qw, use_qw, out, bad):
             bad[r] = 1
 
 
+@njit(cache=True, nogil=True, inline="always")
+def half_row(hr):
+    """A float16 row (its bits) as float32."""
+    x = np.empty(hr.shape[0], np.float32)
+    for j in range(hr.shape[0]):
+        x[j] = half_to_f32(hr[j])
+    return x
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def quantize_rows_f16(kind, h, qw, use_qw, out, bad):
     for r in prange(h.shape[0]):
-        x = np.empty(h.shape[1], np.float32)
-        hr = h[r]
-        for j in range(h.shape[1]):
-            x[j] = half_to_f32(hr[j])
+        x = half_row(h[r])
         if _finite(x):
             _quantize_row(kind, x, qw, use_qw, out[r])
         else:

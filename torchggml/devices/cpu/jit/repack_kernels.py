@@ -7,6 +7,8 @@ chunks; here each block is read once and its outputs written once).
     repack_q4_0(blocks, q, scale)               q uint8 [N, K/2] nibbles, scale uint16 (f16 bits)
     repack_q4_k(blocks, q, scale, bias)         q uint8 [N, K/2], scale and bias f32 [N, K/32]
     repack_q6_k(blocks, q, scale)               q uint8 [N, 3K/4] (6-bit), scale f32 [N, K/16]
+    repack_q4_1(blocks, q, scale, bias)         q uint8 [N, K/2], scale and bias f32 [N, K/32]
+    repack_q5(blocks, q, scale, bias, has_min)  Q5_0 / Q5_1: q int8 [N, K], scale (and bias) f32 [N, K/32]
 
 blocks: uint8 [N, row bytes] (ggml's blocks of each row); the outputs are the layouts of
 layouts/fused.py, bit for bit those of its torch path (decompose + _as_nibbles / _as_six_bits;
@@ -100,3 +102,37 @@ def repack_q6_k(blocks, q, scale):
                 for i in range(8):
                     qr[out + 16 + i] = ((u[v + i] >> 4) | ((u[v + i + 8] >> 4) << 2)
                                         | ((u[v + i + 16] >> 4) << 4) | ((u[v + i + 24] >> 4) << 6))
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def repack_q4_1(blocks, q, scale, bias):
+    for n in prange(blocks.shape[0]):
+        b, qr, sr, br = blocks[n], q[n], scale[n], bias[n]
+        for j in range(sr.shape[0]):
+            at = j * 20
+            sr[j], br[j] = _half_at(b, at), _half_at(b, at + 2)
+            for i in range(16):  # ggml's nibble order is the layout's: the bytes as they are
+                qr[j * 16 + i] = b[at + 4 + i]
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def repack_q5(blocks, q, scale, bias, has_min):
+    """Q5_0 (has_min False: q = u - 16) or Q5_1 (True: q = u, bias m), u the 4 low bits of qs
+    and the fifth from qh (bit i: value i)."""
+    size = 24 if has_min else 22
+    for n in prange(blocks.shape[0]):
+        b, qr, sr = blocks[n], q[n], scale[n]
+        for j in range(sr.shape[0]):
+            at = j * size
+            sr[j] = _half_at(b, at)
+            if has_min:
+                bias[n, j] = _half_at(b, at + 2)
+            h = at + size - 20
+            qh = np.uint32(b[h]) | (np.uint32(b[h + 1]) << 8) | (np.uint32(b[h + 2]) << 16) | (np.uint32(b[h + 3]) << 24)
+            offset = 0 if has_min else 16
+            for i in range(16):
+                byte = b[h + 4 + i]
+                lo = np.int32(byte & 15) | np.int32(((qh >> np.uint32(i)) & np.uint32(1)) << np.uint32(4))
+                hi = np.int32(byte >> 4) | np.int32(((qh >> np.uint32(i + 16)) & np.uint32(1)) << np.uint32(4))
+                qr[j * 32 + i] = lo - offset
+                qr[j * 32 + 16 + i] = hi - offset

@@ -17,9 +17,9 @@ Q4_K's q in [0, 15]. Decode streams these bytes once a token, so they bound its 
 4.5 bits a weight (llama.cpp's size), Q8_0 9, Q4_K 6, Q6_K 8 (float32 scales per group). So the
 2-D weights of those four types are not stored here: the same kernels read their ggml blocks in
 place (IN_PLACE_KINDS, block_product; ggml's sizes, nothing converted at load); their experts
-(3-D, for MUL_MAT_ID) and the other types are. Products: M < FUSED_MAX_ROWS rows of activations
-(BLOCK_MAX_ROWS for blocks in place, INT8_GEMM_MIN_ROWS where the int8 GEMM runs)
-run the fused matvec. Larger micro-batches of those blocks in place run the int8 GEMM with
+(3-D, for MUL_MAT_ID) and the other types are. Products: M < FUSED_MATMUL_MAX_ROWS rows of
+activations (BLOCK_MAX_ROWS for blocks in place, INT8_GEMM_MIN_ROWS where the int8 GEMM runs)
+run the fused matvec, four rows at a time for each weight row it reads (a batched decode step). Larger micro-batches of those blocks in place run the int8 GEMM with
 ggml's per-block scales where the CPU has AVX2 or a VNNI (_int8_gemm, jit/gemm_ir.py; faster than
 the bf16 path below: docs/benchmarks.md); the rest
 dequantize the weight once per call into the fastest float GEMM dtype and use torch's GEMM (for
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 
 import numpy as np
 import torch
@@ -47,8 +48,15 @@ from .decompose import DECOMPOSE, HAS_BIAS, decompose, group_size
 from ..jit.gemm_ir import PANEL_ROWS, gemm_isa, kind_params
 
 ALIGN = 64
-# below this many activation rows the fused matvec wins; from it on dequantize + GEMM does
+# MUL_MAT_ID's experts: one with fewer rows than this goes through the fused matvec (its rows
+# one at a time), one with more is dequantized for a GEMM
 FUSED_MAX_ROWS = 4
+# MUL_MAT's rows go through the matvec quant_kernels.ROWS at a time (rows_dot: each weight row
+# loaded and unpacked once for them); dequantizing the weight for the GEMM catches up at 16 to 24
+# rows by type (12 for Q2_K) with the weight in the cache, later where it streams from memory
+# (scripts/bench_cpu_quant.py --rows): a batched decode step of up to 16 sequences reads each
+# weight once, in place
+FUSED_MATMUL_MAX_ROWS = 17
 # ggml's blocks in place: the matvec reads each weight row once for all activation rows and wins
 # up to ~10 rows against dequantizing for the GEMM (scripts/bench_cpu_quant.py): batched decode of
 # up to 9 sequences stays fused
@@ -155,7 +163,7 @@ class FusedBuffer(RepackBuffer):
 
 
 # types whose blocks native code converts (jit/repack_kernels.py: every row once, in parallel)
-NATIVE_REPACK = frozenset({Type.Q8_0, Type.Q4_0, Type.Q4_K, Type.Q6_K})
+NATIVE_REPACK = frozenset({Type.Q8_0, Type.Q4_0, Type.Q4_K, Type.Q6_K, Type.Q4_1, Type.Q5_0, Type.Q5_1})
 
 
 def _native_repack(qtype, blocks, q, scale, bias) -> None:
@@ -167,6 +175,10 @@ def _native_repack(qtype, blocks, q, scale, bias) -> None:
         kernels.repack_q4_0(b, q.numpy(), scale.numpy().view(np.uint16))
     elif qtype == Type.Q4_K:
         kernels.repack_q4_k(b, q.numpy(), scale.numpy(), bias.numpy())
+    elif qtype == Type.Q4_1:
+        kernels.repack_q4_1(b, q.numpy(), scale.numpy(), bias.numpy())
+    elif qtype in (Type.Q5_0, Type.Q5_1):
+        kernels.repack_q5(b, q.numpy(), scale.numpy(), _NO_BIAS if bias is None else bias.numpy(), qtype == Type.Q5_1)
     else:
         kernels.repack_q6_k(b, q.numpy(), scale.numpy())
 
@@ -359,42 +371,61 @@ def _gemm_buffers(key: tuple, make):
 
 
 def _int8_gemm(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
-    """out = rows @ W^T for ggml's Q8_0/Q4_0/Q4_K/Q5_K/Q6_K blocks in place (N a multiple of
-    PANEL_ROWS): the rows rounded to int8 as the matvec rounds them (ggml's Q8_0, Q8_K for the
-    K-quants), the weight's rows laid
-    out PANEL_ROWS at a time into each thread's panel and multiplied by int8 dot products with
-    ggml's per-block scales (jit/gemm_ir.py)."""
+    """out = rows @ W^T for ggml's Q8_0/Q4_0/Q4_K/Q5_K/Q6_K blocks in place, or the fused
+    layout's rows of a type _layout_gemm_kind names (N a multiple of PANEL_ROWS): the rows
+    rounded to int8 as the matvec rounds them (ggml's Q8_0, Q8_K for the K-quants blocks), the
+    weight's rows laid out PANEL_ROWS at a time into each thread's panel and multiplied by int8
+    dot products with the weight's per-group scales (jit/gemm_ir.py)."""
     import numba
     m, k = rows.shape
-    group, zero, scale_block = kind_params(p.kind, gemm_isa())
+    kind = p.kind if p.blocks else _layout_gemm_kind(p)
+    group, zero, scale_block = kind_params(kind, gemm_isa())
     threads = numba.config.NUMBA_NUM_THREADS
     panels, scales, mins = _gemm_buffers(("panel", k), lambda: (
-        np.empty((threads, k * PANEL_ROWS), np.uint8), np.empty((threads, (k // 16 + k // 256) * PANEL_ROWS), np.float32),
-        np.empty((threads, k // 32 * PANEL_ROWS), np.float32)))
+        np.empty((threads, k * PANEL_ROWS // 4), np.uint32),
+        np.empty((threads, (k // 16 + k // 256) * PANEL_ROWS), np.float32),
+        np.empty((threads, k // 16 * PANEL_ROWS), np.float32)))
     xq, dx, xz, xm = _gemm_buffers(("rows", m, k, group, scale_block), lambda: (
         np.empty((m, k), np.int8), np.empty((m, k // scale_block), np.float32), np.empty((m, k // group), np.int32),
-        np.empty((m, k // 32), np.float32)))
+        np.empty((m, k // group), np.float32)))
     kernels = gemm_kernels()
     kernels.quantize_activations(rows.float().contiguous().numpy(), group, zero, scale_block, xq, dx, xz, xm)
     target = out if out.is_contiguous() else torch.empty(out.shape, dtype=torch.float32)
-    kernels.panel_gemm(p.q, p.kind, xq, dx, xz, xm, target.numpy(), panels, scales, mins)
+    if p.blocks:
+        kernels.panel_gemm(p.q, kind, xq, dx, xz, xm, target.numpy(), panels.view(np.uint8), scales, mins)
+    else:
+        kernels.layout_panel_gemm(p.q.view(np.uint32), p.scale, p.bias, kind, xq, dx, xz, xm, target.numpy(),
+                                  panels, scales, mins)
     if target is not out:
         out.copy_(target)
 
 
-@functools.lru_cache(maxsize=BLOCK_MAX_ROWS)
+def _layout_gemm_kind(p: _Packed) -> int | None:
+    """The int8 GEMM's kind for a weight in the fused layout (gemm_ir.LAYOUT_KINDS): int8 q in
+    groups of 32 or 16, with or without a bias (Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4),
+    Q4_1's nibbles and bias; None for the others (Q4_0's half scales, Q6_K's 6 bits: their
+    2-D weights are multiplied in place)."""
+    if p.blocks or p.six_bits or p.qtype in HALF_SCALES:
+        return None
+    if p.nibbles:
+        return 4 if p.has_bias and not p.signed else None
+    return p.g + int(p.has_bias)
+
+
+@functools.lru_cache(maxsize=FUSED_MATMUL_MAX_ROWS)
 def _plain_rows(m: int) -> tuple[np.ndarray, np.ndarray]:
     """MUL_MAT's (x_row, w_row0): output row i reads activation row i and the one matrix."""
     return np.arange(m, dtype=np.int64), np.zeros(m, dtype=np.int64)
 
 
 def _takes_int8_gemm(p: _Packed) -> bool:
-    return p.blocks and p.n % PANEL_ROWS == 0 and int8_gemm_takes(p.kind)
+    kind = p.kind if p.blocks else _layout_gemm_kind(p)
+    return kind is not None and p.n % PANEL_ROWS == 0 and int8_gemm_takes(kind)
 
 
 def _matvec_max_rows(p: _Packed) -> int:
     """The fused matvec takes fewer activation rows than this; the GEMMs the rest."""
-    return INT8_GEMM_MIN_ROWS if _takes_int8_gemm(p) else BLOCK_MAX_ROWS if p.blocks else FUSED_MAX_ROWS
+    return INT8_GEMM_MIN_ROWS if _takes_int8_gemm(p) else BLOCK_MAX_ROWS if p.blocks else FUSED_MATMUL_MAX_ROWS
 
 
 def _product(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
@@ -419,6 +450,40 @@ IN_PLACE_KINDS = {Type.Q8_0: 34, Type.Q4_0: 18, Type.Q4_K: 144, Type.Q5_K: 176, 
 # the in-place kinds whose activations are rounded as ggml's Q8_K (Q4_K, Q5_K, Q6_K: one scale per 256
 # values; their kernels sum a block's scaled groups as integers, as ggml's)
 Q8_K_KINDS = (144, 176, 210)
+
+
+_converted = weakref.WeakKeyDictionary()  # weight Tensor -> its converted _Packed (while the weight lives)
+
+
+def converted(t: Tensor, raw: torch.Tensor) -> _Packed:
+    """A 2-D weight's ggml blocks raw (uint8 [N, row bytes]) of a type not multiplied in place,
+    converted to the fused layout once for t's lifetime (its products' plans share the copy):
+    the blocks stay where they are for the other ops that read them (GET_ROWS of a tied
+    embedding), at the price of a second copy of the weight."""
+    p = _converted.get(t)
+    if p is None:
+        p = _converted[t] = packed_blocks(t.type, raw)
+    return p
+
+
+def converted_product(t: Tensor, raw: torch.Tensor):
+    """fn(rows, out) for t's MUL_MAT on its converted copy (converted)."""
+    return functools.partial(_product, converted(t, raw))
+
+
+def packed_blocks(qtype, raw: torch.Tensor) -> _Packed:
+    """A 2-D weight's ggml blocks raw (uint8 [N, row bytes]) as its products read them: in place
+    (IN_PLACE_KINDS), else converted to the fused layout (as FusedBuffer.set_tensor writes it)."""
+    if qtype in IN_PLACE_KINDS:
+        return _Packed.of_blocks(qtype, raw)
+    n, k = raw.shape[0], raw.shape[1] // type_traits(qtype).type_size * type_traits(qtype).blck_size
+    g = group_size(qtype)
+    q = torch.empty(n, _q_bytes(qtype, n * k) // n, dtype=torch.uint8 if qtype in NIBBLE_SIGNED or qtype in SIX_BIT
+                    else torch.int8)
+    scale = torch.empty(n, k // g, dtype=torch.int16 if qtype in HALF_SCALES else torch.float32)
+    bias = torch.empty(n, k // g) if _has_bias(qtype) else None
+    _torch_repack(qtype, k, raw, q, scale, bias)
+    return _Packed(qtype, q.numpy(), scale.numpy(), None if bias is None else bias.numpy(), n)
 
 
 def is_in_place(qtype, ne) -> bool:
