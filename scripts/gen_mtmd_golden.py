@@ -71,7 +71,7 @@ class LibMtmd:
     """libmtmd through llama-cpp-python's ctypes bindings: one text model, one mmproj. `pixels`
     collects the [3, H, W] inputs of the images it encodes."""
 
-    def __init__(self, text_path: str, mmproj_path: str, n_ctx: int = 1024):
+    def __init__(self, text_path: str, mmproj_path: str, n_ctx: int = 1024, n_threads: int = 2):
         import llama_cpp
         import llama_cpp.mtmd_cpp as M
         self.L, self.M = llama_cpp, M
@@ -79,7 +79,7 @@ class LibMtmd:
         mp = llama_cpp.llama_model_default_params()
         self.model = llama_cpp.llama_model_load_from_file(text_path.encode(), mp)
         cp = M.mtmd_context_params_default()
-        cp.use_gpu, cp.print_timings, cp.n_threads, cp.warmup = False, False, 2, False
+        cp.use_gpu, cp.print_timings, cp.n_threads, cp.warmup = False, False, n_threads, False
         cp.flash_attn_type = 0  # LLAMA_FLASH_ATTN_TYPE_DISABLED
         self.pixels: list[np.ndarray] = []
         self._callback = llama_cpp.ggml_backend_sched_eval_callback(self._eval_callback)

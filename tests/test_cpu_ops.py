@@ -273,6 +273,30 @@ def test_soft_max_special_values_as_the_torch_kernel(cpu, monkeypatch):
     assert torch.allclose(fast.nan_to_num(7.0), generic.nan_to_num(7.0), rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("ne0, rows, threaded", [
+    (64, 64, True),      # past the threaded limit with many rows (an image encoder's scores): numba's rows
+    (4096, 1, False),    # past it in few long rows: torch's kernel
+    (8, 8, True),        # under it: numba's rows as before
+])
+def test_large_soft_max_kernel_choice(cpu, monkeypatch, ne0, rows, threaded):
+    from torchggml.devices.cpu import fast_ops
+    if not fast_ops.numba_available():
+        pytest.skip("numba is not installed")
+    monkeypatch.setattr(fast_ops, "THREADED_MIN_ELEMENTS", 16)
+    monkeypatch.setattr(fast_ops, "THREADED_MAX_ELEMENTS", 256)
+    monkeypatch.setattr(fast_ops, "SOFT_MAX_MANY_ROWS", 32)
+    ctx = ggml.init(no_alloc=True)
+    out = ggml.soft_max_ext(ctx, ggml.new_tensor_2d(ctx, ggml.Type.F32, ne0, rows), None, 0.5, 0.0)
+    buffer = ggml.backend_alloc_ctx_tensors(ctx, cpu)
+    try:
+        bound = fast_ops.bind_soft_max(out)
+        assert (bound is not None) == threaded
+        assert bound is None or bound.kernel is fast_ops.op_kernels().soft_max_rows
+    finally:
+        ggml.backend_buffer_free(buffer)
+        ggml.free(ctx)
+
+
 F16_PRODUCTS = [  # (rows, N, K, chunk bytes): half GEMV, one chunk, several with a remainder
     (3, 40, 64, 2 << 20),
     (16, 40, 64, 2 << 20),

@@ -118,6 +118,8 @@ def qwen3vl_text_model(files):
     ("pixtral", "pixtral", 2, "bicubic"),
     ("internvl", "internvl", 2, "bicubic"),
     ("lfm2", "lfm2", 2, "bilinear"),
+    ("ldp", "ldp", 1, "bicubic"),
+    ("ldpv2", "ldpv2", 1, "bicubic"),
 ])
 def test_load_hparams(files, name, projector, n_merge, algo):
     mm = load_mmproj(files[f"{name}-F32"])
@@ -701,6 +703,15 @@ def test_resample_lengths(n, rate_in, rate_out, n_out):
     from torchggml.mtmd.audio import resample
     y = resample(np.ones(n, np.float32), rate_in, rate_out)
     assert y.size == n_out and (rate_in == rate_out or y[0] == 0.0)
+
+
+@pytest.mark.parametrize("name, size", [("ldp", 40), ("ldpv2", 64)])
+def test_ldp_needs_its_grid(files, name, size):
+    """clip.cpp's LDP graphs take a 24 x 24 patch grid only: another tile is refused by name."""
+    mm = load_mmproj(files[f"{name}-F32"])
+    with pytest.raises(ValueError, match=f"{name} needs a 24x24 patch grid \\(a 48x48 tile\\), got {size}x{size}"):
+        Encoder(mm).encode_tile(torch.zeros(3, size, size))
+    mm.close()
 
 
 def test_audio_hparams_and_chunks(files):

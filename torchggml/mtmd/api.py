@@ -169,7 +169,7 @@ class Multimodal:
                             ids("<fake_token_around_image>")]
         if self.mmproj.projector == "internvl":  # the slices, then the overview, each a chunk
             return ["<img>", *(chunk(r) for r in rows), "</img>"]
-        if self.mmproj.projector == "mlp":  # LLaVA 1.6's slices and overview, no markers (LLaVA 1.5: one tile)
+        if self.mmproj.projector in ("mlp", "ldp", "ldpv2"):  # LLaVA 1.6's slices and overview, no markers (LLaVA 1.5: one tile)
             return [chunk(r) for r in rows]
         if self.mmproj.projector == "lfm2":  # tiles with their <|img_row_i_col_j|> markers, the thumbnail last
             if pre.grid == (0, 0):

@@ -2,7 +2,7 @@
 the device that holds the weights, through a scheduler (backend_sched) as Model runs its graphs.
 
 ENCODERS names each projector type's graph builder (one file per projector: gemma3.py,
-idefics3.py, internvl.py, lfm2.py, llava.py, qwen2vl.py, qwen3vl.py, pixtral.py,
+idefics3.py, internvl.py, ldp.py, lfm2.py, llava.py, qwen2vl.py, qwen3vl.py, pixtral.py,
 qwen2a.py, ultravox.py, voxtral.py; the shared pieces in vit.py): build(ctx, mm, image, inputs)
 returns the embeddings [n_embd_text, n_tokens] of the pixels `image` [W, H, 3, 1] and appends
 (tensor, values) to `inputs` for any other input it reads (positions)."""
@@ -20,14 +20,15 @@ from ..graph import build_forward_expand, new_graph_custom
 from ..models.placement import cpu_device
 from ..tensor import set_input, set_name, set_output
 from ..types import Type
-from . import gemma3, idefics3, internvl, lfm2, llava, pixtral, qwen2a, qwen2vl, qwen3vl, ultravox, voxtral
+from . import gemma3, idefics3, internvl, ldp, lfm2, llava, pixtral, qwen2a, qwen2vl, qwen3vl, ultravox, voxtral
 from .loader import MMProj, SUPPORTED_PROJECTORS
 from .preprocess import PreprocessedImage, Tile
 
 ENCODERS = {"gemma3": gemma3.build, "idefics3": idefics3.build, "mlp": llava.build,
             "qwen2vl_merger": qwen2vl.build, "qwen2.5vl_merger": qwen2vl.build, "pixtral": pixtral.build,
             "internvl": internvl.build, "lfm2": lfm2.build, "qwen3vl_merger": qwen3vl.build,
-            "qwen2a": qwen2a.build, "ultravox": ultravox.build, "voxtral": voxtral.build}
+            "qwen2a": qwen2a.build, "ultravox": ultravox.build, "voxtral": voxtral.build,
+            "ldp": ldp.build, "ldpv2": ldp.build}
 assert set(ENCODERS) == set(SUPPORTED_PROJECTORS)
 
 GRAPH_SIZE = 8192

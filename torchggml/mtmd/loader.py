@@ -19,7 +19,7 @@ from ..tensor import Tensor
 
 # projector types torchggml encodes (one graph module each; see encoders.py)
 SUPPORTED_PROJECTORS = ("gemma3", "idefics3", "mlp", "qwen2vl_merger", "qwen2.5vl_merger", "pixtral", "qwen2a",
-                        "internvl", "lfm2", "qwen3vl_merger", "ultravox", "voxtral")
+                        "internvl", "lfm2", "qwen3vl_merger", "ultravox", "voxtral", "ldp", "ldpv2")
 AUDIO_PROJECTORS = frozenset({"qwen2a", "ultravox", "voxtral"})
 
 # every type clip.cpp's projector table names, for the error that tells "unknown" from "not yet"
@@ -160,15 +160,18 @@ def read_vision_hparams(file: GGUFFile, projector: str) -> VisionHParams:
     elif projector == "idefics3":
         hp.n_merge, hp.resize_algo = int(scale_factor or 1), "lanczos"
         hp.image_longest_edge = int(key("preproc_image_size", 0))
-    elif projector == "mlp":
+    elif projector in ("mlp", "ldp", "ldpv2"):
         if key("feature_layer", None) is not None:
-            raise UnsupportedProjectorError(f"{file.path}: projector 'mlp' with clip.vision.feature_layer (several "
+            raise UnsupportedProjectorError(f"{file.path}: projector {projector!r} with clip.vision.feature_layer (several "
                                             f"layers' features) is not supported yet")
         pinpoints = [int(v) for v in key("image_grid_pinpoints", [])]
         if len(pinpoints) % 2:
             raise GGUFError(f"{file.path}: clip.vision.image_grid_pinpoints has an odd number of values ({len(pinpoints)})")
         # LLaVA 1.6: LLaVA-UHD slicing over the pinpoints (the overview stretched, the refined image
         # letterboxed on black, both bicubic: clip.cpp's defaults then); LLaVA 1.5: letterboxed on grey
+        if pinpoints and projector != "mlp":
+            raise UnsupportedProjectorError(f"{file.path}: projector {projector!r} with image_grid_pinpoints "
+                                            f"(slices) is not supported")
         hp.res_candidates = tuple(zip(pinpoints[0::2], pinpoints[1::2]))
         hp.pad_color = (122, 116, 104)
     elif projector in ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger"):

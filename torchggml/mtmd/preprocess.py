@@ -8,7 +8,7 @@ bicubic with a = -0.5, Lanczos-3, 22-bit fixed point), so Pillow's result is lla
 byte. Normalisation is float32 (x / 255 - mean) / std per channel, as clip_image_f32::normalize.
 
 An image becomes one or more `Tile`s, each a float32 [3, H, W] tensor the encoder reads:
-- fixed size (gemma3, LLaVA 1.5 `mlp`): letterboxed into image_size x image_size (PAD_CEIL: the
+- fixed size (gemma3, LLaVA 1.5 `mlp`, MobileVLM `ldp` / `ldpv2`): letterboxed into image_size x image_size (PAD_CEIL: the
   scaled size rounded up, centred on the pad colour);
 - dynamic size (qwen2vl, pixtral): the aspect ratio kept, each side a multiple of patch x merge, the
   pixel count within the projector's token limits (transformers' smart_resize), letterboxed;
@@ -127,7 +127,7 @@ def preprocess(image, projector: str, hp: VisionHParams, device=None) -> Preproc
         pre = slice_by_candidates(rgb, hp, norm, size)
         pre.tiles = pre.tiles[1:] + pre.tiles[:1]
         return pre
-    if projector in ("gemma3", "mlp"):
+    if projector in ("gemma3", "mlp", "ldp", "ldpv2"):
         n = hp.image_size
         return PreprocessedImage([Tile(norm(letterbox(rgb, n, n, hp.resize_algo, hp.resize_pad, hp.pad_color)))], size)
     if projector == "idefics3":

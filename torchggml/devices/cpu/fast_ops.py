@@ -58,12 +58,13 @@ THREADED_MIN_ELEMENTS = 1 << 16
 THREADED_MAX_ELEMENTS = 1 << 26
 
 
-def _size_class(node, *tensors) -> str | None:
-    """"small" (the serial numba kernel), "large" (the threaded one) or None (torch's kernel)."""
+def _size_class(node, *tensors, max_elements: int | None = THREADED_MAX_ELEMENTS) -> str | None:
+    """"small" (the serial numba kernel), "large" (the threaded one, up to max_elements; None: no
+    limit) or None (torch's kernel)."""
     if not numba_available() or not all(t is None or t.type in _fast_types() for t in (node, *tensors)):
         return None
     n = nelements(node)
-    return "small" if n <= THREADED_MIN_ELEMENTS else "large" if n <= THREADED_MAX_ELEMENTS else None
+    return "small" if n <= THREADED_MIN_ELEMENTS else "large" if max_elements is None or n <= max_elements else None
 
 
 def _takes(node, *tensors) -> bool:
@@ -93,9 +94,16 @@ def bind_row_norm(node):
 
 # ---------------------------------------------------------------- SOFT_MAX
 
+# past THREADED_MAX_ELEMENTS a SOFT_MAX still takes the threaded kernel while its rows are this
+# many or more (an image encoder's scores, 16 heads x 4096 x 4096: torch's passes and temporaries
+# over them are several times slower)
+SOFT_MAX_MANY_ROWS = 4096
+
+
 def bind_soft_max(node):
     a, mask, sinks = node.src[0], node.src[1], node.src[2]
-    size = _size_class(node, a, mask)
+    many_rows = nelements(node) // node.ne[0] >= SOFT_MAX_MANY_ROWS
+    size = _size_class(node, a, mask, max_elements=None if many_rows else THREADED_MAX_ELEMENTS)
     if size is None:
         return None
     scale, max_bias = get_op_params_f32(node, 0), get_op_params_f32(node, 1)

@@ -67,7 +67,13 @@ MMPROJ_CASES = [
     MMProjCase("internvl", "internvl", merge=2, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)),
     MMProjCase("lfm2", "lfm2", merge=2),
     MMProjCase("qwen3vl", "qwen3vl_merger", mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)),
+    # MobileVLM (V2): the LLaVA 1.5 encoder; clip.cpp's LDP graphs take a 24 x 24 patch grid only
+    MMProjCase("ldp", "ldp", image_size=48, patch_size=2, act="quick", mean=(0.48145466, 0.4578275, 0.40821073),
+               std=(0.26862954, 0.26130258, 0.27577711), eps=1e-5),
+    MMProjCase("ldpv2", "ldpv2", image_size=48, patch_size=2, act="quick", mean=(0.48145466, 0.4578275, 0.40821073),
+               std=(0.26862954, 0.26130258, 0.27577711), eps=1e-5),
 ]
+CLIP_PROJECTORS = ("mlp", "ldp", "ldpv2")  # LLaVA's CLIP ViT: a class token and a pre-norm
 MMPROJ_BY_NAME = {c.name: c for c in MMPROJ_CASES}
 
 
@@ -92,11 +98,11 @@ def _vision_tensors(case: MMProjCase, gen: torch.Generator) -> dict[str, torch.T
         w["v.pre_ln.weight"] = vec(e, 1.0)
     else:
         w["v.patch_embd.bias"] = vec(e)
-        with_cls = case.projector in ("mlp", "internvl")
+        with_cls = case.projector in (*CLIP_PROJECTORS, "internvl")
         w["v.position_embd.weight"] = 0.5 * torch.randn(n_patches + with_cls, e, generator=gen)
-    if case.projector in ("mlp", "internvl"):  # CLIP and InternViT: a class token
+    if case.projector in (*CLIP_PROJECTORS, "internvl"):  # CLIP and InternViT: a class token
         w["v.class_embd"] = torch.randn(e, generator=gen)
-    if case.projector == "mlp":  # CLIP's pre-norm
+    if case.projector in CLIP_PROJECTORS:  # CLIP's pre-norm
         w["v.pre_ln.weight"], w["v.pre_ln.bias"] = vec(e, 1.0), vec(e)
     for il in range(case.n_layer):
         b = f"v.blk.{il}."
@@ -187,7 +193,37 @@ def _projector_tensors(case: MMProjCase, gen: torch.Generator) -> dict[str, torc
                 "mm.0.bias": 0.1 * torch.randn(t, generator=gen),
                 "mm.2.weight": torch.randn(t, t, generator=gen) / t ** 0.5,
                 "mm.2.bias": 0.1 * torch.randn(t, generator=gen)}
+    if case.projector in ("ldp", "ldpv2"):
+        return _ldp_tensors(case, gen)
     raise ValueError(f"tiny mmproj: no recipe for projector {case.projector!r}")
+
+
+def _ldp_tensors(case: MMProjCase, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """MobileVLM's projectors at the text width t: an MLP, then LDP's two blocks (depthwise 3x3
+    conv, LayerNorm, a squeeze-excite gate of width t / 2, a Q8_0 block, pointwise conv, LayerNorm) or LDPv2's
+    positional depthwise conv (PEG)."""
+    e, t = case.n_embd, case.n_embd_text
+
+    def mat(rows, cols):
+        return torch.randn(rows, cols, generator=gen) / cols ** 0.5
+
+    def vec(n, mean=0.0):
+        return mean + 0.1 * torch.randn(n, generator=gen)
+
+    def depthwise():  # [C, 1, 3, 3], F16: ggml_conv_2d_dw multiplies the kernel with F16 im2col columns
+        return (torch.randn(t, 1, 3, 3, generator=gen) / 3.0).half()
+    first, second = (1, 3) if case.projector == "ldp" else (0, 2)
+    w = {f"mm.model.mlp.{first}.weight": mat(t, e), f"mm.model.mlp.{first}.bias": vec(t),
+         f"mm.model.mlp.{second}.weight": mat(t, t), f"mm.model.mlp.{second}.bias": vec(t)}
+    if case.projector == "ldpv2":
+        return {**w, "mm.model.peg.0.weight": depthwise(), "mm.model.peg.0.bias": vec(t)}
+    for i in (1, 2):
+        b = f"mm.model.mb_block.{i}.block."
+        w.update({b + "0.0.weight": depthwise(), b + "0.1.weight": vec(t, 1.0), b + "0.1.bias": vec(t),
+                  b + "1.fc1.weight": mat(t // 2, t), b + "1.fc1.bias": vec(t // 2),
+                  b + "1.fc2.weight": mat(t, t // 2), b + "1.fc2.bias": vec(t),
+                  b + "2.0.weight": mat(t, t), b + "2.1.weight": vec(t, 1.0), b + "2.1.bias": vec(t)})
+    return w
 
 
 def _audio_tensors(case: MMProjCase, gen: torch.Generator) -> dict[str, torch.Tensor]:
@@ -267,8 +303,9 @@ def write_tiny_mmproj(path, case: MMProjCase | str, weight_type: str = "F32") ->
     # gemma3's projection is transposed in the graph: a block type cannot be (llama.cpp's files keep it F32)
     keep = ("v.patch_embd.weight", "v.patch_embd.weight.1", "v.position_embd.weight", "v.class_embd",
             "mm.input_projection.weight")
-    write_tensors(w, {k: t.float().numpy() for k, t in tensors.items()}, qtype,
-                  keep_f32=lambda name, data: name in keep or name.endswith(".bias"))
+    # F16 tensors (LDP's depthwise kernels) are written as they are
+    write_tensors(w, {k: t.numpy() if t.dtype == torch.float16 else t.float().numpy() for k, t in tensors.items()},
+                  qtype, keep_f32=lambda name, data: name in keep or name.endswith(".bias") or data.dtype.itemsize == 2)
     return path
 
 
