@@ -159,8 +159,8 @@ def test_matvec_of_many_rows_equals_each_row_alone(qtype, where, m):
         alone = torch.empty(1, n)
         layout._matvec(packed, x[i:i + 1], *layout._plain_rows(1), alone)
         assert torch.equal(together[i], alone[0]), (i, (together[i] - alone[0]).abs().max().item())
-    if where == "fused":  # MUL_MAT's dispatch keeps these rows on the matvec
-        assert m < layout._matvec_max_rows(packed)
+    if where == "fused":  # MUL_MAT's dispatch keeps rows below FUSED_MATMUL_MAX_ROWS on the matvec
+        assert (m < layout._matvec_max_rows(packed)) == (m < layout.FUSED_MATMUL_MAX_ROWS)
 
 
 def _needs_int8_gemm():

@@ -51,12 +51,14 @@ ALIGN = 64
 # MUL_MAT_ID's experts: one with fewer rows than this goes through the fused matvec (its rows
 # one at a time), one with more is dequantized for a GEMM
 FUSED_MAX_ROWS = 4
-# MUL_MAT's rows go through the matvec quant_kernels.ROWS at a time (rows_dot: each weight row
-# loaded and unpacked once for them); dequantizing the weight for the GEMM catches up at 16 to 24
-# rows by type (12 for Q2_K) with the weight in the cache, later where it streams from memory
-# (scripts/bench_cpu_quant.py --rows): a batched decode step of up to 16 sequences reads each
-# weight once, in place
-FUSED_MATMUL_MAX_ROWS = 17
+# MUL_MAT's rows of the converted types go through the matvec (quant_kernels.ROWS at a time,
+# rows_dot: each weight row loaded and unpacked once for them) below this many rows; from it on,
+# dequantized for the float GEMM. The matvec would win up to 16 to 24 rows (scripts/
+# bench_cpu_quant.py --rows), but it rounds the activations to int8 as ggml's vec_dot does, and a
+# prompt's few tokens through it moved the real files' logits from a float64 reference (SmolLM2
+# 0.017 -> 0.031, Gemma 3 0.037 -> 0.042) and Gemma's greedy first token off llama.cpp's
+# (tests/test_real_models.py): the product cannot tell a batched decode step from a short prompt
+FUSED_MATMUL_MAX_ROWS = 4
 # ggml's blocks in place: the matvec reads each weight row once for all activation rows and wins
 # up to ~10 rows against dequantizing for the GEMM (scripts/bench_cpu_quant.py): batched decode of
 # up to 9 sequences stays fused
