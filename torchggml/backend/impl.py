@@ -204,11 +204,13 @@ class ExtraBufferType(BufferType):
         extra_buffer_type::supports_op."""
 
     @abstractmethod
-    def bind_product(self, t: Tensor):
+    def bind_product(self, t: Tensor, separate_rows: bool = False):
         """fn(rows [R, K] float, out [R, N] float32): out = rows @ t^T, for a 2-D weight t stored
-        here (ggml's tensor_traits::compute_forward for MUL_MAT)."""
+        here (ggml's tensor_traits::compute_forward for MUL_MAT). separate_rows: the rows are
+        separate sequences' tokens (ops.mul_mat_set_separate_rows): a layout may multiply each as
+        it multiplies one row alone."""
 
-    # OPTIONAL, None: bind_expert_product(t) -> fn(acts [R, K], pair_rows [P], pair_experts [P],
+    # OPTIONAL, None: bind_expert_product(t, separate_rows=False) -> fn(acts [R, K], pair_rows [P], pair_experts [P],
     # out [P, N]) for MUL_MAT_ID's experts (devices.kernels.matmul.bind_mul_mat_id);
     # without it, reads_as_weight must refuse MUL_MAT_ID
     bind_expert_product = None

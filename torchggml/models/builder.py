@@ -20,6 +20,7 @@ from ..context import new_tensor_1d, new_tensor_2d, new_tensor_3d
 from ..gguf.loader import GGUFError
 from ..graph import CGraph, new_graph_custom, build_forward_expand
 from ..tensor import Tensor, set_name, set_input, set_output
+from ..enums import Op
 from ..types import Type
 from .hparams import HParams, KeyReader
 from .kv_cache import KVCache, relative_position_buckets
@@ -310,6 +311,17 @@ class ModelGraph:
     buckets: tuple | None = None
     cross: Tensor | None = None
     sched: object = None        # the scheduler it is allocated on (None: the model's own)
+    separate_rows: bool = False  # its products' rows are separate sequences' tokens (mark_separate_rows)
+
+
+def mark_separate_rows(g: ModelGraph) -> None:
+    """A batched decode step's graph (each token another sequence's): its products may multiply
+    each row as that sequence's own decode step would (ops.mul_mat_set_separate_rows), which a
+    prompt's micro-batch of the same size may not do."""
+    for node in g.graph.nodes:
+        if node.op in (Op.MUL_MAT, Op.MUL_MAT_ID):
+            ops.mul_mat_set_separate_rows(node)
+    g.separate_rows = True
 
 
 def graph_size(hp: HParams) -> int:

@@ -58,7 +58,7 @@ from ..backend.sched import (backend_sched_new, backend_sched_reserve, backend_s
 from ..context import Context
 from ..gguf.loader import GGUFFile
 from ..types import is_quantized
-from .builder import POSITIONS_4D, Arch, GraphBuilder, ModelGraph, bind_weights, graph_size
+from .builder import POSITIONS_4D, Arch, GraphBuilder, ModelGraph, bind_weights, graph_size, mark_separate_rows
 from .hparams import HParams
 from .kv_cache import kv_type_from_name
 from .lora import DEFAULT_TARGETS, LoraAdapter
@@ -206,9 +206,12 @@ class Model:
             raise MemoryError(f"{self.path}: cannot allocate the compute buffers")
 
     def _build(self, n_tokens: int, n_kv: int, n_outputs: int | None = None, embeddings: bool = False,
-               n_seqs: int = 1, from_embd: bool = False, n_cross: int = 0) -> ModelGraph:
+               n_seqs: int = 1, from_embd: bool = False, n_cross: int = 0, separate_rows: bool = False) -> ModelGraph:
         self._ctx = Context(no_alloc=True)
-        return self.build_graph(self._ctx, n_tokens, n_kv, n_outputs, embeddings, n_seqs, from_embd, n_cross)
+        g = self.build_graph(self._ctx, n_tokens, n_kv, n_outputs, embeddings, n_seqs, from_embd, n_cross)
+        if separate_rows:
+            mark_separate_rows(g)
+        return g
 
     def build_graph(self, ctx: Context, n_tokens: int, n_kv: int, n_outputs: int | None = None,
                     embeddings: bool = False, n_seqs: int = 1, from_embd: bool = False,
@@ -265,20 +268,22 @@ class Model:
         return adapter
 
     def _graph_for(self, n_tokens: int, n_kv: int, n_outputs: int, embeddings: bool = False,
-                   n_seqs: int = 1, from_embd: bool = False, n_cross: int = 0) -> ModelGraph:
+                   n_seqs: int = 1, from_embd: bool = False, n_cross: int = 0,
+                   separate_rows: bool = False) -> ModelGraph:
         """The allocated graph for this shape (n_tokens, n_kv, n_outputs, embeddings, n_seqs, from_embd,
-        n_cross: the encoder output rows a T5 decoder reads). When the shape repeats (decode steps)
+        n_cross: the encoder output rows a T5 decoder reads; separate_rows: each token is another
+        sequence's, see mark_separate_rows). When the shape repeats (decode steps)
         the previous graph is reused as it is: its tensors keep their addresses, so only the inputs
         change. Graphs of a few tokens (SMALL_GRAPH_TOKENS) stay
         built, each on its own scheduler, for the last SMALL_GRAPHS shapes: a loop that alternates
         shapes (a draft model's catch-up and single steps, the server's steps as sequences come
         and go) reuses them instead of building and planning them again."""
-        shape = (n_tokens, n_kv, n_outputs, embeddings, n_seqs, from_embd, n_cross)
+        shape = (n_tokens, n_kv, n_outputs, embeddings, n_seqs, from_embd, n_cross, separate_rows)
         if n_tokens <= SMALL_GRAPH_TOKENS and self.sched.callback_eval is None:
             return self._small_graph(shape)
         g = self._graph
         if g is not None and (g.n_tokens, g.n_kv, g.n_outputs, g.embeddings, g.n_seqs, g.embd is not None,
-                              0 if g.cross is None else g.cross.ne[1]) == shape:
+                              0 if g.cross is None else g.cross.ne[1], g.separate_rows) == shape:
             return g
         g = self._graph = self._build(*shape)
         backend_sched_reset(self.sched)
@@ -624,8 +629,10 @@ class Model:
         batch = batch or self.memory.plan(seq_ids)
         n_tokens, n_outputs = ids.size, logits.shape[0]
         cross = self.cross if getattr(self.arch, "encoder_decoder", False) and not embeddings else None
+        # a batched decode step (each token another sequence's): each row multiplied as one alone
+        separate_rows = 1 < n_tokens == np.unique(seq_ids).size
         g = self.last_graph = self._graph_for(n_tokens, batch.n_kv, n_outputs, embeddings, batch.n_seqs,
-                                              embd is not None, 0 if cross is None else cross.shape[0])
+                                              embd is not None, 0 if cross is None else cross.shape[0], separate_rows)
         # the scheduler keeps user inputs in CPU memory and copies them where they are read
         if g.cross is not None:
             g.io.set(g.cross, cross)

@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 from ..enums import Op, Prec
-from ..tensor import Tensor, is_transposed, set_op_params_i32
+from ..tensor import Tensor, get_op_params_i32, is_transposed, set_op_params_i32
 from ..types import Type
 from ._common import new_op, require
 
-__all__ = ["mul_mat", "mul_mat_set_prec", "mul_mat_id", "out_prod"]
+__all__ = ["mul_mat", "mul_mat_set_prec", "mul_mat_set_separate_rows", "mul_mat_separate_rows", "mul_mat_id",
+           "out_prod"]
+
+# op_params[1] of MUL_MAT and MUL_MAT_ID: b's rows are separate sequences' tokens (not ggml's)
+SEPARATE_ROWS_PARAM = 1
 
 
 def mul_mat(ctx, a: Tensor, b: Tensor) -> Tensor:
@@ -24,6 +28,21 @@ def mul_mat_set_prec(a: Tensor, prec: Prec) -> None:
     """Ask for F32 accumulation on backends that would otherwise use less (a is the mul_mat node)."""
     require(a.op == Op.MUL_MAT, "mul_mat_set_prec", "a must be a mul_mat node", a)
     set_op_params_i32(a, 0, int(Prec(prec)))
+
+
+def mul_mat_set_separate_rows(a: Tensor) -> None:
+    """Mark a MUL_MAT or MUL_MAT_ID node whose rows of b are tokens of separate sequences (a
+    batched decode step, one token a sequence): a backend may then multiply each row as it would
+    multiply that row alone, so each sequence's result equals its own decode step, where a
+    micro-batch of one sequence's tokens (a prompt) may take another product."""
+    require(a.op in (Op.MUL_MAT, Op.MUL_MAT_ID), "mul_mat_set_separate_rows", "a must be a mul_mat or mul_mat_id node",
+            a)
+    set_op_params_i32(a, SEPARATE_ROWS_PARAM, 1)
+
+
+def mul_mat_separate_rows(a: Tensor) -> bool:
+    """Whether mul_mat_set_separate_rows marked the node."""
+    return a.op in (Op.MUL_MAT, Op.MUL_MAT_ID) and get_op_params_i32(a, SEPARATE_ROWS_PARAM) == 1
 
 
 def mul_mat_id(ctx, as_: Tensor, b: Tensor, ids: Tensor) -> Tensor:

@@ -16,6 +16,7 @@ import torch
 
 from ... import config
 from ...enums import Op, GluOp, RopeType
+from ...ops.matmul import mul_mat_separate_rows
 from ...tensor import get_op_params_f32, get_glu_op, nelements
 from ...types import Type
 from ..kernels.attention import alibi_slopes
@@ -296,14 +297,16 @@ def bind_half_products(node):
     """F16 x F32 products in float32, summed in vector lanes as ggml does: a 2-D weight's
     (half_matvec, half_gemm: b rounded to F16 first, ggml's F16 vec_dot type), and batched ones
     with few rows (the heads of attention over an F16 KV cache at decode: half_products, b not
-    rounded, as the torch kernels)."""
+    rounded, as the torch kernels). A batched decode step's rows (ops.mul_mat_set_separate_rows)
+    take the matvec and half_products however many they are: each row's products as its own."""
     a, b = node.src[0], node.src[1]
     if not (numba_available() and a.type == Type.F16 and b.type == Type.F32 and node.type == Type.F32):
         return None
     va, vb = view(a), view(b)
+    separate = mul_mat_separate_rows(node)
     if a.ne[2] * a.ne[3] == 1:
-        return _bind_half_weight(va[0, 0], vb, view(node))
-    if b.ne[1] > HALF_PRODUCT_MAX_ROWS:
+        return _bind_half_weight(va[0, 0], vb, view(node), separate)
+    if b.ne[1] > HALF_PRODUCT_MAX_ROWS and not separate:
         return None
     if va.stride(3) != 1 or vb.stride(3) != 1 or min(va.stride()) < 0 or min(vb.stride()) < 0:
         return None
@@ -312,12 +315,12 @@ def bind_half_products(node):
                  a.ne[0], b.ne[2] // a.ne[2], b.ne[3] // a.ne[3])
 
 
-def _bind_half_weight(w, vb, vout):
+def _bind_half_weight(w, vb, vout, separate_rows: bool = False):
     """w [N, K] times each [M, K] row block of b (b's and out's dims 2 and 3 walked here: one
     call per block, a model's products have one)."""
     if w.stride(1) != 1 or vb.stride(3) != 1 or vout.stride(3) != 1 or min(w.stride()) < 0:
         return None
-    few = vb.shape[2] <= HALF_PRODUCT_MAX_ROWS
+    few = separate_rows or vb.shape[2] <= HALF_PRODUCT_MAX_ROWS
     kernel, w_np = (op_kernels().half_matvec if few else op_kernels().half_gemm), as_numpy(w)
     blocks = [(as_numpy(vb[i3, i2]), as_numpy(vout[i3, i2]))
               for i3 in range(vb.shape[0]) for i2 in range(vb.shape[1])]

@@ -20,13 +20,15 @@ import numba
 import numpy as np
 
 from ...enums import Op, TensorFlag, VIEW_OPS
+from ...ops.matmul import mul_mat_separate_rows
 from ...tensor import get_op_params_f32, nbytes
 from ...types import Type
 from ..kernels.common import view
 from .fast_ops import as_numpy, flat_span, reads_within
 from .jit.loader import BoundKernel, numba_available, op_kernels
 
-# query rows per head the fused attention takes (decode, and batched decode's few tokens)
+# query rows per head the fused attention takes (decode, a few tokens), and any number of a batched
+# decode step's (ops.mul_mat_set_separate_rows: each row's attention is computed as its own)
 ATTENTION_MAX_ROWS = 4
 
 _OUTPUT = int(TensorFlag.OUTPUT)
@@ -104,7 +106,8 @@ def _attention_pattern(kqv, counts, position):
 
 def _bind_attention(kqv, kq, probs, v_t):
     """The fused call, or None where the kernel does not take the nodes: F16 K and V, F32 Q and
-    output, a mask of one matrix (F32 or F16), no ALiBi or sinks, no dim 3, few query rows, and
+    output, a mask of one matrix (F32 or F16), no ALiBi or sinks, no dim 3, few query rows (or
+    a batched decode step's), and
     nodes whose shapes are the pattern's (the kernel reads K, Q, the mask and V by sizes taken
     from them; a graph from the wire may pair them otherwise: then the nodes run unfused)."""
     k, q, mask = kq.src[0], kq.src[1], probs.src[1]
@@ -120,7 +123,7 @@ def _bind_attention(kqv, kq, probs, v_t):
         return None
     d_k, n_tok, n_head = q.ne[0], q.ne[1], q.ne[2]
     n_kv, n_head_kv, d_v = k.ne[1], k.ne[2], v.ne[1]
-    if (n_tok > ATTENTION_MAX_ROWS or any(t.ne[3] != 1 for t in (k, q, v, kqv)) or n_head % n_head_kv
+    if ((n_tok > ATTENTION_MAX_ROWS and not mul_mat_separate_rows(kqv)) or any(t.ne[3] != 1 for t in (k, q, v, kqv)) or n_head % n_head_kv
             or not _pattern_shapes(kqv, kq, probs, v_t, k, v, mask, (d_k, n_kv, n_tok, n_head, n_head_kv, d_v))):
         return None
     vk, vv = view(k)[0], view(v)[0]              # [n_head_kv, n_kv, d_k]; the permuted V [n_head_kv, d_v, n_kv]

@@ -12,6 +12,7 @@ from ...tensor import memory_buffer
 from ...types import Type, type_traits
 from ..kernels.common import view
 from ..kernels.matmul import bind_mul_mat, bind_mul_mat_id
+from ...ops.matmul import mul_mat_separate_rows
 from .features import cpu_path
 from .jit.loader import numba_available
 from .layouts.base import is_repacked
@@ -32,7 +33,8 @@ def bind_layout_product(node):
     a = node.src[0]
     if not is_repacked(a):
         return None
-    return bind_mul_mat(node, memory_buffer(a).buft.bind_product)
+    separate = mul_mat_separate_rows(node)
+    return bind_mul_mat(node, lambda weight: memory_buffer(weight).buft.bind_product(weight, separate))
 
 
 def bind_layout_experts(node):
@@ -41,7 +43,8 @@ def bind_layout_experts(node):
     experts = node.src[0]
     if not is_repacked(experts):
         return None
-    return bind_mul_mat_id(node, memory_buffer(experts).buft.bind_expert_product)
+    separate = mul_mat_separate_rows(node)
+    return bind_mul_mat_id(node, lambda weight: memory_buffer(weight).buft.bind_expert_product(weight, separate))
 
 
 def bind_block_product(node):
@@ -56,16 +59,17 @@ def bind_block_product(node):
     raw = view(a)[0, 0]
     if raw.stride(1) != 1:
         return None
+    separate = mul_mat_separate_rows(node)
     if not is_in_place(a.type, a.ne):
         if a.ne[2] != 1 or a.ne[3] != 1 or not supports_shape(a.type, a.ne) or not raw.is_contiguous():
             return None
-        return bind_mul_mat(node, lambda weight: converted_product(a, raw))
+        return bind_mul_mat(node, lambda weight: converted_product(a, raw, separate))
     b = node.src[1]
     if b.ne[2] == 1 and b.ne[3] == 1:  # a decode step's rows: the matvec bound once
-        bound = bound_block_matvec(a.type, raw, view(b)[0, 0], view(node)[0, 0])
+        bound = bound_block_matvec(a.type, raw, view(b)[0, 0], view(node)[0, 0], separate)
         if bound is not None:
             return bound
-    return bind_mul_mat(node, lambda weight: block_product(weight.type, raw))
+    return bind_mul_mat(node, lambda weight: block_product(weight.type, raw, separate))
 
 
 def _times_half_cpu(weight_t, rows, out) -> None:

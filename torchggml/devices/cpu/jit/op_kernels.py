@@ -610,6 +610,11 @@ def decode_attention(k, v, strides, n_kv, n_head_kv, q, mask, has_mask, scale, s
     for task in prange(n_runs * n_tok):
         t, h0 = task % n_tok, (task // n_tok) * per
         g = min(per, n_head - h0)
+        # the task's query rows, contiguous: the dots below compile to one loop (the same sums)
+        # whether q is a decode step's contiguous row or a batched step's strided rows
+        qs = np.empty((g, d_k), np.float32)
+        for hi in range(g):
+            qs[hi] = q[h0 + hi, t]
         scores = np.empty((g, n_kv), np.float32)
         peak = np.full(g, -np.inf, np.float32)
         nan = np.zeros(g, np.bool_)
@@ -624,7 +629,7 @@ def decode_attention(k, v, strides, n_kv, n_head_kv, q, mask, has_mask, scale, s
                 prefetch(k, ahead + line)
             for hi in range(g):
                 at = ((h0 + hi) // group) * k_head_stride + j * k_cell_stride
-                k_row, q_row = k[at:at + d_k], q[h0 + hi, t]
+                k_row, q_row = k[at:at + d_k], qs[hi]
                 total = np.float32(0.0)
                 for i in range(d_k):
                     total += half_to_float(k_row[i]) * q_row[i]

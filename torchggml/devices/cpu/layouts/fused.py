@@ -143,13 +143,13 @@ class FusedBufferType(RepackBufferType):
     def layout_nbytes(self, t: Tensor) -> int:
         return _layout(t)[5]
 
-    def bind_product(self, t: Tensor):
+    def bind_product(self, t: Tensor, separate_rows: bool = False):
         """fn(rows [R, K] float, out [R, N] f32): out = rows @ t^T."""
-        return functools.partial(_product, _Packed.of(t))
+        return functools.partial(_product, _Packed.of(t), separate_rows=separate_rows)
 
-    def bind_expert_product(self, t: Tensor):
+    def bind_expert_product(self, t: Tensor, separate_rows: bool = False):
         """fn(acts, pair_rows, pair_experts, out) for MUL_MAT_ID (kernels.matmul.bind_mul_mat_id)."""
-        return functools.partial(_expert_product, _Packed.of(t))
+        return functools.partial(_expert_product, _Packed.of(t), separate_rows=separate_rows)
 
 
 class FusedBuffer(RepackBuffer):
@@ -339,16 +339,16 @@ def _matvec(p: _Packed, x: torch.Tensor, x_row: np.ndarray, w_row0: np.ndarray, 
         out.copy_(target)
 
 
-def bound_block_matvec(qtype, raw: torch.Tensor, rows: torch.Tensor, out: torch.Tensor):
+def bound_block_matvec(qtype, raw: torch.Tensor, rows: torch.Tensor, out: torch.Tensor, separate_rows: bool = False):
     """A decode step's matvec of a Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weight's blocks raw (uint8 [N, row
     bytes]) by float32 rows [M, K] into out [M, N] (both contiguous, M below the matvec's
-    limit; else None), bound once: numpy views of the fixed memory and the rounded activations'
+    limit unless the rows are separate sequences'; else None), bound once: numpy views of the fixed memory and the rounded activations'
     buffers made here, so a call is one numba kernel (kernels.rows_block_matvec rounds the rows
     and multiplies), not torch and numpy calls around three (155 products a token on a
     1.1B model)."""
     p = _Packed.of_blocks(qtype, raw)
     if not (rows.dtype == torch.float32 and rows.is_contiguous() and out.is_contiguous()
-            and rows.shape[0] < _matvec_max_rows(p)):
+            and (separate_rows or rows.shape[0] < _matvec_max_rows(p))):
         return None
     m, q8_k = rows.shape[0], p.kind in Q8_K_KINDS
     x_row, w_row0 = _plain_rows(m)
@@ -414,7 +414,7 @@ def _layout_gemm_kind(p: _Packed) -> int | None:
     return p.g + int(p.has_bias)
 
 
-@functools.lru_cache(maxsize=FUSED_MATMUL_MAX_ROWS)
+@functools.lru_cache(maxsize=64)
 def _plain_rows(m: int) -> tuple[np.ndarray, np.ndarray]:
     """MUL_MAT's (x_row, w_row0): output row i reads activation row i and the one matrix."""
     return np.arange(m, dtype=np.int64), np.zeros(m, dtype=np.int64)
@@ -430,9 +430,11 @@ def _matvec_max_rows(p: _Packed) -> int:
     return INT8_GEMM_MIN_ROWS if _takes_int8_gemm(p) else BLOCK_MAX_ROWS if p.blocks else FUSED_MATMUL_MAX_ROWS
 
 
-def _product(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
+def _product(p: _Packed, rows: torch.Tensor, out: torch.Tensor, separate_rows: bool = False) -> None:
+    """out = rows @ W^T. separate_rows: the rows are separate sequences' tokens (a batched decode
+    step): all of them take the matvec, which multiplies each row as it multiplies one alone."""
     m = rows.shape[0]
-    if m < _matvec_max_rows(p):
+    if separate_rows or m < _matvec_max_rows(p):
         _matvec(p, rows, *_plain_rows(m), out)
     elif _takes_int8_gemm(p):
         _int8_gemm(p, rows, out)
@@ -468,9 +470,9 @@ def converted(t: Tensor, raw: torch.Tensor) -> _Packed:
     return p
 
 
-def converted_product(t: Tensor, raw: torch.Tensor):
+def converted_product(t: Tensor, raw: torch.Tensor, separate_rows: bool = False):
     """fn(rows, out) for t's MUL_MAT on its converted copy (converted)."""
-    return functools.partial(_product, converted(t, raw))
+    return functools.partial(_product, converted(t, raw), separate_rows=separate_rows)
 
 
 def packed_blocks(qtype, raw: torch.Tensor) -> _Packed:
@@ -493,22 +495,23 @@ def is_in_place(qtype, ne) -> bool:
     return qtype in IN_PLACE_KINDS and ne[2] == 1 and ne[3] == 1
 
 
-def block_product(qtype, raw: torch.Tensor):
+def block_product(qtype, raw: torch.Tensor, separate_rows: bool = False):
     """fn(rows [R, K] float, out [R, N] f32): out = rows @ W^T for a Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weight's ggml
     blocks raw (uint8 [N, row bytes], rows contiguous), as the fused layout's product."""
-    return functools.partial(_product, _Packed.of_blocks(qtype, raw))
+    return functools.partial(_product, _Packed.of_blocks(qtype, raw), separate_rows=separate_rows)
 
 
 def _expert_product(p: _Packed, acts: torch.Tensor, pair_rows: torch.Tensor, pair_experts: torch.Tensor,
-                    out: torch.Tensor) -> None:
+                    out: torch.Tensor, separate_rows: bool = False) -> None:
     """out[i] = expert pair_experts[i] @ acts[pair_rows[i]] for every (token, slot) pair i, grouped
     by expert: the experts with few rows in one matvec over their slabs, each other used expert
-    dequantized once for a GEMM of its rows (gathered and converted once for all). The index
+    dequantized once for a GEMM of its rows (gathered and converted once for all); every expert
+    on the matvec when the tokens are separate sequences' (_product). The index
     arithmetic runs in numpy: a decode step's MUL_MAT_ID costs a few numpy calls, not tens of
     torch ops."""
     experts, rows = pair_experts.numpy(), pair_rows.numpy()
     order = np.argsort(experts, kind="stable")
-    few = np.bincount(experts)[experts[order]] < FUSED_MAX_ROWS
+    few = np.ones(order.size, bool) if separate_rows else np.bincount(experts)[experts[order]] < FUSED_MAX_ROWS
     if few.any():
         sel = order[few]  # ordered by expert: an expert's rows are read while in cache
         x, x_row = acts, rows[sel]

@@ -117,7 +117,8 @@ class Int4BufferType(RepackBufferType):
     def layout_nbytes(self, t: Tensor) -> int:
         return packed_nbytes(t)
 
-    def bind_product(self, t: Tensor):
+    def bind_product(self, t: Tensor, separate_rows: bool = False):
+        """separate_rows is not used: torch's int4 GEMM multiplies every micro-batch alike."""
         nibbles, scales = repacked_views(t)
         return functools.partial(_times_packed, nibbles, scales, t.ne[1])
 
