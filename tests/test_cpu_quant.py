@@ -134,8 +134,8 @@ def test_fused_mul_mat_matches_float64(qtype, n, k, m, gemm, where, monkeypatch)
     assert nmse(ours.numpy(), (x.double() @ w.T).numpy()) < bound
 
 
-# a batched decode step's rows: the matvec takes them quant_kernels.ROWS at a time (7: a
-# remainder of 3 rows one at a time); the blocks' rows above INT8_GEMM_MIN_ROWS called directly
+# a batched decode step's rows (separate_rows): the matvec takes them quant_kernels.ROWS at a time
+# (7: a remainder of 3 rows one at a time), however many (above every prompt limit)
 ROWS_CASES = [(qtype, where, m) for where, types in (("fused", TYPES), ("blocks", sorted(layout.IN_PLACE_KINDS, key=int)))
               for qtype in types for m in (4, 7, 16)]
 
@@ -154,7 +154,7 @@ def test_matvec_of_many_rows_equals_each_row_alone(qtype, where, m):
         ggml.backend_tensor_set(a, blocks.numpy())
         packed = layout._Packed.of(a)
     together = torch.empty(m, n)
-    layout._matvec(packed, x, *layout._plain_rows(m), together)
+    layout._product(packed, x, together, separate_rows=True)  # a batched decode step: all rows on the matvec
     for i in range(m):
         alone = torch.empty(1, n)
         layout._matvec(packed, x[i:i + 1], *layout._plain_rows(1), alone)

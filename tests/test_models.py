@@ -473,6 +473,34 @@ def test_eval_batch_equals_sequences_one_by_one():
         model.eval_batch([[1], [2]], seq_ids=[3, 3])
 
 
+# every golden model whose weights the CPU's own kernels multiply (F32 weights go through torch's
+# GEMM, whose sums depend on how many rows it is given)
+SEPARATE_ROWS_MODELS = [Path(e["model"]).stem for e in MANIFEST if e["weights"] != "F32"]
+
+
+@needs_golden
+@pytest.mark.parametrize("name", SEPARATE_ROWS_MODELS)
+def test_batched_decode_step_equals_each_sequence_alone(name):
+    """A decode step of ten sequences, one token each (more rows than any product or the fused
+    attention keeps on its decode path for a prompt), gives each sequence bit for bit the logits
+    of its own decode step, on every weight type; a prompt of as many tokens is not such a step."""
+    entry = entry_named(name)
+    t = entry["tokens"]
+    model = golden_model(entry)
+    prompts, nexts = [t[i:i + 2 + i % 4] for i in range(10)], [t[-1 - i] for i in range(10)]
+    model.eval_batch(prompts)
+    together = model.eval_batch([[x] for x in nexts])
+    assert model.last_graph.separate_rows
+    model.reset()
+    model.eval_batch(prompts)
+    for i, (x, row) in enumerate(zip(nexts, together)):
+        alone = model.eval([x], seq_id=i)
+        assert torch.equal(alone, row), f"sequence {i}: {(alone - row).abs().max().item():.3g} off its own step"
+    model.reset()
+    model.eval(t[:10])
+    assert not model.last_graph.separate_rows
+
+
 BATCH_PROMPTS = ["Once upon a time", "The scheduler cuts", "Numbers 0 1 2"]
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"}},
           "required": ["n", "ok"]}
