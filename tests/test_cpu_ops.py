@@ -85,6 +85,8 @@ TAKEN = [
     ("mul_mat(type_a=F16,type_b=F16,m=16,n=1,k=64,bs=[1, 1],nr=[1, 1])", False),  # F16 b: torch's
     ("mul_mat(type_a=F16,type_b=F32,m=8,n=5,k=64,bs=[3, 2],nr=[1, 1])", False),  # 5 rows, batched
     ("mul_mat(type_a=F16,type_b=F32,m=7,n=9,k=96,bs=[1, 1],nr=[1, 1])", True),  # a weight's micro-batch: half_gemm
+    ("mul_mat(type_a=BF16,type_b=F32,m=16,n=1,k=64,bs=[1, 1],nr=[1, 1])", True),  # a decode's BF16 weight: bf16_matvec
+    ("mul_mat(type_a=BF16,type_b=F32,m=7,n=9,k=96,bs=[1, 1],nr=[1, 1])", False),  # a prompt's: torch's BF16 GEMM
     ("mul_mat(type_a=Q8_0,type_b=F32,m=8,n=5,k=64,bs=[3, 2],nr=[1, 1])", False),
     ("mul_mat(type_a=F16,type_b=F32,b=transposed view)", False),  # 2-D, and k strided in b
 ]
@@ -341,6 +343,25 @@ def test_f16_weight_numba_products_match_float64(m, n, k):
     kernel(fast_ops.as_numpy(weight), rows.numpy(), out)
     want = rows.half().double() @ weight.double().T
     assert ((torch.from_numpy(out).double() - want).norm() / want.norm()).item() < 1e-6
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 7, 96), (4, 64, 256), (16, 9, 83), (3, 5, 7)])
+def test_bf16_weight_matvec_matches_float64(m, n, k):
+    """A BF16 weight times f32 rows through bf16_matvec: the rows rounded to BF16 as ggml's BF16
+    vec_dot type rounds them (nearest even), float32 sums of exact products; each row's results
+    bit for bit those of the row alone (a batched decode step's rows)."""
+    from torchggml.devices.cpu.jit.loader import op_kernels
+    gen = torch.Generator().manual_seed(m * n + k)
+    weight = torch.randn(n, k, generator=gen).bfloat16()
+    rows = torch.randn(m, k, generator=gen)
+    out = np.full((m, n), np.nan, np.float32)
+    op_kernels().bf16_matvec(fast_ops.as_numpy(weight), rows.numpy(), out)
+    want = rows.bfloat16().double() @ weight.double().T
+    assert ((torch.from_numpy(out).double() - want).norm() / want.norm()).item() < 1e-6
+    for i in range(m):
+        alone = np.full((1, n), np.nan, np.float32)
+        op_kernels().bf16_matvec(fast_ops.as_numpy(weight), rows[i:i + 1].numpy(), alone)
+        assert np.array_equal(alone[0], out[i])
 
 
 # the threaded kernels (a prompt's rows over the threads) run each row as the serial ones do

@@ -474,19 +474,33 @@ def test_eval_batch_equals_sequences_one_by_one():
 
 
 # every golden model whose weights the CPU's own kernels multiply (F32 weights go through torch's
-# GEMM, whose sums depend on how many rows it is given)
-SEPARATE_ROWS_MODELS = [Path(e["model"]).stem for e in MANIFEST if e["weights"] != "F32"]
+# GEMM, whose sums depend on how many rows it is given), and llama-F32 converted to BF16
+SEPARATE_ROWS_MODELS = [Path(e["model"]).stem for e in MANIFEST if e["weights"] != "F32"] + ["llama-BF16"]
+
+
+@pytest.fixture(scope="module")
+def llama_bf16(tmp_path_factory):
+    from torchggml.tools.quantize import quantize_file
+    path = tmp_path_factory.mktemp("bf16") / "llama-BF16.gguf"
+    quantize_file(str(GOLDEN / entry_named("llama-F32")["model"]), str(path), "BF16")
+    model = load_model(path, devices=["CPU"], progress=False)
+    yield model
+    model.close()
 
 
 @needs_golden
 @pytest.mark.parametrize("name", SEPARATE_ROWS_MODELS)
-def test_batched_decode_step_equals_each_sequence_alone(name):
+def test_batched_decode_step_equals_each_sequence_alone(name, request):
     """A decode step of ten sequences, one token each (more rows than any product or the fused
     attention keeps on its decode path for a prompt), gives each sequence bit for bit the logits
     of its own decode step, on every weight type; a prompt of as many tokens is not such a step."""
-    entry = entry_named(name)
-    t = entry["tokens"]
-    model = golden_model(entry)
+    t = entry_named("llama-F32")["tokens"]
+    if name == "llama-BF16":
+        model = request.getfixturevalue("llama_bf16")
+        model.reset()
+    else:
+        t = entry_named(name)["tokens"]
+        model = golden_model(entry_named(name))
     prompts, nexts = [t[i:i + 2 + i % 4] for i in range(10)], [t[-1 - i] for i in range(10)]
     model.eval_batch(prompts)
     together = model.eval_batch([[x] for x in nexts])

@@ -42,8 +42,8 @@ def _fast_types() -> frozenset:
 
 
 def as_numpy(t: torch.Tensor) -> np.ndarray:
-    """A numpy array over t's memory (same strides); F16 as uint16 bits."""
-    if t.dtype == torch.float16:
+    """A numpy array over t's memory (same strides); F16 and BF16 as uint16 bits."""
+    if t.dtype in (torch.float16, torch.bfloat16):
         return t.view(torch.int16).numpy().view(np.uint16)
     return t.numpy()
 
@@ -298,15 +298,16 @@ def bind_half_products(node):
     (half_matvec, half_gemm: b rounded to F16 first, ggml's F16 vec_dot type), and batched ones
     with few rows (the heads of attention over an F16 KV cache at decode: half_products, b not
     rounded, as the torch kernels). A batched decode step's rows (ops.mul_mat_set_separate_rows)
-    take the matvec and half_products however many they are: each row's products as its own."""
+    take the matvec and half_products however many they are: each row's products as its own.
+    A 2-D BF16 weight's few rows (or a batched decode step's) take bf16_matvec."""
     a, b = node.src[0], node.src[1]
-    if not (numba_available() and a.type == Type.F16 and b.type == Type.F32 and node.type == Type.F32):
+    if not (numba_available() and a.type in (Type.F16, Type.BF16) and b.type == Type.F32 and node.type == Type.F32):
         return None
     va, vb = view(a), view(b)
     separate = mul_mat_separate_rows(node)
     if a.ne[2] * a.ne[3] == 1:
         return _bind_half_weight(va[0, 0], vb, view(node), separate)
-    if b.ne[1] > HALF_PRODUCT_MAX_ROWS and not separate:
+    if a.type == Type.BF16 or (b.ne[1] > HALF_PRODUCT_MAX_ROWS and not separate):
         return None
     if va.stride(3) != 1 or vb.stride(3) != 1 or min(va.stride()) < 0 or min(vb.stride()) < 0:
         return None
@@ -321,7 +322,13 @@ def _bind_half_weight(w, vb, vout, separate_rows: bool = False):
     if w.stride(1) != 1 or vb.stride(3) != 1 or vout.stride(3) != 1 or min(w.stride()) < 0:
         return None
     few = separate_rows or vb.shape[2] <= HALF_PRODUCT_MAX_ROWS
-    kernel, w_np = (op_kernels().half_matvec if few else op_kernels().half_gemm), as_numpy(w)
+    if w.dtype == torch.bfloat16:  # a prompt's rows: torch's BF16 GEMM (products.bind_half_weight_product)
+        if not few:
+            return None
+        kernel = op_kernels().bf16_matvec
+    else:
+        kernel = op_kernels().half_matvec if few else op_kernels().half_gemm
+    w_np = as_numpy(w)
     blocks = [(as_numpy(vb[i3, i2]), as_numpy(vout[i3, i2]))
               for i3 in range(vb.shape[0]) for i2 in range(vb.shape[1])]
     if len(blocks) == 1:

@@ -457,6 +457,34 @@ def half_matvec(w, x, out):
             out[m, n] = _half_dot(w[n], xh[m])
 
 
+# a decode step's product by a 2-D BF16 weight, as half_matvec: one pass over the weight, each
+# row widened to float32 once (a shift) for every activation row while it is in L1; the activations
+# rounded to BF16 first (nearest even, as ggml's BF16 vec_dot type), the products summed in float32
+@njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"}, parallel=True)
+def bf16_matvec(w, x, out):
+    xb = np.empty(x.shape, np.uint32)
+    xbits = np.ascontiguousarray(x).view(np.uint32)
+    for m in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            u = xbits[m, i]
+            if (u & 0x7fffffff) > 0x7f800000:  # NaN stays NaN (quiet)
+                xb[m, i] = (u | 0x400000) & 0xffff0000
+            else:
+                xb[m, i] = (u + 0x7fff + ((u >> 16) & 1)) & 0xffff0000
+    xf = xb.view(np.float32)
+    for n in prange(w.shape[0]):
+        row = np.empty(w.shape[1], np.uint32)
+        for i in range(w.shape[1]):
+            row[i] = np.uint32(w[n, i]) << 16
+        wf = row.view(np.float32)
+        for m in range(x.shape[0]):
+            total = np.float32(0.0)
+            xm = xf[m]
+            for i in range(w.shape[1]):
+                total += wf[i] * xm[i]
+            out[m, n] = total
+
+
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _rounded_to_half(x):  # float32 rows rounded to F16's precision (as float32)
     out = np.empty_like(x)
