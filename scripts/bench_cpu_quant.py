@@ -8,11 +8,13 @@ used expert dequantized at every call), medians of alternating runs, and their r
 
     python scripts/bench_cpu_quant.py [--n 2816] [--k 1024] [-t THREADS] [--types Q8_0,Q4_0,...]
                                       [--moe-types Q8_0,...] [--experts 8] [--used 2]
-                                      [--rows 1,2,4,8,16 [--rows-only]]
+                                      [--rows 1,2,4,8,16 [--rows-only] [--prompt-rows]]
 
---rows: a batched decode step's products, M activation rows (one a sequence) for each M given,
+--rows: a batched decode step's products, M activation rows (one a sequence: the node marked
+with ops.mul_mat_set_separate_rows, as a model marks a batched decode step's) for each M given,
 the M's runs interleaved, the best of each: us per product and its cost against M = 1 (M for a path that reads
-the weight again for each row, about 1 for one that reads it once for all rows).
+the weight again for each row, about 1 for one that reads it once for all rows). With
+--prompt-rows the nodes are not marked: M tokens of one prompt, as a short prompt's products.
 
 Each product runs through a ggml graph on the CPU backend (the kernel, its binding and one
 node's dispatch), best of several runs; copy bandwidth is a 256 MiB torch copy (read + write).
@@ -67,7 +69,8 @@ class Product:
     """One MUL_MAT node [m rows] x weight [n, k] (experts > 0: MUL_MAT_ID of `experts` such
     weights, `used` of them per token, m tokens) in a planned graph; the weight in buft."""
 
-    def __init__(self, qtype, n: int, k: int, m: int, buft, backend, experts: int = 0, used: int = 0):
+    def __init__(self, qtype, n: int, k: int, m: int, buft, backend, experts: int = 0, used: int = 0,
+                 separate_rows: bool = False):
         ctx_w = ggml.init(no_alloc=True)
         a = ggml.new_tensor_3d(ctx_w, qtype, k, n, max(1, experts))
         ctx = ggml.init(no_alloc=True)
@@ -78,6 +81,8 @@ class Product:
         else:
             b = ggml.new_tensor_2d(ctx, T.F32, k, m)
             node = ggml.mul_mat(ctx, a, b)
+        if separate_rows:
+            ggml.mul_mat_set_separate_rows(node)
         self.wbuf = ggml.backend_alloc_ctx_tensors_from_buft(ctx_w, buft or ggml.backend_cpu_buffer_type())
         graph = ggml.new_graph(ctx)
         ggml.build_forward_expand(graph, node)
@@ -133,7 +138,7 @@ def rows_table(args, buft, backend) -> None:
     for name in filter(None, (args.types + ",F16,BF16").split(",")):
         qtype = T[name]
         use = buft if buft is not None and buft.supports_weight(qtype, [args.k, args.n]) else None
-        products = [Product(qtype, args.n, args.k, m, use, backend) for m in ms]
+        products = [Product(qtype, args.n, args.k, m, use, backend, separate_rows=not args.prompt_rows) for m in ms]
         times = [min(t) for t in timed(args.reps, *products)]  # the least disturbed run of each
         for product in products:
             product.free()
@@ -153,6 +158,7 @@ def main(argv=None) -> int:
     p.add_argument("--used", type=int, default=2)
     p.add_argument("--rows", default="", help="a rows table for these M (e.g. 1,2,4,8,16)")
     p.add_argument("--rows-only", action="store_true", help="only the rows table")
+    p.add_argument("--prompt-rows", action="store_true", help="the rows table's M rows as one prompt's tokens")
     args = p.parse_args(argv)
     backend = ggml.backend_cpu_init()
     ggml.backend_cpu_set_n_threads(backend, args.threads)
