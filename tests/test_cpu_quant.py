@@ -476,6 +476,31 @@ def test_fused_mul_mat_id_matches_float64(qtype, n_expert, n_used, b_used, n_tok
     assert nmse(ours.numpy(), ref.numpy()) < bound
 
 
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q4_K, T.Q8_0, T.IQ4_XS])
+def test_mul_mat_id_of_a_batched_decode_step_equals_each_token_alone(qtype, monkeypatch):
+    """A batched decode step's MUL_MAT_ID (ops.mul_mat_set_separate_rows): every expert on the
+    matvec, however many rows it has, so each token's results are bit for bit its own step's."""
+    taken = set()
+    monkeypatch.setattr(layout, "_gemm", lambda *a: taken.add("gemm"))
+    n, k, n_expert, n_used, n_tokens = 24, 256, 4, 2, 12
+    blocks = random_blocks(qtype, n * n_expert, k, seed=int(qtype)).numpy()
+    x = torch.rand(n_tokens, n_used, k, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    chosen = _ids_table("rotate", n_tokens, n_used, n_expert).to(torch.int32)  # every expert 6 rows
+
+    def run(tokens: slice):
+        experts, b, ids, node, graph, _bufs = expert_graph(qtype, n, k, n_expert, n_used, n_used, x[tokens].shape[0])
+        ggml.mul_mat_set_separate_rows(node)
+        ggml.backend_tensor_set(experts, blocks)
+        ggml.backend_tensor_set(b, x[tokens].contiguous())
+        ggml.backend_tensor_set(ids, chosen[tokens].contiguous())
+        assert ggml.backend_graph_compute(ggml.backend_cpu_init(), graph) == ggml.Status.SUCCESS
+        return torch.as_tensor(ggml.backend_tensor_get(node)).reshape(-1, n_used, n)
+    together = run(slice(None))
+    for t in range(n_tokens):
+        assert torch.equal(run(slice(t, t + 1))[0], together[t]), f"token {t}"
+    assert not taken
+
+
 @pytest.mark.parametrize("path", ["fused", "dequant"])
 @pytest.mark.parametrize("bad", [-1, 4])
 def test_mul_mat_id_rejects_expert_ids_out_of_range(path, bad):
