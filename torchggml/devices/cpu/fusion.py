@@ -123,7 +123,8 @@ def _bind_attention(kqv, kq, probs, v_t):
         return None
     d_k, n_tok, n_head = q.ne[0], q.ne[1], q.ne[2]
     n_kv, n_head_kv, d_v = k.ne[1], k.ne[2], v.ne[1]
-    if ((n_tok > ATTENTION_MAX_ROWS and not mul_mat_separate_rows(kqv)) or any(t.ne[3] != 1 for t in (k, q, v, kqv)) or n_head % n_head_kv
+    few_rows = n_tok <= ATTENTION_MAX_ROWS or mul_mat_separate_rows(kqv)
+    if (not few_rows or any(t.ne[3] != 1 for t in (k, q, v, kqv)) or n_head % n_head_kv
             or not _pattern_shapes(kqv, kq, probs, v_t, k, v, mask, (d_k, n_kv, n_tok, n_head, n_head_kv, d_v))):
         return None
     vk, vv = view(k)[0], view(v)[0]              # [n_head_kv, n_kv, d_k]; the permuted V [n_head_kv, d_v, n_kv]

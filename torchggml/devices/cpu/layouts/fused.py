@@ -19,7 +19,9 @@ Q4_K's q in [0, 15]. Decode streams these bytes once a token, so they bound its 
 place (IN_PLACE_KINDS, block_product; ggml's sizes, nothing converted at load); their experts
 (3-D, for MUL_MAT_ID) and the other types are. Products: M < FUSED_MATMUL_MAX_ROWS rows of
 activations (BLOCK_MAX_ROWS for blocks in place, INT8_GEMM_MIN_ROWS where the int8 GEMM runs)
-run the fused matvec, four rows at a time for each weight row it reads (a batched decode step). Larger micro-batches of those blocks in place run the int8 GEMM with
+run the fused matvec, four rows at a time for each weight row it reads, and so do a batched
+decode step's rows however many (separate_rows: ops.mul_mat_set_separate_rows; each row then
+equals its own step's). Larger micro-batches of those blocks in place run the int8 GEMM with
 ggml's per-block scales where the CPU has AVX2 or a VNNI (_int8_gemm, jit/gemm_ir.py; faster than
 the bf16 path below: docs/benchmarks.md); the rest
 dequantize the weight once per call into the fastest float GEMM dtype and use torch's GEMM (for
@@ -339,13 +341,14 @@ def _matvec(p: _Packed, x: torch.Tensor, x_row: np.ndarray, w_row0: np.ndarray, 
         out.copy_(target)
 
 
-def bound_block_matvec(qtype, raw: torch.Tensor, rows: torch.Tensor, out: torch.Tensor, separate_rows: bool = False):
+def bound_block_matvec(qtype, raw: torch.Tensor, rows: torch.Tensor, out: torch.Tensor,
+                       separate_rows: bool = False):
     """A decode step's matvec of a Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weight's blocks raw (uint8 [N, row
     bytes]) by float32 rows [M, K] into out [M, N] (both contiguous, M below the matvec's
-    limit unless the rows are separate sequences'; else None), bound once: numpy views of the fixed memory and the rounded activations'
-    buffers made here, so a call is one numba kernel (kernels.rows_block_matvec rounds the rows
-    and multiplies), not torch and numpy calls around three (155 products a token on a
-    1.1B model)."""
+    limit unless the rows are separate sequences' (_product); else None), bound once: numpy
+    views of the fixed memory and the rounded activations' buffers made here, so a call is one
+    numba kernel (kernels.rows_block_matvec rounds the rows and multiplies), not torch and numpy
+    calls around three (155 products a token on a 1.1B model)."""
     p = _Packed.of_blocks(qtype, raw)
     if not (rows.dtype == torch.float32 and rows.is_contiguous() and out.is_contiguous()
             and (separate_rows or rows.shape[0] < _matvec_max_rows(p))):
