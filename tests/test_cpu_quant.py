@@ -163,6 +163,32 @@ def test_matvec_of_many_rows_equals_each_row_alone(qtype, where, m):
         assert (m < layout._matvec_max_rows(packed)) == (m < layout.FUSED_MATMUL_MAX_ROWS)
 
 
+BOUND_CASES = [(qtype, where, m) for where, types in (("fused", TYPES), ("blocks", sorted(layout.IN_PLACE_KINDS, key=int)))
+               for qtype in types for m in (1, 3)]
+
+
+@pytest.mark.parametrize("qtype,where,m", BOUND_CASES, ids=[f"{c[0].name}-{c[1]}-m{c[2]}" for c in BOUND_CASES])
+def test_bound_decode_matvec_equals_the_product(qtype, where, m):
+    """A decode step's product bound once (bound_matvec: rounding and matvec in one kernel, as
+    native runs call it) gives the product's bits, for every type of both layouts."""
+    pytest.importorskip("numba")
+    n, k = 9, 512
+    blocks = random_blocks(qtype, n, k, seed=m)
+    if where == "blocks":
+        packed = layout._Packed.of_blocks(qtype, blocks)
+    else:
+        a, _b, _node, _graph, _bufs = weight_graph(qtype, n, k, 1, repack_buffer_type("fused"))
+        ggml.backend_tensor_set(a, blocks.numpy())
+        packed = layout._Packed.of(a)
+    x = torch.rand(m, k, generator=torch.Generator().manual_seed(m)) * 2 - 1
+    want, got = torch.empty(m, n), torch.empty(m, n)
+    layout._product(packed, x, want)
+    bound = layout.bound_matvec(packed, x, got)
+    bound()
+    assert torch.equal(got, want), (got - want).abs().max().item()
+    assert layout.bound_matvec(packed, torch.rand(layout._matvec_max_rows(packed), k), got) is None
+
+
 def _needs_int8_gemm():
     pytest.importorskip("numba")
     from torchggml.devices.cpu.jit.gemm_ir import gemm_available

@@ -147,6 +147,10 @@ class FusedBufferType(RepackBufferType):
         """fn(rows [R, K] float, out [R, N] f32): out = rows @ t^T."""
         return functools.partial(_product, _Packed.of(t))
 
+    def bind_rows_product(self, t: Tensor, rows: torch.Tensor, out: torch.Tensor):
+        """A decode step's product of a 2-D weight bound once (bound_matvec), or None."""
+        return bound_matvec(_Packed.of(t), rows, out)
+
     def bind_expert_product(self, t: Tensor):
         """fn(acts, pair_rows, pair_experts, out) for MUL_MAT_ID (kernels.matmul.bind_mul_mat_id)."""
         return functools.partial(_expert_product, _Packed.of(t))
@@ -339,25 +343,30 @@ def _matvec(p: _Packed, x: torch.Tensor, x_row: np.ndarray, w_row0: np.ndarray, 
         out.copy_(target)
 
 
-def bound_block_matvec(qtype, raw: torch.Tensor, rows: torch.Tensor, out: torch.Tensor):
-    """A decode step's matvec of a Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weight's blocks raw (uint8 [N, row
-    bytes]) by float32 rows [M, K] into out [M, N] (both contiguous, M below the matvec's
-    limit; else None), bound once: numpy views of the fixed memory and the rounded activations'
-    buffers made here, so a call is one numba kernel (kernels.rows_block_matvec rounds the rows
-    and multiplies), not torch and numpy calls around three (155 products a token on a
-    1.1B model)."""
-    p = _Packed.of_blocks(qtype, raw)
+def bound_matvec(p: _Packed, rows: torch.Tensor, out: torch.Tensor):
+    """A decode step's matvec of weight p by float32 rows [M, K] into out [M, N] (both
+    contiguous, M below the matvec's limit; else None), bound once: numpy views of the fixed
+    memory and the rounded activations' buffers made here, so a call is one numba kernel
+    (rows_block_matvec for ggml's blocks in place, rows_matvec for the converted layout: each
+    rounds the rows and multiplies), not torch and numpy calls around three, and a native run
+    (native_plan.py) holds it with the step's other kernels."""
     if not (rows.dtype == torch.float32 and rows.is_contiguous() and out.is_contiguous()
             and rows.shape[0] < _matvec_max_rows(p)):
         return None
-    m, q8_k = rows.shape[0], p.kind in Q8_K_KINDS
+    m = rows.shape[0]
     x_row, w_row0 = _plain_rows(m)
+    xq = np.empty(tuple(rows.shape), np.int8)
+    if not p.blocks:
+        xd = np.empty((m, p.k // p.g), np.float32)
+        return BoundKernel(quant_kernels().rows_matvec, p.q, p.scale, p.bias, p.has_bias, p.kind,
+                           p.qtype in F16_ACTIVATION_SCALES, rows.numpy(), xq, xd, np.empty_like(xd), w_row0, x_row,
+                           out.numpy())
+    q8_k = p.kind in Q8_K_KINDS
     xd = np.empty((m, p.k // (256 if q8_k else 32)), np.float32)
     xsum = np.empty((m, 0 if q8_k else p.k // 32), np.float32)  # Q8_0's sums, or Q8_K's:
     bsums = np.empty((m, p.k // 16 if q8_k else 0), np.int16)
-    args = (p.q, p.kind, rows.numpy(), np.empty(tuple(rows.shape), np.int8), xd, xsum, bsums, w_row0, x_row,
-            out.numpy())
-    return BoundKernel(quant_kernels().rows_block_matvec, *args)
+    return BoundKernel(quant_kernels().rows_block_matvec, p.q, p.kind, rows.numpy(), xq, xd, xsum, bsums, w_row0,
+                       x_row, out.numpy())
 
 
 def _gemm_buffers(key: tuple, make):
