@@ -252,6 +252,16 @@ def bind_binary(node):
     return _call(op_kernels().binary, _float_view(a), _float_view(b), _float_view(node), _BINARY_CODES[node.op])
 
 
+def bind_scale(node):
+    """SCALE's x * s + b of a decode step's rows (what kernels/math.py's torch ops compute: the
+    product rounded to float32 before b is added), one kernel a native run holds."""
+    x = node.src[0]
+    if not _takes(node, x) or nelements(node) > BINARY_MAX_ELEMENTS:
+        return None
+    return _call(op_kernels().scale, _float_view(x), _float_view(node), np.float32(get_op_params_f32(node, 0)),
+                 np.float32(get_op_params_f32(node, 1)))
+
+
 # ---------------------------------------------------------------- GLU
 
 def bind_glu(node):

@@ -18,6 +18,7 @@ division (x / 0 is inf or NaN, as in ggml, not a ZeroDivisionError).
     copy(src, dst)                                   same shape, element by element, tiled
     glu(x, gate, out, gelu)                          silu(x) * gate, or GEGLU's gelu(x) * gate (glu_rows: threaded)
     binary(a, b, out, op)                            a + - * / b (op 0..3), b tiled over a
+    scale(x, out, s, b)                              x * s (+ b, rounded after the product), SCALE
     transpose(src, dst)                              dst[c, r] = src[r, c], 2-D, any element type
     get_block_rows(table, ids, out, kind) -> first bad index position or -1
                                                      out[i3, i2, j] = dequantized table[i3, i2, ids[..]]
@@ -373,6 +374,17 @@ def binary(a, b, out, op):
                         tiled[i0] = row_b[i0 % nb]
                     row_b = tiled
                 binary_row(a[i3, i2, i1], row_b, out[i3, i2, i1], op)
+
+
+@jit
+def scale(x, out, s, b):
+    for i3 in range(out.shape[0]):
+        for i2 in range(out.shape[1]):
+            for i1 in range(out.shape[2]):
+                xr, orow = x[i3, i2, i1], out[i3, i2, i1]
+                for i0 in range(orow.shape[0]):
+                    v = load(xr[i0]) * s
+                    orow[i0] = store_as(v + b if b != 0 else v, orow)
 
 
 # GEGLU's GELU, ggml's tanh form: 0.5 v (1 + tanh(y)) = v / (1 + e^(-2y)), y = C v (1 + A v^2)
