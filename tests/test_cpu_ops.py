@@ -47,6 +47,9 @@ TAKEN = [
     ("soft_max(ne=[1024, 64, 8, 1],mask=F16[1024, 64, 1, 1],scale=0.125,max_bias=0.0,causal)", True),
     ("rope(type=F32,ne=[64, 16, 1, 1],n_dims=64,mode=0,fs=1.0,ef=0.0,af=1.0,ff=False)", True),
     ("rope(type=F16,ne=[128, 8, 1, 1],n_dims=64,mode=2,fs=1.0,ef=0.0,af=1.0,ff=False,n_offs=64)", True),
+    # a prompt's rows, past THREADED_MIN_ELEMENTS: the threaded kernel (tokens over the threads)
+    ("rope(type=F32,ne=[256, 4, 128, 1],n_dims=256,mode=2,fs=1.0,ef=0.0,af=1.0,ff=False)", True),
+    ("rope(type=F32,ne=[128, 8, 80, 1],n_dims=64,mode=0,fs=1.0,ef=0.0,af=1.0,ff=True,n_offs=32)", True),
     ("rope(type=F32,ne=[128, 3, 2, 1],n_dims=128,mode=8,fs=1.0,ef=0.0,af=1.0,ff=False,sections=[21, 21, 21, 0])",
      False),  # M-RoPE: torch's kernel
     ("set_rows(type=F16,ne0=1024,n_rows=168,n=1,batch=[1, 1],idx=I64[1, 1],b=F32)", True),

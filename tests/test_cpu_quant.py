@@ -221,7 +221,7 @@ LAYOUT_GEMM_TYPES = [T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS,
 INT8_GEMM_CASES = [(qtype, n, k, m, "blocks") for qtype in sorted(layout.IN_PLACE_KINDS, key=int)
                    for n, k, m in ((32, 256, 6), (64, 512, 7), (96, 768, 130))]
 INT8_GEMM_CASES += [(qtype, n, k, m, "fused") for qtype in LAYOUT_GEMM_TYPES
-                    for n, k, m in ((32, 256, 6), (96, 768, 130))]
+                    for n, k, m in ((32, 256, layout.LAYOUT_INT8_MIN_ROWS), (96, 768, 130))]
 
 
 @pytest.mark.parametrize("qtype,n,k,m,where", INT8_GEMM_CASES,
@@ -397,12 +397,13 @@ def test_int8_gemm_is_chosen_by_features_and_environment(choice, vnni, expected,
         assert features.int8_gemm() is expected
 
 
-# (TORCHGGML_CPU_GEMM, the byte dot, the kinds the int8 GEMM takes): all of them but Q8_0 on
-# AVX2 (the f32 GEMM is faster there) and the fused layout's kinds (the float GEMM is more
-# accurate on the real models) unless int8 is asked for
-KIND_CHOICES = [("", "avx512vnni", {34, 18, 144, 176, 210}), ("", "vnni256", {34, 18, 144, 176, 210}),
-                ("", "avx2", {18, 144, 176, 210}), ("int8", "avx2", {34, 18, 144, 176, 210, 4, 32, 33, 16, 17}),
-                ("int8", "avx512vnni", {34, 18, 144, 176, 210, 4, 32, 33, 16, 17}), ("f32", "avx2", set()), ("", None, set())]
+# (TORCHGGML_CPU_GEMM, the byte dot, the kinds the int8 GEMM takes): all of them but Q4_1's (4:
+# the float GEMM keeps SmolLM2's greedy tokens on llama.cpp's) and, on AVX2, the int8 ones (Q8_0,
+# the fused layout's int8 q: the f32 GEMM is faster there) unless int8 is asked for
+ALL_KINDS = {34, 18, 144, 176, 210, 4, 32, 33, 16, 17}
+KIND_CHOICES = [("", "avx512vnni", ALL_KINDS - {4}), ("", "vnni256", ALL_KINDS - {4}),
+                ("", "avx2", {18, 144, 176, 210}), ("int8", "avx2", ALL_KINDS),
+                ("int8", "avx512vnni", ALL_KINDS), ("f32", "avx2", set()), ("", None, set())]
 
 
 @pytest.mark.parametrize("choice,isa,kinds", KIND_CHOICES)
@@ -413,6 +414,25 @@ def test_int8_gemm_takes_the_kinds_it_gains_on(choice, isa, kinds, monkeypatch):
     monkeypatch.setenv("TORCHGGML_CPU_GEMM", choice)
     monkeypatch.setattr(gemm_ir, "gemm_isa", lambda: isa)
     assert {kind for kind in (34, 18, 144, 176, 210, 4, 32, 33, 16, 17) if features.int8_gemm_takes(kind)} == kinds
+
+
+# (rows, the product that takes them) for a stored type's weight where the int8 GEMM runs: the
+# matvec, the float GEMM for a short prompt, the int8 GEMM from LAYOUT_INT8_MIN_ROWS
+LAYOUT_ROWS_CASES = [(layout.FUSED_MATMUL_MAX_ROWS - 1, "_matvec"), (layout.FUSED_MATMUL_MAX_ROWS, "_gemm"),
+                     (layout.LAYOUT_INT8_MIN_ROWS - 1, "_gemm"), (layout.LAYOUT_INT8_MIN_ROWS, "_int8_gemm")]
+
+
+@pytest.mark.parametrize("m,product", LAYOUT_ROWS_CASES)
+def test_stored_types_take_the_int8_gemm_from_its_rows(m, product, monkeypatch):
+    _needs_int8_gemm()
+    monkeypatch.setenv("TORCHGGML_CPU_GEMM", "int8")
+    a, _b, _node, _graph, _bufs = weight_graph(T.Q5_0, 32, 256, 1, repack_buffer_type("fused"))
+    ggml.backend_tensor_set(a, random_blocks(T.Q5_0, 32, 256, seed=m).numpy())
+    ran = []
+    for name in ("_matvec", "_gemm", "_int8_gemm"):
+        monkeypatch.setattr(layout, name, lambda *args, name=name: ran.append(name))
+    layout._product(layout._Packed.of(a), torch.randn(m, 256), torch.empty(m, 32))
+    assert ran == [product]
 
 
 @pytest.mark.parametrize("qtype,where", [(T.Q4_0, "blocks"), (T.Q6_K, "blocks"), (T.Q5_K, "fused"), (T.Q4_1, "fused")],

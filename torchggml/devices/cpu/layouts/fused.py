@@ -19,7 +19,8 @@ Q4_K's q in [0, 15]. Decode streams these bytes once a token, so they bound its 
 place (IN_PLACE_KINDS, block_product; ggml's sizes, nothing converted at load); their experts
 (3-D, for MUL_MAT_ID) and the other types are. Products: M < FUSED_MATMUL_MAX_ROWS rows of
 activations (BLOCK_MAX_ROWS for blocks in place, INT8_GEMM_MIN_ROWS where the int8 GEMM runs)
-run the fused matvec, four rows at a time for each weight row it reads (a batched decode step). Larger micro-batches of those blocks in place run the int8 GEMM with
+run the fused matvec, four rows at a time for each weight row it reads (a batched decode step). Larger micro-batches of those blocks in place (and of the stored
+types from LAYOUT_INT8_MIN_ROWS) run the int8 GEMM with
 ggml's per-block scales where the CPU has AVX2 or a VNNI (_int8_gemm, jit/gemm_ir.py; faster than
 the bf16 path below: docs/benchmarks.md); the rest
 dequantize the weight once per call into the fastest float GEMM dtype and use torch's GEMM (for
@@ -66,6 +67,12 @@ BLOCK_MAX_ROWS = 10
 # where the int8 GEMM runs (_int8_gemm), it wins from this many rows on (its panels cost about
 # what the matvec of 2-4 rows does)
 INT8_GEMM_MIN_ROWS = 6
+# the stored types' rows (gemm_ir.LAYOUT_KINDS) take the int8 GEMM from this many rows; 4 to 15
+# rows keep the float GEMM, whose bf16 activations round finer than int8 blocks: a prompt of a
+# few tokens is where one rounding decides a near-tie (Gemma 3 270M's 6-token logits: 0.046 from
+# float64 through int8, 0.037 through bf16, llama.cpp's 0.044), while on longer prompts the int8
+# GEMM's logits are as close as the float GEMM's and closer than llama.cpp's (docs/cpu.md)
+LAYOUT_INT8_MIN_ROWS = 16
 CONVERT_ROWS_VALUES = 1 << 22  # rows are decomposed this many values at a time at load
 
 
@@ -436,14 +443,21 @@ def _takes_int8_gemm(p: _Packed) -> bool:
 
 def _matvec_max_rows(p: _Packed) -> int:
     """The fused matvec takes fewer activation rows than this; the GEMMs the rest."""
-    return INT8_GEMM_MIN_ROWS if _takes_int8_gemm(p) else BLOCK_MAX_ROWS if p.blocks else FUSED_MATMUL_MAX_ROWS
+    if p.blocks:
+        return INT8_GEMM_MIN_ROWS if _takes_int8_gemm(p) else BLOCK_MAX_ROWS
+    return FUSED_MATMUL_MAX_ROWS
+
+
+def _int8_gemm_min_rows(p: _Packed) -> int:
+    """The int8 GEMM takes this many rows and more (where it takes the weight's kind)."""
+    return INT8_GEMM_MIN_ROWS if p.blocks else LAYOUT_INT8_MIN_ROWS
 
 
 def _product(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
     m = rows.shape[0]
     if m < _matvec_max_rows(p):
         _matvec(p, rows, *_plain_rows(m), out)
-    elif _takes_int8_gemm(p):
+    elif m >= _int8_gemm_min_rows(p) and _takes_int8_gemm(p):
         _int8_gemm(p, rows, out)
     elif fastest_gemm_dtype() == torch.float32:
         _gemm(p, rows.float(), out)
