@@ -18,7 +18,7 @@ import torch
 from torchggml.cli import main
 from torchggml.gguf.loader import open_gguf
 from torchggml.gguf.writer.demo import CORPUS, DEMO_CONFIG, demo_model_path, generated_model
-from torchggml.tools.perplexity import score_window, summarize, windows
+from torchggml.tools.perplexity import SCORE_BYTES, score_rows, score_window, summarize, windows
 from torchggml.tools.quantize import FILE_TYPES, plan, quantize_file
 from torchggml.types import Type
 
@@ -42,6 +42,20 @@ def test_perplexity_windows_and_scoring():
     nll = score_window(torch.zeros(16, 200), w)
     assert nll.numel() == 16 - 1 - 8  # positions n_ctx/2 .. n_ctx-2
     assert summarize([nll, nll]).ppl == pytest.approx(200.0)
+
+
+@pytest.mark.parametrize("n_rows, n_vocab", [(0, 50), (1, 50), (37, 1000), (9, SCORE_BYTES // 8 - 1),
+                                            (17, SCORE_BYTES // 16), (3, SCORE_BYTES // 4)])
+def test_score_rows_equals_a_float64_log_softmax_of_all_rows(n_rows, n_vocab):
+    """score_rows goes through a few rows at a time in reused buffers (about SCORE_BYTES of
+    float64): each row's figure is the one a float64 log-softmax of every row at once gives,
+    bit for bit, across the group boundaries (a group of 1, 2, 8 rows and a last partial one)."""
+    g = torch.Generator().manual_seed(n_rows * 7 + n_vocab)
+    logits = torch.randn(n_rows, n_vocab, generator=g) * 6
+    targets = torch.randint(0, n_vocab, (n_rows,), generator=g)
+    want = -torch.log_softmax(logits.double(), dim=-1).gather(1, targets[:, None])[:, 0]
+    got = score_rows(logits, targets.tolist())
+    assert got.dtype == torch.float64 and torch.equal(got, want)
 
 
 def test_perplexity_scores_a_micro_batch_at_a_time():
