@@ -437,6 +437,45 @@ def test_version_and_help_import_nothing_heavy(argv):
     assert ("torchggml 0.1.0" in done.stdout) if argv == ["--version"] else ("usage: torchggml" in done.stdout)
 
 
+LOAD_STATE = """
+import gc, sys
+import numpy as np
+from torchggml.models import load_model
+model = load_model(sys.argv[1], n_ctx=32, progress=False)
+model.eval([1, 2, 3])
+print("after load:", "scipy.linalg" in sys.modules, gc.isenabled(), gc.get_freeze_count() > 100000)
+import numba
+dot = numba.njit(lambda a, b: np.dot(a, b))
+print("dot:", dot(np.arange(3.0), np.arange(3.0)))
+"""
+
+
+def test_load_starts_numba_without_scipy_and_leaves_the_gc_on():
+    """A load sets numba up without SciPy's linear algebra (numba imported it for np.convolve's
+    BLAS choice: a third of a small model's load) and with the imported modules' objects frozen
+    out of the cyclic GC, which is on again after the load; numba's np.dot still compiles
+    (importing SciPy then)."""
+    import subprocess
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, "-c", LOAD_STATE, demo_model_path()], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "after load: False True True" in done.stdout and "dot: 5.0" in done.stdout, done.stdout
+
+
+def test_a_failed_load_leaves_the_gc_as_it_was(tmp_path):
+    """load_model pauses the cyclic GC while it loads: a load that fails turns it back on."""
+    import gc
+    from torchggml.gguf.reader import GGUFError
+    from torchggml.models import load_model
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGML" + bytes(64))
+    assert gc.isenabled()
+    with pytest.raises(GGUFError, match="not a GGUF file"):
+        load_model(str(bad), progress=False)
+    assert gc.isenabled()
+
+
 def test_compile_kernels_covers_every_block_type():
     """compile-kernels' default file types reach every block type quantize writes (Q4_1 and
     Q5_0 were left to compile silently during a real model's first prompt)."""
