@@ -8,7 +8,9 @@ llama-server serves it: the request becomes a chat request and the chat path ans
         {"type": "function_call", "call_id", "name", "arguments"}], "usage": {...}}
 
 Input items: messages ({"role": "user" | "system" | "developer" | "assistant", "content": str or
-input_text / output_text parts}), function_call items (the assistant's earlier calls) and
+input_text / output_text parts, and in a user message input_image ({"image_url": a data URL or
+http(s) URL}) and input_audio ({"input_audio": {"data": base64, "format"}}) parts for a server
+with --mmproj: the chat's image_url and input_audio parts, media.py reads them}), function_call items (the assistant's earlier calls) and
 function_call_output items (their results, as tool messages); earlier reasoning items are dropped.
 instructions is a system message first. A reply cut by max_output_tokens is "incomplete"
 (incomplete_details.reason "max_output_tokens").
@@ -50,6 +52,9 @@ class Part(BaseModel):
     model_config = ConfigDict(extra="ignore")
     type: StrictStr
     text: StrictStr | None = None
+    image_url: StrictStr | None = None          # input_image
+    file_id: StrictStr | None = None
+    input_audio: dict[str, Any] | None = None   # input_audio: {"data": base64, "format": "wav"}
 
 
 class Item(BaseModel):
@@ -107,8 +112,30 @@ def _text(content, where: str) -> str:
         return content or ""
     for p in content:
         if p.type not in ("input_text", "output_text", "text"):
-            raise APIError(400, f"{where}: a {p.type!r} part is not supported (input_text, output_text)", "input")
+            raise APIError(400, f"{where}: a {p.type!r} part is not supported (input_text, output_text; "
+                                f"input_image, input_audio in a user message)", "input")
     return "".join(p.text or "" for p in content)
+
+
+def _content(content, where: str, role: str) -> str | list[dict]:
+    """A message's content for the chat: its text, or with images or audio (a user's) the chat's parts."""
+    if content is None or isinstance(content, str) or all(p.type not in ("input_image", "input_audio")
+                                                           for p in content):
+        return _text(content, where)
+    if role != "user":
+        raise APIError(400, f"{where}: images and audio go in user messages", "input")
+    parts = []
+    for k, p in enumerate(content):
+        if p.type == "input_image":
+            if p.image_url is None:
+                what = "file_id is not supported (no files are stored)" if p.file_id else "image_url is missing"
+                raise APIError(400, f"{where}.content[{k}]: an input_image's {what}; give image_url", "input")
+            parts.append({"type": "image_url", "image_url": {"url": p.image_url}})
+        elif p.type == "input_audio":
+            parts.append({"type": "input_audio", "input_audio": p.input_audio or {}})
+        else:
+            parts.append({"type": "text", "text": _text([p], f"{where}.content[{k}]")})
+    return parts
 
 
 def item_messages(items: list[Item], param: str = "input") -> list[dict]:
@@ -120,7 +147,7 @@ def item_messages(items: list[Item], param: str = "input") -> list[dict]:
             if item.role not in ("user", "system", "developer", "assistant"):
                 raise APIError(400, f"{where}: role {item.role!r} must be user, system, developer or assistant", "input")
             out.append({"role": "system" if item.role == "developer" else item.role,
-                        "content": _text(item.content, where)})
+                        "content": _content(item.content, where, item.role)})
         elif item.type == "function_call":
             if not (item.call_id and item.name and item.arguments is not None):
                 raise APIError(400, f"{where}: a function_call item needs call_id, name and arguments", "input")
