@@ -102,7 +102,7 @@ def _conversation(model, engine, turns, cache_prompt):
 def test_the_prompt_cache_reuses_a_slots_prefix_and_changes_no_token(model):
     """Turn k's prompt holds turn k-1's: with the cache only the new tokens are evaluated, and the
     replies equal those without it (temperature 0). (Recurrent and hybrid memories cannot drop a
-    tail, so they never reuse: tests/test_recurrent_memory.py.)"""
+    tail: test_recurrent_and_hybrid_slots_keep_the_prompts_state.)"""
     turns = [[5, 9, 13, 2, 7], [11, 4, 6], [8, 3, 10]]
     results = {}
     for cache_prompt in (True, False):
@@ -360,29 +360,55 @@ def test_slot_action_errors(model, slot, action, status, message):
 # ---------------------------------------------------------------- recurrent and hybrid memories
 
 @pytest.mark.parametrize("name", ["mamba2", "granitehybrid"])
-def test_recurrent_and_hybrid_slots_never_reuse_and_cannot_be_saved(model, other_model, name, tmp_path):
-    """Their states cannot go back to a prompt's end: turn 2 is evaluated whole (and replies as it
-    does alone), the host cache stays empty, and save/restore answer 501 saying why."""
+def test_recurrent_and_hybrid_slots_keep_the_prompts_state(model, other_model, name, tmp_path):
+    """Their states cannot go back, so a slot keeps a copy of its memory at the prompt's end: turn 2,
+    which begins with the whole turn-1 prompt, evaluates only the rest and replies as evaluated
+    whole; a prompt diverging inside it starts over; save, erase and restore (into another slot)
+    give the same turn 2 from the file's state; the host cache holds none of these."""
     m = other_model[name]
     first = [5, 9, 13, 2]
-    replies = {}
-    for cache in (True, False):
-        engine = Engine(m, parallel=2, cache_ram=1 << 20)
-        try:
-            one = _gen_job(m, first, None, tokenizer=model.tokenizer, cache_prompt=cache)
-            _run(engine, [one])
-            two = _gen_job(m, first + [c.token for c in one.gen.choices] + NEXT_TURN, None,
-                           tokenizer=model.tokenizer, cache_prompt=cache)
-            replies[cache] = _run(engine, [two])
-            assert two.n_cached == 0 and not engine.prompt_cache.entries
-            for action in ("save", "restore"):
-                with pytest.raises(SlotError, match=f"slot {action} needs a KV cache") as e:
-                    engine.slot_action(0, action, str(tmp_path / "x"))
-                assert e.value.status == 501
-            assert _action(engine, 0, "erase")["n_erased"] == 0
-        finally:
-            engine.stop()
-    assert replies[True] == replies[False]
+
+    def job(ids, cache=True):
+        return _gen_job(m, ids, None, tokenizer=model.tokenizer, cache_prompt=cache)
+    engine = Engine(m, parallel=2, cache_ram=1 << 20)
+    try:
+        one = job(first)
+        _run(engine, [one])
+        second = first + [c.token for c in one.gen.choices] + NEXT_TURN
+        whole = job(second, cache=False)
+        expect = _run(engine, [whole])[0]
+        assert whole.n_cached == 0
+        two = job(second)
+        assert _run(engine, [two]) == [expect] and two.n_cached == len(first) and two.seq_id == one.seq_id
+        diverging = job(first[:2] + [40, 41])
+        _run(engine, [diverging])
+        assert diverging.n_cached == 0 and not engine.prompt_cache.entries
+        # the slot of `two` now holds its prompt's state: save it, erase it, restore it into the other slot
+        slot = two.seq_id
+        path = str(tmp_path / f"{name}.slot")
+        saved = _action(engine, slot, "save", path)
+        assert saved["n_saved"] == len(second) and saved["n_written"] == os.path.getsize(path)
+        assert _action(engine, slot, "erase")["n_erased"] == len(second)
+        assert _action(engine, 1 - slot, "restore", path)["n_restored"] == len(second)
+        third = second + [c.token for c in two.gen.choices] + NEXT_TURN
+        again, reference_ = job(third), job(third, cache=False)
+        assert _run(engine, [again]) == _run(engine, [reference_])
+        assert again.n_cached == len(second) and again.seq_id == 1 - slot
+    finally:
+        engine.stop()
+
+
+def test_a_recurrent_state_loads_only_whole(other_model):
+    m = other_model["mamba2"]
+    m.reset()
+    m.eval([5, 9, 13], seq_id=0)
+    saved = m.save_seq(0)
+    assert saved.n == 3 and saved.state and not saved.rows
+    with pytest.raises(ValueError, match="after all its 3 positions"):
+        m.load_seq(1, saved, 2)
+    m.load_seq(1, saved)
+    assert m.memory.seq_len(1) == 3
+    m.reset()
 
 
 # ---------------------------------------------------------------- the host-memory prompt cache

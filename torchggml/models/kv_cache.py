@@ -11,7 +11,7 @@ n_kv cells back as [head_dim, n_kv, n_head_kv] views.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -407,13 +407,16 @@ def _runs(cells: np.ndarray):
 
 @dataclass
 class SeqCells:
-    """A sequence's cells copied to host memory (KVCache.save_seq): n positions, and per cache
-    tensor (KVCache.tensors() order) its rows as uint8 [n, row bytes]."""
+    """A sequence's memory copied to host memory (Memory.save_seq): n positions, per KV cache
+    tensor (KVCache.tensors() order) its rows as uint8 [n, row bytes], and a recurrent memory's
+    states after those n positions: per state tensor (RecurrentState.tensors() order) its one
+    row, uint8 [1, row bytes] (none for a KV cache alone, or n = 0)."""
     n: int
     rows: list
+    state: list = field(default_factory=list)
 
     def nbytes(self) -> int:
-        return sum(r.numel() for r in self.rows)
+        return sum(r.numel() for r in self.rows) + sum(r.numel() for r in self.state)
 
 
 @dataclass

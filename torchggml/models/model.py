@@ -345,8 +345,8 @@ class Model:
             return True
 
     def save_seq(self, seq_id: int):
-        """A host copy of sequence seq_id's cells (a KVCache's SeqCells), for load_seq; ValueError
-        where the memory has none to copy (recurrent states)."""
+        """A host copy of sequence seq_id's memory (SeqCells: KV cells, recurrent states), for
+        load_seq; ValueError where the memory cannot copy one out."""
         with self.lock:
             self._require_weights("save_seq")
             if self.memory.save_seq is None:
@@ -354,8 +354,8 @@ class Model:
             return self.memory.save_seq(seq_id)
 
     def load_seq(self, seq_id: int, saved, n: int | None = None) -> None:
-        """Sequence seq_id holds the first n positions (all: None) of a save_seq copy; the next
-        token it evaluates is at position n."""
+        """Sequence seq_id holds the first n positions (all: None) of a save_seq copy (a recurrent
+        state only all of them); the next token it evaluates is at position n."""
         with self.lock:
             self._require_weights("load_seq")
             if self.memory.load_seq is None:
