@@ -6,9 +6,10 @@ its draft's.
 
 After each of SOURCE's layers come --copies copies of it whose attention output and FFN down
 projections are zero: each such layer adds exactly 0 to the residual stream, so the output is
-SOURCE's (bit for bit in exact arithmetic; the products of the copies are computed all the same,
-their weights are real ones, read from memory as a real layer's are). --type F32 stores the
-layers' matrices in F32 (a larger, slower target: its verify rows go through f32 GEMMs). It is
+SOURCE's exactly (x + 0 = x; the products of the copies are computed all the same, their
+weights are real ones, read from memory as a real layer's are). --type F32 stores the F16
+matrices (the embedding too) in F32: a larger, slower target whose batched rows go through f32
+GEMMs, not torch's half GEMM. It is
 NOT a trained deeper model: a benchmark device for scripts/bench_speculative.py, where the only
 same-vocabulary draft at hand is the target's own model in another type.
 """
@@ -48,18 +49,23 @@ def deepen(source: str, out: str, copies: int, as_f32: bool = False) -> int:
         pieces.append(raw + bytes(-len(raw) % alignment))
         offset += len(pieces[-1])
 
+    def stored(ne, type_id, off) -> tuple[bytes, int]:
+        raw = data[off:off + nbytes(ne, type_id)]
+        if as_f32 and type_id == Type.F16 and len(ne) == 2:
+            return np.frombuffer(raw, dtype="<f2").astype("<f4").tobytes(), int(Type.F32)
+        return raw, type_id
+
     for name, ne, type_id, off in tensors:
         if name.startswith("blk."):
             by_layer.setdefault(int(name.split(".")[1]), []).append((name.split(".", 2)[2], ne, type_id, off))
         else:
-            add(name, ne, type_id, data[off:off + nbytes(ne, type_id)])
+            raw, type_id = stored(ne, type_id, off)
+            add(name, ne, type_id, raw)
     for i in range(n_layer):
         for c in range(1 + copies):
             j = i * (1 + copies) + c
             for suffix, ne, type_id, off in by_layer[i]:
-                raw = data[off:off + nbytes(ne, type_id)]
-                if as_f32 and type_id == Type.F16 and len(ne) == 2:
-                    raw, type_id = np.frombuffer(raw, dtype="<f2").astype("<f4").tobytes(), int(Type.F32)
+                raw, type_id = stored(ne, type_id, off)
                 if c and suffix in ZEROED:
                     raw = bytes(len(raw))
                 add(f"blk.{j}.{suffix}", ne, type_id, raw)
