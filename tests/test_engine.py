@@ -472,3 +472,107 @@ def test_a_failure_while_taking_a_slot_fails_that_request_only(model, monkeypatc
         assert _run(engine, [_gen_job(model, CONVERSATIONS[2], None)])[0]
     finally:
         engine.stop()
+
+
+# ---------------------------------------------------------------- --cache-reuse: KV shifts
+
+SHIFT_TEXT = "Once upon a time there was a small model that read numbers and wrote words"
+
+
+def _k_rows(kv, seq, il=0):
+    import numpy as np
+    import torch
+    from torchggml.backend.tensor_io import backend_tensor_get
+    cells = np.flatnonzero(kv.cell_seq == seq)
+    cells = cells[np.argsort(kv.cell_pos[cells])]
+    t = kv.k[il]
+    raw = torch.empty((kv.n_ctx, t.nb[1]), dtype=torch.uint8)
+    backend_tensor_get(t, raw.view(-1), 0, raw.numel())
+    return kv.cell_pos[cells].tolist(), raw.view(torch.float32)[cells]
+
+
+def test_a_shifted_k_is_the_k_rotated_at_its_new_position():
+    """Layer 0's K depends on its token alone: after dropping B from A + B + C and shifting C, its
+    rows equal A + C evaluated fresh (F32 cache: to the rotation's float32 rounding)."""
+    from torchggml.gguf.writer.demo import demo_model_path
+    from torchggml.models import load_model
+    m = load_model(demo_model_path(), n_ctx=128, kv_type="f32", progress=False)
+    try:
+        ids = m.tokenize(SHIFT_TEXT)
+        a, b, c = ids[:4], ids[4:9], ids[9:]
+        m.eval(a + b + c, seq_id=0)
+        m.eval(a + c, seq_id=1)
+        m.remove(0, len(a), len(a + b))
+        m.shift(0, len(a + b), len(ids), -len(b))
+        (pos0, k0), (pos1, k1) = _k_rows(m.memory.attention, 0), _k_rows(m.memory.attention, 1)
+        assert pos0 == pos1 == list(range(len(a + c)))
+        assert (k0 - k1).abs().max() < 1e-5
+    finally:
+        m.close()
+
+
+def test_a_shift_continues_as_llama_cpps(demo_path, llama_cpp):
+    """The same drop and shift in llama.cpp (llama_memory_seq_rm / seq_add, its K shift) and here,
+    then the same new tokens: the logits agree (the reused cells keep their old context in both)."""
+    import torch
+    from torchggml.models import load_model
+    m = load_model(demo_path, n_ctx=64, progress=False)
+    llm = llama_cpp.Llama(model_path=demo_path, n_ctx=64, logits_all=True, verbose=False)
+    try:
+        ids = m.tokenize(SHIFT_TEXT)
+        a, b, c, d = ids[:3], ids[3:8], ids[8:13], ids[13:]
+        m.eval(a + b + c)
+        llm.eval(a + b + c)
+        m.remove(0, len(a), len(a + b))
+        m.shift(0, len(a + b), len(a + b + c), -len(b))
+        mem = llama_cpp.llama_get_memory(llm._ctx.ctx)
+        llama_cpp.llama_memory_seq_rm(mem, 0, len(a), len(a + b))
+        llama_cpp.llama_memory_seq_add(mem, 0, len(a + b), -1, -len(b))
+        llm.n_tokens = len(a + c)
+        llm.eval(d)
+        ours = m.eval(d, logits="all")
+        theirs = torch.tensor(llm.scores[len(a + c): len(a + c + d)])
+        assert (ours - theirs).abs().max() < 1e-2  # (the same tokens evaluated plainly differ by 3.5e-3 here)
+        assert ours.argmax(-1).tolist() == theirs.argmax(-1).tolist()
+    finally:
+        m.close()
+        llm.close()
+
+
+def test_cache_reuse_moves_the_runs_that_continue_the_prompt(model, demo_path):
+    """A prompt A + C + D after a slot held A + B + C: with cache_reuse 2 the slot's C is moved (not
+    evaluated again: n_cached = |A| + |C|), and the reply is the one the model gives after the same
+    drop and shift and D (greedy, same chunks); without it only A is reused."""
+    from torchggml.models import load_model
+    ids = model.tokenize(SHIFT_TEXT)
+    a, b, c, d = ids[:3], ids[3:8], ids[8:13], ids[13:]
+    ref = load_model(demo_path, n_ctx=256, n_batch=8, progress=False)
+    try:
+        ref.eval(a + b + c)
+        ref.remove(0, len(a), len(a + b))
+        ref.shift(0, len(a + b), len(a + b + c), -len(b))
+        expect, logits = [], ref.eval(d, logits="last")[-1]
+        for _ in range(6):
+            expect.append(int(logits.argmax()))
+            logits = ref.eval(expect[-1:], logits="last")[-1]
+    finally:
+        ref.close()
+    for reuse, cached in ((2, len(a + c)), (0, len(a))):
+        engine = Engine(model, parallel=1, cache_reuse=reuse)
+        try:
+            _run(engine, [_gen_job(model, a + b + c, None, ignore_eos=True)])
+            second = _gen_job(model, a + c + d, None, ignore_eos=True)
+            got = _run(engine, [second])[0]
+            assert second.n_cached == cached and engine.stats.reused_tokens == cached - len(a)
+            if reuse:
+                assert got == expect
+        finally:
+            engine.stop()
+
+
+def test_cache_reuse_is_off_where_k_cannot_shift(other_model):
+    engine = Engine(other_model["mamba2"], parallel=1, cache_reuse=4)
+    try:
+        assert engine.cache_reuse == 0 and "not a KV cache alone" in engine.cache_reuse_off
+    finally:
+        engine.stop()

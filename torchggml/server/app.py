@@ -359,6 +359,8 @@ class ServerState:
                [({}, s.accepted_tokens / s.drafted_tokens if s.drafted_tokens else 0.0)])
         metric("prompt_tokens_cached_total", "counter", "prompt tokens found in a slot's cells (prompt cache)",
                [({}, s.cached_prompt_tokens)])
+        metric("prompt_tokens_reused_total", "counter", "of them, moved to another position (--cache-reuse)",
+               [({}, s.reused_tokens)])
         pc = e.prompt_cache
         if pc is not None:
             metric("prompt_cache_bytes", "gauge", "host-memory prompt cache: bytes held (--cache-ram)", [({}, pc.nbytes)])

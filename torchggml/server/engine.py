@@ -108,6 +108,7 @@ class Stats:
     def __init__(self):
         self.prompt_tokens = 0         # evaluated (prompt cache hits excluded)
         self.cached_prompt_tokens = 0  # found in a slot's cells, not evaluated again
+        self.reused_tokens = 0         # of them, moved to another position (--cache-reuse)
         self.generated_tokens = 0
         self.drafted_tokens = 0        # speculative decoding: draft tokens evaluated
         self.accepted_tokens = 0       # and taken
@@ -136,10 +137,17 @@ class SlotError(RuntimeError):
 
 class Engine:
     def __init__(self, model, parallel: int = 4, max_queue: int = 64, draft=None, n_draft: int = 16,
-                 cache_ram: int = 0):
-        """parallel: slots; cache_ram: bytes of the host-memory prompt cache (0: none)."""
+                 cache_ram: int = 0, cache_reuse: int = 0):
+        """parallel: slots; cache_ram: bytes of the host-memory prompt cache (0: none); cache_reuse:
+        llama-server's --cache-reuse, the shortest chunk of a slot's cells moved to a new position
+        after the prompts diverge (0: off; ignored, as by llama-server, where K cannot be shifted:
+        cache_reuse_off says why)."""
         if parallel < 1:
             raise ValueError(f"parallel={parallel} must be at least 1")
+        if cache_reuse < 0:
+            raise ValueError(f"cache_reuse={cache_reuse} must not be negative")
+        self.cache_reuse_off = model.can_shift() if cache_reuse else None
+        self.cache_reuse = int(cache_reuse) if self.cache_reuse_off is None else 0
         if max_queue < 0:
             raise ValueError(f"max_queue={max_queue} must not be negative")
         self.model = model
@@ -318,6 +326,8 @@ class Engine:
         if held is not None and n < len(held):
             self._stash(slot, held)
         self.slot_tokens.pop(slot, None)
+        if self.cache_reuse and reuse and held and n_ram <= n:
+            n = self._reuse_chunks(slot, held, job.prompt, n, limit)
         if n == 0 or (n < len(held) and not self.model.keep_prefix(slot, n)):
             n = 0
             self.model.reset(slot)
@@ -328,6 +338,26 @@ class Engine:
             n = n_ram
         job.n_cached = n
         return slot
+
+    def _reuse_chunks(self, slot: int, held: list[int], prompt: list[int], n: int, limit: int) -> int:
+        """llama-server's --cache-reuse: after the common prefix (n tokens), each run of at least
+        cache_reuse cached tokens that continues the prompt is moved to its place in it (the cells
+        between dropped, the run's K re-rotated: Model.shift); the prompt tokens now held."""
+        head_c = head_p = n
+        while head_c < len(held) and head_p < limit:
+            m = 0
+            while head_c + m < len(held) and head_p + m < limit and held[head_c + m] == prompt[head_p + m]:
+                m += 1
+            if m >= self.cache_reuse:
+                self.model.remove(slot, head_p, head_c)
+                self.model.shift(slot, head_c, head_c + m, head_p - head_c)
+                head_c += m
+                head_p += m
+            else:
+                head_c += 1
+        if head_p > n:
+            self.stats.reused_tokens += head_p - n
+        return head_p
 
     @property
     def _whole_only(self) -> bool:
