@@ -18,7 +18,7 @@ from ..types import Type
 
 # architectures whose every attention layer rotates K with the file's one rope (no windows, no
 # layers without rope, no multi-axis positions)
-SHIFTABLE_ARCHS = frozenset({"llama", "qwen2", "qwen3", "mistral3"})
+SHIFTABLE_ARCHS = frozenset({"llama", "qwen2", "qwen3"})
 
 
 def k_rotation(model):
