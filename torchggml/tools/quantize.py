@@ -119,13 +119,24 @@ class Mix:
 
     def __init__(self, ftype: str, arch: str, n_layer: int, n_gqa: int, n_expert: int, tied_output: bool,
                  has_imatrix: bool = False, output_type: Type | None = None, embedding_type: Type | None = None,
-                 patterns=(), pure: bool = False, quantize_output: bool = True):
+                 patterns=(), pure: bool = False, quantize_output: bool = True, order=None):
         self.ftype, self.default = ftype, FILE_TYPES[ftype][1]
         self.arch, self.n_layer, self.n_gqa, self.n_expert, self.tied = arch, n_layer, n_gqa, n_expert, tied_output
         self.has_imatrix = has_imatrix
         self.output_type, self.embedding_type = output_type, embedding_type
         self.patterns = [(re.compile(p), t) for p, t in patterns]
         self.pure, self.quantize_output = pure, quantize_output
+        # llama.cpp counts attn_v, ffn_down, ffn_gate and ffn_up tensors in the order it quantizes
+        # them and takes the count as the layer (the name's, for experts' ffn tensors): the same
+        # as the name's layer in its usual order (by layer), not in --keep-split's (each file as
+        # it is, e.g. blk.1, blk.10, blk.11, ...)
+        self.ordinals = {}
+        seen: dict[str, int] = {}
+        for name in order or ():
+            cat = _category(name)
+            if cat in ("attn_v", "ffn_down", "ffn_gate", "ffn_up"):
+                self.ordinals[name] = seen.get(cat, 0)
+                seen[cat] = self.ordinals[name] + 1
 
     def type_for(self, name: str, ne: list[int], current: Type) -> Type:
         """llama_tensor_get_type: the options, then the mix's rules, then the fallback for rows
@@ -156,6 +167,8 @@ class Mix:
         m = re.match(r"blk\.(\d+)\.", name)
         il, n = (int(m.group(1)) if m else 0), self.n_layer
         gqa, n_exp = self.n_gqa, self.n_expert
+        if name in self.ordinals and (cat == "attn_v" or n_exp <= 1):
+            il = self.ordinals[name]
         if cat == "output" or (cat == "token_embd" and self.tied):
             if self.output_type is not None:
                 return self.output_type
@@ -287,7 +300,8 @@ def _opened(src):
 
 def plan(src, ftype: str, has_imatrix: bool = False, **options) -> list[tuple[str, Type, Type]]:
     """(tensor name, current type, new type) of every tensor of `src` (a path or a GGUFFile), in
-    file order. options: Mix's (output_type, embedding_type, patterns, pure, quantize_output)."""
+    file order. options: Mix's (output_type, embedding_type, patterns, pure, quantize_output, and
+    order: the tensors' order of quantization where it is not by layer, as --keep-split's)."""
     with _opened(src) as f:
         mix = _mix(f, ftype, has_imatrix, options)
         return [(name, Type(t.type), mix.type_for(name, list(t.ne), Type(t.type))) for name, t in f.tensors.items()]
@@ -352,6 +366,11 @@ def quantize_file(src: str, dst: str, ftype: str, log=None, imatrix: str | None 
     weights = filter_imatrix(weights, include, exclude)
     f = open_gguf(src)
     try:
+        if keep_split:  # by file, then as each file holds them (llama-quantize sorts so)
+            order = sorted(f.tensors, key=lambda n: (f.tensors[n].part, f.tensors[n].offset))
+            options = {**options, "order": order}
+        else:
+            order = tensor_order(f.tensors)
         planned = plan(f, ftype, has_imatrix=bool(weights), **options)
         if not allow_requantize:
             check_requantize(src, planned)
@@ -360,10 +379,6 @@ def quantize_file(src: str, dst: str, ftype: str, log=None, imatrix: str | None 
             return planned
         check_imatrix_needed(ftype, planned, weights)
         types = {name: new for name, _, new in planned}
-        if keep_split:  # by file, then as each file holds them (llama-quantize sorts so)
-            order = sorted(f.tensors, key=lambda n: (f.tensors[n].part, f.tensors[n].offset))
-        else:
-            order = tensor_order(f.tensors)
         outputs = _outputs(f, dst, ftype, order, types, keep_split, weights, imatrix, imatrix_info, imatrix_metadata)
         for i, name in enumerate(order):
             t, new = f.tensors[name], types[name]
@@ -633,7 +648,6 @@ def _bar(i: int, n: int, name: str) -> None:
 
 
 def cmd_quantize(args) -> int:
-    import os
     start = time.perf_counter()
     log = (lambda line: print(line, file=sys.stderr)) if args.verbose else None
     ftype = file_type(args.type)
@@ -662,8 +676,14 @@ def cmd_quantize(args) -> int:
         torch.set_num_threads(args.nthreads)
     quantize_file(args.input, args.output, ftype, log, imatrix=args.imatrix,
                   include=args.include_weights, exclude=args.exclude_weights,
-                  allow_requantize=args.allow_requantize, progress=progress, **options)
-    size_in, size_out = os.path.getsize(args.input), os.path.getsize(args.output)
-    print(f"{args.input} ({size_in / 2**20:.2f} MiB) -> {args.output} ({size_out / 2**20:.2f} MiB) as "
+                  allow_requantize=args.allow_requantize, progress=progress, keep_split=args.keep_split, **options)
+    from ..gguf.loader import open_gguf
+    f = open_gguf(args.input)
+    inputs = [f.path] + [p.path for p in f.parts]
+    f.close()
+    outputs = output_paths(args.output, len(inputs), args.keep_split)
+    size_in, size_out = (sum(os.path.getsize(p) for p in paths) for paths in (inputs, outputs))
+    shown = outputs[0] if len(outputs) == 1 else f"{outputs[0]} (+{len(outputs) - 1} more)"
+    print(f"{args.input} ({size_in / 2**20:.2f} MiB) -> {shown} ({size_out / 2**20:.2f} MiB) as "
           f"{ftype} in {time.perf_counter() - start:.1f} s")
     return 0
