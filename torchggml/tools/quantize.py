@@ -20,12 +20,15 @@ A file type (Q4_K_M, Q8_0, ...) names a default block type and, for the K mixes,
   Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K -> Q4_0, IQ4_XS -> IQ4_NL; F16 when that fails too).
 With an importance matrix (--imatrix), llama.cpp's rules that depend on one apply too: IQ4_NL/
 IQ4_XS keep ffn_down at their type, Q4_0/Q5_0 give the first eighth's ffn_down Q4_1/Q5_1.
-Every tensor is read in chunks of rows as float32 (dequantized when it is quantized, which needs
---allow-requantize) and quantized by the native kernels (devices/cpu/quantize.py: ggml_quantize_chunk's
-bytes, with the tensor's importance-matrix slice) or, for the types they lack, the reference
-quantizers; the output is written tensor by tensor in llama-quantize's order (by layer, then
-name) with its metadata (the input's, general.quantization_version and general.file_type last,
-then quantize.imatrix.*), so that the file is byte for byte llama-quantize's.
+Every tensor is read from the source's mapping in chunks of rows as float32 (dequantized by the
+native dequantizers, devices/cpu/dequantize.py, when it is quantized, which needs --allow-requantize)
+and quantized by the native kernels (devices/cpu/quantize.py: ggml_quantize_chunk's bytes, with the
+tensor's importance-matrix slice) or, for the types they lack, the reference quantizers; the output
+is written tensor by tensor (gguf/writer/stream.py) in llama-quantize's order (by layer, then name)
+with its metadata (the input's records as they are, general.quantization_version and
+general.file_type last, then quantize.imatrix.*), so that the file is byte for byte
+llama-quantize's. A split source is read from its first file; --keep-split writes one output file
+per input file, as llama-quantize.
 """
 from __future__ import annotations
 
