@@ -392,6 +392,8 @@ def quantize_file(src: str, dst: str, ftype: str, log=None, imatrix: str | None 
                 with _threads(1 if t.n_elements < SERIAL_BELOW and new not in GRID_TYPES else None):
                     data = _convert(f.tensor_data(name), t.type, new, list(t.ne), qw)
             outputs[t.part if keep_split else 0].write(data)
+            del data
+            f.release(name)  # the source's mapped pages of it: resident memory stays one tensor's
             if log is not None:
                 log(f"[{i + 1:4d}/{len(order)}] {name:40s} {t.type.name:>6s} -> {new.name:6s} "
                     f"{'x'.join(map(str, t.ne))}" + (" (imatrix)" if qw is not None else ""))
