@@ -203,7 +203,11 @@ def cpu_header() -> str:
     feats = cpu_features()
     flags = " ".join(k for k, v in feats.items() if v == "1")
     floats = str(fastest_gemm_dtype()).split('.')[-1]
-    gemm = f"int8 (every block type's 2-D weights), else {floats}" if int8_gemm() else floats
+    from torchggml.devices.cpu.features import GEMM_ENV
+    import os
+    which = ("every block type's 2-D weights" if os.environ.get(GEMM_ENV, "").strip().lower() == "int8"
+             else f"ggml's blocks in place; the load-time layouts in {floats}")
+    gemm = f"int8 ({which}), else {floats}" if int8_gemm() else floats
     return f"CPU: {feats['CPU_CAPABILITY']} ({flags}); torchggml CPU path: {cpu_path()}, prompt GEMM in {gemm}"
 
 

@@ -635,7 +635,7 @@ def test_float16_rounding_in_integer_steps_is_numpy_float16():
 # AVX2-only CPU and for baseline x86-64 (SSE2), on any x86 machine (numba caches per target).
 @pytest.mark.skipif(not any(a in __import__("platform").machine().lower() for a in ("x86", "amd64")),
                     reason="x86 code generation targets")
-@pytest.mark.parametrize("target", ["haswell", "x86-64"])
+@pytest.mark.parametrize("target", ["haswell", pytest.param("x86-64", marks=pytest.mark.slow)])  # each compiles again
 def test_fused_kernels_on_other_x86_targets(target):
     import subprocess
     import sys

@@ -393,6 +393,7 @@ print("compiled:", sorted(set(compiled)))
 """
 
 
+@pytest.mark.slow  # compiles every kernel again into an empty cache
 def test_compile_kernels_leaves_nothing_for_the_first_prompt(tmp_path):
     """After `torchggml compile-kernels` (into an empty numba cache), a new process's first prompt
     and token of a model (another shape) compile nothing: every kernel comes from the cache."""
