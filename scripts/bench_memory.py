@@ -9,7 +9,8 @@ rows: `torchggml --version`; `torchggml run MODEL -n 1` (a cached model to its f
 `torchggml perplexity MODEL -c N` on tests/data/real_models/text.txt repeated to 4 windows; and, when a
 llama-perplexity binary is given or on PATH (build that target alone from llama.cpp's tree:
 `cmake --build BUILD --target llama-perplexity`), the same perplexity by llama.cpp, same
-windows, same threads. The engines run with their bytecode cached, as bench_model.py's
+windows, same threads; without one, llama-perplexity's method through libllama
+(scripts/libllama_perplexity.py, llama-cpp-python). The engines run with their bytecode cached, as bench_model.py's
 (engine_env). Each command runs once: read the figures of a busy machine as such.
 """
 from __future__ import annotations
@@ -69,8 +70,12 @@ def main(argv=None) -> int:
     if args.llama_perplexity:
         rows.append((f"llama-perplexity -c {args.ctx_size}", [args.llama_perplexity, "-m", args.ppl_model, "-f", text,
                                                               "-c", str(args.ctx_size), "-t", str(args.threads)]))
-    else:
-        print("no llama-perplexity binary (--llama-perplexity PATH): its row is left out", file=sys.stderr)
+    else:  # the same method through llama-cpp-python's library (the Python process adds ~0.05 GB)
+        print("no llama-perplexity binary (--llama-perplexity PATH): llama.cpp's row runs its method through "
+              "libllama (scripts/libllama_perplexity.py)", file=sys.stderr)
+        rows.append((f"libllama perplexity -c {args.ctx_size}", [
+            sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "libllama_perplexity.py"),
+            args.ppl_model, text, str(args.ctx_size), str(args.threads)]))
     print("| command | max RSS MB | wall s | CPU s |\n| --- | --- | --- | --- |")
     for name, cmd in rows:
         r = timed(cmd)

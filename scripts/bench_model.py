@@ -206,7 +206,7 @@ def cpu_header() -> str:
     from torchggml.devices.cpu.features import GEMM_ENV
     import os
     which = ("every block type's 2-D weights" if os.environ.get(GEMM_ENV, "").strip().lower() == "int8"
-             else f"ggml's blocks in place; the load-time layouts in {floats}")
+             else f"ggml's blocks in place, the load-time layouts from 16 rows but Q4_1's; short prompts in {floats}")
     gemm = f"int8 ({which}), else {floats}" if int8_gemm() else floats
     return f"CPU: {feats['CPU_CAPABILITY']} ({flags}); torchggml CPU path: {cpu_path()}, prompt GEMM in {gemm}"
 

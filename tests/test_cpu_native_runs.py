@@ -16,10 +16,14 @@ from test_models import GOLDEN, MANIFEST, eval_steps, needs_golden  # noqa: E402
 
 T = ggml.Type
 
-# (golden model, load options): weights on ggml's blocks (block matvec), F16 weights (the half
+# (golden model, load options): weights on ggml's blocks (block matvec), converted weights
+# (their matvec: Q4_1's nibbles, Q5_0's int8, Q2_K's groups of 16), F16 weights (the half
 # matvec), F32 weights (torch's products between runs), biases, an F32 KV cache, flash attention
 CASES = [
     ("llama-Q4_0", {}),
+    ("llama-Q4_1", {}),
+    ("llama-Q5_0", {}),
+    ("llama-Q2_K", {}),
     ("llama-Q8_0", {}),
     ("llama-Q4_K_M", {}),
     ("llama-Q6_K", {}),
@@ -50,7 +54,7 @@ def test_native_runs_compute_what_the_calls_compute(name, options, monkeypatch):
 
 
 @needs_golden
-@pytest.mark.parametrize("name", ["llama-Q4_0", "llama-F16"])
+@pytest.mark.parametrize("name", ["llama-Q4_0", "llama-Q4_1", "llama-Q5_1", "llama-F16"])
 def test_a_decode_step_is_one_native_run(name):
     """Every call of a decode step's plan but the token embeddings' GET_ROWS of a float table
     runs in native runs; the first call is the embeddings', the rest one run."""

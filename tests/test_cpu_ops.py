@@ -47,6 +47,9 @@ TAKEN = [
     ("soft_max(ne=[1024, 64, 8, 1],mask=F16[1024, 64, 1, 1],scale=0.125,max_bias=0.0,causal)", True),
     ("rope(type=F32,ne=[64, 16, 1, 1],n_dims=64,mode=0,fs=1.0,ef=0.0,af=1.0,ff=False)", True),
     ("rope(type=F16,ne=[128, 8, 1, 1],n_dims=64,mode=2,fs=1.0,ef=0.0,af=1.0,ff=False,n_offs=64)", True),
+    # a prompt's rows, past THREADED_MIN_ELEMENTS: the threaded kernel (tokens over the threads)
+    ("rope(type=F32,ne=[256, 4, 128, 1],n_dims=256,mode=2,fs=1.0,ef=0.0,af=1.0,ff=False)", True),
+    ("rope(type=F32,ne=[128, 8, 80, 1],n_dims=64,mode=0,fs=1.0,ef=0.0,af=1.0,ff=True,n_offs=32)", True),
     ("rope(type=F32,ne=[128, 3, 2, 1],n_dims=128,mode=8,fs=1.0,ef=0.0,af=1.0,ff=False,sections=[21, 21, 21, 0])",
      False),  # M-RoPE: torch's kernel
     ("set_rows(type=F16,ne0=1024,n_rows=168,n=1,batch=[1, 1],idx=I64[1, 1],b=F32)", True),
@@ -65,6 +68,11 @@ TAKEN = [
     ("mul(type=F32,ne_a=[1024, 1, 1, 1],ne_b=[1024, 1, 1, 1])", True),
     ("mul(type=F32,ne_a=[1024, 16, 1, 1],ne_b=[1024, 1, 1, 1])", False),  # past BINARY_MAX_ELEMENTS
     ("add(type=BF16,ne_a=[32, 4, 3, 2],ne_b=[32, 4, 3, 2])", False),
+    ("scale(type=F32,s=0.37,b=0.0)", True),
+    ("scale(type=F32,s=1.5,b=-0.25)", True),
+    ("scale(type=F16,s=1.5,b=-0.25)", True),
+    ("scale(strided rows)", True),
+    ("scale(type=BF16,s=0.37,b=0.0)", False),
     ("add(type_a=Q8_0,type_b=F32,out=Q8_0)", False),
     ("get_rows(type=Q4_K,ne0=256,n_rows=6,n=4,batch=[1, 1])", True),
     ("get_rows(type=Q6_K,ne0=256,n_rows=6,n=4,batch=[1, 1])", True),
@@ -135,6 +143,18 @@ def test_without_numba_the_torch_kernels_run(name, cpu, monkeypatch):
         assert bound is None or (out.op in (Op.CPY, Op.CONT, Op.DUP) and bound.func is fast_ops._torch_copy)
     ok, err = check_case_against_reference(case, cpu)
     assert ok, f"{name}: nmse {err:.3g}"
+
+
+@pytest.mark.parametrize("name", [t[0] for t in TAKEN if t[1] and t[0].startswith("scale(")])
+def test_scale_kernel_equals_the_torch_kernel(name, cpu, monkeypatch):
+    """Bit for bit: the product rounded to float32, then b added (or not, when b is 0)."""
+    outs = []
+    for fast in ("1", "0"):
+        monkeypatch.setenv("TORCHGGML_CPU_FAST_OPS", fast)
+        with prepared_case(_case(name), cpu) as (graph, inputs, out):
+            assert ggml.backend_graph_compute(cpu, graph) == ggml.Status.SUCCESS
+            outs.append(torch.as_tensor(ggml.backend_tensor_get(out)).clone())
+    assert torch.equal(outs[0], outs[1])
 
 
 def _computed_with_index(cpu, build, idx_tensor, bad):

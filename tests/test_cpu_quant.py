@@ -163,6 +163,32 @@ def test_matvec_of_many_rows_equals_each_row_alone(qtype, where, m):
         assert (m < layout._matvec_max_rows(packed)) == (m < layout.FUSED_MATMUL_MAX_ROWS)
 
 
+BOUND_CASES = [(qtype, where, m) for where, types in (("fused", TYPES), ("blocks", sorted(layout.IN_PLACE_KINDS, key=int)))
+               for qtype in types for m in (1, 3)]
+
+
+@pytest.mark.parametrize("qtype,where,m", BOUND_CASES, ids=[f"{c[0].name}-{c[1]}-m{c[2]}" for c in BOUND_CASES])
+def test_bound_decode_matvec_equals_the_product(qtype, where, m):
+    """A decode step's product bound once (bound_matvec: rounding and matvec in one kernel, as
+    native runs call it) gives the product's bits, for every type of both layouts."""
+    pytest.importorskip("numba")
+    n, k = 9, 512
+    blocks = random_blocks(qtype, n, k, seed=m)
+    if where == "blocks":
+        packed = layout._Packed.of_blocks(qtype, blocks)
+    else:
+        a, _b, _node, _graph, _bufs = weight_graph(qtype, n, k, 1, repack_buffer_type("fused"))
+        ggml.backend_tensor_set(a, blocks.numpy())
+        packed = layout._Packed.of(a)
+    x = torch.rand(m, k, generator=torch.Generator().manual_seed(m)) * 2 - 1
+    want, got = torch.empty(m, n), torch.empty(m, n)
+    layout._product(packed, x, want)
+    bound = layout.bound_matvec(packed, x, got)
+    bound()
+    assert torch.equal(got, want), (got - want).abs().max().item()
+    assert layout.bound_matvec(packed, torch.rand(layout._matvec_max_rows(packed), k), got) is None
+
+
 def _needs_int8_gemm():
     pytest.importorskip("numba")
     from torchggml.devices.cpu.jit.gemm_ir import gemm_available
@@ -195,7 +221,7 @@ LAYOUT_GEMM_TYPES = [T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS,
 INT8_GEMM_CASES = [(qtype, n, k, m, "blocks") for qtype in sorted(layout.IN_PLACE_KINDS, key=int)
                    for n, k, m in ((32, 256, 6), (64, 512, 7), (96, 768, 130))]
 INT8_GEMM_CASES += [(qtype, n, k, m, "fused") for qtype in LAYOUT_GEMM_TYPES
-                    for n, k, m in ((32, 256, 6), (96, 768, 130))]
+                    for n, k, m in ((32, 256, layout.LAYOUT_INT8_MIN_ROWS), (96, 768, 130))]
 
 
 @pytest.mark.parametrize("qtype,n,k,m,where", INT8_GEMM_CASES,
@@ -371,12 +397,13 @@ def test_int8_gemm_is_chosen_by_features_and_environment(choice, vnni, expected,
         assert features.int8_gemm() is expected
 
 
-# (TORCHGGML_CPU_GEMM, the byte dot, the kinds the int8 GEMM takes): all of them but Q8_0 on
-# AVX2 (the f32 GEMM is faster there) and the fused layout's kinds (the float GEMM is more
-# accurate on the real models) unless int8 is asked for
-KIND_CHOICES = [("", "avx512vnni", {34, 18, 144, 176, 210}), ("", "vnni256", {34, 18, 144, 176, 210}),
-                ("", "avx2", {18, 144, 176, 210}), ("int8", "avx2", {34, 18, 144, 176, 210, 4, 32, 33, 16, 17}),
-                ("int8", "avx512vnni", {34, 18, 144, 176, 210, 4, 32, 33, 16, 17}), ("f32", "avx2", set()), ("", None, set())]
+# (TORCHGGML_CPU_GEMM, the byte dot, the kinds the int8 GEMM takes): all of them but Q4_1's (4:
+# the float GEMM keeps SmolLM2's greedy tokens on llama.cpp's) and, on AVX2, the int8 ones (Q8_0,
+# the fused layout's int8 q: the f32 GEMM is faster there) unless int8 is asked for
+ALL_KINDS = {34, 18, 144, 176, 210, 4, 32, 33, 16, 17}
+KIND_CHOICES = [("", "avx512vnni", ALL_KINDS - {4}), ("", "vnni256", ALL_KINDS - {4}),
+                ("", "avx2", {18, 144, 176, 210}), ("int8", "avx2", ALL_KINDS),
+                ("int8", "avx512vnni", ALL_KINDS), ("f32", "avx2", set()), ("", None, set())]
 
 
 @pytest.mark.parametrize("choice,isa,kinds", KIND_CHOICES)
@@ -387,6 +414,25 @@ def test_int8_gemm_takes_the_kinds_it_gains_on(choice, isa, kinds, monkeypatch):
     monkeypatch.setenv("TORCHGGML_CPU_GEMM", choice)
     monkeypatch.setattr(gemm_ir, "gemm_isa", lambda: isa)
     assert {kind for kind in (34, 18, 144, 176, 210, 4, 32, 33, 16, 17) if features.int8_gemm_takes(kind)} == kinds
+
+
+# (rows, the product that takes them) for a stored type's weight where the int8 GEMM runs: the
+# matvec, the float GEMM for a short prompt, the int8 GEMM from LAYOUT_INT8_MIN_ROWS
+LAYOUT_ROWS_CASES = [(layout.FUSED_MATMUL_MAX_ROWS - 1, "_matvec"), (layout.FUSED_MATMUL_MAX_ROWS, "_gemm"),
+                     (layout.LAYOUT_INT8_MIN_ROWS - 1, "_gemm"), (layout.LAYOUT_INT8_MIN_ROWS, "_int8_gemm")]
+
+
+@pytest.mark.parametrize("m,product", LAYOUT_ROWS_CASES)
+def test_stored_types_take_the_int8_gemm_from_its_rows(m, product, monkeypatch):
+    _needs_int8_gemm()
+    monkeypatch.setenv("TORCHGGML_CPU_GEMM", "int8")
+    a, _b, _node, _graph, _bufs = weight_graph(T.Q5_0, 32, 256, 1, repack_buffer_type("fused"))
+    ggml.backend_tensor_set(a, random_blocks(T.Q5_0, 32, 256, seed=m).numpy())
+    ran = []
+    for name in ("_matvec", "_gemm", "_int8_gemm"):
+        monkeypatch.setattr(layout, name, lambda *args, name=name: ran.append(name))
+    layout._product(layout._Packed.of(a), torch.randn(m, 256), torch.empty(m, 32))
+    assert ran == [product]
 
 
 @pytest.mark.parametrize("qtype,where", [(T.Q4_0, "blocks"), (T.Q6_K, "blocks"), (T.Q5_K, "fused"), (T.Q4_1, "fused")],

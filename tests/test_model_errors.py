@@ -15,7 +15,7 @@ import torch
 import torchggml as ggml
 from torchggml.backend.buffer import BufferFreedError
 from torchggml.models import load_model
-from torchggml.models.model import ModelClosedError, NonFiniteLogitsError
+from torchggml.models.model import FINITE_CHECK_VALUES, ModelClosedError, NonFiniteLogitsError, all_finite
 from torchggml.models.sequences import InterleavedSequenceError
 from test_sched import _sim_available
 
@@ -118,6 +118,21 @@ def test_non_finite_logits_raise_and_leave_the_cache_as_it_was(golden_model):
     finally:
         ggml.backend_tensor_set(norm, saved)
     assert torch.equal(m.eval(TOKENS[4:]), want[1])  # the NaN cells were zeroed
+
+
+@pytest.mark.parametrize("size, bad_at, bad", [(0, None, None), (7, None, None), (7, 6, float("nan")),
+                                               (FINITE_CHECK_VALUES + 3, None, None),
+                                               (FINITE_CHECK_VALUES + 3, FINITE_CHECK_VALUES - 1, float("inf")),
+                                               (FINITE_CHECK_VALUES + 3, FINITE_CHECK_VALUES, float("-inf")),
+                                               (FINITE_CHECK_VALUES + 3, FINITE_CHECK_VALUES + 2, float("nan"))])
+def test_all_finite_checks_every_slice(size, bad_at, bad):
+    """The logits' check goes a slice of FINITE_CHECK_VALUES at a time (no mask as large as a
+    micro-batch's logits): a bad value on either side of a slice boundary is found."""
+    import numpy as np
+    values = np.ones(size, np.float32)
+    if bad_at is not None:
+        values[bad_at] = bad
+    assert all_finite(values.reshape(1, -1)) == (bad_at is None)
 
 
 def _freed_tensor():

@@ -42,6 +42,60 @@ def test_greedy_respects_the_allowed_mask_and_logprobs_are_the_models():
         Sampler(SamplingParams(temperature=0)).sample(logits, torch.zeros(4, dtype=torch.bool))
 
 
+def _chain_reference(logits, temperature, top_k, top_p, min_p, allowed=None):
+    """The draw's distribution in float64 written out plainly: {token: probability} over the kept tokens."""
+    x = [float(v) for v in logits]
+    if allowed is not None:
+        x = [v if a else -math.inf for v, a in zip(x, allowed)]
+    if temperature <= 0:
+        return {max(range(len(x)), key=lambda i: x[i]): 1.0}
+    order = sorted(range(len(x)), key=lambda i: -x[i])[:top_k or len(x)]
+    e = [math.exp(x[i] / temperature - x[order[0]] / temperature) for i in order]
+    p = [v / sum(e) for v in e]
+    kept, mass = [], 0.0
+    for i, q in zip(order, p):
+        if mass >= top_p and top_p < 1:
+            break
+        kept.append((i, q))
+        mass += q
+    kept = [(i, q) for i, q in kept if q > 0 and q >= min_p * kept[0][1]]
+    total = sum(q for _, q in kept)
+    return {i: q / total for i, q in kept}
+
+
+POST_SAMPLING = [  # temperature, top_k, top_p, min_p, allowed
+    (1.0, 0, 1.0, 0.0, None),
+    (0.7, 5, 1.0, 0.0, None),
+    (1.0, 0, 0.8, 0.0, None),
+    (1.3, 6, 0.9, 0.1, None),
+    (1.0, 4, 1.0, 0.0, [True, False] * 5),   # a grammar's mask: fewer allowed than top_k
+    (0.0, 40, 0.95, 0.05, None),             # greedy: the chosen token's 1
+]
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p,min_p,allowed", POST_SAMPLING)
+def test_post_sampling_probs_are_the_draws(temperature, top_k, top_p, min_p, allowed):
+    logits = torch.tensor([1.5, 0.2, 3.0, -1.0, 2.2, 0.9, 2.9, -0.3, 1.1, 0.0])
+    mask = None if allowed is None else torch.tensor(allowed)
+    ref = _chain_reference(logits, temperature, top_k, top_p, min_p, allowed)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=3, logprobs=20,
+                            post_sampling_probs=True)
+    sampler = Sampler(params)
+    counts = {}
+    for _ in range(2000):
+        c = sampler.sample(logits, mask)
+        assert c.prob == pytest.approx(ref[c.token], rel=1e-12)
+        assert [t for t, _ in c.top_probs] == sorted(ref, key=lambda i: -ref[i])  # every kept one, most probable first
+        assert [q for _, q in c.top_probs] == pytest.approx([ref[t] for t, _ in c.top_probs], rel=1e-12)
+        counts[c.token] = counts.get(c.token, 0) + 1
+    # and they are what the draw does: frequencies within 4 standard deviations
+    for t, q in ref.items():
+        assert abs(counts.get(t, 0) / 2000 - q) <= 4 * math.sqrt(q * (1 - q) / 2000) + 1e-9
+    assert set(counts) <= set(ref)
+    few = Sampler(params.__class__(**{**params.__dict__, "logprobs": 2})).sample(logits, mask)
+    assert len(few.top_probs) == min(2, len(ref))
+
+
 @pytest.mark.parametrize("field,value", [("temperature", -1.0), ("top_p", 1.5), ("min_p", -0.1),
                                          ("repeat_penalty", 0.0), ("frequency_penalty", 3.0),
                                          ("logprobs", 21), ("temperature", math.nan)])

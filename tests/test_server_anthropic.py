@@ -104,7 +104,13 @@ def test_a_two_turn_tool_use(served, stream, choice):
 BAD = [  # (body, the message's words)
     ({"max_tokens": 5, "messages": []}, "messages"),
     ({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}, "messages"),
-    ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "'image'"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "image source"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {
+        "type": "base64", "media_type": "text/plain", "data": "aGk="}}]}]}, "media_type image/"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {
+        "type": "base64", "media_type": "image/png", "data": "aGk="}}]}]}, "--mmproj"),
+    ({"max_tokens": 5, "messages": [{"role": "assistant", "content": [{"type": "image", "source": {
+        "type": "url", "url": "http://x"}}]}]}, "'image' block is not supported in a assistant"),
     ({"max_tokens": -1, "messages": ASK}, "max_tokens"),
     ({"max_tokens": 5, "messages": ASK, "tools": [WEATHER], "tool_choice": {"type": "tool"}}, "name"),
 ]

@@ -80,6 +80,51 @@ def test_n_probs_equal_llama_cpps(served, demo_path, llama_cpp):
     assert [t["logprob"] for t in first] == pytest.approx(top.values.tolist(), abs=2e-3)
 
 
+POST_SAMPLING = [  # sampling fields; the first step's draw against the sampler's on the reference's logits
+    {"temperature": 1.0, "top_k": 6, "top_p": 0.9, "min_p": 0.05, "seed": 7},
+    {"temperature": 0.6, "top_k": 0, "top_p": 0.5, "min_p": 0.0, "seed": 3, "repeat_penalty": 1.3},
+    {"temperature": 0},
+]
+
+
+@pytest.mark.parametrize("sampling", POST_SAMPLING)
+@pytest.mark.parametrize("path", ["/completion", "/v1/chat/completions"])
+def test_post_sampling_probs_are_the_samplers(served, path, sampling):
+    """post_sampling_probs: each token's probability in the draw and the n_probs most probable kept
+    candidates (llama-server's "prob" / "top_probs"), as the library's sampler reports them."""
+    from torchggml.models.sampling import Sampler, SamplingParams
+    client, ref = served
+    n = 5
+    if path == "/completion":
+        ids = ref.tokenize(PROMPT, parse_special=True)
+        r = post(client, path, {"prompt": PROMPT, "n_predict": 3, "n_probs": n, "post_sampling_probs": True,
+                                **sampling})
+        steps = r["completion_probabilities"]
+    else:
+        messages = [{"role": "user", "content": PROMPT}]
+        text, tok = ref.chat_prompt(messages), ref.tokenizer
+        has_bos = tok.bos_id is not None and text.startswith(tok.token_text(tok.bos_id))
+        ids = ref.tokenize(text, add_special=not has_bos, parse_special=True)
+        r = post(client, path, {"messages": messages, "max_tokens": 3, "logprobs": True, "top_logprobs": n,
+                                "post_sampling_probs": True, **sampling})
+        steps = r["choices"][0]["logprobs"]["content"]
+    params = {k: v for k, v in sampling.items() if k != "seed"}
+    expect = Sampler(SamplingParams(**{"min_p": 0.05, **params}, logprobs=n, post_sampling_probs=True),
+                     history=ids).sample(logits(ref, ids))
+    first = steps[0]
+    assert "logprob" not in first and "top_logprobs" not in first
+    assert [bytes(t["bytes"]) for t in first["top_probs"]] == \
+        [ref.tokenizer.token_to_piece_bytes(t) for t, _ in expect.top_probs]
+    assert [t["prob"] for t in first["top_probs"]] == pytest.approx([p for _, p in expect.top_probs], abs=1e-4)
+    for step in steps:  # the drawn token is a kept candidate, with its probability
+        assert 0 < step["prob"] <= 1 and 0 < len(step["top_probs"]) <= n
+        listed = {bytes(t["bytes"]): t["prob"] for t in step["top_probs"]}
+        if bytes(step["bytes"]) in listed:
+            assert step["prob"] == listed[bytes(step["bytes"])]
+    if sampling["temperature"] == 0:
+        assert all(s["prob"] == 1.0 and len(s["top_probs"]) == 1 for s in steps)
+
+
 def test_stream_is_the_whole_answer_without_done(served):
     client, _ = served
     body = {"prompt": PROMPT, "n_predict": 6, "temperature": 0, "n_probs": 2, "stream": True}
@@ -154,7 +199,6 @@ BAD = [  # (path, body, param, the message's words)
     ("/completion", {"prompt": PROMPT, "logit_bias": {"5": "x"}}, "logit_bias", "finite number or false"),
     ("/v1/completions", {"prompt": PROMPT, "logit_bias": {"5": True}}, "logit_bias", "finite number or false"),
     ("/completion", {"prompt": PROMPT, "n_probs": 21}, "n_probs", ""),
-    ("/completion", {"prompt": PROMPT, "post_sampling_probs": True}, "post_sampling_probs", "not supported"),
     ("/completion", {"prompt": PROMPT, "n_predict": -2}, "n_predict", ""),
     ("/completion", {"prompt": {"a": 1}}, "prompt", ""),
 ]

@@ -100,6 +100,57 @@ def test_streamed_image_reply(server, files):
     assert text == in_process(files, "gemma3", user({"type": "image", "image": png_bytes()}))[0]
 
 
+def chat_reply(server, messages) -> str:
+    return server.client().chat.completions.create(model=server.model_id, messages=messages, max_tokens=MAX_TOKENS,
+                                                   temperature=0).choices[0].message.content
+
+
+@pytest.mark.parametrize("source", ["base64", "url (a data URL)"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_image_block_is_the_chat_reply(server, source, stream):
+    """/v1/messages through the anthropic client with an image block: the chat completion's reply for
+    the same image_url part (temperature 0)."""
+    anthropic = pytest.importorskip("anthropic", reason="the Messages API test needs the anthropic client")
+    data = base64.b64encode(png_bytes()).decode()
+    src = ({"type": "base64", "media_type": "image/png", "data": data} if source == "base64"
+           else {"type": "url", "url": DATA_URL})
+    claude = anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0)
+    args = dict(model=server.model_id, max_tokens=MAX_TOKENS, extra_body={"temperature": 0}, messages=[{"role": "user", "content": [
+        {"type": "text", "text": "Describe "}, {"type": "image", "source": src}, {"type": "text", "text": " briefly."}]}])
+    if stream:
+        with claude.messages.stream(**args) as s:
+            text = "".join(s.text_stream)
+    else:
+        text = claude.messages.create(**args).content[0].text
+    assert text == chat_reply(server, user(image_part(DATA_URL)))
+    count = claude.messages.count_tokens(model=server.model_id, messages=args["messages"]).input_tokens  # (a beta in older SDKs)
+    assert count == in_process_count(server, user(image_part(DATA_URL)))
+
+
+def in_process_count(server, messages) -> int:
+    """The chat's prompt positions, as the chat completion's usage counts them."""
+    return server.client().chat.completions.create(model=server.model_id, messages=messages, max_tokens=1,
+                                                   temperature=0).usage.prompt_tokens
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_input_image_is_the_chat_reply(server, stream):
+    """/v1/responses through the openai client with an input_image item part: the chat completion's reply
+    (temperature 0); a second turn by previous_response_id keeps the image in the conversation."""
+    c = server.client()
+    content = [{"type": "input_text", "text": "Describe "}, {"type": "input_image", "image_url": DATA_URL,
+                                                            "detail": "auto"},
+               {"type": "input_text", "text": " briefly."}]
+    args = dict(model=server.model_id, max_output_tokens=MAX_TOKENS, temperature=0,
+                input=[{"role": "user", "content": content}])
+    r = [e for e in c.responses.create(stream=True, **args)][-1].response if stream else c.responses.create(**args)
+    assert r.output_text == chat_reply(server, user(image_part(DATA_URL)))
+    more = c.responses.create(model=server.model_id, max_output_tokens=MAX_TOKENS, temperature=0, input="Again",
+                              previous_response_id=r.id)
+    assert more.output_text == chat_reply(server, user(image_part(DATA_URL)) + [
+        {"role": "assistant", "content": r.output_text}, {"role": "user", "content": "Again"}])
+
+
 BAD = [  # (what, part, words in the message)
     ("file outside --media-path", image_part("file://../outside.png"), "is not allowed"),
     ("absolute file path", image_part("file:///etc/passwd"), "is not allowed"),
@@ -127,9 +178,15 @@ def test_audio_part(files):
     """input_audio (a WAV, base64) through an audio projector: the reply equals the in-process chat's."""
     s = Server(files["text"], "--mmproj", files["qwen2a"], "--api-key", KEY)
     try:
-        part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav_bytes()).decode(), "format": "wav"}}
+        audio = {"data": base64.b64encode(wav_bytes()).decode(), "format": "wav"}
+        part = {"type": "input_audio", "input_audio": audio}
         r = s.client().chat.completions.create(model=s.model_id, messages=user(part), max_tokens=MAX_TOKENS,
                                                temperature=0)
+        # the Responses API's input_audio part: the same reply
+        answer = s.client().responses.create(model=s.model_id, max_output_tokens=MAX_TOKENS, temperature=0, input=[
+            {"role": "user", "content": [{"type": "input_text", "text": "Describe "}, part,
+                                         {"type": "input_text", "text": " briefly."}]}])
     finally:
         s.stop()
     assert r.choices[0].message.content == in_process(files, "qwen2a", user({"type": "audio", "audio": wav_bytes()}))[0]
+    assert answer.output_text == r.choices[0].message.content

@@ -89,14 +89,84 @@ def test_a_two_turn_function_call(served, stream):
     assert second.output[0].type == "message" and not [o for o in second.output if o.type == "function_call"]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_previous_response_id_continues_the_conversation(served, stream):
+    """A second turn by previous_response_id answers as the chat of the whole conversation (the first
+    turn's instructions not carried over, as OpenAI's); store false keeps nothing; GET and DELETE."""
+    http, client = served
+    args = dict(model="tiny", max_output_tokens=6, temperature=0)
+    if stream:
+        first = [e for e in client.responses.create(input="Hello", instructions="Be brief.", stream=True,
+                                                    **args)][-1].response
+    else:
+        first = client.responses.create(input="Hello", instructions="Be brief.", **args)
+    second = client.responses.create(input="And then?", previous_response_id=first.id, **args)
+    expect = chat(http, [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": first.output_text},
+                         {"role": "user", "content": "And then?"}], max_tokens=6)
+    assert second.output_text == expect["message"]["content"] and second.previous_response_id == first.id
+    third = client.responses.create(input="Why?", previous_response_id=second.id, instructions="Be kind.", **args)
+    expect = chat(http, [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hello"},
+                         {"role": "assistant", "content": first.output_text}, {"role": "user", "content": "And then?"},
+                         {"role": "assistant", "content": second.output_text}, {"role": "user", "content": "Why?"}],
+                  max_tokens=6)
+    assert third.output_text == expect["message"]["content"]
+    assert client.responses.retrieve(second.id).output_text == second.output_text
+    unstored = client.responses.create(input="Hi", store=False, **args)
+    assert unstored.store is False
+    for rid in (unstored.id, "resp_unknown"):
+        r = http.post("/v1/responses", json={"input": "x", "previous_response_id": rid})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "previous_response_not_found", r.text
+        assert http.get(f"/v1/responses/{rid}").status_code == 404
+    assert http.delete(f"/v1/responses/{first.id}").json() == {"id": first.id, "object": "response", "deleted": True}
+    assert http.get(f"/v1/responses/{first.id}").status_code == 404
+    assert client.responses.create(input="Go on", previous_response_id=second.id, **args).status  # still stored
+
+
+def test_a_function_call_continued_by_previous_response_id(served):
+    """The call's output as the next input, with previous_response_id: the chat with the call and its result."""
+    http, client = served
+    args = dict(model="tiny", tools=[WEATHER], max_output_tokens=64, temperature=0)
+    ask = "What is the weather in Paris?"
+    first = client.responses.create(input=ask, tool_choice="required", **args)
+    call = next(o for o in first.output if o.type == "function_call")
+    second = client.responses.create(previous_response_id=first.id, tool_choice="none", input=[
+        {"type": "function_call_output", "call_id": call.call_id, "output": '{"temperature": 21}'}], **args)
+    expect = chat(http, [{"role": "user", "content": ask},
+                         {"role": "assistant", "content": "", "tool_calls": [
+                             {"id": call.call_id, "type": "function",
+                              "function": {"name": call.name, "arguments": call.arguments}}]},
+                         {"role": "tool", "tool_call_id": call.call_id, "content": '{"temperature": 21}'}],
+                  max_tokens=64, tools=[{"type": "function", "function": {k: WEATHER[k] for k in
+                                                                          ("name", "description", "parameters")}}],
+                  tool_choice="none")
+    assert second.output_text == expect["message"]["content"]
+
+
+def test_the_store_is_bounded():
+    from torchggml.server.responses import ResponseStore
+    store = ResponseStore(limit=3, chars=2000)
+    for i in range(5):
+        store.put({"id": f"r{i}"}, [{"role": "user", "content": "x"}])
+    assert list(store.entries) == ["r2", "r3", "r4"]
+    store.get("r2")  # used: the least recently used is now r3
+    store.put({"id": "big"}, [{"role": "user", "content": "y" * 1500}])
+    assert "r3" not in store.entries and "r2" in store.entries and store.size <= 2000
+    store.put({"id": "huge"}, [{"role": "user", "content": "z" * 5000}])  # larger than the whole store
+    assert "huge" not in store.entries
+    assert store.delete("r2") and not store.delete("r2")
+
+
 BAD = [  # (body, param, the message's words)
     ({}, "input", "input"),
     ({"input": []}, "input", "empty"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input", "role"),
     ({"input": [{"type": "function_call", "name": "f"}]}, "input", "call_id"),
     ({"input": [{"type": "web_search_call"}]}, "input", "not supported"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input", "input_image"),
-    ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id", "stores no responses"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "messages", "--mmproj"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]}, "input", "file_id"),
+    ({"input": [{"role": "assistant", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input", "user"),
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input", "input_file"),
+    ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id", "not found"),
     ({"input": "x", "max_output_tokens": -1}, "max_output_tokens", ""),
     ({"input": "x", "tool_choice": {"type": "function"}}, "tool_choice", "name"),
 ]

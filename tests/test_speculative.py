@@ -55,3 +55,27 @@ def test_a_draft_model_needs_the_same_vocabulary(demo, tmp_path):
         other.close()
     with pytest.raises(ValueError, match="draft="):
         make_draft(42, demo)
+
+
+@pytest.mark.parametrize("copies, as_f32", [(1, False), (2, True)])
+def test_a_deepened_target_keeps_its_sources_predictions(demo, demo_path, tmp_path, copies, as_f32):
+    """scripts/make_deep_target.py (the speculative benchmark's constructed target): zero-output copies
+    of each layer leave the logits the source's exactly; the source drafts for it, every draft taken."""
+    import os
+    import sys
+
+    import torch
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+    from make_deep_target import deepen
+    path = str(tmp_path / "deep.gguf")
+    assert deepen(demo_path, path, copies, as_f32) == demo.hp.n_layer * (1 + copies)
+    deep = load_model(path, progress=False)
+    try:
+        ids = demo.tokenize(REPEATING)
+        demo.reset()
+        assert torch.equal(deep.eval(ids, logits="all"), demo.eval(ids, logits="all"))
+        fast = "".join(deep.generate(REPEATING, max_tokens=12, temperature=0, draft=demo, n_draft=4))
+        assert fast == "".join(demo.generate(REPEATING, max_tokens=12, temperature=0))
+        assert deep.timings.accepted == deep.timings.drafted > 0
+    finally:
+        deep.close()

@@ -18,7 +18,7 @@ import torch
 from torchggml.cli import main
 from torchggml.gguf.loader import open_gguf
 from torchggml.gguf.writer.demo import CORPUS, DEMO_CONFIG, demo_model_path, generated_model
-from torchggml.tools.perplexity import score_window, summarize, windows
+from torchggml.tools.perplexity import SCORE_BYTES, score_rows, score_window, summarize, windows
 from torchggml.tools.quantize import FILE_TYPES, plan, quantize_file
 from torchggml.types import Type
 
@@ -42,6 +42,20 @@ def test_perplexity_windows_and_scoring():
     nll = score_window(torch.zeros(16, 200), w)
     assert nll.numel() == 16 - 1 - 8  # positions n_ctx/2 .. n_ctx-2
     assert summarize([nll, nll]).ppl == pytest.approx(200.0)
+
+
+@pytest.mark.parametrize("n_rows, n_vocab", [(0, 50), (1, 50), (37, 1000), (9, SCORE_BYTES // 8 - 1),
+                                            (17, SCORE_BYTES // 16), (3, SCORE_BYTES // 4)])
+def test_score_rows_equals_a_float64_log_softmax_of_all_rows(n_rows, n_vocab):
+    """score_rows goes through a few rows at a time in reused buffers (about SCORE_BYTES of
+    float64): each row's figure is the one a float64 log-softmax of every row at once gives,
+    bit for bit, across the group boundaries (a group of 1, 2, 8 rows and a last partial one)."""
+    g = torch.Generator().manual_seed(n_rows * 7 + n_vocab)
+    logits = torch.randn(n_rows, n_vocab, generator=g) * 6
+    targets = torch.randint(0, n_vocab, (n_rows,), generator=g)
+    want = -torch.log_softmax(logits.double(), dim=-1).gather(1, targets[:, None])[:, 0]
+    got = score_rows(logits, targets.tolist())
+    assert got.dtype == torch.float64 and torch.equal(got, want)
 
 
 def test_perplexity_scores_a_micro_batch_at_a_time():
@@ -457,6 +471,45 @@ def test_version_and_help_import_nothing_heavy(argv):
     assert done.returncode == 0, done.stderr
     assert "imported: []" in done.stdout, done.stdout
     assert ("torchggml 0.1.0" in done.stdout) if argv == ["--version"] else ("usage: torchggml" in done.stdout)
+
+
+LOAD_STATE = """
+import gc, sys
+import numpy as np
+from torchggml.models import load_model
+model = load_model(sys.argv[1], n_ctx=32, progress=False)
+model.eval([1, 2, 3])
+print("after load:", "scipy.linalg" in sys.modules, gc.isenabled(), gc.get_freeze_count() > 100000)
+import numba
+dot = numba.njit(lambda a, b: np.dot(a, b))
+print("dot:", dot(np.arange(3.0), np.arange(3.0)))
+"""
+
+
+def test_load_starts_numba_without_scipy_and_leaves_the_gc_on():
+    """A load sets numba up without SciPy's linear algebra (numba imported it for np.convolve's
+    BLAS choice: a third of a small model's load) and with the imported modules' objects frozen
+    out of the cyclic GC, which is on again after the load; numba's np.dot still compiles
+    (importing SciPy then)."""
+    import subprocess
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, "-c", LOAD_STATE, demo_model_path()], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "after load: False True True" in done.stdout and "dot: 5.0" in done.stdout, done.stdout
+
+
+def test_a_failed_load_leaves_the_gc_as_it_was(tmp_path):
+    """load_model pauses the cyclic GC while it loads: a load that fails turns it back on."""
+    import gc
+    from torchggml.gguf.reader import GGUFError
+    from torchggml.models import load_model
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGML" + bytes(64))
+    assert gc.isenabled()
+    with pytest.raises(GGUFError, match="not a GGUF file"):
+        load_model(str(bad), progress=False)
+    assert gc.isenabled()
 
 
 def test_compile_kernels_covers_every_block_type():

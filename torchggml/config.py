@@ -54,7 +54,8 @@ VARIABLES = {v.name: v for v in (
     Variable("TORCHGGML_CPU_PATH", "text", "", "the CPU's quantized product path (fused, int4...; unset: this "
              "CPU's default)", _text),
     Variable("TORCHGGML_CPU_GEMM", "text", "", "the CPU's prompt GEMM: int8 (Q8_0/Q4_0/Q4_K/Q5_K/Q6_K blocks, "
-             "AVX512-VNNI, AVX-VNNI or AVX2; int8 also puts the fused layout's types on it), or f32 or bf16 for "
+             "AVX512-VNNI, AVX-VNNI or AVX2, and the fused layout's types from 16 rows; int8 also puts Q4_1 on it), "
+             "or f32 or bf16 for "
              "dequantized weights (unset: chosen by the CPU's features)", _text),
     Variable("TORCHGGML_CPU_THREADS", "text", "adaptive", "the CPU backend's thread count per plan: adaptive (the "
              "fastest of its n_threads and fewer, re-tried as the machine's load changes; docs/cpu.md) or fixed "

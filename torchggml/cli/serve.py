@@ -1,7 +1,7 @@
 """The `serve` subcommand:
 
     torchggml serve [MODEL] [--host 127.0.0.1] [--port 8080] [--parallel N] [--api-key KEY]
-                    [--cache-ram MIB] [--slot-save-path DIR]
+                    [--cache-ram MIB] [--cache-reuse N] [--slot-save-path DIR]
                     [--timeout S] [--max-body-size BYTES] [--max-connections N] ...
                     [--mmproj FILE [--media-path DIR]]
                     [model options as `run`: -d, -ngl, -ts, -tp, -c, -b, -fa, -ctk, -t]
@@ -49,6 +49,8 @@ def cmd_serve(args) -> int:
         raise ValueError(f"serve: --parallel must be at least 1, got {args.parallel}")
     if args.cache_ram < 0:
         raise ValueError(f"serve: --cache-ram must not be negative, got {args.cache_ram}")
+    if args.cache_reuse < 0:
+        raise ValueError(f"serve: --cache-reuse must not be negative, got {args.cache_reuse}")
     if args.slot_save_path is not None and not os.path.isdir(args.slot_save_path):
         raise ValueError(f"serve: --slot-save-path {args.slot_save_path!r} is not a directory")
     # recurrent and hybrid models keep one state per slot
@@ -81,7 +83,10 @@ def cmd_serve(args) -> int:
                 held["mm"] = mm = Multimodal(model, load_mmproj(args.mmproj, model.placement.input))
                 print(f"{args.mmproj}: projector {mm.mmproj.projector}", file=sys.stderr)
             held["engine"] = engine = Engine(model, args.parallel, args.queue_size, draft=draft,
-                                             n_draft=args.draft_max, cache_ram=args.cache_ram << 20)
+                                             n_draft=args.draft_max, cache_ram=args.cache_ram << 20,
+                                             cache_reuse=args.cache_reuse)
+            if engine.cache_reuse_off:  # (as llama-server: a warning, and no reuse)
+                print(f"--cache-reuse is ignored: {engine.cache_reuse_off}", file=sys.stderr)
             loras = [(path, 1.0) for path in args.lora or []] + [(p, float(x)) for p, x in args.lora_scaled or []]
             if loras:
                 from ..server.lora_adapters import load_adapters
@@ -133,6 +138,10 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("-cram", "--cache-ram", type=int, default=8192, metavar="MIB",
                    help="host-memory prompt cache: prompts whose cells a slot gave up are kept with their KV cells, "
                         "up to MIB mebibytes (default 8192, as llama-server; 0: none)")
+    p.add_argument("--cache-reuse", type=int, default=0, metavar="N",
+                   help="after a prompt diverges from a slot's cells, move cached runs of at least N tokens that "
+                        "continue it to their new positions, K re-rotated (llama-server's; default 0: off; "
+                        "plain-rope F16/F32 K caches only)")
     p.add_argument("--slot-save-path", default=None, metavar="DIR",
                    help="folder for POST /slots/{id}?action=save|restore files (default: slot actions off)")
     p.add_argument("--queue-size", type=int, default=64, metavar="N",

@@ -32,5 +32,16 @@ def load_model(path, params: "ModelParams | None" = None, **options) -> "Model":
     """Load a GGUF model. `params` (a ModelParams) and/or its fields as keywords, e.g.
     load_model(path, devices=["CUDA0"], n_ctx=2048, flash_attn=True); see ModelParams for
     each option."""
-    from .loading import load
-    return load(path, params, **options)
+    import gc
+    # no cyclic collection while loading: the load makes objects that all stay (the modules it
+    # imports, numba's registries, the model's graph), and each full collection on the way
+    # walked the process's ~250k objects (a fifth of a small model's load); numba's start
+    # freezes the imported ones out of later collections (devices/cpu/jit/loader.py)
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        from .loading import load
+        return load(path, params, **options)
+    finally:
+        if paused:
+            gc.enable()

@@ -11,7 +11,7 @@ n_kv cells back as [head_dim, n_kv, n_head_kv] views.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -173,6 +173,39 @@ class KVCache(Memory):
             self.seq_next[seq_id] = min(self.seq_next[seq_id], int(n))
         if seq_id in self.rope_jumps:
             self.rope_jumps[seq_id] = [(at, d) for at, d in self.rope_jumps[seq_id] if at <= n]
+
+    def remove(self, seq_id: int, p0: int, p1: int) -> None:
+        """Sequence seq_id forgets its positions [p0, p1) (llama.cpp's seq_rm of a range)."""
+        cells = np.flatnonzero((self.cell_seq == int(seq_id)) & (self.cell_pos >= p0) & (self.cell_pos < p1))
+        self.zero_cells(cells)
+        self.cell_seq[cells] = -1
+        mine = self.cell_seq == int(seq_id)
+        if int(seq_id) in self.seq_next:
+            self.seq_next[int(seq_id)] = int(self.cell_pos[mine].max()) + 1 if mine.any() else 0
+
+    def shift(self, seq_id: int, p0: int, p1: int, delta: int, rotate) -> None:
+        """Sequence seq_id's cells at positions [p0, p1) move to p + delta (llama.cpp's seq_add),
+        their K rows rotated by delta (rotate(il, f32 rows, delta): kv_shift.k_rotation's);
+        the caller keeps positions unique. F16 or F32 K only."""
+        cells = np.flatnonzero((self.cell_seq == int(seq_id)) & (self.cell_pos >= p0) & (self.cell_pos < p1))
+        if cells.size == 0 or delta == 0:
+            return
+        if int(seq_id) in self.rope_jumps:
+            raise ValueError(f"sequence {seq_id}'s rotary positions jump (an image's): it cannot be shifted")
+        dtype = {Type.F16: torch.float16, Type.F32: torch.float32}[self.type]
+        for il, t in enumerate(self.k):
+            if t is None:
+                continue
+            row = t.nb[1]
+            raw = torch.empty((cells.size, row), dtype=torch.uint8)
+            for src, dst in _runs(cells):
+                backend_tensor_get(t, raw[dst], src.start * row, (src.stop - src.start) * row)
+            rows = rotate(il, raw.view(dtype).float(), int(delta)).to(dtype).view(torch.uint8)
+            for dst, src in _runs(cells):
+                backend_tensor_set(t, rows[src].contiguous(), dst.start * row, (dst.stop - dst.start) * row)
+        self.cell_pos[cells] += int(delta)
+        mine = self.cell_seq == int(seq_id)
+        self.seq_next[int(seq_id)] = int(self.cell_pos[mine].max()) + 1  # (llama.cpp: the next position follows)
 
     def copy(self, src: int, dst: int) -> None:
         """Sequence dst continues from sequence src's cells (llama.cpp's seq_cp): dst's own cells
@@ -407,13 +440,16 @@ def _runs(cells: np.ndarray):
 
 @dataclass
 class SeqCells:
-    """A sequence's cells copied to host memory (KVCache.save_seq): n positions, and per cache
-    tensor (KVCache.tensors() order) its rows as uint8 [n, row bytes]."""
+    """A sequence's memory copied to host memory (Memory.save_seq): n positions, per KV cache
+    tensor (KVCache.tensors() order) its rows as uint8 [n, row bytes], and a recurrent memory's
+    states after those n positions: per state tensor (RecurrentState.tensors() order) its one
+    row, uint8 [1, row bytes] (none for a KV cache alone, or n = 0)."""
     n: int
     rows: list
+    state: list = field(default_factory=list)
 
     def nbytes(self) -> int:
-        return sum(r.numel() for r in self.rows)
+        return sum(r.numel() for r in self.rows) + sum(r.numel() for r in self.state)
 
 
 @dataclass

@@ -45,10 +45,21 @@ def add_rpc_servers(endpoints) -> list[Device]:
     return devices
 
 
+def _start_cpu_kernels() -> None:
+    """numba set up before the model's objects exist (the CPU's kernels load on it: the weights'
+    conversion at load, every evaluation), so that the objects it freezes are only the imported
+    modules' (devices/cpu/jit/loader.py: start_numba)."""
+    from ..devices.cpu.jit.loader import numba_available, start_numba
+    if numba_available():
+        start_numba()
+
+
 def load(path, params: ModelParams | None = None, **options) -> Model:
     """See torchggml.load_model."""
     from ..gguf.loader import open_gguf
     params = (params or ModelParams()).with_options(**options)
+    if not params.vocab_only:
+        _start_cpu_kernels()
     file = open_gguf(path)  # the tokenizer is built from it on first use
     vocab = file.get("tokenizer.ggml.model")  # as llama.cpp, which needs it ("none": no vocabulary)
     if vocab not in VOCAB_TYPES:  # llama.cpp refuses the file

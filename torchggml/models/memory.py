@@ -31,9 +31,10 @@ class Memory(ABC):
     #: positions: theirs plus the jumps add_rope_jump(seq_id, at, delta) recorded (an M-RoPE image
     #: takes max(width, height) rotary positions for its width x height tokens); None: the same
     rope_positions = None
-    #: OPTIONAL, None: save_seq(seq_id) -> SeqCells, a copy of sequence seq_id's cells in host
-    #: memory, and load_seq(seq_id, cells, n) putting the first n back (llama.cpp's
-    #: state_seq_get/set_data); None where a sequence has no cells to copy (recurrent states)
+    #: OPTIONAL, None: save_seq(seq_id) -> SeqCells, a copy of sequence seq_id's cells (and
+    #: recurrent states) in host memory, and load_seq(seq_id, cells, n) putting the first n
+    #: positions back (llama.cpp's state_seq_get/set_data); a recurrent state is the one after
+    #: all its positions, so it loads only whole (n = cells.n)
     save_seq = None
     load_seq = None
     #: the backend buffers that hold the memory's tensors

@@ -110,6 +110,17 @@ class ModelClosedError(RuntimeError):
     """The model was closed: its buffers are freed and it can no longer evaluate."""
 
 
+FINITE_CHECK_VALUES = 1 << 22  # checked at a time: a 262k vocabulary's 512 rows would need a 128 MiB mask
+
+
+def all_finite(values: np.ndarray) -> bool:
+    """Whether every value is finite (numpy: cheaper than torch's check), a slice at a time so
+    that the check's mask stays small beside a micro-batch's logits."""
+    flat = values.reshape(-1)
+    return all(bool(np.isfinite(flat[i: i + FINITE_CHECK_VALUES]).all())
+               for i in range(0, flat.size, FINITE_CHECK_VALUES))
+
+
 class NonFiniteLogitsError(FloatingPointError):
     """An eval produced NaN or inf logits (its cache cells were zeroed, the cache restored)."""
 
@@ -344,9 +355,36 @@ class Model:
             self.sequences.changed([int(seq_id)])
             return True
 
+    def can_shift(self) -> str | None:
+        """None where shift() works on this model; otherwise why not (kv_shift.k_rotation)."""
+        from .kv_shift import k_rotation
+        return k_rotation(self)[1]
+
+    def shift(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
+        """Sequence seq_id's positions [p0, p1) move by delta, their K re-rotated (llama.cpp's
+        seq_add with its K shift); positions [p0 + delta, p1 + delta) must be free of it.
+        ValueError where the model's K cannot be shifted (can_shift says why)."""
+        from .kv_shift import k_rotation
+        with self.lock:
+            self._require_weights("shift")
+            rotate, why = k_rotation(self)
+            if rotate is None:
+                raise ValueError(f"{self.path}: its KV cache cannot be shifted: {why}")
+            self.memory.attention.shift(seq_id, p0, p1, delta, rotate)
+            self.sequences.changed([int(seq_id)])
+
+    def remove(self, seq_id: int, p0: int, p1: int) -> None:
+        """Sequence seq_id forgets its positions [p0, p1) (llama.cpp's seq_rm; KV caches only)."""
+        with self.lock:
+            self._require_weights("remove")
+            if self.memory.keep_prefix is None:
+                raise ValueError(f"{self.path}: its {type(self.memory).__name__} cannot forget positions")
+            self.memory.attention.remove(seq_id, p0, p1)
+            self.sequences.changed([int(seq_id)])
+
     def save_seq(self, seq_id: int):
-        """A host copy of sequence seq_id's cells (a KVCache's SeqCells), for load_seq; ValueError
-        where the memory has none to copy (recurrent states)."""
+        """A host copy of sequence seq_id's memory (SeqCells: KV cells, recurrent states), for
+        load_seq; ValueError where the memory cannot copy one out."""
         with self.lock:
             self._require_weights("save_seq")
             if self.memory.save_seq is None:
@@ -354,8 +392,8 @@ class Model:
             return self.memory.save_seq(seq_id)
 
     def load_seq(self, seq_id: int, saved, n: int | None = None) -> None:
-        """Sequence seq_id holds the first n positions (all: None) of a save_seq copy; the next
-        token it evaluates is at position n."""
+        """Sequence seq_id holds the first n positions (all: None) of a save_seq copy (a recurrent
+        state only all of them); the next token it evaluates is at position n."""
         with self.lock:
             self._require_weights("load_seq")
             if self.memory.load_seq is None:
@@ -604,7 +642,7 @@ class Model:
                 self._eval_ubatch(ids[idx], seq_ids[idx], flags_i, logits, embeddings,
                                   embd=None if embd is None else embd[torch.as_tensor(np.arange(ids.size)[idx])])
                 out[torch.from_numpy(row_of[idx][flags_i])] = logits
-            if not np.isfinite(logits.numpy()).all():  # numpy: cheaper than torch's check
+            if not all_finite(logits.numpy()):
                 finite = torch.isfinite(logits).all(dim=1)
                 # the cells written may hold NaN: zero them so no later call can read them
                 self.memory.restore(before)

@@ -28,7 +28,7 @@ from ..backend.tensor_io import backend_tensor_get, backend_tensor_memset, backe
 from ..context import Context, new_tensor_2d
 from ..tensor import Tensor, set_name
 from ..types import Type
-from .kv_cache import KVCache, KVBatch, kv_type_from_name
+from .kv_cache import KVCache, KVBatch, SeqCells, kv_type_from_name
 from .memory import Memory
 
 MEMORY_KINDS = ("kv", "recurrent", "hybrid")
@@ -125,6 +125,38 @@ class RecurrentState(Memory):
                 data = torch.empty(row, dtype=torch.uint8)
                 backend_tensor_get(t, data, self.slot_of[src] * row, row)
                 backend_tensor_set(t, data, slot * row, row)
+
+    def save_seq(self, seq_id: int) -> SeqCells:
+        """A host copy of sequence seq_id's states: after its seq_len positions, one row of each
+        state tensor (none for a sequence without a state)."""
+        seq_id = int(seq_id)
+        if seq_id not in self.slot_of:
+            return SeqCells(0, [])
+        slot, state = self.slot_of[seq_id], []
+        for t in self.tensors():
+            row = torch.empty((1, t.nb[1]), dtype=torch.uint8)
+            backend_tensor_get(t, row[0], slot * t.nb[1], t.nb[1])
+            state.append(row)
+        return SeqCells(self.seq_next.get(seq_id, 0), [], state)
+
+    def load_seq(self, seq_id: int, saved: SeqCells, n: int | None = None) -> None:
+        """Sequence seq_id continues from a save_seq copy (its own state dropped); a state holds
+        all its positions: n must be saved.n (0 or a copy without a state: a cleared sequence)."""
+        n = saved.n if n is None else int(n)
+        if n != saved.n:
+            raise ValueError(f"load_seq: a recurrent state is the one after all its {saved.n} positions; "
+                             f"{n} cannot be loaded")
+        widths = [t.nb[1] for t in self.tensors()]
+        if saved.state and [r.shape[1] for r in saved.state] != widths:
+            raise ValueError(f"load_seq: the saved states are {[r.shape[1] for r in saved.state]} bytes wide, "
+                             f"this memory's are {widths}")
+        self.clear(seq_id)
+        if n == 0 or not saved.state:
+            return
+        slot = self._free_slots(1)[0]
+        for t, row in zip(self.tensors(), saved.state):
+            backend_tensor_set(t, row[0].contiguous(), slot * t.nb[1], t.nb[1])
+        self.slot_of[int(seq_id)], self.seq_next[int(seq_id)] = slot, n
 
     def zero_slot(self, slot: int) -> None:
         for tensors in (self.r, self.s):
@@ -258,6 +290,27 @@ class HybridMemory(Memory):
         """Sequence dst continues from src: its KV cells and its recurrent states copied."""
         self.kv.copy(src, dst)
         self.rs.copy(src, dst)
+
+    def save_seq(self, seq_id: int) -> SeqCells:
+        """Sequence seq_id's KV cells and its recurrent states after them."""
+        cells = self.kv.save_seq(seq_id)
+        state = self.rs.save_seq(seq_id)
+        if state.n != cells.n:
+            raise ValueError(f"sequence {seq_id}: its recurrent state holds {state.n} positions, its cells {cells.n}")
+        return SeqCells(cells.n, cells.rows, state.state)
+
+    def load_seq(self, seq_id: int, saved: SeqCells, n: int | None = None) -> None:
+        """Both parts back (whole: a recurrent state cannot go back); nothing changed on failure."""
+        n = saved.n if n is None else int(n)
+        if n != saved.n:
+            raise ValueError(f"load_seq: a recurrent state is the one after all its {saved.n} positions; "
+                             f"{n} cannot be loaded")
+        self.rs.load_seq(seq_id, SeqCells(saved.n, [], saved.state), n)
+        try:
+            self.kv.load_seq(seq_id, saved, n)
+        except ValueError:
+            self.rs.clear(seq_id)
+            raise
 
     def snapshot(self):
         return self.kv.snapshot(), self.rs.snapshot()

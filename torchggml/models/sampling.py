@@ -10,6 +10,8 @@ The chain, in order: logit biases (llama.cpp's logit-bias sampler), repeat/frequ
 the last repeat_last_n tokens), an allowed-token mask (a grammar's), temperature, top-k, top-p,
 min-p, then a draw; temperature <= 0 takes the most likely allowed token. Log-probabilities (the
 OpenAI `logprobs`) are those of the model: log-softmax of the raw logits, before any of the chain.
+With post_sampling_probs (llama-server's) a choice also carries the probabilities of the draw
+itself: over the candidates the chain kept, normalized (greedy: the chosen token's 1).
 
 StopStrings cuts streamed text at the first stop string, holding back a tail that may be the
 start of one.
@@ -35,6 +37,10 @@ class TokenChoice:
     token: int
     logprob: float | None = None
     top: list[tuple[int, float]] = field(default_factory=list)
+    # with SamplingParams.post_sampling_probs: the token's probability in the draw and the `logprobs`
+    # most probable kept candidates' (id, probability), most probable first (zero ones left out)
+    prob: float | None = None
+    top_probs: list[tuple[int, float]] = field(default_factory=list)
 
 
 class Sampler:
@@ -65,9 +71,12 @@ class Sampler:
             if not bool(allowed.any()):
                 raise ValueError("sampling: the grammar allows no token here")
             work = work.masked_fill(~allowed, -math.inf)
-        choice.token = _draw(work, p.temperature, p.top_k, p.top_p, p.min_p, self.generator)
+        ids, probs = _candidates(work, p.temperature, p.top_k, p.top_p, p.min_p)
+        choice.token = _draw(ids, probs, self.generator, p.temperature <= 0)
         if p.logprobs is not None:
             choice.logprob = float(logprobs[choice.token])
+            if p.post_sampling_probs:
+                choice.prob, choice.top_probs = _kept(ids, probs, choice.token, p.logprobs)
         return choice
 
     def _biased(self, logits: torch.Tensor) -> torch.Tensor:
@@ -92,15 +101,16 @@ class Sampler:
         return out
 
 
-def _draw(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float,
-          generator: torch.Generator | None) -> int:
-    """Temperature, then top-k, top-p (nucleus) and min-p, then a draw; greedy when temperature <= 0.
-    With top-k the later steps and the draw run over the k candidates only (as llama.cpp's
-    sampler chain), not the whole vocabulary."""
+def _candidates(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
+                min_p: float) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The draw's candidates: (their token ids, None for the whole vocabulary in order; their
+    unnormalized probabilities, 0 for those the chain dropped). Temperature, then top-k, top-p
+    (nucleus) and min-p; greedy (temperature <= 0) keeps the most likely token alone. With top-k
+    the later steps run over the k candidates only (as llama.cpp's sampler chain)."""
     if temperature <= 0:
-        return int(torch.argmax(logits))
+        return torch.argmax(logits).reshape(1), torch.ones(1, dtype=torch.float64)
     logits = logits.double() / temperature
-    ids = None  # the candidates' token ids (None: every token is a candidate)
+    ids = None
     if 0 < top_k < logits.numel():
         logits, ids = torch.topk(logits, top_k)  # (sorted, highest first)
     probs = torch.softmax(logits, dim=-1)
@@ -111,8 +121,24 @@ def _draw(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, mi
         probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
     if min_p > 0:
         probs = probs.masked_fill(probs < min_p * probs.max(), 0.0)
-    k = int(torch.multinomial(probs, 1, generator=generator))
+    return ids, probs
+
+
+def _draw(ids: torch.Tensor | None, probs: torch.Tensor, generator: torch.Generator | None, greedy: bool) -> int:
+    """A token drawn from the candidates (greedy: the one kept, no draw)."""
+    k = 0 if greedy else int(torch.multinomial(probs, 1, generator=generator))
     return k if ids is None else int(ids[k])
+
+
+def _kept(ids: torch.Tensor | None, probs: torch.Tensor, token: int, n: int) -> tuple[float, list[tuple[int, float]]]:
+    """The drawn token's probability and the n most probable kept candidates' (llama-server's
+    post_sampling_probs: the distribution the draw used, normalized; zero ones left out)."""
+    probs = probs / probs.sum()
+    nonzero = int(torch.count_nonzero(probs))
+    values, order = torch.topk(probs, min(n, nonzero))
+    token_ids = order if ids is None else ids[order]
+    where = (ids if ids is not None else torch.arange(probs.numel())) == token
+    return float(probs[where][0]), [(int(i), float(v)) for i, v in zip(token_ids, values)]
 
 
 def sample_token(logits: torch.Tensor, temperature: float = DEFAULTS.temperature, top_k: int = DEFAULTS.top_k,
@@ -120,7 +146,7 @@ def sample_token(logits: torch.Tensor, temperature: float = DEFAULTS.temperature
                  min_p: float = DEFAULTS.min_p) -> int:
     """Temperature, then top-k, then top-p (nucleus), then min-p sampling; greedy when temperature <= 0
     (the sampler's draw without penalties or logprobs)."""
-    return _draw(logits.reshape(-1), temperature, top_k, top_p, min_p, generator)
+    return _draw(*_candidates(logits.reshape(-1), temperature, top_k, top_p, min_p), generator, temperature <= 0)
 
 
 class StopStrings:

@@ -19,7 +19,9 @@ class SamplingParams:
     penalties look at (-1: all). seed: the draw's generator (None: random). logprobs: None, or how
     many alternatives (0..20) to report beside each token's own log-probability. logit_bias:
     (token id, bias) pairs added to the logits before the chain (-inf bans the token), as
-    llama.cpp's logit-bias sampler; the reported log-probabilities are the raw logits'."""
+    llama.cpp's logit-bias sampler; the reported log-probabilities are the raw logits'.
+    post_sampling_probs: with logprobs, also report the probabilities of the draw itself (among
+    the candidates the chain kept), as llama-server's post_sampling_probs."""
     temperature: float = 0.8
     top_k: int = 40
     top_p: float = 0.95
@@ -31,6 +33,7 @@ class SamplingParams:
     seed: int | None = None
     logprobs: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
+    post_sampling_probs: bool = False
 
     def __post_init__(self):
         checks = [("temperature", self.temperature >= 0),

@@ -59,7 +59,10 @@ class ModelDraft:
             check_same_vocabulary(target, model)
 
     def propose(self, seq_id: int, context: list[int], k: int) -> list[int]:
-        m, held = self.model, self.held.get(seq_id, [])
+        m, held = self.model, self.held.get(seq_id)
+        if held is None:  # a new sequence: whatever the draft model's cells hold of it is not its context
+            m.reset(seq_id)
+            held = []
         common = 0
         for a, b in zip(held, context):
             if a != b:

@@ -111,9 +111,9 @@ def warm_up(model) -> float:
 
 def compile_prompt_kernels() -> None:
     """The threaded kernels a real prompt's nodes take past the small-node limit (softmax,
-    norms, swiglu), with the model graphs' argument types (F32 rows, the KV cache's F16 mask as
-    uint16 bits, gate and up as separate tensors or halves of one), which a short prompt is too
-    short to reach."""
+    norms, swiglu, rope), with the model graphs' argument types (F32 rows, the KV cache's F16 mask as
+    uint16 bits, gate and up as separate tensors or halves of one; rope's those the short
+    prompt gave the serial kernel), which a short prompt is too short to reach."""
     from ..devices.cpu.jit.loader import numba_available, op_kernels
     if not numba_available():
         return
@@ -128,3 +128,5 @@ def compile_prompt_kernels() -> None:
     both = np.zeros((1, 2, 2, 16), np.float32)
     for a, g in ((x, x), (both[..., :8], both[..., 8:])):
         ops.glu_rows(a, g, np.empty_like(x), False)
+    for signature in ops.rope.signatures:
+        ops.rope_rows.compile(signature)

@@ -13,6 +13,10 @@ A stream sends Anthropic's events: message_start, then for each content block
 content_block_start, content_block_delta (text_delta, thinking_delta, input_json_delta),
 content_block_stop, then message_delta (stop_reason, output tokens) and message_stop; a failure
 is an `error` event. The API key may come as X-Api-Key (Anthropic's clients) or as a Bearer token.
+
+Image blocks in user messages ({"type": "image", "source": {"type": "base64", "media_type":
+"image/png", "data"}} or {"type": "url", "url"}) become the chat's image_url parts, for a server
+with --mmproj (media.py reads them).
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from typing import Any, Literal
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
+from ..models.prompt import is_parts
 from .protocol import APIError, ChatRequest, Number
 from .sse import event_stream, sse
 
@@ -39,6 +44,7 @@ class Block(BaseModel):
     input: dict[str, Any] | None = None
     tool_use_id: StrictStr | None = None                 # tool_result
     content: StrictStr | list["Block"] | None = None
+    source: dict[str, Any] | None = None                 # image: base64 data or a URL
 
 
 class AnthropicMessage(BaseModel):
@@ -89,6 +95,20 @@ def _text(blocks, where: str) -> str:
     return "".join(out)
 
 
+def image_part(source: dict | None, where: str) -> dict:
+    """An Anthropic image block's source as the chat's image_url part."""
+    kind = (source or {}).get("type")
+    if kind == "base64":
+        media_type, data = source.get("media_type"), source.get("data")
+        if not (isinstance(media_type, str) and media_type.startswith("image/") and isinstance(data, str)):
+            raise APIError(400, f"{where}: a base64 image source needs media_type image/... and data", "messages")
+        return {"type": "image_url", "image_url": {"url": f"data:{media_type};base64,{data}"}}
+    if kind == "url" and isinstance(source.get("url"), str):
+        return {"type": "image_url", "image_url": {"url": source["url"]}}
+    raise APIError(400, f"{where}: an image source must be of type base64 (media_type, data) or url "
+                        f"(got {str(kind)[:40]!r})", "messages")
+
+
 def chat_messages(req: MessagesRequest) -> list[dict]:
     """The request's conversation as OpenAI chat messages."""
     out = []
@@ -98,10 +118,13 @@ def chat_messages(req: MessagesRequest) -> list[dict]:
         if isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content})
             continue
-        text, calls, results = [], [], []
-        for b in m.content:
+        text, calls, results, parts = [], [], [], []  # parts: text and images, where there are images
+        for k, b in enumerate(m.content):
             if b.type == "text":
                 text.append(b.text or "")
+                parts.append({"type": "text", "text": b.text or ""})
+            elif b.type == "image" and m.role == "user":
+                parts.append(image_part(b.source, f"messages[{i}].content[{k}]"))
             elif b.type == "thinking":
                 continue  # earlier thinking is not shown to the model again (as the chat templates drop it)
             elif b.type == "tool_use" and m.role == "assistant":
@@ -112,10 +135,12 @@ def chat_messages(req: MessagesRequest) -> list[dict]:
                                 "content": _text(b.content, f"messages[{i}] tool_result")})
             else:
                 raise APIError(400, f"messages[{i}]: a {b.type!r} block is not supported in a {m.role} message "
-                                    "(text, tool_use from the assistant, tool_result from the user)", "messages")
+                                    "(text, tool_use from the assistant, tool_result and image from the user)",
+                               "messages")
         out += results  # the tools' answers come right after the assistant's calls
-        if text or calls or not results:
-            message = {"role": m.role, "content": "".join(text)}
+        images = len(parts) > len(text)
+        if text or calls or images or not results:
+            message = {"role": m.role, "content": parts if images else "".join(text)}
             if calls:
                 message["tool_calls"] = calls
             out.append(message)
@@ -264,4 +289,4 @@ def register(app, state, serving) -> None:
         req = await serving.parse_body(request, CountRequest)
         chat = await state.run(chat_request, req, False)
         ids, _ = await state.run(state.chat_prompt, chat)
-        return {"input_tokens": len(ids)}
+        return {"input_tokens": sum(len(p) for p in ids) if is_parts(ids) else len(ids)}  # (images: their rows)

@@ -210,7 +210,8 @@ class ServerState:
                     min_p=float(req.min_p), repeat_penalty=float(req.repeat_penalty),
                     frequency_penalty=float(req.frequency_penalty), presence_penalty=float(req.presence_penalty),
                     repeat_last_n=req.repeat_last_n, seed=None if seed is None else wrap_seed(seed + k),
-                    logprobs=logprobs, logit_bias=bias)
+                    logprobs=logprobs, logit_bias=bias,
+                    post_sampling_probs=logprobs is not None and getattr(req, "post_sampling_probs", False))
                 media = is_parts(ids)
                 n_prompt = sum(len(p) for p in ids) if media else len(ids)
                 limit = self.engine.slot_ctx - n_prompt
@@ -358,6 +359,8 @@ class ServerState:
                [({}, s.accepted_tokens / s.drafted_tokens if s.drafted_tokens else 0.0)])
         metric("prompt_tokens_cached_total", "counter", "prompt tokens found in a slot's cells (prompt cache)",
                [({}, s.cached_prompt_tokens)])
+        metric("prompt_tokens_reused_total", "counter", "of them, moved to another position (--cache-reuse)",
+               [({}, s.reused_tokens)])
         pc = e.prompt_cache
         if pc is not None:
             metric("prompt_cache_bytes", "gauge", "host-memory prompt cache: bytes held (--cache-ram)", [({}, pc.nbytes)])
@@ -413,10 +416,16 @@ def completion_logprobs(tok, choices, offset: int) -> dict:
     return out
 
 
-def chat_logprobs(tok, choices) -> dict:
-    def entry(token, logprob):
+def chat_logprobs(tok, choices, post_sampling: bool = False) -> dict:
+    """OpenAI's logprobs.content; with post_sampling (llama-server's post_sampling_probs) each entry's
+    "prob" and "top_probs", the draw's probabilities, instead of "logprob" and "top_logprobs"."""
+    def entry(token, value):
         piece = _piece(tok, token)
-        return {"token": piece.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(piece)}
+        return {"token": piece.decode("utf-8", errors="replace"), "prob" if post_sampling else "logprob": value,
+                "bytes": list(piece)}
+    if post_sampling:
+        return {"content": [{**entry(c.token, c.prob), "top_probs": [entry(t, p) for t, p in c.top_probs]}
+                            for c in choices]}
     return {"content": [{**entry(c.token, c.logprob), "top_logprobs": [entry(t, lp) for t, lp in c.top]}
                         for c in choices]}
 
@@ -783,7 +792,7 @@ def create_app(state: ServerState, api_key: str | None = None, timeout: float = 
                     deltas += last
                     finish = "tool_calls" if called else finish
                 delta = merge_deltas(deltas)
-            lp = chat_logprobs(tok, new) if logprobs is not None and new else None
+            lp = chat_logprobs(tok, new, req.post_sampling_probs) if logprobs is not None and new else None
             return head() | {"choices": [{"index": job.index, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
 
         def final_of(texts, picked, finishes, usage):
@@ -800,7 +809,8 @@ def create_app(state: ServerState, api_key: str | None = None, timeout: float = 
                         if with_tools and reply.tool_calls:
                             message["tool_calls"], finish = reply.tool_calls, "tool_calls"
                 choices.append({"index": i, "message": message,
-                                "logprobs": chat_logprobs(tok, chosen) if logprobs is not None else None,
+                                "logprobs": chat_logprobs(tok, chosen, req.post_sampling_probs)
+                                if logprobs is not None else None,
                                 "finish_reason": finish})
             return head() | {"object": "chat.completion", "choices": choices, "usage": usage}
 

@@ -14,8 +14,9 @@ and no [DONE] (as llama-server). A prompt's text is tokenized with its special t
 list mixing ids and texts is one prompt (BOS added when it starts with a text).
 
 n_probs: the most likely tokens' log-probabilities of the model's raw logits at each step, as
-llama-server's default (post_sampling_probs, the probabilities after the sampling chain, is
-refused). /infill answers in this same shape (infill.py).
+llama-server's default; with post_sampling_probs, the probabilities of the draw instead ("prob",
+"top_probs": the n_probs most probable candidates the sampling chain kept, normalized; greedy: the
+chosen token's 1). /infill answers in this same shape (infill.py).
 """
 from __future__ import annotations
 
@@ -74,11 +75,15 @@ def mixed_ids(state, prompt, param: str = "prompt") -> list[int]:
     return state.prompt_ids(ids, param)
 
 
-def token_probs(tok, choices) -> list[dict]:
-    """completion_probabilities: each generated token with its n_probs alternatives."""
-    def entry(token: int, logprob: float) -> dict:
+def token_probs(tok, choices, post_sampling: bool = False) -> list[dict]:
+    """completion_probabilities: each generated token with its n_probs alternatives (post_sampling:
+    the draw's probabilities)."""
+    def entry(token: int, value: float) -> dict:
         piece = tok.token_to_piece_bytes(token)
-        return {"id": token, "token": piece.decode("utf-8", errors="ignore"), "bytes": list(piece), "logprob": logprob}
+        return {"id": token, "token": piece.decode("utf-8", errors="ignore"), "bytes": list(piece),
+                "prob" if post_sampling else "logprob": value}
+    if post_sampling:
+        return [entry(c.token, c.prob) | {"top_probs": [entry(t, p) for t, p in c.top_probs]} for c in choices]
     return [entry(c.token, c.logprob) | {"top_logprobs": [entry(t, lp) for t, lp in c.top]} for c in choices]
 
 
@@ -92,9 +97,6 @@ async def complete(request: Request, state, serving, req: NativeRequest, prompts
     """Run `prompts` (token ids) as llama-server's /completion does and answer in its shape."""
     state.check_model(req.model)
     state.check_unsupported(req)
-    if req.post_sampling_probs:
-        raise APIError(400, "post_sampling_probs is not supported by this server (n_probs reports the model's "
-                            "log-probabilities)", "post_sampling_probs")
     if req.json_schema is not None:
         if req.response_format is not None or req.grammar is not None:
             raise APIError(400, "give one of json_schema, grammar and response_format", "json_schema")
@@ -110,7 +112,7 @@ async def complete(request: Request, state, serving, req: NativeRequest, prompts
                 "temperature": req.temperature, "top_k": req.top_k, "top_p": req.top_p, "min_p": req.min_p,
                 "repeat_penalty": req.repeat_penalty, "repeat_last_n": req.repeat_last_n,
                 "presence_penalty": req.presence_penalty, "frequency_penalty": req.frequency_penalty,
-                "n_probs": req.n_probs, "stop": req.stops(), "ignore_eos": req.ignore_eos,
+                "n_probs": req.n_probs, "post_sampling_probs": req.post_sampling_probs, "stop": req.stops(), "ignore_eos": req.ignore_eos,
                 "logit_bias": [[t, b if b > -math.inf else False]  # false: banned, as the request says it
                                for t, b in logit_bias_pairs(req.logit_bias, state.model)],
                 "n_ctx": state.engine.slot_ctx, "model": state.model_id}
@@ -138,7 +140,7 @@ async def complete(request: Request, state, serving, req: NativeRequest, prompts
         out = {"index": job.index, "content": text, "tokens": [c.token for c in new], "stop": False,
                "id_slot": job.seq_id, "tokens_predicted": job.gen.n_generated, "tokens_evaluated": len(job.prompt)}
         if logprobs:
-            out["completion_probabilities"] = token_probs(tok, new)
+            out["completion_probabilities"] = token_probs(tok, new, req.post_sampling_probs)
         return out
 
     def final_of(contents, picked, finishes, usage):
@@ -146,7 +148,7 @@ async def complete(request: Request, state, serving, req: NativeRequest, prompts
         for job in jobs:
             out = whole(job, contents[job.index], picked[job.index])
             if logprobs:
-                out["completion_probabilities"] = token_probs(tok, picked[job.index])
+                out["completion_probabilities"] = token_probs(tok, picked[job.index], req.post_sampling_probs)
             answers.append(out)
         return answers[0] if len(answers) == 1 else answers
 

@@ -24,9 +24,14 @@ cache changes no token. Idle slots' cells are given up when a running request ne
 (least recently used first) or when the slot is taken for another prompt; with a host-memory
 prompt cache (`cache_ram` bytes, llama-server's --cache-ram; prompt_cache.py) the prompt and a copy
 of its cells go there first, and a request whose prompt shares a longer prefix with an entry than
-with any idle slot gets that prefix copied back. A request with cache_prompt false, an embedding,
-and every request on a memory that cannot drop a sequence's tail (recurrent and hybrid models:
-their states hold no positions to go back to) start from cleared cells.
+with any idle slot gets that prefix copied back. A request with cache_prompt false or an
+embedding starts from cleared cells.
+
+Recurrent and hybrid models: their states fold every position and cannot go back, so a slot keeps
+a copy of its sequence's memory taken when the prompt was evaluated (Memory.save_seq: the states,
+and a hybrid's KV cells), put back when the request ends; a later prompt reuses it only when it
+begins with that whole prompt (then only the rest is evaluated). The host-memory cache holds no
+such copies (its entries are prefixes).
 
 Slot actions (llama-server's /slots/{id}?action=save|restore|erase; slot_files.py) run on the
 engine thread between steps, once their slot is idle.
@@ -85,6 +90,7 @@ class Job:
     deadline: float | None = None  # time.monotonic() past which the sequence ends ("length")
     id_slot: int = -1              # the slot it must run in (-1: any), llama-server's id_slot
     lora: tuple | None = None      # the LoRA scales it runs with (None: whatever the model has)
+    prompt_state: object = None    # a recurrent memory's copy at the prompt's end (SeqCells), to keep
 
     @property
     def need(self) -> int:
@@ -102,6 +108,7 @@ class Stats:
     def __init__(self):
         self.prompt_tokens = 0         # evaluated (prompt cache hits excluded)
         self.cached_prompt_tokens = 0  # found in a slot's cells, not evaluated again
+        self.reused_tokens = 0         # of them, moved to another position (--cache-reuse)
         self.generated_tokens = 0
         self.drafted_tokens = 0        # speculative decoding: draft tokens evaluated
         self.accepted_tokens = 0       # and taken
@@ -130,10 +137,17 @@ class SlotError(RuntimeError):
 
 class Engine:
     def __init__(self, model, parallel: int = 4, max_queue: int = 64, draft=None, n_draft: int = 16,
-                 cache_ram: int = 0):
-        """parallel: slots; cache_ram: bytes of the host-memory prompt cache (0: none)."""
+                 cache_ram: int = 0, cache_reuse: int = 0):
+        """parallel: slots; cache_ram: bytes of the host-memory prompt cache (0: none); cache_reuse:
+        llama-server's --cache-reuse, the shortest chunk of a slot's cells moved to a new position
+        after the prompts diverge (0: off; ignored, as by llama-server, where K cannot be shifted:
+        cache_reuse_off says why)."""
         if parallel < 1:
             raise ValueError(f"parallel={parallel} must be at least 1")
+        if cache_reuse < 0:
+            raise ValueError(f"cache_reuse={cache_reuse} must not be negative")
+        self.cache_reuse_off = model.can_shift() if cache_reuse else None
+        self.cache_reuse = int(cache_reuse) if self.cache_reuse_off is None else 0
         if max_queue < 0:
             raise ValueError(f"max_queue={max_queue} must not be negative")
         self.model = model
@@ -185,8 +199,8 @@ class Engine:
         if run is None:
             raise SlotError(400, f"Invalid action {action!r}: one of save, restore, erase")
         if action != "erase" and self.model.memory.save_seq is None:
-            raise SlotError(501, f"slot {action} needs a KV cache: this model's memory is "
-                                 f"{type(self.model.memory).__name__} (recurrent and hybrid slots keep no prompt)")
+            raise SlotError(501, f"slot {action}: this model's memory ({type(self.model.memory).__name__}) cannot "
+                                 f"copy a sequence out")
         done = Future()
         with self._cond:
             if not self._running:
@@ -291,17 +305,20 @@ class Engine:
         else the least recently used, among equals; the asked one with id_slot), holding that
         prefix, or a longer one from the host-memory cache; the rest is given up, and idle slots'
         cells too where the job needs the room."""
-        reuse = job.cache_prompt and job.gen is not None and self.model.memory.keep_prefix is not None
+        reuse = job.cache_prompt and job.gen is not None and self.model.memory.save_seq is not None
         limit = len(job.prompt) - 1  # the prompt's last token is always evaluated, for its logits
-        common = {s: min(common_prefix(self.slot_tokens.get(s, ()), job.prompt), limit) if reuse else 0
-                  for s in self.free_slots}
+
+        def usable(tokens) -> int:  # (a recurrent state: only the whole of its prompt)
+            n = min(common_prefix(tokens, job.prompt), limit) if reuse else 0
+            return n if not self._whole_only or n == len(tokens) else 0
+        common = {s: usable(self.slot_tokens.get(s, ())) for s in self.free_slots}
         # the longest prefix; among equals an empty slot, then the least recently used
         slot = job.id_slot if job.id_slot >= 0 else max(
             self.free_slots, key=lambda s: (common[s], s not in self.slot_tokens, -self.last_used.get(s, -1), -s))
         self.free_slots.remove(slot)
         job.seq_id = slot
         n = common[slot]
-        entry, n_ram = self.prompt_cache.best(job.prompt) if reuse and self.prompt_cache else (None, 0)
+        entry, n_ram = self.prompt_cache.best(job.prompt) if reuse and self._ram_cache else (None, 0)
         n_ram = min(n_ram, limit)
         if n_ram > n:
             n = 0
@@ -309,7 +326,9 @@ class Engine:
         if held is not None and n < len(held):
             self._stash(slot, held)
         self.slot_tokens.pop(slot, None)
-        if n == 0 or not self.model.keep_prefix(slot, n):
+        if self.cache_reuse and reuse and held and n_ram <= n:
+            n = self._reuse_chunks(slot, held, job.prompt, n, limit)
+        if n == 0 or (n < len(held) and not self.model.keep_prefix(slot, n)):
             n = 0
             self.model.reset(slot)
         self._make_room(job.need - n, keep=slot)
@@ -320,14 +339,45 @@ class Engine:
         job.n_cached = n
         return slot
 
+    def _reuse_chunks(self, slot: int, held: list[int], prompt: list[int], n: int, limit: int) -> int:
+        """llama-server's --cache-reuse: after the common prefix (n tokens), each run of at least
+        cache_reuse cached tokens that continues the prompt is moved to its place in it (the cells
+        between dropped, the run's K re-rotated: Model.shift); the prompt tokens now held."""
+        head_c = head_p = n
+        while head_c < len(held) and head_p < limit:
+            m = 0
+            while head_c + m < len(held) and head_p + m < limit and held[head_c + m] == prompt[head_p + m]:
+                m += 1
+            if m >= self.cache_reuse:
+                self.model.remove(slot, head_p, head_c)
+                self.model.shift(slot, head_c, head_c + m, head_p - head_c)
+                head_c += m
+                head_p += m
+            else:
+                head_c += 1
+        if head_p > n:
+            self.stats.reused_tokens += head_p - n
+        return head_p
+
+    @property
+    def _whole_only(self) -> bool:
+        """The memory cannot go back (recurrent states): a kept prompt is reused whole or not at all."""
+        return self.model.memory.keep_prefix is None
+
+    @property
+    def _ram_cache(self) -> bool:
+        return self.prompt_cache is not None and not self._whole_only
+
     def _stash(self, slot: int, tokens: list[int]) -> None:
         """Put an idle slot's prompt and a copy of its cells in the host-memory cache (if on)."""
-        if self.prompt_cache is not None and self.prompt_cache.wants(tokens):
+        if self._ram_cache and self.prompt_cache.wants(tokens):
             self.prompt_cache.add(tokens, self.model.save_seq(slot))
 
     def _room(self) -> int:
         """Free cells beyond those the running jobs may still write (their reservations' rest)."""
         kv = self.model.memory.attention
+        if kv is None:  # recurrent states only: no cells to run out of
+            return self.model.n_ctx
         owed = sum(max(j.need - self.model.memory.seq_len(j.seq_id), 0) for j in self.active)
         return int(np.count_nonzero(kv.cell_seq < 0)) - owed
 
@@ -346,7 +396,7 @@ class Engine:
         if job in self.active:
             # a finished request's slot keeps its prompt's cells, where the memory can drop the rest
             keep = (job.seq is not None and job.cache_prompt and outcome in ("stop", "length")
-                    and self.model.keep_prefix(job.seq_id, len(job.prompt)))
+                    and self._keep_prompt(job))
             if job.seq is not None:
                 self.batch.remove(job.seq, free=not keep)  # (nothing to do when the loop let it go)
             if keep:
@@ -360,6 +410,16 @@ class Engine:
                 self.free_slots.append(job.seq_id)
                 self.free_slots.sort()
             self.stats.sequences_finished[outcome] += 1
+
+    def _keep_prompt(self, job: Job) -> bool:
+        """The slot's memory back to the prompt's end: its tail dropped, or (recurrent states) the
+        copy taken there put back; False where neither can be done."""
+        if self.model.keep_prefix(job.seq_id, len(job.prompt)):
+            return True
+        if job.prompt_state is None:
+            return False
+        self.model.load_seq(job.seq_id, job.prompt_state)
+        return True
 
     # ------------------------------------------------------------ slot actions (engine thread, slot idle)
 
@@ -431,8 +491,11 @@ class Engine:
                 status = 400 if isinstance(update.error, GrammarError) else 500  # the client's grammar: 400
                 job.emit(("error", job, f"{type(update.error).__name__}: {update.error}", status))
                 continue
-            if job.first_token is None:
+            if job.first_token is None:  # its prompt was evaluated in this step
                 job.first_token = time.perf_counter()
+                if self._whole_only and job.cache_prompt and job.gen.prefix is None:
+                    state = self.model.save_seq(job.seq_id)  # the memory at the prompt's end, to keep
+                    job.prompt_state = state if state.n == len(job.prompt) else None
             if update.text or update.choices:
                 job.emit(("token", job, update.text, update.choices))
             if update.finished:

@@ -203,6 +203,7 @@ class ChatRequest(Sampling):
     max_completion_tokens: StrictInt | None = Field(None, ge=0)
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(None, ge=0, le=20)
+    post_sampling_probs: StrictBool = False  # llama-server's: the draw's probabilities ("prob", "top_probs")
 
 
 class EmbeddingRequest(BaseModel):

@@ -8,10 +8,18 @@ llama-server serves it: the request becomes a chat request and the chat path ans
         {"type": "function_call", "call_id", "name", "arguments"}], "usage": {...}}
 
 Input items: messages ({"role": "user" | "system" | "developer" | "assistant", "content": str or
-input_text / output_text parts}), function_call items (the assistant's earlier calls) and
+input_text / output_text parts, and in a user message input_image ({"image_url": a data URL or
+http(s) URL}) and input_audio ({"input_audio": {"data": base64, "format"}}) parts for a server
+with --mmproj: the chat's image_url and input_audio parts, media.py reads them}), function_call items (the assistant's earlier calls) and
 function_call_output items (their results, as tool messages); earlier reasoning items are dropped.
-instructions is a system message first. previous_response_id is refused (nothing is stored).
-A reply cut by max_output_tokens is "incomplete" (incomplete_details.reason "max_output_tokens").
+instructions is a system message first. A reply cut by max_output_tokens is "incomplete"
+(incomplete_details.reason "max_output_tokens").
+
+Responses are stored in memory (store: true, OpenAI's default; ResponseStore: the MAX_STORED most
+recently used, within MAX_STORED_CHARS of JSON) with their conversation: previous_response_id
+continues it (that response's input and output come before this input; its instructions do not
+carry over, as OpenAI's), GET /v1/responses/{id} answers a stored response and DELETE forgets it.
+An unknown or forgotten id is 400 previous_response_not_found (404 on GET and DELETE).
 
 A stream sends response.created, response.in_progress, then per output item
 response.output_item.added, its parts (response.content_part.added, response.output_text.delta ...
@@ -22,8 +30,10 @@ sequence_number. A failure mid-stream is an `error` event.
 """
 from __future__ import annotations
 
+import json
 import time
 import uuid
+from collections import OrderedDict
 from typing import Any, Literal
 
 from fastapi import Request
@@ -32,13 +42,19 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from .protocol import APIError, ChatRequest, Number
 from .sse import event_stream, sse
 
-ROUTES = {"/v1/responses", "/responses"}
+ROUTES = {"/v1/responses", "/responses"}  # (+ /v1/responses/{id}: "other")
+# stored responses: at most this many, and this many characters of JSON, least recently used dropped first
+MAX_STORED = 256
+MAX_STORED_CHARS = 64 << 20
 
 
 class Part(BaseModel):
     model_config = ConfigDict(extra="ignore")
     type: StrictStr
     text: StrictStr | None = None
+    image_url: StrictStr | None = None          # input_image
+    file_id: StrictStr | None = None
+    input_audio: dict[str, Any] | None = None   # input_audio: {"data": base64, "format": "wav"}
 
 
 class Item(BaseModel):
@@ -87,6 +103,7 @@ class ResponsesRequest(BaseModel):
     stream: StrictBool = False
     text: TextOptions | None = None
     previous_response_id: StrictStr | None = None
+    store: StrictBool = True
     seed: StrictInt | None = None
 
 
@@ -95,20 +112,42 @@ def _text(content, where: str) -> str:
         return content or ""
     for p in content:
         if p.type not in ("input_text", "output_text", "text"):
-            raise APIError(400, f"{where}: a {p.type!r} part is not supported (input_text, output_text)", "input")
+            raise APIError(400, f"{where}: a {p.type!r} part is not supported (input_text, output_text; "
+                                f"input_image, input_audio in a user message)", "input")
     return "".join(p.text or "" for p in content)
 
 
-def chat_messages(req: ResponsesRequest) -> list[dict]:
-    out = [{"role": "system", "content": req.instructions}] if req.instructions is not None else []
-    items = [Item(role="user", content=req.input)] if isinstance(req.input, str) else req.input
+def _content(content, where: str, role: str) -> str | list[dict]:
+    """A message's content for the chat: its text, or with images or audio (a user's) the chat's parts."""
+    if content is None or isinstance(content, str) or all(p.type not in ("input_image", "input_audio")
+                                                           for p in content):
+        return _text(content, where)
+    if role != "user":
+        raise APIError(400, f"{where}: images and audio go in user messages", "input")
+    parts = []
+    for k, p in enumerate(content):
+        if p.type == "input_image":
+            if p.image_url is None:
+                what = "file_id is not supported (no files are stored)" if p.file_id else "image_url is missing"
+                raise APIError(400, f"{where}.content[{k}]: an input_image's {what}; give image_url", "input")
+            parts.append({"type": "image_url", "image_url": {"url": p.image_url}})
+        elif p.type == "input_audio":
+            parts.append({"type": "input_audio", "input_audio": p.input_audio or {}})
+        else:
+            parts.append({"type": "text", "text": _text([p], f"{where}.content[{k}]")})
+    return parts
+
+
+def item_messages(items: list[Item], param: str = "input") -> list[dict]:
+    """Input (or output) items as chat messages; `param` names them in errors."""
+    out: list[dict] = []
     for i, item in enumerate(items):
-        where = f"input[{i}]"
+        where = f"{param}[{i}]"
         if item.type == "message":
             if item.role not in ("user", "system", "developer", "assistant"):
                 raise APIError(400, f"{where}: role {item.role!r} must be user, system, developer or assistant", "input")
             out.append({"role": "system" if item.role == "developer" else item.role,
-                        "content": _text(item.content, where)})
+                        "content": _content(item.content, where, item.role)})
         elif item.type == "function_call":
             if not (item.call_id and item.name and item.arguments is not None):
                 raise APIError(400, f"{where}: a function_call item needs call_id, name and arguments", "input")
@@ -124,16 +163,62 @@ def chat_messages(req: ResponsesRequest) -> list[dict]:
         elif item.type != "reasoning":  # earlier reasoning is not shown to the model again
             raise APIError(400, f"{where}: item type {item.type!r} is not supported (message, function_call, "
                                 "function_call_output, reasoning)", "input")
-    if not out:
-        raise APIError(400, "input is empty", "input")
     return out
 
 
-def chat_request(req: ResponsesRequest) -> ChatRequest:
-    if req.previous_response_id is not None:
-        raise APIError(400, "previous_response_id is not supported: this server stores no responses; send the "
-                            "conversation as input items", "previous_response_id")
-    body: dict = {"messages": chat_messages(req), "stream": req.stream, "max_tokens": req.max_output_tokens,
+def input_messages(req: ResponsesRequest) -> list[dict]:
+    """The request's input as chat messages (without instructions)."""
+    return item_messages([Item(role="user", content=req.input)] if isinstance(req.input, str) else req.input)
+
+
+def chat_messages(req: ResponsesRequest, history: list[dict] = ()) -> list[dict]:
+    """The chat: instructions, the earlier conversation (previous_response_id's), the input."""
+    out = [{"role": "system", "content": req.instructions}] if req.instructions is not None else []
+    new = input_messages(req)
+    if not new:
+        raise APIError(400, "input is empty", "input")
+    return out + list(history) + new
+
+
+def output_messages(output: list[dict]) -> list[dict]:
+    """A response's output items as the assistant's chat messages (reasoning dropped)."""
+    return item_messages([Item.model_validate(o) for o in output], "output")
+
+
+class ResponseStore:
+    """Stored responses and their conversations (previous_response_id), least recently used dropped
+    first past MAX_STORED entries or MAX_STORED_CHARS characters of JSON. Used on the event loop only."""
+
+    def __init__(self, limit: int = MAX_STORED, chars: int = MAX_STORED_CHARS):
+        self.limit, self.chars = limit, chars
+        self.entries: OrderedDict[str, tuple[dict, list[dict], int]] = OrderedDict()
+        self.size = 0
+
+    def put(self, response: dict, history: list[dict]) -> None:
+        size = len(json.dumps(response)) + len(json.dumps(history))
+        if size > self.chars:
+            return  # larger than the whole store: not kept
+        self.entries[response["id"]] = (response, history, size)
+        self.size += size
+        while len(self.entries) > self.limit or self.size > self.chars:
+            self.size -= self.entries.popitem(last=False)[1][2]
+
+    def get(self, rid: str) -> tuple[dict, list[dict]] | None:
+        entry = self.entries.get(rid)
+        if entry is None:
+            return None
+        self.entries.move_to_end(rid)
+        return entry[0], entry[1]
+
+    def delete(self, rid: str) -> bool:
+        entry = self.entries.pop(rid, None)
+        if entry is not None:
+            self.size -= entry[2]
+        return entry is not None
+
+
+def chat_request(req: ResponsesRequest, history: list[dict] = ()) -> ChatRequest:
+    body: dict = {"messages": chat_messages(req, history), "stream": req.stream, "max_tokens": req.max_output_tokens,
                   "parallel_tool_calls": req.parallel_tool_calls}
     if req.stream:
         body["stream_options"] = {"include_usage": True}
@@ -193,7 +278,8 @@ def response_object(req: ResponsesRequest, state, rid: str, created: int, output
            "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
            "parallel_tool_calls": req.parallel_tool_calls, "tool_choice": req.tool_choice or "auto",
            "tools": [t.model_dump(exclude_none=True) for t in req.tools or []], "temperature": req.temperature,
-           "top_p": req.top_p, "metadata": {}, "text": {"format": {"type": "text"}}, "usage": None}
+           "top_p": req.top_p, "metadata": {}, "text": {"format": {"type": "text"}}, "usage": None,
+           "store": req.store, "previous_response_id": req.previous_response_id}
     if usage is not None:
         out["usage"] = {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
                         "total_tokens": usage["total_tokens"], "input_tokens_details": {"cached_tokens": 0},
@@ -215,8 +301,8 @@ def output_of(message: dict) -> list[dict]:
     return out
 
 
-async def response_events(chunks, req: ResponsesRequest, state, rid: str, created: int):
-    """OpenAI chat chunks as the Responses API's stream events."""
+async def response_events(chunks, req: ResponsesRequest, state, rid: str, created: int, on_done=None):
+    """OpenAI chat chunks as the Responses API's stream events; on_done(the whole response) at the end."""
     seq = [0]
     output: list[dict] = []
     open_item: dict = {}   # the item being streamed: its kind, id, index, text so far
@@ -274,6 +360,8 @@ async def response_events(chunks, req: ResponsesRequest, state, rid: str, create
                 yield close()
                 status = _status(finish)
                 whole = response_object(req, state, rid, created, output, status, chunk["usage"])
+                if on_done is not None:
+                    on_done(whole)
                 yield event(f"response.{status}", response=whole)
                 continue
             choice = chunk["choices"][0]
@@ -302,18 +390,48 @@ async def response_events(chunks, req: ResponsesRequest, state, rid: str, create
 
 
 def register(app, state, serving) -> None:
+    store = ResponseStore()
+
+    def stored(rid: str, status: int, param: str | None):
+        entry = store.get(rid)
+        if entry is None:
+            code = "previous_response_not_found" if status == 400 else "response_not_found"
+            raise APIError(status, f"Previous response with id '{rid[:200]}' not found" if status == 400 else
+                           f"Response with id '{rid[:200]}' not found", param, code)
+        return entry
+
     async def responses(request: Request):
         req = await serving.parse_body(request, ResponsesRequest)
-        chat = await state.run(chat_request, req)
+        history = [] if req.previous_response_id is None else \
+            stored(req.previous_response_id, 400, "previous_response_id")[1]
+        chat = await state.run(chat_request, req, history)
         answer = await serving.chat(request, chat)
         if answer is None:
             return None
         rid, created = _id("resp"), int(time.time())
-        if req.stream:
-            return event_stream(response_events(answer, req, state, rid, created))
-        choice = answer["choices"][0]
-        return response_object(req, state, rid, created, output_of(choice["message"]),
-                               _status(choice["finish_reason"]), answer["usage"])
+        conversation = history + input_messages(req)
 
-    for path in sorted(ROUTES):
-        app.add_api_route(path, responses, methods=["POST"])
+        def keep(whole: dict) -> None:
+            if req.store:
+                store.put(whole, conversation + output_messages(whole["output"]))
+
+        if req.stream:
+            return event_stream(response_events(answer, req, state, rid, created, keep))
+        choice = answer["choices"][0]
+        whole = response_object(req, state, rid, created, output_of(choice["message"]),
+                                _status(choice["finish_reason"]), answer["usage"])
+        keep(whole)
+        return whole
+
+    async def retrieve(response_id: str):
+        return stored(response_id, 404, None)[0]
+
+    async def delete(response_id: str):
+        stored(response_id, 404, None)
+        store.delete(response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
+
+    for prefix in ("/v1", ""):
+        app.add_api_route(f"{prefix}/responses", responses, methods=["POST"])
+        app.add_api_route(f"{prefix}/responses/{{response_id}}", retrieve, methods=["GET"])
+        app.add_api_route(f"{prefix}/responses/{{response_id}}", delete, methods=["DELETE"])

@@ -1,8 +1,10 @@
-"""Slot files (llama-server's --slot-save-path): a slot's prompt tokens and its KV cells, written
-by `POST /slots/{id}?action=save` and read back by `action=restore`.
+"""Slot files (llama-server's --slot-save-path): a slot's prompt tokens and its KV cells (and a
+recurrent or hybrid model's states after them), written by `POST /slots/{id}?action=save` and read
+back by `action=restore`.
 
     magic b"TGGSLOT1", u32 header length, header (JSON), tokens (int32 x n),
-    then per cache tensor (KVCache.tensors() order) its n rows of row bytes each
+    then per cache tensor (KVCache.tensors() order) its n rows of row bytes each,
+    then (n > 0) per state tensor (RecurrentState.tensors() order) its one row
 
 The header names the model the cells belong to: its architecture, vocabulary size, cache type,
 row sizes and a fingerprint (SHA-256 of the GGUF file's header, which holds every metadata value
@@ -40,9 +42,10 @@ def model_identity(model) -> dict:
     h.update(data[:f.data_offset])
     h.update(data[f.data_offset: f.data_offset + SAMPLE])
     h.update(data[max(f.data_offset, len(data) - SAMPLE):])
-    kv = model.memory.attention
+    kv, rs = model.memory.attention, model.memory.recurrent
     identity = {"arch": f.arch, "n_vocab": int(model.n_vocab), "kv_type": kv.type.name.lower() if kv else None,
-                "row_bytes": [int(t.nb[1]) for t in kv.tensors()] if kv else [], "fingerprint": h.hexdigest()}
+                "row_bytes": [int(t.nb[1]) for t in kv.tensors()] if kv else [],
+                "state_bytes": [int(t.nb[1]) for t in rs.tensors()] if rs else [], "fingerprint": h.hexdigest()}
     model._slot_identity = identity
     return identity
 
@@ -57,7 +60,7 @@ def write(path: str, model, tokens: list[int], cells: SeqCells) -> int:
     with open(tmp, "wb") as out:
         out.write(MAGIC + struct.pack("<I", len(header)) + header)
         out.write(np.asarray(tokens, dtype="<i4").tobytes())
-        for rows in cells.rows:
+        for rows in cells.rows + cells.state:
             out.write(rows.numpy().tobytes())
     os.replace(tmp, path)
     return os.path.getsize(path)
@@ -88,9 +91,9 @@ def read(path: str, model) -> tuple[list[int], SeqCells, int]:
             return f"{m.get('arch')} {m.get('kv_type')} cache, fingerprint {str(m.get('fingerprint'))[:12]}"
         raise SlotFileError(f"slot file {name!r} was saved from another model or cache type (differs in {keys}): "
                             f"{brief(saved)}; this server: {brief(mine)}")
-    widths = mine["row_bytes"]
+    widths, state_widths = mine["row_bytes"], mine["state_bytes"] if n > 0 else []
     pos = start + size
-    if n < 0 or len(raw) != pos + 4 * n + n * sum(widths):
+    if n < 0 or len(raw) != pos + 4 * n + n * sum(widths) + sum(state_widths):
         raise SlotFileError(f"slot file {name!r} is truncated or damaged: {len(raw)} bytes for {n} tokens")
     tokens = np.frombuffer(raw, dtype="<i4", count=n, offset=pos).tolist()
     pos += 4 * n
@@ -103,4 +106,8 @@ def read(path: str, model) -> tuple[list[int], SeqCells, int]:
         rows.append(torch.frombuffer(part, dtype=torch.uint8).reshape(n, w) if part
                     else torch.empty((0, w), dtype=torch.uint8))
         pos += n * w
-    return tokens, SeqCells(n, rows), len(raw)
+    state = []
+    for w in state_widths:
+        state.append(torch.frombuffer(bytearray(raw[pos: pos + w]), dtype=torch.uint8).reshape(1, w))
+        pos += w
+    return tokens, SeqCells(n, rows, state), len(raw)

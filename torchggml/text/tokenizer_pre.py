@@ -171,14 +171,12 @@ class PreTokenizer:
     no_bos: bool = False           # llama.cpp drops the default BOS id (chatglm)
     add_sep: bool = False          # default of tokenizer.ggml.add_sep_token
     whole_newlines: bool = False   # a run of newlines that is a token is taken whole (gemma4)
-    _splits: tuple = field(default=(), compare=False, repr=False)
-
-    def __post_init__(self):
-        splits = tuple(r if callable(r) else _compile(r) for r in self.regexes)
-        object.__setattr__(self, "_splits", splits)
+    _splits: tuple | None = field(default=None, compare=False, repr=False)
 
     def split(self, text: str) -> list[str]:
         """The pieces this pre-tokenizer cuts ``text`` into (before byte encoding)."""
+        if self._splits is None:  # compiled on first use: only the model's type, not all 91 at import
+            object.__setattr__(self, "_splits", tuple(r if callable(r) else _compile(r) for r in self.regexes))
         pieces = [text] if text else []
         for cut in self._splits:
             pieces = [p for piece in pieces for p in cut(piece) if p]

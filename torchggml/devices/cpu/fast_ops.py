@@ -120,7 +120,8 @@ def bind_soft_max(node):
 def bind_rope(node):
     a, positions, factors = node.src[0], node.src[1], node.src[2]
     p = rope_params(node)
-    if p.mode not in (RopeType.NORMAL, RopeType.NEOX) or not _takes(node, a):
+    size = _size_class(node, a)
+    if p.mode not in (RopeType.NORMAL, RopeType.NEOX) or size is None:
         return None
     _, inv_freq, yarn, yarn_mscale = angle_constants(
         p.n_pairs, p.n_dims, p.mode, p.sections, p.freq_base, p.freq_scale, p.ext_factor, p.n_ctx_orig,
@@ -134,7 +135,8 @@ def bind_rope(node):
     vx, dst = view(a), view(node)
     in_place = dst.data_ptr() == vx.data_ptr() and dst.stride() == vx.stride()
     vf = as_numpy(view(factors)[0, 0, 0]) if factors is not None else _NO_F32
-    return _call(op_kernels().rope, as_numpy(vx), as_numpy(dst), as_numpy(view(positions)[0, 0, 0]), vf,
+    kernel = op_kernels().rope_rows if size == "large" else op_kernels().rope
+    return _call(kernel, as_numpy(vx), as_numpy(dst), as_numpy(view(positions)[0, 0, 0]), vf,
                  inv_freq.numpy(), ramp, factors is not None, float(p.freq_scale),
                  float(p.attn_factor * yarn_mscale), start, width, p.mode == RopeType.NORMAL, not in_place)
 
@@ -250,6 +252,16 @@ def bind_binary(node):
     if not _takes(node, a, b) or nelements(node) > BINARY_MAX_ELEMENTS:
         return None
     return _call(op_kernels().binary, _float_view(a), _float_view(b), _float_view(node), _BINARY_CODES[node.op])
+
+
+def bind_scale(node):
+    """SCALE's x * s + b of a decode step's rows (what kernels/math.py's torch ops compute: the
+    product rounded to float32 before b is added), one kernel a native run holds."""
+    x = node.src[0]
+    if not _takes(node, x) or nelements(node) > BINARY_MAX_ELEMENTS:
+        return None
+    return _call(op_kernels().scale, _float_view(x), _float_view(node), np.float32(get_op_params_f32(node, 0)),
+                 np.float32(get_op_params_f32(node, 1)))
 
 
 # ---------------------------------------------------------------- GLU

@@ -69,6 +69,7 @@ LAYERS = {
     Op.SUB: (numba(fast_ops.bind_binary), TORCH),
     Op.MUL: (numba(fast_ops.bind_binary), TORCH),
     Op.DIV: (numba(fast_ops.bind_binary), TORCH),
+    Op.SCALE: (numba(fast_ops.bind_scale), TORCH),
 }
 
 

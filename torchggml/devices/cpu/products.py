@@ -15,7 +15,8 @@ from ..kernels.matmul import bind_mul_mat, bind_mul_mat_id
 from .features import cpu_path
 from .jit.loader import numba_available
 from .layouts.base import is_repacked
-from .layouts.fused import block_product, bound_block_matvec, converted_product, is_in_place, supports_shape
+from .layouts.fused import (block_product, bound_matvec, converted, converted_product, is_in_place, packed_blocks,
+                            supports_shape)
 
 # from this many rows on, F16 products convert the weight to f32 (faster than torch's half GEMM
 # on AVX2 and Zen 4); below, the half GEMV reads half the bytes. (bf16 would be faster on AVX512-BF16 but loses F16's precision:
@@ -32,7 +33,21 @@ def bind_layout_product(node):
     a = node.src[0]
     if not is_repacked(a):
         return None
-    return bind_mul_mat(node, memory_buffer(a).buft.bind_product)
+    buft = memory_buffer(a).buft
+    if a.ne[2] == 1 and a.ne[3] == 1:
+        bound = _bound_rows(node, lambda rows, out: buft.bind_rows_product(a, rows, out))
+        if bound is not None:
+            return bound
+    return bind_mul_mat(node, buft.bind_product)
+
+
+def _bound_rows(node, bind):
+    """A decode step's product of a 2-D weight (b 2-D: fixed rows) bound as one call,
+    bind(rows [M, K], out [M, N]), or None."""
+    b = node.src[1]
+    if b.ne[2] != 1 or b.ne[3] != 1:
+        return None
+    return bind(view(b)[0, 0], view(node)[0, 0])
 
 
 def bind_layout_experts(node):
@@ -59,13 +74,10 @@ def bind_block_product(node):
     if not is_in_place(a.type, a.ne):
         if a.ne[2] != 1 or a.ne[3] != 1 or not supports_shape(a.type, a.ne) or not raw.is_contiguous():
             return None
-        return bind_mul_mat(node, lambda weight: converted_product(a, raw))
-    b = node.src[1]
-    if b.ne[2] == 1 and b.ne[3] == 1:  # a decode step's rows: the matvec bound once
-        bound = bound_block_matvec(a.type, raw, view(b)[0, 0], view(node)[0, 0])
-        if bound is not None:
-            return bound
-    return bind_mul_mat(node, lambda weight: block_product(weight.type, raw))
+        bound = _bound_rows(node, lambda rows, out: bound_matvec(converted(a, raw), rows, out))
+        return bound if bound is not None else bind_mul_mat(node, lambda weight: converted_product(a, raw))
+    bound = _bound_rows(node, lambda rows, out: bound_matvec(packed_blocks(a.type, raw), rows, out))
+    return bound if bound is not None else bind_mul_mat(node, lambda weight: block_product(weight.type, raw))
 
 
 def _times_half_cpu(weight_t, rows, out) -> None:

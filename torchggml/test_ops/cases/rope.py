@@ -187,3 +187,7 @@ _rope_case([64, 16, 1, 1], 64, R.NORMAL, n_ctx=4096)
 _rope_case([128, 8, 1, 1], 128, R.NEOX, ff=True, n_ctx_orig=4096, fs=0.25, ef=1.0, af=1.0, bf=32.0, bs=1.0,
            n_ctx=16384)
 _rope_case([128, 8, 1, 1], 64, R.NEOX, type=T.F16, n_offs=64, n_ctx=4096)
+
+# prompt shapes past the threaded kernels' threshold: the tokens over the threads (the CPU's rope_rows)
+_rope_case([256, 4, 128, 1], 256, R.NEOX, base=1e6, n_ctx=4096)
+_rope_case([128, 8, 80, 1], 64, R.NORMAL, ff=True, n_offs=32)

@@ -18,6 +18,7 @@ stderr says that the kernels are being compiled, once per process.
 from __future__ import annotations
 
 import functools
+import gc
 import hashlib
 import importlib
 import sys
@@ -80,7 +81,31 @@ _warm = []  # a module loaded in this process found its kernels in numba's cache
 
 
 @functools.lru_cache(maxsize=None)
+def start_numba() -> None:
+    """numba's compiler set up once, before the first kernel loads (models/loading.py calls it
+    before a model's objects exist): its numpy support imported
+    without SciPy's linear algebra, then the process's objects frozen for the cyclic GC.
+    - numba.np.arraymath imports scipy.linalg only to learn whether np.convolve and np.correlate
+      may call BLAS; that import (SciPy's array API layer, numpy.f2py, ...) was a third of a
+      small model's load. Blocked for it, numba uses its own loop for those two (no kernel here
+      calls them); np.dot and np.linalg still import SciPy when a kernel using them compiles.
+    - The objects alive now are almost all module state (torch's, numba's typing registries:
+      ~250k) that lives as long as the process; each full collection walked them all (two or
+      three during a load). gc.freeze() leaves them out of later collections."""
+    if "numba.np.arraymath" not in sys.modules and "scipy.linalg" not in sys.modules:
+        sys.modules["scipy.linalg"] = None  # `import scipy.linalg` raises ImportError
+        try:
+            import numba.np.arraymath  # noqa: F401
+        finally:
+            del sys.modules["scipy.linalg"]
+    from numba.core.registry import cpu_target
+    cpu_target.target_context.refresh()  # what numba's first kernel load does: import its registries
+    gc.freeze()
+
+
+@functools.lru_cache(maxsize=None)
 def _load(name: str):
+    start_numba()
     module = importlib.import_module(f"{__package__}.{name}")
     try:
         _drop_cache_of_older_ir(module)

@@ -13,11 +13,12 @@ division (x / 0 is inf or NaN, as in ggml, not a ZeroDivisionError).
     soft_max(x, out, mask, slopes, sinks, scale, has_mask, has_sinks)
     soft_max_rows(...)                               the same, the rows split over the threads
     rope(x, out, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
-         interleaved, copy_rest)                     NORMAL / NEOX rotation
+         interleaved, copy_rest)                     NORMAL / NEOX rotation (rope_rows: the tokens threaded)
     set_rows(rows, idx, dst) -> first bad index position or -1
     copy(src, dst)                                   same shape, element by element, tiled
     glu(x, gate, out, gelu)                          silu(x) * gate, or GEGLU's gelu(x) * gate (glu_rows: threaded)
     binary(a, b, out, op)                            a + - * / b (op 0..3), b tiled over a
+    scale(x, out, s, b)                              x * s (+ b, rounded after the product), SCALE
     transpose(src, dst)                              dst[c, r] = src[r, c], 2-D, any element type
     get_block_rows(table, ids, out, kind) -> first bad index position or -1
                                                      out[i3, i2, j] = dequantized table[i3, i2, ids[..]]
@@ -265,38 +266,56 @@ def soft_max_rows(x, out, mask, slopes, sinks, scale, has_mask, has_sinks):
         _soft_max_row(x[i3, i2, i1], mr, has_mask, slopes[i2], sink, has_sinks, scale, row, out[i3, i2, i1])
 
 
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _rope_token(x, out, i2, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
+                interleaved, copy_rest, cos, sin):
+    """Token i2's rows of every head (cos, sin: its angles' work areas)."""
+    n_pairs = width // 2
+    step, other = (2, 1) if interleaved else (1, n_pairs)
+    p = np.float64(pos[i2])
+    for i in range(n_pairs):
+        theta_extrap = p * inv_freq[i]
+        if has_factors:
+            theta_extrap = theta_extrap / np.float64(factors[i])
+        theta = theta_extrap if freq_scale == 1.0 else freq_scale * theta_extrap
+        if ramp.shape[0]:
+            theta = theta * ramp[0, i] + theta_extrap * ramp[1, i]
+        c, s = math.cos(theta), math.sin(theta)
+        if mscale != 1.0:
+            c, s = c * mscale, s * mscale
+        cos[i], sin[i] = np.float32(c), np.float32(s)
+    for i3 in range(x.shape[0]):
+        for i1 in range(x.shape[2]):  # heads
+            for i in range(n_pairs):
+                j0 = start + i * step
+                j1 = j0 + other
+                f0, f1 = load(x[i3, i2, i1, j0]), load(x[i3, i2, i1, j1])
+                out[i3, i2, i1, j0] = store_as(f0 * cos[i] - f1 * sin[i], out)
+                out[i3, i2, i1, j1] = store_as(f0 * sin[i] + f1 * cos[i], out)
+            if copy_rest:
+                for j in range(x.shape[3]):
+                    if j < start or j >= start + width:
+                        out[i3, i2, i1, j] = store_as(load(x[i3, i2, i1, j]), out)
+
+
 @jit
 def rope(x, out, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
          interleaved, copy_rest):
-    n_pairs = width // 2
-    step, other = (2, 1) if interleaved else (1, n_pairs)
-    cos = np.empty(n_pairs, np.float32)
-    sin = np.empty(n_pairs, np.float32)
+    cos = np.empty(width // 2, np.float32)
+    sin = np.empty(width // 2, np.float32)
     for i2 in range(x.shape[1]):  # tokens
-        p = np.float64(pos[i2])
-        for i in range(n_pairs):
-            theta_extrap = p * inv_freq[i]
-            if has_factors:
-                theta_extrap = theta_extrap / np.float64(factors[i])
-            theta = theta_extrap if freq_scale == 1.0 else freq_scale * theta_extrap
-            if ramp.shape[0]:
-                theta = theta * ramp[0, i] + theta_extrap * ramp[1, i]
-            c, s = math.cos(theta), math.sin(theta)
-            if mscale != 1.0:
-                c, s = c * mscale, s * mscale
-            cos[i], sin[i] = np.float32(c), np.float32(s)
-        for i3 in range(x.shape[0]):
-            for i1 in range(x.shape[2]):  # heads
-                for i in range(n_pairs):
-                    j0 = start + i * step
-                    j1 = j0 + other
-                    f0, f1 = load(x[i3, i2, i1, j0]), load(x[i3, i2, i1, j1])
-                    out[i3, i2, i1, j0] = store_as(f0 * cos[i] - f1 * sin[i], out)
-                    out[i3, i2, i1, j1] = store_as(f0 * sin[i] + f1 * cos[i], out)
-                if copy_rest:
-                    for j in range(x.shape[3]):
-                        if j < start or j >= start + width:
-                            out[i3, i2, i1, j] = store_as(load(x[i3, i2, i1, j]), out)
+        _rope_token(x, out, i2, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
+                    interleaved, copy_rest, cos, sin)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", parallel=True)
+def rope_rows(x, out, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
+              interleaved, copy_rest):
+    for i2 in prange(x.shape[1]):  # the tokens split over the threads
+        cos = np.empty(width // 2, np.float32)
+        sin = np.empty(width // 2, np.float32)
+        _rope_token(x, out, i2, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
+                    interleaved, copy_rest, cos, sin)
 
 
 @jit
@@ -373,6 +392,17 @@ def binary(a, b, out, op):
                         tiled[i0] = row_b[i0 % nb]
                     row_b = tiled
                 binary_row(a[i3, i2, i1], row_b, out[i3, i2, i1], op)
+
+
+@jit
+def scale(x, out, s, b):
+    for i3 in range(out.shape[0]):
+        for i2 in range(out.shape[1]):
+            for i1 in range(out.shape[2]):
+                xr, orow = x[i3, i2, i1], out[i3, i2, i1]
+                for i0 in range(orow.shape[0]):
+                    v = load(xr[i0]) * s
+                    orow[i0] = store_as(v + b if b != 0 else v, orow)
 
 
 # GEGLU's GELU, ggml's tanh form: 0.5 v (1 + tanh(y)) = v / (1 + e^(-2y)), y = C v (1 + A v^2)

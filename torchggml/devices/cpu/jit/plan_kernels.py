@@ -15,8 +15,8 @@ import numpy as np
 from numba import carray, get_num_threads, njit, types
 from numba.extending import intrinsic
 
-from .op_kernels import binary, copy, decode_attention, glu, half_matvec, rope, row_norm, set_rows
-from .quant_kernels import rows_block_matvec
+from .op_kernels import binary, copy, decode_attention, glu, half_matvec, rope, row_norm, scale, set_rows
+from .quant_kernels import rows_block_matvec, rows_matvec
 
 # (kernel name, argument types): an array as dtype/ndim, "i" an int, "b" a bool, "f4"/"f8" a
 # float32/float64 scalar. The opcode is the position; run_program has a branch for each.
@@ -30,6 +30,10 @@ OPS = (
     ("decode_attention", "u2/1 u2/1 i8/1 i i f4/3 u2/2 b f4 f4/3 f4/3 i"),
     ("copy", "f4/4 f4/4"),
     ("glu", "f4/4 f4/4 f4/4 b"),
+    # the converted layout's matvec: 4-bit (uint8 nibbles) and int8 q
+    ("rows_matvec", "u1/2 f4/2 f4/2 b i b f4/2 i1/2 f4/2 f4/2 i8/1 i8/1 f4/2"),
+    ("rows_matvec", "i1/2 f4/2 f4/2 b i b f4/2 i1/2 f4/2 f4/2 i8/1 i8/1 f4/2"),
+    ("scale", "f4/4 f4/4 f4 f4"),
 )
 # Only the types of a decode step with the default F16 KV cache: each branch compiles when the
 # program does (a first use after an install: ~4 s for an attention variant), and the other
@@ -166,4 +170,12 @@ def run_program(a, program, floats, status):
             copy(f4_4(a, p[1]), f4_4(a, p[2]))
         elif op == 8:
             glu(f4_4(a, p[1]), f4_4(a, p[2]), f4_4(a, p[3]), p[4] != 0)
+        elif op == 9:
+            rows_matvec(u1_2(a, p[1]), f4_2(a, p[2]), f4_2(a, p[3]), p[4] != 0, p[5], p[6] != 0, f4_2(a, p[7]),
+                        i1_2(a, p[8]), f4_2(a, p[9]), f4_2(a, p[10]), i8_1(a, p[11]), i8_1(a, p[12]), f4_2(a, p[13]))
+        elif op == 10:
+            rows_matvec(i1_2(a, p[1]), f4_2(a, p[2]), f4_2(a, p[3]), p[4] != 0, p[5], p[6] != 0, f4_2(a, p[7]),
+                        i1_2(a, p[8]), f4_2(a, p[9]), f4_2(a, p[10]), i8_1(a, p[11]), i8_1(a, p[12]), f4_2(a, p[13]))
+        elif op == 11:
+            scale(f4_4(a, p[1]), f4_4(a, p[2]), np.float32(f[0]), np.float32(f[1]))
     return -1

@@ -10,6 +10,8 @@ quant_kernels() (loader.py) holds:
     for them, the same results as one row at a time)
     rows_block_matvec(blocks, kind, x, xq, xd, xsum, bsums, w_row0, x_row, out)
         block_matvec with float32 rows x, rounded to int8 in the same call (decode's products)
+    rows_matvec(q, scale, bias, has_bias, kind, half_scales, x, xq, xd, xsum, w_row0, x_row, out)
+        the same for matvec (the converted types' decode products)
     quantize_rows(x, g, xq, xd, xsum)                  activations to int8 per group of g
     quantize_rows_q8_k(x, xq, xd, bsums)               the same per 256, as ggml's Q8_K
     dequantize_rows / dequantize_nibbles / dequantize_six_bits(..., out)
@@ -194,6 +196,20 @@ def matvec(q, scale, bias, has_bias, kind, w_row0, xq, xd, xsum, x_row, out):
             if has_bias:
                 acc += _bias_dot(bias[r], xsum[x])
             out[m, n] = acc
+
+
+@njit(fastmath=True, cache=True, nogil=True)  # matvec's own prange runs it on the threads
+def rows_matvec(q, scale, bias, has_bias, kind, half_scales, x, xq, xd, xsum, w_row0, x_row, out):
+    """matvec of float32 activation rows x [X, K], each first rounded into xq, xd and xsum as
+    quantize_rows rounds them (groups of xq.shape[1] // xd.shape[1]; the scales then to float16
+    where half_scales, as ggml's Q8_0/Q8_1): one call a decode step's product of the converted
+    types, what layouts/fused._matvec computes in three."""
+    quantize_rows(x, xq.shape[1] // xd.shape[1], xq, xd, xsum)
+    if half_scales:
+        for m in range(xd.shape[0]):
+            for j in range(xd.shape[1]):
+                xd[m, j] = round_to_half(xd[m, j])
+    matvec(q, scale, bias, has_bias, kind, w_row0, xq, xd, xsum, x_row, out)
 
 
 @njit(fastmath=True, cache=True, nogil=True)

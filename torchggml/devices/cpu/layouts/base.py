@@ -4,7 +4,8 @@ convert them as they are written, and the checks that nothing else reads them.
 
 A layout is a subclass naming its `buffer_class` (whose `set_tensor` converts ggml blocks) and
 implementing the ExtraBufferType members: `supports_weight` / `supports_tensor` (which weights),
-`get_alloc_size` (its bytes), `bind_product` (MUL_MAT) and, where it serves MUL_MAT_ID's experts,
+`get_alloc_size` (its bytes), `bind_product` (MUL_MAT; `bind_rows_product` for a decode step's
+fixed rows, optional) and, where it serves MUL_MAT_ID's experts,
 `bind_expert_product`. The bytes are not ggml's: the buffer type is not host memory, reads and
 memsets raise, and the CPU device runs no op on a repacked tensor but those its buffer type's
 `reads_as_weight` accepts (`reads_repacked_only_as_weight`, `check_repacked_reads`).
@@ -53,6 +54,11 @@ class RepackBufferType(TorchBufferType, ExtraBufferType):
 
     def supports_tensor(self, t: Tensor) -> bool:
         return is_whole_contiguous(t) and self.supports_weight(t.type, t.ne)
+
+    def bind_rows_product(self, t: Tensor, rows: torch.Tensor, out: torch.Tensor):
+        """A layout's product of 2-D weight t by fixed rows [M, K] into out [M, N], bound as one
+        call a native run can hold, or None (bind_product then)."""
+        return None
 
     def reads_as_weight(self, node: Tensor, t: Tensor) -> bool:
         """MUL_MAT of a 2-D weight; MUL_MAT_ID of experts where the layout binds their product."""

@@ -19,7 +19,8 @@ Q4_K's q in [0, 15]. Decode streams these bytes once a token, so they bound its 
 place (IN_PLACE_KINDS, block_product; ggml's sizes, nothing converted at load); their experts
 (3-D, for MUL_MAT_ID) and the other types are. Products: M < FUSED_MATMUL_MAX_ROWS rows of
 activations (BLOCK_MAX_ROWS for blocks in place, INT8_GEMM_MIN_ROWS where the int8 GEMM runs)
-run the fused matvec, four rows at a time for each weight row it reads (a batched decode step). Larger micro-batches of those blocks in place run the int8 GEMM with
+run the fused matvec, four rows at a time for each weight row it reads (a batched decode step). Larger micro-batches of those blocks in place (and of the stored
+types from LAYOUT_INT8_MIN_ROWS) run the int8 GEMM with
 ggml's per-block scales where the CPU has AVX2 or a VNNI (_int8_gemm, jit/gemm_ir.py; faster than
 the bf16 path below: docs/benchmarks.md); the rest
 dequantize the weight once per call into the fastest float GEMM dtype and use torch's GEMM (for
@@ -66,6 +67,12 @@ BLOCK_MAX_ROWS = 10
 # where the int8 GEMM runs (_int8_gemm), it wins from this many rows on (its panels cost about
 # what the matvec of 2-4 rows does)
 INT8_GEMM_MIN_ROWS = 6
+# the stored types' rows (gemm_ir.LAYOUT_KINDS) take the int8 GEMM from this many rows; 4 to 15
+# rows keep the float GEMM, whose bf16 activations round finer than int8 blocks: a prompt of a
+# few tokens is where one rounding decides a near-tie (Gemma 3 270M's 6-token logits: 0.046 from
+# float64 through int8, 0.037 through bf16, llama.cpp's 0.044), while on longer prompts the int8
+# GEMM's logits are as close as the float GEMM's and closer than llama.cpp's (docs/cpu.md)
+LAYOUT_INT8_MIN_ROWS = 16
 CONVERT_ROWS_VALUES = 1 << 22  # rows are decomposed this many values at a time at load
 
 
@@ -146,6 +153,10 @@ class FusedBufferType(RepackBufferType):
     def bind_product(self, t: Tensor):
         """fn(rows [R, K] float, out [R, N] f32): out = rows @ t^T."""
         return functools.partial(_product, _Packed.of(t))
+
+    def bind_rows_product(self, t: Tensor, rows: torch.Tensor, out: torch.Tensor):
+        """A decode step's product of a 2-D weight bound once (bound_matvec), or None."""
+        return bound_matvec(_Packed.of(t), rows, out)
 
     def bind_expert_product(self, t: Tensor):
         """fn(acts, pair_rows, pair_experts, out) for MUL_MAT_ID (kernels.matmul.bind_mul_mat_id)."""
@@ -339,25 +350,30 @@ def _matvec(p: _Packed, x: torch.Tensor, x_row: np.ndarray, w_row0: np.ndarray, 
         out.copy_(target)
 
 
-def bound_block_matvec(qtype, raw: torch.Tensor, rows: torch.Tensor, out: torch.Tensor):
-    """A decode step's matvec of a Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weight's blocks raw (uint8 [N, row
-    bytes]) by float32 rows [M, K] into out [M, N] (both contiguous, M below the matvec's
-    limit; else None), bound once: numpy views of the fixed memory and the rounded activations'
-    buffers made here, so a call is one numba kernel (kernels.rows_block_matvec rounds the rows
-    and multiplies), not torch and numpy calls around three (155 products a token on a
-    1.1B model)."""
-    p = _Packed.of_blocks(qtype, raw)
+def bound_matvec(p: _Packed, rows: torch.Tensor, out: torch.Tensor):
+    """A decode step's matvec of weight p by float32 rows [M, K] into out [M, N] (both
+    contiguous, M below the matvec's limit; else None), bound once: numpy views of the fixed
+    memory and the rounded activations' buffers made here, so a call is one numba kernel
+    (rows_block_matvec for ggml's blocks in place, rows_matvec for the converted layout: each
+    rounds the rows and multiplies), not torch and numpy calls around three, and a native run
+    (native_plan.py) holds it with the step's other kernels."""
     if not (rows.dtype == torch.float32 and rows.is_contiguous() and out.is_contiguous()
             and rows.shape[0] < _matvec_max_rows(p)):
         return None
-    m, q8_k = rows.shape[0], p.kind in Q8_K_KINDS
+    m = rows.shape[0]
     x_row, w_row0 = _plain_rows(m)
+    xq = np.empty(tuple(rows.shape), np.int8)
+    if not p.blocks:
+        xd = np.empty((m, p.k // p.g), np.float32)
+        return BoundKernel(quant_kernels().rows_matvec, p.q, p.scale, p.bias, p.has_bias, p.kind,
+                           p.qtype in F16_ACTIVATION_SCALES, rows.numpy(), xq, xd, np.empty_like(xd), w_row0, x_row,
+                           out.numpy())
+    q8_k = p.kind in Q8_K_KINDS
     xd = np.empty((m, p.k // (256 if q8_k else 32)), np.float32)
     xsum = np.empty((m, 0 if q8_k else p.k // 32), np.float32)  # Q8_0's sums, or Q8_K's:
     bsums = np.empty((m, p.k // 16 if q8_k else 0), np.int16)
-    args = (p.q, p.kind, rows.numpy(), np.empty(tuple(rows.shape), np.int8), xd, xsum, bsums, w_row0, x_row,
-            out.numpy())
-    return BoundKernel(quant_kernels().rows_block_matvec, *args)
+    return BoundKernel(quant_kernels().rows_block_matvec, p.q, p.kind, rows.numpy(), xq, xd, xsum, bsums, w_row0,
+                       x_row, out.numpy())
 
 
 def _gemm_buffers(key: tuple, make):
@@ -427,14 +443,21 @@ def _takes_int8_gemm(p: _Packed) -> bool:
 
 def _matvec_max_rows(p: _Packed) -> int:
     """The fused matvec takes fewer activation rows than this; the GEMMs the rest."""
-    return INT8_GEMM_MIN_ROWS if _takes_int8_gemm(p) else BLOCK_MAX_ROWS if p.blocks else FUSED_MATMUL_MAX_ROWS
+    if p.blocks:
+        return INT8_GEMM_MIN_ROWS if _takes_int8_gemm(p) else BLOCK_MAX_ROWS
+    return FUSED_MATMUL_MAX_ROWS
+
+
+def _int8_gemm_min_rows(p: _Packed) -> int:
+    """The int8 GEMM takes this many rows and more (where it takes the weight's kind)."""
+    return INT8_GEMM_MIN_ROWS if p.blocks else LAYOUT_INT8_MIN_ROWS
 
 
 def _product(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
     m = rows.shape[0]
     if m < _matvec_max_rows(p):
         _matvec(p, rows, *_plain_rows(m), out)
-    elif _takes_int8_gemm(p):
+    elif m >= _int8_gemm_min_rows(p) and _takes_int8_gemm(p):
         _int8_gemm(p, rows, out)
     elif fastest_gemm_dtype() == torch.float32:
         _gemm(p, rows.float(), out)
