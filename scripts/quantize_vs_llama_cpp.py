@@ -7,7 +7,7 @@ and the perplexity llama.cpp measures on each output.
 
 Sources: the real SmolLM2-135M Q4_1 and Gemma-3-270m Q4_K_M files (requantized: --allow-requantize
 on both sides) and the generated TinyLlama-1.1B-shaped F16 file of scripts/bench_model.py (--shape
-1b). Per source and type both quantizers run in this process, alternated (scripts/bench_quantize.py's
+1b; 1bN: the same shape with N layers). Per source and type both quantizers run in this process, alternated (scripts/bench_quantize.py's
 functions), with the same threads and, for every type, the same importance matrix (torchggml's,
 collected once per source on TEXT: the IQ1/IQ2/IQ3 types need one); then llama.cpp's perplexity of
 each output on TEXT (scripts/perplexity_vs_llama_cpp.py: llama-cpp-python's logits, llama-perplexity's
@@ -43,10 +43,14 @@ TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5
 
 
 def source_path(name: str) -> str:
-    if name == "1b":
+    """smollm2, gemma, 1b (the TinyLlama-1.1B-shaped F16 file) or 1bN: that shape with N layers (the
+    same row widths, 2048 and 5632; a shorter run)."""
+    if name.startswith("1b"):
+        from dataclasses import replace
         from bench_model import bench_config
         from torchggml.gguf.writer.demo import generated_model
-        return generated_model(bench_config("1b"), "F16")
+        cfg = bench_config("1b")
+        return generated_model(replace(cfg, n_layer=int(name[2:])) if name[2:] else cfg, "F16")
     return SOURCES[name]
 
 
@@ -146,17 +150,17 @@ def main(argv=None) -> int:
               f"{args.file}, windows of {args.ctx}", flush=True)
         with tempfile.TemporaryDirectory(prefix="quantize_vs_") as work:
             if args.must_show:
-                if name != "1b":
+                if not name.startswith("1b"):
                     must_show(src, args.file, args.ctx, args.threads, args.llama_imatrix, work)
                 continue
             imatrix = args.imatrix or os.path.join(work, "imatrix.gguf")
             if args.imatrix:
                 pass
-            elif name == "1b":  # random weights: an imatrix of their activations on a short text is as good
+            elif name.startswith("1b"):  # random weights: an imatrix of their activations on a short text is as good
                 torchggml_imatrix_small(src, args.file, imatrix)
             else:
                 torchggml_imatrix(src, args.file, args.ctx, imatrix)
-            compare_types(src, types, None if name == "1b" or args.no_ppl else args.file, args.ctx, args.threads, work,
+            compare_types(src, types, None if name.startswith("1b") or args.no_ppl else args.file, args.ctx, args.threads, work,
                           imatrix)
     return 0
 

@@ -198,3 +198,74 @@ def test_repacked_weights_leave_no_mapped_copy(tmp_path):
     in_place = sum(info.nbytes for n, info in model.file.tensors.items() if n not in repacked)
     assert _mapped_kb(path) * 1024 <= in_place + 64 * 4096
     model.close()
+
+
+# ---------------------------------------------------------------- split models
+
+@pytest.fixture(scope="module")
+def split_demo(tmp_path_factory):
+    """The demo model and its parts, split by our writer as gguf-split --split-max-tensors 12."""
+    from torchggml.gguf.writer.demo import demo_model_path
+    from torchggml.gguf.writer.split import split_gguf
+    return demo_model_path(), split_gguf(demo_model_path(), str(tmp_path_factory.mktemp("split") / "demo"), 12)
+
+
+def test_split_model_opens_from_its_first_file(split_demo):
+    src, parts = split_demo
+    assert len(parts) == 4 and parts[0].endswith("demo-00001-of-00004.gguf")
+    whole, split = open_gguf(src), open_gguf(parts[0])
+    assert list(split.tensors) == list(whole.tensors)
+    assert sorted({t.part for t in split.tensors.values()}) == [0, 1, 2, 3]
+    for name in whole.tensors:
+        assert np.array_equal(split.tensor_data(name), whole.tensor_data(name)), name
+    assert {k: v for k, v in split.metadata.items() if not k.startswith("split.")}.keys() == whole.metadata.keys()
+    assert (split.get("split.no"), split.get("split.count"), split.get("split.tensors.count")) == (0, 4, len(whole.tensors))
+
+
+def test_split_model_runs_as_the_whole_one(split_demo):
+    from torchggml.models import load_model
+    src, parts = split_demo
+    logits = []
+    for path in (src, parts[0]):
+        m = load_model(path, n_ctx=64, progress=False)
+        logits.append(m.eval(m.tokenize("Once upon a time"), logits="all"))
+        m.close()
+    assert torch.equal(logits[0], logits[1])
+
+
+@pytest.mark.parametrize("damage, pattern", [
+    ("missing", "demo-00001-of-00004.gguf: part 3 of 4 of the split model is missing: .*demo-00003-of-00004.gguf"),
+    ("second", "demo-00002-of-00004.gguf: part 2 of a model split in 4 files: load its first file "
+               "\\(.*demo-00001-of-00004.gguf\\)"),
+    ("renamed", "model.gguf: the first of 4 split files \\(split.count\\) must be named NAME-00001-of-00004.gguf"),
+    ("swapped", "demo-00003-of-00004.gguf: split.no is 3, expected 2"),
+])
+def test_split_model_errors_name_the_file(tmp_path, split_demo, damage, pattern):
+    import shutil
+    _, parts = split_demo
+    copies = [shutil.copy(p, tmp_path) for p in parts]
+    first = copies[0]
+    if damage == "missing":
+        os.remove(copies[2])
+    elif damage == "second":
+        first = copies[1]
+    elif damage == "renamed":
+        first = shutil.move(copies[0], tmp_path / "model.gguf")
+    else:
+        os.replace(copies[3], copies[2])
+    with pytest.raises(GGUFError, match=pattern) as e:
+        open_gguf(first)
+    assert "\n" not in str(e.value)
+
+
+def test_llama_cpp_loads_our_split_model(split_demo):
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the llama.cpp comparisons)")
+    src, parts = split_demo
+    out = []
+    for path in (src, parts[0]):
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, logits_all=True, verbose=False)
+        tokens = llm.tokenize(b"Once upon a time")
+        llm.eval(tokens)
+        out.append(np.array(llm.scores[:len(tokens)]))
+        llm.close()
+    assert np.array_equal(out[0], out[1])

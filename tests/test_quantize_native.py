@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from torchggml.quants import quantize
+from torchggml.devices.cpu.dequantize import DEQUANTIZE_TYPES, dequantize_native
 from torchggml.devices.cpu.quantize import NATIVE_TYPES, NEEDS_IMATRIX, quantize_native
 from torchggml.types import Type, row_size
 
@@ -394,3 +395,36 @@ def test_imatrix_file_reads_in_llama_cpps_gguf_reader(tmp_path):
         assert all(lib.gguf_get_tensor_type(ctx, i) == 0 for i in range(len(names)))  # GGML_TYPE_F32
     finally:
         lib.gguf_free(ctx)
+
+
+# ---------------------------------------------------------------- native dequantizers
+
+def _random_rows(t: Type, rows: int, n: int, seed: int) -> np.ndarray:
+    """Random bytes: every field of the block takes arbitrary values (scales NaN and inf included)."""
+    return np.random.default_rng(seed).integers(0, 256, (rows, row_size(t, n)), dtype=np.uint8)
+
+
+@pytest.mark.parametrize("t", DEQUANTIZE_TYPES, ids=lambda t: t.name)
+def test_native_dequantize_equals_gguf_dequantize(t):
+    import gguf
+    import warnings
+    raw = _random_rows(t, 24, 512, int(t))
+    with warnings.catch_warnings():  # NaN scales: numpy warns
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(int(t))).astype(np.float32).reshape(24, 512)
+    got = dequantize_native(t, raw)
+    nan = np.isnan(ref)  # a NaN's payload depends on the operand order of the CPU's multiply
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got[~nan].view(np.uint32), ref[~nan].view(np.uint32))
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: dequantize_native(Type.F32, np.zeros((1, 8), np.uint8)), "no native dequantizer for F32"),
+    (lambda: dequantize_native(Type.Q8_0, np.zeros((1, 35), np.uint8)), "not whole blocks"),
+    (lambda: dequantize_native(Type.Q8_0, np.zeros(34, np.uint8)), "uint8 \\[rows, row bytes\\]"),
+    (lambda: dequantize_native(Type.Q8_0, np.zeros((2, 34), np.uint8), np.zeros((2, 31), np.float32)),
+     "out must be float32"),
+])
+def test_native_dequantize_rejects_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

@@ -307,6 +307,41 @@ def test_quantize_file_equals_llama_quantize(tmp_path):
     m.close()
 
 
+def _by_name_split(src, prefix, max_tensors):
+    """src's tensors in name order (blk.0, blk.1, blk.10, ...: as some converters write them, and as
+    llama-quantize's --keep-split then counts the layers), split by our gguf-split writer."""
+    from torchggml.gguf.writer.split import split_gguf
+    from torchggml.gguf.writer.stream import StreamWriter
+    f = open_gguf(src)
+    names = sorted(f.tensors)
+    w = StreamWriter(f"{prefix}-whole.gguf", [f.kv_record(k) for k in f.metadata],
+                     [(n, list(f.tensors[n].ne), int(f.tensors[n].type), f.tensors[n].nbytes) for n in names])
+    for n in names:
+        w.write(f.tensor_data(n))
+    w.close()
+    f.close()
+    return split_gguf(f"{prefix}-whole.gguf", prefix, max_tensors)
+
+
+@pytest.mark.parametrize("ftype", ["Q4_K_M", "Q8_0"])
+def test_quantize_keep_split_equals_llama_quantize(tmp_path, ftype):
+    """--keep-split: one output file per input file, each byte for byte llama-quantize's (its
+    layer rules counted in the files' order)."""
+    llama_cpp = _llama_cpp()
+    parts = _by_name_split(generated_model(replace(MIX_MODEL, n_layer=12), "F16"), str(tmp_path / "in"), 40)
+    assert len(parts) == 3
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype, params.keep_split = FILE_TYPES[ftype][0], True
+    assert llama_cpp.llama_model_quantize(parts[0].encode(), str(tmp_path / "theirs").encode(),
+                                          ctypes.byref(params)) == 0
+    with redirect_stdout(io.StringIO()):
+        assert main(["quantize", parts[0], str(tmp_path / "ours.gguf"), ftype, "--keep-split"]) == 0
+    for i in range(1, 4):
+        ours, theirs = (tmp_path / f"{side}-{i:05d}-of-00003.gguf" for side in ("ours", "theirs"))
+        assert ours.read_bytes() == theirs.read_bytes(), ours.name
+    assert len(open_gguf(tmp_path / "ours-00001-of-00003.gguf").tensors) == len(open_gguf(parts[0]).tensors)
+
+
 def test_quantize_rejects_unknown_types(tmp_path, capsys):
     assert main(["quantize", demo_model_path(), str(tmp_path / "x.gguf"), "Q7_K"]) == 1
     err = capsys.readouterr().err

@@ -93,6 +93,9 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--leave-output-tensor", action="store_true", help="leave output.weight as it is")
     p.add_argument("--dry-run", action="store_true",
                    help="print each tensor's planned type and the resulting size; write nothing")
+    p.add_argument("--keep-split", action="store_true",
+                   help="write the output split as the input is (OUTPUT-00001-of-0000N.gguf, ...; OUTPUT's .gguf "
+                        "dropped)")
     p.add_argument("-v", "--verbose", action="store_true", help="print every tensor's old and new type")
     p.set_defaults(func=cmd_quantize)
 

@@ -12,11 +12,16 @@ tensor-data region and each tensor's address is `base + its offset`. Weights for
 devices are copied into buffers of those devices, with a progress bar. Every weight buffer
 carries BufferUsage.WEIGHTS.
 
+A model split in several files (llama.cpp's gguf-split: NAME-00001-of-0000N.gguf, the first with
+the metadata and split.count / split.no / split.tensors.count, every part with split.no) is opened
+from its first file: the tensor table holds every part's tensors, each read from its own file.
+
 A truncated, corrupt or unsupported file raises GGUFError naming the file, the tensor (or
 key) and the problem.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import mmap
 import os
@@ -33,7 +38,8 @@ from .reader import (ATTENTION_FREE_ARCHS, PER_LAYER_KEYS, _PER_LAYER_MAY_BE_ZER
 from ..tensor import Tensor, set_name
 from ..types import Type, type_traits
 
-__all__ = ["GGUFError", "TensorInfo", "GGUFFile", "open_gguf", "WeightBuffers", "load_weights"]
+__all__ = ["GGUFError", "TensorInfo", "GGUFFile", "open_gguf", "WeightBuffers", "load_weights", "split_path",
+           "split_prefix"]
 
 _MISSING = object()
 
@@ -47,6 +53,7 @@ class TensorInfo:
     ne: tuple[int, ...]
     offset: int
     nbytes: int
+    part: int = 0        # the file of a split model that holds it (0: the first)
 
     @property
     def n_elements(self) -> int:
@@ -143,17 +150,35 @@ def _advise_huge_pages(data: np.memmap) -> None:
             pass
 
 
-class GGUFFile:
-    """An open GGUF file: metadata, tensor table, and the memory-mapped tensor data."""
+def split_path(prefix: str, index: int, count: int) -> str:
+    """llama.cpp's name of part `index` (from 0) of a model split in `count` files."""
+    return f"{prefix}-{index + 1:05d}-of-{count:05d}.gguf"
 
-    def __init__(self, path: str | os.PathLike):
+
+def split_prefix(path: str, index: int, count: int) -> str | None:
+    """The prefix of a split model's part path (split_path's inverse), None if not so named."""
+    postfix = f"-{index + 1:05d}-of-{count:05d}.gguf"
+    return path[:-len(postfix)] if path.endswith(postfix) and len(path) > len(postfix) else None
+
+
+SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
+
+
+class GGUFFile:
+    """An open GGUF file: metadata, tensor table, and the memory-mapped tensor data (of every
+    part, for a split model opened from its first file)."""
+
+    def __init__(self, path: str | os.PathLike, _split_part: bool = False):
         self.path = os.fspath(path)
         if os.path.isdir(self.path):
             raise IsADirectoryError(f"{self.path} is a directory, not a GGUF file")
         if not os.path.isfile(self.path):
             raise FileNotFoundError(f"GGUF file not found: {self.path}")
         header = _scan(self.path)  # every count, length and data range checked, metadata decoded
-        _check_hparams(self.path, header, len(header.tensors))
+        n_split = 0 if _split_part else header.values.get("split.count", 0)
+        n_split = n_split if isinstance(n_split, int) else 0
+        n_tensors = header.values.get("split.tensors.count", len(header.tensors)) if n_split > 1 else len(header.tensors)
+        _check_hparams(self.path, header, n_tensors)
         # "c": copy-on-write mapping, writable for torch, never written back to the file
         self.data = np.memmap(self.path, dtype=np.uint8, mode="c")
         _advise_huge_pages(self.data)
@@ -169,6 +194,51 @@ class GGUFFile:
         #: every metadata value by key, in file order: str, int, float, bool, lists (of strings,
         #: or of up to 65536 numbers) and numpy arrays (longer numeric arrays, e.g. token scores)
         self.metadata: dict[str, Any] = {k: header.values.get(k) for k in header.value_types}
+        self.value_types: dict[str, str] = dict(header.value_types)
+        self._kv_spans = header.kv_spans
+        self.parts: list[GGUFFile] = []  # a split model's other files, in order
+        if n_split > 1:
+            self._open_parts(header, n_split)
+
+    def _open_parts(self, header: Header, n_split: int) -> None:
+        """The other files of a split model: each named as llama.cpp names it, with its split.no;
+        their tensors join the table (no name twice), as many as split.tensors.count says."""
+        no = header.values.get("split.no", 0)
+        prefix = split_prefix(self.path, 0, n_split)
+        if no != 0:
+            first = split_path(split_prefix(self.path, no, n_split) or "NAME", 0, n_split)
+            raise GGUFError(f"{self.path}: part {no + 1} of a model split in {n_split} files: load its first "
+                            f"file ({first})")
+        if prefix is None:
+            raise GGUFError(f"{self.path}: the first of {n_split} split files (split.count) must be named "
+                            f"NAME-00001-of-{n_split:05d}.gguf, as llama.cpp's gguf-split names them")
+        for index in range(1, n_split):
+            path = split_path(prefix, index, n_split)
+            if not os.path.isfile(path):
+                raise GGUFError(f"{self.path}: part {index + 1} of {n_split} of the split model is missing: {path}")
+            part = GGUFFile(path, _split_part=True)
+            if part.metadata.get("split.no") != index:
+                raise GGUFError(f"{path}: split.no is {part.metadata.get('split.no')}, expected {index} "
+                                f"(part {index + 1} of {n_split})")
+            for name, info in part.tensors.items():
+                if name in self.tensors:
+                    raise GGUFError(f"{path}: tensor {name!r} is also in an earlier part of the split model")
+                self.tensors[name] = dataclasses.replace(info, part=index)
+            self.parts.append(part)
+        expected = header.values.get("split.tensors.count")
+        if expected is not None and expected != len(self.tensors):
+            raise GGUFError(f"{self.path}: split.tensors.count is {expected} but the {n_split} files hold "
+                            f"{len(self.tensors)} tensors")
+
+    def file_of(self, name: str) -> "GGUFFile":
+        """The file (this one or a part) that holds a tensor's data."""
+        part = self.tensor_info(name).part
+        return self if part == 0 else self.parts[part - 1]
+
+    def kv_record(self, key: str) -> bytes:
+        """A metadata entry's bytes as the file stores them (key, value type, value)."""
+        start, end = self._kv_spans[key]
+        return bytes(self.data[start:end])
 
     def __repr__(self):
         return f"<GGUFFile {self.path} arch={self.arch!r} {len(self.tensors)} tensors>"
@@ -218,7 +288,7 @@ class GGUFFile:
     def tensor_data(self, name: str) -> np.ndarray:
         """The raw bytes of one tensor (no copy)."""
         info = self.tensor_info(name)
-        return self.data_region()[info.offset: info.offset + info.nbytes]
+        return self.file_of(name).data_region()[info.offset: info.offset + info.nbytes]
 
     def __del__(self):
         fd = getattr(self, "_fd", None)
@@ -237,6 +307,8 @@ class GGUFFile:
         weights are views of the mapping: reading a page past a truncated end would kill the
         process with SIGBUS instead of raising, so evaluation checks this first. (A file replaced
         by a new one at the same path is harmless: the mapping keeps the old one.)"""
+        for part in self.parts:
+            part.check_unchanged()
         if self._fd is None:
             return
         size, mtime = self._stat_identity()
@@ -251,6 +323,8 @@ class GGUFFile:
         once the tensor is converted into a buffer of its own (a repacked layout, an
         accelerator), the mapped copy would only add its size to the resident memory. Reading the
         bytes again faults them back in from the file."""
+        if self.tensor_info(name).part:
+            return self.file_of(name).release(name)
         mapping = getattr(self.data, "_mmap", None)
         if mapping is None or not hasattr(mmap, "MADV_DONTNEED"):
             return  # no mapping (closed, or not an mmap), or no madvise on this system
@@ -297,6 +371,8 @@ class GGUFFile:
     def close(self) -> None:
         """Close the file's mapping (and with it the file descriptor). Numpy or torch views of
         the mapping that are still alive keep it open; it closes when the last one goes."""
+        for part in self.parts:
+            part.close()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -455,21 +531,26 @@ def _new_weight_tensor(ctx: Context, info: TensorInfo) -> Tensor:
 
 
 def _map_weights(file: GGUFFile, names: list[str], weights: WeightBuffers) -> None:
-    """Zero copy: one CPU buffer over the file's data region, tensors at base + offset."""
+    """Zero copy: one CPU buffer over each file's data region (a split model's parts each),
+    tensors at base + offset."""
     from ..devices.cpu import backend_cpu_buffer_from_ptr
     from ..alloc import backend_tensor_alloc
-    region = file.data_region()
-    if region.size == 0:
-        raise GGUFError(f"{file.path}: the file has no tensor data")
-    buffer = backend_cpu_buffer_from_ptr(region)
-    ctx = Context(0, no_alloc=True)
+    by_part: dict[int, list[str]] = {}
     for name in names:
-        info = file.tensors[name]
-        t = _new_weight_tensor(ctx, info)
-        backend_tensor_alloc(buffer, t, buffer.get_base() + info.offset)
-        weights.tensors[name] = t
-    weights.buffers.append(buffer)
-    weights.contexts.append(ctx)
+        by_part.setdefault(file.tensors[name].part, []).append(name)
+    for part, group in by_part.items():
+        region = file.file_of(group[0]).data_region()
+        if region.size == 0:
+            raise GGUFError(f"{file.file_of(group[0]).path}: the file has no tensor data")
+        buffer = backend_cpu_buffer_from_ptr(region)
+        ctx = Context(0, no_alloc=True)
+        for name in group:
+            info = file.tensors[name]
+            t = _new_weight_tensor(ctx, info)
+            backend_tensor_alloc(buffer, t, buffer.get_base() + info.offset)
+            weights.tensors[name] = t
+        weights.buffers.append(buffer)
+        weights.contexts.append(ctx)
 
 
 PROGRESS_MIN_BYTES = 64 * 2**20  # smaller uploads take well under a second: no bar

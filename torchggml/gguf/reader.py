@@ -53,6 +53,7 @@ class Header:
     byte_order: str                                   # "<" or ">"
     values: dict[str, object] = field(default_factory=dict)   # every value except arrays of arrays
     value_types: dict[str, str] = field(default_factory=dict)  # key -> type name ("array[uint32]", ...)
+    kv_spans: dict[str, tuple[int, int]] = field(default_factory=dict)  # key -> its record's bytes [start, end)
     tensors: list[TensorEntry] = field(default_factory=list)
     alignment: int = 32
     header_end: int = 0                                # where the tensor table ends
@@ -179,12 +180,14 @@ def scan_header(path: str, buf, type_check) -> Header:
     n_tensors = cur.count("tensor count", 8 + 4 + 8 + 4 + 8)
     n_kv = cur.count("metadata key count", 8 + 4 + 1)
     for i in range(n_kv):
+        start = cur.pos
         key = cur.string(f"metadata key #{i}")
         if key in h.value_types:
             cur.fail(f"metadata key {key!r}", "the key appears twice")
         type_id = cur.unpack("I", f"metadata key {key!r} (value type)")
         value, type_name = _read_value(cur, type_id, f"metadata key {key!r}")
         h.value_types[key] = type_name
+        h.kv_spans[key] = (start, cur.pos)
         if value is not None:
             h.values[key] = value
     h.alignment = _alignment(path, h)

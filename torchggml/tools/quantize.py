@@ -20,15 +20,20 @@ A file type (Q4_K_M, Q8_0, ...) names a default block type and, for the K mixes,
   Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K -> Q4_0, IQ4_XS -> IQ4_NL; F16 when that fails too).
 With an importance matrix (--imatrix), llama.cpp's rules that depend on one apply too: IQ4_NL/
 IQ4_XS keep ffn_down at their type, Q4_0/Q5_0 give the first eighth's ffn_down Q4_1/Q5_1.
-Every tensor is read in chunks of rows as float32 (dequantized when it is quantized, which needs
---allow-requantize) and quantized by the native kernels (devices/cpu/quantize.py: ggml_quantize_chunk's
-bytes, with the tensor's importance-matrix slice) or, for the types they lack, the reference
-quantizers; the output is written tensor by tensor in llama-quantize's order (by layer, then
-name) with its metadata (the input's, general.quantization_version and general.file_type last,
-then quantize.imatrix.*), so that the file is byte for byte llama-quantize's.
+Every tensor is read from the source's mapping in chunks of rows as float32 (dequantized by the
+native dequantizers, devices/cpu/dequantize.py, when it is quantized, which needs --allow-requantize)
+and quantized by the native kernels (devices/cpu/quantize.py: ggml_quantize_chunk's bytes, with the
+tensor's importance-matrix slice) or, for the types they lack, the reference quantizers; the output
+is written tensor by tensor (gguf/writer/stream.py) in llama-quantize's order (by layer, then name)
+with its metadata (the input's records as they are, general.quantization_version and
+general.file_type last, then quantize.imatrix.*), so that the file is byte for byte
+llama-quantize's. A split source is read from its first file; --keep-split writes one output file
+per input file, as llama-quantize.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import sys
 import time
@@ -43,10 +48,10 @@ from .file_types import ALIASES, CHOICES, FILE_TYPE_IDS
 # file type -> (id as llama.cpp numbers it, default block type)
 FILE_TYPES = {name: (ftype_id, Type[block]) for name, (ftype_id, block) in FILE_TYPE_IDS.items()}
 
+GRID_TYPES = (Type.IQ1_S, Type.IQ1_M, Type.IQ2_XXS, Type.IQ2_XS, Type.IQ2_S, Type.IQ3_XXS, Type.IQ3_S)
 FALLBACK = {Type.Q2_K: Type.Q4_0, Type.Q3_K: Type.Q4_0, Type.Q4_K: Type.Q5_0, Type.Q5_K: Type.Q5_1,
             Type.Q6_K: Type.Q8_0, Type.IQ4_XS: Type.IQ4_NL, Type.TQ1_0: Type.Q4_0, Type.TQ2_0: Type.Q4_0,
-            **{t: Type.IQ4_NL for t in (Type.IQ1_S, Type.IQ1_M, Type.IQ2_XXS, Type.IQ2_XS, Type.IQ2_S,
-                                        Type.IQ3_XXS, Type.IQ3_S)}}
+            **{t: Type.IQ4_NL for t in GRID_TYPES}}
 # the mixes of 2 bits and below share their rules (llama-quant.cpp)
 LOW_BIT_MIXES = ("IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M")
 # llama-quantize refuses these target types without an importance matrix (but for the embeddings
@@ -117,13 +122,24 @@ class Mix:
 
     def __init__(self, ftype: str, arch: str, n_layer: int, n_gqa: int, n_expert: int, tied_output: bool,
                  has_imatrix: bool = False, output_type: Type | None = None, embedding_type: Type | None = None,
-                 patterns=(), pure: bool = False, quantize_output: bool = True):
+                 patterns=(), pure: bool = False, quantize_output: bool = True, order=None):
         self.ftype, self.default = ftype, FILE_TYPES[ftype][1]
         self.arch, self.n_layer, self.n_gqa, self.n_expert, self.tied = arch, n_layer, n_gqa, n_expert, tied_output
         self.has_imatrix = has_imatrix
         self.output_type, self.embedding_type = output_type, embedding_type
         self.patterns = [(re.compile(p), t) for p, t in patterns]
         self.pure, self.quantize_output = pure, quantize_output
+        # llama.cpp counts attn_v, ffn_down, ffn_gate and ffn_up tensors in the order it quantizes
+        # them and takes the count as the layer (the name's, for experts' ffn tensors): the same
+        # as the name's layer in its usual order (by layer), not in --keep-split's (each file as
+        # it is, e.g. blk.1, blk.10, blk.11, ...)
+        self.ordinals = {}
+        seen: dict[str, int] = {}
+        for name in order or ():
+            cat = _category(name)
+            if cat in ("attn_v", "ffn_down", "ffn_gate", "ffn_up"):
+                self.ordinals[name] = seen.get(cat, 0)
+                seen[cat] = self.ordinals[name] + 1
 
     def type_for(self, name: str, ne: list[int], current: Type) -> Type:
         """llama_tensor_get_type: the options, then the mix's rules, then the fallback for rows
@@ -154,6 +170,8 @@ class Mix:
         m = re.match(r"blk\.(\d+)\.", name)
         il, n = (int(m.group(1)) if m else 0), self.n_layer
         gqa, n_exp = self.n_gqa, self.n_expert
+        if name in self.ordinals and (cat == "attn_v" or n_exp <= 1):
+            il = self.ordinals[name]
         if cat == "output" or (cat == "token_embd" and self.tied):
             if self.output_type is not None:
                 return self.output_type
@@ -269,23 +287,33 @@ def _mix(f, ftype: str, has_imatrix: bool, options: dict) -> Mix:
                int(f.get(f"{arch}.expert_count", 0)), "output.weight" not in f.tensors, has_imatrix, **options)
 
 
-def plan(path: str, ftype: str, has_imatrix: bool = False, **options) -> list[tuple[str, Type, Type]]:
-    """(tensor name, current type, new type) of every tensor, in file order. options: Mix's
-    (output_type, embedding_type, patterns, pure, quantize_output)."""
-    from ..gguf.loader import open_gguf
-    f = open_gguf(path)
-    mix = _mix(f, ftype, has_imatrix, options)
-    out = [(name, Type(t.type), mix.type_for(name, list(t.ne), Type(t.type))) for name, t in f.tensors.items()]
-    f.close()
-    return out
+@contextlib.contextmanager
+def _opened(src):
+    """src: a path (opened here and closed after) or an open GGUFFile."""
+    from ..gguf.loader import GGUFFile, open_gguf
+    if isinstance(src, GGUFFile):
+        yield src
+        return
+    f = open_gguf(src)
+    try:
+        yield f
+    finally:
+        f.close()
 
 
-def planned_bytes(path: str, planned: list[tuple[str, Type, Type]]) -> tuple[int, int]:
+def plan(src, ftype: str, has_imatrix: bool = False, **options) -> list[tuple[str, Type, Type]]:
+    """(tensor name, current type, new type) of every tensor of `src` (a path or a GGUFFile), in
+    file order. options: Mix's (output_type, embedding_type, patterns, pure, quantize_output, and
+    order: the tensors' order of quantization where it is not by layer, as --keep-split's)."""
+    with _opened(src) as f:
+        mix = _mix(f, ftype, has_imatrix, options)
+        return [(name, Type(t.type), mix.type_for(name, list(t.ne), Type(t.type))) for name, t in f.tensors.items()]
+
+
+def planned_bytes(src, planned: list[tuple[str, Type, Type]]) -> tuple[int, int]:
     """(bytes of the tensors' data now, after quantizing as planned)."""
-    from ..gguf.loader import open_gguf
-    f = open_gguf(path)
-    sizes = {name: (int(np.prod(t.ne[1:], dtype=np.int64)), int(t.ne[0])) for name, t in f.tensors.items()}
-    f.close()
+    with _opened(src) as f:
+        sizes = {name: (int(np.prod(t.ne[1:], dtype=np.int64)), int(t.ne[0])) for name, t in f.tensors.items()}
     before = sum(rows * _row_bytes(old, n) for name, old, _ in planned for rows, n in [sizes[name]])
     after = sum(rows * _row_bytes(new, n) for name, _, new in planned for rows, n in [sizes[name]])
     return before, after
@@ -314,111 +342,167 @@ def check_requantize(src: str, changes: list[tuple[str, Type, Type]]) -> None:
                              f"of the original F32/F16/BF16 file)")
 
 
+QUANTIZATION_VERSION = 2  # ggml's GGML_QNT_VERSION, which llama-quantize writes
+# tensors of fewer values convert on the calling thread alone (but to the IQ grid types, whose
+# search is slow enough per value): on a busy machine each parallel region waits for its worker to
+# be scheduled, and quantize runs two a tensor (a requantized 135M model's 210 tensors took 3-4x
+# llama-quantize's time with every tensor in parallel)
+SERIAL_BELOW = 1 << 21
 CHUNK_BYTES = 64 << 20  # float32 rows converted at once: the memory a tensor's quantization holds beyond its output
 
 
 def quantize_file(src: str, dst: str, ftype: str, log=None, imatrix: str | None = None,
                   include: list[str] | None = None, exclude: list[str] | None = None,
-                  allow_requantize: bool = False, progress=None,
-                  imatrix_metadata: bool = True, dry_run: bool = False, **options) -> list[tuple[str, Type, Type]]:
+                  allow_requantize: bool = False, progress=None, imatrix_metadata: bool = True,
+                  dry_run: bool = False, keep_split: bool = False, **options) -> list[tuple[str, Type, Type]]:
     """Write `dst`: `src` with its tensors quantized as the file type's mix says, in llama-quantize's
     tensor order and metadata, tensor by tensor (one tensor's output and a bounded chunk of float32
     rows in memory). imatrix: llama.cpp's importance matrix file (GGUF or the older .dat), its
     entries filtered by `include` / `exclude` (substrings of tensor names, as llama-quantize's
     --include-weights / --exclude-weights). options: the per-tensor options (Mix's). dry_run:
-    check and plan only (nothing written); the plan is returned either way."""
-    import gguf
+    check and plan only (nothing written); the plan is returned either way. A split `src` is read
+    from its first file; keep_split writes `dst` (its .gguf dropped) as DST-00001-of-0000N.gguf...,
+    the tensors in the files they were in (llama-quantize's --keep-split)."""
+    from ..gguf.loader import open_gguf
     ftype = file_type(ftype)
     weights, imatrix_info = ({}, None) if imatrix is None else load_imatrix(imatrix)
     weights = filter_imatrix(weights, include, exclude)
-    planned = plan(src, ftype, has_imatrix=bool(weights), **options)
-    if not allow_requantize:
-        check_requantize(src, planned)
-    check_imatrix_fits(src, weights)
-    if not dry_run:
+    f = open_gguf(src)
+    try:
+        if keep_split:  # by file, then as each file holds them (llama-quantize sorts so)
+            order = sorted(f.tensors, key=lambda n: (f.tensors[n].part, f.tensors[n].offset))
+            options = {**options, "order": order}
+        else:
+            order = tensor_order(f.tensors)
+        planned = plan(f, ftype, has_imatrix=bool(weights), **options)
+        if not allow_requantize:
+            check_requantize(src, planned)
+        check_imatrix_fits(f, weights)
+        if dry_run:
+            return planned
         check_imatrix_needed(ftype, planned, weights)
-    if dry_run:
-        return planned
-    reader = gguf.GGUFReader(src)
-    by_name = {t.name: t for t in reader.tensors}
-    types = {name: new for name, _, new in planned}
-    arch = reader.get_field("general.architecture").contents()
-    writer = gguf.GGUFWriter(dst, arch)
-    for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name.startswith("split.") or field.name in (
-                "general.architecture", "general.file_type", "general.quantization_version"):
-            continue
-        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
-    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)  # llama-quantize sets these two last, in this order
-    writer.add_file_type(FILE_TYPES[ftype][0])
+        types = {name: new for name, _, new in planned}
+        outputs = _outputs(f, dst, ftype, order, types, keep_split, weights, imatrix, imatrix_info, imatrix_metadata)
+        for i, name in enumerate(order):
+            t, new = f.tensors[name], types[name]
+            qw = _imatrix_for(weights, name, list(t.ne)) if weights and new != t.type else None
+            if new == t.type:
+                data = f.tensor_data(name)
+            else:
+                with _threads(1 if t.n_elements < SERIAL_BELOW and new not in GRID_TYPES else None):
+                    data = _convert(f.tensor_data(name), t.type, new, list(t.ne), qw)
+            outputs[t.part if keep_split else 0].write(data)
+            del data
+            f.release(name)  # the source's mapped pages of it: resident memory stays one tensor's
+            if log is not None:
+                log(f"[{i + 1:4d}/{len(order)}] {name:40s} {t.type.name:>6s} -> {new.name:6s} "
+                    f"{'x'.join(map(str, t.ne))}" + (" (imatrix)" if qw is not None else ""))
+            if progress is not None:
+                progress(i + 1, len(order), name)
+        for out in outputs:
+            out.close()
+        return [(name, f.tensors[name].type, types[name]) for name in order]
+    finally:
+        f.close()
+
+
+@contextlib.contextmanager
+def _threads(n: int | None):
+    """numba's thread count set to n (None: left as it is) for the block, then restored."""
+    if n is None:
+        yield
+        return
+    import numba
+    before = numba.get_num_threads()
+    numba.set_num_threads(n)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)
+
+
+def output_paths(dst: str, n_split: int, keep_split: bool) -> list[str]:
+    """The files quantize writes: dst, or with keep_split llama-quantize's DST-0000i-of-0000N.gguf
+    (dst's .gguf dropped) for each of the input's N files."""
+    from ..gguf.loader import split_path
+    if not keep_split:
+        return [os.fspath(dst)]
+    prefix = os.fspath(dst)
+    prefix = prefix[:-len(".gguf")] if prefix.endswith(".gguf") else prefix
+    return [split_path(prefix, i, n_split) for i in range(n_split)]
+
+
+def _outputs(f, dst, ftype, order, types, keep_split, weights, imatrix, imatrix_info, imatrix_metadata):
+    """One StreamWriter per output file, its header written: the input's metadata records as they
+    are (split.* dropped; general.architecture first), general.quantization_version and
+    general.file_type (llama-quantize sets these two last, in this order), quantize.imatrix.*, and
+    for a split output split.no / split.count / split.tensors.count (the other files hold only these)."""
+    from ..gguf.loader import SPLIT_KEYS
+    from ..gguf.writer.stream import StreamWriter, kv_record
+    n_split = 1 + len(f.parts) if keep_split else 1
+    head = [f.kv_record("general.architecture")] + [
+        f.kv_record(k) for k in f.metadata if k not in SPLIT_KEYS and k not in (
+            "general.architecture", "general.file_type", "general.quantization_version")]
+    head += [kv_record("general.quantization_version", "uint32", QUANTIZATION_VERSION),
+             kv_record("general.file_type", "uint32", FILE_TYPES[ftype][0])]
     if weights and imatrix_metadata:  # llama-quantize's main adds these (llama_model_quantize alone does not)
-        writer.add_string("quantize.imatrix.file", imatrix)
+        head.append(kv_record("quantize.imatrix.file", "string", os.fspath(imatrix)))
         if imatrix_info["datasets"]:
-            writer.add_string("quantize.imatrix.dataset", imatrix_info["datasets"][0])
-        writer.add_uint32("quantize.imatrix.entries_count", len(weights))
+            head.append(kv_record("quantize.imatrix.dataset", "string", imatrix_info["datasets"][0]))
+        head.append(kv_record("quantize.imatrix.entries_count", "uint32", len(weights)))
         if imatrix_info["chunk_count"] > 0:
-            writer.add_uint32("quantize.imatrix.chunks_count", imatrix_info["chunk_count"])
-    order = tensor_order(by_name)
-    for name in order:
-        t, new = by_name[name], types[name]
-        ne = [int(x) for x in t.shape]
-        rows = list(reversed(ne[1:]))
-        writer.add_tensor_info(name, rows + [_row_bytes(new, ne[0])], np.dtype(np.uint8),
-                               _row_bytes(new, ne[0]) * int(np.prod(rows, dtype=np.int64)),
-                               raw_dtype=gguf.GGMLQuantizationType(int(new)))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for i, name in enumerate(order):
-        t, new = by_name[name], types[name]
-        old = Type(int(t.tensor_type))
-        ne = [int(x) for x in t.shape]
-        qw = _imatrix_for(weights, name, ne) if weights and new != old else None
-        data = np.asarray(t.data).view(np.uint8) if new == old else _convert(t, old, new, ne, qw)
-        writer.write_tensor_data(data.reshape(-1))
-        if log is not None:
-            log(f"[{i + 1:4d}/{len(order)}] {name:40s} {old.name:>6s} -> {new.name:6s} {'x'.join(map(str, ne))}"
-                + (" (imatrix)" if qw is not None else ""))
-        if progress is not None:
-            progress(i + 1, len(order), name)
-    writer.close()
-    return [(name, Type(int(by_name[name].tensor_type)), types[name]) for name in order]
+            head.append(kv_record("quantize.imatrix.chunks_count", "uint32", imatrix_info["chunk_count"]))
+    writers = []
+    for i, path in enumerate(output_paths(dst, n_split, keep_split)):
+        records = head if i == 0 else []
+        if n_split > 1:
+            records = records + [kv_record("split.no", "uint16", i), kv_record("split.count", "uint16", n_split),
+                                 kv_record("split.tensors.count", "int32", len(order))]
+        table = [(name, list(f.tensors[name].ne), int(types[name]),
+                  _row_bytes(types[name], f.tensors[name].ne[0]) * int(np.prod(f.tensors[name].ne[1:], dtype=np.int64)))
+                 for name in order if not keep_split or f.tensors[name].part == i]
+        writers.append(StreamWriter(path, records, table, f.alignment))
+    return writers
 
 
-def _convert(t, old: Type, new: Type, ne: list[int], qw: np.ndarray | None) -> np.ndarray:
+def _convert(raw: np.ndarray, old: Type, new: Type, ne: list[int], qw: np.ndarray | None) -> np.ndarray:
     """One tensor's bytes as `new`, converted in chunks of rows (within one expert, whose rows
     share an importance-matrix slice)."""
-    from ..quants import dequantize, quantize
+    from ..quants import quantize
     from ..devices.cpu.quantize import NATIVE_TYPES, quantize_native
     n_rows = int(np.prod(ne[1:], dtype=np.int64))
     rows_per_expert = ne[1] if len(ne) > 2 else n_rows
-    raw = np.asarray(t.data).view(np.uint8).reshape(n_rows, _row_bytes(old, ne[0]))
+    raw = raw.reshape(n_rows, _row_bytes(old, ne[0]))
     out = np.empty((n_rows, _row_bytes(new, ne[0])), dtype=np.uint8)
     step = max(1, min(rows_per_expert, CHUNK_BYTES // (4 * ne[0])))
+    buf = None if old == Type.F32 else np.empty((step, ne[0]), np.float32)
     for r0 in range(0, n_rows, step):
         r1 = min(n_rows, r0 + step, (r0 // rows_per_expert + 1) * rows_per_expert)
-        values = raw[r0:r1].view(np.float16) if old == Type.F16 and new in NATIVE_TYPES else _as_float32(old, raw[r0:r1])
+        if old == Type.F16 and new in NATIVE_TYPES:  # the quantizer converts float16 rows itself
+            values = raw[r0:r1].view(np.float16)
+        else:
+            values = _as_float32(old, raw[r0:r1], None if buf is None else buf[:r1 - r0])
         if new in NATIVE_TYPES:
             expert = r0 // rows_per_expert
             quantize_native(new, values, None if qw is None else qw[expert * ne[0]:(expert + 1) * ne[0]],
                             out=out[r0:r1])
         else:
             out[r0:r1] = quantize(new, torch.from_numpy(values)).numpy()
-        del values
     return out
 
 
-def _as_float32(t: Type, raw: np.ndarray) -> np.ndarray:
-    """Rows of type t (bytes) as float32; torch converts F16/BF16 on all threads."""
+def _as_float32(t: Type, raw: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """Rows of type t (bytes) as float32: the native dequantizers (into `out`) for the types they
+    read, the reference ones for the others."""
     import warnings
+    from ..devices.cpu.dequantize import DEQUANTIZE_TYPES, dequantize_native
     from ..quants import dequantize
     if t == Type.F32:
         return raw.view(np.float32)
+    if t in DEQUANTIZE_TYPES:
+        return dequantize_native(t, raw, out)
     with warnings.catch_warnings():  # the file's read-only mapping: only read
         warnings.simplefilter("ignore", UserWarning)
-        if t == Type.F16:
-            return torch.from_numpy(raw.view(np.float16)).float().numpy()
         return dequantize(t, torch.from_numpy(raw)).numpy()
 
 
@@ -523,22 +607,18 @@ def filter_imatrix(weights: dict, include: list[str] | None, exclude: list[str] 
     return weights
 
 
-def check_imatrix_fits(src: str, weights: dict) -> None:
+def check_imatrix_fits(src, weights: dict) -> None:
     """Every imatrix entry the model has a tensor for holds that tensor's row length (times its
     experts), before anything is written: an importance matrix of another model fails here."""
     if not weights:
         return
-    from ..gguf.loader import open_gguf
-    f = open_gguf(src)
-    try:
+    with _opened(src) as f:
         for name, t in f.tensors.items():
             if name in weights:
                 _imatrix_for(weights, name, [int(x) for x in t.ne])
         if not any(name in f.tensors for name in weights):
-            raise ValueError(f"quantize: no imatrix entry names a tensor of {src} (an importance matrix of "
+            raise ValueError(f"quantize: no imatrix entry names a tensor of {f.path} (an importance matrix of "
                              f"another model?), e.g. {next(iter(weights))}")
-    finally:
-        f.close()
 
 
 def _imatrix_for(weights: dict, name: str, ne: list[int]) -> np.ndarray | None:
@@ -573,7 +653,6 @@ def _bar(i: int, n: int, name: str) -> None:
 
 
 def cmd_quantize(args) -> int:
-    import os
     start = time.perf_counter()
     log = (lambda line: print(line, file=sys.stderr)) if args.verbose else None
     ftype = file_type(args.type)
@@ -602,8 +681,14 @@ def cmd_quantize(args) -> int:
         torch.set_num_threads(args.nthreads)
     quantize_file(args.input, args.output, ftype, log, imatrix=args.imatrix,
                   include=args.include_weights, exclude=args.exclude_weights,
-                  allow_requantize=args.allow_requantize, progress=progress, **options)
-    size_in, size_out = os.path.getsize(args.input), os.path.getsize(args.output)
-    print(f"{args.input} ({size_in / 2**20:.2f} MiB) -> {args.output} ({size_out / 2**20:.2f} MiB) as "
+                  allow_requantize=args.allow_requantize, progress=progress, keep_split=args.keep_split, **options)
+    from ..gguf.loader import open_gguf
+    f = open_gguf(args.input)
+    inputs = [f.path] + [p.path for p in f.parts]
+    f.close()
+    outputs = output_paths(args.output, len(inputs), args.keep_split)
+    size_in, size_out = (sum(os.path.getsize(p) for p in paths) for paths in (inputs, outputs))
+    shown = outputs[0] if len(outputs) == 1 else f"{outputs[0]} (+{len(outputs) - 1} more)"
+    print(f"{args.input} ({size_in / 2**20:.2f} MiB) -> {shown} ({size_out / 2**20:.2f} MiB) as "
           f"{ftype} in {time.perf_counter() - start:.1f} s")
     return 0

@@ -9,6 +9,7 @@ types and cached on disk by numba.
     recurrent_kernels() the recurrent ops' scans (recurrent_kernels.py)
     gemm_kernels()     the prompt's int8 GEMM over ggml's blocks (gemm_kernels.py, AVX512-VNNI/AVX-VNNI/AVX2)
     quantize_kernels() ggml's quantizers, rows in parallel (quantize_kernels.py: quantize_rows)
+    dequantize_kernels() ggml's block types to float32, rows in parallel (dequantize_kernels.py)
     plan_kernels()     runs of a plan's bound kernels in one native call (plan_kernels.py)
 
 Where numba's cache holds nothing for a module (the first use after an install), one line on
@@ -175,3 +176,8 @@ def gemm_kernels():
 def quantize_kernels():
     """ggml's quantizers (quantize_kernels.py)."""
     return _load("quantize_kernels")
+
+
+def dequantize_kernels():
+    """ggml's block types to float32 (dequantize_kernels.py)."""
+    return _load("dequantize_kernels")
