@@ -26,8 +26,8 @@ _GRIDS = {Type.IQ2_XXS: "iq2xxs", Type.IQ2_XS: "iq2xs", Type.IQ2_S: "iq2s", Type
 def _grid(t: Type) -> np.ndarray:
     if t not in _GRIDS:
         return np.zeros((1, 8), np.float32)
-    from ...quants.tables import _host_table
-    return np.ascontiguousarray(_host_table(_GRIDS[t]).numpy())
+    from ...quants.tables import table
+    return np.ascontiguousarray(table(_GRIDS[t], "cpu").numpy())
 
 
 def dequantize_native(qtype, raw: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
