@@ -30,6 +30,32 @@ def test_wait_policy(choice, environ, load, cpus, loaded, policy):
     assert openmp.wait_policy(choice, environ, load, cpus, loaded) == policy
 
 
+@pytest.mark.parametrize("samples, others", [
+    (["0.10 0.20 0.30 1/80 100"] * 5, 0.0),                    # only this process
+    (["2.00 1.50 1.00 2/80 100"] * 5, 1.0),                    # one busy program beside it
+    (["2.00 1.50 1.00 1/80 100"] * 3 + ["2.00 1.50 1.00 4/80 100"] * 2, 0.0),  # the median
+    (["0.00 0.00 0.00 0/80 100"], 0.0),                        # never below zero
+])
+def test_runnable_others(samples, others):
+    assert openmp.runnable_others(samples) == others
+
+
+def test_a_busy_program_is_seen_now():
+    """A spinning program beside this one counts at once (the 1-minute average lags a minute
+    after one ends, which left a quiet start under the busy policy)."""
+    if not os.path.exists("/proc/loadavg"):
+        pytest.skip("no /proc/loadavg on this system")
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        import time
+        time.sleep(0.5)
+        samples = [open("/proc/loadavg").read() for _ in range(5)]
+        assert openmp.runnable_others(samples) >= 1, samples
+    finally:
+        spin.kill()
+        spin.wait()
+
+
 def test_a_bad_choice_names_the_variable():
     with pytest.raises(ValueError, match="TORCHGGML_OMP_WAIT"):
         openmp.wait_policy("spin", {}, 0.0, 2, False)

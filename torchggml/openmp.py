@@ -6,8 +6,9 @@ on a machine the process has to itself. On a busy machine the spinning workers c
 cores with the other programs, and the scheduler counts their spinning as work, so the thread
 every barrier waits on is often not running: decode and prompts fell to a small fraction of
 their speed, where OMP_WAIT_POLICY=PASSIVE (workers sleep at once) kept them. So with
-TORCHGGML_OMP_WAIT=auto (the default), a process that starts on a busy machine (a 1-minute load
-average of half its CPUs or more) sleeps its workers at once; a quiet one keeps the runtime's
+TORCHGGML_OMP_WAIT=auto (the default), a process that starts on a busy machine (other programs
+runnable on half its CPUs or more, both now and in the 1-minute load average: the average alone
+still counts a minute after a busy program ended) sleeps its workers at once; a quiet one keeps the runtime's
 default, and the CPU backend's thread counts (devices/cpu/threads.py) handle load that comes
 later. The user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT always stands, and so does the policy
 of a runtime already loaded (torch imported before torchggml).
@@ -34,9 +35,28 @@ def wait_policy(choice: str, environ, load: float, cpus: int, runtime_loaded: bo
     return "PASSIVE" if choice == "passive" or load >= BUSY_LOAD * cpus else None
 
 
+def runnable_others(samples: list[str]) -> float:
+    """Other programs runnable now, from /proc/loadavg texts ("0.52 0.41 0.30 3/812 4242": the
+    fourth field's running count includes this process): the median over the samples."""
+    counts = sorted(int(text.split()[3].split("/")[0]) - 1 for text in samples)
+    return float(max(counts[len(counts) // 2], 0))
+
+
+def _load_seen() -> float:
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    try:
+        samples = []
+        for _ in range(5):
+            with open("/proc/loadavg") as f:
+                samples.append(f.read())
+        return min(load, runnable_others(samples))
+    except (OSError, IndexError, ValueError):
+        return load
+
+
 def apply() -> None:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    load = _load_seen()
     policy = wait_policy(config.text(ENV), os.environ, load, cpus, "torch" in sys.modules)
     if policy is not None:
         os.environ["OMP_WAIT_POLICY"] = policy
