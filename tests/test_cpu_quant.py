@@ -140,6 +140,15 @@ ROWS_CASES = [(qtype, where, m) for where, types in (("fused", TYPES), ("blocks"
               for qtype in types for m in (4, 7, 16)]
 
 
+def packed_weight(qtype, where, blocks, n, k):
+    """The weight's blocks in place ("blocks") or converted into the fused layout ("fused")."""
+    if where == "blocks":
+        return layout._Packed.of_blocks(qtype, blocks)
+    a, _b, _node, _graph, _bufs = weight_graph(qtype, n, k, 1, repack_buffer_type("fused"))
+    ggml.backend_tensor_set(a, blocks.numpy())
+    return layout._Packed.of(a)
+
+
 @pytest.mark.parametrize("qtype,where,m", ROWS_CASES, ids=[f"{c[0].name}-{c[1]}-m{c[2]}" for c in ROWS_CASES])
 def test_matvec_of_many_rows_equals_each_row_alone(qtype, where, m):
     """Bit for bit, so a sequence's tokens do not depend on the batch it decodes in."""
@@ -147,12 +156,7 @@ def test_matvec_of_many_rows_equals_each_row_alone(qtype, where, m):
     n, k = 9, 512
     blocks = random_blocks(qtype, n, k, seed=m)
     x = torch.rand(m, k, generator=torch.Generator().manual_seed(m)) * 2 - 1
-    if where == "blocks":
-        packed = layout._Packed.of_blocks(qtype, blocks)
-    else:
-        a, _b, _node, _graph, _bufs = weight_graph(qtype, n, k, 1, repack_buffer_type("fused"))
-        ggml.backend_tensor_set(a, blocks.numpy())
-        packed = layout._Packed.of(a)
+    packed = packed_weight(qtype, where, blocks, n, k)
     together = torch.empty(m, n)
     layout._product(packed, x, together, separate_rows=True)  # a batched decode step: all rows on the matvec
     for i in range(m):
@@ -174,12 +178,7 @@ def test_bound_decode_matvec_equals_the_product(qtype, where, m):
     pytest.importorskip("numba")
     n, k = 9, 512
     blocks = random_blocks(qtype, n, k, seed=m)
-    if where == "blocks":
-        packed = layout._Packed.of_blocks(qtype, blocks)
-    else:
-        a, _b, _node, _graph, _bufs = weight_graph(qtype, n, k, 1, repack_buffer_type("fused"))
-        ggml.backend_tensor_set(a, blocks.numpy())
-        packed = layout._Packed.of(a)
+    packed = packed_weight(qtype, where, blocks, n, k)
     x = torch.rand(m, k, generator=torch.Generator().manual_seed(m)) * 2 - 1
     want, got = torch.empty(m, n), torch.empty(m, n)
     layout._product(packed, x, want)
