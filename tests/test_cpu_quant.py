@@ -756,6 +756,32 @@ def test_kernels_load_from_numba_disk_cache_in_a_new_process(tmp_path):
     assert (misses, hits) == (0, 2), second.stdout
 
 
+def test_a_kernel_loaded_from_numba_cache_keeps_no_parsed_ir_and_still_links(tmp_path):
+    """A kernel loaded from numba's disk cache drops the LLVM module numba parses from the cached
+    bitcode (several MB a kernel, kept for the process's life: ~15 MB of a small model's first
+    prompt and decode); a kernel compiled later that calls it parses it again to link it."""
+    pytest.importorskip("numba")
+    import importlib.util
+    import numba
+    from torchggml.devices.cpu.jit.linking_ir import lean_cache
+    source = tmp_path / "lean_kernels.py"
+    source.write_text("from numba import njit\n\n@njit(cache=True)\ndef twice(x):\n    return 2 * x\n")
+
+    def fresh():  # a new dispatcher over the same cached file, as in a new process
+        spec = importlib.util.spec_from_file_location("lean_kernels", source)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.twice
+    assert fresh()(3) == 6  # compiled and saved
+    twice = fresh()
+    lean_cache(twice)
+    assert twice(4) == 8 and sum(twice.stats.cache_hits.values()) == 1
+    library = twice.overloads[twice.signatures[0]].library
+    assert library._shared_module is None
+    assert numba.njit(lambda x: twice(x) + 1)(5) == 11
+    assert library._shared_module is not None  # parsed again for the caller's link
+
+
 def test_a_changed_llvm_ir_drops_the_cached_kernels(tmp_path, monkeypatch):
     """numba keys its disk cache on the kernel's own file; the IR the kernels inline is in
     llvm_ir.py, so a stamp of that file beside the cache drops the cached kernels when it differs

@@ -1,0 +1,57 @@
+"""Kernels loaded from numba's disk cache without their parsed LLVM IR.
+
+numba's cache holds each kernel's machine code and the LLVM bitcode that a kernel compiled
+later links in when it calls this one. Loading parses that bitcode into an LLVM module and keeps
+it for the life of the process: several MB of LLVM's memory a kernel (10 MB for plan_kernels'
+run_program), ~15 MB for a small model's first prompt and decode. The machine code is what runs,
+so after a load the parsed module is dropped and the bitcode kept as bytes (about a tenth of
+that), parsed again only if a kernel compiled later calls this one.
+
+    lean_cache(dispatcher)   its cache's loads from now on drop the parsed IR (idempotent;
+                             nothing changes where numba's internals are not as expected)
+"""
+from __future__ import annotations
+
+
+def _lean_cache_class():
+    from numba.core.caching import FunctionCache
+
+    class LeanFunctionCache(FunctionCache):
+        """numba's FunctionCache whose loaded kernels keep their linking IR as bitcode only."""
+
+        def _load_overload(self, sig, target_context):
+            cres = super()._load_overload(sig, target_context)
+            if cres is not None:
+                drop_linking_ir(cres.library)
+            return cres
+
+    return FunctionCache, LeanFunctionCache
+
+
+_classes = []
+
+
+def lean_cache(dispatcher) -> None:
+    if not _classes:
+        _classes.extend(_lean_cache_class())
+    base, lean = _classes
+    cache = getattr(dispatcher, "_cache", None)
+    if type(cache) is base:
+        cache.__class__ = lean
+
+
+def drop_linking_ir(library) -> None:
+    """Drop a loaded library's parsed linking module, keeping its bitcode to parse on demand."""
+    module = getattr(library, "_shared_module", None)
+    if module is None or "_get_module_for_linking" in vars(library):
+        return
+    import llvmlite.binding as llvm
+    bitcode = module.as_bitcode()
+
+    def module_for_linking():
+        if library._shared_module is None:
+            library._shared_module = llvm.parse_bitcode(bitcode)
+        return library._shared_module
+
+    library._get_module_for_linking = module_for_linking
+    library._shared_module = None
