@@ -75,7 +75,11 @@ INT8_GEMM_MIN_ROWS = 6
 # float64 through int8, 0.037 through bf16, llama.cpp's 0.044), while on longer prompts the int8
 # GEMM's logits are as close as the float GEMM's and closer than llama.cpp's (docs/cpu.md)
 LAYOUT_INT8_MIN_ROWS = 16
-CONVERT_ROWS_VALUES = 1 << 22  # rows are decomposed this many values at a time at load
+# rows are decomposed this many values at a time at load: the chunk's temporaries (int64
+# indices among them) are freed into malloc's heap, where they stay resident (glibc serves
+# blocks under its mmap threshold from there, and the threshold rises to the largest block
+# freed); 4M values left ~50 MB there after converting IQ4_NL's tied 49k x 576 head
+CONVERT_ROWS_VALUES = 1 << 20
 
 
 # types whose activations ggml rounds to Q8_0/Q8_1 blocks, which store the scale in float16
