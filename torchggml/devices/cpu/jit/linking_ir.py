@@ -20,9 +20,14 @@ def _lean_cache_class():
         """numba's FunctionCache whose loaded kernels keep their linking IR as bitcode only."""
 
         def _load_overload(self, sig, target_context):
-            cres = super()._load_overload(sig, target_context)
-            if cres is not None:
-                drop_linking_ir(cres.library)
+            # numba's own, which keeps the cached payload at hand: its bitcode is the one kept
+            if not self._enabled:
+                return None
+            data = self._cache_file.load(self._index_key(sig, target_context.codegen()))
+            if data is None:
+                return None
+            cres = self._impl.rebuild(target_context, data)
+            drop_linking_ir(cres.library, _cached_bitcode(data))
             return cres
 
     return FunctionCache, LeanFunctionCache
@@ -40,13 +45,24 @@ def lean_cache(dispatcher) -> None:
         cache.__class__ = lean
 
 
-def drop_linking_ir(library) -> None:
-    """Drop a loaded library's parsed linking module, keeping its bitcode to parse on demand."""
+def _cached_bitcode(payload) -> bytes | None:
+    """The linking bitcode of a cached CompileResult's payload: (libdata, ...), libdata
+    (name, "object", (object code, bitcode)); None where the payload is not of that shape."""
+    try:
+        _, kind, (_, bitcode) = payload[0]
+    except (TypeError, ValueError, IndexError):
+        return None
+    return bitcode if kind == "object" and isinstance(bitcode, bytes) else None
+
+
+def drop_linking_ir(library, bitcode: bytes | None = None) -> None:
+    """Drop a loaded library's parsed linking module, keeping its bitcode (serialized again
+    when not given) to parse on demand."""
     module = getattr(library, "_shared_module", None)
     if module is None or "_get_module_for_linking" in vars(library):
         return
     import llvmlite.binding as llvm
-    bitcode = module.as_bitcode()
+    bitcode = bitcode or module.as_bitcode()
 
     def module_for_linking():
         if library._shared_module is None:
