@@ -34,6 +34,7 @@ def _lean_cache_class():
 
 
 _classes = []
+_NUMBA_CACHE_PARTS = ("_enabled", "_cache_file", "_index_key", "_impl")  # what _load_overload reads
 
 
 def lean_cache(dispatcher) -> None:
@@ -41,7 +42,7 @@ def lean_cache(dispatcher) -> None:
         _classes.extend(_lean_cache_class())
     base, lean = _classes
     cache = getattr(dispatcher, "_cache", None)
-    if type(cache) is base:
+    if type(cache) is base and all(hasattr(cache, name) for name in _NUMBA_CACHE_PARTS):
         cache.__class__ = lean
 
 
