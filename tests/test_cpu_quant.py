@@ -711,18 +711,18 @@ def test_fused_kernels_on_other_x86_targets(target):
     import sys
     from pathlib import Path
     env = {**__import__("os").environ, "NUMBA_CPU_NAME": target, "NUMBA_CPU_FEATURES": ""}
-    cases = "m1-f32 and (Q8_0-n33 or Q6_K-n33 or Q4_K-n33 or Q5_K-n33 or Q4_0-n33)"  # fused and blocks
+    cases = "m1-f32 and (Q8_0-n33 or Q6_K-n33 or Q4_K-n33 or Q5_K-n33 or Q4_0-n33 or IQ4_NL-n33)"  # fused and blocks
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
                           str(Path(__file__).with_name("test_cpu_native_runs.py")),
                           str(Path(__file__).with_name("test_cpu_ops.py")),
                           "-k", f"(test_fused_mul_mat_matches_float64 and {cases}) or half_bits or float16_rounding"
-                                " or (many_rows_equals and m7 and (Q4_0 or Q4_1 or Q8_0 or Q4_K or Q6_K))"
+                                " or (many_rows_equals and m7 and (Q4_0 or Q4_1 or Q8_0 or Q4_K or Q6_K or IQ4_NL))"
                                 " or bad_row_index_in_a_native_run or (f16_weight_numba_products and 83)"],
                          env=env, cwd=Path(__file__).parent, capture_output=True, text=True, timeout=300)
     # each type fused and on its blocks in place, the half conversions, a native run (its program
     # compiled for the target with every kernel it calls), an F16 row dot with a remainder, rows
     # four at a time (fused and in place)
-    assert out.returncode == 0 and "23 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+    assert out.returncode == 0 and "28 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
 
 
 def test_kernels_load_from_numba_disk_cache_in_a_new_process(tmp_path):
@@ -790,6 +790,40 @@ def test_k_quant_activations_round_as_ggml_q8_k():
     np.testing.assert_array_equal(xd.reshape(-1), blocks[:, :4].copy().view(np.float32).reshape(-1))
     np.testing.assert_array_equal(xq.reshape(12, 256), blocks[:, 4:260].view(np.int8))
     np.testing.assert_array_equal(bsums.reshape(12, 16), blocks[:, 260:292].copy().view(np.int16))
+
+
+# (type, K, rows): every kind of blocks in place on the decode matvec, rows one at a time, four at
+# a time and a remainder; K of whole block pairs, and 7 blocks of 32 (Q4_0's and IQ4_NL's odd last block)
+ROUNDED_MATVEC_CASES = [(qtype, 768, m) for qtype in sorted(layout.IN_PLACE_KINDS, key=int) for m in (1, 4, 9, 16, 64)]
+ROUNDED_MATVEC_CASES += [(qtype, 224, m) for qtype in (T.Q4_0, T.IQ4_NL) for m in (1, 9)]
+
+
+@pytest.mark.parametrize("qtype,k,m", ROUNDED_MATVEC_CASES, ids=[f"{c[0].name}-k{c[1]}-m{c[2]}" for c in ROUNDED_MATVEC_CASES])
+def test_block_matvec_is_exact_on_rounded_activations(qtype, k, m):
+    """The decode matvec on ggml's blocks in place equals the float64 product of gguf's
+    dequantized weight and the activations rounded as ggml's vec_dot type for the type (Q8_0
+    with float16 scales, Q8_K for the K-quants), and for the Q8_0-rounded types the converted
+    layout's product of the same weight (what IQ4_NL ran on before it was multiplied in place)
+    within float32 rounding."""
+    pytest.importorskip("numba")
+    n = 40
+    blocks = random_blocks(qtype, n, k, seed=k + m)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 2
+    ours = torch.empty(m, n)
+    layout._product(layout._Packed.of_blocks(qtype, blocks), x, ours, separate_rows=True)
+    if qtype in layout.F16_ACTIVATION_SCALES:  # q from the float32 scale, the scale stored as float16
+        g = x.reshape(m, -1, 32)
+        d = g.abs().amax(-1, keepdim=True) / 127
+        q = torch.round(g * torch.where(d > 0, 1 / d, 0))
+        rounded = (q.double() * d.half().double()).reshape(m, k)
+    else:
+        rounded = _rounded_as_vec_dot_type(qtype, x)
+    want = rounded @ dequantize(qtype, blocks).double().T
+    torch.testing.assert_close(ours.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    if qtype in layout.F16_ACTIVATION_SCALES:  # the converted layout rounds these types' activations alike
+        converted = torch.empty(m, n)
+        layout._product(packed_weight(qtype, "fused", blocks, n, k), x, converted, separate_rows=True)
+        torch.testing.assert_close(ours, converted, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])

@@ -13,7 +13,7 @@ beside oneDNN's bf16 GEMM and the vpdpbusd peak: scripts/bench_cpu_peaks.py, doc
 
     pack_rows(w0, w1, w2, w3, panel, scales, mins, r0, kind)
         rows r0..r0+3 (r0 % 4 == 0) of a panel from four rows of ggml blocks (uint8 [row bytes];
-        kind: 34 Q8_0, 18 Q4_0, 144 Q4_K, 176 Q5_K, 210 Q6_K), K values each: row r's u8 values
+        kind: 34 Q8_0, 18 Q4_0, 144 Q4_K, 176 Q5_K, 210 Q6_K, IQ4_NL_KIND IQ4_NL), K values each: row r's u8 values
         u = q + ZERO[kind] at panel[(k // 4) * 4 * PANEL_ROWS + 4 r + k % 4], group j's scale
         at scales[j * PANEL_ROWS + r] (float32 d; the K-quants' integer sc as int32, their
         super-block b's d at scales[(K / G + b) * PANEL_ROWS + r]), and Q4_K's and Q5_K's
@@ -38,7 +38,8 @@ x86) prompts keep the bf16/f32 GEMM.
 """
 from __future__ import annotations
 
-from .llvm_ir import (half_bits_to_float, k_quant_values, load_i8, nibble_values_at, q4_k_scales_and_mins_words,
+from .llvm_ir import (IQ4_NL_KIND, block_bytes, half_bits_to_float, iq4_nl_values, k_quant_values, load_i8,
+                      nibble_values_at, q4_k_scales_and_mins_words,
                       q6_k_values, target_features)
 
 PANEL_ROWS = 32   # two 16-lane vectors of rows (four 8-lane ones)
@@ -46,13 +47,15 @@ TILE_COLS = 4     # activation rows an AVX-512 tile multiplies (4 x 2 int and 4 
 # kind -> (group size G, zero point ZERO: the u8 values are q + ZERO, the activations' scale
 # block: 32 values (Q8_0's rounding) or 256 (Q8_K's, the K-quants' vec_dot type in ggml))
 GEMM_KINDS = {34: (32, 128, 32), 18: (32, 8, 32), 144: (32, 0, 256), 176: (32, 0, 256), 210: (16, 32, 256),
+              IQ4_NL_KIND: (32, 128, 32),
               32: (32, 128, 32), 33: (32, 128, 32), 16: (16, 128, 32), 17: (16, 128, 32), 4: (32, 0, 32)}
-BLOCK_VALUES = {34: 32, 18: 32, 144: 256, 176: 256, 210: 256}  # kind (a block's bytes) -> its values
+BLOCK_VALUES = {34: 32, 18: 32, 144: 256, 176: 256, 210: 256, IQ4_NL_KIND: 32}  # kind -> its block's values
 # the fused layout's rows (layouts/fused.py: q, float32 group scales, float32 biases), packed by
 # gemm_kernels.pack_layout_rows, not by pack_rows: int8 q in groups of 32 (32, 33 with a bias)
 # or 16 (16, 17), and Q4_1's nibbles with its bias (4). Their activations round as Q8_0 per 32.
 LAYOUT_KINDS = (32, 33, 16, 17, 4)
-INT8_KINDS = (34, 32, 33, 16, 17)  # weights of any int8 value: u = q + 128 (q itself on AVX2)
+# weights of any int8 value: u = q + 128 (q itself on AVX2); IQ4_NL's values (-127..113) too
+INT8_KINDS = (34, IQ4_NL_KIND, 32, 33, 16, 17)
 BIAS_KINDS = (144, 176, 33, 17, 4)  # a float offset per group (the mins): times the activations' group sums
 
 
@@ -142,7 +145,7 @@ def _gemm_intrinsics(isa: str):
             row_bytes = builder.extract_value(array(context, builder, sig, args, 0).shape, 0)
             i64 = row_bytes.type
             const = lambda v: ir.Constant(i64, v)  # noqa: E731
-            n_values = builder.mul(builder.udiv(row_bytes, const(k)), const(BLOCK_VALUES[k]))
+            n_values = builder.mul(builder.udiv(row_bytes, const(block_bytes(k))), const(BLOCK_VALUES[k]))
             row_at = builder.mul(row0, const(4))
 
             def store_values(rows_u, at):
@@ -171,14 +174,17 @@ def _gemm_intrinsics(isa: str):
             def half_at(wp, at):
                 bits = builder.load(builder.bitcast(builder.gep(wp, [at]), i16.as_pointer()), align=1)
                 return half_bits_to_float(builder, bits)
-            if k in (34, 18):
+            if k in (34, 18, IQ4_NL_KIND):
                 with cgutils.for_range(builder, builder.udiv(n_values, const(32))) as loop:
                     j = loop.index
-                    at = builder.mul(j, const(k))
+                    at = builder.mul(j, const(block_bytes(k)))
                     if k == 34:  # q + 128 (the sign bit flipped) or, with zero 0, q
                         us = [load_i8(builder, wp, builder.add(at, const(2)), 32) for wp in wps]
                         if kind_params(34, isa)[1]:
                             us = [builder.xor(u, ir.Constant(vec(i8, 32), [-128] * 32)) for u in us]
+                    elif k == IQ4_NL_KIND:  # the table's values plus the zero point
+                        us = [iq4_nl_values(builder, nibble_values_at(builder, wp, builder.add(at, const(2))),
+                                            kind_params(k, isa)[1]) for wp in wps]
                     else:
                         us = [nibble_values_at(builder, wp, builder.add(at, const(2))) for wp in wps]
                     store_values(us, builder.mul(j, const(32)))

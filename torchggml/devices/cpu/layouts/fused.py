@@ -14,10 +14,11 @@ costs 8 bits a weight plus the scales instead of 5.5-8.5: the price of loops LLV
 The 4-bit types Q4_0, Q4_1 and Q4_K keep 4 bits, two to a byte (byte i of a 32-value group holds
 values i and i + 16): Q4_0's q + 8, which the kernels take back as ggml's do, and Q4_1's and
 Q4_K's q in [0, 15]. Decode streams these bytes once a token, so they bound its speed: Q4_0
-4.5 bits a weight (llama.cpp's size), Q8_0 9, Q4_K 6, Q6_K 8 (float32 scales per group). So the
-2-D weights of those four types are not stored here: the same kernels read their ggml blocks in
-place (IN_PLACE_KINDS, block_product; ggml's sizes, nothing converted at load); their experts
-(3-D, for MUL_MAT_ID) and the other types are. Products: M < FUSED_MATMUL_MAX_ROWS rows of
+4.5 bits a weight (llama.cpp's size), Q8_0 9, Q4_K 6, Q6_K 8 (float32 scales per group), IQ4_NL
+9 (int8 table values). So the 2-D weights of those types, and of Q5_K, are not stored here: the
+same kernels read their ggml blocks in place (IN_PLACE_KINDS, block_product; ggml's sizes,
+nothing converted at load; IQ4_NL's nibbles through its value table, one byte shuffle per 32
+values); their experts (3-D, for MUL_MAT_ID) and the other types are. Products: M < FUSED_MATMUL_MAX_ROWS rows of
 activations (BLOCK_MAX_ROWS for blocks in place, INT8_GEMM_MIN_ROWS where the int8 GEMM runs)
 run the fused matvec, four rows at a time for each weight row it reads, and so do a batched
 decode step's rows however many (separate_rows: ops.mul_mat_set_separate_rows; each row then
@@ -49,6 +50,7 @@ from ..jit.loader import BoundKernel, gemm_kernels, numba_available, quant_kerne
 from .base import RepackBuffer, RepackBufferType, is_whole_contiguous
 from .decompose import DECOMPOSE, HAS_BIAS, decompose, group_size
 from ..jit.gemm_ir import PANEL_ROWS, gemm_isa, kind_params
+from ..jit.llvm_ir import IQ4_NL_KIND
 
 ALIGN = 64
 # MUL_MAT_ID's experts: one with fewer rows than this goes through the fused matvec (its rows
@@ -142,8 +144,8 @@ class FusedBufferType(RepackBufferType):
     """CPU memory holding weights as (q, scale, bias) for the fused numba products."""
 
     def supports_weight(self, qtype, ne) -> bool:
-        """The loader's question: 2-D Q8_0, Q4_0, Q4_K, Q5_K and Q6_K weights are multiplied in place instead
-        (is_in_place)."""
+        """The loader's question: 2-D Q8_0, Q4_0, Q4_K, Q5_K, Q6_K and IQ4_NL weights are multiplied in
+        place instead (is_in_place)."""
         return supports_shape(qtype, ne) and not is_in_place(qtype, ne)
 
     def supports_tensor(self, t: Tensor) -> bool:
@@ -264,7 +266,7 @@ class _Packed:
         p = cls.__new__(cls)
         p.qtype, p.n, p.q, p.blocks = qtype, raw.shape[0], raw.numpy(), True
         p.kind, p.g = IN_PLACE_KINDS[qtype], group_size(qtype)
-        p.k = raw.shape[1] // p.kind * type_traits(qtype).blck_size
+        p.k = raw.shape[1] // type_traits(qtype).type_size * type_traits(qtype).blck_size
         return p
 
     def matrix(self, e: int) -> "_Packed":
@@ -392,7 +394,7 @@ def _gemm_buffers(key: tuple, make):
 
 
 def _int8_gemm(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
-    """out = rows @ W^T for ggml's Q8_0/Q4_0/Q4_K/Q5_K/Q6_K blocks in place, or the fused
+    """out = rows @ W^T for ggml's Q8_0/Q4_0/Q4_K/Q5_K/Q6_K/IQ4_NL blocks in place, or the fused
     layout's rows of a type _layout_gemm_kind names (N a multiple of PANEL_ROWS): the rows
     rounded to int8 as the matvec rounds them (ggml's Q8_0, Q8_K for the K-quants blocks), the
     weight's rows laid out PANEL_ROWS at a time into each thread's panel and multiplied by int8
@@ -473,10 +475,11 @@ def _product(p: _Packed, rows: torch.Tensor, out: torch.Tensor, separate_rows: b
 
 
 # 2-D weights of these types are multiplied on ggml's blocks in place (kernels.block_matvec; the
-# row_dot kind is the block's bytes): the loader leaves them in the file's mapping (nothing to
-# convert at load, no second copy, and Q4_K, Q5_K and Q6_K read at their 4.5, 5.5 and 6.56 bits
-# a weight instead of 6, 8 and 8 here)
-IN_PLACE_KINDS = {Type.Q8_0: 34, Type.Q4_0: 18, Type.Q4_K: 144, Type.Q5_K: 176, Type.Q6_K: 210}
+# row_dot kind is the block's bytes, but IQ4_NL's, which are Q4_0's): the loader leaves them in the
+# file's mapping (nothing to convert at load, no second copy, and Q4_K, Q5_K, Q6_K and IQ4_NL
+# read at their 4.5, 5.5, 6.56 and 4.5 bits a weight instead of 6, 8, 8 and 9 here)
+IN_PLACE_KINDS = {Type.Q8_0: 34, Type.Q4_0: 18, Type.Q4_K: 144, Type.Q5_K: 176, Type.Q6_K: 210,
+                  Type.IQ4_NL: IQ4_NL_KIND}
 # the in-place kinds whose activations are rounded as ggml's Q8_K (Q4_K, Q5_K, Q6_K: one scale per 256
 # values; their kernels sum a block's scaled groups as integers, as ggml's)
 Q8_K_KINDS = (144, 176, 210)
@@ -522,7 +525,7 @@ def is_in_place(qtype, ne) -> bool:
 
 
 def block_product(qtype, raw: torch.Tensor, separate_rows: bool = False):
-    """fn(rows [R, K] float, out [R, N] f32): out = rows @ W^T for a Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weight's ggml
+    """fn(rows [R, K] float, out [R, N] f32): out = rows @ W^T for an IN_PLACE_KINDS weight's ggml
     blocks raw (uint8 [N, row bytes], rows contiguous), as the fused layout's product."""
     return functools.partial(_product, _Packed.of_blocks(qtype, raw), separate_rows=separate_rows)
 
