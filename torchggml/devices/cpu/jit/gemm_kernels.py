@@ -103,6 +103,8 @@ def _pack(blocks, n0, kind, panel, scales, mins):
             pack_rows(w0, w1, w2, w3, panel, scales, mins, r, 144)
         elif kind == 176:
             pack_rows(w0, w1, w2, w3, panel, scales, mins, r, 176)
+        elif kind == 136:
+            pack_rows(w0, w1, w2, w3, panel, scales, mins, r, 136)
         else:
             pack_rows(w0, w1, w2, w3, panel, scales, mins, r, 210)
 
@@ -123,6 +125,8 @@ def _tiles(kind, panel, scales, mins, xq, dx, xz, xm, out):
             tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], TILE_COLS, 144)
         elif kind == 176:
             tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], TILE_COLS, 176)
+        elif kind == 136:
+            tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], TILE_COLS, 136)
         else:
             tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], TILE_COLS, 210)
     for c in range(full, m_rows):
@@ -135,6 +139,8 @@ def _tiles(kind, panel, scales, mins, xq, dx, xz, xm, out):
             tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], 1, 144)
         elif kind == 176:
             tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], 1, 176)
+        elif kind == 136:
+            tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], 1, 136)
         else:
             tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], 1, 210)
 

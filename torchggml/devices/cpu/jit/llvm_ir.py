@@ -11,9 +11,9 @@ import functools
 ACCUMULATORS = 4
 # IQ4_NL's kind: Q4_0's 18-byte blocks (its bytes would name it), values through a table
 IQ4_NL_KIND = -18
-# row_dot's kinds that read ggml's blocks in place, by block bytes: Q8_0, Q4_0, Q4_K, Q5_K and
-# Q6_K; and IQ4_NL
-BLOCK_KINDS = (34, 18, 144, 176, 210, IQ4_NL_KIND)
+# row_dot's kinds that read ggml's blocks in place, by block bytes: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K
+# and IQ4_XS; and IQ4_NL
+BLOCK_KINDS = (34, 18, 144, 176, 210, 136, IQ4_NL_KIND)
 
 
 def block_bytes(kind: int) -> int:
@@ -40,9 +40,9 @@ def _row_dot_intrinsic():
     place (w: the row's raw bytes): 34 for Q8_0 (float16 d, 32 int8 values; scale not read),
     18 for Q4_0 (q4_0_pairs_dot: two blocks a vector; x in pair order, scale the int32 minus 8
     terms, see quant_kernels.pair_activations; IQ4_NL_KIND for IQ4_NL's blocks, read the same way, each
-    nibble an index into kvalues_iq4nl), 144 for Q4_K, 176 for Q5_K and 210 for Q6_K (k_blocks_dot,
-    q6_k_blocks_dot: activations rounded as ggml's Q8_K, xd one scale per 256 values and scale
-    the int16 sums of each 16 values, for the mins and the minus 32).
+    nibble an index into kvalues_iq4nl), 144 for Q4_K, 176 for Q5_K, 210 for Q6_K and 136 for IQ4_XS
+    (k_blocks_dot, q6_k_blocks_dot, iq4_xs_blocks_dot: activations rounded as ggml's Q8_K, xd one
+    scale per 256 values and scale the int16 sums of each 16 values, for the mins and the minus 32).
     """
     from llvmlite import ir
     from numba import types
@@ -228,6 +228,8 @@ def _row_dot_intrinsic():
             return k_blocks_dot(builder, wp, rows, n_groups, k)
         if k == 210:
             return q6_k_blocks_dot(builder, wp, rows, n_groups)
+        if k == 136:
+            return iq4_xs_blocks_dot(builder, wp, rows, n_groups)
         if k in (18, IQ4_NL_KIND):
             return q4_0_pairs_dot(builder, wp, rows, n_groups, k == IQ4_NL_KIND)
         if k == 34:
@@ -514,6 +516,34 @@ def _row_dot_intrinsic():
             return builder.fmul(builder.sitofp(ints, vec(f32, 8)), splat_f32(builder, scale, 8), flags=("fast",))
         return sum_terms_rows(builder, block_term, n_blocks, rows)  # each block's term from its exact integer sums
 
+    def iq4_xs_blocks_dot(builder, wp, rows, n_blocks):
+        """A row of ggml's IQ4_XS blocks in place (136 bytes per 256 values: float16 d, 6-bit
+        sub-block scales ls in scales_h and scales_l, 8 x 16 bytes of nibbles, each 16 holding a
+        sub-block of 32 as Q4_0's, indices into kvalues_iq4nl) times activations rounded as
+        ggml's Q8_K (one scale xd a block), as ggml's kernels: per block the integer
+        sum_g (ls_g - 32) (v_g . x_g), the values' magnitudes times x with their signs
+        (vpmaddubsw cannot take them unsigned: up to 241), then d xd times it. rows: each
+        activation row's (xp, sump (unread), dp)."""
+        const = lambda v: ir.Constant(n_blocks.type, v)  # noqa: E731
+
+        def block_term(b, row):
+            xp, dp = row[0], row[2]
+            base = builder.mul(b, const(136))
+            sc = builder.trunc(iq4_xs_scales(builder, wp, base), vec(i16, 8))
+            sc16 = builder.shuffle_vector(sc, sc, ir.Constant(vec(i32, 16), list(range(8)) * 2))
+            chains = [None, None]
+            for g in range(8):
+                v = iq4_xs_values(builder, wp, base, g)
+                xv = load_i8(builder, xp, builder.add(builder.mul(b, const(256)), const(32 * g)), 32)
+                chains[g % 2] = scaled_byte_dot(builder, *sign_moved(builder, v, xv), spread_word(builder, sc16, [g] * 8),
+                                                chains[g % 2])
+            d = half_bits_to_float(builder, builder.load(builder.bitcast(builder.gep(wp, [base]), i16.as_pointer()),
+                                                         align=1))
+            scale = builder.fmul(d, builder.load(builder.gep(dp, [b])))
+            return builder.fmul(builder.sitofp(builder.add(chains[0], chains[1]), vec(f32, 8)), splat_f32(builder, scale, 8),
+                                flags=("fast",))
+        return sum_terms_rows(builder, block_term, n_blocks, rows)  # each block's term from its exact integer sums
+
     def scaled_byte_dot(builder, u, xv, sc16, acc):
         """acc (<8 x i32>, or None: zeros) plus the products of 32 unsigned bytes u (< 64) and 32
         int8 xv (|x| <= 127), each pair's sum times the int16 sc16 lane of the pair, lane i the
@@ -582,7 +612,7 @@ def _row_dot_intrinsic():
     @intrinsic
     def blocks_to_float(typingctx, w, o, kind):
         """o[:] = the float32 values of one row of ggml blocks w (uint8; kind: row_dot's block
-        kinds, 34 Q8_0, 18 Q4_0, 144 Q4_K, 176 Q5_K, 210 Q6_K, IQ4_NL_KIND), 32 values a vector."""
+        kinds, 34 Q8_0, 18 Q4_0, 144 Q4_K, 176 Q5_K, 210 Q6_K, 136 IQ4_XS, IQ4_NL_KIND), 32 values a vector."""
         if not isinstance(kind, types.IntegerLiteral):
             return None
         k = kind.literal_value
@@ -630,6 +660,15 @@ def _row_dot_intrinsic():
                         u = k_quant_values(builder, wp, at, g, k)
                         values = builder.fsub(builder.fmul(builder.uitofp(u, f32x32), splat32(scale)), splat32(offset))
                         store(values, builder.add(builder.mul(blk, const(blk, 256)), const(blk, 32 * g)))
+            elif k == 136:
+                with cgutils.for_range(builder, builder.lshr(n, const(n, 8))) as loop:
+                    blk = loop.index
+                    at = builder.mul(blk, const(blk, 136))
+                    sc = builder.sitofp(iq4_xs_scales(builder, wp, at), vec(f32, 8))
+                    for g in range(8):
+                        dl = builder.fmul(half_at(at), builder.extract_element(sc, ir.Constant(i32, g)))
+                        v = builder.sitofp(iq4_xs_values(builder, wp, at, g), f32x32)
+                        store(builder.fmul(v, splat32(dl)), builder.add(builder.mul(blk, const(blk, 256)), const(blk, 32 * g)))
             else:  # 210
                 with cgutils.for_range(builder, builder.lshr(n, const(n, 8))) as loop:
                     blk = loop.index
@@ -821,6 +860,29 @@ def k_quant_values(builder, wp, base, g, block_bytes):
         high = builder.and_(builder.lshr(load_i8(builder, wp, at(16), 32), c8(g)), c8(1))
         u = builder.or_(u, builder.shl(high, c8(4)))
     return u
+
+
+def iq4_xs_scales(builder, wp, at):
+    """The IQ4_XS block at `at`'s 8 sub-block scales ls - 32 as <8 x i32>: ls_g is nibble g of
+    scales_l (the 4 bytes at 4) and bits 2g, 2g + 1 of scales_h (the 2 bytes at 2) above it."""
+    ir, i8, i16, i32 = _types()
+    c = lambda values: ir.Constant(vec(i32, 8), values)  # noqa: E731
+
+    def splat_word(off, t):
+        word = builder.zext(builder.load(builder.bitcast(builder.gep(wp, [builder.add(at, ir.Constant(at.type, off))]),
+                                                        t.as_pointer()), align=1), i32)
+        one = builder.insert_element(ir.Constant(vec(i32, 8), ir.Undefined), word, ir.Constant(i32, 0))
+        return builder.shuffle_vector(one, one, c([0] * 8))
+    low = builder.and_(builder.lshr(splat_word(4, i32), c([4 * g for g in range(8)])), c([15] * 8))
+    high = builder.and_(builder.lshr(splat_word(2, i16), c([2 * g for g in range(8)])), c([3] * 8))
+    return builder.sub(builder.or_(low, builder.shl(high, c([4] * 8))), c([32] * 8))
+
+
+def iq4_xs_values(builder, wp, at, g, offset=0):
+    """Sub-block g's 32 values of the IQ4_XS block at `at` (its 16 bytes at 8 + 16 g, as Q4_0's)
+    as kvalues_iq4nl + offset, <32 x i8>."""
+    ir = _types()[0]
+    return iq4_nl_values(builder, nibble_values_at(builder, wp, builder.add(at, ir.Constant(at.type, 8 + 16 * g))), offset)
 
 
 def nibble_values_at(builder, w, at):

@@ -4,7 +4,7 @@ quant_kernels() (loader.py) holds:
     matvec(q, scale, bias, has_bias, kind, w_row0, xq, xd, xsum, x_row, out)
         out[m, n] = sum_k W[w_row0[m] + n, k] x[x_row[m], k]
     block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out) / dequantize_blocks(blocks, kind, out)
-        the same over ggml's Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K / IQ4_NL blocks in place (no repacking; the
+        the same over ggml's Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K / IQ4_NL / IQ4_XS blocks in place (no repacking; the
         dequantize is llvm_ir's blocks_to_float, a vector loop per row, bit-exact with ggml's)
     (both take MUL_MAT's rows ROWS at a time: llvm_ir's rows_dot, each weight row unpacked once
     for them, the same results as one row at a time)
@@ -258,13 +258,16 @@ def _block_rows_of_four(w, kind, xp, sums, xsum, xd, m):
         return rows_dot(w, xd[0], xp, xsum, xd, m, 144, ROWS)
     if kind == 176:
         return rows_dot(w, xd[0], xp, xsum, xd, m, 176, ROWS)
+    if kind == 136:
+        return rows_dot(w, xd[0], xp, xsum, xd, m, 136, ROWS)
     return rows_dot(w, xd[0], xp, xsum, xd, m, 210, ROWS)
 
 
 @njit(fastmath=True, parallel=True, cache=True, nogil=True)
 def block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out):
     """matvec over ggml's blocks in place (blocks uint8 [rows, row bytes]): kind 34 for Q8_0,
-    18 for Q4_0, IQ4_NL_KIND for IQ4_NL (xq, xd from quantize_rows, groups of 32), 144 for Q4_K, 176 for Q5_K, 210 for Q6_K (xq, xd,
+    18 for Q4_0, IQ4_NL_KIND for IQ4_NL (xq, xd from quantize_rows, groups of 32), 144 for Q4_K, 176 for Q5_K,
+    210 for Q6_K, 136 for IQ4_XS (xq, xd,
     xsum from quantize_rows_q8_k) (llvm_ir.BLOCK_KINDS; the scales and mins are read from the blocks).
     MUL_MAT's rows (plain) go ROWS at a time through rows_dot."""
     # Q4_0 and IQ4_NL: the activations in their pair order and their sums' terms, once per
@@ -293,6 +296,8 @@ def block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out):
                 out[m, n] = row_dot(blocks[r], xp[x], xsum[x], xd[x], 144)
             elif kind == 176:
                 out[m, n] = row_dot(blocks[r], xp[x], xsum[x], xd[x], 176)
+            elif kind == 136:
+                out[m, n] = row_dot(blocks[r], xp[x], xsum[x], xd[x], 136)
             else:
                 out[m, n] = row_dot(blocks[r], xp[x], xsum[x], xd[x], 210)
 
@@ -314,9 +319,10 @@ def rows_block_matvec(blocks, kind, x, xq, xd, xsum, bsums, w_row0, x_row, out):
 
 @njit(fastmath=True, parallel=True, cache=True, nogil=True)
 def dequantize_blocks(blocks, kind, out):
-    """ggml's Q8_0 (kind 34), Q4_0 (18), Q4_K (144), Q5_K (176), Q6_K (210) or IQ4_NL (IQ4_NL_KIND) blocks
-    [N, row bytes] -> out [N, K] as dequantize_rows writes it (float32 or bfloat16 bits): d * q,
-    d * (nibble - 8), d sc q - dmin m, d * kvalues_iq4nl[nibble]."""
+    """ggml's Q8_0 (kind 34), Q4_0 (18), Q4_K (144), Q5_K (176), Q6_K (210), IQ4_XS (136) or IQ4_NL
+    (IQ4_NL_KIND) blocks [N, row bytes] -> out [N, K] as dequantize_rows writes it (float32 or
+    bfloat16 bits): d * q, d * (nibble - 8), d sc q - dmin m, (d (ls - 32)) * kvalues_iq4nl[nibble],
+    d * kvalues_iq4nl[nibble]."""
     for n in prange(blocks.shape[0]):
         o = _float_row(out[n])
         if kind == 34:  # blocks_to_float's kind is a compile-time constant: one branch each
@@ -329,6 +335,8 @@ def dequantize_blocks(blocks, kind, out):
             blocks_to_float(blocks[n], o, 144)
         elif kind == 176:
             blocks_to_float(blocks[n], o, 176)
+        elif kind == 136:
+            blocks_to_float(blocks[n], o, 136)
         else:
             blocks_to_float(blocks[n], o, 210)
         _store_row(o, out[n])

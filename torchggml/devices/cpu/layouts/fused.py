@@ -15,10 +15,10 @@ The 4-bit types Q4_0, Q4_1 and Q4_K keep 4 bits, two to a byte (byte i of a 32-v
 values i and i + 16): Q4_0's q + 8, which the kernels take back as ggml's do, and Q4_1's and
 Q4_K's q in [0, 15]. Decode streams these bytes once a token, so they bound its speed: Q4_0
 4.5 bits a weight (llama.cpp's size), Q8_0 9, Q4_K 6, Q6_K 8 (float32 scales per group), IQ4_NL
-9 (int8 table values). So the 2-D weights of those types, and of Q5_K, are not stored here: the
-same kernels read their ggml blocks in place (IN_PLACE_KINDS, block_product; ggml's sizes,
-nothing converted at load; IQ4_NL's nibbles through its value table, one byte shuffle per 32
-values); their experts (3-D, for MUL_MAT_ID) and the other types are. Products: M < FUSED_MATMUL_MAX_ROWS rows of
+and IQ4_XS 9 (int8 table values). So the 2-D weights of those types, and of Q5_K, are not stored
+here: the same kernels read their ggml blocks in place (IN_PLACE_KINDS, block_product; ggml's
+sizes, nothing converted at load; IQ4_NL's and IQ4_XS's nibbles through their value table, one
+byte shuffle per 32 values); their experts (3-D, for MUL_MAT_ID) and the other types are. Products: M < FUSED_MATMUL_MAX_ROWS rows of
 activations (BLOCK_MAX_ROWS for blocks in place, INT8_GEMM_MIN_ROWS where the int8 GEMM runs)
 run the fused matvec, four rows at a time for each weight row it reads, and so do a batched
 decode step's rows however many (separate_rows: ops.mul_mat_set_separate_rows; each row then
@@ -144,8 +144,8 @@ class FusedBufferType(RepackBufferType):
     """CPU memory holding weights as (q, scale, bias) for the fused numba products."""
 
     def supports_weight(self, qtype, ne) -> bool:
-        """The loader's question: 2-D Q8_0, Q4_0, Q4_K, Q5_K, Q6_K and IQ4_NL weights are multiplied in
-        place instead (is_in_place)."""
+        """The loader's question: 2-D weights of the IN_PLACE_KINDS types are multiplied in place
+        instead (is_in_place)."""
         return supports_shape(qtype, ne) and not is_in_place(qtype, ne)
 
     def supports_tensor(self, t: Tensor) -> bool:
@@ -394,7 +394,7 @@ def _gemm_buffers(key: tuple, make):
 
 
 def _int8_gemm(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
-    """out = rows @ W^T for ggml's Q8_0/Q4_0/Q4_K/Q5_K/Q6_K/IQ4_NL blocks in place, or the fused
+    """out = rows @ W^T for ggml's blocks in place (IN_PLACE_KINDS), or the fused
     layout's rows of a type _layout_gemm_kind names (N a multiple of PANEL_ROWS): the rows
     rounded to int8 as the matvec rounds them (ggml's Q8_0, Q8_K for the K-quants blocks), the
     weight's rows laid out PANEL_ROWS at a time into each thread's panel and multiplied by int8
@@ -476,13 +476,13 @@ def _product(p: _Packed, rows: torch.Tensor, out: torch.Tensor, separate_rows: b
 
 # 2-D weights of these types are multiplied on ggml's blocks in place (kernels.block_matvec; the
 # row_dot kind is the block's bytes, but IQ4_NL's, which are Q4_0's): the loader leaves them in the
-# file's mapping (nothing to convert at load, no second copy, and Q4_K, Q5_K, Q6_K and IQ4_NL
-# read at their 4.5, 5.5, 6.56 and 4.5 bits a weight instead of 6, 8, 8 and 9 here)
+# file's mapping (nothing to convert at load, no second copy, and Q4_K, Q5_K, Q6_K, IQ4_NL and
+# IQ4_XS read at their 4.5, 5.5, 6.56, 4.5 and 4.25 bits a weight instead of 6, 8, 8, 9 and 9 here)
 IN_PLACE_KINDS = {Type.Q8_0: 34, Type.Q4_0: 18, Type.Q4_K: 144, Type.Q5_K: 176, Type.Q6_K: 210,
-                  Type.IQ4_NL: IQ4_NL_KIND}
-# the in-place kinds whose activations are rounded as ggml's Q8_K (Q4_K, Q5_K, Q6_K: one scale per 256
-# values; their kernels sum a block's scaled groups as integers, as ggml's)
-Q8_K_KINDS = (144, 176, 210)
+                  Type.IQ4_XS: 136, Type.IQ4_NL: IQ4_NL_KIND}
+# the in-place kinds whose activations are rounded as ggml's Q8_K (Q4_K, Q5_K, Q6_K, IQ4_XS: one scale
+# per 256 values; their kernels sum a block's scaled groups as integers, as ggml's)
+Q8_K_KINDS = (144, 176, 210, 136)
 
 
 _converted = weakref.WeakKeyDictionary()  # weight Tensor -> its converted _Packed (while the weight lives)
