@@ -99,14 +99,57 @@ def start_numba() -> None:
         finally:
             del sys.modules["scipy.linalg"]
     from numba.core.registry import cpu_target
-    cpu_target.target_context.refresh()  # what numba's first kernel load does: import its registries
+    context = cpu_target.target_context
+    if _loads_without_typing():
+        _set_up_for_loading(context)
+    else:  # what numba's first kernel load does
+        context.refresh()
     gc.freeze()
+
+
+def _loads_without_typing() -> bool:
+    """Whether this numba has the pieces _load_cached uses (else its own full set-up is kept)."""
+    from numba.core import caching, imputils
+    from numba.core.base import BaseContext
+    return (hasattr(caching.Cache, "_load_overload") and hasattr(caching.Cache, "_guard_against_spurious_io_errors")
+            and hasattr(BaseContext, "load_additional_registries") and hasattr(imputils, "builtin_registry"))
+
+
+def _set_up_for_loading(context) -> None:
+    """numba's target context refresh less its typing context's: the runtime (NRT) and the
+    modules whose C symbols and lowerings cached code links against. Typing (numba's registries of
+    every @overload, most of the refresh) only serves a compile, and numba's compiler refreshes
+    both contexts before each compile (CompilerBase), so a kernel that compiles still gets the
+    full set-up."""
+    from numba.core.imputils import builtin_registry
+    context.load_additional_registries()
+    context.install_registry(builtin_registry)
+
+
+def _load_cached(cache, sig, target_context):
+    """numba's Cache.load_overload (a kernel's compiled code from the disk cache, or None), with
+    _set_up_for_loading in place of its full refresh."""
+    _set_up_for_loading(target_context)
+    with cache._guard_against_spurious_io_errors():
+        return cache._load_overload(sig, target_context)
+
+
+def _load_kernels_without_typing(module) -> None:
+    """The module's kernels load from numba's cache with _load_cached."""
+    from numba.core.registry import CPUDispatcher
+    if not _loads_without_typing():
+        return
+    for fn in vars(module).values():
+        cache = getattr(fn, "_cache", None) if isinstance(fn, CPUDispatcher) else None
+        if cache is not None and hasattr(cache, "_load_overload"):  # NullCache: a kernel without cache=True
+            cache.load_overload = functools.partial(_load_cached, cache)
 
 
 @functools.lru_cache(maxsize=None)
 def _load(name: str):
     start_numba()
     module = importlib.import_module(f"{__package__}.{name}")
+    _load_kernels_without_typing(module)
     try:
         _drop_cache_of_older_ir(module)
         cold = cache_is_cold(module)
