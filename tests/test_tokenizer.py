@@ -429,6 +429,41 @@ def test_spm_merges_the_leftmost_pair_first_when_scores_tie():
     assert [texts[i] for i in tok.tokenize("aba")] == ["\u2581", "ab", "a"]
 
 
+def _spm_targets_tie_by_definition(texts, ids, scores) -> bool:
+    targets = [i for i, text in enumerate(texts) if any(text[:c] in ids and text[c:] in ids for c in range(1, len(text)))]
+    return len(set(scores[targets].tolist())) < len(targets)
+
+
+SPM_TIE_CASES = [  # (name, texts, scores)
+    ("all-zero", ["a", "b", "ab", "ba", "aba"], [0, 0, 0, 0, 0]),
+    ("distinct", ["a", "b", "ab", "ba", "aba"], [1, 2, 3, 4, 5]),
+    ("tie-between-pieces-only", ["a", "b", "ab", "ba", "aba"], [1, 1, 3, 4, 5]),
+    ("tie-between-targets", ["a", "b", "ab", "ba", "aba"], [1, 2, 3, 3, 5]),
+    ("tie-target-and-piece", ["a", "b", "ab", "ba", "aba"], [3, 2, 3, 4, 5]),
+    ("signed-zeros-tie", ["a", "b", "ab", "ba"], [1, 2, -0.0, 0.0]),
+    ("nan-never-ties", ["a", "b", "ab", "ba"], [1, 2, float("nan"), float("nan")]),
+    ("empty", [], []),
+]
+
+
+@pytest.mark.parametrize("texts, scores", [c[1:] for c in SPM_TIE_CASES], ids=[c[0] for c in SPM_TIE_CASES])
+def test_spm_tie_check_equals_its_definition(texts, scores):
+    """spm_encoder's choice (tied merge targets: the pair encoder) checks only the tokens whose
+    score another token shares; it gives what checking every token gives."""
+    from torchggml.text.tokenizer_models import spm_targets_tie
+    ids, scores = {t: i for i, t in enumerate(texts)}, np.array(scores, np.float32)
+    assert spm_targets_tie(texts, ids, scores) == _spm_targets_tie_by_definition(texts, ids, scores)
+
+
+def test_spm_tie_check_on_random_vocabularies():
+    from torchggml.text.tokenizer_models import spm_targets_tie
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        texts = sorted({"".join(rng.choice(list("abc"), rng.integers(1, 4))) for _ in range(rng.integers(1, 12))})
+        ids, scores = {t: i for i, t in enumerate(texts)}, rng.integers(0, 6, len(texts)).astype(np.float32)
+        assert spm_targets_tie(texts, ids, scores) == _spm_targets_tie_by_definition(texts, ids, scores), texts
+
+
 def test_a_wordpiece_vocabulary_with_byte_tokens_is_refused():
     """llama.cpp aborts loading such a vocabulary (it cannot turn a WordPiece byte token into its
     byte); it used to tokenize here (found by the fuzzer: an SPM vocabulary relabelled 'bert')."""
