@@ -319,6 +319,8 @@ def test_none_from_metadata_dict():
       "tokenizer.ggml.merges": ["a b"]}, TokenizerError, "not a token"),
     ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "a"],
       "tokenizer.ggml.merges": []}, TokenizerError, "duplicate token"),
+    ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b", "c", "b", "b"],
+      "tokenizer.ggml.merges": []}, TokenizerError, "duplicate token in vocabulary: 'b' has ids 1 and 3$"),
     ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b"], "tokenizer.ggml.merges": [],
       "tokenizer.ggml.token_type": [1]}, TokenizerError, "token_type"),
     ({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a"]},
