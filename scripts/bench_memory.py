@@ -31,10 +31,11 @@ FIELDS = {"rss": "Maximum resident set size (kbytes)", "wall": "Elapsed (wall cl
           "user": "User time (seconds)", "sys": "System time (seconds)"}
 
 
-def timed(cmd: list[str], env: dict | None = None) -> dict:
+def timed(cmd: list[str], env: dict | None = None, cwd: str | None = None) -> dict:
     """/usr/bin/time -v's figures for cmd: max RSS (MB), wall and CPU (user + system) seconds,
     and its stdout ("out"). env: variables set over engine_env()'s."""
-    out = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True, env={**engine_env(), **(env or {})})
+    out = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True, cwd=cwd,
+                         env={**engine_env(), **(env or {})})
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed (exit code {out.returncode}): {out.stderr[-1500:]}")
     found = {}

@@ -34,13 +34,15 @@ LOAD = ("import json, sys, time\nimport torch\nfrom torchggml.models import load
 
 
 def one_round(model: str, tree: str, threads: int | None = None) -> dict:
-    """Each measure once in a fresh process with the tree first on Python's path."""
-    py, env = sys.executable, {"PYTHONPATH": str(Path(tree).resolve())}
+    """Each measure once in a fresh process with the tree first on Python's path (and as its
+    working directory, which `python -m` and `-c` put before PYTHONPATH)."""
+    tree = str(Path(tree).resolve())
+    py, env = sys.executable, {"PYTHONPATH": tree}
     if threads:  # torch's, OpenMP's and numba's pools
         env.update(OMP_NUM_THREADS=str(threads), NUMBA_NUM_THREADS=str(threads))
-    version = timed([py, "-m", "torchggml", "--version"], env)
-    load = json.loads(timed([py, "-c", LOAD, model], env)["out"].splitlines()[-1])
-    run = timed([py, "-m", "torchggml", "run", model, "-n", "1", "-p", "Hello"], env)
+    version = timed([py, "-m", "torchggml", "--version"], env, tree)
+    load = json.loads(timed([py, "-c", LOAD, model], env, tree)["out"].splitlines()[-1])
+    run = timed([py, "-m", "torchggml", "run", model, "-n", "1", "-p", "Hello"], env, tree)
     return {"version wall": version["wall"], "version cpu": version["cpu"], "version RSS": version["rss"],
             "load wall": load["wall"], "load cpu": load["cpu"],
             "run wall": run["wall"], "run cpu": run["cpu"], "run RSS": run["rss"]}
@@ -60,7 +62,7 @@ def main(argv=None) -> int:
     results: dict[str, list[dict]] = {tree: [] for tree in trees}
     for r in range(args.rounds):
         for tree in trees if r % 2 == 0 else trees[::-1]:  # the order alternates too
-            results[tree].append(one_round(args.model, tree, args.threads))
+            results[tree].append(one_round(os.path.abspath(args.model), tree, args.threads))
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     keys = list(results[trees[0]][0])
     print("| measure (median of %d) | %s |" % (args.rounds, " | ".join(trees)))
