@@ -31,9 +31,11 @@ FIELDS = {"rss": "Maximum resident set size (kbytes)", "wall": "Elapsed (wall cl
           "user": "User time (seconds)", "sys": "System time (seconds)"}
 
 
-def timed(cmd: list[str]) -> dict:
-    """/usr/bin/time -v's figures for cmd: max RSS (MB), wall, user and system seconds."""
-    out = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True, env=engine_env())
+def timed(cmd: list[str], env: dict | None = None, cwd: str | None = None) -> dict:
+    """/usr/bin/time -v's figures for cmd: max RSS (MB), wall and CPU (user + system) seconds,
+    and its stdout ("out"). env: variables set over engine_env()'s."""
+    out = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True, cwd=cwd,
+                         env={**engine_env(), **(env or {})})
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed (exit code {out.returncode}): {out.stderr[-1500:]}")
     found = {}
@@ -42,7 +44,7 @@ def timed(cmd: list[str]) -> dict:
         found[key] = m.group(1) if m else "?"
     wall = found["wall"].split(":")
     return {"rss": int(found["rss"]) / 1024, "wall": sum(float(x) * 60 ** i for i, x in enumerate(reversed(wall))),
-            "cpu": float(found["user"]) + float(found["sys"])}
+            "cpu": float(found["user"]) + float(found["sys"]), "out": out.stdout}
 
 
 def main(argv=None) -> int:

@@ -196,6 +196,28 @@ def test_unsupported_architecture_error_lists_the_supported(tmp_path, name, know
     assert all(arch in message.split("supported: ")[1].split(", ") for arch in ARCHS)
 
 
+def test_arch_names_table_matches_the_modules():
+    """archs.NAMES (read without importing the modules) lists exactly the names each module's
+    Arch objects build."""
+    from torchggml.models import archs
+    assert {m.__name__.rsplit(".", 1)[1]: tuple(n for a in m.ARCHS for n in a.names) for m in archs.MODULES} \
+        == archs.NAMES
+    assert set(archs.ARCHS) == archs.SUPPORTED
+
+
+@pytest.mark.parametrize("key, module", [("gemma3-Q8_0", "gemma"), ("mamba2-F32", "mamba")])
+def test_load_imports_only_the_files_architecture_module(key, module, model_dir):
+    """A model's load imports the module of its architecture and no other architecture's."""
+    import subprocess
+    import sys
+    path = tiny_model_path(key, MANIFEST[key], model_dir)
+    code = ("import sys; from torchggml.models import load_model; load_model(sys.argv[1], progress=False); "
+            "print(sorted(m for m in sys.modules if m.startswith('torchggml.models.archs.')))")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout.split("\n")[-2] == str([f"torchggml.models.archs.{module}"])
+
+
 @pytest.mark.parametrize("key", ["deepseek2-F32", "kimi-linear-F32"])
 def test_mla_cache_holds_only_the_compressed_latent(key, model_dir):
     """An MLA layer's KV cache keeps one row of kv_lora_rank + rope values per token (V is read

@@ -770,13 +770,17 @@ def test_fused_kernels_on_other_x86_targets(target):
 def test_kernels_load_from_numba_disk_cache_in_a_new_process(tmp_path):
     """A second process loads the compiled kernels from numba's disk cache instead of compiling
     them again (kernels defined in closures missed it in every process: ~10 s before a quantized
-    model's first prompt); the first, with an empty cache, says once that it compiles."""
+    model's first prompt), without numba's registries' set-up; the first, with an empty cache,
+    says once that it compiles."""
     import os
     import subprocess
     import sys
     from pathlib import Path
     script = (  # kernels that call other jitted code: the ones whose closures missed the cache
         "import numpy as np, torch\n"
+        "from numba.core.base import BaseContext\n"
+        "refresh, refreshed = BaseContext.refresh, []\n"
+        "BaseContext.refresh = lambda self: refreshed.append(1) or refresh(self)\n"
         "from torchggml.devices.cpu.jit.loader import op_kernels, quant_kernels\n"
         "k, ops = quant_kernels(), op_kernels()\n"
         "q = np.ones((4, 64), np.int8); s = np.ones((4, 2), np.float32); xq = np.ones((1, 64), np.int8)\n"
@@ -784,7 +788,11 @@ def test_kernels_load_from_numba_disk_cache_in_a_new_process(tmp_path):
         "k.matvec(q, s, s, False, 32, rows, xq, xd, xd, rows, out)\n"
         "x = np.ones((1, 1, 1, 8), np.float32); ops.glu(x, x, x.copy(), False)\n"
         "print(sum(f.stats.cache_misses.get(s, 0) for f in (k.matvec, ops.glu) for s in f.signatures),\n"
-        "      sum(f.stats.cache_hits.get(s, 0) for f in (k.matvec, ops.glu) for s in f.signatures))\n")
+        "      sum(f.stats.cache_hits.get(s, 0) for f in (k.matvec, ops.glu) for s in f.signatures),\n"
+        "      len(refreshed) > 0)\n"
+        "import numba\n"  # a compile after the loads gets numba's full set-up (sort, a set, hashing)
+        "def f(a):\n    s = set()\n    for v in a:\n        s.add(int(v))\n    return np.sort(a)[-1] + len(s)\n"
+        "print(numba.njit(f)(np.arange(3.0)))\n")
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
     run = lambda: subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,  # noqa: E731
                                  cwd=Path(__file__).parents[1], env=env)
@@ -794,8 +802,13 @@ def test_kernels_load_from_numba_disk_cache_in_a_new_process(tmp_path):
     second = run()
     assert second.returncode == 0, second.stderr[-2000:]
     assert "compiling" not in second.stderr, second.stderr[-2000:]
-    misses, hits = map(int, second.stdout.split())
-    assert (misses, hits) == (0, 2), second.stdout
+    assert first.stdout.split()[2] == "True"  # a process that compiles gets numba's full set-up
+    misses, hits, refreshed, compiled = second.stdout.split()
+    assert compiled == "5.0", second.stdout
+    assert (int(misses), int(hits)) == (0, 2), second.stdout
+    # kernels loaded from the cache need numba's runtime, not its registries (loader.py)
+    from torchggml.devices.cpu.jit.loader import _loads_without_refresh
+    assert refreshed == str(not _loads_without_refresh()), second.stdout
 
 
 def test_a_kernel_loaded_from_numba_cache_keeps_no_parsed_ir_and_still_links(tmp_path):

@@ -403,6 +403,22 @@ def cpu_kv_cache(n_ctx: int):
     return KVCache(1, n_ctx, 32, 32, 1, Type.F16, [find_device("CPU").get_buffer_type()])
 
 
+@pytest.mark.parametrize("n_ctx, fresh_pages", [(16, False), (1 << 16, True)])  # 8 MiB: huge-page memory
+def test_kv_cache_starts_at_zero_without_writing_fresh_pages(monkeypatch, n_ctx, fresh_pages):
+    """Every cell starts at 0 (a masked score times NaN is not 0); a buffer of fresh anonymous
+    pages, zero already, is not written at load (untouched pages cost no memory until used)."""
+    import mmap
+    from torchggml.models import kv_cache
+    from torchggml.storage import tensor_bytes
+    fresh_pages = fresh_pages and hasattr(mmap, "MADV_HUGEPAGE")
+    cleared, clear = [], kv_cache.backend_buffer_clear
+    monkeypatch.setattr(kv_cache, "backend_buffer_clear", lambda b, v: cleared.append(v) or clear(b, v))
+    kv = cpu_kv_cache(n_ctx)
+    assert [b.zero_filled for b in kv.buffers] == [fresh_pages]
+    assert cleared == ([] if fresh_pages else [0])
+    assert all(not tensor_bytes(t).any() for t in kv.k + kv.v)
+
+
 @pytest.mark.parametrize("n_tokens,n_batch,slices", [
     (1, 128, [(0, 1)]),                  # a decode step: one micro-batch, the whole batch
     (128, 128, [(0, 128)]),

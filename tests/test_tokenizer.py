@@ -319,6 +319,8 @@ def test_none_from_metadata_dict():
       "tokenizer.ggml.merges": ["a b"]}, TokenizerError, "not a token"),
     ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "a"],
       "tokenizer.ggml.merges": []}, TokenizerError, "duplicate token"),
+    ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b", "c", "b", "b"],
+      "tokenizer.ggml.merges": []}, TokenizerError, "duplicate token in vocabulary: 'b' has ids 1 and 3$"),
     ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b"], "tokenizer.ggml.merges": [],
       "tokenizer.ggml.token_type": [1]}, TokenizerError, "token_type"),
     ({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a"]},
@@ -427,6 +429,41 @@ def test_spm_merges_the_leftmost_pair_first_when_scores_tie():
         "tokenizer.ggml.token_type": np.array([2, 3, 3, 6, 1, 1, 1, 1, 1], np.int32),
         "tokenizer.ggml.add_bos_token": False})
     assert [texts[i] for i in tok.tokenize("aba")] == ["\u2581", "ab", "a"]
+
+
+def _spm_targets_tie_by_definition(texts, ids, scores) -> bool:
+    targets = [i for i, text in enumerate(texts) if any(text[:c] in ids and text[c:] in ids for c in range(1, len(text)))]
+    return len(set(scores[targets].tolist())) < len(targets)
+
+
+SPM_TIE_CASES = [  # (name, texts, scores)
+    ("all-zero", ["a", "b", "ab", "ba", "aba"], [0, 0, 0, 0, 0]),
+    ("distinct", ["a", "b", "ab", "ba", "aba"], [1, 2, 3, 4, 5]),
+    ("tie-between-pieces-only", ["a", "b", "ab", "ba", "aba"], [1, 1, 3, 4, 5]),
+    ("tie-between-targets", ["a", "b", "ab", "ba", "aba"], [1, 2, 3, 3, 5]),
+    ("tie-target-and-piece", ["a", "b", "ab", "ba", "aba"], [3, 2, 3, 4, 5]),
+    ("signed-zeros-tie", ["a", "b", "ab", "ba"], [1, 2, -0.0, 0.0]),
+    ("nan-never-ties", ["a", "b", "ab", "ba"], [1, 2, float("nan"), float("nan")]),
+    ("empty", [], []),
+]
+
+
+@pytest.mark.parametrize("texts, scores", [c[1:] for c in SPM_TIE_CASES], ids=[c[0] for c in SPM_TIE_CASES])
+def test_spm_tie_check_equals_its_definition(texts, scores):
+    """spm_encoder's choice (tied merge targets: the pair encoder) checks only the tokens whose
+    score another token shares; it gives what checking every token gives."""
+    from torchggml.text.tokenizer_models import spm_targets_tie
+    ids, scores = {t: i for i, t in enumerate(texts)}, np.array(scores, np.float32)
+    assert spm_targets_tie(texts, ids, scores) == _spm_targets_tie_by_definition(texts, ids, scores)
+
+
+def test_spm_tie_check_on_random_vocabularies():
+    from torchggml.text.tokenizer_models import spm_targets_tie
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        texts = sorted({"".join(rng.choice(list("abc"), rng.integers(1, 4))) for _ in range(rng.integers(1, 12))})
+        ids, scores = {t: i for i, t in enumerate(texts)}, rng.integers(0, 6, len(texts)).astype(np.float32)
+        assert spm_targets_tie(texts, ids, scores) == _spm_targets_tie_by_definition(texts, ids, scores), texts
 
 
 def test_a_wordpiece_vocabulary_with_byte_tokens_is_refused():

@@ -459,6 +459,23 @@ print("imported:", sorted(m for m in {heavy!r} if m in sys.modules))
 """
 
 
+@pytest.mark.parametrize("options, warm_up_with_the_prompt", [(["-p", "Hello world"], True),
+                                                            (["--chat", "-p", "Hi"], False)])
+def test_run_warms_up_with_its_prompts_length(monkeypatch, capsys, options, warm_up_with_the_prompt):
+    """`run` with a plain prompt warms up with that prompt's length (its graph is the one the
+    prompt then uses: built and planned once); other prompts, the default warm-up."""
+    from torchggml.cli.models import main
+    from torchggml.gguf.writer.demo import demo_model_path
+    from torchggml.models import load_model, warmup
+    lengths, real = [], warmup.warm_up
+    monkeypatch.setattr(warmup, "warm_up", lambda model, n_prompt=None: lengths.append(n_prompt) or real(model, n_prompt))
+    assert main(["run", demo_model_path(), "-n", "2", "--temp", "0", *options]) == 0
+    model = load_model(demo_model_path(), progress=False)
+    assert lengths == [len(model.tokenize("Hello world")) if warm_up_with_the_prompt else None]
+    assert "prompt eval time =" in capsys.readouterr().err
+    model.close()
+
+
 @pytest.mark.parametrize("argv", [["--version"], ["--help"], ["run", "--help"], ["serve", "--help"],
                                   ["quantize", "--help"], ["test-ops", "--help"], ["perplexity", "--help"]])
 def test_version_and_help_import_nothing_heavy(argv):

@@ -111,9 +111,10 @@ def _main_rank() -> bool:
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
-def _load(args, path: str, **options):
+def _load(args, path: str, prompt_tokens=None, **options):
     """The model, loaded and (unless --no-warmup) warmed up as llama.cpp does: its kernels
-    compiled, its backends set up, so that the first prompt's time is its own."""
+    compiled, its backends set up, so that the first prompt's time is its own.
+    prompt_tokens(model): the length of the prompt that comes next, to warm up with (warm_up)."""
     from ..models import load_model
     from ..models.warmup import warm_up
     from ..devices.kernels.registered import load_kernel_files
@@ -122,7 +123,7 @@ def _load(args, path: str, **options):
     model = load_model(path, model_params(args).with_options(**options))
     model.timings.load_s = time.perf_counter() - start
     if getattr(args, "warmup", True):
-        model.timings.warmup_s = warm_up(model)
+        model.timings.warmup_s = warm_up(model, prompt_tokens(model) if prompt_tokens else None)
     return model
 
 
@@ -156,7 +157,8 @@ def cmd_run(args) -> int:
         path = demo_model_path()
         print(f"no model given: using the built-in demo model {path}\n"
               f"(random weights and a tiny vocabulary: the text is gibberish)", file=sys.stderr)
-    model = _load(args, path)
+    plain = args.logprobs is None and not (args.image or args.mmproj or args.chat)
+    model = _load(args, path, (lambda m: len(m.tokenize(args.prompt))) if plain else None)
     print(model.describe(), file=sys.stderr)
     import io
     sampling = dict(max_tokens=args.n_predict, temperature=args.temp, top_k=args.top_k,

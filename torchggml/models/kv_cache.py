@@ -98,8 +98,10 @@ class KVCache(Memory):
                 raise MemoryError(f"KV cache: n_ctx={n_ctx} needs {need} bytes ({need / 2**30:.2f} GiB) of "
                                   f"{kv_type.name} K and V for {n_layer} layers, and the allocation on "
                                   f"{buft.get_name()} failed: choose a smaller n_ctx ({e})") from None
-            # unused cells must hold finite values: masked scores are 0 after softmax, 0 * NaN is not
-            backend_buffer_clear(buffer, 0)
+            # unused cells must hold finite values: masked scores are 0 after softmax, 0 * NaN is not;
+            # fresh anonymous pages are zero already (left untouched, they cost no memory until used)
+            if not getattr(buffer, "zero_filled", False):
+                backend_buffer_clear(buffer, 0)
             self.buffers.append(buffer)
         self._contexts = [ctx for _, ctx in ctxs.values()]
         # the cells' bookkeeping, after the cache itself so that a too large n_ctx fails there first

@@ -9,7 +9,7 @@ from ..gguf.loader import load_weights
 from ..gguf.reader import GGUFError
 from ..text.tokenizer import VOCAB_TYPES
 from .arch_names import LLAMA_CPP_ARCHS
-from .archs import ARCHS, arch_for
+from .archs import SUPPORTED, arch_for
 from .builder import bind_weights, is_matmul_weight, is_output_tensor, tensor_layer
 from .hparams import read_hparams
 from .kv_cache import kv_type_from_name
@@ -66,7 +66,7 @@ def load(path, params: ModelParams | None = None, **options) -> Model:
         raise GGUFError(f"{file.path}: metadata key 'tokenizer.ggml.model' = {vocab!r} is not a tokenizer "
                         f"llama.cpp knows ({', '.join(sorted(VOCAB_TYPES))})")
     if params.vocab_only:
-        if file.arch not in LLAMA_CPP_ARCHS and file.arch not in ARCHS:
+        if file.arch not in LLAMA_CPP_ARCHS and file.arch not in SUPPORTED:
             raise GGUFError(f"{file.path}: architecture {file.arch!r} is unknown (to llama.cpp too)")
         model = Model(file, None, params)
         model.loader = load

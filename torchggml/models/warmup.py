@@ -94,18 +94,21 @@ def uninstall(notice) -> None:
 WARMUP_TOKENS = 16  # a micro-batch long enough to take the prompt's path (dequantize + GEMM)
 
 
-def warm_up(model) -> float:
-    """Run WARMUP_TOKENS tokens and then one (the prompt's and decode's kernels), then the
-    threaded kernels long prompts reach, and empty the cache. Returns the seconds it took."""
+def warm_up(model, n_prompt: int | None = None) -> float:
+    """Run a prompt and then one token (the prompt's and decode's kernels), and empty the cache.
+    The prompt: WARMUP_TOKENS tokens, then the threaded kernels long prompts reach; or, given
+    n_prompt, the length of the prompt that comes next (`run`'s), whose graph and kernels are
+    then the ones it uses: built, planned and loaded once, here. Returns the seconds it took."""
     install()
     start = time.perf_counter()
     tok = model.tokenizer.bos_id if model.tokenizer.bos_id is not None else 0
     with model.lock:
         model.reset()
-        model.eval([tok] * min(WARMUP_TOKENS, model.n_ctx - 1), logits="last")
+        model.eval([tok] * min(n_prompt or WARMUP_TOKENS, model.n_ctx - 1), logits="last")
         model.eval([tok], logits="last")
         model.reset()
-    compile_prompt_kernels()  # the CPU is in every model's scheduler (its inputs live there)
+    if not n_prompt:
+        compile_prompt_kernels()  # the CPU is in every model's scheduler (its inputs live there)
     return time.perf_counter() - start
 
 

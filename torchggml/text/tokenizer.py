@@ -256,11 +256,13 @@ class Tokenizer:
         # llama.cpp renames empty tokens so that every text is a distinct key
         self._texts = [str(t) if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
         self.n_vocab = len(self._texts)
-        self._ids: dict[str, int] = {}
-        for i, text in enumerate(self._texts):
-            if self._ids.setdefault(text, i) != i:
-                raise TokenizerError(f"{self.source}: duplicate token in vocabulary: {text!r} has ids "
-                                     f"{self._ids[text]} and {i}")
+        self._ids: dict[str, int] = dict(zip(self._texts, range(self.n_vocab)))
+        if len(self._ids) < self.n_vocab:  # a duplicate: name its first two ids
+            first: dict[str, int] = {}
+            for i, text in enumerate(self._texts):
+                if first.setdefault(text, i) != i:
+                    raise TokenizerError(f"{self.source}: duplicate token in vocabulary: {text!r} has ids "
+                                         f"{first[text]} and {i}")
         self._scores = self._per_token_array(metadata, "tokenizer.ggml.scores", np.float32, 0.0)
         types = self._per_token_array(metadata, "tokenizer.ggml.token_type", np.int32,
                                       int(TokenType.NORMAL))

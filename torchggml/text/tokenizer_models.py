@@ -111,11 +111,20 @@ def spm_encoder(texts: Sequence[str], ids: dict, scores: np.ndarray, unk_id, sou
     refuses such an SPM vocabulary: it looks its linefeed token up on load)."""
     if "<0x0A>" not in ids and "\n" not in ids:
         raise ValueError("the SPM vocabulary has no token for the newline byte (<0x0A>)")
-    targets = [i for i, text in enumerate(texts)
-               if any(text[:cut] in ids and text[cut:] in ids for cut in range(1, len(text)))]
-    if len(set(scores[targets].tolist())) < len(targets):
+    if spm_targets_tie(texts, ids, scores):
         return SpmPairEncoder(ids, scores, source)
     return SpmEncoder(texts, ids, scores, unk_id)
+
+
+def spm_targets_tie(texts: Sequence[str], ids: dict, scores: np.ndarray) -> bool:
+    """Whether two merge targets (tokens that two tokens make) share a score. Only a token
+    whose score another token has can tie, so only those are checked for being targets (a
+    large vocabulary's scores are nearly all distinct)."""
+    _, group, count = np.unique(np.asarray(scores), return_inverse=True, return_counts=True)
+    shared = np.flatnonzero(count[group.reshape(-1)] > 1).tolist()
+    targets = [i for i in shared if any(texts[i][:cut] in ids and texts[i][cut:] in ids
+                                        for cut in range(1, len(texts[i])))]
+    return len(set(scores[targets].tolist())) < len(targets)
 
 
 class BpeEncoder:

@@ -89,27 +89,80 @@ def _lean_caches(module) -> None:
 _warm = []  # a module loaded in this process found its kernels in numba's cache
 
 
+# numba versions whose C symbols _set_up_for_loading registers as its refresh does (checked by
+# reading their sources: every llvmlite add_symbol outside the contexts' construction is in the
+# runtime's initialize, numba.cpython.hashing's import and the parallel kernels' reload_init)
+LOADS_WITHOUT_REFRESH = ("0.68",)
+
+
 @functools.lru_cache(maxsize=None)
 def start_numba() -> None:
-    """numba's compiler set up once, before the first kernel loads (models/loading.py calls it
-    before a model's objects exist): its numpy support imported
-    without SciPy's linear algebra, then the process's objects frozen for the cyclic GC.
-    - numba.np.arraymath imports scipy.linalg only to learn whether np.convolve and np.correlate
-      may call BLAS; that import (SciPy's array API layer, numpy.f2py, ...) was a third of a
-      small model's load. Blocked for it, numba uses its own loop for those two (no kernel here
-      calls them); np.dot and np.linalg still import SciPy when a kernel using them compiles.
-    - The objects alive now are almost all module state (torch's, numba's typing registries:
-      ~250k) that lives as long as the process; each full collection walked them all (two or
-      three during a load). gc.freeze() leaves them out of later collections."""
-    if "numba.np.arraymath" not in sys.modules and "scipy.linalg" not in sys.modules:
-        sys.modules["scipy.linalg"] = None  # `import scipy.linalg` raises ImportError
-        try:
-            import numba.np.arraymath  # noqa: F401
-        finally:
-            del sys.modules["scipy.linalg"]
+    """numba set up once, before the first kernel loads (models/loading.py calls it before a
+    model's objects exist), then the process's objects frozen for the cyclic GC.
+    - Where numba's version is in LOADS_WITHOUT_REFRESH, only what a kernel loaded from numba's
+      disk cache needs (_set_up_for_loading), and the kernels load with that alone
+      (_load_cached); a kernel that compiles gets numba's full set-up from numba's compiler.
+    - Elsewhere numba's own refresh, as its first kernel load does, with its numpy support
+      imported without SciPy's linear algebra: numba.np.arraymath imports scipy.linalg only to
+      learn whether np.convolve and np.correlate may call BLAS (SciPy's array API layer,
+      numpy.f2py, ...: a third of a small model's load). Blocked for it, numba uses its own loop
+      for those two (no kernel here calls them); np.dot and np.linalg still import SciPy when a
+      kernel using them compiles.
+    - The objects alive now are almost all module state (torch's, numba's) that lives as long as
+      the process; each full collection walked them all (two or three during a load).
+      gc.freeze() leaves them out of later collections."""
     from numba.core.registry import cpu_target
-    cpu_target.target_context.refresh()  # what numba's first kernel load does: import its registries
+    if _loads_without_refresh():
+        _set_up_for_loading(cpu_target.target_context)
+    else:
+        if "numba.np.arraymath" not in sys.modules and "scipy.linalg" not in sys.modules:
+            sys.modules["scipy.linalg"] = None  # `import scipy.linalg` raises ImportError
+            try:
+                import numba.np.arraymath  # noqa: F401
+            finally:
+                del sys.modules["scipy.linalg"]
+        cpu_target.target_context.refresh()
     gc.freeze()
+
+
+def _loads_without_refresh() -> bool:
+    """Whether this numba is one of LOADS_WITHOUT_REFRESH and has the pieces _load_cached uses."""
+    import numba
+    from numba.core import caching
+    from numba.core.runtime import rtsys
+    return (".".join(numba.__version__.split(".")[:2]) in LOADS_WITHOUT_REFRESH and hasattr(rtsys, "initialize")
+            and hasattr(caching.Cache, "_load_overload") and hasattr(caching.Cache, "_guard_against_spurious_io_errors"))
+
+
+def _set_up_for_loading(context) -> None:
+    """What code from numba's disk cache links against: numba's runtime (NRT: its C functions
+    and the atomic helpers it compiles once) and the hash secrets numba.cpython.hashing
+    registers as C symbols on import. numba's refresh, which its Cache.load_overload calls,
+    also imports every lowering and typing registry (its @overload declarations, most of the
+    set-up): only a compile reads those, and numba's compiler refreshes both contexts itself
+    before each compile (CompilerBase)."""
+    import numba.cpython.hashing  # noqa: F401
+    from numba.core.runtime import rtsys
+    rtsys.initialize(context)
+
+
+def _load_cached(cache, sig, target_context):
+    """numba's Cache.load_overload (a kernel's compiled code from the disk cache, or None), with
+    _set_up_for_loading in place of its refresh."""
+    _set_up_for_loading(target_context)
+    with cache._guard_against_spurious_io_errors():
+        return cache._load_overload(sig, target_context)
+
+
+def _load_kernels_without_refresh(module) -> None:
+    """The module's kernels load from numba's cache with _load_cached."""
+    from numba.core.registry import CPUDispatcher
+    if not _loads_without_refresh():
+        return
+    for fn in vars(module).values():
+        cache = getattr(fn, "_cache", None) if isinstance(fn, CPUDispatcher) else None
+        if cache is not None and hasattr(cache, "_load_overload"):  # NullCache: a kernel without cache=True
+            cache.load_overload = functools.partial(_load_cached, cache)
 
 
 @functools.lru_cache(maxsize=None)
@@ -117,6 +170,7 @@ def _load(name: str):
     start_numba()
     module = importlib.import_module(f"{__package__}.{name}")
     _lean_caches(module)
+    _load_kernels_without_refresh(module)
     try:
         _drop_cache_of_older_ir(module)
         cold = cache_is_cold(module)
