@@ -15,6 +15,7 @@ import torchggml as ggml
 from torchggml.quants import dequantize
 from torchggml.devices.cpu import cpu_device, cpu_reg
 from torchggml.devices.cpu.layouts import fused as layout
+from torchggml.devices.cpu.jit.llvm_ir import OFFSET_BLOCK_KINDS
 from torchggml.devices.cpu.layouts.decompose import DECOMPOSE, decompose
 from torchggml.devices.cpu.features import PATHS, cpu_features, cpu_path
 from torchggml.devices.cpu import repack_buffer_type
@@ -97,7 +98,7 @@ PRODUCT_CASES = [(qtype, n, k, m, gemm, "fused") for qtype in TYPES for n, k in 
 # rows of 7 blocks of 32: the kernels' loops over 4 blocks at a time leave 3
 PRODUCT_CASES += [(qtype, 5, 224, m, "f32", "fused") for qtype in TYPES if type_traits(qtype).blck_size == 32
                   for m in (1, 3)]
-# Q8_0, Q4_0, Q4_K and Q6_K weights also multiplied on their ggml blocks in host memory (where models leave them)
+# the IN_PLACE_KINDS' weights also multiplied on their ggml blocks in host memory (where models leave them)
 PRODUCT_CASES += [(qtype, n, k, m, gemm, "blocks") for qtype, n, k, m, gemm, _ in PRODUCT_CASES
                   if qtype in layout.IN_PLACE_KINDS]
 # MUL_MAT's fused matvec takes up to FUSED_MATMUL_MAX_ROWS rows (a batched decode step)
@@ -105,7 +106,7 @@ PRODUCT_CASES += [(qtype, 33, 512, m, "f32", "fused") for qtype in TYPES
                   for m in (layout.FUSED_MATMUL_MAX_ROWS - 1, layout.FUSED_MATMUL_MAX_ROWS)]
 # 2-D weights of the other types in host memory (a tied embedding, which GET_ROWS reads too):
 # converted once to the fused layout when their product is bound
-PRODUCT_CASES += [(qtype, 33, 512, m, "f32", "blocks") for qtype in (T.Q4_1, T.Q5_0, T.Q3_K, T.IQ4_NL) for m in (1, 40)]
+PRODUCT_CASES += [(qtype, 33, 512, m, "f32", "blocks") for qtype in (T.Q2_K, T.Q3_K, T.IQ4_NL) for m in (1, 40)]
 # blocks in place keep the matvec up to BLOCK_MAX_ROWS rows
 PRODUCT_CASES += [(qtype, 33, 512, m, "f32", "blocks") for qtype in layout.IN_PLACE_KINDS
                   for m in (layout.BLOCK_MAX_ROWS - 1, layout.BLOCK_MAX_ROWS)]
@@ -128,7 +129,7 @@ def test_fused_mul_mat_matches_float64(qtype, n, k, m, gemm, where, monkeypatch)
     assert ggml.backend_graph_compute(ggml.backend_cpu_init(), graph) == ggml.Status.SUCCESS
     ours = torch.as_tensor(ggml.backend_tensor_get(node)).reshape(m, n).double()
     # int8 activations (m < FUSED_MATMUL_MAX_ROWS) and bf16 GEMMs round like llama.cpp: its bound
-    in_place = where == "blocks" and qtype in layout.IN_PLACE_KINDS
+    in_place = where == "blocks" and qtype in layout.IN_PLACE_KINDS and layout.IN_PLACE_KINDS[qtype] not in OFFSET_BLOCK_KINDS
     fused_rows = layout.BLOCK_MAX_ROWS if in_place else layout.FUSED_MATMUL_MAX_ROWS
     bound = 1e-9 if gemm == "f32" and m >= fused_rows else 5e-4
     assert nmse(ours.numpy(), (x.double() @ w.T).numpy()) < bound
@@ -218,9 +219,12 @@ LAYOUT_GEMM_TYPES = [T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS,
 # of 4 and a remainder, and a prompt's micro-batch; K of one 256-value block, and several; ggml's
 # blocks in place, and the fused layout's rows
 INT8_GEMM_CASES = [(qtype, n, k, m, "blocks") for qtype in sorted(layout.IN_PLACE_KINDS, key=int)
+                   if layout.IN_PLACE_KINDS[qtype] not in OFFSET_BLOCK_KINDS
                    for n, k, m in ((32, 256, 6), (64, 512, 7), (96, 768, 130))]
-INT8_GEMM_CASES += [(qtype, n, k, m, "fused") for qtype in LAYOUT_GEMM_TYPES
-                    for n, k, m in ((32, 256, layout.LAYOUT_INT8_MIN_ROWS), (96, 768, 130))]
+# the fused layout's rows, and Q4_1's, Q5_0's and Q5_1's blocks in place, from LAYOUT_INT8_MIN_ROWS
+INT8_GEMM_CASES += [(qtype, n, k, m, where) for where, types in (("fused", LAYOUT_GEMM_TYPES),
+                                                                 ("blocks", (T.Q4_1, T.Q5_0, T.Q5_1)))
+                    for qtype in types for n, k, m in ((32, 256, layout.LAYOUT_INT8_MIN_ROWS), (96, 768, 130))]
 
 
 @pytest.mark.parametrize("qtype,n,k,m,where", INT8_GEMM_CASES,
@@ -252,7 +256,10 @@ def test_int8_gemm_is_exact_on_rounded_activations(qtype, n, k, m, where, monkey
 
 
 # (type, rows): the matvec (Q8_0 rounding, Q8_K rounding for the K-quants) and the int8 GEMM
-NON_FINITE_CASES = [(qtype, m) for qtype in sorted(layout.IN_PLACE_KINDS, key=int) for m in (2, 8)]
+# (Q5_0's and Q5_1's blocks take the int8 GEMM from LAYOUT_INT8_MIN_ROWS; Q4_1's the float GEMM)
+NON_FINITE_CASES = [(qtype, m) for qtype in sorted(layout.IN_PLACE_KINDS, key=int)
+                    for m in ((2,) if qtype == T.Q4_1 else (2, layout.LAYOUT_INT8_MIN_ROWS)
+                              if layout.IN_PLACE_KINDS[qtype] in OFFSET_BLOCK_KINDS else (2, 8))]
 
 
 @pytest.mark.parametrize("qtype,m", NON_FINITE_CASES, ids=[f"{c[0].name}-m{c[1]}" for c in NON_FINITE_CASES])
@@ -263,6 +270,8 @@ def test_non_finite_activations_give_nan_not_finite_values(qtype, m):
     pytest.importorskip("numba")
     blocks = random_blocks(qtype, 64, 256, seed=m)
     packed = layout._Packed.of_blocks(qtype, blocks)
+    if m >= layout._matvec_max_rows(packed) and not layout._takes_int8_gemm(packed):
+        pytest.skip("this CPU runs no int8 GEMM: the float GEMM's products of an infinity are infinite, not NaN")
     x = torch.randn(m, 256, generator=torch.Generator().manual_seed(m))
     clean = torch.empty(m, 64)
     layout._product(packed, x, clean)
@@ -300,6 +309,35 @@ def test_int8_gemms_in_two_threads_at_once_equal_the_serial_ones():
     for t in threads:
         t.join()
     assert not mismatches
+
+
+# Q4_1's, Q5_0's and Q5_1's 2-D weights, converted to the fused layout at load before, are
+# multiplied on their blocks in place: rows of the matvec (1; 4 as separate sequences'), the
+# float GEMM (4, 9), the int8 GEMM where it takes them (16, 64)
+OFFSET_CASES = [(qtype, m, separate) for qtype in (T.Q4_1, T.Q5_0, T.Q5_1)
+                for m, separate in ((1, False), (4, True), (4, False), (9, False), (16, False), (64, False))]
+
+
+@pytest.mark.parametrize("qtype,m,separate", OFFSET_CASES, ids=[f"{c[0].name}-m{c[1]}{'-separate' * c[2]}"
+                                                                 for c in OFFSET_CASES])
+def test_offset_blocks_in_place_compute_what_the_converted_layout_did(qtype, m, separate):
+    """The same arithmetic on the same values: bit for bit, but for the matvec's sum of Q4_1's
+    and Q5_1's mins, which the blocks' kernel adds in another order (float32 rounding); and the
+    same rows split between the products."""
+    pytest.importorskip("numba")
+    n, k = 64, 512
+    blocks = random_blocks(qtype, n, k, seed=m)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    in_place, converted = layout._Packed.of_blocks(qtype, blocks), packed_weight(qtype, "fused", blocks, n, k)
+    assert in_place.kind in OFFSET_BLOCK_KINDS and layout._matvec_max_rows(in_place) == layout._matvec_max_rows(converted)
+    assert layout._takes_int8_gemm(in_place) == layout._takes_int8_gemm(converted)
+    ours, theirs = torch.empty(m, n), torch.empty(m, n)
+    layout._product(in_place, x, ours, separate)
+    layout._product(converted, x, theirs, separate)
+    if qtype == T.Q5_0 or not (separate or m < layout.FUSED_MATMUL_MAX_ROWS):
+        assert torch.equal(ours, theirs), (ours - theirs).abs().max().item()
+    else:
+        torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6 * theirs.abs().max().item())
 
 
 # the int8 GEMM compiled for other x86 byte dots (numba's target named, run in a subprocess on
@@ -396,12 +434,12 @@ def test_int8_gemm_is_chosen_by_features_and_environment(choice, vnni, expected,
         assert features.int8_gemm() is expected
 
 
-# (TORCHGGML_CPU_GEMM, the byte dot, the kinds the int8 GEMM takes): all of them but Q4_1's (4:
+# (TORCHGGML_CPU_GEMM, the byte dot, the kinds the int8 GEMM takes): all of them but Q4_1's (4, 20:
 # the float GEMM keeps SmolLM2's greedy tokens on llama.cpp's) and, on AVX2, the int8 ones (Q8_0,
 # the fused layout's int8 q: the f32 GEMM is faster there) unless int8 is asked for
-ALL_KINDS = {34, 18, 144, 176, 210, 4, 32, 33, 16, 17}
-KIND_CHOICES = [("", "avx512vnni", ALL_KINDS - {4}), ("", "vnni256", ALL_KINDS - {4}),
-                ("", "avx2", {18, 144, 176, 210}), ("int8", "avx2", ALL_KINDS),
+ALL_KINDS = {34, 18, 144, 176, 210, 20, 22, 24, 4, 32, 33, 16, 17}
+KIND_CHOICES = [("", "avx512vnni", ALL_KINDS - {4, 20}), ("", "vnni256", ALL_KINDS - {4, 20}),
+                ("", "avx2", {18, 144, 176, 210, 22, 24}), ("int8", "avx2", ALL_KINDS),
                 ("int8", "avx512vnni", ALL_KINDS), ("f32", "avx2", set()), ("", None, set())]
 
 
@@ -412,7 +450,7 @@ def test_int8_gemm_takes_the_kinds_it_gains_on(choice, isa, kinds, monkeypatch):
     from torchggml.devices.cpu.jit import gemm_ir
     monkeypatch.setenv("TORCHGGML_CPU_GEMM", choice)
     monkeypatch.setattr(gemm_ir, "gemm_isa", lambda: isa)
-    assert {kind for kind in (34, 18, 144, 176, 210, 4, 32, 33, 16, 17) if features.int8_gemm_takes(kind)} == kinds
+    assert {kind for kind in ALL_KINDS if features.int8_gemm_takes(kind)} == kinds
 
 
 # (rows, the product that takes them) for a stored type's weight where the int8 GEMM runs: the
@@ -625,7 +663,7 @@ def test_golden_models_on_each_path(entry, path, gemm, monkeypatch):
     monkeypatch.setenv("TORCHGGML_CPU_GEMM", gemm)
     model = ggml.load_model(GOLDEN / entry["model"], devices=["CPU"], progress=False)
     repacked = [t for t in model.weight_buffers.tensors.values() if t.buffer.name == "CPU_REPACK"]
-    if path == "fused":  # 2-D Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weights stay ggml blocks, multiplied in place
+    if path == "fused":  # 2-D weights of the IN_PLACE_KINDS stay ggml blocks, multiplied in place
         assert not any(layout.is_in_place(t.type, t.ne) for t in repacked)
         assert bool(repacked) == any(not layout.is_in_place(t.type, t.ne) and t.type not in (T.F32, T.F16)
                                      and layout.supports_shape(t.type, t.ne) and name != "token_embd.weight"
@@ -709,16 +747,16 @@ def test_float16_rounding_in_integer_steps_is_numpy_float16():
 # x86-64 also a native run, whose program calls those kernels (its F16 SET_ROWS aborted there
 # before halves.py: no F16C), compiled for the target with every kernel it calls.
 X86_TARGET_CASES = ("(test_fused_mul_mat_matches_float64 and m1-f32 and (Q8_0-n33 or Q6_K-n33 or Q4_K-n33 or Q5_K-n33"
-                    " or Q4_0-n33)) or half_bits or float16_rounding"
-                    " or (many_rows_equals and m7 and (Q4_0 or Q4_1 or Q8_0 or Q4_K or Q6_K))"
+                    " or Q4_0-n33 or Q4_1-n33 or Q5_0-n33 or Q5_1-n33)) or half_bits or float16_rounding"
+                    " or (many_rows_equals and m7 and (Q4_0 or Q4_1 or Q5_1 or Q8_0 or Q4_K or Q6_K))"
                     " or (f16_weight_numba_products and 83)")
 
 
 @pytest.mark.skipif(not any(a in __import__("platform").machine().lower() for a in ("x86", "amd64")),
                     reason="x86 code generation targets")
 @pytest.mark.parametrize("target,cases,passed", [
-    ("haswell", X86_TARGET_CASES, 22),
-    pytest.param("x86-64", f"{X86_TARGET_CASES} or bad_row_index_in_a_native_run", 23, marks=pytest.mark.slow)],
+    ("haswell", X86_TARGET_CASES, 31),
+    pytest.param("x86-64", f"{X86_TARGET_CASES} or bad_row_index_in_a_native_run", 32, marks=pytest.mark.slow)],
     ids=["haswell", "x86-64"])
 def test_fused_kernels_on_other_x86_targets(target, cases, passed):
     import subprocess

@@ -195,8 +195,8 @@ def test_mixed_placement_with_repacked_cpu_layers(path, monkeypatch):
     monkeypatch.setenv("TORCHGGML_CPU_PATH", path)
     if not sim_available():
         pytest.skip("SIM device not available")
-    # Q4_0 on the int4 path; the fused path multiplies Q4_0 blocks in place, so Q4_1 there
-    entry = entry_named("llama-Q4_0" if path == "int4" else "llama-Q4_1")
+    # Q4_0 on the int4 path; the fused path multiplies Q4_0 and Q4_1 blocks in place, so Q2_K there
+    entry = entry_named("llama-Q4_0" if path == "int4" else "llama-Q2_K")
     model = load(entry, n_gpu_layers=1)  # CPU layer 0 (repacked), SIM0 layer 1 and the output
     assert model.sched is not None
     assert model.weight_buffers["blk.0.attn_q.weight"].buffer.name == "CPU_REPACK"

@@ -64,7 +64,7 @@ def fastest_gemm_dtype() -> torch.dtype:
 
 
 def int8_gemm() -> bool:
-    """Whether prompts multiply Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weights (ggml's blocks in place) with the int8
+    """Whether prompts multiply Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K weights (ggml's blocks in place) with the int8
     GEMM (jit/gemm_kernels.py, ggml's per-block scales; faster than the bf16 path):
     where numba's target has AVX512-VNNI, AVX-VNNI or AVX2 (jit/gemm_ir.gemm_isa), unless
     TORCHGGML_CPU_GEMM=f32|bf16 asks for the float GEMM (=int8 asks for it and fails without

@@ -13,7 +13,7 @@ not listed here run the reference kernel alone.
     layout   products.py over layouts/: a weight stored in a CPU_REPACK buffer (an
              ExtraBufferType) multiplies through its layout's product (the `fused` numba
              kernels, or torch's int4 GEMM)
-    blocks   products.py: the fused kernels on a 2-D Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weight's ggml blocks in place,
+    blocks   products.py: the fused kernels on a 2-D Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K weight's ggml blocks in place,
              where the loader leaves them (nothing repacked)
     torch    products.py's half GEMM, and the reference kernels
 """

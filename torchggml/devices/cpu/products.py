@@ -62,7 +62,7 @@ def bind_layout_experts(node):
 
 
 def bind_block_product(node):
-    """MUL_MAT of a 2-D Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weight in host memory (left there by the loader, or loaded
+    """MUL_MAT of a 2-D Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K weight in host memory (left there by the loader, or loaded
     without repacking) on the fused path: the fused kernels read its ggml blocks in place. A 2-D
     weight of another block type there (a tied embedding, which GET_ROWS reads too, so it is not
     repacked at load) is converted once to the fused layout (layouts/fused.converted_product)."""

@@ -13,11 +13,11 @@ beside oneDNN's bf16 GEMM and the vpdpbusd peak: scripts/bench_cpu_peaks.py, doc
 
     pack_rows(w0, w1, w2, w3, panel, scales, mins, r0, kind)
         rows r0..r0+3 (r0 % 4 == 0) of a panel from four rows of ggml blocks (uint8 [row bytes];
-        kind: 34 Q8_0, 18 Q4_0, 144 Q4_K, 176 Q5_K, 210 Q6_K), K values each: row r's u8 values
+        kind: 34 Q8_0, 18 Q4_0, 144 Q4_K, 176 Q5_K, 210 Q6_K, 20 Q4_1, 22 Q5_0, 24 Q5_1), K values each: row r's u8 values
         u = q + ZERO[kind] at panel[(k // 4) * 4 * PANEL_ROWS + 4 r + k % 4], group j's scale
         at scales[j * PANEL_ROWS + r] (float32 d; the K-quants' integer sc as int32, their
         super-block b's d at scales[(K / G + b) * PANEL_ROWS + r]), and Q4_K's and Q5_K's
-        -dmin * m_j at mins[j * PANEL_ROWS + r]
+        -dmin * m_j (Q4_1's and Q5_1's m_j) at mins[j * PANEL_ROWS + r]
     tile(panel, scales, mins, xq, dx, xz, xm, out, cols, kind)
         out[c, :PANEL_ROWS] = sum_j scales[j, :] dx[c, j G / B] (sum_{k in j} u[k, :] xq[c, k]
         + xz[c, j]) (+ sum_j mins[j, :] xm[c, j] for the kinds with a bias: Q4_K, Q5_K and
@@ -38,22 +38,24 @@ x86) prompts keep the bf16/f32 GEMM.
 """
 from __future__ import annotations
 
-from .llvm_ir import (half_bits_to_float, k_quant_values, load_i8, nibble_values_at, q4_k_scales_and_mins_words,
-                      q6_k_values, target_features)
+from .llvm_ir import (OFFSET_BLOCK_FIELDS, OFFSET_BLOCK_KINDS, half_bits_to_float, k_quant_values, load_i8,
+                      nibble_values_at, offset_block_values, q4_k_scales_and_mins_words, q6_k_values, target_features)
 
 PANEL_ROWS = 32   # two 16-lane vectors of rows (four 8-lane ones)
 TILE_COLS = 4     # activation rows an AVX-512 tile multiplies (4 x 2 int and 4 x 2 float accumulators)
 # kind -> (group size G, zero point ZERO: the u8 values are q + ZERO, the activations' scale
 # block: 32 values (Q8_0's rounding) or 256 (Q8_K's, the K-quants' vec_dot type in ggml))
 GEMM_KINDS = {34: (32, 128, 32), 18: (32, 8, 32), 144: (32, 0, 256), 176: (32, 0, 256), 210: (16, 32, 256),
-              32: (32, 128, 32), 33: (32, 128, 32), 16: (16, 128, 32), 17: (16, 128, 32), 4: (32, 0, 32)}
-BLOCK_VALUES = {34: 32, 18: 32, 144: 256, 176: 256, 210: 256}  # kind (a block's bytes) -> its values
+              32: (32, 128, 32), 33: (32, 128, 32), 16: (16, 128, 32), 17: (16, 128, 32), 4: (32, 0, 32),
+              20: (32, 0, 32), 22: (32, 16, 32), 24: (32, 0, 32)}
+# kind (a block's bytes) -> its values
+BLOCK_VALUES = {34: 32, 18: 32, 144: 256, 176: 256, 210: 256, **{k: 32 for k in OFFSET_BLOCK_KINDS}}
 # the fused layout's rows (layouts/fused.py: q, float32 group scales, float32 biases), packed by
 # gemm_kernels.pack_layout_rows, not by pack_rows: int8 q in groups of 32 (32, 33 with a bias)
 # or 16 (16, 17), and Q4_1's nibbles with its bias (4). Their activations round as Q8_0 per 32.
 LAYOUT_KINDS = (32, 33, 16, 17, 4)
 INT8_KINDS = (34, 32, 33, 16, 17)  # weights of any int8 value: u = q + 128 (q itself on AVX2)
-BIAS_KINDS = (144, 176, 33, 17, 4)  # a float offset per group (the mins): times the activations' group sums
+BIAS_KINDS = (144, 176, 33, 17, 4, 20, 24)  # a float offset per group (the mins): times the activations' group sums
 
 
 def gemm_isa() -> str | None:
@@ -92,10 +94,11 @@ def gains(kind: int, isa: str) -> bool:
     and sign of q cost half as many instructions again as the other kinds' products, which left
     Q8_0 slower than the f32 GEMM (measured with scripts/bench_int8_gemm.py;
     TORCHGGML_CPU_GEMM=int8 still runs it), and Q4_1's nibbles (4): their int8 activations put
-    one of SmolLM2 Q4_1's greedy tokens off llama.cpp's (tests/test_real_models.py). The fused
-    layout's kinds take it from fused.LAYOUT_INT8_MIN_ROWS rows (a short prompt keeps the float
-    GEMM's finer rounding)."""
-    return not (kind in INT8_KINDS and isa == "avx2") and kind != 4
+    one of SmolLM2 Q4_1's greedy tokens off llama.cpp's (tests/test_real_models.py), in the
+    fused layout or in place (20). The fused layout's kinds and the offset kinds in place take
+    it from fused.LAYOUT_INT8_MIN_ROWS rows (a short prompt keeps the float GEMM's finer
+    rounding)."""
+    return not (kind in INT8_KINDS and isa == "avx2") and kind not in (4, 20)
 
 
 def kind_params(kind: int, isa: str) -> tuple[int, int, int]:
@@ -184,6 +187,16 @@ def _gemm_intrinsics(isa: str):
                     store_values(us, builder.mul(j, const(32)))
                     for row, wp in enumerate(wps):
                         store_float(sp, half_at(wp, at), j, row)
+            elif k in OFFSET_BLOCK_KINDS:  # u (Q5_0's q + 16), d, and Q4_1's and Q5_1's m
+                min_at = OFFSET_BLOCK_FIELDS[k][2]
+                with cgutils.for_range(builder, builder.udiv(n_values, const(32))) as loop:
+                    j = loop.index
+                    at = builder.mul(j, const(k))
+                    store_values([offset_block_values(builder, wp, at, k) for wp in wps], builder.mul(j, const(32)))
+                    for row, wp in enumerate(wps):
+                        store_float(sp, half_at(wp, at), j, row)
+                        if min_at is not None:
+                            store_float(mp, half_at(wp, builder.add(at, const(min_at))), j, row)
             elif k in (144, 176):
                 with cgutils.for_range(builder, builder.udiv(n_values, const(256))) as loop:
                     blk = loop.index

@@ -9,8 +9,13 @@ import functools
 
 # independent float sums a row's dot product keeps (sum_terms)
 ACCUMULATORS = 4
-# row_dot's kinds that read ggml's blocks in place, by block bytes: Q8_0, Q4_0, Q4_K, Q5_K and Q6_K
-BLOCK_KINDS = (34, 18, 144, 176, 210)
+# ggml's blocks of 32 values u in [0, 15] or [0, 31] after a float16 d, by block bytes: Q4_1 (20
+# bytes: d, float16 min m, 16 bytes of nibbles; W = d u + m), Q5_0 (22: d, 4 bytes of fifth bits
+# qh, nibbles; W = d (u - 16)) and Q5_1 (24: d, m, qh, nibbles; W = d u + m)
+OFFSET_BLOCK_KINDS = (20, 22, 24)
+# row_dot's kinds that read ggml's blocks in place, by block bytes: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K,
+# and the offset kinds
+BLOCK_KINDS = (34, 18, 144, 176, 210) + OFFSET_BLOCK_KINDS
 
 
 def _row_dot_intrinsic():
@@ -127,17 +132,18 @@ def _row_dot_intrinsic():
         # int8 groups; kind 16 reads two groups (32 bytes) at once: lanes 0-3 the first, 4-7 the second
         return int8_products(builder, load_i8(builder, w, at, 32), load_i8(builder, x, at, 32), kind)
 
-    def nibble_products(builder, u, xv, signed):
-        """32 4-bit values u (minus 8 where signed) times 32 int8 xv as <8 x i32>."""
+    def nibble_products(builder, u, xv, signed, zero=8):
+        """32 values u (< 128; minus zero, a power of two, where signed) times 32 int8 xv as
+        <8 x i32>, lane i the sum of products 4i..4i+3 where the CPU has a byte dot."""
         fast = _byte_dot_8(builder, u, xv)
         if fast is not None:
-            if signed:  # sum (u - 8) x = sum u x - 8 sum x
+            if signed:  # sum (u - zero) x = sum u x - zero sum x
                 xsum = _byte_dot_8(builder, ir.Constant(vec(i8, 32), [1] * 32), xv)
-                fast = builder.sub(fast, builder.shl(xsum, ir.Constant(vec(i32, 8), [3] * 8)))
+                fast = builder.sub(fast, builder.shl(xsum, ir.Constant(vec(i32, 8), [zero.bit_length() - 1] * 8)))
             return fast
         wide = vec(i32, 32)
-        if signed:  # nibble - 8, in [-8, 7]
-            uw = builder.sext(builder.sub(u, ir.Constant(vec(i8, 32), [8] * 32)), wide)
+        if signed:  # u - zero, e.g. a nibble - 8 in [-8, 7]
+            uw = builder.sext(builder.sub(u, ir.Constant(vec(i8, 32), [zero] * 32)), wide)
         else:
             uw = builder.zext(u, wide)
         return fold_to_8(builder, builder.mul(uw, builder.sext(xv, wide)), 32)
@@ -216,6 +222,8 @@ def _row_dot_intrinsic():
             return q6_k_blocks_dot(builder, wp, rows, n_groups)
         if k == 18:
             return q4_0_pairs_dot(builder, wp, rows, n_groups)
+        if k in OFFSET_BLOCK_KINDS:
+            return offset_blocks_dot(builder, wp, rows, n_groups, k)
         if k == 34:
             return blocks_sum_terms(builder, wp, rows, n_groups, k,
                                     lambda j, row: group_products(builder, wp, row[0], j, k))
@@ -241,16 +249,41 @@ def _row_dot_intrinsic():
             return builder.fmul(builder.sitofp(ints, vec(f32, 8)), s8, flags=("fast",))
         return sum_terms_rows(builder, term, n_groups, rows)
 
-    def blocks_sum_terms(builder, wp, rows, n, block_bytes, ints_of):
-        """sum_terms_rows for blocks that begin with their float16 d (Q8_0): the scales
-        d_j xd_j of ACCUMULATORS blocks converted and multiplied as one vector."""
+    def blocks_sum_terms(builder, wp, rows, n, block_bytes, ints_of, min_at=None):
+        """sum_terms_rows for blocks that begin with their float16 d (Q8_0, the offset kinds):
+        the scales d_j xd_j of ACCUMULATORS blocks converted and multiplied as one vector.
+        min_at: where each block holds a float16 min m (Q4_1, Q5_1): plus sum_j m_j xsum_j, the
+        activations' group sums xsum the rows' second pointer, ACCUMULATORS products a vector
+        in their own sum, added to the row's at the end."""
         u = ACCUMULATORS
         accs = [[cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8)) for _ in range(u)]
                 for _ in rows]
+        min_accs = [cgutils.alloca_once_value(builder, ir.Constant(vec(f32, u), [0.0] * u)) for _ in rows]
 
-        def scale_bits(j):
-            at = builder.gep(wp, [builder.mul(j, ir.Constant(j.type, block_bytes))])
-            return builder.load(builder.bitcast(at, i16.as_pointer()), align=1)
+        def half_bits(j, at):
+            ptr = builder.gep(wp, [builder.add(builder.mul(j, ir.Constant(j.type, block_bytes)), ir.Constant(j.type, at))])
+            return builder.load(builder.bitcast(ptr, i16.as_pointer()), align=1)
+
+        def halves_of(blocks, at):
+            """The float16 at `at` of each of blocks as <len x float>."""
+            if native_half():
+                bits = ir.Constant(vec(i16, len(blocks)), ir.Undefined)
+                for a, j in enumerate(blocks):
+                    bits = builder.insert_element(bits, half_bits(j, at), ir.Constant(i32, a))
+                return builder.fpext(builder.bitcast(bits, vec(ir.HalfType(), len(blocks))), vec(f32, len(blocks)))
+            d = ir.Constant(vec(f32, len(blocks)), ir.Undefined)
+            for a, j in enumerate(blocks):
+                d = builder.insert_element(d, half_bits_to_float(builder, half_bits(j, at)), ir.Constant(i32, a))
+            return d
+
+        def add_mins(m, row, acc, j):
+            """acc += m * the row's xsum at blocks j.. (as many as m's lanes; one: into lane 0)."""
+            xs = builder.bitcast(builder.gep(row[1], [j]), vec(f32, m.type.count).as_pointer())
+            products = builder.fmul(m, builder.load(xs, align=4), flags=("fast",))
+            if m.type.count == 1:
+                products = builder.shuffle_vector(products, ir.Constant(vec(f32, 1), [0.0]),
+                                                  ir.Constant(vec(i32, u), [0] + [1] * (u - 1)))
+            builder.store(builder.fadd(builder.load(acc), products, flags=("fast",)), acc)
 
         def add(acc, j, row, s8):
             term = builder.fmul(builder.sitofp(ints_of(j, row), vec(f32, 8)), s8, flags=("fast",))
@@ -258,28 +291,42 @@ def _row_dot_intrinsic():
         with cgutils.for_range(builder, builder.udiv(n, ir.Constant(n.type, u))) as loop:
             base = builder.mul(loop.index, ir.Constant(n.type, u))
             blocks = [builder.add(base, ir.Constant(n.type, a)) for a in range(u)]
-            if native_half():
-                bits = ir.Constant(vec(i16, u), ir.Undefined)
-                for a, j in enumerate(blocks):
-                    bits = builder.insert_element(bits, scale_bits(j), ir.Constant(i32, a))
-                d = builder.fpext(builder.bitcast(bits, vec(ir.HalfType(), u)), vec(f32, u))
-            else:
-                d = ir.Constant(vec(f32, u), ir.Undefined)
-                for a, j in enumerate(blocks):
-                    d = builder.insert_element(d, half_bits_to_float(builder, scale_bits(j)), ir.Constant(i32, a))
-            for row, row_accs in zip(rows, accs):
+            d = halves_of(blocks, 0)
+            m = halves_of(blocks, min_at) if min_at is not None else None
+            for row, row_accs, min_acc in zip(rows, accs, min_accs):
                 xd = builder.load(builder.bitcast(builder.gep(row[2], [base]), vec(f32, u).as_pointer()), align=4)
                 scales = builder.fmul(d, xd, flags=("fast",))
                 for a, j in enumerate(blocks):
                     add(row_accs[a], j, row, builder.shuffle_vector(scales, scales, ir.Constant(vec(i32, 8), [a] * 8)))
+                if m is not None:
+                    add_mins(m, row, min_acc, base)
         tail = builder.mul(builder.udiv(n, ir.Constant(n.type, u)), ir.Constant(n.type, u))
         with cgutils.for_range(builder, builder.sub(n, tail)) as loop:
             j = builder.add(tail, loop.index)
-            for row, row_accs in zip(rows, accs):
-                sj = builder.fmul(half_bits_to_float(builder, scale_bits(j)), builder.load(builder.gep(row[2], [j])))
+            for row, row_accs, min_acc in zip(rows, accs, min_accs):
+                sj = builder.fmul(half_bits_to_float(builder, half_bits(j, 0)), builder.load(builder.gep(row[2], [j])))
                 s8 = builder.insert_element(ir.Constant(vec(f32, 8), ir.Undefined), sj, ir.Constant(i32, 0))
                 add(row_accs[0], j, row, builder.shuffle_vector(s8, s8, ir.Constant(vec(i32, 8), [0] * 8)))
-        return [sum_accumulators(builder, row_accs) for row_accs in accs]
+                if min_at is not None:
+                    add_mins(halves_of([j], min_at), row, min_acc, j)
+        sums = [sum_accumulators(builder, row_accs) for row_accs in accs]
+        if min_at is None:
+            return sums
+        return [builder.fadd(total, reduce_sum(builder, builder.load(min_acc)), flags=("fast",))
+                for total, min_acc in zip(sums, min_accs)]
+
+    def offset_blocks_dot(builder, wp, rows, n_blocks, block_bytes):
+        """A row of ggml's Q4_1, Q5_0 or Q5_1 blocks in place (OFFSET_BLOCK_KINDS) times the
+        activations rounded as ggml's Q8_0 (Q8_1: the groups' sums for the mins), as ggml's
+        kernels: per block d xd (sum (u - 16) x) for Q5_0 (in integers: sum u x - 16 sum x),
+        d xd (sum u x) + m xsum for Q4_1 and Q5_1. rows: each activation row's (x, xsum, xd)."""
+        _nibbles, _qh, min_at = OFFSET_BLOCK_FIELDS[block_bytes]
+
+        def ints_of(j, row):
+            u = offset_block_values(builder, wp, builder.mul(j, ir.Constant(j.type, block_bytes)), block_bytes)
+            xv = load_i8(builder, row[0], builder.mul(j, ir.Constant(j.type, 32)), 32)
+            return nibble_products(builder, u, xv, min_at is None, 16)
+        return blocks_sum_terms(builder, wp, rows, n_blocks, block_bytes, ints_of, min_at)
 
     def q4_0_pairs_dot(builder, wp, rows, n_blocks):
         """A row of ggml's Q4_0 blocks in place (18 bytes: float16 d, 16 bytes of nibbles, byte i
@@ -546,7 +593,8 @@ def _row_dot_intrinsic():
     @intrinsic
     def blocks_to_float(typingctx, w, o, kind):
         """o[:] = the float32 values of one row of ggml blocks w (uint8; kind: row_dot's block
-        kinds, 34 Q8_0, 18 Q4_0, 144 Q4_K, 176 Q5_K, 210 Q6_K), 32 values a vector."""
+        kinds, 34 Q8_0, 18 Q4_0, 144 Q4_K, 176 Q5_K, 210 Q6_K, 20 Q4_1, 22 Q5_0, 24 Q5_1), 32
+        values a vector."""
         if not isinstance(kind, types.IntegerLiteral):
             return None
         k = kind.literal_value
@@ -578,6 +626,19 @@ def _row_dot_intrinsic():
                         q = builder.sub(nibble_values_at(builder, wp, builder.add(at, const(j, 2))),
                                         ir.Constant(vec(i8, 32), [8] * 32))
                     store(builder.fmul(builder.sitofp(q, f32x32), splat32(half_at(at))), builder.mul(j, const(j, 32)))
+            elif k in OFFSET_BLOCK_KINDS:  # d (u - 16), or d u + m
+                min_at = OFFSET_BLOCK_FIELDS[k][2]
+                with cgutils.for_range(builder, builder.lshr(n, const(n, 5))) as loop:
+                    j = loop.index
+                    at = builder.mul(j, const(j, k))
+                    u = offset_block_values(builder, wp, at, k)
+                    if min_at is None:
+                        values = builder.fmul(builder.sitofp(builder.sub(u, ir.Constant(vec(i8, 32), [16] * 32)), f32x32),
+                                              splat32(half_at(at)))
+                    else:
+                        values = builder.fadd(builder.fmul(builder.uitofp(u, f32x32), splat32(half_at(at)), flags=("fast",)),
+                                              splat32(half_at(builder.add(at, const(j, min_at)))), flags=("fast",))
+                    store(values, builder.mul(j, const(j, 32)))
             elif k in (144, 176):
                 with cgutils.for_range(builder, builder.lshr(n, const(n, 8))) as loop:
                     blk = loop.index
@@ -783,6 +844,26 @@ def k_quant_values(builder, wp, base, g, block_bytes):
         high = builder.and_(builder.lshr(load_i8(builder, wp, at(16), 32), c8(g)), c8(1))
         u = builder.or_(u, builder.shl(high, c8(4)))
     return u
+
+
+# the offset kinds' fields: where a block holds its nibbles, its fifth bits (None: none) and its
+# float16 min m (None: none, the values are u - 16)
+OFFSET_BLOCK_FIELDS = {20: (4, None, 2), 22: (6, 2, None), 24: (8, 4, 2)}
+
+
+def offset_block_values(builder, wp, at, block_bytes):
+    """The 32 values u of the Q4_1 / Q5_0 / Q5_1 block (OFFSET_BLOCK_KINDS) at `at` as <32 x
+    i8>: its nibbles (value i the low nibble of byte i, value i + 16 the high), and for Q5_0 and
+    Q5_1 bit i of the 32-bit qh as value i's fifth bit."""
+    ir, i8, i16, i32 = _types()
+    nibbles_at, qh_at, _min_at = OFFSET_BLOCK_FIELDS[block_bytes]
+    u = nibble_values_at(builder, wp, builder.add(at, ir.Constant(at.type, nibbles_at)))
+    if qh_at is None:
+        return u
+    qh = builder.load(builder.bitcast(builder.gep(wp, [builder.add(at, ir.Constant(at.type, qh_at))]), i32.as_pointer()),
+                      align=1)
+    high = builder.zext(builder.bitcast(qh, vec(ir.IntType(1), 32)), vec(i8, 32))  # bit i -> byte i (x86: little-endian)
+    return builder.or_(u, builder.shl(high, ir.Constant(vec(i8, 32), [4] * 32)))
 
 
 def nibble_values_at(builder, w, at):

@@ -6,6 +6,9 @@ quant_kernels() (loader.py) holds:
     block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out) / dequantize_blocks(blocks, kind, out)
         the same over ggml's Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K blocks in place (no repacking; the
         dequantize is llvm_ir's blocks_to_float, a vector loop per row, bit-exact with ggml's)
+    offset_block_matvec(...) / dequantize_offset_blocks(blocks, kind, out)
+        the same over ggml's Q4_1 / Q5_0 / Q5_1 blocks in place (xsum: the activations' group
+        sums, for Q4_1's and Q5_1's mins)
     (both take MUL_MAT's rows ROWS at a time: llvm_ir's rows_dot, each weight row unpacked once
     for them, the same results as one row at a time)
     rows_block_matvec(blocks, kind, x, xq, xd, xsum, bsums, w_row0, x_row, out)
@@ -291,26 +294,83 @@ def block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out):
                 out[m, n] = row_dot(blocks[r], xp[x], xsum[x], xd[x], 210)
 
 
+@njit(fastmath=True, cache=True, nogil=True, inline="always")
+def is_offset_kind(kind):
+    """Q4_1's, Q5_0's and Q5_1's blocks (llvm_ir.OFFSET_BLOCK_KINDS: offset_block_matvec)."""
+    return kind == 20 or kind == 22 or kind == 24
+
+
+@njit(fastmath=True, cache=True, nogil=True, inline="always")
+def _offset_rows_of_four(w, kind, xq, xsum, xd, m):
+    if kind == 20:
+        return rows_dot(w, xd[0], xq, xsum, xd, m, 20, ROWS)
+    if kind == 22:
+        return rows_dot(w, xd[0], xq, xsum, xd, m, 22, ROWS)
+    return rows_dot(w, xd[0], xq, xsum, xd, m, 24, ROWS)
+
+
+@njit(fastmath=True, parallel=True, cache=True, nogil=True)
+def offset_block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out):
+    """block_matvec over ggml's Q4_1 (kind 20), Q5_0 (22) or Q5_1 (24) blocks in place, the
+    activations from quantize_rows (groups of 32; xsum their group sums, for the mins)."""
+    blocked = out.shape[0] // ROWS * ROWS if _plain(w_row0, x_row) else 0
+    for n in prange(out.shape[1]):
+        for m0 in range(0, blocked, ROWS):
+            dots = _offset_rows_of_four(blocks[n], kind, xq, xsum, xd, m0)
+            for i in range(ROWS):
+                out[m0 + i, n] = dots[i]
+        for m in range(blocked, out.shape[0]):
+            r, x = w_row0[m] + n, x_row[m]
+            if kind == 20:
+                out[m, n] = row_dot(blocks[r], xq[x], xsum[x], xd[x], 20)
+            elif kind == 22:
+                out[m, n] = row_dot(blocks[r], xq[x], xsum[x], xd[x], 22)
+            else:
+                out[m, n] = row_dot(blocks[r], xq[x], xsum[x], xd[x], 24)
+
+
 @njit(fastmath=True, cache=True, nogil=True)  # block_matvec's own prange runs it on the threads
 def rows_block_matvec(blocks, kind, x, xq, xd, xsum, bsums, w_row0, x_row, out):
     """block_matvec of float32 activation rows x [X, K], each first rounded as the kind's ggml
-    vec_dot type into xq and xd: Q8_0 with float16 scales for Q8_0 and Q4_0 (xsum f32 [X, K/32]),
-    Q8_K for the K-quants (bsums int16 [X, K/16]). One call a decode step's product, not three."""
-    if kind == 34 or kind == 18:
+    vec_dot type into xq and xd: Q8_0 with float16 scales for Q8_0, Q4_0 and the offset kinds
+    (xsum f32 [X, K/32]: the mins' sums), Q8_K for the K-quants (bsums int16 [X, K/16]). One
+    call a decode step's product, not three."""
+    if kind == 34 or kind == 18 or is_offset_kind(kind):
         quantize_rows(x, 32, xq, xd, xsum)
         for m in range(xd.shape[0]):  # ggml's Q8_0 scales are float16
             for j in range(xd.shape[1]):
                 xd[m, j] = round_to_half(xd[m, j])
     else:
         quantize_rows_q8_k(x, xq, xd, bsums)
-    block_matvec(blocks, kind, w_row0, xq, xd, bsums, x_row, out)
+    if is_offset_kind(kind):
+        offset_block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out)
+    else:
+        block_matvec(blocks, kind, w_row0, xq, xd, bsums, x_row, out)
+
+
+@njit(fastmath=True, parallel=True, cache=True, nogil=True)
+def dequantize_offset_blocks(blocks, kind, out):
+    """dequantize_blocks for ggml's Q4_1 (kind 20), Q5_0 (22) and Q5_1 (24) blocks: d u + m,
+    d (u - 16)."""
+    for n in prange(blocks.shape[0]):
+        o = _float_row(out[n])
+        if kind == 20:
+            blocks_to_float(blocks[n], o, 20)
+        elif kind == 22:
+            blocks_to_float(blocks[n], o, 22)
+        else:
+            blocks_to_float(blocks[n], o, 24)
+        _store_row(o, out[n])
 
 
 @njit(fastmath=True, parallel=True, cache=True, nogil=True)
 def dequantize_blocks(blocks, kind, out):
     """ggml's Q8_0 (kind 34), Q4_0 (18), Q4_K (144), Q5_K (176) or Q6_K (210) blocks [N, row bytes] -> out [N, K] as
     dequantize_rows writes it (float32 or bfloat16 bits): d * q, d * (nibble - 8),
-    d sc q - dmin m."""
+    d sc q - dmin m; Q4_1's, Q5_0's and Q5_1's (20, 22, 24) through dequantize_offset_blocks."""
+    if is_offset_kind(kind):
+        dequantize_offset_blocks(blocks, kind, out)
+        return
     for n in prange(blocks.shape[0]):
         o = _float_row(out[n])
         if kind == 34:  # blocks_to_float's kind is a compile-time constant: one branch each

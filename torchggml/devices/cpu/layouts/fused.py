@@ -14,12 +14,13 @@ costs 8 bits a weight plus the scales instead of 5.5-8.5: the price of loops LLV
 The 4-bit types Q4_0, Q4_1 and Q4_K keep 4 bits, two to a byte (byte i of a 32-value group holds
 values i and i + 16): Q4_0's q + 8, which the kernels take back as ggml's do, and Q4_1's and
 Q4_K's q in [0, 15]. Decode streams these bytes once a token, so they bound its speed: Q4_0
-4.5 bits a weight (llama.cpp's size), Q8_0 9, Q4_K 6, Q6_K 8 (float32 scales per group). So the
-2-D weights of those four types are not stored here: the same kernels read their ggml blocks in
-place (IN_PLACE_KINDS, block_product; ggml's sizes, nothing converted at load); their experts
-(3-D, for MUL_MAT_ID) and the other types are. Products: M < FUSED_MATMUL_MAX_ROWS rows of
-activations (BLOCK_MAX_ROWS for blocks in place, INT8_GEMM_MIN_ROWS where the int8 GEMM runs)
-run the fused matvec, four rows at a time for each weight row it reads, and so do a batched
+4.5 bits a weight (llama.cpp's size), Q8_0 9, Q4_1 6, Q5_0 9, Q4_K 6, Q6_K 8 (float32 scales
+per group). So the 2-D weights of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K are not
+stored here: the same kernels read their ggml blocks in place (IN_PLACE_KINDS, block_product;
+ggml's sizes, nothing converted at load, no second copy); their experts (3-D, for MUL_MAT_ID)
+and the other types are. Products: M < FUSED_MATMUL_MAX_ROWS rows of
+activations (BLOCK_MAX_ROWS for blocks in place, INT8_GEMM_MIN_ROWS where the int8 GEMM runs;
+Q4_1's, Q5_0's and Q5_1's blocks split their rows as the stored types: _layout_rows) run the fused matvec, four rows at a time for each weight row it reads, and so do a batched
 decode step's rows however many (separate_rows: ops.mul_mat_set_separate_rows; each row then
 equals its own step's). Larger micro-batches of those blocks in place (and of the stored
 types from LAYOUT_INT8_MIN_ROWS) run the int8 GEMM with
@@ -49,6 +50,7 @@ from ..jit.loader import BoundKernel, gemm_kernels, numba_available, quant_kerne
 from .base import RepackBuffer, RepackBufferType, is_whole_contiguous
 from .decompose import DECOMPOSE, HAS_BIAS, decompose, group_size
 from ..jit.gemm_ir import PANEL_ROWS, gemm_isa, kind_params
+from ..jit.llvm_ir import OFFSET_BLOCK_KINDS
 
 ALIGN = 64
 # MUL_MAT_ID's experts: one with fewer rows than this goes through the fused matvec (its rows
@@ -142,8 +144,8 @@ class FusedBufferType(RepackBufferType):
     """CPU memory holding weights as (q, scale, bias) for the fused numba products."""
 
     def supports_weight(self, qtype, ne) -> bool:
-        """The loader's question: 2-D Q8_0, Q4_0, Q4_K, Q5_K and Q6_K weights are multiplied in place instead
-        (is_in_place)."""
+        """The loader's question: 2-D weights of the IN_PLACE_KINDS' types are multiplied in place
+        instead (is_in_place)."""
         return supports_shape(qtype, ne) and not is_in_place(qtype, ne)
 
     def supports_tensor(self, t: Tensor) -> bool:
@@ -344,7 +346,9 @@ def _matvec(p: _Packed, x: torch.Tensor, x_row: np.ndarray, w_row0: np.ndarray, 
     if p.qtype in F16_ACTIVATION_SCALES:
         xd[:] = xd.astype(np.float16)
     target = out if out.is_contiguous() else torch.empty(out.shape, dtype=torch.float32)
-    if p.blocks:
+    if p.blocks and p.kind in OFFSET_BLOCK_KINDS:
+        kernels.offset_block_matvec(p.q, p.kind, w_row0, xq, xd, xsum, x_row, target.numpy())
+    elif p.blocks:
         kernels.block_matvec(p.q, p.kind, w_row0, xq, xd, xsum, x_row, target.numpy())
     else:
         kernels.matvec(p.q, p.scale, p.bias, p.has_bias, p.kind, w_row0, xq, xd, xsum, x_row, target.numpy())
@@ -392,7 +396,7 @@ def _gemm_buffers(key: tuple, make):
 
 
 def _int8_gemm(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
-    """out = rows @ W^T for ggml's Q8_0/Q4_0/Q4_K/Q5_K/Q6_K blocks in place, or the fused
+    """out = rows @ W^T for ggml's blocks in place (IN_PLACE_KINDS), or the fused
     layout's rows of a type _layout_gemm_kind names (N a multiple of PANEL_ROWS): the rows
     rounded to int8 as the matvec rounds them (ggml's Q8_0, Q8_K for the K-quants blocks), the
     weight's rows laid out PANEL_ROWS at a time into each thread's panel and multiplied by int8
@@ -412,7 +416,9 @@ def _int8_gemm(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
     kernels = gemm_kernels()
     kernels.quantize_activations(rows.float().contiguous().numpy(), group, zero, scale_block, xq, dx, xz, xm)
     target = out if out.is_contiguous() else torch.empty(out.shape, dtype=torch.float32)
-    if p.blocks:
+    if p.blocks and kind in OFFSET_BLOCK_KINDS:
+        kernels.offset_panel_gemm(p.q, kind, xq, dx, xz, xm, target.numpy(), panels.view(np.uint8), scales, mins)
+    elif p.blocks:
         kernels.panel_gemm(p.q, kind, xq, dx, xz, xm, target.numpy(), panels.view(np.uint8), scales, mins)
     else:
         kernels.layout_panel_gemm(p.q.view(np.uint32), p.scale, p.bias, kind, xq, dx, xz, xm, target.numpy(),
@@ -444,16 +450,23 @@ def _takes_int8_gemm(p: _Packed) -> bool:
     return kind is not None and p.n % PANEL_ROWS == 0 and int8_gemm_takes(kind)
 
 
+def _layout_rows(p: _Packed) -> bool:
+    """Whether p's products split their rows as the fused layout's (FUSED_MATMUL_MAX_ROWS,
+    LAYOUT_INT8_MIN_ROWS): the converted types, and Q4_1's, Q5_0's and Q5_1's blocks in place,
+    which were converted before and keep the numerics the real models' tests hold them to."""
+    return not p.blocks or p.kind in OFFSET_BLOCK_KINDS
+
+
 def _matvec_max_rows(p: _Packed) -> int:
     """The fused matvec takes fewer activation rows than this; the GEMMs the rest."""
-    if p.blocks:
+    if not _layout_rows(p):
         return INT8_GEMM_MIN_ROWS if _takes_int8_gemm(p) else BLOCK_MAX_ROWS
     return FUSED_MATMUL_MAX_ROWS
 
 
 def _int8_gemm_min_rows(p: _Packed) -> int:
     """The int8 GEMM takes this many rows and more (where it takes the weight's kind)."""
-    return INT8_GEMM_MIN_ROWS if p.blocks else LAYOUT_INT8_MIN_ROWS
+    return LAYOUT_INT8_MIN_ROWS if _layout_rows(p) else INT8_GEMM_MIN_ROWS
 
 
 def _product(p: _Packed, rows: torch.Tensor, out: torch.Tensor, separate_rows: bool = False) -> None:
@@ -472,11 +485,13 @@ def _product(p: _Packed, rows: torch.Tensor, out: torch.Tensor, separate_rows: b
         out.copy_(part)
 
 
-# 2-D weights of these types are multiplied on ggml's blocks in place (kernels.block_matvec; the
-# row_dot kind is the block's bytes): the loader leaves them in the file's mapping (nothing to
-# convert at load, no second copy, and Q4_K, Q5_K and Q6_K read at their 4.5, 5.5 and 6.56 bits
-# a weight instead of 6, 8 and 8 here)
-IN_PLACE_KINDS = {Type.Q8_0: 34, Type.Q4_0: 18, Type.Q4_K: 144, Type.Q5_K: 176, Type.Q6_K: 210}
+# 2-D weights of these types are multiplied on ggml's blocks in place (kernels.block_matvec,
+# offset_block_matvec for Q4_1, Q5_0, Q5_1; the row_dot kind is the block's bytes): the loader
+# leaves them in the file's mapping (nothing to convert at load, no second copy, and Q4_1, Q5_0,
+# Q5_1, Q4_K, Q5_K and Q6_K read at their 5, 5.5, 6, 4.5, 5.5 and 6.56 bits a weight instead of
+# 6, 9, 10, 6, 8 and 8 here)
+IN_PLACE_KINDS = {Type.Q8_0: 34, Type.Q4_0: 18, Type.Q4_K: 144, Type.Q5_K: 176, Type.Q6_K: 210,
+                  Type.Q4_1: 20, Type.Q5_0: 22, Type.Q5_1: 24}
 # the in-place kinds whose activations are rounded as ggml's Q8_K (Q4_K, Q5_K, Q6_K: one scale per 256
 # values; their kernels sum a block's scaled groups as integers, as ggml's)
 Q8_K_KINDS = (144, 176, 210)
@@ -522,8 +537,9 @@ def is_in_place(qtype, ne) -> bool:
 
 
 def block_product(qtype, raw: torch.Tensor, separate_rows: bool = False):
-    """fn(rows [R, K] float, out [R, N] f32): out = rows @ W^T for a Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weight's ggml
-    blocks raw (uint8 [N, row bytes], rows contiguous), as the fused layout's product."""
+    """fn(rows [R, K] float, out [R, N] f32): out = rows @ W^T for the ggml blocks raw (uint8
+    [N, row bytes], rows contiguous) of a weight of the IN_PLACE_KINDS' types, as the fused
+    layout's product."""
     return functools.partial(_product, _Packed.of_blocks(qtype, raw), separate_rows=separate_rows)
 
 
