@@ -100,7 +100,11 @@ def test_golden_logits(entry, device):
     assert entry["chunks"] == [len(entry["tokens"])]  # the references were made in one batch
     model = golden_model(entry, device)
     check_logits(model.eval(entry["tokens"]), entry)  # one batch
-    check_logits(eval_steps(model, entry["tokens"]), entry)  # prompt, then decode steps
+    # prompt, then decode steps; a quantized model's steps on SIM run Triton's matvec in the
+    # interpreter (seconds a step, whatever the position): there the last two tokens are steps
+    interpreted = device != "CPU" and entry["weights"] not in ("F32", "F16")
+    n_prompt = len(entry["tokens"]) - 2 if interpreted else 8
+    check_logits(eval_steps(model, entry["tokens"], n_prompt), entry)
 
 
 def entry_named(name: str) -> dict:
