@@ -17,6 +17,7 @@ stderr says that the kernels are being compiled, once per process.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import hashlib
@@ -115,14 +116,23 @@ def start_numba() -> None:
     if _loads_without_refresh():
         _set_up_for_loading(cpu_target.target_context)
     else:
-        if "numba.np.arraymath" not in sys.modules and "scipy.linalg" not in sys.modules:
-            sys.modules["scipy.linalg"] = None  # `import scipy.linalg` raises ImportError
-            try:
-                import numba.np.arraymath  # noqa: F401
-            finally:
-                del sys.modules["scipy.linalg"]
+        with _arraymath_without_scipy():
+            import numba.np.arraymath  # noqa: F401
         cpu_target.target_context.refresh()
     gc.freeze()
+
+
+@contextlib.contextmanager
+def _arraymath_without_scipy():
+    """numba.np.arraymath imported (where it is not yet) with `import scipy.linalg` failing."""
+    if "numba.np.arraymath" in sys.modules or "scipy.linalg" in sys.modules:
+        yield
+        return
+    sys.modules["scipy.linalg"] = None  # `import scipy.linalg` raises ImportError
+    try:
+        yield
+    finally:
+        del sys.modules["scipy.linalg"]
 
 
 def _loads_without_refresh() -> bool:
@@ -150,7 +160,9 @@ def _load_cached(cache, sig, target_context):
     """numba's Cache.load_overload (a kernel's compiled code from the disk cache, or None), with
     _set_up_for_loading in place of its refresh."""
     _set_up_for_loading(target_context)
-    with cache._guard_against_spurious_io_errors():
+    # a kernel whose code calls numba's numpy implementations imports numba.np.arraymath as its
+    # environment is rebuilt: without SciPy's linear algebra there too
+    with cache._guard_against_spurious_io_errors(), _arraymath_without_scipy():
         return cache._load_overload(sig, target_context)
 
 
