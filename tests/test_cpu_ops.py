@@ -79,6 +79,7 @@ TAKEN = [
     ("get_rows(type=Q4_0,ne0=256,n_rows=5,n=3,batch=[2, 2])", True),
     ("get_rows(type=Q8_0,ne0=256,n_rows=5,n=3,batch=[2, 2])", True),
     ("get_rows(type=Q4_K,ne0=256,n_rows=5,n=3,batch=[2, 2])", True),
+    ("get_rows(type=IQ4_NL,ne0=256,n_rows=6,n=4,batch=[1, 1])", True),
     ("get_rows(type=Q5_K,ne0=256,n_rows=6,n=4,batch=[1, 1])", False),  # the torch dequantizer
     ("get_rows(type=F16,ne0=16,n_rows=10,n=5,batch=[1, 1])", False),
     ("mul_mat(KQ decode,n_kv=168,head_dim=64,heads=16/16)", True),

@@ -106,7 +106,7 @@ PRODUCT_CASES += [(qtype, 33, 512, m, "f32", "fused") for qtype in TYPES
                   for m in (layout.FUSED_MATMUL_MAX_ROWS - 1, layout.FUSED_MATMUL_MAX_ROWS)]
 # 2-D weights of the other types in host memory (a tied embedding, which GET_ROWS reads too):
 # converted once to the fused layout when their product is bound
-PRODUCT_CASES += [(qtype, 33, 512, m, "f32", "blocks") for qtype in (T.Q2_K, T.Q3_K, T.IQ4_NL) for m in (1, 40)]
+PRODUCT_CASES += [(qtype, 33, 512, m, "f32", "blocks") for qtype in (T.Q2_K, T.Q3_K, T.MXFP4) for m in (1, 40)]
 # blocks in place keep the matvec up to BLOCK_MAX_ROWS rows
 PRODUCT_CASES += [(qtype, 33, 512, m, "f32", "blocks") for qtype in layout.IN_PLACE_KINDS
                   for m in (layout.BLOCK_MAX_ROWS - 1, layout.BLOCK_MAX_ROWS)]
@@ -196,12 +196,12 @@ def _needs_int8_gemm():
         pytest.skip("the int8 GEMM needs a CPU with AVX2 or a VNNI on x86 (this one runs the float GEMM path instead)")
 
 
-def _rounded_as_vec_dot_type(qtype, x: torch.Tensor) -> torch.Tensor:
+def _rounded_as_vec_dot_type(qtype, x: torch.Tensor, where: str = "blocks") -> torch.Tensor:
     """x [M, K] rounded as ggml's vec_dot type for qtype rounds it, float64: Q8_0 per 32 values
-    (d = max|x| / 127, q = round(x / d)) for Q8_0/Q4_0 and the types of the fused layout, Q8_K
-    per 256 for the K-quants' blocks (the matvec's own rounding, which
+    (d = max|x| / 127, q = round(x / d)) for Q8_0/Q4_0/IQ4_NL and the types of the fused layout,
+    Q8_K per 256 for the K-quants' and IQ4_XS's blocks in place (the matvec's own rounding, which
     test_k_quant_activations_round_as_ggml_q8_k checks)."""
-    if qtype not in (T.Q4_K, T.Q5_K, T.Q6_K):
+    if where != "blocks" or layout.IN_PLACE_KINDS.get(qtype) not in layout.Q8_K_KINDS:
         g = x.reshape(x.shape[0], -1, 32)
         d = g.abs().amax(-1, keepdim=True) / 127
         q = torch.where(d > 0, torch.round(g / torch.where(d > 0, d, 1)), 0)
@@ -250,7 +250,7 @@ def test_int8_gemm_is_exact_on_rounded_activations(qtype, n, k, m, where, monkey
     ggml.backend_tensor_set(b, x)
     assert ggml.backend_graph_compute(ggml.backend_cpu_init(), graph) == ggml.Status.SUCCESS
     ours = torch.as_tensor(ggml.backend_tensor_get(node)).reshape(m, n).double()
-    want = _rounded_as_vec_dot_type(qtype, x) @ w.T
+    want = _rounded_as_vec_dot_type(qtype, x, where) @ w.T
     torch.testing.assert_close(ours, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
     assert nmse(ours.numpy(), (x.double() @ w.T).numpy()) < 5e-4
 
@@ -750,18 +750,21 @@ def test_fused_kernels_on_other_x86_targets(target):
     from pathlib import Path
     env = {**__import__("os").environ, "NUMBA_CPU_NAME": target, "NUMBA_CPU_FEATURES": ""}
     cases = ("m1-f32 and (Q8_0-n33 or Q6_K-n33 or Q4_K-n33 or Q5_K-n33 or Q4_0-n33 or Q4_1-n33 or Q5_0-n33"
-             " or Q5_1-n33)")  # fused and blocks
+             " or Q5_1-n33 or IQ4_NL-n33 or IQ4_XS-n33)")  # fused and blocks
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
                           str(Path(__file__).with_name("test_cpu_native_runs.py")),
                           str(Path(__file__).with_name("test_cpu_ops.py")),
                           "-k", f"(test_fused_mul_mat_matches_float64 and {cases}) or half_bits or float16_rounding"
-                                " or (many_rows_equals and m7 and (Q4_0 or Q4_1 or Q5_1 or Q8_0 or Q4_K or Q6_K))"
-                                " or bad_row_index_in_a_native_run or (f16_weight_numba_products and 83)"],
+                                " or (many_rows_equals and m7 and (Q4_0 or Q4_1 or Q5_1 or Q8_0 or Q4_K or Q6_K or IQ4_NL"
+                                " or IQ4_XS))"
+                                " or bad_row_index_in_a_native_run or (f16_weight_numba_products and 83)"
+                                " or (block_matvec_is_exact and m9 and (IQ4_NL or IQ4_XS))"],
                          env=env, cwd=Path(__file__).parent, capture_output=True, text=True, timeout=300)
     # each type fused and on its blocks in place, the half conversions, a native run (its program
     # compiled for the target with every kernel it calls), an F16 row dot with a remainder, rows
-    # four at a time (fused and in place)
-    assert out.returncode == 0 and "32 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+    # four at a time (fused and in place), the IQ4 kinds' matvec (its own AVX2 code) exact on the
+    # rounded activations
+    assert out.returncode == 0 and "43 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
 
 
 def test_kernels_load_from_numba_disk_cache_in_a_new_process(tmp_path):
@@ -793,6 +796,32 @@ def test_kernels_load_from_numba_disk_cache_in_a_new_process(tmp_path):
     assert "compiling" not in second.stderr, second.stderr[-2000:]
     misses, hits = map(int, second.stdout.split())
     assert (misses, hits) == (0, 2), second.stdout
+
+
+def test_a_kernel_loaded_from_numba_cache_keeps_no_parsed_ir_and_still_links(tmp_path):
+    """A kernel loaded from numba's disk cache drops the LLVM module numba parses from the cached
+    bitcode (several MB a kernel, kept for the process's life: ~15 MB of a small model's first
+    prompt and decode); a kernel compiled later that calls it parses it again to link it."""
+    pytest.importorskip("numba")
+    import importlib.util
+    import numba
+    from torchggml.devices.cpu.jit.linking_ir import lean_cache
+    source = tmp_path / "lean_kernels.py"
+    source.write_text("from numba import njit\n\n@njit(cache=True)\ndef twice(x):\n    return 2 * x\n")
+
+    def fresh():  # a new dispatcher over the same cached file, as in a new process
+        spec = importlib.util.spec_from_file_location("lean_kernels", source)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.twice
+    assert fresh()(3) == 6  # compiled and saved
+    twice = fresh()
+    lean_cache(twice)
+    assert twice(4) == 8 and sum(twice.stats.cache_hits.values()) == 1
+    library = twice.overloads[twice.signatures[0]].library
+    assert library._shared_module is None
+    assert numba.njit(lambda x: twice(x) + 1)(5) == 11
+    assert library._shared_module is not None  # parsed again for the caller's link
 
 
 def test_a_changed_llvm_ir_drops_the_cached_kernels(tmp_path, monkeypatch):
@@ -829,6 +858,45 @@ def test_k_quant_activations_round_as_ggml_q8_k():
     np.testing.assert_array_equal(xd.reshape(-1), blocks[:, :4].copy().view(np.float32).reshape(-1))
     np.testing.assert_array_equal(xq.reshape(12, 256), blocks[:, 4:260].view(np.int8))
     np.testing.assert_array_equal(bsums.reshape(12, 16), blocks[:, 260:292].copy().view(np.int16))
+
+
+# (type, K, rows): every kind of blocks in place on the decode matvec, rows one at a time, four at
+# a time and a remainder; K of whole block pairs, and 7 blocks of 32 (Q4_0's and IQ4_NL's odd last block)
+ROUNDED_MATVEC_CASES = [(qtype, 768, m) for qtype in sorted(layout.IN_PLACE_KINDS, key=int) for m in (1, 4, 9, 16, 64)]
+ROUNDED_MATVEC_CASES += [(qtype, 224, m) for qtype in (T.Q4_0, T.IQ4_NL) for m in (1, 9)]
+
+
+@pytest.mark.parametrize("qtype,k,m", ROUNDED_MATVEC_CASES, ids=[f"{c[0].name}-k{c[1]}-m{c[2]}" for c in ROUNDED_MATVEC_CASES])
+def test_block_matvec_is_exact_on_rounded_activations(qtype, k, m):
+    """The decode matvec on ggml's blocks in place equals the float64 product of gguf's
+    dequantized weight and the activations rounded as ggml's vec_dot type for the type (Q8_0
+    with float16 scales, Q8_K for the K-quants), and for the Q8_0-rounded types the converted
+    layout's product of the same weight (what IQ4_NL ran on before it was multiplied in place)
+    within float32 rounding."""
+    pytest.importorskip("numba")
+    n = 40
+    blocks = random_blocks(qtype, n, k, seed=k + m)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 2
+    ours = torch.empty(m, n)
+    layout._product(layout._Packed.of_blocks(qtype, blocks), x, ours, separate_rows=True)
+    w = dequantize(qtype, blocks).double()
+    if qtype in layout.F16_ACTIVATION_SCALES:  # q from the float32 scale, the scale stored as float16
+        g = x.reshape(m, -1, 32)
+        d = g.abs().amax(-1, keepdim=True) / 127
+        q = torch.round(g * torch.where(d > 0, 1 / d, 0))
+        rounded = (q.double() * d.half().double()).reshape(m, k)
+        want = rounded @ w.T
+        _q, _scale, mins = decompose(qtype, blocks, k)
+        if mins is not None:  # the mins times the groups' sums d * sum(q), d in float32 (quantize_rows)
+            full = (q.double() * d.double()).reshape(m, k)
+            want += (full - rounded) @ mins.double().repeat_interleave(32, dim=1).T
+    else:
+        want = _rounded_as_vec_dot_type(qtype, x) @ w.T
+    torch.testing.assert_close(ours.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    if qtype in layout.F16_ACTIVATION_SCALES:  # the converted layout rounds these types' activations alike
+        converted = torch.empty(m, n)
+        layout._product(packed_weight(qtype, "fused", blocks, n, k), x, converted, separate_rows=True)
+        torch.testing.assert_close(ours, converted, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])

@@ -54,6 +54,27 @@ def test_smaps_fields_are_read_for_the_mapping_holding_an_address():
     del a
 
 
+def test_converting_a_weight_bounds_its_temporaries(monkeypatch):
+    """A weight converted to the fused layout by torch ops (IQ4_NL here) is decomposed at most 1M
+    values at a time: the temporaries of a chunk (int64 indices among them, ~8 bytes a value)
+    are freed into malloc's heap, where glibc keeps blocks under its raised mmap threshold
+    resident (4M-value chunks left ~50 MB there after SmolLM2's IQ4_NL tied head was converted,
+    1M ~8 MB); the converted weight is the one a single chunk gives."""
+    from torchggml.devices.cpu.layouts import fused
+    n, k = 96, 16384
+    raw = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (n, k // 32, 18), dtype=np.uint8))
+    raw[:, :, :2] = torch.tensor([0x00, 0x3C], dtype=torch.uint8)  # each block's scale: 1.0 in half
+    raw = raw.reshape(n, -1)
+    chunks, decompose = [], fused.decompose
+    monkeypatch.setattr(fused, "decompose", lambda qtype, blocks, k: chunks.append(blocks.shape[0] * k)
+                        or decompose(qtype, blocks, k))
+    p = fused.packed_blocks(ggml.Type.IQ4_NL, raw)
+    assert sum(chunks) == n * k and max(chunks) <= 1 << 20 and len(chunks) == 2
+    monkeypatch.setattr(fused, "CONVERT_ROWS_VALUES", n * k)
+    whole = fused.packed_blocks(ggml.Type.IQ4_NL, raw)
+    assert np.array_equal(p.q, whole.q) and np.array_equal(p.scale, whole.scale)
+
+
 def test_small_files_are_not_probed_for_huge_pages(demo_path):
     assert open_gguf(demo_path).maps_in_huge_pages(probes=10**6) is False
 

@@ -13,7 +13,8 @@ beside oneDNN's bf16 GEMM and the vpdpbusd peak: scripts/bench_cpu_peaks.py, doc
 
     pack_rows(w0, w1, w2, w3, panel, scales, mins, r0, kind)
         rows r0..r0+3 (r0 % 4 == 0) of a panel from four rows of ggml blocks (uint8 [row bytes];
-        kind: 34 Q8_0, 18 Q4_0, 144 Q4_K, 176 Q5_K, 210 Q6_K, 20 Q4_1, 22 Q5_0, 24 Q5_1), K values each: row r's u8 values
+        kind: 34 Q8_0, 18 Q4_0, 144 Q4_K, 176 Q5_K, 210 Q6_K, 136 IQ4_XS, IQ4_NL_KIND IQ4_NL, 20 Q4_1, 22 Q5_0,
+        24 Q5_1), K values each: row r's u8 values
         u = q + ZERO[kind] at panel[(k // 4) * 4 * PANEL_ROWS + 4 r + k % 4], group j's scale
         at scales[j * PANEL_ROWS + r] (float32 d; the K-quants' integer sc as int32, their
         super-block b's d at scales[(K / G + b) * PANEL_ROWS + r]), and Q4_K's and Q5_K's
@@ -38,23 +39,28 @@ x86) prompts keep the bf16/f32 GEMM.
 """
 from __future__ import annotations
 
-from .llvm_ir import (OFFSET_BLOCK_FIELDS, OFFSET_BLOCK_KINDS, half_bits_to_float, k_quant_values, load_i8,
-                      nibble_values_at, offset_block_values, q4_k_scales_and_mins_words, q6_k_values, target_features)
+from .llvm_ir import (IQ4_NL_KIND, OFFSET_BLOCK_FIELDS, OFFSET_BLOCK_KINDS, block_bytes, half_bits_to_float,
+                      iq4_nl_values, iq4_xs_scales, iq4_xs_values, k_quant_values, load_i8, nibble_values_at,
+                      offset_block_values, q4_k_scales_and_mins_words, q6_k_values, target_features)
 
 PANEL_ROWS = 32   # two 16-lane vectors of rows (four 8-lane ones)
 TILE_COLS = 4     # activation rows an AVX-512 tile multiplies (4 x 2 int and 4 x 2 float accumulators)
 # kind -> (group size G, zero point ZERO: the u8 values are q + ZERO, the activations' scale
 # block: 32 values (Q8_0's rounding) or 256 (Q8_K's, the K-quants' vec_dot type in ggml))
 GEMM_KINDS = {34: (32, 128, 32), 18: (32, 8, 32), 144: (32, 0, 256), 176: (32, 0, 256), 210: (16, 32, 256),
+              IQ4_NL_KIND: (32, 128, 32), 136: (32, 128, 256),
               32: (32, 128, 32), 33: (32, 128, 32), 16: (16, 128, 32), 17: (16, 128, 32), 4: (32, 0, 32),
               20: (32, 0, 32), 22: (32, 16, 32), 24: (32, 0, 32)}
-# kind (a block's bytes) -> its values
-BLOCK_VALUES = {34: 32, 18: 32, 144: 256, 176: 256, 210: 256, **{k: 32 for k in OFFSET_BLOCK_KINDS}}
+# kind -> its block's values
+BLOCK_VALUES = {34: 32, 18: 32, 144: 256, 176: 256, 210: 256, 136: 256, IQ4_NL_KIND: 32,
+                **{k: 32 for k in OFFSET_BLOCK_KINDS}}
 # the fused layout's rows (layouts/fused.py: q, float32 group scales, float32 biases), packed by
 # gemm_kernels.pack_layout_rows, not by pack_rows: int8 q in groups of 32 (32, 33 with a bias)
 # or 16 (16, 17), and Q4_1's nibbles with its bias (4). Their activations round as Q8_0 per 32.
 LAYOUT_KINDS = (32, 33, 16, 17, 4)
-INT8_KINDS = (34, 32, 33, 16, 17)  # weights of any int8 value: u = q + 128 (q itself on AVX2)
+# weights of any int8 value: u = q + 128 (q itself on AVX2); IQ4_NL's and IQ4_XS's values (-127..113) too
+INT8_KINDS = (34, IQ4_NL_KIND, 136, 32, 33, 16, 17)
+K_QUANT_KINDS = (144, 176, 210, 136)  # integer group scales summed over each super-block of 256
 BIAS_KINDS = (144, 176, 33, 17, 4, 20, 24)  # a float offset per group (the mins): times the activations' group sums
 
 
@@ -145,7 +151,7 @@ def _gemm_intrinsics(isa: str):
             row_bytes = builder.extract_value(array(context, builder, sig, args, 0).shape, 0)
             i64 = row_bytes.type
             const = lambda v: ir.Constant(i64, v)  # noqa: E731
-            n_values = builder.mul(builder.udiv(row_bytes, const(k)), const(BLOCK_VALUES[k]))
+            n_values = builder.mul(builder.udiv(row_bytes, const(block_bytes(k))), const(BLOCK_VALUES[k]))
             row_at = builder.mul(row0, const(4))
 
             def store_values(rows_u, at):
@@ -174,14 +180,17 @@ def _gemm_intrinsics(isa: str):
             def half_at(wp, at):
                 bits = builder.load(builder.bitcast(builder.gep(wp, [at]), i16.as_pointer()), align=1)
                 return half_bits_to_float(builder, bits)
-            if k in (34, 18):
+            if k in (34, 18, IQ4_NL_KIND):
                 with cgutils.for_range(builder, builder.udiv(n_values, const(32))) as loop:
                     j = loop.index
-                    at = builder.mul(j, const(k))
+                    at = builder.mul(j, const(block_bytes(k)))
                     if k == 34:  # q + 128 (the sign bit flipped) or, with zero 0, q
                         us = [load_i8(builder, wp, builder.add(at, const(2)), 32) for wp in wps]
                         if kind_params(34, isa)[1]:
                             us = [builder.xor(u, ir.Constant(vec(i8, 32), [-128] * 32)) for u in us]
+                    elif k == IQ4_NL_KIND:  # the table's values plus the zero point
+                        us = [iq4_nl_values(builder, nibble_values_at(builder, wp, builder.add(at, const(2))),
+                                            kind_params(k, isa)[1]) for wp in wps]
                     else:
                         us = [nibble_values_at(builder, wp, builder.add(at, const(2))) for wp in wps]
                     store_values(us, builder.mul(j, const(32)))
@@ -213,6 +222,20 @@ def _gemm_intrinsics(isa: str):
                             store_float(mp, builder.fneg(builder.fmul(dmin, m)), group, row)
                     for g in range(8):
                         store_values([k_quant_values(builder, wp, at, g, k) for wp in wps],
+                                     builder.add(builder.mul(blk, const(256)), const(32 * g)))
+            elif k == 136:  # IQ4_XS: the table's values plus the zero point, ls - 32 as integer scales
+                zero = kind_params(k, isa)[1]
+                with cgutils.for_range(builder, builder.udiv(n_values, const(256))) as loop:
+                    blk = loop.index
+                    at = builder.mul(blk, const(136))
+                    for row, wp in enumerate(wps):
+                        store_float(sp, half_at(wp, at), builder.add(builder.udiv(n_values, const(32)), blk), row)
+                        scales8 = iq4_xs_scales(builder, wp, at)
+                        for g in range(8):
+                            store_float(int_scales, builder.extract_element(scales8, ir.Constant(i32, g)),
+                                        builder.add(builder.mul(blk, const(8)), const(g)), row)
+                    for g in range(8):
+                        store_values([iq4_xs_values(builder, wp, at, g, zero) for wp in wps],
                                      builder.add(builder.mul(blk, const(256)), const(32 * g)))
             else:  # 210: groups of 16
                 with cgutils.for_range(builder, builder.udiv(n_values, const(256))) as loop:
@@ -306,7 +329,7 @@ def _gemm_intrinsics(isa: str):
             def dx_splat(c, block):
                 return splat(builder, builder.load(builder.gep(dp, [builder.add(builder.mul(const(c), n_scales), block)])), width)
 
-            if k in (144, 176, 210):  # K-quants: sum_g sc_g (q_g . x_g) in integers over each super-block
+            if k in K_QUANT_KINDS:  # K-quants, IQ4_XS: sum_g sc_g (q_g . x_g) in integers over each super-block
                 zeros_i = ir.Constant(vi32, [0] * width)
                 totals = [[cgutils.alloca_once_value(builder, zeros_i) for _ in range(lanes)] for _ in range(n_cols)]
                 int_scales = builder.bitcast(sp, i32.as_pointer())
@@ -325,7 +348,7 @@ def _gemm_intrinsics(isa: str):
                             for r in range(lanes):
                                 builder.store(builder.add(builder.load(totals[c][r]), builder.mul(ints[c][r], sc[r])),
                                               totals[c][r])
-                        if k != 210:  # the mins: -dmin m_g times the activations' sums, in float
+                        if k in BIAS_KINDS:  # the mins: -dmin m_g times the activations' sums, in float
                             row_mins = [rows_vector(mp, j, r) for r in range(lanes)]
                             for c in range(n_cols):
                                 xm_at = builder.add(builder.mul(const(c), n_groups), j)

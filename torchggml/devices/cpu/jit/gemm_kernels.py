@@ -29,6 +29,7 @@ import numpy as np
 from numba import njit, prange
 
 from .gemm_ir import PANEL_ROWS, _gemm_intrinsics, gemm_isa, kind_params, tile_cols
+from .llvm_ir import IQ4_NL_KIND
 from .quant_kernels import NAN_BITS, has_non_finite
 
 ISA = gemm_isa() or "avx2"  # numba's cache keeps one build per target CPU, so these are constants
@@ -98,22 +99,27 @@ def _pack(blocks, n0, kind, panel, scales, mins):
             pack_rows(w0, w1, w2, w3, panel, scales, mins, r, 34)
         elif kind == 18:
             pack_rows(w0, w1, w2, w3, panel, scales, mins, r, 18)
+        elif kind == IQ4_NL_KIND:
+            pack_rows(w0, w1, w2, w3, panel, scales, mins, r, IQ4_NL_KIND)
         elif kind == 144:
             pack_rows(w0, w1, w2, w3, panel, scales, mins, r, 144)
         elif kind == 176:
             pack_rows(w0, w1, w2, w3, panel, scales, mins, r, 176)
+        elif kind == 136:
+            pack_rows(w0, w1, w2, w3, panel, scales, mins, r, 136)
         else:
             pack_rows(w0, w1, w2, w3, panel, scales, mins, r, 210)
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _tiles(kind, panel, scales, mins, xq, dx, xz, xm, out):
-    """out [M, PANEL_ROWS] = the panel's rows times every activation row, TILE_COLS at a time."""
+    """out [M, PANEL_ROWS] = the panel's rows times every activation row, TILE_COLS at a time
+    (IQ4_NL's panel holds int8 values and float scales as Q8_0's: Q8_0's tile)."""
     m_rows = xq.shape[0]
     full = m_rows - m_rows % TILE_COLS
     for c in range(0, full, TILE_COLS):
         e = c + TILE_COLS
-        if kind == 34:
+        if kind == 34 or kind == IQ4_NL_KIND:
             tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], TILE_COLS, 34)
         elif kind == 18:
             tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], TILE_COLS, 18)
@@ -121,11 +127,13 @@ def _tiles(kind, panel, scales, mins, xq, dx, xz, xm, out):
             tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], TILE_COLS, 144)
         elif kind == 176:
             tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], TILE_COLS, 176)
+        elif kind == 136:
+            tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], TILE_COLS, 136)
         else:
             tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], TILE_COLS, 210)
     for c in range(full, m_rows):
         e = c + 1
-        if kind == 34:
+        if kind == 34 or kind == IQ4_NL_KIND:
             tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], 1, 34)
         elif kind == 18:
             tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], 1, 18)
@@ -133,6 +141,8 @@ def _tiles(kind, panel, scales, mins, xq, dx, xz, xm, out):
             tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], 1, 144)
         elif kind == 176:
             tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], 1, 176)
+        elif kind == 136:
+            tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], 1, 136)
         else:
             tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], 1, 210)
 

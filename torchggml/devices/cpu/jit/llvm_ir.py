@@ -9,13 +9,20 @@ import functools
 
 # independent float sums a row's dot product keeps (sum_terms)
 ACCUMULATORS = 4
+# IQ4_NL's kind: Q4_0's 18-byte blocks (its bytes would name it), values through a table
+IQ4_NL_KIND = -18
 # ggml's blocks of 32 values u in [0, 15] or [0, 31] after a float16 d, by block bytes: Q4_1 (20
 # bytes: d, float16 min m, 16 bytes of nibbles; W = d u + m), Q5_0 (22: d, 4 bytes of fifth bits
 # qh, nibbles; W = d (u - 16)) and Q5_1 (24: d, m, qh, nibbles; W = d u + m)
 OFFSET_BLOCK_KINDS = (20, 22, 24)
 # row_dot's kinds that read ggml's blocks in place, by block bytes: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K,
-# and the offset kinds
-BLOCK_KINDS = (34, 18, 144, 176, 210) + OFFSET_BLOCK_KINDS
+# IQ4_XS and the offset kinds; and IQ4_NL
+BLOCK_KINDS = (34, 18, 144, 176, 210, 136) + OFFSET_BLOCK_KINDS + (IQ4_NL_KIND,)
+
+
+def block_bytes(kind: int) -> int:
+    """The bytes of a block kind's ggml block."""
+    return 18 if kind == IQ4_NL_KIND else kind
 
 
 def _row_dot_intrinsic():
@@ -36,9 +43,10 @@ def _row_dot_intrinsic():
     (Q4_0's signed values, as ggml's kernels subtract 8). Block kinds read ggml's blocks in
     place (w: the row's raw bytes): 34 for Q8_0 (float16 d, 32 int8 values; scale not read),
     18 for Q4_0 (q4_0_pairs_dot: two blocks a vector; x in pair order, scale the int32 minus 8
-    terms, see quant_kernels.pair_activations), 144 for Q4_K, 176 for Q5_K and 210 for Q6_K (k_blocks_dot,
-    q6_k_blocks_dot: activations rounded as ggml's Q8_K, xd one scale per 256 values and scale
-    the int16 sums of each 16 values, for the mins and the minus 32).
+    terms, see quant_kernels.pair_activations; IQ4_NL_KIND for IQ4_NL's blocks, read the same way, each
+    nibble an index into kvalues_iq4nl), 144 for Q4_K, 176 for Q5_K, 210 for Q6_K and 136 for IQ4_XS
+    (k_blocks_dot, q6_k_blocks_dot, iq4_xs_blocks_dot: activations rounded as ggml's Q8_K, xd one
+    scale per 256 values and scale the int16 sums of each 16 values, for the mins and the minus 32).
     """
     from llvmlite import ir
     from numba import types
@@ -153,16 +161,21 @@ def _row_dot_intrinsic():
         the second)."""
         # |w| times x with w's sign (ggml's trick for signed bytes: the CPU's dot multiplies
         # unsigned by signed bytes); |-128| = 128 reads as an unsigned byte
-        zeros = ir.Constant(vec(i8, 32), [0] * 32)
-        negative = builder.icmp_signed("<", wv, zeros)
-        magnitude = builder.select(negative, builder.neg(wv), wv)
-        signed_x = builder.select(negative, builder.neg(xv), builder.select(builder.icmp_signed("==", wv, zeros), zeros, xv))
-        fast = _byte_dot_8(builder, magnitude, signed_x)
+        fast = _byte_dot_8(builder, *sign_moved(builder, wv, xv))
         if fast is not None:
             return fast
         wide = vec(i32, 32)
         products = builder.mul(builder.sext(wv, wide), builder.sext(xv, wide))
         return fold_adjacent_to_8(builder, products) if kind == 16 else fold_to_8(builder, products, 32)
+
+    def sign_moved(builder, wv, xv):
+        """(|w|, x with w's sign, 0 where w is 0) of <32 x i8> w and x: signed bytes through the
+        byte dot, which multiplies unsigned by signed ones (vpabsb, vpsignb)."""
+        zeros = ir.Constant(vec(i8, 32), [0] * 32)
+        negative = builder.icmp_signed("<", wv, zeros)
+        magnitude = builder.select(negative, builder.neg(wv), wv)
+        signed_x = builder.select(negative, builder.neg(xv), builder.select(builder.icmp_signed("==", wv, zeros), zeros, xv))
+        return magnitude, signed_x
 
     @intrinsic
     def row_dot(typingctx, w, x, scale, xd, kind):
@@ -220,8 +233,10 @@ def _row_dot_intrinsic():
             return k_blocks_dot(builder, wp, rows, n_groups, k)
         if k == 210:
             return q6_k_blocks_dot(builder, wp, rows, n_groups)
-        if k == 18:
-            return q4_0_pairs_dot(builder, wp, rows, n_groups)
+        if k == 136:
+            return iq4_xs_blocks_dot(builder, wp, rows, n_groups)
+        if k in (18, IQ4_NL_KIND):
+            return q4_0_pairs_dot(builder, wp, rows, n_groups, k == IQ4_NL_KIND)
         if k in OFFSET_BLOCK_KINDS:
             return offset_blocks_dot(builder, wp, rows, n_groups, k)
         if k == 34:
@@ -328,7 +343,7 @@ def _row_dot_intrinsic():
             return nibble_products(builder, u, xv, min_at is None, 16)
         return blocks_sum_terms(builder, wp, rows, n_blocks, block_bytes, ints_of, min_at)
 
-    def q4_0_pairs_dot(builder, wp, rows, n_blocks):
+    def q4_0_pairs_dot(builder, wp, rows, n_blocks, iq4_nl=False):
         """A row of ggml's Q4_0 blocks in place (18 bytes: float16 d, 16 bytes of nibbles, byte i
         value i low and value i + 16 high) times the activations, two blocks a vector: the 32
         bytes of blocks 2p and 2p + 1 side by side hold both blocks' values 0-15 in their low
@@ -339,9 +354,11 @@ def _row_dot_intrinsic():
         it is); minusp: int32 per pair, 8 lanes of 2 S (S a block's sum of x: sum (u - 8) x =
         sum u x - 8 S exactly, in integers), 8 lanes of S for an odd last block; xd the blocks'
         activation scales. The scales d_j xd_j are taken 8 blocks at a time as one vector.
-        rows: each activation row's (xp, minusp, dp)."""
+        rows: each activation row's (xp, minusp, dp). iq4_nl: IQ4_NL's blocks (the same bytes, each
+        nibble the index of its int8 value in kvalues_iq4nl: nibble_dot)."""
         const = lambda v: ir.Constant(n_blocks.type, v)  # noqa: E731
         n_pairs = builder.lshr(n_blocks, const(1))
+        nibble_dot = iq4_nl_dot if iq4_nl else q4_0_dot
         accs = [[cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8)) for _ in range(ACCUMULATORS)]
                 for _ in rows]
 
@@ -354,11 +371,10 @@ def _row_dot_intrinsic():
             low = builder.and_(packed, ir.Constant(vec(i8, 32), [15] * 32))
             high = builder.lshr(packed, ir.Constant(vec(i8, 32), [4] * 32))
             x_at = builder.mul(p, const(64))
-            ints = adjacent_byte_dot(builder, high, load_i8(builder, xp, builder.add(x_at, const(32)), 32),
-                                     adjacent_byte_dot(builder, low, load_i8(builder, xp, x_at, 32)))
             sub = builder.load(builder.bitcast(builder.gep(minus, [builder.mul(p, const(8))]), vec(i32, 8).as_pointer()),
                                align=4)
-            return builder.sub(ints, sub)
+            return nibble_dot(builder, [low, high], [load_i8(builder, xp, x_at, 32),
+                                                     load_i8(builder, xp, builder.add(x_at, const(32)), 32)], sub)
 
         def d_bits(j):
             at = builder.gep(wp, [builder.mul(j, const(18))])
@@ -410,15 +426,36 @@ def _row_dot_intrinsic():
             u = nibble_values_at(builder, wp, builder.add(builder.mul(j, const(18)), const(2)))
             for row, row_accs in zip(rows, accs):
                 xv = load_i8(builder, row[0], builder.mul(j, const(32)), 32)
-                ints = nibble_products(builder, u, xv, False)
                 minus = builder.bitcast(row[1], i32.as_pointer())
                 sub = builder.load(builder.bitcast(builder.gep(minus, [builder.mul(n_pairs, const(8))]),
                                                    vec(i32, 8).as_pointer()), align=4)
+                ints = nibble_dot(builder, [u], [xv], sub)
                 sj = builder.insert_element(ir.Constant(vec(f32, 8), ir.Undefined), scale_of(j, row), ir.Constant(i32, 0))
-                term = builder.fmul(builder.sitofp(builder.sub(ints, sub), vec(f32, 8)),
+                term = builder.fmul(builder.sitofp(ints, vec(f32, 8)),
                                     builder.shuffle_vector(sj, sj, ir.Constant(vec(i32, 8), [0] * 8)), flags=("fast",))
                 builder.store(builder.fadd(builder.load(row_accs[0]), term, flags=("fast",)), row_accs[0])
         return [sum_accumulators(builder, row_accs) for row_accs in accs]
+
+    def q4_0_dot(builder, us, xvs, sub):
+        """Q4_0's nibbles us (<32 x i8> each) times xvs, minus sub (the 8 S terms): <8 x i32>."""
+        ints = None
+        for u, xv in zip(us, xvs):
+            ints = adjacent_byte_dot(builder, u, xv, ints)
+        return builder.sub(ints, sub)
+
+    def iq4_nl_dot(builder, us, xvs, sub):
+        """IQ4_NL's nibbles us (indices into kvalues_iq4nl) times xvs as <8 x i32>. Where the
+        byte dot is vpdpbusd (no saturation) the values are looked up plus 128 (unsigned) and
+        128 S taken off: sub (8 S in Q4_0's lanes) times 16; elsewhere (vpmaddubsw would
+        saturate on u up to 241) the signed values' magnitudes times x with their signs."""
+        offset = vnni_byte_dot()
+        ints = None
+        for u, xv in zip(us, xvs):
+            v = iq4_nl_values(builder, u, 128 if offset else 0)
+            if not offset:
+                v, xv = sign_moved(builder, v, xv)
+            ints = adjacent_byte_dot(builder, v, xv, ints)
+        return builder.sub(ints, builder.shl(sub, ir.Constant(vec(i32, 8), [4] * 8))) if offset else ints
 
     def lane_pairs(builder, v8, lane):
         """<8 x float> [v8[lane]] * 4 + [v8[lane + 1]] * 4: one vpermps on AVX2."""
@@ -525,6 +562,34 @@ def _row_dot_intrinsic():
             return builder.fmul(builder.sitofp(ints, vec(f32, 8)), splat_f32(builder, scale, 8), flags=("fast",))
         return sum_terms_rows(builder, block_term, n_blocks, rows)  # each block's term from its exact integer sums
 
+    def iq4_xs_blocks_dot(builder, wp, rows, n_blocks):
+        """A row of ggml's IQ4_XS blocks in place (136 bytes per 256 values: float16 d, 6-bit
+        sub-block scales ls in scales_h and scales_l, 8 x 16 bytes of nibbles, each 16 holding a
+        sub-block of 32 as Q4_0's, indices into kvalues_iq4nl) times activations rounded as
+        ggml's Q8_K (one scale xd a block), as ggml's kernels: per block the integer
+        sum_g (ls_g - 32) (v_g . x_g), the values' magnitudes times x with their signs
+        (vpmaddubsw cannot take them unsigned: up to 241), then d xd times it. rows: each
+        activation row's (xp, sump (unread), dp)."""
+        const = lambda v: ir.Constant(n_blocks.type, v)  # noqa: E731
+
+        def block_term(b, row):
+            xp, dp = row[0], row[2]
+            base = builder.mul(b, const(136))
+            sc = builder.trunc(iq4_xs_scales(builder, wp, base), vec(i16, 8))
+            sc16 = builder.shuffle_vector(sc, sc, ir.Constant(vec(i32, 16), list(range(8)) * 2))
+            chains = [None, None]
+            for g in range(8):
+                v = iq4_xs_values(builder, wp, base, g)
+                xv = load_i8(builder, xp, builder.add(builder.mul(b, const(256)), const(32 * g)), 32)
+                chains[g % 2] = scaled_byte_dot(builder, *sign_moved(builder, v, xv), spread_word(builder, sc16, [g] * 8),
+                                                chains[g % 2])
+            d = half_bits_to_float(builder, builder.load(builder.bitcast(builder.gep(wp, [base]), i16.as_pointer()),
+                                                         align=1))
+            scale = builder.fmul(d, builder.load(builder.gep(dp, [b])))
+            return builder.fmul(builder.sitofp(builder.add(chains[0], chains[1]), vec(f32, 8)), splat_f32(builder, scale, 8),
+                                flags=("fast",))
+        return sum_terms_rows(builder, block_term, n_blocks, rows)  # each block's term from its exact integer sums
+
     def scaled_byte_dot(builder, u, xv, sc16, acc):
         """acc (<8 x i32>, or None: zeros) plus the products of 32 unsigned bytes u (< 64) and 32
         int8 xv (|x| <= 127), each pair's sum times the int16 sc16 lane of the pair, lane i the
@@ -593,8 +658,8 @@ def _row_dot_intrinsic():
     @intrinsic
     def blocks_to_float(typingctx, w, o, kind):
         """o[:] = the float32 values of one row of ggml blocks w (uint8; kind: row_dot's block
-        kinds, 34 Q8_0, 18 Q4_0, 144 Q4_K, 176 Q5_K, 210 Q6_K, 20 Q4_1, 22 Q5_0, 24 Q5_1), 32
-        values a vector."""
+        kinds, 34 Q8_0, 18 Q4_0, 144 Q4_K, 176 Q5_K, 210 Q6_K, 136 IQ4_XS, IQ4_NL_KIND, 20 Q4_1, 22 Q5_0,
+        24 Q5_1), 32 values a vector."""
         if not isinstance(kind, types.IntegerLiteral):
             return None
         k = kind.literal_value
@@ -616,12 +681,14 @@ def _row_dot_intrinsic():
                 return half_bits_to_float(builder, builder.load(builder.bitcast(builder.gep(wp, [at]), i16.as_pointer()),
                                                                 align=1))
             const = lambda j, v: ir.Constant(j.type, v)  # noqa: E731
-            if k in (34, 18):
+            if k in (34, 18, IQ4_NL_KIND):
                 with cgutils.for_range(builder, builder.lshr(n, const(n, 5))) as loop:
                     j = loop.index
-                    at = builder.mul(j, const(j, k))
+                    at = builder.mul(j, const(j, block_bytes(k)))
                     if k == 34:
                         q = load_i8(builder, wp, builder.add(at, const(j, 2)), 32)
+                    elif k == IQ4_NL_KIND:
+                        q = iq4_nl_values(builder, nibble_values_at(builder, wp, builder.add(at, const(j, 2))))
                     else:
                         q = builder.sub(nibble_values_at(builder, wp, builder.add(at, const(j, 2))),
                                         ir.Constant(vec(i8, 32), [8] * 32))
@@ -653,6 +720,15 @@ def _row_dot_intrinsic():
                         u = k_quant_values(builder, wp, at, g, k)
                         values = builder.fsub(builder.fmul(builder.uitofp(u, f32x32), splat32(scale)), splat32(offset))
                         store(values, builder.add(builder.mul(blk, const(blk, 256)), const(blk, 32 * g)))
+            elif k == 136:
+                with cgutils.for_range(builder, builder.lshr(n, const(n, 8))) as loop:
+                    blk = loop.index
+                    at = builder.mul(blk, const(blk, 136))
+                    sc = builder.sitofp(iq4_xs_scales(builder, wp, at), vec(f32, 8))
+                    for g in range(8):
+                        dl = builder.fmul(half_at(at), builder.extract_element(sc, ir.Constant(i32, g)))
+                        v = builder.sitofp(iq4_xs_values(builder, wp, at, g), f32x32)
+                        store(builder.fmul(v, splat32(dl)), builder.add(builder.mul(blk, const(blk, 256)), const(blk, 32 * g)))
             else:  # 210
                 with cgutils.for_range(builder, builder.lshr(n, const(n, 8))) as loop:
                     blk = loop.index
@@ -846,6 +922,29 @@ def k_quant_values(builder, wp, base, g, block_bytes):
     return u
 
 
+def iq4_xs_scales(builder, wp, at):
+    """The IQ4_XS block at `at`'s 8 sub-block scales ls - 32 as <8 x i32>: ls_g is nibble g of
+    scales_l (the 4 bytes at 4) and bits 2g, 2g + 1 of scales_h (the 2 bytes at 2) above it."""
+    ir, i8, i16, i32 = _types()
+    c = lambda values: ir.Constant(vec(i32, 8), values)  # noqa: E731
+
+    def splat_word(off, t):
+        word = builder.zext(builder.load(builder.bitcast(builder.gep(wp, [builder.add(at, ir.Constant(at.type, off))]),
+                                                        t.as_pointer()), align=1), i32)
+        one = builder.insert_element(ir.Constant(vec(i32, 8), ir.Undefined), word, ir.Constant(i32, 0))
+        return builder.shuffle_vector(one, one, c([0] * 8))
+    low = builder.and_(builder.lshr(splat_word(4, i32), c([4 * g for g in range(8)])), c([15] * 8))
+    high = builder.and_(builder.lshr(splat_word(2, i16), c([2 * g for g in range(8)])), c([3] * 8))
+    return builder.sub(builder.or_(low, builder.shl(high, c([4] * 8))), c([32] * 8))
+
+
+def iq4_xs_values(builder, wp, at, g, offset=0):
+    """Sub-block g's 32 values of the IQ4_XS block at `at` (its 16 bytes at 8 + 16 g, as Q4_0's)
+    as kvalues_iq4nl + offset, <32 x i8>."""
+    ir = _types()[0]
+    return iq4_nl_values(builder, nibble_values_at(builder, wp, builder.add(at, ir.Constant(at.type, 8 + 16 * g))), offset)
+
+
 # the offset kinds' fields: where a block holds its nibbles, its fifth bits (None: none) and its
 # float16 min m (None: none, the values are u - 16)
 OFFSET_BLOCK_FIELDS = {20: (4, None, 2), 22: (6, 2, None), 24: (8, 4, 2)}
@@ -968,6 +1067,31 @@ def native_half() -> bool:
     return "f16c" in target_features()
 
 
+def vnni_byte_dot() -> bool:
+    """Whether _byte_dot_8 is vpdpbusd (whose u8 x s8 products cannot saturate)."""
+    feats = target_features()
+    return ("avx512vnni" in feats and "avx512vl" in feats) or "avxvnni" in feats
+
+
+def iq4_nl_values(builder, u, offset=0):
+    """<32 x i8> nibbles u (0-15) -> kvalues_iq4nl[u] + offset (offset 128: unsigned bytes) as
+    <32 x i8>: one in-lane byte shuffle (vpshufb) on AVX2, a select per table entry elsewhere."""
+    from llvmlite import ir
+    from numba.core import cgutils
+    from ....quants.tables import IQ4NL_VALUES
+    i8 = ir.IntType(8)
+    table = [(v + offset) & 255 for v in IQ4NL_VALUES]
+    if "avx2" in target_features():
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec(i8, 32), [vec(i8, 32)] * 2),
+                                            "llvm.x86.avx2.pshuf.b")
+        return builder.call(fn, [ir.Constant(vec(i8, 32), table * 2), u])
+    out = ir.Constant(vec(i8, 32), [table[0]] * 32)
+    for index in range(1, 16):
+        out = builder.select(builder.icmp_unsigned("==", u, ir.Constant(vec(i8, 32), [index] * 32)),
+                             ir.Constant(vec(i8, 32), [table[index]] * 32), out)
+    return out
+
+
 def _byte_dot_8(builder, u, s, acc=None):
     """IR: <n x i8> u (unsigned, < 128 here) times <n x i8> s (signed), n 32 or 16, summed in
     groups of 4 into <8 x i32> (n 16: the upper 4 lanes 0), plus acc where given (n 32), by the
@@ -982,7 +1106,7 @@ def _byte_dot_8(builder, u, s, acc=None):
     i32, i16 = ir.IntType(32), ir.IntType(16)
     lanes, vb, vw = ir.VectorType(i32, n // 4), ir.VectorType(ir.IntType(8), n), ir.VectorType(i16, n // 2)
     module = builder.module
-    if ("avx512vnni" in feats and "avx512vl" in feats) or "avxvnni" in feats:
+    if vnni_byte_dot():
         fn = cgutils.get_or_insert_function(module, ir.FunctionType(lanes, [lanes, lanes, lanes]),
                                             f"llvm.x86.avx512.vpdpbusd.{n * 8}")
         start = acc if acc is not None and n == 32 else ir.Constant(lanes, [0] * (n // 4))

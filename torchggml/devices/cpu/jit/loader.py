@@ -77,6 +77,15 @@ def _drop_cache_of_older_ir(module) -> None:
         pass
 
 
+def _lean_caches(module) -> None:
+    """The module's kernels drop their parsed LLVM IR once loaded from numba's cache (linking_ir.py)."""
+    from numba.core.registry import CPUDispatcher
+    from .linking_ir import lean_cache
+    for fn in vars(module).values():
+        if isinstance(fn, CPUDispatcher):
+            lean_cache(fn)
+
+
 _warm = []  # a module loaded in this process found its kernels in numba's cache
 
 
@@ -107,6 +116,7 @@ def start_numba() -> None:
 def _load(name: str):
     start_numba()
     module = importlib.import_module(f"{__package__}.{name}")
+    _lean_caches(module)
     try:
         _drop_cache_of_older_ir(module)
         cold = cache_is_cold(module)

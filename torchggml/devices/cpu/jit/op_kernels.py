@@ -43,10 +43,13 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
+from ....quants.tables import IQ4NL_VALUES
 from .halves import float_to_half_bits
 from .llvm_ir import HALF_LANES, _half_row_dot_intrinsic, native_half
 
 
+
+IQ4_NL_VALUES = np.array(IQ4NL_VALUES, np.float32)  # kvalues_iq4nl (a constant in the kernels)
 
 # copies walk the last two dims in tiles of this many rows x columns (transposes stay in cache)
 COPY_TILE = 32
@@ -591,6 +594,17 @@ def q4_0_row(raw, y):  # blocks of d f16 and 16 bytes of nibbles: d * (q - 8)
 
 
 @jit
+def iq4_nl_row(raw, y):  # Q4_0's blocks, each nibble an index into kvalues_iq4nl: d * value
+    for b in range(y.shape[0] // 32):
+        o = b * 18
+        d = half_at(raw, o)
+        for j in range(16):
+            q = raw[o + 2 + j]
+            y[b * 32 + j] = d * IQ4_NL_VALUES[q & 15]
+            y[b * 32 + 16 + j] = d * IQ4_NL_VALUES[q >> 4]
+
+
+@jit
 def q8_0_row(raw, y):  # blocks of d f16 and 32 int8: d * q
     for b in range(y.shape[0] // 32):
         o = b * 34
@@ -647,8 +661,10 @@ def get_block_rows(table, ids, out, kind):
                     q8_0_row(raw, y)
                 elif kind == 2:
                     q4_k_row(raw, y)
-                else:
+                elif kind == 3:
                     q6_k_row(raw, y)
+                else:
+                    iq4_nl_row(raw, y)
     return -1
 
 

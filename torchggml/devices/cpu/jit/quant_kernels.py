@@ -4,7 +4,7 @@ quant_kernels() (loader.py) holds:
     matvec(q, scale, bias, has_bias, kind, w_row0, xq, xd, xsum, x_row, out)
         out[m, n] = sum_k W[w_row0[m] + n, k] x[x_row[m], k]
     block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out) / dequantize_blocks(blocks, kind, out)
-        the same over ggml's Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K blocks in place (no repacking; the
+        the same over ggml's Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K / IQ4_NL / IQ4_XS blocks in place (no repacking; the
         dequantize is llvm_ir's blocks_to_float, a vector loop per row, bit-exact with ggml's)
     offset_block_matvec(...) / dequantize_offset_blocks(blocks, kind, out)
         the same over ggml's Q4_1 / Q5_0 / Q5_1 blocks in place (xsum: the activations' group
@@ -44,7 +44,7 @@ import numpy as np
 from numba import njit, prange, uint64
 
 from .halves import round_to_half
-from .llvm_ir import _half_bits_intrinsic, _row_dot_intrinsic, _row_output_helpers
+from .llvm_ir import IQ4_NL_KIND, _half_bits_intrinsic, _row_dot_intrinsic, _row_output_helpers
 
 
 row_dot, rows_dot, unpack_nibbles, unpack_six, blocks_to_float = _row_dot_intrinsic()
@@ -255,24 +255,31 @@ def _block_rows_of_four(w, kind, xp, sums, xsum, xd, m):
         return rows_dot(w, xd[0], xp, xd, xd, m, 34, ROWS)
     if kind == 18:
         return rows_dot(w, xd[0], xp, sums, xd, m, 18, ROWS)
+    if kind == IQ4_NL_KIND:
+        return rows_dot(w, xd[0], xp, sums, xd, m, IQ4_NL_KIND, ROWS)
     if kind == 144:
         return rows_dot(w, xd[0], xp, xsum, xd, m, 144, ROWS)
     if kind == 176:
         return rows_dot(w, xd[0], xp, xsum, xd, m, 176, ROWS)
+    if kind == 136:
+        return rows_dot(w, xd[0], xp, xsum, xd, m, 136, ROWS)
     return rows_dot(w, xd[0], xp, xsum, xd, m, 210, ROWS)
 
 
 @njit(fastmath=True, parallel=True, cache=True, nogil=True)
 def block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out):
     """matvec over ggml's blocks in place (blocks uint8 [rows, row bytes]): kind 34 for Q8_0,
-    18 for Q4_0 (xq, xd from quantize_rows, groups of 32), 144 for Q4_K, 176 for Q5_K, 210 for Q6_K (xq, xd,
+    18 for Q4_0, IQ4_NL_KIND for IQ4_NL (xq, xd from quantize_rows, groups of 32), 144 for Q4_K, 176 for Q5_K,
+    210 for Q6_K, 136 for IQ4_XS (xq, xd,
     xsum from quantize_rows_q8_k) (llvm_ir.BLOCK_KINDS; the scales and mins are read from the blocks).
     MUL_MAT's rows (plain) go ROWS at a time through rows_dot."""
-    # Q4_0: the activations in its pair order and its minus 8 terms, once per activation row
+    # Q4_0 and IQ4_NL: the activations in their pair order and their sums' terms, once per
+    # activation row
     n_x, k = xq.shape
-    xp = np.empty_like(xq) if kind == 18 else xq
-    sums = np.empty((n_x, 8 * ((k // 32 + 1) // 2) if kind == 18 else 0), np.int32)
-    if kind == 18:
+    pairs = kind == 18 or kind == IQ4_NL_KIND
+    xp = np.empty_like(xq) if pairs else xq
+    sums = np.empty((n_x, 8 * ((k // 32 + 1) // 2) if pairs else 0), np.int32)
+    if pairs:
         pair_activations(xq, xp, sums)
     blocked = out.shape[0] // ROWS * ROWS if _plain(w_row0, x_row) else 0
     for n in prange(out.shape[1]):
@@ -286,10 +293,14 @@ def block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out):
                 out[m, n] = row_dot(blocks[r], xp[x], xd[x], xd[x], 34)
             elif kind == 18:
                 out[m, n] = row_dot(blocks[r], xp[x], sums[x], xd[x], 18)
+            elif kind == IQ4_NL_KIND:
+                out[m, n] = row_dot(blocks[r], xp[x], sums[x], xd[x], IQ4_NL_KIND)
             elif kind == 144:
                 out[m, n] = row_dot(blocks[r], xp[x], xsum[x], xd[x], 144)
             elif kind == 176:
                 out[m, n] = row_dot(blocks[r], xp[x], xsum[x], xd[x], 176)
+            elif kind == 136:
+                out[m, n] = row_dot(blocks[r], xp[x], xsum[x], xd[x], 136)
             else:
                 out[m, n] = row_dot(blocks[r], xp[x], xsum[x], xd[x], 210)
 
@@ -332,10 +343,10 @@ def offset_block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out):
 @njit(fastmath=True, cache=True, nogil=True)  # block_matvec's own prange runs it on the threads
 def rows_block_matvec(blocks, kind, x, xq, xd, xsum, bsums, w_row0, x_row, out):
     """block_matvec of float32 activation rows x [X, K], each first rounded as the kind's ggml
-    vec_dot type into xq and xd: Q8_0 with float16 scales for Q8_0, Q4_0 and the offset kinds
-    (xsum f32 [X, K/32]: the mins' sums), Q8_K for the K-quants (bsums int16 [X, K/16]). One
-    call a decode step's product, not three."""
-    if kind == 34 or kind == 18 or is_offset_kind(kind):
+    vec_dot type into xq and xd: Q8_0 with float16 scales for Q8_0, Q4_0, IQ4_NL and the offset
+    kinds (xsum f32 [X, K/32]: the mins' sums), Q8_K for the K-quants and IQ4_XS (bsums int16
+    [X, K/16]). One call a decode step's product, not three."""
+    if kind == 34 or kind == 18 or kind == IQ4_NL_KIND or is_offset_kind(kind):
         quantize_rows(x, 32, xq, xd, xsum)
         for m in range(xd.shape[0]):  # ggml's Q8_0 scales are float16
             for j in range(xd.shape[1]):
@@ -365,9 +376,10 @@ def dequantize_offset_blocks(blocks, kind, out):
 
 @njit(fastmath=True, parallel=True, cache=True, nogil=True)
 def dequantize_blocks(blocks, kind, out):
-    """ggml's Q8_0 (kind 34), Q4_0 (18), Q4_K (144), Q5_K (176) or Q6_K (210) blocks [N, row bytes] -> out [N, K] as
-    dequantize_rows writes it (float32 or bfloat16 bits): d * q, d * (nibble - 8),
-    d sc q - dmin m; Q4_1's, Q5_0's and Q5_1's (20, 22, 24) through dequantize_offset_blocks."""
+    """ggml's Q8_0 (kind 34), Q4_0 (18), Q4_K (144), Q5_K (176), Q6_K (210), IQ4_XS (136) or IQ4_NL
+    (IQ4_NL_KIND) blocks [N, row bytes] -> out [N, K] as dequantize_rows writes it (float32 or
+    bfloat16 bits): d * q, d * (nibble - 8), d sc q - dmin m, (d (ls - 32)) * kvalues_iq4nl[nibble],
+    d * kvalues_iq4nl[nibble]; Q4_1's, Q5_0's and Q5_1's (20, 22, 24) through dequantize_offset_blocks."""
     if is_offset_kind(kind):
         dequantize_offset_blocks(blocks, kind, out)
         return
@@ -377,10 +389,14 @@ def dequantize_blocks(blocks, kind, out):
             blocks_to_float(blocks[n], o, 34)
         elif kind == 18:
             blocks_to_float(blocks[n], o, 18)
+        elif kind == IQ4_NL_KIND:
+            blocks_to_float(blocks[n], o, IQ4_NL_KIND)
         elif kind == 144:
             blocks_to_float(blocks[n], o, 144)
         elif kind == 176:
             blocks_to_float(blocks[n], o, 176)
+        elif kind == 136:
+            blocks_to_float(blocks[n], o, 136)
         else:
             blocks_to_float(blocks[n], o, 210)
         _store_row(o, out[n])

@@ -15,10 +15,11 @@ The 4-bit types Q4_0, Q4_1 and Q4_K keep 4 bits, two to a byte (byte i of a 32-v
 values i and i + 16): Q4_0's q + 8, which the kernels take back as ggml's do, and Q4_1's and
 Q4_K's q in [0, 15]. Decode streams these bytes once a token, so they bound its speed: Q4_0
 4.5 bits a weight (llama.cpp's size), Q8_0 9, Q4_1 6, Q5_0 9, Q4_K 6, Q6_K 8 (float32 scales
-per group). So the 2-D weights of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K are not
-stored here: the same kernels read their ggml blocks in place (IN_PLACE_KINDS, block_product;
-ggml's sizes, nothing converted at load, no second copy); their experts (3-D, for MUL_MAT_ID)
-and the other types are. Products: M < FUSED_MATMUL_MAX_ROWS rows of
+per group), IQ4_NL and IQ4_XS 9 (int8 table values). So the 2-D weights of Q8_0, Q4_0, Q4_1,
+Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS are not stored here: the same kernels read their
+ggml blocks in place (IN_PLACE_KINDS, block_product; ggml's sizes, nothing converted at load, no
+second copy; IQ4_NL's and IQ4_XS's nibbles through their value table, one byte shuffle per 32
+values); their experts (3-D, for MUL_MAT_ID) and the other types are. Products: M < FUSED_MATMUL_MAX_ROWS rows of
 activations (BLOCK_MAX_ROWS for blocks in place, INT8_GEMM_MIN_ROWS where the int8 GEMM runs;
 Q4_1's, Q5_0's and Q5_1's blocks split their rows as the stored types: _layout_rows) run the fused matvec, four rows at a time for each weight row it reads, and so do a batched
 decode step's rows however many (separate_rows: ops.mul_mat_set_separate_rows; each row then
@@ -50,7 +51,7 @@ from ..jit.loader import BoundKernel, gemm_kernels, numba_available, quant_kerne
 from .base import RepackBuffer, RepackBufferType, is_whole_contiguous
 from .decompose import DECOMPOSE, HAS_BIAS, decompose, group_size
 from ..jit.gemm_ir import PANEL_ROWS, gemm_isa, kind_params
-from ..jit.llvm_ir import OFFSET_BLOCK_KINDS
+from ..jit.llvm_ir import IQ4_NL_KIND, OFFSET_BLOCK_KINDS
 
 ALIGN = 64
 # MUL_MAT_ID's experts: one with fewer rows than this goes through the fused matvec (its rows
@@ -77,7 +78,11 @@ INT8_GEMM_MIN_ROWS = 6
 # float64 through int8, 0.037 through bf16, llama.cpp's 0.044), while on longer prompts the int8
 # GEMM's logits are as close as the float GEMM's and closer than llama.cpp's (docs/cpu.md)
 LAYOUT_INT8_MIN_ROWS = 16
-CONVERT_ROWS_VALUES = 1 << 22  # rows are decomposed this many values at a time at load
+# rows are decomposed this many values at a time at load: the chunk's temporaries (int64
+# indices among them) are freed into malloc's heap, where they stay resident (glibc serves
+# blocks under its mmap threshold from there, and the threshold rises to the largest block
+# freed); 4M values left ~50 MB there after converting IQ4_NL's tied 49k x 576 head
+CONVERT_ROWS_VALUES = 1 << 20
 
 
 # types whose activations ggml rounds to Q8_0/Q8_1 blocks, which store the scale in float16
@@ -266,7 +271,7 @@ class _Packed:
         p = cls.__new__(cls)
         p.qtype, p.n, p.q, p.blocks = qtype, raw.shape[0], raw.numpy(), True
         p.kind, p.g = IN_PLACE_KINDS[qtype], group_size(qtype)
-        p.k = raw.shape[1] // p.kind * type_traits(qtype).blck_size
+        p.k = raw.shape[1] // type_traits(qtype).type_size * type_traits(qtype).blck_size
         return p
 
     def matrix(self, e: int) -> "_Packed":
@@ -486,15 +491,15 @@ def _product(p: _Packed, rows: torch.Tensor, out: torch.Tensor, separate_rows: b
 
 
 # 2-D weights of these types are multiplied on ggml's blocks in place (kernels.block_matvec,
-# offset_block_matvec for Q4_1, Q5_0, Q5_1; the row_dot kind is the block's bytes): the loader
-# leaves them in the file's mapping (nothing to convert at load, no second copy, and Q4_1, Q5_0,
-# Q5_1, Q4_K, Q5_K and Q6_K read at their 5, 5.5, 6, 4.5, 5.5 and 6.56 bits a weight instead of
-# 6, 9, 10, 6, 8 and 8 here)
+# offset_block_matvec for Q4_1, Q5_0, Q5_1; the row_dot kind is the block's bytes, but IQ4_NL's,
+# which are Q4_0's): the loader leaves them in the file's mapping (nothing to convert at load, no
+# second copy, and Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS read at their 5, 5.5, 6,
+# 4.5, 5.5, 6.56, 4.5 and 4.25 bits a weight instead of 6, 9, 10, 6, 8, 8, 9 and 9 here)
 IN_PLACE_KINDS = {Type.Q8_0: 34, Type.Q4_0: 18, Type.Q4_K: 144, Type.Q5_K: 176, Type.Q6_K: 210,
-                  Type.Q4_1: 20, Type.Q5_0: 22, Type.Q5_1: 24}
-# the in-place kinds whose activations are rounded as ggml's Q8_K (Q4_K, Q5_K, Q6_K: one scale per 256
-# values; their kernels sum a block's scaled groups as integers, as ggml's)
-Q8_K_KINDS = (144, 176, 210)
+                  Type.Q4_1: 20, Type.Q5_0: 22, Type.Q5_1: 24, Type.IQ4_XS: 136, Type.IQ4_NL: IQ4_NL_KIND}
+# the in-place kinds whose activations are rounded as ggml's Q8_K (Q4_K, Q5_K, Q6_K, IQ4_XS: one scale
+# per 256 values; their kernels sum a block's scaled groups as integers, as ggml's)
+Q8_K_KINDS = (144, 176, 210, 136)
 
 
 _converted = weakref.WeakKeyDictionary()  # weight Tensor -> its converted _Packed (while the weight lives)
