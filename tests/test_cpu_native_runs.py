@@ -16,8 +16,8 @@ from test_models import GOLDEN, MANIFEST, eval_steps, needs_golden  # noqa: E402
 
 T = ggml.Type
 
-# (golden model, load options): weights on ggml's blocks (block matvec), converted weights
-# (their matvec: Q4_1's nibbles, Q5_0's int8, Q2_K's groups of 16), F16 weights (the half
+# (golden model, load options): weights on ggml's blocks (block matvec; Q4_1's and Q5_0's its
+# offset kinds), converted weights (their matvec: Q2_K's groups of 16), F16 weights (the half
 # matvec), F32 weights (torch's products between runs), biases, an F32 KV cache, flash attention
 CASES = [
     ("llama-Q4_0", {}),

@@ -961,8 +961,10 @@ def offset_block_values(builder, wp, at, block_bytes):
         return u
     qh = builder.load(builder.bitcast(builder.gep(wp, [builder.add(at, ir.Constant(at.type, qh_at))]), i32.as_pointer()),
                       align=1)
-    high = builder.zext(builder.bitcast(qh, vec(ir.IntType(1), 32)), vec(i8, 32))  # bit i -> byte i (x86: little-endian)
-    return builder.or_(u, builder.shl(high, ir.Constant(vec(i8, 32), [4] * 32)))
+    # bit i -> 16 in byte i (x86: little-endian), a select: one masked move from a mask register on AVX-512
+    high = builder.select(builder.bitcast(qh, vec(ir.IntType(1), 32)), ir.Constant(vec(i8, 32), [16] * 32),
+                          ir.Constant(vec(i8, 32), [0] * 32))
+    return builder.or_(u, high)
 
 
 def nibble_values_at(builder, w, at):

@@ -30,8 +30,8 @@ OPS = (
     ("decode_attention", "u2/1 u2/1 i8/1 i i f4/3 u2/2 b f4 f4/3 f4/3 i"),
     ("copy", "f4/4 f4/4"),
     ("glu", "f4/4 f4/4 f4/4 b"),
-    # the converted layout's matvec: 4-bit (uint8 nibbles) and int8 q
-    ("rows_matvec", "u1/2 f4/2 f4/2 b i b f4/2 i1/2 f4/2 f4/2 i8/1 i8/1 f4/2"),
+    # the converted layout's matvec: its 2-D weights' int8 q (the 4-bit types' 2-D weights,
+    # Q4_0, Q4_1 and Q4_K, are multiplied on their blocks in place)
     ("rows_matvec", "i1/2 f4/2 f4/2 b i b f4/2 i1/2 f4/2 f4/2 i8/1 i8/1 f4/2"),
     ("scale", "f4/4 f4/4 f4 f4"),
 )
@@ -171,11 +171,8 @@ def run_program(a, program, floats, status):
         elif op == 8:
             glu(f4_4(a, p[1]), f4_4(a, p[2]), f4_4(a, p[3]), p[4] != 0)
         elif op == 9:
-            rows_matvec(u1_2(a, p[1]), f4_2(a, p[2]), f4_2(a, p[3]), p[4] != 0, p[5], p[6] != 0, f4_2(a, p[7]),
-                        i1_2(a, p[8]), f4_2(a, p[9]), f4_2(a, p[10]), i8_1(a, p[11]), i8_1(a, p[12]), f4_2(a, p[13]))
-        elif op == 10:
             rows_matvec(i1_2(a, p[1]), f4_2(a, p[2]), f4_2(a, p[3]), p[4] != 0, p[5], p[6] != 0, f4_2(a, p[7]),
                         i1_2(a, p[8]), f4_2(a, p[9]), f4_2(a, p[10]), i8_1(a, p[11]), i8_1(a, p[12]), f4_2(a, p[13]))
-        elif op == 11:
+        elif op == 10:
             scale(f4_4(a, p[1]), f4_4(a, p[2]), np.float32(f[0]), np.float32(f[1]))
     return -1

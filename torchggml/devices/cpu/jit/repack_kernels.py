@@ -1,5 +1,6 @@
-"""ggml blocks -> the fused (q, scale, bias) layouts at load, in native code, rows in parallel:
-the load of a quantized model is this conversion (the torch version in layouts/decompose.py took
+"""ggml blocks -> the fused (q, scale, bias) layouts at load, in native code, rows in parallel
+(the MoE experts of these types: their 2-D weights are multiplied on their blocks in place,
+fused.IN_PLACE_KINDS). A model's load was this conversion (the torch version in layouts/decompose.py took
 ~11 CPU s for a 1.1B Q8_0 model: per-field copies, reshapes and float conversions of whole
 chunks; here each block is read once and its outputs written once).
 
