@@ -191,7 +191,7 @@ def test_repacked_weights_leave_no_mapped_copy(tmp_path):
     the weights used in place (embeddings, norms)."""
     from torchggml.gguf.writer.demo import DEMO_CONFIG, write_model
     from torchggml.models import load_model
-    path = write_model(tmp_path / "q41.gguf", DEMO_CONFIG, "Q4_1")  # repacked (Q8_0, Q4_0 stay in place)
+    path = write_model(tmp_path / "mxfp4.gguf", DEMO_CONFIG, "MXFP4")  # repacked (the block types of IN_PLACE_KINDS stay)
     model = load_model(path, progress=False)
     repacked = [n for n, t in model.weight_buffers.tensors.items() if not t.buffer.ggml_layout]
     assert repacked

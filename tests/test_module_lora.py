@@ -95,9 +95,9 @@ def test_quantized_weights_dequantize_on_access(demo_dir):
 
 
 def test_lora_trains_beside_repacked_quantized_weights(demo_dir):
-    """Q4_1 projections on the CPU live in CPU_REPACK (the fused layout): the forward uses them
+    """MXFP4 projections on the CPU live in CPU_REPACK (the fused layout): the forward uses them
     as they are, the backward reads their values from the file through QuantizedWeight."""
-    path = generated_model(DEMO_CONFIG, "Q4_1", directory=demo_dir)
+    path = generated_model(DEMO_CONFIG, "MXFP4", directory=demo_dir)
     model = load_model(path, n_ctx=64, progress=False)
     assert not model.weight_buffers.tensors["blk.0.attn_q.weight"].buffer.ggml_layout
     model.add_lora(2, ["attn_q", "ffn_down"], seed=1)
