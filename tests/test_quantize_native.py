@@ -159,6 +159,24 @@ def test_native_accepts_torch_and_leading_dims():
     np.testing.assert_array_equal(got, quantize_native(Type.Q4_K, x.reshape(6, 256)))
 
 
+@pytest.mark.parametrize("t, kernel", [(Type.Q4_K, "quantize_rows"), (Type.Q8_0, "quantize_rows"),
+                                       (Type.IQ3_S, "quantize_grid_rows")], ids=lambda v: getattr(v, "name", v))
+def test_native_read_only_and_writable_rows_share_one_kernel(t, kernel):
+    """A file's read-only mapping and a writable buffer are two numba argument types: the
+    quantizer gets its inputs read-only either way, so it is compiled once, not twice."""
+    from torchggml.devices.cpu.jit import grid_quantize_kernels
+    from torchggml.devices.cpu.jit.loader import quantize_kernels
+    x = rows_of("gauss", (4, 256))
+    read_only = x.copy()
+    read_only.flags.writeable = False
+    np.testing.assert_array_equal(quantize_native(t, read_only), quantize_native(t, x))
+    np.testing.assert_array_equal(quantize_native(t, read_only, np.ones(256, np.float32)),
+                                  quantize_native(t, x, np.ones(256, np.float32)))
+    module = grid_quantize_kernels if kernel == "quantize_grid_rows" else quantize_kernels()
+    signatures = getattr(module, kernel).signatures
+    assert signatures and all(not sig[1].mutable and not sig[2].mutable for sig in signatures), signatures
+
+
 # ---------------------------------------------------------------- importance matrix files
 
 def _stats(seed=0):

@@ -29,6 +29,7 @@ _GRIDS = {Type.IQ2_XXS: ("iq2xxs", 2, 43692, 2), Type.IQ2_XS: ("iq2xs", 2, 43692
           Type.IQ2_S: ("iq2s", 2, 43692, 1), Type.IQ3_XXS: ("iq3xxs", 3, 4096, 2),
           Type.IQ3_S: ("iq3s", 3, 4096, 3), Type.IQ1_S: ("iq1s", 2, 43692, 3), Type.IQ1_M: ("iq1s", 2, 43692, 3)}
 _NO_IMATRIX = np.zeros(1, np.float32)
+_NO_IMATRIX.flags.writeable = False
 
 
 @functools.lru_cache(maxsize=None)
@@ -76,6 +77,9 @@ def quantize_native(qtype, x, imatrix=None, out: np.ndarray | None = None) -> np
     elif out.shape != (rows, row_size(t, n)) or out.dtype != np.uint8:
         raise ValueError(f"quantize_native({t.name}): out must be uint8 {(rows, row_size(t, n))}, "
                          f"got {out.dtype} {out.shape}")
+    # numba compiles a kernel per argument type, and a read-only array (a file's mapping) is
+    # another type than a writable one: the inputs go in read-only always, so one compile serves
+    x, qw = _read_only(x), _read_only(qw)
     bad = np.zeros(rows, np.uint8)
     if rows and t in _GRIDS:
         from .jit import grid_quantize_kernels as k
@@ -91,6 +95,14 @@ def quantize_native(qtype, x, imatrix=None, out: np.ndarray | None = None) -> np
         raise ValueError(f"quantize_native({t.name}): x has a non-finite value ({x[r, c]} at row {r}, "
                          f"column {c}); block types cannot hold NaN or inf")
     return out
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    if not a.flags.writeable:
+        return a
+    view = a.view()
+    view.flags.writeable = False
+    return view
 
 
 def _as_f32(a) -> np.ndarray:
