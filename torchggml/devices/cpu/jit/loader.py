@@ -23,6 +23,7 @@ import gc
 import hashlib
 import importlib
 import sys
+import types
 from pathlib import Path
 
 # CPU seconds numba takes to compile the kernels a quantized model's first prompt and token use
@@ -35,10 +36,52 @@ IR_FILES = ("llvm_ir.py", "gemm_ir.py", "halves.py")  # the LLVM IR and helpers 
 
 def numba_available() -> bool:
     try:
-        import numba  # noqa: F401
+        import_numba()
     except ImportError:
         return False
     return True
+
+
+def import_numba():
+    """numba, imported (the first time) without the two packages its import reads only to check
+    or configure, where this numba is one of LOADS_WITHOUT_REFRESH (whose import was read for
+    it), a tenth of its import:
+    - SciPy, whose version numba checks (>= 1.0) if it is installed: blocked for the import;
+      numba's linear algebra imports it when a kernel using it compiles.
+    - YAML, read by numba's config only where a .numba_config.yaml is in the working directory:
+      a _Deferred module stands for it, which imports it on first use."""
+    if "numba" in sys.modules:
+        return sys.modules["numba"]
+    import importlib.metadata
+    import importlib.util
+    try:
+        version = importlib.metadata.version("numba")
+    except importlib.metadata.PackageNotFoundError:
+        version = ""
+    if ".".join(version.split(".")[:2]) not in LOADS_WITHOUT_REFRESH:
+        import numba
+        return numba
+    blocked = "scipy" not in sys.modules
+    if blocked:
+        sys.modules["scipy"] = None  # `import scipy` raises ImportError
+    if "yaml" not in sys.modules and importlib.util.find_spec("yaml") is not None:
+        sys.modules["yaml"] = _Deferred("yaml")
+    try:
+        import numba
+    finally:
+        if blocked:
+            del sys.modules["scipy"]
+    return numba
+
+
+class _Deferred(types.ModuleType):
+    """A module not imported yet: the first attribute read imports it (in its place in
+    sys.modules) and every read is the module's."""
+
+    def __getattr__(self, name):
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        return getattr(importlib.import_module(self.__name__), name)
 
 
 def set_numba_threads(n: int) -> None:
