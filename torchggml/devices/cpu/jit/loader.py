@@ -189,14 +189,14 @@ def _loads_without_refresh() -> bool:
 
 def _set_up_for_loading(context) -> None:
     """What code from numba's disk cache links against: numba's runtime (NRT: its C functions
-    and the atomic helpers it compiles once) and the hash secrets numba.cpython.hashing
-    registers as C symbols on import. numba's refresh, which its Cache.load_overload calls,
-    also imports every lowering and typing registry (its @overload declarations, most of the
-    set-up): only a compile reads those, and numba's compiler refreshes both contexts itself
-    before each compile (CompilerBase)."""
+    and the helpers it compiles, here loaded from a cache of their own: runtime_cache.py) and
+    the hash secrets numba.cpython.hashing registers as C symbols on import. numba's refresh,
+    which its Cache.load_overload calls, also imports every lowering and typing registry (its
+    @overload declarations, most of the set-up): only a compile reads those, and numba's
+    compiler refreshes both contexts itself before each compile (CompilerBase)."""
     import numba.cpython.hashing  # noqa: F401
-    from numba.core.runtime import rtsys
-    rtsys.initialize(context)
+    from .runtime_cache import initialize
+    initialize(context)
 
 
 def _load_cached(cache, sig, target_context):
