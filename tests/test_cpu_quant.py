@@ -989,3 +989,52 @@ def test_runtime_cache_file_is_read_back_only_whole(tmp_path, damage, read):
     path.write_bytes(damage(path.read_bytes()))
     assert _read(path) == (state if read else None)
     assert _read(tmp_path / "absent.nbc") is None
+
+
+def _resident_code_kb(library: str) -> int:
+    """Resident kB of the executable mappings of a library of this process (smaps)."""
+    import re
+    kb, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line):
+                fields = line.split()
+                inside = fields[1] == "r-xp" and len(fields) > 5 and library in fields[5]
+            elif inside and line.startswith("Rss:"):
+                kb += int(line.split()[1])
+    return kb
+
+
+def _add_on_cpu(cpu, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    ctx = ggml.init(no_alloc=True)
+    x, y = (ggml.new_tensor_1d(ctx, ggml.Type.F32, len(a)) for _ in range(2))
+    out = ggml.add(ctx, x, y)
+    graph = ggml.new_graph(ctx)
+    ggml.build_forward_expand(graph, out)
+    buffer = ggml.backend_alloc_ctx_tensors(ctx, cpu)
+    try:
+        ggml.backend_tensor_set(x, torch.from_numpy(a))
+        ggml.backend_tensor_set(y, torch.from_numpy(b))
+        assert ggml.backend_graph_compute(cpu, graph) == ggml.Status.SUCCESS
+        return ggml.backend_tensor_get(out).numpy().copy()
+    finally:
+        ggml.backend_buffer_free(buffer)
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="madvise, /proc/self/smaps: Linux")
+def test_llvm_code_goes_back_to_the_page_cache_after_kernels_load():
+    """LLVM's code (libllvmlite.so) that a kernel's compile or load leaves resident is handed
+    back after the CPU backend's next computation (jit/code_pages.py); a compile afterwards
+    faults back what it runs."""
+    numba = pytest.importorskip("numba")
+    from torchggml.devices.cpu.jit import code_pages
+    cpu = ggml.backend_cpu_init()
+    assert numba.njit(lambda v: v + 1)(1) == 2  # LLVM ran: its code is resident
+    assert _resident_code_kb("libllvmlite") > 1024
+    code_pages.note_loading()  # as the loader does before a kernel loads
+    a, b = np.arange(8, dtype=np.float32), np.ones(8, dtype=np.float32)
+    np.testing.assert_array_equal(_add_on_cpu(cpu, a, b), a + b)
+    assert _resident_code_kb("libllvmlite") < 256
+    assert code_pages.release() == 0  # nothing loaded since: nothing to do
+    assert numba.njit(lambda v: v * 3)(2) == 6
+    assert _resident_code_kb("libllvmlite") > 1024

@@ -26,6 +26,8 @@ import sys
 import types
 from pathlib import Path
 
+from .code_pages import note_loading, release
+
 # CPU seconds numba takes to compile the kernels a quantized model's first prompt and token use
 # (measured on a Q4_K_M model, most of it the prompt's int8 GEMM and the decode step's native run
 # with the kernels it calls): the notice's estimate
@@ -154,7 +156,8 @@ def start_numba() -> None:
       kernel using them compiles.
     - The objects alive now are almost all module state (torch's, numba's) that lives as long as
       the process; each full collection walked them all (two or three during a load).
-      gc.freeze() leaves them out of later collections."""
+      gc.freeze() leaves them out of later collections.
+    - LLVM's code pages that numba's start left resident are handed back (code_pages.py)."""
     from numba.core.registry import cpu_target
     if _loads_without_refresh():
         _set_up_for_loading(cpu_target.target_context)
@@ -162,6 +165,8 @@ def start_numba() -> None:
         with _arraymath_without_scipy():
             import numba.np.arraymath  # noqa: F401
         cpu_target.target_context.refresh()
+    note_loading()
+    release()  # LLVM's start-up code (code_pages.py): what the kernels' loads run comes back then
     gc.freeze()
 
 
@@ -203,6 +208,7 @@ def _load_cached(cache, sig, target_context):
     """numba's Cache.load_overload (a kernel's compiled code from the disk cache, or None), with
     _set_up_for_loading in place of its refresh."""
     _set_up_for_loading(target_context)
+    note_loading()  # LLVM runs: its code pages are handed back after the computation (code_pages.py)
     # a kernel whose code calls numba's numpy implementations imports numba.np.arraymath as its
     # environment is rebuilt: without SciPy's linear algebra there too
     with cache._guard_against_spurious_io_errors(), _arraymath_without_scipy():
@@ -223,6 +229,7 @@ def _load_kernels_without_refresh(module) -> None:
 @functools.lru_cache(maxsize=None)
 def _load(name: str):
     start_numba()
+    note_loading()  # its kernels load (or compile) on their first calls
     module = importlib.import_module(f"{__package__}.{name}")
     _lean_caches(module)
     _load_kernels_without_refresh(module)
