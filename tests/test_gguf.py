@@ -299,6 +299,8 @@ STRING_ARRAYS = [  # id, strings (bytes); each also followed by another key
     ("long", [b"x" * 300, b"y" * 70000, b"z"]),  # lengths with more than one byte
     ("longer-than-the-first-window", [bytes([65 + i % 26]) * 200 for i in range(500)]),
     ("a-length-7-zero-bytes-look-like", [b"\x05\x00\x00\x00\x00\x00\x00\x00", b"q"]),
+    ("control-characters", [bytes([c]) for c in (9, 10, 13, 1, 27)]),
+    ("every-control-character", [bytes([c]) for c in (*range(1, 32), 127)] + [b"x"]),  # read one by one
 ]
 
 

@@ -162,25 +162,31 @@ def _short_string_starts(buf, start: int, n: int, order: str) -> tuple[np.ndarra
 
 def _split_strings(buf, start: int, fields: np.ndarray, end: int) -> list[str] | None:
     """The strings of buf[start:end], each after its 8-byte length at `fields` (offsets from
-    start), decoded at once: numpy replaces each length by one 0xFF byte (never in valid
-    UTF-8), one decode and one split give the strings. None where one is not valid UTF-8."""
+    start), decoded at once: numpy drops the lengths but for one byte each, which becomes a
+    control character that no string holds (_SEPARATORS), and one strict decode and one split
+    give the strings. None where one is not valid UTF-8 (or every separator occurs in them)."""
     if not len(fields):
         return []
-    data = np.frombuffer(buf, np.uint8, count=end - start, offset=start).copy()
-    data[fields + 7] = 0xFF  # each length's last byte becomes the separator before its string
-    keep = np.ones(len(data), dtype=bool)
+    keep = np.ones(end - start, dtype=bool)
     for k in range(7):
         keep[fields + k] = False
-    # invalid bytes (and a 0xFF inside a string) decode to lone surrogates, "\udcff" for the separators
-    parts = data[keep].tobytes().decode("utf-8", "surrogateescape").split("\udcff")
-    if len(parts) != len(fields) + 1:
+    data = np.frombuffer(buf, np.uint8, count=end - start, offset=start)[keep]
+    separators = fields - 7 * np.arange(len(fields))  # each length's last byte, where it is now
+    data[separators] = 0
+    text = data.tobytes()  # the strings, each after a NUL that stands for its separator
+    sep = next((c for c in _SEPARATORS if text.find(c) < 0), None)
+    if sep is None:
+        return None
+    data[separators] = sep[0]
+    try:  # a separator ends any multi-byte sequence cut at a string's end: invalid too
+        parts = data.tobytes().decode("utf-8").split(sep.decode())
+    except UnicodeDecodeError:
         return None
     del parts[0]  # before the first separator
-    try:
-        "".join(parts).encode("utf-8")  # any other lone surrogate: an invalid string
-    except UnicodeEncodeError:
-        return None
     return parts
+
+
+_SEPARATORS = [bytes([c]) for c in (*range(1, 32), 127)]  # ASCII controls: rare in vocabularies
 
 
 def _min_size(type_id: int) -> int:
