@@ -777,8 +777,9 @@ def test_fused_kernels_on_other_x86_targets(target, cases, passed):
 def test_kernels_load_from_numba_disk_cache_in_a_new_process(tmp_path):
     """A second process loads the compiled kernels from numba's disk cache instead of compiling
     them again (kernels defined in closures missed it in every process: ~10 s before a quantized
-    model's first prompt), without numba's registries' set-up; the first, with an empty cache,
-    says once that it compiles."""
+    model's first prompt), without numba's registries' set-up and with numba's runtime helpers
+    from their cache (no LLVM compile); the first, with an empty cache, says once that it
+    compiles."""
     import os
     import subprocess
     import sys
@@ -788,6 +789,9 @@ def test_kernels_load_from_numba_disk_cache_in_a_new_process(tmp_path):
         "from numba.core.base import BaseContext\n"
         "refresh, refreshed = BaseContext.refresh, []\n"
         "BaseContext.refresh = lambda self: refreshed.append(1) or refresh(self)\n"
+        "from numba.core.runtime import nrtdynmod\n"
+        "create, created = nrtdynmod.create_nrt_module, []\n"
+        "nrtdynmod.create_nrt_module = lambda ctx: created.append(1) or create(ctx)\n"
         "from torchggml.devices.cpu.jit.loader import op_kernels, quant_kernels\n"
         "k, ops = quant_kernels(), op_kernels()\n"
         "q = np.ones((4, 64), np.int8); s = np.ones((4, 2), np.float32); xq = np.ones((1, 64), np.int8)\n"
@@ -796,7 +800,7 @@ def test_kernels_load_from_numba_disk_cache_in_a_new_process(tmp_path):
         "x = np.ones((1, 1, 1, 8), np.float32); ops.glu(x, x, x.copy(), False)\n"
         "print(sum(f.stats.cache_misses.get(s, 0) for f in (k.matvec, ops.glu) for s in f.signatures),\n"
         "      sum(f.stats.cache_hits.get(s, 0) for f in (k.matvec, ops.glu) for s in f.signatures),\n"
-        "      len(refreshed) > 0)\n"
+        "      len(refreshed) > 0, len(created) > 0)\n"
         "import numba\n"  # a compile after the loads gets numba's full set-up (sort, a set, hashing)
         "def f(a):\n    s = set()\n    for v in a:\n        s.add(int(v))\n    return np.sort(a)[-1] + len(s)\n"
         "print(numba.njit(f)(np.arange(3.0)))\n")
@@ -810,12 +814,15 @@ def test_kernels_load_from_numba_disk_cache_in_a_new_process(tmp_path):
     assert second.returncode == 0, second.stderr[-2000:]
     assert "compiling" not in second.stderr, second.stderr[-2000:]
     assert first.stdout.split()[2] == "True"  # a process that compiles gets numba's full set-up
-    misses, hits, refreshed, compiled = second.stdout.split()
+    misses, hits, refreshed, runtime_compiled, compiled = second.stdout.split()
     assert compiled == "5.0", second.stdout
     assert (int(misses), int(hits)) == (0, 2), second.stdout
-    # kernels loaded from the cache need numba's runtime, not its registries (loader.py)
+    # kernels loaded from the cache need numba's runtime, not its registries (loader.py), and
+    # the runtime's compiled helpers come from a cache of their own (runtime_cache.py)
     from torchggml.devices.cpu.jit.loader import _loads_without_refresh
     assert refreshed == str(not _loads_without_refresh()), second.stdout
+    assert first.stdout.split()[3] == "True" and runtime_compiled == str(not _loads_without_refresh())
+    assert bool(list(tmp_path.rglob("runtime.nrt-*.nbc"))) == _loads_without_refresh()
 
 
 def test_a_kernel_loaded_from_numba_cache_keeps_no_parsed_ir_and_still_links(tmp_path):
@@ -959,3 +966,75 @@ def test_blocks_in_place_dequantize_bit_exact(qtype):
     quant_kernels().dequantize_blocks(blocks, layout.IN_PLACE_KINDS[qtype], out)
     want = gguf_quants.dequantize(blocks, GGMLQuantizationType(int(qtype))).reshape(n, k)
     np.testing.assert_array_equal(out, want)
+
+
+RUNTIME_CACHE_FILES = [  # id, what is done to a written file, read back?
+    ("as-written", lambda d: d, True),
+    ("a-byte-flipped", lambda d: d[:-3] + bytes([d[-3] ^ 1]) + d[-2:], False),
+    ("truncated", lambda d: d[:-5], False),
+    ("too-short", lambda d: d[:20], False),
+    ("another-format", lambda d: b"x" + d[1:], False),
+    ("empty", lambda d: b"", False),
+]
+
+
+@pytest.mark.parametrize("damage,read", [c[1:] for c in RUNTIME_CACHE_FILES], ids=[c[0] for c in RUNTIME_CACHE_FILES])
+def test_runtime_cache_file_is_read_back_only_whole(tmp_path, damage, read):
+    """runtime_cache.py's file of numba's runtime helpers: read back as written; damaged,
+    truncated or foreign, not read (they are compiled again and the file rewritten)."""
+    from torchggml.devices.cpu.jit.runtime_cache import _read, _write
+    path = tmp_path / "runtime.nrt-0.nbc"
+    state = (b"\x7fELF" + bytes(range(200)), b"BC\xc0\xde" + bytes(50))
+    _write(path, state)
+    path.write_bytes(damage(path.read_bytes()))
+    assert _read(path) == (state if read else None)
+    assert _read(tmp_path / "absent.nbc") is None
+
+
+def _resident_code_kb(library: str) -> int:
+    """Resident kB of the executable mappings of a library of this process (smaps)."""
+    import re
+    kb, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line):
+                fields = line.split()
+                inside = fields[1] == "r-xp" and len(fields) > 5 and library in fields[5]
+            elif inside and line.startswith("Rss:"):
+                kb += int(line.split()[1])
+    return kb
+
+
+def _add_on_cpu(cpu, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    ctx = ggml.init(no_alloc=True)
+    x, y = (ggml.new_tensor_1d(ctx, ggml.Type.F32, len(a)) for _ in range(2))
+    out = ggml.add(ctx, x, y)
+    graph = ggml.new_graph(ctx)
+    ggml.build_forward_expand(graph, out)
+    buffer = ggml.backend_alloc_ctx_tensors(ctx, cpu)
+    try:
+        ggml.backend_tensor_set(x, torch.from_numpy(a))
+        ggml.backend_tensor_set(y, torch.from_numpy(b))
+        assert ggml.backend_graph_compute(cpu, graph) == ggml.Status.SUCCESS
+        return ggml.backend_tensor_get(out).numpy().copy()
+    finally:
+        ggml.backend_buffer_free(buffer)
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="madvise, /proc/self/smaps: Linux")
+def test_llvm_code_goes_back_to_the_page_cache_after_kernels_load():
+    """LLVM's code (libllvmlite.so) that a kernel's compile or load leaves resident is handed
+    back after the CPU backend's next computation (jit/code_pages.py); a compile afterwards
+    faults back what it runs."""
+    numba = pytest.importorskip("numba")
+    from torchggml.devices.cpu.jit import code_pages
+    cpu = ggml.backend_cpu_init()
+    assert numba.njit(lambda v: v + 1)(1) == 2  # LLVM ran: its code is resident
+    assert _resident_code_kb("libllvmlite") > 1024
+    code_pages.note_loading()  # as the loader does before a kernel loads
+    a, b = np.arange(8, dtype=np.float32), np.ones(8, dtype=np.float32)
+    np.testing.assert_array_equal(_add_on_cpu(cpu, a, b), a + b)
+    assert _resident_code_kb("libllvmlite") < 256
+    assert code_pages.release() == 0  # nothing loaded since: nothing to do
+    assert numba.njit(lambda v: v * 3)(2) == 6
+    assert _resident_code_kb("libllvmlite") > 1024

@@ -269,3 +269,67 @@ def test_llama_cpp_loads_our_split_model(split_demo):
         out.append(np.array(llm.scores[:len(tokens)]))
         llm.close()
     assert np.array_equal(out[0], out[1])
+
+
+# ---------------------------------------------------------------- string arrays (reader.py's strings())
+
+def _string_array_header(items: list[bytes], order: str = "<", after: bytes = b"") -> bytes:
+    """A GGUF header with no tensors and one key, "a", an array of the raw strings `items`,
+    then (when given) a second key "b", a string of the bytes `after`."""
+    def string(raw):
+        return struct.pack(order + "Q", len(raw)) + raw
+    kvs = string(b"a") + struct.pack(order + "IIQ", 9, 8, len(items)) + b"".join(string(i) for i in items)
+    if after:
+        kvs += string(b"b") + struct.pack(order + "I", 8) + string(after)
+    return b"GGUF" + struct.pack(order + "IQQ", 3, 0, 2 if after else 1) + kvs
+
+
+def _scan(data: bytes):
+    from torchggml.gguf.reader import scan_header
+    return scan_header("f.gguf", data, lambda entry: 0).values
+
+
+STRING_ARRAYS = [  # id, strings (bytes); each also followed by another key
+    ("vocabulary", [f"tok{i}".encode() for i in range(3000)]),
+    ("one", [b"x"]),
+    ("none", []),
+    ("utf8", ["ĠThe".encode(), "▁日本".encode(), "🙂".encode(), b"\n", b" "]),
+    ("empty-strings", [b"", b"", b"a", b""]),  # consecutive empty ones: read one by one
+    ("nul-inside", [b"a\x00b", b"\x00", b"c"]),
+    ("long", [b"x" * 300, b"y" * 70000, b"z"]),  # lengths with more than one byte
+    ("longer-than-the-first-window", [bytes([65 + i % 26]) * 200 for i in range(500)]),
+    ("a-length-7-zero-bytes-look-like", [b"\x05\x00\x00\x00\x00\x00\x00\x00", b"q"]),
+    ("control-characters", [bytes([c]) for c in (9, 10, 13, 1, 27)]),
+    ("every-control-character", [bytes([c]) for c in (*range(1, 32), 127)] + [b"x"]),  # read one by one
+]
+
+
+@pytest.mark.parametrize("order", ["<", ">"])
+@pytest.mark.parametrize("items", [s[1] for s in STRING_ARRAYS], ids=[s[0] for s in STRING_ARRAYS])
+def test_string_arrays_read_as_written(items, order):
+    values = _scan(_string_array_header(items, order, after="après".encode()))
+    assert values["a"] == [i.decode() for i in items]
+    assert values["b"] == "après"  # the cursor ends where the array does
+
+
+BAD_STRING_ARRAYS = [  # id, strings, the error's pattern (naming the item)
+    ("invalid-utf8", [b"ok", b"\xc3\x28", b"ok"], r"metadata key 'a'\[1\]: the string is not valid UTF-8"),
+    ("0xff-byte", [b"ok", b"ok", b"a\xffb"], r"'a'\[2\]: the string is not valid UTF-8"),
+    ("lead-byte-at-the-end", [b"ok\xe2\x82", b"\xacok"], r"'a'\[0\]: the string is not valid UTF-8"),
+    ("surrogate", [b"\xed\xa0\x80"], r"'a'\[0\]: the string is not valid UTF-8"),
+]
+
+
+@pytest.mark.parametrize("items,pattern", [s[1:] for s in BAD_STRING_ARRAYS], ids=[s[0] for s in BAD_STRING_ARRAYS])
+def test_an_invalid_string_in_an_array_is_named(items, pattern):
+    from torchggml.gguf.reader import GGUFError
+    with pytest.raises(GGUFError, match=pattern):
+        _scan(_string_array_header(items))
+
+
+@pytest.mark.parametrize("cut", [1, 5, 9, 12])
+def test_a_string_array_cut_short_is_named(cut):
+    from torchggml.gguf.reader import GGUFError
+    data = _string_array_header([b"abc", b"defgh", b"ij"])
+    with pytest.raises(GGUFError, match=r"metadata key 'a'(\[\d\]|.*array count)"):
+        _scan(data[:-cut])

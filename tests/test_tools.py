@@ -495,6 +495,8 @@ import gc, sys
 import numpy as np
 from torchggml.models import load_model
 model = load_model(sys.argv[1], n_ctx=32, progress=False)
+print("imported by the load:", [m for m in ("scipy", "yaml", "torchggml.devices.rpc.client")
+                                if type(sys.modules.get(m)).__name__ == "module"])
 model.eval([1, 2, 3])
 print("after load:", "scipy.linalg" in sys.modules, gc.isenabled(), gc.get_freeze_count() > 100000)
 import numba
@@ -507,13 +509,43 @@ def test_load_starts_numba_without_scipy_and_leaves_the_gc_on():
     """A load sets numba up without SciPy's linear algebra (numba imported it for np.convolve's
     BLAS choice: a third of a small model's load) and with the imported modules' objects frozen
     out of the cyclic GC, which is on again after the load; numba's np.dot still compiles
-    (importing SciPy then)."""
+    (importing SciPy then). Where numba's import was read for it (loader.LOADS_WITHOUT_REFRESH),
+    the load imports neither SciPy nor YAML (numba's version check and config file), nor the
+    RPC client (the CPU's kernel table reads the RPC package's shape rules)."""
+    from torchggml.devices.cpu.jit.loader import _loads_without_refresh
     import subprocess
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     done = subprocess.run([sys.executable, "-c", LOAD_STATE, demo_model_path()], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "after load: False True True" in done.stdout and "dot: 5.0" in done.stdout, done.stdout
+    assert ("imported by the load: []" in done.stdout) == _loads_without_refresh(), done.stdout
+
+
+def test_numba_reads_its_config_file_through_the_deferred_yaml(tmp_path):
+    """numba's import reads a .numba_config.yaml in the working directory: loader.import_numba's
+    stand-in for YAML imports it then."""
+    import subprocess
+    (tmp_path / ".numba_config.yaml").write_text("disable_performance_warnings: 1\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    script = ("from torchggml.devices.cpu.jit.loader import import_numba\n"
+              "print(import_numba().config.DISABLE_PERFORMANCE_WARNINGS)\n")
+    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.split() == ["1"], done.stdout + done.stderr
+
+
+def test_a_deferred_module_is_imported_on_first_use(monkeypatch):
+    """loader._Deferred stands for a module in sys.modules until an attribute is read: then the
+    module is imported in its place and every read is the module's."""
+    from torchggml.devices.cpu.jit.loader import _Deferred
+    monkeypatch.delitem(sys.modules, "colorsys", raising=False)
+    stub = _Deferred("colorsys")
+    monkeypatch.setitem(sys.modules, "colorsys", stub)
+    import colorsys
+    assert colorsys is stub and type(sys.modules["colorsys"]) is _Deferred
+    assert colorsys.rgb_to_hsv(1.0, 0.0, 0.0) == (0.0, 1.0, 1.0)
+    assert sys.modules["colorsys"] is not stub and colorsys.hls_to_rgb is sys.modules["colorsys"].hls_to_rgb
 
 
 def test_a_failed_load_leaves_the_gc_as_it_was(tmp_path):

@@ -103,21 +103,90 @@ class _Cursor:
         return text
 
     def strings(self, n: int, what: str) -> list[str]:
-        """n strings, each checked (length, UTF-8); the fast path of string()."""
-        buf, size, length, out = self.buf, self.size, struct.Struct(self.order + "Q"), []
-        for i in range(n):
-            pos = self.pos
-            if pos + 8 <= size:
-                end = pos + 8 + length.unpack_from(buf, pos)[0]
-                if end <= size:
-                    try:
-                        out.append(str(buf[pos + 8: end], "utf-8"))
-                        self.pos = end
-                        continue
-                    except UnicodeDecodeError:
-                        pass
-            out.append(self.string(f"{what}[{i}]"))  # fails with the message
+        """n strings, each checked (length, UTF-8), without a Python step per string where it
+        can: where they start is found by _short_string_starts (or one Python pass over the
+        length fields), then _split_strings decodes them all at once. A string cut short or not
+        valid UTF-8 falls back to string() one by one, which names it."""
+        found = _short_string_starts(self.buf, self.pos, n, self.order) if n else (np.zeros(0, np.int64), self.pos)
+        if found is None:
+            found = self._string_starts(n)
+        out = _split_strings(self.buf, self.pos, *found) if found is not None else None
+        if out is None:
+            return [self.string(f"{what}[{i}]") for i in range(n)]
+        self.pos = found[1]
         return out
+
+    def _string_starts(self, n: int) -> tuple[np.ndarray, int] | None:
+        """(where each of the n strings' length field is, from self.pos; where the last string
+        ends), read one by one; None where one runs past the end of the buffer."""
+        end, starts = self.pos, [0] * n
+        length = struct.Struct(self.order + "Q").unpack_from
+        try:
+            for i in range(n):
+                starts[i] = end
+                end += 8 + length(self.buf, end)[0]
+        except struct.error:  # a length field past the end of the buffer
+            return None
+        return (np.array(starts, dtype=np.int64) - self.pos, end) if end <= self.size else None
+
+
+def _short_string_starts(buf, start: int, n: int, order: str) -> tuple[np.ndarray, int] | None:
+    """_Cursor._string_starts for n strings shorter than 256 bytes, none empty or holding a NUL
+    byte (a vocabulary's, a merge list's): every position in a window of the buffer whose next
+    7 bytes (a little-endian length's high bytes) are zero is a candidate length field; the
+    candidates are those fields when the first is at `start` and each next one follows the
+    string its predecessor's length gives (checked for all). The window grows until it holds n
+    candidates. None when they do not chain so: the caller reads the fields one by one."""
+    size = len(buf)
+    high, low = (slice(1, 8), 0) if order == "<" else (slice(0, 7), 7)  # the length's zero bytes, its value's byte
+    window = min(size - start, 24 * n + 4096)
+    while True:
+        data = np.frombuffer(buf, np.uint8, count=window, offset=start)
+        nonzero = data != 0
+        m = window - 7  # positions with a whole length field in the window
+        zero = ~nonzero[high.start:high.start + m]
+        for k in range(high.start + 1, high.stop):
+            zero &= ~nonzero[k:k + m]
+        found = np.flatnonzero(zero)
+        if len(found) >= n:
+            found = found[:n]
+            lengths = data[found + low].astype(np.int64)
+            end = start + int(found[-1]) + 8 + int(lengths[-1])
+            if found[0] == 0 and end <= size and (found[1:] == found[:-1] + 8 + lengths[:-1]).all():
+                return found, end
+            return None
+        if window == size - start:
+            return None
+        window = min(size - start, 2 * window)
+
+
+def _split_strings(buf, start: int, fields: np.ndarray, end: int) -> list[str] | None:
+    """The strings of buf[start:end], each after its 8-byte length at `fields` (offsets from
+    start), decoded at once: numpy drops the lengths but for one byte each, which becomes a
+    control character that no string holds (_SEPARATORS), and one strict decode and one split
+    give the strings. None where one is not valid UTF-8 (or every separator occurs in them)."""
+    if not len(fields):
+        return []
+    keep = np.ones(end - start, dtype=bool)
+    for k in range(7):
+        keep[fields + k] = False
+    data = np.frombuffer(buf, np.uint8, count=end - start, offset=start)[keep]
+    separators = fields - 7 * np.arange(len(fields))  # each length's last byte, where it is now
+    data[separators] = 0
+    text = data.tobytes()  # the strings, each after a NUL that stands for its separator
+    sep = next((c for c in _SEPARATORS if text.find(c) < 0), None)
+    if sep is None:
+        return None
+    data[separators] = sep[0]
+    try:  # a separator ends any multi-byte sequence cut at a string's end: invalid too
+        parts = data.tobytes().decode("utf-8").split(sep.decode())
+    except UnicodeDecodeError:
+        return None
+    del parts[0]  # before the first separator
+    return parts
+
+
+_SEPARATORS = [bytes([c]) for c in (*range(1, 32), 127)]  # ASCII controls: rare in vocabularies
 
 
 def _min_size(type_id: int) -> int:

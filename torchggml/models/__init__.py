@@ -2,7 +2,7 @@
 qwen2, qwen3, their MoE variants, ...) with a KV cache and generation."""
 from __future__ import annotations
 
-import importlib as _importlib
+from ..lazy import lazy_exports
 
 # each name from its module on first use (PEP 562): importing torchggml.cli.models,
 # the command line's parsing, imports neither torch nor the architectures
@@ -15,13 +15,7 @@ _EXPORTS = {"ARCHS": ".archs", "Arch": ".builder", "GraphBuilder": ".builder", "
             "ModelParams": ".params"}
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(_importlib.import_module(_EXPORTS[name], __name__), name)
-    globals()[name] = value
-    return value
-
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = ["load_model", "Model", "ModelParams", "Placement", "Timings", "HParams", "Arch", "GraphBuilder",
            "Weights", "KVCache", "ARCHS", "plan_placement", "sample_token", "find_device", "LoraAdapter",

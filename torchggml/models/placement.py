@@ -47,8 +47,10 @@ def find_device(spec) -> Device:
 def gpu_devices() -> list[Device]:
     """The accelerators, remote (RPC) devices first as llama.cpp orders them (the first layers
     go to the network, the last to the local GPUs: fewer transfers)."""
-    from ..devices.rpc import RPCDevice
     gpus = [d for d in all_devices() if d.get_type() != DeviceType.CPU]
+    if not gpus:
+        return []
+    from ..devices.rpc import RPCDevice
     return [d for d in gpus if isinstance(d, RPCDevice)] + [d for d in gpus if not isinstance(d, RPCDevice)]
 
 

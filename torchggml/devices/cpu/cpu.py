@@ -19,6 +19,7 @@ from ..plan import CompiledPlan, compile_graph
 from .fast_ops import fast_ops_enabled
 from .features import cpu_features, cpu_path, fastest_gemm_dtype, int8_gemm
 from .fusion import fuse
+from .jit.code_pages import release as release_code_pages
 from .jit.loader import numba_available, set_numba_threads
 from .kernels import CPU_KERNELS
 from .native_plan import native_runs, native_runs_enabled
@@ -160,11 +161,12 @@ class CPUBackend(Backend):
     def _run(self, calls) -> Status:
         if self.abort_callback is None:
             (run_calls_profiled if profiling() else run_calls)(calls)
-            return Status.SUCCESS
-        for fn, node in member_calls(calls):  # a native run's calls one by one: abort between any two nodes
-            if self.abort_callback():
-                return Status.ABORTED
-            fn(node)
+        else:
+            for fn, node in member_calls(calls):  # a native run's calls one by one: abort between any two nodes
+                if self.abort_callback():
+                    return Status.ABORTED
+                fn(node)
+        release_code_pages()  # LLVM's, once the kernels it loaded run (jit/code_pages.py)
         return Status.SUCCESS
 
 

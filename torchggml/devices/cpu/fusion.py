@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-import numba
 import numpy as np
 
 from ...enums import Op, TensorFlag, VIEW_OPS
@@ -25,7 +24,7 @@ from ...tensor import get_op_params_f32, nbytes
 from ...types import Type
 from ..kernels.common import view
 from .fast_ops import as_numpy, flat_span, reads_within
-from .jit.loader import BoundKernel, numba_available, op_kernels
+from .jit.loader import BoundKernel, import_numba, numba_available, op_kernels
 
 # query rows per head the fused attention takes (decode, a few tokens), and any number of a batched
 # decode step's (ops.mul_mat_set_separate_rows: each row's attention is computed as its own)
@@ -143,7 +142,7 @@ def _bind_attention(kqv, kq, probs, v_t):
     scratch = np.empty((n_head, n_tok, d_v), np.float32)
     kernel = op_kernels().decode_attention
     args = (k_span, v_span, strides, int(n_kv), int(n_head_kv), vq, vm, mask is not None,
-            np.float32(get_op_params_f32(probs, 0)), scratch, out, numba.get_num_threads())
+            np.float32(get_op_params_f32(probs, 0)), scratch, out, import_numba().get_num_threads())
     return BoundKernel(kernel, *args)
 
 

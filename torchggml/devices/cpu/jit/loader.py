@@ -23,7 +23,10 @@ import gc
 import hashlib
 import importlib
 import sys
+import types
 from pathlib import Path
+
+from .code_pages import note_loading, release
 
 # CPU seconds numba takes to compile the kernels a quantized model's first prompt and token use
 # (measured on a Q4_K_M model, most of it the prompt's int8 GEMM and the decode step's native run
@@ -35,10 +38,52 @@ IR_FILES = ("llvm_ir.py", "gemm_ir.py", "halves.py")  # the LLVM IR and helpers 
 
 def numba_available() -> bool:
     try:
-        import numba  # noqa: F401
+        import_numba()
     except ImportError:
         return False
     return True
+
+
+def import_numba():
+    """numba, imported (the first time) without the two packages its import reads only to check
+    or configure, where this numba is one of LOADS_WITHOUT_REFRESH (whose import was read for
+    it), a tenth of its import:
+    - SciPy, whose version numba checks (>= 1.0) if it is installed: blocked for the import;
+      numba's linear algebra imports it when a kernel using it compiles.
+    - YAML, read by numba's config only where a .numba_config.yaml is in the working directory:
+      a _Deferred module stands for it, which imports it on first use."""
+    if "numba" in sys.modules:
+        return sys.modules["numba"]
+    import importlib.metadata
+    import importlib.util
+    try:
+        version = importlib.metadata.version("numba")
+    except importlib.metadata.PackageNotFoundError:
+        version = ""
+    if ".".join(version.split(".")[:2]) not in LOADS_WITHOUT_REFRESH:
+        import numba
+        return numba
+    blocked = "scipy" not in sys.modules
+    if blocked:
+        sys.modules["scipy"] = None  # `import scipy` raises ImportError
+    if "yaml" not in sys.modules and importlib.util.find_spec("yaml") is not None:
+        sys.modules["yaml"] = _Deferred("yaml")
+    try:
+        import numba
+    finally:
+        if blocked:
+            del sys.modules["scipy"]
+    return numba
+
+
+class _Deferred(types.ModuleType):
+    """A module not imported yet: the first attribute read imports it (in its place in
+    sys.modules) and every read is the module's."""
+
+    def __getattr__(self, name):
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        return getattr(importlib.import_module(self.__name__), name)
 
 
 def set_numba_threads(n: int) -> None:
@@ -111,7 +156,8 @@ def start_numba() -> None:
       kernel using them compiles.
     - The objects alive now are almost all module state (torch's, numba's) that lives as long as
       the process; each full collection walked them all (two or three during a load).
-      gc.freeze() leaves them out of later collections."""
+      gc.freeze() leaves them out of later collections.
+    - LLVM's code pages that numba's start left resident are handed back (code_pages.py)."""
     from numba.core.registry import cpu_target
     if _loads_without_refresh():
         _set_up_for_loading(cpu_target.target_context)
@@ -119,6 +165,8 @@ def start_numba() -> None:
         with _arraymath_without_scipy():
             import numba.np.arraymath  # noqa: F401
         cpu_target.target_context.refresh()
+    note_loading()
+    release()  # LLVM's start-up code (code_pages.py): what the kernels' loads run comes back then
     gc.freeze()
 
 
@@ -146,20 +194,21 @@ def _loads_without_refresh() -> bool:
 
 def _set_up_for_loading(context) -> None:
     """What code from numba's disk cache links against: numba's runtime (NRT: its C functions
-    and the atomic helpers it compiles once) and the hash secrets numba.cpython.hashing
-    registers as C symbols on import. numba's refresh, which its Cache.load_overload calls,
-    also imports every lowering and typing registry (its @overload declarations, most of the
-    set-up): only a compile reads those, and numba's compiler refreshes both contexts itself
-    before each compile (CompilerBase)."""
+    and the helpers it compiles, here loaded from a cache of their own: runtime_cache.py) and
+    the hash secrets numba.cpython.hashing registers as C symbols on import. numba's refresh,
+    which its Cache.load_overload calls, also imports every lowering and typing registry (its
+    @overload declarations, most of the set-up): only a compile reads those, and numba's
+    compiler refreshes both contexts itself before each compile (CompilerBase)."""
     import numba.cpython.hashing  # noqa: F401
-    from numba.core.runtime import rtsys
-    rtsys.initialize(context)
+    from .runtime_cache import initialize
+    initialize(context)
 
 
 def _load_cached(cache, sig, target_context):
     """numba's Cache.load_overload (a kernel's compiled code from the disk cache, or None), with
     _set_up_for_loading in place of its refresh."""
     _set_up_for_loading(target_context)
+    note_loading()  # LLVM runs: its code pages are handed back after the computation (code_pages.py)
     # a kernel whose code calls numba's numpy implementations imports numba.np.arraymath as its
     # environment is rebuilt: without SciPy's linear algebra there too
     with cache._guard_against_spurious_io_errors(), _arraymath_without_scipy():
@@ -180,6 +229,7 @@ def _load_kernels_without_refresh(module) -> None:
 @functools.lru_cache(maxsize=None)
 def _load(name: str):
     start_numba()
+    note_loading()  # its kernels load (or compile) on their first calls
     module = importlib.import_module(f"{__package__}.{name}")
     _lean_caches(module)
     _load_kernels_without_refresh(module)
