@@ -599,59 +599,49 @@ def _row_dot_intrinsic():
 
     def low_k_blocks_dot(builder, wp, rows, n_blocks, block_bytes):
         """A row of ggml's Q2_K or Q3_K blocks in place (LOW_K_KINDS; values u: low_k_values)
-        times activations rounded per 16 values as Q8_0 rounds 32 (float32 scales xd_s: the
-        converted layout's rounding, finer than ggml's Q8_K and closer to a float64 product),
-        per sub-block s the integers sc_s (u_s . x_s) and m_s S_s (Q2_K's mins; S_s the sum of
-        x over its 16 values), then xd_s (d ints - dmin mins); for Q3_K, q = u - 4 and scales
-        sc - 32: xd_s d (sc_s (u_s . x_s) - 4 sc_s S_s). Two sub-blocks a vector of 8 lanes.
-        rows: each activation row's (xp, unread, dp)."""
+        times activations rounded per 16 values as Q8_0 rounds 32 (float32 scales xd_s, xsum_s
+        = xd_s times the sum of the 16 rounded values: the converted layout's rounding, finer
+        than ggml's Q8_K and closer to a float64 product): per block, Q2_K's
+        d sum_s xd_s sc_s (u_s . x_s) - dmin sum_s m_s xsum_s, Q3_K's (q = u - 4, scales
+        sc - 32) d (sum_s xd_s sc_s (u_s . x_s) - 4 sum_s sc_s xsum_s), each sc_s (u_s . x_s)
+        an exact integer dot, two sub-blocks a vector of 8 lanes. rows: each activation row's
+        (xp, xsum, dp)."""
         const = lambda v: ir.Constant(n_blocks.type, v)  # noqa: E731
         pick = lambda v, lanes: builder.shuffle_vector(v, v, ir.Constant(vec(i32, len(lanes)), lanes))  # noqa: E731
         q2 = block_bytes == 84
+        fast = ("fast",)
 
         def half_at(at):
             return half_bits_to_float(builder, builder.load(builder.bitcast(builder.gep(wp, [at]), i16.as_pointer()),
                                                             align=1))
 
-        def sums_of_4(xv):
-            """<8 x i32>: lane i the sum of x's values 4i..4i+3 (lanes 0-3 the first 16)."""
-            fast = _byte_dot_8(builder, ir.Constant(vec(i8, 32), [1] * 32), xv)
-            return fast if fast is not None else fold_adjacent_to_8(builder, builder.sext(xv, vec(i32, 32)))
-
         def block_term(b, row):
-            xp, dp = row[0], row[2]
+            xp, sp, dp = row[0], row[1], row[2]
             base = builder.mul(b, const(block_bytes))
             if q2:
-                sc16, m16 = q2_k_scales_and_mins(builder, wp, base)
-                m32 = builder.zext(m16, vec(i32, 16))
-                d, dmin = half_at(builder.add(base, const(80))), half_at(builder.add(base, const(82)))
+                sc16, offsets16 = q2_k_scales_and_mins(builder, wp, base)
+                d = half_at(builder.add(base, const(80)))
+                offset_scale = builder.fneg(half_at(builder.add(base, const(82))))  # -dmin m_s
             else:
-                sc16 = q3_k_scales(builder, wp, builder.add(base, const(96)))
-                sc32 = builder.sext(sc16, vec(i32, 16))
+                sc16 = offsets16 = q3_k_scales(builder, wp, builder.add(base, const(96)))
                 d = half_at(builder.add(base, const(108)))
+                offset_scale = builder.fmul(d, ir.Constant(f32, -4.0))  # -4 d sc_s
             total = None
             for g in range(8):  # sub-blocks 2g and 2g + 1
-                lanes = [2 * g] * 4 + [2 * g + 1] * 4
                 u = low_k_values(builder, wp, base, g, block_bytes)
                 xv = load_i8(builder, xp, builder.add(builder.mul(b, const(256)), const(32 * g)), 32)
                 ints = scaled_byte_dot(builder, u, xv, pick(sc16, [2 * g] * 8 + [2 * g + 1] * 8), None)
-                # the two sub-blocks' activation scales, lanes 0-3 and 4-7
                 xd2 = builder.load(builder.bitcast(builder.gep(dp, [builder.add(builder.mul(b, const(16)), const(2 * g))]),
                                                    vec(f32, 2).as_pointer()), align=4)
-                xd8 = builder.shuffle_vector(xd2, xd2, ir.Constant(vec(i32, 8), [0] * 4 + [1] * 4))
-                if q2:
-                    mins = builder.mul(sums_of_4(xv), pick(m32, lanes))
-                    term = builder.fmul(builder.fsub(
-                        builder.fmul(builder.sitofp(ints, vec(f32, 8)), splat_f32(builder, d, 8), flags=("fast",)),
-                        builder.fmul(builder.sitofp(mins, vec(f32, 8)), splat_f32(builder, dmin, 8), flags=("fast",)),
-                        flags=("fast",)), xd8, flags=("fast",))
-                else:
-                    offsets = builder.mul(sums_of_4(xv), pick(sc32, lanes))
-                    ints = builder.sub(ints, builder.shl(offsets, ir.Constant(vec(i32, 8), [2] * 8)))
-                    term = builder.fmul(builder.sitofp(ints, vec(f32, 8)), builder.fmul(splat_f32(builder, d, 8), xd8,
-                                                                                        flags=("fast",)), flags=("fast",))
-                total = term if total is None else builder.fadd(total, term, flags=("fast",))
-            return total
+                term = builder.fmul(builder.sitofp(ints, vec(f32, 8)), pick(xd2, [0] * 4 + [1] * 4), flags=fast)
+                total = term if total is None else builder.fadd(total, term, flags=fast)
+            # the offsets' sum over the block's 16 sub-blocks, from the activations' float sums
+            xs = builder.load(builder.bitcast(builder.gep(sp, [builder.mul(b, const(16))]), vec(f32, 16).as_pointer()),
+                              align=4)
+            products = builder.fmul(builder.sitofp(offsets16, vec(f32, 16)), xs, flags=fast)
+            offsets = builder.fadd(pick(products, list(range(8))), pick(products, list(range(8, 16))), flags=fast)
+            return builder.fadd(builder.fmul(total, splat_f32(builder, d, 8), flags=fast),
+                                builder.fmul(offsets, splat_f32(builder, offset_scale, 8), flags=fast), flags=fast)
         return sum_terms_rows(builder, block_term, n_blocks, rows)
 
     def scaled_byte_dot(builder, u, xv, sc16, acc):
