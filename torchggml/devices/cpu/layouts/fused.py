@@ -15,13 +15,14 @@ The 4-bit types Q4_0, Q4_1 and Q4_K keep 4 bits, two to a byte (byte i of a 32-v
 values i and i + 16): Q4_0's q + 8, which the kernels take back as ggml's do, and Q4_1's and
 Q4_K's q in [0, 15]. Decode streams these bytes once a token, so they bound its speed: Q4_0
 4.5 bits a weight (llama.cpp's size), Q8_0 9, Q4_1 6, Q5_0 9, Q4_K 6, Q6_K 8 (float32 scales
-per group), IQ4_NL and IQ4_XS 9 (int8 table values). So the 2-D weights of Q8_0, Q4_0, Q4_1,
-Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS are not stored here: the same kernels read their
+per group), IQ4_NL and IQ4_XS 9 (int8 table values), Q2_K 12 and Q3_K 10 (against 2.63 and 3.44).
+So the 2-D weights of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and
+IQ4_XS are not stored here: the same kernels read their
 ggml blocks in place (IN_PLACE_KINDS, block_product; ggml's sizes, nothing converted at load, no
 second copy; IQ4_NL's and IQ4_XS's nibbles through their value table, one byte shuffle per 32
 values); their experts (3-D, for MUL_MAT_ID) and the other types are. Products: M < FUSED_MATMUL_MAX_ROWS rows of
 activations (BLOCK_MAX_ROWS for blocks in place, INT8_GEMM_MIN_ROWS where the int8 GEMM runs;
-Q4_1's, Q5_0's and Q5_1's blocks split their rows as the stored types: _layout_rows) run the fused matvec, four rows at a time for each weight row it reads, and so do a batched
+Q4_1's, Q5_0's, Q5_1's, Q2_K's and Q3_K's blocks split their rows as the stored types: _layout_rows) run the fused matvec, four rows at a time for each weight row it reads, and so do a batched
 decode step's rows however many (separate_rows: ops.mul_mat_set_separate_rows; each row then
 equals its own step's). Larger micro-batches of those blocks in place (and of the stored
 types from LAYOUT_INT8_MIN_ROWS) run the int8 GEMM with
