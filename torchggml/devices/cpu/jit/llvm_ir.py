@@ -1035,9 +1035,10 @@ def low_k_values(builder, wp, at, g, block_bytes):
     h, j = divmod(g, 4)
     u = builder.and_(builder.lshr(load_i8(builder, wp, offset((16 if block_bytes == 84 else 32) + 32 * h), 32), c8(2 * j)),
                      c8(3))
-    if block_bytes == 110:
-        high = builder.and_(builder.lshr(load_i8(builder, wp, at, 32), c8(4 * h + j)), c8(1))
-        u = builder.or_(u, builder.shl(high, c8(2)))
+    if block_bytes == 110:  # bit 4h + j of hmask moved to bit 2 (4) in one shift
+        hm, bit = load_i8(builder, wp, at, 32), 4 * h + j
+        moved = builder.lshr(hm, c8(bit - 2)) if bit >= 2 else builder.shl(hm, c8(2 - bit))
+        u = builder.or_(u, builder.and_(moved, c8(4)))
     return u
 
 
