@@ -80,6 +80,8 @@ TAKEN = [
     ("get_rows(type=Q8_0,ne0=256,n_rows=5,n=3,batch=[2, 2])", True),
     ("get_rows(type=Q4_K,ne0=256,n_rows=5,n=3,batch=[2, 2])", True),
     ("get_rows(type=IQ4_NL,ne0=256,n_rows=6,n=4,batch=[1, 1])", True),
+    ("get_rows(type=Q2_K,ne0=256,n_rows=6,n=4,batch=[1, 1])", True),
+    ("get_rows(type=Q3_K,ne0=256,n_rows=6,n=4,batch=[1, 1])", True),
     ("get_rows(type=Q5_K,ne0=256,n_rows=6,n=4,batch=[1, 1])", False),  # the torch dequantizer
     ("get_rows(type=F16,ne0=16,n_rows=10,n=5,batch=[1, 1])", False),
     ("mul_mat(KQ decode,n_kv=168,head_dim=64,heads=16/16)", True),
@@ -416,3 +418,23 @@ def test_threaded_kernels_equal_the_serial_ones(kernel, variant):
                np.zeros(1, np.float32), np.float32(0.5), has_mask, False)
     np.testing.assert_array_equal(threaded, serial)
     assert np.isfinite(serial).all()
+
+
+@pytest.mark.parametrize("kind", fast_ops.BLOCK_KINDS)
+def test_get_block_rows_equals_gguf_dequantize_bit_for_bit(kind):
+    """GET_ROWS' numba decoders (a table's requested rows) give the gguf package's dequantize of
+    those rows, bit for bit; an index past the table is reported (its position)."""
+    pytest.importorskip("numba")
+    from gguf import GGMLQuantizationType, quants as gguf_quants
+    from test_cpu_quant import random_blocks
+    from torchggml.devices.cpu.jit.loader import op_kernels
+    qtype = getattr(ggml.Type, kind)
+    n, k = 9, 512
+    blocks = random_blocks(qtype, n, k, seed=len(kind)).numpy()
+    ids = np.array([[[4, 0, 8, 4]]], np.int64)
+    out = np.full((1, 1, 4, k), np.nan, np.float32)
+    assert op_kernels().get_block_rows(blocks[None, None], ids, out, fast_ops.BLOCK_KINDS.index(kind)) == -1
+    want = gguf_quants.dequantize(blocks, GGMLQuantizationType(int(qtype))).reshape(n, k)[ids[0, 0]]
+    np.testing.assert_array_equal(out[0, 0], want)
+    assert op_kernels().get_block_rows(blocks[None, None], np.array([[[1, 9]]], np.int64), out[:, :, :2],
+                                       fast_ops.BLOCK_KINDS.index(kind)) == 1

@@ -165,7 +165,7 @@ def bind_set_rows(node):
 # ---------------------------------------------------------------- GET_ROWS (block types)
 
 # the block types op_kernels.get_block_rows dequantizes, by kind number
-BLOCK_KINDS = ("Q4_0", "Q8_0", "Q4_K", "Q6_K", "IQ4_NL")
+BLOCK_KINDS = ("Q4_0", "Q8_0", "Q4_K", "Q6_K", "IQ4_NL", "Q2_K", "Q3_K")
 
 
 def bind_get_block_rows(node):

@@ -14,11 +14,12 @@ beside oneDNN's bf16 GEMM and the vpdpbusd peak: scripts/bench_cpu_peaks.py, doc
     pack_rows(w0, w1, w2, w3, panel, scales, mins, r0, kind)
         rows r0..r0+3 (r0 % 4 == 0) of a panel from four rows of ggml blocks (uint8 [row bytes];
         kind: 34 Q8_0, 18 Q4_0, 144 Q4_K, 176 Q5_K, 210 Q6_K, 136 IQ4_XS, IQ4_NL_KIND IQ4_NL, 20 Q4_1, 22 Q5_0,
-        24 Q5_1), K values each: row r's u8 values
+        24 Q5_1, 84 Q2_K, 110 Q3_K), K values each: row r's u8 values
         u = q + ZERO[kind] at panel[(k // 4) * 4 * PANEL_ROWS + 4 r + k % 4], group j's scale
         at scales[j * PANEL_ROWS + r] (float32 d; the K-quants' integer sc as int32, their
-        super-block b's d at scales[(K / G + b) * PANEL_ROWS + r]), and Q4_K's and Q5_K's
-        -dmin * m_j (Q4_1's and Q5_1's m_j) at mins[j * PANEL_ROWS + r]
+        super-block b's d at scales[(K / G + b) * PANEL_ROWS + r], Q2_K's and Q3_K's at each of
+        its 8 scale blocks of 32 b' at scales[(K / G + b') * PANEL_ROWS + r]), and Q4_K's and Q5_K's
+        -dmin * m_j (Q4_1's and Q5_1's m_j, Q2_K's -dmin m of each 16) at mins[j * PANEL_ROWS + r]
     tile(panel, scales, mins, xq, dx, xz, xm, out, cols, kind)
         out[c, :PANEL_ROWS] = sum_j scales[j, :] dx[c, j G / B] (sum_{k in j} u[k, :] xq[c, k]
         + xz[c, j]) (+ sum_j mins[j, :] xm[c, j] for the kinds with a bias: Q4_K, Q5_K and
@@ -39,9 +40,10 @@ x86) prompts keep the bf16/f32 GEMM.
 """
 from __future__ import annotations
 
-from .llvm_ir import (IQ4_NL_KIND, OFFSET_BLOCK_FIELDS, OFFSET_BLOCK_KINDS, block_bytes, half_bits_to_float,
-                      iq4_nl_values, iq4_xs_scales, iq4_xs_values, k_quant_values, load_i8, nibble_values_at,
-                      offset_block_values, q4_k_scales_and_mins_words, q6_k_values, target_features)
+from .llvm_ir import (IQ4_NL_KIND, LOW_K_KINDS, OFFSET_BLOCK_FIELDS, OFFSET_BLOCK_KINDS, block_bytes,
+                      half_bits_to_float, iq4_nl_values, iq4_xs_scales, iq4_xs_values, k_quant_values, load_i8,
+                      low_k_values, nibble_values_at, offset_block_values, q2_k_scales_and_mins, q3_k_scales,
+                      q4_k_scales_and_mins_words, q6_k_values, target_features)
 
 PANEL_ROWS = 32   # two 16-lane vectors of rows (four 8-lane ones)
 TILE_COLS = 4     # activation rows an AVX-512 tile multiplies (4 x 2 int and 4 x 2 float accumulators)
@@ -50,18 +52,20 @@ TILE_COLS = 4     # activation rows an AVX-512 tile multiplies (4 x 2 int and 4 
 GEMM_KINDS = {34: (32, 128, 32), 18: (32, 8, 32), 144: (32, 0, 256), 176: (32, 0, 256), 210: (16, 32, 256),
               IQ4_NL_KIND: (32, 128, 32), 136: (32, 128, 256),
               32: (32, 128, 32), 33: (32, 128, 32), 16: (16, 128, 32), 17: (16, 128, 32), 4: (32, 0, 32),
-              20: (32, 0, 32), 22: (32, 16, 32), 24: (32, 0, 32)}
+              20: (32, 0, 32), 22: (32, 16, 32), 24: (32, 0, 32), 84: (16, 0, 32), 110: (16, 4, 32)}
 # kind -> its block's values
 BLOCK_VALUES = {34: 32, 18: 32, 144: 256, 176: 256, 210: 256, 136: 256, IQ4_NL_KIND: 32,
-                **{k: 32 for k in OFFSET_BLOCK_KINDS}}
+                **{k: 32 for k in OFFSET_BLOCK_KINDS}, **{k: 256 for k in LOW_K_KINDS}}
 # the fused layout's rows (layouts/fused.py: q, float32 group scales, float32 biases), packed by
 # gemm_kernels.pack_layout_rows, not by pack_rows: int8 q in groups of 32 (32, 33 with a bias)
 # or 16 (16, 17), and Q4_1's nibbles with its bias (4). Their activations round as Q8_0 per 32.
 LAYOUT_KINDS = (32, 33, 16, 17, 4)
 # weights of any int8 value: u = q + 128 (q itself on AVX2); IQ4_NL's and IQ4_XS's values (-127..113) too
 INT8_KINDS = (34, IQ4_NL_KIND, 136, 32, 33, 16, 17)
-K_QUANT_KINDS = (144, 176, 210, 136)  # integer group scales summed over each super-block of 256
-BIAS_KINDS = (144, 176, 33, 17, 4, 20, 24)  # a float offset per group (the mins): times the activations' group sums
+# integer group scales summed over each activation scale block (the K-quants' super-blocks of 256;
+# Q2_K's and Q3_K's activations round per 32, as their matvec's)
+K_QUANT_KINDS = (144, 176, 210, 136) + LOW_K_KINDS
+BIAS_KINDS = (144, 176, 33, 17, 4, 20, 24, 84)  # a float offset per group (the mins): times the activations' group sums
 
 
 def gemm_isa() -> str | None:
@@ -237,6 +241,30 @@ def _gemm_intrinsics(isa: str):
                     for g in range(8):
                         store_values([iq4_xs_values(builder, wp, at, g, zero) for wp in wps],
                                      builder.add(builder.mul(blk, const(256)), const(32 * g)))
+            elif k in LOW_K_KINDS:  # groups of 16: u (Q3_K's q + 4), integer scales, Q2_K's mins
+                with cgutils.for_range(builder, builder.udiv(n_values, const(256))) as loop:
+                    blk = loop.index
+                    at = builder.mul(blk, const(k))
+                    for g in range(8):
+                        store_values([low_k_values(builder, wp, at, g, k) for wp in wps],
+                                     builder.add(builder.mul(blk, const(256)), const(32 * g)))
+                    for row, wp in enumerate(wps):
+                        if k == 84:
+                            sc16, m16 = q2_k_scales_and_mins(builder, wp, at)
+                            dmin = half_at(wp, builder.add(at, const(82)))
+                        else:
+                            sc16 = q3_k_scales(builder, wp, builder.add(at, const(96)))
+                        d = half_at(wp, builder.add(at, const(80 if k == 84 else 108)))
+                        for t in range(8):  # d for each 32 values (the activations' scale block)
+                            store_float(sp, d, builder.add(builder.udiv(n_values, const(16)),
+                                                           builder.add(builder.mul(blk, const(8)), const(t))), row)
+                        for g in range(16):
+                            group = builder.add(builder.mul(blk, const(16)), const(g))
+                            store_float(int_scales, builder.sext(builder.extract_element(sc16, ir.Constant(i32, g)), i32),
+                                        group, row)
+                            if k == 84:
+                                m = builder.uitofp(builder.extract_element(m16, ir.Constant(i32, g)), f32)
+                                store_float(mp, builder.fneg(builder.fmul(dmin, m)), group, row)
             else:  # 210: groups of 16
                 with cgutils.for_range(builder, builder.udiv(n_values, const(256))) as loop:
                     blk = loop.index

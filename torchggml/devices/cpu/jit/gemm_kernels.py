@@ -1,6 +1,6 @@
-"""The prompt's int8 GEMM over ggml's Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K blocks in
-place, and over the fused layout's rows of the other types (Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4, and
-the experts of Q4_1, Q5_0, Q5_1),
+"""The prompt's int8 GEMM over ggml's Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q2_K / Q3_K / Q4_K / Q5_K /
+Q6_K / IQ4_NL / IQ4_XS blocks in place, and over the fused layout's rows of the other types (MXFP4,
+and the experts of the in-place types),
 compiled by numba (the IR of its panels and tiles: gemm_ir.py; loader.gemm_kernels() loads this
 module).
 
@@ -16,6 +16,7 @@ module).
         PANEL_ROWS); panels/scales/mins: one work area per numba thread (layouts/fused.py's
         _int8_gemm makes them)
     offset_panel_gemm(...)  the same for ggml's Q4_1 / Q5_0 / Q5_1 blocks in place
+    low_k_panel_gemm(...)   the same for ggml's Q2_K / Q3_K blocks in place
     layout_panel_gemm(words, scale, bias, kind, xq, dx, xz, xm, out, panels, scales, mins)
         the same for the fused layout's rows (gemm_ir.LAYOUT_KINDS): words uint32 [N, K/4] its
         int8 q (or [N, K/8]: Q4_1's nibbles) 4 bytes a word, scale and bias f32 [N, K/G] (bias
@@ -199,6 +200,45 @@ def offset_panel_gemm(blocks, kind, xq, dx, xz, xm, out, panels, scales, mins):
         n0 = p * PANEL_ROWS
         _offset_pack(blocks, n0, kind, panels[t], scales[t], mins[t])
         _offset_tiles(kind, panels[t], scales[t], mins[t], xq, dx, xz, xm, out[:, n0:n0 + PANEL_ROWS])
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _low_k_pack(blocks, n0, kind, panel, scales, mins):
+    for r in range(0, PANEL_ROWS, 4):
+        w0, w1, w2, w3 = blocks[n0 + r], blocks[n0 + r + 1], blocks[n0 + r + 2], blocks[n0 + r + 3]
+        if kind == 84:
+            pack_rows(w0, w1, w2, w3, panel, scales, mins, r, 84)
+        else:
+            pack_rows(w0, w1, w2, w3, panel, scales, mins, r, 110)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _low_k_tiles(kind, panel, scales, mins, xq, dx, xz, xm, out):
+    """_tiles for the low K-quants."""
+    m_rows = xq.shape[0]
+    full = m_rows - m_rows % TILE_COLS
+    for c in range(0, full, TILE_COLS):
+        e = c + TILE_COLS
+        if kind == 84:
+            tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], TILE_COLS, 84)
+        else:
+            tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], TILE_COLS, 110)
+    for c in range(full, m_rows):
+        e = c + 1
+        if kind == 84:
+            tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], 1, 84)
+        else:
+            tile(panel, scales, mins, xq[c:e], dx[c:e], xz[c:e], xm[c:e], out[c:e], 1, 110)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def low_k_panel_gemm(blocks, kind, xq, dx, xz, xm, out, panels, scales, mins):
+    """panel_gemm for ggml's Q2_K (kind 84) and Q3_K (110) blocks in place."""
+    for p in prange(blocks.shape[0] // PANEL_ROWS):
+        t = numba.get_thread_id()
+        n0 = p * PANEL_ROWS
+        _low_k_pack(blocks, n0, kind, panels[t], scales[t], mins[t])
+        _low_k_tiles(kind, panels[t], scales[t], mins[t], xq, dx, xz, xm, out[:, n0:n0 + PANEL_ROWS])
 
 
 @njit(cache=True, nogil=True, inline="always")

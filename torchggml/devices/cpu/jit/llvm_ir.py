@@ -15,9 +15,14 @@ IQ4_NL_KIND = -18
 # bytes: d, float16 min m, 16 bytes of nibbles; W = d u + m), Q5_0 (22: d, 4 bytes of fifth bits
 # qh, nibbles; W = d (u - 16)) and Q5_1 (24: d, m, qh, nibbles; W = d u + m)
 OFFSET_BLOCK_KINDS = (20, 22, 24)
+# ggml's 2- and 3-bit K-quants, by block bytes: Q2_K (84 bytes per 256 values: 16 bytes of a 4-bit
+# scale and a 4-bit min per 16 values, 64 bytes of 2-bit values, float16 d and dmin; W = d sc q -
+# dmin m) and Q3_K (110: 32 bytes of high bits, 64 of 2-bit low bits, 12 of 6-bit scales, float16
+# d; W = d (sc - 32) (q - 4)). Their activations round per 16 values (low_k_blocks_dot).
+LOW_K_KINDS = (84, 110)
 # row_dot's kinds that read ggml's blocks in place, by block bytes: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K,
-# IQ4_XS and the offset kinds; and IQ4_NL
-BLOCK_KINDS = (34, 18, 144, 176, 210, 136) + OFFSET_BLOCK_KINDS + (IQ4_NL_KIND,)
+# IQ4_XS, the offset kinds and the low K-quants; and IQ4_NL
+BLOCK_KINDS = (34, 18, 144, 176, 210, 136) + OFFSET_BLOCK_KINDS + LOW_K_KINDS + (IQ4_NL_KIND,)
 
 
 def block_bytes(kind: int) -> int:
@@ -235,6 +240,8 @@ def _row_dot_intrinsic():
             return q6_k_blocks_dot(builder, wp, rows, n_groups)
         if k == 136:
             return iq4_xs_blocks_dot(builder, wp, rows, n_groups)
+        if k in LOW_K_KINDS:  # xd's K / 16 -> the blocks of 256
+            return low_k_blocks_dot(builder, wp, rows, builder.lshr(n_groups, ir.Constant(n_groups.type, 4)), k)
         if k in (18, IQ4_NL_KIND):
             return q4_0_pairs_dot(builder, wp, rows, n_groups, k == IQ4_NL_KIND)
         if k in OFFSET_BLOCK_KINDS:
@@ -590,6 +597,53 @@ def _row_dot_intrinsic():
                                 flags=("fast",))
         return sum_terms_rows(builder, block_term, n_blocks, rows)  # each block's term from its exact integer sums
 
+    def low_k_blocks_dot(builder, wp, rows, n_blocks, block_bytes):
+        """A row of ggml's Q2_K or Q3_K blocks in place (LOW_K_KINDS; values u: low_k_values)
+        times activations rounded per 16 values as Q8_0 rounds 32 (float32 scales xd_s, xsum_s
+        = xd_s times the sum of the 16 rounded values: the converted layout's rounding, finer
+        than ggml's Q8_K and closer to a float64 product): per block, Q2_K's
+        d sum_s xd_s sc_s (u_s . x_s) - dmin sum_s m_s xsum_s, Q3_K's (q = u - 4, scales
+        sc - 32) d (sum_s xd_s sc_s (u_s . x_s) - 4 sum_s sc_s xsum_s), each sc_s (u_s . x_s)
+        an exact integer dot, two sub-blocks a vector of 8 lanes. rows: each activation row's
+        (xp, xsum, dp)."""
+        const = lambda v: ir.Constant(n_blocks.type, v)  # noqa: E731
+        pick = lambda v, lanes: builder.shuffle_vector(v, v, ir.Constant(vec(i32, len(lanes)), lanes))  # noqa: E731
+        q2 = block_bytes == 84
+        fast = ("fast",)
+
+        def half_at(at):
+            return half_bits_to_float(builder, builder.load(builder.bitcast(builder.gep(wp, [at]), i16.as_pointer()),
+                                                            align=1))
+
+        def block_term(b, row):
+            xp, sp, dp = row[0], row[1], row[2]
+            base = builder.mul(b, const(block_bytes))
+            if q2:
+                sc16, offsets16 = q2_k_scales_and_mins(builder, wp, base)
+                d = half_at(builder.add(base, const(80)))
+                offset_scale = builder.fneg(half_at(builder.add(base, const(82))))  # -dmin m_s
+            else:
+                sc16 = offsets16 = q3_k_scales(builder, wp, builder.add(base, const(96)))
+                d = half_at(builder.add(base, const(108)))
+                offset_scale = builder.fmul(d, ir.Constant(f32, -4.0))  # -4 d sc_s
+            total = None
+            for g in range(8):  # sub-blocks 2g and 2g + 1
+                u = low_k_values(builder, wp, base, g, block_bytes)
+                xv = load_i8(builder, xp, builder.add(builder.mul(b, const(256)), const(32 * g)), 32)
+                ints = scaled_byte_dot(builder, u, xv, pick(sc16, [2 * g] * 8 + [2 * g + 1] * 8), None)
+                xd2 = builder.load(builder.bitcast(builder.gep(dp, [builder.add(builder.mul(b, const(16)), const(2 * g))]),
+                                                   vec(f32, 2).as_pointer()), align=4)
+                term = builder.fmul(builder.sitofp(ints, vec(f32, 8)), pick(xd2, [0] * 4 + [1] * 4), flags=fast)
+                total = term if total is None else builder.fadd(total, term, flags=fast)
+            # the offsets' sum over the block's 16 sub-blocks, from the activations' float sums
+            xs = builder.load(builder.bitcast(builder.gep(sp, [builder.mul(b, const(16))]), vec(f32, 16).as_pointer()),
+                              align=4)
+            products = builder.fmul(builder.sitofp(offsets16, vec(f32, 16)), xs, flags=fast)
+            offsets = builder.fadd(pick(products, list(range(8))), pick(products, list(range(8, 16))), flags=fast)
+            return builder.fadd(builder.fmul(total, splat_f32(builder, d, 8), flags=fast),
+                                builder.fmul(offsets, splat_f32(builder, offset_scale, 8), flags=fast), flags=fast)
+        return sum_terms_rows(builder, block_term, n_blocks, rows)
+
     def scaled_byte_dot(builder, u, xv, sc16, acc):
         """acc (<8 x i32>, or None: zeros) plus the products of 32 unsigned bytes u (< 64) and 32
         int8 xv (|x| <= 127), each pair's sum times the int16 sc16 lane of the pair, lane i the
@@ -659,7 +713,7 @@ def _row_dot_intrinsic():
     def blocks_to_float(typingctx, w, o, kind):
         """o[:] = the float32 values of one row of ggml blocks w (uint8; kind: row_dot's block
         kinds, 34 Q8_0, 18 Q4_0, 144 Q4_K, 176 Q5_K, 210 Q6_K, 136 IQ4_XS, IQ4_NL_KIND, 20 Q4_1, 22 Q5_0,
-        24 Q5_1), 32 values a vector."""
+        24 Q5_1, 84 Q2_K, 110 Q3_K), 32 values a vector."""
         if not isinstance(kind, types.IntegerLiteral):
             return None
         k = kind.literal_value
@@ -729,6 +783,31 @@ def _row_dot_intrinsic():
                         dl = builder.fmul(half_at(at), builder.extract_element(sc, ir.Constant(i32, g)))
                         v = builder.sitofp(iq4_xs_values(builder, wp, at, g), f32x32)
                         store(builder.fmul(v, splat32(dl)), builder.add(builder.mul(blk, const(blk, 256)), const(blk, 32 * g)))
+            elif k in LOW_K_KINDS:  # d sc u - dmin m (Q2_K), d (sc - 32) (u - 4) (Q3_K), per 16 values
+                with cgutils.for_range(builder, builder.lshr(n, const(n, 8))) as loop:
+                    blk = loop.index
+                    at = builder.mul(blk, const(blk, k))
+                    d16 = lambda off: builder.shuffle_vector(  # noqa: E731
+                        builder.insert_element(ir.Constant(vec(f32, 16), ir.Undefined), half_at(builder.add(at, const(blk, off))),
+                                               ir.Constant(i32, 0)),
+                        ir.Constant(vec(f32, 16), ir.Undefined), ir.Constant(vec(i32, 16), [0] * 16))
+                    if k == 84:
+                        sc16, m16 = q2_k_scales_and_mins(builder, wp, at)
+                        scales = builder.fmul(d16(80), builder.uitofp(sc16, vec(f32, 16)))
+                        offsets = builder.fmul(d16(82), builder.uitofp(m16, vec(f32, 16)))
+                    else:
+                        scales = builder.fmul(d16(108), builder.sitofp(q3_k_scales(builder, wp, builder.add(at, const(blk, 96))),
+                                                                       vec(f32, 16)))
+                    for g in range(8):
+                        lanes = ir.Constant(vec(i32, 32), [2 * g] * 16 + [2 * g + 1] * 16)
+                        u = low_k_values(builder, wp, at, g, k)
+                        if k == 84:
+                            values = builder.fsub(builder.fmul(builder.uitofp(u, f32x32), builder.shuffle_vector(scales, scales, lanes)),
+                                                  builder.shuffle_vector(offsets, offsets, lanes))
+                        else:
+                            values = builder.fmul(builder.sitofp(builder.sub(u, ir.Constant(vec(i8, 32), [4] * 32)), f32x32),
+                                                  builder.shuffle_vector(scales, scales, lanes))
+                        store(values, builder.add(builder.mul(blk, const(blk, 256)), const(blk, 32 * g)))
             else:  # 210
                 with cgutils.for_range(builder, builder.lshr(n, const(n, 8))) as loop:
                     blk = loop.index
@@ -943,6 +1022,51 @@ def iq4_xs_values(builder, wp, at, g, offset=0):
     as kvalues_iq4nl + offset, <32 x i8>."""
     ir = _types()[0]
     return iq4_nl_values(builder, nibble_values_at(builder, wp, builder.add(at, ir.Constant(at.type, 8 + 16 * g))), offset)
+
+
+def low_k_values(builder, wp, at, g, block_bytes):
+    """Values 32g..32g+31 (g < 8; sub-blocks 2g and 2g + 1) of the Q2_K (block_bytes 84) or Q3_K
+    (110) block at `at` as <32 x i8> u: value 128h + 32j + l (g = 4h + j) has its 2 low bits at
+    bits 2j of byte 32h + l of the 2-bit values (at 16; Q3_K's at 32), Q3_K's third bit is bit
+    4h + j of byte l of hmask (the 32 bytes at 0): u in [0, 7], its value q = u - 4."""
+    ir, i8, i16, i32 = _types()
+    c8 = lambda v: ir.Constant(vec(i8, 32), [v] * 32)  # noqa: E731
+    offset = lambda off: builder.add(at, ir.Constant(at.type, off))  # noqa: E731
+    h, j = divmod(g, 4)
+    u = builder.and_(builder.lshr(load_i8(builder, wp, offset((16 if block_bytes == 84 else 32) + 32 * h), 32), c8(2 * j)),
+                     c8(3))
+    if block_bytes == 110:  # bit 4h + j of hmask moved to bit 2 (4) in one shift
+        hm, bit = load_i8(builder, wp, at, 32), 4 * h + j
+        moved = builder.lshr(hm, c8(bit - 2)) if bit >= 2 else builder.shl(hm, c8(2 - bit))
+        u = builder.or_(u, builder.and_(moved, c8(4)))
+    return u
+
+
+def q2_k_scales_and_mins(builder, wp, at):
+    """The Q2_K block at `at`'s 16 scales (low nibbles of its first 16 bytes) and 16 mins (high
+    nibbles), each <16 x i16>."""
+    ir, i8, i16, i32 = _types()
+    b = load_i8(builder, wp, at, 16)
+    return (builder.zext(builder.and_(b, ir.Constant(vec(i8, 16), [15] * 16)), vec(i16, 16)),
+            builder.zext(builder.lshr(b, ir.Constant(vec(i8, 16), [4] * 16)), vec(i16, 16)))
+
+
+def q3_k_scales(builder, wp, at):
+    """Q3_K's 16 6-bit scales (packed in the 12 bytes at `at`) minus 32 as <16 x i16>: scale s's
+    low 4 bits are nibble s // 8 of byte s % 8, its top 2 bits bits 2 (s // 4) of byte 8 + s % 4;
+    unpacked in 32-bit scalar arithmetic, as q4_k_scales_and_mins_words."""
+    ir, i8, i16, i32 = _types()
+    a0, a1, a2 = (builder.load(builder.bitcast(builder.gep(wp, [builder.add(at, ir.Constant(at.type, 4 * w))]),
+                                               i32.as_pointer()), align=1) for w in range(3))
+    c = lambda v: ir.Constant(i32, v)  # noqa: E731
+    low4, top2 = c(0x0F0F0F0F), c(0x03030303)
+    words = [builder.or_(builder.and_(builder.lshr(low, c(shift_low)), low4),
+                         builder.shl(builder.and_(builder.lshr(a2, c(shift_high)), top2), c(4)))
+             for low, shift_low, shift_high in ((a0, 0, 0), (a1, 0, 2), (a0, 4, 4), (a1, 4, 6))]
+    packed = ir.Constant(vec(i32, 4), ir.Undefined)
+    for lane, word in enumerate(words):
+        packed = builder.insert_element(packed, word, ir.Constant(i32, lane))
+    return builder.sub(builder.zext(builder.bitcast(packed, vec(i8, 16)), vec(i16, 16)), ir.Constant(vec(i16, 16), [32] * 16))
 
 
 # the offset kinds' fields: where a block holds its nibbles, its fifth bits (None: none) and its

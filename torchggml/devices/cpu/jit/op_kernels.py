@@ -646,6 +646,30 @@ def q6_k_row(raw, y):  # 16 sub-blocks of 16: (d * scale) * (q - 32), q's low 4 
 
 
 @jit
+def q2_k_row(raw, y):  # 16 sub-blocks of 16: (d * sc) * q - dmin * m, a byte of 4-bit sc and m, 2-bit q
+    for b in range(y.shape[0] // 256):
+        o = b * 84
+        d, dmin = half_at(raw, o + 80), half_at(raw, o + 82)
+        for i in range(256):
+            h, j, l = i // 128, (i % 128) // 32, i % 32
+            s = raw[o + i // 16]
+            q = (raw[o + 16 + 32 * h + l] >> (2 * j)) & 3
+            y[b * 256 + i] = (d * np.float32(s & 15)) * np.float32(q) - dmin * np.float32(s >> 4)
+
+
+@jit
+def q3_k_row(raw, y):  # 16 sub-blocks of 16: (d * (sc - 32)) * (q - 4 unless its high bit), 6-bit sc in 12 bytes
+    for b in range(y.shape[0] // 256):
+        o = b * 110
+        d = half_at(raw, o + 108)
+        for i in range(256):
+            h, j, l, t = i // 128, (i % 128) // 32, i % 32, i // 16
+            sc = ((raw[o + 96 + t % 8] >> (4 * (t // 8))) & 15) | (((raw[o + 104 + t % 4] >> (2 * (t // 4))) & 3) << 4)
+            q = np.int32((raw[o + 32 + 32 * h + l] >> (2 * j)) & 3) - (0 if (raw[o + l] >> (4 * h + j)) & 1 else 4)
+            y[b * 256 + i] = (d * np.float32(np.int32(sc) - 32)) * np.float32(q)
+
+
+@jit
 def get_block_rows(table, ids, out, kind):
     n_rows = table.shape[2]
     for i3 in range(out.shape[0]):
@@ -663,8 +687,12 @@ def get_block_rows(table, ids, out, kind):
                     q4_k_row(raw, y)
                 elif kind == 3:
                     q6_k_row(raw, y)
-                else:
+                elif kind == 4:
                     iq4_nl_row(raw, y)
+                elif kind == 5:
+                    q2_k_row(raw, y)
+                else:
+                    q3_k_row(raw, y)
     return -1
 
 

@@ -9,6 +9,9 @@ quant_kernels() (loader.py) holds:
     offset_block_matvec(...) / dequantize_offset_blocks(blocks, kind, out)
         the same over ggml's Q4_1 / Q5_0 / Q5_1 blocks in place (xsum: the activations' group
         sums, for Q4_1's and Q5_1's mins)
+    low_k_block_matvec(...) / dequantize_low_k_blocks(blocks, kind, out)
+        the same over ggml's Q2_K / Q3_K blocks in place (activations per 16 as the converted
+        layout's, float32 scales)
     (both take MUL_MAT's rows ROWS at a time: llvm_ir's rows_dot, each weight row unpacked once
     for them, the same results as one row at a time)
     rows_block_matvec(blocks, kind, x, xq, xd, xsum, bsums, w_row0, x_row, out)
@@ -340,21 +343,53 @@ def offset_block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out):
                 out[m, n] = row_dot(blocks[r], xq[x], xsum[x], xd[x], 24)
 
 
+@njit(fastmath=True, cache=True, nogil=True, inline="always")
+def is_low_k_kind(kind):
+    """Q2_K's and Q3_K's blocks (llvm_ir.LOW_K_KINDS: low_k_block_matvec)."""
+    return kind == 84 or kind == 110
+
+
+@njit(fastmath=True, parallel=True, cache=True, nogil=True)
+def low_k_block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out):
+    """block_matvec over ggml's Q2_K (kind 84) or Q3_K (110) blocks in place, the activations
+    from quantize_rows (groups of 16, float32 scales; xsum unread)."""
+    blocked = out.shape[0] // ROWS * ROWS if _plain(w_row0, x_row) else 0
+    for n in prange(out.shape[1]):
+        for m0 in range(0, blocked, ROWS):
+            if kind == 84:
+                dots = rows_dot(blocks[n], xd[0], xq, xsum, xd, m0, 84, ROWS)
+            else:
+                dots = rows_dot(blocks[n], xd[0], xq, xsum, xd, m0, 110, ROWS)
+            for i in range(ROWS):
+                out[m0 + i, n] = dots[i]
+        for m in range(blocked, out.shape[0]):
+            r, x = w_row0[m] + n, x_row[m]
+            if kind == 84:
+                out[m, n] = row_dot(blocks[r], xq[x], xsum[x], xd[x], 84)
+            else:
+                out[m, n] = row_dot(blocks[r], xq[x], xsum[x], xd[x], 110)
+
+
 @njit(fastmath=True, cache=True, nogil=True)  # block_matvec's own prange runs it on the threads
 def rows_block_matvec(blocks, kind, x, xq, xd, xsum, bsums, w_row0, x_row, out):
     """block_matvec of float32 activation rows x [X, K], each first rounded as the kind's ggml
     vec_dot type into xq and xd: Q8_0 with float16 scales for Q8_0, Q4_0, IQ4_NL and the offset
-    kinds (xsum f32 [X, K/32]: the mins' sums), Q8_K for the K-quants and IQ4_XS (bsums int16
+    kinds (xsum f32 [X, K/32]: the mins' sums), float32 scales for Q2_K and Q3_K, Q8_K for the
+    other K-quants and IQ4_XS (bsums int16
     [X, K/16]). One call a decode step's product, not three."""
     if kind == 34 or kind == 18 or kind == IQ4_NL_KIND or is_offset_kind(kind):
         quantize_rows(x, 32, xq, xd, xsum)
         for m in range(xd.shape[0]):  # ggml's Q8_0 scales are float16
             for j in range(xd.shape[1]):
                 xd[m, j] = round_to_half(xd[m, j])
+    elif is_low_k_kind(kind):  # per 16 values, float32 scales
+        quantize_rows(x, 16, xq, xd, xsum)
     else:
         quantize_rows_q8_k(x, xq, xd, bsums)
     if is_offset_kind(kind):
         offset_block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out)
+    elif is_low_k_kind(kind):
+        low_k_block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out)
     else:
         block_matvec(blocks, kind, w_row0, xq, xd, bsums, x_row, out)
 
@@ -375,13 +410,30 @@ def dequantize_offset_blocks(blocks, kind, out):
 
 
 @njit(fastmath=True, parallel=True, cache=True, nogil=True)
+def dequantize_low_k_blocks(blocks, kind, out):
+    """dequantize_blocks for ggml's Q2_K (kind 84) and Q3_K (110) blocks: d sc q - dmin m,
+    d (sc - 32) (q - 4)."""
+    for n in prange(blocks.shape[0]):
+        o = _float_row(out[n])
+        if kind == 84:
+            blocks_to_float(blocks[n], o, 84)
+        else:
+            blocks_to_float(blocks[n], o, 110)
+        _store_row(o, out[n])
+
+
+@njit(fastmath=True, parallel=True, cache=True, nogil=True)
 def dequantize_blocks(blocks, kind, out):
     """ggml's Q8_0 (kind 34), Q4_0 (18), Q4_K (144), Q5_K (176), Q6_K (210), IQ4_XS (136) or IQ4_NL
     (IQ4_NL_KIND) blocks [N, row bytes] -> out [N, K] as dequantize_rows writes it (float32 or
     bfloat16 bits): d * q, d * (nibble - 8), d sc q - dmin m, (d (ls - 32)) * kvalues_iq4nl[nibble],
-    d * kvalues_iq4nl[nibble]; Q4_1's, Q5_0's and Q5_1's (20, 22, 24) through dequantize_offset_blocks."""
+    d * kvalues_iq4nl[nibble]; Q4_1's, Q5_0's and Q5_1's (20, 22, 24) through dequantize_offset_blocks,
+    Q2_K's and Q3_K's (84, 110) through dequantize_low_k_blocks."""
     if is_offset_kind(kind):
         dequantize_offset_blocks(blocks, kind, out)
+        return
+    if is_low_k_kind(kind):
+        dequantize_low_k_blocks(blocks, kind, out)
         return
     for n in prange(blocks.shape[0]):
         o = _float_row(out[n])

@@ -15,13 +15,14 @@ The 4-bit types Q4_0, Q4_1 and Q4_K keep 4 bits, two to a byte (byte i of a 32-v
 values i and i + 16): Q4_0's q + 8, which the kernels take back as ggml's do, and Q4_1's and
 Q4_K's q in [0, 15]. Decode streams these bytes once a token, so they bound its speed: Q4_0
 4.5 bits a weight (llama.cpp's size), Q8_0 9, Q4_1 6, Q5_0 9, Q4_K 6, Q6_K 8 (float32 scales
-per group), IQ4_NL and IQ4_XS 9 (int8 table values). So the 2-D weights of Q8_0, Q4_0, Q4_1,
-Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS are not stored here: the same kernels read their
+per group), IQ4_NL and IQ4_XS 9 (int8 table values), Q2_K 12 and Q3_K 10 (against 2.63 and 3.44).
+So the 2-D weights of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and
+IQ4_XS are not stored here: the same kernels read their
 ggml blocks in place (IN_PLACE_KINDS, block_product; ggml's sizes, nothing converted at load, no
 second copy; IQ4_NL's and IQ4_XS's nibbles through their value table, one byte shuffle per 32
 values); their experts (3-D, for MUL_MAT_ID) and the other types are. Products: M < FUSED_MATMUL_MAX_ROWS rows of
 activations (BLOCK_MAX_ROWS for blocks in place, INT8_GEMM_MIN_ROWS where the int8 GEMM runs;
-Q4_1's, Q5_0's and Q5_1's blocks split their rows as the stored types: _layout_rows) run the fused matvec, four rows at a time for each weight row it reads, and so do a batched
+Q4_1's, Q5_0's, Q5_1's, Q2_K's and Q3_K's blocks split their rows as the stored types: _layout_rows) run the fused matvec, four rows at a time for each weight row it reads, and so do a batched
 decode step's rows however many (separate_rows: ops.mul_mat_set_separate_rows; each row then
 equals its own step's). Larger micro-batches of those blocks in place (and of the stored
 types from LAYOUT_INT8_MIN_ROWS) run the int8 GEMM with
@@ -51,7 +52,7 @@ from ..jit.loader import BoundKernel, gemm_kernels, numba_available, quant_kerne
 from .base import RepackBuffer, RepackBufferType, is_whole_contiguous
 from .decompose import DECOMPOSE, HAS_BIAS, decompose, group_size
 from ..jit.gemm_ir import PANEL_ROWS, gemm_isa, kind_params
-from ..jit.llvm_ir import IQ4_NL_KIND, OFFSET_BLOCK_KINDS
+from ..jit.llvm_ir import IQ4_NL_KIND, LOW_K_KINDS, OFFSET_BLOCK_KINDS
 
 ALIGN = 64
 # MUL_MAT_ID's experts: one with fewer rows than this goes through the fused matvec (its rows
@@ -353,6 +354,8 @@ def _matvec(p: _Packed, x: torch.Tensor, x_row: np.ndarray, w_row0: np.ndarray, 
     target = out if out.is_contiguous() else torch.empty(out.shape, dtype=torch.float32)
     if p.blocks and p.kind in OFFSET_BLOCK_KINDS:
         kernels.offset_block_matvec(p.q, p.kind, w_row0, xq, xd, xsum, x_row, target.numpy())
+    elif p.blocks and p.kind in LOW_K_KINDS:
+        kernels.low_k_block_matvec(p.q, p.kind, w_row0, xq, xd, xsum, x_row, target.numpy())
     elif p.blocks:
         kernels.block_matvec(p.q, p.kind, w_row0, xq, xd, xsum, x_row, target.numpy())
     else:
@@ -381,8 +384,8 @@ def bound_matvec(p: _Packed, rows: torch.Tensor, out: torch.Tensor, separate_row
                            p.qtype in F16_ACTIVATION_SCALES, rows.numpy(), xq, xd, np.empty_like(xd), w_row0, x_row,
                            out.numpy())
     q8_k = p.kind in Q8_K_KINDS
-    xd = np.empty((m, p.k // (256 if q8_k else 32)), np.float32)
-    xsum = np.empty((m, 0 if q8_k else p.k // 32), np.float32)  # Q8_0's sums, or Q8_K's:
+    xd = np.empty((m, p.k // (256 if q8_k else p.g)), np.float32)  # Q2_K's, Q3_K's per 16
+    xsum = np.empty((m, 0 if q8_k else p.k // p.g), np.float32)  # Q8_0's sums, or Q8_K's:
     bsums = np.empty((m, p.k // 16 if q8_k else 0), np.int16)
     return BoundKernel(quant_kernels().rows_block_matvec, p.q, p.kind, rows.numpy(), xq, xd, xsum, bsums, w_row0,
                        x_row, out.numpy())
@@ -413,7 +416,7 @@ def _int8_gemm(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
     threads = numba.config.NUMBA_NUM_THREADS
     panels, scales, mins = _gemm_buffers(("panel", k), lambda: (
         np.empty((threads, k * PANEL_ROWS // 4), np.uint32),
-        np.empty((threads, (k // 16 + k // 256) * PANEL_ROWS), np.float32),
+        np.empty((threads, (k // 16 + k // 32) * PANEL_ROWS), np.float32),  # Q2_K's, Q3_K's d per 32
         np.empty((threads, k // 16 * PANEL_ROWS), np.float32)))
     xq, dx, xz, xm = _gemm_buffers(("rows", m, k, group, scale_block), lambda: (
         np.empty((m, k), np.int8), np.empty((m, k // scale_block), np.float32), np.empty((m, k // group), np.int32),
@@ -421,7 +424,9 @@ def _int8_gemm(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
     kernels = gemm_kernels()
     kernels.quantize_activations(rows.float().contiguous().numpy(), group, zero, scale_block, xq, dx, xz, xm)
     target = out if out.is_contiguous() else torch.empty(out.shape, dtype=torch.float32)
-    if p.blocks and kind in OFFSET_BLOCK_KINDS:
+    if p.blocks and kind in LOW_K_KINDS:
+        kernels.low_k_panel_gemm(p.q, kind, xq, dx, xz, xm, target.numpy(), panels.view(np.uint8), scales, mins)
+    elif p.blocks and kind in OFFSET_BLOCK_KINDS:
         kernels.offset_panel_gemm(p.q, kind, xq, dx, xz, xm, target.numpy(), panels.view(np.uint8), scales, mins)
     elif p.blocks:
         kernels.panel_gemm(p.q, kind, xq, dx, xz, xm, target.numpy(), panels.view(np.uint8), scales, mins)
@@ -457,9 +462,9 @@ def _takes_int8_gemm(p: _Packed) -> bool:
 
 def _layout_rows(p: _Packed) -> bool:
     """Whether p's products split their rows as the fused layout's (FUSED_MATMUL_MAX_ROWS,
-    LAYOUT_INT8_MIN_ROWS): the converted types, and Q4_1's, Q5_0's and Q5_1's blocks in place,
+    LAYOUT_INT8_MIN_ROWS): the converted types, and Q4_1's, Q5_0's, Q5_1's, Q2_K's and Q3_K's blocks in place,
     which were converted before and keep the numerics the real models' tests hold them to."""
-    return not p.blocks or p.kind in OFFSET_BLOCK_KINDS
+    return not p.blocks or p.kind in OFFSET_BLOCK_KINDS or p.kind in LOW_K_KINDS
 
 
 def _matvec_max_rows(p: _Packed) -> int:
@@ -491,14 +496,21 @@ def _product(p: _Packed, rows: torch.Tensor, out: torch.Tensor, separate_rows: b
 
 
 # 2-D weights of these types are multiplied on ggml's blocks in place (kernels.block_matvec,
-# offset_block_matvec for Q4_1, Q5_0, Q5_1; the row_dot kind is the block's bytes, but IQ4_NL's,
-# which are Q4_0's): the loader leaves them in the file's mapping (nothing to convert at load, no
-# second copy, and Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS read at their 5, 5.5, 6,
-# 4.5, 5.5, 6.56, 4.5 and 4.25 bits a weight instead of 6, 9, 10, 6, 8, 8, 9 and 9 here)
+# offset_block_matvec for Q4_1, Q5_0, Q5_1, low_k_block_matvec for Q2_K, Q3_K; the row_dot kind is
+# the block's bytes, but IQ4_NL's, which are Q4_0's): the loader leaves them in the file's mapping
+# (nothing to convert at load, no second copy, and Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL,
+# IQ4_XS, Q2_K and Q3_K read at their 5, 5.5, 6, 4.5, 5.5, 6.56, 4.5, 4.25, 2.63 and 3.44 bits a
+# weight instead of 6, 9, 10, 6, 8, 8, 9, 9, 12 and 10 here)
 IN_PLACE_KINDS = {Type.Q8_0: 34, Type.Q4_0: 18, Type.Q4_K: 144, Type.Q5_K: 176, Type.Q6_K: 210,
-                  Type.Q4_1: 20, Type.Q5_0: 22, Type.Q5_1: 24, Type.IQ4_XS: 136, Type.IQ4_NL: IQ4_NL_KIND}
+                  Type.Q4_1: 20, Type.Q5_0: 22, Type.Q5_1: 24, Type.IQ4_XS: 136, Type.IQ4_NL: IQ4_NL_KIND,
+                  Type.Q2_K: 84, Type.Q3_K: 110}
 # the in-place kinds whose activations are rounded as ggml's Q8_K (Q4_K, Q5_K, Q6_K, IQ4_XS: one scale
-# per 256 values; their kernels sum a block's scaled groups as integers, as ggml's)
+# per 256 values; their kernels sum a block's scaled groups as integers, as ggml's). Q2_K's and
+# Q3_K's round as the converted layout's did (per 16 values in the matvec, per 32 in the int8
+# GEMM, bf16 in the float GEMM): Q8_K's coarser rounding moved the
+# requantized SmolLM2 files' logits from a float64 reference as far as llama.cpp's (Q2_K 0.107 vs
+# 0.047 for 45 tokens) and the seeded llama-Q2_K golden model's argmax off llama.cpp's on 2 of 16
+# near-tied tokens
 Q8_K_KINDS = (144, 176, 210, 136)
 
 
