@@ -34,6 +34,8 @@ division (x / 0 is inf or NaN, as in ggml, not a ZeroDivisionError).
                                                      K, V F16 flat (rows contiguous; strides: K's head
                                                      and cell, V's head and cell), q [n_head, n_tok, d_k];
                                                      fusion.py
+    prompt_attention(...)                            the same for a prompt's rows (the cells a row's
+                                                     mask hides are not read)
 
 At module level, as quant_kernels.py's, so that numba's disk cache serves them in every process.
 """
@@ -738,6 +740,103 @@ def decode_attention(k, v, strides, n_kv, n_head_kv, q, mask, has_mask, scale, s
             for i in range(d_v):
                 scratch[h0 + hi, t, i] = o[hi, i]
     for h in range(n_head):  # after every head's reads: out may lie over q (freed after KQ)
+        for t in range(n_tok):
+            for i in range(d_v):
+                out[h, t, i] = scratch[h, t, i]
+
+
+# query rows a task of the prompt's attention takes: its scores are one row block of cells,
+# the cells any of its rows sees (a causal mask's blocks see a prefix; the cells past it are not read)
+PROMPT_ATTENTION_ROWS = 16
+
+
+@jit
+def _seen_cells(mask, has_mask, n_tok, n_kv, seen):
+    """seen[t] = (first, end): the cells row t's mask does not hide (-inf) lie in first..end-1
+    (0, 0: none)."""
+    for t in range(n_tok):
+        first, end = 0, 0
+        if has_mask:
+            while end < n_kv and load(mask[t, end]) == -np.inf:
+                end += 1
+            first = end
+            for j in range(n_kv - 1, first - 1, -1):
+                if load(mask[t, j]) != -np.inf:
+                    end = j + 1
+                    break
+        else:
+            end = n_kv
+        seen[t, 0], seen[t, 1] = first, end
+
+
+# the attention of a prompt's rows, fused: K and V converted to float32 once (K transposed, so a
+# block's scores are products along contiguous cells), then each task (a head, PROMPT_ATTENTION_ROWS
+# query rows) computes its rows' scores over the cells they see, their softmax and the weighted V
+@njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"}, parallel=True)
+def prompt_attention(k, v, strides, n_kv, n_head_kv, q, mask, has_mask, scale, scratch, out, n_threads):
+    n_head, n_tok, d_v = scratch.shape
+    d_k = q.shape[2]
+    k_head_stride, k_cell_stride, v_head_stride, v_cell_stride = strides[0], strides[1], strides[2], strides[3]
+    group = n_head // n_head_kv
+    seen = np.empty((n_tok, 2), np.int64)
+    _seen_cells(mask, has_mask, n_tok, n_kv, seen)
+    lo, hi = n_kv, 0
+    for t in range(n_tok):
+        if seen[t, 1] > seen[t, 0]:
+            lo, hi = min(lo, seen[t, 0]), max(hi, seen[t, 1])
+    kt = np.empty((n_head_kv, d_k, n_kv), np.float32)  # cells lo..hi-1 written, the only ones read
+    vf = np.empty((n_head_kv, n_kv, d_v), np.float32)
+    for task in prange(n_head_kv * n_threads):
+        hk, part = task // n_threads, task % n_threads
+        for j in range(lo + part, hi, n_threads):
+            k_at, v_at = hk * k_head_stride + j * k_cell_stride, hk * v_head_stride + j * v_cell_stride
+            for i in range(d_k):
+                kt[hk, i, j] = half_to_float(k[k_at + i])
+            for i in range(d_v):
+                vf[hk, j, i] = half_to_float(v[v_at + i])
+    n_blocks = (n_tok + PROMPT_ATTENTION_ROWS - 1) // PROMPT_ATTENTION_ROWS
+    for task in prange(n_head * n_blocks):
+        h, t0 = task // n_blocks, (task % n_blocks) * PROMPT_ATTENTION_ROWS
+        hk, rows = h // group, min(PROMPT_ATTENTION_ROWS, n_tok - t0)
+        first, end = n_kv, 0
+        for r in range(rows):
+            if seen[t0 + r, 1] > seen[t0 + r, 0]:
+                first, end = min(first, seen[t0 + r, 0]), max(end, seen[t0 + r, 1])
+        width = max(end - first, 0)
+        scores = np.zeros((rows, width), np.float32)
+        for r in range(rows):  # indices from 0 in slices: numba's loops then vectorize
+            s_row, q_row = scores[r], q[h, t0 + r]
+            for i in range(d_k):
+                qi, k_row = q_row[i], kt[hk, i, first:end]
+                for j in range(width):
+                    s_row[j] += qi * k_row[j]
+        for r in range(rows):
+            t, s_row, o_row = t0 + r, scores[r], scratch[h, t0 + r]
+            o_row[:] = 0
+            if seen[t, 1] <= seen[t, 0]:
+                continue
+            m_row = mask[t, first:end] if has_mask else mask[0, :0]
+            peak, nan = np.float32(-np.inf), False
+            for j in range(width):
+                m = load(m_row[j]) if has_mask else np.float32(0.0)
+                s = s_row[j] * scale + m if m != -np.inf else m  # a hidden cell's K is not read
+                s_row[j] = s
+                nan |= s != s
+                peak = s if s > peak else peak
+            shift = softmax_shift(peak, nan)
+            weight_sum = 0.0
+            for j in range(width):
+                s_row[j] = exp_f32(s_row[j] - shift)
+                weight_sum += s_row[j]
+            inv = np.float32(1.0 / (weight_sum if weight_sum != 0.0 else 1.0))
+            for j in range(width):
+                p = s_row[j] * inv
+                if p == 0:  # a hidden cell's V is not read either
+                    continue
+                v_row = vf[hk, first + j]
+                for i in range(d_v):
+                    o_row[i] += p * v_row[i]
+    for h in prange(n_head):  # after every head's reads: out may lie over q (freed after KQ)
         for t in range(n_tok):
             for i in range(d_v):
                 out[h, t, i] = scratch[h, t, i]
