@@ -769,6 +769,35 @@ def _seen_cells(mask, has_mask, n_tok, n_kv, seen):
         seen[t, 0], seen[t, 1] = first, end
 
 
+@njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"}, inline="always")
+def _add_products(out, weights, table, row0, col0, skip_zeros):
+    """out += sum_i weights[i] table[row0 + i, col0:col0 + len(out)], four rows a pass over out
+    (one load and store of out per four products; table C-contiguous, so that the loops
+    vectorize). skip_zeros: a row whose weight is 0 is not read (a cell the mask hides: its
+    values may be anything, NaN too)."""
+    n, c1 = weights.shape[0], col0 + out.shape[0]
+    for i in range(0, n - n % 4, 4):
+        w0, w1, w2, w3 = weights[i], weights[i + 1], weights[i + 2], weights[i + 3]
+        if skip_zeros and (w0 == 0 or w1 == 0 or w2 == 0 or w3 == 0):
+            for e in range(i, i + 4):
+                _add_product(out, weights[e], table[row0 + e, col0:c1], skip_zeros)
+            continue
+        r0, r1, r2, r3 = (table[row0 + i, col0:c1], table[row0 + i + 1, col0:c1], table[row0 + i + 2, col0:c1],
+                          table[row0 + i + 3, col0:c1])
+        for j in range(out.shape[0]):
+            out[j] += w0 * r0[j] + w1 * r1[j] + w2 * r2[j] + w3 * r3[j]
+    for e in range(n - n % 4, n):
+        _add_product(out, weights[e], table[row0 + e, col0:c1], skip_zeros)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"}, inline="always")
+def _add_product(out, w, row, skip_zeros):
+    if skip_zeros and w == 0:
+        return
+    for j in range(out.shape[0]):
+        out[j] += w * row[j]
+
+
 # the attention of a prompt's rows, fused: K and V converted to float32 once (K transposed, so a
 # block's scores are products along contiguous cells), then each task (a head, PROMPT_ATTENTION_ROWS
 # query rows) computes its rows' scores over the cells they see, their softmax and the weighted V
@@ -805,11 +834,7 @@ def prompt_attention(k, v, strides, n_kv, n_head_kv, q, mask, has_mask, scale, s
         width = max(end - first, 0)
         scores = np.zeros((rows, width), np.float32)
         for r in range(rows):  # indices from 0 in slices: numba's loops then vectorize
-            s_row, q_row = scores[r], q[h, t0 + r]
-            for i in range(d_k):
-                qi, k_row = q_row[i], kt[hk, i, first:end]
-                for j in range(width):
-                    s_row[j] += qi * k_row[j]
+            _add_products(scores[r], q[h, t0 + r], kt[hk], 0, first, False)
         for r in range(rows):
             t, s_row, o_row = t0 + r, scores[r], scratch[h, t0 + r]
             o_row[:] = 0
@@ -830,12 +855,8 @@ def prompt_attention(k, v, strides, n_kv, n_head_kv, q, mask, has_mask, scale, s
                 weight_sum += s_row[j]
             inv = np.float32(1.0 / (weight_sum if weight_sum != 0.0 else 1.0))
             for j in range(width):
-                p = s_row[j] * inv
-                if p == 0:  # a hidden cell's V is not read either
-                    continue
-                v_row = vf[hk, first + j]
-                for i in range(d_v):
-                    o_row[i] += p * v_row[i]
+                s_row[j] *= inv
+            _add_products(o_row, s_row, vf[hk], first, 0, True)
     for h in prange(n_head):  # after every head's reads: out may lie over q (freed after KQ)
         for t in range(n_tok):
             for i in range(d_v):
