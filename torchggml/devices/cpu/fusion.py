@@ -143,10 +143,12 @@ def _bind_attention(kqv, kq, probs, v_t):
     vm = as_numpy(view(mask)[0, 0]) if mask is not None else np.zeros((1, 1), np.float32)
     out = as_numpy(view(kqv)[0])                  # [n_head, n_tok, d_v]
     scratch = np.empty((n_head, n_tok, d_v), np.float32)
-    kernel = op_kernels().decode_attention if few_rows else op_kernels().prompt_attention
     args = (k_span, v_span, strides, int(n_kv), int(n_head_kv), vq, vm, mask is not None,
             np.float32(get_op_params_f32(probs, 0)), scratch, out, numba.get_num_threads())
-    return BoundKernel(kernel, *args)
+    if few_rows:
+        return BoundKernel(op_kernels().decode_attention, *args)
+    work = (np.empty((n_head_kv, d_k, n_kv), np.float32), np.empty((n_head_kv, n_kv, d_v), np.float32))
+    return BoundKernel(op_kernels().prompt_attention, *args, *work)
 
 
 def _pattern_shapes(kqv, kq, probs, v_t, k, v, mask, sizes) -> bool:

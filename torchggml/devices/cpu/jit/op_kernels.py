@@ -34,8 +34,9 @@ division (x / 0 is inf or NaN, as in ggml, not a ZeroDivisionError).
                                                      K, V F16 flat (rows contiguous; strides: K's head
                                                      and cell, V's head and cell), q [n_head, n_tok, d_k];
                                                      fusion.py
-    prompt_attention(...)                            the same for a prompt's rows (the cells a row's
-                                                     mask hides are not read)
+    prompt_attention(..., n_threads, kt, vf)         the same for a prompt's rows (the cells a row's
+                                                     mask hides are not read; kt, vf: f32 work areas
+                                                     for K transposed and V)
 
 At module level, as quant_kernels.py's, so that numba's disk cache serves them in every process.
 """
@@ -802,7 +803,7 @@ def _add_product(out, w, row, skip_zeros):
 # block's scores are products along contiguous cells), then each task (a head, PROMPT_ATTENTION_ROWS
 # query rows) computes its rows' scores over the cells they see, their softmax and the weighted V
 @njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"}, parallel=True)
-def prompt_attention(k, v, strides, n_kv, n_head_kv, q, mask, has_mask, scale, scratch, out, n_threads):
+def prompt_attention(k, v, strides, n_kv, n_head_kv, q, mask, has_mask, scale, scratch, out, n_threads, kt, vf):
     n_head, n_tok, d_v = scratch.shape
     d_k = q.shape[2]
     k_head_stride, k_cell_stride, v_head_stride, v_cell_stride = strides[0], strides[1], strides[2], strides[3]
@@ -813,8 +814,7 @@ def prompt_attention(k, v, strides, n_kv, n_head_kv, q, mask, has_mask, scale, s
     for t in range(n_tok):
         if seen[t, 1] > seen[t, 0]:
             lo, hi = min(lo, seen[t, 0]), max(hi, seen[t, 1])
-    kt = np.empty((n_head_kv, d_k, n_kv), np.float32)  # cells lo..hi-1 written, the only ones read
-    vf = np.empty((n_head_kv, n_kv, d_v), np.float32)
+    # kt [n_head_kv, d_k, n_kv], vf [n_head_kv, n_kv, d_v]: cells lo..hi-1 written, the only ones read
     for task in prange(n_head_kv * n_threads):
         hk, part = task // n_threads, task % n_threads
         for j in range(lo + part, hi, n_threads):
