@@ -109,6 +109,7 @@ FUSED = [
     ("prompt-gqa", dict(n_tok=37, n_head=9, n_head_kv=3, n_kv=64)),
     ("prompt-f16-mask", dict(n_tok=32, n_head=4, n_head_kv=1, n_kv=40, mask_type=T.F16)),
     ("prompt-hidden-row", dict(n_tok=20, n_head=4, n_head_kv=2, n_kv=24, hidden_row=7)),
+    ("prompt-head-80", dict(n_tok=9, n_head=2, n_head_kv=1, d=80)),  # V's columns not whole tiles (AVX-512)
 ]
 
 

@@ -147,8 +147,9 @@ def _bind_attention(kqv, kq, probs, v_t):
             np.float32(get_op_params_f32(probs, 0)), scratch, out, numba.get_num_threads())
     if few_rows:
         return BoundKernel(op_kernels().decode_attention, *args)
-    work = (np.empty((n_head_kv, d_k, n_kv), np.float32), np.empty((n_head_kv, n_kv, d_v), np.float32))
-    return BoundKernel(op_kernels().prompt_attention, *args, *work)
+    kernels = op_kernels()
+    work = (np.empty((n_head_kv, d_k, n_kv + kernels.TILE_WIDTH), np.float32), np.empty((n_head_kv, n_kv, d_v), np.float32))
+    return BoundKernel(kernels.prompt_attention, *args, *work)
 
 
 def _pattern_shapes(kqv, kq, probs, v_t, k, v, mask, sizes) -> bool:

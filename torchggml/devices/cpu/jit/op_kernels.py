@@ -115,6 +115,58 @@ prefetch = _prefetch_intrinsic()
 PREFETCH_CELLS = 8
 
 
+def _tile_intrinsic():
+    """add_tile(a, b, out, r0, c0, b_c0, n_k): out[r0:r0+4, c0:c0+TILE_WIDTH] += a[r0:r0+4, :n_k]
+    @ b[:n_k, b_c0:b_c0+TILE_WIDTH] (a, b, out float32 2-D, C-contiguous; the caller keeps every
+    index inside the arrays), with 4 x TILE_WIDTH accumulators in registers for the whole of
+    n_k: one load of b's columns per 4 products (numba's own loops load and store the output at
+    every step)."""
+    from llvmlite import ir
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+    from .llvm_ir import target_features
+
+    f32 = ir.FloatType()
+    lanes = 16 if "avx512f" in target_features() else 8
+    width = 2 * lanes
+    vec = ir.VectorType(f32, lanes)
+
+    @intrinsic
+    def add_tile(typingctx, a, b, out, r0, c0, b_c0, n_k):
+        def codegen(context, builder, sig, args):
+            arrays = [context.make_array(sig.args[i])(context, builder, args[i]) for i in range(3)]
+            (ap, bp, op), r0, c0, b_c0, n_k = [x.data for x in arrays], args[3], args[4], args[5], args[6]
+            lda = builder.extract_value(arrays[0].shape, 1)
+            ldb, ldo = builder.extract_value(arrays[1].shape, 1), builder.extract_value(arrays[2].shape, 1)
+            i64 = n_k.type
+            const = lambda v: ir.Constant(i64, v)  # noqa: E731
+            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec] * 3), f"llvm.fma.v{lanes}f32")
+            zeros = ir.Constant(vec, [0.0] * lanes)
+            accs = [[cgutils.alloca_once_value(builder, zeros) for _ in range(2)] for _ in range(4)]
+            with cgutils.for_range(builder, n_k) as loop:
+                k = loop.index
+                row = builder.add(builder.mul(k, ldb), b_c0)
+                bs = [builder.load(builder.bitcast(builder.gep(bp, [builder.add(row, const(lanes * h))]), vec.as_pointer()),
+                                   align=4) for h in range(2)]
+                for r in range(4):
+                    x = builder.load(builder.gep(ap, [builder.add(builder.mul(builder.add(r0, const(r)), lda), k)]))
+                    xs = builder.shuffle_vector(builder.insert_element(ir.Constant(vec, ir.Undefined), x, ir.Constant(ir.IntType(32), 0)),
+                                                ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
+                    for h in range(2):
+                        builder.store(builder.call(fma, [xs, bs[h], builder.load(accs[r][h])]), accs[r][h])
+            for r in range(4):
+                row = builder.add(builder.mul(builder.add(r0, const(r)), ldo), c0)
+                for h in range(2):
+                    ptr = builder.bitcast(builder.gep(op, [builder.add(row, const(lanes * h))]), vec.as_pointer())
+                    builder.store(builder.fadd(builder.load(ptr, align=4), builder.load(accs[r][h])), ptr, align=4)
+            return context.get_dummy_value()
+        return types.none(a, b, out, r0, c0, b_c0, n_k), codegen
+    return add_tile, width
+
+
+add_tile, TILE_WIDTH = _tile_intrinsic()
+
+
 def load(value):  # an element as float32
     pass
 
@@ -814,7 +866,8 @@ def prompt_attention(k, v, strides, n_kv, n_head_kv, q, mask, has_mask, scale, s
     for t in range(n_tok):
         if seen[t, 1] > seen[t, 0]:
             lo, hi = min(lo, seen[t, 0]), max(hi, seen[t, 1])
-    # kt [n_head_kv, d_k, n_kv], vf [n_head_kv, n_kv, d_v]: cells lo..hi-1 written, the only ones read
+    # kt [n_head_kv, d_k, n_kv + TILE_WIDTH], vf [n_head_kv, n_kv, d_v]: cells lo..hi-1 written,
+    # the only ones whose products are read
     for task in prange(n_head_kv * n_threads):
         hk, part = task // n_threads, task % n_threads
         for j in range(lo + part, hi, n_threads):
@@ -832,13 +885,20 @@ def prompt_attention(k, v, strides, n_kv, n_head_kv, q, mask, has_mask, scale, s
             if seen[t0 + r, 1] > seen[t0 + r, 0]:
                 first, end = min(first, seen[t0 + r, 0]), max(end, seen[t0 + r, 1])
         width = max(end - first, 0)
-        scores = np.zeros((rows, width), np.float32)
-        for r in range(rows):  # indices from 0 in slices: numba's loops then vectorize
-            _add_products(scores[r], q[h, t0 + r], kt[hk], 0, first, False)
+        # the block's q rows side by side (4 rows a tile: padded with zeros), its scores in
+        # tiles of TILE_WIDTH cells (the columns past its width unread)
+        qs = np.zeros((rows + (-rows) % 4, d_k), np.float32)
         for r in range(rows):
-            t, s_row, o_row = t0 + r, scores[r], scratch[h, t0 + r]
+            qs[r] = q[h, t0 + r]
+        scores = np.zeros((qs.shape[0], width + (-width) % TILE_WIDTH), np.float32)
+        for r in range(0, qs.shape[0], 4):
+            for c in range(0, scores.shape[1], TILE_WIDTH):
+                add_tile(qs, kt[hk], scores, r, c, first + c, d_k)
+        for r in range(rows):
+            t, s_row, o_row = t0 + r, scores[r, :width], scratch[h, t0 + r]
             o_row[:] = 0
-            if seen[t, 1] <= seen[t, 0]:
+            if seen[t, 1] <= seen[t, 0]:  # no cell: weights 0
+                s_row[:] = 0
                 continue
             m_row = mask[t, first:end] if has_mask else mask[0, :0]
             peak, nan = np.float32(-np.inf), False
@@ -856,7 +916,15 @@ def prompt_attention(k, v, strides, n_kv, n_head_kv, q, mask, has_mask, scale, s
             inv = np.float32(1.0 / (weight_sum if weight_sum != 0.0 else 1.0))
             for j in range(width):
                 s_row[j] *= inv
-            _add_products(o_row, s_row, vf[hk], first, 0, True)
+            if d_v % TILE_WIDTH:
+                _add_products(o_row, s_row, vf[hk], first, 0, True)
+        if d_v % TILE_WIDTH == 0:  # the weighted V rows in tiles (a hidden cell's weight is 0)
+            o = np.zeros((qs.shape[0], d_v), np.float32)
+            for r in range(0, qs.shape[0], 4):
+                for c in range(0, d_v, TILE_WIDTH):
+                    add_tile(scores, vf[hk, first:end], o, r, c, c, width)
+            for r in range(rows):
+                scratch[h, t0 + r] = o[r]
     for h in prange(n_head):  # after every head's reads: out may lie over q (freed after KQ)
         for t in range(n_tok):
             for i in range(d_v):
