@@ -13,7 +13,8 @@ division (x / 0 is inf or NaN, as in ggml, not a ZeroDivisionError).
     soft_max(x, out, mask, slopes, sinks, scale, has_mask, has_sinks)
     soft_max_rows(...)                               the same, the rows split over the threads
     rope(x, out, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
-         interleaved, copy_rest)                     NORMAL / NEOX rotation (rope_rows: the tokens threaded)
+         interleaved, copy_rest)                     NORMAL / NEOX rotation (rope_rows(..., angles, angle_pos):
+                                                     the tokens threaded, the angles shared by the nodes)
     set_rows(rows, idx, dst) -> first bad index position or -1
     copy(src, dst)                                   same shape, element by element, tiled
     glu(x, gate, out, gelu)                          silu(x) * gate, or GEGLU's gelu(x) * gate (glu_rows: threaded)
@@ -325,13 +326,10 @@ def soft_max_rows(x, out, mask, slopes, sinks, scale, has_mask, has_sinks):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _rope_token(x, out, i2, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
-                interleaved, copy_rest, cos, sin):
-    """Token i2's rows of every head (cos, sin: its angles' work areas)."""
-    n_pairs = width // 2
-    step, other = (2, 1) if interleaved else (1, n_pairs)
-    p = np.float64(pos[i2])
-    for i in range(n_pairs):
+def _rope_angles(p, factors, inv_freq, ramp, has_factors, freq_scale, mscale, cos, sin):
+    """Position p's cos and sin of each pair's angle (times mscale) into cos, sin."""
+    p = np.float64(p)
+    for i in range(cos.shape[0]):
         theta_extrap = p * inv_freq[i]
         if has_factors:
             theta_extrap = theta_extrap / np.float64(factors[i])
@@ -342,6 +340,13 @@ def _rope_token(x, out, i2, pos, factors, inv_freq, ramp, has_factors, freq_scal
         if mscale != 1.0:
             c, s = c * mscale, s * mscale
         cos[i], sin[i] = np.float32(c), np.float32(s)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _rope_rotate(x, out, i2, start, width, interleaved, copy_rest, cos, sin):
+    """Token i2's rows of every head rotated by its angles' cos and sin."""
+    n_pairs = width // 2
+    step, other = (2, 1) if interleaved else (1, n_pairs)
     for i3 in range(x.shape[0]):
         for i1 in range(x.shape[2]):  # heads
             for i in range(n_pairs):
@@ -362,18 +367,31 @@ def rope(x, out, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, 
     cos = np.empty(width // 2, np.float32)
     sin = np.empty(width // 2, np.float32)
     for i2 in range(x.shape[1]):  # tokens
-        _rope_token(x, out, i2, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
-                    interleaved, copy_rest, cos, sin)
+        _rope_angles(pos[i2], factors, inv_freq, ramp, has_factors, freq_scale, mscale, cos, sin)
+        _rope_rotate(x, out, i2, start, width, interleaved, copy_rest, cos, sin)
 
 
+# the same for a prompt's tokens, split over the threads, their angles in `angles` [2, tokens, pairs]
+# (cos, sin) shared by the graph's ROPE nodes of the same positions and parameters: computed by
+# the first node whose positions differ from `angle_pos` ([0]: the tokens they cover, -1 none;
+# then the positions), read by the others (a model's 2 x n_layer ROPE nodes: one table, not one
+# a node)
 @njit(cache=True, nogil=True, error_model="numpy", parallel=True)
 def rope_rows(x, out, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
-              interleaved, copy_rest):
-    for i2 in prange(x.shape[1]):  # the tokens split over the threads
-        cos = np.empty(width // 2, np.float32)
-        sin = np.empty(width // 2, np.float32)
-        _rope_token(x, out, i2, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
-                    interleaved, copy_rest, cos, sin)
+              interleaved, copy_rest, angles, angle_pos):
+    n_tok = x.shape[1]
+    fresh = angle_pos[0] == n_tok
+    for i2 in range(n_tok if fresh else 0):
+        fresh &= angle_pos[1 + i2] == pos[i2]
+    if not fresh:
+        for i2 in prange(n_tok):
+            _rope_angles(pos[i2], factors, inv_freq, ramp, has_factors, freq_scale, mscale, angles[0, i2],
+                         angles[1, i2])
+        for i2 in range(n_tok):
+            angle_pos[1 + i2] = pos[i2]
+        angle_pos[0] = n_tok
+    for i2 in prange(n_tok):
+        _rope_rotate(x, out, i2, start, width, interleaved, copy_rest, angles[0, i2], angles[1, i2])
 
 
 @jit
