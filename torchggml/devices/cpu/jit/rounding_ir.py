@@ -70,62 +70,60 @@ def _rounding_intrinsics(nan_bits: int):
         nan = builder.bitcast(ir.Constant(i32, nan_bits), f32)
         builder.store(builder.select(bad, nan, d), builder.gep(dp, [at]))
 
-    @intrinsic
-    def round_row_q8_0(typingctx, x, xq, dx, sums):
-        def codegen(context, builder, sig, args):
-            (xp, qp, dp, sp), n_values = pointers(context, builder, sig, args)
-            const = lambda v: ir.Constant(n_values.type, v)  # noqa: E731
-            umax = fn(builder.module, "llvm.vector.reduce.umax.v32i32", i32, v32i)
-            with cgutils.for_range(builder, builder.udiv(n_values, const(32))) as loop:
-                b = loop.index
-                at = builder.mul(b, const(32))
-                values, bits = load_block(builder, xp, at)
-                top = builder.call(umax, [bits])
-                bad = builder.icmp_unsigned(">=", top, ir.Constant(i32, 0x7F800000))
-                d = builder.fmul(builder.bitcast(top, f32), ir.Constant(f32, float(np.float32(1 / 127))))
-                positive = builder.fcmp_ordered(">", d, ir.Constant(f32, 0.0))
-                inv = builder.select(positive, builder.fdiv(ir.Constant(f32, 1.0), d), ir.Constant(f32, 0.0))
-                store_block(builder, rounded(builder, values, inv), bad, qp, sp, at)
-                store_scale(builder, dp, b, d, bad)
-            return context.get_dummy_value()
-        return types.none(x, xq, dx, sums), codegen
+    def row_rounding(block_values, round_block):
+        """An intrinsic (x, xq, dx, sums) that runs round_block(builder, pointers, block index, its
+        first value, const) for each block of block_values values of the row."""
+        @intrinsic
+        def round_row(typingctx, x, xq, dx, sums):
+            def codegen(context, builder, sig, args):
+                ptrs, n_values = pointers(context, builder, sig, args)
+                const = lambda v: ir.Constant(n_values.type, v)  # noqa: E731
+                with cgutils.for_range(builder, builder.udiv(n_values, const(block_values))) as loop:
+                    round_block(builder, ptrs, loop.index, builder.mul(loop.index, const(block_values)), const)
+                return context.get_dummy_value()
+            return types.none(x, xq, dx, sums), codegen
+        return round_row
 
-    @intrinsic
-    def round_row_q8_k(typingctx, x, xq, dx, sums):
-        def codegen(context, builder, sig, args):
-            (xp, qp, dp, sp), n_values = pointers(context, builder, sig, args)
-            const = lambda v: ir.Constant(n_values.type, v)  # noqa: E731
-            umax = fn(builder.module, "llvm.vector.reduce.umax.v32i32", i32, v32i)
-            cttz = fn(builder.module, "llvm.cttz.i32", i32, i32, i1)
-            with cgutils.for_range(builder, builder.udiv(n_values, const(256))) as loop:
-                sb = loop.index
-                base = builder.mul(sb, const(256))
-                chunks = [load_block(builder, xp, builder.add(base, const(32 * c))) for c in range(8)]
-                top = builder.call(umax, [chunks[0][1]])
-                for _, bits in chunks[1:]:
-                    other = builder.call(umax, [bits])
-                    top = builder.select(builder.icmp_unsigned(">", other, top), other, top)
-                bad = builder.icmp_unsigned(">=", top, ir.Constant(i32, 0x7F800000))
-                # the first value of that magnitude: its chunk's lowest matching lane, the first chunk that has one
-                first = const(0)
-                for c in reversed(range(8)):
-                    hits = builder.icmp_unsigned("==", chunks[c][1], splat(builder, top, 32))
-                    word = builder.bitcast(hits, i32)
-                    lane = builder.zext(builder.call(cttz, [word, ir.Constant(i1, 0)]), n_values.type)
-                    found = builder.icmp_unsigned("!=", word, ir.Constant(i32, 0))
-                    first = builder.select(found, builder.add(const(32 * c), lane), first)
-                vmax = builder.load(builder.gep(xp, [builder.add(base, first)]))
-                zero = builder.icmp_unsigned("==", top, ir.Constant(i32, 0))
-                iscale = builder.fdiv(ir.Constant(f32, -127.0), vmax)
-                iscale = builder.select(zero, ir.Constant(f32, 0.0), iscale)
-                cap = ir.Constant(v32i, [127] * 32)
-                for c, (values, _) in enumerate(chunks):
-                    q = rounded(builder, values, iscale)
-                    q = builder.select(builder.icmp_signed(">", q, cap), cap, q)
-                    store_block(builder, q, bad, qp, sp, builder.add(base, const(32 * c)))
-                d = builder.select(zero, ir.Constant(f32, 0.0), builder.fdiv(ir.Constant(f32, 1.0), iscale))
-                store_scale(builder, dp, sb, d, bad)
-            return context.get_dummy_value()
-        return types.none(x, xq, dx, sums), codegen
+    def largest_bits(builder, bits):
+        return builder.call(fn(builder.module, "llvm.vector.reduce.umax.v32i32", i32, v32i), [bits])
 
-    return round_row_q8_0, round_row_q8_k
+    def q8_0_block(builder, ptrs, b, at, const):
+        xp, qp, dp, sp = ptrs
+        values, bits = load_block(builder, xp, at)
+        top = largest_bits(builder, bits)
+        bad = builder.icmp_unsigned(">=", top, ir.Constant(i32, 0x7F800000))
+        d = builder.fmul(builder.bitcast(top, f32), ir.Constant(f32, float(np.float32(1 / 127))))
+        positive = builder.fcmp_ordered(">", d, ir.Constant(f32, 0.0))
+        inv = builder.select(positive, builder.fdiv(ir.Constant(f32, 1.0), d), ir.Constant(f32, 0.0))
+        store_block(builder, rounded(builder, values, inv), bad, qp, sp, at)
+        store_scale(builder, dp, b, d, bad)
+
+    def q8_k_block(builder, ptrs, sb, base, const):
+        xp, qp, dp, sp = ptrs
+        cttz = fn(builder.module, "llvm.cttz.i32", i32, i32, i1)
+        chunks = [load_block(builder, xp, builder.add(base, const(32 * c))) for c in range(8)]
+        top = largest_bits(builder, chunks[0][1])
+        for _, bits in chunks[1:]:
+            other = largest_bits(builder, bits)
+            top = builder.select(builder.icmp_unsigned(">", other, top), other, top)
+        bad = builder.icmp_unsigned(">=", top, ir.Constant(i32, 0x7F800000))
+        # the first value of that magnitude: its chunk's lowest matching lane, the first chunk that has one
+        first = const(0)
+        for c in reversed(range(8)):
+            hits = builder.icmp_unsigned("==", chunks[c][1], splat(builder, top, 32))
+            word = builder.bitcast(hits, i32)
+            lane = builder.zext(builder.call(cttz, [word, ir.Constant(i1, 0)]), first.type)
+            found = builder.icmp_unsigned("!=", word, ir.Constant(i32, 0))
+            first = builder.select(found, builder.add(const(32 * c), lane), first)
+        vmax = builder.load(builder.gep(xp, [builder.add(base, first)]))
+        zero = builder.icmp_unsigned("==", top, ir.Constant(i32, 0))
+        iscale = builder.select(zero, ir.Constant(f32, 0.0), builder.fdiv(ir.Constant(f32, -127.0), vmax))
+        cap = ir.Constant(v32i, [127] * 32)
+        for c, (values, _) in enumerate(chunks):
+            q = rounded(builder, values, iscale)
+            q = builder.select(builder.icmp_signed(">", q, cap), cap, q)
+            store_block(builder, q, bad, qp, sp, builder.add(base, const(32 * c)))
+        d = builder.select(zero, ir.Constant(f32, 0.0), builder.fdiv(ir.Constant(f32, 1.0), iscale))
+        store_scale(builder, dp, sb, d, bad)
+
+    return row_rounding(32, q8_0_block), row_rounding(256, q8_k_block)
