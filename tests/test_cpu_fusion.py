@@ -1,6 +1,6 @@
 """The CPU's fused attention (devices/cpu/fusion.py): MUL_MAT(K, Q) -> SOFT_MAX -> MUL_MAT(
-CONT(V^T), .) of a decode step becomes one call, equal to float64 attention, and fuses only
-when no one else reads its intermediate results."""
+CONT(V^T), .) of a decode step or a prompt becomes one call, equal to float64 attention, and
+fuses only when no one else reads its intermediate results."""
 from __future__ import annotations
 
 import math
@@ -52,7 +52,8 @@ def attention_graph(n_tok=1, n_head=8, n_head_kv=2, d=64, n_kv=48, mask_type=T.F
     return graph, inputs, out, galloc
 
 
-def fill(inputs, n_tok, n_kv, seed=0):
+def fill(inputs, n_tok, n_kv, seed=0, hidden_row=None):
+    """Random inputs and a causal mask (hidden_row: a row that sees no cell)."""
     gen = torch.Generator().manual_seed(seed)
     values = {}
     for name, t in inputs.items():
@@ -63,6 +64,8 @@ def fill(inputs, n_tok, n_kv, seed=0):
             for r in range(ne[1]):
                 x[..., r, n_kv - n_tok + r + 1:] = -math.inf
                 x[..., r, :3] = -math.inf  # and some cells in front hidden (another sequence's)
+            if hidden_row is not None:
+                x[..., hidden_row, :] = -math.inf
         values[name] = x
         dtype = {T.F16: torch.float16, T.F32: torch.float32}[t.type]
         ggml.backend_tensor_set(t, x.to(dtype).contiguous())
@@ -77,7 +80,7 @@ def reference(values, n_head, n_head_kv, scale, sinks=None, slopes=None):
     k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
     mask = values["mask"][0, 0].double()
     scores = scale * q @ k.transpose(1, 2) + mask
-    probs = torch.softmax(scores, dim=-1)
+    probs = torch.softmax(scores, dim=-1).nan_to_num()  # a row that sees no cell: 0, as ggml's
     out = probs @ v                          # [n_head, n_tok, d]
     return out.transpose(0, 1).reshape(out.shape[1], -1)
 
@@ -91,7 +94,8 @@ def run(graph, out, monkeypatch, fused: bool):
     return len(member_calls(plan.calls)), torch.as_tensor(ggml.backend_tensor_get(out)).double()
 
 
-# (case, options): decode and a few rows, GQA and not, F16 and F32 masks
+# (case, options): decode and a few rows, GQA and not, F16 and F32 masks; prompts (the prompt
+# attention: blocks of rows and a remainder, a row that sees no cell)
 FUSED = [
     ("decode-gqa", dict(n_tok=1, n_head=8, n_head_kv=2)),
     ("decode-mha", dict(n_tok=1, n_head=4, n_head_kv=4)),
@@ -101,16 +105,23 @@ FUSED = [
     ("gqa-8", dict(n_tok=1, n_head=32, n_head_kv=4)),       # runs of heads spanning K/V heads
     ("mqa-rows-3", dict(n_tok=3, n_head=12, n_head_kv=1)),
     ("odd-heads", dict(n_tok=2, n_head=7, n_head_kv=7, n_kv=33)),  # heads not a multiple of the threads
+    ("rows-5", dict(n_tok=5, n_kv=40)),
+    ("prompt-gqa", dict(n_tok=37, n_head=9, n_head_kv=3, n_kv=64)),
+    ("prompt-f16-mask", dict(n_tok=32, n_head=4, n_head_kv=1, n_kv=40, mask_type=T.F16)),
+    ("prompt-hidden-row", dict(n_tok=20, n_head=4, n_head_kv=2, n_kv=24, hidden_row=7)),
+    ("prompt-head-80", dict(n_tok=9, n_head=2, n_head_kv=1, d=80)),  # V's columns not whole tiles (AVX-512)
 ]
 
 
 @pytest.mark.parametrize("options", [c[1] for c in FUSED], ids=[c[0] for c in FUSED])
 def test_fused_attention_equals_float64(options, monkeypatch):
+    options = dict(options)
+    hidden_row = options.pop("hidden_row", None)
     graph, inputs, out, _galloc = attention_graph(**options)
     n_tok, n_kv = options.get("n_tok", 1), options.get("n_kv", 48)
-    values = fill(inputs, n_tok, n_kv)
+    values = fill(inputs, n_tok, n_kv, hidden_row=hidden_row)
     n_fused, fused = run(graph, out, monkeypatch, True)
-    fill(inputs, n_tok, n_kv)  # the allocator reuses the inputs' memory once they are read
+    fill(inputs, n_tok, n_kv, hidden_row=hidden_row)  # the allocator reuses the inputs' memory once they are read
     n_plain, plain = run(graph, out, monkeypatch, False)
     assert n_fused == n_plain - 3  # KQ, softmax and V^T's calls dropped
     want = reference(values, options.get("n_head", 8), options.get("n_head_kv", 2), 1.0 / math.sqrt(options.get("d", 64)))
@@ -125,7 +136,6 @@ NOT_FUSED = [
     ("alibi", dict(max_bias=8.0)),
     ("scores-read-twice", dict(extra_reader=True)),
     ("scores-an-output", dict(kq_output=True)),
-    ("rows-5", dict(n_tok=5, n_kv=40)),
     ("f32-k", dict(k_type=T.F32)),
 ]
 

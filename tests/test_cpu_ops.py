@@ -438,3 +438,33 @@ def test_get_block_rows_equals_gguf_dequantize_bit_for_bit(kind):
     np.testing.assert_array_equal(out[0, 0], want)
     assert op_kernels().get_block_rows(blocks[None, None], np.array([[[1, 9]]], np.int64), out[:, :, :2],
                                        fast_ops.BLOCK_KINDS.index(kind)) == 1
+
+
+def test_prompt_rope_nodes_share_their_angles_and_follow_new_positions(cpu):
+    """A prompt's ROPE nodes of the same positions (a model's Q and K of every layer) take
+    rope_rows with one table of angles: the first call computes it, the others read it, and a
+    call whose positions differ from the table's (the next prompt) computes it again; each
+    equals the serial kernel, which computes its own angles."""
+    ops = fast_ops.op_kernels()
+    n_tok, pairs = fast_ops.ROPE_SHARED_MIN_TOKENS + 4, 32
+    ctx = ggml.init(no_alloc=True)
+    pos = ggml.new_tensor_1d(ctx, ggml.Type.I32, n_tok)
+    nodes = [ggml.rope_ext(ctx, ggml.new_tensor_3d(ctx, ggml.Type.F32, 2 * pairs, heads, n_tok), pos, None,
+                           2 * pairs, 2, 0, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0) for heads in (9, 3)]
+    buffer = ggml.backend_alloc_ctx_tensors(ctx, cpu)
+    try:
+        q, k = (fast_ops.bind_rope(node) for node in nodes)
+        assert q.kernel is k.kernel is ops.rope_rows and q.args[-2] is k.args[-2] and q.args[-1] is k.args[-1]
+        rng = np.random.default_rng(0)
+        for positions in (np.arange(n_tok), np.arange(n_tok) + 7, np.r_[np.arange(n_tok - 1), 40]):
+            q.args[2][:] = positions
+            for bound in (q, k):
+                x = bound.args[0]
+                x[:] = rng.standard_normal(x.shape).astype(np.float32)
+                bound(None)
+                serial = np.empty_like(x)
+                ops.rope(x, serial, *bound.args[2:-2])
+                np.testing.assert_array_equal(bound.args[1], serial)
+    finally:
+        ggml.backend_buffer_free(buffer)
+        ggml.free(ctx)

@@ -896,6 +896,47 @@ def test_k_quant_activations_round_as_ggml_q8_k():
     np.testing.assert_array_equal(bsums.reshape(12, 16), blocks[:, 260:292].copy().view(np.int16))
 
 
+# (scale block, group, zero point): Q8_0's rounding with groups of 32 and of 16 and the kinds'
+# zero points (Q4_0's 8, Q5_0's 16, the int8 kinds' 128, none), Q8_K's with groups of 32 and of 16
+GEMM_ROUNDING_CASES = [(32, 32, 8), (32, 32, 16), (32, 16, 128), (32, 32, 0), (256, 32, 0), (256, 16, 32), (256, 32, 128)]
+
+
+@pytest.mark.parametrize("scale_block,group,zero", GEMM_ROUNDING_CASES,
+                         ids=[f"block{c[0]}-group{c[1]}-zero{c[2]}" for c in GEMM_ROUNDING_CASES])
+def test_gemm_activations_round_as_the_decode_matvecs(scale_block, group, zero):
+    """The prompt GEMM's activation rounding (gemm_kernels.quantize_activations, jit/rounding_ir.py)
+    equals the decode matvec's (quant_kernels.quantize_rows: Q8_0, quantize_rows_q8_k: Q8_K) bit
+    for bit: q, the scales, NaN scales for blocks with an infinity or a NaN (their q 0), all-zero
+    blocks, ties, equal magnitudes of both signs (Q8_K's max is the first); and each group's
+    terms: -zero times its sum of q, and the scale times that sum."""
+    _needs_int8_gemm()
+    from torchggml.devices.cpu.jit.loader import gemm_kernels, quant_kernels
+    m, k = 9, 768
+    g = torch.Generator().manual_seed(scale_block + group + zero)
+    x = torch.randn(m, k, generator=g) * torch.tensor([1e-3, 1.0, 50.0]).repeat(3)[:, None]
+    x[0, :64] = torch.round(x[0, :64] * 2) / 2                 # ties
+    x[1, :256], x[1, 256:272], x[1, 272:288] = 0.0, -3.0, 3.0   # zeros; -3 before 3
+    x[2, 5], x[3, 300], x[4, k - 1] = float("nan"), float("inf"), -float("inf")
+    x = x.numpy()
+    xq, dx = np.empty((m, k), np.int8), np.empty((m, k // scale_block), np.float32)
+    xz, xm = np.empty((m, k // group), np.int32), np.empty((m, k // group), np.float32)
+    gemm_kernels().quantize_activations(x, group, zero, scale_block, xq, dx, xz, xm)
+    want_q = np.empty((m, k), np.int8)
+    if scale_block == 32:
+        want_d, sums = np.empty((m, k // 32), np.float32), np.empty((m, k // 32), np.float32)
+        quant_kernels().quantize_rows(x, 32, want_q, want_d, sums)
+        bad = np.isnan(want_d)
+        want_q.reshape(m, -1, 32)[bad] = 0  # the matvec's NaN scale makes its q unread
+    else:
+        want_d, bsums = np.empty((m, k // 256), np.float32), np.empty((m, k // 16), np.int16)
+        quant_kernels().quantize_rows_q8_k(x, want_q, want_d, bsums)
+    np.testing.assert_array_equal(xq, want_q)
+    np.testing.assert_array_equal(dx.view(np.uint32), want_d.view(np.uint32))
+    totals = want_q.reshape(m, -1, group).astype(np.int32).sum(-1)
+    np.testing.assert_array_equal(xz, -zero * totals)
+    np.testing.assert_array_equal(xm, np.repeat(want_d, scale_block // group, axis=1) * totals.astype(np.float32))
+
+
 # (type, K, rows): every kind of blocks in place on the decode matvec, rows one at a time, four at
 # a time and a remainder; K of whole block pairs, and 7 blocks of 32 (Q4_0's and IQ4_NL's odd last block)
 ROUNDED_MATVEC_CASES = [(qtype, 768, m) for qtype in sorted(layout.IN_PLACE_KINDS, key=int) for m in (1, 4, 9, 16, 64)]

@@ -131,5 +131,7 @@ def compile_prompt_kernels() -> None:
     both = np.zeros((1, 2, 2, 16), np.float32)
     for a, g in ((x, x), (both[..., :8], both[..., 8:])):
         ops.glu_rows(a, g, np.empty_like(x), False)
+    from numba import types
+    work = (types.float32[:, :, ::1], types.int64[::1])  # rope_rows's shared angles (fast_ops._shared_angles)
     for signature in ops.rope.signatures:
-        ops.rope_rows.compile(signature)
+        ops.rope_rows.compile((*signature, *work))

@@ -136,10 +136,31 @@ def bind_rope(node):
     vx, dst = view(a), view(node)
     in_place = dst.data_ptr() == vx.data_ptr() and dst.stride() == vx.stride()
     vf = as_numpy(view(factors)[0, 0, 0]) if factors is not None else _NO_F32
-    kernel = op_kernels().rope_rows if size == "large" else op_kernels().rope
-    return _call(kernel, as_numpy(vx), as_numpy(dst), as_numpy(view(positions)[0, 0, 0]), vf,
-                 inv_freq.numpy(), ramp, factors is not None, float(p.freq_scale),
-                 float(p.attn_factor * yarn_mscale), start, width, p.mode == RopeType.NORMAL, not in_place)
+    pos, n_tok = as_numpy(view(positions)[0, 0, 0]), vx.shape[1]
+    args = (as_numpy(vx), as_numpy(dst), pos, vf, inv_freq.numpy(), ramp, factors is not None, float(p.freq_scale),
+            float(p.attn_factor * yarn_mscale), start, width, p.mode == RopeType.NORMAL, not in_place)
+    if size != "large" and n_tok < ROPE_SHARED_MIN_TOKENS:
+        return _call(op_kernels().rope, *args)
+    key = (pos.ctypes.data, n_tok, vf.ctypes.data, *args[4:11])
+    key = tuple(a.tobytes() if isinstance(a, np.ndarray) else a for a in key)
+    return _call(op_kernels().rope_rows, *args, *_shared_angles(key, n_tok, width // 2))
+
+
+# a prompt's ROPE nodes from this many tokens take rope_rows, whose angles the nodes of the same
+# positions and parameters share (_shared_angles)
+ROPE_SHARED_MIN_TOKENS = 16
+_ANGLES = {}  # key -> (angles, angle_pos) of rope_rows
+
+
+def _shared_angles(key, n_tok: int, n_pairs: int):
+    """The (angles, angle_pos) work areas of rope_rows for the ROPE nodes with this key (their
+    positions' address, tokens and parameters), made once: the first node of a graph's run
+    computes the angles, the others see its positions in angle_pos and read them."""
+    if key not in _ANGLES:
+        if len(_ANGLES) > 256:  # many graphs seen: start over (bound kernels keep their own)
+            _ANGLES.clear()
+        _ANGLES[key] = (np.empty((2, n_tok, n_pairs), np.float32), np.full(n_tok + 1, -1, np.int64))
+    return _ANGLES[key]
 
 
 # ---------------------------------------------------------------- SET_ROWS

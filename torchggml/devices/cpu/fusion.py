@@ -2,10 +2,12 @@
 compute a graph (ggml_can_fuse): a run of nodes whose intermediate results nobody else reads
 becomes one kernel call at the last node, the others' calls dropped.
 
-    attention   MUL_MAT(K, Q) -> SOFT_MAX(mask, scale) -> MUL_MAT(CONT(V^T), .): a decode
-                step's attention without flash_attn_ext (llama.cpp's default graph), one
-                numba call a layer (jit/op_kernels.decode_attention) instead of four nodes,
-                the V^T copy among them.
+    attention   MUL_MAT(K, Q) -> SOFT_MAX(mask, scale) -> MUL_MAT(CONT(V^T), .): attention
+                without flash_attn_ext (llama.cpp's default graph), one numba call a layer
+                instead of four nodes, the V^T copy among them: jit/op_kernels.decode_attention
+                for a decode step's few rows, prompt_attention for a prompt's (which reads only
+                the cells the mask lets each block of rows see: a causal prompt's scores are a
+                triangle, not the square of the unfused products and softmax).
 
 A pattern fuses only when each intermediate has one consumer in the whole graph (the scheduler's
 splits and the eval callback's ranges are views of it: a node another split or the callback
@@ -26,8 +28,9 @@ from ..kernels.common import view
 from .fast_ops import as_numpy, flat_span, reads_within
 from .jit.loader import BoundKernel, import_numba, numba_available, op_kernels
 
-# query rows per head the fused attention takes (decode, a few tokens), and any number of a batched
-# decode step's (ops.mul_mat_set_separate_rows: each row's attention is computed as its own)
+# query rows per head the decode attention takes (a few tokens), and any number of a batched
+# decode step's (ops.mul_mat_set_separate_rows: each row's attention is computed as its own);
+# more rows take the prompt attention
 ATTENTION_MAX_ROWS = 4
 
 _OUTPUT = int(TensorFlag.OUTPUT)
@@ -105,8 +108,7 @@ def _attention_pattern(kqv, counts, position):
 
 def _bind_attention(kqv, kq, probs, v_t):
     """The fused call, or None where the kernel does not take the nodes: F16 K and V, F32 Q and
-    output, a mask of one matrix (F32 or F16), no ALiBi or sinks, no dim 3, few query rows (or
-    a batched decode step's), and
+    output, a mask of one matrix (F32 or F16), no ALiBi or sinks, no dim 3, and
     nodes whose shapes are the pattern's (the kernel reads K, Q, the mask and V by sizes taken
     from them; a graph from the wire may pair them otherwise: then the nodes run unfused)."""
     k, q, mask = kq.src[0], kq.src[1], probs.src[1]
@@ -123,7 +125,7 @@ def _bind_attention(kqv, kq, probs, v_t):
     d_k, n_tok, n_head = q.ne[0], q.ne[1], q.ne[2]
     n_kv, n_head_kv, d_v = k.ne[1], k.ne[2], v.ne[1]
     few_rows = n_tok <= ATTENTION_MAX_ROWS or mul_mat_separate_rows(kqv)
-    if (not few_rows or any(t.ne[3] != 1 for t in (k, q, v, kqv)) or n_head % n_head_kv
+    if (any(t.ne[3] != 1 for t in (k, q, v, kqv)) or n_head % n_head_kv
             or not _pattern_shapes(kqv, kq, probs, v_t, k, v, mask, (d_k, n_kv, n_tok, n_head, n_head_kv, d_v))):
         return None
     vk, vv = view(k)[0], view(v)[0]              # [n_head_kv, n_kv, d_k]; the permuted V [n_head_kv, d_v, n_kv]
@@ -140,10 +142,13 @@ def _bind_attention(kqv, kq, probs, v_t):
     vm = as_numpy(view(mask)[0, 0]) if mask is not None else np.zeros((1, 1), np.float32)
     out = as_numpy(view(kqv)[0])                  # [n_head, n_tok, d_v]
     scratch = np.empty((n_head, n_tok, d_v), np.float32)
-    kernel = op_kernels().decode_attention
     args = (k_span, v_span, strides, int(n_kv), int(n_head_kv), vq, vm, mask is not None,
             np.float32(get_op_params_f32(probs, 0)), scratch, out, import_numba().get_num_threads())
-    return BoundKernel(kernel, *args)
+    if few_rows:
+        return BoundKernel(op_kernels().decode_attention, *args)
+    kernels = op_kernels()
+    work = (np.empty((n_head_kv, d_k, n_kv + kernels.TILE_WIDTH), np.float32), np.empty((n_head_kv, n_kv, d_v), np.float32))
+    return BoundKernel(kernels.prompt_attention, *args, *work)
 
 
 def _pattern_shapes(kqv, kq, probs, v_t, k, v, mask, sizes) -> bool:

@@ -31,63 +31,30 @@ from numba import njit, prange
 
 from .gemm_ir import PANEL_ROWS, _gemm_intrinsics, gemm_isa, kind_params, tile_cols
 from .llvm_ir import IQ4_NL_KIND
-from .quant_kernels import NAN_BITS, has_non_finite
+from .quant_kernels import NAN_BITS
+from .rounding_ir import _rounding_intrinsics
 
 ISA = gemm_isa() or "avx2"  # numba's cache keeps one build per target CPU, so these are constants
 TILE_COLS = tile_cols(ISA)
 pack_rows, tile = _gemm_intrinsics(ISA)
+round_row_q8_0, round_row_q8_k = _rounding_intrinsics(int(NAN_BITS))
 # the int8 layout kinds' panels hold u = q + 128 (q with its sign bit flipped), or q on AVX2
 FLIP = np.uint32(0x80808080) if kind_params(32, ISA)[1] else np.uint32(0)
 
 
-@njit(fastmath=True, cache=True, nogil=True, inline="always")
-def _round_q8_0(x, xq, dx, b):
-    """Values 32b..32b+31 of row x rounded as ggml's Q8_0: d = max|x| / 127, q = round(x / d)."""
-    amax = np.float32(0)
-    for i in range(32 * b, 32 * b + 32):
-        amax = max(amax, abs(x[i]))
-    d = amax / np.float32(127)
-    inv = np.float32(1) / d if d > 0 else np.float32(0)
-    for i in range(32 * b, 32 * b + 32):
-        xq[i] = np.int32(np.round(x[i] * inv))
-    dx[b] = d
-
-
-@njit(fastmath=True, cache=True, nogil=True, inline="always")
-def _round_q8_k(x, xq, dx, b):
-    """Values 256b..256b+255 of row x rounded as ggml's Q8_K (quant_kernels.quantize_rows_q8_k's
-    arithmetic): d = max / -127 with max the value of largest magnitude, q = min(127, round(x / d))."""
-    amax, vmax = np.float32(0), np.float32(0)
-    for i in range(256 * b, 256 * b + 256):
-        if abs(x[i]) > amax:
-            amax, vmax = abs(x[i]), x[i]
-    if amax == 0:
-        xq[256 * b:256 * b + 256] = 0
-        dx[b] = 0
-        return
-    iscale = np.float32(-127) / vmax
-    for i in range(256 * b, 256 * b + 256):
-        xq[i] = min(127, np.int32(np.round(iscale * x[i])))
-    dx[b] = np.float32(1) / iscale
-
-
-@njit(fastmath=True, parallel=True, cache=True, nogil=True)
+@njit(parallel=True, cache=True, nogil=True)
 def quantize_activations(x, group, zero, scale_block, xq, dx, xz, xm):
     m_rows, k = x.shape
+    sums = np.empty((m_rows, k // 16), np.int32)  # each 16 values' sum of q
     for m in prange(m_rows):
-        bits = x[m].view(np.uint32)
-        for b in range(k // scale_block):
-            if has_non_finite(bits, scale_block * b, scale_block * (b + 1)):  # NaN products, as non-finite
-                xq[m, scale_block * b:scale_block * (b + 1)] = 0                # ones of a float GEMM
-                dx[m:m + 1, b].view(np.uint32)[0] = NAN_BITS
-            elif scale_block == 32:
-                _round_q8_0(x[m], xq[m], dx[m], b)
-            else:
-                _round_q8_k(x[m], xq[m], dx[m], b)
+        if scale_block == 32:
+            round_row_q8_0(x[m], xq[m], dx[m], sums[m])
+        else:
+            round_row_q8_k(x[m], xq[m], dx[m], sums[m])
         for j in range(k // group):
             total = 0
-            for i in range(group * j, group * j + group):
-                total += np.int32(xq[m, i])
+            for i in range(group * j // 16, group * (j + 1) // 16):
+                total += sums[m, i]
             xm[m, j] = dx[m, j * group // scale_block] * np.float32(total)
             xz[m, j] = -zero * total
 

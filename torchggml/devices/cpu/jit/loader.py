@@ -33,7 +33,7 @@ from .code_pages import note_loading, release
 # with the kernels it calls): the notice's estimate
 COMPILE_SECONDS = 35
 _noticed = []  # the notice is printed once per process
-IR_FILES = ("llvm_ir.py", "gemm_ir.py", "halves.py")  # the LLVM IR and helpers the kernels inline
+IR_FILES = ("llvm_ir.py", "gemm_ir.py", "rounding_ir.py", "halves.py")  # the LLVM IR and helpers the kernels inline
 
 
 def numba_available() -> bool:

@@ -13,7 +13,8 @@ division (x / 0 is inf or NaN, as in ggml, not a ZeroDivisionError).
     soft_max(x, out, mask, slopes, sinks, scale, has_mask, has_sinks)
     soft_max_rows(...)                               the same, the rows split over the threads
     rope(x, out, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
-         interleaved, copy_rest)                     NORMAL / NEOX rotation (rope_rows: the tokens threaded)
+         interleaved, copy_rest)                     NORMAL / NEOX rotation (rope_rows(..., angles, angle_pos):
+                                                     the tokens threaded, the angles shared by the nodes)
     set_rows(rows, idx, dst) -> first bad index position or -1
     copy(src, dst)                                   same shape, element by element, tiled
     glu(x, gate, out, gelu)                          silu(x) * gate, or GEGLU's gelu(x) * gate (glu_rows: threaded)
@@ -34,6 +35,9 @@ division (x / 0 is inf or NaN, as in ggml, not a ZeroDivisionError).
                                                      K, V F16 flat (rows contiguous; strides: K's head
                                                      and cell, V's head and cell), q [n_head, n_tok, d_k];
                                                      fusion.py
+    prompt_attention(..., n_threads, kt, vf)         the same for a prompt's rows (the cells a row's
+                                                     mask hides are not read; kt, vf: f32 work areas
+                                                     for K transposed and V)
 
 At module level, as quant_kernels.py's, so that numba's disk cache serves them in every process.
 """
@@ -110,6 +114,58 @@ def _prefetch_intrinsic():
 prefetch = _prefetch_intrinsic()
 # the decode attention asks for the K and V rows this many cells ahead (prefetch)
 PREFETCH_CELLS = 8
+
+
+def _tile_intrinsic():
+    """add_tile(a, b, out, r0, c0, b_c0, n_k): out[r0:r0+4, c0:c0+TILE_WIDTH] += a[r0:r0+4, :n_k]
+    @ b[:n_k, b_c0:b_c0+TILE_WIDTH] (a, b, out float32 2-D, C-contiguous; the caller keeps every
+    index inside the arrays), with 4 x TILE_WIDTH accumulators in registers for the whole of
+    n_k: one load of b's columns per 4 products (numba's own loops load and store the output at
+    every step)."""
+    from llvmlite import ir
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+    from .llvm_ir import target_features
+
+    f32 = ir.FloatType()
+    lanes = 16 if "avx512f" in target_features() else 8
+    width = 2 * lanes
+    vec = ir.VectorType(f32, lanes)
+
+    @intrinsic
+    def add_tile(typingctx, a, b, out, r0, c0, b_c0, n_k):
+        def codegen(context, builder, sig, args):
+            arrays = [context.make_array(sig.args[i])(context, builder, args[i]) for i in range(3)]
+            (ap, bp, op), r0, c0, b_c0, n_k = [x.data for x in arrays], args[3], args[4], args[5], args[6]
+            lda = builder.extract_value(arrays[0].shape, 1)
+            ldb, ldo = builder.extract_value(arrays[1].shape, 1), builder.extract_value(arrays[2].shape, 1)
+            i64 = n_k.type
+            const = lambda v: ir.Constant(i64, v)  # noqa: E731
+            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec] * 3), f"llvm.fma.v{lanes}f32")
+            zeros = ir.Constant(vec, [0.0] * lanes)
+            accs = [[cgutils.alloca_once_value(builder, zeros) for _ in range(2)] for _ in range(4)]
+            with cgutils.for_range(builder, n_k) as loop:
+                k = loop.index
+                row = builder.add(builder.mul(k, ldb), b_c0)
+                bs = [builder.load(builder.bitcast(builder.gep(bp, [builder.add(row, const(lanes * h))]), vec.as_pointer()),
+                                   align=4) for h in range(2)]
+                for r in range(4):
+                    x = builder.load(builder.gep(ap, [builder.add(builder.mul(builder.add(r0, const(r)), lda), k)]))
+                    xs = builder.shuffle_vector(builder.insert_element(ir.Constant(vec, ir.Undefined), x, ir.Constant(ir.IntType(32), 0)),
+                                                ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
+                    for h in range(2):
+                        builder.store(builder.call(fma, [xs, bs[h], builder.load(accs[r][h])]), accs[r][h])
+            for r in range(4):
+                row = builder.add(builder.mul(builder.add(r0, const(r)), ldo), c0)
+                for h in range(2):
+                    ptr = builder.bitcast(builder.gep(op, [builder.add(row, const(lanes * h))]), vec.as_pointer())
+                    builder.store(builder.fadd(builder.load(ptr, align=4), builder.load(accs[r][h])), ptr, align=4)
+            return context.get_dummy_value()
+        return types.none(a, b, out, r0, c0, b_c0, n_k), codegen
+    return add_tile, width
+
+
+add_tile, TILE_WIDTH = _tile_intrinsic()
 
 
 def load(value):  # an element as float32
@@ -270,13 +326,10 @@ def soft_max_rows(x, out, mask, slopes, sinks, scale, has_mask, has_sinks):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _rope_token(x, out, i2, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
-                interleaved, copy_rest, cos, sin):
-    """Token i2's rows of every head (cos, sin: its angles' work areas)."""
-    n_pairs = width // 2
-    step, other = (2, 1) if interleaved else (1, n_pairs)
-    p = np.float64(pos[i2])
-    for i in range(n_pairs):
+def _rope_angles(p, factors, inv_freq, ramp, has_factors, freq_scale, mscale, cos, sin):
+    """Position p's cos and sin of each pair's angle (times mscale) into cos, sin."""
+    p = np.float64(p)
+    for i in range(cos.shape[0]):
         theta_extrap = p * inv_freq[i]
         if has_factors:
             theta_extrap = theta_extrap / np.float64(factors[i])
@@ -287,6 +340,13 @@ def _rope_token(x, out, i2, pos, factors, inv_freq, ramp, has_factors, freq_scal
         if mscale != 1.0:
             c, s = c * mscale, s * mscale
         cos[i], sin[i] = np.float32(c), np.float32(s)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _rope_rotate(x, out, i2, start, width, interleaved, copy_rest, cos, sin):
+    """Token i2's rows of every head rotated by its angles' cos and sin."""
+    n_pairs = width // 2
+    step, other = (2, 1) if interleaved else (1, n_pairs)
     for i3 in range(x.shape[0]):
         for i1 in range(x.shape[2]):  # heads
             for i in range(n_pairs):
@@ -307,18 +367,31 @@ def rope(x, out, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, 
     cos = np.empty(width // 2, np.float32)
     sin = np.empty(width // 2, np.float32)
     for i2 in range(x.shape[1]):  # tokens
-        _rope_token(x, out, i2, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
-                    interleaved, copy_rest, cos, sin)
+        _rope_angles(pos[i2], factors, inv_freq, ramp, has_factors, freq_scale, mscale, cos, sin)
+        _rope_rotate(x, out, i2, start, width, interleaved, copy_rest, cos, sin)
 
 
+# the same for a prompt's tokens, split over the threads, their angles in `angles` [2, tokens, pairs]
+# (cos, sin) shared by the graph's ROPE nodes of the same positions and parameters: computed by
+# the first node whose positions differ from `angle_pos` ([0]: the tokens they cover, -1 none;
+# then the positions), read by the others (a model's 2 x n_layer ROPE nodes: one table, not one
+# a node)
 @njit(cache=True, nogil=True, error_model="numpy", parallel=True)
 def rope_rows(x, out, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
-              interleaved, copy_rest):
-    for i2 in prange(x.shape[1]):  # the tokens split over the threads
-        cos = np.empty(width // 2, np.float32)
-        sin = np.empty(width // 2, np.float32)
-        _rope_token(x, out, i2, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
-                    interleaved, copy_rest, cos, sin)
+              interleaved, copy_rest, angles, angle_pos):
+    n_tok = x.shape[1]
+    fresh = angle_pos[0] == n_tok
+    for i2 in range(n_tok if fresh else 0):
+        fresh &= angle_pos[1 + i2] == pos[i2]
+    if not fresh:
+        for i2 in prange(n_tok):
+            _rope_angles(pos[i2], factors, inv_freq, ramp, has_factors, freq_scale, mscale, angles[0, i2],
+                         angles[1, i2])
+        for i2 in range(n_tok):
+            angle_pos[1 + i2] = pos[i2]
+        angle_pos[0] = n_tok
+    for i2 in prange(n_tok):
+        _rope_rotate(x, out, i2, start, width, interleaved, copy_rest, angles[0, i2], angles[1, i2])
 
 
 @jit
@@ -766,6 +839,139 @@ def decode_attention(k, v, strides, n_kv, n_head_kv, q, mask, has_mask, scale, s
             for i in range(d_v):
                 scratch[h0 + hi, t, i] = o[hi, i]
     for h in range(n_head):  # after every head's reads: out may lie over q (freed after KQ)
+        for t in range(n_tok):
+            for i in range(d_v):
+                out[h, t, i] = scratch[h, t, i]
+
+
+# query rows a task of the prompt's attention takes: its scores are one row block of cells,
+# the cells any of its rows sees (a causal mask's blocks see a prefix; the cells past it are not read)
+PROMPT_ATTENTION_ROWS = 16
+
+
+@jit
+def _seen_cells(mask, has_mask, n_tok, n_kv, seen):
+    """seen[t] = (first, end): the cells row t's mask does not hide (-inf) lie in first..end-1
+    (0, 0: none)."""
+    for t in range(n_tok):
+        first, end = 0, 0
+        if has_mask:
+            while end < n_kv and load(mask[t, end]) == -np.inf:
+                end += 1
+            first = end
+            for j in range(n_kv - 1, first - 1, -1):
+                if load(mask[t, j]) != -np.inf:
+                    end = j + 1
+                    break
+        else:
+            end = n_kv
+        seen[t, 0], seen[t, 1] = first, end
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"}, inline="always")
+def _add_products(out, weights, table, row0, col0, skip_zeros):
+    """out += sum_i weights[i] table[row0 + i, col0:col0 + len(out)], four rows a pass over out
+    (one load and store of out per four products; table C-contiguous, so that the loops
+    vectorize). skip_zeros: a row whose weight is 0 is not read (a cell the mask hides: its
+    values may be anything, NaN too)."""
+    n, c1 = weights.shape[0], col0 + out.shape[0]
+    for i in range(0, n - n % 4, 4):
+        w0, w1, w2, w3 = weights[i], weights[i + 1], weights[i + 2], weights[i + 3]
+        if skip_zeros and (w0 == 0 or w1 == 0 or w2 == 0 or w3 == 0):
+            for e in range(i, i + 4):
+                _add_product(out, weights[e], table[row0 + e, col0:c1], skip_zeros)
+            continue
+        r0, r1, r2, r3 = (table[row0 + i, col0:c1], table[row0 + i + 1, col0:c1], table[row0 + i + 2, col0:c1],
+                          table[row0 + i + 3, col0:c1])
+        for j in range(out.shape[0]):
+            out[j] += w0 * r0[j] + w1 * r1[j] + w2 * r2[j] + w3 * r3[j]
+    for e in range(n - n % 4, n):
+        _add_product(out, weights[e], table[row0 + e, col0:c1], skip_zeros)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"}, inline="always")
+def _add_product(out, w, row, skip_zeros):
+    if skip_zeros and w == 0:
+        return
+    for j in range(out.shape[0]):
+        out[j] += w * row[j]
+
+
+# the attention of a prompt's rows, fused: K and V converted to float32 once (K transposed, so a
+# block's scores are products along contiguous cells), then each task (a head, PROMPT_ATTENTION_ROWS
+# query rows) computes its rows' scores over the cells they see, their softmax and the weighted V
+@njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"}, parallel=True)
+def prompt_attention(k, v, strides, n_kv, n_head_kv, q, mask, has_mask, scale, scratch, out, n_threads, kt, vf):
+    n_head, n_tok, d_v = scratch.shape
+    d_k = q.shape[2]
+    k_head_stride, k_cell_stride, v_head_stride, v_cell_stride = strides[0], strides[1], strides[2], strides[3]
+    group = n_head // n_head_kv
+    seen = np.empty((n_tok, 2), np.int64)
+    _seen_cells(mask, has_mask, n_tok, n_kv, seen)
+    lo, hi = n_kv, 0
+    for t in range(n_tok):
+        if seen[t, 1] > seen[t, 0]:
+            lo, hi = min(lo, seen[t, 0]), max(hi, seen[t, 1])
+    # kt [n_head_kv, d_k, n_kv + TILE_WIDTH], vf [n_head_kv, n_kv, d_v]: cells lo..hi-1 written,
+    # the only ones whose products are read
+    for task in prange(n_head_kv * n_threads):
+        hk, part = task // n_threads, task % n_threads
+        for j in range(lo + part, hi, n_threads):
+            k_at, v_at = hk * k_head_stride + j * k_cell_stride, hk * v_head_stride + j * v_cell_stride
+            for i in range(d_k):
+                kt[hk, i, j] = half_to_float(k[k_at + i])
+            for i in range(d_v):
+                vf[hk, j, i] = half_to_float(v[v_at + i])
+    n_blocks = (n_tok + PROMPT_ATTENTION_ROWS - 1) // PROMPT_ATTENTION_ROWS
+    for task in prange(n_head * n_blocks):
+        h, t0 = task // n_blocks, (task % n_blocks) * PROMPT_ATTENTION_ROWS
+        hk, rows = h // group, min(PROMPT_ATTENTION_ROWS, n_tok - t0)
+        first, end = n_kv, 0
+        for r in range(rows):
+            if seen[t0 + r, 1] > seen[t0 + r, 0]:
+                first, end = min(first, seen[t0 + r, 0]), max(end, seen[t0 + r, 1])
+        width = max(end - first, 0)
+        # the block's q rows side by side (4 rows a tile: padded with zeros), its scores in
+        # tiles of TILE_WIDTH cells (the columns past its width unread)
+        qs = np.zeros((rows + (-rows) % 4, d_k), np.float32)
+        for r in range(rows):
+            qs[r] = q[h, t0 + r]
+        scores = np.zeros((qs.shape[0], width + (-width) % TILE_WIDTH), np.float32)
+        for r in range(0, qs.shape[0], 4):
+            for c in range(0, scores.shape[1], TILE_WIDTH):
+                add_tile(qs, kt[hk], scores, r, c, first + c, d_k)
+        for r in range(rows):
+            t, s_row, o_row = t0 + r, scores[r, :width], scratch[h, t0 + r]
+            o_row[:] = 0
+            if seen[t, 1] <= seen[t, 0]:  # no cell: weights 0
+                s_row[:] = 0
+                continue
+            m_row = mask[t, first:end] if has_mask else mask[0, :0]
+            peak, nan = np.float32(-np.inf), False
+            for j in range(width):
+                m = load(m_row[j]) if has_mask else np.float32(0.0)
+                s = s_row[j] * scale + m if m != -np.inf else m  # a hidden cell's K is not read
+                s_row[j] = s
+                nan |= s != s
+                peak = s if s > peak else peak
+            shift = softmax_shift(peak, nan)
+            weight_sum = 0.0
+            for j in range(width):
+                s_row[j] = exp_f32(s_row[j] - shift)
+                weight_sum += s_row[j]
+            inv = np.float32(1.0 / (weight_sum if weight_sum != 0.0 else 1.0))
+            for j in range(width):
+                s_row[j] *= inv
+            if d_v % TILE_WIDTH:
+                _add_products(o_row, s_row, vf[hk], first, 0, True)
+        if d_v % TILE_WIDTH == 0:  # the weighted V rows in tiles (a hidden cell's weight is 0)
+            o = np.zeros((qs.shape[0], d_v), np.float32)
+            for r in range(0, qs.shape[0], 4):
+                for c in range(0, d_v, TILE_WIDTH):
+                    add_tile(scores, vf[hk, first:end], o, r, c, c, width)
+            for r in range(rows):
+                scratch[h, t0 + r] = o[r]
+    for h in prange(n_head):  # after every head's reads: out may lie over q (freed after KQ)
         for t in range(n_tok):
             for i in range(d_v):
                 out[h, t, i] = scratch[h, t, i]

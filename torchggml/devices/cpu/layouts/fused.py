@@ -162,7 +162,7 @@ class FusedBufferType(RepackBufferType):
 
     def bind_product(self, t: Tensor, separate_rows: bool = False):
         """fn(rows [R, K] float, out [R, N] f32): out = rows @ t^T."""
-        return functools.partial(_product, _Packed.of(t), separate_rows=separate_rows)
+        return _bound_product(_Packed.of(t), separate_rows)
 
     def bind_rows_product(self, t: Tensor, rows: torch.Tensor, out: torch.Tensor, separate_rows: bool = False):
         """A decode step's product of a 2-D weight bound once (bound_matvec), or None."""
@@ -479,20 +479,35 @@ def _int8_gemm_min_rows(p: _Packed) -> int:
     return LAYOUT_INT8_MIN_ROWS if _layout_rows(p) else INT8_GEMM_MIN_ROWS
 
 
-def _product(p: _Packed, rows: torch.Tensor, out: torch.Tensor, separate_rows: bool = False) -> None:
+def _route(p: _Packed) -> tuple[int, int, torch.dtype]:
+    """Which product takes how many rows of p, as the CPU and the environment choose it: (the
+    matvec's rows: fewer than this, the int8 GEMM's: this many and more, or a number past any
+    micro-batch where it does not take p, the float GEMM's dtype)."""
+    return (_matvec_max_rows(p), _int8_gemm_min_rows(p) if _takes_int8_gemm(p) else 1 << 62, fastest_gemm_dtype())
+
+
+def _product(p: _Packed, rows: torch.Tensor, out: torch.Tensor, separate_rows: bool = False, route=None) -> None:
     """out = rows @ W^T. separate_rows: the rows are separate sequences' tokens (a batched decode
-    step): all of them take the matvec, which multiplies each row as it multiplies one alone."""
+    step): all of them take the matvec, which multiplies each row as it multiplies one alone.
+    route: _route(p), chosen when the product was bound (a prompt's products then read no
+    environment)."""
     m = rows.shape[0]
-    if separate_rows or m < _matvec_max_rows(p):
+    matvec_max_rows, int8_min_rows, dtype = route or _route(p)
+    if separate_rows or m < matvec_max_rows:
         _matvec(p, rows, *_plain_rows(m), out)
-    elif m >= _int8_gemm_min_rows(p) and _takes_int8_gemm(p):
+    elif m >= int8_min_rows:
         _int8_gemm(p, rows, out)
-    elif fastest_gemm_dtype() == torch.float32:
+    elif dtype == torch.float32:
         _gemm(p, rows.float(), out)
     else:
-        part = torch.empty(m, p.n, dtype=fastest_gemm_dtype())
+        part = torch.empty(m, p.n, dtype=dtype)
         _gemm(p, rows.to(part.dtype), part)
         out.copy_(part)
+
+
+def _bound_product(p: _Packed, separate_rows: bool):
+    """fn(rows, out): _product of p with its route chosen now."""
+    return functools.partial(_product, p, separate_rows=separate_rows, route=_route(p))
 
 
 # 2-D weights of these types are multiplied on ggml's blocks in place (kernels.block_matvec,
@@ -530,7 +545,7 @@ def converted(t: Tensor, raw: torch.Tensor) -> _Packed:
 
 def converted_product(t: Tensor, raw: torch.Tensor, separate_rows: bool = False):
     """fn(rows, out) for t's MUL_MAT on its converted copy (converted)."""
-    return functools.partial(_product, converted(t, raw), separate_rows=separate_rows)
+    return _bound_product(converted(t, raw), separate_rows)
 
 
 def packed_blocks(qtype, raw: torch.Tensor) -> _Packed:
@@ -557,7 +572,7 @@ def block_product(qtype, raw: torch.Tensor, separate_rows: bool = False):
     """fn(rows [R, K] float, out [R, N] f32): out = rows @ W^T for the ggml blocks raw (uint8
     [N, row bytes], rows contiguous) of a weight of the IN_PLACE_KINDS' types, as the fused
     layout's product."""
-    return functools.partial(_product, _Packed.of_blocks(qtype, raw), separate_rows=separate_rows)
+    return _bound_product(_Packed.of_blocks(qtype, raw), separate_rows)
 
 
 def _expert_product(p: _Packed, acts: torch.Tensor, pair_rows: torch.Tensor, pair_experts: torch.Tensor,
