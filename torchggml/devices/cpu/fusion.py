@@ -56,6 +56,7 @@ def fuse(calls, graph) -> list:
     position = {id(node): i for i, (_, node) in enumerate(calls)}
     counts = use_counts((graph.parent or graph).nodes)
     fused, dropped = {}, set()
+    work = {}  # the fused calls' work areas by shape: one for all layers (the calls run one at a time)
     for i, (_, node) in enumerate(calls):
         found = _attention_pattern(node, counts, position)
         if found is None:
@@ -67,7 +68,7 @@ def fuse(calls, graph) -> list:
         reads = [(kq.src[0], kq), (kq.src[1], kq), (probs.src[1], probs), (v_t.src[0], v_t)]
         if not all(t is None or _untouched(t, calls, position[id(reader)], i, skipped) for t, reader in reads):
             continue
-        call = _bind_attention(node, *found)
+        call = _bind_attention(node, *found, work=work)
         if call is not None:
             fused[i] = call
             dropped = skipped
@@ -106,7 +107,7 @@ def _attention_pattern(kqv, counts, position):
     return kq, probs, v_t
 
 
-def _bind_attention(kqv, kq, probs, v_t):
+def _bind_attention(kqv, kq, probs, v_t, work=None):
     """The fused call, or None where the kernel does not take the nodes: F16 K and V, F32 Q and
     output, a mask of one matrix (F32 or F16), no ALiBi or sinks, no dim 3, and
     nodes whose shapes are the pattern's (the kernel reads K, Q, the mask and V by sizes taken
@@ -141,14 +142,21 @@ def _bind_attention(kqv, kq, probs, v_t):
     vq = as_numpy(view(q)[0])                     # [n_head, n_tok, d_k]
     vm = as_numpy(view(mask)[0, 0]) if mask is not None else np.zeros((1, 1), np.float32)
     out = as_numpy(view(kqv)[0])                  # [n_head, n_tok, d_v]
-    scratch = np.empty((n_head, n_tok, d_v), np.float32)
+    work = {} if work is None else work
+
+    def area(*shape):
+        """A float32 work area shared by the plan's fused calls (each writes what it reads)."""
+        if shape not in work:
+            work[shape] = np.empty(shape, np.float32)
+        return work[shape]
+    scratch = area(n_head, n_tok, d_v)
     args = (k_span, v_span, strides, int(n_kv), int(n_head_kv), vq, vm, mask is not None,
             np.float32(get_op_params_f32(probs, 0)), scratch, out, import_numba().get_num_threads())
     if few_rows:
         return BoundKernel(op_kernels().decode_attention, *args)
     kernels = op_kernels()
-    work = (np.empty((n_head_kv, d_k, n_kv + kernels.TILE_WIDTH), np.float32), np.empty((n_head_kv, n_kv, d_v), np.float32))
-    return BoundKernel(kernels.prompt_attention, *args, *work)
+    return BoundKernel(kernels.prompt_attention, *args, area(n_head_kv, d_k, n_kv + kernels.TILE_WIDTH),
+                       area(n_head_kv, n_kv, d_v))
 
 
 def _pattern_shapes(kqv, kq, probs, v_t, k, v, mask, sizes) -> bool:
