@@ -478,10 +478,7 @@ def _convert(raw: np.ndarray, old: Type, new: Type, ne: list[int], qw: np.ndarra
     buf = None if old == Type.F32 else np.empty((step, ne[0]), np.float32)
     for r0 in range(0, n_rows, step):
         r1 = min(n_rows, r0 + step, (r0 // rows_per_expert + 1) * rows_per_expert)
-        if old == Type.F16 and new in NATIVE_TYPES:  # the quantizer converts float16 rows itself
-            values = raw[r0:r1].view(np.float16)
-        else:
-            values = _as_float32(old, raw[r0:r1], None if buf is None else buf[:r1 - r0])
+        values = _as_float32(old, raw[r0:r1], None if buf is None else buf[:r1 - r0])
         if new in NATIVE_TYPES:
             expert = r0 // rows_per_expert
             quantize_native(new, values, None if qw is None else qw[expert * ne[0]:(expert + 1) * ne[0]],

@@ -48,8 +48,8 @@ def grid_tables(t: Type):
 
 
 def quantize_native(qtype, x, imatrix=None, out: np.ndarray | None = None) -> np.ndarray:
-    """x: float32-convertible [rows, n] (numpy or torch; a float16 numpy array is converted in the
-    kernel, a row at a time); imatrix: the mean squared activation of
+    """x: float32-convertible [rows, n] (numpy or torch; a float16 numpy array is converted
+    HALF_VALUES values at a time: the kernels are compiled for float32 rows only); imatrix: the mean squared activation of
     each of the n columns (llama.cpp's importance matrix for this tensor), or None.
     Returns uint8 [rows, row_size(qtype, n)] (written into `out` when given)."""
     from .jit.loader import quantize_kernels
@@ -79,22 +79,26 @@ def quantize_native(qtype, x, imatrix=None, out: np.ndarray | None = None) -> np
                          f"got {out.dtype} {out.shape}")
     # numba compiles a kernel per argument type, and a read-only array (a file's mapping) is
     # another type than a writable one: the inputs go in read-only always, so one compile serves
-    x, qw = _read_only(x), _read_only(qw)
+    qw = _read_only(qw)
     bad = np.zeros(rows, np.uint8)
-    if rows and t in _GRIDS:
-        from .jit import grid_quantize_kernels as k
-        run = k.quantize_grid_rows_f16 if half else k.quantize_grid_rows
-        run(int(t), x.view(np.int16) if half else x, qw, imatrix is not None, *grid_tables(t), out, bad)
-    elif rows and half:  # converted to float32 a row at a time, in the kernel
-        quantize_kernels().quantize_rows_f16(int(t), x.view(np.int16), qw, imatrix is not None, out, bad)
-    elif rows:
-        quantize_kernels().quantize_rows(int(t), x, qw, imatrix is not None, out, bad)
+    step = max(1, HALF_VALUES // n) if half else max(rows, 1)
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        xf = _read_only(x[r0:r1].astype(np.float32) if half else x)
+        if t in _GRIDS:
+            from .jit import grid_quantize_kernels as k
+            k.quantize_grid_rows(int(t), xf, qw, imatrix is not None, *grid_tables(t), out[r0:r1], bad[r0:r1])
+        else:
+            quantize_kernels().quantize_rows(int(t), xf, qw, imatrix is not None, out[r0:r1], bad[r0:r1])
     if bad.any():
         r = int(np.argmax(bad))
         c = int(np.argmax(~np.isfinite(x[r])))
         raise ValueError(f"quantize_native({t.name}): x has a non-finite value ({x[r, c]} at row {r}, "
                          f"column {c}); block types cannot hold NaN or inf")
     return out
+
+
+HALF_VALUES = 1 << 20  # a float16 input's values converted to float32 at once
 
 
 def _read_only(a: np.ndarray) -> np.ndarray:

@@ -4,7 +4,6 @@ IQ3_S, IQ1_S, IQ1_M, bit for bit as ggml-quants.c's quantize_<type> (what ggml_q
     build_grid_tables(grid, shift, kmap_size, nwant) -> (kmap, neighbours)
         the search tables iq2xs_init_impl / iq3xs_init_impl build from a grid
     quantize_grid_rows(kind, x, qw, use_qw, grid, kmap, neighbours, out, bad)
-    quantize_grid_rows_f16(...)   the same from float16 rows (their bits, int16)
 
 A grid point is D levels l (0..2 for the 8-wide IQ2 grids, 0..7 for the 4-wide IQ3 ones), held
 as their positions 2l+1 (int8 [G, D]); a point's key packs its levels `shift` bits apart. kmap[key]
@@ -20,7 +19,7 @@ import numpy as np
 from numba import njit, prange
 
 from .halves import float_to_half_bits
-from .quantize_kernels import EPS, F, _finite, _put_half, half_row, make_qp_quants, nearest_int
+from .quantize_kernels import EPS, F, _finite, _put_half, make_qp_quants, nearest_int
 
 IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ3_S, IQ2_S, IQ1_M = 16, 17, 18, 19, 21, 22, 29
 FLT_MAX = F(3.4028234663852886e38)
@@ -758,15 +757,5 @@ def quantize_grid_rows(kind, x, qw, use_qw, grid, kmap, neighbours, out, bad):
     for r in prange(x.shape[0]):
         if _finite(x[r]):
             _grid_row(kind, x[r], qw, use_qw, grid, kmap, neighbours, out[r])
-        else:
-            bad[r] = 1
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def quantize_grid_rows_f16(kind, h, qw, use_qw, grid, kmap, neighbours, out, bad):
-    for r in prange(h.shape[0]):
-        x = half_row(h[r])
-        if _finite(x):
-            _grid_row(kind, x, qw, use_qw, grid, kmap, neighbours, out[r])
         else:
             bad[r] = 1

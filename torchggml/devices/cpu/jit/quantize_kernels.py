@@ -5,8 +5,6 @@ bit for bit, with and without an importance matrix.
         x float32 [rows, n]; qw float32 [n] the importance of each column (read when use_qw);
         out uint8 [rows, row bytes] of the type `kind` (ggml's type id); bad uint8 [rows] zeros:
         a row holding NaN or inf is left unwritten and flagged there
-    quantize_rows_f16(kind, h, qw, use_qw, out, bad)
-        the same from float16 rows (their bits, int16 [rows, n]), converted a row at a time
 
 Semantics follow ggml-quants.c's quantize_<type> (the functions ggml_quantize_chunk dispatches to):
 without an importance matrix the K types and Q4_0..Q5_1 take their quantize_row_*_ref path, with
@@ -22,9 +20,7 @@ import numpy as np
 from numba import njit, prange
 
 from .halves import float_to_half_bits, round_to_half
-from .llvm_ir import _half_bits_intrinsic
 
-half_to_f32 = _half_bits_intrinsic()
 
 F = np.float32
 EPS = F(1e-15)  # ggml's GROUP_MAX_EPS: a group whose largest |x| is below quantizes to zero
@@ -924,24 +920,5 @@ def quantize_rows(kind, x, qw, use_qw, out, bad):
     for r in prange(x.shape[0]):
         if _finite(x[r]):
             _quantize_row(kind, x[r], qw, use_qw, out[r])
-        else:
-            bad[r] = 1
-
-
-@njit(cache=True, nogil=True, inline="always")
-def half_row(hr):
-    """A float16 row (its bits) as float32."""
-    x = np.empty(hr.shape[0], np.float32)
-    for j in range(hr.shape[0]):
-        x[j] = half_to_f32(hr[j])
-    return x
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def quantize_rows_f16(kind, h, qw, use_qw, out, bad):
-    for r in prange(h.shape[0]):
-        x = half_row(h[r])
-        if _finite(x):
-            _quantize_row(kind, x, qw, use_qw, out[r])
         else:
             bad[r] = 1
