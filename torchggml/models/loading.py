@@ -10,7 +10,7 @@ from ..backend.device import Device
 from ..backend.impl import ExtraBufferType
 from ..gguf.loader import load_weights
 from ..gguf.reader import GGUFError
-from ..text.tokenizer import VOCAB_TYPES
+from ..text.vocab_types import VOCAB_TYPES
 from .arch_names import LLAMA_CPP_ARCHS
 from .archs import SUPPORTED, arch_for
 from .builder import bind_weights, is_matmul_weight, is_output_tensor, tensor_layer
