@@ -531,6 +531,18 @@ def test_load_needs_no_numba_and_its_start_leaves_out_scipy_and_the_gc_on():
     assert ("imported by the first eval: []" in done.stdout) == _loads_without_refresh(), done.stdout
 
 
+def test_a_broken_numba_fails_the_first_kernel_with_one_clear_error(monkeypatch):
+    """numba_available only finds numba (a load imports nothing of it): where its import then
+    fails, the first kernel's load says so in one line."""
+    from torchggml.devices.cpu.jit import loader
+
+    def broken():
+        raise ImportError("numpy.core.multiarray failed to import")
+    monkeypatch.setattr(loader, "start_numba", broken)
+    with pytest.raises(ImportError, match=r"CPU kernels need numba, and importing it failed: numpy\.core"):
+        loader._load.__wrapped__("op_kernels")
+
+
 def test_numba_reads_its_config_file_through_the_deferred_yaml(tmp_path):
     """numba's import reads a .numba_config.yaml in the working directory: loader.import_numba's
     stand-in for YAML imports it then."""

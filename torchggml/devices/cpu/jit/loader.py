@@ -255,7 +255,11 @@ def _load_kernels_without_refresh(module) -> None:
 
 @functools.lru_cache(maxsize=None)
 def _load(name: str):
-    start_numba()
+    try:
+        start_numba()
+    except ImportError as e:  # found on the path (numba_available) but broken
+        raise ImportError(f"torchggml's CPU kernels need numba, and importing it failed: {e} "
+                          f"(reinstall it: pip install --force-reinstall numba)") from e
     note_loading()  # its kernels load (or compile) on their first calls
     module = importlib.import_module(f"{__package__}.{name}")
     _lean_caches(module)
