@@ -12,8 +12,9 @@ Each measure runs in a fresh process with PYTHONPATH set to the tree, under /usr
   run      `python -m torchggml run MODEL -n 1 -p Hello`: the whole process (imports, load,
            warm-up, the prompt and one token, exit), wall, CPU and peak RSS
   stages   (--stages) the load again in its own process, CPU seconds of its parts: numba's
-           start (its import included), the GGUF header, the model's compute set-up (graph
-           build and the scheduler's reserve); and the process's RSS after the load
+           start (its import included; in trees whose load started numba), the GGUF header,
+           the model's compute set-up (graph build and the scheduler's reserve); and the
+           process's RSS after the load
 With -t 1 every process runs one thread: its CPU time is then its work alone (idle workers
 of a busy machine's thread pools spin and count). The medians per tree, and the load average at the start and the end (a busy machine
 stretches wall times; CPU times depend less on it). Each tree's numba cache should be warm
@@ -37,6 +38,7 @@ LOAD = ("import json, sys, time\nimport torch\nfrom torchggml.models import load
 
 # --stages: the load's parts, each function's CPU seconds (the tree's own names; a part the tree
 # does not have is left out), and the process's resident memory after the load
+# ("numba start": trees whose load started numba, before 98546df; a later tree's load imports no numba)
 STAGES = {"numba start": ("torchggml.models.loading", None, "_start_cpu_kernels"),
           "header": ("torchggml.gguf.loader", None, "open_gguf"),
           "model set-up": ("torchggml.models.model", "Model", "_setup_compute")}

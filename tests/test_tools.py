@@ -493,33 +493,54 @@ def test_version_and_help_import_nothing_heavy(argv):
 LOAD_STATE = """
 import gc, sys
 import numpy as np
+import torch
 from torchggml.models import load_model
-model = load_model(sys.argv[1], n_ctx=32, progress=False)
-print("imported by the load:", [m for m in ("scipy", "yaml", "torchggml.devices.rpc.client")
-                                if type(sys.modules.get(m)).__name__ == "module"])
+threads = max(1, torch.get_num_threads() - 1)
+model = load_model(sys.argv[1], n_ctx=32, n_threads=threads, progress=False)
+print("numba imported by the load:", "numba" in sys.modules)
 model.eval([1, 2, 3])
-print("after load:", "scipy.linalg" in sys.modules, gc.isenabled(), gc.get_freeze_count() > 100000)
+print("imported by the first eval:", [m for m in ("scipy", "yaml", "torchggml.devices.rpc.client")
+                                      if type(sys.modules.get(m)).__name__ == "module"])
+print("after eval:", "scipy.linalg" in sys.modules, gc.isenabled(), gc.get_freeze_count() > 100000)
 import numba
+print("threads asked, numba's, torch's:", threads, numba.get_num_threads(), torch.get_num_threads())
 dot = numba.njit(lambda a, b: np.dot(a, b))
 print("dot:", dot(np.arange(3.0), np.arange(3.0)))
 """
 
 
-def test_load_starts_numba_without_scipy_and_leaves_the_gc_on():
-    """A load sets numba up without SciPy's linear algebra (numba imported it for np.convolve's
-    BLAS choice: a third of a small model's load) and with the imported modules' objects frozen
-    out of the cyclic GC, which is on again after the load; numba's np.dot still compiles
-    (importing SciPy then). Where numba's import was read for it (loader.LOADS_WITHOUT_REFRESH),
-    the load imports neither SciPy nor YAML (numba's version check and config file), nor the
-    RPC client (the CPU's kernel table reads the RPC package's shape rules)."""
+def test_load_needs_no_numba_and_its_start_leaves_out_scipy_and_the_gc_on():
+    """A load imports no numba (no kernel runs: the first one imports it); the first evaluation
+    sets numba up without SciPy's linear algebra (numba imported it for np.convolve's BLAS
+    choice: a third of a small model's load), with the thread count the load asked for
+    (numba's, and torch's, which numba's OpenMP start resets) and with the imported modules'
+    objects frozen out of the cyclic GC, which is on again after the load; numba's np.dot still
+    compiles (importing SciPy then). Where numba's import was read for it
+    (loader.LOADS_WITHOUT_REFRESH), neither SciPy nor YAML is imported (numba's version check
+    and config file), nor the RPC client (the CPU's kernel table reads the RPC package's shape rules)."""
     from torchggml.devices.cpu.jit.loader import _loads_without_refresh
     import subprocess
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     done = subprocess.run([sys.executable, "-c", LOAD_STATE, demo_model_path()], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert "after load: False True True" in done.stdout and "dot: 5.0" in done.stdout, done.stdout
-    assert ("imported by the load: []" in done.stdout) == _loads_without_refresh(), done.stdout
+    assert "numba imported by the load: False" in done.stdout, done.stdout
+    assert "after eval: False True True" in done.stdout and "dot: 5.0" in done.stdout, done.stdout
+    asked = done.stdout.split("threads asked, numba's, torch's:")[1].split()[:3]
+    assert len(set(asked)) == 1, done.stdout
+    assert ("imported by the first eval: []" in done.stdout) == _loads_without_refresh(), done.stdout
+
+
+def test_a_broken_numba_fails_the_first_kernel_with_one_clear_error(monkeypatch):
+    """numba_available only finds numba (a load imports nothing of it): where its import then
+    fails, the first kernel's load says so in one line."""
+    from torchggml.devices.cpu.jit import loader
+
+    def broken():
+        raise ImportError("numpy.core.multiarray failed to import")
+    monkeypatch.setattr(loader, "start_numba", broken)
+    with pytest.raises(ImportError, match=r"CPU kernels need numba, and importing it failed: numpy\.core"):
+        loader._load.__wrapped__("op_kernels")
 
 
 def test_numba_reads_its_config_file_through_the_deferred_yaml(tmp_path):

@@ -3,11 +3,14 @@ every layer, and each weight's buffer type (the device's, or an extra buffer typ
 layout such as the CPU's CPU_REPACK), then the weights themselves."""
 from __future__ import annotations
 
+import functools
+import gc
+
 from ..backend.device import Device
 from ..backend.impl import ExtraBufferType
 from ..gguf.loader import load_weights
 from ..gguf.reader import GGUFError
-from ..text.tokenizer import VOCAB_TYPES
+from ..text.vocab_types import VOCAB_TYPES
 from .arch_names import LLAMA_CPP_ARCHS
 from .archs import SUPPORTED, arch_for
 from .builder import bind_weights, is_matmul_weight, is_output_tensor, tensor_layer
@@ -45,13 +48,13 @@ def add_rpc_servers(endpoints) -> list[Device]:
     return devices
 
 
-def _start_cpu_kernels() -> None:
-    """numba set up before the model's objects exist (the CPU's kernels load on it: the weights'
-    conversion at load, every evaluation), so that the objects it freezes are only the imported
-    modules' (devices/cpu/jit/loader.py: start_numba)."""
-    from ..devices.cpu.jit.loader import numba_available, start_numba
-    if numba_available():
-        start_numba()
+@functools.lru_cache(maxsize=None)
+def _freeze_imported() -> None:
+    """The objects alive before the first model's (the imported modules': torch's, torchggml's)
+    frozen out of the cyclic GC: they live as long as the process, and each full collection
+    walked them all. Once a process: a later load's would freeze earlier models' garbage too.
+    (numba is not imported by a load: its start freezes its own objects, devices/cpu/jit/loader.py.)"""
+    gc.freeze()
 
 
 def load(path, params: ModelParams | None = None, **options) -> Model:
@@ -59,7 +62,7 @@ def load(path, params: ModelParams | None = None, **options) -> Model:
     from ..gguf.loader import open_gguf
     params = (params or ModelParams()).with_options(**options)
     if not params.vocab_only:
-        _start_cpu_kernels()
+        _freeze_imported()
     file = open_gguf(path)  # the tokenizer is built from it on first use
     vocab = file.get("tokenizer.ggml.model")  # as llama.cpp, which needs it ("none": no vocabulary)
     if vocab not in VOCAB_TYPES:  # llama.cpp refuses the file

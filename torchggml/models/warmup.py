@@ -63,10 +63,11 @@ class CompileNotice:
 def install(threshold_s: float = THRESHOLD_S, package: str = KERNEL_PACKAGE, stream=None):
     """Listen to numba's compiles (once per process unless `package` differs; no numba: nothing).
     Returns the listener, or None."""
-    try:
-        from numba.core import event
-    except ImportError:
+    from ..devices.cpu.jit.loader import import_numba, numba_available
+    if not numba_available():
         return None
+    import_numba()  # without SciPy where it can (this may be numba's first import)
+    from numba.core import event
     for listener in _installed:
         if listener.package == package:
             return listener

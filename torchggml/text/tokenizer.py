@@ -31,6 +31,7 @@ import numpy as np
 from .tokenizer_models import (SPACE_MARK, BpeEncoder, RwkvEncoder, UgmEncoder, spm_encoder,
                                WpmEncoder, unescape_rwkv)
 from .tokenizer_pre import PRE_TOKENIZERS, PreTokenizer
+from .vocab_types import VOCAB_TYPES
 
 __all__ = [
     "Tokenizer",
@@ -113,9 +114,6 @@ _BYTE_TO_UNICODE = _byte_to_unicode()
 _UNICODE_TO_BYTE = {c: b for b, c in _BYTE_TO_UNICODE.items()}
 
 
-#: tokenizer.ggml.model -> llama_vocab_type
-VOCAB_TYPES = {"llama": "SPM", "gpt2": "BPE", "gemma4": "BPE", "whitespace": "BPE", "bert": "WPM",
-               "t5": "UGM", "rwkv": "RWKV", "none": "NONE", "no_vocab": "NONE"}
 # llama.cpp's default special ids per vocabulary type (bos, eos, unk, sep, pad, mask)
 _DEFAULT_IDS = {"SPM": dict(bos=1, eos=2, unk=0), "BPE": dict(bos=11, eos=11),
                 "WPM": dict(bos=101, unk=100, sep=102, pad=0, mask=103), "UGM": dict(eos=1, unk=2, pad=0),

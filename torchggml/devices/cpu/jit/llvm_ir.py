@@ -1146,7 +1146,9 @@ def target_features() -> frozenset:
     import platform
     if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
         return frozenset()
+    from .loader import import_numba
     try:
+        import_numba()  # without SciPy where it can (its first import may be this one)
         from numba.core import config
         from llvmlite import binding
     except ImportError:

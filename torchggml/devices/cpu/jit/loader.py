@@ -37,11 +37,15 @@ IR_FILES = ("llvm_ir.py", "gemm_ir.py", "rounding_ir.py", "halves.py")  # the LL
 
 
 def numba_available() -> bool:
-    try:
-        import_numba()
-    except ImportError:
-        return False
-    return True
+    """Whether numba is installed: found on the path, not imported (a load needs no kernel, so
+    numba's import waits for the first one: _load)."""
+    return "numba" in sys.modules or _numba_found()
+
+
+@functools.lru_cache(maxsize=None)
+def _numba_found() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("numba") is not None
 
 
 def import_numba():
@@ -86,10 +90,28 @@ class _Deferred(types.ModuleType):
         return getattr(importlib.import_module(self.__name__), name)
 
 
+_started = []  # start_numba has run
+_threads = []  # the worker count asked for before numba's start, which applies it
+
+
 def set_numba_threads(n: int) -> None:
-    """numba's worker count, capped at the pool it started with."""
+    """numba's worker count, capped at the pool it started with; before numba's start (a model
+    loaded, no kernel run yet) kept for start_numba to apply."""
+    if not _started:
+        _threads[:] = [int(n)]
+        return
     import numba
     numba.set_num_threads(max(1, min(int(n), numba.config.NUMBA_NUM_THREADS)))
+
+
+def _apply_threads(n: int) -> None:
+    """numba's worker count set, torch's kept: numba's OpenMP layer, which setting the count
+    starts, resets the OpenMP count it shares with torch."""
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    set_numba_threads(n)
+    if before is not None:
+        torch.set_num_threads(before)
 
 
 def cache_is_cold(module) -> bool:
@@ -143,8 +165,9 @@ LOADS_WITHOUT_REFRESH = ("0.68",)
 
 @functools.lru_cache(maxsize=None)
 def start_numba() -> None:
-    """numba set up once, before the first kernel loads (models/loading.py calls it before a
-    model's objects exist), then the process's objects frozen for the cyclic GC.
+    """numba imported (import_numba) and set up once, before the first kernel loads (_load), then
+    the worker count asked for before (set_numba_threads) applied and the process's objects
+    frozen for the cyclic GC.
     - Where numba's version is in LOADS_WITHOUT_REFRESH, only what a kernel loaded from numba's
       disk cache needs (_set_up_for_loading), and the kernels load with that alone
       (_load_cached); a kernel that compiles gets numba's full set-up from numba's compiler.
@@ -154,10 +177,11 @@ def start_numba() -> None:
       numpy.f2py, ...: a third of a small model's load). Blocked for it, numba uses its own loop
       for those two (no kernel here calls them); np.dot and np.linalg still import SciPy when a
       kernel using them compiles.
-    - The objects alive now are almost all module state (torch's, numba's) that lives as long as
-      the process; each full collection walked them all (two or three during a load).
+    - The objects alive now are almost all module state (numba's, and the model's that runs the
+      kernel) that lives as long as the process; each full collection walked them all.
       gc.freeze() leaves them out of later collections.
     - LLVM's code pages that numba's start left resident are handed back (code_pages.py)."""
+    import_numba()
     from numba.core.registry import cpu_target
     if _loads_without_refresh():
         _set_up_for_loading(cpu_target.target_context)
@@ -167,6 +191,9 @@ def start_numba() -> None:
         cpu_target.target_context.refresh()
     note_loading()
     release()  # LLVM's start-up code (code_pages.py): what the kernels' loads run comes back then
+    _started.append(True)
+    if _threads:
+        _apply_threads(_threads.pop())
     gc.freeze()
 
 
@@ -228,7 +255,11 @@ def _load_kernels_without_refresh(module) -> None:
 
 @functools.lru_cache(maxsize=None)
 def _load(name: str):
-    start_numba()
+    try:
+        start_numba()
+    except ImportError as e:  # found on the path (numba_available) but broken
+        raise ImportError(f"torchggml's CPU kernels need numba, and importing it failed: {e} "
+                          f"(reinstall it: pip install --force-reinstall numba)") from e
     note_loading()  # its kernels load (or compile) on their first calls
     module = importlib.import_module(f"{__package__}.{name}")
     _lean_caches(module)
