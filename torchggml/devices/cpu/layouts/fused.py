@@ -437,6 +437,22 @@ def _int8_gemm(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
         out.copy_(target)
 
 
+def bound_int8_gemm(p: _Packed, rows: torch.Tensor, out: torch.Tensor):
+    """A prompt's product of ggml's blocks in place p by float32 rows [M, K] into out [M, N]
+    (both contiguous) where the int8 GEMM takes M rows (_route), else None, bound once: one
+    kernel rounds the rows and multiplies (gemm_kernels.rows_block_gemm), what _int8_gemm does
+    in two calls and Python around them."""
+    if not (p.blocks and rows.dtype == torch.float32 and rows.is_contiguous() and out.is_contiguous()):
+        return None
+    matvec_max_rows, int8_min_rows, _ = _route(p)
+    if rows.shape[0] < max(matvec_max_rows, int8_min_rows):
+        return None
+    import numba
+    group, zero, scale_block = kind_params(p.kind, gemm_isa())
+    return BoundKernel(gemm_kernels().rows_block_gemm, p.q, p.kind, rows.numpy(), group, zero, scale_block,
+                       out.numpy(), numba.config.NUMBA_NUM_THREADS)
+
+
 def _layout_gemm_kind(p: _Packed) -> int | None:
     """The int8 GEMM's kind for a weight in the fused layout (gemm_ir.LAYOUT_KINDS): int8 q in
     groups of 32 or 16, with or without a bias (Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4),
