@@ -17,9 +17,11 @@ module).
         _int8_gemm makes them)
     offset_panel_gemm(...)  the same for ggml's Q4_1 / Q5_0 / Q5_1 blocks in place
     low_k_panel_gemm(...)   the same for ggml's Q2_K / Q3_K blocks in place
-    rows_block_gemm(blocks, kind, x, group, zero, scale_block, out, threads)
-        quantize_activations and the kind's panel GEMM (any of the three above) in one call, its
-        work areas made there (for up to `threads` numba threads): a prompt's product bound once (layouts/fused.py's bound_int8_gemm)
+    rows_block_gemm(blocks, kind, x, group, zero, scale_block, out, threads, xq, dx, xz, xm, rounded)
+        quantize_activations into xq, dx, xz, xm (unless `rounded`: an earlier call rounded x
+        there) and the kind's panel GEMM (any of the three above) in one call, its work areas
+        made there (for up to `threads` numba threads; and the rounded rows' where xq has not
+        M rows): a prompt's product bound once (layouts/fused.py's bound_int8_gemm)
     layout_panel_gemm(words, scale, bias, kind, xq, dx, xz, xm, out, panels, scales, mins)
         the same for the fused layout's rows (gemm_ir.LAYOUT_KINDS): words uint32 [N, K/4] its
         int8 q (or [N, K/8]: Q4_1's nibbles) 4 bytes a word, scale and bias f32 [N, K/G] (bias
@@ -212,11 +214,13 @@ def low_k_panel_gemm(blocks, kind, xq, dx, xz, xm, out, panels, scales, mins):
 
 
 @njit(cache=True, nogil=True)
-def rows_block_gemm(blocks, kind, x, group, zero, scale_block, out, threads):
+def rows_block_gemm(blocks, kind, x, group, zero, scale_block, out, threads, xq, dx, xz, xm, rounded):
     m_rows, k = x.shape
-    xq, dx = np.empty((m_rows, k), np.int8), np.empty((m_rows, k // scale_block), np.float32)
-    xz, xm = np.empty((m_rows, k // group), np.int32), np.empty((m_rows, k // group), np.float32)
-    quantize_activations(x, group, zero, scale_block, xq, dx, xz, xm)
+    if xq.shape[0] != m_rows:  # no rounded rows' areas given: this call's own
+        xq, dx = np.empty((m_rows, k), np.int8), np.empty((m_rows, k // scale_block), np.float32)
+        xz, xm = np.empty((m_rows, k // group), np.int32), np.empty((m_rows, k // group), np.float32)
+    if not rounded:
+        quantize_activations(x, group, zero, scale_block, xq, dx, xz, xm)
     panels = np.empty((threads, k * PANEL_ROWS // 4), np.uint32).view(np.uint8)
     scales = np.empty((threads, (k // 16 + k // 32) * PANEL_ROWS), np.float32)  # Q2_K's, Q3_K's d per 32
     mins = np.empty((threads, k // 16 * PANEL_ROWS), np.float32)
