@@ -52,6 +52,9 @@ Each engine runs in its own process (llama.cpp's spinning OpenMP threads would s
 calls of each alternated (a machine whose speed drifts from minute to minute slows both alike),
 median ms a token and the median of the per-pair ratios; llama.cpp's OpenMP workers spin after
 its calls unless OMP_WAIT_POLICY=PASSIVE, which can only slow torchggml's calls in this mode.
+--paired-pp N does the same for prompts: N pp calls of each engine alternated in that process (one
+warm-up pair first), each after a pause of PAIRED_PAUSE s so the other engine's spinning workers
+have gone to sleep; tokens/s of the median call and the median of the per-pair ratios.
 """
 from __future__ import annotations
 
@@ -351,18 +354,23 @@ def bench_llama_cpp(path, args, n_vocab: int) -> dict:
 
 
 def bench_paired(path, args, n_vocab: int) -> dict:
-    """Decode of both engines in one process, their single-token calls alternated."""
+    """Both engines in one process: decode's single-token calls alternated (--paired), and
+    prompt calls alternated (--paired-pp), each after a pause that lets the other engine's
+    spinning workers go to sleep."""
     from llama_cpp import Llama
 
     from torchggml.models import load_model
     threads = args.threads or torch.get_num_threads()
-    n_ctx, warm = 64, prompt_tokens(n_vocab, 8)
-    llm = Llama(model_path=str(path), n_ctx=n_ctx, n_batch=len(warm), n_threads=threads,
+    warm = prompt_tokens(n_vocab, 8)
+    prompt = prompt_tokens(n_vocab, args.n_prompt)
+    n_ctx, n_batch = max(64, args.n_prompt + 8), max(len(warm), args.n_prompt if args.paired_pp else 0)
+    llm = Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=threads,
                 n_threads_batch=threads, verbose=False)
-    model = load_model(path, n_ctx=n_ctx, n_batch=len(warm), n_threads=args.threads, progress=False)
+    model = load_model(path, n_ctx=n_ctx, n_batch=n_batch, n_threads=args.threads, progress=False)
+    result = {}
     theirs, ours = [], []
     for i in range(args.paired):
-        if i % (n_ctx - len(warm)) == 0:  # (re)start both sequences after the same prompt
+        if i % (64 - len(warm)) == 0:  # (re)start both sequences after the same prompt
             llm.reset(), llm.eval(warm), model.reset(), model.eval(warm, logits="last")
         token = warm[i % len(warm)]
         start = time.perf_counter()
@@ -370,9 +378,30 @@ def bench_paired(path, args, n_vocab: int) -> dict:
         middle = time.perf_counter()
         model.eval([token], logits="last")
         theirs.append(middle - start), ours.append(time.perf_counter() - middle)
+    if theirs:
+        result.update({"llama.cpp ms": 1e3 * statistics.median(theirs), "torchggml ms": 1e3 * statistics.median(ours),
+                       "per-pair ratio": statistics.median(t / o for t, o in zip(theirs, ours))})
+    theirs, ours = [], []
+    for i in range(args.paired_pp + 1):  # the first pair warms both up
+        for engine, times in ((lambda: (llm.reset(), llm.eval(prompt)), theirs),
+                              (lambda: (model.reset(), model.eval(prompt, logits="last")), ours)):
+            time.sleep(PAIRED_PAUSE)
+            start = time.perf_counter()
+            engine()
+            if i:
+                times.append(time.perf_counter() - start)
+    if theirs:
+        result.update({"llama.cpp pp": args.n_prompt / statistics.median(theirs),
+                       "torchggml pp": args.n_prompt / statistics.median(ours),
+                       "pp per-pair ratio": statistics.median(t / o for t, o in zip(theirs, ours))})
     model.close()
-    return {"llama.cpp ms": 1e3 * statistics.median(theirs), "torchggml ms": 1e3 * statistics.median(ours),
-            "per-pair ratio": statistics.median(t / o for t, o in zip(theirs, ours))}
+    return result
+
+
+# seconds before each paired prompt call: OpenMP's workers spin a while after a call (GNU's
+# default: ~0.1-0.3 ms of spinning, or longer with OMP_WAIT_POLICY=ACTIVE), on the cores the
+# other engine's call would take
+PAIRED_PAUSE = 0.05
 
 
 # ---------------------------------------------------------------- main
@@ -398,7 +427,7 @@ def run_engine(engine: str, path: str, args) -> dict:
     each call and would steal the cores from torch if both ran in one process."""
     cmd = [sys.executable, os.path.abspath(__file__), "--engine", engine, path,
            "-p", str(args.n_prompt), "-n", str(args.n_gen), "-r", str(args.reps), "--profile", str(args.profile),
-           "--paired", str(args.paired)]
+           "--paired", str(args.paired), "--paired-pp", str(args.paired_pp)]
     for flag, value in (("-t", args.threads), ("-d", args.device), ("-ngl", args.n_gpu_layers)):
         if value is not None:
             cmd += [flag, str(value)]
@@ -442,6 +471,8 @@ def main(argv=None) -> int:
                    help="print torchggml's top K functions by own time during generation")
     p.add_argument("--paired", type=int, default=0, metavar="N",
                    help="also time N decode tokens of both engines alternated in one process")
+    p.add_argument("--paired-pp", type=int, default=0, metavar="N",
+                   help="also time N prompts (pp) of both engines alternated in one process")
     p.add_argument("--engine", choices=("torchggml", "llama.cpp", "paired"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.threads:
@@ -502,12 +533,18 @@ def main(argv=None) -> int:
         if "pp_all" in ours:
             print(f"  pp{args.n_prompt} with logits='all': {ours['pp_all']:.2f} t/s; logits='last' is "
                   f"{ours['pp'] / ours['pp_all']:.3f}x that (interleaved in one process, medians of {args.reps})")
-        if args.paired and with_llama:
+        if (args.paired or args.paired_pp) and with_llama:
             paired = run_engine("paired", path, args)
-            print(f"  decode paired in one process ({args.paired} tokens each): torchggml "
-                  f"{paired['torchggml ms']:.2f} ms, llama.cpp {paired['llama.cpp ms']:.2f} ms a token "
-                  f"({paired['llama.cpp ms'] / paired['torchggml ms']:.3f}x; per-pair median "
-                  f"{paired['per-pair ratio']:.3f}x)")
+            if args.paired:
+                print(f"  decode paired in one process ({args.paired} tokens each): torchggml "
+                      f"{paired['torchggml ms']:.2f} ms, llama.cpp {paired['llama.cpp ms']:.2f} ms a token "
+                      f"({paired['llama.cpp ms'] / paired['torchggml ms']:.3f}x; per-pair median "
+                      f"{paired['per-pair ratio']:.3f}x)")
+            if args.paired_pp:
+                print(f"  pp{args.n_prompt} paired in one process ({args.paired_pp} prompts each): torchggml "
+                      f"{paired['torchggml pp']:.1f} t/s, llama.cpp {paired['llama.cpp pp']:.1f} t/s "
+                      f"({paired['torchggml pp'] / paired['llama.cpp pp']:.3f}x; per-pair median "
+                      f"{paired['pp per-pair ratio']:.3f}x)")
         print(f"  {ours['desc']}")
         if args.profile:
             print(ours["profile"])

@@ -160,3 +160,52 @@ def test_a_split_view_counts_readers_in_the_whole_graph():
     view = ggml.graph_view(graph, 0, i + 3)
     assert view.parent is graph and ggml.graph_view(view, 0, 2).parent is graph
     assert use_counts(view.nodes)[id(kq)] == 1 and use_counts(view.parent.nodes)[id(kq)] == 2
+
+
+def _products_graph(types, n=64, k=512, m=20):
+    """(graph, x, weights, outputs, buffers): products of each weight type with the same
+    computed rows (scale(x), as a layer's Q, K and V of its normed input), each an output."""
+    wctx, ctx = ggml.init(mem_size=1 << 20, no_alloc=True), ggml.init(mem_size=1 << 20, no_alloc=True)
+    weights = [ggml.new_tensor_2d(wctx, t, k, n) for t in types]
+    x = ggml.new_tensor_2d(ctx, T.F32, k, m)
+    rows = ggml.scale(ctx, x, 0.5)
+    outs = [ggml.mul_mat(ctx, w, rows) for w in weights]
+    graph = ggml.new_graph(ctx)
+    for o in outs:
+        ggml.build_forward_expand(graph, o)
+    bufs = [ggml.backend_alloc_ctx_tensors_from_buft(c, ggml.backend_cpu_buffer_type()) for c in (wctx, ctx)]
+    return graph, x, weights, outs, bufs
+
+
+# (weight types of products of the same rows, which of their calls round the rows): the kinds
+# whose activations round alike share one rounding (IQ4_NL's; Q4_K's, Q8_K per 256), a kind that
+# rounds otherwise rounds its own (Q4_0: Q8_0 per 32 as IQ4_NL, but another zero point)
+SHARED = [((T.IQ4_NL, T.IQ4_NL, T.IQ4_NL), [True, False, False]),
+          ((T.IQ4_NL, T.Q4_0, T.IQ4_NL), [True, True, False]),
+          ((T.Q4_K, T.Q4_K), [True, False]),
+          ((T.Q8_0,), [True])]
+
+
+@pytest.mark.parametrize("types,rounds", SHARED, ids=["-".join(t.name for t in c[0]) for c in SHARED])
+def test_products_of_the_same_rows_share_their_rounding(types, rounds, monkeypatch):
+    """A prompt's int8 GEMMs of the same rows (bound_int8_gemm) round them once, at the first,
+    and give the bits each product gives with its own rounding."""
+    from test_cpu_quant import _needs_int8_gemm, random_blocks
+    _needs_int8_gemm()
+    graph, x, weights, outs, _keep = _products_graph(types)
+    for i, (t, w) in enumerate(zip(types, weights)):
+        ggml.backend_tensor_set(w, random_blocks(t, w.ne[1], w.ne[0], seed=i).numpy())
+    ggml.backend_tensor_set(x, torch.randn(x.ne[1], x.ne[0], generator=torch.Generator().manual_seed(1)))
+    backend = ggml.backend_cpu_init()
+    got = []
+    for fused in (True, False):  # fusion on, then off (the products alone)
+        monkeypatch.setenv("TORCHGGML_CPU_FAST_OPS", "1" if fused else "0")
+        plan = ggml.backend_graph_plan_create(backend, graph)
+        assert ggml.backend_graph_plan_compute(backend, plan) == ggml.Status.SUCCESS
+        got.append([torch.as_tensor(ggml.backend_tensor_get(o)).clone() for o in outs])
+        if fused:
+            gemms = [fn for fn, _ in member_calls(plan.calls) if getattr(fn, "kernel", None) is not None
+                     and fn.kernel.__name__ == "rows_block_gemm"]
+            assert [not fn.args[-1] for fn in gemms] == rounds
+    for ours, alone in zip(*got):
+        assert torch.equal(ours, alone)

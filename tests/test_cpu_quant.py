@@ -232,6 +232,26 @@ INT8_GEMM_CASES += [(qtype, n, k, m, where) for where, types in (("fused", LAYOU
                     for qtype in types for n, k, m in ((32, 256, layout.LAYOUT_INT8_MIN_ROWS), (96, 768, 130))]
 
 
+BOUND_GEMM_CASES = [(qtype, m) for qtype in sorted(layout.IN_PLACE_KINDS, key=int) for m in (layout.LAYOUT_INT8_MIN_ROWS, 37)]
+
+
+@pytest.mark.parametrize("qtype,m", BOUND_GEMM_CASES, ids=[f"{c[0].name}-m{c[1]}" for c in BOUND_GEMM_CASES])
+def test_bound_int8_gemm_equals_the_product(qtype, m, monkeypatch):
+    """A prompt's product of ggml's blocks bound once (bound_int8_gemm: rounding and GEMM in one
+    kernel) gives the product's bits, for every kind in place, where the int8 GEMM takes them."""
+    _needs_int8_gemm()
+    monkeypatch.setenv("TORCHGGML_CPU_GEMM", "int8")
+    n, k = 64, 512
+    packed = layout._Packed.of_blocks(qtype, random_blocks(qtype, n, k, seed=m))
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    want, got = torch.empty(m, n), torch.empty(m, n)
+    layout._product(packed, x, want)
+    bound = layout.bound_int8_gemm(packed, x, got)
+    bound()
+    assert torch.equal(got, want), (got - want).abs().max().item()
+    assert layout.bound_int8_gemm(packed, x[:layout._matvec_max_rows(packed) - 1], got) is None
+
+
 @pytest.mark.parametrize("qtype,n,k,m,where", INT8_GEMM_CASES,
                          ids=[f"{c[0].name}-n{c[1]}-k{c[2]}-m{c[3]}-{c[4]}" for c in INT8_GEMM_CASES])
 def test_int8_gemm_is_exact_on_rounded_activations(qtype, n, k, m, where, monkeypatch):

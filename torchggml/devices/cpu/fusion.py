@@ -2,6 +2,9 @@
 compute a graph (ggml_can_fuse): a run of nodes whose intermediate results nobody else reads
 becomes one kernel call at the last node, the others' calls dropped.
 
+    rounding    a prompt's int8 GEMMs of the same rows (a layer's Q, K and V products; gate and
+                up): the first rounds the rows, the others read its rounding
+                (layouts/fused.shared_rounding), where no call between them writes the rows.
     attention   MUL_MAT(K, Q) -> SOFT_MAX(mask, scale) -> MUL_MAT(CONT(V^T), .): attention
                 without flash_attn_ext (llama.cpp's default graph), one numba call a layer
                 instead of four nodes, the V^T copy among them: jit/op_kernels.decode_attention
@@ -27,6 +30,7 @@ from ...types import Type
 from ..kernels.common import view
 from .fast_ops import as_numpy, flat_span, reads_within
 from .jit.loader import BoundKernel, import_numba, numba_available, op_kernels
+from .layouts.fused import rounding_key, shared_rounding
 
 # query rows per head the decode attention takes (a few tokens), and any number of a batched
 # decode step's (ops.mul_mat_set_separate_rows: each row's attention is computed as its own);
@@ -72,9 +76,34 @@ def fuse(calls, graph) -> list:
         if call is not None:
             fused[i] = call
             dropped = skipped
-    if not fused:
-        return calls
-    return [(fused.get(i, fn), node) for i, (fn, node) in enumerate(calls) if i not in dropped]
+    if fused:
+        calls = [(fused.get(i, fn), node) for i, (fn, node) in enumerate(calls) if i not in dropped]
+    return _share_rounding(calls)
+
+
+def _share_rounding(calls) -> list:
+    """The calls with each group of int8 GEMMs of the same rows (fused.rounding_key) rounding
+    them once, at the group's first call, where no call up to its last writes the rows."""
+    groups = {}
+    for i, (fn, node) in enumerate(calls):
+        key = rounding_key(fn)
+        if key is not None:  # the same rows node (its memory may hold another node's rows elsewhere in the plan)
+            groups.setdefault((id(node.src[1]), key), []).append(i)
+    calls = list(calls)
+    areas = []  # (rounded rows' areas, the position of the last call that reads them)
+    for at in groups.values():
+        rows = calls[at[0]][1].src[1]
+        if len(at) < 2 or not _untouched(rows, calls, at[0], at[-1], ()):
+            continue
+        free = next((a for a in areas if a[1] < at[0]), None)  # areas no other group reads in between
+        if free is None:
+            free = [{}, 0]
+            areas.append(free)
+        free[1] = at[-1]
+        for i in at:
+            fn, node = calls[i]
+            calls[i] = (shared_rounding(fn, free[0], rounded=i != at[0]), node)
+    return calls
 
 
 def _untouched(t, calls, start: int, end: int, skipped) -> bool:

@@ -16,7 +16,7 @@ from ...ops.matmul import mul_mat_separate_rows
 from .features import cpu_path
 from .jit.loader import numba_available
 from .layouts.base import is_repacked
-from .layouts.fused import (block_product, bound_matvec, converted, converted_product, is_in_place, packed_blocks,
+from .layouts.fused import (block_product, bound_int8_gemm, bound_matvec, converted, converted_product, is_in_place, packed_blocks,
                             supports_shape)
 
 # from this many rows on, F16 products convert the weight to f32 (faster than torch's half GEMM
@@ -79,7 +79,9 @@ def bind_block_product(node):
             return None
         bound = _bound_rows(node, lambda rows, out: bound_matvec(converted(a, raw), rows, out, separate))
         return bound if bound is not None else bind_mul_mat(node, lambda weight: converted_product(a, raw, separate))
-    bound = _bound_rows(node, lambda rows, out: bound_matvec(packed_blocks(a.type, raw), rows, out, separate))
+    packed = packed_blocks(a.type, raw)
+    bound = _bound_rows(node, lambda rows, out: bound_matvec(packed, rows, out, separate)
+                        or (None if separate else bound_int8_gemm(packed, rows, out)))
     return bound if bound is not None else bind_mul_mat(node, lambda weight: block_product(weight.type, raw, separate))
 
 

@@ -17,6 +17,11 @@ module).
         _int8_gemm makes them)
     offset_panel_gemm(...)  the same for ggml's Q4_1 / Q5_0 / Q5_1 blocks in place
     low_k_panel_gemm(...)   the same for ggml's Q2_K / Q3_K blocks in place
+    rows_block_gemm(blocks, kind, x, group, zero, scale_block, out, threads, xq, dx, xz, xm, rounded)
+        quantize_activations into xq, dx, xz, xm (unless `rounded`: an earlier call rounded x
+        there) and the kind's panel GEMM (any of the three above) in one call, its work areas
+        made there (for up to `threads` numba threads; and the rounded rows' where xq has not
+        M rows): a prompt's product bound once (layouts/fused.py's bound_int8_gemm)
     layout_panel_gemm(words, scale, bias, kind, xq, dx, xz, xm, out, panels, scales, mins)
         the same for the fused layout's rows (gemm_ir.LAYOUT_KINDS): words uint32 [N, K/4] its
         int8 q (or [N, K/8]: Q4_1's nibbles) 4 bytes a word, scale and bias f32 [N, K/G] (bias
@@ -206,6 +211,25 @@ def low_k_panel_gemm(blocks, kind, xq, dx, xz, xm, out, panels, scales, mins):
         n0 = p * PANEL_ROWS
         _low_k_pack(blocks, n0, kind, panels[t], scales[t], mins[t])
         _low_k_tiles(kind, panels[t], scales[t], mins[t], xq, dx, xz, xm, out[:, n0:n0 + PANEL_ROWS])
+
+
+@njit(cache=True, nogil=True)
+def rows_block_gemm(blocks, kind, x, group, zero, scale_block, out, threads, xq, dx, xz, xm, rounded):
+    m_rows, k = x.shape
+    if xq.shape[0] != m_rows:  # no rounded rows' areas given: this call's own
+        xq, dx = np.empty((m_rows, k), np.int8), np.empty((m_rows, k // scale_block), np.float32)
+        xz, xm = np.empty((m_rows, k // group), np.int32), np.empty((m_rows, k // group), np.float32)
+    if not rounded:
+        quantize_activations(x, group, zero, scale_block, xq, dx, xz, xm)
+    panels = np.empty((threads, k * PANEL_ROWS // 4), np.uint32).view(np.uint8)
+    scales = np.empty((threads, (k // 16 + k // 32) * PANEL_ROWS), np.float32)  # Q2_K's, Q3_K's d per 32
+    mins = np.empty((threads, k // 16 * PANEL_ROWS), np.float32)
+    if kind == 84 or kind == 110:
+        low_k_panel_gemm(blocks, kind, xq, dx, xz, xm, out, panels, scales, mins)
+    elif kind == 20 or kind == 22 or kind == 24:
+        offset_panel_gemm(blocks, kind, xq, dx, xz, xm, out, panels, scales, mins)
+    else:
+        panel_gemm(blocks, kind, xq, dx, xz, xm, out, panels, scales, mins)
 
 
 @njit(cache=True, nogil=True, inline="always")

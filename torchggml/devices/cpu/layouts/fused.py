@@ -437,6 +437,53 @@ def _int8_gemm(p: _Packed, rows: torch.Tensor, out: torch.Tensor) -> None:
         out.copy_(target)
 
 
+def bound_int8_gemm(p: _Packed, rows: torch.Tensor, out: torch.Tensor):
+    """A prompt's product of ggml's blocks in place p by float32 rows [M, K] into out [M, N]
+    (both contiguous) where the int8 GEMM takes M rows (_route), else None, bound once: one
+    kernel rounds the rows and multiplies (gemm_kernels.rows_block_gemm), what _int8_gemm does
+    in two calls and Python around them. Products of the same rows can share one rounding
+    (shared_rounding)."""
+    if not (p.blocks and rows.dtype == torch.float32 and rows.is_contiguous() and out.is_contiguous()):
+        return None
+    matvec_max_rows, int8_min_rows, _ = _route(p)
+    if rows.shape[0] < max(matvec_max_rows, int8_min_rows):
+        return None
+    import numba
+    group, zero, scale_block = kind_params(p.kind, gemm_isa())
+    return BoundKernel(gemm_kernels().rows_block_gemm, p.q, p.kind, rows.numpy(), group, zero, scale_block,
+                       out.numpy(), numba.config.NUMBA_NUM_THREADS, *_NO_ROUNDED_ROWS, False)
+
+
+# rows_block_gemm's rounded rows (xq, dx, xz, xm) when the call rounds into areas of its own
+_NO_ROUNDED_ROWS = (np.empty((0, 0), np.int8), np.empty((0, 0), np.float32), np.empty((0, 0), np.int32),
+                    np.empty((0, 0), np.float32))
+
+
+def rounding_key(fn):
+    """For a bound int8 GEMM (bound_int8_gemm): (the rows' address, shape, and how they are
+    rounded), equal for the products whose rows one rounding serves; else None."""
+    if getattr(getattr(fn, "kernel", None), "__name__", None) != "rows_block_gemm":
+        return None
+    x, group, zero, scale_block = fn.args[2:6]
+    return x.ctypes.data, x.shape, group, zero, scale_block
+
+
+def shared_rounding(fn, areas: dict, rounded: bool):
+    """fn (a bound int8 GEMM) rounding its rows into areas (a dict of arrays by shape, shared by
+    calls that do not run between another's rounding and use) or, where `rounded`, reading the
+    rounding an earlier call made there."""
+    x, group, _zero, scale_block = fn.args[2:6]
+    (m, k) = x.shape
+
+    def area(name, shape, dtype):
+        if (name, shape) not in areas:
+            areas[name, shape] = np.empty(shape, dtype)
+        return areas[name, shape]
+    rows = (area("xq", (m, k), np.int8), area("dx", (m, k // scale_block), np.float32),
+            area("xz", (m, k // group), np.int32), area("xm", (m, k // group), np.float32))
+    return BoundKernel(fn.kernel, *fn.args[:8], *rows, rounded)
+
+
 def _layout_gemm_kind(p: _Packed) -> int | None:
     """The int8 GEMM's kind for a weight in the fused layout (gemm_ir.LAYOUT_KINDS): int8 q in
     groups of 32 or 16, with or without a bias (Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4),
