@@ -172,24 +172,35 @@ def test_matvec_of_many_rows_equals_each_row_alone(qtype, where, m):
         assert (m < layout._matvec_max_rows(packed)) == (m < layout.FUSED_MATMUL_MAX_ROWS)
 
 
-BOUND_CASES = [(qtype, where, m) for where, types in (("fused", TYPES), ("blocks", sorted(layout.IN_PLACE_KINDS, key=int)))
+# (type, layout, rows, K, a NaN and an infinity in the rows): K of whole block pairs, and 7 blocks
+# of 32 (Q4_0's and IQ4_NL's odd last block, stored as it is in their activations' pair order)
+BOUND_CASES = [(qtype, where, m, 512, False) for where, types in (("fused", TYPES),
+                                                                  ("blocks", sorted(layout.IN_PLACE_KINDS, key=int)))
                for qtype in types for m in (1, 3)]
+BOUND_CASES += [(qtype, "blocks", 3, k, bad) for qtype in (T.Q8_0, T.Q4_0, T.IQ4_NL, T.Q4_1)
+                for k, bad in ((224, False), (512, True))]
+BOUND_CASES += [(qtype, "blocks", 3, 512, True) for qtype in (T.Q4_K, T.IQ4_XS, T.Q2_K)]
 
 
-@pytest.mark.parametrize("qtype,where,m", BOUND_CASES, ids=[f"{c[0].name}-{c[1]}-m{c[2]}" for c in BOUND_CASES])
-def test_bound_decode_matvec_equals_the_product(qtype, where, m):
+@pytest.mark.parametrize("qtype,where,m,k,bad", BOUND_CASES,
+                         ids=[f"{c[0].name}-{c[1]}-m{c[2]}-k{c[3]}{'-nonfinite' if c[4] else ''}" for c in BOUND_CASES])
+def test_bound_decode_matvec_equals_the_product(qtype, where, m, k, bad):
     """A decode step's product bound once (bound_matvec: rounding and matvec in one kernel, as
-    native runs call it) gives the product's bits, for every type of both layouts."""
+    native runs call it) gives the product's bits, for every type of both layouts (NaN where the
+    product is NaN)."""
     pytest.importorskip("numba")
-    n, k = 9, 512
+    n = 9
     blocks = random_blocks(qtype, n, k, seed=m)
     packed = packed_weight(qtype, where, blocks, n, k)
     x = torch.rand(m, k, generator=torch.Generator().manual_seed(m)) * 2 - 1
+    if bad:
+        x[0, 5], x[1, k - 1] = float("nan"), float("inf")
     want, got = torch.empty(m, n), torch.empty(m, n)
     layout._product(packed, x, want)
     bound = layout.bound_matvec(packed, x, got)
     bound()
-    assert torch.equal(got, want), (got - want).abs().max().item()
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    assert not bad or got[:2].isnan().all()
     assert layout.bound_matvec(packed, torch.rand(layout._matvec_max_rows(packed), k), got) is None
 
 
