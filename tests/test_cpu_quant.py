@@ -204,6 +204,45 @@ def test_bound_decode_matvec_equals_the_product(qtype, where, m, k, bad):
     assert layout.bound_matvec(packed, torch.rand(layout._matvec_max_rows(packed), k), got) is None
 
 
+# (type, rows, what a call between the first and the last product does): nothing in their way,
+# it writes the last product's output memory (that product then writes a buffer of its own and
+# a copy moves its values), it writes the rows (the last product then stays where it is)
+GROUP_CASES = [(qtype, m, between) for qtype in sorted(layout.IN_PLACE_KINDS, key=int) for m in (1, 3)
+               for between in (("none", "output", "rows") if m == 1 else ("output",))]
+
+
+@pytest.mark.parametrize("qtype,m,between", GROUP_CASES, ids=[f"{c[0].name}-m{c[1]}-{c[2]}" for c in GROUP_CASES])
+def test_grouped_decode_products_equal_the_calls_one_by_one(qtype, m, between):
+    """layouts/fused.group_matvecs: products of the same rows by weights of one kind (a layer's q, k
+    and v) in one call give each product's bits; a product moves up only past calls that do not
+    write its rows."""
+    from torchggml.devices.cpu.jit.loader import BoundKernel, op_kernels
+    k, sizes = 512, (9, 5, 12)
+    x = torch.rand(m, k, generator=torch.Generator().manual_seed(m)) * 2 - 1
+    other = torch.rand(m, k, generator=torch.Generator().manual_seed(m + 1))
+    packed = [layout._Packed.of_blocks(qtype, random_blocks(qtype, n, k, seed=n + m)) for n in sizes]
+    outs = [torch.zeros(m, n) for n in sizes]
+    products = [layout.bound_matvec(p, x, o) for p, o in zip(packed, outs)]
+    last = outs[2].reshape(1, 1, m, -1)  # a call between: a copy into the last output's memory, or into the rows
+    target = {"none": torch.zeros(1, 1, m, sizes[2]), "output": last, "rows": x.reshape(1, 1, m, k)}[between]
+    source = other[:, :target.shape[-1]].reshape(target.shape).clone()
+    between_call = BoundKernel(op_kernels().copy, source.numpy(), target.numpy())
+    calls = [products[0], between_call, products[1], products[2]]
+    for call in calls:  # one by one
+        call()
+    want = [o.clone() for o in outs]
+    for o in outs:
+        o.zero_()
+    x.copy_(torch.rand(m, k, generator=torch.Generator().manual_seed(m)) * 2 - 1)
+    grouped = layout.group_matvecs(calls)
+    for call in grouped:
+        call()
+    for got, expected in zip(outs, want):
+        np.testing.assert_array_equal(got.numpy(), expected.numpy())
+    n_products = [sum(a.shape[1] > 0 for a in c.args[12:]) for c in grouped if c.kernel is products[0].kernel]
+    assert n_products == {"none": [3], "output": [3], "rows": [1, 2]}[between]
+
+
 def _needs_int8_gemm():
     pytest.importorskip("numba")
     from torchggml.devices.cpu.jit.gemm_ir import gemm_available

@@ -54,6 +54,9 @@ from .rounding_ir import _rounding_intrinsics
 
 
 row_dot, rows_dot, unpack_nibbles, unpack_six, blocks_to_float = _row_dot_intrinsic()
+# the block matvecs' output columns a parallel step computes (of one weight: the step picks its
+# weight once, not a weight per column)
+CHUNK = 16
 # MUL_MAT's activation rows a weight row is multiplied by in one rows_dot (its bytes loaded and
 # unpacked once for them); the last M % ROWS rows go one at a time
 ROWS = 4
@@ -321,7 +324,7 @@ def _block_rows_of_four(w, kind, xp, sums, xsum, xd, m):
     return rows_dot(w, xd[0], xp, xsum, xd, m, 210, ROWS)
 
 
-@njit(fastmath=True, cache=True, nogil=True)  # paired_block_matvec's own prange runs it on the threads
+@njit(fastmath=True, cache=True, nogil=True)  # paired_block_matvecs' own prange runs it on the threads
 def block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out):
     """matvec over ggml's blocks in place (blocks uint8 [rows, row bytes]): kind 34 for Q8_0,
     18 for Q4_0, IQ4_NL_KIND for IQ4_NL (xq, xd from quantize_rows, groups of 32), 144 for Q4_K, 176 for Q5_K,
@@ -336,35 +339,59 @@ def block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out):
     sums = np.empty((n_x, 8 * ((k // 32 + 1) // 2) if pairs else 0), np.int32)
     if pairs:
         pair_activations(xq, xp, sums)
-    paired_block_matvec(blocks, kind, w_row0, xp, xd, sums, xsum, x_row, out)
+    none = np.empty((out.shape[0], 0), np.float32)
+    paired_block_matvecs(blocks, blocks[:0], blocks[:0], kind, w_row0, xp, xd, sums, xsum, x_row, out, none, none)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _n_chunks(out_a, out_b, out_c):
+    """The matvecs' parallel steps: CHUNK output columns of one product each."""
+    return (out_a.shape[1] + CHUNK - 1) // CHUNK + (out_b.shape[1] + CHUNK - 1) // CHUNK + \
+        (out_c.shape[1] + CHUNK - 1) // CHUNK
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _chunk(j, out_a, out_b):
+    """Which product (0, 1, 2) parallel step j computes, and its first column."""
+    t = np.int64(j)  # prange's index may be unsigned: with a signed one, a float
+    c_a, c_b = (out_a.shape[1] + CHUNK - 1) // CHUNK, (out_b.shape[1] + CHUNK - 1) // CHUNK
+    if t < c_a:
+        return 0, t * CHUNK
+    if t < c_a + c_b:
+        return 1, (t - c_a) * CHUNK
+    return 2, (t - c_a - c_b) * CHUNK
 
 
 @njit(fastmath=True, parallel=True, cache=True, nogil=True)
-def paired_block_matvec(blocks, kind, w_row0, xp, xd, sums, xsum, x_row, out):
-    """block_matvec with Q4_0's and IQ4_NL's activations already in pair order (xp, their terms
-    sums; pair_activations)."""
-    blocked = out.shape[0] // ROWS * ROWS if _plain(w_row0, x_row) else 0
-    for n in prange(out.shape[1]):
-        for m0 in range(0, blocked, ROWS):
-            dots = _block_rows_of_four(blocks[n], kind, xp, sums, xsum, xd, m0)
-            for i in range(ROWS):
-                out[m0 + i, n] = dots[i]
-        for m in range(blocked, out.shape[0]):
-            r, x = w_row0[m] + n, x_row[m]
-            if kind == 34:
-                out[m, n] = row_dot(blocks[r], xp[x], xd[x], xd[x], 34)
-            elif kind == 18:
-                out[m, n] = row_dot(blocks[r], xp[x], sums[x], xd[x], 18)
-            elif kind == IQ4_NL_KIND:
-                out[m, n] = row_dot(blocks[r], xp[x], sums[x], xd[x], IQ4_NL_KIND)
-            elif kind == 144:
-                out[m, n] = row_dot(blocks[r], xp[x], xsum[x], xd[x], 144)
-            elif kind == 176:
-                out[m, n] = row_dot(blocks[r], xp[x], xsum[x], xd[x], 176)
-            elif kind == 136:
-                out[m, n] = row_dot(blocks[r], xp[x], xsum[x], xd[x], 136)
-            else:
-                out[m, n] = row_dot(blocks[r], xp[x], xsum[x], xd[x], 210)
+def paired_block_matvecs(a, b, c, kind, w_row0, xp, xd, sums, xsum, x_row, out_a, out_b, out_c):
+    """block_matvec of up to three weights a, b, c of one kind (b, c with no rows, out_b, out_c no
+    columns, where fewer) by the same activations, in one parallel region, with Q4_0's and
+    IQ4_NL's activations already in pair order (xp, their terms sums; pair_activations)."""
+    blocked = out_a.shape[0] // ROWS * ROWS if _plain(w_row0, x_row) else 0
+    for j in prange(_n_chunks(out_a, out_b, out_c)):
+        which, first = _chunk(j, out_a, out_b)
+        w, out = (b, out_b) if which == 1 else (c, out_c) if which == 2 else (a, out_a)
+        for n in range(first, min(first + CHUNK, out.shape[1])):
+            for m0 in range(0, blocked, ROWS):
+                dots = _block_rows_of_four(w[n], kind, xp, sums, xsum, xd, m0)
+                for i in range(ROWS):
+                    out[m0 + i, n] = dots[i]
+            for m in range(blocked, out.shape[0]):
+                r, x = w_row0[m] + n, x_row[m]
+                if kind == 34:
+                    out[m, n] = row_dot(w[r], xp[x], xd[x], xd[x], 34)
+                elif kind == 18:
+                    out[m, n] = row_dot(w[r], xp[x], sums[x], xd[x], 18)
+                elif kind == IQ4_NL_KIND:
+                    out[m, n] = row_dot(w[r], xp[x], sums[x], xd[x], IQ4_NL_KIND)
+                elif kind == 144:
+                    out[m, n] = row_dot(w[r], xp[x], xsum[x], xd[x], 144)
+                elif kind == 176:
+                    out[m, n] = row_dot(w[r], xp[x], xsum[x], xd[x], 176)
+                elif kind == 136:
+                    out[m, n] = row_dot(w[r], xp[x], xsum[x], xd[x], 136)
+                else:
+                    out[m, n] = row_dot(w[r], xp[x], xsum[x], xd[x], 210)
 
 
 @njit(fastmath=True, cache=True, nogil=True, inline="always")
@@ -383,23 +410,26 @@ def _offset_rows_of_four(w, kind, xq, xsum, xd, m):
 
 
 @njit(fastmath=True, parallel=True, cache=True, nogil=True)
-def offset_block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out):
-    """block_matvec over ggml's Q4_1 (kind 20), Q5_0 (22) or Q5_1 (24) blocks in place, the
-    activations from quantize_rows (groups of 32; xsum their group sums, for the mins)."""
-    blocked = out.shape[0] // ROWS * ROWS if _plain(w_row0, x_row) else 0
-    for n in prange(out.shape[1]):
-        for m0 in range(0, blocked, ROWS):
-            dots = _offset_rows_of_four(blocks[n], kind, xq, xsum, xd, m0)
-            for i in range(ROWS):
-                out[m0 + i, n] = dots[i]
-        for m in range(blocked, out.shape[0]):
-            r, x = w_row0[m] + n, x_row[m]
-            if kind == 20:
-                out[m, n] = row_dot(blocks[r], xq[x], xsum[x], xd[x], 20)
-            elif kind == 22:
-                out[m, n] = row_dot(blocks[r], xq[x], xsum[x], xd[x], 22)
-            else:
-                out[m, n] = row_dot(blocks[r], xq[x], xsum[x], xd[x], 24)
+def offset_block_matvecs(a, b, c, kind, w_row0, xq, xd, xsum, x_row, out_a, out_b, out_c):
+    """paired_block_matvecs over ggml's Q4_1 (kind 20), Q5_0 (22) or Q5_1 (24) blocks in place,
+    the activations from quantize_rows (groups of 32; xsum their group sums, for the mins)."""
+    blocked = out_a.shape[0] // ROWS * ROWS if _plain(w_row0, x_row) else 0
+    for j in prange(_n_chunks(out_a, out_b, out_c)):
+        which, first = _chunk(j, out_a, out_b)
+        w, out = (b, out_b) if which == 1 else (c, out_c) if which == 2 else (a, out_a)
+        for n in range(first, min(first + CHUNK, out.shape[1])):
+            for m0 in range(0, blocked, ROWS):
+                dots = _offset_rows_of_four(w[n], kind, xq, xsum, xd, m0)
+                for i in range(ROWS):
+                    out[m0 + i, n] = dots[i]
+            for m in range(blocked, out.shape[0]):
+                r, x = w_row0[m] + n, x_row[m]
+                if kind == 20:
+                    out[m, n] = row_dot(w[r], xq[x], xsum[x], xd[x], 20)
+                elif kind == 22:
+                    out[m, n] = row_dot(w[r], xq[x], xsum[x], xd[x], 22)
+                else:
+                    out[m, n] = row_dot(w[r], xq[x], xsum[x], xd[x], 24)
 
 
 @njit(fastmath=True, cache=True, nogil=True, inline="always")
@@ -409,47 +439,66 @@ def is_low_k_kind(kind):
 
 
 @njit(fastmath=True, parallel=True, cache=True, nogil=True)
+def low_k_block_matvecs(a, b, c, kind, w_row0, xq, xd, xsum, x_row, out_a, out_b, out_c):
+    """paired_block_matvecs over ggml's Q2_K (kind 84) or Q3_K (110) blocks in place, the
+    activations from quantize_rows (groups of 16, float32 scales; xsum unread)."""
+    blocked = out_a.shape[0] // ROWS * ROWS if _plain(w_row0, x_row) else 0
+    for j in prange(_n_chunks(out_a, out_b, out_c)):
+        which, first = _chunk(j, out_a, out_b)
+        w, out = (b, out_b) if which == 1 else (c, out_c) if which == 2 else (a, out_a)
+        for n in range(first, min(first + CHUNK, out.shape[1])):
+            for m0 in range(0, blocked, ROWS):
+                if kind == 84:
+                    dots = rows_dot(w[n], xd[0], xq, xsum, xd, m0, 84, ROWS)
+                else:
+                    dots = rows_dot(w[n], xd[0], xq, xsum, xd, m0, 110, ROWS)
+                for i in range(ROWS):
+                    out[m0 + i, n] = dots[i]
+            for m in range(blocked, out.shape[0]):
+                r, x = w_row0[m] + n, x_row[m]
+                if kind == 84:
+                    out[m, n] = row_dot(w[r], xq[x], xsum[x], xd[x], 84)
+                else:
+                    out[m, n] = row_dot(w[r], xq[x], xsum[x], xd[x], 110)
+
+
+@njit(cache=True, nogil=True)
+def offset_block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out):
+    """offset_block_matvecs of one weight."""
+    none = np.empty((out.shape[0], 0), np.float32)
+    offset_block_matvecs(blocks, blocks[:0], blocks[:0], kind, w_row0, xq, xd, xsum, x_row, out, none, none)
+
+
+@njit(cache=True, nogil=True)
 def low_k_block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out):
-    """block_matvec over ggml's Q2_K (kind 84) or Q3_K (110) blocks in place, the activations
-    from quantize_rows (groups of 16, float32 scales; xsum unread)."""
-    blocked = out.shape[0] // ROWS * ROWS if _plain(w_row0, x_row) else 0
-    for n in prange(out.shape[1]):
-        for m0 in range(0, blocked, ROWS):
-            if kind == 84:
-                dots = rows_dot(blocks[n], xd[0], xq, xsum, xd, m0, 84, ROWS)
-            else:
-                dots = rows_dot(blocks[n], xd[0], xq, xsum, xd, m0, 110, ROWS)
-            for i in range(ROWS):
-                out[m0 + i, n] = dots[i]
-        for m in range(blocked, out.shape[0]):
-            r, x = w_row0[m] + n, x_row[m]
-            if kind == 84:
-                out[m, n] = row_dot(blocks[r], xq[x], xsum[x], xd[x], 84)
-            else:
-                out[m, n] = row_dot(blocks[r], xq[x], xsum[x], xd[x], 110)
+    """low_k_block_matvecs of one weight."""
+    none = np.empty((out.shape[0], 0), np.float32)
+    low_k_block_matvecs(blocks, blocks[:0], blocks[:0], kind, w_row0, xq, xd, xsum, x_row, out, none, none)
 
 
 @njit(fastmath=True, cache=True, nogil=True)  # the matvecs' own prange runs it on the threads
-def rows_block_matvec(blocks, kind, x, xq, xd, xsum, bsums, w_row0, x_row, out):
-    """block_matvec of float32 activation rows x [X, K], each first rounded as the kind's ggml
-    vec_dot type into xq and xd: Q8_0 with float16 scales for Q8_0, Q4_0, IQ4_NL and the offset
-    kinds (xsum f32 [X, K/32]: the mins' sums; Q4_0's and IQ4_NL's xq in pair order), float32
-    scales for Q2_K and Q3_K, Q8_K for the other K-quants and IQ4_XS (bsums int16 [X, K/16]).
-    One call a decode step's product, not three."""
+def rows_block_matvecs(a, b, c, kind, x, xq, xd, xsum, bsums, minus, w_row0, x_row, out_a, out_b, out_c):
+    """Up to three products of the same float32 activation rows x [X, K] by weights of one kind
+    (ggml's blocks in place; b and c with no rows, out_b and out_c no columns, where fewer):
+    out_a = x a^T, ... in one parallel region, the rows rounded once as the kind's ggml vec_dot
+    type into xq and xd: Q8_0 with float16 scales for Q8_0, Q4_0, IQ4_NL and the offset kinds
+    (xsum f32 [X, K/32]: the mins' sums; Q4_0's and IQ4_NL's xq in pair order, minus int32
+    [X, 8 * ceil(K / 64)] their sums' terms), float32 scales per 16 for Q2_K and Q3_K, Q8_K for
+    the other K-quants and IQ4_XS (bsums int16 [X, K/16]). A decode step's products (q, k and v;
+    gate and up: layouts/fused.group_matvecs), one call, not three a product."""
     paired = _paired(kind)
-    minus = np.empty((x.shape[0], 8 * ((x.shape[1] // 32 + 1) // 2) if paired else 0), np.int32)
     if kind == 34 or paired or is_offset_kind(kind):
         round_rows_q8_0(x, xq, xd, xsum, paired, minus)
-    elif is_low_k_kind(kind):  # per 16 values, float32 scales
+    elif is_low_k_kind(kind):
         quantize_rows(x, 16, xq, xd, xsum)
     else:
         round_rows_q8_k(x, xq, xd, bsums)
     if is_offset_kind(kind):
-        offset_block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out)
+        offset_block_matvecs(a, b, c, kind, w_row0, xq, xd, xsum, x_row, out_a, out_b, out_c)
     elif is_low_k_kind(kind):
-        low_k_block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out)
+        low_k_block_matvecs(a, b, c, kind, w_row0, xq, xd, xsum, x_row, out_a, out_b, out_c)
     else:
-        paired_block_matvec(blocks, kind, w_row0, xq, xd, minus, bsums, x_row, out)
+        paired_block_matvecs(a, b, c, kind, w_row0, xq, xd, minus, bsums, x_row, out_a, out_b, out_c)
 
 
 @njit(fastmath=True, parallel=True, cache=True, nogil=True)
