@@ -929,6 +929,24 @@ def test_a_changed_llvm_ir_drops_the_cached_kernels(tmp_path, monkeypatch):
     assert not flushed
 
 
+def test_an_edited_callee_drops_the_cached_native_runs(tmp_path, monkeypatch):
+    """plan_kernels' cached code holds the kernels it calls (the decode products of
+    quant_kernels.py, op_kernels.py): their files enter its stamp, so an edit there drops it."""
+    pytest.importorskip("numba")
+    from torchggml.devices.cpu.jit import loader, plan_kernels
+    flushed = []
+    cache_type = type(plan_kernels.run_program._cache)
+    monkeypatch.setattr(cache_type, "flush", lambda self: flushed.append(self))  # the real ones stay
+    monkeypatch.setattr(cache_type, "cache_path", str(tmp_path))
+    loader._drop_cache_of_older_ir(plan_kernels)
+    flushed.clear()
+    loader._drop_cache_of_older_ir(plan_kernels)
+    assert not flushed
+    monkeypatch.setitem(loader.CALLEE_FILES, "plan_kernels", ("quant_kernels.py",))  # as if op_kernels.py changed
+    loader._drop_cache_of_older_ir(plan_kernels)
+    assert flushed
+
+
 def test_k_quant_activations_round_as_ggml_q8_k():
     """The K-quants' matvec rounds activations as ggml's Q8_K (quantize_row_q8_K_ref: one scale
     a block of 256, the sums of each 16): d, q and bsums equal the reference's, all-zero blocks
