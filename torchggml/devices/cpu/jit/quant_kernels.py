@@ -14,9 +14,10 @@ quant_kernels() (loader.py) holds:
         layout's, float32 scales)
     (both take MUL_MAT's rows ROWS at a time: llvm_ir's rows_dot, each weight row unpacked once
     for them, the same results as one row at a time)
-    rows_block_matvec(blocks, kind, x, xq, xd, xsum, bsums, w_row0, x_row, out)
-        block_matvec with float32 rows x, rounded to int8 in the same call (decode's products;
-        the rounding in LLVM vectors: rounding_ir, bit for bit quantize_rows' and
+    rows_block_matvecs(a, b, c, kind, x, xq, xd, xsum, bsums, minus, w_row0, x_row, out_a, out_b, out_c)
+        block_matvec of up to three weights of one kind by float32 rows x, rounded to int8 once
+        in the same call (decode's products: a layer's q, k and v in one parallel region; the
+        rounding in LLVM vectors: rounding_ir, bit for bit quantize_rows' and
         quantize_rows_q8_k's, Q4_0's and IQ4_NL's pair order written as it rounds)
     rows_matvec(q, scale, bias, has_bias, kind, half_scales, x, xq, xd, xsum, w_row0, x_row, out)
         the same for matvec (the converted types' decode products)
@@ -351,15 +352,16 @@ def _n_chunks(out_a, out_b, out_c):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _chunk(j, out_a, out_b):
-    """Which product (0, 1, 2) parallel step j computes, and its first column."""
+def _chunk(j, a, b, c, out_a, out_b, out_c):
+    """The weight and output of parallel step j, and its columns first .. stop - 1."""
     t = np.int64(j)  # prange's index may be unsigned: with a signed one, a float
     c_a, c_b = (out_a.shape[1] + CHUNK - 1) // CHUNK, (out_b.shape[1] + CHUNK - 1) // CHUNK
-    if t < c_a:
-        return 0, t * CHUNK
-    if t < c_a + c_b:
-        return 1, (t - c_a) * CHUNK
-    return 2, (t - c_a - c_b) * CHUNK
+    w, out, first = a, out_a, t * CHUNK
+    if t >= c_a + c_b:
+        w, out, first = c, out_c, (t - c_a - c_b) * CHUNK
+    elif t >= c_a:
+        w, out, first = b, out_b, (t - c_a) * CHUNK
+    return w, out, first, min(first + CHUNK, out.shape[1])
 
 
 @njit(fastmath=True, parallel=True, cache=True, nogil=True)
@@ -369,9 +371,8 @@ def paired_block_matvecs(a, b, c, kind, w_row0, xp, xd, sums, xsum, x_row, out_a
     IQ4_NL's activations already in pair order (xp, their terms sums; pair_activations)."""
     blocked = out_a.shape[0] // ROWS * ROWS if _plain(w_row0, x_row) else 0
     for j in prange(_n_chunks(out_a, out_b, out_c)):
-        which, first = _chunk(j, out_a, out_b)
-        w, out = (b, out_b) if which == 1 else (c, out_c) if which == 2 else (a, out_a)
-        for n in range(first, min(first + CHUNK, out.shape[1])):
+        w, out, first, stop = _chunk(j, a, b, c, out_a, out_b, out_c)
+        for n in range(first, stop):
             for m0 in range(0, blocked, ROWS):
                 dots = _block_rows_of_four(w[n], kind, xp, sums, xsum, xd, m0)
                 for i in range(ROWS):
@@ -415,9 +416,8 @@ def offset_block_matvecs(a, b, c, kind, w_row0, xq, xd, xsum, x_row, out_a, out_
     the activations from quantize_rows (groups of 32; xsum their group sums, for the mins)."""
     blocked = out_a.shape[0] // ROWS * ROWS if _plain(w_row0, x_row) else 0
     for j in prange(_n_chunks(out_a, out_b, out_c)):
-        which, first = _chunk(j, out_a, out_b)
-        w, out = (b, out_b) if which == 1 else (c, out_c) if which == 2 else (a, out_a)
-        for n in range(first, min(first + CHUNK, out.shape[1])):
+        w, out, first, stop = _chunk(j, a, b, c, out_a, out_b, out_c)
+        for n in range(first, stop):
             for m0 in range(0, blocked, ROWS):
                 dots = _offset_rows_of_four(w[n], kind, xq, xsum, xd, m0)
                 for i in range(ROWS):
@@ -444,9 +444,8 @@ def low_k_block_matvecs(a, b, c, kind, w_row0, xq, xd, xsum, x_row, out_a, out_b
     activations from quantize_rows (groups of 16, float32 scales; xsum unread)."""
     blocked = out_a.shape[0] // ROWS * ROWS if _plain(w_row0, x_row) else 0
     for j in prange(_n_chunks(out_a, out_b, out_c)):
-        which, first = _chunk(j, out_a, out_b)
-        w, out = (b, out_b) if which == 1 else (c, out_c) if which == 2 else (a, out_a)
-        for n in range(first, min(first + CHUNK, out.shape[1])):
+        w, out, first, stop = _chunk(j, a, b, c, out_a, out_b, out_c)
+        for n in range(first, stop):
             for m0 in range(0, blocked, ROWS):
                 if kind == 84:
                     dots = rows_dot(w[n], xd[0], xq, xsum, xd, m0, 84, ROWS)
