@@ -172,25 +172,75 @@ def test_matvec_of_many_rows_equals_each_row_alone(qtype, where, m):
         assert (m < layout._matvec_max_rows(packed)) == (m < layout.FUSED_MATMUL_MAX_ROWS)
 
 
-BOUND_CASES = [(qtype, where, m) for where, types in (("fused", TYPES), ("blocks", sorted(layout.IN_PLACE_KINDS, key=int)))
+# (type, layout, rows, K, a NaN and an infinity in the rows): K of whole block pairs, and 7 blocks
+# of 32 (Q4_0's and IQ4_NL's odd last block, stored as it is in their activations' pair order)
+BOUND_CASES = [(qtype, where, m, 512, False) for where, types in (("fused", TYPES),
+                                                                  ("blocks", sorted(layout.IN_PLACE_KINDS, key=int)))
                for qtype in types for m in (1, 3)]
+BOUND_CASES += [(qtype, "blocks", 3, k, bad) for qtype in (T.Q8_0, T.Q4_0, T.IQ4_NL, T.Q4_1)
+                for k, bad in ((224, False), (512, True))]
+BOUND_CASES += [(qtype, "blocks", 3, 512, True) for qtype in (T.Q4_K, T.IQ4_XS, T.Q2_K)]
 
 
-@pytest.mark.parametrize("qtype,where,m", BOUND_CASES, ids=[f"{c[0].name}-{c[1]}-m{c[2]}" for c in BOUND_CASES])
-def test_bound_decode_matvec_equals_the_product(qtype, where, m):
+@pytest.mark.parametrize("qtype,where,m,k,bad", BOUND_CASES,
+                         ids=[f"{c[0].name}-{c[1]}-m{c[2]}-k{c[3]}{'-nonfinite' if c[4] else ''}" for c in BOUND_CASES])
+def test_bound_decode_matvec_equals_the_product(qtype, where, m, k, bad):
     """A decode step's product bound once (bound_matvec: rounding and matvec in one kernel, as
-    native runs call it) gives the product's bits, for every type of both layouts."""
+    native runs call it) gives the product's bits, for every type of both layouts (NaN where the
+    product is NaN)."""
     pytest.importorskip("numba")
-    n, k = 9, 512
+    n = 9
     blocks = random_blocks(qtype, n, k, seed=m)
     packed = packed_weight(qtype, where, blocks, n, k)
     x = torch.rand(m, k, generator=torch.Generator().manual_seed(m)) * 2 - 1
+    if bad:
+        x[0, 5], x[1, k - 1] = float("nan"), float("inf")
     want, got = torch.empty(m, n), torch.empty(m, n)
     layout._product(packed, x, want)
     bound = layout.bound_matvec(packed, x, got)
     bound()
-    assert torch.equal(got, want), (got - want).abs().max().item()
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    assert not bad or got[:2].isnan().all()
     assert layout.bound_matvec(packed, torch.rand(layout._matvec_max_rows(packed), k), got) is None
+
+
+# (type, rows, what a call between the first and the last product does): nothing in their way,
+# it writes the last product's output memory (that product then writes a buffer of its own and
+# a copy moves its values), it writes the rows (the last product then stays where it is)
+GROUP_CASES = [(qtype, m, between) for qtype in sorted(layout.IN_PLACE_KINDS, key=int) for m in (1, 3)
+               for between in (("none", "output", "rows") if m == 1 else ("output",))]
+
+
+@pytest.mark.parametrize("qtype,m,between", GROUP_CASES, ids=[f"{c[0].name}-m{c[1]}-{c[2]}" for c in GROUP_CASES])
+def test_grouped_decode_products_equal_the_calls_one_by_one(qtype, m, between):
+    """layouts/fused.group_matvecs: products of the same rows by weights of one kind (a layer's q, k
+    and v) in one call give each product's bits; a product moves up only past calls that do not
+    write its rows."""
+    from torchggml.devices.cpu.jit.loader import BoundKernel, op_kernels
+    k, sizes = 512, (9, 5, 12)
+    x = torch.rand(m, k, generator=torch.Generator().manual_seed(m)) * 2 - 1
+    other = torch.rand(m, k, generator=torch.Generator().manual_seed(m + 1))
+    packed = [layout._Packed.of_blocks(qtype, random_blocks(qtype, n, k, seed=n + m)) for n in sizes]
+    outs = [torch.zeros(m, n) for n in sizes]
+    products = [layout.bound_matvec(p, x, o) for p, o in zip(packed, outs)]
+    last = outs[2].reshape(1, 1, m, -1)  # a call between: a copy into the last output's memory, or into the rows
+    target = {"none": torch.zeros(1, 1, m, sizes[2]), "output": last, "rows": x.reshape(1, 1, m, k)}[between]
+    source = other[:, :target.shape[-1]].reshape(target.shape).clone()
+    between_call = BoundKernel(op_kernels().copy, source.numpy(), target.numpy())
+    calls = [products[0], between_call, products[1], products[2]]
+    for call in calls:  # one by one
+        call()
+    want = [o.clone() for o in outs]
+    for o in outs:
+        o.zero_()
+    x.copy_(torch.rand(m, k, generator=torch.Generator().manual_seed(m)) * 2 - 1)
+    grouped = layout.group_matvecs(calls)
+    for call in grouped:
+        call()
+    for got, expected in zip(outs, want):
+        np.testing.assert_array_equal(got.numpy(), expected.numpy())
+    n_products = [sum(a.shape[1] > 0 for a in c.args[12:]) for c in grouped if c.kernel is products[0].kernel]
+    assert n_products == {"none": [3], "output": [3], "rows": [1, 2]}[between]
 
 
 def _needs_int8_gemm():
@@ -779,14 +829,15 @@ X86_TARGET_CASES = ("(test_fused_mul_mat_matches_float64 and m1-f32 and (Q8_0-n3
                     " or (many_rows_equals and m7 and (Q4_0 or Q4_1 or Q5_1 or Q8_0 or Q4_K or Q6_K or IQ4_NL or IQ4_XS"
                     " or Q2_K or Q3_K))"
                     " or (f16_weight_numba_products and 83)"
-                    " or (block_matvec_is_exact and m9 and (IQ4_NL or IQ4_XS or Q2_K or Q3_K))")
+                    " or (block_matvec_is_exact and m9 and (IQ4_NL or IQ4_XS or Q2_K or Q3_K))"
+                    " or (bound_decode and (nonfinite or k224)) or (grouped_decode and m3)")
 
 
 @pytest.mark.skipif(not any(a in __import__("platform").machine().lower() for a in ("x86", "amd64")),
                     reason="x86 code generation targets")
 @pytest.mark.parametrize("target,cases,passed", [
-    ("haswell", X86_TARGET_CASES, 52),
-    pytest.param("x86-64", f"{X86_TARGET_CASES} or bad_row_index_in_a_native_run", 53, marks=pytest.mark.slow)],
+    ("haswell", X86_TARGET_CASES, 75),
+    pytest.param("x86-64", f"{X86_TARGET_CASES} or bad_row_index_in_a_native_run", 76, marks=pytest.mark.slow)],
     ids=["haswell", "x86-64"])
 def test_fused_kernels_on_other_x86_targets(target, cases, passed):
     import subprocess
@@ -799,7 +850,8 @@ def test_fused_kernels_on_other_x86_targets(target, cases, passed):
                          env=env, cwd=Path(__file__).parent, capture_output=True, text=True, timeout=900)
     # each type fused and on its blocks in place, the half conversions, an F16 row dot with a
     # remainder, rows four at a time (fused and in place), the IQ4 kinds' matvec (its own AVX2
-    # code) exact on the rounded activations; on x86-64 a native run
+    # code) exact on the rounded activations, the decode products' vector rounding and their
+    # groups; on x86-64 a native run
     assert out.returncode == 0 and f"{passed} passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
 
 
@@ -897,6 +949,24 @@ def test_a_changed_llvm_ir_drops_the_cached_kernels(tmp_path, monkeypatch):
     flushed.clear()
     loader._drop_cache_of_older_ir(quant_kernels)  # the same IR: nothing dropped
     assert not flushed
+
+
+def test_an_edited_callee_drops_the_cached_native_runs(tmp_path, monkeypatch):
+    """plan_kernels' cached code holds the kernels it calls (the decode products of
+    quant_kernels.py, op_kernels.py): their files enter its stamp, so an edit there drops it."""
+    pytest.importorskip("numba")
+    from torchggml.devices.cpu.jit import loader, plan_kernels
+    flushed = []
+    cache_type = type(plan_kernels.run_program._cache)
+    monkeypatch.setattr(cache_type, "flush", lambda self: flushed.append(self))  # the real ones stay
+    monkeypatch.setattr(cache_type, "cache_path", str(tmp_path))
+    loader._drop_cache_of_older_ir(plan_kernels)
+    flushed.clear()
+    loader._drop_cache_of_older_ir(plan_kernels)
+    assert not flushed
+    monkeypatch.setitem(loader.CALLEE_FILES, "plan_kernels", ("quant_kernels.py",))  # as if op_kernels.py changed
+    loader._drop_cache_of_older_ir(plan_kernels)
+    assert flushed
 
 
 def test_k_quant_activations_round_as_ggml_q8_k():

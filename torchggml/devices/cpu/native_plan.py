@@ -18,6 +18,7 @@ import numpy as np
 
 from ... import config
 from .jit.loader import BoundKernel, plan_kernels
+from .layouts.fused import group_matvecs
 
 # runs shorter than this stay calls one by one (one call gains nothing)
 MIN_RUN = 2
@@ -59,17 +60,19 @@ def _opcodes() -> dict:
 
 class NativeRun:
     """Bound kernels run by one plan_kernels.run_program call. `members` are the (call, node)
-    pairs it stands for (the profiler times them one by one)."""
+    pairs it stands for (the profiler times them one by one); the program runs them with the
+    products of the same rows grouped (layouts/fused.group_matvecs)."""
 
     def __init__(self, members):
         kernels = plan_kernels()
         self.members = members
+        self.calls = group_matvecs([fn for fn, _node in members])
         self.run_program = kernels.run_program
         arrays, index = [], {}
         self.keep = []  # the arrays whose addresses the program holds
-        program = np.zeros((len(members), kernels.PROGRAM_WIDTH), np.int64)
-        floats = np.zeros((len(members), kernels.FLOAT_WIDTH), np.float64)
-        for r, (fn, _node) in enumerate(members):
+        program = np.zeros((len(self.calls), kernels.PROGRAM_WIDTH), np.int64)
+        floats = np.zeros((len(self.calls), kernels.FLOAT_WIDTH), np.float64)
+        for r, fn in enumerate(self.calls):
             program[r, 0] = _opcode(fn)
             p, f = 1, 0
             for a in fn.args:
@@ -92,7 +95,7 @@ class NativeRun:
     def __call__(self, _node=None) -> None:
         failed = self.run_program(self.arrays, self.program, self.floats, self.status)
         if failed >= 0:  # a kernel reported a bad row index: its own check raises
-            fn, _ = self.members[failed]
+            fn = self.calls[failed]
             fn.check(int(self.status[0]))
             raise RuntimeError(f"native run: call {failed} ({fn!r}) failed with {int(self.status[0])}")
 

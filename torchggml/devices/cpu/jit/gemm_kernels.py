@@ -36,13 +36,11 @@ from numba import njit, prange
 
 from .gemm_ir import PANEL_ROWS, _gemm_intrinsics, gemm_isa, kind_params, tile_cols
 from .llvm_ir import IQ4_NL_KIND
-from .quant_kernels import NAN_BITS
-from .rounding_ir import _rounding_intrinsics
+from .quant_kernels import round_row_q8_0, round_row_q8_k
 
 ISA = gemm_isa() or "avx2"  # numba's cache keeps one build per target CPU, so these are constants
 TILE_COLS = tile_cols(ISA)
 pack_rows, tile = _gemm_intrinsics(ISA)
-round_row_q8_0, round_row_q8_k = _rounding_intrinsics(int(NAN_BITS))
 # the int8 layout kinds' panels hold u = q + 128 (q with its sign bit flipped), or q on AVX2
 FLIP = np.uint32(0x80808080) if kind_params(32, ISA)[1] else np.uint32(0)
 

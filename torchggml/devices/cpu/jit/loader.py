@@ -34,6 +34,9 @@ from .code_pages import note_loading, release
 COMPILE_SECONDS = 35
 _noticed = []  # the notice is printed once per process
 IR_FILES = ("llvm_ir.py", "gemm_ir.py", "rounding_ir.py", "halves.py")  # the LLVM IR and helpers the kernels inline
+# the kernel modules whose kernels a module's cached code holds (it calls them): an edit there too
+# drops its cached kernels (else a native run would keep running the old decode products)
+CALLEE_FILES = {"plan_kernels": ("quant_kernels.py", "op_kernels.py")}
 
 
 def numba_available() -> bool:
@@ -126,15 +129,18 @@ def cache_is_cold(module) -> bool:
 
 def _drop_cache_of_older_ir(module) -> None:
     """numba keys a cached kernel on its own file only; the LLVM IR the kernels inline lives in
-    IR_FILES, so a change there drops the module's cached kernels (else they would run the old
-    IR). Installs change every file; this is for edits in a checkout."""
+    IR_FILES (and the kernels some call in CALLEE_FILES), so a change there drops the module's
+    cached kernels (else they would run the old IR). Installs change every file; this is for
+    edits in a checkout."""
     from numba.core.registry import CPUDispatcher
     caches = [fn._cache for fn in vars(module).values()
               if isinstance(fn, CPUDispatcher) and hasattr(getattr(fn, "_cache", None), "cache_path")]
     if not caches:
         return
-    ir_hash = hashlib.sha256(b"".join(Path(__file__).with_name(f).read_bytes() for f in IR_FILES)).hexdigest()[:16]
-    stamp = Path(caches[0].cache_path) / f"{module.__name__.rsplit('.', 1)[-1]}.llvm_ir-hash"
+    name = module.__name__.rsplit('.', 1)[-1]
+    files = IR_FILES + CALLEE_FILES.get(name, ())
+    ir_hash = hashlib.sha256(b"".join(Path(__file__).with_name(f).read_bytes() for f in files)).hexdigest()[:16]
+    stamp = Path(caches[0].cache_path) / f"{name}.llvm_ir-hash"
     if stamp.exists() and stamp.read_text() == ir_hash:
         return
     for cache in caches:

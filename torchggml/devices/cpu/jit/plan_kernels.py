@@ -16,12 +16,12 @@ from numba import carray, get_num_threads, njit, types
 from numba.extending import intrinsic
 
 from .op_kernels import binary, copy, decode_attention, glu, half_matvec, rope, row_norm, scale, set_rows
-from .quant_kernels import rows_block_matvec, rows_matvec
+from .quant_kernels import rows_block_matvecs, rows_matvec
 
 # (kernel name, argument types): an array as dtype/ndim, "i" an int, "b" a bool, "f4"/"f8" a
 # float32/float64 scalar. The opcode is the position; run_program has a branch for each.
 OPS = (
-    ("rows_block_matvec", "u1/2 i f4/2 i1/2 f4/2 f4/2 i2/2 i8/1 i8/1 f4/2"),
+    ("rows_block_matvecs", "u1/2 u1/2 u1/2 i f4/2 i1/2 f4/2 f4/2 i2/2 i4/2 i8/1 i8/1 f4/2 f4/2 f4/2"),
     ("half_matvec", "u2/2 f4/2 f4/2"),
     ("binary", "f4/4 f4/4 f4/4 i"),
     ("row_norm", "f4/4 f4/4 f4 b"),
@@ -127,6 +127,11 @@ def i2_2(a, i):
 
 
 @njit(cache=True, inline="always")
+def i4_2(a, i):
+    return carray(_i4(a[i, 0]), (a[i, 3], a[i, 4]))
+
+
+@njit(cache=True, inline="always")
 def i4_1(a, i):
     return carray(_i4(a[i, 0]), (a[i, 4],))
 
@@ -147,8 +152,9 @@ def run_program(a, program, floats, status):
         p, f = program[r], floats[r]
         op = p[0]
         if op == 0:
-            rows_block_matvec(u1_2(a, p[1]), p[2], f4_2(a, p[3]), i1_2(a, p[4]), f4_2(a, p[5]), f4_2(a, p[6]),
-                              i2_2(a, p[7]), i8_1(a, p[8]), i8_1(a, p[9]), f4_2(a, p[10]))
+            rows_block_matvecs(u1_2(a, p[1]), u1_2(a, p[2]), u1_2(a, p[3]), p[4], f4_2(a, p[5]), i1_2(a, p[6]),
+                               f4_2(a, p[7]), f4_2(a, p[8]), i2_2(a, p[9]), i4_2(a, p[10]), i8_1(a, p[11]),
+                               i8_1(a, p[12]), f4_2(a, p[13]), f4_2(a, p[14]), f4_2(a, p[15]))
         elif op == 1:
             half_matvec(u2_2(a, p[1]), f4_2(a, p[2]), f4_2(a, p[3]))
         elif op == 2:

@@ -14,8 +14,11 @@ quant_kernels() (loader.py) holds:
         layout's, float32 scales)
     (both take MUL_MAT's rows ROWS at a time: llvm_ir's rows_dot, each weight row unpacked once
     for them, the same results as one row at a time)
-    rows_block_matvec(blocks, kind, x, xq, xd, xsum, bsums, w_row0, x_row, out)
-        block_matvec with float32 rows x, rounded to int8 in the same call (decode's products)
+    rows_block_matvecs(a, b, c, kind, x, xq, xd, xsum, bsums, minus, w_row0, x_row, out_a, out_b, out_c)
+        block_matvec of up to three weights of one kind by float32 rows x, rounded to int8 once
+        in the same call (decode's products: a layer's q, k and v in one parallel region; the
+        rounding in LLVM vectors: rounding_ir, bit for bit quantize_rows' and
+        quantize_rows_q8_k's, Q4_0's and IQ4_NL's pair order written as it rounds)
     rows_matvec(q, scale, bias, has_bias, kind, half_scales, x, xq, xd, xsum, w_row0, x_row, out)
         the same for matvec (the converted types' decode products)
     quantize_rows(x, g, xq, xd, xsum)                  activations to int8 per group of g
@@ -48,9 +51,13 @@ from numba import njit, prange, uint64
 
 from .halves import round_to_half
 from .llvm_ir import IQ4_NL_KIND, _half_bits_intrinsic, _row_dot_intrinsic, _row_output_helpers
+from .rounding_ir import _rounding_intrinsics
 
 
 row_dot, rows_dot, unpack_nibbles, unpack_six, blocks_to_float = _row_dot_intrinsic()
+# the block matvecs' output columns a parallel step computes (of one weight: the step picks its
+# weight once, not a weight per column)
+CHUNK = 16
 # MUL_MAT's activation rows a weight row is multiplied by in one rows_dot (its bytes loaded and
 # unpacked once for them); the last M % ROWS rows go one at a time
 ROWS = 4
@@ -68,6 +75,8 @@ def _bias_dot(bias, xsum):
 
 
 NAN_BITS = np.uint32(0x7FC00000)
+# the activations' rounding as LLVM vectors, bit for bit quantize_rows' (32) and quantize_rows_q8_k's
+round_row_q8_0, round_row_q8_0_pairs, round_row_q8_k = _rounding_intrinsics(int(NAN_BITS))
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -222,33 +231,80 @@ def rows_matvec(q, scale, bias, has_bias, kind, half_scales, x, xq, xd, xsum, w_
 def pair_activations(xq, xp, minus):
     """Q4_0's activations as its row_dot (llvm_ir's q4_0_pairs_dot) reads two blocks at once: in
     each 64 values of a block pair, the values 0-15 of both blocks, then 16-31 of both (an odd
-    last block as it is); minus [X, 8 * ceil(blocks / 2)] int32: per pair 4 lanes of 2 S for
-    each block (S its sum of x: the lanes add up to the 8 S of sum (u - 8) x = sum u x - 8 S),
-    8 lanes of S for an odd last block."""
+    last block as it is); minus [X, 8 * ceil(blocks / 2)] int32: the pairs' terms of the blocks'
+    sums (pair_sums)."""
     n_blocks = xq.shape[1] // 32
+    sums = np.empty(xq.shape[1] // 16, np.int32)
     for x in range(xq.shape[0]):
         for p in range(n_blocks // 2):
             b = 64 * p
-            first, second = 0, 0
             for i in range(16):
                 xp[x, b + i] = xq[x, b + i]
                 xp[x, b + 16 + i] = xq[x, b + 32 + i]
                 xp[x, b + 32 + i] = xq[x, b + 16 + i]
                 xp[x, b + 48 + i] = xq[x, b + 48 + i]
-            for i in range(32):
-                first += np.int32(xq[x, b + i])
-                second += np.int32(xq[x, b + 32 + i])
-            for lane in range(4):
-                minus[x, 8 * p + lane] = 2 * first
-                minus[x, 8 * p + 4 + lane] = 2 * second
         if n_blocks % 2:
             b = 32 * (n_blocks - 1)
-            total = 0
             for i in range(32):
                 xp[x, b + i] = xq[x, b + i]
-                total += np.int32(xq[x, b + i])
-            for lane in range(8):
-                minus[x, 8 * (n_blocks // 2) + lane] = total
+        for j in range(sums.shape[0]):
+            total = 0
+            for i in range(16 * j, 16 * j + 16):
+                total += np.int32(xq[x, i])
+            sums[j] = total
+        pair_sums(sums, minus[x])
+
+
+@njit(fastmath=True, cache=True, nogil=True, inline="always")
+def pair_sums(sums, minus):
+    """minus [8 * ceil(blocks / 2)] int32 from a row's sums of each 16 rounded values: per block
+    pair 4 lanes of 2 S for each block (S its sum of x: the lanes add up to the 8 S of
+    sum (u - 8) x = sum u x - 8 S), 8 lanes of S for an odd last block."""
+    n_blocks = sums.shape[0] // 2
+    for p in range(n_blocks // 2):
+        first = sums[4 * p] + sums[4 * p + 1]
+        second = sums[4 * p + 2] + sums[4 * p + 3]
+        for lane in range(4):
+            minus[8 * p + lane] = 2 * first
+            minus[8 * p + 4 + lane] = 2 * second
+    if n_blocks % 2:
+        total = sums[2 * n_blocks - 2] + sums[2 * n_blocks - 1]
+        for lane in range(8):
+            minus[8 * (n_blocks // 2) + lane] = total
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _paired(kind):
+    """Q4_0's and IQ4_NL's blocks, whose row_dot reads the activations in pair order."""
+    return kind == 18 or kind == IQ4_NL_KIND
+
+
+@njit(fastmath=True, cache=True, nogil=True)
+def round_rows_q8_0(x, xq, xd, xsum, paired, minus):
+    """quantize_rows(x, 32, ...) then the scales to float16 (ggml's Q8_0 for the Q8_0-rounded
+    kinds' decode products), in LLVM vectors; where paired (Q4_0, IQ4_NL) xq in pair order and
+    minus the pairs' terms (pair_activations: one pass, not two)."""
+    sums = np.empty(xq.shape[1] // 16, np.int32)
+    for m in range(x.shape[0]):
+        if paired:
+            round_row_q8_0_pairs(x[m], xq[m], xd[m], sums)
+            pair_sums(sums, minus[m])
+        else:
+            round_row_q8_0(x[m], xq[m], xd[m], sums)
+        for j in range(xd.shape[1]):
+            d = xd[m, j]
+            xsum[m, j] = d * np.float32(sums[2 * j] + sums[2 * j + 1])
+            xd[m, j] = round_to_half(d)
+
+
+@njit(fastmath=True, cache=True, nogil=True)
+def round_rows_q8_k(x, xq, xd, bsums):
+    """quantize_rows_q8_k in LLVM vectors."""
+    sums = np.empty(xq.shape[1] // 16, np.int32)
+    for m in range(x.shape[0]):
+        round_row_q8_k(x[m], xq[m], xd[m], sums)
+        for j in range(sums.shape[0]):
+            bsums[m, j] = sums[j]
 
 
 @njit(fastmath=True, cache=True, nogil=True, inline="always")
@@ -269,7 +325,7 @@ def _block_rows_of_four(w, kind, xp, sums, xsum, xd, m):
     return rows_dot(w, xd[0], xp, xsum, xd, m, 210, ROWS)
 
 
-@njit(fastmath=True, parallel=True, cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True)  # paired_block_matvecs' own prange runs it on the threads
 def block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out):
     """matvec over ggml's blocks in place (blocks uint8 [rows, row bytes]): kind 34 for Q8_0,
     18 for Q4_0, IQ4_NL_KIND for IQ4_NL (xq, xd from quantize_rows, groups of 32), 144 for Q4_K, 176 for Q5_K,
@@ -279,33 +335,64 @@ def block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out):
     # Q4_0 and IQ4_NL: the activations in their pair order and their sums' terms, once per
     # activation row
     n_x, k = xq.shape
-    pairs = kind == 18 or kind == IQ4_NL_KIND
+    pairs = _paired(kind)
     xp = np.empty_like(xq) if pairs else xq
     sums = np.empty((n_x, 8 * ((k // 32 + 1) // 2) if pairs else 0), np.int32)
     if pairs:
         pair_activations(xq, xp, sums)
-    blocked = out.shape[0] // ROWS * ROWS if _plain(w_row0, x_row) else 0
-    for n in prange(out.shape[1]):
-        for m0 in range(0, blocked, ROWS):
-            dots = _block_rows_of_four(blocks[n], kind, xp, sums, xsum, xd, m0)
-            for i in range(ROWS):
-                out[m0 + i, n] = dots[i]
-        for m in range(blocked, out.shape[0]):
-            r, x = w_row0[m] + n, x_row[m]
-            if kind == 34:
-                out[m, n] = row_dot(blocks[r], xp[x], xd[x], xd[x], 34)
-            elif kind == 18:
-                out[m, n] = row_dot(blocks[r], xp[x], sums[x], xd[x], 18)
-            elif kind == IQ4_NL_KIND:
-                out[m, n] = row_dot(blocks[r], xp[x], sums[x], xd[x], IQ4_NL_KIND)
-            elif kind == 144:
-                out[m, n] = row_dot(blocks[r], xp[x], xsum[x], xd[x], 144)
-            elif kind == 176:
-                out[m, n] = row_dot(blocks[r], xp[x], xsum[x], xd[x], 176)
-            elif kind == 136:
-                out[m, n] = row_dot(blocks[r], xp[x], xsum[x], xd[x], 136)
-            else:
-                out[m, n] = row_dot(blocks[r], xp[x], xsum[x], xd[x], 210)
+    none = np.empty((out.shape[0], 0), np.float32)
+    paired_block_matvecs(blocks, blocks[:0], blocks[:0], kind, w_row0, xp, xd, sums, xsum, x_row, out, none, none)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _n_chunks(out_a, out_b, out_c):
+    """The matvecs' parallel steps: CHUNK output columns of one product each."""
+    return (out_a.shape[1] + CHUNK - 1) // CHUNK + (out_b.shape[1] + CHUNK - 1) // CHUNK + \
+        (out_c.shape[1] + CHUNK - 1) // CHUNK
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _chunk(j, a, b, c, out_a, out_b, out_c):
+    """The weight and output of parallel step j, and its columns first .. stop - 1."""
+    t = np.int64(j)  # prange's index may be unsigned: with a signed one, a float
+    c_a, c_b = (out_a.shape[1] + CHUNK - 1) // CHUNK, (out_b.shape[1] + CHUNK - 1) // CHUNK
+    w, out, first = a, out_a, t * CHUNK
+    if t >= c_a + c_b:
+        w, out, first = c, out_c, (t - c_a - c_b) * CHUNK
+    elif t >= c_a:
+        w, out, first = b, out_b, (t - c_a) * CHUNK
+    return w, out, first, min(first + CHUNK, out.shape[1])
+
+
+@njit(fastmath=True, parallel=True, cache=True, nogil=True)
+def paired_block_matvecs(a, b, c, kind, w_row0, xp, xd, sums, xsum, x_row, out_a, out_b, out_c):
+    """block_matvec of up to three weights a, b, c of one kind (b, c with no rows, out_b, out_c no
+    columns, where fewer) by the same activations, in one parallel region, with Q4_0's and
+    IQ4_NL's activations already in pair order (xp, their terms sums; pair_activations)."""
+    blocked = out_a.shape[0] // ROWS * ROWS if _plain(w_row0, x_row) else 0
+    for j in prange(_n_chunks(out_a, out_b, out_c)):
+        w, out, first, stop = _chunk(j, a, b, c, out_a, out_b, out_c)
+        for n in range(first, stop):
+            for m0 in range(0, blocked, ROWS):
+                dots = _block_rows_of_four(w[n], kind, xp, sums, xsum, xd, m0)
+                for i in range(ROWS):
+                    out[m0 + i, n] = dots[i]
+            for m in range(blocked, out.shape[0]):
+                r, x = w_row0[m] + n, x_row[m]
+                if kind == 34:
+                    out[m, n] = row_dot(w[r], xp[x], xd[x], xd[x], 34)
+                elif kind == 18:
+                    out[m, n] = row_dot(w[r], xp[x], sums[x], xd[x], 18)
+                elif kind == IQ4_NL_KIND:
+                    out[m, n] = row_dot(w[r], xp[x], sums[x], xd[x], IQ4_NL_KIND)
+                elif kind == 144:
+                    out[m, n] = row_dot(w[r], xp[x], xsum[x], xd[x], 144)
+                elif kind == 176:
+                    out[m, n] = row_dot(w[r], xp[x], xsum[x], xd[x], 176)
+                elif kind == 136:
+                    out[m, n] = row_dot(w[r], xp[x], xsum[x], xd[x], 136)
+                else:
+                    out[m, n] = row_dot(w[r], xp[x], xsum[x], xd[x], 210)
 
 
 @njit(fastmath=True, cache=True, nogil=True, inline="always")
@@ -324,23 +411,25 @@ def _offset_rows_of_four(w, kind, xq, xsum, xd, m):
 
 
 @njit(fastmath=True, parallel=True, cache=True, nogil=True)
-def offset_block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out):
-    """block_matvec over ggml's Q4_1 (kind 20), Q5_0 (22) or Q5_1 (24) blocks in place, the
-    activations from quantize_rows (groups of 32; xsum their group sums, for the mins)."""
-    blocked = out.shape[0] // ROWS * ROWS if _plain(w_row0, x_row) else 0
-    for n in prange(out.shape[1]):
-        for m0 in range(0, blocked, ROWS):
-            dots = _offset_rows_of_four(blocks[n], kind, xq, xsum, xd, m0)
-            for i in range(ROWS):
-                out[m0 + i, n] = dots[i]
-        for m in range(blocked, out.shape[0]):
-            r, x = w_row0[m] + n, x_row[m]
-            if kind == 20:
-                out[m, n] = row_dot(blocks[r], xq[x], xsum[x], xd[x], 20)
-            elif kind == 22:
-                out[m, n] = row_dot(blocks[r], xq[x], xsum[x], xd[x], 22)
-            else:
-                out[m, n] = row_dot(blocks[r], xq[x], xsum[x], xd[x], 24)
+def offset_block_matvecs(a, b, c, kind, w_row0, xq, xd, xsum, x_row, out_a, out_b, out_c):
+    """paired_block_matvecs over ggml's Q4_1 (kind 20), Q5_0 (22) or Q5_1 (24) blocks in place,
+    the activations from quantize_rows (groups of 32; xsum their group sums, for the mins)."""
+    blocked = out_a.shape[0] // ROWS * ROWS if _plain(w_row0, x_row) else 0
+    for j in prange(_n_chunks(out_a, out_b, out_c)):
+        w, out, first, stop = _chunk(j, a, b, c, out_a, out_b, out_c)
+        for n in range(first, stop):
+            for m0 in range(0, blocked, ROWS):
+                dots = _offset_rows_of_four(w[n], kind, xq, xsum, xd, m0)
+                for i in range(ROWS):
+                    out[m0 + i, n] = dots[i]
+            for m in range(blocked, out.shape[0]):
+                r, x = w_row0[m] + n, x_row[m]
+                if kind == 20:
+                    out[m, n] = row_dot(w[r], xq[x], xsum[x], xd[x], 20)
+                elif kind == 22:
+                    out[m, n] = row_dot(w[r], xq[x], xsum[x], xd[x], 22)
+                else:
+                    out[m, n] = row_dot(w[r], xq[x], xsum[x], xd[x], 24)
 
 
 @njit(fastmath=True, cache=True, nogil=True, inline="always")
@@ -350,48 +439,65 @@ def is_low_k_kind(kind):
 
 
 @njit(fastmath=True, parallel=True, cache=True, nogil=True)
+def low_k_block_matvecs(a, b, c, kind, w_row0, xq, xd, xsum, x_row, out_a, out_b, out_c):
+    """paired_block_matvecs over ggml's Q2_K (kind 84) or Q3_K (110) blocks in place, the
+    activations from quantize_rows (groups of 16, float32 scales; xsum unread)."""
+    blocked = out_a.shape[0] // ROWS * ROWS if _plain(w_row0, x_row) else 0
+    for j in prange(_n_chunks(out_a, out_b, out_c)):
+        w, out, first, stop = _chunk(j, a, b, c, out_a, out_b, out_c)
+        for n in range(first, stop):
+            for m0 in range(0, blocked, ROWS):
+                if kind == 84:
+                    dots = rows_dot(w[n], xd[0], xq, xsum, xd, m0, 84, ROWS)
+                else:
+                    dots = rows_dot(w[n], xd[0], xq, xsum, xd, m0, 110, ROWS)
+                for i in range(ROWS):
+                    out[m0 + i, n] = dots[i]
+            for m in range(blocked, out.shape[0]):
+                r, x = w_row0[m] + n, x_row[m]
+                if kind == 84:
+                    out[m, n] = row_dot(w[r], xq[x], xsum[x], xd[x], 84)
+                else:
+                    out[m, n] = row_dot(w[r], xq[x], xsum[x], xd[x], 110)
+
+
+@njit(cache=True, nogil=True)
+def offset_block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out):
+    """offset_block_matvecs of one weight."""
+    none = np.empty((out.shape[0], 0), np.float32)
+    offset_block_matvecs(blocks, blocks[:0], blocks[:0], kind, w_row0, xq, xd, xsum, x_row, out, none, none)
+
+
+@njit(cache=True, nogil=True)
 def low_k_block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out):
-    """block_matvec over ggml's Q2_K (kind 84) or Q3_K (110) blocks in place, the activations
-    from quantize_rows (groups of 16, float32 scales; xsum unread)."""
-    blocked = out.shape[0] // ROWS * ROWS if _plain(w_row0, x_row) else 0
-    for n in prange(out.shape[1]):
-        for m0 in range(0, blocked, ROWS):
-            if kind == 84:
-                dots = rows_dot(blocks[n], xd[0], xq, xsum, xd, m0, 84, ROWS)
-            else:
-                dots = rows_dot(blocks[n], xd[0], xq, xsum, xd, m0, 110, ROWS)
-            for i in range(ROWS):
-                out[m0 + i, n] = dots[i]
-        for m in range(blocked, out.shape[0]):
-            r, x = w_row0[m] + n, x_row[m]
-            if kind == 84:
-                out[m, n] = row_dot(blocks[r], xq[x], xsum[x], xd[x], 84)
-            else:
-                out[m, n] = row_dot(blocks[r], xq[x], xsum[x], xd[x], 110)
+    """low_k_block_matvecs of one weight."""
+    none = np.empty((out.shape[0], 0), np.float32)
+    low_k_block_matvecs(blocks, blocks[:0], blocks[:0], kind, w_row0, xq, xd, xsum, x_row, out, none, none)
 
 
-@njit(fastmath=True, cache=True, nogil=True)  # block_matvec's own prange runs it on the threads
-def rows_block_matvec(blocks, kind, x, xq, xd, xsum, bsums, w_row0, x_row, out):
-    """block_matvec of float32 activation rows x [X, K], each first rounded as the kind's ggml
-    vec_dot type into xq and xd: Q8_0 with float16 scales for Q8_0, Q4_0, IQ4_NL and the offset
-    kinds (xsum f32 [X, K/32]: the mins' sums), float32 scales for Q2_K and Q3_K, Q8_K for the
-    other K-quants and IQ4_XS (bsums int16
-    [X, K/16]). One call a decode step's product, not three."""
-    if kind == 34 or kind == 18 or kind == IQ4_NL_KIND or is_offset_kind(kind):
-        quantize_rows(x, 32, xq, xd, xsum)
-        for m in range(xd.shape[0]):  # ggml's Q8_0 scales are float16
-            for j in range(xd.shape[1]):
-                xd[m, j] = round_to_half(xd[m, j])
-    elif is_low_k_kind(kind):  # per 16 values, float32 scales
+@njit(fastmath=True, cache=True, nogil=True)  # the matvecs' own prange runs it on the threads
+def rows_block_matvecs(a, b, c, kind, x, xq, xd, xsum, bsums, minus, w_row0, x_row, out_a, out_b, out_c):
+    """Up to three products of the same float32 activation rows x [X, K] by weights of one kind
+    (ggml's blocks in place; b and c with no rows, out_b and out_c no columns, where fewer):
+    out_a = x a^T, ... in one parallel region, the rows rounded once as the kind's ggml vec_dot
+    type into xq and xd: Q8_0 with float16 scales for Q8_0, Q4_0, IQ4_NL and the offset kinds
+    (xsum f32 [X, K/32]: the mins' sums; Q4_0's and IQ4_NL's xq in pair order, minus int32
+    [X, 8 * ceil(K / 64)] their sums' terms), float32 scales per 16 for Q2_K and Q3_K, Q8_K for
+    the other K-quants and IQ4_XS (bsums int16 [X, K/16]). A decode step's products (q, k and v;
+    gate and up: layouts/fused.group_matvecs), one call, not three a product."""
+    paired = _paired(kind)
+    if kind == 34 or paired or is_offset_kind(kind):
+        round_rows_q8_0(x, xq, xd, xsum, paired, minus)
+    elif is_low_k_kind(kind):
         quantize_rows(x, 16, xq, xd, xsum)
     else:
-        quantize_rows_q8_k(x, xq, xd, bsums)
+        round_rows_q8_k(x, xq, xd, bsums)
     if is_offset_kind(kind):
-        offset_block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out)
+        offset_block_matvecs(a, b, c, kind, w_row0, xq, xd, xsum, x_row, out_a, out_b, out_c)
     elif is_low_k_kind(kind):
-        low_k_block_matvec(blocks, kind, w_row0, xq, xd, xsum, x_row, out)
+        low_k_block_matvecs(a, b, c, kind, w_row0, xq, xd, xsum, x_row, out_a, out_b, out_c)
     else:
-        block_matvec(blocks, kind, w_row0, xq, xd, bsums, x_row, out)
+        paired_block_matvecs(a, b, c, kind, w_row0, xq, xd, minus, bsums, x_row, out_a, out_b, out_c)
 
 
 @njit(fastmath=True, parallel=True, cache=True, nogil=True)

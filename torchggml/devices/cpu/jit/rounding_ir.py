@@ -9,6 +9,10 @@ each 16 values in the same pass. numba's own loops over the same arithmetic stay
         rint(x * (1 / d)); d as the decode's rounding computes it, max|x| times 1/127 in
         float32, which can be one unit in the last place from ggml's division), dx f32 [K/32] the scales (NaN bits for a block with a non-finite value,
         its q 0), sums int32 [K/16] each 16 values' sum of q
+    round_row_q8_0_pairs(x, xq, dx, sums)
+        round_row_q8_0 with xq in the pair order of Q4_0's and IQ4_NL's decode product (llvm_ir's
+        q4_0_pairs_dot): in each 64 values of a block pair, values 0-15 of both blocks, then 16-31
+        of both (an odd last block as it is); dx and sums as round_row_q8_0's
     round_row_q8_k(x, xq, dx, sums)
         the same as ggml's Q8_K (per 256 values: d = m / -127 with m the first value of the largest
         magnitude, q = min(127, rint(x / d)); a block of zeros: d 0 and q 0), dx f32 [K/256]
@@ -23,7 +27,7 @@ import numpy as np
 
 
 def _rounding_intrinsics(nan_bits: int):
-    """(round_row_q8_0, round_row_q8_k); nan_bits: the scale of a block that holds a non-finite
+    """(round_row_q8_0, round_row_q8_0_pairs, round_row_q8_k); nan_bits: the scale of a block that holds a non-finite
     value (quant_kernels.NAN_BITS)."""
     from llvmlite import ir
     from numba import types
@@ -52,10 +56,17 @@ def _rounding_intrinsics(nan_bits: int):
         bits = builder.and_(builder.bitcast(values, v32i), ir.Constant(v32i, [0x7FFFFFFF] * 32))
         return values, bits
 
-    def store_block(builder, q, bad, qp, sp, at):
-        """q (<32 x i32>, 0 where bad) into xq[at..at+31] and its two 16-value sums."""
+    def store_block(builder, q, bad, qp, sp, at, halves=None):
+        """q (<32 x i32>, 0 where bad) into xq[at..at+31] (or its two 16-value halves at the
+        positions halves) and its two 16-value sums."""
         q = builder.select(bad, ir.Constant(v32i, [0] * 32), q)
-        builder.store(builder.trunc(q, v32b), builder.bitcast(builder.gep(qp, [at]), v32b.as_pointer()), align=1)
+        qb = builder.trunc(q, v32b)
+        if halves is None:
+            builder.store(qb, builder.bitcast(builder.gep(qp, [at]), v32b.as_pointer()), align=1)
+        else:
+            for h, where in enumerate(halves):
+                part = builder.shuffle_vector(qb, qb, ir.Constant(vec(i32, 16), list(range(16 * h, 16 * h + 16))))
+                builder.store(part, builder.bitcast(builder.gep(qp, [where]), vec(i8, 16).as_pointer()), align=1)
         reduce_add = fn(builder.module, "llvm.vector.reduce.add.v16i32", i32, vec(i32, 16))
         half = builder.udiv(at, ir.Constant(at.type, 16))
         for h in range(2):
@@ -78,8 +89,10 @@ def _rounding_intrinsics(nan_bits: int):
             def codegen(context, builder, sig, args):
                 ptrs, n_values = pointers(context, builder, sig, args)
                 const = lambda v: ir.Constant(n_values.type, v)  # noqa: E731
-                with cgutils.for_range(builder, builder.udiv(n_values, const(block_values))) as loop:
-                    round_block(builder, ptrs, loop.index, builder.mul(loop.index, const(block_values)), const)
+                count = builder.udiv(n_values, const(block_values))
+                with cgutils.for_range(builder, count) as loop:
+                    round_block(builder, ptrs, loop.index, builder.mul(loop.index, const(block_values)), const,
+                                count)
                 return context.get_dummy_value()
             return types.none(x, xq, dx, sums), codegen
         return round_row
@@ -87,7 +100,15 @@ def _rounding_intrinsics(nan_bits: int):
     def largest_bits(builder, bits):
         return builder.call(fn(builder.module, "llvm.vector.reduce.umax.v32i32", i32, v32i), [bits])
 
-    def q8_0_block(builder, ptrs, b, at, const):
+    def pair_halves(builder, b, const, count):
+        """Where block b's two 16-value halves go in pair order: its pair's 64 values hold values
+        0-15 of both blocks, then 16-31 of both; an odd last block (no partner) stays as it is."""
+        first = builder.add(builder.mul(builder.lshr(b, const(1)), const(64)),
+                            builder.mul(builder.and_(b, const(1)), const(16)))
+        partner = builder.icmp_unsigned("<", builder.or_(b, const(1)), count)
+        return first, builder.add(first, builder.select(partner, const(32), const(16)))
+
+    def q8_0_block(builder, ptrs, b, at, const, count, paired=False):
         xp, qp, dp, sp = ptrs
         values, bits = load_block(builder, xp, at)
         top = largest_bits(builder, bits)
@@ -95,10 +116,14 @@ def _rounding_intrinsics(nan_bits: int):
         d = builder.fmul(builder.bitcast(top, f32), ir.Constant(f32, float(np.float32(1 / 127))))
         positive = builder.fcmp_ordered(">", d, ir.Constant(f32, 0.0))
         inv = builder.select(positive, builder.fdiv(ir.Constant(f32, 1.0), d), ir.Constant(f32, 0.0))
-        store_block(builder, rounded(builder, values, inv), bad, qp, sp, at)
+        halves = pair_halves(builder, b, const, count) if paired else None
+        store_block(builder, rounded(builder, values, inv), bad, qp, sp, at, halves)
         store_scale(builder, dp, b, d, bad)
 
-    def q8_k_block(builder, ptrs, sb, base, const):
+    def q8_0_pairs_block(builder, ptrs, b, at, const, count):
+        q8_0_block(builder, ptrs, b, at, const, count, paired=True)
+
+    def q8_k_block(builder, ptrs, sb, base, const, _count):
         xp, qp, dp, sp = ptrs
         cttz = fn(builder.module, "llvm.cttz.i32", i32, i32, i1)
         chunks = [load_block(builder, xp, builder.add(base, const(32 * c))) for c in range(8)]
@@ -126,4 +151,4 @@ def _rounding_intrinsics(nan_bits: int):
         d = builder.select(zero, ir.Constant(f32, 0.0), builder.fdiv(ir.Constant(f32, 1.0), iscale))
         store_scale(builder, dp, sb, d, bad)
 
-    return row_rounding(32, q8_0_block), row_rounding(256, q8_k_block)
+    return row_rounding(32, q8_0_block), row_rounding(32, q8_0_pairs_block), row_rounding(256, q8_k_block)

@@ -48,7 +48,7 @@ from ....tensor import Tensor, round_up
 from ....types import Type, type_traits
 from ....storage import byte_view
 from ..features import fastest_gemm_dtype, int8_gemm_takes
-from ..jit.loader import BoundKernel, gemm_kernels, numba_available, quant_kernels, repack_kernels
+from ..jit.loader import BoundKernel, gemm_kernels, numba_available, op_kernels, quant_kernels, repack_kernels
 from .base import RepackBuffer, RepackBufferType, is_whole_contiguous
 from .decompose import DECOMPOSE, HAS_BIAS, decompose, group_size
 from ..jit.gemm_ir import PANEL_ROWS, gemm_isa, kind_params
@@ -368,7 +368,7 @@ def bound_matvec(p: _Packed, rows: torch.Tensor, out: torch.Tensor, separate_row
     """A decode step's matvec of weight p by float32 rows [M, K] into out [M, N] (both
     contiguous, M below the matvec's limit unless the rows are separate sequences' (_product);
     else None), bound once: numpy views of the fixed memory and the rounded activations' buffers
-    made here, so a call is one numba kernel (rows_block_matvec for ggml's blocks in place,
+    made here, so a call is one numba kernel (rows_block_matvecs for ggml's blocks in place,
     rows_matvec for the converted layout: each rounds the rows and multiplies), not torch and
     numpy calls around three, and a native run (native_plan.py) holds it with the step's other
     kernels."""
@@ -387,8 +387,70 @@ def bound_matvec(p: _Packed, rows: torch.Tensor, out: torch.Tensor, separate_row
     xd = np.empty((m, p.k // (256 if q8_k else p.g)), np.float32)  # Q2_K's, Q3_K's per 16
     xsum = np.empty((m, 0 if q8_k else p.k // p.g), np.float32)  # Q8_0's sums, or Q8_K's:
     bsums = np.empty((m, p.k // 16 if q8_k else 0), np.int16)
-    return BoundKernel(quant_kernels().rows_block_matvec, p.q, p.kind, rows.numpy(), xq, xd, xsum, bsums, w_row0,
-                       x_row, out.numpy())
+    minus = np.empty((m, 8 * ((p.k // 32 + 1) // 2) if p.kind in PAIRED_KINDS else 0), np.int32)
+    none = np.empty((m, 0), np.float32)  # rows_block_matvecs' unused second and third products
+    return BoundKernel(quant_kernels().rows_block_matvecs, p.q, p.q[:0], p.q[:0], p.kind, rows.numpy(), xq, xd, xsum,
+                       bsums, minus, w_row0, x_row, out.numpy(), none, none)
+
+
+def _grouped_with(first: BoundKernel, call: BoundKernel) -> BoundKernel | None:
+    """first (rows_block_matvecs of one or two products) and call (of one) as one call, where
+    both multiply the same rows by weights of the same kind and first has a free place."""
+    a, b = first.args, call.args
+    if first.kernel is not call.kernel or b[13].shape[1] or a[14].shape[1] or b[3] != a[3]:
+        return None
+    if not (_same_memory(b[4], a[4]) and np.array_equal(b[10], a[10]) and np.array_equal(b[11], a[11])):
+        return None
+    weights = [w for w in a[:3] if w.shape[0]] + [b[0]]
+    outs = [o for o in a[12:] if o.shape[1]] + [b[12]]
+    weights += [a[0][:0]] * (3 - len(weights))
+    outs += [a[14]] * (3 - len(outs))
+    return BoundKernel(first.kernel, *weights, *a[3:12], *outs)
+
+
+def _same_memory(u: np.ndarray, v: np.ndarray) -> bool:
+    return u.ctypes.data == v.ctypes.data and u.shape == v.shape and u.dtype == v.dtype
+
+
+def _touches(u: np.ndarray, call, reading: bool) -> bool:
+    """Whether call may write u (reading: u is only read by the product that moves past call)
+    or touch it at all (else); a call that is not a bound kernel: its memory is unknown."""
+    if not isinstance(call, BoundKernel):
+        return True
+    skip = 4 if reading and call.kernel is quant_kernels().rows_block_matvecs else -1  # its rows: read only
+    return any(np.shares_memory(u, a) for i, a in enumerate(call.args)
+               if i != skip and isinstance(a, np.ndarray) and a.size)
+
+
+def group_matvecs(calls: list) -> list:
+    """A decode step's bound calls with the products of the same rows by weights of the same kind
+    (q, k and v; gate and up) as one rows_block_matvecs call each, at the first one's place: the
+    rows rounded once and one parallel region, not three. A product moves up past the calls
+    between (GROUP_REACH at most) where none of them writes its rows; where one touches its
+    output (memory the step's allocator gave to an earlier output too), it writes into a buffer
+    of its own and a copy at its place moves the values."""
+    out = []
+    for call in calls:
+        merged = False
+        if isinstance(call, BoundKernel) and call.kernel is quant_kernels().rows_block_matvecs:
+            rows, target, private = call.args[4], call.args[12], False
+            for back in range(len(out) - 1, max(-1, len(out) - 1 - GROUP_REACH), -1):
+                moved = call
+                if private:
+                    moved = BoundKernel(call.kernel, *call.args[:12], np.empty_like(target), *call.args[13:])
+                grouped = _grouped_with(out[back], moved) if isinstance(out[back], BoundKernel) else None
+                if grouped is not None:
+                    out[back], merged = grouped, True
+                    if private:
+                        shape = (1, 1, *target.shape)
+                        out.append(BoundKernel(op_kernels().copy, moved.args[12].reshape(shape), target.reshape(shape)))
+                    break
+                if _touches(rows, out[back], reading=True):
+                    break
+                private = private or _touches(target, out[back], reading=False)
+        if not merged:
+            out.append(call)
+    return out
 
 
 def _gemm_buffers(key: tuple, make):
@@ -574,6 +636,11 @@ IN_PLACE_KINDS = {Type.Q8_0: 34, Type.Q4_0: 18, Type.Q4_K: 144, Type.Q5_K: 176, 
 # 0.047 for 45 tokens) and the seeded llama-Q2_K golden model's argmax off llama.cpp's on 2 of 16
 # near-tied tokens
 Q8_K_KINDS = (144, 176, 210, 136)
+# Q4_0's and IQ4_NL's matvec reads its activations in pair order, with its sums' terms (rounding_ir)
+PAIRED_KINDS = (18, IQ4_NL_KIND)
+# how many calls back group_matvecs looks for a product of the same rows (a layer's q after its v:
+# v's cache store, k, k's rope and cache store between)
+GROUP_REACH = 6
 
 
 _converted = weakref.WeakKeyDictionary()  # weight Tensor -> its converted _Packed (while the weight lives)
