@@ -21,6 +21,7 @@ from ..profiler import split_range
 from ..tensor import Tensor, MAX_SRC, format_name, memory_buffer, set_input, set_output, nbytes
 from .backend import backend_graph_plan_create, backend_graph_plan_compute, backend_graph_plan_free
 from .buffer import BufferUsage
+from .event import backend_event_record, backend_event_synchronize, backend_event_wait
 from .device import DeviceType
 
 log = logging.getLogger("torchggml.sched")
@@ -574,7 +575,6 @@ class Sched:
 
     def _wait_split_free(self, backend_id: int, blocking: bool) -> None:
         """Wait until the split backend finished using this copy slot's inputs."""
-        from .event import backend_event_synchronize, backend_event_wait
         ev = self.events[backend_id][self.cur_copy]
         backend = self.backends[backend_id]
         if ev is None:
@@ -585,8 +585,6 @@ class Sched:
             backend_event_wait(backend, ev)
 
     def _compute_splits(self) -> Status:
-        from .event import backend_event_record, backend_event_synchronize
-        from .tensor_io import backend_tensor_copy
         self._apply_copies()  # put back by synchronize (graph_compute does it)
         self.in_flight = True
         prev_id = -1
@@ -601,6 +599,7 @@ class Sched:
                 else:
                     self.backends[prev_id].synchronize()
             for inp in split.inputs:
+                from .tensor_io import backend_tensor_copy
                 in_backend = self.backends[self.backend_ids[inp]]
                 cpy = self._copy(inp, b_id, self.cur_copy)
                 if inp.flags & TensorFlag.INPUT:

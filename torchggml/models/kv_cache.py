@@ -135,7 +135,7 @@ class KVCache(Memory):
         if g.kv_idx is not None:
             g.io.set(g.kv_idx, batch.cells)
         for window, mask in g.masks.items():
-            g.io.set(mask, self.mask(batch, window))
+            g.io.set(mask, self._mask_values(batch, window))
         if g.buckets is not None:
             tensor, n_buckets, bidirectional = g.buckets
             g.io.set(tensor, self.relative_buckets(batch, n_buckets, bidirectional))
@@ -315,18 +315,23 @@ class KVCache(Memory):
         it is full."""
         seq_ids = np.asarray(seq_ids, dtype=np.int64)
         n_tokens = seq_ids.size
-        cell_seq = self.cell_seq
-        free = np.flatnonzero(cell_seq < 0)
-        if free.size < n_tokens:
+        free = self.cell_seq < 0
+        if n_tokens == 1:  # a decode step: the first free cell, without listing them all
+            cells = np.array([free.argmax()], dtype=np.int64)
+            full = not free[cells[0]]
+        else:
+            cells = np.flatnonzero(free)[:n_tokens]
+            full = cells.size < n_tokens
+        if full:
             raise ValueError(f"the KV cache is full: {self.n_past} tokens cached + {n_tokens} new > "
                              f"n_ctx={self.n_ctx} (call reset() or load the model with a larger n_ctx)")
-        cells = free[:n_tokens]
         positions, next_pos = [], dict(self.seq_next)
         for s in seq_ids.tolist():
             positions.append(next_pos.get(s, 0))
             next_pos[s] = positions[-1] + 1
-        used = np.flatnonzero(cell_seq >= 0)
-        n_used = max(int(cells[-1]) + 1 if n_tokens else 0, int(used[-1]) + 1 if used.size else 0)
+        free_at_end = int(free[::-1].argmin())  # cells after the last one in use (all: every cell is free)
+        used_end = 0 if free[-1 - free_at_end] else self.n_ctx - free_at_end
+        n_used = max(int(cells[-1]) + 1 if n_tokens else 0, used_end)
         n_kv = min(self.n_ctx, round_up(n_used, KV_PAD))
         # int32 positions: the graph's input type
         return KVBatch(seq_ids, cells, np.array(positions, dtype=np.int32), n_kv, next_pos)
@@ -345,10 +350,22 @@ class KVCache(Memory):
         """F16 [n_tokens, n_kv] (ggml ne [n_kv, n_tokens]): 0 where token i may attend to a cell
         (its own sequence, a position up to its own; with a sliding window n_swa only positions
         p0 with p - p0 < n_swa, llama.cpp's standard window), -inf elsewhere."""
-        seq, pos = self.cell_seq[:batch.n_kv].copy(), self.cell_pos[:batch.n_kv].copy()
+        return torch.from_numpy(self._mask_values(batch, n_swa))
+
+    def _mask_values(self, batch: "KVBatch", n_swa: int) -> np.ndarray:
+        n_kv = batch.n_kv
+        if batch.cells.size == 1:  # a decode step: the cells as they are, then its own cell
+            cell = int(batch.cells[0])
+            values = _mask_array(batch.positions, self.cell_pos[:n_kv], n_swa,
+                                 self.cell_seq[None, :n_kv] == batch.seq_ids[0], self.alibi, self.chunked,
+                                 self.causal, self.symmetric)
+            if cell < n_kv:
+                values[0, cell] = _VISIBLE  # a token sees itself under every rule (distance 0)
+            return values
+        seq, pos = self.cell_seq[:n_kv].copy(), self.cell_pos[:n_kv].copy()
         seq[batch.cells], pos[batch.cells] = batch.seq_ids, batch.positions  # this batch's own cells
-        return attention_mask(batch.positions, pos, n_swa, seq[None, :] == batch.seq_ids[:, None], self.alibi,
-                              self.chunked, self.causal, self.symmetric)
+        return _mask_array(batch.positions, pos, n_swa, seq[None, :] == batch.seq_ids[:, None], self.alibi,
+                           self.chunked, self.causal, self.symmetric)
 
     def relative_buckets(self, batch: "KVBatch", n_buckets: int, bidirectional: bool) -> np.ndarray:
         """I32 [n_tokens, n_kv]: T5's bucket of each cell's position relative to each token's."""
@@ -388,6 +405,12 @@ def attention_mask(token_pos: torch.Tensor, cell_pos: torch.Tensor, n_swa: int =
     symmetric one |p - p0| <= n_swa // 2, or with chunked windows only the positions of p's own
     chunk of n_swa: p0 >= p - p % n_swa), -inf elsewhere. With alibi the visible cells hold
     -|p - p0| instead of 0: the softmax's max_bias scales it per head (ALiBi)."""
+    return torch.from_numpy(_mask_array(token_pos, cell_pos, n_swa, same_seq, alibi, chunked, causal, symmetric))
+
+
+def _mask_array(token_pos, cell_pos, n_swa: int = 0, same_seq=None, alibi: bool = False, chunked: bool = False,
+                causal: bool = True, symmetric: bool = False) -> np.ndarray:
+    """attention_mask's values as a numpy array."""
     token_pos, cell_pos = np.asarray(token_pos), np.asarray(cell_pos)  # numpy: µs, not tens of µs
     p = token_pos[:, None]
     visible = cell_pos[None, :] <= p if causal else np.ones((p.size, cell_pos.size), dtype=bool)
@@ -400,8 +423,8 @@ def attention_mask(token_pos: torch.Tensor, cell_pos: torch.Tensor, n_swa: int =
     elif n_swa:
         visible &= p - cell_pos[None, :] < n_swa
     if alibi:
-        return torch.from_numpy(np.where(visible, -np.abs(p - cell_pos[None, :]).astype(np.float16), _HIDDEN))
-    return torch.from_numpy(np.where(visible, _VISIBLE, _HIDDEN))
+        return np.where(visible, -np.abs(p - cell_pos[None, :]).astype(np.float16), _HIDDEN)
+    return np.where(visible, _VISIBLE, _HIDDEN)
 
 
 def relative_position_buckets(key_pos, query_pos, n_buckets: int, bidirectional: bool,

@@ -117,6 +117,8 @@ def all_finite(values: np.ndarray) -> bool:
     """Whether every value is finite (numpy: cheaper than torch's check), a slice at a time so
     that the check's mask stays small beside a micro-batch's logits."""
     flat = values.reshape(-1)
+    if flat.size <= FINITE_CHECK_VALUES:  # (a decode step's row: one check)
+        return bool(np.isfinite(flat).all())
     return all(bool(np.isfinite(flat[i: i + FINITE_CHECK_VALUES]).all())
                for i in range(0, flat.size, FINITE_CHECK_VALUES))
 
@@ -410,7 +412,10 @@ class Model:
         """The ids as int32, the graph's input type (checked here against the vocabulary, so
         writing them needs no range check)."""
         values = token_id_array(tokens, self.path)
-        if values.size and (values.min() < 0 or values.max() >= self.n_vocab):
+        if values.size == 1:  # a decode step's token: no reductions
+            if not 0 <= int(values[0]) < self.n_vocab:
+                raise ValueError(f"eval: token id {int(values[0])} is outside the vocabulary [0, {self.n_vocab})")
+        elif values.size and (values.min() < 0 or values.max() >= self.n_vocab):
             bad = values[(values < 0) | (values >= self.n_vocab)][0]
             raise ValueError(f"eval: token id {int(bad)} is outside the vocabulary [0, {self.n_vocab})")
         return values.astype(np.int32)
@@ -583,6 +588,8 @@ class Model:
         ids = [self._token_ids(t) for t in sequences]
         lengths = [t.size for t in ids]
         outputs = self._output_flags(lengths, logits, "eval_batch")
+        if len(ids) == 1:  # one sequence (a decode step of one generation): no splitting
+            return [self._eval_tokens(ids[0], np.full(lengths[0], seq_ids[0], dtype=np.int64), outputs)]
         flat = np.concatenate(ids) if ids else np.empty(0, dtype=np.int32)
         seqs = np.repeat(np.asarray(seq_ids, dtype=np.int64), lengths)
         rows = [int(np.count_nonzero(flags)) for flags in np.split(outputs, np.cumsum(lengths)[:-1])] if ids else []
@@ -620,7 +627,7 @@ class Model:
         width = self.hp.n_embd if embeddings else self.n_vocab
         if ids.size == 0:
             return torch.empty(0, width)
-        seqs = np.unique(seq_ids).tolist()
+        seqs = [int(seq_ids[0])] if seq_ids.size == 1 else np.unique(seq_ids).tolist()
         self.sequences.check(seqs, held=self.lock.depth > 1)
         self.sequences.changed(seqs)  # a failed eval may have changed them too
         whole = self.memory.plan(seq_ids)  # raises early when the cache cannot hold them all

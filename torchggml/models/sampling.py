@@ -101,6 +101,11 @@ class Sampler:
         return out
 
 
+# temperatures for which dividing float32 logits in float64 neither overflows nor reaches the
+# subnormal range, so distinct logits stay distinct and in order (see _candidates)
+_KEEPS_ORDER = (1e-250, 1e250)
+
+
 def _candidates(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
                 min_p: float) -> tuple[torch.Tensor | None, torch.Tensor]:
     """The draw's candidates: (their token ids, None for the whole vocabulary in order; their
@@ -109,10 +114,17 @@ def _candidates(logits: torch.Tensor, temperature: float, top_k: int, top_p: flo
     the later steps run over the k candidates only (as llama.cpp's sampler chain)."""
     if temperature <= 0:
         return torch.argmax(logits).reshape(1), torch.ones(1, dtype=torch.float64)
-    logits = logits.double() / temperature
     ids = None
-    if 0 < top_k < logits.numel():
-        logits, ids = torch.topk(logits, top_k)  # (sorted, highest first)
+    if 0 < top_k < logits.numel() and logits.dtype == torch.float32 and _KEEPS_ORDER[0] < temperature < _KEEPS_ORDER[1]:
+        # the k highest before the division: the same k values, in the same order, as after it
+        # (float32 values stay distinct divided in float64 by such a temperature), without
+        # converting and dividing the whole vocabulary
+        logits, ids = torch.topk(logits, top_k)
+        logits = logits.double() / temperature
+    else:
+        logits = logits.double() / temperature
+        if 0 < top_k < logits.numel():
+            logits, ids = torch.topk(logits, top_k)  # (sorted, highest first)
     probs = torch.softmax(logits, dim=-1)
     if 0 < top_p < 1:
         sorted_p, order = (probs, torch.arange(probs.numel())) if ids is not None else torch.sort(probs, descending=True)

@@ -99,7 +99,7 @@ def token_id_array(tokens, where: str) -> np.ndarray:
         return tokens.detach().cpu().reshape(-1).to(torch.int64).numpy()
     tokens = list(tokens)
     for t in tokens:
-        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+        if type(t) is not int and (isinstance(t, bool) or not isinstance(t, numbers.Integral)):
             kind = "a list" if isinstance(t, (list, tuple)) else repr(t)
             raise TypeError(f"{where}: token ids must be integers, got {kind} (use eval_batch for several "
                             f"sequences)")
