@@ -342,8 +342,12 @@ class KVCache(Memory):
 
     def commit(self, batch: "KVBatch") -> None:
         """Record the batch's tokens in their cells (after its graph wrote them)."""
-        self.cell_seq[batch.cells] = batch.seq_ids
-        self.cell_pos[batch.cells] = batch.positions
+        if batch.cells.size == 1:  # (a decode step: scalars, not index arrays)
+            cell = int(batch.cells[0])
+            self.cell_seq[cell], self.cell_pos[cell] = batch.seq_ids[0], batch.positions[0]
+        else:
+            self.cell_seq[batch.cells] = batch.seq_ids
+            self.cell_pos[batch.cells] = batch.positions
         self.seq_next = batch.seq_next
 
     def mask(self, batch: "KVBatch", n_swa: int = 0) -> torch.Tensor:

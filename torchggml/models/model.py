@@ -411,11 +411,12 @@ class Model:
     def _token_ids(self, tokens) -> np.ndarray:
         """The ids as int32, the graph's input type (checked here against the vocabulary, so
         writing them needs no range check)."""
+        if type(tokens) is list and len(tokens) == 1 and type(tokens[0]) is int:  # a decode step's token
+            if not 0 <= tokens[0] < self.n_vocab:
+                raise ValueError(f"eval: token id {tokens[0]} is outside the vocabulary [0, {self.n_vocab})")
+            return np.array(tokens, dtype=np.int32)
         values = token_id_array(tokens, self.path)
-        if values.size == 1:  # a decode step's token: no reductions
-            if not 0 <= int(values[0]) < self.n_vocab:
-                raise ValueError(f"eval: token id {int(values[0])} is outside the vocabulary [0, {self.n_vocab})")
-        elif values.size and (values.min() < 0 or values.max() >= self.n_vocab):
+        if values.size and (values.min() < 0 or values.max() >= self.n_vocab):
             bad = values[(values < 0) | (values >= self.n_vocab)][0]
             raise ValueError(f"eval: token id {int(bad)} is outside the vocabulary [0, {self.n_vocab})")
         return values.astype(np.int32)
