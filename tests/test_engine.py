@@ -149,9 +149,9 @@ def test_a_decode_step_of_n_sequences_is_one_micro_batch_of_n_rows(model, monkey
         batch.add(Generation(model.tokenizer, ids, SamplingParams(temperature=0), 4), i, model.n_ctx // n_seqs)
     while any(seq.prefilling for seq in batch.active):
         batch.step()
-    micro_batches = []
-    real = model._eval_ubatch
-    monkeypatch.setattr(model, "_eval_ubatch", lambda ids, *a, **k: (micro_batches.append(len(ids)), real(ids, *a, **k))[1])
+    micro_batches = []  # the tokens of each graph computed
+    real = model._compute
+    monkeypatch.setattr(model, "_compute", lambda g, *a: (micro_batches.append(g.n_tokens), real(g, *a))[1])
     updates = batch.step()
     assert micro_batches == [n_seqs] and len(updates) == n_seqs
 

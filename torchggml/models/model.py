@@ -434,6 +434,10 @@ class Model:
         with self.lock:
             self._require_weights("eval")
             ids = self._token_ids(tokens)
+            if ids.size == 1 and logits in LOGITS:
+                out = self._eval_one(ids, int(seq_id))
+                if out is not None:
+                    return out
             outputs = self._output_flags([ids.size], logits, "eval")
             return self._eval_tokens(ids, np.full(ids.size, int(seq_id), dtype=np.int64), outputs)
 
@@ -590,7 +594,9 @@ class Model:
         lengths = [t.size for t in ids]
         outputs = self._output_flags(lengths, logits, "eval_batch")
         if len(ids) == 1:  # one sequence (a decode step of one generation): no splitting
-            return [self._eval_tokens(ids[0], np.full(lengths[0], seq_ids[0], dtype=np.int64), outputs)]
+            out = self._eval_one(ids[0], seq_ids[0]) if lengths[0] == 1 else None
+            return [out if out is not None else
+                    self._eval_tokens(ids[0], np.full(lengths[0], seq_ids[0], dtype=np.int64), outputs)]
         flat = np.concatenate(ids) if ids else np.empty(0, dtype=np.int32)
         seqs = np.repeat(np.asarray(seq_ids, dtype=np.int64), lengths)
         rows = [int(np.count_nonzero(flags)) for flags in np.split(outputs, np.cumsum(lengths)[:-1])] if ids else []
@@ -661,9 +667,41 @@ class Model:
                 self.memory.restore(before)
                 bad = int(np.arange(ids.size)[idx][outputs[idx]][int((~finite).nonzero()[0])])
                 n_past = self.memory.seq_len(int(seq_ids[bad])) + int((seq_ids[:bad] == seq_ids[bad]).sum())
-                raise NonFiniteLogitsError(f"{self.path}: eval produced non-finite logits (first at token "
-                                           f"{bad}, position {n_past}); the cache was restored to "
-                                           f"{self.memory.n_past} tokens")
+                raise self._non_finite(bad, n_past)
+        return out
+
+    def _non_finite(self, token: int, position: int) -> NonFiniteLogitsError:
+        return NonFiniteLogitsError(f"{self.path}: eval produced non-finite logits (first at token {token}, "
+                                    f"position {position}); the cache was restored to {self.memory.n_past} tokens")
+
+    def _eval_one(self, ids: np.ndarray, seq_id: int) -> torch.Tensor | None:
+        """A decode step: one token (ids, int32 [1]) after sequence seq_id's cached ones, its
+        logits [1, n_vocab], as _eval_tokens computes them with less host work: one micro-batch
+        and nothing to split or gather; its cell is committed once its logits are found finite,
+        so there is no snapshot to take. None where the memory or the graph needs the general
+        path (recurrent states, rotary jumps, an encoder's output, multi-axis positions)."""
+        memory = self.memory
+        if memory.attention is not memory or memory.rope_jumps or getattr(self.arch, "encoder_decoder", False):
+            return None
+        seq = [seq_id]
+        self.sequences.check(seq, held=self.lock.depth > 1)
+        self.sequences.changed(seq)
+        batch = memory.plan(np.array(seq, dtype=np.int64))  # raises when the cache is full
+        g = self._graph_for(1, batch.n_kv, 1, False, batch.n_seqs, False, 0, False)
+        if g.embd is not None or g.position_inputs or g.out_ids is not None:
+            return None
+        self.last_graph = g
+        g.io.set(g.tokens, ids)
+        if g.positions is not None:
+            g.io.set(g.positions, batch.positions)
+        memory.set_inputs(g, batch)
+        self._compute(g, batch)
+        out = torch.empty(1, self.n_vocab)
+        g.io.get(g.logits, out.numpy())
+        if not all_finite(out.numpy()):
+            memory.restore(memory.snapshot())  # (zeroes the cell it wrote, which may hold NaN)
+            raise self._non_finite(0, int(batch.positions[0]))
+        memory.commit(batch)
         return out
 
     def _eval_ubatch(self, ids: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray,
@@ -699,14 +737,18 @@ class Model:
                 g.io.set(tensor, values(torch.from_numpy(positions)))
         if g.out_ids is not None:
             g.io.set(g.out_ids, np.flatnonzero(outputs))
+        self._compute(g, batch)
+        self.memory.commit(batch)
+        if n_outputs:
+            g.io.get(g.logits, logits.numpy())
+
+    def _compute(self, g: ModelGraph, batch) -> None:
+        """Run graph g, whose inputs are set, for the memory's `batch` (not committed here)."""
         self.memory.mark_written(batch)
         self.file.check_unchanged()  # a truncated file would fault (SIGBUS) in the weights' pages
         status = backend_sched_graph_compute(g.sched or self.sched, g.graph)
         if int(status) != 0:
             raise RuntimeError(f"{self.path}: graph compute failed with status {status!r}")
-        self.memory.commit(batch)
-        if n_outputs:
-            g.io.get(g.logits, logits.numpy())
 
     # ------------------------------------------------------------ text
 
