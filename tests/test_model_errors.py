@@ -101,9 +101,10 @@ def test_reset_zeroes_the_cells_so_old_values_cannot_leak(golden_model):
 
 
 @needs_golden
-def test_non_finite_logits_raise_and_leave_the_cache_as_it_was(golden_model):
+@pytest.mark.parametrize("new", [TOKENS[4:], TOKENS[4:5]], ids=["batch", "decode step"])
+def test_non_finite_logits_raise_and_leave_the_cache_as_it_was(golden_model, new):
     m = golden_model
-    want = _fresh_logits(m, TOKENS[:4], TOKENS[4:])
+    want = _fresh_logits(m, TOKENS[:4], new)
     norm = m.weights.layers[0].attn_norm
     saved = ggml.backend_tensor_get(norm).clone()
     m.reset()
@@ -113,11 +114,11 @@ def test_non_finite_logits_raise_and_leave_the_cache_as_it_was(golden_model):
         with pytest.raises(NonFiniteLogitsError, match=r"llama-F32\.gguf: eval produced non-finite logits "
                                                         r"\(first at token 0, position 4\); the cache was "
                                                         r"restored to 4 tokens"):
-            m.eval(TOKENS[4:])
+            m.eval(new)
         assert m.n_past == 4
     finally:
         ggml.backend_tensor_set(norm, saved)
-    assert torch.equal(m.eval(TOKENS[4:]), want[1])  # the NaN cells were zeroed
+    assert torch.equal(m.eval(new), want[1])  # the NaN cells were zeroed
 
 
 @pytest.mark.parametrize("size, bad_at, bad", [(0, None, None), (7, None, None), (7, 6, float("nan")),
