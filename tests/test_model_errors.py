@@ -116,6 +116,8 @@ def test_non_finite_logits_raise_and_leave_the_cache_as_it_was(golden_model, new
                                                         r"restored to 4 tokens"):
             m.eval(new)
         assert m.n_past == 4
+        written = [ggml.backend_tensor_get(t)[4: 4 + len(new)] for t in m.memory.k]
+        assert not any(bool(rows.any()) for rows in written)  # the cells it wrote (NaN) are zeroed
     finally:
         ggml.backend_tensor_set(norm, saved)
     assert torch.equal(m.eval(new), want[1])  # the NaN cells were zeroed
