@@ -231,6 +231,34 @@ def _row_dot_intrinsic():
             return context.make_tuple(builder, out_type, sums)
         return out_type(w, wscale, x, xs, xd, m0, kind, count), codegen
 
+    @intrinsic
+    def weight_rows_dot(typingctx, blocks, n0, x, xs, xd, kind, count):
+        """row_dot of the weight rows n0 .. n0 + count - 1 of blocks (uint8 [rows, row bytes] of
+        Q4_0's or IQ4_NL's blocks; count a literal) by one activation row (x, xs, xd: row_dot's
+        x, scale and xd), in one loop: the activations' loads, their sums' terms and the loop's
+        steps are shared by the rows, whose float sums are independent chains the CPU overlaps
+        (a decode step's product, one activation row). Each row's sums are added in row_dot's
+        order: the same results, bit for bit. A tuple of count float32."""
+        if not (isinstance(kind, types.IntegerLiteral) and isinstance(count, types.IntegerLiteral)):
+            return None
+        k, n_rows = kind.literal_value, count.literal_value
+        if k not in (18, IQ4_NL_KIND):
+            return None
+        out_type = types.UniTuple(types.float32, n_rows)
+
+        def codegen(context, builder, sig, args):
+            arr = context.make_array(sig.args[0])(context, builder, args[0])
+            stride = builder.extract_value(arr.strides, 0)
+            base = builder.bitcast(arr.data, i8.as_pointer())
+            first = context.cast(builder, args[1], sig.args[1], types.int64)
+            wps = [builder.gep(base, [builder.mul(builder.add(first, ir.Constant(first.type, r)), stride)])
+                   for r in range(n_rows)]
+            row = tuple(data_ptr(context, builder, sig.args[i], args[i]) for i in (2, 3, 4))
+            n_groups = builder.extract_value(context.make_array(sig.args[4])(context, builder, args[4]).shape, 0)
+            sums = q4_0_pairs_dot(builder, wps, [row] * n_rows, n_groups, k == IQ4_NL_KIND)
+            return context.make_tuple(builder, out_type, sums)
+        return out_type(blocks, n0, x, xs, xd, kind, count), codegen
+
     def dot_rows(builder, wp, rows, n_groups, k, half_scales):
         """The dot products of the weight row at wp with each activation row of rows, (x, scale,
         xd) pointers as row_dot's arguments, as a list of float32 values."""
@@ -362,14 +390,16 @@ def _row_dot_intrinsic():
         sum u x - 8 S exactly, in integers), 8 lanes of S for an odd last block; xd the blocks'
         activation scales. The scales d_j xd_j are taken 8 blocks at a time as one vector.
         rows: each activation row's (xp, minusp, dp). iq4_nl: IQ4_NL's blocks (the same bytes, each
-        nibble the index of its int8 value in kvalues_iq4nl: nibble_dot)."""
+        nibble the index of its int8 value in kvalues_iq4nl: nibble_dot). wp: one weight row for
+        every activation row (rows_dot), or a list, one weight row for each (weight_rows_dot)."""
+        wps = wp if isinstance(wp, list) else [wp] * len(rows)
         const = lambda v: ir.Constant(n_blocks.type, v)  # noqa: E731
         n_pairs = builder.lshr(n_blocks, const(1))
         nibble_dot = iq4_nl_dot if iq4_nl else q4_0_dot
         accs = [[cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8)) for _ in range(ACCUMULATORS)]
                 for _ in rows]
 
-        def pair_ints(p, row):
+        def pair_ints(p, row, wp):
             xp, minus = row[0], builder.bitcast(row[1], i32.as_pointer())
             at = builder.mul(p, const(36))
             packed = builder.shuffle_vector(load_i8(builder, wp, builder.add(at, const(2)), 16),
@@ -383,72 +413,84 @@ def _row_dot_intrinsic():
             return nibble_dot(builder, [low, high], [load_i8(builder, xp, x_at, 32),
                                                      load_i8(builder, xp, builder.add(x_at, const(32)), 32)], sub)
 
-        def d_bits(j):
+        def d_bits(j, wp):
             at = builder.gep(wp, [builder.mul(j, const(18))])
             return builder.load(builder.bitcast(at, i16.as_pointer()), align=1)
 
-        def add(acc, p, row, s8):
-            term = builder.fmul(builder.sitofp(pair_ints(p, row), vec(f32, 8)), s8, flags=("fast",))
+        def add(acc, p, row, wp, s8):
+            term = builder.fmul(builder.sitofp(pair_ints(p, row, wp), vec(f32, 8)), s8, flags=("fast",))
             builder.store(builder.fadd(builder.load(acc), term, flags=("fast",)), acc)
+
+        def once_per_weight(make):
+            """make(w) for each row's weight row, computed once for rows that share one."""
+            made = {}
+            for w in wps:
+                if id(w) not in made:
+                    made[id(w)] = make(w)
+            return [made[id(w)] for w in wps]
 
         per = ACCUMULATORS  # pairs an iteration: 2 * per blocks' scales as one vector
         i64 = ir.IntType(64)
         with cgutils.for_range(builder, builder.udiv(n_pairs, const(per))) as loop:
             block0 = builder.mul(loop.index, const(2 * per))
-            # the float16 d of 4 blocks joined in a 64-bit integer (integer units), two of them
-            # then one vector: fewer vector shuffles than inserting each half
-            quads = []
-            for first in range(0, 2 * per, 4):
-                quad = ir.Constant(i64, 0)
-                for b in range(4):
-                    half = builder.zext(d_bits(builder.add(block0, const(first + b))), i64)
-                    quad = builder.or_(quad, builder.shl(half, ir.Constant(i64, 16 * b)))
-                quads.append(quad)
-            packed = ir.Constant(vec(i64, len(quads)), ir.Undefined)
-            for lane, quad in enumerate(quads):
-                packed = builder.insert_element(packed, quad, ir.Constant(i32, lane))
-            bits = builder.bitcast(packed, vec(i16, 2 * per))
-            d = halves_to_float(builder, bits)
-            for row, row_accs in zip(rows, accs):
+
+            def scales_d(wp):
+                """The float16 d of 4 blocks joined in a 64-bit integer (integer units), two of
+                them then one vector: fewer vector shuffles than inserting each half."""
+                quads = []
+                for first in range(0, 2 * per, 4):
+                    quad = ir.Constant(i64, 0)
+                    for b in range(4):
+                        half = builder.zext(d_bits(builder.add(block0, const(first + b)), wp), i64)
+                        quad = builder.or_(quad, builder.shl(half, ir.Constant(i64, 16 * b)))
+                    quads.append(quad)
+                packed = ir.Constant(vec(i64, len(quads)), ir.Undefined)
+                for lane, quad in enumerate(quads):
+                    packed = builder.insert_element(packed, quad, ir.Constant(i32, lane))
+                return halves_to_float(builder, builder.bitcast(packed, vec(i16, 2 * per)))
+            ds = once_per_weight(scales_d)
+            for row, wp, d, row_accs in zip(rows, wps, ds, accs):
                 xd = builder.load(builder.bitcast(builder.gep(row[2], [block0]), vec(f32, 2 * per).as_pointer()), align=4)
                 scales = builder.fmul(d, xd, flags=("fast",))
                 for q in range(per):
-                    add(row_accs[q], builder.add(builder.mul(loop.index, const(per)), const(q)), row,
+                    add(row_accs[q], builder.add(builder.mul(loop.index, const(per)), const(q)), row, wp,
                         lane_pairs(builder, scales, 2 * q))
 
-        def scale_of(j, row):
-            return builder.fmul(half_bits_to_float(builder, d_bits(j)), builder.load(builder.gep(row[2], [j])))
+        def scale_of(j, row, wp):
+            return builder.fmul(half_bits_to_float(builder, d_bits(j, wp)), builder.load(builder.gep(row[2], [j])))
 
         done = builder.mul(builder.udiv(n_pairs, const(per)), const(per))
         with cgutils.for_range(builder, builder.sub(n_pairs, done)) as loop:
             p = builder.add(done, loop.index)
-            for row, row_accs in zip(rows, accs):
+            for row, wp, row_accs in zip(rows, wps, accs):
                 s2 = ir.Constant(vec(f32, 8), ir.Undefined)
-                s2 = builder.insert_element(s2, scale_of(builder.shl(p, const(1)), row), ir.Constant(i32, 0))
-                s2 = builder.insert_element(s2, scale_of(builder.add(builder.shl(p, const(1)), const(1)), row),
+                s2 = builder.insert_element(s2, scale_of(builder.shl(p, const(1)), row, wp), ir.Constant(i32, 0))
+                s2 = builder.insert_element(s2, scale_of(builder.add(builder.shl(p, const(1)), const(1)), row, wp),
                                             ir.Constant(i32, 1))
-                add(row_accs[0], p, row, builder.shuffle_vector(s2, s2, ir.Constant(vec(i32, 8), [0] * 4 + [1] * 4)))
+                add(row_accs[0], p, row, wp, builder.shuffle_vector(s2, s2, ir.Constant(vec(i32, 8), [0] * 4 + [1] * 4)))
         with cgutils.if_unlikely(builder, builder.trunc(n_blocks, ir.IntType(1))):  # an odd last block
             j = builder.sub(n_blocks, const(1))
-            u = nibble_values_at(builder, wp, builder.add(builder.mul(j, const(18)), const(2)))
-            for row, row_accs in zip(rows, accs):
+            for row, wp, row_accs in zip(rows, wps, accs):
+                u = nibble_values_at(builder, wp, builder.add(builder.mul(j, const(18)), const(2)))
                 xv = load_i8(builder, row[0], builder.mul(j, const(32)), 32)
                 minus = builder.bitcast(row[1], i32.as_pointer())
                 sub = builder.load(builder.bitcast(builder.gep(minus, [builder.mul(n_pairs, const(8))]),
                                                    vec(i32, 8).as_pointer()), align=4)
                 ints = nibble_dot(builder, [u], [xv], sub)
-                sj = builder.insert_element(ir.Constant(vec(f32, 8), ir.Undefined), scale_of(j, row), ir.Constant(i32, 0))
+                sj = builder.insert_element(ir.Constant(vec(f32, 8), ir.Undefined), scale_of(j, row, wp), ir.Constant(i32, 0))
                 term = builder.fmul(builder.sitofp(ints, vec(f32, 8)),
                                     builder.shuffle_vector(sj, sj, ir.Constant(vec(i32, 8), [0] * 8)), flags=("fast",))
                 builder.store(builder.fadd(builder.load(row_accs[0]), term, flags=("fast",)), row_accs[0])
         return [sum_accumulators(builder, row_accs) for row_accs in accs]
 
     def q4_0_dot(builder, us, xvs, sub):
-        """Q4_0's nibbles us (<32 x i8> each) times xvs, minus sub (the 8 S terms): <8 x i32>."""
-        ints = None
+        """Q4_0's nibbles us (<32 x i8> each) times xvs, minus sub (the 8 S terms): <8 x i32>.
+        The byte dots add onto -sub (vpdpbusd's accumulator): no subtraction after them, and
+        rows that share the activations share it."""
+        ints = builder.neg(sub)
         for u, xv in zip(us, xvs):
             ints = adjacent_byte_dot(builder, u, xv, ints)
-        return builder.sub(ints, sub)
+        return ints
 
     def iq4_nl_dot(builder, us, xvs, sub):
         """IQ4_NL's nibbles us (indices into kvalues_iq4nl) times xvs as <8 x i32>. Where the
@@ -456,13 +498,13 @@ def _row_dot_intrinsic():
         128 S taken off: sub (8 S in Q4_0's lanes) times 16; elsewhere (vpmaddubsw would
         saturate on u up to 241) the signed values' magnitudes times x with their signs."""
         offset = vnni_byte_dot()
-        ints = None
+        ints = builder.neg(builder.shl(sub, ir.Constant(vec(i32, 8), [4] * 8))) if offset else None
         for u, xv in zip(us, xvs):
             v = iq4_nl_values(builder, u, 128 if offset else 0)
             if not offset:
                 v, xv = sign_moved(builder, v, xv)
             ints = adjacent_byte_dot(builder, v, xv, ints)
-        return builder.sub(ints, builder.shl(sub, ir.Constant(vec(i32, 8), [4] * 8))) if offset else ints
+        return ints
 
     def lane_pairs(builder, v8, lane):
         """<8 x float> [v8[lane]] * 4 + [v8[lane + 1]] * 4: one vpermps on AVX2."""
@@ -828,7 +870,7 @@ def _row_dot_intrinsic():
             return context.get_dummy_value()
         return types.none(w, o, kind), codegen
 
-    return row_dot, rows_dot, make_unpack(nibble_values), make_unpack(six_bit_values), blocks_to_float
+    return row_dot, rows_dot, weight_rows_dot, make_unpack(nibble_values), make_unpack(six_bit_values), blocks_to_float
 
 
 # ---------------------------------------------------------------- float sums in IR

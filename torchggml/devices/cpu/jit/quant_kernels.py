@@ -54,13 +54,16 @@ from .llvm_ir import IQ4_NL_KIND, _half_bits_intrinsic, _row_dot_intrinsic, _row
 from .rounding_ir import _rounding_intrinsics
 
 
-row_dot, rows_dot, unpack_nibbles, unpack_six, blocks_to_float = _row_dot_intrinsic()
+row_dot, rows_dot, weight_rows_dot, unpack_nibbles, unpack_six, blocks_to_float = _row_dot_intrinsic()
 # the block matvecs' output columns a parallel step computes (of one weight: the step picks its
 # weight once, not a weight per column)
 CHUNK = 16
 # MUL_MAT's activation rows a weight row is multiplied by in one rows_dot (its bytes loaded and
 # unpacked once for them); the last M % ROWS rows go one at a time
 ROWS = 4
+# Q4_0's and IQ4_NL's weight rows one weight_rows_dot multiplies by one activation row (each
+# activation row outside rows_dot's: a decode step's); a divisor of CHUNK
+WEIGHT_ROWS = 4
 _float_row, _store_row = _row_output_helpers()
 half_to_f32 = _half_bits_intrinsic()
 
@@ -377,8 +380,19 @@ def paired_block_matvecs(a, b, c, kind, w_row0, xp, xd, sums, xsum, x_row, out_a
                 dots = _block_rows_of_four(w[n], kind, xp, sums, xsum, xd, m0)
                 for i in range(ROWS):
                     out[m0 + i, n] = dots[i]
-            for m in range(blocked, out.shape[0]):
-                r, x = w_row0[m] + n, x_row[m]
+        for m in range(blocked, out.shape[0]):
+            x, grouped = x_row[m], first
+            if _paired(kind):  # WEIGHT_ROWS weight rows at a time, the last ones of a part group one by one
+                grouped = first + (stop - first) // WEIGHT_ROWS * WEIGHT_ROWS
+                for n in range(first, grouped, WEIGHT_ROWS):
+                    if kind == 18:
+                        dots = weight_rows_dot(w, w_row0[m] + n, xp[x], sums[x], xd[x], 18, WEIGHT_ROWS)
+                    else:
+                        dots = weight_rows_dot(w, w_row0[m] + n, xp[x], sums[x], xd[x], IQ4_NL_KIND, WEIGHT_ROWS)
+                    for i in range(WEIGHT_ROWS):
+                        out[m, n + i] = dots[i]
+            for n in range(grouped, stop):
+                r = w_row0[m] + n
                 if kind == 34:
                     out[m, n] = row_dot(w[r], xp[x], xd[x], xd[x], 34)
                 elif kind == 18:
