@@ -1067,6 +1067,39 @@ def test_block_matvec_is_exact_on_rounded_activations(qtype, k, m):
         torch.testing.assert_close(ours, converted, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
+# (type, N, K): the kinds a decode step multiplies several weight rows at a time by its one
+# activation row (weight_rows_dot); N with a last part chunk and a last part group, K of
+# 4-pair steps and a tail pair (576), and an odd last block (224)
+WEIGHT_ROWS_CASES = [(qtype, n, k) for qtype in (T.Q4_0, T.IQ4_NL) for n, k in ((11, 576), (37, 224), (16, 1536))]
+
+
+@pytest.mark.parametrize("qtype,n,k", WEIGHT_ROWS_CASES, ids=[f"{c[0].name}-n{c[1]}-k{c[2]}" for c in WEIGHT_ROWS_CASES])
+def test_decode_weight_rows_together_equal_row_dot_of_each(qtype, n, k):
+    """A decode step's product (one activation row, its weight rows several at a time in one
+    loop) gives each output as row_dot of its weight row alone, bit for bit."""
+    pytest.importorskip("numba")
+    from numba import njit
+    from torchggml.devices.cpu.jit.loader import quant_kernels
+    qk = quant_kernels()
+    kind = layout.IN_PLACE_KINDS[qtype]
+    blocks = random_blocks(qtype, n, k, seed=n + k).numpy().reshape(n, -1)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(k)).numpy()
+    xq, xd, xsum = np.empty((1, k), np.int8), np.empty((1, k // 32), np.float32), np.empty((1, k // 32), np.float32)
+    minus, rows, out = np.empty((1, 8 * ((k // 32 + 1) // 2)), np.int32), np.zeros(1, np.int64), np.empty((1, n), np.float32)
+    none = np.empty((1, 0), np.float32)
+    qk.rows_block_matvecs(blocks, blocks[:0], blocks[:0], kind, x, xq, xd, xsum, np.empty((1, k // 16), np.int16), minus,
+                          rows, rows, out, none, none)  # xq left in pair order, minus their sums' terms
+    row_dot = qk.row_dot
+
+    @njit
+    def each_row(blocks, xp, minus, xd, alone):
+        for r in range(blocks.shape[0]):
+            alone[r] = row_dot(blocks[r], xp[0], minus[0], xd[0], kind)
+    alone = np.empty(n, np.float32)
+    each_row(blocks, xq, minus, xd, alone)
+    np.testing.assert_array_equal(out[0], alone)
+
+
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
 def test_k_quant_products_are_exact_on_the_rounded_activations(qtype):
     """A Q4_K row is d sc q - dmin m per group, a Q6_K row d sc (u - 32): the product sums each
