@@ -830,14 +830,14 @@ X86_TARGET_CASES = ("(test_fused_mul_mat_matches_float64 and m1-f32 and (Q8_0-n3
                     " or Q2_K or Q3_K))"
                     " or (f16_weight_numba_products and 83)"
                     " or (block_matvec_is_exact and m9 and (IQ4_NL or IQ4_XS or Q2_K or Q3_K))"
-                    " or (bound_decode and (nonfinite or k224)) or (grouped_decode and m3)")
+                    " or (bound_decode and (nonfinite or k224)) or (grouped_decode and m3) or weight_rows_together")
 
 
 @pytest.mark.skipif(not any(a in __import__("platform").machine().lower() for a in ("x86", "amd64")),
                     reason="x86 code generation targets")
 @pytest.mark.parametrize("target,cases,passed", [
-    ("haswell", X86_TARGET_CASES, 75),
-    pytest.param("x86-64", f"{X86_TARGET_CASES} or bad_row_index_in_a_native_run", 76, marks=pytest.mark.slow)],
+    ("haswell", X86_TARGET_CASES, 81),
+    pytest.param("x86-64", f"{X86_TARGET_CASES} or bad_row_index_in_a_native_run", 82, marks=pytest.mark.slow)],
     ids=["haswell", "x86-64"])
 def test_fused_kernels_on_other_x86_targets(target, cases, passed):
     import subprocess
@@ -851,7 +851,7 @@ def test_fused_kernels_on_other_x86_targets(target, cases, passed):
     # each type fused and on its blocks in place, the half conversions, an F16 row dot with a
     # remainder, rows four at a time (fused and in place), the IQ4 kinds' matvec (its own AVX2
     # code) exact on the rounded activations, the decode products' vector rounding and their
-    # groups; on x86-64 a native run
+    # groups, their weight rows taken together; on x86-64 a native run
     assert out.returncode == 0 and f"{passed} passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
 
 

@@ -50,7 +50,7 @@ import numpy as np
 from numba import njit, prange, uint64
 
 from .halves import round_to_half
-from .llvm_ir import IQ4_NL_KIND, _half_bits_intrinsic, _row_dot_intrinsic, _row_output_helpers
+from .llvm_ir import IQ4_NL_KIND, _half_bits_intrinsic, _row_dot_intrinsic, _row_output_helpers, target_features
 from .rounding_ir import _rounding_intrinsics
 
 
@@ -62,8 +62,9 @@ CHUNK = 16
 # unpacked once for them); the last M % ROWS rows go one at a time
 ROWS = 4
 # Q4_0's and IQ4_NL's weight rows one weight_rows_dot multiplies by one activation row (each
-# activation row outside rows_dot's: a decode step's); a divisor of CHUNK
-WEIGHT_ROWS = 4
+# activation row outside rows_dot's: a decode step's), a divisor of CHUNK: their float sums
+# (ACCUMULATORS vectors a row) fill AVX-512's 32 vector registers, half of them AVX2's 16
+WEIGHT_ROWS = 8 if "avx512vl" in target_features() else 4
 _float_row, _store_row = _row_output_helpers()
 half_to_f32 = _half_bits_intrinsic()
 
