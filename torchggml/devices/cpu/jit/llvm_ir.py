@@ -435,8 +435,15 @@ def _row_dot_intrinsic():
             block0 = builder.mul(loop.index, const(2 * per))
 
             def scales_d(wp):
-                """The float16 d of 4 blocks joined in a 64-bit integer (integer units), two of
-                them then one vector: fewer vector shuffles than inserting each half."""
+                """The float16 d of 2 * per blocks: where AVX-512 BW permutes words (vpermw),
+                picked from the 128 bytes that hold them (inside the blocks read); else 4 joined
+                in a 64-bit integer (integer units), two of them then one vector: fewer vector
+                shuffles than inserting each half."""
+                if "avx512bw" in target_features():
+                    words = builder.load(builder.bitcast(builder.gep(wp, [builder.mul(block0, const(18))]),
+                                                         vec(i16, 64).as_pointer()), align=1)
+                    bits = builder.shuffle_vector(words, words, ir.Constant(vec(i32, 2 * per), [9 * b for b in range(2 * per)]))
+                    return halves_to_float(builder, bits)
                 quads = []
                 for first in range(0, 2 * per, 4):
                     quad = ir.Constant(i64, 0)
