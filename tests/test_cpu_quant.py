@@ -1069,8 +1069,9 @@ def test_block_matvec_is_exact_on_rounded_activations(qtype, k, m):
 
 # (type, N, K): the kinds a decode step multiplies several weight rows at a time by its one
 # activation row (weight_rows_dot); N with a last part chunk and a last part group, K of
-# 4-pair steps and a tail pair (576), and an odd last block (224)
+# 4-pair steps and a tail pair (576), an odd last block (224), 4-block steps and a tail (768)
 WEIGHT_ROWS_CASES = [(qtype, n, k) for qtype in (T.Q4_0, T.IQ4_NL) for n, k in ((11, 576), (37, 224), (16, 1536))]
+WEIGHT_ROWS_CASES += [(qtype, n, 768) for qtype in (T.IQ4_XS, T.Q2_K, T.Q3_K) for n in (11, 37)]
 
 
 @pytest.mark.parametrize("qtype,n,k", WEIGHT_ROWS_CASES, ids=[f"{c[0].name}-n{c[1]}-k{c[2]}" for c in WEIGHT_ROWS_CASES])
@@ -1084,19 +1085,20 @@ def test_decode_weight_rows_together_equal_row_dot_of_each(qtype, n, k):
     kind = layout.IN_PLACE_KINDS[qtype]
     blocks = random_blocks(qtype, n, k, seed=n + k).numpy().reshape(n, -1)
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(k)).numpy()
-    xq, xd, xsum = np.empty((1, k), np.int8), np.empty((1, k // 32), np.float32), np.empty((1, k // 32), np.float32)
-    minus, rows, out = np.empty((1, 8 * ((k // 32 + 1) // 2)), np.int32), np.zeros(1, np.int64), np.empty((1, n), np.float32)
-    none = np.empty((1, 0), np.float32)
-    qk.rows_block_matvecs(blocks, blocks[:0], blocks[:0], kind, x, xq, xd, xsum, np.empty((1, k // 16), np.int16), minus,
-                          rows, rows, out, none, none)  # xq left in pair order, minus their sums' terms
+    group = 16 if kind in LOW_K_KINDS else 256 if kind == 136 else 32  # the activations' rounding
+    xq, xd, xsum = np.empty((1, k), np.int8), np.empty((1, k // group), np.float32), np.empty((1, k // group), np.float32)
+    minus, bsums = np.empty((1, 8 * ((k // 32 + 1) // 2)), np.int32), np.empty((1, k // 16), np.int16)
+    rows, out, none = np.zeros(1, np.int64), np.empty((1, n), np.float32), np.empty((1, 0), np.float32)
+    qk.rows_block_matvecs(blocks, blocks[:0], blocks[:0], kind, x, xq, xd, xsum, bsums, minus,
+                          rows, rows, out, none, none)  # Q4_0's and IQ4_NL's xq left in pair order, minus their sums' terms
     row_dot = qk.row_dot
 
     @njit
-    def each_row(blocks, xp, minus, xd, alone):
+    def each_row(blocks, xp, second, xd, alone):
         for r in range(blocks.shape[0]):
-            alone[r] = row_dot(blocks[r], xp[0], minus[0], xd[0], kind)
+            alone[r] = row_dot(blocks[r], xp[0], second[0], xd[0], kind)
     alone = np.empty(n, np.float32)
-    each_row(blocks, xq, minus, xd, alone)
+    each_row(blocks, xq, minus if kind in (18, -18) else bsums if kind == 136 else xsum, xd, alone)
     np.testing.assert_array_equal(out[0], alone)
 
 
