@@ -667,6 +667,7 @@ def _row_dot_intrinsic():
         const = lambda v: ir.Constant(n_blocks.type, v)  # noqa: E731
         pick = lambda v, lanes: builder.shuffle_vector(v, v, ir.Constant(vec(i32, len(lanes)), lanes))  # noqa: E731
         q2 = block_bytes == 84
+        fast = ("fast",)
 
         def half_at(wp, at):
             return half_bits_to_float(builder, builder.load(builder.bitcast(builder.gep(wp, [at]), i16.as_pointer()),
@@ -690,22 +691,15 @@ def _row_dot_intrinsic():
                 ints = scaled_byte_dot(builder, u, xv, pick(sc16, [2 * g] * 8 + [2 * g + 1] * 8), None)
                 xd2 = builder.load(builder.bitcast(builder.gep(dp, [builder.add(builder.mul(b, const(16)), const(2 * g))]),
                                                    vec(f32, 2).as_pointer()), align=4)
-                scales = pick(xd2, [0] * 4 + [1] * 4)
-                ints = builder.sitofp(ints, vec(f32, 8))
-                total = builder.fmul(ints, scales) if total is None else muladd(ints, scales, total)
+                term = builder.fmul(builder.sitofp(ints, vec(f32, 8)), pick(xd2, [0] * 4 + [1] * 4), flags=fast)
+                total = term if total is None else builder.fadd(total, term, flags=fast)
             # the offsets' sum over the block's 16 sub-blocks, from the activations' float sums
             xs = builder.load(builder.bitcast(builder.gep(sp, [builder.mul(b, const(16))]), vec(f32, 16).as_pointer()),
                               align=4)
-            products = builder.fmul(builder.sitofp(offsets16, vec(f32, 16)), xs)
-            offsets = builder.fadd(pick(products, list(range(8))), pick(products, list(range(8, 16))))
-            return muladd(total, splat_f32(builder, d, 8), builder.fmul(offsets, splat_f32(builder, offset_scale, 8)))
-
-        def muladd(a, b, c):
-            """a b + c (<8 x float>), fused where the CPU has FMA: in this order, wherever LLVM
-            schedules it (fast-math's freedom would sum a row differently beside other rows)."""
-            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec(f32, 8), [vec(f32, 8)] * 3),
-                                                "llvm.fmuladd.v8f32")
-            return builder.call(fn, [a, b, c])
+            products = builder.fmul(builder.sitofp(offsets16, vec(f32, 16)), xs, flags=fast)
+            offsets = builder.fadd(pick(products, list(range(8))), pick(products, list(range(8, 16))), flags=fast)
+            return builder.fadd(builder.fmul(total, splat_f32(builder, d, 8), flags=fast),
+                                builder.fmul(offsets, splat_f32(builder, offset_scale, 8), flags=fast), flags=fast)
         return sum_terms_rows(builder, block_term, n_blocks, with_weights(wp, rows))
 
     def with_weights(wp, rows):
