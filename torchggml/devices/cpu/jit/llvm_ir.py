@@ -20,6 +20,9 @@ OFFSET_BLOCK_KINDS = (20, 22, 24)
 # dmin m) and Q3_K (110: 32 bytes of high bits, 64 of 2-bit low bits, 12 of 6-bit scales, float16
 # d; W = d (sc - 32) (q - 4)). Their activations round per 16 values (low_k_blocks_dot).
 LOW_K_KINDS = (84, 110)
+# the kinds whose weight rows weight_rows_dot multiplies by one activation row in one loop:
+# Q4_0, IQ4_NL, IQ4_XS and the low K-quants
+WEIGHT_ROWS_KINDS = (18, -18, 136) + LOW_K_KINDS
 # row_dot's kinds that read ggml's blocks in place, by block bytes: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K,
 # IQ4_XS, the offset kinds and the low K-quants; and IQ4_NL
 BLOCK_KINDS = (34, 18, 144, 176, 210, 136) + OFFSET_BLOCK_KINDS + LOW_K_KINDS + (IQ4_NL_KIND,)
@@ -231,6 +234,39 @@ def _row_dot_intrinsic():
             return context.make_tuple(builder, out_type, sums)
         return out_type(w, wscale, x, xs, xd, m0, kind, count), codegen
 
+    @intrinsic
+    def weight_rows_dot(typingctx, blocks, n0, x, xs, xd, kind, count):
+        """row_dot of the weight rows n0 .. n0 + count - 1 of blocks (uint8 [rows, row bytes] of
+        WEIGHT_ROWS_KINDS' blocks; count a literal) by one activation row (x, xs, xd: row_dot's
+        x, scale and xd), in one loop: the activations' loads, their sums' terms and the loop's
+        steps are shared by the rows, whose float sums are independent chains the CPU overlaps
+        (a decode step's product, one activation row). Each row's sums are added in row_dot's
+        order: the same results, bit for bit. A tuple of count float32."""
+        if not (isinstance(kind, types.IntegerLiteral) and isinstance(count, types.IntegerLiteral)):
+            return None
+        k, n_rows = kind.literal_value, count.literal_value
+        if k not in WEIGHT_ROWS_KINDS:
+            return None
+        out_type = types.UniTuple(types.float32, n_rows)
+
+        def codegen(context, builder, sig, args):
+            arr = context.make_array(sig.args[0])(context, builder, args[0])
+            stride = builder.extract_value(arr.strides, 0)
+            base = builder.bitcast(arr.data, i8.as_pointer())
+            first = context.cast(builder, args[1], sig.args[1], types.int64)
+            wps = [builder.gep(base, [builder.mul(builder.add(first, ir.Constant(first.type, r)), stride)])
+                   for r in range(n_rows)]
+            row = tuple(data_ptr(context, builder, sig.args[i], args[i]) for i in (2, 3, 4))
+            n_groups = builder.extract_value(context.make_array(sig.args[4])(context, builder, args[4]).shape, 0)
+            if k == 136:
+                sums = iq4_xs_blocks_dot(builder, wps, [row] * n_rows, n_groups)
+            elif k in LOW_K_KINDS:  # xd's K / 16 -> the blocks of 256
+                sums = low_k_blocks_dot(builder, wps, [row] * n_rows, builder.lshr(n_groups, ir.Constant(n_groups.type, 4)), k)
+            else:
+                sums = q4_0_pairs_dot(builder, wps, [row] * n_rows, n_groups, k == IQ4_NL_KIND)
+            return context.make_tuple(builder, out_type, sums)
+        return out_type(blocks, n0, x, xs, xd, kind, count), codegen
+
     def dot_rows(builder, wp, rows, n_groups, k, half_scales):
         """The dot products of the weight row at wp with each activation row of rows, (x, scale,
         xd) pointers as row_dot's arguments, as a list of float32 values."""
@@ -362,14 +398,16 @@ def _row_dot_intrinsic():
         sum u x - 8 S exactly, in integers), 8 lanes of S for an odd last block; xd the blocks'
         activation scales. The scales d_j xd_j are taken 8 blocks at a time as one vector.
         rows: each activation row's (xp, minusp, dp). iq4_nl: IQ4_NL's blocks (the same bytes, each
-        nibble the index of its int8 value in kvalues_iq4nl: nibble_dot)."""
+        nibble the index of its int8 value in kvalues_iq4nl: nibble_dot). wp: one weight row for
+        every activation row (rows_dot), or a list, one weight row for each (weight_rows_dot)."""
+        wps = wp if isinstance(wp, list) else [wp] * len(rows)
         const = lambda v: ir.Constant(n_blocks.type, v)  # noqa: E731
         n_pairs = builder.lshr(n_blocks, const(1))
         nibble_dot = iq4_nl_dot if iq4_nl else q4_0_dot
         accs = [[cgutils.alloca_once_value(builder, ir.Constant(vec(f32, 8), [0.0] * 8)) for _ in range(ACCUMULATORS)]
                 for _ in rows]
 
-        def pair_ints(p, row):
+        def pair_ints(p, row, wp):
             xp, minus = row[0], builder.bitcast(row[1], i32.as_pointer())
             at = builder.mul(p, const(36))
             packed = builder.shuffle_vector(load_i8(builder, wp, builder.add(at, const(2)), 16),
@@ -383,72 +421,91 @@ def _row_dot_intrinsic():
             return nibble_dot(builder, [low, high], [load_i8(builder, xp, x_at, 32),
                                                      load_i8(builder, xp, builder.add(x_at, const(32)), 32)], sub)
 
-        def d_bits(j):
+        def d_bits(j, wp):
             at = builder.gep(wp, [builder.mul(j, const(18))])
             return builder.load(builder.bitcast(at, i16.as_pointer()), align=1)
 
-        def add(acc, p, row, s8):
-            term = builder.fmul(builder.sitofp(pair_ints(p, row), vec(f32, 8)), s8, flags=("fast",))
+        def add(acc, p, row, wp, s8):
+            term = builder.fmul(builder.sitofp(pair_ints(p, row, wp), vec(f32, 8)), s8, flags=("fast",))
             builder.store(builder.fadd(builder.load(acc), term, flags=("fast",)), acc)
+
+        def once_per_weight(make):
+            """make(w) for each row's weight row, computed once for rows that share one."""
+            made = {}
+            for w in wps:
+                if id(w) not in made:
+                    made[id(w)] = make(w)
+            return [made[id(w)] for w in wps]
 
         per = ACCUMULATORS  # pairs an iteration: 2 * per blocks' scales as one vector
         i64 = ir.IntType(64)
         with cgutils.for_range(builder, builder.udiv(n_pairs, const(per))) as loop:
             block0 = builder.mul(loop.index, const(2 * per))
-            # the float16 d of 4 blocks joined in a 64-bit integer (integer units), two of them
-            # then one vector: fewer vector shuffles than inserting each half
-            quads = []
-            for first in range(0, 2 * per, 4):
-                quad = ir.Constant(i64, 0)
-                for b in range(4):
-                    half = builder.zext(d_bits(builder.add(block0, const(first + b))), i64)
-                    quad = builder.or_(quad, builder.shl(half, ir.Constant(i64, 16 * b)))
-                quads.append(quad)
-            packed = ir.Constant(vec(i64, len(quads)), ir.Undefined)
-            for lane, quad in enumerate(quads):
-                packed = builder.insert_element(packed, quad, ir.Constant(i32, lane))
-            bits = builder.bitcast(packed, vec(i16, 2 * per))
-            d = halves_to_float(builder, bits)
-            for row, row_accs in zip(rows, accs):
+
+            def scales_d(wp):
+                """The float16 d of 2 * per blocks: where AVX-512 BW permutes words (vpermw),
+                picked from the 128 bytes that hold them (inside the blocks read); else 4 joined
+                in a 64-bit integer (integer units), two of them then one vector: fewer vector
+                shuffles than inserting each half."""
+                if "avx512bw" in target_features():
+                    words = builder.load(builder.bitcast(builder.gep(wp, [builder.mul(block0, const(18))]),
+                                                         vec(i16, 64).as_pointer()), align=1)
+                    bits = builder.shuffle_vector(words, words, ir.Constant(vec(i32, 2 * per), [9 * b for b in range(2 * per)]))
+                    return halves_to_float(builder, bits)
+                quads = []
+                for first in range(0, 2 * per, 4):
+                    quad = ir.Constant(i64, 0)
+                    for b in range(4):
+                        half = builder.zext(d_bits(builder.add(block0, const(first + b)), wp), i64)
+                        quad = builder.or_(quad, builder.shl(half, ir.Constant(i64, 16 * b)))
+                    quads.append(quad)
+                packed = ir.Constant(vec(i64, len(quads)), ir.Undefined)
+                for lane, quad in enumerate(quads):
+                    packed = builder.insert_element(packed, quad, ir.Constant(i32, lane))
+                return halves_to_float(builder, builder.bitcast(packed, vec(i16, 2 * per)))
+            ds = once_per_weight(scales_d)
+            for row, wp, d, row_accs in zip(rows, wps, ds, accs):
                 xd = builder.load(builder.bitcast(builder.gep(row[2], [block0]), vec(f32, 2 * per).as_pointer()), align=4)
                 scales = builder.fmul(d, xd, flags=("fast",))
                 for q in range(per):
-                    add(row_accs[q], builder.add(builder.mul(loop.index, const(per)), const(q)), row,
+                    add(row_accs[q], builder.add(builder.mul(loop.index, const(per)), const(q)), row, wp,
                         lane_pairs(builder, scales, 2 * q))
 
-        def scale_of(j, row):
-            return builder.fmul(half_bits_to_float(builder, d_bits(j)), builder.load(builder.gep(row[2], [j])))
+        def scale_of(j, row, wp):
+            return builder.fmul(half_bits_to_float(builder, d_bits(j, wp)), builder.load(builder.gep(row[2], [j])))
 
         done = builder.mul(builder.udiv(n_pairs, const(per)), const(per))
         with cgutils.for_range(builder, builder.sub(n_pairs, done)) as loop:
             p = builder.add(done, loop.index)
-            for row, row_accs in zip(rows, accs):
+            for row, wp, row_accs in zip(rows, wps, accs):
                 s2 = ir.Constant(vec(f32, 8), ir.Undefined)
-                s2 = builder.insert_element(s2, scale_of(builder.shl(p, const(1)), row), ir.Constant(i32, 0))
-                s2 = builder.insert_element(s2, scale_of(builder.add(builder.shl(p, const(1)), const(1)), row),
+                s2 = builder.insert_element(s2, scale_of(builder.shl(p, const(1)), row, wp), ir.Constant(i32, 0))
+                s2 = builder.insert_element(s2, scale_of(builder.add(builder.shl(p, const(1)), const(1)), row, wp),
                                             ir.Constant(i32, 1))
-                add(row_accs[0], p, row, builder.shuffle_vector(s2, s2, ir.Constant(vec(i32, 8), [0] * 4 + [1] * 4)))
+                add(row_accs[0], p, row, wp, builder.shuffle_vector(s2, s2, ir.Constant(vec(i32, 8), [0] * 4 + [1] * 4)))
         with cgutils.if_unlikely(builder, builder.trunc(n_blocks, ir.IntType(1))):  # an odd last block
             j = builder.sub(n_blocks, const(1))
-            u = nibble_values_at(builder, wp, builder.add(builder.mul(j, const(18)), const(2)))
-            for row, row_accs in zip(rows, accs):
+            for row, wp, row_accs in zip(rows, wps, accs):
+                u = nibble_values_at(builder, wp, builder.add(builder.mul(j, const(18)), const(2)))
                 xv = load_i8(builder, row[0], builder.mul(j, const(32)), 32)
                 minus = builder.bitcast(row[1], i32.as_pointer())
                 sub = builder.load(builder.bitcast(builder.gep(minus, [builder.mul(n_pairs, const(8))]),
                                                    vec(i32, 8).as_pointer()), align=4)
                 ints = nibble_dot(builder, [u], [xv], sub)
-                sj = builder.insert_element(ir.Constant(vec(f32, 8), ir.Undefined), scale_of(j, row), ir.Constant(i32, 0))
+                sj = builder.insert_element(ir.Constant(vec(f32, 8), ir.Undefined), scale_of(j, row, wp), ir.Constant(i32, 0))
                 term = builder.fmul(builder.sitofp(ints, vec(f32, 8)),
                                     builder.shuffle_vector(sj, sj, ir.Constant(vec(i32, 8), [0] * 8)), flags=("fast",))
                 builder.store(builder.fadd(builder.load(row_accs[0]), term, flags=("fast",)), row_accs[0])
         return [sum_accumulators(builder, row_accs) for row_accs in accs]
 
     def q4_0_dot(builder, us, xvs, sub):
-        """Q4_0's nibbles us (<32 x i8> each) times xvs, minus sub (the 8 S terms): <8 x i32>."""
-        ints = None
+        """Q4_0's nibbles us (<32 x i8> each) times xvs, minus sub (the 8 S terms): <8 x i32>.
+        The byte dots add onto -sub (vpdpbusd's accumulator): no subtraction after them, and
+        rows that share the activations share it."""
+        ints = builder.neg(sub)
         for u, xv in zip(us, xvs):
             ints = adjacent_byte_dot(builder, u, xv, ints)
-        return builder.sub(ints, sub)
+        return ints
 
     def iq4_nl_dot(builder, us, xvs, sub):
         """IQ4_NL's nibbles us (indices into kvalues_iq4nl) times xvs as <8 x i32>. Where the
@@ -456,13 +513,13 @@ def _row_dot_intrinsic():
         128 S taken off: sub (8 S in Q4_0's lanes) times 16; elsewhere (vpmaddubsw would
         saturate on u up to 241) the signed values' magnitudes times x with their signs."""
         offset = vnni_byte_dot()
-        ints = None
+        ints = builder.neg(builder.shl(sub, ir.Constant(vec(i32, 8), [4] * 8))) if offset else None
         for u, xv in zip(us, xvs):
             v = iq4_nl_values(builder, u, 128 if offset else 0)
             if not offset:
                 v, xv = sign_moved(builder, v, xv)
             ints = adjacent_byte_dot(builder, v, xv, ints)
-        return builder.sub(ints, builder.shl(sub, ir.Constant(vec(i32, 8), [4] * 8))) if offset else ints
+        return ints
 
     def lane_pairs(builder, v8, lane):
         """<8 x float> [v8[lane]] * 4 + [v8[lane + 1]] * 4: one vpermps on AVX2."""
@@ -576,11 +633,11 @@ def _row_dot_intrinsic():
         ggml's Q8_K (one scale xd a block), as ggml's kernels: per block the integer
         sum_g (ls_g - 32) (v_g . x_g), the values' magnitudes times x with their signs
         (vpmaddubsw cannot take them unsigned: up to 241), then d xd times it. rows: each
-        activation row's (xp, sump (unread), dp)."""
+        activation row's (xp, sump (unread), dp); wp as q4_0_pairs_dot's."""
         const = lambda v: ir.Constant(n_blocks.type, v)  # noqa: E731
 
         def block_term(b, row):
-            xp, dp = row[0], row[2]
+            xp, dp, wp = row[0], row[2], row[3]
             base = builder.mul(b, const(136))
             sc = builder.trunc(iq4_xs_scales(builder, wp, base), vec(i16, 8))
             sc16 = builder.shuffle_vector(sc, sc, ir.Constant(vec(i32, 16), list(range(8)) * 2))
@@ -595,7 +652,8 @@ def _row_dot_intrinsic():
             scale = builder.fmul(d, builder.load(builder.gep(dp, [b])))
             return builder.fmul(builder.sitofp(builder.add(chains[0], chains[1]), vec(f32, 8)), splat_f32(builder, scale, 8),
                                 flags=("fast",))
-        return sum_terms_rows(builder, block_term, n_blocks, rows)  # each block's term from its exact integer sums
+        # each block's term from its exact integer sums
+        return sum_terms_rows(builder, block_term, n_blocks, with_weights(wp, rows))
 
     def low_k_blocks_dot(builder, wp, rows, n_blocks, block_bytes):
         """A row of ggml's Q2_K or Q3_K blocks in place (LOW_K_KINDS; values u: low_k_values)
@@ -605,26 +663,26 @@ def _row_dot_intrinsic():
         d sum_s xd_s sc_s (u_s . x_s) - dmin sum_s m_s xsum_s, Q3_K's (q = u - 4, scales
         sc - 32) d (sum_s xd_s sc_s (u_s . x_s) - 4 sum_s sc_s xsum_s), each sc_s (u_s . x_s)
         an exact integer dot, two sub-blocks a vector of 8 lanes. rows: each activation row's
-        (xp, xsum, dp)."""
+        (xp, xsum, dp); wp as q4_0_pairs_dot's."""
         const = lambda v: ir.Constant(n_blocks.type, v)  # noqa: E731
         pick = lambda v, lanes: builder.shuffle_vector(v, v, ir.Constant(vec(i32, len(lanes)), lanes))  # noqa: E731
         q2 = block_bytes == 84
         fast = ("fast",)
 
-        def half_at(at):
+        def half_at(wp, at):
             return half_bits_to_float(builder, builder.load(builder.bitcast(builder.gep(wp, [at]), i16.as_pointer()),
                                                             align=1))
 
         def block_term(b, row):
-            xp, sp, dp = row[0], row[1], row[2]
+            xp, sp, dp, wp = row
             base = builder.mul(b, const(block_bytes))
             if q2:
                 sc16, offsets16 = q2_k_scales_and_mins(builder, wp, base)
-                d = half_at(builder.add(base, const(80)))
-                offset_scale = builder.fneg(half_at(builder.add(base, const(82))))  # -dmin m_s
+                d = half_at(wp, builder.add(base, const(80)))
+                offset_scale = builder.fneg(half_at(wp, builder.add(base, const(82))))  # -dmin m_s
             else:
                 sc16 = offsets16 = q3_k_scales(builder, wp, builder.add(base, const(96)))
-                d = half_at(builder.add(base, const(108)))
+                d = half_at(wp, builder.add(base, const(108)))
                 offset_scale = builder.fmul(d, ir.Constant(f32, -4.0))  # -4 d sc_s
             total = None
             for g in range(8):  # sub-blocks 2g and 2g + 1
@@ -642,7 +700,12 @@ def _row_dot_intrinsic():
             offsets = builder.fadd(pick(products, list(range(8))), pick(products, list(range(8, 16))), flags=fast)
             return builder.fadd(builder.fmul(total, splat_f32(builder, d, 8), flags=fast),
                                 builder.fmul(offsets, splat_f32(builder, offset_scale, 8), flags=fast), flags=fast)
-        return sum_terms_rows(builder, block_term, n_blocks, rows)
+        return sum_terms_rows(builder, block_term, n_blocks, with_weights(wp, rows))
+
+    def with_weights(wp, rows):
+        """Each of rows with its weight row's pointer appended: wp for all (rows_dot), or a list,
+        one for each (weight_rows_dot)."""
+        return [row + (w,) for row, w in zip(rows, wp if isinstance(wp, list) else [wp] * len(rows))]
 
     def scaled_byte_dot(builder, u, xv, sc16, acc):
         """acc (<8 x i32>, or None: zeros) plus the products of 32 unsigned bytes u (< 64) and 32
@@ -828,7 +891,7 @@ def _row_dot_intrinsic():
             return context.get_dummy_value()
         return types.none(w, o, kind), codegen
 
-    return row_dot, rows_dot, make_unpack(nibble_values), make_unpack(six_bit_values), blocks_to_float
+    return row_dot, rows_dot, weight_rows_dot, make_unpack(nibble_values), make_unpack(six_bit_values), blocks_to_float
 
 
 # ---------------------------------------------------------------- float sums in IR

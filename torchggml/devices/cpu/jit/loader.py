@@ -198,8 +198,10 @@ def start_numba() -> None:
     note_loading()
     release()  # LLVM's start-up code (code_pages.py): what the kernels' loads run comes back then
     _started.append(True)
-    if _threads:
-        _apply_threads(_threads.pop())
+    # numba's thread pool started now, whether or not a count was asked: a parallel kernel
+    # loaded from the disk cache does not start it (its first call crashed)
+    import numba
+    _apply_threads(_threads.pop() if _threads else numba.config.NUMBA_NUM_THREADS)
     gc.freeze()
 
 
