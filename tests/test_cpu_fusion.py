@@ -18,7 +18,7 @@ T = ggml.Type
 
 
 def attention_graph(n_tok=1, n_head=8, n_head_kv=2, d=64, n_kv=48, mask_type=T.F32, k_type=T.F16,
-                    max_bias=0.0, sinks=False, extra_reader=False, kq_output=False):
+                    max_bias=0.0, sinks=False, extra_reader=False, kq_output=False, kqv_reader=False):
     """(graph, inputs {name: tensor}, out, buffer): a decode step's attention as the model builder
     writes it, allocated by the graph allocator (which reuses freed memory, as in a model)."""
     ctx = ggml.init(mem_size=1 << 22, no_alloc=True)
@@ -44,6 +44,8 @@ def attention_graph(n_tok=1, n_head=8, n_head_kv=2, d=64, n_kv=48, mask_type=T.F
     out = ggml.cont_2d(ctx, ggml.permute(ctx, kqv, 0, 2, 1, 3), d * n_head, n_tok)
     if extra_reader:  # the scores read again elsewhere: kq has two readers
         out = ggml.add(ctx, out, ggml.sum(ctx, kq))
+    if kqv_reader:  # the attention's rows read again: their CONT stays a call
+        out = ggml.add(ctx, out, ggml.sum(ctx, kqv))
     ggml.set_output(out)
     graph = ggml.new_graph(ctx)
     ggml.build_forward_expand(graph, out)
@@ -106,6 +108,7 @@ FUSED = [
     ("mqa-rows-3", dict(n_tok=3, n_head=12, n_head_kv=1)),
     ("odd-heads", dict(n_tok=2, n_head=7, n_head_kv=7, n_kv=33)),  # heads not a multiple of the threads
     ("rows-5", dict(n_tok=5, n_kv=40)),
+    ("decode-rows-read-twice", dict(n_tok=1, kqv_reader=True)),
     ("prompt-gqa", dict(n_tok=37, n_head=9, n_head_kv=3, n_kv=64)),
     ("prompt-f16-mask", dict(n_tok=32, n_head=4, n_head_kv=1, n_kv=40, mask_type=T.F16)),
     ("prompt-hidden-row", dict(n_tok=20, n_head=4, n_head_kv=2, n_kv=24, hidden_row=7)),
@@ -123,8 +126,11 @@ def test_fused_attention_equals_float64(options, monkeypatch):
     n_fused, fused = run(graph, out, monkeypatch, True)
     fill(inputs, n_tok, n_kv, hidden_row=hidden_row)  # the allocator reuses the inputs' memory once they are read
     n_plain, plain = run(graph, out, monkeypatch, False)
-    assert n_fused == n_plain - 3  # KQ, softmax and V^T's calls dropped
+    # KQ's, softmax's and V^T's calls dropped, and a token's CONT(PERMUTE(KQV)) (the heads side by side)
+    assert n_fused == n_plain - (4 if n_tok == 1 and not options.get("kqv_reader") else 3)
     want = reference(values, options.get("n_head", 8), options.get("n_head_kv", 2), 1.0 / math.sqrt(options.get("d", 64)))
+    if options.get("kqv_reader"):  # out + sum(kqv) = want + the sum of want
+        want = want + want.sum()
     torch.testing.assert_close(fused.reshape(want.shape), want, rtol=1e-5, atol=1e-5)
     # the unfused nodes (the torch kernels here) may round to F16 on the way: looser
     torch.testing.assert_close(plain.reshape(want.shape), want, rtol=1e-3, atol=1e-3)
