@@ -215,3 +215,80 @@ def test_products_of_the_same_rows_share_their_rounding(types, rounds, monkeypat
             assert [not fn.args[-1] for fn in gemms] == rounds
     for ours, alone in zip(*got):
         assert torch.equal(ours, alone)
+
+
+# (case, rows, row length, weight rows, NORM or RMS_NORM, the output over the input)
+NORM_MUL = [
+    ("rms-decode", 1, 576, 1, True, False),
+    ("norm-decode", 1, 640, 1, False, False),
+    ("rms-rows-tiled-weight", 3, 64, 1, True, False),
+    ("rms-weight-per-row", 2, 40, 2, True, False),
+    ("rms-in-place", 2, 96, 1, True, True),
+]
+
+
+@pytest.mark.parametrize("rows,n,w_rows,rms,in_place", [c[1:] for c in NORM_MUL], ids=[c[0] for c in NORM_MUL])
+def test_norm_mul_gives_the_bits_of_its_two_calls(rows, n, w_rows, rms, in_place):
+    """op_kernels.norm_mul (RMS_NORM / NORM -> MUL by the weight) rounds as row_norm's call then
+    binary's MUL do."""
+    from torchggml.devices.cpu.jit.loader import op_kernels
+    ops = op_kernels()
+    gen = np.random.default_rng(rows * n)
+    x = (gen.standard_normal((1, 1, rows, n)) * 3).astype(np.float32)
+    w = gen.standard_normal((1, 1, w_rows, n)).astype(np.float32)
+    normed, want = np.empty_like(x), np.empty_like(x)
+    ops.row_norm(x, normed, np.float32(1e-5), rms)
+    ops.binary(normed, w, want, 2)
+    out = x.copy() if in_place else np.empty_like(x)
+    ops.norm_mul(out if in_place else x, w, out, np.float32(1e-5), rms)
+    assert np.array_equal(out, want)
+
+
+def _norm_mul_graph(n_tok, weight_rows=1, norm_output=False, other_reader=False):
+    ctx = ggml.init(mem_size=1 << 20, no_alloc=True)
+    x = ggml.new_tensor_2d(ctx, T.F32, 64, n_tok)
+    w = ggml.new_tensor_2d(ctx, T.F32, 64, weight_rows)
+    for t in (x, w):
+        ggml.set_input(t)
+    normed = ggml.rms_norm(ctx, ggml.scale(ctx, x, 2.0), 1e-6)
+    if norm_output:
+        ggml.set_output(normed)
+    out = ggml.mul(ctx, normed, w)
+    if other_reader:
+        out = ggml.add(ctx, out, normed)
+    ggml.set_output(out)
+    graph = ggml.new_graph(ctx)
+    ggml.build_forward_expand(graph, out)
+    galloc = ggml.gallocr_new(ggml.backend_cpu_buffer_type())
+    assert ggml.gallocr_alloc_graph(galloc, graph)
+    return graph, x, w, out, galloc
+
+
+# (case, options, whether the norm and its MUL become one call)
+NORM_MUL_GRAPHS = [
+    ("decode", dict(n_tok=1), True),
+    ("rows-4", dict(n_tok=4), True),
+    ("norm-an-output", dict(n_tok=1, norm_output=True), False),
+    ("norm-read-twice", dict(n_tok=1, other_reader=True), False),
+]
+
+
+@pytest.mark.parametrize("options,fuses", [c[1:] for c in NORM_MUL_GRAPHS], ids=[c[0] for c in NORM_MUL_GRAPHS])
+def test_a_norm_and_its_weight_fuse_only_when_the_norm_is_private(options, fuses, monkeypatch):
+    graph, x, w, out, _galloc = _norm_mul_graph(**options)
+    gen = torch.Generator().manual_seed(3)
+    values = [torch.randn(x.ne[1], x.ne[0], generator=gen), torch.randn(w.ne[1], w.ne[0], generator=gen)]
+
+    def compute(fast):
+        for t, v in zip((x, w), values):
+            ggml.backend_tensor_set(t, v)
+        return run(graph, out, monkeypatch, fast)
+    n_fast, fast = compute(True)
+    n_plain, plain = compute(False)
+    assert n_fast == n_plain - (1 if fuses else 0)
+    xs = 2.0 * values[0].double()
+    want = xs / torch.sqrt((xs * xs).mean(-1, keepdim=True) + 1e-6) * values[1].double()
+    if options.get("other_reader"):
+        want = want + xs / torch.sqrt((xs * xs).mean(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(fast.reshape(want.shape), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(plain.reshape(want.shape), want, rtol=1e-5, atol=1e-5)

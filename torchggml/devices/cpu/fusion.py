@@ -84,7 +84,40 @@ def fuse(calls, graph) -> list:
             dropped = skipped
     if fused:
         calls = [(fused.get(i, fn), node) for i, (fn, node) in enumerate(calls) if i not in dropped]
-    return _share_rounding(calls)
+    return _share_rounding(_fuse_norm_mul(calls, counts))
+
+
+def _fuse_norm_mul(calls, counts) -> list:
+    """The calls with each decode step's RMS_NORM / NORM and the MUL by its weight right after it
+    (row_norm's and binary's bound calls, the norm read by the MUL alone) as one norm_mul call."""
+    kernels = op_kernels()
+    out, norm_call = [], None
+    for fn, node in calls:
+        norm = node.src[0] if node.op == Op.MUL else None
+        prev = out[-1] if out else None
+        if (norm is not None and prev is not None and prev[1] is norm and _norm_mul_takes(prev[0], fn, norm, node, counts)):
+            norm_call = prev[0]
+            out[-1] = (BoundKernel(kernels.norm_mul, norm_call.args[0], fn.args[1], fn.args[2], *norm_call.args[2:]), node)
+            continue
+        out.append((fn, node))
+    return out
+
+
+def _norm_mul_takes(norm_fn, mul_fn, norm, mul, counts) -> bool:
+    """norm_mul takes the pair: the serial numba kernels bound, F32 rows, the norm read once and
+    not an output, the weight's rows as long as the norm's, and the MUL's output the norm's input
+    or memory apart from it (norm_mul writes its rows while it reads them)."""
+    kernels = op_kernels()
+    if not (isinstance(norm_fn, BoundKernel) and norm_fn.kernel is kernels.row_norm and isinstance(mul_fn, BoundKernel)
+            and mul_fn.kernel is kernels.binary and mul_fn.args[3] == 2):
+        return False
+    x, w = norm.src[0], mul.src[1]
+    if (counts[id(norm)] != 1 or norm.flags & _OUTPUT or mul.src[0] is not norm or w is None
+            or any(t.type != Type.F32 for t in (x, norm, w, mul)) or w.ne[0] != norm.ne[0]
+            or list(mul.ne) != list(norm.ne)):
+        return False
+    lo, hi, x_lo, x_hi = mul.data, mul.data + nbytes(mul), x.data, x.data + nbytes(x)
+    return (lo == x_lo and hi == x_hi) or hi <= x_lo or x_hi <= lo
 
 
 def _share_rounding(calls) -> list:

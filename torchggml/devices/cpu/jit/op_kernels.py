@@ -10,6 +10,7 @@ LLVM then neither reorders sums nor fuses multiplies and adds; its numpy error m
 division (x / 0 is inf or NaN, as in ggml, not a ZeroDivisionError).
 
     row_norm(x, out, eps, rms)                       NORM / RMS_NORM over ne0 (row_norm_rows: threaded)
+    norm_mul(x, w, out, eps, rms)                    row_norm then out *= w's rows (a norm and its weight)
     soft_max(x, out, mask, slopes, sinks, scale, has_mask, has_sinks)
     soft_max_rows(...)                               the same, the rows split over the threads
     rope(x, out, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
@@ -271,6 +272,19 @@ def row_norm(x, out, eps, rms):
         for i2 in range(x.shape[1]):
             for i1 in range(x.shape[2]):
                 _norm_row(x[i3, i2, i1], out[i3, i2, i1], eps, rms)
+
+
+# a decode step's norm times its weight (RMS_NORM -> MUL, fusion.py): the rows normed into out,
+# then multiplied in place by w's rows (tiled over x's, each as long as a row), as the two calls
+# round them
+@jit
+def norm_mul(x, w, out, eps, rms):
+    for i3 in range(x.shape[0]):
+        for i2 in range(x.shape[1]):
+            for i1 in range(x.shape[2]):
+                orow = out[i3, i2, i1]
+                _norm_row(x[i3, i2, i1], orow, eps, rms)
+                binary_row(orow, w[i3 % w.shape[0], i2 % w.shape[1], i1 % w.shape[2]], orow, 2)
 
 
 # the same over the rows split among the threads (a prompt's rows)

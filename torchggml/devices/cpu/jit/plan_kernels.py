@@ -15,7 +15,7 @@ import numpy as np
 from numba import carray, get_num_threads, njit, types
 from numba.extending import intrinsic
 
-from .op_kernels import binary, copy, decode_attention, glu, half_matvec, rope, row_norm, scale, set_rows
+from .op_kernels import binary, copy, decode_attention, glu, half_matvec, norm_mul, rope, row_norm, scale, set_rows
 from .quant_kernels import rows_block_matvecs, rows_matvec
 
 # (kernel name, argument types): an array as dtype/ndim, "i" an int, "b" a bool, "f4"/"f8" a
@@ -34,6 +34,7 @@ OPS = (
     # Q4_0, Q4_1 and Q4_K, are multiplied on their blocks in place)
     ("rows_matvec", "i1/2 f4/2 f4/2 b i b f4/2 i1/2 f4/2 f4/2 i8/1 i8/1 f4/2"),
     ("scale", "f4/4 f4/4 f4 f4"),
+    ("norm_mul", "f4/4 f4/4 f4/4 f4 b"),
 )
 # Only the types of a decode step with the default F16 KV cache: each branch compiles when the
 # program does (a first use after an install: ~4 s for an attention variant), and the other
@@ -181,4 +182,6 @@ def run_program(a, program, floats, status):
                         i1_2(a, p[8]), f4_2(a, p[9]), f4_2(a, p[10]), i8_1(a, p[11]), i8_1(a, p[12]), f4_2(a, p[13]))
         elif op == 10:
             scale(f4_4(a, p[1]), f4_4(a, p[2]), np.float32(f[0]), np.float32(f[1]))
+        elif op == 11:
+            norm_mul(f4_4(a, p[1]), f4_4(a, p[2]), f4_4(a, p[3]), np.float32(f[0]), p[4] != 0)
     return -1
