@@ -15,7 +15,8 @@ division (x / 0 is inf or NaN, as in ggml, not a ZeroDivisionError).
     soft_max_rows(...)                               the same, the rows split over the threads
     rope(x, out, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
          interleaved, copy_rest)                     NORMAL / NEOX rotation (rope_rows(..., angles, angle_pos):
-                                                     the tokens threaded, the angles shared by the nodes)
+                                                     the tokens threaded, the angles shared by the nodes;
+                                                     rope_shared(...): the same on one thread)
     set_rows(rows, idx, dst) -> first bad index position or -1
     copy(src, dst)                                   same shape, element by element, tiled
     glu(x, gate, out, gelu)                          silu(x) * gate, or GEGLU's gelu(x) * gate (glu_rows: threaded)
@@ -414,18 +415,44 @@ def rope(x, out, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, 
 def rope_rows(x, out, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
               interleaved, copy_rest, angles, angle_pos):
     n_tok = x.shape[1]
-    fresh = angle_pos[0] == n_tok
-    for i2 in range(n_tok if fresh else 0):
-        fresh &= angle_pos[1 + i2] == pos[i2]
-    if not fresh:
+    if not _angles_hold(pos, n_tok, angle_pos):
         for i2 in prange(n_tok):
             _rope_angles(pos[i2], factors, inv_freq, ramp, has_factors, freq_scale, mscale, angles[0, i2],
                          angles[1, i2])
-        for i2 in range(n_tok):
-            angle_pos[1 + i2] = pos[i2]
-        angle_pos[0] = n_tok
+        _angles_of(pos, n_tok, angle_pos)
     for i2 in prange(n_tok):
         _rope_rotate(x, out, i2, start, width, interleaved, copy_rest, angles[0, i2], angles[1, i2])
+
+
+# the same on one thread: a decode step's ROPE nodes in a native run (native_plan.py gives its
+# rope calls a table of angles, which the step's 2 x n_layer nodes share)
+@jit
+def rope_shared(x, out, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
+                interleaved, copy_rest, angles, angle_pos):
+    n_tok = x.shape[1]
+    if not _angles_hold(pos, n_tok, angle_pos):
+        for i2 in range(n_tok):
+            _rope_angles(pos[i2], factors, inv_freq, ramp, has_factors, freq_scale, mscale, angles[0, i2],
+                         angles[1, i2])
+        _angles_of(pos, n_tok, angle_pos)
+    for i2 in range(n_tok):
+        _rope_rotate(x, out, i2, start, width, interleaved, copy_rest, angles[0, i2], angles[1, i2])
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _angles_hold(pos, n_tok, angle_pos):
+    """The table's angles are those of these positions (angle_pos: the tokens, then positions)."""
+    fresh = angle_pos[0] == n_tok
+    for i2 in range(n_tok if fresh else 0):
+        fresh &= angle_pos[1 + i2] == pos[i2]
+    return fresh
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _angles_of(pos, n_tok, angle_pos):
+    for i2 in range(n_tok):
+        angle_pos[1 + i2] = pos[i2]
+    angle_pos[0] = n_tok
 
 
 @jit
