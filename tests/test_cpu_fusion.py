@@ -292,3 +292,53 @@ def test_a_norm_and_its_weight_fuse_only_when_the_norm_is_private(options, fuses
         want = want + xs / torch.sqrt((xs * xs).mean(-1, keepdim=True) + 1e-6)
     torch.testing.assert_close(fast.reshape(want.shape), want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(plain.reshape(want.shape), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows,n,w_rows,rms", [(1, 576, 1, True), (3, 64, 1, False), (2, 40, 2, True)])
+def test_add_norm_mul_gives_the_bits_of_its_calls(rows, n, w_rows, rms):
+    """op_kernels.add_norm_mul (the residual's ADD, then norm_mul of the sum) rounds as binary's
+    ADD call then norm_mul do, and writes the sum too."""
+    from torchggml.devices.cpu.jit.loader import op_kernels
+    ops = op_kernels()
+    gen = np.random.default_rng(rows + n)
+    a, b = ((gen.standard_normal((1, 1, rows, n)) * 3).astype(np.float32) for _ in range(2))
+    w = gen.standard_normal((1, 1, w_rows, n)).astype(np.float32)
+    total, want = np.empty_like(a), np.empty_like(a)
+    ops.binary(a, b, total, 0)
+    ops.norm_mul(total, w, want, np.float32(1e-5), rms)
+    got_total, got = np.empty_like(a), np.empty_like(a)
+    ops.add_norm_mul(a, b, got_total, w, got, np.float32(1e-5), rms)
+    assert np.array_equal(got_total, total) and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("rows,fuses", [(1, True), (3, False)])
+def test_a_residual_add_and_the_next_norm_fuse_keeping_the_sum(rows, fuses, monkeypatch):
+    """x + y -> RMS_NORM -> MUL(w), the sum read again (a residual stream): one add_norm_mul
+    call for the three, both the sum and the normed rows as the unfused nodes give them; rows
+    whose output the allocator put over an operand (the scaled x, freed by the ADD) stay two
+    calls, but for one row (read whole before it is written)."""
+    ctx = ggml.init(mem_size=1 << 20, no_alloc=True)
+    x, y, w = ggml.new_tensor_2d(ctx, T.F32, 64, rows), ggml.new_tensor_2d(ctx, T.F32, 64, rows), ggml.new_tensor_1d(ctx, T.F32, 64)
+    for t in (x, y, w):
+        ggml.set_input(t)
+    total = ggml.add(ctx, ggml.scale(ctx, x, 1.0), y)
+    out = ggml.add(ctx, ggml.mul(ctx, ggml.rms_norm(ctx, total, 1e-6), w), total)
+    ggml.set_output(out)
+    graph = ggml.new_graph(ctx)
+    ggml.build_forward_expand(graph, out)
+    galloc = ggml.gallocr_new(ggml.backend_cpu_buffer_type())
+    assert ggml.gallocr_alloc_graph(galloc, graph)
+    gen = torch.Generator().manual_seed(5)
+    values = [torch.randn(rows, 64, generator=gen) for _ in range(2)] + [torch.randn(64, generator=gen)]
+
+    def compute(fast):
+        for t, v in zip((x, y, w), values):
+            ggml.backend_tensor_set(t, v)
+        return run(graph, out, monkeypatch, fast)
+    n_fast, fast = compute(True)
+    n_plain, plain = compute(False)
+    assert n_fast == n_plain - (2 if fuses else 1)
+    s = values[0].double() + values[1].double()
+    want = s / torch.sqrt((s * s).mean(-1, keepdim=True) + 1e-6) * values[2].double() + s
+    torch.testing.assert_close(fast.reshape(want.shape), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(plain.reshape(want.shape), want, rtol=1e-5, atol=1e-5)

@@ -98,9 +98,37 @@ def _fuse_norm_mul(calls, counts) -> list:
         if (norm is not None and prev is not None and prev[1] is norm and _norm_mul_takes(prev[0], fn, norm, node, counts)):
             norm_call = prev[0]
             out[-1] = (BoundKernel(kernels.norm_mul, norm_call.args[0], fn.args[1], fn.args[2], *norm_call.args[2:]), node)
+            if len(out) > 1 and _add_takes(out[-2], norm.src[0], node):
+                add = out[-2][0]
+                out[-2:] = [(BoundKernel(kernels.add_norm_mul, *add.args[:3], *out[-1][0].args[1:]), node)]
             continue
         out.append((fn, node))
     return out
+
+
+def _add_takes(call, x, mul) -> bool:
+    """The call before a norm_mul of x into mul is x's ADD (binary's serial call) of two F32
+    operands of x's shape, and mul is x or apart from it and, for more than one row, apart from
+    the operands (add_norm_mul writes a row's output after reading the row's operands, and the
+    next rows' after that): x = a + b then fuses into add_norm_mul (x is still written: the
+    residual stream reads it again)."""
+    fn, node = call
+    if not (node is x and node.op == Op.ADD and isinstance(fn, BoundKernel) and fn.kernel is op_kernels().binary
+            and fn.args[3] == 0):
+        return False
+    a, b = node.src[0], node.src[1]
+    if not all(t is not None and t.type == Type.F32 and list(t.ne) == list(x.ne) for t in (a, b)):
+        return False
+    one_row = nelements(x) == x.ne[0]
+    return (one_row or (_apart(mul, a) and _apart(mul, b))) and (_apart(mul, x) or _same_memory(mul, x))
+
+
+def _apart(t, other) -> bool:
+    return t.data + nbytes(t) <= other.data or other.data + nbytes(other) <= t.data
+
+
+def _same_memory(t, other) -> bool:
+    return t.data == other.data and nbytes(t) == nbytes(other)
 
 
 def _norm_mul_takes(norm_fn, mul_fn, norm, mul, counts) -> bool:
@@ -116,8 +144,7 @@ def _norm_mul_takes(norm_fn, mul_fn, norm, mul, counts) -> bool:
             or any(t.type != Type.F32 for t in (x, norm, w, mul)) or w.ne[0] != norm.ne[0]
             or list(mul.ne) != list(norm.ne)):
         return False
-    lo, hi, x_lo, x_hi = mul.data, mul.data + nbytes(mul), x.data, x.data + nbytes(x)
-    return (lo == x_lo and hi == x_hi) or hi <= x_lo or x_hi <= lo
+    return _same_memory(mul, x) or _apart(mul, x)
 
 
 def _share_rounding(calls) -> list:

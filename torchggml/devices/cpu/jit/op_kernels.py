@@ -11,6 +11,7 @@ division (x / 0 is inf or NaN, as in ggml, not a ZeroDivisionError).
 
     row_norm(x, out, eps, rms)                       NORM / RMS_NORM over ne0 (row_norm_rows: threaded)
     norm_mul(x, w, out, eps, rms)                    row_norm then out *= w's rows (a norm and its weight)
+    add_norm_mul(a, b, total, w, out, eps, rms)      total = a + b, then norm_mul(total, w, out, ...)
     soft_max(x, out, mask, slopes, sinks, scale, has_mask, has_sinks)
     soft_max_rows(...)                               the same, the rows split over the threads
     rope(x, out, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
@@ -285,6 +286,20 @@ def norm_mul(x, w, out, eps, rms):
             for i1 in range(x.shape[2]):
                 orow = out[i3, i2, i1]
                 _norm_row(x[i3, i2, i1], orow, eps, rms)
+                binary_row(orow, w[i3 % w.shape[0], i2 % w.shape[1], i1 % w.shape[2]], orow, 2)
+
+
+# the residual's ADD and the next norm times its weight (ADD -> RMS_NORM -> MUL, fusion.py):
+# total = a + b (a row of b for each of a's), then norm_mul of total into out (apart from a, b
+# and total), as the calls round them
+@jit
+def add_norm_mul(a, b, total, w, out, eps, rms):
+    for i3 in range(a.shape[0]):
+        for i2 in range(a.shape[1]):
+            for i1 in range(a.shape[2]):
+                t, orow = total[i3, i2, i1], out[i3, i2, i1]
+                binary_row(a[i3, i2, i1], b[i3, i2, i1], t, 0)
+                _norm_row(t, orow, eps, rms)
                 binary_row(orow, w[i3 % w.shape[0], i2 % w.shape[1], i1 % w.shape[2]], orow, 2)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from numba import carray, get_num_threads, njit, types
 from numba.extending import intrinsic
 
-from .op_kernels import binary, copy, decode_attention, glu, half_matvec, norm_mul, rope_shared, row_norm, scale, set_rows
+from .op_kernels import add_norm_mul, binary, copy, decode_attention, glu, half_matvec, norm_mul, rope_shared, row_norm, scale, set_rows
 from .quant_kernels import rows_block_matvecs, rows_matvec
 
 # (kernel name, argument types): an array as dtype/ndim, "i" an int, "b" a bool, "f4"/"f8" a
@@ -36,6 +36,7 @@ OPS = (
     ("rows_matvec", "i1/2 f4/2 f4/2 b i b f4/2 i1/2 f4/2 f4/2 i8/1 i8/1 f4/2"),
     ("scale", "f4/4 f4/4 f4 f4"),
     ("norm_mul", "f4/4 f4/4 f4/4 f4 b"),
+    ("add_norm_mul", "f4/4 f4/4 f4/4 f4/4 f4/4 f4 b"),
 )
 # Only the types of a decode step with the default F16 KV cache: each branch compiles when the
 # program does (a first use after an install: ~4 s for an attention variant), and the other
@@ -185,4 +186,7 @@ def run_program(a, program, floats, status):
             scale(f4_4(a, p[1]), f4_4(a, p[2]), np.float32(f[0]), np.float32(f[1]))
         elif op == 11:
             norm_mul(f4_4(a, p[1]), f4_4(a, p[2]), f4_4(a, p[3]), np.float32(f[0]), p[4] != 0)
+        elif op == 12:
+            add_norm_mul(f4_4(a, p[1]), f4_4(a, p[2]), f4_4(a, p[3]), f4_4(a, p[4]), f4_4(a, p[5]), np.float32(f[0]),
+                         p[6] != 0)
     return -1
