@@ -89,7 +89,7 @@ def new(ctx, type, *ne):
 
 # ---------------------------------------------------------------- norms, scale, unary, glu
 
-@graph_case("rms_norm * weight", [Op.RMS_NORM])
+@graph_case("rms_norm * weight", [Op.MUL])  # one norm_mul call, at the MUL (fusion.py)
 def _(ctx):
     x, w = new(ctx, T.F32, 32, 4, 3), new(ctx, T.F32, 32)
     return ggml.mul(ctx, ggml.rms_norm(ctx, x, 1e-5), w), [x, w]

@@ -18,7 +18,7 @@ T = ggml.Type
 
 
 def attention_graph(n_tok=1, n_head=8, n_head_kv=2, d=64, n_kv=48, mask_type=T.F32, k_type=T.F16,
-                    max_bias=0.0, sinks=False, extra_reader=False, kq_output=False):
+                    max_bias=0.0, sinks=False, extra_reader=False, kq_output=False, kqv_reader=False):
     """(graph, inputs {name: tensor}, out, buffer): a decode step's attention as the model builder
     writes it, allocated by the graph allocator (which reuses freed memory, as in a model)."""
     ctx = ggml.init(mem_size=1 << 22, no_alloc=True)
@@ -44,6 +44,8 @@ def attention_graph(n_tok=1, n_head=8, n_head_kv=2, d=64, n_kv=48, mask_type=T.F
     out = ggml.cont_2d(ctx, ggml.permute(ctx, kqv, 0, 2, 1, 3), d * n_head, n_tok)
     if extra_reader:  # the scores read again elsewhere: kq has two readers
         out = ggml.add(ctx, out, ggml.sum(ctx, kq))
+    if kqv_reader:  # the attention's rows read again: their CONT stays a call
+        out = ggml.add(ctx, out, ggml.sum(ctx, kqv))
     ggml.set_output(out)
     graph = ggml.new_graph(ctx)
     ggml.build_forward_expand(graph, out)
@@ -106,6 +108,7 @@ FUSED = [
     ("mqa-rows-3", dict(n_tok=3, n_head=12, n_head_kv=1)),
     ("odd-heads", dict(n_tok=2, n_head=7, n_head_kv=7, n_kv=33)),  # heads not a multiple of the threads
     ("rows-5", dict(n_tok=5, n_kv=40)),
+    ("decode-rows-read-twice", dict(n_tok=1, kqv_reader=True)),
     ("prompt-gqa", dict(n_tok=37, n_head=9, n_head_kv=3, n_kv=64)),
     ("prompt-f16-mask", dict(n_tok=32, n_head=4, n_head_kv=1, n_kv=40, mask_type=T.F16)),
     ("prompt-hidden-row", dict(n_tok=20, n_head=4, n_head_kv=2, n_kv=24, hidden_row=7)),
@@ -123,8 +126,11 @@ def test_fused_attention_equals_float64(options, monkeypatch):
     n_fused, fused = run(graph, out, monkeypatch, True)
     fill(inputs, n_tok, n_kv, hidden_row=hidden_row)  # the allocator reuses the inputs' memory once they are read
     n_plain, plain = run(graph, out, monkeypatch, False)
-    assert n_fused == n_plain - 3  # KQ, softmax and V^T's calls dropped
+    # KQ's, softmax's and V^T's calls dropped, and a token's CONT(PERMUTE(KQV)) (the heads side by side)
+    assert n_fused == n_plain - (4 if n_tok == 1 and not options.get("kqv_reader") else 3)
     want = reference(values, options.get("n_head", 8), options.get("n_head_kv", 2), 1.0 / math.sqrt(options.get("d", 64)))
+    if options.get("kqv_reader"):  # out + sum(kqv) = want + the sum of want
+        want = want + want.sum()
     torch.testing.assert_close(fused.reshape(want.shape), want, rtol=1e-5, atol=1e-5)
     # the unfused nodes (the torch kernels here) may round to F16 on the way: looser
     torch.testing.assert_close(plain.reshape(want.shape), want, rtol=1e-3, atol=1e-3)
@@ -209,3 +215,130 @@ def test_products_of_the_same_rows_share_their_rounding(types, rounds, monkeypat
             assert [not fn.args[-1] for fn in gemms] == rounds
     for ours, alone in zip(*got):
         assert torch.equal(ours, alone)
+
+
+# (case, rows, row length, weight rows, NORM or RMS_NORM, the output over the input)
+NORM_MUL = [
+    ("rms-decode", 1, 576, 1, True, False),
+    ("norm-decode", 1, 640, 1, False, False),
+    ("rms-rows-tiled-weight", 3, 64, 1, True, False),
+    ("rms-weight-per-row", 2, 40, 2, True, False),
+    ("rms-in-place", 2, 96, 1, True, True),
+]
+
+
+@pytest.mark.parametrize("rows,n,w_rows,rms,in_place", [c[1:] for c in NORM_MUL], ids=[c[0] for c in NORM_MUL])
+def test_norm_mul_gives_the_bits_of_its_two_calls(rows, n, w_rows, rms, in_place):
+    """op_kernels.norm_mul (RMS_NORM / NORM -> MUL by the weight) rounds as row_norm's call then
+    binary's MUL do."""
+    from torchggml.devices.cpu.jit.loader import op_kernels
+    ops = op_kernels()
+    gen = np.random.default_rng(rows * n)
+    x = (gen.standard_normal((1, 1, rows, n)) * 3).astype(np.float32)
+    w = gen.standard_normal((1, 1, w_rows, n)).astype(np.float32)
+    normed, want = np.empty_like(x), np.empty_like(x)
+    ops.row_norm(x, normed, np.float32(1e-5), rms)
+    ops.binary(normed, w, want, 2)
+    out = x.copy() if in_place else np.empty_like(x)
+    ops.norm_mul(out if in_place else x, w, out, np.float32(1e-5), rms)
+    assert np.array_equal(out, want)
+
+
+def _norm_mul_graph(n_tok, weight_rows=1, norm_output=False, other_reader=False):
+    ctx = ggml.init(mem_size=1 << 20, no_alloc=True)
+    x = ggml.new_tensor_2d(ctx, T.F32, 64, n_tok)
+    w = ggml.new_tensor_2d(ctx, T.F32, 64, weight_rows)
+    for t in (x, w):
+        ggml.set_input(t)
+    normed = ggml.rms_norm(ctx, ggml.scale(ctx, x, 2.0), 1e-6)
+    if norm_output:
+        ggml.set_output(normed)
+    out = ggml.mul(ctx, normed, w)
+    if other_reader:
+        out = ggml.add(ctx, out, normed)
+    ggml.set_output(out)
+    graph = ggml.new_graph(ctx)
+    ggml.build_forward_expand(graph, out)
+    galloc = ggml.gallocr_new(ggml.backend_cpu_buffer_type())
+    assert ggml.gallocr_alloc_graph(galloc, graph)
+    return graph, x, w, out, galloc
+
+
+# (case, options, whether the norm and its MUL become one call)
+NORM_MUL_GRAPHS = [
+    ("decode", dict(n_tok=1), True),
+    ("rows-4", dict(n_tok=4), True),
+    ("norm-an-output", dict(n_tok=1, norm_output=True), False),
+    ("norm-read-twice", dict(n_tok=1, other_reader=True), False),
+]
+
+
+@pytest.mark.parametrize("options,fuses", [c[1:] for c in NORM_MUL_GRAPHS], ids=[c[0] for c in NORM_MUL_GRAPHS])
+def test_a_norm_and_its_weight_fuse_only_when_the_norm_is_private(options, fuses, monkeypatch):
+    graph, x, w, out, _galloc = _norm_mul_graph(**options)
+    gen = torch.Generator().manual_seed(3)
+    values = [torch.randn(x.ne[1], x.ne[0], generator=gen), torch.randn(w.ne[1], w.ne[0], generator=gen)]
+
+    def compute(fast):
+        for t, v in zip((x, w), values):
+            ggml.backend_tensor_set(t, v)
+        return run(graph, out, monkeypatch, fast)
+    n_fast, fast = compute(True)
+    n_plain, plain = compute(False)
+    assert n_fast == n_plain - (1 if fuses else 0)
+    xs = 2.0 * values[0].double()
+    want = xs / torch.sqrt((xs * xs).mean(-1, keepdim=True) + 1e-6) * values[1].double()
+    if options.get("other_reader"):
+        want = want + xs / torch.sqrt((xs * xs).mean(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(fast.reshape(want.shape), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(plain.reshape(want.shape), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows,n,w_rows,rms", [(1, 576, 1, True), (3, 64, 1, False), (2, 40, 2, True)])
+def test_add_norm_mul_gives_the_bits_of_its_calls(rows, n, w_rows, rms):
+    """op_kernels.add_norm_mul (the residual's ADD, then norm_mul of the sum) rounds as binary's
+    ADD call then norm_mul do, and writes the sum too."""
+    from torchggml.devices.cpu.jit.loader import op_kernels
+    ops = op_kernels()
+    gen = np.random.default_rng(rows + n)
+    a, b = ((gen.standard_normal((1, 1, rows, n)) * 3).astype(np.float32) for _ in range(2))
+    w = gen.standard_normal((1, 1, w_rows, n)).astype(np.float32)
+    total, want = np.empty_like(a), np.empty_like(a)
+    ops.binary(a, b, total, 0)
+    ops.norm_mul(total, w, want, np.float32(1e-5), rms)
+    got_total, got = np.empty_like(a), np.empty_like(a)
+    ops.add_norm_mul(a, b, got_total, w, got, np.float32(1e-5), rms)
+    assert np.array_equal(got_total, total) and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("rows,fuses", [(1, True), (3, False)])
+def test_a_residual_add_and_the_next_norm_fuse_keeping_the_sum(rows, fuses, monkeypatch):
+    """x + y -> RMS_NORM -> MUL(w), the sum read again (a residual stream): one add_norm_mul
+    call for the three, both the sum and the normed rows as the unfused nodes give them; rows
+    whose output the allocator put over an operand (the scaled x, freed by the ADD) stay two
+    calls, but for one row (read whole before it is written)."""
+    ctx = ggml.init(mem_size=1 << 20, no_alloc=True)
+    x, y, w = ggml.new_tensor_2d(ctx, T.F32, 64, rows), ggml.new_tensor_2d(ctx, T.F32, 64, rows), ggml.new_tensor_1d(ctx, T.F32, 64)
+    for t in (x, y, w):
+        ggml.set_input(t)
+    total = ggml.add(ctx, ggml.scale(ctx, x, 1.0), y)
+    out = ggml.add(ctx, ggml.mul(ctx, ggml.rms_norm(ctx, total, 1e-6), w), total)
+    ggml.set_output(out)
+    graph = ggml.new_graph(ctx)
+    ggml.build_forward_expand(graph, out)
+    galloc = ggml.gallocr_new(ggml.backend_cpu_buffer_type())
+    assert ggml.gallocr_alloc_graph(galloc, graph)
+    gen = torch.Generator().manual_seed(5)
+    values = [torch.randn(rows, 64, generator=gen) for _ in range(2)] + [torch.randn(64, generator=gen)]
+
+    def compute(fast):
+        for t, v in zip((x, y, w), values):
+            ggml.backend_tensor_set(t, v)
+        return run(graph, out, monkeypatch, fast)
+    n_fast, fast = compute(True)
+    n_plain, plain = compute(False)
+    assert n_fast == n_plain - (2 if fuses else 1)
+    s = values[0].double() + values[1].double()
+    want = s / torch.sqrt((s * s).mean(-1, keepdim=True) + 1e-6) * values[2].double() + s
+    torch.testing.assert_close(fast.reshape(want.shape), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(plain.reshape(want.shape), want, rtol=1e-5, atol=1e-5)

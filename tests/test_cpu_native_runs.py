@@ -77,8 +77,8 @@ def _set_rows_graph():
     idx = ggml.new_tensor_1d(ctx, T.I64, 2)
     for t in (dst, rows, idx):
         ggml.set_input(t)
-    # rms_norm, mul and set_rows: three native kernels in a row
-    out = ggml.set_rows(ctx, dst, ggml.mul(ctx, ggml.rms_norm(ctx, rows, 1e-6), rows), idx)
+    # rms_norm, add and set_rows: three native kernels in a row (a MUL after the norm would fuse with it)
+    out = ggml.set_rows(ctx, dst, ggml.add(ctx, ggml.rms_norm(ctx, rows, 1e-6), rows), idx)
     graph = ggml.new_graph(ctx)
     ggml.build_forward_expand(graph, out)
     buf = ggml.backend_alloc_ctx_tensors(ctx, ggml.backend_cpu_init())
@@ -96,7 +96,7 @@ def test_a_bad_row_index_in_a_native_run_raises_as_the_call_does():
     assert ggml.backend_graph_plan_compute(backend, plan) == ggml.Status.SUCCESS
     assert any(isinstance(fn, NativeRun) for fn, _ in plan.calls)
     x = torch.arange(16, dtype=torch.float64).reshape(2, 8)
-    want = (x * x / torch.sqrt((x * x).mean(1, keepdim=True) + 1e-6)).half()
+    want = (x / torch.sqrt((x * x).mean(1, keepdim=True) + 1e-6) + x).half()
     got = torch.as_tensor(ggml.backend_tensor_get(dst))
     assert torch.equal(got[3], want[0]) and torch.equal(got[1], want[1]) and not got[[0, 2]].any()
     ggml.backend_tensor_set(idx, torch.tensor([1, 4]))
@@ -208,3 +208,36 @@ def test_the_abort_callback_is_asked_before_every_node_of_a_native_run():
     assert ggml.backend_graph_plan_compute(cpu, plan) == ggml.Status.SUCCESS
     assert len(asked) == 3
 
+
+
+def test_a_native_run_shares_its_rope_angles_and_follows_new_positions():
+    """A native run's ROPE calls of the same positions (a decode step's Q and K of every layer)
+    run as rope_shared with one table of angles: the first computes it, the others read it, and
+    the next step's positions compute it again; each call's bits are the rope call's own."""
+    from torchggml.devices.cpu import fast_ops
+    from torchggml.devices.cpu.native_plan import NativeRun
+    ops = fast_ops.op_kernels()
+    pairs, n_tok = 32, 1
+    ctx = ggml.init(no_alloc=True)
+    pos = ggml.new_tensor_1d(ctx, T.I32, n_tok)
+    nodes = [ggml.rope_ext(ctx, ggml.new_tensor_3d(ctx, T.F32, 2 * pairs, heads, n_tok), pos, None, 2 * pairs,
+                           mode, 0, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0) for heads, mode in ((9, 2), (3, 2), (4, 0))]
+    buffer = ggml.backend_alloc_ctx_tensors(ctx, ggml.backend_cpu_init())
+    try:
+        calls = [fast_ops.bind_rope(node) for node in nodes]
+        assert all(c.kernel is ops.rope for c in calls)
+        run = NativeRun([(c, node) for c, node in zip(calls, nodes)])
+        assert len({int(row[12]) for row in run.program}) == 1  # one table of angles for the three
+        rng = np.random.default_rng(0)
+        for p in (5, 5, 300, 0):
+            calls[0].args[2][:] = p
+            for c in calls:
+                c.args[0][:] = rng.standard_normal(c.args[0].shape).astype(np.float32)
+            run()
+            for c in calls:
+                alone = np.empty_like(c.args[1])
+                ops.rope(c.args[0], alone, *c.args[2:])
+                np.testing.assert_array_equal(c.args[1], alone)
+    finally:
+        ggml.backend_buffer_free(buffer)
+        ggml.free(ctx)

@@ -21,18 +21,23 @@ def run(tuner, seconds_at, computes, key=1):
     return counts
 
 
-# (case, n_max, seconds of a compute at n threads (compute i), the count most computes end at)
+BUSY, QUIET = (lambda: 1), (lambda: 0)  # other programs' runnable threads, as threads.others_running says
+
+# (case, n_max, seconds of a compute at n threads (compute i), the count most computes end at,
+# other programs' runnable threads)
 MACHINES = [
-    ("quiet: every thread wins", 2, lambda i, n: 1.0 / n, 2),
-    ("one core busy: one thread fewer wins", 2, lambda i, n: 1.0 if n == 1 else 8.0, 1),
-    ("4 threads, one core busy", 4, lambda i, n: {4: 9.0, 3: 0.4, 2: 0.5, 1: 1.0}[n], 3),
-    ("one thread: nothing to choose", 1, lambda i, n: 1.0, 1),
+    ("quiet: every thread wins", 2, lambda i, n: 1.0 / n, 2, QUIET),
+    ("others run, every thread still wins", 2, lambda i, n: 1.0 / n, 2, BUSY),
+    ("unknown load, every thread wins", 2, lambda i, n: 1.0 / n, 2, lambda: None),
+    ("one core busy: one thread fewer wins", 2, lambda i, n: 1.0 if n == 1 else 8.0, 1, BUSY),
+    ("4 threads, one core busy", 4, lambda i, n: {4: 9.0, 3: 0.4, 2: 0.5, 1: 1.0}[n], 3, BUSY),
+    ("one thread: nothing to choose", 1, lambda i, n: 1.0, 1, BUSY),
 ]
 
 
-@pytest.mark.parametrize("name,n_max,seconds_at,settles_at", MACHINES, ids=[m[0] for m in MACHINES])
-def test_each_plan_settles_at_the_fastest_count(name, n_max, seconds_at, settles_at):
-    counts = run(threads.ThreadTuner(n_max), seconds_at, 600)
+@pytest.mark.parametrize("name,n_max,seconds_at,settles_at,others", MACHINES, ids=[m[0] for m in MACHINES])
+def test_each_plan_settles_at_the_fastest_count(name, n_max, seconds_at, settles_at, others):
+    counts = run(threads.ThreadTuner(n_max, others), seconds_at, 600)
     assert counts[:threads.WARMUP] == [n_max] * threads.WARMUP  # untimed start at n_threads
     tail = counts[300:]
     assert tail.count(settles_at) >= len(tail) - len(tail) // threads.MAX_INTERVAL * 2 - 2, tail
@@ -49,7 +54,7 @@ CHANGES = [
 
 @pytest.mark.parametrize("name,before,after,then", CHANGES, ids=[c[0] for c in CHANGES])
 def test_a_changed_machine_moves_the_count(name, before, after, then):
-    counts = run(threads.ThreadTuner(2), lambda i, n: before(n) if i < 100 else after(n), 400)
+    counts = run(threads.ThreadTuner(2, BUSY), lambda i, n: before(n) if i < 100 else after(n), 400)
     settle = counts[100:].index(then)
     if name.startswith("another"):  # a much slower compute: the other count is tried at once
         assert settle <= 2, counts[100:110]
@@ -60,17 +65,54 @@ def test_a_changed_machine_moves_the_count(name, before, after, then):
 
 def test_a_new_plan_starts_at_the_count_the_machine_taught():
     """A prompt's plan after decode moved to one thread starts there, not at n_threads."""
-    tuner = threads.ThreadTuner(2)
+    tuner = threads.ThreadTuner(2, BUSY)
     run(tuner, lambda i, n: 1.0 if n == 1 else 8.0, 20, key=1)
     assert run(tuner, lambda i, n: 1.0 if n == 1 else 8.0, 3, key=2)[0] == 1
 
 
 def test_plans_are_timed_apart():
     """A prompt's plan and a decode step's keep their own times and counts."""
-    tuner = threads.ThreadTuner(2)
+    tuner = threads.ThreadTuner(2, BUSY)
     decode = run(tuner, lambda i, n: 1.0 if n == 1 else 8.0, 100, key=1)
     prompt = run(tuner, lambda i, n: 1.0 / n, 100, key=2)
     assert decode[-1] == 1 and prompt[-1] == 2
+
+
+# (case, n_max, other programs' runnable threads at each compute, seconds at n threads, the
+# most computes (of 600) at fewer than the count the plan settles at, that count)
+QUIET_CASES = [
+    ("quiet: a trial of fewer threads every MAX_INTERVAL", 2, lambda i: 0, lambda i, n: 1.0 / n, 600 // 256 + 1, 2),
+    ("a program starts at compute 300: found at once", 2, lambda i: 0 if i < 300 else 1,
+     lambda i, n: 1.0 / n if i < 300 else (1.0 if n == 1 else 8.0), 302, 1),
+    ("quiet after a move down: tries more threads", 4, lambda i: 1 if i < 50 else 0,
+     lambda i, n: {4: 9.0, 3: 0.4, 2: 0.5, 1: 1.0}[n] if i < 50 else 1.0 / n, 50 + 2 * 256, 4),
+]
+
+
+@pytest.mark.parametrize("name,n_max,others_at,seconds_at,most_fewer,settles_at", QUIET_CASES,
+                         ids=[c[0] for c in QUIET_CASES])
+def test_a_quiet_machine_skips_trials_of_fewer_threads(name, n_max, others_at, seconds_at, most_fewer, settles_at):
+    """Where no other program is runnable, trials of fewer threads (each a slower compute) wait
+    MAX_INTERVAL computes, and a count below n_max tries more threads; a compute much slower
+    than usual is still a trial at once."""
+    at = [0]
+    tuner = threads.ThreadTuner(n_max, lambda: others_at(at[0]))
+    counts = []
+    for i in range(600):
+        at[0] = i
+        n = tuner.choose(1)
+        counts.append(n)
+        tuner.record(1, n, seconds_at(i, n))
+    assert sum(n < settles_at for n in counts) <= most_fewer, counts
+    assert counts[-1] == settles_at
+
+
+def test_others_running_reads_proc():
+    """others_running counts the machine's runnable threads but this process's own (a number,
+    or None where /proc is not there)."""
+    seen = threads.others_running()
+    assert seen is None or seen >= 0
+    assert threads._running("12 (py (x) y) R 1 2") and not threads._running("12 (python) S 1 2")
 
 
 @pytest.mark.parametrize("value,adaptive", [("", True), ("adaptive", True), ("fixed", False), ("FIXED", False),
@@ -94,6 +136,7 @@ def test_plan_computes_run_at_the_chosen_count_with_the_same_results(rows, monke
     monkeypatch.setenv("TORCHGGML_CPU_THREADS", "adaptive")
     monkeypatch.setattr(threads, "MIN_INTERVAL", 1)  # a trial after every compute
     monkeypatch.setattr(threads, "MAX_INTERVAL", 1)
+    monkeypatch.setattr(threads, "others_running", BUSY)  # the trials run on a quiet machine too
     before = torch.get_num_threads()
     backend = ggml.backend_cpu_init()
     ggml.backend_cpu_set_n_threads(backend, 2)

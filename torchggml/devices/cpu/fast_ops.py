@@ -141,9 +141,16 @@ def bind_rope(node):
             float(p.attn_factor * yarn_mscale), start, width, p.mode == RopeType.NORMAL, not in_place)
     if size != "large" and n_tok < ROPE_SHARED_MIN_TOKENS:
         return _call(op_kernels().rope, *args)
-    key = (pos.ctypes.data, n_tok, vf.ctypes.data, *args[4:11])
+    return _call(op_kernels().rope_rows, *args, *rope_angle_areas(args))
+
+
+def rope_angle_areas(args):
+    """(angles, angle_pos) of rope_rows and rope_shared for rope's arguments `args`: one table
+    for the calls of the same positions (their address and count) and parameters."""
+    x, pos, vf = args[0], args[2], args[3]
+    key = (pos.ctypes.data, x.shape[1], vf.ctypes.data, *args[4:11])
     key = tuple(a.tobytes() if isinstance(a, np.ndarray) else a for a in key)
-    return _call(op_kernels().rope_rows, *args, *_shared_angles(key, n_tok, width // 2))
+    return _shared_angles(key, x.shape[1], args[10] // 2)
 
 
 # a prompt's ROPE nodes from this many tokens take rope_rows, whose angles the nodes of the same

@@ -10,7 +10,9 @@ becomes one kernel call at the last node, the others' calls dropped.
                 instead of four nodes, the V^T copy among them: jit/op_kernels.decode_attention
                 for a decode step's few rows, prompt_attention for a prompt's (which reads only
                 the cells the mask lets each block of rows see: a causal prompt's scores are a
-                triangle, not the square of the unfused products and softmax).
+                triangle, not the square of the unfused products and softmax). A decode step's
+                CONT(PERMUTE(KQV)) after it (the heads side by side for the output projection)
+                fuses too: the attention writes its rows there.
 
 A pattern fuses only when each intermediate has one consumer in the whole graph (the scheduler's
 splits and the eval callback's ranges are views of it: a node another split or the callback
@@ -25,7 +27,7 @@ import numpy as np
 
 from ...enums import Op, TensorFlag, VIEW_OPS
 from ...ops.matmul import mul_mat_separate_rows
-from ...tensor import get_op_params_f32, nbytes
+from ...tensor import get_op_params_f32, nbytes, nelements
 from ...types import Type
 from ..kernels.common import view
 from .fast_ops import as_numpy, flat_span, reads_within
@@ -66,19 +68,83 @@ def fuse(calls, graph) -> list:
         if found is None:
             continue
         kq, probs, v_t = found
+        at, heads_out = i, _heads_out(node, calls, i, counts, position)
+        if heads_out is not None:  # the attention writes CONT(PERMUTE(KQV))'s rows: KQV's call dropped too
+            at = i + 1
+            found = found + (node,)
         skipped = dropped | {position[id(t)] for t in found}
         # the fused call reads K, Q, the mask and V when the last node runs: memory the graph
         # allocator gave back after their last unfused reader must not have been written since
         reads = [(kq.src[0], kq), (kq.src[1], kq), (probs.src[1], probs), (v_t.src[0], v_t)]
-        if not all(t is None or _untouched(t, calls, position[id(reader)], i, skipped) for t, reader in reads):
+        if not all(t is None or _untouched(t, calls, position[id(reader)], at, skipped) for t, reader in reads):
             continue
-        call = _bind_attention(node, *found, work=work)
+        call = _bind_attention(node, kq, probs, v_t, work=work, out=heads_out)
         if call is not None:
-            fused[i] = call
+            fused[at] = call
             dropped = skipped
     if fused:
         calls = [(fused.get(i, fn), node) for i, (fn, node) in enumerate(calls) if i not in dropped]
-    return _share_rounding(calls)
+    return _share_rounding(_fuse_norm_mul(calls, counts))
+
+
+def _fuse_norm_mul(calls, counts) -> list:
+    """The calls with each decode step's RMS_NORM / NORM and the MUL by its weight right after it
+    (row_norm's and binary's bound calls, the norm read by the MUL alone) as one norm_mul call."""
+    kernels = op_kernels()
+    out, norm_call = [], None
+    for fn, node in calls:
+        norm = node.src[0] if node.op == Op.MUL else None
+        prev = out[-1] if out else None
+        if (norm is not None and prev is not None and prev[1] is norm and _norm_mul_takes(prev[0], fn, norm, node, counts)):
+            norm_call = prev[0]
+            out[-1] = (BoundKernel(kernels.norm_mul, norm_call.args[0], fn.args[1], fn.args[2], *norm_call.args[2:]), node)
+            if len(out) > 1 and _add_takes(out[-2], norm.src[0], node):
+                add = out[-2][0]
+                out[-2:] = [(BoundKernel(kernels.add_norm_mul, *add.args[:3], *out[-1][0].args[1:]), node)]
+            continue
+        out.append((fn, node))
+    return out
+
+
+def _add_takes(call, x, mul) -> bool:
+    """The call before a norm_mul of x into mul is x's ADD (binary's serial call) of two F32
+    operands of x's shape, and mul is x or apart from it and, for more than one row, apart from
+    the operands (add_norm_mul writes a row's output after reading the row's operands, and the
+    next rows' after that): x = a + b then fuses into add_norm_mul (x is still written: the
+    residual stream reads it again)."""
+    fn, node = call
+    if not (node is x and node.op == Op.ADD and isinstance(fn, BoundKernel) and fn.kernel is op_kernels().binary
+            and fn.args[3] == 0):
+        return False
+    a, b = node.src[0], node.src[1]
+    if not all(t is not None and t.type == Type.F32 and list(t.ne) == list(x.ne) for t in (a, b)):
+        return False
+    one_row = nelements(x) == x.ne[0]
+    return (one_row or (_apart(mul, a) and _apart(mul, b))) and (_apart(mul, x) or _same_memory(mul, x))
+
+
+def _apart(t, other) -> bool:
+    return t.data + nbytes(t) <= other.data or other.data + nbytes(other) <= t.data
+
+
+def _same_memory(t, other) -> bool:
+    return t.data == other.data and nbytes(t) == nbytes(other)
+
+
+def _norm_mul_takes(norm_fn, mul_fn, norm, mul, counts) -> bool:
+    """norm_mul takes the pair: the serial numba kernels bound, F32 rows, the norm read once and
+    not an output, the weight's rows as long as the norm's, and the MUL's output the norm's input
+    or memory apart from it (norm_mul writes its rows while it reads them)."""
+    kernels = op_kernels()
+    if not (isinstance(norm_fn, BoundKernel) and norm_fn.kernel is kernels.row_norm and isinstance(mul_fn, BoundKernel)
+            and mul_fn.kernel is kernels.binary and mul_fn.args[3] == 2):
+        return False
+    x, w = norm.src[0], mul.src[1]
+    if (counts[id(norm)] != 1 or norm.flags & _OUTPUT or mul.src[0] is not norm or w is None
+            or any(t.type != Type.F32 for t in (x, norm, w, mul)) or w.ne[0] != norm.ne[0]
+            or list(mul.ne) != list(norm.ne)):
+        return False
+    return _same_memory(mul, x) or _apart(mul, x)
 
 
 def _share_rounding(calls) -> list:
@@ -123,6 +189,31 @@ def _private(t, counts, position) -> bool:
     return id(t) in position and counts[id(t)] == 1 and not (t.flags & _OUTPUT)
 
 
+def _heads_out(kqv, calls, i, counts, position):
+    """The rows [n_head, 1, d_v] over the memory of the call after KQV's where that call is
+    CONT(PERMUTE(kqv, 0, 2, 1, 3)) of one token, KQV read by nothing else (the heads side by side,
+    as the model's output projection reads them): the decode attention writes them there and the
+    copy is dropped; else None."""
+    if i + 1 >= len(calls):
+        return None
+    cont = calls[i + 1][1]
+    perm = cont.src[0]
+    # (the PERMUTE refers to KQV twice: as its source and as the view's)
+    if (cont.op != Op.CONT or perm is None or perm.op != Op.PERMUTE or perm.view_src is not kqv
+            or perm.src[0] is not kqv or counts[id(kqv)] != 2 or id(kqv) not in position or kqv.flags & _OUTPUT
+            or cont.type != Type.F32 or kqv.ne[1] != 1 or counts[id(perm)] != 1 or perm.flags & _OUTPUT):
+        return None
+    d_v, n_head = kqv.ne[0], kqv.ne[2]
+    rows = view(kqv)[0]                            # [n_head, 1, d_v]
+    if (list(perm.ne) != [d_v, n_head, 1, 1] or view(perm)[0, 0].data_ptr() != rows.data_ptr()
+            or list(view(perm)[0, 0].stride()) != [rows.stride(0), 1] or nelements(cont) != d_v * n_head):
+        return None
+    dst = view(cont).reshape(-1)
+    if not dst.is_contiguous():
+        return None
+    return as_numpy(dst).reshape(n_head, 1, d_v)
+
+
 def _attention_pattern(kqv, counts, position):
     """(kq, softmax, v_t) when kqv = MUL_MAT(CONT(v^T), SOFT_MAX(MUL_MAT(k, q), mask)) fuses."""
     if kqv.op != Op.MUL_MAT:
@@ -136,11 +227,12 @@ def _attention_pattern(kqv, counts, position):
     return kq, probs, v_t
 
 
-def _bind_attention(kqv, kq, probs, v_t, work=None):
+def _bind_attention(kqv, kq, probs, v_t, work=None, out=None):
     """The fused call, or None where the kernel does not take the nodes: F16 K and V, F32 Q and
     output, a mask of one matrix (F32 or F16), no ALiBi or sinks, no dim 3, and
     nodes whose shapes are the pattern's (the kernel reads K, Q, the mask and V by sizes taken
-    from them; a graph from the wire may pair them otherwise: then the nodes run unfused)."""
+    from them; a graph from the wire may pair them otherwise: then the nodes run unfused).
+    out: where the decode attention writes its rows (_heads_out), else KQV's memory."""
     k, q, mask = kq.src[0], kq.src[1], probs.src[1]
     v = v_t.src[0]  # the permuted view of the V cells
     if v.op != Op.PERMUTE or v.view_src is None:
@@ -155,6 +247,8 @@ def _bind_attention(kqv, kq, probs, v_t, work=None):
     d_k, n_tok, n_head = q.ne[0], q.ne[1], q.ne[2]
     n_kv, n_head_kv, d_v = k.ne[1], k.ne[2], v.ne[1]
     few_rows = n_tok <= ATTENTION_MAX_ROWS or mul_mat_separate_rows(kqv)
+    if out is not None and not few_rows:
+        return None
     if (any(t.ne[3] != 1 for t in (k, q, v, kqv)) or n_head % n_head_kv
             or not _pattern_shapes(kqv, kq, probs, v_t, k, v, mask, (d_k, n_kv, n_tok, n_head, n_head_kv, d_v))):
         return None
@@ -170,7 +264,8 @@ def _bind_attention(kqv, kq, probs, v_t, work=None):
         return None
     vq = as_numpy(view(q)[0])                     # [n_head, n_tok, d_k]
     vm = as_numpy(view(mask)[0, 0]) if mask is not None else np.zeros((1, 1), np.float32)
-    out = as_numpy(view(kqv)[0])                  # [n_head, n_tok, d_v]
+    if out is None:
+        out = as_numpy(view(kqv)[0])              # [n_head, n_tok, d_v]
     work = {} if work is None else work
 
     def area(*shape):

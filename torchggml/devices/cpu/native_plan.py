@@ -17,6 +17,7 @@ import functools
 import numpy as np
 
 from ... import config
+from .fast_ops import rope_angle_areas
 from .jit.loader import BoundKernel, plan_kernels
 from .layouts.fused import group_matvecs
 
@@ -46,10 +47,21 @@ def _argument_types(args) -> str | None:
     return " ".join(parts)
 
 
+def _program_call(fn) -> tuple[str | None, tuple]:
+    """The kernel name and arguments a program runs for the bound call: rope's as rope_shared's
+    with the table of angles the run's ROPE nodes of the same positions share (a decode step's
+    Q and K of every layer: the angles computed once, not 2 x n_layer times)."""
+    name = getattr(fn.kernel, "__name__", None)
+    if name == "rope":
+        return "rope_shared", (*fn.args, *rope_angle_areas(fn.args))
+    return name, fn.args
+
+
 def _opcode(fn) -> int | None:
     if not isinstance(fn, BoundKernel):
         return None
-    return _opcodes().get((getattr(fn.kernel, "__name__", None), _argument_types(fn.args)))
+    name, args = _program_call(fn)
+    return _opcodes().get((name, _argument_types(args)))
 
 
 @functools.cache
@@ -75,7 +87,7 @@ class NativeRun:
         for r, fn in enumerate(self.calls):
             program[r, 0] = _opcode(fn)
             p, f = 1, 0
-            for a in fn.args:
+            for a in _program_call(fn)[1]:
                 if isinstance(a, np.ndarray):
                     key = (a.ctypes.data, a.shape, a.dtype.str)
                     if key not in index:

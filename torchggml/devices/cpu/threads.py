@@ -11,10 +11,14 @@ keeps the time a compute took at the thread counts it has tried, runs at the fas
 and then tries a neighbouring count (one more, one less), at once when a compute took much
 longer than usual (the machine got busy), less often while the other count keeps losing. A new
 plan starts at the count the latest move chose (a prompt after decode has learnt the machine)
-and tries a neighbour right after its first timed compute. On a machine the process has to
-itself, all the threads win and the trials cost a compute in MAX_INTERVAL at most.
+and tries a neighbour right after its first timed compute. A due trial of fewer threads waits
+MAX_INTERVAL computes instead where no other program is runnable (others_running): on a machine
+the process has to itself all the threads win, and each trial is a slower compute. A compute
+much slower than usual is a trial at once whatever the count says.
 """
 from __future__ import annotations
+
+import os
 
 from ... import config
 
@@ -35,6 +39,30 @@ def adaptive() -> bool:
     return policy == "adaptive"
 
 
+def _running(stat: str) -> bool:
+    """A /proc/<pid>/task/<tid>/stat text's state is R (after the name's closing parenthesis)."""
+    return stat[stat.rindex(")") + 2] == "R"
+
+
+def others_running() -> int | None:
+    """Threads of other programs runnable now: /proc/loadavg's running count less this process's
+    running threads (its OpenMP workers spin as R between parallel regions); None where /proc
+    cannot tell."""
+    try:
+        with open("/proc/loadavg") as f:
+            total = int(f.read().split()[3].split("/")[0])
+        own = 0
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/stat") as f:
+                    own += _running(f.read())
+            except OSError:  # a thread that ended meanwhile
+                pass
+        return max(total - own, 0)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 class _PlanTimes:
     def __init__(self, n: int):
         self.n = n                        # the count computes run at
@@ -43,13 +71,16 @@ class _PlanTimes:
         self.interval = MIN_INTERVAL
         self.next_trial = WARMUP + 2  # its first trial right after its first timed compute
         self.down = True                  # the next trial's direction
+        self.slower = False               # the latest compute took much longer than usual
 
 
 class ThreadTuner:
-    """Thread counts per plan for a backend of up to n_max threads."""
+    """Thread counts per plan for a backend of up to n_max threads. others: fn() -> the other
+    programs' runnable threads now, or None (unknown: trials as on a busy machine)."""
 
-    def __init__(self, n_max: int):
+    def __init__(self, n_max: int, others=None):
         self.n_max = n_max
+        self.others = others or others_running
         self.plans: dict[int, _PlanTimes] = {}
         self.last = n_max  # the count the latest move chose: a new plan starts there
 
@@ -64,6 +95,11 @@ class ThreadTuner:
         if p.computes < p.next_trial or self.n_max == 1 or p.n not in p.times:  # (nothing to compare yet)
             return p.n
         trial = p.n - 1 if (p.down and p.n > 1) or p.n == self.n_max else p.n + 1
+        if trial < p.n and not p.slower and self.others() == 0:  # a quiet machine: all the threads win
+            if p.n == self.n_max:
+                p.next_trial = p.computes + MAX_INTERVAL
+                return p.n
+            trial = p.n + 1
         p.down = not p.down
         return trial
 
@@ -81,6 +117,7 @@ class ThreadTuner:
             p.next_trial = p.computes + p.interval
             return
         p.times[n] = seconds if usual is None else (1 - AVERAGE) * usual + AVERAGE * seconds
-        if usual is not None and seconds > SLOWER * usual:
+        p.slower = usual is not None and seconds > SLOWER * usual
+        if p.slower:
             p.next_trial = p.computes + 1  # the machine changed: look again now
 

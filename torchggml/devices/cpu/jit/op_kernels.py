@@ -10,11 +10,14 @@ LLVM then neither reorders sums nor fuses multiplies and adds; its numpy error m
 division (x / 0 is inf or NaN, as in ggml, not a ZeroDivisionError).
 
     row_norm(x, out, eps, rms)                       NORM / RMS_NORM over ne0 (row_norm_rows: threaded)
+    norm_mul(x, w, out, eps, rms)                    row_norm then out *= w's rows (a norm and its weight)
+    add_norm_mul(a, b, total, w, out, eps, rms)      total = a + b, then norm_mul(total, w, out, ...)
     soft_max(x, out, mask, slopes, sinks, scale, has_mask, has_sinks)
     soft_max_rows(...)                               the same, the rows split over the threads
     rope(x, out, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
          interleaved, copy_rest)                     NORMAL / NEOX rotation (rope_rows(..., angles, angle_pos):
-                                                     the tokens threaded, the angles shared by the nodes)
+                                                     the tokens threaded, the angles shared by the nodes;
+                                                     rope_shared(...): the same on one thread)
     set_rows(rows, idx, dst) -> first bad index position or -1
     copy(src, dst)                                   same shape, element by element, tiled
     glu(x, gate, out, gelu)                          silu(x) * gate, or GEGLU's gelu(x) * gate (glu_rows: threaded)
@@ -273,6 +276,33 @@ def row_norm(x, out, eps, rms):
                 _norm_row(x[i3, i2, i1], out[i3, i2, i1], eps, rms)
 
 
+# a decode step's norm times its weight (RMS_NORM -> MUL, fusion.py): the rows normed into out,
+# then multiplied in place by w's rows (tiled over x's, each as long as a row), as the two calls
+# round them
+@jit
+def norm_mul(x, w, out, eps, rms):
+    for i3 in range(x.shape[0]):
+        for i2 in range(x.shape[1]):
+            for i1 in range(x.shape[2]):
+                orow = out[i3, i2, i1]
+                _norm_row(x[i3, i2, i1], orow, eps, rms)
+                binary_row(orow, w[i3 % w.shape[0], i2 % w.shape[1], i1 % w.shape[2]], orow, 2)
+
+
+# the residual's ADD and the next norm times its weight (ADD -> RMS_NORM -> MUL, fusion.py):
+# total = a + b (a row of b for each of a's), then norm_mul of total into out (apart from a, b
+# and total), as the calls round them
+@jit
+def add_norm_mul(a, b, total, w, out, eps, rms):
+    for i3 in range(a.shape[0]):
+        for i2 in range(a.shape[1]):
+            for i1 in range(a.shape[2]):
+                t, orow = total[i3, i2, i1], out[i3, i2, i1]
+                binary_row(a[i3, i2, i1], b[i3, i2, i1], t, 0)
+                _norm_row(t, orow, eps, rms)
+                binary_row(orow, w[i3 % w.shape[0], i2 % w.shape[1], i1 % w.shape[2]], orow, 2)
+
+
 # the same over the rows split among the threads (a prompt's rows)
 @njit(cache=True, nogil=True, error_model="numpy", parallel=True)
 def row_norm_rows(x, out, eps, rms):
@@ -400,18 +430,44 @@ def rope(x, out, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, 
 def rope_rows(x, out, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
               interleaved, copy_rest, angles, angle_pos):
     n_tok = x.shape[1]
-    fresh = angle_pos[0] == n_tok
-    for i2 in range(n_tok if fresh else 0):
-        fresh &= angle_pos[1 + i2] == pos[i2]
-    if not fresh:
+    if not _angles_hold(pos, n_tok, angle_pos):
         for i2 in prange(n_tok):
             _rope_angles(pos[i2], factors, inv_freq, ramp, has_factors, freq_scale, mscale, angles[0, i2],
                          angles[1, i2])
-        for i2 in range(n_tok):
-            angle_pos[1 + i2] = pos[i2]
-        angle_pos[0] = n_tok
+        _angles_of(pos, n_tok, angle_pos)
     for i2 in prange(n_tok):
         _rope_rotate(x, out, i2, start, width, interleaved, copy_rest, angles[0, i2], angles[1, i2])
+
+
+# the same on one thread: a decode step's ROPE nodes in a native run (native_plan.py gives its
+# rope calls a table of angles, which the step's 2 x n_layer nodes share)
+@jit
+def rope_shared(x, out, pos, factors, inv_freq, ramp, has_factors, freq_scale, mscale, start, width,
+                interleaved, copy_rest, angles, angle_pos):
+    n_tok = x.shape[1]
+    if not _angles_hold(pos, n_tok, angle_pos):
+        for i2 in range(n_tok):
+            _rope_angles(pos[i2], factors, inv_freq, ramp, has_factors, freq_scale, mscale, angles[0, i2],
+                         angles[1, i2])
+        _angles_of(pos, n_tok, angle_pos)
+    for i2 in range(n_tok):
+        _rope_rotate(x, out, i2, start, width, interleaved, copy_rest, angles[0, i2], angles[1, i2])
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _angles_hold(pos, n_tok, angle_pos):
+    """The table's angles are those of these positions (angle_pos: the tokens, then positions)."""
+    fresh = angle_pos[0] == n_tok
+    for i2 in range(n_tok if fresh else 0):
+        fresh &= angle_pos[1 + i2] == pos[i2]
+    return fresh
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _angles_of(pos, n_tok, angle_pos):
+    for i2 in range(n_tok):
+        angle_pos[1 + i2] = pos[i2]
+    angle_pos[0] = n_tok
 
 
 @jit

@@ -15,7 +15,7 @@ import numpy as np
 from numba import carray, get_num_threads, njit, types
 from numba.extending import intrinsic
 
-from .op_kernels import binary, copy, decode_attention, glu, half_matvec, rope, row_norm, scale, set_rows
+from .op_kernels import add_norm_mul, binary, copy, decode_attention, glu, half_matvec, norm_mul, rope_shared, row_norm, scale, set_rows
 from .quant_kernels import rows_block_matvecs, rows_matvec
 
 # (kernel name, argument types): an array as dtype/ndim, "i" an int, "b" a bool, "f4"/"f8" a
@@ -26,7 +26,8 @@ OPS = (
     ("binary", "f4/4 f4/4 f4/4 i"),
     ("row_norm", "f4/4 f4/4 f4 b"),
     ("set_rows", "f4/4 i8/3 u2/4"),
-    ("rope", "f4/4 f4/4 i4/1 f4/1 f8/1 f8/2 b f8 f8 i i b b"),
+    # rope's calls, with a table of angles the run's calls of the same positions share (native_plan)
+    ("rope_shared", "f4/4 f4/4 i4/1 f4/1 f8/1 f8/2 b f8 f8 i i b b f4/3 i8/1"),
     ("decode_attention", "u2/1 u2/1 i8/1 i i f4/3 u2/2 b f4 f4/3 f4/3 i"),
     ("copy", "f4/4 f4/4"),
     ("glu", "f4/4 f4/4 f4/4 b"),
@@ -34,6 +35,8 @@ OPS = (
     # Q4_0, Q4_1 and Q4_K, are multiplied on their blocks in place)
     ("rows_matvec", "i1/2 f4/2 f4/2 b i b f4/2 i1/2 f4/2 f4/2 i8/1 i8/1 f4/2"),
     ("scale", "f4/4 f4/4 f4 f4"),
+    ("norm_mul", "f4/4 f4/4 f4/4 f4 b"),
+    ("add_norm_mul", "f4/4 f4/4 f4/4 f4/4 f4/4 f4 b"),
 )
 # Only the types of a decode step with the default F16 KV cache: each branch compiles when the
 # program does (a first use after an install: ~4 s for an attention variant), and the other
@@ -167,8 +170,8 @@ def run_program(a, program, floats, status):
                 status[0] = bad
                 return r
         elif op == 5:
-            rope(f4_4(a, p[1]), f4_4(a, p[2]), i4_1(a, p[3]), f4_1(a, p[4]), f8_1(a, p[5]), f8_2(a, p[6]), p[7] != 0,
-                 f[0], f[1], p[8], p[9], p[10] != 0, p[11] != 0)
+            rope_shared(f4_4(a, p[1]), f4_4(a, p[2]), i4_1(a, p[3]), f4_1(a, p[4]), f8_1(a, p[5]), f8_2(a, p[6]),
+                        p[7] != 0, f[0], f[1], p[8], p[9], p[10] != 0, p[11] != 0, f4_3(a, p[12]), i8_1(a, p[13]))
         elif op == 6:
             decode_attention(u2_1(a, p[1]), u2_1(a, p[2]), i8_1(a, p[3]), p[4], p[5], f4_3(a, p[6]), u2_2(a, p[7]),
                              p[8] != 0, np.float32(f[0]), f4_3(a, p[9]), f4_3(a, p[10]), p[11])
@@ -181,4 +184,9 @@ def run_program(a, program, floats, status):
                         i1_2(a, p[8]), f4_2(a, p[9]), f4_2(a, p[10]), i8_1(a, p[11]), i8_1(a, p[12]), f4_2(a, p[13]))
         elif op == 10:
             scale(f4_4(a, p[1]), f4_4(a, p[2]), np.float32(f[0]), np.float32(f[1]))
+        elif op == 11:
+            norm_mul(f4_4(a, p[1]), f4_4(a, p[2]), f4_4(a, p[3]), np.float32(f[0]), p[4] != 0)
+        elif op == 12:
+            add_norm_mul(f4_4(a, p[1]), f4_4(a, p[2]), f4_4(a, p[3]), f4_4(a, p[4]), f4_4(a, p[5]), np.float32(f[0]),
+                         p[6] != 0)
     return -1
