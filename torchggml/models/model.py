@@ -698,8 +698,9 @@ class Model:
         self._compute(g, batch)
         memory.commit(batch)
         out = torch.empty(1, self.n_vocab)
-        g.io.get(g.logits, out.numpy())
-        if not all_finite(out.numpy()):
+        values = out.numpy()
+        g.io.get(g.logits, values)
+        if not all_finite(values):
             memory.restore(before)  # (zeroes what it wrote, which may hold NaN)
             raise self._non_finite(0, memory.seq_len(seq_id))
         return out
