@@ -209,3 +209,21 @@ def test_logit_bias_is_added_before_the_chain(bias, token):
 def test_logit_bias_must_be_finite_or_a_ban(bias):
     with pytest.raises(ValueError, match="logit_bias"):
         SamplingParams(logit_bias=bias)
+
+
+@pytest.mark.parametrize("temperature", [0.8, 1e-3, 1e-260, 1e260])
+@pytest.mark.parametrize("values", ["distinct", "ties", "masked"])
+def test_top_k_candidates_are_those_of_the_divided_logits(temperature, values):
+    """The top-k candidates (selected before the division by the temperature where that keeps
+    the order) are the k highest of logits / temperature in float64, same ids, same values."""
+    from torchggml.models.sampling import _candidates
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5000, generator=g) * 4
+    if values == "ties":
+        x = torch.round(x)
+    elif values == "masked":  # a grammar's mask: fewer allowed tokens than k
+        x[torch.rand(5000, generator=g) < 0.995] = -math.inf
+    ids, probs = _candidates(x, temperature, 40, 1.0, 0.0)
+    want_values, want_ids = torch.topk(x.double() / temperature, 40)
+    assert torch.equal(ids, want_ids)
+    assert torch.equal(probs, torch.softmax(want_values, dim=-1))

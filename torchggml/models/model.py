@@ -676,32 +676,33 @@ class Model:
 
     def _eval_one(self, ids: np.ndarray, seq_id: int) -> torch.Tensor | None:
         """A decode step: one token (ids, int32 [1]) after sequence seq_id's cached ones, its
-        logits [1, n_vocab], as _eval_tokens computes them with less host work: one micro-batch
-        and nothing to split or gather; its cell is committed once its logits are found finite,
-        so there is no snapshot to take. None where the memory or the graph needs the general
-        path (recurrent states, rotary jumps, an encoder's output, multi-axis positions)."""
-        memory = self.memory
-        if memory.attention is not memory or memory.rope_jumps or getattr(self.arch, "encoder_decoder", False):
+        logits [1, n_vocab], as _eval_tokens computes them with less host work: one micro-batch,
+        nothing to split or gather. None where the graph needs the general path (an encoder's
+        output, multi-axis positions)."""
+        if getattr(self.arch, "encoder_decoder", False):
             return None
         seq = [seq_id]
         self.sequences.check(seq, held=self.lock.depth > 1)
         self.sequences.changed(seq)
-        batch = memory.plan(np.array(seq, dtype=np.int64))  # raises when the cache is full
+        memory = self.memory
+        batch = memory.plan(np.array(seq, dtype=np.int64))  # raises when the memory cannot hold it
         g = self._graph_for(1, batch.n_kv, 1, False, batch.n_seqs, False, 0, False)
         if g.embd is not None or g.position_inputs or g.out_ids is not None:
             return None
         self.last_graph = g
+        before = memory.snapshot()
         g.io.set(g.tokens, ids)
         if g.positions is not None:
             g.io.set(g.positions, batch.positions)
         memory.set_inputs(g, batch)
         self._compute(g, batch)
-        out = torch.empty(1, self.n_vocab)
-        g.io.get(g.logits, out.numpy())
-        if not all_finite(out.numpy()):
-            memory.restore(memory.snapshot())  # (zeroes the cell it wrote, which may hold NaN)
-            raise self._non_finite(0, int(batch.positions[0]))
         memory.commit(batch)
+        out = torch.empty(1, self.n_vocab)
+        values = out.numpy()
+        g.io.get(g.logits, values)
+        if not all_finite(values):
+            memory.restore(before)  # (zeroes what it wrote, which may hold NaN)
+            raise self._non_finite(0, memory.seq_len(seq_id))
         return out
 
     def _eval_ubatch(self, ids: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray,
