@@ -257,15 +257,29 @@ def _row_sum(xr, mean, square):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _norm_row(xr, orow, eps, rms):
+def _norm_scale(xr, eps, rms):
+    """(mean, 1 / sqrt(variance + eps)) of a row (mean 0 for RMS_NORM)."""
     n = xr.shape[0]
     mean = np.float32(0.0)
     if not rms:
         mean = np.float32(_row_sum(xr, mean, False) / n)
     total = _row_sum(xr, mean, True)
-    scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(total / n) + eps))
-    for i0 in range(n):
+    return mean, np.float32(1.0) / np.float32(math.sqrt(np.float32(total / n) + eps))
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _norm_row(xr, orow, eps, rms):
+    mean, scale = _norm_scale(xr, eps, rms)
+    for i0 in range(xr.shape[0]):
         orow[i0] = store_as((load(xr[i0]) - mean) * scale, orow)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _norm_row_times(xr, wr, orow, eps, rms):
+    """_norm_row of F32 rows, each value rounded, then times wr's (binary's MUL)."""
+    mean, scale = _norm_scale(xr, eps, rms)
+    for i0 in range(xr.shape[0]):
+        orow[i0] = np.float32((xr[i0] - mean) * scale) * wr[i0]
 
 
 @jit
@@ -276,17 +290,15 @@ def row_norm(x, out, eps, rms):
                 _norm_row(x[i3, i2, i1], out[i3, i2, i1], eps, rms)
 
 
-# a decode step's norm times its weight (RMS_NORM -> MUL, fusion.py): the rows normed into out,
-# then multiplied in place by w's rows (tiled over x's, each as long as a row), as the two calls
-# round them
+# a decode step's norm times its weight (RMS_NORM -> MUL, fusion.py): each F32 row normed, then
+# times w's row (w's rows tiled over x's, each as long as a row), as the two calls round them
 @jit
 def norm_mul(x, w, out, eps, rms):
     for i3 in range(x.shape[0]):
         for i2 in range(x.shape[1]):
             for i1 in range(x.shape[2]):
-                orow = out[i3, i2, i1]
-                _norm_row(x[i3, i2, i1], orow, eps, rms)
-                binary_row(orow, w[i3 % w.shape[0], i2 % w.shape[1], i1 % w.shape[2]], orow, 2)
+                _norm_row_times(x[i3, i2, i1], w[i3 % w.shape[0], i2 % w.shape[1], i1 % w.shape[2]], out[i3, i2, i1],
+                                eps, rms)
 
 
 # the residual's ADD and the next norm times its weight (ADD -> RMS_NORM -> MUL, fusion.py):
@@ -297,10 +309,9 @@ def add_norm_mul(a, b, total, w, out, eps, rms):
     for i3 in range(a.shape[0]):
         for i2 in range(a.shape[1]):
             for i1 in range(a.shape[2]):
-                t, orow = total[i3, i2, i1], out[i3, i2, i1]
+                t = total[i3, i2, i1]
                 binary_row(a[i3, i2, i1], b[i3, i2, i1], t, 0)
-                _norm_row(t, orow, eps, rms)
-                binary_row(orow, w[i3 % w.shape[0], i2 % w.shape[1], i1 % w.shape[2]], orow, 2)
+                _norm_row_times(t, w[i3 % w.shape[0], i2 % w.shape[1], i1 % w.shape[2]], out[i3, i2, i1], eps, rms)
 
 
 # the same over the rows split among the threads (a prompt's rows)
