@@ -70,3 +70,22 @@ def test_import_sets_it_before_torch_loads():
             "torchggml.Type; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.stdout.split() == ["PASSIVE", "False", "True"], out.stderr[-2000:]
+
+
+def test_float_products_are_the_same_at_any_thread_count():
+    """torch's F32 GEMMs (MKL) give the bits of one thread at two after `import torchggml`
+    (MKL_CBWR set at import): threads.py changes the count between computes on a busy machine."""
+    env = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
+    env.update(PYTHONPATH=str(Path(__file__).parents[1]))
+    code = ("import torchggml, torch\n"
+            "torch.manual_seed(0)\n"
+            "same = []\n"
+            "for m, k, n in [(9, 256, 768), (9, 768, 256), (128, 576, 1536)]:\n"
+            "    a, b = torch.randn(m, k), torch.randn(n, k)\n"
+            "    r = []\n"
+            "    for t in (1, 2):\n"
+            "        torch.set_num_threads(t); r.append(a @ b.T)\n"
+            "    same.append(torch.equal(*r))\n"
+            "print(same)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.stdout.split() == ["[True,", "True,", "True]"], out.stderr[-2000:]

@@ -12,6 +12,11 @@ still counts a minute after a busy program ended) sleeps its workers at once; a 
 default, and the CPU backend's thread counts (devices/cpu/threads.py) handle load that comes
 later. The user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT always stands, and so does the policy
 of a runtime already loaded (torch imported before torchggml).
+
+The same start sets MKL_CBWR=AUTO,STRICT where the user has not set it: MKL's float GEMMs (torch's
+products of F32 and BF16 rows on the CPU) then give the same bits at any thread count, as ggml's
+CPU products do. Without it a plan's result changed with the thread count threads.py picks on a
+busy machine. MKL reads it at its first call (a torch import before torchggml's is still in time).
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import sys
 from . import config
 
 ENV = "TORCHGGML_OMP_WAIT"
+REPRODUCIBLE_MKL = "AUTO,STRICT"
 BUSY_LOAD = 0.5  # a 1-minute load average of this many runnable programs per CPU or more: busy
 
 
@@ -60,3 +66,4 @@ def apply() -> None:
     policy = wait_policy(config.text(ENV), os.environ, load, cpus, "torch" in sys.modules)
     if policy is not None:
         os.environ["OMP_WAIT_POLICY"] = policy
+    os.environ.setdefault("MKL_CBWR", REPRODUCIBLE_MKL)
