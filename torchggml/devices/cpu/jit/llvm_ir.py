@@ -21,8 +21,8 @@ OFFSET_BLOCK_KINDS = (20, 22, 24)
 # d; W = d (sc - 32) (q - 4)). Their activations round per 16 values (low_k_blocks_dot).
 LOW_K_KINDS = (84, 110)
 # the kinds whose weight rows weight_rows_dot multiplies by one activation row in one loop:
-# Q4_0, IQ4_NL, IQ4_XS and the low K-quants
-WEIGHT_ROWS_KINDS = (18, -18, 136) + LOW_K_KINDS
+# Q4_0, IQ4_NL and the low K-quants
+WEIGHT_ROWS_KINDS = (18, -18) + LOW_K_KINDS
 # row_dot's kinds that read ggml's blocks in place, by block bytes: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K,
 # IQ4_XS, the offset kinds and the low K-quants; and IQ4_NL
 BLOCK_KINDS = (34, 18, 144, 176, 210, 136) + OFFSET_BLOCK_KINDS + LOW_K_KINDS + (IQ4_NL_KIND,)
@@ -258,9 +258,7 @@ def _row_dot_intrinsic():
                    for r in range(n_rows)]
             row = tuple(data_ptr(context, builder, sig.args[i], args[i]) for i in (2, 3, 4))
             n_groups = builder.extract_value(context.make_array(sig.args[4])(context, builder, args[4]).shape, 0)
-            if k == 136:
-                sums = iq4_xs_blocks_dot(builder, wps, [row] * n_rows, n_groups)
-            elif k in LOW_K_KINDS:  # xd's K / 16 -> the blocks of 256
+            if k in LOW_K_KINDS:  # xd's K / 16 -> the blocks of 256
                 sums = low_k_blocks_dot(builder, wps, [row] * n_rows, builder.lshr(n_groups, ir.Constant(n_groups.type, 4)), k)
             else:
                 sums = q4_0_pairs_dot(builder, wps, [row] * n_rows, n_groups, k == IQ4_NL_KIND)
@@ -633,11 +631,11 @@ def _row_dot_intrinsic():
         ggml's Q8_K (one scale xd a block), as ggml's kernels: per block the integer
         sum_g (ls_g - 32) (v_g . x_g), the values' magnitudes times x with their signs
         (vpmaddubsw cannot take them unsigned: up to 241), then d xd times it. rows: each
-        activation row's (xp, sump (unread), dp); wp as q4_0_pairs_dot's."""
+        activation row's (xp, sump (unread), dp)."""
         const = lambda v: ir.Constant(n_blocks.type, v)  # noqa: E731
 
         def block_term(b, row):
-            xp, dp, wp = row[0], row[2], row[3]
+            xp, dp = row[0], row[2]
             base = builder.mul(b, const(136))
             sc = builder.trunc(iq4_xs_scales(builder, wp, base), vec(i16, 8))
             sc16 = builder.shuffle_vector(sc, sc, ir.Constant(vec(i32, 16), list(range(8)) * 2))
@@ -652,8 +650,7 @@ def _row_dot_intrinsic():
             scale = builder.fmul(d, builder.load(builder.gep(dp, [b])))
             return builder.fmul(builder.sitofp(builder.add(chains[0], chains[1]), vec(f32, 8)), splat_f32(builder, scale, 8),
                                 flags=("fast",))
-        # each block's term from its exact integer sums
-        return sum_terms_rows(builder, block_term, n_blocks, with_weights(wp, rows))
+        return sum_terms_rows(builder, block_term, n_blocks, rows)  # each block's term from its exact integer sums
 
     def low_k_blocks_dot(builder, wp, rows, n_blocks, block_bytes):
         """A row of ggml's Q2_K or Q3_K blocks in place (LOW_K_KINDS; values u: low_k_values)
