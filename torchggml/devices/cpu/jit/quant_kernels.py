@@ -61,13 +61,10 @@ CHUNK = 16
 # MUL_MAT's activation rows a weight row is multiplied by in one rows_dot (its bytes loaded and
 # unpacked once for them); the last M % ROWS rows go one at a time
 ROWS = 4
-# the weight rows one weight_rows_dot multiplies by one activation row (each activation row
-# outside rows_dot's: a decode step's), divisors of CHUNK: Q4_0's and IQ4_NL's float sums
-# (ACCUMULATORS vectors a row) fill AVX-512's 32 vector registers, half of them AVX2's 16;
-# Q2_K's blocks need more registers of their own (8 rows spilled). IQ4_XS's and Q3_K's rows
-# go one at a time (several at once measured no faster)
+# Q4_0's and IQ4_NL's weight rows one weight_rows_dot multiplies by one activation row (each
+# activation row outside rows_dot's: a decode step's), a divisor of CHUNK: their float sums
+# (ACCUMULATORS vectors a row) fill AVX-512's 32 vector registers, half of them AVX2's 16
 WEIGHT_ROWS = 8 if "avx512vl" in target_features() else 4
-K_WEIGHT_ROWS = 4
 _float_row, _store_row = _row_output_helpers()
 half_to_f32 = _half_bits_intrinsic()
 
@@ -372,25 +369,18 @@ def _chunk(j, a, b, c, out_a, out_b, out_c):
 
 
 @njit(fastmath=True, cache=True, nogil=True, inline="always")
-def _weight_rows(w, kind, first, stop, r0, x, second, xd, out_row):
-    """out_row[n] = row_dot of w's row r0 + n by one activation row (x, second, xd: row_dot's
-    x, scale and xd) for n from first, WEIGHT_ROWS rows a weight_rows_dot (Q4_0, IQ4_NL;
-    K_WEIGHT_ROWS for Q2_K): the first n it leaves (the last rows of a part chunk, for row_dot)."""
-    if _paired(kind):
-        grouped = first + (stop - first) // WEIGHT_ROWS * WEIGHT_ROWS
-        for n in range(first, grouped, WEIGHT_ROWS):
-            if kind == 18:
-                dots = weight_rows_dot(w, r0 + n, x, second, xd, 18, WEIGHT_ROWS)
-            else:
-                dots = weight_rows_dot(w, r0 + n, x, second, xd, IQ4_NL_KIND, WEIGHT_ROWS)
-            for i in range(WEIGHT_ROWS):
-                out_row[n + i] = dots[i]
-        return grouped
-    grouped = first + (stop - first) // K_WEIGHT_ROWS * K_WEIGHT_ROWS
-    for n in range(first, grouped, K_WEIGHT_ROWS):
-        kdots = weight_rows_dot(w, r0 + n, x, second, xd, 84, K_WEIGHT_ROWS)
-        for i in range(K_WEIGHT_ROWS):
-            out_row[n + i] = kdots[i]
+def _weight_rows(w, kind, first, stop, r0, x, sums, xd, out_row):
+    """out_row[n] = row_dot of Q4_0's or IQ4_NL's row r0 + n of w by one activation row (x,
+    sums, xd: row_dot's x, scale and xd) for n from first, WEIGHT_ROWS rows a weight_rows_dot:
+    the first n it leaves (the last rows of a part chunk, for row_dot)."""
+    grouped = first + (stop - first) // WEIGHT_ROWS * WEIGHT_ROWS
+    for n in range(first, grouped, WEIGHT_ROWS):
+        if kind == 18:
+            dots = weight_rows_dot(w, r0 + n, x, sums, xd, 18, WEIGHT_ROWS)
+        else:
+            dots = weight_rows_dot(w, r0 + n, x, sums, xd, IQ4_NL_KIND, WEIGHT_ROWS)
+        for i in range(WEIGHT_ROWS):
+            out_row[n + i] = dots[i]
     return grouped
 
 
@@ -487,11 +477,8 @@ def low_k_block_matvecs(a, b, c, kind, w_row0, xq, xd, xsum, x_row, out_a, out_b
                     dots = rows_dot(w[n], xd[0], xq, xsum, xd, m0, 110, ROWS)
                 for i in range(ROWS):
                     out[m0 + i, n] = dots[i]
-        for m in range(blocked, out.shape[0]):
-            x = x_row[m]
-            grouped = _weight_rows(w, kind, first, stop, w_row0[m], xq[x], xsum[x], xd[x], out[m]) if kind == 84 else first
-            for n in range(grouped, stop):
-                r = w_row0[m] + n
+            for m in range(blocked, out.shape[0]):
+                r, x = w_row0[m] + n, x_row[m]
                 if kind == 84:
                     out[m, n] = row_dot(w[r], xq[x], xsum[x], xd[x], 84)
                 else:
