@@ -20,9 +20,6 @@ OFFSET_BLOCK_KINDS = (20, 22, 24)
 # dmin m) and Q3_K (110: 32 bytes of high bits, 64 of 2-bit low bits, 12 of 6-bit scales, float16
 # d; W = d (sc - 32) (q - 4)). Their activations round per 16 values (low_k_blocks_dot).
 LOW_K_KINDS = (84, 110)
-# the kinds whose weight rows weight_rows_dot multiplies by one activation row in one loop:
-# Q4_0, IQ4_NL, IQ4_XS and the low K-quants
-WEIGHT_ROWS_KINDS = (18, -18, 136) + LOW_K_KINDS
 # row_dot's kinds that read ggml's blocks in place, by block bytes: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K,
 # IQ4_XS, the offset kinds and the low K-quants; and IQ4_NL
 BLOCK_KINDS = (34, 18, 144, 176, 210, 136) + OFFSET_BLOCK_KINDS + LOW_K_KINDS + (IQ4_NL_KIND,)
@@ -237,7 +234,7 @@ def _row_dot_intrinsic():
     @intrinsic
     def weight_rows_dot(typingctx, blocks, n0, x, xs, xd, kind, count):
         """row_dot of the weight rows n0 .. n0 + count - 1 of blocks (uint8 [rows, row bytes] of
-        WEIGHT_ROWS_KINDS' blocks; count a literal) by one activation row (x, xs, xd: row_dot's
+        Q4_0's or IQ4_NL's blocks; count a literal) by one activation row (x, xs, xd: row_dot's
         x, scale and xd), in one loop: the activations' loads, their sums' terms and the loop's
         steps are shared by the rows, whose float sums are independent chains the CPU overlaps
         (a decode step's product, one activation row). Each row's sums are added in row_dot's
@@ -245,7 +242,7 @@ def _row_dot_intrinsic():
         if not (isinstance(kind, types.IntegerLiteral) and isinstance(count, types.IntegerLiteral)):
             return None
         k, n_rows = kind.literal_value, count.literal_value
-        if k not in WEIGHT_ROWS_KINDS:
+        if k not in (18, IQ4_NL_KIND):
             return None
         out_type = types.UniTuple(types.float32, n_rows)
 
@@ -258,12 +255,7 @@ def _row_dot_intrinsic():
                    for r in range(n_rows)]
             row = tuple(data_ptr(context, builder, sig.args[i], args[i]) for i in (2, 3, 4))
             n_groups = builder.extract_value(context.make_array(sig.args[4])(context, builder, args[4]).shape, 0)
-            if k == 136:
-                sums = iq4_xs_blocks_dot(builder, wps, [row] * n_rows, n_groups)
-            elif k in LOW_K_KINDS:  # xd's K / 16 -> the blocks of 256
-                sums = low_k_blocks_dot(builder, wps, [row] * n_rows, builder.lshr(n_groups, ir.Constant(n_groups.type, 4)), k)
-            else:
-                sums = q4_0_pairs_dot(builder, wps, [row] * n_rows, n_groups, k == IQ4_NL_KIND)
+            sums = q4_0_pairs_dot(builder, wps, [row] * n_rows, n_groups, k == IQ4_NL_KIND)
             return context.make_tuple(builder, out_type, sums)
         return out_type(blocks, n0, x, xs, xd, kind, count), codegen
 
@@ -633,11 +625,11 @@ def _row_dot_intrinsic():
         ggml's Q8_K (one scale xd a block), as ggml's kernels: per block the integer
         sum_g (ls_g - 32) (v_g . x_g), the values' magnitudes times x with their signs
         (vpmaddubsw cannot take them unsigned: up to 241), then d xd times it. rows: each
-        activation row's (xp, sump (unread), dp); wp as q4_0_pairs_dot's."""
+        activation row's (xp, sump (unread), dp)."""
         const = lambda v: ir.Constant(n_blocks.type, v)  # noqa: E731
 
         def block_term(b, row):
-            xp, dp, wp = row[0], row[2], row[3]
+            xp, dp = row[0], row[2]
             base = builder.mul(b, const(136))
             sc = builder.trunc(iq4_xs_scales(builder, wp, base), vec(i16, 8))
             sc16 = builder.shuffle_vector(sc, sc, ir.Constant(vec(i32, 16), list(range(8)) * 2))
@@ -652,8 +644,7 @@ def _row_dot_intrinsic():
             scale = builder.fmul(d, builder.load(builder.gep(dp, [b])))
             return builder.fmul(builder.sitofp(builder.add(chains[0], chains[1]), vec(f32, 8)), splat_f32(builder, scale, 8),
                                 flags=("fast",))
-        # each block's term from its exact integer sums
-        return sum_terms_rows(builder, block_term, n_blocks, with_weights(wp, rows))
+        return sum_terms_rows(builder, block_term, n_blocks, rows)  # each block's term from its exact integer sums
 
     def low_k_blocks_dot(builder, wp, rows, n_blocks, block_bytes):
         """A row of ggml's Q2_K or Q3_K blocks in place (LOW_K_KINDS; values u: low_k_values)
@@ -663,26 +654,26 @@ def _row_dot_intrinsic():
         d sum_s xd_s sc_s (u_s . x_s) - dmin sum_s m_s xsum_s, Q3_K's (q = u - 4, scales
         sc - 32) d (sum_s xd_s sc_s (u_s . x_s) - 4 sum_s sc_s xsum_s), each sc_s (u_s . x_s)
         an exact integer dot, two sub-blocks a vector of 8 lanes. rows: each activation row's
-        (xp, xsum, dp); wp as q4_0_pairs_dot's."""
+        (xp, xsum, dp)."""
         const = lambda v: ir.Constant(n_blocks.type, v)  # noqa: E731
         pick = lambda v, lanes: builder.shuffle_vector(v, v, ir.Constant(vec(i32, len(lanes)), lanes))  # noqa: E731
         q2 = block_bytes == 84
         fast = ("fast",)
 
-        def half_at(wp, at):
+        def half_at(at):
             return half_bits_to_float(builder, builder.load(builder.bitcast(builder.gep(wp, [at]), i16.as_pointer()),
                                                             align=1))
 
         def block_term(b, row):
-            xp, sp, dp, wp = row
+            xp, sp, dp = row[0], row[1], row[2]
             base = builder.mul(b, const(block_bytes))
             if q2:
                 sc16, offsets16 = q2_k_scales_and_mins(builder, wp, base)
-                d = half_at(wp, builder.add(base, const(80)))
-                offset_scale = builder.fneg(half_at(wp, builder.add(base, const(82))))  # -dmin m_s
+                d = half_at(builder.add(base, const(80)))
+                offset_scale = builder.fneg(half_at(builder.add(base, const(82))))  # -dmin m_s
             else:
                 sc16 = offsets16 = q3_k_scales(builder, wp, builder.add(base, const(96)))
-                d = half_at(wp, builder.add(base, const(108)))
+                d = half_at(builder.add(base, const(108)))
                 offset_scale = builder.fmul(d, ir.Constant(f32, -4.0))  # -4 d sc_s
             total = None
             for g in range(8):  # sub-blocks 2g and 2g + 1
@@ -700,12 +691,7 @@ def _row_dot_intrinsic():
             offsets = builder.fadd(pick(products, list(range(8))), pick(products, list(range(8, 16))), flags=fast)
             return builder.fadd(builder.fmul(total, splat_f32(builder, d, 8), flags=fast),
                                 builder.fmul(offsets, splat_f32(builder, offset_scale, 8), flags=fast), flags=fast)
-        return sum_terms_rows(builder, block_term, n_blocks, with_weights(wp, rows))
-
-    def with_weights(wp, rows):
-        """Each of rows with its weight row's pointer appended: wp for all (rows_dot), or a list,
-        one for each (weight_rows_dot)."""
-        return [row + (w,) for row, w in zip(rows, wp if isinstance(wp, list) else [wp] * len(rows))]
+        return sum_terms_rows(builder, block_term, n_blocks, rows)
 
     def scaled_byte_dot(builder, u, xv, sc16, acc):
         """acc (<8 x i32>, or None: zeros) plus the products of 32 unsigned bytes u (< 64) and 32

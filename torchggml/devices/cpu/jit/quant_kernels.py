@@ -61,12 +61,10 @@ CHUNK = 16
 # MUL_MAT's activation rows a weight row is multiplied by in one rows_dot (its bytes loaded and
 # unpacked once for them); the last M % ROWS rows go one at a time
 ROWS = 4
-# the weight rows one weight_rows_dot multiplies by one activation row (each activation row
-# outside rows_dot's: a decode step's), divisors of CHUNK: Q4_0's and IQ4_NL's float sums
-# (ACCUMULATORS vectors a row) fill AVX-512's 32 vector registers, half of them AVX2's 16;
-# IQ4_XS's and the low K-quants' blocks need more registers of their own (8 rows spilled)
+# Q4_0's and IQ4_NL's weight rows one weight_rows_dot multiplies by one activation row (each
+# activation row outside rows_dot's: a decode step's), a divisor of CHUNK: their float sums
+# (ACCUMULATORS vectors a row) fill AVX-512's 32 vector registers, half of them AVX2's 16
 WEIGHT_ROWS = 8 if "avx512vl" in target_features() else 4
-K_WEIGHT_ROWS = 4
 _float_row, _store_row = _row_output_helpers()
 half_to_f32 = _half_bits_intrinsic()
 
@@ -371,30 +369,18 @@ def _chunk(j, a, b, c, out_a, out_b, out_c):
 
 
 @njit(fastmath=True, cache=True, nogil=True, inline="always")
-def _weight_rows(w, kind, first, stop, r0, x, second, xd, out_row):
-    """out_row[n] = row_dot of w's row r0 + n by one activation row (x, second, xd: row_dot's
-    x, scale and xd) for n from first, WEIGHT_ROWS rows a weight_rows_dot (llvm_ir's
-    WEIGHT_ROWS_KINDS): the first n it leaves (the last rows of a part chunk, for row_dot)."""
-    if _paired(kind):
-        grouped = first + (stop - first) // WEIGHT_ROWS * WEIGHT_ROWS
-        for n in range(first, grouped, WEIGHT_ROWS):
-            if kind == 18:
-                dots = weight_rows_dot(w, r0 + n, x, second, xd, 18, WEIGHT_ROWS)
-            else:
-                dots = weight_rows_dot(w, r0 + n, x, second, xd, IQ4_NL_KIND, WEIGHT_ROWS)
-            for i in range(WEIGHT_ROWS):
-                out_row[n + i] = dots[i]
-        return grouped
-    grouped = first + (stop - first) // K_WEIGHT_ROWS * K_WEIGHT_ROWS
-    for n in range(first, grouped, K_WEIGHT_ROWS):
-        if kind == 136:
-            kdots = weight_rows_dot(w, r0 + n, x, second, xd, 136, K_WEIGHT_ROWS)
-        elif kind == 84:
-            kdots = weight_rows_dot(w, r0 + n, x, second, xd, 84, K_WEIGHT_ROWS)
+def _weight_rows(w, kind, first, stop, r0, x, sums, xd, out_row):
+    """out_row[n] = row_dot of Q4_0's or IQ4_NL's row r0 + n of w by one activation row (x,
+    sums, xd: row_dot's x, scale and xd) for n from first, WEIGHT_ROWS rows a weight_rows_dot:
+    the first n it leaves (the last rows of a part chunk, for row_dot)."""
+    grouped = first + (stop - first) // WEIGHT_ROWS * WEIGHT_ROWS
+    for n in range(first, grouped, WEIGHT_ROWS):
+        if kind == 18:
+            dots = weight_rows_dot(w, r0 + n, x, sums, xd, 18, WEIGHT_ROWS)
         else:
-            kdots = weight_rows_dot(w, r0 + n, x, second, xd, 110, K_WEIGHT_ROWS)
-        for i in range(K_WEIGHT_ROWS):
-            out_row[n + i] = kdots[i]
+            dots = weight_rows_dot(w, r0 + n, x, sums, xd, IQ4_NL_KIND, WEIGHT_ROWS)
+        for i in range(WEIGHT_ROWS):
+            out_row[n + i] = dots[i]
     return grouped
 
 
@@ -415,8 +401,6 @@ def paired_block_matvecs(a, b, c, kind, w_row0, xp, xd, sums, xsum, x_row, out_a
             x, grouped = x_row[m], first
             if _paired(kind):
                 grouped = _weight_rows(w, kind, first, stop, w_row0[m], xp[x], sums[x], xd[x], out[m])
-            elif kind == 136:
-                grouped = _weight_rows(w, kind, first, stop, w_row0[m], xp[x], xsum[x], xd[x], out[m])
             for n in range(grouped, stop):
                 r = w_row0[m] + n
                 if kind == 34:
@@ -493,10 +477,8 @@ def low_k_block_matvecs(a, b, c, kind, w_row0, xq, xd, xsum, x_row, out_a, out_b
                     dots = rows_dot(w[n], xd[0], xq, xsum, xd, m0, 110, ROWS)
                 for i in range(ROWS):
                     out[m0 + i, n] = dots[i]
-        for m in range(blocked, out.shape[0]):
-            x = x_row[m]
-            for n in range(_weight_rows(w, kind, first, stop, w_row0[m], xq[x], xsum[x], xd[x], out[m]), stop):
-                r = w_row0[m] + n
+            for m in range(blocked, out.shape[0]):
+                r, x = w_row0[m] + n, x_row[m]
                 if kind == 84:
                     out[m, n] = row_dot(w[r], xq[x], xsum[x], xd[x], 84)
                 else:
