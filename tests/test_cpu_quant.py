@@ -1069,7 +1069,8 @@ def test_block_matvec_is_exact_on_rounded_activations(qtype, k, m):
 
 # (type, N, K): the kinds a decode step multiplies several weight rows at a time by its one
 # activation row (weight_rows_dot); N with a last part chunk and a last part group, K of
-# 4-pair steps and a tail pair (576), and an odd last block (224)
+# 4-pair steps and a tail pair (576), an odd last block (224), and rows too long to take side
+# by side (1536: one at a time)
 WEIGHT_ROWS_CASES = [(qtype, n, k) for qtype in (T.Q4_0, T.IQ4_NL) for n, k in ((11, 576), (37, 224), (16, 1536))]
 
 

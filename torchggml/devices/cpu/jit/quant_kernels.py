@@ -65,6 +65,11 @@ ROWS = 4
 # activation row outside rows_dot's: a decode step's), a divisor of CHUNK: their float sums
 # (ACCUMULATORS vectors a row) fill AVX-512's 32 vector registers, half of them AVX2's 16
 WEIGHT_ROWS = 8 if "avx512vl" in target_features() else 4
+# the longest weight rows (bytes) weight_rows_dot takes: it reads its rows side by side, a few
+# bytes of each in turn, and on longer rows the CPU's prefetcher stops following that (the
+# product then waits on memory: scripts/bench_weight_rows.py); longer rows go one at a time
+# (row_dot), each read from its start to its end
+GROUPED_ROW_BYTES = 384
 _float_row, _store_row = _row_output_helpers()
 half_to_f32 = _half_bits_intrinsic()
 
@@ -372,7 +377,10 @@ def _chunk(j, a, b, c, out_a, out_b, out_c):
 def _weight_rows(w, kind, first, stop, r0, x, sums, xd, out_row):
     """out_row[n] = row_dot of Q4_0's or IQ4_NL's row r0 + n of w by one activation row (x,
     sums, xd: row_dot's x, scale and xd) for n from first, WEIGHT_ROWS rows a weight_rows_dot:
-    the first n it leaves (the last rows of a part chunk, for row_dot)."""
+    the first n it leaves (the last rows of a part chunk, or every row of a weight with rows
+    longer than GROUPED_ROW_BYTES, for row_dot)."""
+    if w.shape[1] > GROUPED_ROW_BYTES:
+        return first
     grouped = first + (stop - first) // WEIGHT_ROWS * WEIGHT_ROWS
     for n in range(first, grouped, WEIGHT_ROWS):
         if kind == 18:
