@@ -54,8 +54,8 @@ def attention_graph(n_tok=1, n_head=8, n_head_kv=2, d=64, n_kv=48, mask_type=T.F
     return graph, inputs, out, galloc
 
 
-def fill(inputs, n_tok, n_kv, seed=0, hidden_row=None):
-    """Random inputs and a causal mask (hidden_row: a row that sees no cell)."""
+def fill(inputs, n_tok, n_kv, seed=0, hidden_row=None, hole=False):
+    """Random inputs and a causal mask (hidden_row: a row that sees no cell; hole: cells 10-13 hidden)."""
     gen = torch.Generator().manual_seed(seed)
     values = {}
     for name, t in inputs.items():
@@ -68,6 +68,8 @@ def fill(inputs, n_tok, n_kv, seed=0, hidden_row=None):
                 x[..., r, :3] = -math.inf  # and some cells in front hidden (another sequence's)
             if hidden_row is not None:
                 x[..., hidden_row, :] = -math.inf
+            if hole:
+                x[..., 10:14] = -math.inf  # cells inside the seen ones hidden (a sliding window's, a sequence's)
         values[name] = x
         dtype = {T.F16: torch.float16, T.F32: torch.float32}[t.type]
         ggml.backend_tensor_set(t, x.to(dtype).contiguous())
@@ -113,18 +115,22 @@ FUSED = [
     ("prompt-f16-mask", dict(n_tok=32, n_head=4, n_head_kv=1, n_kv=40, mask_type=T.F16)),
     ("prompt-hidden-row", dict(n_tok=20, n_head=4, n_head_kv=2, n_kv=24, hidden_row=7)),
     ("prompt-head-80", dict(n_tok=9, n_head=2, n_head_kv=1, d=80)),  # V's columns not whole tiles (AVX-512)
+    # the decode kernel walks only the cells between the first and last seen ones
+    ("decode-sees-none", dict(n_tok=1, hidden_row=0)),
+    ("decode-hole", dict(n_tok=1, hole=True)),
+    ("rows-hole", dict(n_tok=3, n_kv=40, hole=True)),
 ]
 
 
 @pytest.mark.parametrize("options", [c[1] for c in FUSED], ids=[c[0] for c in FUSED])
 def test_fused_attention_equals_float64(options, monkeypatch):
     options = dict(options)
-    hidden_row = options.pop("hidden_row", None)
+    hidden_row, hole = options.pop("hidden_row", None), options.pop("hole", False)
     graph, inputs, out, _galloc = attention_graph(**options)
     n_tok, n_kv = options.get("n_tok", 1), options.get("n_kv", 48)
-    values = fill(inputs, n_tok, n_kv, hidden_row=hidden_row)
+    values = fill(inputs, n_tok, n_kv, hidden_row=hidden_row, hole=hole)
     n_fused, fused = run(graph, out, monkeypatch, True)
-    fill(inputs, n_tok, n_kv, hidden_row=hidden_row)  # the allocator reuses the inputs' memory once they are read
+    fill(inputs, n_tok, n_kv, hidden_row=hidden_row, hole=hole)  # the allocator reuses the inputs' memory once they are read
     n_plain, plain = run(graph, out, monkeypatch, False)
     # KQ's, softmax's and V^T's calls dropped, and a token's CONT(PERMUTE(KQV)) (the heads side by side)
     assert n_fused == n_plain - (4 if n_tok == 1 and not options.get("kqv_reader") else 3)

@@ -856,6 +856,20 @@ def get_block_rows(table, ids, out, kind):
     return -1
 
 
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _seen_range(mask, has_mask, t, n_kv):
+    """(first, end): the cells row t's mask does not hide (-inf) lie in first..end-1 (0, 0: none)."""
+    if not has_mask:
+        return 0, n_kv
+    first = 0
+    while first < n_kv and load(mask[t, first]) == -np.inf:
+        first += 1
+    end = n_kv
+    while end > first and load(mask[t, end - 1]) == -np.inf:
+        end -= 1
+    return (first, end) if end > first else (0, 0)
+
+
 # attention of a few query rows (decode), fused. Each thread takes a run of heads and walks the
 # cells once for all of them: a cell's K (V) rows of those heads lie side by side, so each cell is
 # one contiguous read the hardware prefetcher follows, and a K/V head shared by several query
@@ -877,10 +891,13 @@ def decode_attention(k, v, strides, n_kv, n_head_kv, q, mask, has_mask, scale, s
         qs = np.empty((g, d_k), np.float32)
         for hi in range(g):
             qs[hi] = q[h0 + hi, t]
+        # only the cells between the first and the last the mask shows are walked: a decode
+        # step's graph attends to the cache padded past its used cells (kv_cache.KV_PAD)
+        first, end = _seen_range(mask, has_mask, t, n_kv)
         scores = np.empty((g, n_kv), np.float32)
         peak = np.full(g, -np.inf, np.float32)
         nan = np.zeros(g, np.bool_)
-        for j in range(n_kv):
+        for j in range(first, end):
             m = load(mask[t, j]) if has_mask else np.float32(0.0)
             if m == -np.inf:  # a cell the mask hides: neither K nor V is read (as flash attention)
                 for hi in range(g):
@@ -903,7 +920,7 @@ def decode_attention(k, v, strides, n_kv, n_head_kv, q, mask, has_mask, scale, s
         for hi in range(g):
             shift = softmax_shift(peak[hi], nan[hi])
             weight_sum = 0.0
-            for j in range(n_kv):
+            for j in range(first, end):
                 if scores[hi, j] != -np.inf:
                     scores[hi, j] = exp_f32(scores[hi, j] - shift)
                     weight_sum += scores[hi, j]
@@ -911,7 +928,7 @@ def decode_attention(k, v, strides, n_kv, n_head_kv, q, mask, has_mask, scale, s
                     scores[hi, j] = np.float32(0.0)
             inv[hi] = np.float32(1.0 / (weight_sum if weight_sum != 0.0 else 1.0))
         o = np.zeros((g, d_v), np.float32)
-        for j in range(n_kv):
+        for j in range(first, end):
             if has_mask and load(mask[t, j]) == -np.inf:
                 continue
             ahead = (h0 // group) * v_head_stride + (j + PREFETCH_CELLS) * v_cell_stride
@@ -938,21 +955,9 @@ PROMPT_ATTENTION_ROWS = 16
 
 @jit
 def _seen_cells(mask, has_mask, n_tok, n_kv, seen):
-    """seen[t] = (first, end): the cells row t's mask does not hide (-inf) lie in first..end-1
-    (0, 0: none)."""
+    """seen[t] = _seen_range of row t."""
     for t in range(n_tok):
-        first, end = 0, 0
-        if has_mask:
-            while end < n_kv and load(mask[t, end]) == -np.inf:
-                end += 1
-            first = end
-            for j in range(n_kv - 1, first - 1, -1):
-                if load(mask[t, j]) != -np.inf:
-                    end = j + 1
-                    break
-        else:
-            end = n_kv
-        seen[t, 0], seen[t, 1] = first, end
+        seen[t, 0], seen[t, 1] = _seen_range(mask, has_mask, t, n_kv)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"}, inline="always")
