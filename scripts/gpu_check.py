@@ -165,6 +165,10 @@ class Ctx:
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
+    def progress(self, stage: str, data: dict) -> None:
+        """What a stage has measured so far: the parent reports it if the stage is killed."""
+        (self.work / f"{stage}.partial.json").write_text(json.dumps(data, default=str))
+
     def env(self, **extra) -> dict:
         return child_env(self.device, **extra)
 
@@ -739,12 +743,14 @@ def stage_model(ctx: Ctx) -> Result:
     data, logits = {"file_mib": round(path.stat().st_size / 2**20), "graph_capture": can_capture}, {}
     for label in runs:
         data[label], logits[label] = measure_model(ctx, path, dev, graphs=label == "CUDA graphs",
-                                                   full=label == runs[0])
+                                                   full=label == runs[0], progress=lambda e: ctx.progress(
+                                                       "model", {**data, label: e}))
     head = "| run | " + " | ".join(MODEL_COLUMNS.values()) + " | plans |\n|---|" + "---:|" * len(MODEL_COLUMNS) + "---|"
     rows = [f"| {label} | " + " | ".join(f"{data[label][c]:.2f}" if c in data[label] else "n/a" for c in MODEL_COLUMNS)
             + " | {captured} captured, {eager} eager, {compiled} compiled |".format(**data[label]["plans"])
             for label in runs]
-    tables = ["\n".join([head, *rows])]
+    tables = ["\n".join([head, *rows]), "host ms/token: the part of a decode step the GPU was idle (the step's "
+              "wall time less the GPU's busy time in a profiled run of the same steps)."]
     first = data[runs[0]]
     summary = f"{path.name} ({data['file_mib']} MiB): decode {first['decode_tok_s']:.1f} tok/s ({runs[0]})"
     if not can_capture:
@@ -757,9 +763,10 @@ def stage_model(ctx: Ctx) -> Result:
     return Result("passed", summary, data, tables)
 
 
-def measure_model(ctx: Ctx, path: Path, dev, graphs: bool, full: bool) -> tuple[dict, object]:
+def measure_model(ctx: Ctx, path: Path, dev, graphs: bool, full: bool, progress) -> tuple[dict, object]:
     """The model on ctx.device, its plans captured as device graphs or not: decode rate and the
-    last step's logits; with `full` also host and GPU time per token, the prompt rate and batches."""
+    last step's logits; with `full` also host and GPU time per token, the prompt rate and batches.
+    progress(entry) is called with each new figure."""
     from torchggml.models import load_model
     z = ctx.sizes
     if not graphs:
@@ -769,13 +776,16 @@ def measure_model(ctx: Ctx, path: Path, dev, graphs: bool, full: bool) -> tuple[
         try:
             per_token, logits = decode(model, z)
             entry = {"decode_tok_s": 1 / per_token, "ms_per_token": per_token * 1e3, "plans": plan_capture(model)}
+            progress(entry)
             if full:
                 gpu = gpu_busy_per_token(model, ctx)
                 if gpu is not None:  # the part of a step the GPU waits for the host
                     entry.update(gpu_busy_ms=gpu * 1e3, host_ms_per_token=max(0.0, per_token - gpu) * 1e3)
                 entry["pp_tok_s"], entry["prompt_tokens"] = prompt_rate(model, z), z.pp
+                progress(entry)
                 for n_seq in (4, 8):
                     entry[f"batch{n_seq}_tok_s"] = batch_rate(model, n_seq, z)
+                    progress(entry)
         finally:
             model.close()
     finally:
@@ -950,8 +960,9 @@ def run_stage_process(name: str, ctx: Ctx, deadline: float, argv_base: list[str]
     left = deadline - time.monotonic()
     if left < 5:
         return skipped("the run's time budget was spent before this stage")
-    result_path = ctx.work / f"{name}.json"
+    result_path, partial_path = ctx.work / f"{name}.json", ctx.work / f"{name}.partial.json"
     result_path.unlink(missing_ok=True)
+    partial_path.unlink(missing_ok=True)
     # the child gets its deadline on its own clock: seconds from now, as wall-clock time
     cmd = [sys.executable, str(Path(__file__).resolve()), *argv_base, "--stage", name,
            "--deadline", str(time.time() + left)]
@@ -960,7 +971,9 @@ def run_stage_process(name: str, ctx: Ctx, deadline: float, argv_base: list[str]
         return Result(**json.loads(result_path.read_text()))
     why = (f"killed at its time limit ({left:.0f} s)" if ran.timed_out
            else f"the stage's process exited {ran.returncode} without a result")
-    return Result("failed", reason=why, seconds=ran.seconds, log_tail=ran.tail())
+    partial = json.loads(partial_path.read_text()) if partial_path.exists() else {}
+    return Result("failed", reason=why, data={"partial": partial} if partial else {}, seconds=ran.seconds,
+                  log_tail=ran.tail())
 
 
 # ---------------------------------------------------------------- the report

@@ -99,6 +99,20 @@ def test_a_stage_out_of_budget_is_skipped(tmp_path):
     assert result.status == "skipped" and "budget was spent" in result.reason
 
 
+def test_a_killed_stage_reports_what_it_measured_before(tmp_path, monkeypatch):
+    ctx = gc.Ctx("SIM0", True, tmp_path, tmp_path, 0.0)
+    measured = {"CUDA graphs": {"decode_tok_s": 512.0}}
+
+    def killed(cmd, log, timeout, env=None, stdout=None):
+        ctx.progress("model", measured)
+        log.write_text("compiling\n[gpu_check: killed after 60 s, its time limit]\n")
+        return gc.Ran(None, timeout, log)
+    monkeypatch.setattr(gc, "run_limited", killed)
+    result = gc.run_stage_process("model", ctx, gc.time.monotonic() + 60, [])
+    assert result.status == "failed" and result.reason.startswith("killed at its time limit")
+    assert result.data == {"partial": measured} and "killed after 60 s" in result.log_tail
+
+
 def test_a_hung_command_is_killed_with_its_children(tmp_path):
     """run_limited kills the whole process group at the time limit: a grandchild that would sleep
     on is gone too."""
