@@ -139,6 +139,32 @@ def test_a_stage_runs_in_a_child_and_hands_back_its_result(tmp_path):
     assert "SIM0" in result.data["devices"] and result.data["versions"]["torch"] == torch.__version__
 
 
+@pytest.mark.parametrize("captured, status", [(1, "passed"), (0, "failed")])
+def test_the_model_stage_with_cuda_graphs_compares_both_runs(tmp_path, monkeypatch, captured, status):
+    """The branch only a GPU takes (SIM devices cannot capture), with the measurements stubbed."""
+    import types
+    import torchggml.models.placement as placement
+    monkeypatch.setattr(placement, "find_device", lambda name: types.SimpleNamespace(graph_capture=object()))
+    monkeypatch.setattr(gc, "model_file", lambda ctx: tmp_path / "m.gguf")
+    (tmp_path / "m.gguf").write_bytes(bytes(3 << 20))
+
+    def measure(ctx, path, dev, graphs, full, progress):
+        plans = {"captured": captured if graphs else 0, "eager": 0 if graphs else 1, "compiled": 0,
+                 "errors": [] if captured or not graphs else ["RuntimeError: capture failed"]}
+        entry = {"decode_tok_s": 450.0 if graphs else 150.0, "ms_per_token": 1.0, "plans": plans}
+        progress(entry)
+        return entry, torch.full((1, 4), 2.0 if graphs else 2.5)
+    monkeypatch.setattr(gc, "measure_model", measure)
+    result = gc.stage_model(gc.Ctx("CUDA0", False, tmp_path, tmp_path, gc.time.monotonic() + 60))
+    assert result.status == status
+    assert result.summary == ("m.gguf (3 MiB): decode 450.0 tok/s (CUDA graphs), 150.0 tok/s without; logits "
+                              "differ by at most 0.5")
+    assert result.data["graphs_vs_eager_max_abs_diff"] == 0.5 and result.data["target_decode_400"] is True
+    rows = result.tables[0].splitlines()
+    assert rows[2].startswith("| CUDA graphs | 450.00 | 1.00 | n/a") and rows[3].startswith("| no CUDA graphs | 150.00")
+    assert json.loads((tmp_path / "model.partial.json").read_text())["no CUDA graphs"]["decode_tok_s"] == 150.0
+
+
 @pytest.mark.parametrize("line, test, outcome", [
     ("tests/test_a.py::test_x PASSED", "tests/test_a.py::test_x", "PASSED"),
     ("tests/test_a.py::test_y[p=1, q] FAILED                  [ 50%]", "tests/test_a.py::test_y[p=1, q]", "FAILED"),
