@@ -891,7 +891,6 @@ META_TOKENS = [1, 5, 9, 200, 3, 77, 40, 12, 0, 255, 128, 64]  # ids of TINY's vo
 
 
 def stage_meta_dist(ctx: Ctx) -> Result:
-    import shutil
     import numpy as np
     import torch
     from torchggml.models import load_model
@@ -899,8 +898,7 @@ def stage_meta_dist(ctx: Ctx) -> Result:
     if not path.exists():
         write_llama(path, TINY, "cpu")
     out = ctx.work / "meta_logits.npy"
-    run = [shutil.which("torchrun")] if shutil.which("torchrun") else [sys.executable, "-m", "torch.distributed.run"]
-    cmd = [*run, "--standalone", "--nproc-per-node", "1", "-m", "torchggml", "eval", str(path),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m", "torchggml", "eval", str(path),
            "--tensor-parallel", "dist", "--tokens", ",".join(map(str, META_TOKENS)), "-o", str(out)]
     ran = run_limited(cmd, ctx.work / "meta_dist.log", ctx.left() - 15, ctx.env(OMP_NUM_THREADS="4"))
     if ran.returncode != 0:
