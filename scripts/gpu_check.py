@@ -299,6 +299,7 @@ PYTEST_TINY = ("tests/test_backend.py::test_cuda_graph_plan_replays_a_50_node_gr
 OUTCOMES = ("PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS")
 _PLAIN = re.compile(r"^(\S+::.+?) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
 _XDIST = re.compile(r"^\[gw\d+\](?: \[\s*\d+%\])? (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (\S+::.+?)\s*$")
+_COLLECTION = re.compile(r"^ERROR (\S+\.py)(?: - .*)?$")  # a file that could not be imported (short summary)
 
 
 def pytest_outcomes(log_text: str) -> dict[str, str]:
@@ -312,6 +313,10 @@ def pytest_outcomes(log_text: str) -> dict[str, str]:
         m = _XDIST.match(line)
         if m:
             found[m.group(2)] = m.group(1)
+            continue
+        m = _COLLECTION.match(line)
+        if m:
+            found[m.group(1)] = "ERROR"
     return found
 
 
@@ -319,7 +324,7 @@ def stage_pytest(ctx: Ctx) -> Result:
     selection = list(PYTEST_TINY if ctx.tiny else PYTEST_FILES)
     log, xml = ctx.out / "pytest.log", ctx.out / "pytest.xml"
     cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-o", "console_output_style=classic",
-           f"--junitxml={xml}", *selection]
+           "--continue-on-collection-errors", f"--junitxml={xml}", *selection]
     workers = 0 if ctx.sim or ctx.tiny else min(8, os.cpu_count() or 1)
     if workers > 1 and _have("xdist"):
         cmd += ["-n", str(workers)]

@@ -116,11 +116,7 @@ def test_a_killed_stage_reports_what_it_measured_before(tmp_path, monkeypatch):
 def test_a_hung_command_is_killed_with_its_children(tmp_path):
     """run_limited kills the whole process group at the time limit: a grandchild that would sleep
     on is gone too."""
-    code = ("import subprocess, sys, time\n"
-            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
-            "print(p.pid, flush=True)\n"
-            "time.sleep(120)\n")
-    ran = gc.run_limited([sys.executable, "-c", code], tmp_path / "log", timeout=2)
+    ran = gc.run_limited(["sh", "-c", "sleep 120 & echo $!; wait"], tmp_path / "log", timeout=2)
     assert ran.timed_out and "killed after" in ran.tail()
     grandchild = int(ran.log.read_text().split()[0])
     try:
@@ -171,6 +167,7 @@ def test_the_model_stage_with_cuda_graphs_compares_both_runs(tmp_path, monkeypat
     ("[gw3] [ 12%] SKIPPED tests/test_b.py::test_z[CUDA0]", "tests/test_b.py::test_z[CUDA0]", "SKIPPED"),
     ("[gw0] ERROR tests/test_b.py::test_w", "tests/test_b.py::test_w", "ERROR"),
     ("FAILED tests/test_a.py::test_y - assert 1 == 2", None, None),   # the summary repeats, not a result
+    ("ERROR tests/test_c.py - ModuleNotFoundError: No module named 'gguf'", "tests/test_c.py", "ERROR"),
     ("collected 12 items", None, None),
 ])
 def test_pytest_outcomes_read_plain_and_xdist_lines(line, test, outcome):
