@@ -966,10 +966,12 @@ def run_stage_process(name: str, ctx: Ctx, deadline: float, argv_base: list[str]
     result_path, partial_path = ctx.work / f"{name}.json", ctx.work / f"{name}.partial.json"
     result_path.unlink(missing_ok=True)
     partial_path.unlink(missing_ok=True)
-    # the child gets its deadline on its own clock: seconds from now, as wall-clock time
+    # the child aims to end `grace` seconds early (it then writes its result); it is killed at the
+    # deadline. Its deadline crosses as wall-clock time (the processes' monotonic clocks differ).
+    grace = min(10.0, left / 4)
     cmd = [sys.executable, str(Path(__file__).resolve()), *argv_base, "--stage", name,
-           "--deadline", str(time.time() + left)]
-    ran = run_limited(cmd, ctx.work / f"{name}.log", left + 10, child_env(ctx.device))
+           "--deadline", str(time.time() + left - grace)]
+    ran = run_limited(cmd, ctx.work / f"{name}.log", left, child_env(ctx.device))
     if result_path.exists():
         return Result(**json.loads(result_path.read_text()))
     why = (f"killed at its time limit ({left:.0f} s)" if ran.timed_out
