@@ -221,11 +221,11 @@ def main(argv=None) -> int:
                                  torch_dequantize)
                 rows.append(add_ratios(row, copy_bw))
                 print(markdown(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+                write_csv(rows, args.csv)  # after each case: a run stopped early keeps what it measured
             del w, bf16_weight
             torch.cuda.empty_cache()
 
     print(markdown(rows))
-    write_csv(rows, args.csv)
     print(f"wrote {args.csv}", file=sys.stderr)
     plot(rows, args.png, device_name)
     return 0

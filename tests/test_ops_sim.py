@@ -1,21 +1,25 @@
 """The whole op case table on a SIM device: the accelerator (GPU) op table, with the Triton
-kernels running in Triton's interpreter, against each case's float64 reference.
+kernels running in Triton's interpreter, against each case's float64 reference. The device is
+TORCHGGML_TEST_DEVICE (SIM0; CUDA0 when scripts/gpu_check.py runs this on a GPU, with the Triton
+kernels compiled).
 
 Every quantized MUL_MAT / MUL_MAT_ID / GET_ROWS case whose weight type the Triton kernels
 decode must reach them (a spy counts the calls). Cases whose Triton work is too slow for the
-interpreter (more than HEAVY_WEIGHT_VALUES weight values in one product) run only with
-TORCHGGML_SIM_FULL_TABLE=1.
+interpreter (more than HEAVY_WEIGHT_VALUES weight values in one product) run on SIM devices only
+with TORCHGGML_SIM_FULL_TABLE=1.
 """
 import os
 
 import pytest
 
 import torchggml as ggml
+from torchggml import config
 from torchggml.test_ops.runner import all_cases, check_case_against_reference
 
 triton_kernels = pytest.importorskip("torchggml.devices.triton")
 
-FULL_TABLE = os.environ.get("TORCHGGML_SIM_FULL_TABLE") == "1"
+DEVICE = config.value("TORCHGGML_TEST_DEVICE")
+FULL_TABLE = os.environ.get("TORCHGGML_SIM_FULL_TABLE") == "1" or not DEVICE.upper().startswith("SIM")
 HEAVY_WEIGHT_VALUES = 1 << 18
 TRITON_OPS = {"mul_mat": "mul_mat", "mul_mat_id": "mul_mat_id", "get_rows": "get_rows"}
 
@@ -59,7 +63,7 @@ PARAMS = [pytest.param(c, marks=() if FULL_TABLE or not _heavy(c) else pytest.ma
 
 @pytest.fixture(scope="module")
 def sim():
-    backend = ggml.backend_init_by_name("SIM0")
+    backend = ggml.backend_init_by_name(DEVICE)
     yield backend
     ggml.backend_free(backend)
 
@@ -81,7 +85,7 @@ def triton_calls(monkeypatch):
 @pytest.mark.parametrize("case", PARAMS)
 def test_gpu_table_matches_float64_reference(case, sim, triton_calls):
     ok, err = check_case_against_reference(case, sim)
-    assert ok, f"{case.name} on SIM0: normalized MSE {err:.3g} exceeds {case.max_nmse:g}"
+    assert ok, f"{case.name} on {DEVICE}: normalized MSE {err:.3g} exceeds {case.max_nmse:g}"
     if _triton_expected(case):
         assert triton_calls[TRITON_OPS[case.op]] > 0, f"{case.name}: the Triton kernel was not called"
 

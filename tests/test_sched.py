@@ -1,4 +1,6 @@
-"""The scheduler on CPU + SIM devices: assignment, splits, copies, compute order, pipelining."""
+"""The scheduler on CPU + SIM devices: assignment, splits, copies, compute order, pipelining.
+The first accelerator is TORCHGGML_TEST_DEVICE (SIM0; CUDA0 when scripts/gpu_check.py runs these
+on a GPU), the second SIM1."""
 from __future__ import annotations
 
 import random
@@ -7,8 +9,10 @@ import pytest
 import torch
 
 import torchggml as ggml
+from torchggml import config
 
 T = ggml.Type
+ACCEL = config.value("TORCHGGML_TEST_DEVICE")
 
 
 def _sim_available(n=2):
@@ -23,7 +27,7 @@ pytestmark = pytest.mark.skipif(not _sim_available(), reason="SIM devices not av
 
 @pytest.fixture(scope="module")
 def backends():
-    sim0 = ggml.backend_init_by_name("SIM0")
+    sim0 = ggml.backend_init_by_name(ACCEL)
     sim1 = ggml.backend_init_by_name("SIM1")
     cpu = ggml.backend_cpu_init()
     return sim0, sim1, cpu
@@ -102,7 +106,7 @@ def test_weights_on_sim_input_on_cpu_splits_and_copy_names(backends):
     mm0 = ggml.graph_get_tensor(graph, "mm0")
     assert mm0.src[1] is x  # the caller's graph keeps its own sources
     with sched.copies_applied():  # the split reads the copy
-        assert mm0.src[1].name == "SIM0#x#0"
+        assert mm0.src[1].name == f"{ACCEL}#x#0"
     torch.testing.assert_close(got, reference(ws, xv))
 
 
@@ -321,8 +325,8 @@ def test_dump_dot_colours_backends_and_boxes_splits(backends, tmp_path):
     text = path.read_text()
     assert text.startswith("digraph")
     assert text.count("subgraph cluster_") == ggml.backend_sched_get_n_splits(sched) == 2
-    assert 'label="split 0: SIM0 (1 inputs)"' in text and "split 1: CPU" in text
-    assert "SIM0#x#0" in text  # the copied input, drawn dashed
+    assert f'label="split 0: {ACCEL} (1 inputs)"' in text and "split 1: CPU" in text
+    assert f"{ACCEL}#x#0" in text  # the copied input, drawn dashed
     assert "style=dashed" in text
 
 
@@ -334,11 +338,11 @@ def test_sched_debug_prints_the_assignment_table(backends, monkeypatch, capsys):
     _, graph, x, out = mlp_graph(ws)
     assert ggml.backend_sched_alloc_graph(sched, graph)
     err = capsys.readouterr().err
-    assert "## SPLIT #0: SIM0 # 1 inputs: [x (" in err
+    assert f"## SPLIT #0: {ACCEL} # 1 inputs: [x (" in err
     import re
-    assert re.search(r"node #  0 \( +MUL_MAT\): +mm0 .*\[ SIM0 +1\.wgt0\]", err)
-    assert re.search(r"SIM0#x#0 \( +0K\) \[ SIM0 +4\.cpy\]", err)  # mm0 reads the copy of x
-    assert re.search(r"UNARY.*\[ SIM0 +2\.sup\]", err)  # spread by the expansion sweeps
+    assert re.search(rf"node #  0 \( +MUL_MAT\): +mm0 .*\[ *{ACCEL} +1\.wgt0\]", err)
+    assert re.search(rf"{ACCEL}#x#0 \( +0K\) \[ *{ACCEL} +4\.cpy\]", err)  # mm0 reads the copy of x
+    assert re.search(rf"UNARY.*\[ *{ACCEL} +2\.sup\]", err)  # spread by the expansion sweeps
 
 
 def _reserve_then_alloc(sched, graph):

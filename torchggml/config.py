@@ -82,6 +82,8 @@ VARIABLES = {v.name: v for v in (
     Variable("TORCHGGML_TEST_OPS_FULL", "bool", False, "torchggml test-ops: 1 runs every breadth case (as --full), "
              "not a representative sample", _bool),
     Variable("TORCHGGML_GOLDEN", "path", "../shared/golden", "tests and scripts: the golden reference data", _text),
+    Variable("TORCHGGML_TEST_DEVICE", "text", "SIM0", "tests: the accelerator the device tests target (CUDA0 on "
+             "a GPU: scripts/gpu_check.py sets it)", _text),
     Variable("TORCHGGML_VOCAB_CACHE", "path", "~/.cache/torchggml/vocab", "tests and scripts: llama.cpp's "
              "vocabulary files (scripts/fetch_llama_vocab.py)", _text),
 )}
