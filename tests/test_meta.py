@@ -319,6 +319,32 @@ def test_golden_logits_on_meta_sim0_sim1(entry, flash_attn):
         single.close()
 
 
+# (tiny architecture, K/V heads): a meta device of one device holds every tensor whole; a split
+# of one K/V head over it reached RMS_NORM's rows through Gemma 3's per-head norm (its 270M
+# model has one K/V head)
+ONE_DEVICE_CASES = [("gemma3", 1), ("gemma3", 2), ("llama-yarn", 1)]
+
+
+@pytest.mark.parametrize("case,n_head_kv", ONE_DEVICE_CASES, ids=[f"{c}-kv{k}" for c, k in ONE_DEVICE_CASES])
+def test_meta_of_one_device_equals_the_device(tmp_path, case, n_head_kv):
+    from dataclasses import replace
+    from torchggml.gguf.writer.tiny import CASES_BY_NAME, write_tiny_model
+    path = write_tiny_model(tmp_path / f"{case}.gguf", replace(CASES_BY_NAME[case], n_head_kv=n_head_kv))
+    tokens = [1, 7, 3, 12, 5]
+    single = ggml.load_model(path, devices=["CPU"], progress=False)
+    meta = ggml.load_model(path, tensor_parallel=["CPU"], progress=False)
+    try:
+        assert meta.placement.layers[0].get_name() == "Meta(CPU)"
+        for run in (lambda m: m.eval(tokens), lambda m: eval_steps(m, tokens)):  # one batch; prompt + decode
+            ours, ref = run(meta), run(single)
+            assert rel_err(ours.numpy(), ref.numpy()) <= 1e-6
+            meta.reset()
+            single.reset()
+    finally:
+        meta.close()
+        single.close()
+
+
 # ---------------------------------------------------------------- the scheduler: Meta(SIM0,SIM1) + CPU
 
 def test_scheduler_runs_a_meta_backend_beside_the_cpu(sims):

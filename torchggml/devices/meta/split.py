@@ -103,6 +103,8 @@ def resolve(state, t: Tensor, n: int) -> MetaSplitState:
         raise TypeError(f"get_split_state returned {type(state).__name__} for {t.describe()}, not a MetaSplitState")
     if state.axis == SplitAxis.PARTIAL and t.type.name != "F32":
         raise ValueError(f"meta: {t.describe()} can only be PARTIAL as F32")
+    if n == 1:  # one device holds every part: the whole tensor (a split of a single K/V head
+        return MIRRORED  # would otherwise pass a reshape onto the rows RMS_NORM needs whole)
     if not state.is_split:
         return state
     axis, gran = int(state.axis), axis_granularity(t, int(state.axis))
